@@ -1,0 +1,43 @@
+# The two commands a newcomer runs on a fresh machine: `make up` and `make test`.
+# Everything else (the .venv, the project and its test extras) is created here.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+STORAGE ?= .cosmicac
+
+.PHONY: help install test lint fmt bench up clean
+
+help:
+	@echo "make up      start what exists of the system on this machine (see README)"
+	@echo "make test    create .venv, install, run ruff and the test suite"
+	@echo "make bench   run every benchmark under bench/ (JSON lines on stdout)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	@set -e; for script in bench/*.py; do \
+		echo "# $$script" >&2; \
+		$(PY) $$script; \
+	done
+
+up: $(STAMP)
+	$(VENV)/bin/cosmicac up --storage $(STORAGE)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
