@@ -1,0 +1,421 @@
+"""The trio driver of the secret stream.
+
+:class:`SecretStream` runs the sans-IO :class:`~._handshake.Handshake` and
+:class:`~._transport.Transport` over any ``trio.abc.Stream`` (TCP, a relayed
+splice, an in-memory pair) and is itself a ``trio.abc.HalfCloseableStream``.
+
+Invariants kept here:
+
+* Frames are encrypted and written under one lock, so the nonce order on the
+  wire is the order of encryption, whoever writes (application or keep-alive).
+* Two tasks sending (or two receiving) at once get ``trio.BusyResourceError``,
+  as with ``trio.SSLStream``.
+* A send cancelled half-way leaves a partial frame on the wire: the stream is
+  marked broken (``SEND_CANCELLED``), as h11 does with ``send_failed()``.
+* Failures keep trio's meanings: after our own ``aclose()`` calls raise
+  ``trio.ClosedResourceError``; when the peer or the network ended it they
+  raise :class:`~p2p.errors.ConnectionBroken` (a ``trio.BrokenResourceError``)
+  whose ``code`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+
+import trio
+
+from ..errors import ConnectionBroken, HandshakeError, IdleTimeout, RemoteProtocolError
+from ..keys import KeyPair, format_key
+from ._config import SecretStreamConfig
+from ._handshake import Handshake
+from ._transport import NEED_DATA, Data, EndOfStream, Transport
+
+__all__ = ["SecretStream", "SecretStreamStatistics"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_CONFIG = SecretStreamConfig()
+_HANDSHAKE_READ_BYTES = 4096
+
+
+class _ConflictDetector:
+    """Raise BusyResourceError when two tasks enter the same one-at-a-time operation."""
+
+    __slots__ = ("_held", "_message")
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+        self._held = False
+
+    def __enter__(self) -> None:
+        if self._held:
+            raise trio.BusyResourceError(self._message)
+        self._held = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._held = False
+
+
+@dataclass(frozen=True)
+class SecretStreamStatistics:
+    bytes_sent: int
+    bytes_received: int
+    frames_sent: int
+    frames_received: int
+    keepalives_received: int
+
+
+class SecretStream(trio.abc.HalfCloseableStream):
+    """An authenticated, encrypted byte stream to a peer known by its public key.
+
+    Build one with :meth:`initiator` (the dialer, which pins the key it
+    expects) or :meth:`responder`. To send keep-alives while the stream is
+    quiet, run :meth:`keep_alive` in a nursery you own.
+    """
+
+    def __init__(
+        self,
+        transport_stream: trio.abc.Stream,
+        transport: Transport,
+        *,
+        keypair: KeyPair,
+        remote_public_key: bytes,
+        handshake_hash: bytes,
+        is_initiator: bool,
+        config: SecretStreamConfig = _DEFAULT_CONFIG,
+    ) -> None:
+        self.transport_stream = transport_stream
+        self.public_key = keypair.public_key
+        self.remote_public_key = remote_public_key
+        self.handshake_hash = handshake_hash
+        self.is_initiator = is_initiator
+        self.config = config
+        self._transport = transport
+        self._send_conflict = _ConflictDetector("another task is already sending on this stream")
+        self._receive_conflict = _ConflictDetector(
+            "another task is already receiving on this stream"
+        )
+        self._write_lock = trio.StrictFIFOLock()
+        self._pending = memoryview(b"")
+        self._eof_received = False
+        self._closed = False
+        self._broken: ConnectionBroken | None = None
+        self._done = trio.Event()
+        self._last_send = trio.current_time()
+        self._bytes_sent = 0
+        self._bytes_received = 0
+        self._keepalives_received = 0
+        self._peer = format_key(remote_public_key)[:12]
+
+    # -- construction ------------------------------------------------------
+
+    @classmethod
+    async def initiator(
+        cls,
+        transport_stream: trio.abc.Stream,
+        keypair: KeyPair,
+        remote_public_key: bytes | None,
+        *,
+        config: SecretStreamConfig = _DEFAULT_CONFIG,
+    ) -> SecretStream:
+        """Run the handshake as the dialer and return the open stream.
+
+        Args:
+            transport_stream: a connected stream; owned by the result afterwards.
+            keypair: our identity.
+            remote_public_key: the key the peer must prove. ``None`` accepts
+                any peer (only for tools that print what they reached).
+            config: timeouts and sizes.
+
+        Raises:
+            HandshakeError: ``KEY_MISMATCH`` (``.expected``/``.actual`` set),
+                ``TIMEOUT``, ``CLOSED``, ``BAD_MESSAGE``, ``BAD_PROOF`` ...; the
+                transport stream is closed.
+        """
+        handshake = Handshake(
+            keypair, initiator=True, expected_remote_key=remote_public_key, prologue=config.prologue
+        )
+        return await cls._establish(transport_stream, handshake, keypair, config)
+
+    @classmethod
+    async def responder(
+        cls,
+        transport_stream: trio.abc.Stream,
+        keypair: KeyPair,
+        *,
+        config: SecretStreamConfig = _DEFAULT_CONFIG,
+    ) -> SecretStream:
+        """Run the handshake as the accepting side; see :meth:`initiator`."""
+        handshake = Handshake(keypair, initiator=False, prologue=config.prologue)
+        return await cls._establish(transport_stream, handshake, keypair, config)
+
+    @classmethod
+    async def _establish(
+        cls,
+        transport_stream: trio.abc.Stream,
+        handshake: Handshake,
+        keypair: KeyPair,
+        config: SecretStreamConfig,
+    ) -> SecretStream:
+        role = "initiator" if handshake.initiator else "responder"
+        log.debug("handshake.started role=%s", role)
+        try:
+            with trio.fail_after(config.handshake_timeout_s):
+                if handshake.initiator:
+                    await transport_stream.send_all(handshake.initiate())
+                while not handshake.complete:
+                    data = await transport_stream.receive_some(_HANDSHAKE_READ_BYTES)
+                    if not data:
+                        raise HandshakeError(
+                            "the peer closed the connection during the handshake", code="CLOSED"
+                        )
+                    reply = handshake.receive_data(data)
+                    if reply:
+                        await transport_stream.send_all(reply)
+        except BaseException as exc:
+            await trio.aclose_forcefully(transport_stream)
+            if isinstance(exc, trio.TooSlowError):
+                error = HandshakeError(
+                    f"no handshake within {config.handshake_timeout_s} s", code="TIMEOUT"
+                )
+            elif isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
+                error = HandshakeError(
+                    f"the connection broke during the handshake: {exc}", code="CLOSED"
+                )
+            elif isinstance(exc, HandshakeError):
+                log.debug("handshake.failed role=%s code=%s reason=%s", role, exc.code, exc)
+                raise
+            else:
+                raise
+            log.debug("handshake.failed role=%s code=%s reason=%s", role, error.code, error)
+            raise error from exc
+        assert handshake.remote_public_key is not None
+        assert handshake.handshake_hash is not None
+        log.debug(
+            "handshake.complete role=%s peer=%s",
+            role,
+            format_key(handshake.remote_public_key)[:12],
+        )
+        return cls(
+            transport_stream,
+            handshake.transport(),
+            keypair=keypair,
+            remote_public_key=handshake.remote_public_key,
+            handshake_hash=handshake.handshake_hash,
+            is_initiator=handshake.initiator,
+            config=config,
+        )
+
+    # -- sending -----------------------------------------------------------
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._send_conflict:
+            self._check_can_send()
+            size = len(data)
+            if size == 0:
+                await trio.lowlevel.checkpoint()
+                return
+            view = memoryview(data)
+            step = self.config.send_slice_bytes
+            for start in range(0, size, step):
+                piece = view[start : start + step]
+                async with self._write_lock:
+                    self._check_can_send()
+                    await self._write(self._transport.send_data(piece))
+                self._bytes_sent += len(piece)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        with self._send_conflict:
+            self._check_can_send()
+            await self.transport_stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        """Tell the peer we send no more; receiving goes on."""
+        with self._send_conflict:
+            if self._closed:
+                raise trio.ClosedResourceError("the stream was closed")
+            if self._transport.end_sent:
+                await trio.lowlevel.checkpoint()
+                return
+            if self._broken is not None:
+                raise self._broken
+            async with self._write_lock:
+                await self._write(self._transport.send_end())
+
+    async def keep_alive(self) -> None:
+        """Send keep-alives whenever nothing was sent for the configured interval.
+
+        Run it in a nursery you own; it returns when the stream closes, breaks
+        or sends its end, and never raises for those.
+        """
+        interval = self.config.keepalive_interval_s
+        if interval is None:
+            return
+        while not self._done.is_set() and not self._transport.end_sent:
+            deadline = self._last_send + interval
+            if trio.current_time() < deadline:
+                with trio.move_on_at(deadline):
+                    await self._done.wait()
+                continue
+            try:
+                async with self._write_lock:
+                    if self._done.is_set() or self._transport.end_sent:
+                        return
+                    await self._write(self._transport.send_keepalive())
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    async def _write(self, frames: bytes) -> None:
+        # Called with the write lock held, right after encrypting `frames`.
+        try:
+            await self.transport_stream.send_all(frames)
+        except trio.BrokenResourceError as exc:
+            raise await self._break(
+                ConnectionBroken(f"connection to {self._peer} lost while sending",
+                                 code="CONNECTION_LOST"),
+                exc,
+            ) from exc
+        except trio.ClosedResourceError:
+            raise self._closed_error() from None
+        except trio.Cancelled:
+            # Part of a frame may be on the wire: the peer's cipher is out of step.
+            if self._broken is None and not self._closed:
+                self._broken = ConnectionBroken(
+                    "a send was cancelled part-way; the stream cannot be used again",
+                    code="SEND_CANCELLED",
+                )
+                self._done.set()
+            raise
+        self._last_send = trio.current_time()
+
+    def _check_can_send(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the stream was closed")
+        if self._broken is not None:
+            raise self._broken
+        if self._transport.end_sent:
+            raise trio.ClosedResourceError("cannot send after send_eof()")
+
+    # -- receiving ---------------------------------------------------------
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        with self._receive_conflict:
+            if max_bytes is not None:
+                max_bytes = operator.index(max_bytes)
+                if max_bytes < 1:
+                    raise ValueError("max_bytes must be >= 1")
+            while True:
+                if self._closed:
+                    raise trio.ClosedResourceError("the stream was closed")
+                if self._pending:
+                    await trio.lowlevel.checkpoint()
+                    return self._take_pending(max_bytes)
+                if self._broken is not None:
+                    raise self._broken
+                if self._eof_received:
+                    await trio.lowlevel.checkpoint()
+                    return b""
+                try:
+                    event = self._transport.next_event()
+                except RemoteProtocolError as exc:
+                    raise await self._break(
+                        ConnectionBroken(f"{exc} (from {self._peer})", code=exc.code), exc
+                    ) from exc
+                if event is NEED_DATA:
+                    await self._read_more()
+                elif type(event) is Data:
+                    self._bytes_received += len(event.data)
+                    self._pending = memoryview(event.data)
+                elif type(event) is EndOfStream:
+                    self._eof_received = True
+                else:
+                    self._keepalives_received += 1
+
+    def _take_pending(self, max_bytes: int | None) -> bytes:
+        pending = self._pending
+        if max_bytes is None or max_bytes >= len(pending):
+            self._pending = memoryview(b"")
+            return pending.obj if len(pending) == len(pending.obj) else bytes(pending)
+        self._pending = pending[max_bytes:]
+        return bytes(pending[:max_bytes])
+
+    async def _read_more(self) -> None:
+        idle = self.config.idle_timeout_s
+        try:
+            if idle is None:
+                data = await self.transport_stream.receive_some(self.config.receive_chunk_bytes)
+            else:
+                data = None
+                with trio.move_on_after(idle):
+                    data = await self.transport_stream.receive_some(
+                        self.config.receive_chunk_bytes
+                    )
+                if data is None:
+                    raise await self._break(
+                        IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
+                    )
+        except trio.BrokenResourceError as exc:
+            raise await self._break(
+                ConnectionBroken(f"connection to {self._peer} lost", code="CONNECTION_LOST"), exc
+            ) from exc
+        except trio.ClosedResourceError:
+            raise self._closed_error() from None
+        if data:
+            self._transport.receive_data(data)
+        elif self._transport.buffered_bytes:
+            raise await self._break(
+                ConnectionBroken(
+                    f"{self._peer} closed the connection in the middle of a frame",
+                    code="TRUNCATED",
+                ),
+                None,
+            )
+        else:
+            self._eof_received = True
+
+    # -- closing -----------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        self._done.set()
+        try:
+            idle_writer = not self._write_lock.locked()
+            if self._broken is None and not self._transport.end_sent and idle_writer:
+                with trio.move_on_after(self.config.close_timeout_s):
+                    await self.transport_stream.send_all(self._transport.send_end())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await self.transport_stream.aclose()
+
+    def statistics(self) -> SecretStreamStatistics:
+        return SecretStreamStatistics(
+            bytes_sent=self._bytes_sent,
+            bytes_received=self._bytes_received,
+            frames_sent=self._transport.frames_sent,
+            frames_received=self._transport.frames_received,
+            keepalives_received=self._keepalives_received,
+        )
+
+    def _closed_error(self) -> BaseException:
+        if self._broken is not None:
+            return self._broken
+        return trio.ClosedResourceError("the stream was closed")
+
+    async def _break(
+        self, error: ConnectionBroken, cause: BaseException | None
+    ) -> ConnectionBroken:
+        """Record why the stream died, close the transport, return the error to raise."""
+        if self._broken is None:
+            self._broken = error
+            if cause is not None:
+                error.__cause__ = cause
+            log.debug("stream.broken peer=%s code=%s reason=%s", self._peer, error.code, error)
+        self._done.set()
+        await trio.aclose_forcefully(self.transport_stream)
+        return self._broken

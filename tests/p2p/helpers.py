@@ -1,0 +1,36 @@
+"""Helpers shared by the P2P tests: key pairs and connected secret-stream pairs."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from p2p.keys import KeyPair
+from p2p.noise import SecretStream, SecretStreamConfig
+
+ALICE = KeyPair.from_seed(bytes(range(32)))
+BOB = KeyPair.from_seed(bytes(range(1, 33)))
+MALLORY = KeyPair.from_seed(bytes(range(2, 34)))
+
+
+async def secret_stream_pair(
+    maker=trio.testing.memory_stream_pair,
+    *,
+    initiator_key: KeyPair = ALICE,
+    responder_key: KeyPair = BOB,
+    config: SecretStreamConfig | None = None,
+) -> tuple[SecretStream, SecretStream]:
+    """Handshake over ``maker()``'s pair of streams; return (initiator, responder)."""
+    config = config or SecretStreamConfig()
+    left, right = maker()
+    result: dict[str, SecretStream] = {}
+
+    async def respond() -> None:
+        result["responder"] = await SecretStream.responder(right, responder_key, config=config)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(respond)
+        result["initiator"] = await SecretStream.initiator(
+            left, initiator_key, responder_key.public_key, config=config
+        )
+    return result["initiator"], result["responder"]
