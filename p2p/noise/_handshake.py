@@ -171,7 +171,7 @@ class Handshake:
         if not self.complete:
             raise HandshakeError("the handshake is not complete", code="MISUSE")
         protocol = self._noise.noise_protocol
-        transport = Transport(protocol.cipher_state_encrypt, protocol.cipher_state_decrypt)
+        transport = Transport(protocol.cipher_state_encrypt.k, protocol.cipher_state_decrypt.k)
         if self._buffer:
             transport.receive_data(bytes(self._buffer))
             self._buffer.clear()

@@ -21,6 +21,14 @@ short to hold a tag, an unknown type, or anything after END raises
 :class:`~p2p.errors.RemoteProtocolError`; the transport is then dead (the
 cipher states are out of step and nothing later can be trusted).
 
+Speed: both directions work in place. A write is encrypted straight into one
+output buffer (``encrypt_into``), and every complete DATA frame buffered by a
+read is decrypted into one plaintext buffer (``decrypt_into``), so a 256 KiB
+read costs one allocation and one event, not one per frame. The cipher is
+ChaCha20-Poly1305 keyed with the two keys of Noise's ``Split()``, with the
+nonce layout of Noise's ``CipherState`` (32 zero bits, 64-bit little-endian
+counter).
+
 Bytes-in/bytes-out: :meth:`Transport.receive_data` then :meth:`next_event`
 until :data:`NEED_DATA`; :meth:`send_data` / :meth:`send_keepalive` /
 :meth:`send_end` return bytes for the driver to write.
@@ -28,12 +36,12 @@ until :data:`NEED_DATA`; :meth:`send_data` / :meth:`send_keepalive` /
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Final
 
 from cryptography.exceptions import InvalidTag
-from noise.exceptions import NoiseMaxNonceError
-from noise.state import CipherState
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from ..errors import LocalProtocolError, RemoteProtocolError
 from ._wire import HEADER_BYTES, MAX_NOISE_MESSAGE_BYTES, TAG_BYTES, FrameType, pack_header
@@ -48,16 +56,21 @@ __all__ = [
 ]
 
 MAX_PLAINTEXT_BYTES: Final = MAX_NOISE_MESSAGE_BYTES - TAG_BYTES
+#: Noise spec §11.4: a nonce of 2**64-1 is reserved; stop before it.
+MAX_NONCE: Final = 2**64 - 1
 
 _AD = {t: bytes([t]) for t in FrameType}
-_DATA_HEADER_FULL: Final = pack_header(MAX_NOISE_MESSAGE_BYTES, FrameType.DATA)
+_AD_DATA: Final = _AD[FrameType.DATA]
+_DATA_TYPE: Final = int(FrameType.DATA)
+_pack_nonce = struct.Struct("<4xQ").pack
+_pack_header = struct.Struct("<I").pack_into
 # Compact the receive buffer once this many consumed bytes sit in front of it.
 _COMPACT_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class Data:
-    data: bytes
+    data: bytes | bytearray
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +95,18 @@ _END: Final = EndOfStream()
 
 
 class Transport:
-    """Encrypts outgoing and decrypts incoming frames of one secret stream."""
+    """Encrypts outgoing and decrypts incoming frames of one secret stream.
 
-    def __init__(self, send_cipher: CipherState, receive_cipher: CipherState) -> None:
-        self._send_cipher = send_cipher
-        self._receive_cipher = receive_cipher
+    Args:
+        send_key: the 32-byte key of our sending direction (from Noise Split()).
+        receive_key: the key of the peer's sending direction.
+    """
+
+    def __init__(self, send_key: bytes, receive_key: bytes) -> None:
+        self._send_cipher = ChaCha20Poly1305(send_key)
+        self._receive_cipher = ChaCha20Poly1305(receive_key)
+        self._send_nonce = 0
+        self._receive_nonce = 0
         self._buffer = bytearray()
         self._offset = 0
         self._end_sent = False
@@ -97,35 +117,34 @@ class Transport:
 
     # -- sending -----------------------------------------------------------
 
-    def send_data(self, data: bytes | bytearray | memoryview) -> bytes:
-        """Return the frames that carry ``data`` (b"" for empty data).
+    def send_data(self, data: bytes | bytearray | memoryview) -> bytearray:
+        """Return the frames that carry ``data`` (empty for empty data).
 
         Raises:
-            LocalProtocolError: after :meth:`send_end`.
+            LocalProtocolError: after :meth:`send_end`, or when the nonce space
+                is exhausted (after 2**64 frames).
         """
         if self._end_sent:
             raise LocalProtocolError("cannot send data after the stream's end was sent")
         size = len(data)
-        if size == 0:
-            return b""
-        encrypt = self._send_cipher.encrypt_with_ad
-        ad = _AD[FrameType.DATA]
-        view = memoryview(data)
-        if size <= MAX_PLAINTEXT_BYTES:
-            ciphertext = self._encrypt(encrypt, ad, view)
-            self.frames_sent += 1
-            return pack_header(len(ciphertext), FrameType.DATA) + ciphertext
-        pieces: list[bytes] = []
-        for start in range(0, size, MAX_PLAINTEXT_BYTES):
-            chunk = view[start : start + MAX_PLAINTEXT_BYTES]
-            ciphertext = self._encrypt(encrypt, ad, chunk)
-            if len(ciphertext) == MAX_NOISE_MESSAGE_BYTES:
-                pieces.append(_DATA_HEADER_FULL)
-            else:
-                pieces.append(pack_header(len(ciphertext), FrameType.DATA))
-            pieces.append(ciphertext)
-        self.frames_sent += len(pieces) // 2
-        return b"".join(pieces)
+        frames = -(-size // MAX_PLAINTEXT_BYTES)
+        self._reserve_nonces(frames)
+        out = bytearray(size + frames * (HEADER_BYTES + TAG_BYTES))
+        encrypt_into = self._send_cipher.encrypt_into
+        nonce = self._send_nonce
+        with memoryview(data) as source, memoryview(out) as target:
+            position = 0
+            for start in range(0, size, MAX_PLAINTEXT_BYTES):
+                chunk = source[start : start + MAX_PLAINTEXT_BYTES]
+                length = len(chunk) + TAG_BYTES
+                _pack_header(out, position, length | (_DATA_TYPE << 24))
+                body = position + HEADER_BYTES
+                encrypt_into(_pack_nonce(nonce), chunk, _AD_DATA, target[body : body + length])
+                nonce += 1
+                position = body + length
+        self._send_nonce = nonce
+        self.frames_sent += frames
+        return out
 
     def send_keepalive(self) -> bytes:
         """Return one KEEPALIVE frame (legal until the end is sent)."""
@@ -146,16 +165,15 @@ class Transport:
         return self._end_sent
 
     def _control(self, frame_type: FrameType) -> bytes:
-        ciphertext = self._encrypt(self._send_cipher.encrypt_with_ad, _AD[frame_type], b"")
+        self._reserve_nonces(1)
+        tag = self._send_cipher.encrypt(_pack_nonce(self._send_nonce), b"", _AD[frame_type])
+        self._send_nonce += 1
         self.frames_sent += 1
-        return pack_header(len(ciphertext), frame_type) + ciphertext
+        return pack_header(len(tag), frame_type) + tag
 
-    @staticmethod
-    def _encrypt(encrypt, ad: bytes, plaintext) -> bytes:
-        try:
-            return encrypt(ad, plaintext)
-        except NoiseMaxNonceError as exc:  # pragma: no cover - 2**64 frames
-            raise LocalProtocolError("nonce space exhausted; open a new stream") from exc
+    def _reserve_nonces(self, count: int) -> None:
+        if self._send_nonce + count >= MAX_NONCE:  # pragma: no cover - 2**64 frames
+            raise LocalProtocolError("nonce space exhausted; open a new stream")
 
     # -- receiving ---------------------------------------------------------
 
@@ -174,6 +192,10 @@ class Transport:
     def next_event(self) -> Data | KeepAlive | EndOfStream | _NeedData:
         """Return the next complete event, or :data:`NEED_DATA`.
 
+        Consecutive DATA frames that are all buffered come out as one
+        :class:`Data` event. Frames before a bad one are still delivered; the
+        bad one raises on the following call.
+
         Raises:
             RemoteProtocolError: codes ``DECRYPT_FAILED``, ``FRAME_TOO_LARGE``,
                 ``FRAME_TOO_SHORT``, ``UNKNOWN_FRAME_TYPE``, ``DATA_AFTER_END``.
@@ -182,42 +204,85 @@ class Transport:
         if self._failed is not None:
             raise self._failed
         buffer = self._buffer
-        offset = self._offset
-        if len(buffer) - offset < HEADER_BYTES:
-            return NEED_DATA
-        header = int.from_bytes(buffer[offset : offset + HEADER_BYTES], "little")
-        length = header & 0xFFFFFF
-        frame_type = header >> 24
-        if length > MAX_NOISE_MESSAGE_BYTES:
-            self._fail(f"frame of {length} bytes exceeds the Noise limit", "FRAME_TOO_LARGE")
-        if frame_type not in _AD or frame_type == FrameType.HANDSHAKE:
-            self._fail(f"unknown frame type {frame_type}", "UNKNOWN_FRAME_TYPE")
-        if length < TAG_BYTES:
-            self._fail(f"frame of {length} bytes cannot hold a {TAG_BYTES}-byte tag",
-                       "FRAME_TOO_SHORT")
-        end = offset + HEADER_BYTES + length
-        if len(buffer) < end:
-            return NEED_DATA
-        if self._end_received:
-            self._fail("frame received after the peer ended the stream", "DATA_AFTER_END")
-        with memoryview(buffer) as view:
-            ciphertext = view[offset + HEADER_BYTES : end]
-            try:
-                plaintext = self._receive_cipher.decrypt_with_ad(_AD[frame_type], ciphertext)
-            except InvalidTag:
-                plaintext = None
-            finally:
-                ciphertext.release()
-        if plaintext is None:
-            self._fail("frame failed authentication (altered, replayed or out of order)",
-                       "DECRYPT_FAILED")
-        self._offset = end
-        if end == len(buffer):
-            buffer.clear()
-            self._offset = 0
+        available = len(buffer)
+        position = self._offset
+        data_frames: list[tuple[int, int]] = []
+        plaintext_bytes = 0
+        control: tuple[int, int] | None = None
+        while available - position >= HEADER_BYTES:
+            header = int.from_bytes(buffer[position : position + HEADER_BYTES], "little")
+            length = header & 0xFFFFFF
+            frame_type = header >> 24
+            problem = _check_header(length, frame_type)
+            if problem is None and self._end_received:
+                problem = ("frame received after the peer ended the stream", "DATA_AFTER_END")
+            if problem is not None:
+                if data_frames:
+                    break  # deliver what came before it first
+                self._fail(*problem)
+            end = position + HEADER_BYTES + length
+            if available < end:
+                break
+            if frame_type != _DATA_TYPE:
+                if not data_frames:
+                    control = (position, frame_type)
+                break
+            data_frames.append((position + HEADER_BYTES, length))
+            plaintext_bytes += length - TAG_BYTES
+            position = end
+        if data_frames:
+            return self._decrypt_data(data_frames, plaintext_bytes)
+        if control is not None:
+            return self._decrypt_control(*control)
+        return NEED_DATA
+
+    def _decrypt_data(self, frames: list[tuple[int, int]], plaintext_bytes: int) -> Data:
+        out = bytearray(plaintext_bytes)
+        decrypt_into = self._receive_cipher.decrypt_into
+        nonce = self._receive_nonce
+        written = 0
+        failed = False
+        with memoryview(self._buffer) as source, memoryview(out) as target:
+            for start, length in frames:
+                size = length - TAG_BYTES
+                try:
+                    decrypt_into(
+                        _pack_nonce(nonce),
+                        source[start : start + length],
+                        _AD_DATA,
+                        target[written : written + size],
+                    )
+                except InvalidTag:
+                    failed = True
+                    break
+                nonce += 1
+                written += size
+                self._offset = start + length
+        self.frames_received += nonce - self._receive_nonce
+        self._receive_nonce = nonce
+        self._after_consume()
+        if failed:
+            if written == 0:
+                self._fail(*_DECRYPT_FAILED)
+            self._failed = RemoteProtocolError(_DECRYPT_FAILED[0], code=_DECRYPT_FAILED[1])
+            del out[written:]
+        return Data(out)
+
+    def _decrypt_control(self, position: int, frame_type: int) -> KeepAlive | EndOfStream:
+        length = int.from_bytes(self._buffer[position : position + 3], "little")
+        start = position + HEADER_BYTES
+        try:
+            plaintext = self._receive_cipher.decrypt(
+                _pack_nonce(self._receive_nonce),
+                bytes(self._buffer[start : start + length]),
+                _AD[frame_type],
+            )
+        except InvalidTag:
+            self._fail(*_DECRYPT_FAILED)
+        self._receive_nonce += 1
         self.frames_received += 1
-        if frame_type == FrameType.DATA:
-            return Data(plaintext)
+        self._offset = start + length
+        self._after_consume()
         if plaintext:
             self._fail("control frame carries a payload", "UNKNOWN_FRAME_TYPE")
         if frame_type == FrameType.KEEPALIVE:
@@ -225,6 +290,28 @@ class Transport:
         self._end_received = True
         return _END
 
+    def _after_consume(self) -> None:
+        if self._offset == len(self._buffer):
+            self._buffer.clear()
+            self._offset = 0
+
     def _fail(self, message: str, code: str) -> None:
         self._failed = RemoteProtocolError(message, code=code)
         raise self._failed
+
+
+_DECRYPT_FAILED: Final = (
+    "frame failed authentication (altered, replayed or out of order)",
+    "DECRYPT_FAILED",
+)
+_KNOWN_TYPES: Final = frozenset({FrameType.DATA, FrameType.KEEPALIVE, FrameType.END})
+
+
+def _check_header(length: int, frame_type: int) -> tuple[str, str] | None:
+    if length > MAX_NOISE_MESSAGE_BYTES:
+        return (f"frame of {length} bytes exceeds the Noise limit", "FRAME_TOO_LARGE")
+    if frame_type not in _KNOWN_TYPES:
+        return (f"unknown frame type {frame_type}", "UNKNOWN_FRAME_TYPE")
+    if length < TAG_BYTES:
+        return (f"frame of {length} bytes cannot hold a {TAG_BYTES}-byte tag", "FRAME_TOO_SHORT")
+    return None

@@ -181,10 +181,27 @@ def test_transport_round_trips_any_writes_in_order(chunks):
     assert received == b"".join(chunks)
 
 
-def test_large_writes_are_split_into_noise_sized_frames():
+def test_large_writes_are_split_into_noise_sized_frames_and_rejoined():
     sender, receiver = transports()
-    receiver.receive_data(sender.send_data(bytes(2 * MAX_PLAINTEXT_BYTES + 1)))
-    assert [len(e.data) for e in drain(receiver)] == [MAX_PLAINTEXT_BYTES] * 2 + [1]
+    payload = bytes(range(256)) * (2 * MAX_PLAINTEXT_BYTES // 256 + 1)
+    frames = sender.send_data(payload)
+    assert sender.frames_sent == 3
+    assert len(frames) == len(payload) + 3 * (4 + 16)
+    receiver.receive_data(frames)
+    assert drain(receiver) == [Data(payload)]
+    assert receiver.frames_received == 3
+
+
+def test_frames_before_a_bad_one_are_delivered_then_the_error():
+    sender, receiver = transports()
+    good = sender.send_data(b"good")
+    bad = bytearray(sender.send_data(b"bad!"))
+    bad[-1] ^= 1
+    receiver.receive_data(bytes(good) + bytes(bad))
+    assert receiver.next_event() == Data(b"good")
+    with pytest.raises(RemoteProtocolError) as info:
+        receiver.next_event()
+    assert info.value.code == "DECRYPT_FAILED"
 
 
 def test_keepalive_and_end_are_events_and_nothing_may_follow_end():

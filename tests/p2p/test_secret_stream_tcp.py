@@ -91,8 +91,8 @@ async def tampering_proxy(nursery, target_port, *, flip_at):
                     data = bytes(data)
                 offset += len(data)
                 await sink.send_all(data)
-        except trio.BrokenResourceError:
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the other direction finished first and closed this socket
         finally:
             await trio.aclose_forcefully(sink)
 

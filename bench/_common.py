@@ -1,0 +1,60 @@
+"""Shared plumbing of the benchmarks: JSON-line output and child-process servers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Benchmarks run as scripts (`python bench/x.py`); make the project importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def emit(bench: str, metric: str, value: float, unit: str, **extra: Any) -> None:
+    """Print one figure as a JSON line on stdout."""
+    record = {"bench": bench, "metric": metric, "value": round(value, 4), "unit": unit}
+    record.update(extra)
+    print(json.dumps(record), flush=True)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": round(statistics.median(ordered), 4),
+        "min": round(ordered[0], 4),
+        "max": round(ordered[-1], 4),
+        "n": len(ordered),
+    }
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+class ChildServer:
+    """Run ``target(port_queue, *args)`` in a spawned process; it must put its port."""
+
+    def __init__(self, target: Callable[..., None], *args: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._queue = context.Queue()
+        self._process = context.Process(target=target, args=(self._queue, *args), daemon=True)
+
+    def __enter__(self) -> int:
+        self._process.start()
+        return self._queue.get(timeout=60)
+
+    def __exit__(self, *exc: object) -> None:
+        self._process.terminate()
+        self._process.join(timeout=10)
