@@ -1,0 +1,41 @@
+"""The ``cosmicac`` command: one typer app, one module per command group."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import typer
+
+from . import keys
+from .beam import beam
+
+app = typer.Typer(
+    name="cosmicac",
+    help="CosmicAC: GPU workloads on your cluster, over a peer-to-peer stack.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(keys.app, name="keys")
+app.command("beam")(beam)
+
+
+@app.callback()
+def _configure(
+    log_level: str = typer.Option(
+        "warning", "--log-level", envvar="COSMICAC_LOG_LEVEL", help="debug, info, warning, error"
+    ),
+) -> None:
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()
+
+
+if __name__ == "__main__":
+    main()

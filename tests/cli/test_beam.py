@@ -1,0 +1,127 @@
+"""`cosmicac beam` between two real processes over TCP on 127.0.0.1."""
+
+import hashlib
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import trio
+
+from p2p.keys import KeyPair
+
+BEAM = [sys.executable, "-m", "cli.main", "beam"]
+LISTENING = re.compile(r"listening on (\S+):(\d+) key ([0-9a-f]{64})")
+
+
+def open_fd(path, flags):
+    return os.open(path, flags | os.O_CLOEXEC, 0o600)
+
+
+async def start_listener(nursery, stdin_path, stdout_path):
+    """Start `beam --listen` with files for stdin/stdout; return (process, address, key).
+
+    The listener's stderr is a pipe read until its `listening on` line.
+    """
+    stdin = open_fd(stdin_path, os.O_RDONLY)
+    stdout = open_fd(stdout_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        process = await trio.lowlevel.open_process(
+            [*BEAM, "--listen", "--port", "0"],
+            stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(stdin)
+        os.close(stdout)
+    nursery.start_soon(_reap, process)
+    seen = b""
+    with trio.fail_after(20):
+        while not (match := LISTENING.search(seen.decode(errors="replace"))):
+            chunk = await process.stderr.receive_some()
+            assert chunk, f"listener exited early: {seen!r}"
+            seen += chunk
+    return process, f"{match[1]}:{match[2]}", match[3]
+
+
+async def _reap(process):
+    try:
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+
+
+async def test_beam_pipes_16_mib_each_way_between_two_processes(tmp_path):
+    to_dialer = os.urandom(16 * 1024 * 1024)
+    to_listener = os.urandom(16 * 1024 * 1024)
+    (tmp_path / "listener.in").write_bytes(to_dialer)
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            listener, address, key = await start_listener(
+                nursery, tmp_path / "listener.in", tmp_path / "listener.out"
+            )
+            # The dialer uses pipes (the FdStream path); the listener regular files.
+            dialer = await trio.run_process(
+                [*BEAM, key, "--address", address],
+                stdin=to_listener, capture_stdout=True, capture_stderr=True, check=False,
+            )
+            assert dialer.returncode == 0, dialer.stderr.decode()
+            with trio.fail_after(20):
+                await listener.wait()
+    assert listener.returncode == 0
+    assert hashlib.sha256(dialer.stdout).hexdigest() == hashlib.sha256(to_dialer).hexdigest()
+    received = (tmp_path / "listener.out").read_bytes()
+    assert hashlib.sha256(received).hexdigest() == hashlib.sha256(to_listener).hexdigest()
+
+
+async def test_beam_to_the_wrong_key_exits_nonzero_naming_both_keys(tmp_path):
+    (tmp_path / "empty").write_bytes(b"")
+    wrong = KeyPair.generate().hex
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            listener, address, key = await start_listener(
+                nursery, tmp_path / "empty", tmp_path / "out"
+            )
+            dialer = await trio.run_process(
+                [*BEAM, wrong, "--address", address],
+                stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+            )
+            listener.kill()
+    message = dialer.stderr.decode()
+    assert dialer.returncode == 1
+    assert wrong in message and key in message
+    assert "Traceback" not in message
+    assert dialer.stdout == b""
+
+
+async def test_beam_reports_a_refused_connection_in_one_line():
+    result = await trio.run_process(
+        [*BEAM, "ab" * 32, "--address", f"127.0.0.1:{unused_port()}"],
+        stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 1
+    assert "connection refused" in result.stderr.decode()
+    assert len(result.stderr.decode().strip().splitlines()) == 1
+
+
+async def test_beam_rejects_a_malformed_key_as_a_usage_error():
+    result = await trio.run_process(
+        [*BEAM, "not-a-key", "--address", "127.0.0.1:9"],
+        stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 2
+    assert "64 hex characters" in result.stderr.decode()
+
+
+def unused_port():
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_beam_help_lists_its_modes():
+    result = subprocess.run([*BEAM, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert "--listen" in result.stdout and "--address" in result.stdout
