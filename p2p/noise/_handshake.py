@@ -44,10 +44,12 @@ arrived after the last handshake frame) to a :class:`~._transport.Transport`.
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
 from cryptography.exceptions import InvalidTag
-from noise.connection import Keypair, NoiseConnection
+from noise.backends.default.keypairs import KeyPair25519
+from noise.connection import NoiseConnection
 from noise.exceptions import NoiseHandshakeError, NoiseInvalidMessage, NoiseValueError
 
 from ..errors import HandshakeError, KeyFormatError
@@ -120,7 +122,7 @@ class Handshake:
         self._buffer = bytearray()
         self._noise = NoiseConnection.from_name(NOISE_PROTOCOL_NAME)
         self._noise.set_prologue(prologue)
-        self._noise.set_keypair_from_private_bytes(Keypair.STATIC, keypair.x25519_private)
+        self._noise.noise_protocol.keypairs["s"] = _static_keypair(keypair)
         if initiator:
             self._noise.set_as_initiator()
         else:
@@ -292,6 +294,12 @@ class Handshake:
     def _finish(self) -> None:
         self.handshake_hash = bytes(self._noise.get_handshake_hash())
         self.phase = HandshakePhase.COMPLETE
+
+
+@functools.lru_cache(maxsize=64)
+def _static_keypair(keypair: KeyPair) -> KeyPair25519:
+    # Building the X25519 key object costs ~45 µs; a node reuses its identity.
+    return KeyPair25519.from_private_bytes(keypair.x25519_private)
 
 
 def _frame(message: bytes | bytearray) -> bytes:

@@ -1,0 +1,683 @@
+"""Trio driver of the channel multiplexer.
+
+:class:`Mux` runs one reader task and one writer task over any
+:class:`trio.abc.Stream` and turns :class:`~p2p.mux._core.MuxCore` events into
+wake-ups of waiting channel operations.
+
+* The reader calls ``receive_some(receive_chunk_bytes)`` and feeds every byte to
+  the core, which parses all complete frames per read.
+* The writer takes *everything* queued since its last write (frames of every
+  channel, already encoded) and hands it to the stream in one ``send_all``. Many
+  small messages thus share one syscall (and one encryption on a secret stream).
+* Senders wait for channel credit, and for room in the outgoing buffer
+  (``max_send_buffer_bytes``, counting the batch being written), so a peer that
+  stops reading holds our writers instead of growing our memory.
+
+When the stream ends, breaks, or the peer breaks the protocol, the mux ends: the
+stream is closed, pending receives (after draining what arrived) raise
+:class:`ChannelBroken`, pending sends and opens raise it at once, and
+:meth:`Mux.wait_closed` returns the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from p2p.mux._config import MuxConfig
+from p2p.mux._core import (
+    ChannelIncoming,
+    ChannelPaired,
+    ChannelPhase,
+    ChannelState,
+    CreditReceived,
+    MessageReceived,
+    MuxCore,
+    MuxEvent,
+    OpenRejected,
+    RemoteClosed,
+    RemoteEnded,
+)
+from p2p.mux._errors import (
+    ChannelBroken,
+    ChannelClosed,
+    ChannelRejected,
+    MuxError,
+    MuxProtocolError,
+    MuxUsageError,
+)
+from p2p.mux._frames import RejectReason
+from p2p.mux._stream import ChannelStream
+
+__all__ = ["Channel", "ChannelListener", "ChannelStatistics", "Mux", "MuxStatistics"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStatistics:
+    """A snapshot of one channel's counters."""
+
+    protocol: str
+    id: bytes
+    #: Message payload bytes and messages we sent / received.
+    bytes_sent: int
+    messages_sent: int
+    bytes_received: int
+    messages_received: int
+    #: Bytes we may still send before the peer grants more.
+    send_credit_bytes: int
+    #: Bytes received and not yet taken by ``receive()`` (always <= window).
+    buffered_bytes: int
+    #: Our receive window.
+    receive_window_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MuxStatistics:
+    """A snapshot of a mux's counters."""
+
+    channels: int
+    #: Bytes queued for, or being written by, the writer task.
+    outgoing_bytes: int
+    #: Number of ``send_all`` calls (batches) and bytes written so far.
+    writes: int
+    bytes_written: int
+    #: Number of ``receive_some`` calls that returned data and bytes read.
+    reads: int
+    bytes_read: int
+    closed: bool
+
+
+class Channel(trio.abc.Channel[bytes]):
+    """One message channel of a :class:`Mux`; made by ``open_channel``/``accept``.
+
+    Messages keep their boundaries. Sends wait for the peer's credit; receives
+    return credit as they consume. Several tasks may ``send`` at once (they are
+    served in order); only one task may ``receive`` at a time.
+    """
+
+    def __init__(self, mux: Mux, state: ChannelState) -> None:
+        self._mux = mux
+        self._st = state
+        self._recv_lot = trio.lowlevel.ParkingLot()
+        self._send_lot = trio.lowlevel.ParkingLot()
+        self._send_lock = trio.StrictFIFOLock()
+        self._send_waiting = 0
+        self._receiving = False
+        self._opened = trio.Event()
+        self._open_error: MuxError | None = None
+
+    def __repr__(self) -> str:
+        return f"<Channel {self._st.protocol!r} id={self._st.id.hex()} local={self._st.local}>"
+
+    @property
+    def protocol(self) -> str:
+        """The protocol name the channel was opened with."""
+        return self._st.protocol
+
+    @property
+    def id(self) -> bytes:
+        """The channel id (``b""`` if none was given)."""
+        return self._st.id
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message :meth:`send` accepts (ours and the peer's limit)."""
+        return self._mux._core.max_send_bytes(self._st)
+
+    def statistics(self) -> ChannelStatistics:
+        """Return a snapshot of this channel's counters."""
+        st = self._st
+        return ChannelStatistics(
+            protocol=st.protocol,
+            id=st.id,
+            bytes_sent=st.bytes_sent,
+            messages_sent=st.messages_sent,
+            bytes_received=st.bytes_received,
+            messages_received=st.messages_received,
+            send_credit_bytes=st.send_credit,
+            buffered_bytes=st.inbox_bytes,
+            receive_window_bytes=st.window,
+        )
+
+    def _wake(self) -> None:
+        self._recv_lot.unpark_all()
+        self._send_lot.unpark_all()
+
+    def _send_error(self) -> BaseException | None:
+        st = self._st
+        if st.app_closed:
+            return ChannelClosed("channel was closed", code="CHANNEL_CLOSED")
+        if st.sent_end:
+            return ChannelClosed("send_eof() was called on this channel", code="CHANNEL_ENDED")
+        mux = self._mux
+        if mux._reason is not None:
+            return mux._broken_error()
+        if st.got_close or st.phase is not ChannelPhase.OPEN:
+            return ChannelBroken("the peer closed the channel", code="REMOTE_CLOSED")
+        return None
+
+    async def send(self, value: bytes) -> None:
+        """Send one message, waiting for credit and outgoing buffer space.
+
+        Args:
+            value: the message (bytes-like); at most :attr:`max_message_bytes`.
+
+        Raises:
+            MuxUsageError: ``MESSAGE_TOO_LARGE``.
+            ChannelClosed: we closed the channel or called :meth:`send_eof`.
+            ChannelBroken: the peer closed the channel or the mux ended.
+        """
+        await trio.lowlevel.checkpoint()
+        if type(value) is not bytes:
+            value = bytes(value)
+        mux = self._mux
+        core = mux._core
+        st = self._st
+        cost = len(value) or 1
+        err = self._send_error()
+        if err is not None:
+            raise err
+        if len(value) > core.max_send_bytes(st):
+            raise MuxUsageError(
+                f"message of {len(value)} bytes exceeds the limit of {core.max_send_bytes(st)}",
+                code="MESSAGE_TOO_LARGE",
+            )
+        # Fast path: nobody queued ahead, credit and buffer room available.
+        if (
+            not self._send_waiting
+            and st.send_credit >= cost
+            and core._out_bytes + mux._writing_bytes < mux._max_out
+        ):
+            core.send_message(st, value)
+            mux._kick()
+            return
+        self._send_waiting += 1
+        try:
+            async with self._send_lock:
+                while True:
+                    err = self._send_error()
+                    if err is not None:
+                        raise err
+                    if st.send_credit < cost:
+                        await self._send_lot.park()
+                    elif core._out_bytes + mux._writing_bytes >= mux._max_out:
+                        await mux._space_lot.park()
+                    else:
+                        break
+                core.send_message(st, value)
+                mux._kick()
+        finally:
+            self._send_waiting -= 1
+
+    def receive_nowait(self) -> bytes:
+        """Take a message if one is buffered.
+
+        Raises:
+            trio.WouldBlock: nothing buffered yet.
+            trio.EndOfChannel: the peer ended its direction and all was read.
+            ChannelClosed: we closed the channel.
+            ChannelBroken: the mux ended and all that arrived was read.
+        """
+        st = self._st
+        if st.app_closed:
+            raise ChannelClosed("channel was closed", code="CHANNEL_CLOSED")
+        mux = self._mux
+        msg = mux._core.receive_message(st)
+        if msg is not None:
+            if mux._core._out:
+                mux._kick()
+            return msg
+        if st.remote_ended or st.got_close:
+            raise trio.EndOfChannel
+        if mux._reason is not None:
+            raise mux._broken_error()
+        raise trio.WouldBlock
+
+    async def receive(self) -> bytes:
+        """Wait for the next message.
+
+        Returns:
+            The message, exactly as sent.
+
+        Raises:
+            trio.EndOfChannel: the peer ended its direction (or closed the
+                channel) and every message was read.
+            ChannelClosed: we closed the channel.
+            ChannelBroken: the mux ended and every message was read.
+            trio.BusyResourceError: another task is receiving.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this channel")
+        self._receiving = True
+        try:
+            while True:
+                try:
+                    msg = self.receive_nowait()
+                except trio.WouldBlock:
+                    await self._recv_lot.park()
+                    continue
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return msg
+        finally:
+            self._receiving = False
+
+    async def send_eof(self) -> None:
+        """End our direction: the peer's ``receive`` raises EndOfChannel after the rest.
+
+        Idempotent. Messages already sent are still delivered.
+
+        Raises:
+            ChannelClosed: we closed the channel.
+            ChannelBroken: the mux ended.
+        """
+        await trio.lowlevel.checkpoint()
+        st = self._st
+        if st.app_closed:
+            raise ChannelClosed("channel was closed", code="CHANNEL_CLOSED")
+        if st.sent_end:
+            return
+        if self._mux._reason is not None:
+            raise self._mux._broken_error()
+        self._mux._core.send_end(st)
+        self._mux._kick()
+        self._send_lot.unpark_all()
+
+    async def aclose(self) -> None:
+        """Close the channel both ways; buffered messages are dropped. Idempotent."""
+        self.close_nowait()
+        await trio.lowlevel.checkpoint()
+
+    def close_nowait(self) -> None:
+        """Close the channel without waiting (see :meth:`aclose`)."""
+        st = self._st
+        if st.app_closed:
+            return
+        mux = self._mux
+        if mux._reason is None:
+            mux._core.close(st)
+            mux._kick()
+        else:
+            st.app_closed = True
+            st.inbox.clear()
+            st.inbox_bytes = 0
+        if st.phase is ChannelPhase.FREED or st.abandoned:
+            mux._live.pop(st, None)
+        self._wake()
+
+    def as_stream(self) -> ChannelStream:
+        """Wrap this channel as a byte stream (see :class:`ChannelStream`)."""
+        return ChannelStream(self)
+
+
+class ChannelListener:
+    """Incoming channels for one protocol; made by :meth:`Mux.listen`."""
+
+    def __init__(self, mux: Mux, protocol: str) -> None:
+        self._mux = mux
+        self.protocol = protocol
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    async def accept(self) -> Channel:
+        """Wait for the next incoming channel of this protocol.
+
+        Raises:
+            ChannelClosed: the listener or the mux was closed locally.
+            ChannelBroken: the mux ended.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        mux = self._mux
+        while True:
+            if self._closed:
+                raise ChannelClosed("listener was closed", code="LISTENER_CLOSED")
+            st = mux._core.accept_nowait(self.protocol)
+            if st is not None:
+                ch = Channel(mux, st)
+                ch._opened.set()
+                if st.phase is not ChannelPhase.FREED:
+                    mux._live[st] = ch
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return ch
+            if mux._reason is not None:
+                raise mux._broken_error()
+            await self._lot.park()
+
+    async def aclose(self) -> None:
+        """Stop listening; channels not yet accepted are closed."""
+        if not self._closed:
+            self._closed = True
+            mux = self._mux
+            if mux._listeners.get(self.protocol) is self:
+                del mux._listeners[self.protocol]
+                if mux._reason is None:
+                    mux._core.unlisten(self.protocol)
+                    mux._kick()
+            self._lot.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> ChannelListener:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Mux:
+    """Channels over one byte stream, with per-channel credit backpressure.
+
+    Args:
+        stream: any :class:`trio.abc.Stream`; the mux owns it and closes it.
+        config: windows and limits (defaults: :class:`MuxConfig`).
+        name: names this mux in log lines.
+
+    Start it in a nursery you own: ``await nursery.start(mux.run)``.
+    """
+
+    def __init__(
+        self, stream: trio.abc.Stream, *, config: MuxConfig | None = None, name: str | None = None
+    ) -> None:
+        self._stream = stream
+        self.config = config or MuxConfig()
+        self.name = name or f"mux-{id(self):x}"
+        self._core = MuxCore(self.config)
+        self._max_out = self.config.max_send_buffer_bytes
+        self._live: dict[ChannelState, Channel] = {}
+        self._listeners: dict[str, ChannelListener] = {}
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._writer_idle = False
+        self._space_lot = trio.lowlevel.ParkingLot()
+        self._writing_bytes = 0
+        self._closed_event = trio.Event()
+        self._drained = trio.Event()
+        self._finished = trio.Event()
+        self._closing = False
+        self._reason: MuxError | None = None
+        self._run_scope: trio.CancelScope | None = None
+        self._started = False
+        self._writes = 0
+        self._bytes_written = 0
+        self._reads = 0
+        self._bytes_read = 0
+
+    # -- lifetime --------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Drive the mux until the stream ends, breaks or :meth:`aclose` is called.
+
+        Returns normally however the mux ended (the reason is given by
+        :meth:`wait_closed` and :attr:`closed_reason`); the stream is closed on
+        return.
+
+        Raises:
+            MuxUsageError: ``ALREADY_RUNNING`` if called twice.
+        """
+        if self._started:
+            raise MuxUsageError("Mux.run() was already called", code="ALREADY_RUNNING")
+        self._started = True
+        logger.debug("mux.started mux=%s", self.name)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._run_scope = nursery.cancel_scope
+                if self._reason is not None:
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._writer)
+                task_status.started()
+        finally:
+            self._terminate(ChannelClosed("mux task was cancelled", code="MUX_CANCELLED"))
+            self._drained.set()
+            try:
+                await trio.aclose_forcefully(self._stream)
+            finally:
+                self._finished.set()
+            logger.debug("mux.ended mux=%s reason=%r", self.name, self._reason)
+
+    async def aclose(self) -> None:
+        """Flush what is queued, then end the mux and close the stream. Idempotent.
+
+        Channels raise :class:`ChannelClosed` afterwards. Wrap the call in a
+        cancel scope to bound the flush.
+        """
+        if self._reason is None and self._started:
+            self._closing = True
+            self._kick()
+            await self._drained.wait()
+        self._terminate(ChannelClosed("mux was closed", code="MUX_CLOSED"))
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        if self._started:
+            await self._finished.wait()
+        else:
+            await trio.aclose_forcefully(self._stream)
+
+    async def wait_closed(self) -> MuxError:
+        """Wait until the mux has ended.
+
+        Returns:
+            Why: :class:`ChannelClosed` if we closed it, :class:`ChannelBroken`
+            if the stream ended or broke, or the :class:`MuxProtocolError` the
+            peer caused.
+        """
+        await self._closed_event.wait()
+        assert self._reason is not None
+        return self._reason
+
+    @property
+    def closed_reason(self) -> MuxError | None:
+        """Why the mux ended, or None while it runs."""
+        return self._reason
+
+    def statistics(self) -> MuxStatistics:
+        """Return a snapshot of the mux's counters."""
+        return MuxStatistics(
+            channels=self._core.channel_count,
+            outgoing_bytes=self._core.outgoing_bytes + self._writing_bytes,
+            writes=self._writes,
+            bytes_written=self._bytes_written,
+            reads=self._reads,
+            bytes_read=self._bytes_read,
+            closed=self._reason is not None,
+        )
+
+    def _broken_error(self) -> MuxError:
+        reason = self._reason
+        if isinstance(reason, ChannelClosed):
+            return ChannelClosed(reason.message, code=reason.code)
+        assert reason is not None
+        err = ChannelBroken(f"mux ended: {reason.message}", code=reason.code)
+        err.__cause__ = reason
+        return err
+
+    def _terminate(self, reason: MuxError) -> None:
+        if self._reason is not None:
+            return
+        self._reason = reason
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        for ch in list(self._live.values()):
+            ch._opened.set()
+            ch._wake()
+        self._live.clear()
+        for listener in self._listeners.values():
+            listener._lot.unpark_all()
+        self._space_lot.unpark_all()
+        self._closed_event.set()
+
+    def _fail(self, exc: BaseException, code: str, message: str) -> None:
+        if isinstance(exc, MuxProtocolError):
+            logger.warning(
+                "mux.protocol_error mux=%s code=%s error=%s", self.name, exc.code, exc.message
+            )
+            self._terminate(exc)
+        else:
+            logger.debug("mux.broken mux=%s code=%s error=%r", self.name, code, exc)
+            err = ChannelBroken(message, code=code)
+            err.__cause__ = exc
+            self._terminate(err)
+
+    # -- tasks -----------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self._writer_idle:
+            self._writer_idle = False
+            self._writer_lot.unpark()
+
+    async def _writer(self) -> None:
+        core = self._core
+        stream = self._stream
+        try:
+            while True:
+                data = core.data_to_send()
+                if not data:
+                    if self._closing:
+                        self._drained.set()
+                    self._writer_idle = True
+                    await self._writer_lot.park()
+                    continue
+                n = len(data)
+                self._writing_bytes = n
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                    return
+                finally:
+                    self._writing_bytes = 0
+                self._writes += 1
+                self._bytes_written += n
+                self._space_lot.unpark_all()
+        finally:
+            self._drained.set()
+
+    async def _reader(self) -> None:
+        core = self._core
+        stream = self._stream
+        chunk = self.config.receive_chunk_bytes
+        while True:
+            try:
+                data = await stream.receive_some(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._fail(exc, "STREAM_BROKEN", "stream broke while receiving")
+                return
+            if not data:
+                self._terminate(ChannelBroken("the peer ended the stream", code="STREAM_EOF"))
+                return
+            self._reads += 1
+            self._bytes_read += len(data)
+            try:
+                events = core.receive_data(data)
+            except MuxProtocolError as exc:
+                self._fail(exc, exc.code, exc.message)
+                return
+            if events:
+                self._dispatch(events)
+            if core._out:
+                self._kick()
+
+    def _dispatch(self, events: list[MuxEvent]) -> None:
+        live = self._live
+        for ev in events:
+            t = type(ev)
+            if t is MessageReceived:
+                ch = live.get(ev.channel)  # type: ignore[union-attr]
+                if ch is not None:
+                    ch._recv_lot.unpark_all()
+            elif t is CreditReceived:
+                ch = live.get(ev.channel)  # type: ignore[union-attr]
+                if ch is not None:
+                    ch._send_lot.unpark_all()
+            elif t is ChannelPaired:
+                ch = live.get(ev.channel)  # type: ignore[union-attr]
+                if ch is not None:
+                    ch._opened.set()
+            elif t is OpenRejected:
+                st = ev.channel  # type: ignore[union-attr]
+                ch = live.pop(st, None)
+                if ch is not None:
+                    reason = RejectReason(st.reject_reason).name if st.reject_reason in (
+                        RejectReason._value2member_map_
+                    ) else f"REJECT_{st.reject_reason}"
+                    ch._open_error = ChannelRejected(
+                        f"peer rejected channel {st.protocol!r}: {reason}", code=reason
+                    )
+                    ch._opened.set()
+            elif t is ChannelIncoming:
+                listener = self._listeners.get(ev.protocol)  # type: ignore[union-attr]
+                if listener is not None:
+                    listener._lot.unpark()
+            elif t is RemoteEnded:
+                ch = live.get(ev.channel)  # type: ignore[union-attr]
+                if ch is not None:
+                    ch._recv_lot.unpark_all()
+            elif t is RemoteClosed:
+                ch = live.pop(ev.channel, None)  # type: ignore[union-attr]
+                if ch is not None:
+                    ch._wake()
+
+    # -- channels --------------------------------------------------------------
+
+    async def open_channel(self, protocol: str, id: bytes = b"") -> Channel:
+        """Open a channel named (protocol, id) and wait until the peer pairs it.
+
+        The peer pairs it if it also opens (protocol, id), or if it listens for
+        ``protocol``.
+
+        Args:
+            protocol: protocol name (UTF-8, at most 255 bytes).
+            id: optional channel id (at most 255 bytes).
+
+        Returns:
+            The paired channel.
+
+        Raises:
+            ChannelRejected: the peer refused (``.code``: ``UNKNOWN_PROTOCOL``,
+                ``TOO_MANY_CHANNELS``, ``BACKLOG_FULL``, ``DUPLICATE_CHANNEL``).
+            MuxUsageError: ``DUPLICATE_CHANNEL`` if (protocol, id) is in use
+                here, ``TOO_MANY_CHANNELS`` at our table bound.
+            ChannelClosed / ChannelBroken: the mux ended.
+
+        If cancelled while waiting, the open is abandoned and closed once the
+        peer answers; (protocol, id) stays taken until then.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._reason is not None:
+            raise self._broken_error()
+        st = self._core.open(protocol, id)
+        ch = Channel(self, st)
+        self._live[st] = ch
+        self._kick()
+        try:
+            await ch._opened.wait()
+        except BaseException:
+            ch.close_nowait()
+            raise
+        if ch._open_error is not None:
+            raise ch._open_error
+        if self._reason is not None and st.phase is not ChannelPhase.OPEN:
+            raise self._broken_error()
+        logger.debug(
+            "mux.channel_opened mux=%s protocol=%s local=%d remote=%s",
+            self.name, protocol, st.local, st.remote,
+        )
+        return ch
+
+    def listen(self, protocol: str) -> ChannelListener:
+        """Accept incoming opens of ``protocol`` (see :meth:`ChannelListener.accept`).
+
+        Raises:
+            MuxUsageError: ``ALREADY_LISTENING`` if ``protocol`` has a listener.
+            ChannelClosed / ChannelBroken: the mux ended.
+        """
+        if self._reason is not None:
+            raise self._broken_error()
+        if protocol in self._listeners:
+            raise MuxUsageError(f"already listening for {protocol!r}", code="ALREADY_LISTENING")
+        listener = ChannelListener(self, protocol)
+        self._listeners[protocol] = listener
+        self._core.listen(protocol)
+        return listener
