@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from p2p.errors import HandshakeError, LocalProtocolError, RemoteProtocolError
 from p2p.keys import KeyPair
-from p2p.noise import NEED_DATA, Data, EndOfStream, Handshake, KeepAlive
+from p2p.noise import NEED_DATA, Data, EndOfStream, Handshake, KeepAlive, Transport
 from p2p.noise._handshake import PROOF_CONTEXT
 from p2p.noise._transport import MAX_PLAINTEXT_BYTES
 from p2p.noise._wire import FrameType, pack_header
@@ -51,14 +51,15 @@ def test_handshake_agrees_on_keys_and_hash():
 def test_handshake_fed_one_byte_at_a_time_completes():
     initiator = Handshake(ALICE, initiator=True, expected_remote_key=BOB.public_key)
     responder = Handshake(BOB, initiator=False)
-    to_responder, to_initiator = initiator.initiate(), b""
-    for _ in range(10):
-        replies = b"".join(responder.receive_data(bytes([b])) for b in to_responder)
-        to_responder = b""
-        to_responder = b"".join(initiator.receive_data(bytes([b])) for b in replies)
-        if initiator.complete and responder.complete:
-            break
-    assert initiator.complete and responder.complete and to_initiator == b""
+
+    def trickle(core, data):
+        return b"".join(core.receive_data(data[i : i + 1]) for i in range(len(data)))
+
+    m2 = trickle(responder, initiator.initiate())
+    m3 = trickle(initiator, m2)
+    assert trickle(responder, m3) == b""
+    assert initiator.complete and responder.complete
+    assert initiator.handshake_hash == responder.handshake_hash
 
 
 def test_key_mismatch_names_both_keys_and_hides_the_initiator():
@@ -287,3 +288,19 @@ def test_any_mutated_byte_of_a_valid_stream_is_detected(position, mask):
     # A mutated length can leave the parser waiting for more, never with wrong data.
     assert all(e == Data(b"payload" * 10) or e == KeepAlive() for e in events)
     assert len(events) < 2
+
+
+def test_transport_ciphertexts_match_noise_cipherstate_encryption():
+    """Our in-place cipher follows Noise's CipherState: same key, nonce layout, AD."""
+    from noise.backends.default import noise_backend
+    from noise.noise_protocol import NoiseProtocol
+    from noise.state import CipherState
+
+    key = bytes(range(32))
+    sender = Transport(key, key)
+    reference = CipherState(NoiseProtocol(b"Noise_XX_25519_ChaChaPoly_BLAKE2b", noise_backend))
+    reference.initialize_key(key)
+    for payload in (b"first", b"second" * 100, b""):
+        frames = bytes(sender.send_data(payload)) if payload else sender.send_keepalive()
+        frame_type = FrameType.DATA if payload else FrameType.KEEPALIVE
+        assert frames[4:] == reference.encrypt_with_ad(bytes([frame_type]), payload)
