@@ -3,9 +3,10 @@
 See ``README.md`` in this folder for the wire format.
 """
 
+from p2p.mux._channel import Channel, ChannelStatistics
 from p2p.mux._config import MuxConfig
 from p2p.mux._core import ChannelPhase, ChannelState, MuxCore
-from p2p.mux._driver import Channel, ChannelListener, ChannelStatistics, Mux, MuxStatistics
+from p2p.mux._driver import ChannelListener, Mux, MuxStatistics
 from p2p.mux._errors import (
     ChannelBroken,
     ChannelClosed,

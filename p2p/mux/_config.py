@@ -18,12 +18,12 @@ __all__ = [
 
 #: Per-channel receive window. HTTP/2 starts streams at 64 KiB and most servers
 #: raise it to 1 MiB or more; yamux uses 256 KiB. 1 MiB lets one channel move
-#: ~600 MB/s at a 1.5 ms round trip, and is the smallest window that holds a
-#: whole maximum-size message.
+#: ~600 MB/s at a 1.5 ms round trip.
 DEFAULT_INITIAL_WINDOW_BYTES = 1 << 20
-#: Largest message a channel sends or accepts (Protomux leaves this to the
-#: framing; hypercore blocks stay far below it).
-DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+#: Largest message a channel sends: half the default window (see
+#: ``initial_window_bytes``). Protomux leaves this to the framing; hypercore
+#: blocks (64 KiB) stay far below it.
+DEFAULT_MAX_MESSAGE_BYTES = 512 << 10
 #: Channel table bound per mux (live, opening and closing channels alike).
 DEFAULT_MAX_CHANNELS = 1024
 #: Incoming channels a listener holds before the application accepts them.
@@ -44,12 +44,16 @@ class MuxConfig:
     """
 
     initial_window_bytes: int = DEFAULT_INITIAL_WINDOW_BYTES
-    """Bytes of messages the peer may send on each channel before we grant more.
-    This is the per-channel receive buffer bound. Must be >= ``max_message_bytes``."""
+    """Bytes of messages the peer may send on each channel before we grant more;
+    the per-channel receive buffer bound. The peer may send messages of up to
+    half of it (a larger one ends the mux with ``MESSAGE_TOO_LARGE``). Must be
+    >= 2 * ``max_message_bytes``: credit is returned once half the window is
+    consumed, so at most half can sit unreported, and the other half must hold
+    the largest message or its sender would wait forever."""
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    """Largest single message, in bytes, we send or accept on a channel. A larger
-    incoming message ends the mux (code ``MESSAGE_TOO_LARGE``)."""
+    """Largest single message, in bytes, we send on a channel (further capped at
+    half the peer's window). ``ChannelStream`` cuts its data at this size."""
 
     max_channels: int = DEFAULT_MAX_CHANNELS
     """Entries in the channel table (open, opening and closing). At the bound a
@@ -83,11 +87,11 @@ class MuxConfig:
             if not isinstance(value, int) or value < 1:
                 raise MuxUsageError(f"{name} must be a positive int, got {value!r}",
                                     code="BAD_CONFIG")
-        if self.initial_window_bytes < self.max_message_bytes:
+        if self.initial_window_bytes < 2 * self.max_message_bytes:
             raise MuxUsageError(
-                "initial_window_bytes must be >= max_message_bytes "
-                f"({self.initial_window_bytes} < {self.max_message_bytes}), or a "
-                "maximum-size message could never be sent",
+                "initial_window_bytes must be >= 2 * max_message_bytes "
+                f"({self.initial_window_bytes} < 2 * {self.max_message_bytes}), or a "
+                "maximum-size message could wait forever for credit",
                 code="BAD_CONFIG",
             )
         if self.initial_window_bytes >= 1 << 62:

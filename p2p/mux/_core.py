@@ -29,8 +29,12 @@ A name in use on our side (opening, open or closing) refuses a second local open
 
 Credit: each receiver announces a window (OPEN/ACCEPT) and the sender keeps
 ``send_credit``; a message costs ``max(1, len)`` bytes (so empty messages cannot
-fill memory for free). The receiver tracks how much the peer may still send
-(``_recv_allowed``); a DATA frame beyond it ends the mux with
+fill memory for free) and may be at most half the receiver's window. Why half:
+credit comes back in batches of half a window, so up to half a window may be
+consumed yet unreported while the inbox is empty; the other half must still fit
+the largest message or the sender would wait for credit that never comes. The
+receiver tracks how much the peer may still send (``_recv_allowed``); a DATA
+frame beyond it ends the mux with
 ``CREDIT_EXCEEDED``. As the application takes messages, consumed bytes are
 returned with a CREDIT frame once they reach half the window (batched).
 Invariant: ``0 <= send_credit`` and ``inbox_bytes <= window`` per channel.
@@ -250,7 +254,9 @@ class MuxCore:
 
     def __init__(self, config: MuxConfig | None = None) -> None:
         self.config = config or MuxConfig()
-        self._decoder = FrameDecoder(self.config.max_message_bytes + _HEADER_SLACK_BYTES)
+        # Messages may be up to half our window (see the theory of operation).
+        self._max_recv_message = self.config.initial_window_bytes >> 1
+        self._decoder = FrameDecoder(self._max_recv_message + _HEADER_SLACK_BYTES)
         self._table: dict[int, ChannelState] = {}
         self._by_key: dict[tuple[str, bytes], ChannelState] = {}
         self._free: list[int] = []
@@ -365,7 +371,7 @@ class MuxCore:
 
     def max_send_bytes(self, st: ChannelState) -> int:
         """The largest message ``st`` may send."""
-        return min(self.config.max_message_bytes, st.remote_window)
+        return min(self.config.max_message_bytes, st.remote_window >> 1)
 
     def send_message(self, st: ChannelState, payload: bytes) -> None:
         """Queue one message on an open channel.
@@ -382,7 +388,7 @@ class MuxCore:
             raise MuxUsageError("channel is not open", code="NOT_OPEN")
         if st.sent_end:
             raise MuxUsageError("channel direction already ended", code="ENDED")
-        if n > self.config.max_message_bytes or n > st.remote_window:
+        if n > self.config.max_message_bytes or n > st.remote_window >> 1:
             raise MuxUsageError(
                 f"message of {n} bytes exceeds the limit of {self.max_send_bytes(st)}",
                 code="MESSAGE_TOO_LARGE",
@@ -465,7 +471,7 @@ class MuxCore:
             frames = self._decoder.feed(data)
             events: list[MuxEvent] = []
             table = self._table
-            max_msg = self.config.max_message_bytes
+            max_msg = self._max_recv_message
             for f in frames:
                 if type(f) is Data:
                     st = table.get(f.channel)

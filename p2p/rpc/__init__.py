@@ -1,0 +1,36 @@
+"""RPC over a mux channel: typed methods, errors with codes, timeouts,
+cancellation and server-streamed responses (a hyperswarm-rpc/HRPC analogue).
+
+See ``README.md`` in this folder for the wire format.
+"""
+
+from p2p.rpc._client import ClientStatistics, ItemStream, RpcClient
+from p2p.rpc._config import RpcConfig
+from p2p.rpc._errors import (
+    RpcChannelClosed,
+    RpcError,
+    RpcProtocolError,
+    RpcTimeout,
+    RpcUsageError,
+)
+from p2p.rpc._method import Method, StreamMethod
+from p2p.rpc._server import CallContext, Router, RpcServer, ServerStatistics, serve_rpc
+
+__all__ = [
+    "CallContext",
+    "ClientStatistics",
+    "ItemStream",
+    "Method",
+    "Router",
+    "RpcChannelClosed",
+    "RpcClient",
+    "RpcConfig",
+    "RpcError",
+    "RpcProtocolError",
+    "RpcServer",
+    "RpcTimeout",
+    "RpcUsageError",
+    "ServerStatistics",
+    "StreamMethod",
+    "serve_rpc",
+]

@@ -1,0 +1,41 @@
+"""Shared helpers for the mux and RPC tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from p2p.mux import Mux, MuxConfig
+
+
+@asynccontextmanager
+async def running_mux_pair(
+    nursery: trio.Nursery,
+    *,
+    make_streams: Callable[[], tuple[trio.abc.Stream, trio.abc.Stream]] = (
+        trio.testing.memory_stream_pair
+    ),
+    config: MuxConfig | None = None,
+) -> AsyncIterator[tuple[Mux, Mux]]:
+    """Two muxes joined by a stream pair, running in ``nursery``; closed on exit."""
+    left_stream, right_stream = make_streams()
+    left = Mux(left_stream, config=config, name="left")
+    right = Mux(right_stream, config=config, name="right")
+    await nursery.start(left.run)
+    await nursery.start(right.run)
+    try:
+        yield left, right
+    finally:
+        with trio.CancelScope(shield=True):
+            await left.aclose()
+            await right.aclose()
+
+
+@pytest.fixture
+async def mux_pair(nursery: trio.Nursery) -> AsyncIterator[tuple[Mux, Mux]]:
+    async with running_mux_pair(nursery) as pair:
+        yield pair

@@ -1,0 +1,385 @@
+"""Tests of RPC over a mux channel."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from p2p.errors import ConnectionBroken
+from p2p.rpc import (
+    CallContext,
+    Method,
+    Router,
+    RpcChannelClosed,
+    RpcClient,
+    RpcConfig,
+    RpcError,
+    RpcProtocolError,
+    RpcServer,
+    RpcTimeout,
+    StreamMethod,
+    serve_rpc,
+)
+from p2p.rpc._messages import (
+    Cancel,
+    Error,
+    Request,
+    Response,
+    StreamCredit,
+    StreamEnd,
+    StreamItem,
+    StreamRequest,
+    decode_message,
+    encode_message,
+)
+from tests.p2p.conftest import running_mux_pair
+
+
+class EchoParams(BaseModel):
+    text: str
+    delay_s: float = 0.0
+
+
+class EchoResult(BaseModel):
+    text: str
+
+
+class LooseParams(BaseModel):
+    text: int
+
+
+class TickParams(BaseModel):
+    count: int
+
+
+class Tick(BaseModel):
+    n: int
+
+
+ECHO = Method("echo", params=EchoParams, result=EchoResult)
+ECHO_WRONG_PARAMS = Method("echo", params=LooseParams, result=EchoResult)
+FAIL = Method("fail", params=EchoParams, result=EchoResult)
+CRASH = Method("crash", params=EchoParams, result=EchoResult)
+BAD_RESULT = Method("bad_result", params=EchoParams, result=EchoResult)
+MISSING = Method("missing", params=EchoParams, result=EchoResult)
+TICKS = StreamMethod("ticks", params=TickParams, item=Tick)
+TICKS_THEN_FAIL = StreamMethod("ticks_then_fail", params=TickParams, item=Tick)
+
+
+class Recorder:
+    """What the server's handlers saw."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.started = trio.Event()
+        self.produced = 0
+        self.stream_finished: list[str] = []
+
+
+def make_router(rec: Recorder) -> Router:
+    router = Router()
+
+    async def echo(params: EchoParams, ctx: CallContext) -> EchoResult:
+        assert ctx.method == "echo"
+        if params.delay_s:
+            rec.started.set()
+            try:
+                await trio.sleep(params.delay_s)
+            except trio.Cancelled:
+                rec.cancelled.append(params.text)
+                raise
+        return EchoResult(text=params.text)
+
+    async def fail(params: EchoParams, ctx: CallContext) -> EchoResult:
+        raise RpcError("NOT_FOUND", f"no {params.text}", data={"what": params.text})
+
+    async def crash(params: EchoParams, ctx: CallContext) -> EchoResult:
+        raise ValueError("secret internal detail")
+
+    async def bad_result(params: EchoParams, ctx: CallContext) -> EchoResult:
+        return {"nope": 1}  # type: ignore[return-value]
+
+    async def ticks(params: TickParams, ctx: CallContext):
+        try:
+            for n in range(params.count):
+                rec.produced = n + 1
+                yield Tick(n=n)
+            rec.stream_finished.append("end")
+        except (trio.Cancelled, GeneratorExit):
+            # cancelled inside the generator, or closed while suspended at a yield
+            rec.cancelled.append("ticks")
+            raise
+
+    async def ticks_then_fail(params: TickParams, ctx: CallContext):
+        for n in range(params.count):
+            yield Tick(n=n)
+        raise RpcError("STREAM_BROKE", "gave up")
+
+    router.add(ECHO, echo)
+    router.add(FAIL, fail)
+    router.add(CRASH, crash)
+    router.add(BAD_RESULT, bad_result)
+    router.add(TICKS, ticks)
+    router.add(TICKS_THEN_FAIL, ticks_then_fail)
+    return router
+
+
+@asynccontextmanager
+async def rpc_pair(nursery, *, server_config=None, client_config=None):
+    rec = Recorder()
+    async with running_mux_pair(nursery) as (left, right):
+        listener = right.listen("rpc")
+        client_channel = await left.open_channel("rpc")
+        server_channel = await listener.accept()
+        server = RpcServer(server_channel, make_router(rec), config=server_config)
+        await nursery.start(server.run)
+        client = RpcClient(client_channel, config=client_config)
+        await nursery.start(client.run)
+        yield client, server, rec
+        await client.aclose()
+
+
+async def test_a_call_returns_the_validated_result(nursery, autojump_clock):
+    async with rpc_pair(nursery) as (client, _server, _rec):
+        with trio.fail_after(5):
+            result = await client.call(ECHO, EchoParams(text="hi"))
+            assert result == EchoResult(text="hi")
+            # a dict is validated into the params model
+            assert await client.call(ECHO, {"text": "dict"}) == EchoResult(text="dict")
+
+
+async def test_two_hundred_concurrent_calls_all_get_their_own_answers(nursery, autojump_clock):
+    async with rpc_pair(nursery) as (client, server, _rec):
+        with trio.fail_after(10):
+            results = {}
+
+            async def one(i):
+                results[i] = await client.call(ECHO, EchoParams(text=str(i), delay_s=0.01))
+
+            async with trio.open_nursery() as inner:
+                for i in range(200):
+                    inner.start_soon(one, i)
+            assert results == {i: EchoResult(text=str(i)) for i in range(200)}
+            assert server.statistics().calls_started == 200
+
+
+async def test_unknown_method_and_invalid_params_get_errors_and_the_link_stays_up(
+    nursery, autojump_clock
+):
+    async with rpc_pair(nursery) as (client, _server, _rec):
+        with trio.fail_after(5):
+            with pytest.raises(RpcError) as unknown:
+                await client.call(MISSING, EchoParams(text="x"))
+            assert unknown.value.code == "UNKNOWN_METHOD"
+            with pytest.raises(RpcError) as invalid:
+                await client.call(ECHO_WRONG_PARAMS, LooseParams(text=5))
+            assert invalid.value.code == "INVALID_PARAMS"
+            assert "text" in invalid.value.message
+            assert invalid.value.data[0]["field"] == "text"
+            assert await client.call(ECHO, EchoParams(text="still up")) == EchoResult(
+                text="still up"
+            )
+
+
+async def test_a_handler_rpc_error_reaches_the_caller_with_its_code(nursery, autojump_clock):
+    async with rpc_pair(nursery) as (client, _server, _rec):
+        with trio.fail_after(5):
+            with pytest.raises(RpcError) as info:
+                await client.call(FAIL, EchoParams(text="thing"))
+            assert (info.value.code, info.value.message) == ("NOT_FOUND", "no thing")
+            assert info.value.data == {"what": "thing"}
+
+
+async def test_a_crashing_handler_gives_internal_without_leaking_details(
+    nursery, autojump_clock, caplog
+):
+    caplog.set_level(logging.ERROR, logger="p2p.rpc._server")
+    async with rpc_pair(nursery) as (client, _server, _rec):
+        with trio.fail_after(5):
+            with pytest.raises(RpcError) as info:
+                await client.call(CRASH, EchoParams(text="x"))
+            assert info.value.code == "INTERNAL"
+            assert "secret" not in info.value.message
+            records = [r for r in caplog.records if r.name == "p2p.rpc._server"]
+            assert records and records[0].exc_info[0] is ValueError
+            with pytest.raises(RpcError) as bad:
+                await client.call(BAD_RESULT, EchoParams(text="x"))
+            assert bad.value.code == "INTERNAL"
+
+
+async def test_a_timeout_raises_rpc_timeout_and_cancels_the_server_handler(
+    nursery, autojump_clock
+):
+    async with rpc_pair(nursery) as (client, server, rec):
+        with trio.fail_after(30):
+            with pytest.raises(RpcTimeout) as info:
+                await client.call(ECHO, EchoParams(text="slow", delay_s=10), timeout_s=1)
+            assert info.value.code == "TIMEOUT"
+            await trio.testing.wait_all_tasks_blocked()
+            assert rec.cancelled == ["slow"]
+            assert server.statistics().calls_running == 0
+            assert client.statistics().timeouts == 1
+
+
+async def test_cancelling_the_caller_cancels_the_server_handler(nursery, autojump_clock):
+    async with rpc_pair(nursery) as (client, server, rec):
+        with trio.fail_after(30):
+            async with trio.open_nursery() as inner:
+                inner.start_soon(client.call, ECHO, EchoParams(text="doomed", delay_s=10))
+                await rec.started.wait()
+                inner.cancel_scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert rec.cancelled == ["doomed"]
+            assert server.statistics().calls_running == 0
+            assert client.statistics().calls_in_flight == 0
+
+
+async def test_streamed_items_respect_the_window_and_do_not_block_other_calls(
+    nursery, autojump_clock
+):
+    config = RpcConfig(stream_window_items=4)
+    async with rpc_pair(nursery, client_config=config) as (client, _server, rec):
+        with trio.fail_after(30):
+            got = []
+            async with client.stream(TICKS, TickParams(count=50)) as items:
+                async for item in items:
+                    got.append(item.n)
+                    # the consumer is slow; the producer stays within the window
+                    await trio.sleep(0.1)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert rec.produced <= len(got) + 4 + 1
+                    if len(got) == 10:
+                        # a unary call on the same channel is not held up
+                        with trio.fail_after(0.5):
+                            assert await client.call(ECHO, EchoParams(text="meanwhile"))
+            assert got == list(range(50))
+            assert rec.stream_finished == ["end"]
+
+
+async def test_leaving_a_stream_early_cancels_the_server_generator(nursery, autojump_clock):
+    async with rpc_pair(nursery) as (client, server, rec):
+        with trio.fail_after(10):
+            async with client.stream(TICKS, TickParams(count=1000)) as items:
+                async for item in items:
+                    if item.n == 3:
+                        break
+            await trio.testing.wait_all_tasks_blocked()
+            assert rec.cancelled == ["ticks"]
+            assert server.statistics().calls_running == 0
+            assert client.statistics().calls_in_flight == 0
+
+
+async def test_a_stream_that_fails_midway_raises_its_error_after_the_items(
+    nursery, autojump_clock
+):
+    async with rpc_pair(nursery) as (client, _server, _rec):
+        with trio.fail_after(10):
+            got = []
+            with pytest.raises(RpcError) as info:
+                async with client.stream(TICKS_THEN_FAIL, TickParams(count=3)) as items:
+                    async for item in items:
+                        got.append(item.n)
+            assert got == [0, 1, 2]
+            assert info.value.code == "STREAM_BROKE"
+
+
+async def test_closing_the_channel_fails_in_flight_calls_with_channel_closed(
+    nursery, autojump_clock
+):
+    async with rpc_pair(nursery) as (client, server, rec):
+        with trio.fail_after(10):
+            errors = []
+
+            async def call():
+                with pytest.raises(RpcChannelClosed) as info:
+                    await client.call(ECHO, EchoParams(text="x", delay_s=100))
+                errors.append(info.value)
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(call)
+                inner.start_soon(call)
+                await rec.started.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                await server._channel.aclose()
+            assert [e.code for e in errors] == ["CHANNEL_CLOSED"] * 2
+            assert isinstance(errors[0], ConnectionBroken)
+            with pytest.raises(RpcChannelClosed):
+                await client.call(ECHO, EchoParams(text="after"))
+
+
+async def test_calls_beyond_the_server_bound_are_answered_busy(nursery, autojump_clock):
+    config = RpcConfig(max_concurrent_calls=2)
+    async with rpc_pair(nursery, server_config=config) as (client, server, _rec):
+        with trio.fail_after(10):
+            outcomes = []
+
+            async def call(i):
+                try:
+                    await client.call(ECHO, EchoParams(text=str(i), delay_s=1))
+                    outcomes.append("ok")
+                except RpcError as exc:
+                    outcomes.append(exc.code)
+
+            async with trio.open_nursery() as inner:
+                for i in range(4):
+                    inner.start_soon(call, i)
+            assert sorted(outcomes) == ["BUSY", "BUSY", "ok", "ok"]
+            assert server.statistics().busy_replies == 2
+
+
+async def test_serve_rpc_ignores_garbage_and_keeps_answering(nursery, autojump_clock):
+    async with running_mux_pair(nursery) as (left, right):
+        with trio.fail_after(5):
+            listener = right.listen("rpc")
+            channel = await left.open_channel("rpc")
+            server_channel = await listener.accept()
+            await nursery.start(serve_rpc, server_channel, make_router(Recorder()))
+            await channel.send(b"\xc1 not msgpack")
+            await channel.send(msgpack.packb([99, 1]))
+            await channel.send(encode_message(Request(7, "echo", {"text": "ok"})))
+            assert decode_message(await channel.receive()) == Response(7, {"text": "ok"})
+
+
+# -- codec -----------------------------------------------------------------------
+
+ids = st.integers(min_value=0, max_value=(1 << 32) - 1)
+credits = st.integers(min_value=0, max_value=(1 << 32) - 1)
+names = st.text(max_size=20)
+leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=10),
+                 st.binary(max_size=10))
+values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+maps = st.dictionaries(st.text(max_size=8), values, max_size=4)
+
+messages = st.one_of(
+    st.builds(Request, ids, names, maps),
+    st.builds(Response, ids, maps),
+    st.builds(Error, ids, names, names, values),
+    st.builds(Cancel, ids),
+    st.builds(StreamRequest, ids, names, maps, credits),
+    st.builds(StreamItem, ids, maps),
+    st.builds(StreamEnd, ids),
+    st.builds(StreamCredit, ids, credits),
+)
+
+
+@given(messages)
+def test_every_rpc_message_round_trips(msg):
+    assert decode_message(encode_message(msg)) == msg
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.binary(max_size=64), values.map(lambda v: msgpack.packb(v))))
+def test_arbitrary_bytes_decode_to_a_message_or_an_rpc_protocol_error(data):
+    try:
+        decode_message(data)
+    except RpcProtocolError as exc:
+        assert exc.code in {"DECODE_ERROR", "BAD_MESSAGE"}
