@@ -23,7 +23,7 @@ from ._stdio import StdinSource, StdoutSink
 
 log = logging.getLogger(__name__)
 
-__all__ = ["beam", "parse_address"]
+__all__ = ["beam", "connect_failure_reason", "parse_address"]
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -117,7 +117,7 @@ async def _dial(
     try:
         raw = await trio.open_tcp_stream(host, port)
     except OSError as exc:
-        fail(f"cannot connect to {host}:{port}: {_reason(exc)}")
+        fail(f"cannot connect to {host}:{port}: {connect_failure_reason(exc)}")
     try:
         stream = await SecretStream.initiator(raw, keypair, remote_key)
     except HandshakeError as exc:
@@ -125,7 +125,7 @@ async def _dial(
     await _pipe(stream, quiet)
 
 
-def _reason(exc: OSError) -> str:
+def connect_failure_reason(exc: OSError) -> str:
     """Name the cause of a failed connect; trio groups one error per address tried."""
     causes = getattr(exc.__cause__, "exceptions", None) or [exc]
     if any(isinstance(cause, ConnectionRefusedError) for cause in causes):

@@ -9,6 +9,7 @@ import typer
 
 from . import keys
 from .beam import beam
+from .node import ping, up
 
 app = typer.Typer(
     name="cosmicac",
@@ -18,6 +19,8 @@ app = typer.Typer(
 )
 app.add_typer(keys.app, name="keys")
 app.command("beam")(beam)
+app.command("up")(up)
+app.command("ping")(ping)
 
 
 @app.callback()

@@ -5,13 +5,14 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
 import trio
 
 from p2p.keys import KeyPair
 
-BEAM = [sys.executable, "-m", "cli.main", "beam"]
+from .helpers import COSMICAC, read_until
+
+BEAM = [*COSMICAC, "beam"]
 LISTENING = re.compile(r"listening on (\S+):(\d+) key ([0-9a-f]{64})")
 
 
@@ -35,12 +36,8 @@ async def start_listener(nursery, stdin_path, stdout_path):
         os.close(stdin)
         os.close(stdout)
     nursery.start_soon(_reap, process)
-    seen = b""
     with trio.fail_after(20):
-        while not (match := LISTENING.search(seen.decode(errors="replace"))):
-            chunk = await process.stderr.receive_some()
-            assert chunk, f"listener exited early: {seen!r}"
-            seen += chunk
+        match = await read_until(process.stderr, LISTENING)
     return process, f"{match[1]}:{match[2]}", match[3]
 
 

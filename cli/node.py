@@ -1,0 +1,169 @@
+"""``cosmicac up`` (a local node, until the control plane lands) and ``cosmicac ping``."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import trio
+import typer
+
+from p2p.connection import dial_tcp, serve_tcp
+from p2p.diagnostics import (
+    IDENTIFY,
+    PING,
+    PROTOCOL,
+    IdentifyParams,
+    PingPayload,
+    diagnostics_router,
+)
+from p2p.errors import HandshakeError, KeyFormatError, P2PError
+from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
+from p2p.rpc import RpcClient, RpcError, serve_rpc
+
+from ._console import OutputFormat, err, fail, print_json
+from ._logging import configure_logging
+from .beam import connect_failure_reason, parse_address
+
+log = logging.getLogger("cosmicac.node")
+
+#: One above the relay's 49737, so both fit one firewall rule range.
+DEFAULT_NODE_PORT = 49738
+AGENT = "cosmicac-node/0.1"
+
+
+def up(
+    storage: Path = typer.Option(
+        Path(".cosmicac"), "--storage", envvar="COSMICAC_STORAGE",
+        help="Identity and state folder (the same folder gives the same key).",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", envvar="COSMICAC_HOST"),
+    port: int = typer.Option(DEFAULT_NODE_PORT, "--port", envvar="COSMICAC_PORT"),
+    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+) -> None:
+    """Run a local node: the diagnostic service over the secret stream, until Ctrl-C.
+
+    The control plane (app-node, wrk-ork, workers) is not built yet; this starts
+    what exists, so `cosmicac ping` and `cosmicac beam` have something to reach.
+    """
+    configure_logging(log_level)
+    try:
+        keypair = load_or_create_keypair(storage)
+    except P2PError as exc:
+        fail(str(exc))
+    try:
+        trio.run(_run_node, keypair, storage.resolve(), host, port)
+    except* OSError as group:
+        exc = group.exceptions[0]
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int) -> None:
+    router = diagnostics_router(keypair.public_key, agent=AGENT)
+
+    async def diagnostics(channel) -> None:
+        await serve_rpc(channel, router, name="diagnostics")
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            bound_host, bound_port = await nursery.start(
+                functools.partial(serve_tcp, keypair, {PROTOCOL: diagnostics}, host=host, port=port)
+            )
+            log.info("node.started storage=%s key=%s address=%s:%d",
+                     storage, keypair.hex, bound_host, bound_port)
+            err.print(f"node listening on {bound_host}:{bound_port} key {keypair.hex}",
+                      markup=False)
+            err.print(f"try: cosmicac ping {keypair.hex} --address {bound_host}:{bound_port}",
+                      markup=False)
+            async for signum in signals:
+                log.info("node.stopping signal=%s", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+    log.info("node.stopped")
+
+
+def ping(
+    key: str = typer.Argument(..., help="The peer's public key (64 hex characters)."),
+    address: str = typer.Option(..., "--address", "-a", help="HOST:PORT of the peer."),
+    count: int = typer.Option(4, "--count", "-c", min=1, max=100_000),
+    interval_s: float = typer.Option(0.2, "--interval", "-i", min=0.0),
+    timeout_s: float = typer.Option(5.0, "--timeout", "-W", min=0.01),
+    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
+) -> None:
+    """Ping a peer over the whole stack (secret stream, channel, RPC) and identify it."""
+    try:
+        remote = parse_public_key(key, what="peer key")
+    except KeyFormatError as exc:
+        fail(str(exc), code=2)
+    try:
+        target = parse_address(address)
+    except typer.BadParameter as exc:
+        fail(str(exc), code=2)
+    result = trio.run(_ping, remote, target, count, interval_s, timeout_s, output)
+    if result["received"] < result["sent"]:
+        raise typer.Exit(1)
+
+
+async def _ping(remote, target, count, interval_s, timeout_s, output) -> dict:
+    host, port = target
+    started = time.perf_counter()
+    try:
+        connection = await dial_tcp(host, port, KeyPair.generate(), remote)
+    except OSError as exc:
+        fail(f"cannot connect to {host}:{port}: {connect_failure_reason(exc)}")
+    except HandshakeError as exc:
+        fail(f"handshake with {host}:{port} failed: {exc}")
+    connect_ms = (time.perf_counter() - started) * 1000
+    rtts: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(connection.run)
+        channel = await connection.open_channel(PROTOCOL)
+        client = RpcClient(channel, name="ping")
+        await nursery.start(client.run)
+        identity = await client.call(IDENTIFY, IdentifyParams(), timeout_s=timeout_s)
+        if output is OutputFormat.text:
+            err.print(f"connected to {identity.agent} at {host}:{port} in {connect_ms:.2f} ms",
+                      markup=False)
+        payload = PingPayload(data=b"\x00" * 32)
+        for sequence in range(count):
+            began = time.perf_counter()
+            try:
+                await client.call(PING, payload, timeout_s=timeout_s)
+            except RpcError as exc:
+                if output is OutputFormat.text:
+                    err.print(f"seq={sequence} {exc.code}: {exc}", markup=False)
+            else:
+                rtts.append((time.perf_counter() - began) * 1000)
+                if output is OutputFormat.text:
+                    typer.echo(f"reply from {identity.public_key[:12]} seq={sequence} "
+                               f"time={rtts[-1]:.3f} ms")
+            if sequence + 1 < count:
+                await trio.sleep(interval_s)
+        await client.aclose()
+        await connection.aclose()
+        nursery.cancel_scope.cancel()
+    result = {
+        "peer": identity.public_key,
+        "agent": identity.agent,
+        "connect_ms": round(connect_ms, 3),
+        "sent": count,
+        "received": len(rtts),
+    }
+    if rtts:
+        result.update(
+            min_ms=round(min(rtts), 3),
+            avg_ms=round(statistics.fmean(rtts), 3),
+            max_ms=round(max(rtts), 3),
+        )
+    if output is OutputFormat.json:
+        print_json(result)
+    else:
+        summary = {k: v for k, v in result.items() if k.endswith("_ms") and k != "connect_ms"}
+        typer.echo(f"{result['sent']} sent, {result['received']} received"
+                   + (f", rtt {json.dumps(summary)}" if summary else ""))
+    return result

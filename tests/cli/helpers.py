@@ -1,0 +1,20 @@
+"""Helpers for tests that run `cosmicac` as real processes."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import trio
+
+COSMICAC = [sys.executable, "-m", "cli.main"]
+
+
+async def read_until(stream: trio.abc.ReceiveStream, pattern: re.Pattern[str]) -> re.Match[str]:
+    """Read ``stream`` (a process's stderr) until ``pattern`` matches; return the match."""
+    seen = b""
+    while not (match := pattern.search(seen.decode(errors="replace"))):
+        chunk = await stream.receive_some()
+        assert chunk, f"the process exited before printing {pattern.pattern!r}: {seen!r}"
+        seen += chunk
+    return match
