@@ -14,35 +14,17 @@ from pathlib import Path
 import trio
 import typer
 
-from p2p.errors import ConnectionBroken, HandshakeError, KeyFormatError, P2PError
-from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
+from p2p.errors import ConnectionBroken, HandshakeError, P2PError
+from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.noise import SecretStream
 
+from ._args import parse_peer
 from ._console import err, fail
 from ._stdio import StdinSource, StdoutSink
 
 log = logging.getLogger(__name__)
 
-__all__ = ["beam", "connect_failure_reason", "parse_address"]
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` for IPv6).
-
-    Raises:
-        typer.BadParameter: with what is wrong.
-    """
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise typer.BadParameter(f"expected HOST:PORT, got {text!r}")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise typer.BadParameter(f"port must be a number, got {port_text!r}") from None
-    if not 0 < port < 65536:
-        raise typer.BadParameter(f"port must be between 1 and 65535, got {port}")
-    return host, port
+__all__ = ["beam", "connect_failure_reason"]
 
 
 def beam(
@@ -76,14 +58,7 @@ def beam(
         fail("give the listener's KEY, or --listen to wait for a peer", code=2)
     if address is None:
         fail("--address HOST:PORT is required to reach the listener", code=2)
-    try:
-        remote_key = parse_public_key(key, what="listener key")
-    except KeyFormatError as exc:
-        fail(str(exc), code=2)
-    try:
-        target = parse_address(address)
-    except typer.BadParameter as exc:
-        fail(str(exc), code=2)
+    remote_key, target = parse_peer(key, address, what="listener key")
     trio.run(_dial, keypair, remote_key, target, quiet)
 
 

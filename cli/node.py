@@ -22,13 +22,14 @@ from p2p.diagnostics import (
     PingPayload,
     diagnostics_router,
 )
-from p2p.errors import HandshakeError, KeyFormatError, P2PError
-from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
+from p2p.errors import HandshakeError, P2PError
+from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.rpc import RpcClient, RpcError, serve_rpc
 
+from ._args import parse_peer
 from ._console import OutputFormat, err, fail, print_json
 from ._logging import configure_logging
-from .beam import connect_failure_reason, parse_address
+from .beam import connect_failure_reason
 
 log = logging.getLogger("cosmicac.node")
 
@@ -96,14 +97,7 @@ def ping(
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
 ) -> None:
     """Ping a peer over the whole stack (secret stream, channel, RPC) and identify it."""
-    try:
-        remote = parse_public_key(key, what="peer key")
-    except KeyFormatError as exc:
-        fail(str(exc), code=2)
-    try:
-        target = parse_address(address)
-    except typer.BadParameter as exc:
-        fail(str(exc), code=2)
+    remote, target = parse_peer(key, address, what="peer key")
     result = trio.run(_ping, remote, target, count, interval_s, timeout_s, output)
     if result["received"] < result["sent"]:
         raise typer.Exit(1)

@@ -92,15 +92,7 @@ async def test_idle_timeout_ends_a_stream_whose_peer_went_silent(autojump_clock)
 
 async def test_tampered_byte_ends_the_stream_with_a_typed_error():
     left_raw, right_raw = trio.testing.memory_stream_pair()
-    stream_pair = {}
-
-    async def respond():
-        stream_pair["right"] = await SecretStream.responder(right_raw, BOB)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(respond)
-        stream_pair["left"] = await SecretStream.initiator(left_raw, ALICE, BOB.public_key)
-    left, right = stream_pair["left"], stream_pair["right"]
+    left, right = await secret_stream_pair(lambda: (left_raw, right_raw))
     await left.send_all(b"fine")
     assert await right.receive_some() == b"fine"
     # Corrupt one byte of the next frame in flight from left to right.
@@ -117,19 +109,12 @@ async def test_tampered_byte_ends_the_stream_with_a_typed_error():
 
 async def test_peer_closing_mid_frame_is_reported_as_truncation():
     left_raw, right_raw = trio.testing.memory_stream_pair()
-    streams = {}
-
-    async def respond():
-        streams["right"] = await SecretStream.responder(right_raw, BOB)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(respond)
-        streams["left"] = await SecretStream.initiator(left_raw, ALICE, BOB.public_key)
-    frames = streams["left"]._transport.send_data(b"x" * 100)
+    left, right = await secret_stream_pair(lambda: (left_raw, right_raw))
+    frames = left._transport.send_data(b"x" * 100)
     await left_raw.send_all(frames[:50])
     await left_raw.aclose()
     with pytest.raises(ConnectionBroken) as info:
-        await streams["right"].receive_some()
+        await right.receive_some()
     assert info.value.code == "TRUNCATED"
 
 
