@@ -62,3 +62,55 @@ async def test_bad_handshakes_and_failing_handlers_do_not_stop_the_server():
             await first.aclose()
             await second.aclose()
             nursery.cancel_scope.cancel()
+
+
+def freezable_stream_pair():
+    """A memory stream pair whose link can be frozen: bytes stop, no FIN is seen."""
+    import trio.testing
+
+    frozen = trio.Event()
+
+    def one_way():
+        send, receive = trio.testing.memory_stream_one_way_pair()
+
+        async def pump():
+            if not frozen.is_set():
+                trio.testing.memory_stream_pump(send, receive)
+
+        send.send_all_hook = pump
+        return send, receive
+
+    left_send, right_receive = one_way()
+    right_send, left_receive = one_way()
+    left = trio.StapledStream(left_send, left_receive)
+    right = trio.StapledStream(right_send, right_receive)
+    return left, right, frozen
+
+
+async def test_keepalives_hold_an_idle_connection_and_a_silent_peer_is_dropped(autojump_clock):
+    from p2p.connection import Connection, ConnectionConfig
+    from p2p.noise import SecretStreamConfig
+
+    from .helpers import secret_stream_pair
+
+    config = ConnectionConfig(
+        stream=SecretStreamConfig(keepalive_interval_s=5, idle_timeout_s=12)
+    )
+    left_raw, right_raw, frozen = freezable_stream_pair()
+    left_stream, right_stream = await secret_stream_pair(
+        lambda: (left_raw, right_raw), config=config.stream
+    )
+    left, right = Connection(left_stream, config=config), Connection(right_stream, config=config)
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(left.run)
+            await nursery.start(right.run)
+            await trio.sleep(100)  # quiet, but keep-alives flow both ways
+            assert left.mux.closed_reason is None
+            assert right.mux.closed_reason is None
+            went_silent = trio.current_time()
+            frozen.set()  # the link dies silently: no more bytes, no FIN
+            reason = await left.mux.wait_closed()
+            assert reason.code == "IDLE_TIMEOUT"
+            assert trio.current_time() - went_silent <= 12 + 1
+            nursery.cancel_scope.cancel()
