@@ -3,7 +3,7 @@
 See ``README.md`` in this folder for the wire format.
 """
 
-from p2p.mux._channel import Channel, ChannelStatistics
+from p2p.mux._channel import Channel, ChannelStatistics, MessageHandler
 from p2p.mux._config import MuxConfig
 from p2p.mux._core import ChannelPhase, ChannelState, MuxCore
 from p2p.mux._driver import ChannelListener, Mux, MuxStatistics
@@ -28,6 +28,7 @@ __all__ = [
     "ChannelState",
     "ChannelStatistics",
     "ChannelStream",
+    "MessageHandler",
     "Mux",
     "MuxConfig",
     "MuxCore",

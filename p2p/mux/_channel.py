@@ -3,10 +3,22 @@
 A :class:`Channel` holds the core's :class:`~p2p.mux._core.ChannelState` and
 the parking lots its waiting tasks sleep in; the :class:`~p2p.mux.Mux` driver
 wakes them when the core reports messages, credit or closes.
+
+Messages reach the application one of two ways:
+
+* pull (the default): the reader task wakes the task in :meth:`Channel.receive`,
+  which takes the message (one scheduler pass per wake-up);
+* push: after :meth:`Channel.set_message_handler`, the reader task calls the
+  handler with each message as soon as it is parsed, with no task switch. The
+  handler takes the message, so credit goes back to the peer at once: a pushed
+  channel has no credit backpressure of its own, and the handler must bound what
+  it keeps (the RPC layer does: calls in flight, stream item credit).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +31,12 @@ from p2p.mux._stream import ChannelStream
 if TYPE_CHECKING:
     from p2p.mux._driver import Mux
 
-__all__ = ["Channel", "ChannelStatistics"]
+__all__ = ["Channel", "ChannelStatistics", "MessageHandler"]
+
+logger = logging.getLogger(__name__)
+
+#: A push-delivery callback: called with each message, in the mux's reader task.
+MessageHandler = Callable[[bytes], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +63,8 @@ class Channel(trio.abc.Channel[bytes]):
 
     Messages keep their boundaries. Sends wait for the peer's credit; receives
     return credit as they consume. Several tasks may ``send`` at once (they are
-    served in order); only one task may ``receive`` at a time.
+    served in order); only one task may ``receive`` at a time. Messages may
+    instead be pushed to a callback (:meth:`set_message_handler`).
     """
 
     def __init__(self, mux: Mux, state: ChannelState) -> None:
@@ -59,6 +77,7 @@ class Channel(trio.abc.Channel[bytes]):
         self._receiving = False
         self._opened = trio.Event()
         self._open_error: MuxError | None = None
+        self._on_message: MessageHandler | None = None
 
     def __repr__(self) -> str:
         return f"<Channel {self._st.protocol!r} id={self._st.id.hex()} local={self._st.local}>"
@@ -110,6 +129,75 @@ class Channel(trio.abc.Channel[bytes]):
             return ChannelBroken("the peer closed the channel", code="REMOTE_CLOSED")
         return None
 
+    def _check_size(self, value: bytes) -> None:
+        limit = self._mux._core.max_send_bytes(self._st)
+        if len(value) > limit:
+            raise MuxUsageError(
+                f"message of {len(value)} bytes exceeds the limit of {limit}",
+                code="MESSAGE_TOO_LARGE",
+            )
+
+    def set_message_handler(self, handler: MessageHandler | None) -> None:
+        """Deliver messages by calling ``handler(message)`` instead of via :meth:`receive`.
+
+        The handler runs synchronously in the mux's reader task, once per
+        message and in order, as soon as the message is parsed (messages already
+        buffered are handed to it now, before this returns). It must not block
+        and should be quick: the reader parses nothing else meanwhile. Each
+        message's credit goes back to the peer as the handler gets it, so the
+        handler must bound what it keeps. If it raises, the error is logged and
+        the channel is closed (the mux stays up).
+
+        While a handler is set, :meth:`receive` returns no messages: it waits
+        until the peer ends or closes the channel or the mux ends, and raises as
+        usual (``trio.EndOfChannel``, :class:`ChannelBroken`, ...), so a task can
+        use it to wait for the end. ``None`` goes back to pull delivery.
+
+        Args:
+            handler: the callback, or None.
+        """
+        self._on_message = handler
+        if handler is not None:
+            self._push(None)
+        else:
+            self._recv_lot.unpark_all()
+
+    def _push(self, limit: int | None) -> bool:
+        """Hand buffered messages to the handler: all, or at most ``limit``.
+
+        Called by the reader task (and by :meth:`set_message_handler`).
+        ``receive_message`` returns credit as due.
+
+        Returns:
+            True if messages are left for a later call (``limit`` reached).
+        """
+        st = self._st
+        core = self._mux._core
+        while True:
+            handler = self._on_message
+            if handler is None:
+                if st.inbox:
+                    self._recv_lot.unpark_all()  # back to pull delivery
+                return False
+            if limit is not None:
+                if limit <= 0:
+                    return bool(st.inbox)
+                limit -= 1
+            msg = core.receive_message(st)
+            if msg is None:
+                if core._out:
+                    self._mux._kick()  # a CREDIT frame (the reader task kicks too)
+                if st.remote_ended or st.got_close:
+                    self._recv_lot.unpark_all()  # receive() can now raise the end
+                return False
+            try:
+                handler(msg)
+            except Exception:
+                logger.exception("mux.message_handler_failed channel=%r", self)
+                self._on_message = None
+                self.close_nowait()
+                return False
+
     def send_nowait(self, value: bytes) -> None:
         """Send one message if credit and buffer room allow it right now.
 
@@ -127,11 +215,7 @@ class Channel(trio.abc.Channel[bytes]):
         if err is not None:
             raise err
         n = len(value)
-        if n > core.max_send_bytes(st):
-            raise MuxUsageError(
-                f"message of {n} bytes exceeds the limit of {core.max_send_bytes(st)}",
-                code="MESSAGE_TOO_LARGE",
-            )
+        self._check_size(value)
         if (
             self._send_waiting
             or st.send_credit < (n or 1)
@@ -141,28 +225,49 @@ class Channel(trio.abc.Channel[bytes]):
         core.send_message(st, value)
         mux._kick()
 
-    async def send(self, value: bytes) -> None:
+    async def send(self, value: bytes, *, checkpoint: bool = True, more: bool = False) -> None:
         """Send one message, waiting for credit and outgoing buffer space.
+
+        When nothing is being written and no other task is about to run, the
+        message is written to the stream from this task at once (no hand-off to
+        the writer task); otherwise it is queued for the writer, which sends all
+        queued frames in one write.
 
         Args:
             value: the message (bytes-like); at most :attr:`max_message_bytes`.
+            checkpoint: if False and the message could be queued at once, return
+                without yielding to the scheduler (cancellation is still checked
+                on entry). For callers that reach a checkpoint right after
+                anyway (e.g. to wait for a reply); saves a scheduler pass.
+            more: a hint, like ``MSG_MORE``: other messages are about to be
+                sent (by this or other tasks), so leave this one to the writer
+                task, which sends them all in one write, rather than writing it
+                from this task now.
 
         Raises:
             MuxUsageError: ``MESSAGE_TOO_LARGE``.
             ChannelClosed: we closed the channel or called :meth:`send_eof`.
-            ChannelBroken: the peer closed the channel or the mux ended.
+            ChannelBroken: the peer closed the channel or the mux ended (also
+                if this send was cancelled part-way through writing: that ends
+                the mux, code ``SEND_CANCELLED``).
         """
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         if type(value) is not bytes:
             value = bytes(value)
-        try:
-            self.send_nowait(value)
-            return
-        except trio.WouldBlock:
-            pass
         mux = self._mux
         core = mux._core
         st = self._st
+        if (
+            not self._send_waiting
+            and st.send_credit >= (len(value) or 1)
+            and core._out_bytes + mux._writing_bytes < mux._max_out
+        ):
+            err = self._send_error()
+            if err is not None:
+                raise err
+            core.send_message(st, value)  # raises MESSAGE_TOO_LARGE itself
+            await mux._send_queued(checkpoint=checkpoint, more=more)
+            return
         cost = len(value) or 1
         self._send_waiting += 1
         try:
@@ -171,6 +276,7 @@ class Channel(trio.abc.Channel[bytes]):
                     err = self._send_error()
                     if err is not None:
                         raise err
+                    self._check_size(value)
                     if st.send_credit < cost:
                         await self._send_lot.park()
                     elif core._out_bytes + mux._writing_bytes >= mux._max_out:
@@ -178,9 +284,9 @@ class Channel(trio.abc.Channel[bytes]):
                     else:
                         break
                 core.send_message(st, value)
-                mux._kick()
         finally:
             self._send_waiting -= 1
+        await mux._send_queued(checkpoint=False, more=more)  # we waited: already a checkpoint
 
     def receive_nowait(self) -> bytes:
         """Take a message if one is buffered.
@@ -195,6 +301,8 @@ class Channel(trio.abc.Channel[bytes]):
         if st.app_closed:
             raise ChannelClosed("channel was closed", code="CHANNEL_CLOSED")
         mux = self._mux
+        if self._on_message is not None and st.inbox and mux._reason is None:
+            raise trio.WouldBlock  # the reader task is still pushing these
         msg = mux._core.receive_message(st)
         if msg is not None:
             if mux._core._out:
@@ -223,17 +331,21 @@ class Channel(trio.abc.Channel[bytes]):
         if self._receiving:
             raise trio.BusyResourceError("another task is already receiving on this channel")
         self._receiving = True
+        waited = False  # parking is a schedule point: no second one after it
         try:
             while True:
                 try:
                     msg = self.receive_nowait()
                 except trio.WouldBlock:
                     await self._recv_lot.park()
+                    waited = True
                     continue
                 except (trio.EndOfChannel, MuxError):
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not waited:
+                        await trio.lowlevel.cancel_shielded_checkpoint()
                     raise
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return msg
         finally:
             self._receiving = False

@@ -9,6 +9,25 @@ wake-ups of waiting channel operations.
 * The writer takes *everything* queued since its last write (frames of every
   channel, already encoded) and hands it to the stream in one ``send_all``. Many
   small messages thus share one syscall (and one encryption on a secret stream).
+* Fast path: a sending task that finds nothing being written and no other task
+  runnable (so nobody is about to queue a frame this scheduler pass) takes the
+  writer role itself and writes what is queued, its own frame included, without
+  waking the writer task: one scheduler pass less per message when traffic is
+  light. Under load other tasks are runnable, frames are queued and the writer
+  task still sends them in one batch. Only one task writes at a time (the
+  ``_writing`` flag is the writer role), and every writer takes the whole queue
+  in order, so frames keep the order in which they were queued.
+* A fast-path write is shielded from the sender's cancellation (the batch may
+  hold other channels' frames, and a frame cut part-way would end the mux); it
+  is bounded by its own deadline instead, after which the mux ends
+  (``ChannelBroken``, code ``SEND_STALLED``). A write that fails ends the mux
+  with the stream's code.
+* Push delivery: a channel with a message handler
+  (:meth:`Channel.set_message_handler`) gets its messages through that callback,
+  run synchronously in the reader task as frames are parsed, instead of waking a
+  receiving task; credit is returned as the callback takes each message.
+* After each read the reader lets the tasks it woke run (a pass or two) before
+  it reads again, so what they send is not held up by the read's re-arming.
 * Senders wait for channel credit, and for room in the outgoing buffer
   (``max_send_buffer_bytes``, counting the batch being written), so a peer that
   stops reading holds our writers instead of growing our memory.
@@ -59,6 +78,58 @@ logger = logging.getLogger(__name__)
 # What the stream under us may raise when it ends badly. P2PError covers a
 # secret stream's own errors (e.g. a failed decryption) that are not trio ones.
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, P2PError)
+
+# The fast path writes at most this much from a sending task. Bigger batches go
+# through the writer task: they may block on a full socket buffer, and a sender
+# cancelled while its own write is blocked must end the mux (see above), while a
+# cancelled sender whose frames the writer task sends costs nothing. Small
+# writes go straight into the kernel buffer unless the peer stopped reading.
+_INLINE_MAX_BYTES = 64 * 1024
+# How long a fast-path write may block (the peer's socket buffer full, i.e. the
+# peer stopped reading) before the mux is declared broken (SEND_STALLED). Twice
+# the secret stream's default keep-alive interval: a live peer reads sooner.
+_INLINE_WRITE_TIMEOUT_S = 10.0
+
+# Push delivery hands a channel's handler at most this many messages per
+# scheduler pass; then the reader yields once so the tasks those messages woke
+# (callers, handlers) run and queue their own frames before it goes on. Without
+# it a burst of replies would wake every caller at once and their requests would
+# leave in one batch, so client and server take turns instead of working at the
+# same time. 16 is the burst the RPC read loops used before push delivery.
+_PUSH_BURST = 16
+
+# A fast-path writer also sends what other tasks queued while it wrote (they
+# would otherwise wait a pass for the writer task), but only this many writes in
+# all, so one sender is not kept writing for everybody under load.
+_INLINE_WRITES = 2
+
+# After handling a read, the reader yields (up to this many passes, while other
+# tasks are runnable) before it reads again: the tasks the read woke run first,
+# and a request or reply they send goes out before the reader re-arms its read
+# (a failing recv, the epoll registration, a secret stream's timeout scope), which
+# then happens off the round trip's critical path. Two passes: one for the woken
+# task's step up to its write, one for the write's own checkpoint. Also "finish
+# local work before reading new remote work".
+_READER_YIELDS = 2
+
+try:  # trio's run queue, read directly: see _tasks_runnable().
+    from trio._core._run import GLOBAL_RUN_CONTEXT as _RUN_CONTEXT
+except ImportError:  # pragma: no cover - a trio without it; use the public API
+    _RUN_CONTEXT = None
+
+
+def _tasks_runnable() -> int:
+    """Tasks queued to run in the next scheduler pass.
+
+    The same as ``trio.lowlevel.current_statistics().tasks_runnable``, which also
+    builds I/O statistics by walking every registered file descriptor (O(fds),
+    several microseconds per call). The send fast path asks once per message, so
+    read the run queue's length directly when this trio version has it.
+    """
+    try:
+        return len(_RUN_CONTEXT.runner.runq)  # type: ignore[union-attr]
+    except AttributeError:  # pragma: no cover - internals moved
+        return trio.lowlevel.current_statistics().tasks_runnable
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +221,14 @@ class Mux:
         self._core = MuxCore(self.config)
         self._max_out = self.config.max_send_buffer_bytes
         self._live: dict[ChannelState, Channel] = {}
+        #: Channels whose pushed messages wait for the reader's next pass.
+        self._push_later: list[Channel] = []
         self._listeners: dict[str, ChannelListener] = {}
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._writer_idle = False
+        #: The writer role: True while the writer task or a fast-path sender is
+        #: inside ``stream.send_all``; nobody else may write then.
+        self._writing = False
         self._space_lot = trio.lowlevel.ParkingLot()
         self._writing_bytes = 0
         self._closed_event = trio.Event()
@@ -291,18 +367,93 @@ class Mux:
     # -- tasks -----------------------------------------------------------------
 
     def _kick(self) -> None:
-        if self._writer_idle:
+        # While someone holds the writer role it flushes or kicks again when done.
+        if self._writer_idle and not self._writing:
             self._writer_idle = False
             self._writer_lot.unpark()
+
+    async def _send_queued(self, *, checkpoint: bool, more: bool = False) -> None:
+        """Get frames just queued by a sending task onto the stream.
+
+        Writes them in this task when nobody is writing and no other task is
+        runnable (the fast path; see the module docstring); else leaves them to
+        the writer task and, if ``checkpoint``, yields once.
+        """
+        if (
+            not more
+            and not self._writing
+            and self._core._out_bytes <= _INLINE_MAX_BYTES
+            and self._reason is None
+            and not _tasks_runnable()
+        ):
+            await self._write_inline()
+            return
+        self._kick()
+        if checkpoint:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _write_inline(self) -> None:
+        """Write everything queued from the calling task (it holds the writer role).
+
+        Raises:
+            ChannelBroken / ChannelClosed: the stream failed or the mux ended.
+            trio.Cancelled: the mux is ended first (the batch is lost and part
+                of it may be on the wire).
+        """
+        core = self._core
+        for _ in range(_INLINE_WRITES):
+            data = core.data_to_send()
+            n = len(data)
+            self._writing = True
+            self._writing_bytes = n
+            # Shielded: the batch holds other tasks' frames too, and a write cut
+            # off part-way would end the whole mux, so cancelling this sender must
+            # not cut it. The write is small and the peer's reader always reads,
+            # so it only blocks when the peer has stalled; the scope's own
+            # deadline bounds that wait.
+            deadline = trio.current_time() + _INLINE_WRITE_TIMEOUT_S
+            with trio.CancelScope(shield=True, deadline=deadline) as scope:
+                try:
+                    await self._stream.send_all(data)
+                except _STREAM_ERRORS as exc:
+                    self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                    raise self._broken_error() from exc
+                except trio.Cancelled:
+                    raise  # only our own deadline reaches in here; handled below
+                except BaseException:
+                    self._terminate(
+                        ChannelBroken("a send failed part-way", code="SEND_CANCELLED")
+                    )
+                    raise
+                finally:
+                    self._writing = False
+                    self._writing_bytes = 0
+            if scope.cancelled_caught:
+                self._terminate(
+                    ChannelBroken(
+                        f"the peer took no data for {_INLINE_WRITE_TIMEOUT_S} s",
+                        code="SEND_STALLED",
+                    )
+                )
+                raise self._broken_error()
+            self._writes += 1
+            self._bytes_written += n
+            self._space_lot.unpark_all()
+            # Frames queued while we wrote: send them too (they had to wait for
+            # the writer role anyway), a bounded number of times.
+            if not core._out or self._reason is not None or core._out_bytes > _INLINE_MAX_BYTES:
+                break
+        if core._out or self._closing:
+            self._kick()
 
     async def _writer(self) -> None:
         core = self._core
         stream = self._stream
         try:
             while True:
-                data = core.data_to_send()
+                data = b"" if self._writing else core.data_to_send()
                 if not data:
-                    if self._closing:
+                    if self._closing and not self._writing:
                         self._drained.set()
                     self._writer_idle = True
                     await self._writer_lot.park()
@@ -310,10 +461,11 @@ class Mux:
                     # runnable they may queue frames too, so let them run once and
                     # write everything in one go; if none are, write at once
                     # (no added latency for a lone request).
-                    if trio.lowlevel.current_statistics().tasks_runnable:
+                    if _tasks_runnable():
                         await trio.lowlevel.cancel_shielded_checkpoint()
                     continue
                 n = len(data)
+                self._writing = True
                 self._writing_bytes = n
                 try:
                     await stream.send_all(data)
@@ -321,6 +473,7 @@ class Mux:
                     self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
                     return
                 finally:
+                    self._writing = False
                     self._writing_bytes = 0
                 self._writes += 1
                 self._bytes_written += n
@@ -350,8 +503,22 @@ class Mux:
                 return
             if events:
                 self._dispatch(events)
+            # Finish pushing what this read brought before reading more.
+            while self._push_later:
+                if core._out:
+                    self._kick()
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                later = self._push_later
+                self._push_later = []
+                for ch in later:
+                    if ch._push(_PUSH_BURST):
+                        self._push_later.append(ch)
             if core._out:
                 self._kick()
+            for _ in range(_READER_YIELDS):
+                if not _tasks_runnable():
+                    break
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
     def _dispatch(self, events: list[MuxEvent]) -> None:
         live = self._live
@@ -360,7 +527,12 @@ class Mux:
             if t is MessageReceived:
                 ch = live.get(ev.channel)  # type: ignore[union-attr]
                 if ch is not None:
-                    ch._recv_lot.unpark_all()
+                    if ch._on_message is None:
+                        ch._recv_lot.unpark_all()
+                    elif ch._push(_PUSH_BURST):
+                        # Bounded: a channel is listed once per read (its inbox
+                        # went from empty to non-empty once).
+                        self._push_later.append(ch)
             elif t is CreditReceived:
                 ch = live.get(ev.channel)  # type: ignore[union-attr]
                 if ch is not None:

@@ -2,13 +2,16 @@
 
 Theory of operation
 -------------------
-:meth:`RpcClient.run` owns two tasks: the reader, which takes replies off the
-channel and hands each to the waiting call by request id, and the canceller,
-which sends CANCEL for calls that timed out or were cancelled (a cancelled task
-cannot ``await`` a send itself). Each call registers a slot in a table bounded by
-``max_in_flight_calls`` (callers wait for room), sends its request and waits on
-its slot. Replies for ids no longer in the table (late answers to cancelled
-calls) are dropped.
+:meth:`RpcClient.run` owns the canceller task, which sends CANCEL for calls
+that timed out or were cancelled (a cancelled task cannot ``await`` a send
+itself), and waits for the channel to end. Replies are handled by
+:meth:`RpcClient._on_message`, which hands each to the waiting call by request
+id. On a mux channel it runs in the mux's reader task as each reply is parsed
+(push delivery: the waiting caller is woken straight from the reader, one task
+switch per reply); on other channels ``run`` pulls messages and calls it. Each
+call registers a slot in a table bounded by ``max_in_flight_calls`` (callers
+wait for room), sends its request and waits on its slot. Replies for ids no
+longer in the table (late answers to cancelled calls) are dropped.
 
 Streams: the client grants the server ``stream_window_items`` items of credit in
 STREAM_REQUEST and returns credit in batches of half the window as the consumer
@@ -53,7 +56,7 @@ from p2p.rpc._messages import (
     encode_message,
 )
 from p2p.rpc._method import Method, StreamMethod
-from p2p.rpc._sending import send_bytes
+from p2p.rpc._sending import send_bytes, set_push_handler
 
 __all__ = ["ClientStatistics", "ItemStream", "RpcClient"]
 
@@ -76,14 +79,40 @@ class ClientStatistics:
 
 
 class _Slot:
-    """One call in flight: what the reader delivers to the waiting caller."""
+    """One call in flight: what the reader delivers to the waiting caller.
 
-    __slots__ = ("error", "event", "result")
+    A one-shot event without the ParkingLot of ``trio.Event``: the caller parks
+    with ``wait_task_rescheduled`` and :meth:`resolve` reschedules it.
+    """
+
+    __slots__ = ("done", "error", "result", "task")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
+        self.done = False
         self.result: Any = None
         self.error: RpcError | None = None
+        self.task: trio.lowlevel.Task | None = None
+
+    def resolve(self) -> None:
+        self.done = True
+        task = self.task
+        if task is not None:
+            self.task = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort(self, raise_cancel: object) -> trio.lowlevel.Abort:
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def wait(self) -> None:
+        # A checkpoint: the caller always sent its request just before, which
+        # either yielded (an inline write) or queued without yielding, so a
+        # reply can only be here already after a yield.
+        if self.done:
+            await trio.lowlevel.checkpoint()
+            return
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
 
 
 class _StreamSlot:
@@ -180,9 +209,9 @@ class RpcClient:
             self._closed = error
         for slot in self._calls.values():
             if isinstance(slot, _Slot):
-                if not slot.event.is_set():
+                if not slot.done:
                     slot.error = error
-                    slot.event.set()
+                    slot.resolve()
             elif not slot.done:
                 slot.error = error
                 slot.done = True
@@ -194,68 +223,71 @@ class RpcClient:
 
     async def _read_loop(self) -> None:
         channel = self._channel
-        calls = self._calls
-        # Drain what is already buffered without a scheduling round per message
-        # (mux channels offer receive_nowait), yielding at least every 64.
-        receive_nowait = getattr(channel, "receive_nowait", None)
-        burst = 0
-        while True:
-            try:
-                data = None
-                if receive_nowait is not None and burst < 16:
-                    try:
-                        data = receive_nowait()
-                        burst += 1
-                    except trio.WouldBlock:
-                        pass
-                if data is None:
-                    burst = 0
+        # A mux channel pushes replies to _on_message from its reader task;
+        # receive() then only returns (raises) when the channel ends.
+        pushed = set_push_handler(channel, self._on_message)
+        try:
+            while True:
+                try:
                     data = await channel.receive()
-            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                logger.debug("rpc.client.channel_ended client=%s reason=%r", self.name, exc)
-                return
-            try:
-                msg = decode_message(data)
-            except RpcProtocolError as exc:
-                self._bad += 1
-                logger.debug("rpc.client.bad_message client=%s code=%s", self.name, exc.code)
-                continue
-            slot = calls.get(msg.id)
-            if slot is None:
-                continue  # a late answer to a call that timed out or was cancelled
-            t = type(msg)
-            if type(slot) is _Slot:
-                if t is Response:
-                    slot.result = msg.result  # type: ignore[union-attr]
-                elif t is Error:
-                    slot.error = RpcError(msg.code, msg.message, msg.data)  # type: ignore[union-attr]
-                else:
-                    self._bad += 1
-                    continue
-                slot.event.set()
-                continue
-            assert isinstance(slot, _StreamSlot)
+                except (
+                    trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError
+                ) as exc:
+                    logger.debug("rpc.client.channel_ended client=%s reason=%r", self.name, exc)
+                    return
+                self._on_message(data)
+        finally:
+            if pushed:
+                set_push_handler(channel, None)
+
+    def _on_message(self, data: bytes) -> None:
+        """Hand one reply to its call (synchronous; may run in the mux reader)."""
+        try:
+            msg = decode_message(data)
+        except RpcProtocolError as exc:
+            self._bad += 1
+            logger.debug("rpc.client.bad_message client=%s code=%s", self.name, exc.code)
+            return
+        slot = self._calls.get(msg.id)
+        if slot is None:
+            return  # a late answer to a call that timed out or was cancelled
+        t = type(msg)
+        if type(slot) is _Slot:
             if slot.done:
-                continue
-            if t is StreamItem:
-                if slot.credit_outstanding <= 0:
-                    slot.error = RpcProtocolError(
-                        "STREAM_CREDIT_EXCEEDED", "server sent a stream item beyond its credit"
-                    )
-                    slot.done = True
-                    self._queue_cancel(msg.id)
-                else:
-                    slot.credit_outstanding -= 1
-                    slot.items.append(msg.item)  # type: ignore[union-attr]
-            elif t is StreamEnd:
-                slot.done = True
+                self._bad += 1  # a second answer
+                return
+            if t is Response:
+                slot.result = msg.result  # type: ignore[union-attr]
             elif t is Error:
                 slot.error = RpcError(msg.code, msg.message, msg.data)  # type: ignore[union-attr]
-                slot.done = True
             else:
                 self._bad += 1
-                continue
-            slot.lot.unpark_all()
+                return
+            slot.resolve()
+            return
+        assert isinstance(slot, _StreamSlot)
+        if slot.done:
+            return
+        if t is StreamItem:
+            if slot.credit_outstanding <= 0:
+                slot.error = RpcProtocolError(
+                    "STREAM_CREDIT_EXCEEDED", "server sent a stream item beyond its credit"
+                )
+                slot.done = True
+                self._queue_cancel(msg.id)
+            else:
+                # Bounded by the credit we granted (stream_window_items).
+                slot.credit_outstanding -= 1
+                slot.items.append(msg.item)  # type: ignore[union-attr]
+        elif t is StreamEnd:
+            slot.done = True
+        elif t is Error:
+            slot.error = RpcError(msg.code, msg.message, msg.data)  # type: ignore[union-attr]
+            slot.done = True
+        else:
+            self._bad += 1
+            return
+        slot.lot.unpark_all()
 
     def _queue_cancel(self, rid: int) -> None:
         # Bounded: at most one CANCEL per call in flight.
@@ -270,7 +302,9 @@ class RpcClient:
                 continue
             rid = self._cancels.pop(0)
             try:
-                await send_bytes(self._channel, encode_message(Cancel(rid)))
+                # more=True: never written from this task, so closing the client
+                # (which cancels it) cannot cut a write short and end the mux.
+                await send_bytes(self._channel, encode_message(Cancel(rid)), more=True)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             self._cancels_sent += 1
@@ -328,11 +362,11 @@ class RpcClient:
             else:
                 with trio.move_on_after(timeout_s) as cs:
                     await self._send_request(request, slot)
-                timed_out = cs.cancelled_caught and not slot.event.is_set()
+                timed_out = cs.cancelled_caught and not slot.done
         finally:
             del self._calls[rid]
             self._slots.release()
-            if not slot.event.is_set():
+            if not slot.done:
                 # Timed out, or our task was cancelled: tell the server to stop.
                 self._queue_cancel(rid)
         if timed_out:
@@ -349,10 +383,15 @@ class RpcClient:
 
     async def _send_request(self, request: bytes, slot: _Slot) -> None:
         try:
-            await send_bytes(self._channel, request)
+            # No checkpoint of its own: waiting for the reply is one. With other
+            # calls in flight, more requests are likely to follow this pass:
+            # leave ours to the mux writer's batch.
+            await send_bytes(
+                self._channel, request, checkpoint=False, more=len(self._calls) > 1
+            )
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise RpcChannelClosed("CHANNEL_CLOSED", "the RPC channel ended") from exc
-        await slot.event.wait()
+        await slot.wait()
 
     @asynccontextmanager
     async def stream(self, method: StreamMethod[P, I], params: P) -> AsyncIterator[ItemStream[I]]:
@@ -432,8 +471,12 @@ class ItemStream(Generic[I]):
             grant = slot.unreported + 1
             slot.credit_outstanding += grant
             try:
-                await self._client._channel.send(
-                    encode_message(StreamCredit(self._rid, grant))
+                # more=True: queued for the mux writer, never written from this
+                # task, so cancelling the consumer cannot cut a write short.
+                await send_bytes(
+                    self._client._channel,
+                    encode_message(StreamCredit(self._rid, grant)),
+                    more=True,
                 )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the reader will see the channel end and fail the stream

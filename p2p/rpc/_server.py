@@ -2,13 +2,27 @@
 
 Theory of operation
 -------------------
-One reader task takes messages off the channel and never waits for a handler.
-Each REQUEST or STREAM_REQUEST becomes one task in a nursery the server owns,
-inside its own cancel scope, kept in a table by request id; CANCEL cancels that
-scope, STREAM_CREDIT adds to the stream's item credit. The table is bounded by
+Messages are handled by :meth:`RpcServer._on_message`, synchronously and never
+waiting for a handler. On a mux channel it runs in the mux's reader task as each
+message is parsed (push delivery: no hop through a read-loop task); on other
+channels :meth:`RpcServer.run` pulls messages and calls it. Each call is kept
+in a table by request id. A REQUEST is handed to an idle worker task (a new one
+is started only when all are busy, so there are at most as many as the table
+bound); a worker runs calls one after another inside one cancel scope, and CANCEL
+cancels that scope while the call's handler runs in it (the worker then opens a
+fresh scope). Entering a cancel scope and spawning a task cost about as much as
+the rest of a small call, hence the reuse. A STREAM_REQUEST gets its own task
+and scope; STREAM_CREDIT adds to the stream's item credit. The table is bounded by
 ``max_concurrent_calls``: a request beyond it is answered ``BUSY`` at once. We
 answer rather than stop reading because a stalled reader would also stall the
 CANCEL and STREAM_CREDIT messages that let running calls finish.
+
+Immediate answers (``BUSY``, ``UNKNOWN_METHOD``, ``INVALID_PARAMS``) are queued
+on the channel without waiting. If the channel cannot take one now (the client
+is not reading its replies, so credit or buffer room ran out), a task sends it;
+at most ``max_concurrent_calls`` such tasks run, and beyond that the answer is
+dropped and counted (``replies_dropped``): that client already has that many
+answers it is not reading.
 
 Errors become ERROR replies and never end the connection: unknown method ->
 ``UNKNOWN_METHOD``; params failing validation -> ``INVALID_PARAMS`` naming the
@@ -46,7 +60,7 @@ from p2p.rpc._messages import (
     encode_message,
 )
 from p2p.rpc._method import Method, StreamMethod
-from p2p.rpc._sending import send_bytes
+from p2p.rpc._sending import send_bytes, send_bytes_nowait, set_push_handler
 
 __all__ = ["CallContext", "Router", "RpcServer", "ServerStatistics", "serve_rpc"]
 
@@ -103,15 +117,39 @@ class ServerStatistics:
     calls_failed: int
     busy_replies: int
     bad_messages: int
+    #: Immediate error answers dropped because the client was not reading.
+    replies_dropped: int = 0
 
 
 class _Call:
-    __slots__ = ("credit", "lot", "scope")
+    """One running call, in the table by request id."""
 
-    def __init__(self) -> None:
-        self.scope = trio.CancelScope()
+    __slots__ = ("cancelled", "credit", "ctx", "handler", "lot", "method", "params", "scope")
+
+    def __init__(
+        self, method: Method | StreamMethod, handler: Callable[..., Any], params: Any,
+        ctx: CallContext,
+    ) -> None:
+        self.method = method
+        self.handler = handler
+        self.params = params
+        self.ctx = ctx
+        #: The scope CANCEL cancels, while the handler runs in it.
+        self.scope: trio.CancelScope | None = None
+        #: CANCEL arrived (maybe before a worker picked the call up).
+        self.cancelled = False
         self.credit = 0
         self.lot: trio.lowlevel.ParkingLot | None = None
+
+
+class _Worker:
+    """An idle unary worker task and the call handed to it."""
+
+    __slots__ = ("call", "task")
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.call: _Call | None = None
 
 
 def _invalid_params(exc: pydantic.ValidationError) -> RpcError:
@@ -159,6 +197,10 @@ class RpcServer:
         self._calls_failed = 0
         self._busy = 0
         self._bad = 0
+        self._reply_tasks = 0
+        #: Idle unary workers, parked in _next_call (bounded: see _start).
+        self._idle: list[_Worker] = []
+        self._replies_dropped = 0
 
     def statistics(self) -> ServerStatistics:
         """Return a snapshot of the server's counters."""
@@ -168,6 +210,7 @@ class RpcServer:
             calls_failed=self._calls_failed,
             busy_replies=self._busy,
             bad_messages=self._bad,
+            replies_dropped=self._replies_dropped,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -188,84 +231,119 @@ class RpcServer:
 
     async def _read_loop(self) -> None:
         channel = self._channel
-        # Drain what is already buffered without a scheduling round per message
-        # (mux channels offer receive_nowait), yielding at least every 64.
-        receive_nowait = getattr(channel, "receive_nowait", None)
-        burst = 0
-        while True:
-            try:
-                data = None
-                if receive_nowait is not None and burst < 16:
-                    try:
-                        data = receive_nowait()
-                        burst += 1
-                    except trio.WouldBlock:
-                        pass
-                if data is None:
-                    burst = 0
+        # A mux channel pushes messages to _on_message from its reader task;
+        # receive() then only returns (raises) when the channel ends.
+        pushed = set_push_handler(channel, self._on_message)
+        try:
+            while True:
+                try:
                     data = await channel.receive()
-            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                logger.debug("rpc.server.channel_ended server=%s reason=%r", self.name, exc)
-                return
-            try:
-                msg = decode_message(data)
-            except RpcProtocolError as exc:
-                self._bad += 1
-                logger.debug("rpc.server.bad_message server=%s code=%s", self.name, exc.code)
-                continue
-            t = type(msg)
-            if t is Request or t is StreamRequest:
-                await self._start(msg)  # type: ignore[arg-type]
-            elif t is Cancel:
-                call = self._calls.get(msg.id)
-                if call is not None:
-                    call.scope.cancel()
-            elif t is StreamCredit:
-                call = self._calls.get(msg.id)
-                if call is not None:
-                    call.credit += msg.credit  # type: ignore[union-attr]
-                    if call.lot is not None:
-                        call.lot.unpark_all()
-            else:  # a reply type sent to the server
-                self._bad += 1
+                except (
+                    trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError
+                ) as exc:
+                    logger.debug("rpc.server.channel_ended server=%s reason=%r", self.name, exc)
+                    return
+                self._on_message(data)
+        finally:
+            if pushed:
+                set_push_handler(channel, None)
 
-    async def _start(self, msg: Request | StreamRequest) -> None:
+    def _on_message(self, data: bytes) -> None:
+        """Handle one message (synchronous; may run in the mux reader task)."""
+        if self._nursery is None:
+            return  # the server has stopped
+        try:
+            msg = decode_message(data)
+        except RpcProtocolError as exc:
+            self._bad += 1
+            logger.debug("rpc.server.bad_message server=%s code=%s", self.name, exc.code)
+            return
+        t = type(msg)
+        if t is Request or t is StreamRequest:
+            self._start(msg)  # type: ignore[arg-type]
+        elif t is Cancel:
+            call = self._calls.get(msg.id)
+            if call is not None:
+                call.cancelled = True
+                if call.scope is not None:
+                    call.scope.cancel()
+        elif t is StreamCredit:
+            call = self._calls.get(msg.id)
+            if call is not None:
+                call.credit += msg.credit  # type: ignore[union-attr]
+                if call.lot is not None:
+                    call.lot.unpark_all()
+        else:  # a reply type sent to the server
+            self._bad += 1
+
+    def _start(self, msg: Request | StreamRequest) -> None:
         rid = msg.id
         if rid in self._calls:
             self._bad += 1  # a duplicate id would make replies ambiguous; drop it
             return
         if len(self._calls) >= self.config.max_concurrent_calls:
             self._busy += 1
-            await self._send(Error(rid, "BUSY", "too many concurrent calls; retry later"))
+            self._reply_now(Error(rid, "BUSY", "too many concurrent calls; retry later"))
             return
         route = self._router.get(msg.method)
         is_stream = type(msg) is StreamRequest
         if route is None or isinstance(route[0], StreamMethod) != is_stream:
             kind = "stream method" if is_stream else "method"
-            await self._send(Error(rid, "UNKNOWN_METHOD", f"unknown {kind} {msg.method!r}"))
+            self._reply_now(Error(rid, "UNKNOWN_METHOD", f"unknown {kind} {msg.method!r}"))
             return
         method, handler = route
         try:
             params = method.params.model_validate(msg.params)
         except pydantic.ValidationError as exc:
             err = _invalid_params(exc)
-            await self._send(Error(rid, err.code, err.message, err.data))
+            self._reply_now(Error(rid, err.code, err.message, err.data))
             return
-        call = _Call()
+        call = _Call(method, handler, params, CallContext(rid, method.name, self.name))
         self._calls[rid] = call
         self._calls_started += 1
-        ctx = CallContext(rid, method.name, self.name)
         assert self._nursery is not None
         if is_stream:
             call.credit = msg.credit  # type: ignore[union-attr]
             call.lot = trio.lowlevel.ParkingLot()
-            self._nursery.start_soon(self._run_stream, call, method, handler, params, ctx)
+            self._nursery.start_soon(self._run_stream, call)
+        elif self._idle:
+            worker = self._idle.pop()
+            worker.call = call
+            trio.lowlevel.reschedule(worker.task)
         else:
-            self._nursery.start_soon(self._run_unary, call, method, handler, params, ctx)
+            # Bounded: a worker is only added when every worker is busy with a
+            # call, so there are at most max_concurrent_calls of them.
+            self._nursery.start_soon(self._worker, call)
 
-    async def _send(self, msg: Any) -> None:
+    def _reply_now(self, msg: Error) -> None:
+        data = encode_message(msg)
         try:
-            await send_bytes(self._channel, encode_message(msg))
+            if send_bytes_nowait(self._channel, data):
+                return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the channel is gone; the read loop sees it end
+        # The channel cannot take it now: bounded by max_concurrent_calls (see
+        # the module docstring); at the bound the answer is dropped.
+        if self._reply_tasks >= self.config.max_concurrent_calls or self._nursery is None:
+            self._replies_dropped += 1
+            return
+        self._reply_tasks += 1
+        self._nursery.start_soon(self._send_reply_task, data)
+
+    async def _send_reply_task(self, data: bytes) -> None:
+        try:
+            await self._send_data(data, more=True)  # see _run_stream on more=True
+        finally:
+            self._reply_tasks -= 1
+
+    async def _send(self, msg: Any, *, checkpoint: bool = True, more: bool = False) -> None:
+        await self._send_data(encode_message(msg), checkpoint=checkpoint, more=more)
+
+    async def _send_data(
+        self, data: bytes, *, checkpoint: bool = True, more: bool = False
+    ) -> None:
+        try:
+            await send_bytes(self._channel, data, checkpoint=checkpoint, more=more)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             # The channel is gone: nobody can hear any other reply either.
             logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
@@ -282,53 +360,91 @@ class RpcServer:
         )
         return Error(rid, "INTERNAL", f"internal error in {ctx.method!r}")
 
-    async def _run_unary(
-        self, call: _Call, method: Method, handler: UnaryHandler, params: Any, ctx: CallContext
-    ) -> None:
-        rid = ctx.request_id
-        reply: Any = None
-        try:
-            with call.scope:
-                try:
-                    result = await handler(params, ctx)
-                    reply = Response(rid, _dump(method.result, result))
-                except Exception as exc:
-                    reply = self._error_reply(rid, exc, ctx)
-        finally:
-            del self._calls[rid]
-        if reply is not None:  # None: cancelled by the client, which no longer waits
-            await self._send(reply)
+    async def _next_call(self, worker: _Worker) -> _Call:
+        # Park as an idle worker until _start hands us a call.
+        self._idle.append(worker)
 
-    async def _run_stream(
-        self,
-        call: _Call,
-        method: StreamMethod,
-        handler: StreamHandler,
-        params: Any,
-        ctx: CallContext,
-    ) -> None:
+        def abort(raise_cancel: object) -> trio.lowlevel.Abort:
+            self._idle.remove(worker)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        call = worker.call
+        assert call is not None
+        worker.call = None
+        return call
+
+    async def _worker(self, call: _Call) -> None:
+        worker = _Worker(trio.lowlevel.current_task())
+        # Runs unary calls one after another, all inside one cancel scope, so
+        # entering and leaving a scope (and spawning a task) is not paid per
+        # call. A CANCEL cancels the scope while its call's handler runs; the
+        # worker then leaves it and opens a fresh one for the next call.
+        while True:
+            with trio.CancelScope() as scope:
+                while True:
+                    reply = await self._run_unary(call, scope)
+                    if scope.cancel_called:
+                        break  # the client cancelled: it waits for no reply
+                    if reply is not None:
+                        # No checkpoint needed: parking for the next call is
+                        # one. With other calls running their replies likely
+                        # follow: leave ours to the mux writer's batch.
+                        await self._send(reply, checkpoint=False, more=bool(self._calls))
+                    call = await self._next_call(worker)
+            call = await self._next_call(worker)
+
+    async def _run_unary(self, call: _Call, scope: trio.CancelScope) -> Any:
+        ctx = call.ctx
         rid = ctx.request_id
-        item_cls = method.item
+        try:
+            if call.cancelled:
+                return None
+            call.scope = scope
+            try:
+                result = await call.handler(call.params, ctx)
+                return Response(rid, _dump(call.method.result, result))  # type: ignore[union-attr]
+            except Exception as exc:
+                return self._error_reply(rid, exc, ctx)
+        finally:
+            # From here on a CANCEL cannot reach the scope: sending the reply
+            # is never cancelled by the client (a cancel part-way through a
+            # write would end the whole mux).
+            call.scope = None
+            del self._calls[rid]
+
+    async def _run_stream(self, call: _Call) -> None:
+        # A stream is long-lived: its own task and cancel scope.
+        ctx = call.ctx
+        rid = ctx.request_id
+        item_cls = call.method.item  # type: ignore[union-attr]
         reply: Any = None
         lot = call.lot
         assert lot is not None
+        scope = call.scope = trio.CancelScope()
+        if call.cancelled:
+            scope.cancel()
         try:
-            with call.scope:
+            with scope:
                 try:
-                    async with aclosing(handler(params, ctx)) as items:  # type: ignore[type-var]
+                    async with aclosing(call.handler(call.params, ctx)) as items:
                         async for item in items:
                             payload = _dump(item_cls, item)
                             while call.credit <= 0:
                                 await lot.park()
                             call.credit -= 1
-                            await self._send(StreamItem(rid, payload))
+                            # more=True: queued for the mux writer, never
+                            # written from here, so a CANCEL arriving now cannot
+                            # cut a write short (that would end the mux).
+                            await self._send(StreamItem(rid, payload), more=True)
                     reply = StreamEnd(rid)
                 except Exception as exc:
                     reply = self._error_reply(rid, exc, ctx)
         finally:
+            call.scope = None
             del self._calls[rid]
         if reply is not None:
-            await self._send(reply)
+            await self._send(reply, more=True)
 
 
 async def serve_rpc(

@@ -1,0 +1,171 @@
+"""Tests of RPC's fast paths: push delivery, worker reuse, immediate replies."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from p2p.mux import MuxConfig
+from p2p.rpc import RpcClient, RpcConfig, RpcError, RpcServer, RpcTimeout
+from p2p.rpc._messages import Cancel, Error, Request, Response, decode_message, encode_message
+from tests.p2p.conftest import running_mux_pair
+from tests.p2p.test_rpc import (
+    ECHO,
+    MISSING,
+    TICKS,
+    EchoParams,
+    Recorder,
+    TickParams,
+    make_router,
+    rpc_pair,
+)
+
+SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
+
+
+async def test_rpc_over_a_lockstep_stream_pair(nursery, autojump_clock):
+    async with running_mux_pair(
+        nursery, make_streams=trio.testing.lockstep_stream_pair, config=SMALL
+    ) as (left, right):
+        with trio.fail_after(60):
+            listener = right.listen("rpc")
+            client_channel = await left.open_channel("rpc")
+            server_channel = await listener.accept()
+            await nursery.start(RpcServer(server_channel, make_router(Recorder())).run)
+            client = RpcClient(client_channel)
+            await nursery.start(client.run)
+            results: list[str] = []
+
+            async def caller(i: int) -> None:
+                for j in range(10):
+                    result = await client.call(ECHO, EchoParams(text=f"{i}-{j}"))
+                    results.append(result.text)
+
+            async with trio.open_nursery() as inner:
+                for i in range(8):
+                    inner.start_soon(caller, i)
+                got = []
+                async with client.stream(TICKS, TickParams(count=40)) as items:
+                    async for item in items:
+                        got.append(item.n)
+            assert sorted(results) == sorted(f"{i}-{j}" for i in range(8) for j in range(10))
+            assert got == list(range(40))
+            await client.aclose()
+
+
+async def test_a_worker_keeps_serving_after_its_call_was_cancelled(nursery, autojump_clock):
+    config = RpcConfig(max_concurrent_calls=3)
+    async with rpc_pair(nursery, server_config=config) as (client, server, rec):
+        with trio.fail_after(60):
+            for round_ in range(3):
+                try:
+                    await client.call(
+                        ECHO, EchoParams(text=f"slow{round_}", delay_s=10), timeout_s=1
+                    )
+                except RpcTimeout:
+                    pass
+                for i in range(5):
+                    result = await client.call(ECHO, EchoParams(text=f"{round_}.{i}"))
+                    assert result.text == f"{round_}.{i}"
+            await trio.testing.wait_all_tasks_blocked()
+            assert rec.cancelled == ["slow0", "slow1", "slow2"]
+
+            async def one(i: int) -> None:
+                assert (await client.call(ECHO, EchoParams(text=str(i)))).text == str(i)
+
+            async with trio.open_nursery() as inner:
+                for i in range(3):
+                    inner.start_soon(one, i)
+            await trio.testing.wait_all_tasks_blocked()
+            stats = server.statistics()
+            assert stats.calls_running == 0 and stats.calls_started == 3 + 15 + 3
+            # Workers are reused, never more than the concurrency bound.
+            assert 1 <= len(server._idle) <= config.max_concurrent_calls
+
+
+async def test_a_cancel_that_arrives_before_the_handler_runs_skips_it(nursery, autojump_clock):
+    async with running_mux_pair(nursery) as (left, right):
+        with trio.fail_after(10):
+            listener = right.listen("rpc")
+            channel = await left.open_channel("rpc")
+            rec = Recorder()
+            server = RpcServer(await listener.accept(), make_router(rec))
+            await nursery.start(server.run)
+            # Both frames go out in one write, so the server's reader handles
+            # both before any worker runs.
+            params = {"text": "never", "delay_s": 5.0}
+            channel.send_nowait(encode_message(Request(1, "echo", params)))
+            channel.send_nowait(encode_message(Cancel(1)))
+            channel.send_nowait(encode_message(Request(2, "echo", {"text": "yes"})))
+            reply = decode_message(await channel.receive())
+            assert reply == Response(2, {"text": "yes"})
+            await trio.testing.wait_all_tasks_blocked()
+            assert not rec.started.is_set()  # the cancelled handler never ran
+            assert server.statistics().calls_running == 0
+            with pytest.raises(trio.WouldBlock):
+                channel.receive_nowait()  # call 1 got no answer
+
+
+async def test_immediate_errors_to_a_client_that_does_not_read_are_bounded(
+    nursery, autojump_clock
+):
+    async with running_mux_pair(nursery, config=SMALL) as (left, right):
+        with trio.fail_after(10):
+            listener = right.listen("rpc")
+            channel = await left.open_channel("rpc")
+            config = RpcConfig(max_concurrent_calls=2)
+            server = RpcServer(await listener.accept(), make_router(Recorder()), config=config)
+            await nursery.start(server.run)
+            count = 60
+            for rid in range(count):  # never reading the answers meanwhile
+                await channel.send(encode_message(Request(rid, MISSING.name, {"text": "x"})))
+            await trio.testing.wait_all_tasks_blocked()
+            dropped = server.statistics().replies_dropped
+            assert dropped > 0
+            answered = 0
+            while answered + dropped < count:
+                reply = decode_message(await channel.receive())
+                assert isinstance(reply, Error) and reply.code == "UNKNOWN_METHOD"
+                answered += 1
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.WouldBlock):
+                channel.receive_nowait()  # the dropped ones never come
+            assert server._reply_tasks == 0
+            assert server.statistics().replies_dropped == dropped
+
+
+class _MemoryChannel(trio.abc.Channel[bytes]):
+    """A bidirectional channel from two trio memory channels (no push delivery)."""
+
+    def __init__(self, send: trio.MemorySendChannel, receive: trio.MemoryReceiveChannel):
+        self._send = send
+        self._receive = receive
+
+    async def send(self, value: bytes) -> None:
+        await self._send.send(value)
+
+    async def receive(self) -> bytes:
+        return await self._receive.receive()
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()
+
+
+async def test_rpc_over_a_channel_without_push_delivery(nursery, autojump_clock):
+    a_send, b_receive = trio.open_memory_channel[bytes](16)
+    b_send, a_receive = trio.open_memory_channel[bytes](16)
+    client_channel = _MemoryChannel(a_send, a_receive)
+    server_channel = _MemoryChannel(b_send, b_receive)
+    with trio.fail_after(10):
+        await nursery.start(RpcServer(server_channel, make_router(Recorder())).run)
+        client = RpcClient(client_channel)
+        await nursery.start(client.run)
+        assert (await client.call(ECHO, EchoParams(text="pulled"))).text == "pulled"
+        with pytest.raises(RpcError) as info:
+            await client.call(MISSING, EchoParams(text="x"))
+        assert info.value.code == "UNKNOWN_METHOD"
+        async with client.stream(TICKS, TickParams(count=20)) as items:
+            assert [item.n async for item in items] == list(range(20))
+        await client.aclose()
