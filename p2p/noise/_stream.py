@@ -28,7 +28,7 @@ import trio
 
 from ..errors import ConnectionBroken, HandshakeError, IdleTimeout, RemoteProtocolError
 from ..keys import KeyPair, format_key
-from ._config import SecretStreamConfig
+from ._config import SMALL_RECEIVE_BYTES, SecretStreamConfig
 from ._handshake import Handshake
 from ._transport import NEED_DATA, Data, EndOfStream, Transport
 
@@ -108,6 +108,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self._bytes_received = 0
         self._keepalives_received = 0
         self._peer = format_key(remote_public_key)[:12]
+        self._small_read = min(SMALL_RECEIVE_BYTES, config.receive_chunk_bytes)
+        self._read_size = self._small_read
 
     # -- construction ------------------------------------------------------
 
@@ -359,15 +361,14 @@ class SecretStream(trio.abc.HalfCloseableStream):
 
     async def _read_more(self) -> None:
         idle = self.config.idle_timeout_s
+        ask = self._read_size
         try:
             if idle is None:
-                data = await self.transport_stream.receive_some(self.config.receive_chunk_bytes)
+                data = await self.transport_stream.receive_some(ask)
             else:
                 data = None
                 with trio.move_on_after(idle):
-                    data = await self.transport_stream.receive_some(
-                        self.config.receive_chunk_bytes
-                    )
+                    data = await self.transport_stream.receive_some(ask)
                 if data is None:
                     raise await self._break(
                         IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
@@ -379,6 +380,10 @@ class SecretStream(trio.abc.HalfCloseableStream):
         except trio.ClosedResourceError:
             raise self._closed_error() from None
         if data:
+            # Bulk traffic fills reads: ask for more next time. Quiet traffic
+            # stays below the size where each read's buffer costs an mmap().
+            full = len(data) >= ask
+            self._read_size = self.config.receive_chunk_bytes if full else self._small_read
             self._transport.receive_data(data)
         elif self._transport.buffered_bytes:
             raise await self._break(
