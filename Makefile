@@ -31,7 +31,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	@set -e; for script in bench/*.py; do \
+	@set -e; for script in bench/[!_]*.py; do \
 		echo "# $$script" >&2; \
 		$(PY) $$script; \
 	done
