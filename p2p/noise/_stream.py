@@ -109,6 +109,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self._keepalives_received = 0
         self._peer = format_key(remote_public_key)[:12]
         self._small_read = min(SMALL_RECEIVE_BYTES, config.receive_chunk_bytes)
+        #: True while keep_alive() enforces the idle timeout on waiting reads.
+        self._idle_watched = False
+        self._read_waiting_since: float | None = None
         self._read_size = self._small_read
 
     # -- construction ------------------------------------------------------
@@ -250,27 +253,48 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 await self._write(self._transport.send_end())
 
     async def keep_alive(self) -> None:
-        """Send keep-alives whenever nothing was sent for the configured interval.
+        """Send keep-alives, and watch the idle timeout, while the stream lives.
 
         Run it in a nursery you own; it returns when the stream closes, breaks
-        or sends its end, and never raises for those.
+        or sends its end, and never raises for those. While it runs it also
+        enforces ``idle_timeout_s`` (within a quarter of it), so reads need no
+        timer of their own; without it each read carries its own deadline.
         """
         interval = self.config.keepalive_interval_s
-        if interval is None:
+        idle = self.config.idle_timeout_s
+        if interval is None and idle is None:
             return
-        while not self._done.is_set() and not self._transport.end_sent:
-            deadline = self._last_send + interval
-            if trio.current_time() < deadline:
-                with trio.move_on_at(deadline):
-                    await self._done.wait()
-                continue
-            try:
-                async with self._write_lock:
-                    if self._done.is_set() or self._transport.end_sent:
+        # How often to look at a waiting read: a dead peer is noticed within
+        # idle_timeout_s plus this.
+        check_every = min(x for x in (interval, idle / 4 if idle else None) if x)
+        self._idle_watched = idle is not None
+        try:
+            while not self._done.is_set() and not self._transport.end_sent:
+                now = trio.current_time()
+                waiting_since = self._read_waiting_since
+                if idle is not None and waiting_since is not None and now - waiting_since >= idle:
+                    await self._break(
+                        IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
+                    )
+                    return
+                if interval is not None and now >= self._last_send + interval:
+                    try:
+                        async with self._write_lock:
+                            if self._done.is_set() or self._transport.end_sent:
+                                return
+                            await self._write(self._transport.send_keepalive())
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
                         return
-                    await self._write(self._transport.send_keepalive())
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                    continue
+                wake = now + check_every
+                if interval is not None:
+                    wake = min(wake, self._last_send + interval)
+                if idle is not None and self._read_waiting_since is not None:
+                    wake = min(wake, self._read_waiting_since + idle)
+                with trio.move_on_at(wake):
+                    await self._done.wait()
+        finally:
+            self._idle_watched = False
 
     async def _acquire_write_lock(self) -> None:
         # Lock.acquire() always yields to the scheduler, a full extra pass per
@@ -363,8 +387,14 @@ class SecretStream(trio.abc.HalfCloseableStream):
         idle = self.config.idle_timeout_s
         ask = self._read_size
         try:
-            if idle is None:
-                data = await self.transport_stream.receive_some(ask)
+            if idle is None or self._idle_watched:
+                # keep_alive() watches this read's age: no cancel scope per read
+                # (~7 us each, a few percent of a loopback round trip).
+                self._read_waiting_since = trio.current_time()
+                try:
+                    data = await self.transport_stream.receive_some(ask)
+                finally:
+                    self._read_waiting_since = None
             else:
                 data = None
                 with trio.move_on_after(idle):

@@ -90,6 +90,20 @@ async def test_idle_timeout_ends_a_stream_whose_peer_went_silent(autojump_clock)
         await right.send_all(b"x")
 
 
+async def test_keep_alive_task_enforces_the_idle_timeout_on_waiting_reads(autojump_clock):
+    config = SecretStreamConfig(keepalive_interval_s=5, idle_timeout_s=12)
+    _left, right = await secret_stream_pair(config=config)  # left never sends
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(right.keep_alive)
+            await trio.testing.wait_all_tasks_blocked()
+            start = trio.current_time()
+            with pytest.raises(IdleTimeout):
+                await right.receive_some()
+            assert trio.current_time() - start == pytest.approx(12)
+    assert right.statistics().keepalives_received == 0
+
+
 async def test_tampered_byte_ends_the_stream_with_a_typed_error():
     left_raw, right_raw = trio.testing.memory_stream_pair()
     left, right = await secret_stream_pair(lambda: (left_raw, right_raw))
