@@ -56,7 +56,7 @@ from p2p.rpc._messages import (
     encode_message,
 )
 from p2p.rpc._method import Method, StreamMethod
-from p2p.rpc._sending import send_bytes, set_push_handler
+from p2p.rpc._sending import deliver_messages, send_bytes
 
 __all__ = ["ClientStatistics", "ItemStream", "RpcClient"]
 
@@ -222,23 +222,7 @@ class RpcClient:
         return RpcChannelClosed("CHANNEL_CLOSED", self._closed.message)
 
     async def _read_loop(self) -> None:
-        channel = self._channel
-        # A mux channel pushes replies to _on_message from its reader task;
-        # receive() then only returns (raises) when the channel ends.
-        pushed = set_push_handler(channel, self._on_message)
-        try:
-            while True:
-                try:
-                    data = await channel.receive()
-                except (
-                    trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError
-                ) as exc:
-                    logger.debug("rpc.client.channel_ended client=%s reason=%r", self.name, exc)
-                    return
-                self._on_message(data)
-        finally:
-            if pushed:
-                set_push_handler(channel, None)
+        await deliver_messages(self._channel, self._on_message, logger=logger, name=self.name)
 
     def _on_message(self, data: bytes) -> None:
         """Hand one reply to its call (synchronous; may run in the mux reader)."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import trio
 
 from p2p.mux import Channel as MuxChannel
 
-__all__ = ["send_bytes", "send_bytes_nowait", "set_push_handler"]
+__all__ = ["deliver_messages", "send_bytes", "send_bytes_nowait", "set_push_handler"]
 
 
 async def send_bytes(
@@ -65,3 +66,30 @@ def set_push_handler(
         channel.set_message_handler(handler)
         return True
     return False
+
+
+async def deliver_messages(
+    channel: trio.abc.ReceiveChannel[bytes],
+    on_message: Callable[[bytes], None],
+    *,
+    logger: logging.Logger,
+    name: str,
+) -> None:
+    """Feed every message of ``channel`` to ``on_message`` until the channel ends.
+
+    A mux channel pushes them from its reader task (no task hop per message);
+    ``receive()`` then only returns when the channel ends. Other channels are
+    pulled here.
+    """
+    pushed = set_push_handler(channel, on_message)
+    try:
+        while True:
+            try:
+                data = await channel.receive()
+            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                logger.debug("rpc.channel_ended endpoint=%s reason=%r", name, exc)
+                return
+            on_message(data)
+    finally:
+        if pushed:
+            set_push_handler(channel, None)
