@@ -66,6 +66,15 @@ class _StuckStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
+async def _paired_channel(left, right, protocol="p"):
+    """Open ``protocol`` from left, accept it on right, let everything settle."""
+    listener = right.listen(protocol)
+    ch = await left.open_channel(protocol)
+    peer = await listener.accept()
+    await trio.testing.wait_all_tasks_blocked()
+    return ch, peer
+
+
 async def _pair_with(nursery, wrap, config=None):
     a, b = trio.testing.memory_stream_pair()
     wrapped = wrap(a)
@@ -97,10 +106,7 @@ async def test_tasks_runnable_matches_trios_statistics():
 async def test_a_lone_send_is_written_by_the_sending_task(nursery, autojump_clock):
     rec, left, right = await _pair_with(nursery, _RecordingStream)
     with trio.fail_after(5):
-        listener = right.listen("p")
-        ch = await left.open_channel("p")
-        peer = await listener.accept()
-        await trio.testing.wait_all_tasks_blocked()
+        ch, peer = await _paired_channel(left, right)
         before = len(rec.writes)
         await ch.send(b"hello")
         assert len(rec.writes) == before + 1
@@ -111,10 +117,7 @@ async def test_a_lone_send_is_written_by_the_sending_task(nursery, autojump_cloc
 async def test_sends_from_many_tasks_in_one_pass_share_few_writes(nursery, autojump_clock):
     rec, left, right = await _pair_with(nursery, _RecordingStream)
     with trio.fail_after(5):
-        listener = right.listen("p")
-        ch = await left.open_channel("p")
-        peer = await listener.accept()
-        await trio.testing.wait_all_tasks_blocked()
+        ch, peer = await _paired_channel(left, right)
         before = len(rec.writes)
         async with trio.open_nursery() as senders:
             for i in range(20):
@@ -129,10 +132,7 @@ async def test_sends_from_many_tasks_in_one_pass_share_few_writes(nursery, autoj
 async def test_more_hint_leaves_the_frame_to_the_writer_task(nursery, autojump_clock):
     rec, left, right = await _pair_with(nursery, _RecordingStream)
     with trio.fail_after(5):
-        listener = right.listen("p")
-        ch = await left.open_channel("p")
-        peer = await listener.accept()
-        await trio.testing.wait_all_tasks_blocked()
+        ch, peer = await _paired_channel(left, right)
         await ch.send(b"batched", more=True)
         assert await peer.receive() == b"batched"
         assert rec.writes[-1][1] is not trio.lowlevel.current_task()
@@ -199,10 +199,7 @@ async def _cancel_sender_while_its_write_is_blocked(stuck, ch):
 async def test_cancelling_a_sender_does_not_cut_its_fast_path_write(nursery, autojump_clock):
     stuck, left, right = await _pair_with(nursery, _StuckStream)
     with trio.fail_after(5):
-        listener = right.listen("p")
-        ch = await left.open_channel("p")
-        peer = await listener.accept()
-        await trio.testing.wait_all_tasks_blocked()
+        ch, peer = await _paired_channel(left, right)
         stuck.release_after_cancel = True
         scope = await _cancel_sender_while_its_write_is_blocked(stuck, ch)
         assert scope.cancel_called
@@ -216,10 +213,7 @@ async def test_cancelling_a_sender_does_not_cut_its_fast_path_write(nursery, aut
 async def test_a_fast_path_write_blocked_too_long_ends_the_mux(nursery, autojump_clock):
     stuck, left, right = await _pair_with(nursery, _StuckStream)
     with trio.fail_after(60):
-        listener = right.listen("p")
-        ch = await left.open_channel("p")
-        peer = await listener.accept()
-        await trio.testing.wait_all_tasks_blocked()
+        ch, peer = await _paired_channel(left, right)
         stuck.release_after_cancel = False
         with pytest.RaisesGroup(
             pytest.RaisesExc(ChannelBroken, check=lambda exc: exc.code == "SEND_STALLED")
