@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import trio
 
 from p2p.errors import P2PError
+from p2p.mux._busy_poll import BusyPoller, shared_poller
 from p2p.mux._channel import Channel
 from p2p.mux._config import MuxConfig
 from p2p.mux._core import (
@@ -219,6 +220,9 @@ class Mux:
         self.config = config or MuxConfig()
         self.name = name or f"mux-{id(self):x}"
         self._core = MuxCore(self.config)
+        #: The process-wide busy poller, once run() starts (None: polling off).
+        self._poller: BusyPoller | None = None
+        self._busy_poll_s = self.config.busy_poll_s
         self._max_out = self.config.max_send_buffer_bytes
         self._live: dict[ChannelState, Channel] = {}
         #: Channels whose pushed messages wait for the reader's next pass.
@@ -266,6 +270,8 @@ class Mux:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._reader)
                 nursery.start_soon(self._writer)
+                if self._busy_poll_s > 0:
+                    self._poller = shared_poller()
                 task_status.started()
         finally:
             self._terminate(ChannelClosed("mux task was cancelled", code="MUX_CANCELLED"))
@@ -366,6 +372,13 @@ class Mux:
 
     # -- tasks -----------------------------------------------------------------
 
+    def _others_runnable(self) -> int:
+        """Tasks about to run, not counting our own busy-poll spinner."""
+        runnable = _tasks_runnable()
+        if self._poller is not None and self._poller.spinning:
+            runnable -= 1
+        return runnable
+
     def _kick(self) -> None:
         # While someone holds the writer role it flushes or kicks again when done.
         if self._writer_idle and not self._writing:
@@ -384,7 +397,7 @@ class Mux:
             and not self._writing
             and self._core._out_bytes <= _INLINE_MAX_BYTES
             and self._reason is None
-            and not _tasks_runnable()
+            and not self._others_runnable()
         ):
             await self._write_inline()
             return
@@ -439,6 +452,8 @@ class Mux:
             self._writes += 1
             self._bytes_written += n
             self._space_lot.unpark_all()
+            if self._poller is not None:
+                self._poller.note_sent(self._busy_poll_s)
             # Frames queued while we wrote: send them too (they had to wait for
             # the writer role anyway), a bounded number of times.
             if not core._out or self._reason is not None or core._out_bytes > _INLINE_MAX_BYTES:
@@ -461,7 +476,7 @@ class Mux:
                     # runnable they may queue frames too, so let them run once and
                     # write everything in one go; if none are, write at once
                     # (no added latency for a lone request).
-                    if _tasks_runnable():
+                    if self._others_runnable():
                         await trio.lowlevel.cancel_shielded_checkpoint()
                     continue
                 n = len(data)
@@ -478,6 +493,8 @@ class Mux:
                 self._writes += 1
                 self._bytes_written += n
                 self._space_lot.unpark_all()
+                if self._poller is not None:
+                    self._poller.note_sent(self._busy_poll_s)
         finally:
             self._drained.set()
 
@@ -496,6 +513,8 @@ class Mux:
                 return
             self._reads += 1
             self._bytes_read += len(data)
+            if self._poller is not None:
+                self._poller.note_received()
             try:
                 events = core.receive_data(data)
             except MuxProtocolError as exc:
@@ -516,7 +535,7 @@ class Mux:
             if core._out:
                 self._kick()
             for _ in range(_READER_YIELDS):
-                if not _tasks_runnable():
+                if not self._others_runnable():
                     break
                 await trio.lowlevel.cancel_shielded_checkpoint()
 
