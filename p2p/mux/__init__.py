@@ -6,7 +6,7 @@ See ``README.md`` in this folder for the wire format.
 from p2p.mux._channel import Channel, ChannelStatistics, MessageHandler
 from p2p.mux._config import MuxConfig
 from p2p.mux._core import ChannelPhase, ChannelState, MuxCore
-from p2p.mux._driver import ChannelListener, Mux, MuxStatistics
+from p2p.mux._driver import Mux, MuxStatistics
 from p2p.mux._errors import (
     ChannelBroken,
     ChannelClosed,
@@ -16,6 +16,7 @@ from p2p.mux._errors import (
     MuxUsageError,
 )
 from p2p.mux._frames import RejectReason
+from p2p.mux._listener import ChannelListener
 from p2p.mux._stream import ChannelStream
 
 __all__ = [

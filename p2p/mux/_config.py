@@ -81,7 +81,7 @@ class MuxConfig:
 
     busy_poll_s: float = DEFAULT_BUSY_POLL_S
     """Seconds to keep polling for I/O after each write instead of sleeping in
-    epoll (see ``_busy_poll.py``): halves a loopback round trip at the cost of
+    epoll (see ``_scheduling.py``): halves a loopback round trip at the cost of
     up to this much CPU per write that gets no quick answer. 0 disables it."""
 
     def __post_init__(self) -> None:

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 import trio
 
 from p2p.errors import P2PError
-from p2p.mux._busy_poll import BusyPoller, shared_poller
 from p2p.mux._channel import Channel
 from p2p.mux._config import MuxConfig
 from p2p.mux._core import (
@@ -71,6 +70,8 @@ from p2p.mux._errors import (
     MuxUsageError,
 )
 from p2p.mux._frames import RejectReason
+from p2p.mux._listener import ChannelListener
+from p2p.mux._scheduling import BusyPoller, shared_poller, tasks_runnable
 
 __all__ = ["ChannelListener", "Mux", "MuxStatistics"]
 
@@ -113,26 +114,6 @@ _INLINE_WRITES = 2
 # local work before reading new remote work".
 _READER_YIELDS = 2
 
-try:  # trio's run queue, read directly: see _tasks_runnable().
-    from trio._core._run import GLOBAL_RUN_CONTEXT as _RUN_CONTEXT
-except ImportError:  # pragma: no cover - a trio without it; use the public API
-    _RUN_CONTEXT = None
-
-
-def _tasks_runnable() -> int:
-    """Tasks queued to run in the next scheduler pass.
-
-    The same as ``trio.lowlevel.current_statistics().tasks_runnable``, which also
-    builds I/O statistics by walking every registered file descriptor (O(fds),
-    several microseconds per call). The send fast path asks once per message, so
-    read the run queue's length directly when this trio version has it.
-    """
-    try:
-        return len(_RUN_CONTEXT.runner.runq)  # type: ignore[union-attr]
-    except AttributeError:  # pragma: no cover - internals moved
-        return trio.lowlevel.current_statistics().tasks_runnable
-
-
 @dataclass(frozen=True, slots=True)
 class MuxStatistics:
     """A snapshot of a mux's counters."""
@@ -147,59 +128,6 @@ class MuxStatistics:
     reads: int
     bytes_read: int
     closed: bool
-
-
-class ChannelListener:
-    """Incoming channels for one protocol; made by :meth:`Mux.listen`."""
-
-    def __init__(self, mux: Mux, protocol: str) -> None:
-        self._mux = mux
-        self.protocol = protocol
-        self._lot = trio.lowlevel.ParkingLot()
-        self._closed = False
-
-    async def accept(self) -> Channel:
-        """Wait for the next incoming channel of this protocol.
-
-        Raises:
-            ChannelClosed: the listener or the mux was closed locally.
-            ChannelBroken: the mux ended.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        mux = self._mux
-        while True:
-            if self._closed:
-                raise ChannelClosed("listener was closed", code="LISTENER_CLOSED")
-            st = mux._core.accept_nowait(self.protocol)
-            if st is not None:
-                ch = Channel(mux, st)
-                ch._opened.set()
-                if st.phase is not ChannelPhase.FREED:
-                    mux._live[st] = ch
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return ch
-            if mux._reason is not None:
-                raise mux._broken_error()
-            await self._lot.park()
-
-    async def aclose(self) -> None:
-        """Stop listening; channels not yet accepted are closed."""
-        if not self._closed:
-            self._closed = True
-            mux = self._mux
-            if mux._listeners.get(self.protocol) is self:
-                del mux._listeners[self.protocol]
-                if mux._reason is None:
-                    mux._core.unlisten(self.protocol)
-                    mux._kick()
-            self._lot.unpark_all()
-        await trio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> ChannelListener:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class Mux:
@@ -374,7 +302,7 @@ class Mux:
 
     def _others_runnable(self) -> int:
         """Tasks about to run, not counting our own busy-poll spinner."""
-        runnable = _tasks_runnable()
+        runnable = tasks_runnable()
         if self._poller is not None and self._poller.spinning:
             runnable -= 1
         return runnable

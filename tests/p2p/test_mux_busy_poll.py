@@ -6,7 +6,7 @@ import trio
 import trio.testing
 
 from p2p.mux import Mux, MuxConfig
-from p2p.mux._busy_poll import BusyPoller
+from p2p.mux._scheduling import BusyPoller
 
 
 async def wait_until(condition, *, limit_s=5.0):

@@ -9,8 +9,8 @@ import trio
 import trio.testing
 
 from p2p.mux import ChannelBroken, ChannelClosed, Mux, MuxConfig
-from p2p.mux._driver import _tasks_runnable
 from p2p.mux._frames import Data, FrameDecoder
+from p2p.mux._scheduling import tasks_runnable
 from tests.p2p.conftest import running_mux_pair
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
@@ -97,10 +97,10 @@ async def test_tasks_runnable_matches_trios_statistics():
         pass
 
     async with trio.open_nursery() as nursery:
-        assert _tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable
+        assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable
         for _ in range(3):
             nursery.start_soon(noop)
-        assert _tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable == 3
+        assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable == 3
 
 
 async def test_a_lone_send_is_written_by_the_sending_task(nursery, autojump_clock):
