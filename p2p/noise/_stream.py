@@ -255,21 +255,22 @@ class SecretStream(trio.abc.HalfCloseableStream):
     async def keep_alive(self) -> None:
         """Send keep-alives, and watch the idle timeout, while the stream lives.
 
-        Run it in a nursery you own; it returns when the stream closes, breaks
-        or sends its end, and never raises for those. While it runs it also
-        enforces ``idle_timeout_s`` (within a quarter of it), so reads need no
-        timer of their own; without it each read carries its own deadline.
+        Run it in a nursery you own; it returns when the stream closes or
+        breaks, and never raises for those. While it runs it also enforces
+        ``idle_timeout_s`` on waiting reads, so reads need no timer of their
+        own; reads that start while it is not running carry their own deadline.
+        Keep-alives stop once our end is sent; the idle watch goes on.
         """
         interval = self.config.keepalive_interval_s
         idle = self.config.idle_timeout_s
         if interval is None and idle is None:
             return
-        # How often to look at a waiting read: a dead peer is noticed within
-        # idle_timeout_s plus this.
+        # Wake at least this often even with nothing due (a read may start
+        # any time; its deadline is then computed on the next wake).
         check_every = min(x for x in (interval, idle / 4 if idle else None) if x)
         self._idle_watched = idle is not None
         try:
-            while not self._done.is_set() and not self._transport.end_sent:
+            while not self._done.is_set():
                 now = trio.current_time()
                 waiting_since = self._read_waiting_since
                 if idle is not None and waiting_since is not None and now - waiting_since >= idle:
@@ -277,20 +278,24 @@ class SecretStream(trio.abc.HalfCloseableStream):
                         IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
                     )
                     return
-                if interval is not None and now >= self._last_send + interval:
+                sending = interval is not None and not self._transport.end_sent
+                if not sending and idle is None:
+                    return
+                if sending and now >= self._last_send + interval:
                     try:
                         async with self._write_lock:
-                            if self._done.is_set() or self._transport.end_sent:
+                            if self._done.is_set():
                                 return
-                            await self._write(self._transport.send_keepalive())
+                            if not self._transport.end_sent:
+                                await self._write(self._transport.send_keepalive())
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         return
                     continue
                 wake = now + check_every
-                if interval is not None:
+                if sending:
                     wake = min(wake, self._last_send + interval)
-                if idle is not None and self._read_waiting_since is not None:
-                    wake = min(wake, self._read_waiting_since + idle)
+                if idle is not None and waiting_since is not None:
+                    wake = min(wake, waiting_since + idle)
                 with trio.move_on_at(wake):
                     await self._done.wait()
         finally:

@@ -104,6 +104,18 @@ async def test_keep_alive_task_enforces_the_idle_timeout_on_waiting_reads(autoju
     assert right.statistics().keepalives_received == 0
 
 
+async def test_the_idle_watch_goes_on_after_our_end_is_sent(autojump_clock):
+    config = SecretStreamConfig(keepalive_interval_s=5, idle_timeout_s=12)
+    _left, right = await secret_stream_pair(config=config)  # left never sends
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(right.keep_alive)
+            await trio.testing.wait_all_tasks_blocked()  # the watch is running
+            await right.send_eof()  # keep-alives stop; the idle watch must not
+            with pytest.raises(IdleTimeout):
+                await right.receive_some()
+
+
 async def test_tampered_byte_ends_the_stream_with_a_typed_error():
     left_raw, right_raw = trio.testing.memory_stream_pair()
     left, right = await secret_stream_pair(lambda: (left_raw, right_raw))
