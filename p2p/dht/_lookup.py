@@ -1,0 +1,258 @@
+"""Sans-IO iterative Kademlia lookup (the ``ClosestPeersIter`` of rust-libp2p).
+
+Theory of operation
+-------------------
+A lookup walks toward a 160-bit ``target`` key. It keeps every contact it has
+heard of, ordered by XOR distance to the target, each in one state::
+
+    NOT_CONTACTED --next_queries()--> WAITING --on_response()--> SUCCEEDED
+                                         |
+                                         +--on_failure()/expire()--> FAILED
+
+At most ``alpha`` queries are in flight (Kademlia's α, paper §2.3). Each
+response adds the responder's ``closer`` contacts one hop deeper than the
+responder. The lookup is *finished* when the ``k`` closest contacts that have
+not failed have all answered (paper: "the initiator has queried and gotten
+responses from the k closest nodes it has seen"), when nothing is left to ask,
+or when ``max_queries`` is reached (a bound against hostile networks that keep
+handing out fresh contacts).
+
+The core never sends anything: the driver asks :meth:`IterativeLookup.next_queries`
+whom to query now, sends, and reports back with :meth:`on_response` or
+:meth:`on_failure`; time comes in as ``now`` and :meth:`next_deadline` says when
+a query in flight times out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from ..errors import LocalProtocolError
+from ._contact import ID_BYTES, Contact
+
+__all__ = ["IterativeLookup", "LookupConfig", "LookupStatistics", "QueryState"]
+
+#: Kademlia's k (paper §2.2), HyperDHT and BitTorrent's DHT use the same value.
+DEFAULT_K = 20
+#: Kademlia's α (paper §2.3): queries in flight at once.
+DEFAULT_ALPHA = 3
+#: A UDP request unanswered after this long counts as failed (HyperDHT: 1 s per try).
+DEFAULT_REQUEST_TIMEOUT_S = 1.0
+#: At most this many queries per lookup; beyond it the lookup ends with what it has.
+DEFAULT_MAX_QUERIES = 250
+#: Contacts remembered per lookup beyond the k closest (the rest are dropped).
+_CANDIDATE_FACTOR = 8
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """Parameters of one lookup; validated when built."""
+
+    k: int = DEFAULT_K
+    """Kademlia's *k*: how many closest contacts the lookup settles on."""
+
+    alpha: int = DEFAULT_ALPHA
+    """Kademlia's *α*: queries in flight at once."""
+
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    """Seconds before a query in flight counts as failed."""
+
+    max_queries: int = DEFAULT_MAX_QUERIES
+    """Upper bound on queries sent by one lookup."""
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.alpha < 1 or self.max_queries < 1:
+            raise LocalProtocolError("k, alpha and max_queries must be >= 1")
+        if self.request_timeout_s <= 0:
+            raise LocalProtocolError("request_timeout_s must be positive")
+
+
+class QueryState(Enum):
+    #: Known, not asked yet.
+    NOT_CONTACTED = "not-contacted"
+    #: Asked; the answer is awaited until its deadline.
+    WAITING = "waiting"
+    #: Answered.
+    SUCCEEDED = "succeeded"
+    #: Timed out, errored, or answered with garbage.
+    FAILED = "failed"
+
+
+@dataclass
+class _Candidate:
+    contact: Contact
+    distance: int
+    depth: int
+    state: QueryState = QueryState.NOT_CONTACTED
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class LookupStatistics:
+    queries: int
+    responses: int
+    failures: int
+    #: Hops to the closest contact that answered (1 = a seed answered).
+    hops: int
+    finished: bool
+
+
+class IterativeLookup:
+    """One lookup of ``target``, seeded with the contacts the node already knows.
+
+    Args:
+        target: the 160-bit key looked up (a node id, or a topic's key).
+        seeds: contacts to start from (usually the routing table's closest).
+        config: k, α, timeout and bounds.
+        local_id: our own id, never queried.
+    """
+
+    def __init__(
+        self,
+        target: bytes,
+        seeds: Iterable[Contact],
+        *,
+        config: LookupConfig | None = None,
+        local_id: bytes | None = None,
+    ) -> None:
+        if len(target) != ID_BYTES:
+            raise LocalProtocolError(f"a lookup target is {ID_BYTES} bytes, got {len(target)}")
+        self.target = target
+        self.config = config or LookupConfig()
+        self._target_int = int.from_bytes(target, "big")
+        self._local_id = local_id
+        self._candidates: dict[bytes, _Candidate] = {}
+        self._queries = 0
+        self._responses = 0
+        self._failures = 0
+        for contact in seeds:
+            self._add(contact, depth=0)
+
+    # -- driving -------------------------------------------------------------
+
+    def next_queries(self, now: float) -> list[Contact]:
+        """Return the contacts to query now (marked WAITING until ``now + timeout``)."""
+        self.expire(now)
+        if self.finished:
+            return []
+        budget = min(
+            self.config.alpha - self._in_flight(), self.config.max_queries - self._queries
+        )
+        chosen: list[Contact] = []
+        if budget <= 0:
+            return chosen
+        for candidate in self._ordered():
+            if candidate.state is QueryState.NOT_CONTACTED:
+                candidate.state = QueryState.WAITING
+                candidate.deadline = now + self.config.request_timeout_s
+                chosen.append(candidate.contact)
+                self._queries += 1
+                if len(chosen) == budget:
+                    break
+        return chosen
+
+    def on_response(self, contact_id: bytes, closer: Iterable[Contact]) -> None:
+        """Record an answer from ``contact_id`` and the closer contacts it named.
+
+        Answers from contacts we did not ask (or asked and gave up on) still
+        teach us contacts but do not change their state, so a late answer can
+        neither resurrect a failed query nor be counted twice.
+        """
+        candidate = self._candidates.get(contact_id)
+        depth = candidate.depth + 1 if candidate is not None else 1
+        if candidate is not None and candidate.state is QueryState.WAITING:
+            candidate.state = QueryState.SUCCEEDED
+            self._responses += 1
+        for contact in closer:
+            self._add(contact, depth=depth)
+
+    def on_failure(self, contact_id: bytes) -> None:
+        """Record that the query to ``contact_id`` failed (error, bad reply, timeout)."""
+        candidate = self._candidates.get(contact_id)
+        if candidate is not None and candidate.state is QueryState.WAITING:
+            candidate.state = QueryState.FAILED
+            self._failures += 1
+
+    def expire(self, now: float) -> list[Contact]:
+        """Fail every query whose deadline has passed; return those contacts."""
+        expired = []
+        for candidate in self._candidates.values():
+            if candidate.state is QueryState.WAITING and candidate.deadline <= now:
+                candidate.state = QueryState.FAILED
+                self._failures += 1
+                expired.append(candidate.contact)
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """When the earliest query in flight times out, or None if none is."""
+        deadlines = [
+            c.deadline for c in self._candidates.values() if c.state is QueryState.WAITING
+        ]
+        return min(deadlines) if deadlines else None
+
+    # -- results -------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        if self._queries >= self.config.max_queries and self._in_flight() == 0:
+            return True
+        settled = 0
+        for candidate in self._ordered():
+            if candidate.state is QueryState.FAILED:
+                continue
+            if candidate.state is not QueryState.SUCCEEDED:
+                return False
+            settled += 1
+            if settled == self.config.k:
+                return True
+        return self._in_flight() == 0
+
+    def closest(self, count: int | None = None) -> list[Contact]:
+        """The closest contacts that answered, nearest first (at most k by default)."""
+        count = self.config.k if count is None else count
+        result = []
+        for candidate in self._ordered():
+            if candidate.state is QueryState.SUCCEEDED:
+                result.append(candidate.contact)
+                if len(result) == count:
+                    break
+        return result
+
+    def state_of(self, contact_id: bytes) -> QueryState | None:
+        candidate = self._candidates.get(contact_id)
+        return candidate.state if candidate else None
+
+    def statistics(self) -> LookupStatistics:
+        answered = [c for c in self._ordered() if c.state is QueryState.SUCCEEDED]
+        return LookupStatistics(
+            queries=self._queries,
+            responses=self._responses,
+            failures=self._failures,
+            hops=answered[0].depth + 1 if answered else 0,
+            finished=self.finished,
+        )
+
+    # -- internals -----------------------------------------------------------
+
+    def _add(self, contact: Contact, *, depth: int) -> None:
+        if contact.id == self._local_id or contact.id in self._candidates:
+            return
+        if len(contact.id) != ID_BYTES:
+            return
+        distance = int.from_bytes(contact.id, "big") ^ self._target_int
+        self._candidates[contact.id] = _Candidate(contact, distance, depth)
+        limit = self.config.k * _CANDIDATE_FACTOR
+        if len(self._candidates) > limit:
+            # Bound memory: forget the farthest contact we never asked.
+            for candidate in reversed(self._ordered()):
+                if candidate.state is QueryState.NOT_CONTACTED:
+                    del self._candidates[candidate.contact.id]
+                    break
+
+    def _ordered(self) -> list[_Candidate]:
+        return sorted(self._candidates.values(), key=lambda c: c.distance)
+
+    def _in_flight(self) -> int:
+        return sum(1 for c in self._candidates.values() if c.state is QueryState.WAITING)
