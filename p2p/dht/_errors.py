@@ -5,8 +5,9 @@
     P2PError                                        (p2p.errors)
     └── DhtError                                    base of everything p2p.dht raises
         ├── DhtUsageError (LocalProtocolError)      we misused the API
-        │                                           (.code: BAD_TOPIC, BAD_RECORD_FIELDS,
-        │                                            BAD_ADDRESS, BAD_SECRET, ...)
+        │   │                                       (.code: BAD_TOPIC, BAD_RECORD_FIELDS,
+        │   │                                        BAD_ADDRESS, BAD_SECRET, ...)
+        │   └── DhtMessageTooLarge                  a message would not fit one datagram
         └── DhtProtocolError (RemoteProtocolError)  a remote sent something that breaks
             │                                       the protocol
             ├── DhtDecodeError                      bytes or a msgpack value that does not

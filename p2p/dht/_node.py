@@ -1,0 +1,388 @@
+"""Sans-IO DHT node core: answers requests, matches responses, keeps the table.
+
+Theory of operation
+-------------------
+:class:`NodeCore` is everything a DHT node decides, with no sockets and no
+clock: datagrams come in through :meth:`NodeCore.receive_datagram` with their
+source address and ``now`` (unix seconds, as records' ``expires`` are), and
+what must go out is returned as :class:`Outgoing` datagrams. The trio driver
+sends those, runs lookups (:mod:`._lookup`) with :meth:`make_request`, and
+wakes at :meth:`next_deadline`.
+
+Serving (every reply carries the asker's observed address, a fresh write token
+bound to that address, and our id when we are persistent):
+
+=========== ===================== ===============================================
+command     target                reply
+=========== ===================== ===============================================
+PING        —                     nothing else
+FIND_NODE   20-byte node id       the k closest contacts we know
+LOOKUP      32-byte topic         closest contacts + verified records that fit
+ANNOUNCE    32-byte topic         stores the signed record (token required)
+UNANNOUNCE  32-byte topic         removes the key's record (token + signature)
+=========== ===================== ===============================================
+
+Rules kept here (DESIGN.md §3.4, issue 3):
+
+* A requester is added to the routing table only if it sent an id and that id
+  is the hash of its source address (:func:`~._routing.id_matches`); nodes that
+  send no id are ephemeral and never stored.
+* A response whose responder id does not match its source address is ignored
+  entirely, and so is a response whose source is not the address the request
+  went to (a spoofed reply cannot answer someone else's request).
+* ANNOUNCE and UNANNOUNCE without a valid token for the source address are
+  refused with ``INVALID_TOKEN``; records are verified (signature, topic,
+  bounded expiry) before they are stored; a bad one is refused with its code.
+* A datagram that does not decode is dropped and counted; it never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ._contact import Contact, canonical_address, node_id_for
+from ._errors import DhtDecodeError, DhtProtocolError, DhtUsageError
+from ._messages import (
+    MAX_CLOSER,
+    MAX_TID,
+    Command,
+    Request,
+    Response,
+    decode,
+    encode,
+    fit_records,
+    value_budget_bytes,
+)
+from ._records import PeerRecord, verify_record, verify_unannounce
+from ._routing import Routing, id_matches, target_id
+from ._storage import PutResult, RecordStore
+from ._tokens import TokenIssuer
+
+__all__ = ["NodeConfig", "NodeCore", "NodeStatistics", "Outgoing", "ResponseReceived"]
+
+Address = tuple[str, int]
+
+#: Requests we wait for at once; beyond it make_request refuses (the driver waits).
+DEFAULT_MAX_PENDING = 4096
+#: Observed-address votes kept (one per responder, most recent wins).
+_MAX_VOTES = 32
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Parameters of one node; validated when built."""
+
+    k: int = 20
+    """Kademlia's *k*: bucket size and contacts per reply."""
+
+    request_timeout_s: float = 1.0
+    """Seconds before an unanswered request counts as failed."""
+
+    token_rotate_s: float = 60.0
+    """Write-token secret rotation period (tokens live one to two periods)."""
+
+    max_pending: int = DEFAULT_MAX_PENDING
+    """Requests in flight at once."""
+
+    max_records_per_reply: int = 20
+    """Records a LOOKUP reply carries at most (fewer if they do not fit)."""
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.max_pending < 1 or self.max_records_per_reply < 0:
+            raise DhtUsageError("k and max_pending must be >= 1", code="BAD_CONFIG")
+        if self.request_timeout_s <= 0 or self.token_rotate_s <= 0:
+            raise DhtUsageError("timeouts must be positive", code="BAD_CONFIG")
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A datagram to send."""
+
+    data: bytes
+    address: Address
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    """A verified response to our request ``tid`` (from ``contact``)."""
+
+    tid: int
+    contact: Contact
+    response: Response
+
+
+@dataclass(frozen=True)
+class NodeStatistics:
+    requests_served: int
+    bad_datagrams: int
+    ignored_responses: int
+    invalid_tokens: int
+    records_refused: int
+    timeouts: int
+    pending: int
+    contacts: int
+    records: int
+
+
+@dataclass
+class _Pending:
+    address: Address
+    command: Command
+    deadline: float
+    #: For a bucket-head ping: the head's id, whose fate the answer decides.
+    head: bytes | None = None
+
+
+class NodeCore:
+    """One DHT node's state machine.
+
+    Args:
+        now: current unix time in seconds.
+        config: parameters.
+        persistent: True for a node that is reachable and may be stored in
+            others' tables (bootstrap and plain nodes); False for ephemeral
+            nodes, which query but are never stored.
+        address: the address others see us at, if known (the bound address of
+            a bootstrap node); otherwise it is learned from replies.
+        rng: randomness for request ids and refresh targets (seeded in tests).
+        token_seed: secret seed of the write tokens (random if omitted).
+    """
+
+    def __init__(
+        self,
+        *,
+        now: float,
+        config: NodeConfig | None = None,
+        persistent: bool = False,
+        address: Address | None = None,
+        rng: random.Random | None = None,
+        token_seed: bytes | None = None,
+    ) -> None:
+        self.config = config or NodeConfig()
+        self.persistent = persistent
+        self._rng = rng or random.Random()
+        self._tokens = TokenIssuer(
+            token_seed or os.urandom(32), rotate_every_s=self.config.token_rotate_s, now=now
+        )
+        self.store = RecordStore()
+        self._address: Address | None = canonical_address(*address) if address else None
+        self._votes: dict[Address, Address] = {}  # responder -> the address it saw
+        self.routing = self._new_routing(now)
+        self._pending: dict[int, _Pending] = {}
+        self._served = 0
+        self._bad = 0
+        self._ignored = 0
+        self._invalid_tokens = 0
+        self._refused = 0
+        self._timeouts = 0
+
+    # -- identity ------------------------------------------------------------
+
+    @property
+    def address(self) -> Address | None:
+        """The address others see us at (configured, or the majority of replies)."""
+        return self._address
+
+    @property
+    def node_id(self) -> bytes | None:
+        return node_id_for(*self._address) if self._address else None
+
+    def _new_routing(self, now: float) -> Routing:
+        local = self.node_id or bytes(20)
+        return Routing(local, now=now, rng=self._rng, k=self.config.k)
+
+    def _learn_address(self, responder: Address, observed: Address, now: float) -> None:
+        self._votes[responder] = observed
+        if len(self._votes) > _MAX_VOTES:
+            del self._votes[next(iter(self._votes))]
+        winner, count = Counter(self._votes.values()).most_common(1)[0]
+        if winner != self._address and (count >= 2 or self._address is None):
+            old = self.routing
+            self._address = winner
+            # Our id follows our address: rebuild the table around the new id.
+            self.routing = self._new_routing(now)
+            for contact in old.contacts():
+                self.routing.add(contact, now)
+
+    # -- requests we send ----------------------------------------------------
+
+    def make_request(
+        self,
+        command: Command,
+        address: Address,
+        now: float,
+        *,
+        target: bytes | None = None,
+        token: bytes | None = None,
+        value: Any = None,
+    ) -> tuple[int, Outgoing]:
+        """Build a request to ``address``; its answer comes back as a ResponseReceived.
+
+        Raises:
+            DhtUsageError: ``TOO_MANY_PENDING`` at the bound (wait for answers).
+        """
+        if len(self._pending) >= self.config.max_pending:
+            raise DhtUsageError("too many requests in flight", code="TOO_MANY_PENDING")
+        address = canonical_address(*address)
+        tid = self._rng.randrange(1, MAX_TID)
+        while tid in self._pending:
+            tid = self._rng.randrange(1, MAX_TID)
+        sender_id = self.node_id if self.persistent else None
+        request = Request(tid, command, target, sender_id, token, value)
+        self._pending[tid] = _Pending(address, command, now + self.config.request_timeout_s)
+        return tid, Outgoing(encode(request), address)
+
+    def cancel(self, tid: int) -> None:
+        """Forget a request (its answer, if it comes, is ignored)."""
+        self._pending.pop(tid, None)
+
+    def expire(self, now: float) -> list[int]:
+        """Drop requests past their deadline; return their tids (the driver fails them)."""
+        expired = [tid for tid, p in self._pending.items() if p.deadline <= now]
+        for tid in expired:
+            pending = self._pending.pop(tid)
+            if pending.head is not None:
+                self.routing.ping_result(pending.head, False, now)
+        self._timeouts += len(expired)
+        return expired
+
+    def maintenance(self, now: float) -> list[Outgoing]:
+        """Housekeeping to run every few seconds: drop expired records and ping
+        the bucket heads whose buckets have a newcomer waiting (Kademlia §2.2:
+        the least recently seen contact is kept if it still answers)."""
+        self.store.expire(now)
+        out = []
+        for head in self.routing.pings_to_send():
+            if len(self._pending) >= self.config.max_pending:
+                break
+            tid, datagram = self.make_request(Command.PING, head.address, now)
+            self._pending[tid].head = head.id
+            out.append(datagram)
+        return out
+
+    def next_deadline(self) -> float | None:
+        if not self._pending:
+            return None
+        return min(p.deadline for p in self._pending.values())
+
+    # -- datagrams in ----------------------------------------------------------
+
+    def receive_datagram(
+        self, data: bytes, source: Address, now: float
+    ) -> tuple[list[Outgoing], ResponseReceived | None]:
+        """Handle one datagram; return what to send and, for an answer, the event."""
+        try:
+            source = canonical_address(*source)
+            message = decode(data)
+        except (DhtDecodeError, DhtUsageError):
+            self._bad += 1
+            return [], None
+        if isinstance(message, Request):
+            return [self._serve(message, source, now)], None
+        return [], self._on_response(message, source, now)
+
+    def _on_response(self, response: Response, source: Address, now: float):
+        pending = self._pending.get(response.tid)
+        if pending is None or pending.address != source:
+            self._ignored += 1  # unsolicited, late, or spoofed from another address
+            return None
+        if response.responder_id is not None and not id_matches(response.responder_id, *source):
+            self._ignored += 1
+            del self._pending[response.tid]
+            return None
+        del self._pending[response.tid]
+        contact = Contact(node_id_for(*source), *source)
+        if pending.head is not None:
+            self.routing.ping_result(pending.head, True, now)
+        if response.responder_id is not None:
+            self.routing.add(contact, now)
+        self._learn_address(source, response.observed, now)
+        return ResponseReceived(response.tid, contact, response)
+
+    # -- serving -------------------------------------------------------------
+
+    def _serve(self, request: Request, source: Address, now: float) -> Outgoing:
+        self._served += 1
+        if request.sender_id is not None and id_matches(request.sender_id, *source):
+            self.routing.add(Contact(request.sender_id, *source), now)
+        reply = Response(
+            request.tid,
+            self.node_id if self.persistent else None,
+            source,
+            self._tokens.issue(source[0], source[1], now),
+        )
+        command = request.command
+        try:
+            if command is Command.FIND_NODE:
+                reply = replace(reply, closer=self._closest(request.target, source))
+            elif command is Command.LOOKUP:
+                reply = self._lookup_reply(reply, request.target, source, now)
+            elif command is Command.ANNOUNCE:
+                reply = self._announce(reply, request, source, now)
+            elif command is Command.UNANNOUNCE:
+                reply = self._unannounce(reply, request, source, now)
+        except DhtProtocolError as exc:
+            self._refused += 1
+            reply = replace(reply, error=exc.code)
+        return Outgoing(encode(reply), source)
+
+    def _closest(self, key: bytes | None, exclude: Address) -> tuple[Contact, ...]:
+        if key is None:
+            return ()
+        contacts = self.routing.closest(key, count=min(self.config.k, MAX_CLOSER))
+        return tuple(c for c in contacts if c.address != exclude)
+
+    def _lookup_reply(self, reply: Response, topic: bytes, source: Address, now: float):
+        reply = replace(reply, closer=self._closest(target_id(topic), source))
+        stored = self.store.get(topic, now, self.config.max_records_per_reply)
+        records = [record.to_wire() for record in stored]
+        return replace(reply, value=fit_records(records, value_budget_bytes(reply)))
+
+    def _check_token(self, request: Request, source: Address, now: float) -> None:
+        if request.token is None or not self._tokens.check(request.token, *source, now):
+            self._invalid_tokens += 1
+            raise DhtProtocolError("missing or invalid write token", code="INVALID_TOKEN")
+
+    def _announce(self, reply: Response, request: Request, source: Address, now: float):
+        self._check_token(request, source, now)
+        record = PeerRecord.from_wire(request.value)
+        verify_record(record, request.target, now=now)
+        result = self.store.put(request.target, record, now)
+        reply = replace(reply, closer=self._closest(target_id(request.target), source))
+        if result is PutResult.IGNORED_OLDER_SEQ:
+            return replace(reply, error="SEQ_TOO_LOW")
+        if not result.accepted:
+            self._refused += 1
+            return replace(reply, error="STORE_FULL" if "FULL" in result.name else "BAD_RECORD")
+        return reply
+
+    def _unannounce(self, reply: Response, request: Request, source: Address, now: float):
+        self._check_token(request, source, now)
+        value = request.value
+        if not (isinstance(value, list) and len(value) == 3):
+            raise DhtDecodeError("an unannounce carries [public_key, seq, signature]")
+        public_key, seq, signature = value
+        if not (isinstance(public_key, bytes) and isinstance(seq, int)
+                and isinstance(signature, bytes) and not isinstance(seq, bool)):
+            raise DhtDecodeError("an unannounce carries [public_key, seq, signature]")
+        if not verify_unannounce(public_key, request.target, seq, signature):
+            raise DhtProtocolError("unannounce signature does not verify", code="BAD_SIGNATURE")
+        self.store.remove(request.target, public_key, seq)
+        return reply
+
+    def statistics(self) -> NodeStatistics:
+        return NodeStatistics(
+            requests_served=self._served,
+            bad_datagrams=self._bad,
+            ignored_responses=self._ignored,
+            invalid_tokens=self._invalid_tokens,
+            records_refused=self._refused,
+            timeouts=self._timeouts,
+            pending=len(self._pending),
+            contacts=len(self.routing),
+            records=len(self.store),
+        )
