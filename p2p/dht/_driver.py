@@ -1,0 +1,433 @@
+"""The trio driver of a DHT node: sockets, timers and iterative queries.
+
+:class:`DhtNode` feeds every datagram from its transport to the sans-IO
+:class:`~._node.NodeCore`, sends what the core returns, and turns the core's
+request ids into awaitable requests. Lookups walk the key space with
+:class:`~._lookup.IterativeLookup`, α queries at a time.
+
+Time: the core works in unix seconds (records carry unix ``expires``). The
+driver derives them from trio's clock (``origin + trio.current_time()``), so
+under the autojump clock a whole network's TTLs and refreshes run in virtual
+time.
+
+Announcing (:meth:`DhtNode.announce`) looks the topic up to find its k closest
+nodes and collect their write tokens, then sends each a signed record; it
+repeats every 5 to 10 minutes (jittered) with a higher ``seq``, so records never
+lapse while the announcer lives, and unannounces when cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+import trio
+
+from ..keys import KeyPair, format_key
+from ._contact import Contact, canonical_address
+from ._errors import DhtError, DhtProtocolError, DhtUsageError
+from ._lookup import IterativeLookup, LookupConfig
+from ._messages import Command, Response
+from ._node import NodeConfig, NodeCore
+from ._records import (
+    MAX_RECORD_TTL_S,
+    PeerRecord,
+    record_topic_for_key,
+    sign_record,
+    sign_unannounce,
+    verify_record,
+)
+from ._routing import target_id
+from ._transport import DatagramTransport
+
+__all__ = ["DhtNode", "DhtTimeout"]
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+#: How often the timer loop runs housekeeping (record expiry, bucket-head pings).
+MAINTENANCE_EVERY_S = 5.0
+#: Re-announce between these bounds (HyperDHT: 10 min + 0-2 min; our records
+#: live 20 min, so two refreshes fit in one life even if one is lost).
+REANNOUNCE_MIN_S = 300.0
+REANNOUNCE_MAX_S = 600.0
+#: Records are announced to live this long (the store's bound is 20 minutes).
+RECORD_TTL_S = MAX_RECORD_TTL_S
+
+
+class DhtTimeout(DhtError):
+    """A request got no answer in time."""
+
+    code = "TIMEOUT"
+
+
+@dataclass
+class _Waiter:
+    event: trio.Event
+    response: Response | None = None
+    contact: Contact | None = None
+
+
+class DhtNode:
+    """A DHT node over one datagram transport.
+
+    Args:
+        transport: a bound UDP or in-memory transport; owned by the node.
+        bootstrap: addresses of nodes to join through.
+        persistent: True for nodes others may store (bootstrap and plain
+            nodes); ephemeral nodes (clients) only query.
+        config: protocol parameters.
+        rng: seeded randomness for tests.
+
+    Start it with ``await nursery.start(node.run)``; it bootstraps before
+    ``started`` is reported.
+    """
+
+    def __init__(
+        self,
+        transport: DatagramTransport,
+        *,
+        bootstrap: Iterable[Address] = (),
+        persistent: bool = False,
+        config: NodeConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.transport = transport
+        self.config = config or NodeConfig()
+        self.bootstrap_addresses = [canonical_address(*a) for a in bootstrap]
+        self._rng = rng or random.Random()
+        self._origin = time.time() - trio.current_time()
+        self._nursery: trio.Nursery | None = None
+        # A persistent node bound to a wildcard address learns its address from
+        # replies first and stays ephemeral (sends no id) until then.
+        bound = transport.local_address
+        address = bound if persistent and bound[0] not in ("0.0.0.0", "::") else None
+        self.core = NodeCore(
+            now=self.now(),
+            config=self.config,
+            persistent=persistent,
+            address=address,
+            rng=self._rng,
+            token_seed=self._rng.randbytes(32),
+        )
+        self._waiters: dict[int, _Waiter] = {}
+        self.lookup_config = LookupConfig(
+            k=self.config.k, request_timeout_s=self.config.request_timeout_s
+        )
+
+    # -- lifetime --------------------------------------------------------------
+
+    def now(self) -> float:
+        """Unix seconds on trio's clock."""
+        return self._origin + trio.current_time()
+
+    @property
+    def address(self) -> Address | None:
+        return self.core.address
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled: receive loop, timers, then bootstrap."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._receive_loop)
+                nursery.start_soon(self._timer_loop)
+                if self.bootstrap_addresses:
+                    await self.bootstrap()
+                task_status.started()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                await self.transport.aclose()
+
+    async def bootstrap(self) -> None:
+        """Join through the bootstrap addresses: ask them, then walk to our own id."""
+        async with trio.open_nursery() as nursery:
+            for address in self.bootstrap_addresses:
+                nursery.start_soon(self._quiet_request, Command.PING, address)
+        own = self.core.node_id or self._rng.randbytes(20)
+        await self.find_node(own)
+
+    async def _quiet_request(self, command: Command, address: Address) -> None:
+        try:
+            await self.request(command, address)
+        except DhtError as exc:
+            log.debug("dht.bootstrap_failed address=%s code=%s", address, exc.code)
+
+    # -- loops ---------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            try:
+                data, source = await self.transport.receive()
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return
+            outgoing, event = self.core.receive_datagram(data, source, self.now())
+            for datagram in outgoing:
+                await self.transport.send(datagram.data, datagram.address)
+            if event is not None:
+                waiter = self._waiters.pop(event.tid, None)
+                if waiter is not None:
+                    waiter.response = event.response
+                    waiter.contact = event.contact
+                    waiter.event.set()
+
+    async def _timer_loop(self) -> None:
+        next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
+        while True:
+            deadline = self.core.next_deadline()
+            wake = next_maintenance
+            if deadline is not None:
+                wake = min(wake, deadline - self._origin)
+            await trio.sleep_until(max(wake, trio.current_time()))
+            for tid in self.core.expire(self.now()):
+                waiter = self._waiters.pop(tid, None)
+                if waiter is not None:
+                    waiter.event.set()  # no response: the requester times out
+            if trio.current_time() >= next_maintenance:
+                next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
+                for datagram in self.core.maintenance(self.now()):
+                    await self.transport.send(datagram.data, datagram.address)
+
+    # -- requests ------------------------------------------------------------
+
+    async def request(
+        self,
+        command: Command,
+        address: Address,
+        *,
+        target: bytes | None = None,
+        token: bytes | None = None,
+        value: object = None,
+    ) -> tuple[Contact, Response]:
+        """Send one request and wait for its answer.
+
+        Raises:
+            DhtTimeout: no answer within the request timeout.
+        """
+        tid, datagram = self.core.make_request(
+            command, address, self.now(), target=target, token=token, value=value
+        )
+        waiter = _Waiter(trio.Event())
+        self._waiters[tid] = waiter
+        try:
+            await self.transport.send(datagram.data, datagram.address)
+            await waiter.event.wait()
+        finally:
+            if self._waiters.pop(tid, None) is not None:
+                self.core.cancel(tid)
+        if waiter.response is None or waiter.contact is None:
+            raise DhtTimeout(f"no answer from {address[0]}:{address[1]}")
+        return waiter.contact, waiter.response
+
+    # -- iterative queries -----------------------------------------------------
+
+    def _seeds(self, key: bytes) -> list[Contact]:
+        seeds = self.core.routing.closest(key, count=self.config.k)
+        if len(seeds) < self.config.k:
+            known = {c.address for c in seeds}
+            seeds += [Contact.at(*a) for a in self.bootstrap_addresses if a not in known]
+        return seeds
+
+    async def _walk(self, key: bytes, command: Command, target: bytes, on_answer=None):
+        """Run one iterative lookup; call ``on_answer(contact, response)`` per answer.
+
+        Returns:
+            The finished :class:`IterativeLookup` (its closest answered contacts).
+        """
+        lookup = IterativeLookup(
+            key, self._seeds(key), config=self.lookup_config, local_id=self.core.node_id
+        )
+        progress = trio.Event()
+
+        async def query(contact: Contact) -> None:
+            nonlocal progress
+            try:
+                answered, response = await self.request(command, contact.address, target=target)
+            except DhtError:
+                lookup.on_failure(contact.id)
+            else:
+                lookup.on_response(contact.id, response.closer)
+                if on_answer is not None:
+                    await on_answer(answered, response)
+            progress.set()
+
+        async with trio.open_nursery() as nursery:
+            while not lookup.finished:
+                for contact in lookup.next_queries(self.now()):
+                    nursery.start_soon(query, contact)
+                if lookup.finished:
+                    break
+                await progress.wait()
+                progress = trio.Event()
+            nursery.cancel_scope.cancel()
+        return lookup
+
+    async def find_node(self, node_id: bytes) -> list[Contact]:
+        """The k closest nodes to ``node_id`` that answered."""
+        lookup = await self._walk(node_id, Command.FIND_NODE, node_id)
+        return lookup.closest()
+
+    async def lookup(self, topic: bytes) -> AsyncIterator[PeerRecord]:
+        """Yield verified records for ``topic`` as they arrive, once per public key.
+
+        Records that fail verification (signature, topic, expiry) are dropped.
+        The iterator ends when the lookup settles. The walk runs in the node's
+        own nursery (an async generator must not yield inside one); leaving the
+        iteration early cancels it. Use ``contextlib.aclosing`` to leave early.
+
+        Raises:
+            DhtUsageError: ``NOT_RUNNING`` if :meth:`run` is not running.
+        """
+        send, receive = trio.open_memory_channel[PeerRecord](math.inf)
+        seen: set[bytes] = set()
+        scope = trio.CancelScope()
+
+        async def on_answer(contact: Contact, response: Response) -> None:
+            for wire in response.value or ():
+                try:
+                    record = PeerRecord.from_wire(wire)
+                    verify_record(record, topic, now=self.now())
+                except DhtProtocolError as exc:
+                    log.debug("dht.record_dropped from=%s code=%s", contact.host, exc.code)
+                    continue
+                if record.public_key not in seen:
+                    seen.add(record.public_key)
+                    try:
+                        send.send_nowait(record)
+                    except trio.BrokenResourceError:
+                        scope.cancel()  # the consumer left
+
+        async def walk() -> None:
+            with scope:
+                async with send:
+                    await self._walk(target_id(topic), Command.LOOKUP, topic, on_answer)
+
+        self._running_nursery().start_soon(walk)
+        try:
+            async with receive:
+                async for record in receive:
+                    yield record
+        finally:
+            scope.cancel()
+
+    def _running_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise DhtUsageError("start DhtNode.run() first", code="NOT_RUNNING")
+        return self._nursery
+
+    async def find_peer(self, public_key: bytes) -> PeerRecord | None:
+        """The record ``public_key`` announced under its own topic, if any."""
+        topic = record_topic_for_key(public_key)
+        async with contextlib.aclosing(self.lookup(topic)) as records:
+            async for record in records:
+                if record.public_key == public_key:
+                    return record
+        return None
+
+    # -- announcing ------------------------------------------------------------
+
+    async def announce_once(
+        self,
+        topic: bytes,
+        keypair: KeyPair,
+        *,
+        addresses: Iterable[Address],
+        relays: Iterable[bytes] = (),
+        seq: int,
+    ) -> int:
+        """Store a signed record on the topic's k closest nodes; return how many took it."""
+        record = sign_record(
+            keypair,
+            topic,
+            addresses=list(addresses),
+            relays=list(relays),
+            seq=seq,
+            expires=int(self.now() + RECORD_TTL_S),
+        )
+        tokens: dict[Address, bytes] = {}
+
+        async def on_answer(contact: Contact, response: Response) -> None:
+            tokens[contact.address] = response.token
+
+        lookup = await self._walk(target_id(topic), Command.LOOKUP, topic, on_answer)
+        stored = 0
+
+        async def commit(contact: Contact) -> None:
+            nonlocal stored
+            token = tokens.get(contact.address)
+            if token is None:
+                return
+            try:
+                _, response = await self.request(
+                    Command.ANNOUNCE, contact.address, target=topic, token=token,
+                    value=record.to_wire(),
+                )
+            except DhtError:
+                return
+            if response.error is None:
+                stored += 1
+
+        async with trio.open_nursery() as nursery:
+            for contact in lookup.closest():
+                nursery.start_soon(commit, contact)
+        log.debug("dht.announced topic=%s stored=%d", format_key(topic)[:12], stored)
+        return stored
+
+    async def unannounce(self, topic: bytes, keypair: KeyPair, seq: int) -> None:
+        """Ask the topic's closest nodes to drop our record (signed)."""
+        signature = sign_unannounce(keypair, topic, seq)
+        value = [keypair.public_key, seq, signature]
+        tokens: dict[Address, bytes] = {}
+
+        async def on_answer(contact: Contact, response: Response) -> None:
+            tokens[contact.address] = response.token
+
+        await self._walk(target_id(topic), Command.LOOKUP, topic, on_answer)
+        async with trio.open_nursery() as nursery:
+            for address, token in tokens.items():
+                nursery.start_soon(self._unannounce_at, address, topic, token, value)
+
+    async def _unannounce_at(self, address, topic, token, value) -> None:
+        try:
+            await self.request(Command.UNANNOUNCE, address, target=topic, token=token, value=value)
+        except DhtError:
+            pass
+
+    async def announce(
+        self,
+        topic: bytes,
+        keypair: KeyPair,
+        *,
+        addresses: Iterable[Address] | None = None,
+        relays: Iterable[bytes] = (),
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep ``keypair`` announced on ``topic`` until cancelled, then unannounce.
+
+        Reports how many nodes stored the first announce through ``task_status``.
+        Each refresh carries a higher ``seq`` (stores keep only the newest).
+        """
+        base = [self.address] if addresses is None and self.address else []
+        chosen = list(addresses) if addresses is not None else base
+        if not chosen:
+            raise DhtUsageError("no address to announce (not bootstrapped?)", code="NO_ADDRESS")
+        seq = int(self.now() * 1000)  # grows across restarts of the announcer too
+        try:
+            stored = await self.announce_once(
+                topic, keypair, addresses=chosen, relays=relays, seq=seq
+            )
+            task_status.started(stored)
+            while True:
+                await trio.sleep(self._rng.uniform(REANNOUNCE_MIN_S, REANNOUNCE_MAX_S))
+                seq += 1
+                await self.announce_once(topic, keypair, addresses=chosen, relays=relays, seq=seq)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.unannounce(topic, keypair, seq)

@@ -1,0 +1,131 @@
+"""Whole DHT networks: announce and lookup over real UDP and the memory network."""
+
+import contextlib
+
+import pytest
+import trio
+
+from p2p.dht import PeerRecord, sign_record
+from p2p.dht.testnet import memory_testnet, udp_testnet
+from p2p.keys import KeyPair, derive_topic
+
+TOPIC = derive_topic("test", "network")
+SERVICE = [("10.1.2.3", 7000)]
+
+
+async def collect(node, topic=TOPIC):
+    return [record async for record in node.lookup(topic)]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+async def test_announce_on_one_node_lookup_from_every_other_over_udp(host):
+    keypair = KeyPair.generate()
+    with trio.fail_after(60):
+        async with udp_testnet(50 if host == "127.0.0.1" else 20, host=host) as net:
+            announcer = net.nodes[7]
+            stored = await announcer.announce_once(
+                TOPIC, keypair, addresses=[*SERVICE, ("::1", 7001)], seq=1
+            )
+            assert stored >= 10
+            for node in net.nodes:
+                if node is announcer:
+                    continue
+                records = await collect(node)
+                assert [r.public_key for r in records] == [keypair.public_key], node.address
+                assert records[0].addresses == (("10.1.2.3", 7000), ("::1", 7001))
+
+
+async def test_find_peer_reaches_a_key_announced_on_its_own_topic(autojump_clock):
+    from p2p.dht import record_topic_for_key
+
+    keypair = KeyPair.generate()
+    with trio.fail_after(300):
+        async with memory_testnet(20) as net:
+            await net.nodes[4].announce_once(
+                record_topic_for_key(keypair.public_key), keypair, addresses=SERVICE, seq=1
+            )
+            record = await net.nodes[15].find_peer(keypair.public_key)
+            assert record is not None and record.addresses == tuple(SERVICE)
+            assert await net.nodes[15].find_peer(KeyPair.generate().public_key) is None
+
+
+async def test_a_forged_record_planted_in_a_store_is_never_returned(autojump_clock):
+    honest, forger = KeyPair.generate(), KeyPair.generate()
+    with trio.fail_after(300):
+        async with memory_testnet(15) as net:
+            await net.nodes[2].announce_once(TOPIC, honest, addresses=SERVICE, seq=1)
+            now = net.nodes[0].now()
+            genuine = sign_record(forger, TOPIC, addresses=SERVICE, seq=1,
+                                  expires=int(now + 600))
+            # Tamper after signing (a malicious storing node rewrites the address)
+            # and plant it, bypassing the storing node's own checks.
+            forged = PeerRecord(genuine.public_key, (("10.6.6.6", 1),), (), 1,
+                                genuine.expires, genuine.signature)
+            for node in net.nodes:
+                node.core.store.put(TOPIC, forged, now)
+            keys = {record.public_key for record in await collect(net.nodes[9])}
+            assert keys == {honest.public_key}
+
+
+async def test_records_expire_unless_refreshed_and_survive_when_refreshed(autojump_clock):
+    once, kept = KeyPair.generate(), KeyPair.generate()
+    with trio.fail_after(3 * 3600):
+        async with memory_testnet(15) as net, trio.open_nursery() as nursery:
+            await net.nodes[1].announce_once(TOPIC, once, addresses=SERVICE, seq=1)
+            await nursery.start(
+                lambda task_status: net.nodes[2].announce(
+                    TOPIC, kept, addresses=SERVICE, task_status=task_status
+                )
+            )
+            keys = {r.public_key for r in await collect(net.nodes[10])}
+            assert keys == {once.public_key, kept.public_key}
+            await trio.sleep(45 * 60)  # past the 20-minute life; refreshes every 5-10 min
+            keys = {r.public_key for r in await collect(net.nodes[10])}
+            assert keys == {kept.public_key}
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_stopped_announcer_unannounces(autojump_clock):
+    keypair = KeyPair.generate()
+    with trio.fail_after(600):
+        async with memory_testnet(15) as net:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(
+                        lambda task_status: net.nodes[3].announce(
+                            TOPIC, keypair, addresses=SERVICE, task_status=task_status
+                        )
+                    )
+                    assert len(await collect(net.nodes[8])) == 1
+                    scope.cancel()
+            assert await collect(net.nodes[8]) == []
+
+
+async def test_lookups_still_find_a_record_after_30_percent_of_nodes_stop(autojump_clock):
+    keypair = KeyPair.generate()
+    with trio.fail_after(3 * 3600):
+        async with memory_testnet(40, seed=3) as net, trio.open_nursery() as nursery:
+            announcer, looker = net.nodes[5], net.nodes[6]
+            await nursery.start(
+                lambda task_status: announcer.announce(
+                    TOPIC, keypair, addresses=SERVICE, task_status=task_status
+                )
+            )
+            spared = {id(net.nodes[0]), id(announcer), id(looker)}
+            victims = [n for n in net.nodes if id(n) not in spared][: len(net.nodes) * 3 // 10]
+            for node in victims:
+                net.stop(node)
+            await trio.sleep(15 * 60)  # the refresh re-replicates to the new closest nodes
+            assert [r.public_key for r in await collect(looker)] == [keypair.public_key]
+            nursery.cancel_scope.cancel()
+
+
+async def test_leaving_a_lookup_early_stops_it(autojump_clock):
+    keypair = KeyPair.generate()
+    with trio.fail_after(300):
+        async with memory_testnet(15) as net:
+            await net.nodes[1].announce_once(TOPIC, keypair, addresses=SERVICE, seq=1)
+            async with contextlib.aclosing(net.nodes[9].lookup(TOPIC)) as records:
+                async for _record in records:
+                    break
+            assert await collect(net.nodes[9])  # the node still works afterwards
