@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import keys
+from . import dht, keys
 from .beam import beam
 from .node import ping, up
 
@@ -18,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(keys.app, name="keys")
+app.add_typer(dht.app, name="dht")
 app.command("beam")(beam)
 app.command("up")(up)
 app.command("ping")(ping)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import signal
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from p2p.rpc import RpcClient, RpcError, serve_rpc
 
 from ._args import parse_peer
 from ._console import OutputFormat, err, fail, print_json
+from ._daemon import run_until_signalled
 from ._logging import configure_logging
 from .beam import connect_failure_reason
 
@@ -70,21 +70,19 @@ async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int) -> No
     async def diagnostics(channel) -> None:
         await serve_rpc(channel, router, name="diagnostics")
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            bound_host, bound_port = await nursery.start(
-                functools.partial(serve_tcp, keypair, {PROTOCOL: diagnostics}, host=host, port=port)
-            )
-            log.info("node.started storage=%s key=%s address=%s:%d",
-                     storage, keypair.hex, bound_host, bound_port)
-            err.print(f"node listening on {bound_host}:{bound_port} key {keypair.hex}",
-                      markup=False)
-            err.print(f"try: cosmicac ping {keypair.hex} --address {bound_host}:{bound_port}",
-                      markup=False)
-            async for signum in signals:
-                log.info("node.stopping signal=%s", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+    async def start(nursery: trio.Nursery) -> None:
+        bound_host, bound_port = await nursery.start(
+            functools.partial(serve_tcp, keypair, {PROTOCOL: diagnostics}, host=host, port=port)
+        )
+        log.info("node.started storage=%s key=%s address=%s:%d",
+                 storage, keypair.hex, bound_host, bound_port)
+        err.print(f"node listening on {bound_host}:{bound_port} key {keypair.hex}",
+                  markup=False)
+        err.print(f"try: cosmicac ping {keypair.hex} --address {bound_host}:{bound_port}",
+                  markup=False)
+
+    stopped_by = await run_until_signalled(start)
+    log.info("node.stopping signal=%s", stopped_by)
     log.info("node.stopped")
 
 

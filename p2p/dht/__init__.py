@@ -6,11 +6,12 @@ Built so far (all sans-IO but the transports): address-derived node ids
 (:mod:`._storage`), the routing table on the ``kademlia`` package
 (:mod:`._routing`), the iterative lookup (:mod:`._lookup`), the node core that
 serves and matches requests (:mod:`._node`), and UDP / in-memory transports
-(:mod:`._transport`). The trio driver that runs lookups and announces on top of
-the core is the next step (see the issue's notes).
+(:mod:`._transport`), and the trio driver :class:`DhtNode` (announce, lookup,
+find_peer) with :mod:`.testnet` to start whole networks in one process.
 """
 
 from ._contact import Contact, node_id_for
+from ._driver import DhtNode, DhtTimeout
 from ._errors import DhtDecodeError, DhtError, DhtProtocolError, DhtUsageError, RecordRejected
 from ._lookup import IterativeLookup, LookupConfig
 from ._messages import Command, Request, Response, decode, encode
@@ -26,7 +27,9 @@ __all__ = [
     "Contact",
     "DhtDecodeError",
     "DhtError",
+    "DhtNode",
     "DhtProtocolError",
+    "DhtTimeout",
     "DhtUsageError",
     "IterativeLookup",
     "LinkProfile",

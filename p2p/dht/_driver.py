@@ -413,6 +413,8 @@ class DhtNode:
 
         Reports how many nodes stored the first announce through ``task_status``.
         Each refresh carries a higher ``seq`` (stores keep only the newest).
+        The unannounce on cancellation needs the node itself still running:
+        cancel the announcer first, then the node.
         """
         base = [self.address] if addresses is None and self.address else []
         chosen = list(addresses) if addresses is not None else base

@@ -1,0 +1,175 @@
+"""``cosmicac dht``: run DHT nodes, announce and look up topics."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+from pathlib import Path
+
+import trio
+import typer
+
+from p2p.dht import DhtNode, PeerRecord, UdpTransport
+from p2p.dht._contact import canonical_address
+from p2p.errors import KeyFormatError, P2PError
+from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
+
+from ._args import parse_address
+from ._console import err, fail
+from ._daemon import run_until_signalled
+from ._logging import configure_logging
+
+app = typer.Typer(help="The DHT: bootstrap and plain nodes, announce, lookup.",
+                  no_args_is_help=True)
+log = logging.getLogger("cosmicac.dht")
+
+#: Port of a bootstrap node when none is given (HyperDHT's default).
+DEFAULT_BOOTSTRAP_PORT = 49737
+
+BootstrapOption = typer.Option(
+    ..., "--bootstrap", "-b", envvar="COSMICAC_DHT_BOOTSTRAP",
+    help="Bootstrap nodes as HOST:PORT[,HOST:PORT...].",
+)
+
+
+def parse_bootstrap(text: str) -> list[tuple[str, int]]:
+    """Read ``HOST:PORT[,HOST:PORT...]``; a bad entry exits 2 naming it."""
+    addresses = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            addresses.append(canonical_address(*parse_address(item)))
+        except (typer.BadParameter, KeyFormatError) as exc:
+            fail(f"bad bootstrap address {item!r}: {exc}", code=2)
+    if not addresses:
+        fail("--bootstrap needs at least one HOST:PORT", code=2)
+    return addresses
+
+
+def record_json(record: PeerRecord) -> str:
+    return json.dumps({
+        "public_key": format_key(record.public_key),
+        "addresses": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in record.addresses],
+        "relays": [format_key(relay) for relay in record.relays],
+        "seq": record.seq,
+        "expires": record.expires,
+    })
+
+
+async def _serve_node(host: str, port: int, bootstrap: list, label: str) -> None:
+    try:
+        transport = await UdpTransport.bind(host, port, dual_stack=host == "::")
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    node = DhtNode(transport, bootstrap=bootstrap, persistent=True)
+
+    async def start(nursery: trio.Nursery) -> None:
+        await nursery.start(node.run)
+        bound_host, bound_port = transport.local_address
+        node_id = node.core.node_id.hex() if node.core.node_id else "(learning)"
+        err.print(f"{label} listening on {bound_host}:{bound_port} node-id {node_id}",
+                  markup=False)
+        log.info("dht.node_started address=%s:%d contacts=%d", bound_host, bound_port,
+                 len(node.core.routing))
+
+    stopped_by = await run_until_signalled(start)
+    log.info("dht.node_stopped signal=%s", stopped_by)
+
+
+@app.command("bootstrap")
+def bootstrap(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(DEFAULT_BOOTSTRAP_PORT, "--port", "-p"),
+    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+) -> None:
+    """Run a persistent node that others join through."""
+    configure_logging(log_level)
+    trio.run(_serve_node, host, port, [], "dht bootstrap")
+
+
+@app.command("node")
+def node(
+    bootstrap: str = BootstrapOption,
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(0, "--port", "-p"),
+    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+) -> None:
+    """Run a plain persistent node that joined through --bootstrap."""
+    configure_logging(log_level)
+    trio.run(_serve_node, host, port, parse_bootstrap(bootstrap), "dht node")
+
+
+def _topic(text: str) -> bytes:
+    try:
+        return parse_topic(text)
+    except KeyFormatError as exc:
+        fail(str(exc), code=2)
+
+
+@app.command("announce")
+def announce(
+    topic: str = typer.Argument(..., help="64 hex characters, or any string (hashed)."),
+    bootstrap: str = BootstrapOption,
+    storage: Path | None = typer.Option(
+        None, "--storage", envvar="COSMICAC_STORAGE",
+        help="Announce with the identity kept here (a fresh key otherwise).",
+    ),
+    address: list[str] = typer.Option(
+        [], "--address", "-a", help="HOST:PORT to put in the record (repeatable); "
+        "default: this node's own address.",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host"),
+) -> None:
+    """Announce TOPIC until interrupted (then unannounce); prints the key."""
+    topic_bytes = _topic(topic)
+    addresses = [parse_address(a) for a in address]
+    try:
+        keypair = load_or_create_keypair(storage) if storage else KeyPair.generate()
+    except P2PError as exc:
+        fail(str(exc))
+    trio.run(_announce, topic_bytes, parse_bootstrap(bootstrap), keypair, addresses, host)
+
+
+async def _announce(topic, bootstrap, keypair, addresses, host) -> None:
+    node = DhtNode(await UdpTransport.bind(host), bootstrap=bootstrap)
+
+    async def start(nursery: trio.Nursery) -> None:
+        stored = await nursery.start(functools.partial(
+            node.announce, topic, keypair, addresses=addresses or None
+        ))
+        typer.echo(keypair.hex)
+        err.print(f"announced on {stored} nodes; Ctrl-C to unannounce and stop", markup=False)
+
+    async with trio.open_nursery() as outer:
+        await outer.start(node.run)
+        # The signal cancels the announcer only: the node keeps running while
+        # the announcer's cleanup unannounces, then it stops.
+        await run_until_signalled(start)
+        outer.cancel_scope.cancel()
+
+
+@app.command("lookup")
+def lookup(
+    topic: str = typer.Argument(..., help="64 hex characters, or any string (hashed)."),
+    bootstrap: str = BootstrapOption,
+    host: str = typer.Option("127.0.0.1", "--host"),
+) -> None:
+    """Print one JSON line per verified record of TOPIC; exit 1 if none."""
+    found = trio.run(_lookup, _topic(topic), parse_bootstrap(bootstrap), host)
+    if not found:
+        err.print("no records found", markup=False)
+        raise typer.Exit(1)
+
+
+async def _lookup(topic, bootstrap, host) -> int:
+    node = DhtNode(await UdpTransport.bind(host), bootstrap=bootstrap)
+    found = 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        async with contextlib.aclosing(node.lookup(topic)) as records:
+            async for record in records:
+                typer.echo(record_json(record))
+                found += 1
+        nursery.cancel_scope.cancel()
+    return found

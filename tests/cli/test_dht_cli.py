@@ -1,0 +1,82 @@
+"""`cosmicac dht` as real processes: a bootstrap, plain nodes, announce and lookup."""
+
+import json
+import re
+import signal
+import subprocess
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import trio
+
+from .helpers import COSMICAC, read_until
+
+LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
+
+
+@asynccontextmanager
+async def process(*args, stdout=subprocess.DEVNULL):
+    proc = await trio.lowlevel.open_process(
+        [*COSMICAC, *args], stdout=stdout, stderr=subprocess.PIPE
+    )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def lookup(bootstrap, topic):
+    result = await trio.run_process(
+        [*COSMICAC, "dht", "lookup", topic, "--bootstrap", bootstrap],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    return result.returncode, records
+
+
+async def test_announce_and_lookup_between_cli_nodes_then_unannounce_on_ctrl_c():
+    with trio.fail_after(120):
+        async with AsyncExitStack() as stack:
+            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
+            match = await read_until(boot.stderr, LISTENING)
+            bootstrap = f"{match[1]}:{match[2]}"
+            nodes = []
+            for _ in range(10):
+                nodes.append(await stack.enter_async_context(
+                    process("dht", "node", "--bootstrap", bootstrap)
+                ))
+            for node in nodes:
+                await read_until(node.stderr, LISTENING)
+
+            announcer = await stack.enter_async_context(process(
+                "dht", "announce", "my-service", "--bootstrap", bootstrap,
+                "--address", "127.0.0.1:7000", stdout=subprocess.PIPE,
+            ))
+            await read_until(announcer.stderr, re.compile(r"announced on (\d+) nodes"))
+            key = (await announcer.stdout.receive_some()).decode().strip()
+            assert len(key) == 64
+
+            code, records = await lookup(bootstrap, "my-service")
+            assert code == 0
+            assert [r["public_key"] for r in records] == [key]
+            assert records[0]["addresses"] == ["127.0.0.1:7000"]
+
+            announcer.send_signal(signal.SIGINT)
+            assert await announcer.wait() == 0
+            code, records = await lookup(bootstrap, "my-service")
+            assert (code, records) == (1, [])
+
+
+async def test_lookup_of_an_unknown_topic_exits_1_and_bad_bootstrap_exits_2():
+    with trio.fail_after(60):
+        async with process("dht", "bootstrap", "--port", "0") as boot:
+            match = await read_until(boot.stderr, LISTENING)
+            code, records = await lookup(f"{match[1]}:{match[2]}", "nobody-here")
+            assert (code, records) == (1, [])
+    result = await trio.run_process(
+        [*COSMICAC, "dht", "lookup", "x", "--bootstrap", "not-an-address"],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 2
+    assert "bad bootstrap address" in result.stderr.decode()
