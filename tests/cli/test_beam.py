@@ -122,3 +122,46 @@ def test_beam_help_lists_its_modes():
     result = subprocess.run([*BEAM, "--help"], capture_output=True, text=True)
     assert result.returncode == 0
     assert "--listen" in result.stdout and "--address" in result.stdout
+
+
+async def test_beam_finds_the_listener_by_key_through_the_dht(tmp_path):
+    from p2p.dht.testnet import udp_testnet
+
+    to_dialer, to_listener = os.urandom(1 << 20), os.urandom(1 << 20)
+    (tmp_path / "listener.in").write_bytes(to_dialer)
+    with trio.fail_after(120):
+        async with udp_testnet(6) as net, trio.open_nursery() as nursery:
+            bootstrap = "{}:{}".format(*net.bootstrap[0])
+            stdin = open_fd(tmp_path / "listener.in", os.O_RDONLY)
+            stdout = open_fd(tmp_path / "listener.out", os.O_WRONLY | os.O_CREAT)
+            try:
+                listener = await trio.lowlevel.open_process(
+                    [*BEAM, "--listen", "--bootstrap", bootstrap],
+                    stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+                )
+            finally:
+                os.close(stdin)
+                os.close(stdout)
+            nursery.start_soon(_reap, listener)
+            match = await read_until(listener.stderr, re.compile(r"key ([0-9a-f]{64}) \(announced"))
+            dialer = await trio.run_process(
+                [*BEAM, match[1], "--bootstrap", bootstrap],
+                stdin=to_listener, capture_stdout=True, capture_stderr=True, check=False,
+            )
+            assert dialer.returncode == 0, dialer.stderr.decode()
+            assert await listener.wait() == 0
+    assert dialer.stdout == to_dialer
+    assert (tmp_path / "listener.out").read_bytes() == to_listener
+
+
+async def test_beam_by_key_reports_a_key_nobody_announced():
+    from p2p.dht.testnet import udp_testnet
+
+    with trio.fail_after(60):
+        async with udp_testnet(3) as net:
+            result = await trio.run_process(
+                [*BEAM, "ab" * 32, "--bootstrap", "{}:{}".format(*net.bootstrap[0])],
+                stdin=b"", capture_stdout=True, capture_stderr=True, check=False,
+            )
+    assert result.returncode == 1
+    assert "is announced on the DHT" in result.stderr.decode()
