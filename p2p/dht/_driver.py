@@ -31,7 +31,7 @@ import trio
 from ..keys import KeyPair, format_key
 from ._contact import Contact, canonical_address
 from ._errors import DhtError, DhtProtocolError, DhtUsageError
-from ._lookup import IterativeLookup, LookupConfig
+from ._lookup import IterativeLookup, LookupConfig, LookupStatistics
 from ._messages import Command, Response
 from ._node import NodeConfig, NodeCore
 from ._records import (
@@ -117,6 +117,8 @@ class DhtNode:
             token_seed=self._rng.randbytes(32),
         )
         self._waiters: dict[int, _Waiter] = {}
+        #: Statistics of the most recent iterative query (hops, messages).
+        self.last_lookup: LookupStatistics | None = None
         self.lookup_config = LookupConfig(
             k=self.config.k, request_timeout_s=self.config.request_timeout_s
         )
@@ -267,6 +269,7 @@ class DhtNode:
                 await progress.wait()
                 progress = trio.Event()
             nursery.cancel_scope.cancel()
+        self.last_lookup = lookup.statistics()
         return lookup
 
     async def find_node(self, node_id: bytes) -> list[Contact]:
