@@ -57,6 +57,9 @@ MAINTENANCE_EVERY_S = 5.0
 #: live 20 min, so two refreshes fit in one life even if one is lost).
 REANNOUNCE_MIN_S = 300.0
 REANNOUNCE_MAX_S = 600.0
+#: Tries per bootstrap node beyond the first (a lost datagram must not leave a
+#: node alone; HyperDHT retries every request 3 times).
+BOOTSTRAP_RETRIES = 2
 #: Records are announced to live this long (the store's bound is 20 minutes).
 RECORD_TTL_S = MAX_RECORD_TTL_S
 
@@ -119,6 +122,8 @@ class DhtNode:
         self._waiters: dict[int, _Waiter] = {}
         #: Statistics of the most recent iterative query (hops, messages).
         self.last_lookup: LookupStatistics | None = None
+        #: Iterative queries started (lookups, announces, bootstrap, refreshes).
+        self.walks = 0
         self.lookup_config = LookupConfig(
             k=self.config.k, request_timeout_s=self.config.request_timeout_s
         )
@@ -158,7 +163,7 @@ class DhtNode:
 
     async def _quiet_request(self, command: Command, address: Address) -> None:
         try:
-            await self.request(command, address)
+            await self.request(command, address, retries=BOOTSTRAP_RETRIES)
         except DhtError as exc:
             log.debug("dht.bootstrap_failed address=%s code=%s", address, exc.code)
 
@@ -196,6 +201,10 @@ class DhtNode:
                 next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
                 for datagram in self.core.maintenance(self.now()):
                     await self.transport.send(datagram.data, datagram.address)
+                # Kademlia §2.3: refresh buckets nobody looked into for a while
+                # with a lookup of a random id in their range.
+                for key in self.core.routing.stale_buckets(self.now()):
+                    self._running_nursery().start_soon(self._refresh_bucket, key)
 
     # -- requests ------------------------------------------------------------
 
@@ -207,26 +216,31 @@ class DhtNode:
         target: bytes | None = None,
         token: bytes | None = None,
         value: object = None,
+        retries: int = 0,
     ) -> tuple[Contact, Response]:
-        """Send one request and wait for its answer.
+        """Send one request and wait for its answer, resending up to ``retries`` times.
+
+        Lookups use no retries (a silent node is simply skipped, and α others
+        are asked meanwhile); single requests to a known node may use a few.
 
         Raises:
-            DhtTimeout: no answer within the request timeout.
+            DhtTimeout: no answer within the request timeout, on every try.
         """
-        tid, datagram = self.core.make_request(
-            command, address, self.now(), target=target, token=token, value=value
-        )
-        waiter = _Waiter(trio.Event())
-        self._waiters[tid] = waiter
-        try:
-            await self.transport.send(datagram.data, datagram.address)
-            await waiter.event.wait()
-        finally:
-            if self._waiters.pop(tid, None) is not None:
-                self.core.cancel(tid)
-        if waiter.response is None or waiter.contact is None:
-            raise DhtTimeout(f"no answer from {address[0]}:{address[1]}")
-        return waiter.contact, waiter.response
+        for _attempt in range(retries + 1):
+            tid, datagram = self.core.make_request(
+                command, address, self.now(), target=target, token=token, value=value
+            )
+            waiter = _Waiter(trio.Event())
+            self._waiters[tid] = waiter
+            try:
+                await self.transport.send(datagram.data, datagram.address)
+                await waiter.event.wait()
+            finally:
+                if self._waiters.pop(tid, None) is not None:
+                    self.core.cancel(tid)
+            if waiter.response is not None and waiter.contact is not None:
+                return waiter.contact, waiter.response
+        raise DhtTimeout(f"no answer from {address[0]}:{address[1]} after {retries + 1} tries")
 
     # -- iterative queries -----------------------------------------------------
 
@@ -246,6 +260,7 @@ class DhtNode:
         lookup = IterativeLookup(
             key, self._seeds(key), config=self.lookup_config, local_id=self.core.node_id
         )
+        self.walks += 1
         progress = trio.Event()
 
         async def query(contact: Contact) -> None:
@@ -271,6 +286,12 @@ class DhtNode:
             nursery.cancel_scope.cancel()
         self.last_lookup = lookup.statistics()
         return lookup
+
+    async def _refresh_bucket(self, key: bytes) -> None:
+        try:
+            await self.find_node(key)
+        except DhtError as exc:
+            log.debug("dht.refresh_failed code=%s", exc.code)
 
     async def find_node(self, node_id: bytes) -> list[Contact]:
         """The k closest nodes to ``node_id`` that answered."""

@@ -129,3 +129,40 @@ async def test_leaving_a_lookup_early_stops_it(autojump_clock):
                 async for _record in records:
                     break
             assert await collect(net.nodes[9])  # the node still works afterwards
+
+
+async def test_idle_nodes_refresh_their_stale_buckets(autojump_clock):
+    with trio.fail_after(3 * 3600):
+        async with memory_testnet(12) as net:
+            before = [node.walks for node in net.nodes]
+            await trio.sleep(16 * 60)  # buckets go stale after 15 minutes
+            after = [node.walks for node in net.nodes]
+            # Buckets that others' refreshes touched are not stale; the rest are.
+            refreshed = sum(b > a for a, b in zip(before, after, strict=True))
+            assert refreshed >= 1
+            assert all(len(node.core.routing) > 0 for node in net.nodes)
+
+
+async def test_a_bootstrap_ping_is_retried_when_the_first_is_lost(autojump_clock):
+    from p2p.dht import DhtNode, LinkProfile, MemoryNetwork
+
+    network = MemoryNetwork(LinkProfile())
+    dropped = []
+
+    def lose_the_first(source, destination):
+        if not dropped:
+            dropped.append((source, destination))
+            return False
+        return True
+
+    network.allow = lose_the_first
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(network.run)
+            boot = DhtNode(network.transport(), persistent=True)
+            await nursery.start(boot.run)
+            joiner = DhtNode(network.transport(), bootstrap=[boot.address], persistent=True)
+            await nursery.start(joiner.run)
+            assert dropped  # the first datagram really was lost
+            assert len(joiner.core.routing) == 1 and len(boot.core.routing) == 1
+            nursery.cancel_scope.cancel()
