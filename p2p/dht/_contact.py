@@ -13,6 +13,7 @@ port as 2 big-endian bytes. Host names are not addresses and are refused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 from typing import NamedTuple
@@ -43,6 +44,12 @@ class Contact(NamedTuple):
         return (self.host, self.port)
 
 
+# Parsing an address with ipaddress costs ~20 us and a DHT node meets the same
+# few thousand addresses again and again: cache the pure functions (bounded).
+_CACHE_SIZE = 8192
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def canonical_address(host: str, port: int) -> tuple[str, int]:
     """Return the address in one canonical spelling (IPv4-mapped IPv6 → IPv4).
 
@@ -60,12 +67,14 @@ def canonical_address(host: str, port: int) -> tuple[str, int]:
     return (str(ip), port)
 
 
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def pack_address(host: str, port: int) -> bytes:
     """The canonical binary form of an address: IP bytes then a u16 port."""
     host, port = canonical_address(host, port)
     return ipaddress.ip_address(host).packed + port.to_bytes(2, "big")
 
 
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def node_id_for(host: str, port: int) -> bytes:
     """The 160-bit node ID of the node observed at ``host:port``."""
     return hashlib.blake2b(
