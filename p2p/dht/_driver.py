@@ -60,6 +60,9 @@ REANNOUNCE_MAX_S = 600.0
 #: Tries per bootstrap node beyond the first (a lost datagram must not leave a
 #: node alone; HyperDHT retries every request 3 times).
 BOOTSTRAP_RETRIES = 2
+#: Distances (top bits of the id) a joining node looks into besides its own
+#: neighbourhood, so its table knows some nodes in each far part of the space.
+JOIN_REFRESH_DEPTH = 6
 #: Records are announced to live this long (the store's bound is 20 minutes).
 RECORD_TTL_S = MAX_RECORD_TTL_S
 
@@ -160,6 +163,13 @@ class DhtNode:
                 nursery.start_soon(self._quiet_request, Command.PING, address)
         own = self.core.node_id or self._rng.randbytes(20)
         await self.find_node(own)
+        # Kademlia's join (paper 2.3) refreshes the buckets farther than the
+        # nearest neighbour: a walk toward our own id only meets our own
+        # neighbourhood, and a node that knows nobody in the other half of the
+        # key space strands every lookup that starts from it there.
+        async with trio.open_nursery() as nursery:
+            for key in self._far_ids(own, JOIN_REFRESH_DEPTH):
+                nursery.start_soon(self._refresh_bucket, key)
 
     async def _quiet_request(self, command: Command, address: Address) -> None:
         try:
@@ -286,6 +296,17 @@ class DhtNode:
             nursery.cancel_scope.cancel()
         self.last_lookup = lookup.statistics()
         return lookup
+
+    def _far_ids(self, own: bytes, depth: int) -> list[bytes]:
+        """One random id at each distance 2**159, 2**158, ... from ``own``."""
+        own_int = int.from_bytes(own, "big")
+        ids = []
+        for bit in range(depth):
+            flip = 1 << (159 - bit)
+            low = self._rng.getrandbits(159 - bit)
+            prefix = (own_int ^ flip) >> (159 - bit) << (159 - bit)
+            ids.append((prefix | low).to_bytes(20, "big"))
+        return ids
 
     async def _refresh_bucket(self, key: bytes) -> None:
         try:

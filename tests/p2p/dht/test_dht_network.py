@@ -166,3 +166,22 @@ async def test_a_bootstrap_ping_is_retried_when_the_first_is_lost(autojump_clock
             assert dropped  # the first datagram really was lost
             assert len(joiner.core.routing) == 1 and len(boot.core.routing) == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_joining_nodes_know_both_halves_and_every_lookup_finds_the_record(
+    autojump_clock,
+):
+    """Regression: nodes that only walked to their own id knew nobody in the
+    other half of the key space, and lookups from them never crossed over."""
+    import random
+
+    keypair = KeyPair.generate()
+    rng = random.Random(9)
+    with trio.fail_after(3600):
+        async with memory_testnet(200, seed=11) as net:
+            for node in net.nodes:
+                top = node.core.node_id[0] >> 7
+                assert any(c.id[0] >> 7 != top for c in node.core.routing.contacts())
+            await rng.choice(net.nodes).announce_once(TOPIC, keypair, addresses=SERVICE, seq=1)
+            for looker in rng.sample(net.nodes, 25):
+                assert [r.public_key for r in await collect(looker)] == [keypair.public_key]
