@@ -100,7 +100,8 @@ async def memory_figures(size: int, lookups: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--udp", default="30,100")
-    parser.add_argument("--memory", default="1000,10000")
+    parser.add_argument("--memory", default="1000",
+                        help="sizes of in-memory networks (10000 takes ~15 min here)")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     for size in [int(s) for s in args.udp.split(",") if s]:
