@@ -11,8 +11,7 @@ from pathlib import Path
 import trio
 import typer
 
-from p2p.dht import DhtNode, PeerRecord, UdpTransport
-from p2p.dht._contact import canonical_address
+from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address
 from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
 

@@ -10,7 +10,7 @@ serves and matches requests (:mod:`._node`), and UDP / in-memory transports
 find_peer) with :mod:`.testnet` to start whole networks in one process.
 """
 
-from ._contact import Contact, node_id_for
+from ._contact import Contact, canonical_address, node_id_for
 from ._driver import DhtNode, DhtTimeout
 from ._errors import DhtDecodeError, DhtError, DhtProtocolError, DhtUsageError, RecordRejected
 from ._lookup import IterativeLookup, LookupConfig
@@ -48,6 +48,7 @@ __all__ = [
     "Routing",
     "TokenIssuer",
     "UdpTransport",
+    "canonical_address",
     "decode",
     "encode",
     "node_id_for",
