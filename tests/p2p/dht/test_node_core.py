@@ -199,13 +199,17 @@ def far_crowd(server, count):
     raise AssertionError("not enough addresses")
 
 
-def test_a_full_bucket_pings_its_head_and_keeps_it_if_it_answers():
-    server = make_core(1)
-    crowd = far_crowd(server, 25)
-    for address in crowd:
+def fill_a_far_bucket(server, count=25):
+    """Have ``count`` nodes of one far bucket ping ``server`` (more than k fit)."""
+    for address in far_crowd(server, count):
         client = NodeCore(now=NOW, persistent=True, address=address, rng=random.Random(1),
                           token_seed=b"c" * 32)
         exchange(client, server, Command.PING)
+
+
+def test_a_full_bucket_pings_its_head_and_keeps_it_if_it_answers():
+    server = make_core(1)
+    fill_a_far_bucket(server)
     pings = server.maintenance(NOW)
     assert len(pings) == 1  # one full bucket, one head to check
     head_address = pings[0].address
@@ -219,11 +223,7 @@ def test_a_full_bucket_pings_its_head_and_keeps_it_if_it_answers():
 
 def test_a_head_that_does_not_answer_is_replaced_by_the_newcomer():
     server = make_core(1)
-    crowd = far_crowd(server, 25)
-    for address in crowd:
-        client = NodeCore(now=NOW, persistent=True, address=address, rng=random.Random(1),
-                          token_seed=b"c" * 32)
-        exchange(client, server, Command.PING)
+    fill_a_far_bucket(server)
     (ping,) = server.maintenance(NOW)
     server.expire(NOW + 5)  # the head never answered
     assert ping.address not in [c.address for c in server.routing.contacts()]
