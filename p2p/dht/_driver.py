@@ -127,6 +127,8 @@ class DhtNode:
         self.last_lookup: LookupStatistics | None = None
         #: Iterative queries started (lookups, announces, bootstrap, refreshes).
         self.walks = 0
+        #: Set (and replaced) whenever the address others see us at changes.
+        self._address_changed = trio.Event()
         self.lookup_config = LookupConfig(
             k=self.config.k, request_timeout_s=self.config.request_timeout_s
         )
@@ -185,7 +187,12 @@ class DhtNode:
                 data, source = await self.transport.receive()
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return
+            address_before = self.core.address
             outgoing, event = self.core.receive_datagram(data, source, self.now())
+            if self.core.address != address_before:
+                log.info("dht.address_changed old=%s new=%s", address_before, self.core.address)
+                changed, self._address_changed = self._address_changed, trio.Event()
+                changed.set()
             for datagram in outgoing:
                 await self.transport.send(datagram.data, datagram.address)
             if event is not None:
@@ -458,23 +465,37 @@ class DhtNode:
 
         Reports how many nodes stored the first announce through ``task_status``.
         Each refresh carries a higher ``seq`` (stores keep only the newest).
+        Without ``addresses`` the record names this node's own address, and a
+        change of that address is re-announced at once.
         The unannounce on cancellation needs the node itself still running:
         cancel the announcer first, then the node.
         """
-        base = [self.address] if addresses is None and self.address else []
-        chosen = list(addresses) if addresses is not None else base
-        if not chosen:
-            raise DhtUsageError("no address to announce (not bootstrapped?)", code="NO_ADDRESS")
+        follow_own_address = addresses is None
+        fixed = list(addresses) if addresses is not None else []
+
+        def current() -> list[Address]:
+            chosen = [self.address] if follow_own_address and self.address else fixed
+            if not chosen:
+                raise DhtUsageError("no address to announce (not bootstrapped?)",
+                                    code="NO_ADDRESS")
+            return chosen
+
         seq = int(self.now() * 1000)  # grows across restarts of the announcer too
         try:
             stored = await self.announce_once(
-                topic, keypair, addresses=chosen, relays=relays, seq=seq
+                topic, keypair, addresses=current(), relays=relays, seq=seq
             )
             task_status.started(stored)
             while True:
-                await trio.sleep(self._rng.uniform(REANNOUNCE_MIN_S, REANNOUNCE_MAX_S))
+                # Refresh on the timer, or at once when our address changed (a
+                # record naming the old address would send peers nowhere).
+                changed = self._address_changed
+                with trio.move_on_after(self._rng.uniform(REANNOUNCE_MIN_S, REANNOUNCE_MAX_S)):
+                    await changed.wait()
                 seq += 1
-                await self.announce_once(topic, keypair, addresses=chosen, relays=relays, seq=seq)
+                await self.announce_once(
+                    topic, keypair, addresses=current(), relays=relays, seq=seq
+                )
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self.unannounce(topic, keypair, seq)

@@ -185,3 +185,30 @@ async def test_joining_nodes_know_both_halves_and_every_lookup_finds_the_record(
             await rng.choice(net.nodes).announce_once(TOPIC, keypair, addresses=SERVICE, seq=1)
             for looker in rng.sample(net.nodes, 25):
                 assert [r.public_key for r in await collect(looker)] == [keypair.public_key]
+
+
+async def test_an_address_change_is_re_announced_at_once(autojump_clock):
+    keypair = KeyPair.generate()
+    with trio.fail_after(600):
+        async with memory_testnet(12) as net, trio.open_nursery() as nursery:
+            announcer, looker = net.nodes[4], net.nodes[9]
+            await nursery.start(
+                lambda task_status: announcer.announce(TOPIC, keypair, task_status=task_status)
+            )
+            (record,) = await collect(looker)
+            assert record.addresses == (announcer.address,)
+            # Every peer now reports a new observed address (a NAT rebinding);
+            # a majority of recent replies is what moves a node's address.
+            moved = ("10.200.0.1", 4242)
+            core = announcer.core
+            for voter in net.nodes:
+                if voter is not announcer:
+                    core._learn_address(voter.address, moved, announcer.now())
+            assert announcer.address == moved
+            # The receive loop sets this when a reply moves the address; the
+            # votes above bypassed it, so signal it the same way.
+            announcer._address_changed.set()
+            await trio.sleep(5)  # far less than the 5-minute refresh
+            (record,) = await collect(looker)
+            assert record.addresses == (moved,)
+            nursery.cancel_scope.cancel()
