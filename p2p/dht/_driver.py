@@ -67,6 +67,23 @@ JOIN_REFRESH_DEPTH = 6
 RECORD_TTL_S = MAX_RECORD_TTL_S
 
 
+# Every node of one trio run shares one mapping from trio's clock to unix time.
+# Per-node origins drift apart when nodes are built over a long wall-clock span
+# under a virtual clock (a 10,000-node testnet took 24 minutes to build): a
+# node whose origin was taken later then signs records that expire "too far"
+# ahead for nodes built earlier, and they refuse them (EXPIRES_TOO_FAR).
+_ORIGIN = trio.lowlevel.RunVar("p2p_dht_clock_origin")
+
+
+def _clock_origin() -> float:
+    try:
+        return _ORIGIN.get()
+    except LookupError:
+        origin = time.time() - trio.current_time()
+        _ORIGIN.set(origin)
+        return origin
+
+
 class DhtTimeout(DhtError):
     """A request got no answer in time."""
 
@@ -108,7 +125,7 @@ class DhtNode:
         self.config = config or NodeConfig()
         self.bootstrap_addresses = [canonical_address(*a) for a in bootstrap]
         self._rng = rng or random.Random()
-        self._origin = time.time() - trio.current_time()
+        self._origin = _clock_origin()
         self._nursery: trio.Nursery | None = None
         # A persistent node bound to a wildcard address learns its address from
         # replies first and stays ephemeral (sends no id) until then.

@@ -212,3 +212,20 @@ async def test_an_address_change_is_re_announced_at_once(autojump_clock):
             (record,) = await collect(looker)
             assert record.addresses == (moved,)
             nursery.cancel_scope.cancel()
+
+
+async def test_nodes_of_one_run_share_one_clock_however_late_they_are_built(
+    monkeypatch, autojump_clock
+):
+    """Regression: per-node clock origins drifted apart while a big testnet was
+    built under a virtual clock, and records looked EXPIRES_TOO_FAR to early nodes."""
+    import time as time_module
+
+    from p2p.dht import DhtNode, MemoryNetwork
+
+    network = MemoryNetwork()
+    early = DhtNode(network.transport())
+    real_time = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: real_time() + 24 * 60)
+    late = DhtNode(network.transport())
+    assert late.now() == early.now()
