@@ -39,3 +39,22 @@ async def running_mux_pair(
 async def mux_pair(nursery: trio.Nursery) -> AsyncIterator[tuple[Mux, Mux]]:
     async with running_mux_pair(nursery) as pair:
         yield pair
+
+
+class WrappedStream(trio.abc.Stream):
+    """A pass-through wrapper around ``inner``; tests override what they change."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+
+    async def send_all(self, data) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes=None):
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

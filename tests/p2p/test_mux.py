@@ -21,7 +21,7 @@ from p2p.mux import (
     MuxUsageError,
 )
 from p2p.mux._frames import Accept, Close, Credit, Data, FrameDecoder, Open, encode_frame
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.conftest import WrappedStream, running_mux_pair
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
 
@@ -255,18 +255,12 @@ async def test_stream_end_breaks_pending_receives_and_opens(nursery, autojump_cl
             await ch.send(b"late")
 
 
-class _BreakingStream(trio.abc.Stream):
+class _BreakingStream(WrappedStream):
     """Wraps a stream; receive_some raises BrokenResourceError once ``broken`` is set."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.broken = trio.Event()
-
-    async def send_all(self, data):
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self):
-        await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes=None):
         result = []
@@ -285,9 +279,6 @@ class _BreakingStream(trio.abc.Stream):
         if result:
             return result[0]
         raise trio.BrokenResourceError("link died")
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
 async def test_a_broken_stream_breaks_pending_receives_with_stream_broken(

@@ -11,38 +11,30 @@ import trio.testing
 from p2p.mux import ChannelBroken, ChannelClosed, Mux, MuxConfig
 from p2p.mux._frames import Data, FrameDecoder
 from p2p.mux._scheduling import tasks_runnable
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.conftest import WrappedStream, running_mux_pair
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
 
 
-class _RecordingStream(trio.abc.Stream):
+class _RecordingStream(WrappedStream):
     """Wraps a stream; records every ``send_all`` (its bytes and the calling task)."""
 
     def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.writes: list[tuple[bytes, trio.lowlevel.Task]] = []
 
     async def send_all(self, data):
         self.writes.append((bytes(data), trio.lowlevel.current_task()))
         await self.inner.send_all(data)
 
-    async def wait_send_all_might_not_block(self):
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes=None):
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
-class _StuckStream(trio.abc.Stream):
+class _StuckStream(WrappedStream):
     """Wraps a stream; once ``stuck`` is set, ``send_all`` writes half and blocks
     until ``unstick`` is set, then writes the rest."""
 
     def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.stuck = False
         self.blocked = trio.Event()
         self.unstick = trio.Event()
@@ -56,14 +48,6 @@ class _StuckStream(trio.abc.Stream):
         await self.unstick.wait()
         await self.inner.send_all(bytes(data[len(data) // 2 :]))
 
-    async def wait_send_all_might_not_block(self):
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes=None):
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
 async def _paired_channel(left, right, protocol="p"):
