@@ -61,7 +61,9 @@ async def _serve_node(host: str, port: int, bootstrap: list, label: str) -> None
         transport = await UdpTransport.bind(host, port, dual_stack=host == "::")
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-    node = DhtNode(transport, bootstrap=bootstrap, persistent=True)
+    # A node started without --bootstrap is the network's first: nobody can
+    # probe it, and the operator vouches that others reach it.
+    node = DhtNode(transport, bootstrap=bootstrap, persistent=True, reachable=not bootstrap)
 
     async def start(nursery: trio.Nursery) -> None:
         await nursery.start(node.run)

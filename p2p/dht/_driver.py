@@ -33,7 +33,7 @@ from ._contact import Contact, canonical_address
 from ._errors import DhtError, DhtProtocolError, DhtUsageError
 from ._lookup import IterativeLookup, LookupConfig, LookupStatistics
 from ._messages import Command, Response
-from ._node import NodeConfig, NodeCore
+from ._node import NodeConfig, NodeCore, Outgoing
 from ._records import (
     MAX_RECORD_TTL_S,
     PeerRecord,
@@ -65,6 +65,11 @@ BOOTSTRAP_RETRIES = 2
 JOIN_REFRESH_DEPTH = 6
 #: Records are announced to live this long (the store's bound is 20 minutes).
 RECORD_TTL_S = MAX_RECORD_TTL_S
+#: Nodes asked at once to probe us in a reachability check.
+REACH_CHECKERS = 3
+#: A node that failed its check tries again after this long, doubling up to the max.
+RECHECK_MIN_S = 30.0
+RECHECK_MAX_S = 600.0
 
 
 # Every node of one trio run shares one mapping from trio's clock to unix time.
@@ -104,7 +109,10 @@ class DhtNode:
         transport: a bound UDP or in-memory transport; owned by the node.
         bootstrap: addresses of nodes to join through.
         persistent: True for nodes others may store (bootstrap and plain
-            nodes); ephemeral nodes (clients) only query.
+            nodes), once they pass the reachability check; ephemeral nodes
+            (clients) only query.
+        reachable: True to skip the check (a bootstrap node: the operator
+            vouches for it, and the first node has nobody to ask).
         config: protocol parameters.
         rng: seeded randomness for tests.
 
@@ -118,10 +126,13 @@ class DhtNode:
         *,
         bootstrap: Iterable[Address] = (),
         persistent: bool = False,
+        reachable: bool = False,
         config: NodeConfig | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.transport = transport
+        self._probe_transport: DatagramTransport | None = None
+        self._probe_lock = trio.Lock()
         self.config = config or NodeConfig()
         self.bootstrap_addresses = [canonical_address(*a) for a in bootstrap]
         self._rng = rng or random.Random()
@@ -136,6 +147,7 @@ class DhtNode:
             config=self.config,
             persistent=persistent,
             address=address,
+            reachable=reachable,
             rng=self._rng,
             token_seed=self._rng.randbytes(32),
         )
@@ -146,6 +158,8 @@ class DhtNode:
         self.walks = 0
         #: Set (and replaced) whenever the address others see us at changes.
         self._address_changed = trio.Event()
+        #: Set (and replaced) whenever the node turns reachable.
+        self._became_reachable = trio.Event()
         self.lookup_config = LookupConfig(
             k=self.config.k, request_timeout_s=self.config.request_timeout_s
         )
@@ -160,6 +174,11 @@ class DhtNode:
     def address(self) -> Address | None:
         return self.core.address
 
+    @property
+    def persistent(self) -> bool:
+        """True while others may store us: persistent, address known, reachable."""
+        return self.core.advertised_id is not None
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: receive loop, timers, then bootstrap."""
         try:
@@ -169,17 +188,25 @@ class DhtNode:
                 nursery.start_soon(self._timer_loop)
                 if self.bootstrap_addresses:
                     await self.bootstrap()
+                if self.core.persistent:
+                    nursery.start_soon(self._reachability_loop)
                 task_status.started()
         finally:
             self._nursery = None
             with trio.CancelScope(shield=True):
                 await self.transport.aclose()
+                if self._probe_transport is not None:
+                    await self._probe_transport.aclose()
 
     async def bootstrap(self) -> None:
-        """Join through the bootstrap addresses: ask them, then walk to our own id."""
+        """Join through the bootstrap addresses: ask them, check that we are
+        reachable (if we want to be persistent), then walk to our own id."""
         async with trio.open_nursery() as nursery:
             for address in self.bootstrap_addresses:
                 nursery.start_soon(self._quiet_request, Command.PING, address)
+        # Before the walk, so that the walk already carries our id and the
+        # nodes near us store us (a node found unreachable walks as a client).
+        await self.check_reachable()
         own = self.core.node_id or self._rng.randbytes(20)
         await self.find_node(own)
         # Kademlia's join (paper 2.3) refreshes the buckets farther than the
@@ -196,6 +223,62 @@ class DhtNode:
         except DhtError as exc:
             log.debug("dht.bootstrap_failed address=%s code=%s", address, exc.code)
 
+    # -- reachability ----------------------------------------------------------
+
+    async def check_reachable(self) -> bool:
+        """Ask a few known nodes to probe us from another socket; True if one got through.
+
+        Does nothing (and returns the current state) for an ephemeral node, a
+        node already reachable, or one that does not know its address yet.
+        """
+        core = self.core
+        if not core.persistent or core.reachable or core.address is None:
+            return core.reachable
+        own = core.node_id or bytes(20)
+        checkers = [c.address for c in core.routing.closest(own, count=REACH_CHECKERS)]
+        checkers += [a for a in self.bootstrap_addresses if a not in checkers]
+        became = self._became_reachable
+        with trio.move_on_after(2 * self.config.request_timeout_s):
+            async with trio.open_nursery() as nursery:
+                for address in checkers[:REACH_CHECKERS]:
+                    nursery.start_soon(self._ask_for_probe, address)
+                await became.wait()
+                nursery.cancel_scope.cancel()
+        log.info("dht.reachability address=%s reachable=%s", core.address, core.reachable)
+        return core.reachable
+
+    async def _ask_for_probe(self, address: Address) -> None:
+        try:
+            tid, datagram = self.core.make_reach_check(address, self.now())
+        except DhtUsageError:
+            return
+        waiter = _Waiter(trio.Event())
+        self._waiters[tid] = waiter
+        try:
+            await self._send(datagram)
+            await waiter.event.wait()  # the answer or its timeout; the probe matters
+        finally:
+            if self._waiters.pop(tid, None) is not None:
+                self.core.cancel(tid)
+
+    async def _reachability_loop(self) -> None:
+        """Keep a persistent node checking until it is reachable, and again after
+        its address changes; once it is, walk to our own id so the nodes near us
+        hear our id and store us."""
+        delay = RECHECK_MIN_S
+        while True:
+            changed = self._address_changed
+            if not self.core.reachable and self.core.address is not None:
+                if await self.check_reachable():
+                    delay = RECHECK_MIN_S
+                    await self._refresh_bucket(self.core.node_id or bytes(20))
+                    continue
+                with trio.move_on_after(delay):
+                    await changed.wait()
+                delay = min(2 * delay, RECHECK_MAX_S)
+            else:
+                await changed.wait()
+
     # -- loops ---------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
@@ -204,14 +287,17 @@ class DhtNode:
                 data, source = await self.transport.receive()
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return
-            address_before = self.core.address
+            address_before, reachable_before = self.core.address, self.core.reachable
             outgoing, event = self.core.receive_datagram(data, source, self.now())
             if self.core.address != address_before:
                 log.info("dht.address_changed old=%s new=%s", address_before, self.core.address)
                 changed, self._address_changed = self._address_changed, trio.Event()
                 changed.set()
+            if self.core.reachable and not reachable_before:
+                became, self._became_reachable = self._became_reachable, trio.Event()
+                became.set()
             for datagram in outgoing:
-                await self.transport.send(datagram.data, datagram.address)
+                await self._send(datagram)
             if event is not None:
                 waiter = self._waiters.pop(event.tid, None)
                 if waiter is not None:
@@ -234,13 +320,26 @@ class DhtNode:
             if trio.current_time() >= next_maintenance:
                 next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
                 for datagram in self.core.maintenance(self.now()):
-                    await self.transport.send(datagram.data, datagram.address)
+                    await self._send(datagram)
                 # Kademlia §2.3: refresh buckets nobody looked into for a while
                 # with a lookup of a random id in their range.
                 for key in self.core.routing.stale_buckets(self.now()):
                     self._running_nursery().start_soon(self._refresh_bucket, key)
 
     # -- requests ------------------------------------------------------------
+
+    async def _send(self, datagram: Outgoing) -> None:
+        if not datagram.from_probe_socket:
+            await self.transport.send(datagram.data, datagram.address)
+            return
+        async with self._probe_lock:  # opened on first use, by one task
+            if self._probe_transport is None:
+                try:
+                    self._probe_transport = await self.transport.open_sibling()
+                except OSError as exc:
+                    log.warning("dht.probe_socket_failed error=%s", exc)
+                    return
+        await self._probe_transport.send(datagram.data, datagram.address)
 
     async def request(
         self,
@@ -267,7 +366,7 @@ class DhtNode:
             waiter = _Waiter(trio.Event())
             self._waiters[tid] = waiter
             try:
-                await self.transport.send(datagram.data, datagram.address)
+                await self._send(datagram)
                 await waiter.event.wait()
             finally:
                 if self._waiters.pop(tid, None) is not None:

@@ -34,9 +34,10 @@ refused)::
     | type         | uint 0 / 1        | 0 = Request, 1 = Response                      |
     | version      | uint 1            | VERSION; any other value is refused            |
     | tid          | uint32            | request id; the response echoes it             |
-    | command      | uint 0..4         | PING 0, FIND_NODE 1, ANNOUNCE 2,               |
-    |              |                   | UNANNOUNCE 3, LOOKUP 4                         |
+    | command      | uint 0..6         | PING 0, FIND_NODE 1, ANNOUNCE 2,               |
+    |              |                   | UNANNOUNCE 3, LOOKUP 4, PING_BACK 5, PROBE 6   |
     | target       | nil | bin 20 | 32 | PING: nil; FIND_NODE: a 20-byte node id;      |
+    |              |                   | PING_BACK/PROBE: a 20-byte nonce;              |
     |              |                   | ANNOUNCE/UNANNOUNCE/LOOKUP: a 32-byte topic    |
     | sender_id    | nil | bin 20       | set only by a persistent, reachable sender;    |
     |              |                   | receivers check it with ``node_id_for``        |
@@ -142,6 +143,11 @@ class Command(enum.IntEnum):
     UNANNOUNCE = 3
     #: Which records do you hold under ``target``?
     LOOKUP = 4
+    #: Reachability check: besides replying, send a PROBE carrying ``target``
+    #: (a 20-byte nonce) to my observed address from a *different* socket.
+    PING_BACK = 5
+    #: The probe a PING_BACK asked for; never answered.
+    PROBE = 6
 
 
 _TARGET_BYTES = {
@@ -150,6 +156,8 @@ _TARGET_BYTES = {
     Command.ANNOUNCE: TOPIC_BYTES,
     Command.UNANNOUNCE: TOPIC_BYTES,
     Command.LOOKUP: TOPIC_BYTES,
+    Command.PING_BACK: ID_BYTES,
+    Command.PROBE: ID_BYTES,
 }
 _NEEDS_VALUE = frozenset({Command.ANNOUNCE, Command.UNANNOUNCE})
 

@@ -20,7 +20,20 @@ FIND_NODE   20-byte node id       the k closest contacts we know
 LOOKUP      32-byte topic         closest contacts + verified records that fit
 ANNOUNCE    32-byte topic         stores the signed record (token required)
 UNANNOUNCE  32-byte topic         removes the key's record (token + signature)
+PING_BACK   20-byte nonce         nothing else, but a PROBE with the nonce goes
+                                  to the asker from our *probe* socket
+PROBE       20-byte nonce         never answered
 =========== ===================== ===============================================
+
+Reachability (issue 3; HyperDHT's firewall check): a node that wants to be
+persistent stays ephemeral (sends no id, so nobody stores it) until it has
+shown that a datagram it did not ask for reaches it. It sends PING_BACK to a
+few nodes; each answers and also sends a PROBE from a second socket, i.e. a
+source port we never sent to. A stateful firewall or a NAT drops that probe
+(it is not a reply), an open node gets it. A probe counts only if its nonce is
+one we sent and it comes from another address than the node we asked, so a
+checker cannot vouch for us with a plain reply. Learning a new address makes
+the node ephemeral again until it passes a new check.
 
 Rules kept here (DESIGN.md §3.4, issue 3):
 
@@ -70,6 +83,12 @@ Address = tuple[str, int]
 DEFAULT_MAX_PENDING = 4096
 #: Observed-address votes kept (one per responder, most recent wins).
 _MAX_VOTES = 32
+#: Reachability checks of ours in flight at once (each asks one node).
+_MAX_REACH_CHECKS = 16
+#: Probes we send for others: a bucket of this many, refilled at this rate, so
+#: spoofed PING_BACKs cannot turn us into a datagram cannon.
+_PROBE_BURST = 32
+_PROBES_PER_S = 16.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,8 @@ class Outgoing:
 
     data: bytes
     address: Address
+    #: Send it from the probe socket, not the node's own (a PING_BACK's PROBE).
+    from_probe_socket: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +147,9 @@ class NodeStatistics:
     pending: int
     contacts: int
     records: int
+    probes_sent: int
+    probes_refused: int
+    reachable: bool
 
 
 @dataclass
@@ -143,11 +167,15 @@ class NodeCore:
     Args:
         now: current unix time in seconds.
         config: parameters.
-        persistent: True for a node that is reachable and may be stored in
-            others' tables (bootstrap and plain nodes); False for ephemeral
-            nodes, which query but are never stored.
+        persistent: True for a node that wants to be stored in others'
+            tables (bootstrap and plain nodes); it is, once its address is
+            known and it is :attr:`reachable`. False for ephemeral nodes
+            (clients), which query but are never stored.
         address: the address others see us at, if known (the bound address of
             a bootstrap node); otherwise it is learned from replies.
+        reachable: True to skip the reachability check (a bootstrap node whose
+            operator vouches for its address; the first node has nobody to
+            ask). Learning a different address clears it.
         rng: randomness for request ids and refresh targets (seeded in tests).
         token_seed: secret seed of the write tokens (random if omitted).
     """
@@ -159,11 +187,14 @@ class NodeCore:
         config: NodeConfig | None = None,
         persistent: bool = False,
         address: Address | None = None,
+        reachable: bool = False,
         rng: random.Random | None = None,
         token_seed: bytes | None = None,
     ) -> None:
         self.config = config or NodeConfig()
         self.persistent = persistent
+        #: True once an unsolicited datagram reached us (see the module doc).
+        self.reachable = reachable
         self._rng = rng or random.Random()
         self._tokens = TokenIssuer(
             token_seed or os.urandom(32), rotate_every_s=self.config.token_rotate_s, now=now
@@ -179,6 +210,12 @@ class NodeCore:
         self._invalid_tokens = 0
         self._refused = 0
         self._timeouts = 0
+        #: Our reachability checks: nonce -> (the node asked, deadline).
+        self._reach_checks: dict[bytes, tuple[Address, float]] = {}
+        self._probe_tokens = float(_PROBE_BURST)
+        self._probe_refill_at = now
+        self._probes_sent = 0
+        self._probes_refused = 0
 
     # -- identity ------------------------------------------------------------
 
@@ -191,6 +228,14 @@ class NodeCore:
     def node_id(self) -> bytes | None:
         return node_id_for(*self._address) if self._address else None
 
+    @property
+    def advertised_id(self) -> bytes | None:
+        """The id we put in messages: only a persistent node that proved reachable
+        sends one (others would store an unreachable contact and route into it)."""
+        if self.persistent and self.reachable:
+            return self.node_id
+        return None
+
     def _new_routing(self, now: float) -> Routing:
         local = self.node_id or bytes(20)
         return Routing(local, now=now, rng=self._rng, k=self.config.k)
@@ -202,6 +247,8 @@ class NodeCore:
         winner, count = Counter(self._votes.values()).most_common(1)[0]
         if winner != self._address and (count >= 2 or self._address is None):
             old = self.routing
+            if self._address is not None:
+                self.reachable = False  # a new address must prove itself again
             self._address = winner
             # Our id follows our address: rebuild the table around the new id.
             self.routing = self._new_routing(now)
@@ -231,10 +278,27 @@ class NodeCore:
         tid = self._rng.randrange(1, MAX_TID)
         while tid in self._pending:
             tid = self._rng.randrange(1, MAX_TID)
-        sender_id = self.node_id if self.persistent else None
-        request = Request(tid, command, target, sender_id, token, value)
+        request = Request(tid, command, target, self.advertised_id, token, value)
         self._pending[tid] = _Pending(address, command, now + self.config.request_timeout_s)
         return tid, Outgoing(encode(request), address)
+
+    def make_reach_check(self, address: Address, now: float) -> tuple[int, Outgoing]:
+        """Ask the node at ``address`` to probe us from another socket (PING_BACK).
+
+        :attr:`reachable` turns True when its PROBE arrives; the answer to the
+        request itself says nothing about reachability.
+
+        Raises:
+            DhtUsageError: ``TOO_MANY_PENDING`` at the bound of checks or requests.
+        """
+        if len(self._reach_checks) >= _MAX_REACH_CHECKS:
+            raise DhtUsageError("too many reachability checks in flight",
+                                code="TOO_MANY_PENDING")
+        nonce = self._rng.randbytes(20)
+        tid, outgoing = self.make_request(Command.PING_BACK, address, now, target=nonce)
+        deadline = now + 2 * self.config.request_timeout_s
+        self._reach_checks[nonce] = (canonical_address(*address), deadline)
+        return tid, outgoing
 
     def cancel(self, tid: int) -> None:
         """Forget a request (its answer, if it comes, is ignored)."""
@@ -248,6 +312,9 @@ class NodeCore:
             if pending.head is not None:
                 self.routing.ping_result(pending.head, False, now)
         self._timeouts += len(expired)
+        for nonce, (_, deadline) in list(self._reach_checks.items()):
+            if deadline <= now:
+                del self._reach_checks[nonce]
         return expired
 
     def maintenance(self, now: float) -> list[Outgoing]:
@@ -265,9 +332,9 @@ class NodeCore:
         return out
 
     def next_deadline(self) -> float | None:
-        if not self._pending:
-            return None
-        return min(p.deadline for p in self._pending.values())
+        deadlines = [p.deadline for p in self._pending.values()]
+        deadlines += [deadline for _, deadline in self._reach_checks.values()]
+        return min(deadlines, default=None)
 
     # -- datagrams in ----------------------------------------------------------
 
@@ -282,8 +349,21 @@ class NodeCore:
             self._bad += 1
             return [], None
         if isinstance(message, Request):
-            return [self._serve(message, source, now)], None
+            if message.command is Command.PROBE:
+                self._on_probe(message.target, source)
+                return [], None
+            return self._serve(message, source, now), None
         return [], self._on_response(message, source, now)
+
+    def _on_probe(self, nonce: bytes | None, source: Address) -> None:
+        check = self._reach_checks.get(nonce) if nonce is not None else None
+        # From the node we asked, the probe could be a plain reply that any
+        # firewall lets through: only another source port proves anything.
+        if check is None or check[0] == source:
+            self._ignored += 1
+            return
+        del self._reach_checks[nonce]
+        self.reachable = True
 
     def _on_response(self, response: Response, source: Address, now: float):
         pending = self._pending.get(response.tid)
@@ -305,13 +385,13 @@ class NodeCore:
 
     # -- serving -------------------------------------------------------------
 
-    def _serve(self, request: Request, source: Address, now: float) -> Outgoing:
+    def _serve(self, request: Request, source: Address, now: float) -> list[Outgoing]:
         self._served += 1
         if request.sender_id is not None and id_matches(request.sender_id, *source):
             self.routing.add(Contact(request.sender_id, *source), now)
         reply = Response(
             request.tid,
-            self.node_id if self.persistent else None,
+            self.advertised_id,
             source,
             self._tokens.issue(source[0], source[1], now),
         )
@@ -328,7 +408,24 @@ class NodeCore:
         except DhtProtocolError as exc:
             self._refused += 1
             reply = replace(reply, error=exc.code)
-        return Outgoing(encode(reply), source)
+        out = [Outgoing(encode(reply), source)]
+        if command is Command.PING_BACK:
+            probe = self._probe(request.target, source, now)
+            if probe is not None:
+                out.append(probe)
+        return out
+
+    def _probe(self, nonce: bytes | None, source: Address, now: float) -> Outgoing | None:
+        elapsed = max(0.0, now - self._probe_refill_at)
+        self._probe_refill_at = now
+        self._probe_tokens = min(_PROBE_BURST, self._probe_tokens + elapsed * _PROBES_PER_S)
+        if self._probe_tokens < 1:
+            self._probes_refused += 1
+            return None
+        self._probe_tokens -= 1
+        self._probes_sent += 1
+        probe = Request(self._rng.randrange(1, MAX_TID), Command.PROBE, nonce)
+        return Outgoing(encode(probe), source, from_probe_socket=True)
 
     def _closest(self, key: bytes | None, exclude: Address) -> tuple[Contact, ...]:
         if key is None:
@@ -385,4 +482,7 @@ class NodeCore:
             pending=len(self._pending),
             contacts=len(self.routing),
             records=len(self.store),
+            probes_sent=self._probes_sent,
+            probes_refused=self._probes_refused,
+            reachable=self.reachable,
         )

@@ -50,6 +50,11 @@ class DatagramTransport(Protocol):
 
     async def send(self, data: bytes, address: Address) -> None: ...
 
+    async def open_sibling(self) -> DatagramTransport:
+        """Another endpoint on the same host, on a port of its own (the source
+        of reachability probes)."""
+        ...
+
     async def receive(self) -> tuple[bytes, Address]: ...
 
     async def aclose(self) -> None: ...
@@ -89,6 +94,13 @@ class UdpTransport:
             sock.close()
             raise
         return cls(sock)
+
+    async def open_sibling(self) -> UdpTransport:
+        family = self._socket.family
+        dual = family == socket.AF_INET6 and not self._socket.getsockopt(
+            socket.IPPROTO_IPV6, socket.IPV6_V6ONLY
+        )
+        return await UdpTransport.bind(self.local_address[0], 0, dual_stack=dual)
 
     async def send(self, data: bytes, address: Address) -> None:
         host, port = address
@@ -219,6 +231,14 @@ class MemoryTransport:
         self.closed = False
         self.stats = TransportStatistics()
         self._send, self._receive = trio.open_memory_channel[tuple[bytes, Address]](queue)
+
+    async def open_sibling(self) -> MemoryTransport:
+        await trio.lowlevel.checkpoint()
+        host = self.local_address[0]
+        port = self.local_address[1] + 1
+        while (host, port) in self._network._nodes:
+            port += 1
+        return self._network.transport((host, port))
 
     async def send(self, data: bytes, address: Address) -> None:
         await trio.lowlevel.checkpoint()

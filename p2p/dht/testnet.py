@@ -64,7 +64,7 @@ async def memory_testnet(
     net = Testnet([], network)
     async with trio.open_nursery() as nursery:
         await nursery.start(network.run)
-        first = DhtNode(network.transport(), persistent=True, config=config,
+        first = DhtNode(network.transport(), persistent=True, reachable=True, config=config,
                         rng=random.Random(seed))
         await _start(nursery, net, first)
         for index in range(1, size):
@@ -82,7 +82,8 @@ async def udp_testnet(
     """``size`` nodes on real UDP sockets on ``host`` (loopback); cancelled on exit."""
     net = Testnet([])
     async with trio.open_nursery() as nursery:
-        first = DhtNode(await UdpTransport.bind(host), persistent=True, config=config,
+        first = DhtNode(await UdpTransport.bind(host), persistent=True, reachable=True,
+                        config=config,
                         rng=random.Random(seed))
         await _start(nursery, net, first)
         for index in range(1, size):

@@ -159,7 +159,7 @@ async def test_a_bootstrap_ping_is_retried_when_the_first_is_lost(autojump_clock
     with trio.fail_after(300):
         async with trio.open_nursery() as nursery:
             await nursery.start(network.run)
-            boot = DhtNode(network.transport(), persistent=True)
+            boot = DhtNode(network.transport(), persistent=True, reachable=True)
             await nursery.start(boot.run)
             joiner = DhtNode(network.transport(), bootstrap=[boot.address], persistent=True)
             await nursery.start(joiner.run)

@@ -67,7 +67,7 @@ def requests(draw: st.DrawFn) -> Request:
     command = draw(st.sampled_from(Command))
     if command is Command.PING:
         target = None
-    elif command is Command.FIND_NODE:
+    elif command in (Command.FIND_NODE, Command.PING_BACK, Command.PROBE):
         target = draw(ids)
     else:
         target = draw(topics)
@@ -253,7 +253,7 @@ def _refused(obj: object) -> None:
         (2, -1),  # tid below u32
         (2, 2**32),  # tid above u32
         (2, True),  # a bool is not a tid
-        (3, 5),  # unknown command
+        (3, 7),  # unknown command
         (4, b"short"),  # target of the wrong length
         (4, None),  # FIND_NODE needs a target
         (5, b"x" * 32),  # sender id of the wrong length

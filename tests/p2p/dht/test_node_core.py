@@ -20,7 +20,7 @@ ANNOUNCER = KeyPair.from_seed(bytes(range(32)))
 
 def make_core(n, *, persistent=True):
     address = (f"10.0.0.{n}", 9000)
-    return NodeCore(now=NOW, persistent=persistent, address=address,
+    return NodeCore(now=NOW, persistent=persistent, reachable=persistent, address=address,
                     rng=random.Random(n), token_seed=bytes([n]) * 32)
 
 
@@ -202,7 +202,8 @@ def far_crowd(server, count):
 def fill_a_far_bucket(server, count=25):
     """Have ``count`` nodes of one far bucket ping ``server`` (more than k fit)."""
     for address in far_crowd(server, count):
-        client = NodeCore(now=NOW, persistent=True, address=address, rng=random.Random(1),
+        client = NodeCore(now=NOW, persistent=True, reachable=True, address=address,
+                          rng=random.Random(1),
                           token_seed=b"c" * 32)
         exchange(client, server, Command.PING)
 
@@ -214,7 +215,8 @@ def test_a_full_bucket_pings_its_head_and_keeps_it_if_it_answers():
     assert len(pings) == 1  # one full bucket, one head to check
     head_address = pings[0].address
     assert decode(pings[0].data).command is Command.PING
-    head = NodeCore(now=NOW, persistent=True, address=head_address, rng=random.Random(2),
+    head = NodeCore(now=NOW, persistent=True, reachable=True, address=head_address,
+                    rng=random.Random(2),
                     token_seed=b"h" * 32)
     replies, _ = head.receive_datagram(pings[0].data, server.address, NOW)
     server.receive_datagram(replies[0].data, head_address, NOW)
