@@ -590,11 +590,12 @@ class DhtNode:
         fixed = list(addresses) if addresses is not None else []
 
         def current() -> list[Address]:
-            chosen = [self.address] if follow_own_address and self.address else fixed
-            if not chosen:
+            if not follow_own_address:
+                return fixed  # may be empty: a peer reachable only through its relays
+            if self.address is None:
                 raise DhtUsageError("no address to announce (not bootstrapped?)",
                                     code="NO_ADDRESS")
-            return chosen
+            return [self.address]
 
         seq = int(self.now() * 1000)  # grows across restarts of the announcer too
         try:

@@ -435,8 +435,13 @@ class NodeCore:
 
     def _lookup_reply(self, reply: Response, topic: bytes, source: Address, now: float):
         reply = replace(reply, closer=self._closest(target_id(topic), source))
-        stored = self.store.get(topic, now, self.config.max_records_per_reply)
-        records = [record.to_wire() for record in stored]
+        # A reply holds about ten signed records. When a topic has more, each
+        # reply carries a random sample, so that repeated lookups (and the k
+        # nodes of one lookup) show every announcer, not the same newest ten.
+        stored = self.store.get(topic, now, self.store.max_records_per_topic)
+        if len(stored) > 1:
+            self._rng.shuffle(stored)
+        records = [record.to_wire() for record in stored[: self.config.max_records_per_reply]]
         return replace(reply, value=fit_records(records, value_budget_bytes(reply)))
 
     def _check_token(self, request: Request, source: Address, now: float) -> None:

@@ -116,6 +116,24 @@ def test_announce_then_lookup_returns_the_verified_record():
     assert event.response.value == [record.to_wire()]
 
 
+def test_a_crowded_topic_shows_every_announcer_across_a_few_lookups():
+    """A reply fits about ten signed records; with thirty announcers, replies
+    carry random samples, so a few dozen replies show them all."""
+    server, looker = make_core(2), make_core(3)
+    announcers = [KeyPair.from_seed(bytes([n]) * 32) for n in range(30)]
+    for n, keypair in enumerate(announcers):
+        record = sign_record(keypair, TOPIC, addresses=[("10.1.1.1", 7000 + n)], seq=1,
+                             expires=int(NOW + 600))
+        assert announce(make_core(1), server, record).response.error is None
+    seen, per_reply = set(), []
+    for _ in range(30):
+        value = exchange(looker, server, Command.LOOKUP, target=TOPIC).response.value
+        per_reply.append(len(value))
+        seen |= {wire[0] for wire in value}
+    assert max(per_reply) < 30  # one reply cannot carry them all...
+    assert seen == {k.public_key for k in announcers}  # ...but the samples do
+
+
 def test_announce_without_a_valid_token_is_refused():
     announcer, server = make_core(1), make_core(2)
     event = announce(announcer, server, signed_record(), token=b"\x00" * 16)
