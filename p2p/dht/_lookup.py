@@ -25,9 +25,11 @@ a query in flight times out.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 
 from ..errors import LocalProtocolError
 from ._contact import ID_BYTES, Contact
@@ -80,13 +82,16 @@ class QueryState(Enum):
     FAILED = "failed"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Candidate:
     contact: Contact
     distance: int
     depth: int
     state: QueryState = QueryState.NOT_CONTACTED
     deadline: float = 0.0
+
+
+_DISTANCE = attrgetter("distance")
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,12 @@ class IterativeLookup:
         self._target_int = int.from_bytes(target, "big")
         self._local_id = local_id
         self._candidates: dict[bytes, _Candidate] = {}
+        # The same candidates kept sorted by distance (ids are unique, so are
+        # distances): every next_queries() and finished check walks it from the
+        # nearest, so it is kept in order on insert instead of sorted per call.
+        self._order: list[_Candidate] = []
+        # The WAITING ones (at most alpha): expiry and deadlines look only here.
+        self._waiting: dict[bytes, _Candidate] = {}
         self._queries = 0
         self._responses = 0
         self._failures = 0
@@ -138,15 +149,16 @@ class IterativeLookup:
         if self.finished:
             return []
         budget = min(
-            self.config.alpha - self._in_flight(), self.config.max_queries - self._queries
+            self.config.alpha - len(self._waiting), self.config.max_queries - self._queries
         )
         chosen: list[Contact] = []
         if budget <= 0:
             return chosen
-        for candidate in self._ordered():
+        for candidate in self._order:
             if candidate.state is QueryState.NOT_CONTACTED:
                 candidate.state = QueryState.WAITING
                 candidate.deadline = now + self.config.request_timeout_s
+                self._waiting[candidate.contact.id] = candidate
                 chosen.append(candidate.contact)
                 self._queries += 1
                 if len(chosen) == budget:
@@ -164,6 +176,7 @@ class IterativeLookup:
         depth = candidate.depth + 1 if candidate is not None else 1
         if candidate is not None and candidate.state is QueryState.WAITING:
             candidate.state = QueryState.SUCCEEDED
+            del self._waiting[contact_id]
             self._responses += 1
         for contact in closer:
             self._add(contact, depth=depth)
@@ -173,33 +186,30 @@ class IterativeLookup:
         candidate = self._candidates.get(contact_id)
         if candidate is not None and candidate.state is QueryState.WAITING:
             candidate.state = QueryState.FAILED
+            del self._waiting[contact_id]
             self._failures += 1
 
     def expire(self, now: float) -> list[Contact]:
         """Fail every query whose deadline has passed; return those contacts."""
-        expired = []
-        for candidate in self._candidates.values():
-            if candidate.state is QueryState.WAITING and candidate.deadline <= now:
-                candidate.state = QueryState.FAILED
-                self._failures += 1
-                expired.append(candidate.contact)
-        return expired
+        expired = [c for c in self._waiting.values() if c.deadline <= now]
+        for candidate in expired:
+            candidate.state = QueryState.FAILED
+            del self._waiting[candidate.contact.id]
+            self._failures += 1
+        return [candidate.contact for candidate in expired]
 
     def next_deadline(self) -> float | None:
         """When the earliest query in flight times out, or None if none is."""
-        deadlines = [
-            c.deadline for c in self._candidates.values() if c.state is QueryState.WAITING
-        ]
-        return min(deadlines) if deadlines else None
+        return min((c.deadline for c in self._waiting.values()), default=None)
 
     # -- results -------------------------------------------------------------
 
     @property
     def finished(self) -> bool:
-        if self._queries >= self.config.max_queries and self._in_flight() == 0:
+        if self._queries >= self.config.max_queries and not self._waiting:
             return True
         settled = 0
-        for candidate in self._ordered():
+        for candidate in self._order:
             if candidate.state is QueryState.FAILED:
                 continue
             if candidate.state is not QueryState.SUCCEEDED:
@@ -207,13 +217,13 @@ class IterativeLookup:
             settled += 1
             if settled == self.config.k:
                 return True
-        return self._in_flight() == 0
+        return not self._waiting
 
     def closest(self, count: int | None = None) -> list[Contact]:
         """The closest contacts that answered, nearest first (at most k by default)."""
         count = self.config.k if count is None else count
         result = []
-        for candidate in self._ordered():
+        for candidate in self._order:
             if candidate.state is QueryState.SUCCEEDED:
                 result.append(candidate.contact)
                 if len(result) == count:
@@ -225,12 +235,12 @@ class IterativeLookup:
         return candidate.state if candidate else None
 
     def statistics(self) -> LookupStatistics:
-        answered = [c for c in self._ordered() if c.state is QueryState.SUCCEEDED]
+        nearest = next((c for c in self._order if c.state is QueryState.SUCCEEDED), None)
         return LookupStatistics(
             queries=self._queries,
             responses=self._responses,
             failures=self._failures,
-            hops=answered[0].depth + 1 if answered else 0,
+            hops=nearest.depth + 1 if nearest is not None else 0,
             finished=self.finished,
         )
 
@@ -242,17 +252,12 @@ class IterativeLookup:
         if len(contact.id) != ID_BYTES:
             return
         distance = int.from_bytes(contact.id, "big") ^ self._target_int
-        self._candidates[contact.id] = _Candidate(contact, distance, depth)
-        limit = self.config.k * _CANDIDATE_FACTOR
-        if len(self._candidates) > limit:
+        candidate = _Candidate(contact, distance, depth)
+        self._candidates[contact.id] = candidate
+        insort(self._order, candidate, key=_DISTANCE)
+        if len(self._order) > self.config.k * _CANDIDATE_FACTOR:
             # Bound memory: forget the farthest contact we never asked.
-            for candidate in reversed(self._ordered()):
-                if candidate.state is QueryState.NOT_CONTACTED:
-                    del self._candidates[candidate.contact.id]
+            for index in range(len(self._order) - 1, -1, -1):
+                if self._order[index].state is QueryState.NOT_CONTACTED:
+                    del self._candidates[self._order.pop(index).contact.id]
                     break
-
-    def _ordered(self) -> list[_Candidate]:
-        return sorted(self._candidates.values(), key=lambda c: c.distance)
-
-    def _in_flight(self) -> int:
-        return sum(1 for c in self._candidates.values() if c.state is QueryState.WAITING)

@@ -181,3 +181,137 @@ def test_any_network_any_alpha_the_lookup_ends_with_sorted_answers(seed, size, a
     found = lookup.closest()
     assert found == sorted(found, key=lambda c: distance(c.id, target))
     assert lookup.statistics().queries <= lookup.config.max_queries
+
+
+class SortingModel:
+    """The lookup's rules, re-sorting every candidate on every question: the
+    obvious version that IterativeLookup's kept-in-order candidates must match."""
+
+    def __init__(self, target, seeds, config, local_id):
+        self.target = int.from_bytes(target, "big")
+        self.config = config
+        self.local_id = local_id
+        self.entries = {}  # id -> {contact, distance, depth, state, deadline}
+        self.queries = 0
+        for contact in seeds:
+            self.add(contact, 0)
+
+    def ordered(self):
+        return sorted(self.entries.values(), key=lambda e: e["distance"])
+
+    def waiting(self):
+        return [e for e in self.entries.values() if e["state"] is QueryState.WAITING]
+
+    def add(self, contact, depth):
+        if contact.id == self.local_id or contact.id in self.entries:
+            return
+        self.entries[contact.id] = {
+            "contact": contact,
+            "depth": depth,
+            "state": QueryState.NOT_CONTACTED,
+            "distance": distance(contact.id, self.target.to_bytes(20, "big")),
+            "deadline": 0.0,
+        }
+        if len(self.entries) > self.config.k * 8:
+            for entry in reversed(self.ordered()):
+                if entry["state"] is QueryState.NOT_CONTACTED:
+                    del self.entries[entry["contact"].id]
+                    break
+
+    def expire(self, now):
+        expired = [e for e in self.waiting() if e["deadline"] <= now]
+        for entry in expired:
+            entry["state"] = QueryState.FAILED
+        return {e["contact"] for e in expired}
+
+    def finished(self):
+        if self.queries >= self.config.max_queries and not self.waiting():
+            return True
+        settled = [e for e in self.ordered() if e["state"] is not QueryState.FAILED]
+        head = settled[: self.config.k]
+        if len(head) == self.config.k:
+            return all(e["state"] is QueryState.SUCCEEDED for e in head)
+        return all(e["state"] is QueryState.SUCCEEDED for e in head) and not self.waiting()
+
+    def next_queries(self, now):
+        self.expire(now)
+        if self.finished():
+            return []
+        budget = min(self.config.alpha - len(self.waiting()),
+                     self.config.max_queries - self.queries)
+        fresh = [e for e in self.ordered() if e["state"] is QueryState.NOT_CONTACTED]
+        chosen = fresh[: max(budget, 0)]
+        for entry in chosen:
+            entry["state"] = QueryState.WAITING
+            entry["deadline"] = now + self.config.request_timeout_s
+        self.queries += len(chosen)
+        return [e["contact"] for e in chosen]
+
+    def on_response(self, contact_id, closer):
+        entry = self.entries.get(contact_id)
+        if entry is not None and entry["state"] is QueryState.WAITING:
+            entry["state"] = QueryState.SUCCEEDED
+        for contact in closer:
+            self.add(contact, entry["depth"] + 1 if entry is not None else 1)
+
+    def on_failure(self, contact_id):
+        entry = self.entries.get(contact_id)
+        if entry is not None and entry["state"] is QueryState.WAITING:
+            entry["state"] = QueryState.FAILED
+
+    def closest(self):
+        answered = [e for e in self.ordered() if e["state"] is QueryState.SUCCEEDED]
+        return [e["contact"] for e in answered[: self.config.k]]
+
+    def hops(self):
+        answered = [e for e in self.ordered() if e["state"] is QueryState.SUCCEEDED]
+        return answered[0]["depth"] + 1 if answered else 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**32), st.integers(1, 4), st.integers(1, 4), st.integers(1, 40), st.data()
+)
+def test_the_ordered_candidates_behave_like_a_full_sort_on_every_call(
+    seed, k, alpha, max_queries, data
+):
+    pool = make_network(80, seed=seed)
+    rng = random.Random(seed)
+    target = rng.randbytes(20)
+    config = LookupConfig(k=k, alpha=alpha, max_queries=max_queries, request_timeout_s=1.0)
+    seeds, local_id = pool[:5], pool[5].id
+    lookup = IterativeLookup(target, seeds, config=config, local_id=local_id)
+    model = SortingModel(target, seeds, config, local_id)
+    now, waiting = 0.0, []
+    for _ in range(data.draw(st.integers(1, 60))):
+        op = data.draw(st.sampled_from(["query", "answer", "fail", "expire", "stray"]))
+        if op == "query":
+            now += data.draw(st.sampled_from([0.0, 0.5, 1.0]))
+            asked = lookup.next_queries(now)
+            assert asked == model.next_queries(now)
+            waiting += asked
+        elif op == "expire":
+            now += 1.0
+            assert set(lookup.expire(now)) == model.expire(now)
+        elif op in ("answer", "fail") and waiting:
+            contact = waiting.pop(data.draw(st.integers(0, len(waiting) - 1)))
+            if op == "fail":
+                lookup.on_failure(contact.id)
+                model.on_failure(contact.id)
+            else:
+                closer = rng.sample(pool, rng.randint(0, 20))
+                lookup.on_response(contact.id, closer)
+                model.on_response(contact.id, closer)
+        elif op == "stray":
+            source, closer = rng.choice(pool), rng.sample(pool, 3)
+            lookup.on_response(source.id, closer)
+            model.on_response(source.id, closer)
+        assert lookup.finished == model.finished()
+        assert lookup.closest() == model.closest()
+        assert lookup.next_deadline() == min(
+            (e["deadline"] for e in model.waiting()), default=None
+        )
+        assert lookup.statistics().hops == model.hops()
+        for contact in pool:
+            entry = model.entries.get(contact.id)
+            assert lookup.state_of(contact.id) == (entry["state"] if entry else None)

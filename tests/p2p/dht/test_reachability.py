@@ -80,7 +80,7 @@ def test_a_new_address_must_prove_itself_again():
     node = core(1, reachable=True)
     voters = [core(n, reachable=True) for n in (2, 3)]
     for voter in voters:
-        tid, request = node.make_request(Command.PING, voter.address, NOW)
+        _, request = node.make_request(Command.PING, voter.address, NOW)
         # The voters see us behind a NAT at another address.
         (reply,), _ = voter.receive_datagram(request.data, ("192.0.2.9", 4000), NOW)
         node.receive_datagram(reply.data, voter.address, NOW)

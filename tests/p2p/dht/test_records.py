@@ -278,6 +278,27 @@ def test_a_record_signed_by_someone_else_for_the_same_key_does_not_verify():
     assert caught.value.code == "BAD_SIGNATURE"
 
 
+def test_a_remembered_signature_check_still_binds_topic_body_and_lifetime():
+    # verify_record remembers recent signature checks (a lookup gets the same
+    # record from up to k nodes); a remembered success must not leak to any
+    # other topic, body or signature, nor skip the lifetime checks.
+    record = signed(expires=int(NOW) + 10)
+    for _ in range(2):
+        verify_record(record, TOPIC_A, now=NOW)
+    for changed, topic in (
+        (record, TOPIC_B),
+        (dataclasses.replace(record, seq=record.seq + 1), TOPIC_A),
+        (dataclasses.replace(record, signature=signed(BOB).signature), TOPIC_A),
+    ):
+        for _ in range(2):
+            with pytest.raises(RecordRejected) as caught:
+                verify_record(changed, topic, now=NOW)
+            assert caught.value.code == "BAD_SIGNATURE"
+    with pytest.raises(RecordRejected) as caught:
+        verify_record(record, TOPIC_A, now=NOW + 10)
+    assert caught.value.code == "EXPIRED"
+
+
 # --- lifetimes -----------------------------------------------------------------
 
 

@@ -9,10 +9,12 @@ import random
 
 import kademlia.routing
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from p2p.dht._contact import Contact, node_id_for
 from p2p.dht._errors import DhtUsageError
-from p2p.dht._routing import AddStatus, Routing, id_matches, target_id
+from p2p.dht._routing import AddStatus, Routing, _distance_floor, id_matches, target_id
 
 LOCAL = Contact.at("192.0.2.1", 49737)
 
@@ -109,6 +111,59 @@ def test_closest_leaves_out_excluded_ids_and_handles_an_empty_table() -> None:
     nearest = table.closest(target, 3)
     assert table.closest(target, 2, exclude={nearest[0].id}) == nearest[1:3]
     assert table.closest(target, 0) == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.integers(0, 2**32),
+    st.integers(1, 8),
+    st.integers(0, 400),
+    st.integers(0, 30),
+    st.integers(0, 3),
+)
+def test_closest_matches_a_brute_force_sort_for_any_table_count_and_exclusions(
+    seed: int, k: int, size: int, count: int, excluded: int
+) -> None:
+    rng = random.Random(seed)
+    table = _table(k=k)
+    for i in range(size):
+        table.add(_random_contact(rng), now=float(i))
+    everyone = table.contacts()
+    for target in [rng.randbytes(20) for _ in range(5)] + [c.id for c in everyone[:3]]:
+        exclude = {c.id for c in rng.sample(everyone, min(excluded, len(everyone)))}
+        expected = sorted(
+            (c for c in everyone if c.id not in exclude), key=lambda c: _distance(c, target)
+        )[:count]
+        assert table.closest(target, count, exclude=exclude) == expected
+
+
+@given(st.integers(1, 10), st.data())
+def test_the_distance_floor_of_any_range_is_at_most_its_nearest_id(bits: int, data) -> None:
+    lower = data.draw(st.integers(0, 2**bits))
+    upper = data.draw(st.integers(lower, 2**bits))
+    target = data.draw(st.integers(0, 2**bits - 1))
+    nearest = min(x ^ target for x in range(lower, upper + 1))
+    assert _distance_floor(lower, upper, target) <= nearest
+
+
+@given(st.integers(1, 10), st.lists(st.booleans(), max_size=10), st.data())
+def test_the_distance_floor_of_a_kademlia_range_is_exact_when_it_starts_a_block(
+    bits: int, path: list[bool], data
+) -> None:
+    # Split [0, 2**bits] as kademlia does; the floor must be a bound on every
+    # range, and the exact minimum on the left halves ([a*2**s, (a+1)*2**s]),
+    # which is what lets closest() skip far buckets.
+    lower, upper = 0, 2**bits
+    for right in path[:bits]:
+        midpoint = (lower + upper) // 2
+        lower, upper = (midpoint + 1, upper) if right else (lower, midpoint)
+    target = data.draw(st.integers(0, 2**bits - 1))
+    nearest = min(x ^ target for x in range(lower, upper + 1))
+    floor = _distance_floor(lower, upper, target)
+    assert floor <= nearest
+    size = upper - lower
+    if size and size & (size - 1) == 0 and lower % size == 0:
+        assert floor == nearest
 
 
 def test_closest_refuses_a_key_that_is_not_twenty_bytes() -> None:
