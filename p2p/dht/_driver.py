@@ -160,6 +160,9 @@ class DhtNode:
         self._address_changed = trio.Event()
         #: Set (and replaced) whenever the node turns reachable.
         self._became_reachable = trio.Event()
+        #: The timer loop's next wake-up (trio time) and the event that cuts it short.
+        self._timer_wake_at = math.inf
+        self._timer_poke = trio.Event()
         self.lookup_config = LookupConfig(
             k=self.config.k, request_timeout_s=self.config.request_timeout_s
         )
@@ -252,6 +255,7 @@ class DhtNode:
             tid, datagram = self.core.make_reach_check(address, self.now())
         except DhtUsageError:
             return
+        self._wake_timer_by(self.now() + self.config.request_timeout_s)
         waiter = _Waiter(trio.Event())
         self._waiters[tid] = waiter
         try:
@@ -312,7 +316,13 @@ class DhtNode:
             wake = next_maintenance
             if deadline is not None:
                 wake = min(wake, deadline - self._origin)
-            await trio.sleep_until(max(wake, trio.current_time()))
+            # A request made while we sleep may expire sooner than `wake`:
+            # request() pokes us then, so timeouts fire on time, not at the
+            # next maintenance.
+            self._timer_wake_at = wake
+            with trio.move_on_at(wake):
+                await self._timer_poke.wait()
+            self._timer_poke = trio.Event()
             for tid in self.core.expire(self.now()):
                 waiter = self._waiters.pop(tid, None)
                 if waiter is not None:
@@ -327,6 +337,11 @@ class DhtNode:
                     self._running_nursery().start_soon(self._refresh_bucket, key)
 
     # -- requests ------------------------------------------------------------
+
+    def _wake_timer_by(self, unix_deadline: float) -> None:
+        if unix_deadline - self._origin < self._timer_wake_at:
+            self._timer_wake_at = unix_deadline - self._origin
+            self._timer_poke.set()
 
     async def _send(self, datagram: Outgoing) -> None:
         if not datagram.from_probe_socket:
@@ -363,6 +378,7 @@ class DhtNode:
             tid, datagram = self.core.make_request(
                 command, address, self.now(), target=target, token=token, value=value
             )
+            self._wake_timer_by(self.now() + self.config.request_timeout_s)
             waiter = _Waiter(trio.Event())
             self._waiters[tid] = waiter
             try:
@@ -443,7 +459,9 @@ class DhtNode:
         return lookup.closest()
 
     async def lookup(self, topic: bytes) -> AsyncIterator[PeerRecord]:
-        """Yield verified records for ``topic`` as they arrive, once per public key.
+        """Yield verified records for ``topic`` as they arrive, once per public key
+        and seq: a key is yielded again only with a newer record (a peer that
+        moved, whose old record some nodes still hold; keep the latest).
 
         Records that fail verification (signature, topic, expiry) are dropped.
         The iterator ends when the lookup settles. The walk runs in the node's
@@ -454,7 +472,7 @@ class DhtNode:
             DhtUsageError: ``NOT_RUNNING`` if :meth:`run` is not running.
         """
         send, receive = trio.open_memory_channel[PeerRecord](math.inf)
-        seen: set[bytes] = set()
+        seen: dict[bytes, int] = {}  # key -> highest seq yielded
         scope = trio.CancelScope()
 
         async def on_answer(contact: Contact, response: Response) -> None:
@@ -465,8 +483,8 @@ class DhtNode:
                 except DhtProtocolError as exc:
                     log.debug("dht.record_dropped from=%s code=%s", contact.host, exc.code)
                     continue
-                if record.public_key not in seen:
-                    seen.add(record.public_key)
+                if record.seq > seen.get(record.public_key, -1):
+                    seen[record.public_key] = record.seq
                     try:
                         send.send_nowait(record)
                     except trio.BrokenResourceError:
@@ -491,13 +509,18 @@ class DhtNode:
         return self._nursery
 
     async def find_peer(self, public_key: bytes) -> PeerRecord | None:
-        """The record ``public_key`` announced under its own topic, if any."""
+        """The newest record ``public_key`` announced under its own topic, if any.
+
+        Runs the whole lookup: a node may still hold a record from before the
+        peer restarted on another port, and the newest one wins."""
         topic = record_topic_for_key(public_key)
+        newest: PeerRecord | None = None
         async with contextlib.aclosing(self.lookup(topic)) as records:
             async for record in records:
-                if record.public_key == public_key:
-                    return record
-        return None
+                if record.public_key == public_key and (newest is None
+                                                         or record.seq > newest.seq):
+                    newest = record
+        return newest
 
     # -- announcing ------------------------------------------------------------
 

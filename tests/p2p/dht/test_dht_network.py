@@ -5,7 +5,7 @@ import contextlib
 import pytest
 import trio
 
-from p2p.dht import PeerRecord, sign_record
+from p2p.dht import PeerRecord, record_topic_for_key, sign_record
 from p2p.dht.testnet import memory_testnet, udp_testnet
 from p2p.keys import KeyPair, derive_topic
 
@@ -229,3 +229,37 @@ async def test_nodes_of_one_run_share_one_clock_however_late_they_are_built(
     monkeypatch.setattr(time_module, "time", lambda: real_time() + 24 * 60)
     late = DhtNode(network.transport())
     assert late.now() == early.now()
+
+
+async def test_a_request_to_a_silent_node_times_out_on_time(autojump_clock):
+    """Regression: the timer loop slept until the next maintenance (5 s) and
+    noticed a request's 1 s deadline only then."""
+    from p2p.dht import Command, DhtNode, DhtTimeout, LinkProfile, MemoryNetwork
+
+    network = MemoryNetwork(LinkProfile())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(network.run)
+        node = DhtNode(network.transport())
+        await nursery.start(node.run)
+        await trio.sleep(0.1)  # the timer loop is asleep until its maintenance
+        start = trio.current_time()
+        with pytest.raises(DhtTimeout):
+            await node.request(Command.PING, ("10.9.9.9", 9000))
+        assert trio.current_time() - start == pytest.approx(node.config.request_timeout_s,
+                                                            abs=0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_find_peer_returns_the_newest_record_when_stale_ones_linger(autojump_clock):
+    keypair = KeyPair.generate()
+    topic = record_topic_for_key(keypair.public_key)
+    async with memory_testnet(12) as net:
+        announcer, looker = net.nodes[3], net.nodes[9]
+        await announcer.announce_once(topic, keypair, addresses=[("10.1.1.1", 7000)], seq=1)
+        # The peer moved; only some nodes heard of the move.
+        stale_holders = [n for n in net.nodes if len(n.core.store)]
+        record = sign_record(keypair, topic, addresses=[("10.1.1.1", 7001)], seq=2,
+                             expires=int(announcer.now() + 600))
+        stale_holders[0].core.store.put(topic, record, announcer.now())
+        found = await looker.find_peer(keypair.public_key)
+        assert found is not None and found.seq == 2 and found.addresses == (("10.1.1.1", 7001),)
