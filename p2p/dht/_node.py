@@ -389,17 +389,23 @@ class NodeCore:
         self._served += 1
         if request.sender_id is not None and id_matches(request.sender_id, *source):
             self.routing.add(Contact(request.sender_id, *source), now)
+        command = request.command
+        # Closer contacts go in at construction: every Response is validated
+        # when built, and replace() would validate it once more (hot path).
+        closer: tuple[Contact, ...] = ()
+        if command is Command.FIND_NODE:
+            closer = self._closest(request.target, source)
+        elif command is Command.LOOKUP:
+            closer = self._closest(target_id(request.target), source)
         reply = Response(
             request.tid,
             self.advertised_id,
             source,
             self._tokens.issue(source[0], source[1], now),
+            closer,
         )
-        command = request.command
         try:
-            if command is Command.FIND_NODE:
-                reply = replace(reply, closer=self._closest(request.target, source))
-            elif command is Command.LOOKUP:
+            if command is Command.LOOKUP:
                 reply = self._lookup_reply(reply, request.target, source, now)
             elif command is Command.ANNOUNCE:
                 reply = self._announce(reply, request, source, now)
@@ -434,7 +440,6 @@ class NodeCore:
         return tuple(c for c in contacts if c.address != exclude)
 
     def _lookup_reply(self, reply: Response, topic: bytes, source: Address, now: float):
-        reply = replace(reply, closer=self._closest(target_id(topic), source))
         # A reply holds about ten signed records. When a topic has more, each
         # reply carries a random sample, so that repeated lookups (and the k
         # nodes of one lookup) show every announcer, not the same newest ten.
