@@ -1,0 +1,1 @@
+"""Integration tests across Linux network namespaces (see README.md here)."""
