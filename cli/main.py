@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import dht, keys
+from . import dht, keys, relay
 from .beam import beam
 from .node import ping, up
 
@@ -22,6 +22,7 @@ app.add_typer(dht.app, name="dht")
 app.command("beam")(beam)
 app.command("up")(up)
 app.command("ping")(ping)
+app.command("relay")(relay.relay)
 
 
 @app.callback()

@@ -1,0 +1,409 @@
+"""The relay server's trio driver: one TCP port for control and attach connections.
+
+Theory of operation
+-------------------
+Every accepted connection is classified by its first bytes
+(:func:`p2p.relay.classify`): the attach magic makes it an *attach*, anything
+else is a *control* connection, a secret stream whose first bytes are handed
+back to the Noise responder through :class:`_Prefixed`. A connection that
+says nothing within ``first_bytes_timeout_s`` is closed.
+
+Control connections carry ``blind-relay/1`` channels served with
+:mod:`p2p.rpc`; each connection gets its own router whose handlers know the
+caller's Noise-authenticated key. ``reserve`` streams the reservation's
+incoming items (the handler parks on a per-reservation lot until the core
+queues one); ``pair`` asks the core for a pairing, wakes the target's stream
+and answers with the initiator token.
+
+Attach connections: the core checks the token and role. The first side of a
+pairing parks (its task keeps the socket: trio's ``serve_listeners`` closes a
+handler's stream when the handler returns); the second side's task answers
+``PAIRED`` to both and splices them, then wakes the first, and both close.
+One timer task expires pairings at the core's next deadline and answers a
+side still waiting ``PAIR_TIMEOUT``.
+
+All state changes happen in :class:`~._pairing.RelayState` (sans-IO); this
+module owns sockets, tasks, the clock and the logs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from collections.abc import Callable
+
+import trio
+
+from p2p.connection import Connection
+from p2p.errors import HandshakeError
+from p2p.keys import KeyPair, format_key
+from p2p.mux import Channel, ChannelListener
+from p2p.noise import SecretStream
+from p2p.relay import (
+    ATTACH_REQUEST_BYTES,
+    PAIR,
+    PROTOCOL,
+    RESERVE,
+    AttachStatus,
+    FirstBytes,
+    PairParams,
+    PairReply,
+    RefusalCode,
+    RelayProtocolError,
+    RelayRefused,
+    ReservationItem,
+    ReserveParams,
+    Role,
+    classify,
+    decode_attach_request,
+    status_for,
+)
+from p2p.rpc import CallContext, Router, RpcError, serve_rpc
+
+from ._config import RelayConfig
+from ._pairing import Pairing, RelayState, RelayStatistics, Reservation
+from ._splice import splice
+
+__all__ = ["RelayServer"]
+
+log = logging.getLogger(__name__)
+
+Observer = Callable[[int, bytes], None]
+
+
+class _Prefixed(trio.abc.HalfCloseableStream):
+    """A stream that first returns bytes already read from it (by the classifier)."""
+
+    def __init__(self, inner: trio.SocketStream, prefix: bytes) -> None:
+        self.inner = inner
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._prefix:
+            await trio.lowlevel.checkpoint()
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            data, self._prefix = self._prefix[:size], self._prefix[size:]
+            return data
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Waiting:
+    """The first attached side of a pairing, parked until the other comes."""
+
+    __slots__ = ("done", "expired", "role", "stream")
+
+    def __init__(self, stream: trio.SocketStream, role: Role) -> None:
+        self.stream = stream
+        self.role = role
+        self.expired = False
+        #: Set when the splice using this stream ended, or the pairing expired.
+        self.done = trio.Event()
+
+
+class RelayServer:
+    """A blind relay: reservations, pairings and blind forwarding on one TCP port.
+
+    Args:
+        keypair: the relay's identity (control connections authenticate it).
+        config: limits and timeouts.
+        observer: optional ``(direction, chunk)`` hook called with every
+            forwarded chunk; tests use it to check the relay only sees ciphertext.
+        token_source: randomness for tokens (a CSPRNG unless a test seeds it).
+
+    Serve with ``await nursery.start(server.serve_tcp, host, port)`` or
+    ``server.serve(listeners)``; counters are in :meth:`statistics` (and
+    ``stats``).
+    """
+
+    def __init__(
+        self,
+        keypair: KeyPair,
+        config: RelayConfig | None = None,
+        *,
+        observer: Observer | None = None,
+        token_source: Callable[[int], bytes] = secrets.token_bytes,
+    ) -> None:
+        self.keypair = keypair
+        self.config = config or RelayConfig()
+        self.state = RelayState(self.config, token_source=token_source)
+        self.observer = observer
+        self._connections = 0
+        #: Reservation -> the lot its stream handler parks on (one per live
+        #: reservation, so bounded by max_reservations plus replaced ones ending).
+        self._lots: dict[Reservation, trio.lowlevel.ParkingLot] = {}
+        #: Half-attached pairing -> its waiting side (bounded by max_pending_pairs).
+        self._waiting: dict[Pairing, _Waiting] = {}
+        self._timer_lot = trio.lowlevel.ParkingLot()
+        self._chunk_bytes = self.config.chunk_bytes(0)
+
+    # -- counters ----------------------------------------------------------------
+
+    def statistics(self) -> RelayStatistics:
+        """A snapshot of the counters (what the metrics endpoint serves)."""
+        return self.state.statistics(connections=self._connections)
+
+    @property
+    def stats(self) -> RelayStatistics:
+        return self.statistics()
+
+    # -- serving -------------------------------------------------------------------
+
+    async def serve_tcp(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``host:port`` and serve until cancelled; report the bound address.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()
+        await self.serve(listeners, task_status=task_status, address=(bound[0], bound[1]))
+
+    async def serve(
+        self,
+        listeners: list[trio.abc.Listener[trio.SocketStream]],
+        *,
+        address: tuple[str, int] | None = None,
+        task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve already-bound ``listeners`` until cancelled."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.run)
+            await nursery.start(trio.serve_listeners, self.handle_stream, listeners)
+            log.info("relay.serving key=%s address=%s", self.keypair.hex, address)
+            task_status.started(address)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the pairing timer until cancelled.
+
+        :meth:`serve` runs it; run it yourself when you feed :meth:`handle_stream`
+        streams from elsewhere (in-memory streams in tests).
+        """
+        task_status.started()
+        await self._expiry_loop()
+
+    async def handle_stream(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection (control or attach); closes it when done."""
+        if self._connections >= self.config.max_connections:
+            self.state.count_refusal(RefusalCode.TOO_MANY_CONNECTIONS)
+            log.debug("relay.refused reason=%s", RefusalCode.TOO_MANY_CONNECTIONS.value)
+            await trio.aclose_forcefully(stream)
+            return
+        self._connections += 1
+        try:
+            prefix = b""
+            kind = FirstBytes.UNDECIDED
+            with trio.move_on_after(self.config.first_bytes_timeout_s):
+                while kind is FirstBytes.UNDECIDED or (
+                    kind is FirstBytes.ATTACH and len(prefix) < ATTACH_REQUEST_BYTES
+                ):
+                    # Never read past an attach request: what follows belongs
+                    # to the other side of the pair.
+                    chunk = await stream.receive_some(ATTACH_REQUEST_BYTES - len(prefix))
+                    if not chunk:
+                        return
+                    prefix += chunk
+                    kind = classify(prefix)
+            if kind is FirstBytes.CONTROL:
+                await self._serve_control(_Prefixed(stream, prefix))
+            elif kind is FirstBytes.ATTACH and len(prefix) == ATTACH_REQUEST_BYTES:
+                await self._serve_attach(stream, prefix)
+            else:
+                log.debug("relay.first_bytes_timeout read=%d", len(prefix))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("relay.connection_lost reason=%r", exc)
+        except Exception:
+            # A bug in serving one connection must not take the relay down.
+            log.exception("relay.connection_failed")
+        finally:
+            self._connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    # -- control connections ---------------------------------------------------------
+
+    async def _serve_control(self, raw: _Prefixed) -> None:
+        try:
+            stream = await SecretStream.responder(raw, self.keypair,
+                                                  config=self.config.connection.stream)
+        except HandshakeError as exc:
+            log.debug("relay.handshake_failed code=%s reason=%s", exc.code, exc)
+            return
+        connection = Connection(stream, config=self.config.connection)
+        key = connection.remote_public_key
+        peer = format_key(key)[:12]
+        listener = connection.listen(PROTOCOL)
+        router = Router()
+        router.add(RESERVE, functools.partial(self._reserve, key))
+        router.add(PAIR, functools.partial(self._pair, key))
+        log.debug("relay.control_connected peer=%s", peer)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(connection.run)
+            nursery.start_soon(self._accept_channels, listener, router, peer)
+            await connection.mux.wait_closed()
+            nursery.cancel_scope.cancel()
+        log.debug("relay.control_closed peer=%s", peer)
+
+    async def _accept_channels(self, listener: ChannelListener, router: Router, peer: str) -> None:
+        async def run_one(channel: Channel) -> None:
+            try:
+                await serve_rpc(channel, router, name=f"relay-{peer}")
+            finally:
+                await channel.aclose()
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    channel = await listener.accept()
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    return
+                nursery.start_soon(run_one, channel)
+
+    async def _reserve(self, key: bytes, params: ReserveParams, ctx: CallContext):
+        """The ``reserve`` stream: an acceptance, then one item per dialer."""
+        peer = format_key(key)[:12]
+        try:
+            reservation, replaced = self.state.reserve(key)
+        except RelayRefused as exc:
+            log.info("relay.reserve_refused peer=%s code=%s", peer, exc.code)
+            raise RpcError(exc.code, exc.message) from None
+        if replaced is not None:
+            lot = self._lots.get(replaced)
+            if lot is not None:
+                lot.unpark_all()
+        lot = trio.lowlevel.ParkingLot()
+        self._lots[reservation] = lot
+        log.info("relay.reserved peer=%s replaced=%s", peer, replaced is not None)
+        try:
+            yield ReservationItem()
+            while True:
+                while not reservation.incoming and not reservation.replaced:
+                    await lot.park()
+                if reservation.replaced:
+                    log.info("relay.reservation_replaced peer=%s", peer)
+                    raise RpcError(RefusalCode.REPLACED,
+                                   "a newer reservation by the same key replaced this one")
+                token, initiator = reservation.incoming.popleft()
+                yield ReservationItem(token=token, initiator=initiator)
+        finally:
+            self.state.end_reservation(reservation)
+            del self._lots[reservation]
+            if not reservation.replaced:
+                log.info("relay.reservation_ended peer=%s", peer)
+
+    async def _pair(self, key: bytes, params: PairParams, ctx: CallContext) -> PairReply:
+        peer = format_key(key)[:12]
+        try:
+            pairing, reservation = self.state.request_pair(key, params.target,
+                                                           trio.current_time())
+        except RelayRefused as exc:
+            log.info("relay.pair_refused peer=%s target=%s code=%s", peer,
+                     format_key(params.target)[:12], exc.code)
+            raise RpcError(exc.code, exc.message) from None
+        self._lots[reservation].unpark_all()
+        self._timer_lot.unpark_all()
+        log.debug("relay.pair_issued pairing=%d initiator=%s target=%s", pairing.number, peer,
+                  format_key(params.target)[:12])
+        return PairReply(token=pairing.tokens[Role.INITIATOR],
+                         timeout_s=self.config.pair_timeout_s)
+
+    # -- attach connections ------------------------------------------------------------
+
+    async def _serve_attach(self, stream: trio.SocketStream, request_bytes: bytes) -> None:
+        try:
+            request = decode_attach_request(request_bytes)
+            pairing = self.state.attach(request.token, request.role, trio.current_time())
+        except RelayProtocolError:
+            self.state.count_refusal(RefusalCode.BAD_ATTACH)
+            await self._answer(stream, AttachStatus.BAD_ATTACH)
+            return
+        except RelayRefused as exc:
+            log.debug("relay.attach_refused code=%s", exc.code)
+            await self._answer(stream, status_for(RefusalCode(exc.code)))
+            return
+        if len(pairing.attached) == 1:
+            waiting = _Waiting(stream, request.role)
+            self._waiting[pairing] = waiting
+            await waiting.done.wait()
+            if waiting.expired:
+                log.info("relay.pair_timeout pairing=%d", pairing.number)
+                await self._answer(stream, AttachStatus.PAIR_TIMEOUT)
+            return
+        waiting = self._waiting.pop(pairing)
+        if request.role is Role.INITIATOR:
+            initiator, responder = stream, waiting.stream
+        else:
+            initiator, responder = waiting.stream, stream
+        self._chunk_bytes = self.config.chunk_bytes(self.state.active_pairs)
+        log.info("relay.paired pairing=%d initiator=%s target=%s active=%d", pairing.number,
+                 format_key(pairing.initiator)[:12], format_key(pairing.target)[:12],
+                 self.state.active_pairs)
+        moved = 0
+
+        def count(size: int) -> None:
+            nonlocal moved
+            moved += size
+            self.state.bytes_relayed += size
+
+        try:
+            paired = bytes([AttachStatus.PAIRED])
+            await initiator.send_all(paired)
+            await responder.send_all(paired)
+            end = await splice(
+                initiator, responder,
+                idle_timeout_s=self.config.idle_timeout_s,
+                max_read=self._max_read,
+                on_bytes=count,
+                observer=self.observer,
+            )
+            log.info("relay.pair_ended pairing=%d end=%s bytes=%d", pairing.number, end.value,
+                     moved)
+        finally:
+            self.state.finish(pairing)
+            self._chunk_bytes = self.config.chunk_bytes(self.state.active_pairs)
+            waiting.done.set()
+
+    def _max_read(self) -> int:
+        return self._chunk_bytes
+
+    async def _answer(self, stream: trio.SocketStream, status: AttachStatus) -> None:
+        try:
+            with trio.move_on_after(self.config.first_bytes_timeout_s):
+                await stream.send_all(bytes([status]))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            deadline = self.state.next_deadline()
+            if deadline is None:
+                await self._timer_lot.park()
+                continue
+            if trio.current_time() < deadline:
+                with trio.move_on_at(deadline):
+                    await self._timer_lot.park()
+                continue
+            for pairing in self.state.expire(trio.current_time()):
+                waiting = self._waiting.pop(pairing, None)
+                if waiting is not None:
+                    waiting.expired = True
+                    waiting.done.set()
+                else:
+                    log.info("relay.pair_timeout pairing=%d attached=none", pairing.number)
