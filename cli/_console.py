@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any, NoReturn
 
+import trio
 import typer
 from rich.console import Console
 
-__all__ = ["OutputFormat", "err", "fail", "out", "print_json"]
+__all__ = ["OutputFormat", "err", "fail", "out", "print_json", "run_trio"]
 
 #: Diagnostics and progress; honours NO_COLOR and degrades when not a TTY.
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -32,3 +34,21 @@ def fail(message: str, *, code: int = 1) -> NoReturn:
     """Print a one-line error on stderr and exit with ``code``."""
     err.print(f"[bold red]error:[/] {message}", markup=True)
     raise typer.Exit(code)
+
+
+def run_trio(async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+    """``trio.run`` for commands: a :func:`fail` from inside a nursery exits
+    cleanly with its code, not with an exception-group traceback."""
+    try:
+        trio.run(async_fn, *args)
+    except BaseExceptionGroup as group:
+        exits = group.subgroup(lambda exc: isinstance(exc, typer.Exit))
+        # subgroup() also asks the predicate about nested groups: judge leaves only.
+        rest = group.subgroup(lambda exc: not isinstance(
+            exc, BaseExceptionGroup | typer.Exit | trio.Cancelled))
+        if exits is None or rest is not None:
+            raise
+        first: BaseException = exits
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None

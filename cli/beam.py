@@ -1,13 +1,19 @@
-"""``cosmicac beam``: pipe stdin/stdout through a secret stream (hyperbeam-style).
+"""``cosmicac beam``: pipe stdin/stdout to a peer over an encrypted, key-pinned link.
 
 The listener prints ``listening on <host>:<port> key <hex>`` on stderr and pipes
-the first peer that completes a handshake; the dialer pins that key, so it
+the first peer that opens a beam channel; the dialer pins that key, so it
 reaches exactly that listener or fails. stdout carries only the data.
+
+Two ways to meet: ``--address`` (the dialer names the listener's TCP address),
+or ``--bootstrap`` (the listener announces its key on the DHT through a swarm,
+the dialer finds it by key alone). With ``--relay KEY`` the listener also keeps
+reservations with those blind relays and lists them in its record, so a dialer
+that cannot reach it directly comes through a relay. Either way the bytes flow
+over one mux channel, ``beam/1``, of an ordinary connection.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import socket
 from pathlib import Path
@@ -15,19 +21,25 @@ from pathlib import Path
 import trio
 import typer
 
-from p2p.dht import DhtNode, UdpTransport, record_topic_for_key
+from p2p.connection import Connection, dial_tcp
 from p2p.errors import ConnectionBroken, HandshakeError, KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_public_key
+from p2p.mux import Channel, ChannelRejected, MuxError
 from p2p.noise import SecretStream
+from p2p.swarm import PeerNotFound, Swarm, SwarmConfig, SwarmConnection, SwarmError
 
 from ._args import parse_peer
-from ._console import err, fail
+from ._console import err, fail, run_trio
 from ._stdio import StdinSource, StdoutSink
 from .dht import parse_bootstrap
 
 log = logging.getLogger(__name__)
 
 __all__ = ["beam", "connect_failure_reason"]
+
+PROTOCOL = "beam/1"
+#: How long a connected peer has to open its beam channel.
+CHANNEL_WAIT_S = 10.0
 
 
 def beam(
@@ -38,7 +50,10 @@ def beam(
     address: str | None = typer.Option(
         None, "--address", "-a", help="HOST:PORT of the listener (dialer only)."
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    host: str | None = typer.Option(
+        None, "--host", help="Address to listen on [default: 127.0.0.1, or 0.0.0.0 "
+        "with --bootstrap]."
+    ),
     port: int = typer.Option(0, "--port", "-p", help="Port to listen on (0: any free port)."),
     storage: Path | None = typer.Option(
         None, "--storage", envvar="COSMICAC_STORAGE",
@@ -50,10 +65,19 @@ def beam(
         help="DHT bootstrap HOST:PORT[,...]: the listener announces its key there, "
         "and a dialer without --address finds the listener by key.",
     ),
+    relay: str | None = typer.Option(
+        None, "--relay", "-r", envvar="COSMICAC_RELAYS",
+        help="Blind relay keys KEY[,KEY...] (listener, with --bootstrap): keep "
+        "reservations there so peers that cannot reach us directly come through them.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Pipe stdin/stdout to a peer over an encrypted, key-pinned stream."""
     dht_bootstrap = parse_bootstrap(bootstrap) if bootstrap else []
+    relays = _parse_relays(relay) if relay else []
+    if relays and not (listen and dht_bootstrap):
+        fail("--relay is for a listener with --bootstrap (dialers learn relays from the DHT)",
+             code=2)
     try:
         keypair = load_or_create_keypair(storage) if storage else KeyPair.generate()
     except P2PError as exc:
@@ -61,7 +85,12 @@ def beam(
     if listen:
         if key is not None or address is not None:
             fail("--listen takes neither a KEY nor --address", code=2)
-        trio.run(_listen, keypair, host, port, quiet, dht_bootstrap)
+        if dht_bootstrap:
+            config = SwarmConfig(host=host or _wildcard(dht_bootstrap), port=port,
+                                 bootstrap=tuple(dht_bootstrap), relays=tuple(relays))
+            run_trio(_listen_on_swarm, keypair, config, quiet)
+        else:
+            run_trio(_listen, keypair, host or "127.0.0.1", port, quiet)
         return
     if key is None:
         fail("give the listener's KEY, or --listen to wait for a peer", code=2)
@@ -73,110 +102,159 @@ def beam(
             remote_key = parse_public_key(key, what="listener key")
         except KeyFormatError as exc:
             fail(str(exc), code=2)
-        trio.run(_dial_by_key, keypair, remote_key, dht_bootstrap, quiet)
+        config = SwarmConfig(host=host or _wildcard(dht_bootstrap), bootstrap=tuple(dht_bootstrap),
+                             announce_key=False)
+        run_trio(_dial_by_key, keypair, remote_key, config, quiet)
         return
     remote_key, target = parse_peer(key, address, what="listener key")
-    trio.run(_dial, keypair, remote_key, target, quiet)
+    run_trio(_dial, keypair, remote_key, target, quiet)
 
 
-async def _listen(
-    keypair: KeyPair, host: str, port: int, quiet: bool, bootstrap: list[tuple[str, int]]
-) -> None:
+def _parse_relays(text: str) -> list[bytes]:
+    try:
+        return [parse_public_key(item.strip(), what="relay key")
+                for item in text.split(",") if item.strip()]
+    except KeyFormatError as exc:
+        fail(str(exc), code=2)
+
+
+def _wildcard(bootstrap: list[tuple[str, int]]) -> str:
+    """Listen on every address of the bootstrap's family (peers must reach us)."""
+    return "::" if ":" in bootstrap[0][0] else "0.0.0.0"
+
+
+# -- listening ---------------------------------------------------------------------
+
+
+async def _listen(keypair: KeyPair, host: str, port: int, quiet: bool) -> None:
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-    bound_port = listeners[0].socket.getsockname()[1]
     listener = listeners[0]
     for extra in listeners[1:]:
         await extra.aclose()
+    bound_port = listener.socket.getsockname()[1]
+    err.print(f"listening on {host}:{bound_port} key {keypair.hex}", markup=False)
     async with listener:
-        if not bootstrap:
-            err.print(f"listening on {host}:{bound_port} key {keypair.hex}", markup=False)
-            stream = await _accept_one(listener, keypair)
-        else:
-            stream = await _accept_while_announced(
-                listener, keypair, (host, bound_port), bootstrap
-            )
-    await _pipe(stream, quiet)
+        while True:
+            raw = await listener.accept()
+            try:
+                stream = await SecretStream.responder(raw, keypair)
+            except HandshakeError as exc:
+                # A scanner or a stale client must not consume the beam.
+                err.print(f"beam: refused a connection: {exc}", markup=False)
+                continue
+            connection = Connection(stream)
+            beam_channels = connection.listen(PROTOCOL)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(connection.run)
+                channel = None
+                with trio.move_on_after(CHANNEL_WAIT_S):
+                    try:
+                        channel = await beam_channels.accept()
+                    except (trio.ClosedResourceError, trio.BrokenResourceError, MuxError):
+                        channel = None
+                if channel is not None:
+                    await _pipe(channel, quiet)
+                await connection.aclose()
+                nursery.cancel_scope.cancel()
+            if channel is not None:
+                return
+            err.print("beam: a peer connected but opened no beam; waiting for another",
+                      markup=False)
 
 
-async def _accept_one(listener: trio.SocketListener, keypair: KeyPair) -> SecretStream:
-    while True:
-        raw = await listener.accept()
+async def _listen_on_swarm(keypair: KeyPair, config: SwarmConfig, quiet: bool) -> None:
+    done = trio.Event()
+    taken = False
+
+    async def on_beam(channel: Channel) -> None:
+        nonlocal taken
+        if taken:  # one beam per run: a second dialer is turned away
+            return
+        taken = True
         try:
-            return await SecretStream.responder(raw, keypair)
-        except HandshakeError as exc:
-            # A scanner or a stale client must not consume the beam.
-            err.print(f"beam: refused a connection: {exc}", markup=False)
+            await _pipe(channel, quiet)
+        finally:
+            done.set()
+
+    swarm = Swarm(keypair, config=config, handlers={PROTOCOL: on_beam})
+    async with trio.open_nursery() as nursery:
+        try:
+            host, port = await nursery.start(swarm.run)
+        except OSError as exc:
+            fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
+        relays = f"; relays {len(config.relays)}" if config.relays else ""
+        err.print(f"listening on {host}:{port} key {keypair.hex} (announced on the DHT"
+                  f"{relays})", markup=False)
+        if config.relays:
+            nursery.start_soon(_report_reservations, swarm)
+        await done.wait()
+        nursery.cancel_scope.cancel()  # the swarm unannounces on its way out
 
 
-async def _accept_while_announced(listener, keypair, address, bootstrap) -> SecretStream:
-    """Announce our key on the DHT until the first peer arrives, then unannounce."""
-    node = DhtNode(await UdpTransport.bind(address[0]), bootstrap=bootstrap)
-    async with trio.open_nursery() as outer:
-        await outer.start(node.run)
-        async with trio.open_nursery() as announcing:
-            stored = await announcing.start(functools.partial(
-                node.announce, record_topic_for_key(keypair.public_key), keypair,
-                addresses=[address],
-            ))
-            err.print(f"listening on {address[0]}:{address[1]} key {keypair.hex} "
-                      f"(announced on {stored} DHT nodes)", markup=False)
-            stream = await _accept_one(listener, keypair)
-            announcing.cancel_scope.cancel()  # the announcer unannounces on its way out
-        outer.cancel_scope.cancel()
-    return stream
+async def _report_reservations(swarm: Swarm) -> None:
+    """Tell the operator when each relay holds (or lost) our reservation."""
+    reported: set[bytes] = set()
+    while True:
+        await swarm.reservations_changed.wait()
+        now = set(swarm.reserved_relays)
+        for relay_key in now - reported:
+            err.print(f"reserved on relay {format_key(relay_key)}", markup=False)
+        for relay_key in reported - now:
+            err.print(f"lost the reservation on relay {format_key(relay_key)}; retrying",
+                      markup=False)
+        reported = now
+
+
+# -- dialling ----------------------------------------------------------------------
 
 
 async def _dial_by_key(
-    keypair: KeyPair, remote_key: bytes, bootstrap: list[tuple[str, int]], quiet: bool
+    keypair: KeyPair, remote_key: bytes, config: SwarmConfig, quiet: bool
 ) -> None:
-    # A client: any local address of the bootstrap's family will do.
-    wildcard = "::" if ":" in bootstrap[0][0] else "0.0.0.0"
-    node = DhtNode(await UdpTransport.bind(wildcard), bootstrap=bootstrap)
+    swarm = Swarm(keypair, config=config)
     async with trio.open_nursery() as nursery:
-        await nursery.start(node.run)
-        record = await node.find_peer(remote_key)
-        nursery.cancel_scope.cancel()
-    if record is None:
-        fail(f"no listener with key {format_key(remote_key)} is announced on the DHT")
-    failures = []
-    for host, port in record.addresses:
         try:
-            stream = await _connect(keypair, remote_key, (host, port))
+            await nursery.start(swarm.run)
         except OSError as exc:
-            failures.append(f"{host}:{port} ({connect_failure_reason(exc)})")
-            continue
-        await _pipe(stream, quiet)
-        return
-    fail("cannot reach the listener at any announced address: " + ", ".join(failures))
+            fail(f"cannot open a local socket: {exc.strerror or exc}")
+        try:
+            connection = await swarm.connect(remote_key)
+        except PeerNotFound:
+            fail(f"no listener with key {format_key(remote_key)} is announced on the DHT")
+        except SwarmError as exc:
+            fail(f"cannot reach the listener: {exc}")
+        await _open_and_pipe(connection, quiet)
+        nursery.cancel_scope.cancel()
 
 
 async def _dial(
     keypair: KeyPair, remote_key: bytes, target: tuple[str, int], quiet: bool
 ) -> None:
-    try:
-        stream = await _connect(keypair, remote_key, target)
-    except OSError as exc:
-        fail(f"cannot connect to {target[0]}:{target[1]}: {connect_failure_reason(exc)}")
-    await _pipe(stream, quiet)
-
-
-async def _connect(
-    keypair: KeyPair, remote_key: bytes, target: tuple[str, int]
-) -> SecretStream:
-    """TCP connect and handshake; a failed handshake exits with its reason.
-
-    Raises:
-        OSError: the TCP connection could not be made.
-    """
     host, port = target
-    raw = await trio.open_tcp_stream(host, port)
     try:
-        return await SecretStream.initiator(raw, keypair, remote_key)
+        connection = await dial_tcp(host, port, keypair, remote_key)
+    except OSError as exc:
+        fail(f"cannot connect to {host}:{port}: {connect_failure_reason(exc)}")
     except HandshakeError as exc:
         fail(f"handshake with {host}:{port} failed: {exc}")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(connection.run)
+        await _open_and_pipe(connection, quiet)
+        nursery.cancel_scope.cancel()
+
+
+async def _open_and_pipe(connection: Connection | SwarmConnection, quiet: bool) -> None:
+    try:
+        channel = await connection.open_channel(PROTOCOL)
+    except ChannelRejected as exc:
+        fail(f"the peer does not accept a beam: {exc}")
+    except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        fail(f"connection lost before the beam opened: {exc}")
+    await _pipe(channel, quiet)
+    await connection.aclose()
 
 
 def connect_failure_reason(exc: OSError) -> str:
@@ -190,7 +268,8 @@ def connect_failure_reason(exc: OSError) -> str:
     return getattr(first, "strerror", None) or str(first)
 
 
-async def _pipe(stream: SecretStream, quiet: bool) -> None:
+async def _pipe(channel: Channel, quiet: bool) -> None:
+    stream = channel.as_stream()
     counts = {"sent": 0, "received": 0}
     stdin = StdinSource()
     stdout = StdoutSink()
@@ -208,13 +287,10 @@ async def _pipe(stream: SecretStream, quiet: bool) -> None:
         await stdout.aclose()
 
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stream.keep_alive)
-            async with trio.open_nursery() as directions:
-                directions.start_soon(upload)
-                directions.start_soon(download)
-            nursery.cancel_scope.cancel()
-    except* ConnectionBroken as group:
+        async with trio.open_nursery() as directions:
+            directions.start_soon(upload)
+            directions.start_soon(download)
+    except* (ConnectionBroken, MuxError, trio.BrokenResourceError) as group:
         fail(f"connection lost: {group.exceptions[0]}")
     except* BrokenPipeError:
         fail("stdout was closed by its reader")

@@ -20,7 +20,14 @@ from .keys import KeyPair, format_key
 from .mux import Channel, ChannelListener, Mux, MuxConfig
 from .noise import SecretStream, SecretStreamConfig
 
-__all__ = ["ChannelHandler", "Connection", "ConnectionConfig", "dial_tcp", "serve_tcp"]
+__all__ = [
+    "ChannelHandler",
+    "Connection",
+    "ConnectionConfig",
+    "dial_tcp",
+    "serve_channels",
+    "serve_tcp",
+]
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +158,7 @@ async def serve_tcp(
         async with trio.open_nursery() as nursery:
             await nursery.start(connection.run)
             for protocol, listener in channel_listeners.items():
-                nursery.start_soon(_accept_channels, listener, channel_handlers[protocol], peer)
+                nursery.start_soon(serve_channels, listener, channel_handlers[protocol], peer)
             await connection.mux.wait_closed()
             nursery.cancel_scope.cancel()
 
@@ -159,9 +166,12 @@ async def serve_tcp(
     await trio.serve_listeners(handle, listeners)
 
 
-async def _accept_channels(
+async def serve_channels(
     listener: ChannelListener, handler: ChannelHandler, peer: str
 ) -> None:
+    """Run ``handler(channel)`` in a task of its own for every channel accepted,
+    until the listener closes; a handler that raises is logged, the rest go on."""
+
     async def run_one(channel: Channel) -> None:
         try:
             await handler(channel)

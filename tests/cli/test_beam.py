@@ -165,3 +165,4 @@ async def test_beam_by_key_reports_a_key_nobody_announced():
             )
     assert result.returncode == 1
     assert "is announced on the DHT" in result.stderr.decode()
+    assert "Traceback" not in result.stderr.decode()  # one line, even from inside a nursery

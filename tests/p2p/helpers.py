@@ -34,3 +34,14 @@ async def secret_stream_pair(
             left, initiator_key, responder_key.public_key, config=config
         )
     return result["initiator"], result["responder"]
+
+
+async def wait_until(condition, *, limit_s: float = 10.0, step_s: float = 0.02) -> None:
+    """Poll ``condition`` until it holds, on trio's clock; fail after ``limit_s``.
+
+    For state that changes in other tasks without an event to wait on (a
+    connection table, a counter); bounded in time, so it cannot hang a test.
+    """
+    with trio.fail_after(limit_s):
+        while not condition():  # noqa: ASYNC110 - polling state owned by other tasks
+            await trio.sleep(step_s)

@@ -1,0 +1,177 @@
+"""Issue 4's namespace scenario: a worker reaches a firewalled agent by key.
+
+Three hosts (see README.md): a DHT bootstrap and the blind relay on the relay
+host, a `cosmicac beam` listener on the agent host (whose firewall drops every
+inbound connection and unsolicited datagram), a `cosmicac beam` dialer on the
+worker host. Every process is the real console script.
+
+(a) without a relay the dial fails in bounded time, naming the address tried;
+(b) with the agent's relay key, 16 MiB go each way, SHA-256 intact;
+(c) a packet capture on the relay host never sees the plaintext marker;
+(d) the relay restarted with the same --storage has the same key, the agent
+    reserves again and a new beam gets through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.netns.capture import Capture
+from tests.netns.topology import (
+    AGENT,
+    AGENT_ADDR,
+    RELAY,
+    RELAY_ADDR,
+    WORKER,
+    Topology,
+    console_script,
+)
+
+pytestmark = pytest.mark.netns
+
+COSMICAC = console_script("cosmicac")
+BLIND_RELAY = console_script("blind-relay")
+DHT_PORT = 49739
+BOOTSTRAP = f"{RELAY_ADDR}:{DHT_PORT}"
+RELAY_KEY_LINE = re.compile(r"Server listening on ([0-9a-f]{64})")
+LISTENING = re.compile(r"listening on \S+ key ([0-9a-f]{64})")
+MARKER = b"PLAINTEXT-MARKER-7f3a9c"
+
+
+def wait_for_line(path: Path, pattern: re.Pattern[str], *, after: int = 0,
+                  timeout: float = 30.0) -> re.Match[str]:
+    """Poll a log file until a line past offset ``after`` matches; bounded in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        for line in text[after:].splitlines():
+            match = pattern.search(line)
+            if match:
+                return match
+        time.sleep(0.05)
+    tail = path.read_text(errors="replace")[-2000:] if path.exists() else "(no file)"
+    raise TimeoutError(f"no line /{pattern.pattern}/ in {path.name} in {timeout} s:\n{tail}")
+
+
+def start_bootstrap(topology: Topology, tmp_path: Path) -> None:
+    log = tmp_path / "bootstrap.err"
+    topology.popen(RELAY, [COSMICAC, "dht", "bootstrap", "--host", RELAY_ADDR,
+                           "--port", str(DHT_PORT)],
+                   stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    wait_for_line(log, re.compile(r"dht bootstrap listening on"))
+
+
+def start_relay(topology: Topology, tmp_path: Path, name: str) -> tuple[subprocess.Popen, str]:
+    out = tmp_path / f"{name}.out"
+    process = topology.popen(
+        RELAY, [BLIND_RELAY, "--storage", tmp_path / "relay-storage", "--host", RELAY_ADDR,
+                "--bootstrap", BOOTSTRAP],
+        stdout=out.open("wb"), stderr=(tmp_path / f"{name}.err").open("wb"),
+    )
+    key = wait_for_line(out, RELAY_KEY_LINE)[1]
+    assert out.read_text().splitlines()[0] == f"Using storage at {tmp_path / 'relay-storage'}"
+    return process, key
+
+
+def start_agent(topology: Topology, tmp_path: Path, data: Path, relay_key: str | None,
+                name: str = "agent") -> tuple[subprocess.Popen, str, Path]:
+    err = tmp_path / f"{name}.err"
+    argv = [COSMICAC, "beam", "--listen", "--bootstrap", BOOTSTRAP, "--host", AGENT_ADDR]
+    if relay_key:
+        argv += ["--relay", relay_key]
+    process = topology.popen(AGENT, argv, stdin=data.open("rb"),
+                             stdout=(tmp_path / f"{name}.out").open("wb"), stderr=err.open("wb"))
+    key = wait_for_line(err, LISTENING)[1]
+    return process, key, err
+
+
+def dial(topology: Topology, key: str, data: Path, out: Path, *, timeout: float = 120):
+    with data.open("rb") as stdin, out.open("wb") as stdout:
+        return topology.run(WORKER, [COSMICAC, "beam", key, "--bootstrap", BOOTSTRAP],
+                            stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                            timeout=timeout)
+
+
+def payload(path: Path, size: int) -> str:
+    """Random bytes with the marker sprinkled through them; returns the SHA-256."""
+    chunk = 64 * 1024
+    with path.open("wb") as file:
+        for _ in range(size // chunk):
+            file.write(MARKER + os.urandom(chunk - len(MARKER)))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_without_a_relay_the_worker_cannot_reach_the_agent(topology: Topology, tmp_path):
+    start_bootstrap(topology, tmp_path)
+    (tmp_path / "empty").write_bytes(b"")
+    agent, key, _ = start_agent(topology, tmp_path, tmp_path / "empty", relay_key=None)
+    started = time.monotonic()
+    result = dial(topology, key, tmp_path / "empty", tmp_path / "worker.out", timeout=60)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    assert "cannot reach" in result.stderr
+    assert re.search(rf"{re.escape(AGENT_ADDR)}:\d+: timed out after", result.stderr)
+    assert "Traceback" not in result.stderr
+    assert elapsed < 20  # a bounded failure, not a hang
+    assert topology.firewall_counters()["drop-new-tcp"] >= 1  # the firewall ate the SYN
+    assert agent.poll() is None  # the listener still waits
+
+
+def test_through_the_relay_16_mib_each_way_and_the_relay_sees_no_plaintext(
+    topology: Topology, tmp_path
+):
+    start_bootstrap(topology, tmp_path)
+    _, relay_key = start_relay(topology, tmp_path, "relay")
+    to_worker, to_agent = tmp_path / "to-worker", tmp_path / "to-agent"
+    to_worker_sum, to_agent_sum = payload(to_worker, 16 << 20), payload(to_agent, 16 << 20)
+    agent, key, agent_err = start_agent(topology, tmp_path, to_worker, relay_key)
+    wait_for_line(agent_err, re.compile(rf"reserved on relay {relay_key}"))
+
+    with Capture(topology, RELAY, tmp_path / "relay.cap", max_bytes=160 << 20) as capture:
+        result = dial(topology, key, to_agent, tmp_path / "worker.out")
+        assert result.returncode == 0, result.stderr
+        assert agent.wait(timeout=60) == 0
+        seen = capture.stop()
+    assert sha256(tmp_path / "worker.out") == to_worker_sum
+    assert sha256(tmp_path / "agent.out") == to_agent_sum
+    # The relay host carried both directions (in and out of the relay: 4 x 16 MiB)...
+    assert seen.summary["bytes"] > 60 << 20 and not seen.summary.get("truncated")
+    # ...and never a byte of plaintext.
+    assert not seen.contains(MARKER)
+
+
+def test_a_restarted_relay_keeps_its_key_and_the_agent_reserves_again(
+    topology: Topology, tmp_path
+):
+    start_bootstrap(topology, tmp_path)
+    first, relay_key = start_relay(topology, tmp_path, "relay")
+    data = tmp_path / "data"
+    data_sum = payload(data, 1 << 20)
+    agent, key, agent_err = start_agent(topology, tmp_path, data, relay_key)
+    wait_for_line(agent_err, re.compile(rf"reserved on relay {relay_key}"))
+
+    first.terminate()
+    assert first.wait(timeout=15) == 0
+    lost = wait_for_line(agent_err, re.compile("lost the reservation"))
+    _, again = start_relay(topology, tmp_path, "relay-again")
+    assert again == relay_key
+    offset = len(agent_err.read_text()[: lost.end()])
+    wait_for_line(agent_err, re.compile(rf"reserved on relay {relay_key}"), after=offset,
+                  timeout=60)
+
+    (tmp_path / "empty").write_bytes(b"")
+    result = dial(topology, key, tmp_path / "empty", tmp_path / "worker.out")
+    assert result.returncode == 0, result.stderr
+    assert sha256(tmp_path / "worker.out") == data_sum
+    assert agent.wait(timeout=30) == 0

@@ -1,0 +1,89 @@
+"""Swarms reaching a peer through a blind relay (in one process, real sockets).
+
+The namespace tests (tests/netns) show the same with a real firewall; here the
+peer simply announces an address nobody listens on, so direct dials fail fast.
+"""
+
+import functools
+import os
+
+import trio
+
+from p2p.keys import KeyPair
+from relay import run_relay
+
+from ..helpers import wait_until
+from .helpers import swarm_net
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_a_dialer_reaches_a_relay_only_peer_and_the_relay_sees_only_ciphertext():
+    relay_key = KeyPair.generate()
+    forwarded = bytearray()
+    marker = b"CLEARTEXT-MARKER-" + os.urandom(8).hex().encode()
+    with trio.fail_after(30):
+        async with swarm_net() as net:
+            await net.nursery.start(functools.partial(
+                run_relay, relay_key, host="127.0.0.1", port=0, bootstrap=net.bootstrap,
+                observer=lambda direction, chunk: forwarded.extend(chunk),
+            ))
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=(("127.0.0.1", closed_port()),))
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            received = trio.Event()
+            got = []
+
+            async def echo(channel):
+                got.append(await channel.receive())
+                await channel.send(got[-1][::-1])
+                received.set()
+
+            agent.handlers["echo"] = echo
+            worker = await net.start()
+            connection = await worker.connect(agent.public_key)
+            assert connection.relayed and connection.relay_key == relay_key.public_key
+            channel = await connection.open_channel("echo")
+            await channel.send(marker)
+            assert await channel.receive() == marker[::-1]
+            await received.wait()
+            await wait_until(lambda: worker.public_key in agent.connections)
+            assert agent.connections[worker.public_key].relayed
+            assert len(forwarded) > 100  # the relay forwarded the handshake and data...
+            assert marker not in bytes(forwarded)  # ...but never saw the plaintext
+            assert marker[::-1] not in bytes(forwarded)
+
+
+async def test_a_peer_re_reserves_after_the_relay_restarts_with_the_same_key():
+    relay_key = KeyPair.generate()
+    with trio.fail_after(40):
+        async with swarm_net() as net:
+            async def start_relay():
+                scope = trio.CancelScope()
+
+                async def run(task_status=trio.TASK_STATUS_IGNORED):
+                    with scope:
+                        await run_relay(relay_key, host="127.0.0.1", port=0,
+                                        bootstrap=net.bootstrap, task_status=task_status)
+
+                await net.nursery.start(run)
+                return scope
+
+            first = await start_relay()
+            agent = await net.start(relays=(relay_key.public_key,), reservation_retry_max_s=1.0,
+                                    announce_addresses=(("127.0.0.1", closed_port()),))
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            first.cancel()
+            await wait_until(lambda: relay_key.public_key not in agent.reserved_relays)
+            await start_relay()  # same key, new port
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays,
+                             limit_s=20)
+            worker = await net.start()
+            connection = await worker.connect(agent.public_key)
+            assert connection.relayed
