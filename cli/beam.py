@@ -168,14 +168,16 @@ async def _listen(keypair: KeyPair, host: str, port: int, quiet: bool) -> None:
 async def _listen_on_swarm(keypair: KeyPair, config: SwarmConfig, quiet: bool) -> None:
     done = trio.Event()
     taken = False
+    finished = False
 
     async def on_beam(channel: Channel) -> None:
-        nonlocal taken
+        nonlocal taken, finished
         if taken:  # one beam per run: a second dialer is turned away
             return
         taken = True
         try:
             await _pipe(channel, quiet)
+            finished = True
         finally:
             done.set()
 
@@ -192,6 +194,8 @@ async def _listen_on_swarm(keypair: KeyPair, config: SwarmConfig, quiet: bool) -
             nursery.start_soon(_report_reservations, swarm)
         await done.wait()
         nursery.cancel_scope.cancel()  # the swarm unannounces on its way out
+    if not finished:
+        fail("the connection ended before the beam finished")
 
 
 async def _report_reservations(swarm: Swarm) -> None:

@@ -118,6 +118,10 @@ async def dial_tcp(
 
 ChannelHandler = Callable[[Channel], Awaitable[object]]
 
+#: After a connection ends, how long channel handlers may go on reading what
+#: had already arrived before they are cancelled.
+DRAIN_TIMEOUT_S = 10.0
+
 
 async def serve_tcp(
     keypair: KeyPair,
@@ -155,12 +159,22 @@ async def serve_tcp(
         channel_listeners = {
             protocol: connection.listen(protocol) for protocol in channel_handlers
         }
+        handler_scope = trio.CancelScope()
+
+        async def run_handlers() -> None:
+            with handler_scope:
+                async with trio.open_nursery() as handlers:
+                    for protocol, listener in channel_listeners.items():
+                        handlers.start_soon(serve_channels, listener,
+                                            channel_handlers[protocol], peer)
+
         async with trio.open_nursery() as nursery:
             await nursery.start(connection.run)
-            for protocol, listener in channel_listeners.items():
-                nursery.start_soon(serve_channels, listener, channel_handlers[protocol], peer)
+            nursery.start_soon(run_handlers)
             await connection.mux.wait_closed()
-            nursery.cancel_scope.cancel()
+            # What arrived before the end is still readable: give handlers
+            # time to read it rather than cancelling them mid-message.
+            handler_scope.deadline = trio.current_time() + DRAIN_TIMEOUT_S
 
     task_status.started((bound[0], bound[1]))
     await trio.serve_listeners(handle, listeners)

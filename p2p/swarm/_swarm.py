@@ -116,6 +116,10 @@ class SwarmConfig:
     reservation_retry_max_s: float = 30.0
     """Longest wait before a lost relay reservation is tried again."""
 
+    drain_timeout_s: float = 10.0
+    """After a connection ends, how long its channel handlers may go on reading
+    what had already arrived before they are cancelled."""
+
     connection: ConnectionConfig = field(default_factory=ConnectionConfig)
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
 
@@ -757,28 +761,47 @@ class Swarm:
         path = "relayed" if relay_key else "direct"
         log.info("swarm.connected peer=%s path=%s address=%s:%d initiator=%s", peer, path,
                  *address, connection.is_initiator)
+        handler_scope = trio.CancelScope()
+
+        async def run_handlers() -> None:
+            with handler_scope:
+                async with trio.open_nursery() as handlers:
+                    for protocol, listener in listeners.items():
+                        handlers.start_soon(serve_channels, listener, self.handlers[protocol],
+                                            peer)
+                    if self.on_connection is not None:
+                        handlers.start_soon(self._call_on_connection, connection)
+
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(connection.connection.run)
-                for protocol, listener in listeners.items():
-                    nursery.start_soon(serve_channels, listener, self.handlers[protocol], peer)
-                if self.on_connection is not None:
-                    nursery.start_soon(self._call_on_connection, connection)
+                nursery.start_soon(run_handlers)
                 task_status.started(connection)
                 await connection.connection.mux.wait_closed()
-                nursery.cancel_scope.cancel()
+                self._forget(connection, path)
+                # Channels still hold what arrived before the end: let handlers
+                # read it (a peer that sent its last bytes and hung up must not
+                # lose them), then cancel what is left.
+                handler_scope.deadline = trio.current_time() + self.config.drain_timeout_s
         finally:
             with trio.CancelScope(shield=True):
                 await connection.aclose()  # bounded by the stream's close timeout
             stats = stream.statistics()
             self.metrics.closed_bytes["sent"] += stats.bytes_sent
             self.metrics.closed_bytes["received"] += stats.bytes_received
-            connection.closed.set()
-            if self.connections.get(key) is connection:
-                del self.connections[key]
-                wait = self.peers.disconnected(key, trio.current_time())
-                log.info("swarm.disconnected peer=%s path=%s", peer, path)
-                self._maybe_reconnect(key, wait)
+            self._forget(connection, path)
+
+    def _forget(self, connection: SwarmConnection, path: str) -> None:
+        """The connection ended: free its slot at once (idempotent)."""
+        if connection.closed.is_set():
+            return
+        connection.closed.set()
+        key = connection.remote_public_key
+        if self.connections.get(key) is connection:
+            del self.connections[key]
+            wait = self.peers.disconnected(key, trio.current_time())
+            log.info("swarm.disconnected peer=%s path=%s", format_key(key)[:12], path)
+            self._maybe_reconnect(key, wait)
 
     async def _call_on_connection(self, connection: SwarmConnection) -> None:
         assert self.on_connection is not None

@@ -151,7 +151,10 @@ async def test_beam_finds_the_listener_by_key_through_the_dht(tmp_path):
             assert dialer.returncode == 0, dialer.stderr.decode()
             assert await listener.wait() == 0
     assert dialer.stdout == to_dialer
-    assert (tmp_path / "listener.out").read_bytes() == to_listener
+    got = (tmp_path / "listener.out").read_bytes()
+    # Regression: the listener's handler was cancelled when the dialer hung up,
+    # before it had read the last messages, and still exited 0.
+    assert got == to_listener, f"the listener got {len(got)} of {len(to_listener)} bytes"
 
 
 async def test_beam_by_key_reports_a_key_nobody_announced():

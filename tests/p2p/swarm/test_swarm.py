@@ -227,3 +227,29 @@ async def test_a_stopped_swarm_refuses_to_connect():
     swarm = Swarm(KeyPair.generate())
     with pytest.raises(SwarmClosed):
         await swarm.connect(KeyPair.generate().public_key)
+
+
+async def test_a_handler_reads_everything_sent_before_the_peer_hung_up():
+    with trio.fail_after(20):
+        async with swarm_net() as net:
+            got, finished = [], trio.Event()
+
+            async def slow_reader(channel):
+                await trio.sleep(0.3)  # the peer is long gone by now
+                try:
+                    while True:
+                        got.append(await channel.receive())
+                except trio.EndOfChannel:
+                    pass
+                finished.set()
+
+            server = await net.start(handlers={"drain": slow_reader})
+            client = await net.start()
+            connection = await client.connect(server.public_key)
+            channel = await connection.open_channel("drain")
+            for n in range(50):
+                await channel.send(b"%d" % n)
+            await channel.send_eof()
+            await connection.aclose()
+            await finished.wait()
+            assert got == [b"%d" % n for n in range(50)]
