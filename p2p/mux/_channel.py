@@ -26,6 +26,7 @@ import trio
 
 from p2p.mux._core import ChannelPhase, ChannelState
 from p2p.mux._errors import ChannelBroken, ChannelClosed, MuxError, MuxUsageError
+from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
 from p2p.mux._stream import ChannelStream
 
 if TYPE_CHECKING:
@@ -50,9 +51,12 @@ class ChannelStatistics:
     messages_sent: int
     bytes_received: int
     messages_received: int
-    #: Bytes we may still send before the peer grants more.
+    #: Credit we may still use before the peer grants more (a message costs
+    #: ``len + 64``; the mux-wide budget may be the tighter limit).
     send_credit_bytes: int
-    #: Bytes received and not yet taken by ``receive()`` (always <= window).
+    #: Messages received and not yet taken by ``receive()``, in credit bytes
+    #: (``len + 64`` each; always <= window). ``MuxStatistics.buffered_bytes``
+    #: sums them over the mux.
     buffered_bytes: int
     #: Our receive window.
     receive_window_bytes: int
@@ -214,11 +218,12 @@ class Channel(trio.abc.Channel[bytes]):
         err = self._send_error()
         if err is not None:
             raise err
-        n = len(value)
+        cost = len(value) + MESSAGE_OVERHEAD_BYTES
         self._check_size(value)
         if (
             self._send_waiting
-            or st.send_credit < (n or 1)
+            or st.send_credit < cost
+            or core._send_budget < cost
             or core._out_bytes + mux._writing_bytes >= mux._max_out
         ):
             raise trio.WouldBlock
@@ -257,9 +262,11 @@ class Channel(trio.abc.Channel[bytes]):
         mux = self._mux
         core = mux._core
         st = self._st
+        cost = len(value) + MESSAGE_OVERHEAD_BYTES
         if (
             not self._send_waiting
-            and st.send_credit >= (len(value) or 1)
+            and st.send_credit >= cost
+            and core._send_budget >= cost
             and core._out_bytes + mux._writing_bytes < mux._max_out
         ):
             err = self._send_error()
@@ -268,7 +275,6 @@ class Channel(trio.abc.Channel[bytes]):
             core.send_message(st, value)  # raises MESSAGE_TOO_LARGE itself
             await mux._send_queued(checkpoint=checkpoint, more=more)
             return
-        cost = len(value) or 1
         self._send_waiting += 1
         try:
             async with self._send_lock:
@@ -279,6 +285,8 @@ class Channel(trio.abc.Channel[bytes]):
                     self._check_size(value)
                     if st.send_credit < cost:
                         await self._send_lot.park()
+                    elif core._send_budget < cost:
+                        await self._wait_budget()
                     elif core._out_bytes + mux._writing_bytes >= mux._max_out:
                         await mux._space_lot.park()
                     else:
@@ -287,6 +295,18 @@ class Channel(trio.abc.Channel[bytes]):
         finally:
             self._send_waiting -= 1
         await mux._send_queued(checkpoint=False, more=more)  # we waited: already a checkpoint
+
+    async def _wait_budget(self) -> None:
+        """Park until the peer grants mux credit (or anything else wakes the lot).
+
+        The channel stays listed until the next MUX_CREDIT even if this task is
+        cancelled: another task of the channel may still wait, and a spurious
+        wake-up only makes it check again.
+        """
+        mux = self._mux
+        mux._budget_waits += 1
+        mux._budget_waiters[self] = None
+        await self._send_lot.park()
 
     def receive_nowait(self) -> bytes:
         """Take a message if one is buffered.
@@ -387,8 +407,8 @@ class Channel(trio.abc.Channel[bytes]):
             mux._kick()
         else:
             st.app_closed = True
-            st.inbox.clear()
-            st.inbox_bytes = 0
+            mux._core._drop_inbox(st)
+        mux._budget_waiters.pop(self, None)
         if st.phase is ChannelPhase.FREED or st.abandoned:
             mux._live.pop(st, None)
         self._wake()

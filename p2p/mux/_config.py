@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2p.mux._errors import MuxUsageError
+from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
 
 __all__ = [
     "DEFAULT_BUSY_POLL_S",
@@ -13,6 +14,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_PENDING_ACCEPTS",
     "DEFAULT_MAX_SEND_BUFFER_BYTES",
+    "DEFAULT_RECEIVE_BUDGET_BYTES",
     "DEFAULT_RECEIVE_CHUNK_BYTES",
     "MuxConfig",
 ]
@@ -25,6 +27,12 @@ DEFAULT_INITIAL_WINDOW_BYTES = 1 << 20
 #: ``initial_window_bytes``). Protomux leaves this to the framing; hypercore
 #: blocks (64 KiB) stay far below it.
 DEFAULT_MAX_MESSAGE_BYTES = 512 << 10
+#: Connection-level receive window: what one peer can make us buffer, over all
+#: channels. HTTP/2 starts a connection at 64 KiB and implementations raise it to
+#: a few MiB or more (gRPC grows it to the bandwidth-delay product). Four windows:
+#: one channel at full speed is bound by its own window, not by the budget, and
+#: two channels the application stops reading still leave room for the others.
+DEFAULT_RECEIVE_BUDGET_BYTES = 4 << 20
 #: Channel table bound per mux (live, opening and closing channels alike).
 DEFAULT_MAX_CHANNELS = 1024
 #: Incoming channels a listener holds before the application accepts them.
@@ -49,12 +57,25 @@ class MuxConfig:
     """
 
     initial_window_bytes: int = DEFAULT_INITIAL_WINDOW_BYTES
-    """Bytes of messages the peer may send on each channel before we grant more;
-    the per-channel receive buffer bound. The peer may send messages of up to
-    half of it (a larger one ends the mux with ``MESSAGE_TOO_LARGE``). Must be
-    >= 2 * ``max_message_bytes``: credit is returned once half the window is
-    consumed, so at most half can sit unreported, and the other half must hold
-    the largest message or its sender would wait forever."""
+    """Bytes of messages the peer may send on each channel before we grant more
+    (each message counts ``len + 64``); the per-channel receive buffer bound. The
+    peer may send messages of up to half of it (a larger one ends the mux with
+    ``MESSAGE_TOO_LARGE``). Must be >= 2 * ``max_message_bytes``: credit is
+    returned once half the window (less 64) is consumed, so that much can sit
+    unreported, and the rest must hold the largest message or its sender would
+    wait forever. At least 256."""
+
+    receive_budget_bytes: int = DEFAULT_RECEIVE_BUDGET_BYTES
+    """Bytes the peer may make us buffer over all channels together (received,
+    not yet taken by the application), whatever the number of channels: the
+    connection-level window. Each buffered message counts ``len + 64`` bytes (the
+    64 stand for its object overhead), so this bounds memory even for a flood of
+    empty messages. Announced to the peer as mux credit and returned as the
+    application consumes. Must be >= 2 * ``initial_window_bytes``: one channel
+    whose application stops reading may then hold its whole window while every
+    other channel can still get its largest message through. Each further
+    unread channel may hold another window: size it as (channels you may leave
+    unread + 2) windows."""
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest single message, in bytes, we send on a channel (further capped at
@@ -87,6 +108,7 @@ class MuxConfig:
     def __post_init__(self) -> None:
         for name in (
             "initial_window_bytes",
+            "receive_budget_bytes",
             "max_message_bytes",
             "max_channels",
             "max_pending_accepts",
@@ -104,9 +126,22 @@ class MuxConfig:
                 "maximum-size message could wait forever for credit",
                 code="BAD_CONFIG",
             )
+        if self.initial_window_bytes < 4 * MESSAGE_OVERHEAD_BYTES:
+            raise MuxUsageError(
+                f"initial_window_bytes must be >= {4 * MESSAGE_OVERHEAD_BYTES}, got "
+                f"{self.initial_window_bytes}",
+                code="BAD_CONFIG",
+            )
+        if self.receive_budget_bytes < 2 * self.initial_window_bytes:
+            raise MuxUsageError(
+                "receive_budget_bytes must be >= 2 * initial_window_bytes "
+                f"({self.receive_budget_bytes} < 2 * {self.initial_window_bytes}), or one "
+                "channel the application does not read could block all the others",
+                code="BAD_CONFIG",
+            )
         if not 0 <= self.busy_poll_s <= 1:
             raise MuxUsageError(
                 f"busy_poll_s must be between 0 and 1, got {self.busy_poll_s!r}", code="BAD_CONFIG"
             )
-        if self.initial_window_bytes >= 1 << 62:
-            raise MuxUsageError("initial_window_bytes too large", code="BAD_CONFIG")
+        if self.receive_budget_bytes >= 1 << 62:
+            raise MuxUsageError("receive_budget_bytes too large", code="BAD_CONFIG")

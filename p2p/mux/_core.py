@@ -28,16 +28,39 @@ A name in use on our side (opening, open or closing) refuses a second local open
 ``DUPLICATE_CHANNEL``).
 
 Credit: each receiver announces a window (OPEN/ACCEPT) and the sender keeps
-``send_credit``; a message costs ``max(1, len)`` bytes (so empty messages cannot
-fill memory for free) and may be at most half the receiver's window. Why half:
-credit comes back in batches of half a window, so up to half a window may be
-consumed yet unreported while the inbox is empty; the other half must still fit
-the largest message or the sender would wait for credit that never comes. The
-receiver tracks how much the peer may still send (``_recv_allowed``); a DATA
-frame beyond it ends the mux with
-``CREDIT_EXCEEDED``. As the application takes messages, consumed bytes are
-returned with a CREDIT frame once they reach half the window (batched).
-Invariant: ``0 <= send_credit`` and ``inbox_bytes <= window`` per channel.
+``send_credit``; a message costs ``len + MESSAGE_OVERHEAD_BYTES`` (64) bytes of
+credit: what holding it costs the receiver (a ``bytes`` object and its inbox
+slot), so a window bounds memory even for a flood of empty messages. A message
+may be at most half the receiver's window. Why half: credit comes back in
+batches of half a window less 64 bytes, so that much may be consumed yet
+unreported while the inbox is empty; the rest (half a window plus 64) must still
+fit the largest message or the sender would wait for credit that never comes.
+The receiver tracks how much the peer may still send (``_recv_allowed``); a DATA
+frame beyond it ends the mux with ``CREDIT_EXCEEDED``. As the application takes
+messages, consumed bytes are returned with a CREDIT frame once they reach that
+batch. Invariant: ``0 <= send_credit`` and ``inbox_bytes <= window`` per channel.
+
+Receive budget (connection-level credit, as HTTP/2's connection window and
+QUIC's MAX_DATA): per-channel windows bound what one channel can hold, but a peer
+could open ``max_channels`` channels and fill every window. So each side also
+grants the peer a budget over the whole mux (``receive_budget_bytes``): its
+first frame is ``MUX_CREDIT(budget)``, every DATA frame costs the sender the
+same ``len + MESSAGE_OVERHEAD_BYTES`` of it as of its channel credit, and
+the receiver returns budget as the application consumes (or as we discard
+messages of closed channels), batched per eighth of the budget or half a
+window, whichever is less (so what sits unreported never grows with the budget
+past what a channel's own batching leaves). A DATA frame
+beyond the budget ends the mux with ``BUDGET_EXCEEDED``. Channel windows may
+add up to far more than the budget: only bytes actually sent use it, so idle
+channels cost nothing and a busy one is bound by its own window. Invariant:
+``buffered_bytes <= receive_budget_bytes`` (the sum of ``inbox_bytes``).
+
+Why the receiver cannot do it alone: credit, once granted to a channel, cannot
+be taken back, so a receiver-only scheme has to hand a slice of the budget to
+each channel in advance, and slices given to channels that never send are lost
+to the others (with atomic messages a channel needs a whole message's worth at
+once, so slices cannot be made small). With a budget the *sender* draws on,
+credit goes to whichever channel has data.
 
 Closing: END half-closes one direction. CLOSE ends both; the CLOSE receiver
 answers with its own CLOSE. A number is freed only once CLOSE went both ways, so
@@ -46,9 +69,6 @@ abandons before the answer stays in the table; when the answer comes it is
 closed (or freed, if rejected).
 
 Limits: ``max_channels`` entries, ``max_pending_accepts`` per listener backlog.
-Shortcomings: the inbox of a channel in a listener backlog counts against its
-window but not against any global memory bound, so worst-case buffered memory is
-``max_channels * initial_window_bytes``.
 """
 
 from __future__ import annotations
@@ -62,6 +82,7 @@ from p2p.mux._errors import MuxProtocolError, MuxUsageError
 from p2p.mux._frames import (
     MAX_CHANNEL_ID_BYTES,
     MAX_PROTOCOL_NAME_BYTES,
+    MESSAGE_OVERHEAD_BYTES,
     Accept,
     Close,
     Credit,
@@ -69,6 +90,7 @@ from p2p.mux._frames import (
     End,
     Frame,
     FrameDecoder,
+    MuxCredit,
     Open,
     Reject,
     RejectReason,
@@ -77,6 +99,7 @@ from p2p.mux._frames import (
 )
 
 __all__ = [
+    "BudgetReceived",
     "ChannelIncoming",
     "ChannelPaired",
     "ChannelPhase",
@@ -227,8 +250,16 @@ class RemoteClosed:
     channel: ChannelState
 
 
+@dataclass(slots=True)
+class BudgetReceived:
+    """The peer granted more connection-level send credit (``MuxCore.send_budget``)."""
+
+
+_BUDGET_RECEIVED = BudgetReceived()
+
 MuxEvent = (
-    ChannelPaired
+    BudgetReceived
+    | ChannelPaired
     | OpenRejected
     | ChannelIncoming
     | MessageReceived
@@ -256,6 +287,7 @@ class MuxCore:
         self.config = config or MuxConfig()
         # Messages may be up to half our window (see the theory of operation).
         self._max_recv_message = self.config.initial_window_bytes >> 1
+        self._credit_batch = self._max_recv_message - MESSAGE_OVERHEAD_BYTES
         self._decoder = FrameDecoder(self._max_recv_message + _HEADER_SLACK_BYTES)
         self._table: dict[int, ChannelState] = {}
         self._by_key: dict[tuple[str, bytes], ChannelState] = {}
@@ -266,6 +298,17 @@ class MuxCore:
         self._out_bytes = 0
         #: Set once the peer broke the protocol; the core refuses further input.
         self.failed: MuxProtocolError | None = None
+        # Receive budget: what the peer may still send over the whole mux, what
+        # we hold, and what was consumed but not yet granted back.
+        budget = self.config.receive_budget_bytes
+        self._recv_budget = budget
+        self._budget_unreported = 0
+        self._budget_batch = min(budget >> 3, self._max_recv_message)
+        self._buffered = 0
+        self._buffered_peak = 0
+        #: Connection-level credit the peer granted us (0 until its first frame).
+        self._send_budget = 0
+        self._queue(MuxCredit(budget))
 
     # -- output ----------------------------------------------------------------
 
@@ -287,6 +330,47 @@ class MuxCore:
         data = encode_frame(frame)
         self._out.append(data)
         self._out_bytes += len(data)
+
+    # -- receive budget --------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held in channel inboxes, as charged against the receive budget
+        (``len + MESSAGE_OVERHEAD_BYTES`` per message); at most
+        ``receive_budget_bytes``."""
+        return self._buffered
+
+    @property
+    def buffered_bytes_peak(self) -> int:
+        """The most :attr:`buffered_bytes` has been."""
+        return self._buffered_peak
+
+    @property
+    def send_budget(self) -> int:
+        """Connection-level credit left from the peer: a message costs
+        ``len + MESSAGE_OVERHEAD_BYTES`` of it."""
+        return self._send_budget
+
+    def can_send(self, st: ChannelState, size: int) -> bool:
+        """Whether channel and connection credit both cover a message of ``size``."""
+        cost = size + MESSAGE_OVERHEAD_BYTES
+        return st.send_credit >= cost and self._send_budget >= cost
+
+    def _release(self, amount: int) -> None:
+        """``amount`` budget bytes left our buffers: grant them back when due."""
+        self._buffered -= amount
+        unreported = self._budget_unreported + amount
+        if unreported >= self._budget_batch:
+            self._queue(MuxCredit(unreported))
+            self._recv_budget += unreported
+            unreported = 0
+        self._budget_unreported = unreported
+
+    def _drop_inbox(self, st: ChannelState) -> None:
+        if st.inbox:
+            self._release(st.inbox_bytes)
+            st.inbox.clear()
+        st.inbox_bytes = 0
 
     # -- table -----------------------------------------------------------------
 
@@ -376,14 +460,15 @@ class MuxCore:
     def send_message(self, st: ChannelState, payload: bytes) -> None:
         """Queue one message on an open channel.
 
-        The caller must first check ``st.send_credit >= max(1, len(payload))``.
+        The caller must first check :meth:`can_send` (channel credit and the
+        peer's connection-level budget).
 
         Raises:
             MuxUsageError: ``NO_CREDIT``, ``MESSAGE_TOO_LARGE``, ``NOT_OPEN`` or
                 ``ENDED`` when the call breaks those rules.
         """
         n = len(payload)
-        cost = n or 1
+        cost = n + MESSAGE_OVERHEAD_BYTES
         if st.phase is not ChannelPhase.OPEN or st.sent_close:
             raise MuxUsageError("channel is not open", code="NOT_OPEN")
         if st.sent_end:
@@ -393,9 +478,10 @@ class MuxCore:
                 f"message of {n} bytes exceeds the limit of {self.max_send_bytes(st)}",
                 code="MESSAGE_TOO_LARGE",
             )
-        if cost > st.send_credit:
+        if cost > st.send_credit or cost > self._send_budget:
             raise MuxUsageError("not enough send credit", code="NO_CREDIT")
         st.send_credit -= cost
+        self._send_budget -= cost
         st.bytes_sent += n
         st.messages_sent += 1
         header = data_header(st.remote, n)  # type: ignore[arg-type]
@@ -413,18 +499,27 @@ class MuxCore:
         if not st.inbox:
             return None
         msg = st.inbox.popleft()
-        cost = len(msg) or 1
+        cost = len(msg) + MESSAGE_OVERHEAD_BYTES
         st.inbox_bytes -= cost
         unreported = st._unreported + cost
         # Batch credit: one CREDIT frame per half window consumed (yamux and
-        # HTTP/2 implementations use the same "half the window" rule).
-        if unreported >= st.window >> 1 and not (
+        # HTTP/2 implementations use the same "half the window" rule), less one
+        # message overhead so that a maximum-size message always fits the rest.
+        if unreported >= self._credit_batch and not (
             st.remote_ended or st.got_close or st.sent_close
         ):
             self._queue(Credit(st.remote, unreported))  # type: ignore[arg-type]
             st._recv_allowed += unreported
             unreported = 0
         st._unreported = unreported
+        # Budget: the same, batched (see _budget_batch; inlined _release).
+        self._buffered -= cost
+        unreported = self._budget_unreported + cost
+        if unreported >= self._budget_batch:
+            self._queue(MuxCredit(unreported))
+            self._recv_budget += unreported
+            unreported = 0
+        self._budget_unreported = unreported
         return msg
 
     def send_end(self, st: ChannelState) -> None:
@@ -441,8 +536,7 @@ class MuxCore:
         An OPENING channel is abandoned: it is closed when the answer arrives.
         """
         st.app_closed = True
-        st.inbox.clear()
-        st.inbox_bytes = 0
+        self._drop_inbox(st)
         if st.phase is ChannelPhase.OPENING:
             st.abandoned = True
             return
@@ -482,22 +576,37 @@ class MuxCore:
                     n = len(f.payload)
                     if n > max_msg:
                         raise _violation("MESSAGE_TOO_LARGE", f"message of {n} bytes")
-                    cost = n or 1
+                    cost = n + MESSAGE_OVERHEAD_BYTES
                     if cost > st._recv_allowed:
                         raise _violation(
                             "CREDIT_EXCEEDED",
                             f"peer sent {cost} bytes on channel {f.channel} with "
                             f"{st._recv_allowed} bytes of credit",
                         )
+                    if cost > self._recv_budget:
+                        raise _violation(
+                            "BUDGET_EXCEEDED",
+                            f"peer sent {cost} bytes on channel {f.channel} with "
+                            f"{self._recv_budget} bytes of mux credit",
+                        )
+                    self._recv_budget -= cost
                     st._recv_allowed -= cost
                     st.bytes_received += n
                     st.messages_received += 1
                     if st.app_closed:
-                        continue  # discarded; the peer will see our CLOSE
+                        # discarded (the peer will see our CLOSE): the budget
+                        # goes back at once
+                        self._buffered += cost
+                        self._release(cost)
+                        continue
                     if not st.inbox:
                         events.append(MessageReceived(st))
                     st.inbox.append(f.payload)
                     st.inbox_bytes += cost
+                    buffered = self._buffered + cost
+                    self._buffered = buffered
+                    if buffered > self._buffered_peak:
+                        self._buffered_peak = buffered
                 else:
                     self._control(f, events)
             return events
@@ -508,6 +617,12 @@ class MuxCore:
     def _control(self, f: Frame, events: list[MuxEvent]) -> None:
         if type(f) is Open:
             self._on_open(f, events)
+            return
+        if type(f) is MuxCredit:
+            if self._send_budget + f.amount >= 1 << 62:
+                raise _violation("CREDIT_OVERFLOW", "mux credit overflow")
+            self._send_budget += f.amount
+            events.append(_BUDGET_RECEIVED)
             return
         st = self._table.get(f.channel)
         if st is None:

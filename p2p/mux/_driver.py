@@ -28,7 +28,9 @@ wake-ups of waiting channel operations.
   receiving task; credit is returned as the callback takes each message.
 * After each read the reader lets the tasks it woke run (a pass or two) before
   it reads again, so what they send is not held up by the read's re-arming.
-* Senders wait for channel credit, and for room in the outgoing buffer
+* Senders wait for channel credit, for the peer's connection-level credit (its
+  receive budget; a sender short of it waits on its own channel's lot and is
+  woken when a MUX_CREDIT frame arrives), and for room in the outgoing buffer
   (``max_send_buffer_bytes``, counting the batch being written), so a peer that
   stops reading holds our writers instead of growing our memory.
 
@@ -49,6 +51,7 @@ from p2p.errors import P2PError
 from p2p.mux._channel import Channel
 from p2p.mux._config import MuxConfig
 from p2p.mux._core import (
+    BudgetReceived,
     ChannelIncoming,
     ChannelPaired,
     ChannelPhase,
@@ -121,6 +124,18 @@ class MuxStatistics:
     channels: int
     #: Bytes queued for, or being written by, the writer task.
     outgoing_bytes: int
+    #: Bytes received and not yet taken by the application, over all channels,
+    #: as charged against the receive budget (``len + 64`` per message).
+    #: Never more than ``receive_budget_bytes``.
+    buffered_bytes: int
+    #: The most ``buffered_bytes`` has been since the mux was made.
+    buffered_bytes_peak: int
+    #: Our ``MuxConfig.receive_budget_bytes``.
+    receive_budget_bytes: int
+    #: Connection-level credit the peer's budget still allows us to use.
+    send_budget_bytes: int
+    #: Times a sender had to wait for the peer's connection-level credit.
+    budget_waits: int
     #: Number of ``send_all`` calls (batches) and bytes written so far.
     writes: int
     bytes_written: int
@@ -153,6 +168,10 @@ class Mux:
         self._busy_poll_s = self.config.busy_poll_s
         self._max_out = self.config.max_send_buffer_bytes
         self._live: dict[ChannelState, Channel] = {}
+        #: Channels with a sender waiting for the peer's connection credit; they
+        #: are woken (on their own send lot) when MUX_CREDIT arrives.
+        self._budget_waiters: dict[Channel, None] = {}
+        self._budget_waits = 0
         #: Channels whose pushed messages wait for the reader's next pass.
         self._push_later: list[Channel] = []
         self._listeners: dict[str, ChannelListener] = {}
@@ -253,6 +272,11 @@ class Mux:
         return MuxStatistics(
             channels=self._core.channel_count,
             outgoing_bytes=self._core.outgoing_bytes + self._writing_bytes,
+            buffered_bytes=self._core.buffered_bytes,
+            buffered_bytes_peak=self._core.buffered_bytes_peak,
+            receive_budget_bytes=self.config.receive_budget_bytes,
+            send_budget_bytes=self._core.send_budget,
+            budget_waits=self._budget_waits,
             writes=self._writes,
             bytes_written=self._bytes_written,
             reads=self._reads,
@@ -279,6 +303,7 @@ class Mux:
             ch._opened.set()
             ch._wake()
         self._live.clear()
+        self._budget_waiters.clear()
         for listener in self._listeners.values():
             listener._lot.unpark_all()
         self._space_lot.unpark_all()
@@ -484,6 +509,12 @@ class Mux:
                 ch = live.get(ev.channel)  # type: ignore[union-attr]
                 if ch is not None:
                     ch._send_lot.unpark_all()
+            elif t is BudgetReceived:
+                waiters = self._budget_waiters
+                if waiters:
+                    self._budget_waiters = {}
+                    for ch in waiters:
+                        ch._send_lot.unpark_all()
             elif t is ChannelPaired:
                 ch = live.get(ev.channel)  # type: ignore[union-attr]
                 if ch is not None:

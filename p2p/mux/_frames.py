@@ -47,6 +47,17 @@ Bodies by type (``channel`` is explained per type):
 
 ``END`` (5) and ``CLOSE`` (6): channel = receiver's channel number, empty body.
 
+``MUX_CREDIT`` (7) channel = 0 (the frame is for the whole mux)::
+
+    +--------------------------+
+    | extra bytes (varint)     |
+    +--------------------------+
+
+Connection-level credit (HTTP/2's WINDOW_UPDATE on stream 0, QUIC's
+MAX_DATA): each side's first frame grants its whole receive budget, later ones
+return what its application consumed. A message costs ``len +
+MESSAGE_OVERHEAD_BYTES`` of it, as of its channel's credit.
+
 The decoder never raises anything but :class:`MuxProtocolError`; a frame whose
 declared length exceeds ``max_frame_bytes`` is refused as soon as its length is
 read, before it is buffered.
@@ -63,6 +74,7 @@ __all__ = [
     "MAX_CHANNEL_ID_BYTES",
     "MAX_PROTOCOL_NAME_BYTES",
     "MAX_VARINT_BYTES",
+    "MESSAGE_OVERHEAD_BYTES",
     "Accept",
     "Close",
     "Credit",
@@ -71,6 +83,7 @@ __all__ = [
     "Frame",
     "FrameDecoder",
     "FrameType",
+    "MuxCredit",
     "Open",
     "Reject",
     "RejectReason",
@@ -85,6 +98,11 @@ MAX_VARINT_BYTES = 9
 MAX_PROTOCOL_NAME_BYTES = 255
 #: Channel ids are keys or small tags; 255 bytes leaves room for two 32-byte keys.
 MAX_CHANNEL_ID_BYTES = 255
+#: What one buffered message costs the receiver beyond its payload (a ``bytes``
+#: object is 33 bytes plus its data, and its inbox slot 8 more). A message costs
+#: ``len + MESSAGE_OVERHEAD_BYTES`` of channel and of mux credit, so windows and
+#: the receive budget bound memory even when a peer sends empty messages.
+MESSAGE_OVERHEAD_BYTES = 64
 
 
 class FrameType(IntEnum):
@@ -97,6 +115,7 @@ class FrameType(IntEnum):
     CREDIT = 4
     END = 5
     CLOSE = 6
+    MUX_CREDIT = 7
 
 
 class RejectReason(IntEnum):
@@ -165,7 +184,14 @@ class Close:
     channel: int
 
 
-Frame = Data | Open | Accept | Reject | Credit | End | Close
+@dataclass(slots=True)
+class MuxCredit:
+    """The receiver may now be sent ``amount`` more bytes over the whole mux."""
+
+    amount: int
+
+
+Frame = Data | Open | Accept | Reject | Credit | End | Close | MuxCredit
 
 
 # ---------------------------------------------------------------------------
@@ -243,6 +269,9 @@ def encode_frame(frame: Frame) -> bytes:
     elif isinstance(frame, Close):
         body = b""
         ftype = FrameType.CLOSE
+    elif isinstance(frame, MuxCredit):
+        inner = bytes((FrameType.MUX_CREDIT, 0)) + encode_varint(frame.amount)
+        return encode_varint(len(inner)) + inner
     else:  # pragma: no cover - typing guards this
         raise TypeError(f"not a frame: {frame!r}")
     inner = bytes((ftype,)) + encode_varint(frame.channel) + body
@@ -386,4 +415,11 @@ def _parse(mv: memoryview, pos: int, end: int) -> Frame:
         if pos != end:
             raise _bad("BAD_FRAME", "END/CLOSE frames have no body")
         return End(channel) if ftype == 5 else Close(channel)
+    if ftype == 7:
+        if channel != 0:
+            raise _bad("BAD_FRAME", "MUX_CREDIT must name channel 0")
+        amount, pos = _body_varint(mv, pos, end)
+        if pos != end:
+            raise _bad("BAD_FRAME", "trailing bytes in MUX_CREDIT")
+        return MuxCredit(amount)
     raise _bad("UNKNOWN_FRAME_TYPE", f"unknown frame type {ftype}")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2p.mux._errors import ChannelClosed
+from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
     from p2p.mux._driver import Channel
@@ -69,7 +70,7 @@ class ChannelStream(trio.abc.HalfCloseableStream):
             self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        """Wait until the channel has send credit (or is closed/broken)."""
+        """Wait until the channel and the mux have send credit (or it is closed/broken)."""
         self._enter_send()
         try:
             ch = self.channel
@@ -77,10 +78,16 @@ class ChannelStream(trio.abc.HalfCloseableStream):
                 if ch._st.app_closed or self._eof_sent:
                     await trio.lowlevel.checkpoint()
                     raise ChannelClosed("stream was closed", code="CHANNEL_CLOSED")
-                if ch._st.send_credit > 0 or ch._send_error() is not None:
+                if ch._send_error() is not None:
                     await trio.lowlevel.checkpoint()
                     return
-                await ch._send_lot.park()
+                if ch._st.send_credit < MESSAGE_OVERHEAD_BYTES + 1:
+                    await ch._send_lot.park()
+                elif not ch._mux._core.can_send(ch._st, 1):
+                    await ch._wait_budget()
+                else:
+                    await trio.lowlevel.checkpoint()
+                    return
         finally:
             self._sending = False
 

@@ -20,7 +20,16 @@ from p2p.mux import (
     MuxProtocolError,
     MuxUsageError,
 )
-from p2p.mux._frames import Accept, Close, Credit, Data, FrameDecoder, Open, encode_frame
+from p2p.mux._frames import (
+    Accept,
+    Close,
+    Credit,
+    Data,
+    FrameDecoder,
+    MuxCredit,
+    Open,
+    encode_frame,
+)
 from tests.p2p.conftest import WrappedStream, running_mux_pair
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
@@ -135,7 +144,7 @@ async def test_a_slow_reader_holds_its_sender_at_the_window_while_other_channels
                 buffered = slow_rx.statistics().buffered_bytes
                 assert buffered <= SMALL.initial_window_bytes
                 assert sent <= SMALL.initial_window_bytes
-                assert slow_tx.statistics().send_credit_bytes < 100
+                assert slow_tx.statistics().send_credit_bytes < 100 + 64
                 # reading releases the sender
                 before = sent
                 for _ in range(20):
@@ -168,19 +177,20 @@ async def test_a_peer_sending_beyond_its_credit_ends_the_mux_with_credit_exceede
         listener = mux.listen("p")
         await raw.send_all(encode_frame(Open(7, "p", b"", 1 << 20)))
         decoder = FrameDecoder(1 << 20)
-        (accept,) = await _read_frames(raw, decoder, 1)
+        budget, accept = await _read_frames(raw, decoder, 2)
+        assert budget == MuxCredit(SMALL.receive_budget_bytes)  # always the first frame
         assert isinstance(accept, Accept) and accept.channel == 7
         ch = await listener.accept()
         ours = accept.remote_channel
-        # exactly the window is fine...
-        await raw.send_all(encode_frame(Data(ours, b"x" * 512)) * 2)
+        # exactly the window is fine (a message costs its length + 64)...
+        await raw.send_all(encode_frame(Data(ours, b"x" * 448)) * 2)
         # ... one byte more is not
         await raw.send_all(encode_frame(Data(ours, b"y")))
         reason = await mux.wait_closed()
         assert isinstance(reason, MuxProtocolError) and isinstance(reason, RemoteProtocolError)
         assert reason.code == "CREDIT_EXCEEDED"
-        assert await ch.receive() == b"x" * 512  # what arrived within credit is readable
-        assert await ch.receive() == b"x" * 512
+        assert await ch.receive() == b"x" * 448  # what arrived within credit is readable
+        assert await ch.receive() == b"x" * 448
         with pytest.raises(ChannelBroken) as info:
             await ch.receive()
         assert info.value.code == "CREDIT_EXCEEDED"
@@ -213,16 +223,19 @@ async def test_credit_frames_are_batched_per_half_window(nursery, autojump_clock
         listener = mux.listen("p")
         await raw.send_all(encode_frame(Open(0, "p", b"", 1 << 20)))
         decoder = FrameDecoder(1 << 20)
-        (accept,) = await _read_frames(raw, decoder, 1)
+        _budget, accept = await _read_frames(raw, decoder, 2)
         ch = await listener.accept()
-        await raw.send_all(encode_frame(Data(accept.remote_channel, b"z" * 100)) * 10)
+        # 100-byte messages cost 164 bytes of credit: CREDIT goes back once
+        # half the window less 64 (448 bytes) is consumed, i.e. every 3 messages.
+        await raw.send_all(encode_frame(Data(accept.remote_channel, b"z" * 100)) * 6)
         for _ in range(5):
             await ch.receive()
         await trio.testing.wait_all_tasks_blocked()
-        for _ in range(5):
-            await ch.receive()
-        (credit,) = await _read_frames(raw, decoder, 1)
-        assert credit == Credit(0, 1000) or credit == Credit(0, 600)
+        frames = await _read_frames(raw, decoder, 2)
+        # channel credit after 3 messages; mux credit after 4 (half a window)
+        assert frames == [Credit(0, 3 * 164), MuxCredit(4 * 164)]
+        await ch.receive()
+        assert await _read_frames(raw, decoder, 1) == [Credit(0, 3 * 164)]
 
 
 async def test_stream_end_breaks_pending_receives_and_opens(nursery, autojump_clock):
@@ -345,7 +358,7 @@ async def test_remote_close_breaks_a_sender_waiting_for_credit(nursery, autojump
                 for _ in range(100):
                     if sent == 2:  # the window is full now: the next send waits
                         nursery.start_soon(peer.aclose)
-                    await ch.send(b"x" * 500)
+                    await ch.send(b"x" * 448)  # costs 512 bytes of credit
                     sent += 1
             assert sent == 2
             assert info.value.code == "REMOTE_CLOSED"
@@ -373,7 +386,8 @@ async def test_cancelled_open_is_closed_when_the_answer_arrives(nursery, autojum
 
 
 async def _cancel_after_open_is_sent(scope, raw, decoder):
-    (open_frame,) = await _read_frames(raw, decoder, 1)
+    budget, open_frame = await _read_frames(raw, decoder, 2)
+    assert budget == MuxCredit(SMALL.receive_budget_bytes)
     assert open_frame == Open(0, "p", b"k", SMALL.initial_window_bytes)
     scope.cancel()
 
@@ -538,12 +552,12 @@ async def test_send_nowait_would_block_without_credit_and_keeps_order(nursery, a
             listener = right.listen("p")
             ch = await left.open_channel("p")
             peer = await listener.accept()
-            ch.send_nowait(b"a" * 512)
-            ch.send_nowait(b"b" * 512)
+            ch.send_nowait(b"a" * 448)  # each costs 448 + 64: two fill the window
+            ch.send_nowait(b"b" * 448)
             with pytest.raises(trio.WouldBlock):
-                ch.send_nowait(b"c")
-            assert await peer.receive() == b"a" * 512
-            assert await peer.receive() == b"b" * 512
+                ch.send_nowait(b"")
+            assert await peer.receive() == b"a" * 448
+            assert await peer.receive() == b"b" * 448
             await trio.testing.wait_all_tasks_blocked()
             ch.send_nowait(b"c")
             assert await peer.receive() == b"c"

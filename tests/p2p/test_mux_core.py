@@ -19,8 +19,14 @@ from p2p.mux import (
     MuxUsageError,
 )
 from p2p.mux._core import ChannelPhase
+from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
+#: The smallest budget SMALL's window allows (two windows): channels compete for it.
+TIGHT = MuxConfig(
+    initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096,
+    receive_budget_bytes=2048,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -67,7 +73,7 @@ class CorePairMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cores = [MuxCore(SMALL), MuxCore(SMALL)]
+        self.cores = [MuxCore(TIGHT), MuxCore(TIGHT)]
         for core in self.cores:
             core.listen("p0")
         self.channels: list[tuple[int, object]] = []  # (side, ChannelState)
@@ -127,14 +133,14 @@ class CorePairMachine(RuleBasedStateMachine):
 
     def _send_one(self, side, chan, size):
         core = self.cores[side]
-        if chan.send_credit < max(1, size):
+        if not core.can_send(chan, size):
             return
         key = id(chan)  # numbers are reused; the record object is not
         seq = self.sent_seq.get(key, 0)
         self.sent_seq[key] = seq + 1
         header = f"{side}:{chan.local}:{chan.remote}:{seq}:".encode()
         payload = (header + b"." * size)[: max(size, len(header))]
-        if len(payload) > core.max_send_bytes(chan) or chan.send_credit < max(1, len(payload)):
+        if len(payload) > core.max_send_bytes(chan) or not core.can_send(chan, len(payload)):
             self.sent_seq[key] = seq
             return
         core.send_message(chan, payload)
@@ -206,15 +212,31 @@ class CorePairMachine(RuleBasedStateMachine):
             assert peer is not None
             sent = self.sent_bytes.get(id(peer_chan), 0)
             assert chan.bytes_received == peer_chan.bytes_sent == sent
+        if not any(core._out for core in self.cores):
+            # Nothing in flight: the sender's view of the budget is the receiver's,
+            # and the receiver's budget is split into granted, buffered, unreported.
+            budget = TIGHT.receive_budget_bytes
+            for side in (0, 1):
+                rx, tx = self.cores[side], self.cores[1 - side]
+                assert tx.send_budget == rx._recv_budget
+                assert rx._recv_budget + rx.buffered_bytes + rx._budget_unreported == budget
 
     @invariant()
-    def credit_is_never_negative_and_buffers_stay_within_the_window(self):
+    def credit_is_never_negative_and_buffers_stay_within_window_and_budget(self):
         for _side, chan in self.channels:
             assert chan.send_credit >= 0
             assert chan._recv_allowed >= 0
             assert 0 <= chan.inbox_bytes <= chan.window
-        for core in self.cores:
+        for side, core in enumerate(self.cores):
             assert core.failed is None
+            assert 0 <= core.buffered_bytes <= core.buffered_bytes_peak
+            assert core.buffered_bytes_peak <= TIGHT.receive_budget_bytes
+            assert core._recv_budget >= 0 and core.send_budget >= 0
+            assert core._budget_unreported < TIGHT.receive_budget_bytes >> 3
+            held = [chan for s, chan in self.channels if s == side]
+            assert core.buffered_bytes == sum(chan.inbox_bytes for chan in held)
+            for chan in held:  # a message costs its length + 64, in either account
+                assert chan.inbox_bytes == sum(len(m) + MESSAGE_OVERHEAD_BYTES for m in chan.inbox)
 
 
 TestCorePairMachine = CorePairMachine.TestCase

@@ -16,6 +16,7 @@ from p2p.mux._frames import (
     Data,
     End,
     FrameDecoder,
+    MuxCredit,
     Open,
     Reject,
     encode_frame,
@@ -40,6 +41,7 @@ frames = st.one_of(
     st.builds(Credit, channels, small_ints),
     st.builds(End, channels),
     st.builds(Close, channels),
+    st.builds(MuxCredit, small_ints),
 )
 
 
@@ -115,3 +117,12 @@ def test_an_unknown_frame_type_is_refused():
 
 def test_a_small_message_costs_three_header_bytes():
     assert encode_frame(Data(5, b"x")) == bytes([3, 0, 5]) + b"x"
+
+
+def test_mux_credit_is_addressed_to_channel_zero_only():
+    assert encode_frame(MuxCredit(300)) == bytes([4, 7, 0, 0xAC, 0x02])
+    with pytest.raises(MuxProtocolError) as info:
+        FrameDecoder(MAX_FRAME).feed(bytes([3, 7, 1, 5]))
+    assert info.value.code == "BAD_FRAME"
+    with pytest.raises(MuxProtocolError):
+        FrameDecoder(MAX_FRAME).feed(bytes([4, 7, 0, 5, 0]))  # trailing byte
