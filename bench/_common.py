@@ -39,6 +39,22 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
+async def send_and_time(stream: Any, total: int, chunk: bytes, ack: bytes) -> float:
+    """Send ``total`` bytes in ``chunk`` writes, wait for the peer's ``ack``,
+    close; return MB/s from the first write to the ack."""
+    import time
+
+    start = time.perf_counter()
+    sent = 0
+    while sent < total:
+        await stream.send_all(chunk)
+        sent += len(chunk)
+    assert await stream.receive_some(len(ack)) == ack
+    elapsed = time.perf_counter() - start
+    await stream.aclose()
+    return total / 1e6 / elapsed
+
+
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version()}
 

@@ -37,7 +37,7 @@ import resource
 import time
 
 import trio
-from _common import ChildServer, emit, machine, percentile, summary
+from _common import ChildServer, emit, machine, percentile, send_and_time, summary
 
 # `import relay` below means the project's relay package: _common put the
 # project root ahead of bench/ on sys.path (this file is bench/relay.py).
@@ -178,18 +178,9 @@ class Dialer:
 
 
 async def _send_one(dialer: Dialer, relayed: bool, total: int) -> float:
-    chunk = b"\x07" * CHUNK
     stream = await (dialer.relayed() if relayed else dialer.direct())
     await stream.send_all(SINK + total.to_bytes(8, "big"))
-    start = time.perf_counter()
-    sent = 0
-    while sent < total:
-        await stream.send_all(chunk)
-        sent += CHUNK
-    assert await stream.receive_some(1) == ACK
-    elapsed = time.perf_counter() - start
-    await stream.aclose()
-    return total / 1e6 / elapsed
+    return await send_and_time(stream, total, b"\x07" * CHUNK, ACK)
 
 
 async def _throughput(

@@ -15,7 +15,7 @@ import argparse
 import time
 
 import trio
-from _common import ChildServer, emit, machine, percentile, summary
+from _common import ChildServer, emit, machine, percentile, send_and_time, summary
 
 CHUNK = 64 * 1024
 ACK = b"\x01"
@@ -60,16 +60,7 @@ async def _throughput_once(port: int, mode: str, total: int) -> float:
     else:
         server_key = KeyPair.from_seed(b"\x01" * 32).public_key
         stream = await SecretStream.initiator(raw, KeyPair.generate(), server_key)
-    chunk = b"\x07" * CHUNK
-    start = time.perf_counter()
-    sent = 0
-    while sent < total:
-        await stream.send_all(chunk)
-        sent += CHUNK
-    assert await stream.receive_some(1) == ACK
-    elapsed = time.perf_counter() - start
-    await stream.aclose()
-    return total / 1e6 / elapsed
+    return await send_and_time(stream, total, b"\x07" * CHUNK, ACK)
 
 
 def throughput(mode: str, mib: int, reps: int) -> list[float]:

@@ -35,10 +35,9 @@ from collections.abc import Callable
 
 import trio
 
-from p2p.connection import Connection
+from p2p.connection import Connection, serve_channels
 from p2p.errors import HandshakeError
 from p2p.keys import KeyPair, format_key
-from p2p.mux import Channel, ChannelListener
 from p2p.noise import SecretStream
 from p2p.relay import (
     ATTACH_REQUEST_BYTES,
@@ -256,25 +255,12 @@ class RelayServer:
         log.debug("relay.control_connected peer=%s", peer)
         async with trio.open_nursery() as nursery:
             await nursery.start(connection.run)
-            nursery.start_soon(self._accept_channels, listener, router, peer)
+            nursery.start_soon(serve_channels, listener,
+                               functools.partial(serve_rpc, router=router, name=f"relay-{peer}"),
+                               peer)
             await connection.mux.wait_closed()
             nursery.cancel_scope.cancel()
         log.debug("relay.control_closed peer=%s", peer)
-
-    async def _accept_channels(self, listener: ChannelListener, router: Router, peer: str) -> None:
-        async def run_one(channel: Channel) -> None:
-            try:
-                await serve_rpc(channel, router, name=f"relay-{peer}")
-            finally:
-                await channel.aclose()
-
-        async with trio.open_nursery() as nursery:
-            while True:
-                try:
-                    channel = await listener.accept()
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    return
-                nursery.start_soon(run_one, channel)
 
     async def _reserve(self, key: bytes, params: ReserveParams, ctx: CallContext):
         """The ``reserve`` stream: an acceptance, then one item per dialer."""
