@@ -11,9 +11,10 @@ from pathlib import Path
 import trio
 import typer
 
-from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address
+from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address, dht_registry
 from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
+from p2p.metrics import serve_metrics
 
 from ._args import parse_address
 from ._console import err, fail
@@ -56,7 +57,8 @@ def record_json(record: PeerRecord) -> str:
     })
 
 
-async def _serve_node(host: str, port: int, bootstrap: list, label: str) -> None:
+async def _serve_node(host: str, port: int, bootstrap: list, label: str,
+                      metrics: tuple[str, int] | None = None) -> None:
     try:
         transport = await UdpTransport.bind(host, port, dual_stack=host == "::")
     except OSError as exc:
@@ -67,6 +69,14 @@ async def _serve_node(host: str, port: int, bootstrap: list, label: str) -> None
 
     async def start(nursery: trio.Nursery) -> None:
         await nursery.start(node.run)
+        if metrics is not None:
+            try:
+                served = await nursery.start(functools.partial(
+                    serve_metrics, dht_registry(node), host=metrics[0], port=metrics[1]))
+            except OSError as exc:
+                fail(f"cannot serve metrics on {metrics[0]}:{metrics[1]}: "
+                     f"{exc.strerror or exc}")
+            log.info("dht.metrics url=http://%s:%d/metrics", *served)
         bound_host, bound_port = transport.local_address
         node_id = node.core.node_id.hex() if node.core.node_id else "(learning)"
         err.print(f"{label} listening on {bound_host}:{bound_port} node-id {node_id}",
@@ -78,15 +88,28 @@ async def _serve_node(host: str, port: int, bootstrap: list, label: str) -> None
     log.info("dht.node_stopped signal=%s", stopped_by)
 
 
+MetricsPortOption = typer.Option(
+    0, "--metrics-port", min=0, max=65535, envvar="COSMICAC_DHT_METRICS_PORT",
+    help="Serve Prometheus metrics on this port (0: off).")
+MetricsHostOption = typer.Option("127.0.0.1", "--metrics-host", envvar="COSMICAC_DHT_METRICS_HOST")
+
+
+def _metrics_address(host: str, port: int) -> tuple[str, int] | None:
+    return (host, port) if port else None
+
+
 @app.command("bootstrap")
 def bootstrap(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(DEFAULT_BOOTSTRAP_PORT, "--port", "-p"),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+    metrics_port: int = MetricsPortOption,
+    metrics_host: str = MetricsHostOption,
 ) -> None:
     """Run a persistent node that others join through."""
     configure_logging(log_level)
-    trio.run(_serve_node, host, port, [], "dht bootstrap")
+    trio.run(_serve_node, host, port, [], "dht bootstrap",
+             _metrics_address(metrics_host, metrics_port))
 
 
 @app.command("node")
@@ -95,10 +118,13 @@ def node(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(0, "--port", "-p"),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+    metrics_port: int = MetricsPortOption,
+    metrics_host: str = MetricsHostOption,
 ) -> None:
     """Run a plain persistent node that joined through --bootstrap."""
     configure_logging(log_level)
-    trio.run(_serve_node, host, port, parse_bootstrap(bootstrap), "dht node")
+    trio.run(_serve_node, host, port, parse_bootstrap(bootstrap), "dht node",
+             _metrics_address(metrics_host, metrics_port))
 
 
 def _topic(text: str) -> bytes:

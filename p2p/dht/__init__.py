@@ -15,6 +15,7 @@ from ._driver import DhtNode, DhtTimeout
 from ._errors import DhtDecodeError, DhtError, DhtProtocolError, DhtUsageError, RecordRejected
 from ._lookup import IterativeLookup, LookupConfig
 from ._messages import Command, Request, Response, decode, encode
+from ._metrics import dht_registry
 from ._node import NodeConfig, NodeCore, Outgoing, ResponseReceived
 from ._records import PeerRecord, record_topic_for_key, sign_record, verify_record
 from ._routing import Routing, target_id
@@ -50,6 +51,7 @@ __all__ = [
     "UdpTransport",
     "canonical_address",
     "decode",
+    "dht_registry",
     "encode",
     "node_id_for",
     "record_topic_for_key",

@@ -80,3 +80,30 @@ async def test_lookup_of_an_unknown_topic_exits_1_and_bad_bootstrap_exits_2():
     )
     assert result.returncode == 2
     assert "bad bootstrap address" in result.stderr.decode()
+
+
+async def test_a_dht_node_serves_its_metrics():
+    import socket
+
+    from tests.p2p.helpers import http_get
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    with trio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
+            match = await read_until(boot.stderr, LISTENING)
+            node = await stack.enter_async_context(process(
+                "dht", "node", "--bootstrap", f"{match[1]}:{match[2]}",
+                "--metrics-port", str(metrics_port),
+            ))
+            await read_until(node.stderr, LISTENING)
+            status, body = await http_get(("127.0.0.1", metrics_port), "/metrics")
+            assert status == 200
+            text = body.decode()
+            assert "dht_persistent 1.0" in text  # proved reachable by a probe
+            assert "dht_reachable 1.0" in text
+            assert re.search(r"^dht_contacts 1\.0$", text, re.MULTILINE)
+            assert re.search(r'^dht_datagrams_total\{direction="sent"\} [1-9]', text,
+                             re.MULTILINE)

@@ -45,3 +45,17 @@ async def wait_until(condition, *, limit_s: float = 10.0, step_s: float = 0.02) 
     with trio.fail_after(limit_s):
         while not condition():  # noqa: ASYNC110 - polling state owned by other tasks
             await trio.sleep(step_s)
+
+
+async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
+    """GET ``path`` over a real TCP connection; return (status, the whole response)."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        request = f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        await stream.send_all(request.encode())
+        data = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data

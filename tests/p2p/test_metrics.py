@@ -1,22 +1,10 @@
 """The metrics endpoint serves one component's registry over real HTTP."""
 
-import trio
 from prometheus_client import Counter
 
 from p2p.metrics import CollectorRegistry, serve_metrics
 
-
-async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
-    stream = await trio.open_tcp_stream(*address)
-    async with stream:
-        request = f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-        await stream.send_all(request.encode())
-        data = b""
-        with trio.fail_after(5):
-            while chunk := await stream.receive_some():
-                data += chunk
-    status = int(data.split(b" ", 2)[1])
-    return status, data
+from .helpers import http_get
 
 
 async def test_serves_its_own_registry_only(nursery):
