@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import random
+import sys
 import time
 
 import trio
@@ -79,7 +81,13 @@ async def memory_figures(size: int, lookups: int) -> None:
     gc.collect()
     before = rss_mib()
     started = time.perf_counter()
-    async with memory_testnet(size, seed=size) as net:
+
+    def progress(built: int, total: int) -> None:
+        if built % 1000 == 0 or built == total:
+            print(f"# building the {total}-node network: {built}/{total} "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    async with memory_testnet(size, seed=size, progress=progress) as net:
         built_s = time.perf_counter() - started
         gc.collect()
         emit("dht", f"rss_per_node_memory_{size}", (rss_mib() - before) / size, "MiB",
@@ -105,8 +113,9 @@ async def memory_figures(size: int, lookups: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--udp", default="30,100")
-    parser.add_argument("--memory", default="1000",
-                        help="sizes of in-memory networks (10000 takes ~15 min here)")
+    parser.add_argument("--memory", default=os.environ.get("DHT_BENCH_MEMORY", "1000,10000"),
+                        help="sizes of in-memory networks (building 10,000 nodes takes "
+                        "about 20-25 min here; DHT_BENCH_MEMORY sets the default)")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     for size in [int(s) for s in args.udp.split(",") if s]:

@@ -11,7 +11,7 @@ nodes to simulate churn.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -58,8 +58,12 @@ async def memory_testnet(
     profile: LinkProfile | None = None,
     seed: int = 0,
     config: NodeConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> AsyncIterator[Testnet]:
-    """``size`` nodes on an in-memory network; cancelled on exit."""
+    """``size`` nodes on an in-memory network; cancelled on exit.
+
+    ``progress(built, size)`` is called after each node joined (large networks
+    take minutes to build)."""
     network = MemoryNetwork(profile or LinkProfile(), seed=seed)
     net = Testnet([], network)
     async with trio.open_nursery() as nursery:
@@ -71,6 +75,8 @@ async def memory_testnet(
             node = DhtNode(network.transport(), bootstrap=net.bootstrap, persistent=True,
                            config=config, rng=random.Random(seed * 100_003 + index))
             await _start(nursery, net, node)
+            if progress is not None:
+                progress(index + 1, size)
         yield net
         nursery.cancel_scope.cancel()
 
