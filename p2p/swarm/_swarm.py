@@ -42,86 +42,27 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..connection import ChannelHandler, Connection, ConnectionConfig, serve_channels
+from ..connection import ChannelHandler, Connection, serve_channels
 from ..dht import DhtError, DhtNode, PeerRecord, UdpTransport, record_topic_for_key
 from ..errors import HandshakeError, P2PError
 from ..keys import KeyPair, format_key
 from ..noise import SecretStream
 from ..relay import Incoming, Role, attach, keep_reservation, request_pair
+from ._config import Address, Firewall, SwarmConfig
 from ._connection import SwarmConnection
 from ._duplicates import keep_new_connection
 from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmClosed, SwarmError
 from ._metrics import SwarmMetrics
-from ._peers import BackoffPolicy, PeerTable
+from ._peers import PeerTable
 
-__all__ = ["Firewall", "Swarm", "SwarmConfig"]
+__all__ = ["Swarm"]
 
 log = logging.getLogger(__name__)
-
-Address = tuple[str, int]
-#: ``firewall(remote_key, how) -> allowed``; ``how`` is "incoming", "relayed",
-#: "connect" or "topic:<hex>" (the topic whose lookup found the peer).
-Firewall = Callable[[bytes, str], bool]
 
 _WILDCARDS = ("0.0.0.0", "::", "")
 #: Binding TCP on port 0 then UDP on the same number can race another program
 #: for the UDP port; try this many fresh ports before giving up.
 _BIND_TRIES = 20
-
-
-@dataclass(frozen=True)
-class SwarmConfig:
-    """Parameters of one swarm."""
-
-    host: str = "0.0.0.0"
-    """Address to listen on (TCP and UDP)."""
-
-    port: int = 0
-    """Port for both the TCP listener and the DHT's UDP socket (0: a free one)."""
-
-    bootstrap: tuple[Address, ...] = ()
-    """DHT nodes to join through; none makes this swarm's node a network of one."""
-
-    relays: tuple[bytes, ...] = ()
-    """Relay keys to hold reservations with and to list in our records."""
-
-    announce_addresses: tuple[Address, ...] | None = None
-    """Addresses to put in our records instead of the listener's (a port
-    forwarded on a NAT, say); ``()`` lists none, so peers come through relays."""
-
-    announce_key: bool = True
-    """Announce our key under its own topic, so ``connect(key)`` finds us."""
-
-    dht_persistent: bool = False
-    """Offer our DHT node to others' routing tables (once proven reachable)."""
-
-    max_connections: int = 64
-    """Connections at once; dials beyond it fail and incoming ones are closed."""
-
-    max_parallel_dials: int = 8
-    """Dials in flight at once."""
-
-    direct_timeout_s: float = 2.0
-    """TCP connect plus handshake, per announced address."""
-
-    relay_timeout_s: float = 10.0
-    """Pairing through one relay, end-to-end handshake included."""
-
-    lookup_min_s: float = 0.5
-    """First pause between two lookups of a topic (doubles up to the max)."""
-
-    lookup_max_s: float = 300.0
-    """Longest pause between two lookups of a topic."""
-
-    reservation_retry_max_s: float = 30.0
-    """Longest wait before a lost relay reservation is tried again."""
-
-    drain_timeout_s: float = 10.0
-    """After a connection ends, how long its channel handlers may go on reading
-    what had already arrived before they are cancelled."""
-
-    connection: ConnectionConfig = field(default_factory=ConnectionConfig)
-    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
 
 
 @dataclass(frozen=True)
