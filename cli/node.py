@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 import typer
+from prometheus_client import Counter, Gauge, Info
 
 from p2p.connection import dial_tcp, serve_tcp
 from p2p.diagnostics import (
@@ -23,6 +24,7 @@ from p2p.diagnostics import (
 )
 from p2p.errors import HandshakeError, P2PError
 from p2p.keys import KeyPair, load_or_create_keypair
+from p2p.metrics import CollectorRegistry, serve_metrics
 from p2p.rpc import RpcClient, RpcError, serve_rpc
 
 from ._args import parse_peer
@@ -46,6 +48,11 @@ def up(
     host: str = typer.Option("127.0.0.1", "--host", envvar="COSMICAC_HOST"),
     port: int = typer.Option(DEFAULT_NODE_PORT, "--port", envvar="COSMICAC_PORT"),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+    metrics_port: int = typer.Option(
+        0, "--metrics-port", min=0, max=65535, envvar="COSMICAC_METRICS_PORT",
+        help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host",
+                                     envvar="COSMICAC_METRICS_HOST"),
 ) -> None:
     """Run a local node: the diagnostic service over the secret stream, until Ctrl-C.
 
@@ -58,22 +65,36 @@ def up(
     except P2PError as exc:
         fail(str(exc))
     try:
-        trio.run(_run_node, keypair, storage.resolve(), host, port)
+        trio.run(_run_node, keypair, storage.resolve(), host, port,
+                 (metrics_host, metrics_port) if metrics_port else None)
     except* OSError as group:
         exc = group.exceptions[0]
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
-async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int) -> None:
+async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int,
+                    metrics: tuple[str, int] | None) -> None:
     router = diagnostics_router(keypair.public_key, agent=AGENT)
+    registry = CollectorRegistry()
+    Info("node", "This node", registry=registry).info({"key": keypair.hex, "agent": AGENT})
+    sessions = Counter("node_diagnostic_sessions", "Diagnostic channels served",
+                       registry=registry)
+    open_sessions = Gauge("node_diagnostic_sessions_open", "Diagnostic channels open now",
+                          registry=registry)
 
     async def diagnostics(channel) -> None:
-        await serve_rpc(channel, router, name="diagnostics")
+        sessions.inc()
+        with open_sessions.track_inprogress():
+            await serve_rpc(channel, router, name="diagnostics")
 
     async def start(nursery: trio.Nursery) -> None:
         bound_host, bound_port = await nursery.start(
             functools.partial(serve_tcp, keypair, {PROTOCOL: diagnostics}, host=host, port=port)
         )
+        if metrics is not None:
+            served = await nursery.start(functools.partial(
+                serve_metrics, registry, host=metrics[0], port=metrics[1]))
+            log.info("node.metrics url=http://%s:%d/metrics", *served)
         log.info("node.started storage=%s key=%s address=%s:%d",
                  storage, keypair.hex, bound_host, bound_port)
         err.print(f"node listening on {bound_host}:{bound_port} key {keypair.hex}",

@@ -63,3 +63,32 @@ async def test_ping_to_a_wrong_key_names_both_keys(tmp_path):
     assert result.returncode == 1
     message = result.stderr.decode()
     assert wrong in message and key in message
+
+
+async def test_up_serves_its_metrics(tmp_path):
+    import socket
+
+    from tests.p2p.helpers import http_get
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    node = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--storage", str(tmp_path), "--port", "0",
+         "--metrics-port", str(metrics_port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        with trio.fail_after(60):
+            match = await read_until(node.stderr, LISTENING)
+            result = await ping(match[3], "--address", f"{match[1]}:{match[2]}", "-c", "2",
+                                "-i", "0")
+            assert result.returncode == 0, result.stderr.decode()
+            status, body = await http_get(("127.0.0.1", metrics_port), "/metrics")
+    finally:
+        node.kill()
+        await node.wait()
+    text = body.decode()
+    assert status == 200
+    assert "node_diagnostic_sessions_total 1.0" in text
+    assert f'key="{match[3]}"' in text
