@@ -380,7 +380,9 @@ class Swarm:
                 elif self.peers.may_dial(key, trio.current_time()) or key in self._dials:
                     dials.start_soon(self._dial_quietly, key, _Target.of(record), how, topic)
 
-    async def _dial_quietly(self, key: bytes, target: _Target, how: str, topic) -> None:
+    async def _dial_quietly(
+        self, key: bytes, target: _Target, how: str, topic: bytes | None
+    ) -> None:
         try:
             connection = await self._dial(key, target, how)
         except SwarmError as exc:
