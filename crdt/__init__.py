@@ -1,9 +1,20 @@
 """The shared database: per-writer signed logs and a CRDT view over them (DESIGN.md §3.8).
 
-So far: :class:`WriterLog`, one writer's append-only, hash-chained, signed log file.
+So far: :class:`WriterLog`, one writer's append-only, hash-chained, signed log
+file, and :class:`Entry`, what one of its payloads says (clock, dependencies,
+operations) with the order every replica gives entries.
 """
 
-from ._errors import CrdtError, InvalidBatch, LogCorrupted, LogInUse, NotWriter, RecordTooLarge
+from ._entries import ENTRY_VERSION, Entry, EntryId, decode_entry, order_key
+from ._errors import (
+    BadEntry,
+    CrdtError,
+    InvalidBatch,
+    LogCorrupted,
+    LogInUse,
+    NotWriter,
+    RecordTooLarge,
+)
 from ._log import (
     GENESIS_HASH,
     MAX_BODY,
@@ -18,9 +29,13 @@ from ._log import (
 )
 
 __all__ = [
+    "ENTRY_VERSION",
     "GENESIS_HASH",
     "MAX_BODY",
+    "BadEntry",
     "CrdtError",
+    "Entry",
+    "EntryId",
     "FsyncPolicy",
     "Head",
     "InvalidBatch",
@@ -32,6 +47,8 @@ __all__ = [
     "VerifyReport",
     "WriterLog",
     "chain_hash",
+    "decode_entry",
     "head_message",
+    "order_key",
     "verify_file",
 ]

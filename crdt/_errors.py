@@ -89,3 +89,12 @@ class RecordTooLarge(CrdtError, ValueError):
     """A payload is larger than one record may be."""
 
     code = "RECORD_TOO_LARGE"
+
+
+class BadEntry(CrdtError):
+    """An entry that does not decode or breaks the entry rules (``.code`` says which).
+
+    Replicas refuse it: it is never applied, whoever signed it.
+    """
+
+    code = "BAD_ENTRY"
