@@ -55,6 +55,19 @@ async def send_and_time(stream: Any, total: int, chunk: bytes, ack: bytes) -> fl
     return total / 1e6 / elapsed
 
 
+async def receive_and_ack(stream: Any, total: int, ack: bytes) -> bool:
+    """Read ``total`` bytes (256 KiB at a time), then send ``ack``; False if the
+    stream ended first."""
+    received = 0
+    while received < total:
+        data = await stream.receive_some(256 * 1024)
+        if not data:
+            return False
+        received += len(data)
+    await stream.send_all(ack)
+    return True
+
+
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version()}
 

@@ -37,7 +37,7 @@ import resource
 import time
 
 import trio
-from _common import ChildServer, emit, machine, percentile, send_and_time, summary
+from _common import ChildServer, emit, machine, percentile, receive_and_ack, send_and_time, summary
 
 # `import relay` below means the project's relay package: _common put the
 # project root ahead of bench/ on sys.path (this file is bench/relay.py).
@@ -107,13 +107,8 @@ def _serve_target(queue, relay_port: int) -> None:
                 while len(header) < 8:
                     header += await stream.receive_some(8 - len(header))
                 total = int.from_bytes(header, "big")
-                received = 0
-                while received < total:
-                    data = await stream.receive_some(256 * 1024)
-                    if not data:
-                        return
-                    received += len(data)
-                await stream.send_all(ACK)
+                if not await receive_and_ack(stream, total, ACK):
+                    return
             # IDLE and STREAM: read (and drop) until the dialer closes.
             while await stream.receive_some(256 * 1024):
                 pass

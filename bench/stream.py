@@ -15,7 +15,7 @@ import argparse
 import time
 
 import trio
-from _common import ChildServer, emit, machine, percentile, send_and_time, summary
+from _common import ChildServer, emit, machine, percentile, receive_and_ack, send_and_time, summary
 
 CHUNK = 64 * 1024
 ACK = b"\x01"
@@ -32,13 +32,8 @@ def _serve(port_queue, mode: str, total: int) -> None:
         if mode == "handshake":
             await stream.aclose()
             return
-        received = 0
-        while received < total:
-            data = await stream.receive_some(256 * 1024)
-            if not data:
-                return
-            received += len(data)
-        await stream.send_all(ACK)
+        if not await receive_and_ack(stream, total, ACK):
+            return
         await stream.receive_some(1)
         await stream.aclose()
 

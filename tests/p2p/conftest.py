@@ -58,3 +58,21 @@ class WrappedStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+async def send_and_collect(tx, rx, msgs) -> list[bytes]:
+    """Send ``msgs`` then end on ``tx`` while reading ``rx`` to its end; return what came."""
+
+    async def send() -> None:
+        for message in msgs:
+            await tx.send(message)
+        await tx.send_eof()
+
+    got: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        while True:
+            try:
+                got.append(await rx.receive())
+            except trio.EndOfChannel:
+                return got

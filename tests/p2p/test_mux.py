@@ -30,7 +30,7 @@ from p2p.mux._frames import (
     Open,
     encode_frame,
 )
-from tests.p2p.conftest import WrappedStream, running_mux_pair
+from tests.p2p.conftest import WrappedStream, running_mux_pair, send_and_collect
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
 
@@ -431,21 +431,7 @@ async def test_messages_flow_over_a_lockstep_stream_pair(nursery, autojump_clock
                         for _ in chans]
 
             async def pump(tx, rx, msgs):
-                async with trio.open_nursery() as inner:
-
-                    async def send():
-                        for m in msgs:
-                            await tx.send(m)
-                        await tx.send_eof()
-
-                    inner.start_soon(send)
-                    got = []
-                    while True:
-                        try:
-                            got.append(await rx.receive())
-                        except trio.EndOfChannel:
-                            break
-                    assert got == msgs
+                assert await send_and_collect(tx, rx, msgs) == msgs
 
             async with trio.open_nursery() as inner:
                 for i in range(3):

@@ -19,7 +19,7 @@ from p2p.mux._frames import (
     Open,
     encode_frame,
 )
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.conftest import running_mux_pair, send_and_collect
 
 OVERHEAD = MESSAGE_OVERHEAD_BYTES
 #: 1 KiB windows; a budget of four windows.
@@ -276,21 +276,7 @@ async def test_a_channel_nobody_reads_does_not_block_the_others(nursery, autojum
             async def transfer_(tx, rx, seed):
                 rng = random.Random(seed)
                 msgs = [rng.randbytes(rng.randint(0, 512)) for _ in range(60)]
-
-                async def send():
-                    for m in msgs:
-                        await tx.send(m)
-                    await tx.send_eof()
-
-                async with trio.open_nursery() as both:
-                    both.start_soon(send)
-                    got = []
-                    while True:
-                        try:
-                            got.append(await rx.receive())
-                        except trio.EndOfChannel:
-                            break
-                    assert got == msgs
+                assert await send_and_collect(tx, rx, msgs) == msgs
 
             async with trio.open_nursery() as inner:
                 inner.start_soon(flood)
