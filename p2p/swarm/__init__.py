@@ -6,11 +6,12 @@ from ._connection import SwarmConnection, is_local_address
 from ._duplicates import keep_new_connection
 from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmClosed, SwarmError
 from ._peers import BackoffPolicy, PeerState, PeerTable
-from ._swarm import Swarm
+from ._swarm import PeerChannelHandler, Swarm
 
 __all__ = [
     "BackoffPolicy",
     "Firewall",
+    "PeerChannelHandler",
     "PeerNotFound",
     "PeerRefused",
     "PeerState",

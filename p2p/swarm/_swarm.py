@@ -46,6 +46,7 @@ from ..connection import ChannelHandler, Connection, serve_channels
 from ..dht import DhtError, DhtNode, PeerRecord, UdpTransport, record_topic_for_key
 from ..errors import HandshakeError, P2PError
 from ..keys import KeyPair, format_key
+from ..mux import Channel
 from ..noise import SecretStream
 from ..relay import Incoming, Role, attach, keep_reservation, request_pair
 from ._config import Address, Firewall, SwarmConfig
@@ -106,6 +107,8 @@ class Swarm:
         config: ports, bootstrap, relays, limits.
         handlers: channel handlers by protocol, listened for on every
             connection before it starts (as :func:`~p2p.connection.serve_tcp`).
+        peer_handlers: the same, for handlers that must know whose channel it
+            is: called as ``handler(channel, connection)``.
         on_connection: called in a task of its own for each new connection;
             cancelled when the connection closes.
         firewall: ``firewall(remote_key, how) -> bool``; False refuses the peer.
@@ -120,6 +123,7 @@ class Swarm:
         *,
         config: SwarmConfig | None = None,
         handlers: Mapping[str, ChannelHandler] | None = None,
+        peer_handlers: Mapping[str, PeerChannelHandler] | None = None,
         on_connection: Callable[[SwarmConnection], Awaitable[object]] | None = None,
         firewall: Firewall | None = None,
         rng: random.Random | None = None,
@@ -127,6 +131,10 @@ class Swarm:
         self.keypair = keypair
         self.config = config or SwarmConfig()
         self.handlers = dict(handlers or {})
+        self.peer_handlers = dict(peer_handlers or {})
+        both = self.handlers.keys() & self.peer_handlers.keys()
+        if both:
+            raise ValueError(f"protocols with two handlers: {sorted(both)}")
         self.on_connection = on_connection
         self.firewall = firewall
         self._rng = rng or random.Random()
@@ -700,7 +708,11 @@ class Swarm:
             return
         self.connections[key] = connection
         self.peers.connected(key, trio.current_time())
-        listeners = {protocol: connection.listen(protocol) for protocol in self.handlers}
+        channel_handlers: dict[str, ChannelHandler] = dict(self.handlers)
+        for protocol, peer_handler in self.peer_handlers.items():
+            channel_handlers[protocol] = functools.partial(_call_with_peer, peer_handler,
+                                                   connection=connection)
+        listeners = {protocol: connection.listen(protocol) for protocol in channel_handlers}
         path = "relayed" if relay_key else "direct"
         log.info("swarm.connected peer=%s path=%s address=%s:%d initiator=%s", peer, path,
                  *address, connection.is_initiator)
@@ -710,7 +722,7 @@ class Swarm:
             with handler_scope:
                 async with trio.open_nursery() as handlers:
                     for protocol, listener in listeners.items():
-                        handlers.start_soon(serve_channels, listener, self.handlers[protocol],
+                        handlers.start_soon(serve_channels, listener, channel_handlers[protocol],
                                             peer)
                     if self.on_connection is not None:
                         handlers.start_soon(self._call_on_connection, connection)
@@ -799,6 +811,14 @@ class Swarm:
 
     def topics(self) -> list[bytes]:
         return list(self._topics)
+
+
+PeerChannelHandler = Callable[[Channel, SwarmConnection], Awaitable[object]]
+
+
+async def _call_with_peer(handler: PeerChannelHandler, channel: Channel, *,
+                          connection: SwarmConnection) -> object:
+    return await handler(channel, connection)
 
 
 def _reason(exc: BaseException) -> str:
