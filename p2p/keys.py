@@ -39,6 +39,7 @@ __all__ = [
     "KeyPair",
     "derive_topic",
     "format_key",
+    "load_keypair",
     "load_or_create_keypair",
     "parse_public_key",
     "parse_topic",
@@ -221,6 +222,15 @@ def load_or_create_keypair(storage: str | os.PathLike[str]) -> KeyPair:
         return _read_identity(path)
     log.info("identity.created path=%s key=%s", path, keypair.hex)
     return keypair
+
+
+def load_keypair(storage: str | os.PathLike[str]) -> KeyPair:
+    """Load ``<storage>/identity``; never create it.
+
+    Raises:
+        IdentityError: the file is missing, unreadable or malformed.
+    """
+    return _read_identity(Path(storage) / IDENTITY_FILE)
 
 
 def _read_identity(path: Path) -> KeyPair:

@@ -14,10 +14,27 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from prometheus_client import CollectorRegistry, make_asgi_app
+from prometheus_client.registry import Collector
 
-__all__ = ["CollectorRegistry", "serve_metrics"]
+__all__ = ["CollectorRegistry", "combined_registry", "serve_metrics"]
 
 log = logging.getLogger(__name__)
+
+
+class _Union(Collector):
+    def __init__(self, registries: tuple[CollectorRegistry, ...]) -> None:
+        self._registries = registries
+
+    def collect(self):
+        for registry in self._registries:
+            yield from registry.collect()
+
+
+def combined_registry(*registries: CollectorRegistry) -> CollectorRegistry:
+    """One registry showing every metric of ``registries`` (a daemon's components)."""
+    combined = CollectorRegistry(auto_describe=False)
+    combined.register(_Union(registries))
+    return combined
 
 
 async def serve_metrics(
