@@ -49,6 +49,7 @@ A handle is not thread-safe; use one at a time.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import fcntl
 import hashlib
@@ -92,6 +93,7 @@ GENESIS_HASH = bytes(32)
 _HASH_PERSON = b"cosmicac/log/v1"  # BLAKE2b personalisation: at most 16 bytes
 _HEAD_NAMESPACE = b"cosmicac/crdt/log-head/v1\x00"
 _U64 = struct.Struct(">Q")
+_READ_SPAN_BYTES = 1 << 20
 
 
 class FsyncPolicy(enum.Enum):
@@ -244,6 +246,7 @@ def _decode_head(body: bytes) -> Head:
 class _Scan:
     entry_offsets: array  # offsets of acknowledged entries only
     head_offsets: array
+    head_lengths: array  # the length each head signs, parallel to head_offsets
     length: int
     head_hash: bytes
     last_head: Head | None
@@ -256,6 +259,7 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes) -> _Scan:
     size = len(data)
     entry_offsets = array("Q")
     head_offsets = array("Q")
+    head_lengths = array("Q")
     count, chain = 0, GENESIS_HASH
     durable_length, durable_hash, durable_end, last_head = 0, GENESIS_HASH, 0, None
     torn: str | None = None
@@ -311,6 +315,7 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes) -> _Scan:
                     code="BAD_SIGNATURE",
                 )
             head_offsets.append(pos)
+            head_lengths.append(count)
             durable_length, durable_hash, durable_end, last_head = count, chain, end, head
         else:
             raise LogCorrupted(
@@ -325,7 +330,8 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes) -> _Scan:
         tail = Recovery(path, durable_end, size - durable_end, unacknowledged, reason)
     del entry_offsets[durable_length:]
     return _Scan(
-        entry_offsets, head_offsets, durable_length, durable_hash, last_head, durable_end, tail
+        entry_offsets, head_offsets, head_lengths, durable_length, durable_hash, last_head,
+        durable_end, tail,
     )
 
 
@@ -388,6 +394,7 @@ class WriterLog:
         self._keypair = keypair
         self._entry_offsets = scan.entry_offsets
         self._head_offsets = scan.head_offsets
+        self._head_lengths = scan.head_lengths
         self._length = scan.length
         self._head_hash = scan.head_hash
         self._last_head = scan.last_head
@@ -401,11 +408,16 @@ class WriterLog:
         keypair: KeyPair | None = None,
         *,
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+        read_only: bool = False,
     ) -> WriterLog:
         """Open (creating if missing) and fully verify the log of writer ``public_key``.
 
         Pass ``keypair`` to be able to :meth:`append_batch`. A torn tail is cut
         off and described in :attr:`recovery`.
+
+        ``read_only`` opens an existing file without locking or changing it,
+        even while a daemon has it open (for ``cosmicac db status``): a tail
+        being written is left alone and only described in :attr:`recovery`.
 
         Raises:
             LogCorrupted: damage a crash cannot explain; the file is unchanged.
@@ -416,6 +428,16 @@ class WriterLog:
         if keypair is not None and keypair.public_key != public_key:
             raise NotWriter(f"key pair {keypair.hex} is not writer {format_key(public_key)}")
         path = os.fspath(path)
+        if read_only:
+            if keypair is not None:
+                raise NotWriter("a read-only log cannot be given the writer's key pair")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                scan = _scan_fd(path, fd, public_key)
+            except BaseException:
+                os.close(fd)
+                raise
+            return cls(path, fd, public_key, None, fsync, scan, scan.tail)
         created = not os.path.exists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -478,10 +500,82 @@ class WriterLog:
         return payload
 
     def entries(self, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-        """Yield payloads ``start`` (inclusive) to ``end`` (exclusive, default: the end)."""
+        """Yield payloads ``start`` (inclusive) to ``end`` (exclusive, default: the end).
+
+        Reads the file in spans of about 1 MiB, not one read per entry.
+        """
         stop = self._length if end is None else min(end, self._length)
-        for index in range(max(start, 0), stop):
-            yield self.entry(index)
+        index = max(start, 0)
+        while index < stop:
+            span_end = min(stop, self._span_end(index, _READ_SPAN_BYTES))
+            yield from self.read_range(index, span_end)
+            index = span_end
+
+    def _span_end(self, start: int, max_bytes: int) -> int:
+        """The end of a run of entries from ``start`` that fits in ``max_bytes`` (at least one)."""
+        offsets = self._entry_offsets
+        limit = offsets[start] + max_bytes
+        return max(start + 1, bisect.bisect_right(offsets, limit, start, self._length) - 1)
+
+    def read_range(self, start: int, end: int) -> list[bytes]:
+        """The payloads of entries ``start`` to ``end`` (exclusive), in one read."""
+        if not 0 <= start <= end <= self._length:
+            raise IndexError(
+                f"entries {start}..{end} are out of range (the log has {self._length})")
+        if start == end:
+            return []
+        fd = self._require_open()
+        first = self._entry_offsets[start]
+        last = self._entry_offsets[end - 1]
+        header = os.pread(fd, _HEADER.size, last)
+        span_end = last + _HEADER.size + (_HEADER.unpack(header)[2] if len(header) == _HEADER.size
+                                          else 0)
+        data = os.pread(fd, span_end - first, first)
+        payloads: list[bytes] = []
+        pos = 0
+        while pos < len(data):
+            record = _read_record(data, pos)
+            if isinstance(record[0], str):
+                raise LogCorrupted(f"record changed since the log was opened ({record[1]})",
+                                   path=self.path, offset=first + pos, code=record[0])
+            rtype, body, pos = record
+            if rtype == ENTRY:
+                payloads.append(_decode_entry(body)[1])
+        if len(payloads) != end - start:
+            raise LogCorrupted("records changed since the log was opened", path=self.path,
+                               offset=first, code="BAD_RECORD")
+        return payloads
+
+    def segment(self, start: int, max_bytes: int) -> tuple[list[bytes], Head | None]:
+        """Entries from ``start`` for a replica, ending on a signed head when they can.
+
+        Returns as many whole head-to-head runs as fit in about ``max_bytes``
+        (and at least the first run) with the head that ends them, so the
+        replica can :meth:`append_verified` them at once. A single run larger
+        than ``max_bytes`` comes in pieces: every piece but the last has no
+        head, and the replica holds them until the head arrives.
+        """
+        if not 0 <= start < self._length:
+            raise IndexError(f"no entries from {start} (the log has {self._length})")
+        lengths = self._head_lengths
+        first_head = bisect.bisect_right(lengths, start)  # the first head past start
+        limit = self._entry_offsets[start] + max_bytes
+        # The last head whose entries end within the budget (heads sit right after them).
+        within = bisect.bisect_right(self._head_offsets, limit) - 1
+        if within >= first_head:
+            end = lengths[within]
+            return self.read_range(start, end), self._read_head(within)
+        end = self._span_end(start, max_bytes)
+        if end >= lengths[first_head]:
+            return self.read_range(start, lengths[first_head]), self._read_head(first_head)
+        return self.read_range(start, end), None
+
+    def head_lengths(self) -> list[int]:
+        """The lengths at which the file holds a signed head, oldest first."""
+        return list(self._head_lengths)
+
+    def _read_head(self, position: int) -> Head:
+        return _decode_head(self._read_body(self._head_offsets[position], HEAD))
 
     def heads(self) -> Iterator[Head]:
         """Yield every signed head in the file, oldest first."""
@@ -505,8 +599,12 @@ class WriterLog:
 
     # writing
 
-    def append_batch(self, payloads: Sequence[bytes]) -> int:
+    def append_batch(self, payloads: Sequence[bytes], *, max_run: int | None = None) -> int:
         """Append entries and a signed head; return the new length once durable.
+
+        With ``max_run``, a head is signed after every ``max_run`` entries (so
+        replicas can fetch the batch in bounded pieces); the whole batch is
+        still one write and one fsync.
 
         Raises:
             NotWriter: this handle was opened without the writer's key pair.
@@ -519,11 +617,19 @@ class WriterLog:
             )
         if not payloads:
             return self._length
-        buf, offsets, new_hash = _encode_entries(payloads, self._length, self._head_hash)
-        new_length = self._length + len(payloads)
-        signature = self._keypair.sign(head_message(self.public_key, new_length, new_hash))
-        self._write(buf, offsets, Head(new_length, new_hash, signature))
-        return new_length
+        run = len(payloads) if max_run is None else max_run
+        if run < 1:
+            raise ValueError(f"max_run must be >= 1, got {max_run}")
+        runs = []
+        length, head_hash = self._length, self._head_hash
+        for first in range(0, len(payloads), run):
+            chunk = payloads[first:first + run]
+            buf, offsets, head_hash = _encode_entries(chunk, length, head_hash)
+            length += len(chunk)
+            signature = self._keypair.sign(head_message(self.public_key, length, head_hash))
+            runs.append((buf, offsets, Head(length, head_hash, signature)))
+        self._write(runs)
+        return length
 
     def append_verified(self, payloads: Sequence[bytes], head: Head) -> int:
         """Append entries the writer signed elsewhere (replication); return the new length.
@@ -549,13 +655,21 @@ class WriterLog:
                 f"head is not signed by writer {format_key(self.public_key)}", code="BAD_SIGNATURE"
             )
         if payloads:
-            self._write(buf, offsets, head)
+            self._write([(buf, offsets, head)])
         return self._length
 
-    def _write(self, entries: bytearray, entry_offsets: list[int], head: Head) -> None:
+    def _write(self, runs: list[tuple[bytearray, list[int], Head]]) -> None:
+        """Write runs of (entry records, their offsets, the head after them); fsync once."""
         fd = self._require_open()
-        head_offset = self._end + len(entries)
-        data = memoryview(bytes(entries) + _encode_head(head))
+        out = bytearray()
+        entry_offsets: list[int] = []
+        head_offsets: list[int] = []
+        for entries, offsets, head in runs:
+            entry_offsets.extend(self._end + len(out) + off for off in offsets)
+            out += entries
+            head_offsets.append(self._end + len(out))
+            out += _encode_head(head)
+        data = memoryview(out)
         try:
             written = 0
             while written < len(data):
@@ -570,8 +684,10 @@ class WriterLog:
             except OSError:
                 pass
             raise
-        self._entry_offsets.extend(self._end + off for off in entry_offsets)
-        self._head_offsets.append(head_offset)
+        head = runs[-1][2]
+        self._entry_offsets.extend(entry_offsets)
+        self._head_offsets.extend(head_offsets)
+        self._head_lengths.extend(run[2].length for run in runs)
         self._end += len(data)
         self._length = head.length
         self._head_hash = head.head_hash

@@ -364,7 +364,6 @@ def test_sigkill_never_loses_an_acknowledged_batch(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     pythonpath = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    started = time.monotonic()
     acknowledged_ever = 0
     for run in range(20):
         # Every run recovers the previous run's log and appends to it; a fresh
@@ -396,4 +395,3 @@ def test_sigkill_never_loses_an_acknowledged_batch(tmp_path):
         assert verify_file(path, WRITER.public_key).tail is None
         acknowledged_ever += acknowledged
     assert acknowledged_ever > 0  # the kills did land among appends
-    assert time.monotonic() - started < 12
