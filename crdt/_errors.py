@@ -12,6 +12,11 @@ stack's errors catch these too::
     ├── NotWriter                    an append needs the writer's key pair
     ├── InvalidBatch                 replicated entries or head rejected before writing
     │                                (.code: BAD_CHAIN, BAD_SIGNATURE, BAD_LENGTH)
+    ├── UnknownWriter                replicated entries of a key no admin admitted
+    ├── WriteRefused                 this replica may not write that (.code:
+    │                                NOT_A_WRITER, NOT_AN_ADMIN, BAD_OP, TOO_LARGE)
+    ├── DatabaseMismatch             the storage holds another database
+    ├── BadEntry                     an entry breaks the entry rules (.code)
     └── RecordTooLarge (ValueError)  a payload does not fit in one record
 
 Callers branch on ``code``, never on the message.
@@ -25,11 +30,14 @@ from p2p.errors import P2PError
 
 __all__ = [
     "CrdtError",
+    "DatabaseMismatch",
     "InvalidBatch",
     "LogCorrupted",
     "LogInUse",
     "NotWriter",
     "RecordTooLarge",
+    "UnknownWriter",
+    "WriteRefused",
 ]
 
 
@@ -98,3 +106,21 @@ class BadEntry(CrdtError):
     """
 
     code = "BAD_ENTRY"
+
+
+class UnknownWriter(CrdtError):
+    """Entries signed by a key that no admin writer admitted; nothing was stored."""
+
+    code = "UNKNOWN_WRITER"
+
+
+class WriteRefused(CrdtError):
+    """This replica may not append that; nothing was written (``.code`` says why)."""
+
+    code = "WRITE_REFUSED"
+
+
+class DatabaseMismatch(CrdtError):
+    """The storage folder already holds a different database."""
+
+    code = "DATABASE_MISMATCH"

@@ -1,0 +1,478 @@
+"""The base: every writer's log, the causal gate, admission and the view, on disk.
+
+One storage folder holds one replica of one database::
+
+    <storage>/db/database.json     {"format": 1, "bootstrap": "<hex key>"}
+    <storage>/db/logs/<key>.log    one WriterLog per writer (ours among them)
+    <storage>/db/view.sqlite       the view, a cache rebuildable from the logs
+
+How an entry becomes part of the view, whether we wrote it or a peer sent it:
+
+1. it is in its writer's log, the chain and the writer's signature checked
+   (:meth:`WriterLog.append_batch` / :meth:`WriterLog.append_verified`);
+2. it decodes, and the causal gate releases it once everything it depends on
+   is in (an invalid entry stops its writer's log there, the same way on
+   every replica);
+3. admission says it counts (its writer was admitted and it lies within the
+   writer's cap);
+4. its ops are applied to the view in one SQLite transaction that also
+   records how far each writer's log is applied.
+
+The view only ever holds a prefix of each writer's counted entries, so after
+a crash (the view is written without fsync) the base re-applies what the view
+lacks; when admission shrinks (a writer removed with entries already applied)
+the view is rebuilt from the logs. Blocking throughout: :class:`~._database.Database`
+is the trio face.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2p.keys import KeyPair, format_key
+
+from ._admission import Admission, compute_admission, has_admin_ops
+from ._causal import CausalGate, GateResult
+from ._entries import Entry, EntryId, decode_entry
+from ._errors import (
+    BadEntry,
+    CrdtError,
+    DatabaseMismatch,
+    InvalidBatch,
+    UnknownWriter,
+    WriteRefused,
+)
+from ._log import FsyncPolicy, Head, WriterLog
+from ._ops import ADMIN_OPS, validate_op
+from ._view import View, ViewMismatch
+
+__all__ = ["MAX_ENTRY_BYTES", "MAX_RUN", "Base", "WriterStatus"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+#: An entry must fit in one replication reply (a mux message is at most 512 KiB).
+MAX_ENTRY_BYTES = 192 * 1024
+#: Entries between two signed heads in our own log: the most a replica must
+#: hold before it can verify and write what it fetched.
+MAX_RUN = 1024
+#: Entries decoded and applied per step when opening or rebuilding.
+_CHUNK = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStatus:
+    """One writer's log as this replica sees it."""
+
+    key: bytes
+    length: int
+    head_hash: bytes
+    released: int  # entries the causal gate let through
+    counted: int  # of those, the entries admission counts
+    admin: bool
+    admitted: bool
+    cap: int | None
+    stopped: tuple[int, str] | None  # (index, code) of the first invalid entry
+
+
+@dataclass
+class ApplyReport:
+    """What one append or ingest changed."""
+
+    released: int = 0
+    applied: int = 0
+    refused: list[Any] = field(default_factory=list)
+    admission_changed: bool = False
+    rebuilt: bool = False
+
+
+class Base:
+    """One replica of one database. Build with :meth:`open`; :meth:`close` when done.
+
+    Not thread-safe for writes: one append or ingest at a time (the trio
+    wrapper serialises them). Reads of the view may run in another thread
+    while a write runs; they take :attr:`view_lock`.
+    """
+
+    def __init__(self, storage: Path, keypair: KeyPair, bootstrap: bytes,
+                 fsync: FsyncPolicy) -> None:
+        self.storage = storage
+        self.keypair = keypair
+        self.key = keypair.public_key
+        self.bootstrap = bootstrap
+        self.fsync = fsync
+        self.logs: dict[bytes, WriterLog] = {}
+        self.gate = CausalGate(bootstrap)
+        self.admission = Admission(bootstrap, {})
+        self.view: View | None = None
+        self.view_lock = threading.Lock()
+        # Replication reads logs from worker threads while a write extends them.
+        self._log_lock = threading.Lock()
+        self._admin_entries: list[tuple[EntryId, Entry]] = []
+        self._applied: dict[bytes, int] = {}
+        #: Replicated batches refused because their writer is unknown.
+        self.unknown_writer_refusals = 0
+        self.rebuilds = 0
+
+    # -- opening ------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, storage: str | os.PathLike[str], keypair: KeyPair, *,
+             bootstrap: bytes | None = None,
+             fsync: FsyncPolicy = FsyncPolicy.ALWAYS) -> Base:
+        """Open the replica in ``storage``, creating it if absent.
+
+        With no ``bootstrap`` and no database yet, a new database is created
+        with ``keypair`` as its creator and first admin. With ``bootstrap``,
+        the folder must hold that database or none (a new replica, read-only
+        until an admin adds ``keypair``).
+
+        Raises:
+            DatabaseMismatch: the folder holds another database.
+            LogCorrupted: a log is damaged (named with its offset).
+            LogInUse: another process has this replica open.
+        """
+        folder = Path(storage) / "db"
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        bootstrap = _load_or_write_meta(folder / "database.json", bootstrap or keypair.public_key,
+                                        explicit=bootstrap is not None)
+        base = cls(folder, keypair, bootstrap, fsync)
+        try:
+            base._open_logs()
+            base._replay_logs()
+            base._open_view()
+        except BaseException:
+            base.close()
+            raise
+        return base
+
+    def _open_logs(self) -> None:
+        keys = {self.key, self.bootstrap}
+        for path in sorted((self.storage / "logs").glob("*.log")):
+            try:
+                keys.add(bytes.fromhex(path.stem))
+            except ValueError:
+                log.warning("crdt.stray_file path=%s (not <writer key hex>.log); ignored", path)
+        for key in sorted(keys):
+            if len(key) == 32:
+                self._log_for(key)
+
+    def _log_for(self, key: bytes) -> WriterLog:
+        writer_log = self.logs.get(key)
+        if writer_log is None:
+            writer_log = WriterLog.open(
+                self.storage / "logs" / f"{key.hex()}.log", key,
+                self.keypair if key == self.key else None, fsync=self.fsync)
+            if writer_log.recovery is not None:
+                log.warning("crdt.log_recovered writer=%s dropped_entries=%d reason=%s",
+                            format_key(key)[:12], writer_log.recovery.dropped_entries,
+                            writer_log.recovery.reason)
+            self.logs[key] = writer_log
+        return writer_log
+
+    def _replay_logs(self) -> None:
+        """Feed every stored entry to the gate, in clock order (so none has to wait)."""
+        streams = [self._decoded(key, writer_log, 0, writer_log.length)
+                   for key, writer_log in self.logs.items()]
+        merged = heapq.merge(*streams, key=lambda item: (item[1].clock, item[0].writer))
+        chunk: list[tuple[EntryId, Entry]] = []
+        for item in merged:
+            chunk.append(item)
+            if len(chunk) >= _CHUNK:
+                self._gate_offer(chunk)
+                chunk = []
+        if chunk:
+            self._gate_offer(chunk)
+        self.admission = compute_admission(self.bootstrap, self._admin_entries)
+
+    def _decoded(self, key: bytes, writer_log: WriterLog, start: int,
+                 end: int) -> Iterator[tuple[EntryId, Entry]]:
+        """Decode entries; an undecodable one stops its writer at the gate."""
+        for index, payload in enumerate(writer_log.entries(start, end), start):
+            try:
+                entry = decode_entry(payload)
+            except BadEntry as exc:
+                self._note(self.gate.stop(key, index, "BAD_PAYLOAD", str(exc)))
+                return
+            yield EntryId(key, index), entry
+
+    def _gate_offer(self, items: list[tuple[EntryId, Entry]]) -> list[tuple[EntryId, Entry]]:
+        result = self.gate.offer_many(items)
+        self._note(result)
+        for where, entry in result.released:
+            if has_admin_ops(entry):
+                self._admin_entries.append((where, entry))
+        return result.released
+
+    def _note(self, result: GateResult) -> None:
+        for refusal in result.refused:
+            log.error("crdt.entry_refused writer=%s index=%d code=%s reason=%s",
+                      format_key(refusal.where.writer)[:12], refusal.where.index,
+                      refusal.code, refusal.reason)
+
+    def _open_view(self) -> None:
+        path = self.storage / "view.sqlite"
+        try:
+            self.view = View.open(path, db=self.bootstrap)
+        except ViewMismatch as exc:
+            log.warning("crdt.view_discarded reason=%s; rebuilding from the logs", exc)
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            self.view = View.open(path, db=self.bootstrap)
+        self._applied = dict(self.view.applied_lengths())
+        self._catch_up_view()
+
+    # -- the view -----------------------------------------------------------------
+
+    def counted_lengths(self) -> dict[bytes, int]:
+        """Per writer, how many entries count (released by the gate and admitted)."""
+        return {key: n for key in self.logs
+                if (n := self.admission.counted_length(key, self.gate.length(key)))}
+
+    def _catch_up_view(self, fresh: dict[EntryId, Entry] | None = None) -> int:
+        """Bring the view to exactly the counted entries; rebuild if it holds too much."""
+        counted = self.counted_lengths()
+        if any(n > counted.get(key, 0) for key, n in self._applied.items() if n):
+            self.rebuild()
+            return sum(counted.values())
+        applied = 0
+        for key, length in counted.items():
+            start = self._applied.get(key, 0)
+            if start >= length:
+                continue
+            pending: list[tuple[EntryId, Entry]] = []
+            for index in range(start, length):
+                where = EntryId(key, index)
+                if fresh is None or where not in fresh:
+                    break
+                pending.append((where, fresh[where]))
+            else:
+                applied += self._apply(pending)
+                continue
+            # Not all at hand (opening, or a writer just admitted): read the log.
+            applied += self._apply(pending)
+            done = start + len(pending)
+            batch: list[tuple[EntryId, Entry]] = []
+            for item in self._decoded(key, self.logs[key], done, length):
+                batch.append(item)
+                if len(batch) >= _CHUNK:
+                    applied += self._apply(batch)
+                    batch = []
+            applied += self._apply(batch)
+        return applied
+
+    def _apply(self, items: list[tuple[EntryId, Entry]]) -> int:
+        if not items:
+            return 0
+        assert self.view is not None
+        with self.view_lock:
+            self.view.apply(items)
+        for where, _ in items:
+            if where.index + 1 > self._applied.get(where.writer, 0):
+                self._applied[where.writer] = where.index + 1
+        return len(items)
+
+    def rebuild(self) -> int:
+        """Empty the view and apply every counted entry again; return how many."""
+        assert self.view is not None
+        log.info("crdt.view_rebuild")
+        with self.view_lock:
+            self.view.reset()
+        self._applied = {}
+        self.rebuilds += 1
+        return self._catch_up_view()
+
+    # -- writing our own entries --------------------------------------------------------
+
+    def append(self, batch: Sequence[Sequence[Sequence[Any]]]) -> list[EntryId]:
+        """Append one entry per element of ``batch`` (each a list of ops); durable on return.
+
+        Raises:
+            WriteRefused: ``NOT_A_WRITER`` (no admin has added this replica's key
+                yet), ``NOT_AN_ADMIN`` (admin ops need an admin), ``BAD_OP`` or
+                ``TOO_LARGE``. Nothing is written.
+        """
+        self.check_writable(batch)
+        if not batch:
+            return []
+        own = self.logs[self.key]
+        deps = {key: n for key, n in self.gate.lengths().items() if key != self.key}
+        clock = self.gate.max_clock
+        entries = [Entry.create(self.bootstrap, clock + 1 + k, deps, ops)
+                   for k, ops in enumerate(batch)]
+        payloads = [entry.encode() for entry in entries]
+        for payload in payloads:
+            if len(payload) > MAX_ENTRY_BYTES:
+                raise WriteRefused(f"an entry is at most {MAX_ENTRY_BYTES} bytes encoded, "
+                                   f"this one is {len(payload)}", code="TOO_LARGE")
+        start = own.length
+        with self._log_lock:
+            own.append_batch(payloads, max_run=MAX_RUN)
+        items = [(EntryId(self.key, start + k), entry) for k, entry in enumerate(entries)]
+        self._take(items)
+        return [where for where, _ in items]
+
+    def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
+        """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch``."""
+        if not self.admission.is_writer(self.key):
+            raise WriteRefused(
+                f"this replica ({format_key(self.key)}) is not a writer of database "
+                f"{format_key(self.bootstrap)} yet: it can read, and an admin must add it "
+                "(cosmicac db status shows who the admins are)", code="NOT_A_WRITER")
+        for ops in batch:
+            if not ops:
+                raise WriteRefused("an entry needs at least one op", code="BAD_OP")
+            for op in ops:
+                try:
+                    validate_op(op)
+                except BadEntry as exc:
+                    raise WriteRefused(str(exc), code="BAD_OP") from None
+                if op[0] in ADMIN_OPS and not self.admission.is_admin(self.key):
+                    raise WriteRefused(f"{op[0]} needs an admin writer; "
+                                       f"{format_key(self.key)} is not one",
+                                       code="NOT_AN_ADMIN")
+
+    # -- entries from peers -------------------------------------------------------------
+
+    def ingest(self, writer: bytes, start: int, payloads: Sequence[bytes],
+               head: Head) -> ApplyReport:
+        """Store entries ``start``.. of ``writer``'s log a peer sent, and apply what they release.
+
+        Entries we already have (another peer sent them meanwhile) are skipped.
+
+        Raises:
+            UnknownWriter: no admin ever admitted ``writer``; nothing stored.
+            InvalidBatch: the entries do not extend our copy to the signed
+                ``head`` (``BAD_LENGTH``, ``BAD_CHAIN``, ``BAD_SIGNATURE``);
+                nothing stored.
+        """
+        if not self.admission.knows(writer) and writer not in self.logs:
+            self.unknown_writer_refusals += 1
+            raise UnknownWriter(
+                f"writer {format_key(writer)} was never admitted to database "
+                f"{format_key(self.bootstrap)}; its entries are refused")
+        writer_log = self._log_for(writer)
+        have = writer_log.length
+        if start > have:
+            raise InvalidBatch(f"entries from {start} cannot extend a log of {have}",
+                               code="BAD_LENGTH")
+        if head.length <= have:
+            return ApplyReport()
+        with self._log_lock:
+            writer_log.append_verified(payloads[have - start:], head)
+        start = have
+        items = list(self._decoded(writer, writer_log, start, writer_log.length))
+        return self._take(items)
+
+    def _take(self, items: list[tuple[EntryId, Entry]]) -> ApplyReport:
+        """Gate new entries, update admission, bring the view up to date."""
+        admin_before = len(self._admin_entries)
+        released = self._gate_offer(items)
+        report = ApplyReport(released=len(released))
+        if len(self._admin_entries) != admin_before:
+            admission = compute_admission(self.bootstrap, self._admin_entries)
+            report.admission_changed = admission != self.admission
+            self.admission = admission
+        rebuilds = self.rebuilds
+        report.applied = self._catch_up_view(dict(released))
+        report.rebuilt = self.rebuilds != rebuilds
+        return report
+
+    # -- reading ------------------------------------------------------------------------
+
+    def lengths(self) -> dict[bytes, int]:
+        """Our copy of each known writer's log: its length (what replication compares)."""
+        return {key: writer_log.length for key, writer_log in self.logs.items()}
+
+    def wanted(self) -> set[bytes]:
+        """Writers whose logs we replicate: every key ever admitted."""
+        return set(self.admission.writers) | {self.bootstrap}
+
+    def writers(self) -> list[WriterStatus]:
+        stopped = self.gate.stopped
+        out = []
+        for key in sorted(self.logs.keys() | self.admission.writers.keys()):
+            writer_log = self.logs.get(key)
+            grant = self.admission.writers.get(key)
+            released = self.gate.length(key)
+            out.append(WriterStatus(
+                key=key,
+                length=writer_log.length if writer_log else 0,
+                head_hash=writer_log.head_hash if writer_log else bytes(32),
+                released=released,
+                counted=self.admission.counted_length(key, released),
+                admin=bool(grant and grant.admin),
+                admitted=self.admission.is_writer(key),
+                cap=grant.cap if grant else None,
+                stopped=stopped.get(key),
+            ))
+        return out
+
+    def segment(self, writer: bytes, start: int, max_bytes: int) -> tuple[list[bytes], Head | None]:
+        """Entries of ``writer``'s log from ``start`` for a peer (see :meth:`WriterLog.segment`).
+
+        Raises:
+            KeyError: we keep no log for ``writer``.
+            IndexError: ``start`` is not below the log's length.
+        """
+        with self._log_lock:
+            return self.logs[writer].segment(start, max_bytes)
+
+    def read_view(self, query: Any) -> Any:
+        """Run ``query(view)`` under the view lock (from any thread)."""
+        assert self.view is not None
+        with self.view_lock:
+            return query(self.view)
+
+    # -- closing ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for writer_log in self.logs.values():
+            writer_log.close()
+        self.logs.clear()
+        if self.view is not None:
+            with self.view_lock:
+                self.view.close()
+            self.view = None
+
+    def __enter__(self) -> Base:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Base(db={format_key(self.bootstrap)[:12]}, me={format_key(self.key)[:12]}, "
+                f"writers={len(self.logs)})")
+
+
+def _load_or_write_meta(path: Path, bootstrap: bytes, *, explicit: bool) -> bytes:
+    """The folder's database key; written on first use (atomically)."""
+    if path.exists():
+        try:
+            meta = json.loads(path.read_text())
+            stored = bytes.fromhex(meta["bootstrap"])
+            if meta.get("format") != FORMAT or len(stored) != 32:
+                raise ValueError(f"unknown format {meta.get('format')!r}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CrdtError(f"{path} is unreadable ({exc}); restore it or remove the folder "
+                            "and let replication fetch the database again",
+                            code="BAD_METADATA") from None
+        if explicit and stored != bootstrap:
+            raise DatabaseMismatch(
+                f"{path.parent} holds database {format_key(stored)}, not "
+                f"{format_key(bootstrap)}; use another --storage folder")
+        return stored
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"format": FORMAT, "bootstrap": bootstrap.hex()}) + "\n")
+    os.replace(temporary, path)
+    return bootstrap
+

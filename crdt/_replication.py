@@ -1,0 +1,367 @@
+"""Replication over the swarm: pull what peers have, serve what we have.
+
+Every replica joins the swarm topic derived from the database's bootstrap key
+and, on every connection, both serves the ``cosmicac-db/1`` protocol
+(:mod:`._messages`) and runs one pull loop against the peer:
+
+1. ``heads`` (a long poll after the first round) gives the peer's lengths;
+2. for every writer we replicate (every key ever admitted) where the peer is
+   ahead, ``fetch`` runs of entries from our length, hold them until the
+   signed head that ends a run arrives, and ingest them (chain and signature
+   checked before anything is written, then gated and applied);
+3. ingesting may admit new writers; their logs are fetched in the same round.
+
+A peer that sends entries that fail verification, entries of a writer nobody
+admitted, or answers that break the protocol is disconnected and refused for
+``ban_s``; replication goes on with the other peers. One pull at a time per
+writer: two peers ahead on the same log do not both send it.
+
+A replica that is not yet a writer asks each peer to ``join`` it until an
+admin whose allow-list holds its key appends ``add_writer`` for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import secrets
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import trio
+
+from p2p.keys import derive_topic, format_key
+from p2p.mux import Channel, ChannelRejected
+from p2p.rpc import CallContext, Router, RpcClient, RpcError, serve_rpc
+from p2p.swarm import SwarmConnection
+
+from ._database import Database
+from ._errors import CrdtError, InvalidBatch, UnknownWriter, WriteRefused
+from ._log import Head
+from ._messages import (
+    FETCH,
+    HEADS,
+    JOIN,
+    MAX_WRITERS,
+    PROTOCOL,
+    FetchParams,
+    FetchResult,
+    HeadModel,
+    HeadsParams,
+    HeadsResult,
+    JoinParams,
+    JoinResult,
+)
+from ._ops import add_writer
+
+__all__ = ["PeerState", "ReplicationConfig", "Replicator", "replication_topic"]
+
+log = logging.getLogger(__name__)
+
+#: Entry bytes held for one writer while waiting for the head that ends a run.
+MAX_PENDING_BYTES = 8 * 1024 * 1024
+
+
+def replication_topic(bootstrap: bytes) -> bytes:
+    """The swarm topic every replica of database ``bootstrap`` joins."""
+    return derive_topic("cosmicac/db", bootstrap)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationConfig:
+    #: Bytes asked for per ``fetch`` (at most MAX_FETCH_BYTES).
+    fetch_bytes: int = 256 * 1024
+    #: How long a ``heads`` long poll waits for a change.
+    poll_s: float = 25.0
+    #: Timeout of one call, on top of the poll's wait.
+    call_timeout_s: float = 30.0
+    #: How long a peer that sent bad data is refused.
+    ban_s: float = 600.0
+    #: First wait between ``join`` attempts refused with NOT_ALLOWED (doubles to 60 s).
+    join_retry_s: float = 2.0
+    #: Ask peers to admit us while we are not a writer.
+    request_admission: bool = True
+
+
+@dataclass
+class PeerState:
+    """One peer we replicate with."""
+
+    key: bytes
+    address: tuple[str, int]
+    lengths: dict[bytes, int] = field(default_factory=dict)
+    fetched: int = 0
+
+
+class BadPeer(CrdtError):
+    """A peer sent data that fails verification or breaks the protocol."""
+
+    code = "BAD_PEER"
+
+
+class Replicator:
+    """Keeps one database replicated with every peer on its swarm topic.
+
+    Wire it into a :class:`~p2p.swarm.Swarm`::
+
+        replicator = Replicator(db, allow={proxy_key})
+        swarm = Swarm(keypair, peer_handlers=replicator.handlers,
+                      on_connection=replicator.on_connection,
+                      firewall=replicator.firewall)
+        swarm.join(replicator.topic)
+
+    Args:
+        db: the replica.
+        allow: keys this replica admits as writers when they ``join`` (it
+            must itself be an admin).
+    """
+
+    def __init__(self, db: Database, *, allow: Iterable[bytes] = (),
+                 config: ReplicationConfig | None = None) -> None:
+        self.db = db
+        self.allow = frozenset(allow)
+        self.config = config or ReplicationConfig()
+        self.topic = replication_topic(db.bootstrap)
+        self.peers: dict[bytes, PeerState] = {}
+        self._banned: dict[bytes, float] = {}
+        self._writer_locks: defaultdict[bytes, trio.Lock] = defaultdict(trio.Lock)
+        self._unknown_offers: dict[tuple[bytes, bytes], int] = {}
+        self.changed = trio.Event()  # replaced whenever ``peers`` changes
+
+    @property
+    def handlers(self) -> dict[str, object]:
+        """``peer_handlers`` for the swarm: serve the protocol on every connection."""
+        return {PROTOCOL: self.serve_channel}
+
+    def firewall(self, key: bytes, how: str) -> bool:
+        """Refuse peers that sent bad data, for ``ban_s``."""
+        until = self._banned.get(key)
+        if until is None:
+            return True
+        if trio.current_time() >= until:
+            del self._banned[key]
+            return True
+        return False
+
+    # -- serving ------------------------------------------------------------------------
+
+    async def serve_channel(self, channel: Channel, connection: SwarmConnection) -> None:
+        key = connection.remote_public_key
+        router = Router()
+        router.add(HEADS, self._heads)
+        router.add(FETCH, self._fetch)
+        router.add(JOIN, functools.partial(self._join, key))
+        await serve_rpc(channel, router, name=f"db-{format_key(key)[:8]}")
+
+    def _check_db(self, db: bytes) -> None:
+        if db != self.db.bootstrap:
+            raise RpcError("WRONG_DB", f"this replica serves database "
+                                       f"{format_key(self.db.bootstrap)}, not {format_key(db)}")
+
+    async def _heads(self, params: HeadsParams, ctx: CallContext) -> HeadsResult:
+        self._check_db(params.db)
+        lengths = self.db.lengths
+        if params.known is not None and params.wait_s > 0:
+            lengths = await self.db.wait_changed(dict(params.known), params.wait_s)
+        return HeadsResult(lengths=sorted(lengths.items())[:MAX_WRITERS])
+
+    async def _fetch(self, params: FetchParams, ctx: CallContext) -> FetchResult:
+        self._check_db(params.db)
+        try:
+            entries, head = await self.db.segment(params.writer, params.start, params.max_bytes)
+        except KeyError:
+            raise RpcError("UNKNOWN_WRITER", "this replica keeps no log for "
+                                             f"{format_key(params.writer)}") from None
+        except IndexError as exc:
+            raise RpcError("OUT_OF_RANGE", str(exc)) from None
+        model = None
+        if head is not None:
+            model = HeadModel(length=head.length, head_hash=head.head_hash,
+                              signature=head.signature)
+        return FetchResult(entries=entries, head=model)
+
+    async def _join(self, key: bytes, params: JoinParams, ctx: CallContext) -> JoinResult:
+        self._check_db(params.db)
+        peer = format_key(key)
+        admission = self.db.base.admission
+        if admission.is_writer(key):
+            return JoinResult(status="already")
+        if not self.db.is_admin:
+            raise RpcError("NOT_AN_ADMIN", f"{format_key(self.db.key)} is not an admin writer "
+                                           "of this database; ask an admin")
+        if admission.knows(key):
+            self.db.metrics.admissions.labels("removed").inc()
+            raise RpcError("REMOVED", f"{peer} was removed from this database; a removed "
+                                      "key is never admitted again (use a new key)")
+        if key not in self.allow:
+            self.db.metrics.admissions.labels("not_allowed").inc()
+            log.warning("crdt.join_refused peer=%s reason=not_allowed", peer)
+            raise RpcError("NOT_ALLOWED", f"{peer} is not on the allow-list of admin "
+                                          f"{format_key(self.db.key)}; restart it with "
+                                          f"--allow {peer}")
+        try:
+            await self.db.append([add_writer(key)])
+        except WriteRefused as exc:
+            raise RpcError(exc.code, exc.message) from None
+        self.db.metrics.admissions.labels("added").inc()
+        log.info("crdt.writer_added writer=%s", peer)
+        return JoinResult(status="added")
+
+    # -- pulling ------------------------------------------------------------------------
+
+    async def on_connection(self, connection: SwarmConnection) -> None:
+        """The swarm's ``on_connection``: replicate from this peer while it is connected."""
+        key = connection.remote_public_key
+        peer = format_key(key)[:12]
+        try:
+            # Both ends open this protocol at once; a fresh id keeps the two
+            # channels apart (same protocol and id would pair them up as one).
+            channel = await connection.open_channel(PROTOCOL, secrets.token_bytes(8))
+        except ChannelRejected:
+            log.debug("crdt.peer_without_db peer=%s", peer)
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        state = PeerState(key, connection.remote_address)
+        self.peers[key] = state
+        self._peers_changed()
+        client = RpcClient(channel, name=f"db-{peer}")
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client.run)
+                if self.config.request_admission and not self.db.is_writer:
+                    nursery.start_soon(self._ask_to_join, client, peer)
+                try:
+                    await self._pull(client, state)
+                finally:
+                    nursery.cancel_scope.cancel()
+        except* BadPeer as group:
+            exc = group.exceptions[0]
+            self._ban(key, exc.code if isinstance(exc, CrdtError) else "BAD_PEER", str(exc))
+            with trio.CancelScope(shield=True):
+                await connection.aclose()
+        except* (RpcError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+            log.debug("crdt.peer_gone peer=%s reason=%s", peer, group.exceptions[0])
+        finally:
+            if self.peers.get(key) is state:
+                del self.peers[key]
+                self._peers_changed()
+
+    def _ban(self, key: bytes, code: str, reason: str) -> None:
+        self.db.metrics.bad_peers.labels(code).inc()
+        self._banned[key] = trio.current_time() + self.config.ban_s
+        log.error("crdt.peer_banned peer=%s code=%s reason=%s for_s=%.0f",
+                  format_key(key)[:12], code, reason, self.config.ban_s)
+
+    def _peers_changed(self) -> None:
+        self.db.peer_count = len(self.peers)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def _pull(self, client: RpcClient, state: PeerState) -> None:
+        db = self.db
+        known: list[tuple[bytes, int]] | None = None
+        while True:
+            wait_s = self.config.poll_s if known is not None else 0.0
+            try:
+                heads = await client.call(
+                    HEADS, HeadsParams(db=db.bootstrap, known=known, wait_s=wait_s),
+                    timeout_s=wait_s + self.config.call_timeout_s)
+            except RpcError as exc:
+                if exc.code == "INVALID_RESULT":
+                    raise BadPeer(f"bad heads answer: {exc}", code="BAD_ANSWER") from None
+                raise
+            state.lengths = dict(heads.lengths)
+            await self._catch_up(client, state)
+            known = heads.lengths
+
+    async def _catch_up(self, client: RpcClient, state: PeerState) -> None:
+        """Fetch every wanted log the peer is ahead on, until nothing more is wanted."""
+        progress = True
+        while progress:  # bounded: each pass adds entries or newly admitted writers
+            progress = False
+            for writer, length in state.lengths.items():
+                if writer in self.db.wanted and length > self.db.lengths.get(writer, 0):
+                    progress |= await self._fetch_writer(client, state, writer, length)
+        for writer, length in state.lengths.items():
+            if writer not in self.db.wanted:
+                self._note_unknown(state.key, writer, length)
+
+    def _note_unknown(self, peer: bytes, writer: bytes, length: int) -> None:
+        """A peer offers a log no admin admitted: count its entries as refused, once."""
+        seen = self._unknown_offers.get((peer, writer), 0)
+        if length > seen:
+            if len(self._unknown_offers) >= 4 * MAX_WRITERS:
+                self._unknown_offers.clear()
+            self._unknown_offers[(peer, writer)] = length
+            self.db.metrics.refused.labels("UNKNOWN_WRITER").inc(length - seen)
+            log.warning("crdt.unknown_writer peer=%s writer=%s entries=%d (not admitted here)",
+                        format_key(peer)[:12], format_key(writer)[:12], length)
+
+    async def _fetch_writer(self, client: RpcClient, state: PeerState, writer: bytes,
+                            their_length: int) -> bool:
+        async with self._writer_locks[writer]:
+            start = self.db.lengths.get(writer, 0)
+            pending: list[bytes] = []
+            pending_bytes = 0
+            progressed = False
+            while start + len(pending) < their_length:
+                reply = await self._call_fetch(client, writer, start + len(pending))
+                if not reply.entries:
+                    if reply.head is None:
+                        break  # it had less than it said (e.g. it restarted)
+                    raise BadPeer("a head with no entries", code="BAD_ANSWER")
+                pending.extend(reply.entries)
+                pending_bytes += sum(map(len, reply.entries))
+                if pending_bytes > MAX_PENDING_BYTES:
+                    raise BadPeer(f"more than {MAX_PENDING_BYTES} bytes of entries without a "
+                                  "signed head", code="RUN_TOO_LARGE")
+                if reply.head is None:
+                    continue
+                head = Head(reply.head.length, reply.head.head_hash, reply.head.signature)
+                try:
+                    await self.db.ingest(writer, start, pending, head)
+                except (InvalidBatch, UnknownWriter) as exc:
+                    raise BadPeer(f"log of {format_key(writer)[:12]}: {exc}",
+                                  code=exc.code) from None
+                state.fetched += len(pending)
+                progressed = True
+                start = max(start + len(pending), self.db.lengths.get(writer, 0))
+                pending, pending_bytes = [], 0
+            return progressed
+
+    async def _call_fetch(self, client: RpcClient, writer: bytes, start: int) -> FetchResult:
+        params = FetchParams(db=self.db.bootstrap, writer=writer, start=start,
+                             max_bytes=self.config.fetch_bytes)
+        try:
+            return await client.call(FETCH, params, timeout_s=self.config.call_timeout_s)
+        except RpcError as exc:
+            if exc.code == "INVALID_RESULT":
+                raise BadPeer(f"bad fetch answer: {exc}", code="BAD_ANSWER") from None
+            raise
+
+    # -- asking to be admitted ---------------------------------------------------------------
+
+    async def _ask_to_join(self, client: RpcClient, peer: str) -> None:
+        wait = self.config.join_retry_s
+        while not self.db.is_writer:
+            try:
+                result = await client.call(JOIN, JoinParams(db=self.db.bootstrap),
+                                           timeout_s=self.config.call_timeout_s)
+            except RpcError as exc:
+                if exc.code in ("NOT_AN_ADMIN", "REMOVED", "WRONG_DB", "UNKNOWN_METHOD"):
+                    log.info("crdt.join_declined peer=%s code=%s", peer, exc.code)
+                    return
+                log.warning("crdt.join_refused peer=%s code=%s reason=%s", peer, exc.code,
+                            exc.message)
+                await trio.sleep(wait)
+                wait = min(wait * 2, 60.0)
+                continue
+            log.info("crdt.join_accepted peer=%s status=%s", peer, result.status)
+            # The add_writer entry reaches us through replication; ask again
+            # only if it has not after a while (the admin may have crashed).
+            with trio.move_on_after(max(wait, 10.0) * 3):
+                while not self.db.is_writer:
+                    await self.db.wait_changed(self.db.lengths, math.inf)

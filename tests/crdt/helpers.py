@@ -1,0 +1,42 @@
+"""Shared helpers for the shared-database tests: replicas on disk, syncing them by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crdt import Base, FsyncPolicy
+from crdt._ops import usage_add
+from p2p.keys import KeyPair
+
+
+def open_replica(folder: Path, keypair: KeyPair, bootstrap: bytes | None = None, *,
+                 fsync: FsyncPolicy = FsyncPolicy.NEVER) -> Base:
+    return Base.open(folder, keypair, bootstrap=bootstrap, fsync=fsync)
+
+
+def pull(into: Base, source: Base, *, max_bytes: int = 64 * 1024) -> int:
+    """Copy into ``into`` every wanted entry ``source`` has (what replication does); rounds repeat
+    until nothing more is wanted, as newly admitted writers become wanted. Returns entries moved."""
+    moved = 0
+    for _ in range(16):  # bounded: each round admits at least one more writer or stops
+        before = moved
+        for writer in sorted(into.wanted()):
+            source_log = source.logs.get(writer)
+            if source_log is None:
+                continue
+            while into.lengths().get(writer, 0) < source_log.length:
+                start = into.lengths().get(writer, 0)
+                entries, head = source.segment(writer, start, max_bytes)
+                while head is None:
+                    more, head = source.segment(writer, start + len(entries), max_bytes)
+                    entries += more
+                into.ingest(writer, start, entries, head)
+                moved += len(entries)
+        if moved == before:
+            return moved
+    raise AssertionError("replication did not settle in 16 rounds")
+
+
+def usage_ops(key_id: str, n: int, *, model: str = "m", day: str = "2026-11-29") -> list:
+    """``n`` one-op entries adding 1 prompt token each."""
+    return [[usage_add(key_id, model, day, prompt=1, total=1, requests=1)] for _ in range(n)]

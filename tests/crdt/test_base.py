@@ -1,0 +1,294 @@
+"""The base: logs + gate + admission + view on one storage folder."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from crdt import (
+    Base,
+    DatabaseMismatch,
+    Entry,
+    FsyncPolicy,
+    InvalidBatch,
+    LogCorrupted,
+    UnknownWriter,
+    WriteRefused,
+    WriterLog,
+    verify_storage,
+)
+from crdt._ops import (
+    add_writer,
+    hash_secret,
+    key_put,
+    key_revoke,
+    model_put,
+    remove_writer,
+    usage_add,
+)
+from p2p.keys import KeyPair
+from tests.crdt.helpers import open_replica, pull, usage_ops
+
+A, B, C = (KeyPair.from_seed(bytes([n]) * 32) for n in (1, 2, 3))
+
+
+def total_prompt(base: Base, key_id: str = "k1") -> int:
+    return sum(u.prompt for u in base.read_view(lambda v: v.usage(key_id)))
+
+
+def test_the_creator_writes_and_a_reopened_replica_has_the_same_view(tmp_path):
+    with open_replica(tmp_path / "a", A, fsync=FsyncPolicy.ALWAYS) as a:
+        assert a.bootstrap == A.public_key and a.admission.is_admin(A.public_key)
+        a.append(usage_ops("k1", 10))
+        a.append([[model_put("llama", "vllm", {"max_tokens": 512})],
+                  [key_put("k1", "team", "ci", hash_secret("s3cret"), ["chat"], 1)]])
+        dump = a.view.dump()
+        assert total_prompt(a) == 10
+    with open_replica(tmp_path / "a", A) as again:
+        assert again.view.dump() == dump
+        assert again.lengths()[A.public_key] == 12
+        assert again.read_view(lambda v: v.key_by_secret("s3cret")).name == "ci"
+        assert again.read_view(lambda v: v.key_by_secret("wrong")) is None
+
+
+def test_clocks_and_deps_put_our_entries_after_everything_we_had_seen(tmp_path):
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, A.public_key) as b:
+        a.append([[add_writer(B.public_key)], *usage_ops("k1", 3)])
+        pull(b, a)
+        (where,) = b.append(usage_ops("k1", 1))
+        entry = b.gate  # the entry we just wrote is the last released of B
+        assert b.gate.clock(B.public_key, where.index) > a.gate.max_clock
+        payload = b.logs[B.public_key].entry(where.index)
+        from crdt import decode_entry
+        assert decode_entry(payload).deps == ((A.public_key, 4),)
+        assert entry.length(B.public_key) == 1
+
+
+def test_a_replica_reads_before_it_is_admitted_and_its_writes_are_refused(tmp_path):
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, A.public_key) as b:
+        a.append(usage_ops("k1", 5))
+        pull(b, a)
+        assert total_prompt(b) == 5
+        with pytest.raises(WriteRefused) as refused:
+            b.append(usage_ops("k1", 1))
+        assert refused.value.code == "NOT_A_WRITER"
+        assert "an admin must add it" in str(refused.value)
+        assert b.lengths().get(B.public_key, 0) == 0  # nothing written
+        a.append([[add_writer(B.public_key)]])
+        pull(b, a)
+        b.append(usage_ops("k1", 2))
+        with pytest.raises(WriteRefused) as not_admin:
+            b.append([[add_writer(C.public_key)]])
+        assert not_admin.value.code == "NOT_AN_ADMIN"
+        pull(a, b)
+        assert total_prompt(a) == total_prompt(b) == 7
+        assert a.view.dump() == b.view.dump()
+
+
+def test_bad_ops_are_refused_before_anything_is_written(tmp_path):
+    with open_replica(tmp_path / "a", A) as a:
+        with pytest.raises(WriteRefused) as refused:
+            a.append([[("usage_add", "k1", "m", "not-a-day", 1, 0, 1, 0, 1)]])
+        assert refused.value.code == "BAD_OP"
+        with pytest.raises(WriteRefused):
+            a.append([[]])
+        assert a.lengths()[A.public_key] == 0
+
+
+def test_the_storage_belongs_to_one_database(tmp_path):
+    open_replica(tmp_path / "a", A).close()
+    with pytest.raises(DatabaseMismatch):
+        open_replica(tmp_path / "a", A, bootstrap=B.public_key)
+
+
+def test_entries_signed_by_an_unadmitted_key_are_refused_and_counted(tmp_path):
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "c", C) as c:
+        # C created a database of its own; its signed log means nothing to A's.
+        c.append(usage_ops("k1", 3))
+        entries, head = c.segment(C.public_key, 0, 1 << 20)
+        with pytest.raises(UnknownWriter):
+            a.ingest(C.public_key, 0, entries, head)
+        assert a.unknown_writer_refusals == 1
+        assert C.public_key not in a.logs
+        assert not (tmp_path / "a" / "db" / "logs" / f"{C.public_key.hex()}.log").exists()
+
+
+def test_a_forged_or_broken_batch_is_refused_and_nothing_is_stored(tmp_path):
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, A.public_key) as b:
+        a.append(usage_ops("k1", 4))
+        entries, head = a.segment(A.public_key, 0, 1 << 20)
+        tampered = [*entries[:1], entries[1][:-1] + b"\x00", *entries[2:]]
+        with pytest.raises(InvalidBatch) as chain:
+            b.ingest(A.public_key, 0, tampered, head)
+        assert chain.value.code == "BAD_CHAIN"
+        forged = head.__class__(head.length, head.head_hash, bytes(64))
+        with pytest.raises(InvalidBatch) as signature:
+            b.ingest(A.public_key, 0, entries, forged)
+        assert signature.value.code == "BAD_SIGNATURE"
+        assert b.lengths().get(A.public_key, 0) == 0
+        b.ingest(A.public_key, 0, entries, head)
+        b.ingest(A.public_key, 0, entries, head)  # a duplicate is skipped
+        assert total_prompt(b) == 4
+
+
+def _back_dated_entries(storage, keypair: KeyPair, db: bytes, clock: int, n: int) -> None:
+    """Append ``n`` entries with a low clock straight into a writer's log (a misbehaving writer)."""
+    path = storage / "db" / "logs" / f"{keypair.public_key.hex()}.log"
+    with WriterLog.open(path, keypair.public_key, keypair, fsync=FsyncPolicy.NEVER) as wlog:
+        wlog.append_batch([Entry.create(db, clock + k, {}, ops).encode()
+                           for k, ops in enumerate(usage_ops("k1", n))])
+
+
+def test_a_removed_writer_cannot_slip_in_back_dated_entries(tmp_path):
+    db = A.public_key
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b:
+        a.append([[add_writer(B.public_key)]])
+        pull(b, a)
+        b.append(usage_ops("k1", 3))
+        pull(a, b)
+        a.append([[remove_writer(B.public_key, 3)]])
+        pull(b, a)
+        with pytest.raises(WriteRefused):
+            b.append(usage_ops("k1", 1))
+    # B, removed, writes entries with tiny clocks behind the base's back.
+    _back_dated_entries(tmp_path / "b", B, db, clock=2, n=5)
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
+            open_replica(tmp_path / "c", C, db) as c:
+        assert b.lengths()[B.public_key] == 8
+        pull(a, b)
+        assert a.lengths()[B.public_key] == 8  # stored (the log is B's signed log) ...
+        assert total_prompt(a) == 3  # ... but entries beyond the cap do not count
+        # C sees B's whole log first, then the removal: it must end up the same.
+        pull(c, b)
+        pull(c, a)
+        assert total_prompt(b) == total_prompt(c) == 3
+        assert a.view.dump() == b.view.dump() == c.view.dump()
+
+
+def test_a_late_removal_rebuilds_a_view_that_already_counted_too_much(tmp_path):
+    db = A.public_key
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
+            open_replica(tmp_path / "c", C, db) as c:
+        a.append([[add_writer(B.public_key)]])
+        pull(b, a)
+        b.append(usage_ops("k1", 6))
+        pull(a, b)
+        pull(c, a)
+        assert total_prompt(c) == 6
+        a.append([[remove_writer(B.public_key, 2)]])
+        rebuilds = c.rebuilds
+        pull(c, a)
+        assert c.rebuilds == rebuilds + 1
+        assert total_prompt(a) == total_prompt(c) == 2
+        assert a.view.dump() == c.view.dump()
+
+
+def test_revocation_wins_across_replicas(tmp_path):
+    db = A.public_key
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b:
+        a.append([[add_writer(B.public_key, admin=True)],
+                  [key_put("k1", "t", "one", hash_secret("x"), [], 1)]])
+        pull(b, a)
+        a.append([[key_revoke("k1", 5)]])
+        b.append([[key_put("k1", "t", "renamed", hash_secret("x"), [], 1)]])  # concurrent
+        pull(a, b)
+        pull(b, a)
+        for replica in (a, b):
+            key = replica.read_view(lambda v: v.key("k1"))
+            assert key.revoked and key.name == "renamed"
+        assert a.view.dump() == b.view.dump()
+
+
+def test_a_flipped_bit_is_found_by_verify_and_on_open(tmp_path):
+    with open_replica(tmp_path / "a", A) as a:
+        for _ in range(5):
+            a.append(usage_ops("k1", 20))
+    assert [p for p in verify_storage(tmp_path / "a") if p.fatal] == []
+    path = tmp_path / "a" / "db" / "logs" / f"{A.public_key.hex()}.log"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    problems = [p for p in verify_storage(tmp_path / "a") if p.fatal]
+    assert len(problems) == 1 and str(path) in problems[0].where
+    assert "at byte" in problems[0].where
+    with pytest.raises(LogCorrupted) as corrupted:
+        open_replica(tmp_path / "a", A)
+    assert corrupted.value.path == str(path)
+
+
+def test_a_damaged_view_is_rebuilt_from_the_logs(tmp_path):
+    with open_replica(tmp_path / "a", A) as a:
+        a.append(usage_ops("k1", 7))
+        dump = a.view.dump()
+    view = tmp_path / "a" / "db" / "view.sqlite"
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / "a" / "db" / f"view.sqlite{suffix}").unlink(missing_ok=True)
+    view.write_bytes(b"this is not sqlite")
+    with open_replica(tmp_path / "a", A) as a:
+        assert a.view.dump() == dump
+
+
+# -- convergence -----------------------------------------------------------------------------
+
+ids = st.sampled_from(["k1", "k2", "k3"])
+ops = st.one_of(
+    st.builds(lambda k, n: usage_add(k, "m", "2026-11-29", prompt=n, total=n, audio_ms=n * 7),
+              ids, st.integers(0, 1000)),
+    st.builds(lambda k, t: key_put(k, "team", f"name-{t}", hash_secret(k), ["chat"], t),
+              ids, st.integers(1, 9)),
+    st.builds(lambda k, t: key_revoke(k, t), ids, st.integers(1, 9)),
+    st.builds(lambda n, r: model_put(n, r, {"r": r}), st.sampled_from(["a", "b"]),
+              st.sampled_from(["vllm", "parakeet"])),
+)
+steps = st.lists(st.one_of(
+    st.tuples(st.just("write"), st.integers(0, 4), st.lists(st.lists(ops, min_size=1,
+                                                                     max_size=3),
+                                                            min_size=1, max_size=4)),
+    st.tuples(st.just("sync"), st.integers(0, 4), st.integers(0, 4), st.integers(512, 4096)),
+), max_size=30)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(2, 5), steps)
+def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_factory, n,
+                                                                      story):
+    """Writers append while apart (syncs only between random pairs, in random batch sizes,
+    repeated); after everyone syncs with everyone, every view is identical and the usage sums
+    are exactly the sums of the ops written."""
+    root = tmp_path_factory.mktemp("converge")
+    keys = [KeyPair.from_seed(bytes([40 + i]) * 32) for i in range(n)]
+    db = keys[0].public_key
+    replicas = [open_replica(root / str(i), k, None if i == 0 else db) for i, k in enumerate(keys)]
+    try:
+        replicas[0].append([[add_writer(k.public_key, admin=True)] for k in keys[1:]])
+        for replica in replicas[1:]:
+            pull(replica, replicas[0])
+        expected: dict[str, int] = {}
+        for step in story:
+            if step[0] == "write":
+                _, who, batch = step
+                replica = replicas[who % n]
+                replica.append(batch)
+                for entry_ops in batch:
+                    for op in entry_ops:
+                        if op[0] == "usage_add":
+                            expected[op[1]] = expected.get(op[1], 0) + op[4]
+            else:
+                _, into, source, max_bytes = step
+                if into % n != source % n:
+                    pull(replicas[into % n], replicas[source % n], max_bytes=max_bytes)
+        for _ in range(2):
+            for into in replicas:
+                for source in replicas:
+                    if into is not source:
+                        pull(into, source)
+        dumps = [replica.view.dump() for replica in replicas]
+        assert all(d == dumps[0] for d in dumps)
+        for key_id in ("k1", "k2", "k3"):
+            assert total_prompt(replicas[-1], key_id) == expected.get(key_id, 0)
+        # And the view is what a rebuild from the logs gives.
+        replicas[1].rebuild()
+        assert replicas[1].view.dump() == dumps[0]
+    finally:
+        for replica in replicas:
+            replica.close()

@@ -1,0 +1,158 @@
+"""Replication over real swarms on 127.0.0.1: admission, bad peers, partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from crdt import FsyncPolicy, ReplicationConfig, WriteRefused, run_database_service
+from crdt._messages import FetchResult
+from crdt._ops import usage_add
+from crdt._replication import Replicator
+from p2p.keys import KeyPair
+from tests.crdt.helpers import usage_ops
+from tests.p2p.helpers import wait_until
+from tests.p2p.swarm.helpers import swarm_net
+
+FAST = ReplicationConfig(poll_s=2.0, call_timeout_s=5.0, join_retry_s=0.2, ban_s=60.0)
+
+
+@dataclass
+class Replica:
+    service: object
+    scope: trio.CancelScope
+
+    @property
+    def db(self):
+        return self.service.db
+
+    def stop(self) -> None:
+        self.scope.cancel()
+
+
+async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), firewall=None):
+    scope = trio.CancelScope()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED):
+        with scope:
+            await run_database_service(storage, keypair, bootstrap=bootstrap,
+                                       swarm_config=net.config(), allow=frozenset(allow),
+                                       fsync=FsyncPolicy.NEVER, replication=FAST,
+                                       firewall=firewall, task_status=task_status)
+
+    service = await net.nursery.start(run)
+    return Replica(service, scope)
+
+
+async def total_prompt(db, key_id="k1") -> int:
+    return sum(u.prompt for u in await db.read(lambda v: v.usage(key_id)))
+
+
+async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
+    a_key, b_key = KeyPair.generate(), KeyPair.generate()
+    async with swarm_net() as net:
+        a = await start_replica(net, tmp_path / "a", a_key, allow=[b_key.public_key])
+        await a.db.append_many(usage_ops("k1", 50))
+        b = await start_replica(net, tmp_path / "b", b_key, bootstrap=a.db.bootstrap)
+        await wait_until(lambda: b.db.is_writer, limit_s=15)
+        await b.db.append([usage_add("k1", "m", "2026-11-29", prompt=1000)])
+        await wait_until(lambda: a.db.lengths == b.db.lengths, limit_s=15)
+        assert await total_prompt(a.db) == await total_prompt(b.db) == 1050
+        assert await a.db.read(lambda v: v.dump()) == await b.db.read(lambda v: v.dump())
+        added = a.db.metrics.registry.get_sample_value("crdt_admission_requests_total",
+                                                        {"outcome": "added"})
+        assert added == 1
+
+
+async def test_a_key_off_the_allow_list_reads_but_cannot_write(tmp_path):
+    a_key, c_key = KeyPair.generate(), KeyPair.generate()
+    async with swarm_net() as net:
+        a = await start_replica(net, tmp_path / "a", a_key, allow=[])
+        await a.db.append_many(usage_ops("k1", 5))
+        c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a.db.bootstrap)
+        await wait_until(lambda: c.db.lengths.get(a_key.public_key) == 5, limit_s=15)
+        assert await total_prompt(c.db) == 5
+
+        def refusals():
+            return a.db.metrics.registry.get_sample_value(
+                "crdt_admission_requests_total", {"outcome": "not_allowed"}) or 0
+        await wait_until(lambda: refusals() >= 1, limit_s=15)
+        with pytest.raises(WriteRefused) as refused:
+            await c.db.append([usage_add("k1", "m", "2026-11-29", prompt=1)])
+        assert refused.value.code == "NOT_A_WRITER"
+
+
+class _Tampering(Replicator):
+    """Serves every log with one byte of its first entry changed."""
+
+    async def _fetch(self, params, ctx):
+        result = await super()._fetch(params, ctx)
+        if result.entries:
+            first = result.entries[0]
+            tampered = first[:-1] + bytes([first[-1] ^ 1])
+            result = FetchResult(entries=[tampered, *result.entries[1:]], head=result.head)
+        return result
+
+
+async def test_a_peer_that_sends_a_bad_entry_is_dropped_and_replication_goes_on(
+        tmp_path, monkeypatch):
+    a_key, m_key, c_key = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    async with swarm_net() as net:
+        a = await start_replica(net, tmp_path / "a", a_key)
+        await a.db.append_many(usage_ops("k1", 30))
+        with monkeypatch.context() as patch:
+            patch.setattr("crdt._service.Replicator", _Tampering)
+            m = await start_replica(net, tmp_path / "m", m_key, bootstrap=a.db.bootstrap)
+        await wait_until(lambda: m.db.lengths.get(a_key.public_key) == 30, limit_s=15)
+        a.stop()  # C can only reach the tampering peer at first
+        await trio.sleep(0.1)
+        c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a_key.public_key)
+
+        def bad_peers():
+            return c.db.metrics.registry.get_sample_value(
+                "crdt_bad_peers_total", {"code": "BAD_CHAIN"}) or 0
+        await wait_until(lambda: bad_peers() >= 1, limit_s=15)
+        assert c.db.lengths.get(a_key.public_key, 0) == 0  # nothing from it was stored
+        assert not c.service.replicator.firewall(m_key.public_key, "incoming")
+        await wait_until(lambda: m_key.public_key not in c.service.swarm.connections, limit_s=5)
+        a = await start_replica(net, tmp_path / "a", a_key)  # the honest peer comes back
+        await wait_until(lambda: c.db.lengths.get(a_key.public_key) == 30, limit_s=20)
+        assert await total_prompt(c.db) == 30
+
+
+async def test_writers_keep_writing_while_partitioned_and_converge_after(tmp_path):
+    keys = [KeyPair.generate() for _ in range(3)]
+    blocked: set[frozenset[bytes]] = set()
+
+    def firewall_of(me: bytes):
+        return lambda peer, how: frozenset((me, peer)) not in blocked
+
+    async with swarm_net() as net:
+        first = await start_replica(net, tmp_path / "0", keys[0],
+                                    allow=[k.public_key for k in keys[1:]],
+                                    firewall=firewall_of(keys[0].public_key))
+        replicas = [first] + [
+            await start_replica(net, tmp_path / str(i), k, bootstrap=keys[0].public_key,
+                                firewall=firewall_of(k.public_key))
+            for i, k in enumerate(keys[1:], 1)]
+        await wait_until(lambda: all(r.db.is_writer for r in replicas), limit_s=20)
+        # Cut replica 2 off from both others.
+        lone = keys[2].public_key
+        for other in keys[:2]:
+            blocked.add(frozenset((lone, other.public_key)))
+        for replica in replicas:
+            for key, connection in list(replica.service.swarm.connections.items()):
+                if frozenset((replica.db.key, key)) in blocked:
+                    await connection.aclose()
+        for n, replica in enumerate(replicas):
+            await replica.db.append_many(usage_ops("k1", 100 * (n + 1)))
+        await wait_until(lambda: replicas[0].db.lengths == replicas[1].db.lengths, limit_s=15)
+        assert replicas[2].db.lengths != replicas[0].db.lengths
+        blocked.clear()  # heal
+        await wait_until(lambda: all(r.db.lengths == replicas[0].db.lengths
+                                     for r in replicas), limit_s=30)
+        dumps = [await r.db.read(lambda v: v.dump()) for r in replicas]
+        assert dumps[0] == dumps[1] == dumps[2]
+        assert await total_prompt(replicas[2].db) == 600
