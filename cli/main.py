@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import dht, keys, relay
+from . import db, dht, keys, relay
 from .beam import beam
 from .node import ping, up
 
@@ -19,6 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(keys.app, name="keys")
 app.add_typer(dht.app, name="dht")
+app.add_typer(db.app, name="db")
 app.command("beam")(beam)
 app.command("up")(up)
 app.command("ping")(ping)

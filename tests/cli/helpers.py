@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -18,3 +20,17 @@ async def read_until(stream: trio.abc.ReceiveStream, pattern: re.Pattern[str]) -
         assert chunk, f"the process exited before printing {pattern.pattern!r}: {seen!r}"
         seen += chunk
     return match
+
+
+@asynccontextmanager
+async def process(*args, stdout=subprocess.DEVNULL, env=None):
+    """Run ``cosmicac *args`` (stderr piped); killed on the way out if still running."""
+    proc = await trio.lowlevel.open_process(
+        [*COSMICAC, *args], stdout=stdout, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

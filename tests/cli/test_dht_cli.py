@@ -4,26 +4,13 @@ import json
 import re
 import signal
 import subprocess
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 
 import trio
 
-from .helpers import COSMICAC, read_until
+from .helpers import COSMICAC, process, read_until
 
 LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
-
-
-@asynccontextmanager
-async def process(*args, stdout=subprocess.DEVNULL):
-    proc = await trio.lowlevel.open_process(
-        [*COSMICAC, *args], stdout=stdout, stderr=subprocess.PIPE
-    )
-    try:
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 async def lookup(bootstrap, topic):

@@ -1,0 +1,177 @@
+"""``cosmicac db``: run and inspect a replica of the shared database.
+
+``serve`` keeps a replica on the swarm (the creator prints the database's
+bootstrap key; a replica started with ``PROXY_AUTOBASE_KEY=<key>`` opens that
+database and asks to be admitted as a writer). ``status`` and ``verify`` read
+a replica's files, also while a daemon runs on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+
+import trio
+import typer
+
+from crdt import (
+    CrdtError,
+    FsyncPolicy,
+    ReplicationConfig,
+    inspect_storage,
+    run_database_service,
+    verify_storage,
+)
+from p2p.errors import P2PError
+from p2p.keys import format_key, load_or_create_keypair, parse_public_key
+from p2p.swarm import SwarmConfig
+
+from ._console import OutputFormat, fail, out, print_json
+from ._daemon import run_until_signalled
+from ._logging import configure_logging
+from .dht import parse_bootstrap
+from .relay import parse_allow
+
+__all__ = ["app"]
+
+log = logging.getLogger("cosmicac.db")
+
+app = typer.Typer(help="The shared database (API keys, model masters, token usage).",
+                  no_args_is_help=True)
+
+STORAGE_HELP = "Storage folder of the replica (its identity, logs and view)."
+
+
+@app.command("serve")
+def serve(
+    storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE", help=STORAGE_HELP),
+    key: str = typer.Option(
+        "", "--key", envvar="PROXY_AUTOBASE_KEY",
+        help="Bootstrap key of the database to open; none: open the one in --storage, "
+             "or create a new one with this replica as its first admin."),
+    bootstrap: str = typer.Option(
+        ..., "--bootstrap", "-b", envvar="COSMICAC_DHT_BOOTSTRAP",
+        help="DHT bootstrap nodes HOST:PORT[,HOST:PORT...]."),
+    host: str = typer.Option("", "--host", help="Address to listen on (default: all)."),
+    port: int = typer.Option(0, "--port", "-p", min=0, max=65535,
+                             help="TCP and UDP port (0: any free one)."),
+    relays: str = typer.Option("", "--relay", envvar="COSMICAC_RELAYS",
+                               help="Blind relay keys to stay reachable through "
+                                    "(comma-separated)."),
+    allow: list[str] = typer.Option(
+        [], "--allow", envvar="COSMICAC_DB_ALLOW",
+        help="Key admitted as a writer when it asks (repeatable or comma-separated); "
+             "this replica must be an admin."),
+    fsync: FsyncPolicy = typer.Option(
+        FsyncPolicy.ALWAYS.value, "--fsync",
+        help="always: an append returns once on disk; never: tests and benchmarks only."),
+    metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
+                                     envvar="COSMICAC_DB_METRICS_PORT",
+                                     help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host"),
+    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+) -> None:
+    """Keep a replica of the shared database and replicate it with its peers."""
+    bootstrap_addresses = parse_bootstrap(bootstrap)
+    database_key = parse_public_key(key, what="--key") if key.strip() else None
+    relay_keys = tuple(parse_public_key(item.strip(), what="--relay key")
+                       for item in relays.split(",") if item.strip())
+    configure_logging(log_level, stream=sys.stderr)
+    try:
+        keypair = load_or_create_keypair(storage)
+    except P2PError as exc:
+        fail(str(exc))
+    config = SwarmConfig(host=host or ("::" if ":" in bootstrap_addresses[0][0] else "0.0.0.0"),
+                         port=port, bootstrap=tuple(bootstrap_addresses), relays=relay_keys)
+    try:
+        trio.run(_serve, storage, keypair, database_key, config, parse_allow(allow) or frozenset(),
+                 fsync, metrics_host, metrics_port)
+    except* CrdtError as group:
+        fail(str(group.exceptions[0]))
+    except* OSError as group:
+        exc = group.exceptions[0]
+        fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
+
+
+async def _serve(storage, keypair, database_key, config, allow, fsync, metrics_host,
+                 metrics_port) -> None:
+    async def start(nursery: trio.Nursery) -> None:
+        service = await nursery.start(functools.partial(
+            run_database_service, storage, keypair, bootstrap=database_key,
+            swarm_config=config, allow=allow, fsync=fsync, replication=ReplicationConfig(),
+            metrics_host=metrics_host, metrics_port=metrics_port or None))
+        db = service.db
+        print(f"Database {format_key(db.bootstrap)}", flush=True)
+        role = "admin" if db.is_admin else "writer" if db.is_writer else "reader (not admitted)"
+        print(f"Replica {format_key(db.key)} ({role}) listening on "
+              f"{service.address[0]}:{service.address[1]}", flush=True)
+
+    stopped_by = await run_until_signalled(start)
+    log.info("db.exiting signal=%s", stopped_by)
+
+
+@app.command("status")
+def status(
+    storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE", help=STORAGE_HELP),
+    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
+) -> None:
+    """Show the database key, writers with their lengths and heads, view rows and peers."""
+    try:
+        report = inspect_storage(storage)
+    except CrdtError as exc:
+        fail(str(exc))
+    document = {
+        "storage": str(storage.resolve()),
+        "bootstrap": report.bootstrap.hex(),
+        "me": report.me.hex() if report.me else None,
+        "writers": [
+            {"key": w.key.hex(), "length": w.length, "head": w.head_hash.hex(),
+             "admin": w.admin, "admitted": w.admitted, "cap": w.cap,
+             "applied": report.view_applied.get(w.key, 0),
+             "tail_bytes": w.tail.dropped_bytes if w.tail else 0}
+            for w in report.writers
+        ],
+        "rows": report.view_counts,
+        "daemon_pid": report.daemon_pid,
+        "peers": report.peers,
+    }
+    if output is OutputFormat.json:
+        print_json(document)
+        return
+    out.print(f"database  {document['bootstrap']}")
+    out.print(f"me        {document['me'] or '(no identity)'}")
+    out.print("writers")
+    for w in document["writers"]:
+        role = "admin" if w["admin"] else "writer"
+        if not w["admitted"]:
+            role = f"removed (cap {w['cap']})" if w["cap"] is not None else "not admitted"
+        mine = "  (me)" if w["key"] == document["me"] else ""
+        out.print(f"  {w['key']}  {role:<14} length {w['length']:>8}  applied "
+                  f"{w['applied']:>8}  head {w['head'][:16]}{mine}")
+    if report.view_counts is None:
+        out.print("rows      (no view yet: the next open builds it)")
+    else:
+        out.print("rows      " + ", ".join(f"{name} {n}" for name, n in report.view_counts.items()))
+    if report.daemon_pid is None:
+        out.print("peers     (no daemon running on this storage)")
+    else:
+        out.print(f"peers     {len(report.peers)} (daemon pid {report.daemon_pid})")
+        for peer in report.peers:
+            out.print(f"  {peer['key']}  {peer['address']}")
+
+
+@app.command("verify")
+def verify(
+    storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE", help=STORAGE_HELP),
+) -> None:
+    """Check every log record, chain and signature; exit 1 naming the first problem."""
+    problems = verify_storage(storage)
+    for problem in problems:
+        label = "error" if problem.fatal else "warning"
+        out.print(f"{label}: {problem}", markup=False)
+    fatal = [problem for problem in problems if problem.fatal]
+    if fatal:
+        fail(f"{len(fatal)} problem(s); the first: {fatal[0]}")
+    out.print(f"ok: {storage.resolve()}", markup=False)

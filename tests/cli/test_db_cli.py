@@ -1,0 +1,106 @@
+"""`cosmicac db` as real processes: two replicas converge; status and verify agree."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+from contextlib import AsyncExitStack
+
+import trio
+
+from crdt import Base, FsyncPolicy
+from crdt._ops import hash_secret, key_put, model_put
+from p2p.keys import load_or_create_keypair
+from tests.crdt.helpers import usage_ops
+
+from .helpers import COSMICAC, process, read_until
+
+LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
+
+
+async def cosmicac(*args, env=None):
+    result = await trio.run_process([*COSMICAC, *args], capture_stdout=True,
+                                    capture_stderr=True, check=False, env=env)
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+async def status(storage) -> dict:
+    code, out, err = await cosmicac("db", "status", "--storage", str(storage), "-o", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def seed_creator(storage) -> str:
+    keypair = load_or_create_keypair(storage)
+    with Base.open(storage, keypair, fsync=FsyncPolicy.NEVER) as base:
+        base.append(usage_ops("k1", 200))
+        base.append([[model_put("llama-3-8b", "vllm", {"max_tokens": 1024})],
+                     [key_put("key-1", "team-a", "ci", hash_secret("s3cret"), ["chat"], 1)]])
+    return keypair.hex
+
+
+def comparable(document: dict) -> tuple:
+    writers = [(w["key"], w["length"], w["head"], w["admin"], w["admitted"])
+               for w in document["writers"]]
+    return writers, document["rows"]
+
+
+async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
+    app_storage, proxy_storage = tmp_path / "app", tmp_path / "proxy"
+    creator = seed_creator(app_storage)
+    proxy_key = load_or_create_keypair(proxy_storage).hex
+    with trio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
+            match = await read_until(boot.stderr, LISTENING)
+            bootstrap = f"{match[1]}:{match[2]}"
+            app = await stack.enter_async_context(process(
+                "db", "serve", "--storage", str(app_storage), "--bootstrap", bootstrap,
+                "--host", "127.0.0.1", "--allow", proxy_key, stdout=subprocess.PIPE))
+            printed = await read_until(app.stdout, re.compile(r"Database ([0-9a-f]{64})"))
+            assert printed[1] == creator  # the creator's key is the database's key
+            proxy = await stack.enter_async_context(process(
+                "db", "serve", "--storage", str(proxy_storage), "--bootstrap", bootstrap,
+                "--host", "127.0.0.1", stdout=subprocess.PIPE,
+                env=dict(os.environ, PROXY_AUTOBASE_KEY=printed[1])))
+            await read_until(proxy.stdout, re.compile(r"reader \(not admitted\)"))
+
+            while True:  # bounded by fail_after
+                app_status, proxy_status = await status(app_storage), await status(proxy_storage)
+                admitted = {w["key"] for w in app_status["writers"] if w["admitted"]}
+                if proxy_key in admitted and comparable(app_status) == comparable(proxy_status):
+                    break
+                await trio.sleep(0.2)
+            assert app_status["bootstrap"] == proxy_status["bootstrap"] == creator
+            assert app_status["rows"]["token_usage"] == 1
+            assert app_status["rows"]["model_masters"] == app_status["rows"]["api_keys"] == 1
+            assert [p["key"] for p in app_status["peers"]] == [proxy_key]
+            assert [p["key"] for p in proxy_status["peers"]] == [creator]
+            for storage in (app_storage, proxy_storage):
+                code, out, err = await cosmicac("db", "verify", "--storage", str(storage))
+                assert code == 0, out + err
+            for replica in (app, proxy):
+                replica.send_signal(signal.SIGINT)
+                assert await replica.wait() == 0
+
+
+async def test_verify_names_the_damaged_file_and_offset_and_exits_1(tmp_path):
+    seed_creator(tmp_path)
+    code, out, _ = await cosmicac("db", "verify", "--storage", str(tmp_path))
+    assert code == 0 and "ok:" in out
+    document = await status(tmp_path)
+    assert document["writers"][0]["length"] == 202 and document["daemon_pid"] is None
+    (log_file,) = (tmp_path / "db" / "logs").glob("*.log")
+    data = bytearray(log_file.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    log_file.write_bytes(bytes(data))
+    code, out, err = await cosmicac("db", "verify", "--storage", str(tmp_path))
+    assert code == 1
+    assert re.search(rf"{re.escape(str(log_file))} at byte \d+", out + err)
+
+
+async def test_status_of_a_folder_without_a_database_is_a_clear_error(tmp_path):
+    code, _, err = await cosmicac("db", "status", "--storage", str(tmp_path))
+    assert code == 1
+    assert "holds no database" in err
