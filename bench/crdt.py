@@ -40,6 +40,13 @@ from _common import emit, machine
 DAY = "2026-11-29"
 
 
+async def until(condition, db, limit_s: float) -> None:
+    """Wait until ``condition()`` holds, waking on every write to ``db`` (and every 5 ms)."""
+    with trio.fail_after(limit_s):
+        while not condition():
+            await db.wait_changed(db.lengths, 0.005)
+
+
 def usage_entry(n: int) -> list:
     from crdt._ops import usage_add
 
@@ -127,9 +134,7 @@ def _catch_up_child(queue, folder: str, bootstrap, db_key: bytes, expected: int)
                 fsync=FsyncPolicy.ALWAYS, replication=ReplicationConfig(request_admission=False),
                 task_status=task_status))
             db = service.db
-            with trio.fail_after(600):
-                while sum(db.lengths.values()) < expected:
-                    await trio.sleep(0.01)
+            await until(lambda: sum(db.lengths.values()) >= expected, db, 600)
             elapsed = time.perf_counter() - started
             rows = await db.read(lambda v: v.counts())
             queue.put((elapsed, sum(db.lengths.values()), rows))
@@ -186,9 +191,7 @@ async def bench_partition(folder: Path, per_side: int) -> None:
                     firewall=lambda peer, how, me=me: frozenset((me, peer)) not in blocked,
                     task_status=task_status)))
         dbs = [s.db for s in services]
-        with trio.fail_after(60):
-            while not all(db.is_writer for db in dbs):
-                await trio.sleep(0.05)
+        await until(lambda: all(db.is_writer for db in dbs), dbs[2], 60)
         lone = keys[2].public_key
         blocked.update(frozenset((lone, k.public_key)) for k in keys[:2])
         for service in services:
@@ -201,14 +204,10 @@ async def bench_partition(folder: Path, per_side: int) -> None:
                 [usage_entry(n) for n in range(first, min(per_side, first + 500))])
             await dbs[2].append_many(
                 [usage_entry(n) for n in range(first, min(per_side, first + 500))])
-        with trio.fail_after(120):
-            while dbs[0].lengths != dbs[1].lengths:
-                await trio.sleep(0.01)
+        await until(lambda: dbs[0].lengths == dbs[1].lengths, dbs[1], 120)
         healed = time.perf_counter()
         blocked.clear()
-        with trio.fail_after(300):
-            while not (dbs[0].lengths == dbs[1].lengths == dbs[2].lengths):
-                await trio.sleep(0.005)
+        await until(lambda: dbs[0].lengths == dbs[1].lengths == dbs[2].lengths, dbs[2], 300)
         elapsed = time.perf_counter() - healed
         dumps = [await db.read(lambda v: v.dump()) for db in dbs]
         emit("crdt", "partition_convergence_s", elapsed, "s", replicas=3,

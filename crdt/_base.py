@@ -237,8 +237,13 @@ class Base:
         return {key: n for key in self.logs
                 if (n := self.admission.counted_length(key, self.gate.length(key)))}
 
-    def _catch_up_view(self, fresh: dict[EntryId, Entry] | None = None) -> int:
-        """Bring the view to exactly the counted entries; rebuild if it holds too much."""
+    def _catch_up_view(self, fresh: dict[EntryId, Entry] | None = None, *,
+                       fresh_validated: bool = False) -> int:
+        """Bring the view to exactly the counted entries; rebuild if it holds too much.
+
+        ``fresh``: entries at hand (just released), read from the logs otherwise;
+        ``fresh_validated``: their ops were checked already (our own appends).
+        """
         counted = self.counted_lengths()
         if any(n > counted.get(key, 0) for key, n in self._applied.items() if n):
             self.rebuild()
@@ -255,10 +260,10 @@ class Base:
                     break
                 pending.append((where, fresh[where]))
             else:
-                applied += self._apply(pending)
+                applied += self._apply(pending, validated=fresh_validated)
                 continue
             # Not all at hand (opening, or a writer just admitted): read the log.
-            applied += self._apply(pending)
+            applied += self._apply(pending, validated=fresh_validated)
             done = start + len(pending)
             batch: list[tuple[EntryId, Entry]] = []
             for item in self._decoded(key, self.logs[key], done, length):
@@ -269,12 +274,12 @@ class Base:
             applied += self._apply(batch)
         return applied
 
-    def _apply(self, items: list[tuple[EntryId, Entry]]) -> int:
+    def _apply(self, items: list[tuple[EntryId, Entry]], *, validated: bool = False) -> int:
         if not items:
             return 0
         assert self.view is not None
         with self.view_lock:
-            self.view.apply(items)
+            self.view.apply(items, validated=validated)
         for where, _ in items:
             if where.index + 1 > self._applied.get(where.writer, 0):
                 self._applied[where.writer] = where.index + 1
@@ -292,15 +297,21 @@ class Base:
 
     # -- writing our own entries --------------------------------------------------------
 
-    def append(self, batch: Sequence[Sequence[Sequence[Any]]]) -> list[EntryId]:
+    def append(self, batch: Sequence[Sequence[Sequence[Any]]], *,
+               validated: bool = False) -> list[EntryId]:
         """Append one entry per element of ``batch`` (each a list of ops); durable on return.
+
+        ``validated``: :func:`validate_ops` already passed for every op (the
+        trio face checks each caller's ops before grouping them).
 
         Raises:
             WriteRefused: ``NOT_A_WRITER`` (no admin has added this replica's key
                 yet), ``NOT_AN_ADMIN`` (admin ops need an admin), ``BAD_OP`` or
                 ``TOO_LARGE``. Nothing is written.
         """
-        self.check_writable(batch)
+        if not validated:
+            validate_ops(batch)
+        self.check_role(batch)
         if not batch:
             return []
         own = self.logs[self.key]
@@ -317,24 +328,23 @@ class Base:
         with self._log_lock:
             own.append_batch(payloads, max_run=MAX_RUN)
         items = [(EntryId(self.key, start + k), entry) for k, entry in enumerate(entries)]
-        self._take(items)
+        self._take(items, validated=True)
         return [where for where, _ in items]
 
     def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
         """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch``."""
+        validate_ops(batch)
+        self.check_role(batch)
+
+    def check_role(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
+        """Raise :class:`WriteRefused` unless we may write (and admin ops need an admin)."""
         if not self.admission.is_writer(self.key):
             raise WriteRefused(
                 f"this replica ({format_key(self.key)}) is not a writer of database "
                 f"{format_key(self.bootstrap)} yet: it can read, and an admin must add it "
                 "(cosmicac db status shows who the admins are)", code="NOT_A_WRITER")
         for ops in batch:
-            if not ops:
-                raise WriteRefused("an entry needs at least one op", code="BAD_OP")
             for op in ops:
-                try:
-                    validate_op(op)
-                except BadEntry as exc:
-                    raise WriteRefused(str(exc), code="BAD_OP") from None
                 if op[0] in ADMIN_OPS and not self.admission.is_admin(self.key):
                     raise WriteRefused(f"{op[0]} needs an admin writer; "
                                        f"{format_key(self.key)} is not one",
@@ -372,7 +382,8 @@ class Base:
         items = list(self._decoded(writer, writer_log, start, writer_log.length))
         return self._take(items)
 
-    def _take(self, items: list[tuple[EntryId, Entry]]) -> ApplyReport:
+    def _take(self, items: list[tuple[EntryId, Entry]], *,
+              validated: bool = False) -> ApplyReport:
         """Gate new entries, update admission, bring the view up to date."""
         admin_before = len(self._admin_entries)
         released = self._gate_offer(items)
@@ -382,7 +393,7 @@ class Base:
             report.admission_changed = admission != self.admission
             self.admission = admission
         rebuilds = self.rebuilds
-        report.applied = self._catch_up_view(dict(released))
+        report.applied = self._catch_up_view(dict(released), fresh_validated=validated)
         report.rebuilt = self.rebuilds != rebuilds
         return report
 
@@ -452,6 +463,18 @@ class Base:
     def __repr__(self) -> str:
         return (f"Base(db={format_key(self.bootstrap)[:12]}, me={format_key(self.key)[:12]}, "
                 f"writers={len(self.logs)})")
+
+
+def validate_ops(batch: Sequence[Sequence[Sequence[Any]]]) -> None:
+    """Raise :class:`WriteRefused` (``BAD_OP``) for an empty entry or an invalid op."""
+    for ops in batch:
+        if not ops:
+            raise WriteRefused("an entry needs at least one op", code="BAD_OP")
+        for op in ops:
+            try:
+                validate_op(op)
+            except BadEntry as exc:
+                raise WriteRefused(str(exc), code="BAD_OP") from None
 
 
 def _load_or_write_meta(path: Path, bootstrap: bytes, *, explicit: bool) -> bytes:

@@ -50,6 +50,7 @@ class Database:
         self._write_lock = trio.Lock()
         self._queue: list[_PendingAppend] = []
         self._changed = trio.Event()
+        self._committed = trio.Event()  # set (and replaced) after every write
         self._closed = False
         #: Replicated state, refreshed after every write: read from any task
         #: without touching the base while a worker thread changes it.
@@ -109,9 +110,18 @@ class Database:
         item = _PendingAppend(ops)
         self._queue.append(item)
         try:
-            async with self._write_lock:
-                if not item.done:
-                    await self._commit_pending()
+            while not item.done:
+                if self._write_lock.locked():
+                    # A write is on disk's way; the next commit takes us along. One
+                    # event for all waiters, not a lock hand-off per waiter.
+                    await self._committed.wait()
+                    continue
+                async with self._write_lock:
+                    if not item.done:
+                        # Let the tasks the last commit woke queue their next
+                        # appends first: they join this group, not the next.
+                        await trio.lowlevel.checkpoint()
+                        await self._commit_pending()
         except trio.Cancelled:
             if not item.done and item in self._queue:
                 self._queue.remove(item)  # never written: cancelling it is clean
@@ -125,7 +135,8 @@ class Database:
         group = self._queue[:MAX_GROUP]
         del self._queue[:MAX_GROUP]
         try:
-            ids = await trio.to_thread.run_sync(self.base.append, [i.ops for i in group])
+            ids = await trio.to_thread.run_sync(
+                lambda: self.base.append([i.ops for i in group], validated=True))
         except BaseException as exc:
             for item in group:
                 item.done, item.error = True, exc
@@ -181,6 +192,8 @@ class Database:
             self._rebuilds_seen = base.rebuilds
         self._changed.set()
         self._changed = trio.Event()
+        self._committed.set()
+        self._committed = trio.Event()
 
     # -- reading ------------------------------------------------------------------------
 

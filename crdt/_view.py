@@ -327,12 +327,14 @@ class View:
 
     # --- applying -------------------------------------------------------------
 
-    def apply(self, entries: Iterable[tuple[EntryId, Entry]]) -> int:
+    def apply(self, entries: Iterable[tuple[EntryId, Entry]], *,
+              validated: bool = False) -> int:
         """Apply every op of ``entries`` in one transaction; return how many ops were applied.
 
         Each entry must be applied once (the causal gate ensures it). Invalid
         ops are skipped and counted in :attr:`skipped_ops`; admin ops are
-        ignored. ``applied`` grows to cover each entry's index.
+        ignored. ``applied`` grows to cover each entry's index. ``validated``:
+        the caller checked every op already (our own appends), so skip it.
         """
         # Reduce the batch in Python first (LWW winner, min, max, sums per row):
         # one upsert per touched row instead of one per op, and the result does
@@ -352,11 +354,12 @@ class View:
                 name = op[0] if op else None
                 if isinstance(name, str) and name in ADMIN_OPS:
                     continue
-                try:
-                    validate_op(op)
-                except BadEntry:
-                    skipped += 1
-                    continue
+                if not validated:
+                    try:
+                        validate_op(op)
+                    except BadEntry:
+                        skipped += 1
+                        continue
                 applied += 1
                 if name == "usage_add":
                     row = (op[1], op[2], op[3])

@@ -1,0 +1,73 @@
+"""The trio face: group commit, one caller's bad ops, cancellation, change events."""
+
+import pytest
+import trio
+
+from crdt import Database, FsyncPolicy, WriteRefused
+from crdt._ops import usage_add
+from p2p.keys import KeyPair
+
+
+def one(n: int) -> list:
+    return [usage_add("k1", "m", "2026-11-29", prompt=n, total=n)]
+
+
+async def test_concurrent_appends_share_fsyncs_and_each_gets_its_own_entry(tmp_path):
+    async with await Database.open(tmp_path, KeyPair.generate(),
+                                   fsync=FsyncPolicy.ALWAYS) as db:
+        results = {}
+
+        async def writer(w: int) -> None:
+            for n in range(10):
+                results[(w, n)] = await db.append(one(1))
+
+        async with trio.open_nursery() as nursery:
+            for w in range(20):
+                nursery.start_soon(writer, w)
+        indices = sorted(where.index for where in results.values())
+        assert indices == list(range(200))  # every append got a distinct entry
+        fsyncs = db.metrics.registry.get_sample_value("crdt_append_batches_total")
+        assert fsyncs < 100  # appends that queued during a write shared its fsync
+        usage = await db.read(lambda v: v.usage("k1"))
+        assert usage[0].prompt == 200
+
+
+async def test_a_bad_op_fails_its_own_caller_only(tmp_path):
+    async with await Database.open(tmp_path, KeyPair.generate()) as db:
+        outcomes = []
+
+        async def good() -> None:
+            outcomes.append(await db.append(one(1)))
+
+        async def bad() -> None:
+            with pytest.raises(WriteRefused) as refused:
+                await db.append([("usage_add", "k1", "m", "yesterday", 1, 0, 1, 0, 1)])
+            outcomes.append(refused.value.code)
+
+        async with trio.open_nursery() as nursery:
+            for task in (good, bad, good):
+                nursery.start_soon(task)
+        assert outcomes.count("BAD_OP") == 1 and len(outcomes) == 3
+        assert db.lengths[db.key] == 2
+
+
+async def test_an_append_cancelled_before_its_write_is_not_written(tmp_path):
+    async with await Database.open(tmp_path, KeyPair.generate()) as db:
+        async with db._write_lock:  # a write in progress
+            with trio.move_on_after(0.05):
+                await db.append(one(5))
+        await db.append(one(1))
+        assert db.lengths[db.key] == 1
+        assert (await db.read(lambda v: v.usage("k1")))[0].prompt == 1
+
+
+async def test_wait_changed_wakes_on_a_write_and_times_out_otherwise(tmp_path):
+    async with await Database.open(tmp_path, KeyPair.generate()) as db:
+        known = dict(db.lengths)
+        with trio.fail_after(5):
+            assert await db.wait_changed(known, 0.05) == known
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db.append, one(1))
+            with trio.fail_after(5):
+                changed = await db.wait_changed(known, 30)
+        assert changed[db.key] == 1
