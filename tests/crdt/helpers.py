@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from crdt import Base, FsyncPolicy
@@ -14,13 +15,18 @@ def open_replica(folder: Path, keypair: KeyPair, bootstrap: bytes | None = None,
     return Base.open(folder, keypair, bootstrap=bootstrap, fsync=fsync)
 
 
-def pull(into: Base, source: Base, *, max_bytes: int = 64 * 1024) -> int:
+def pull(into: Base, source: Base, *, max_bytes: int = 64 * 1024,
+         rng: random.Random | None = None) -> int:
     """Copy into ``into`` every wanted entry ``source`` has (what replication does); rounds repeat
-    until nothing more is wanted, as newly admitted writers become wanted. Returns entries moved."""
+    until nothing more is wanted, as newly admitted writers become wanted. With ``rng``, the
+    writers' logs are taken in a random order. Returns entries moved."""
     moved = 0
     for _ in range(16):  # bounded: each round admits at least one more writer or stops
         before = moved
-        for writer in sorted(into.wanted()):
+        writers = sorted(into.wanted())
+        if rng is not None:
+            rng.shuffle(writers)
+        for writer in writers:
             source_log = source.logs.get(writer)
             if source_log is None:
                 continue

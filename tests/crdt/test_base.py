@@ -144,13 +144,17 @@ def test_a_removed_writer_cannot_slip_in_back_dated_entries(tmp_path):
         a.append([[add_writer(B.public_key)]])
         pull(b, a)
         b.append(usage_ops("k1", 3))
+        last_clock = b.gate.clock(B.public_key, 2)
         pull(a, b)
+        a.append(usage_ops("k2", 50))  # the database's clock moves far ahead
         a.append([[remove_writer(B.public_key, 3)]])
+        assert a.gate.max_clock > last_clock + 50
         pull(b, a)
         with pytest.raises(WriteRefused):
             b.append(usage_ops("k1", 1))
-    # B, removed, writes entries with tiny clocks behind the base's back.
-    _back_dated_entries(tmp_path / "b", B, db, clock=2, n=5)
+    # B, removed, writes behind the base's back entries whose clocks follow its own
+    # (valid entries of its log) but come before the removal in the total order.
+    _back_dated_entries(tmp_path / "b", B, db, clock=last_clock + 1, n=5)
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
             open_replica(tmp_path / "c", C, db) as c:
         assert b.lengths()[B.public_key] == 8
@@ -244,17 +248,21 @@ steps = st.lists(st.one_of(
                                                                      max_size=3),
                                                             min_size=1, max_size=4)),
     st.tuples(st.just("sync"), st.integers(0, 4), st.integers(0, 4), st.integers(512, 4096)),
+    st.tuples(st.just("again"), st.integers(0, 4), st.integers(0, 4), st.integers(0, 50)),
+    st.tuples(st.just("remove"), st.integers(1, 4)),
 ), max_size=30)
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(2, 5), steps)
+@given(st.integers(2, 5), steps, st.randoms(use_true_random=False))
 def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_factory, n,
-                                                                      story):
-    """Writers append while apart (syncs only between random pairs, in random batch sizes,
-    repeated); after everyone syncs with everyone, every view is identical and the usage sums
-    are exactly the sums of the ops written."""
+                                                                      story, rng):
+    """Writers append while apart (syncs only between random pairs, in random batch sizes
+    and writer orders; runs delivered again) and the creator removes some of them (who may
+    go on writing until they hear of it); after everyone syncs with everyone, every view is
+    identical and the usage sums are exactly those of the entries that count: all of each
+    writer's, or for a removed one the entries the creator had seen when removing it."""
     root = tmp_path_factory.mktemp("converge")
     keys = [KeyPair.from_seed(bytes([40 + i]) * 32) for i in range(n)]
     db = keys[0].public_key
@@ -263,20 +271,38 @@ def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_f
         replicas[0].append([[add_writer(k.public_key, admin=True)] for k in keys[1:]])
         for replica in replicas[1:]:
             pull(replica, replicas[0])
-        expected: dict[str, int] = {}
+        written: dict[bytes, dict[int, list]] = {k.public_key: {} for k in keys}
+        caps: dict[bytes, int] = {}
         for step in story:
             if step[0] == "write":
                 _, who, batch = step
                 replica = replicas[who % n]
-                replica.append(batch)
-                for entry_ops in batch:
-                    for op in entry_ops:
-                        if op[0] == "usage_add":
-                            expected[op[1]] = expected.get(op[1], 0) + op[4]
-            else:
+                try:
+                    ids = replica.append(batch)
+                except WriteRefused:
+                    assert replica.key in caps  # only a removed writer that heard of it
+                    continue
+                for where, entry_ops in zip(ids, batch, strict=True):
+                    written[where.writer][where.index] = entry_ops
+            elif step[0] == "remove":
+                victim = keys[step[1] % n].public_key
+                if victim != db and victim not in caps:
+                    caps[victim] = replicas[0].lengths().get(victim, 0)
+                    replicas[0].append([[remove_writer(victim, caps[victim])]])
+            elif step[0] == "sync":
                 _, into, source, max_bytes = step
                 if into % n != source % n:
-                    pull(replicas[into % n], replicas[source % n], max_bytes=max_bytes)
+                    pull(replicas[into % n], replicas[source % n], max_bytes=max_bytes, rng=rng)
+            else:  # a run delivered again (a retry, a second peer): must change nothing
+                _, into, _, start = step
+                target = replicas[into % n]
+                writer = rng.choice(sorted(target.logs))
+                have = target.lengths()[writer]
+                if have:
+                    entries, head = target.segment(writer, start % have, 512)
+                    before = (target.view.dump(), target.lengths())
+                    target.ingest(writer, start % have, entries, head or target.logs[writer].head)
+                    assert (target.view.dump(), target.lengths()) == before
         for _ in range(2):
             for into in replicas:
                 for source in replicas:
@@ -284,6 +310,13 @@ def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_f
                         pull(into, source)
         dumps = [replica.view.dump() for replica in replicas]
         assert all(d == dumps[0] for d in dumps)
+        expected: dict[str, int] = {}
+        for writer, entries in written.items():
+            for index, entry_ops in entries.items():
+                if index < caps.get(writer, index + 1):
+                    for op in entry_ops:
+                        if op[0] == "usage_add":
+                            expected[op[1]] = expected.get(op[1], 0) + op[4]
         for key_id in ("k1", "k2", "k3"):
             assert total_prompt(replicas[-1], key_id) == expected.get(key_id, 0)
         # And the view is what a rebuild from the logs gives.
