@@ -266,6 +266,23 @@ def test_forged_signature_with_a_valid_checksum_is_corruption(tmp_path):
     assert_corrupted(path, off, "BAD_SIGNATURE")
 
 
+def test_a_forged_earlier_head_is_found_by_verify_while_open_checks_the_last(tmp_path):
+    """Opening checks the last head's signature (it covers every entry through the chain);
+    `verify_file` (db verify) checks them all, so a head forged on disk is still found."""
+    path = tmp_path / "w.log"
+    write_log(path, BATCHES)
+    data = path.read_bytes()
+    off, _, end = [r for r in records(data) if r[1] == HEAD][1]  # an earlier head
+    length, head_hash, _ = _read_record_head(data, off)
+    forged = _frame(HEAD, msgpack.packb([length, head_hash, OTHER.sign(b"whatever")]))
+    path.write_bytes(data[:off] + forged + data[end:])
+    with WriterLog.open(path, WRITER.public_key) as wlog:
+        assert wlog.length == len(ALL)
+    with pytest.raises(LogCorrupted) as corrupted:
+        verify_file(path, WRITER.public_key)
+    assert (corrupted.value.offset, corrupted.value.code) == (off, "BAD_SIGNATURE")
+
+
 def test_rewritten_entry_with_a_valid_checksum_breaks_the_chain(tmp_path):
     path = tmp_path / "w.log"
     write_log(path, BATCHES)
