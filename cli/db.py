@@ -129,8 +129,9 @@ def status(
         "writers": [
             {"key": w.key.hex(), "length": w.length, "head": w.head_hash.hex(),
              "admin": w.admin, "admitted": w.admitted, "cap": w.cap,
-             "applied": report.view_applied.get(w.key, 0),
-             "tail_bytes": w.tail.dropped_bytes if w.tail else 0}
+             "counted": w.counted, "applied": report.view_applied.get(w.key, 0),
+             "stopped": {"index": w.stopped[0], "code": w.stopped[1]} if w.stopped else None,
+             "tail_bytes": report.tails.get(w.key, 0)}
             for w in report.writers
         ],
         "rows": report.view_counts,
@@ -147,9 +148,16 @@ def status(
         role = "admin" if w["admin"] else "writer"
         if not w["admitted"]:
             role = f"removed (cap {w['cap']})" if w["cap"] is not None else "not admitted"
-        mine = "  (me)" if w["key"] == document["me"] else ""
-        out.print(f"  {w['key']}  {role:<14} length {w['length']:>8}  applied "
-                  f"{w['applied']:>8}  head {w['head'][:16]}{mine}")
+        notes = ["me"] if w["key"] == document["me"] else []
+        if w["stopped"]:
+            notes.append(f"invalid entry {w['stopped']['index']} ({w['stopped']['code']}): "
+                         "later entries ignored")
+        if w["tail_bytes"]:
+            notes.append(f"{w['tail_bytes']} bytes being written")
+        note = f"  ({'; '.join(notes)})" if notes else ""
+        out.print(f"  {w['key']}  {role:<14} length {w['length']:>8}  counted "
+                  f"{w['counted']:>8}  applied {w['applied']:>8}  head {w['head'][:16]}{note}",
+                  markup=False)
     if report.view_counts is None:
         out.print("rows      (no view yet: the next open builds it)")
     else:

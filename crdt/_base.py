@@ -31,6 +31,7 @@ import heapq
 import json
 import logging
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -102,13 +103,15 @@ class Base:
     while a write runs; they take :attr:`view_lock`.
     """
 
-    def __init__(self, storage: Path, keypair: KeyPair, bootstrap: bytes,
-                 fsync: FsyncPolicy) -> None:
+    def __init__(self, storage: Path, keypair: KeyPair | None, bootstrap: bytes,
+                 fsync: FsyncPolicy, read_only: bool) -> None:
         self.storage = storage
         self.keypair = keypair
-        self.key = keypair.public_key
+        #: Our writer key (None for a read-only look without an identity).
+        self.key: bytes | None = keypair.public_key if keypair else None
         self.bootstrap = bootstrap
         self.fsync = fsync
+        self.read_only = read_only
         self.logs: dict[bytes, WriterLog] = {}
         self.gate = CausalGate(bootstrap)
         self.admission = Admission(bootstrap, {})
@@ -125,9 +128,10 @@ class Base:
     # -- opening ------------------------------------------------------------------
 
     @classmethod
-    def open(cls, storage: str | os.PathLike[str], keypair: KeyPair, *,
+    def open(cls, storage: str | os.PathLike[str], keypair: KeyPair | None, *,
              bootstrap: bytes | None = None,
-             fsync: FsyncPolicy = FsyncPolicy.ALWAYS) -> Base:
+             fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+             read_only: bool = False) -> Base:
         """Open the replica in ``storage``, creating it if absent.
 
         With no ``bootstrap`` and no database yet, a new database is created
@@ -135,16 +139,29 @@ class Base:
         the folder must hold that database or none (a new replica, read-only
         until an admin adds ``keypair``).
 
+        ``read_only`` looks at an existing replica without changing a byte, also
+        while a daemon has it open (``cosmicac db status``): no locks, a tail
+        being written is left alone, the view is read as it is. ``keypair``
+        may then be None.
+
         Raises:
             DatabaseMismatch: the folder holds another database.
+            CrdtError: ``NO_DATABASE`` (read-only, nothing there) or
+                ``BAD_METADATA``.
             LogCorrupted: a log is damaged (named with its offset).
             LogInUse: another process has this replica open.
         """
         folder = Path(storage) / "db"
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
-        bootstrap = _load_or_write_meta(folder / "database.json", bootstrap or keypair.public_key,
-                                        explicit=bootstrap is not None)
-        base = cls(folder, keypair, bootstrap, fsync)
+        if read_only:
+            bootstrap = read_bootstrap(folder)
+        else:
+            if keypair is None:
+                raise ValueError("a writable replica needs its key pair")
+            (folder / "logs").mkdir(parents=True, exist_ok=True)
+            bootstrap = _load_or_write_meta(folder / "database.json",
+                                            bootstrap or keypair.public_key,
+                                            explicit=bootstrap is not None)
+        base = cls(folder, keypair, bootstrap, fsync, read_only)
         try:
             base._open_logs()
             base._replay_logs()
@@ -155,7 +172,7 @@ class Base:
         return base
 
     def _open_logs(self) -> None:
-        keys = {self.key, self.bootstrap}
+        keys = set() if self.read_only else {self.key, self.bootstrap}
         for path in sorted((self.storage / "logs").glob("*.log")):
             try:
                 keys.add(bytes.fromhex(path.stem))
@@ -168,10 +185,13 @@ class Base:
     def _log_for(self, key: bytes) -> WriterLog:
         writer_log = self.logs.get(key)
         if writer_log is None:
-            writer_log = WriterLog.open(
-                self.storage / "logs" / f"{key.hex()}.log", key,
-                self.keypair if key == self.key else None, fsync=self.fsync)
-            if writer_log.recovery is not None:
+            path = self.storage / "logs" / f"{key.hex()}.log"
+            if self.read_only:
+                writer_log = WriterLog.open(path, key, read_only=True)
+            else:
+                writer_log = WriterLog.open(path, key, self.keypair if key == self.key else None,
+                                            fsync=self.fsync)
+            if writer_log.recovery is not None and not self.read_only:
                 log.warning("crdt.log_recovered writer=%s dropped_entries=%d reason=%s",
                             format_key(key)[:12], writer_log.recovery.dropped_entries,
                             writer_log.recovery.reason)
@@ -220,12 +240,19 @@ class Base:
 
     def _open_view(self) -> None:
         path = self.storage / "view.sqlite"
+        if self.read_only:
+            try:
+                self.view = View.open_read_only(path, db=self.bootstrap)
+            except (sqlite3.Error, ViewMismatch) as exc:
+                log.info("crdt.view_unreadable path=%s reason=%s", path, exc)
+                return
+            self._applied = dict(self.view.applied_lengths())
+            return
         try:
             self.view = View.open(path, db=self.bootstrap)
         except ViewMismatch as exc:
             log.warning("crdt.view_discarded reason=%s; rebuilding from the logs", exc)
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            View.delete(path)
             self.view = View.open(path, db=self.bootstrap)
         self._applied = dict(self.view.applied_lengths())
         self._catch_up_view()
@@ -312,6 +339,7 @@ class Base:
         if not validated:
             validate_ops(batch)
         self.check_role(batch)
+        assert self.key is not None  # check_role refuses a replica without a key
         if not batch:
             return []
         own = self.logs[self.key]
@@ -338,6 +366,8 @@ class Base:
 
     def check_role(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
         """Raise :class:`WriteRefused` unless we may write (and admin ops need an admin)."""
+        if self.read_only or self.key is None:
+            raise WriteRefused(f"{self.storage} was opened read-only", code="READ_ONLY")
         if not self.admission.is_writer(self.key):
             raise WriteRefused(
                 f"this replica ({format_key(self.key)}) is not a writer of database "
@@ -364,6 +394,8 @@ class Base:
                 ``head`` (``BAD_LENGTH``, ``BAD_CHAIN``, ``BAD_SIGNATURE``);
                 nothing stored.
         """
+        if self.read_only:
+            raise WriteRefused(f"{self.storage} was opened read-only", code="READ_ONLY")
         if not self.admission.knows(writer) and writer not in self.logs:
             self.unknown_writer_refusals += 1
             raise UnknownWriter(
@@ -477,18 +509,32 @@ def validate_ops(batch: Sequence[Sequence[Sequence[Any]]]) -> None:
                 raise WriteRefused(str(exc), code="BAD_OP") from None
 
 
+def read_bootstrap(folder: Path) -> bytes:
+    """The database key in ``<storage>/db/database.json``.
+
+    Raises:
+        CrdtError: ``NO_DATABASE`` or ``BAD_METADATA``.
+    """
+    path = folder / "database.json"
+    try:
+        meta = json.loads(path.read_text())
+        stored = bytes.fromhex(meta["bootstrap"])
+        if meta.get("format") != FORMAT or len(stored) != 32:
+            raise ValueError(f"unknown format {meta.get('format')!r}")
+    except FileNotFoundError:
+        raise CrdtError(f"{folder.parent} holds no database ({path} is missing)",
+                        code="NO_DATABASE") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CrdtError(f"{path} is unreadable ({exc}); restore it or remove the folder "
+                        "and let replication fetch the database again",
+                        code="BAD_METADATA") from None
+    return stored
+
+
 def _load_or_write_meta(path: Path, bootstrap: bytes, *, explicit: bool) -> bytes:
     """The folder's database key; written on first use (atomically)."""
     if path.exists():
-        try:
-            meta = json.loads(path.read_text())
-            stored = bytes.fromhex(meta["bootstrap"])
-            if meta.get("format") != FORMAT or len(stored) != 32:
-                raise ValueError(f"unknown format {meta.get('format')!r}")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CrdtError(f"{path} is unreadable ({exc}); restore it or remove the folder "
-                            "and let replication fetch the database again",
-                            code="BAD_METADATA") from None
+        stored = read_bootstrap(path.parent)
         if explicit and stored != bootstrap:
             raise DatabaseMismatch(
                 f"{path.parent} holds database {format_key(stored)}, not "

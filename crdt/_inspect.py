@@ -17,27 +17,15 @@ from pathlib import Path
 
 from p2p.keys import IDENTITY_FILE, load_keypair
 
-from ._admission import compute_admission, has_admin_ops
-from ._entries import EntryId, decode_entry
+from ._base import Base, WriterStatus, read_bootstrap
+from ._entries import decode_entry
 from ._errors import BadEntry, CrdtError, LogCorrupted
-from ._log import Recovery, WriterLog, verify_file
-from ._view import View
+from ._log import WriterLog, verify_file
 
-__all__ = ["Problem", "StorageReport", "WriterReport", "inspect_storage", "verify_storage"]
+__all__ = ["Problem", "StorageReport", "inspect_storage", "verify_storage"]
 
 #: A status file older than this is from a daemon that is gone.
 STATUS_STALE_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class WriterReport:
-    key: bytes
-    length: int
-    head_hash: bytes
-    admin: bool
-    admitted: bool
-    cap: int | None
-    tail: Recovery | None
 
 
 @dataclass
@@ -45,7 +33,9 @@ class StorageReport:
     storage: Path
     bootstrap: bytes
     me: bytes | None
-    writers: list[WriterReport]
+    writers: list[WriterStatus]
+    #: Per writer, the bytes after its last signed head (a write in progress, or a crash).
+    tails: dict[bytes, int]
     view_counts: dict[str, int] | None
     view_applied: dict[bytes, int]
     daemon_pid: int | None
@@ -64,26 +54,6 @@ class Problem:
         return f"{self.where}: {self.message}"
 
 
-def read_bootstrap(folder: Path) -> bytes:
-    """The database key in ``<storage>/db/database.json``.
-
-    Raises:
-        CrdtError: ``NO_DATABASE`` or ``BAD_METADATA``.
-    """
-    path = folder / "database.json"
-    try:
-        meta = json.loads(path.read_text())
-        key = bytes.fromhex(meta["bootstrap"])
-    except FileNotFoundError:
-        raise CrdtError(f"{folder.parent} holds no database ({path} is missing)",
-                        code="NO_DATABASE") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CrdtError(f"{path} is unreadable: {exc}", code="BAD_METADATA") from None
-    if len(key) != 32:
-        raise CrdtError(f"{path}: the bootstrap key is not 32 bytes", code="BAD_METADATA")
-    return key
-
-
 def _log_files(folder: Path) -> Iterator[tuple[Path, bytes | None]]:
     for path in sorted((folder / "logs").glob("*.log")):
         try:
@@ -94,49 +64,24 @@ def _log_files(folder: Path) -> Iterator[tuple[Path, bytes | None]]:
 
 
 def inspect_storage(storage: str | os.PathLike[str]) -> StorageReport:
-    """Read a replica's state from its files (logs fully verified on the way).
+    """Read a replica's state from its files, as the replica itself would compute it.
 
     Raises:
         CrdtError: no database, unreadable metadata, or a damaged log
             (:class:`LogCorrupted`, named with its offset).
     """
     folder = Path(storage) / "db"
-    bootstrap = read_bootstrap(folder)
-    logs: dict[bytes, WriterLog] = {}
-    admin_entries = []
-    try:
-        for path, key in _log_files(folder):
-            if key is None:
-                continue
-            writer_log = logs[key] = WriterLog.open(path, key, read_only=True)
-            for index, payload in enumerate(writer_log.entries()):
-                try:
-                    entry = decode_entry(payload)
-                except BadEntry:
-                    break  # the base stops this writer here too
-                if has_admin_ops(entry):
-                    admin_entries.append((EntryId(key, index), entry))
-        admission = compute_admission(bootstrap, admin_entries)
-        writers = []
-        for key in sorted(logs.keys() | admission.writers.keys()):
-            grant = admission.writers.get(key)
-            writer_log = logs.get(key)
-            writers.append(WriterReport(
-                key=key,
-                length=writer_log.length if writer_log else 0,
-                head_hash=writer_log.head_hash if writer_log else bytes(32),
-                admin=bool(grant and grant.admin),
-                admitted=admission.is_writer(key),
-                cap=grant.cap if grant else None,
-                tail=writer_log.recovery if writer_log else None,
-            ))
-    finally:
-        for writer_log in logs.values():
-            writer_log.close()
-    counts, applied = _view_state(folder / "view.sqlite")
+    me = _my_key(Path(storage))
+    with Base.open(storage, None, read_only=True) as base:
+        tails = {key: writer_log.recovery.dropped_bytes
+                 for key, writer_log in base.logs.items() if writer_log.recovery}
+        counts = base.view.counts() if base.view else None
+        applied = base.view.applied_lengths() if base.view else {}
+        writers = base.writers()
+        bootstrap = base.bootstrap
     pid, peers = _daemon_status(folder / "status.json")
-    return StorageReport(Path(storage), bootstrap, _my_key(Path(storage)), writers, counts,
-                         applied, pid, peers)
+    return StorageReport(Path(storage), bootstrap, me, writers, tails, counts, applied, pid,
+                         peers)
 
 
 def _my_key(storage: Path) -> bytes | None:
@@ -146,19 +91,6 @@ def _my_key(storage: Path) -> bytes | None:
         return load_keypair(storage).public_key
     except Exception:  # shown as unknown; `cosmicac keys show` explains the problem
         return None
-
-
-def _view_state(path: Path) -> tuple[dict[str, int] | None, dict[bytes, int]]:
-    if not path.exists():
-        return None, {}
-    try:
-        view = View.open_read_only(path)
-    except (sqlite3.Error, CrdtError):
-        return None, {}
-    try:
-        return view.counts(), view.applied_lengths()
-    finally:
-        view.close()
 
 
 def _daemon_status(path: Path) -> tuple[int | None, list[dict]]:

@@ -47,12 +47,13 @@ Blocking; wrap calls in ``trio.to_thread.run_sync``. One thread at a time.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,7 +256,7 @@ class View:
             raise ValueError("db must be the 32-byte bootstrap key")
         path = os.fspath(path)
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        try:
+        with _closed_on_failure(conn, path):
             conn.execute("PRAGMA journal_mode=WAL")
             # A cache rebuildable from the logs: losing the last commits on power
             # failure is fine, an fsync per apply() is not worth it.
@@ -267,13 +268,6 @@ class View:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            _raise_unreadable(path, exc)
-            raise
-        except BaseException:
-            conn.close()
-            raise
         return cls(conn, path, db)
 
     @classmethod
@@ -290,17 +284,10 @@ class View:
         path = os.fspath(path)
         uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        try:
+        with _closed_on_failure(conn, path):
             tables = {name for (name,) in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             _check_meta(conn, path, tables, db)
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            _raise_unreadable(path, exc)
-            raise
-        except BaseException:
-            conn.close()
-            raise
         return cls(conn, path, db)
 
     @staticmethod
@@ -528,6 +515,20 @@ def _raise_unreadable(path: str, exc: sqlite3.DatabaseError) -> None:
     # Only a damaged or foreign file means "rebuild"; a locked or missing one does not.
     if getattr(exc, "sqlite_errorname", None) in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
         raise ViewMismatch(f"{path}: not a readable view ({exc})", code="UNREADABLE") from exc
+
+
+@contextlib.contextmanager
+def _closed_on_failure(conn: sqlite3.Connection, path: str) -> Iterator[None]:
+    """Close ``conn`` if opening fails; a file that is not a view becomes ViewMismatch."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        _raise_unreadable(path, exc)
+        raise
+    except BaseException:
+        conn.close()
+        raise
 
 
 def _prepare(conn: sqlite3.Connection, path: str, db: bytes) -> None:

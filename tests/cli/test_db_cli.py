@@ -87,10 +87,19 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
 
 async def test_verify_names_the_damaged_file_and_offset_and_exits_1(tmp_path):
     seed_creator(tmp_path)
+    def files():
+        # SQLite's own -wal/-shm companions appear when anyone reads a WAL database.
+        return {path: path.read_bytes() for path in tmp_path.rglob("*")
+                if path.is_file() and not path.name.endswith(("-wal", "-shm"))}
+
+    before = files()
     code, out, _ = await cosmicac("db", "verify", "--storage", str(tmp_path))
     assert code == 0 and "ok:" in out
     document = await status(tmp_path)
     assert document["writers"][0]["length"] == 202 and document["daemon_pid"] is None
+    assert document["writers"][0]["counted"] == document["writers"][0]["applied"] == 202
+    # Looking changes nothing (no log, metadata or view file created, rewritten or cut).
+    assert files() == before
     (log_file,) = (tmp_path / "db" / "logs").glob("*.log")
     data = bytearray(log_file.read_bytes())
     data[len(data) // 3] ^= 0x01
