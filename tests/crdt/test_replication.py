@@ -13,7 +13,7 @@ from crdt._ops import usage_add
 from crdt._replication import Replicator
 from p2p.keys import KeyPair
 from tests.crdt.helpers import usage_ops
-from tests.p2p.helpers import wait_until
+from tests.p2p.helpers import http_get, wait_until
 from tests.p2p.swarm.helpers import swarm_net
 
 FAST = ReplicationConfig(poll_s=2.0, call_timeout_s=5.0, join_retry_s=0.2, ban_s=60.0)
@@ -32,7 +32,8 @@ class Replica:
         self.scope.cancel()
 
 
-async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), firewall=None):
+async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), firewall=None,
+                        metrics_port=None):
     scope = trio.CancelScope()
 
     async def run(task_status=trio.TASK_STATUS_IGNORED):
@@ -40,7 +41,8 @@ async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), fire
             await run_database_service(storage, keypair, bootstrap=bootstrap,
                                        swarm_config=net.config(), allow=frozenset(allow),
                                        fsync=FsyncPolicy.NEVER, replication=FAST,
-                                       firewall=firewall, task_status=task_status)
+                                       firewall=firewall, metrics_port=metrics_port,
+                                       task_status=task_status)
 
     service = await net.nursery.start(run)
     return Replica(service, scope)
@@ -53,7 +55,8 @@ async def total_prompt(db, key_id="k1") -> int:
 async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
     a_key, b_key = KeyPair.generate(), KeyPair.generate()
     async with swarm_net() as net:
-        a = await start_replica(net, tmp_path / "a", a_key, allow=[b_key.public_key])
+        a = await start_replica(net, tmp_path / "a", a_key, allow=[b_key.public_key],
+                                metrics_port=0)
         await a.db.append_many(usage_ops("k1", 50))
         b = await start_replica(net, tmp_path / "b", b_key, bootstrap=a.db.bootstrap)
         await wait_until(lambda: b.db.is_writer, limit_s=15)
@@ -64,6 +67,10 @@ async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
         added = a.db.metrics.registry.get_sample_value("crdt_admission_requests_total",
                                                         {"outcome": "added"})
         assert added == 1
+        status, body = await http_get(a.service.metrics_address, "/metrics")
+        assert status == 200
+        assert b"crdt_entries 52.0" in body and b"swarm_connections" in body
+        assert b"crdt_replication_peers 1.0" in body
 
 
 async def test_a_key_off_the_allow_list_reads_but_cannot_write(tmp_path):
