@@ -33,7 +33,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from typing import Any
 from p2p.keys import KeyPair, format_key
 
 from ._admission import Admission, compute_admission, has_admin_ops
-from ._causal import CausalGate, GateResult
+from ._causal import TOO_MANY_WAITING, CausalGate, GateResult
 from ._entries import Entry, EntryId, decode_entry
 from ._errors import (
     BadEntry,
@@ -121,6 +121,10 @@ class Base:
         self._log_lock = threading.Lock()
         self._admin_entries: list[tuple[EntryId, Entry]] = []
         self._applied: dict[bytes, int] = {}
+        # Per writer, the first entry the gate turned away because too many
+        # entries were waiting: it and the rest of that log are offered again
+        # from the log once the gate has room.
+        self._backlog: dict[bytes, int] = {}
         #: Replicated batches refused because their writer is unknown.
         self.unknown_writer_refusals = 0
         self.rebuilds = 0
@@ -224,7 +228,27 @@ class Base:
                 return
             yield EntryId(key, index), entry
 
-    def _gate_offer(self, items: list[tuple[EntryId, Entry]]) -> list[tuple[EntryId, Entry]]:
+    def _gate_offer(self, items: Iterable[tuple[EntryId, Entry]]) -> list[tuple[EntryId, Entry]]:
+        """Offer entries to the gate; then offer again what it had no room for, if it has now."""
+        released = self._offer_once(items)
+        progress = bool(released)
+        # Bounded: every pass releases something or ends the loop.
+        while self._backlog and progress:
+            progress = False
+            for writer, start in sorted(self._backlog.items()):
+                del self._backlog[writer]
+                writer_log = self.logs[writer]
+                decoded = self._decoded(writer, writer_log, max(start, self.gate.length(writer)),
+                                        writer_log.length)
+                for chunk in _chunks(decoded, 256):
+                    again = self._offer_once(chunk)
+                    released += again
+                    progress |= bool(again)
+                    if writer in self._backlog:
+                        break  # turned away again: the rest would only wait behind it
+        return released
+
+    def _offer_once(self, items: Iterable[tuple[EntryId, Entry]]) -> list[tuple[EntryId, Entry]]:
         result = self.gate.offer_many(items)
         self._note(result)
         for where, entry in result.released:
@@ -234,9 +258,13 @@ class Base:
 
     def _note(self, result: GateResult) -> None:
         for refusal in result.refused:
+            where = refusal.where
+            if refusal.code == TOO_MANY_WAITING:
+                self._backlog[where.writer] = min(self._backlog.get(where.writer, where.index),
+                                                  where.index)
+                continue
             log.error("crdt.entry_refused writer=%s index=%d code=%s reason=%s",
-                      format_key(refusal.where.writer)[:12], refusal.where.index,
-                      refusal.code, refusal.reason)
+                      format_key(where.writer)[:12], where.index, refusal.code, refusal.reason)
 
     def _open_view(self) -> None:
         path = self.storage / "view.sqlite"
@@ -495,6 +523,17 @@ class Base:
     def __repr__(self) -> str:
         return (f"Base(db={format_key(self.bootstrap)[:12]}, me={format_key(self.key)[:12]}, "
                 f"writers={len(self.logs)})")
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def validate_ops(batch: Sequence[Sequence[Sequence[Any]]]) -> None:

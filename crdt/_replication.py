@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 #: Entry bytes held for one writer while waiting for the head that ends a run.
 MAX_PENDING_BYTES = 8 * 1024 * 1024
+#: Entry bytes taken from one writer's log before turning to the next one:
+#: logs that depend on each other then arrive side by side, so few entries
+#: wait in the causal gate for another log's entries.
+ROUND_BYTES = 1024 * 1024
 
 
 def replication_topic(bootstrap: bytes) -> bytes:
@@ -278,7 +282,9 @@ class Replicator:
             known = heads.lengths
 
     async def _catch_up(self, client: RpcClient, state: PeerState) -> None:
-        """Fetch every wanted log the peer is ahead on, until nothing more is wanted."""
+        """Fetch every wanted log the peer is ahead on, until nothing more is wanted.
+
+        Round-robin, about ROUND_BYTES from each log in turn."""
         progress = True
         while progress:  # bounded: each pass adds entries or newly admitted writers
             progress = False
@@ -305,9 +311,9 @@ class Replicator:
         async with self._writer_locks[writer]:
             start = self.db.lengths.get(writer, 0)
             pending: list[bytes] = []
-            pending_bytes = 0
+            pending_bytes = taken = 0
             progressed = False
-            while start + len(pending) < their_length:
+            while start + len(pending) < their_length and taken < ROUND_BYTES:
                 reply = await self._call_fetch(client, writer, start + len(pending))
                 if not reply.entries:
                     if reply.head is None:
@@ -327,6 +333,7 @@ class Replicator:
                     raise BadPeer(f"log of {format_key(writer)[:12]}: {exc}",
                                   code=exc.code) from None
                 state.fetched += len(pending)
+                taken += pending_bytes
                 progressed = True
                 start = max(start + len(pending), self.db.lengths.get(writer, 0))
                 pending, pending_bytes = [], 0

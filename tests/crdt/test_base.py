@@ -325,3 +325,28 @@ def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_f
     finally:
         for replica in replicas:
             replica.close()
+
+
+def test_entries_the_gate_had_no_room_for_are_offered_again_from_the_log(tmp_path):
+    """A replica fetching one writer's whole log before the log it depends on: most of it
+    must wait, more than the gate holds; what it turns away is taken again later."""
+    db = A.public_key
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
+            open_replica(tmp_path / "c", C, db) as c:
+        a.append([[add_writer(B.public_key)]])
+        pull(b, a)
+        for _ in range(30):  # A and B take turns, each entry depending on the other's last
+            b.append(usage_ops("k1", 2))
+            pull(a, b)
+            a.append(usage_ops("k1", 2))
+            pull(b, a)
+        c.gate.max_waiting = 10
+        entries, head = a.segment(A.public_key, 0, 1 << 20)
+        c.ingest(A.public_key, 0, entries, head)  # B's entries unknown yet: most must wait
+        assert c.gate.waiting <= 10
+        entries, head = b.segment(B.public_key, 0, 1 << 20)
+        c.ingest(B.public_key, 0, entries, head)
+        assert c.gate.length(A.public_key) == a.lengths()[A.public_key]
+        assert c.gate.waiting == 0
+        assert total_prompt(c) == total_prompt(a) == 120
+        assert c.view.dump() == a.view.dump()
