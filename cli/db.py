@@ -107,9 +107,18 @@ async def _serve(storage, keypair, database_key, config, allow, fsync, metrics_h
         role = "admin" if db.is_admin else "writer" if db.is_writer else "reader (not admitted)"
         print(f"Replica {format_key(db.key)} ({role}) listening on "
               f"{service.address[0]}:{service.address[1]}", flush=True)
+        if not db.is_writer:
+            nursery.start_soon(_announce_admission, db)
 
     stopped_by = await run_until_signalled(start)
     log.info("db.exiting signal=%s", stopped_by)
+
+
+async def _announce_admission(db) -> None:
+    """Say on stdout when an admin has added us (what `task autobase-connect` waits for)."""
+    while not db.is_writer:
+        await db.wait_changed(db.lengths, 3600)
+    print(f"Admitted as a writer of {format_key(db.bootstrap)}", flush=True)
 
 
 @app.command("status")

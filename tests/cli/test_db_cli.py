@@ -64,7 +64,9 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
                 "db", "serve", "--storage", str(proxy_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", stdout=subprocess.PIPE,
                 env=dict(os.environ, PROXY_AUTOBASE_KEY=printed[1])))
-            await read_until(proxy.stdout, re.compile(r"reader \(not admitted\)"))
+            # Read-only at first, then admitted by the creator (its --allow holds our key).
+            await read_until(proxy.stdout, re.compile(
+                rf"reader \(not admitted\)[\s\S]*Admitted as a writer of {creator}"))
 
             while True:  # bounded by fail_after
                 app_status, proxy_status = await status(app_storage), await status(proxy_storage)
