@@ -20,11 +20,12 @@ from crdt import (
     CrdtError,
     FsyncPolicy,
     ReplicationConfig,
+    change_writer,
     inspect_storage,
     run_database_service,
     verify_storage,
 )
-from p2p.errors import P2PError
+from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import format_key, load_or_create_keypair, parse_public_key
 from p2p.swarm import SwarmConfig
 
@@ -75,8 +76,8 @@ def serve(
 ) -> None:
     """Keep a replica of the shared database and replicate it with its peers."""
     bootstrap_addresses = parse_bootstrap(bootstrap)
-    database_key = parse_public_key(key, what="--key") if key.strip() else None
-    relay_keys = tuple(parse_public_key(item.strip(), what="--relay key")
+    database_key = _parse_key(key, "--key") if key.strip() else None
+    relay_keys = tuple(_parse_key(item.strip(), "--relay key")
                        for item in relays.split(",") if item.strip())
     configure_logging(log_level, stream=sys.stderr)
     try:
@@ -93,6 +94,13 @@ def serve(
     except* OSError as group:
         exc = group.exceptions[0]
         fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
+
+
+def _parse_key(text: str, what: str) -> bytes:
+    try:
+        return parse_public_key(text, what=what)
+    except KeyFormatError as exc:
+        fail(str(exc), code=2)
 
 
 async def _serve(storage, keypair, database_key, config, allow, fsync, metrics_host,
@@ -119,6 +127,42 @@ async def _announce_admission(db) -> None:
     while not db.is_writer:
         await db.wait_changed(db.lengths, 3600)
     print(f"Admitted as a writer of {format_key(db.bootstrap)}", flush=True)
+
+
+@app.command("add-writer")
+def add_writer_command(
+    key: str = typer.Argument(..., help="Public key (64 hex) of the replica to admit."),
+    storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE",
+                                 help="Storage folder of an admin replica."),
+    admin: bool = typer.Option(False, "--admin", help="Let it add and remove writers too."),
+) -> None:
+    """Admit a replica as a writer (what `task autobase-connect` does), as an admin replica."""
+    _change_writer(storage, "add_writer", key, admin)
+
+
+@app.command("remove-writer")
+def remove_writer_command(
+    key: str = typer.Argument(..., help="Public key (64 hex) of the writer to remove."),
+    storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE",
+                                 help="Storage folder of an admin replica."),
+) -> None:
+    """Remove a writer: only the entries this replica has of it go on counting, everywhere."""
+    _change_writer(storage, "remove_writer", key, False)
+
+
+def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
+    writer = _parse_key(key, "writer key")
+    try:
+        result = trio.run(functools.partial(change_writer, storage, action, writer, admin=admin))
+    except CrdtError as exc:
+        fail(f"{exc.code}: {exc.message}")
+    if result.status == "added":
+        out.print(f"added {key} as {'an admin' if admin else 'a writer'} (via {result.via})")
+    elif result.status == "already":
+        out.print(f"{key} is a writer already (via {result.via})")
+    else:
+        out.print(f"removed {key}: its first {result.length} entries go on counting "
+                  f"(via {result.via})")
 
 
 @app.command("status")

@@ -31,7 +31,7 @@ from ._errors import (
     UnknownWriter,
     WriteRefused,
 )
-from ._inspect import Problem, StorageReport, inspect_storage, verify_storage
+from ._inspect import Problem, StorageReport, inspect_storage, read_daemon_status, verify_storage
 from ._log import (
     GENESIS_HASH,
     MAX_BODY,
@@ -44,6 +44,7 @@ from ._log import (
     head_message,
     verify_file,
 )
+from ._operator import OperatorResult, change_writer
 from ._replication import ReplicationConfig, Replicator, replication_topic
 from ._service import DatabaseService, run_database_service
 
@@ -67,6 +68,7 @@ __all__ = [
     "LogCorrupted",
     "LogInUse",
     "NotWriter",
+    "OperatorResult",
     "Problem",
     "RecordTooLarge",
     "Recovery",
@@ -80,11 +82,13 @@ __all__ = [
     "WriterLog",
     "WriterStatus",
     "chain_hash",
+    "change_writer",
     "compute_admission",
     "decode_entry",
     "head_message",
     "inspect_storage",
     "order_key",
+    "read_daemon_status",
     "replication_topic",
     "run_database_service",
     "verify_file",

@@ -35,8 +35,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ._entries import Entry, EntryId, order_key
+from ._errors import WriteRefused
 
-__all__ = ["Admission", "WriterGrant", "compute_admission", "has_admin_ops"]
+__all__ = ["Admission", "WriterGrant", "compute_admission", "has_admin_ops", "plan_writer_change"]
 
 ADD_WRITER = "add_writer"
 REMOVE_WRITER = "remove_writer"
@@ -86,6 +87,36 @@ class Admission:
     def knows(self, key: bytes) -> bool:
         """True if ``key`` was ever admitted (its log is replicated, removed or not)."""
         return key in self.writers
+
+
+def plan_writer_change(admission: Admission, me: bytes, action: str, writer: bytes, *,
+                       admin: bool = False, length_seen: int = 0) -> tuple | None:
+    """The op an admin appends to add or remove ``writer``; None if nothing is to do.
+
+    Raises:
+        WriteRefused: ``NOT_AN_ADMIN`` (``me`` is not one), ``REMOVED`` (a
+            removed key is never readmitted), ``UNKNOWN_WRITER`` (removing a
+            key that was never admitted).
+    """
+    if not admission.is_admin(me):
+        raise WriteRefused(f"{me.hex()} is not an admin writer of this database",
+                           code="NOT_AN_ADMIN")
+    grant = admission.writers.get(writer)
+    if action == ADD_WRITER:
+        if grant is not None and grant.cap is not None:
+            raise WriteRefused(f"{writer.hex()} was removed; a removed key is never admitted "
+                               "again (give the replica a new identity)", code="REMOVED")
+        if grant is not None and (grant.admin or not admin):
+            return None
+        return (ADD_WRITER, writer, admin)
+    if action == REMOVE_WRITER:
+        if grant is None:
+            raise WriteRefused(f"{writer.hex()} is not a writer of this database",
+                               code="UNKNOWN_WRITER")
+        if grant.cap is not None:
+            return None
+        return (REMOVE_WRITER, writer, length_seen)
+    raise ValueError(f"unknown action {action!r}")
 
 
 def has_admin_ops(entry: Entry) -> bool:

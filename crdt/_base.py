@@ -40,7 +40,7 @@ from typing import Any
 
 from p2p.keys import KeyPair, format_key
 
-from ._admission import Admission, compute_admission, has_admin_ops
+from ._admission import Admission, compute_admission, has_admin_ops, plan_writer_change
 from ._causal import TOO_MANY_WAITING, CausalGate, GateResult
 from ._entries import Entry, EntryId, decode_entry
 from ._errors import (
@@ -55,7 +55,7 @@ from ._log import FsyncPolicy, Head, WriterLog
 from ._ops import ADMIN_OPS, validate_op
 from ._view import View, ViewMismatch
 
-__all__ = ["MAX_ENTRY_BYTES", "MAX_RUN", "Base", "WriterStatus"]
+__all__ = ["MAX_ENTRY_BYTES", "MAX_RUN", "Base", "WriterChange", "WriterStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,17 @@ class WriterStatus:
     admitted: bool
     cap: int | None
     stopped: tuple[int, str] | None  # (index, code) of the first invalid entry
+
+
+@dataclass(frozen=True, slots=True)
+class WriterChange:
+    """What :meth:`Base.change_writer` did."""
+
+    status: str  # added | already | removed
+    #: For a removal: how many of the writer's entries go on counting.
+    length: int | None
+    #: The admin entry appended (None when nothing was to do).
+    entry: EntryId | None
 
 
 @dataclass
@@ -386,6 +397,29 @@ class Base:
         items = [(EntryId(self.key, start + k), entry) for k, entry in enumerate(entries)]
         self._take(items, validated=True)
         return [where for where, _ in items]
+
+    def change_writer(self, action: str, writer: bytes, *, admin: bool = False) -> WriterChange:
+        """Add (``add_writer``) or remove (``remove_writer``) a writer, as this admin.
+
+        A removal keeps the entries of ``writer`` this replica has (every
+        replica then ignores the rest, whenever they arrive).
+
+        Raises:
+            WriteRefused: ``NOT_AN_ADMIN``, ``REMOVED`` (re-adding a removed
+                key), ``UNKNOWN_WRITER`` (removing a key never admitted).
+        """
+        if self.read_only or self.key is None:
+            raise WriteRefused(f"{self.storage} was opened read-only", code="READ_ONLY")
+        length = self.logs[writer].length if writer in self.logs else 0
+        op = plan_writer_change(self.admission, self.key, action, writer, admin=admin,
+                                length_seen=length)
+        if op is None:
+            return WriterChange("already" if action == "add_writer" else "removed",
+                                self.admission.writers[writer].cap, None)
+        (where,) = self.append([[op]])
+        if action == "add_writer":
+            return WriterChange("added", None, where)
+        return WriterChange("removed", length, where)
 
     def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
         """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch``."""

@@ -19,7 +19,7 @@ import trio
 
 from p2p.keys import KeyPair
 
-from ._base import ApplyReport, Base, WriterStatus
+from ._base import ApplyReport, Base, WriterChange, WriterStatus
 from ._entries import EntryId
 from ._log import FsyncPolicy, Head
 from ._metrics import DatabaseMetrics
@@ -161,6 +161,20 @@ class Database:
         self.metrics.appended.inc(len(ids))
         self.metrics.append_batches.inc()
         return ids
+
+    async def change_writer(self, action: str, writer: bytes, *,
+                            admin: bool = False) -> WriterChange:
+        """Add or remove a writer as this admin (see :meth:`Base.change_writer`)."""
+        async with self._write_lock:
+            try:
+                change = await trio.to_thread.run_sync(
+                    lambda: self.base.change_writer(action, writer, admin=admin))
+            finally:
+                self._after_write()
+        if change.entry is not None:
+            self.metrics.appended.inc()
+            self.metrics.append_batches.inc()
+        return change
 
     async def ingest(self, writer: bytes, start: int, payloads: Sequence[bytes],
                      head: Head) -> ApplyReport:

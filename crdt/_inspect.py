@@ -22,7 +22,8 @@ from ._entries import decode_entry
 from ._errors import BadEntry, CrdtError, LogCorrupted
 from ._log import WriterLog, verify_file
 
-__all__ = ["Problem", "StorageReport", "inspect_storage", "verify_storage"]
+__all__ = ["Problem", "StorageReport", "inspect_storage", "read_daemon_status",
+           "verify_storage"]
 
 #: A status file older than this is from a daemon that is gone.
 STATUS_STALE_S = 10.0
@@ -70,7 +71,6 @@ def inspect_storage(storage: str | os.PathLike[str]) -> StorageReport:
         CrdtError: no database, unreadable metadata, or a damaged log
             (:class:`LogCorrupted`, named with its offset).
     """
-    folder = Path(storage) / "db"
     me = _my_key(Path(storage))
     with Base.open(storage, None, read_only=True) as base:
         tails = {key: writer_log.recovery.dropped_bytes
@@ -79,7 +79,8 @@ def inspect_storage(storage: str | os.PathLike[str]) -> StorageReport:
         applied = base.view.applied_lengths() if base.view else {}
         writers = base.writers()
         bootstrap = base.bootstrap
-    pid, peers = _daemon_status(folder / "status.json")
+    daemon = read_daemon_status(Path(storage))
+    pid, peers = (daemon["pid"], list(daemon.get("peers", []))) if daemon else (None, [])
     return StorageReport(Path(storage), bootstrap, me, writers, tails, counts, applied, pid,
                          peers)
 
@@ -93,16 +94,20 @@ def _my_key(storage: Path) -> bytes | None:
         return None
 
 
-def _daemon_status(path: Path) -> tuple[int | None, list[dict]]:
-    """The peers a running daemon reported, if its status file is fresh."""
+def read_daemon_status(storage: str | os.PathLike[str]) -> dict | None:
+    """What a daemon running on ``storage`` reports (pid, address, peers), or None.
+
+    None when no daemon wrote the status file, it is older than STATUS_STALE_S
+    or its process is gone.
+    """
     try:
-        document = json.loads(path.read_text())
-        pid = int(document["pid"])
+        document = json.loads((Path(storage) / "db" / "status.json").read_text())
+        document["pid"] = int(document["pid"])
         fresh = time.time() - float(document["updated"]) < STATUS_STALE_S
-        os.kill(pid, 0)
+        os.kill(document["pid"], 0)
     except (OSError, ValueError, KeyError, TypeError):
-        return None, []
-    return (pid, list(document.get("peers", []))) if fresh else (None, [])
+        return None
+    return document if fresh else None
 
 
 def verify_storage(storage: str | os.PathLike[str]) -> list[Problem]:

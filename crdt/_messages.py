@@ -15,10 +15,15 @@ bootstrap key): a peer serving another database answers ``WRONG_DB``.
            carries the head.
 ``join``   ask to be admitted as a writer: an admin whose allow-list holds
            the caller's key appends ``add_writer`` for it.
+``admin``  the operator's ``cosmicac db add-writer|remove-writer`` on a
+           running replica: the request is signed with the replica's own
+           identity (:func:`admin_message`), so only whoever holds its storage
+           folder can make it, over a connection with any key.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
@@ -27,10 +32,13 @@ from p2p.keys import KEY_BYTES
 from p2p.rpc import Method
 
 __all__ = [
+    "ADMIN",
     "FETCH",
     "HEADS",
     "JOIN",
     "PROTOCOL",
+    "AdminParams",
+    "AdminResult",
     "FetchParams",
     "FetchResult",
     "HeadModel",
@@ -38,6 +46,7 @@ __all__ = [
     "HeadsResult",
     "JoinParams",
     "JoinResult",
+    "admin_message",
 ]
 
 PROTOCOL = "cosmicac-db/1"
@@ -89,6 +98,33 @@ class JoinResult(BaseModel):
     status: Literal["added", "already"]
 
 
+class AdminParams(BaseModel):
+    db: Bytes32
+    action: Literal["add_writer", "remove_writer"]
+    writer: Bytes32
+    admin: bool = False
+    #: The replica's own signature of :func:`admin_message` for this request.
+    signature: Annotated[bytes, Field(strict=True, min_length=64, max_length=64)]
+
+
+class AdminResult(BaseModel):
+    #: ``added``, ``already`` (a writer already), or ``removed``.
+    status: Literal["added", "already", "removed"]
+    #: For ``removed``: how many of the writer's entries go on counting.
+    length: int | None = None
+
+
+def admin_message(db: bytes, caller: bytes, action: str, writer: bytes, admin: bool) -> bytes:
+    """What the replica's identity signs to ask itself for a writer change.
+
+    The caller's connection key is in it, so a signature seen on the wire is
+    no use to anyone else.
+    """
+    return (b"cosmicac/db-admin/v1\0" + db + caller + action.encode() + b"\0" + writer
+            + struct.pack(">?", admin))
+
+
 HEADS = Method("crdt.heads", params=HeadsParams, result=HeadsResult)
 FETCH = Method("crdt.fetch", params=FetchParams, result=FetchResult)
 JOIN = Method("crdt.join", params=JoinParams, result=JoinResult)
+ADMIN = Method("crdt.admin", params=AdminParams, result=AdminResult)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from p2p.keys import derive_topic, format_key
+from p2p.keys import derive_topic, format_key, verify_signature
 from p2p.mux import Channel, ChannelRejected
 from p2p.rpc import CallContext, Router, RpcClient, RpcError, serve_rpc
 from p2p.swarm import SwarmConnection
@@ -41,11 +41,14 @@ from ._database import Database
 from ._errors import CrdtError, InvalidBatch, UnknownWriter, WriteRefused
 from ._log import Head
 from ._messages import (
+    ADMIN,
     FETCH,
     HEADS,
     JOIN,
     MAX_WRITERS,
     PROTOCOL,
+    AdminParams,
+    AdminResult,
     FetchParams,
     FetchResult,
     HeadModel,
@@ -53,8 +56,8 @@ from ._messages import (
     HeadsResult,
     JoinParams,
     JoinResult,
+    admin_message,
 )
-from ._ops import add_writer
 
 __all__ = ["PeerState", "ReplicationConfig", "Replicator", "replication_topic"]
 
@@ -157,6 +160,7 @@ class Replicator:
         router.add(HEADS, self._heads)
         router.add(FETCH, self._fetch)
         router.add(JOIN, functools.partial(self._join, key))
+        router.add(ADMIN, functools.partial(self._admin, key))
         await serve_rpc(channel, router, name=f"db-{format_key(key)[:8]}")
 
     def _check_db(self, db: bytes) -> None:
@@ -206,12 +210,27 @@ class Replicator:
                                           f"{format_key(self.db.key)}; restart it with "
                                           f"--allow {peer}")
         try:
-            await self.db.append([add_writer(key)])
+            change = await self.db.change_writer("add_writer", key)
         except WriteRefused as exc:
             raise RpcError(exc.code, exc.message) from None
-        self.db.metrics.admissions.labels("added").inc()
-        log.info("crdt.writer_added writer=%s", peer)
-        return JoinResult(status="added")
+        self.db.metrics.admissions.labels(change.status).inc()
+        log.info("crdt.writer_added writer=%s by=join", peer)
+        return JoinResult(status="added" if change.status == "added" else "already")
+
+    async def _admin(self, caller: bytes, params: AdminParams, ctx: CallContext) -> AdminResult:
+        self._check_db(params.db)
+        message = admin_message(params.db, caller, params.action, params.writer, params.admin)
+        if not verify_signature(self.db.key, message, params.signature):
+            raise RpcError("NOT_ALLOWED", "admin requests must be signed with this replica's "
+                                          "own identity (run the command with its --storage)")
+        try:
+            change = await self.db.change_writer(params.action, params.writer,
+                                                 admin=params.admin)
+        except WriteRefused as exc:
+            raise RpcError(exc.code, exc.message) from None
+        log.info("crdt.writer_changed action=%s writer=%s status=%s by=operator",
+                 params.action, format_key(params.writer)[:12], change.status)
+        return AdminResult(status=change.status, length=change.length)
 
     # -- pulling ------------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ async def run_database_service(
                     lambda task_status: serve_metrics(registry, host=metrics_host,
                                                       port=metrics_port,
                                                       task_status=task_status))
-            nursery.start_soon(_keep_status_file, status_path, db, replicator)
+            nursery.start_soon(_keep_status_file, status_path, db, replicator, address)
             log.info("crdt.serving db=%s me=%s writer=%s admin=%s address=%s:%d",
                      format_key(db.bootstrap), format_key(db.key), db.is_writer, db.is_admin,
                      *address)
@@ -100,11 +100,12 @@ async def run_database_service(
             await db.aclose()
 
 
-def status_document(db: Database, replicator: Replicator) -> dict:
+def status_document(db: Database, replicator: Replicator, address: tuple[str, int]) -> dict:
     return {
         "pid": os.getpid(),
         "updated": time.time(),
         "key": db.key.hex(),
+        "address": [address[0], address[1]],
         "peers": [
             {"key": peer.key.hex(), "address": f"{peer.address[0]}:{peer.address[1]}",
              "lengths": {writer.hex(): n for writer, n in peer.lengths.items()},
@@ -114,9 +115,10 @@ def status_document(db: Database, replicator: Replicator) -> dict:
     }
 
 
-async def _keep_status_file(path: Path, db: Database, replicator: Replicator) -> None:
+async def _keep_status_file(path: Path, db: Database, replicator: Replicator,
+                            address: tuple[str, int]) -> None:
     while True:
-        document = status_document(db, replicator)
+        document = status_document(db, replicator, address)
         await trio.to_thread.run_sync(_write_atomically, path, json.dumps(document, indent=1))
         await trio.sleep(STATUS_INTERVAL_S)
 

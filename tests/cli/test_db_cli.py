@@ -82,6 +82,18 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
             for storage in (app_storage, proxy_storage):
                 code, out, err = await cosmicac("db", "verify", "--storage", str(storage))
                 assert code == 0, out + err
+
+            # The operator removes the proxy through the running creator.
+            code, out, err = await cosmicac("db", "remove-writer", proxy_key,
+                                            "--storage", str(app_storage))
+            assert code == 0, err
+            assert re.search(r"removed [0-9a-f]{64}: its first 0 entries go on counting "
+                             r"\(via daemon pid \d+\)", out)
+            while True:  # bounded by fail_after
+                proxy_status = await status(proxy_storage)
+                if any(w["key"] == proxy_key and w["cap"] == 0 for w in proxy_status["writers"]):
+                    break
+                await trio.sleep(0.2)
             for replica in (app, proxy):
                 replica.send_signal(signal.SIGINT)
                 assert await replica.wait() == 0
@@ -115,3 +127,24 @@ async def test_status_of_a_folder_without_a_database_is_a_clear_error(tmp_path):
     code, _, err = await cosmicac("db", "status", "--storage", str(tmp_path))
     assert code == 1
     assert "holds no database" in err
+
+
+async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_path):
+    seed_creator(tmp_path / "app")
+    other = load_or_create_keypair(tmp_path / "other").hex
+    storage = ("--storage", str(tmp_path / "app"))
+    code, out, _ = await cosmicac("db", "add-writer", other, *storage)
+    assert code == 0 and f"added {other} as a writer (via storage)" in out
+    code, out, _ = await cosmicac("db", "add-writer", other, *storage)
+    assert code == 0 and "is a writer already" in out
+    document = await status(tmp_path / "app")
+    assert any(w["key"] == other and w["admitted"] for w in document["writers"])
+    code, out, _ = await cosmicac("db", "remove-writer", other, *storage)
+    assert code == 0 and "its first 0 entries go on counting" in out
+    code, _, err = await cosmicac("db", "add-writer", other, *storage)
+    assert code == 1 and "REMOVED" in err
+    code, _, err = await cosmicac("db", "add-writer", "not-a-key", *storage)
+    assert code == 2
+    # Only an admin may: the other replica's own folder holds no admin of anything.
+    code, _, err = await cosmicac("db", "add-writer", other, "--storage", str(tmp_path / "other"))
+    assert code == 1 and "holds no database" in err

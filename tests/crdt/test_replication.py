@@ -163,3 +163,27 @@ async def test_writers_keep_writing_while_partitioned_and_converge_after(tmp_pat
         dumps = [await r.db.read(lambda v: v.dump()) for r in replicas]
         assert dumps[0] == dumps[1] == dumps[2]
         assert await total_prompt(replicas[2].db) == 600
+
+
+async def test_operator_writer_changes_must_be_signed_by_the_replica_itself(tmp_path):
+    from crdt._operator import _ask_daemon
+
+    a_key, b_key, stranger = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    async with swarm_net() as net:
+        a = await start_replica(net, tmp_path / "a", a_key)
+
+        async def ask(signer, action):
+            return await _ask_daemon(signer, a_key.public_key, tmp_path / "a",
+                                     a.service.address, 0, action, b_key.public_key, False)
+
+        with pytest.raises(WriteRefused) as refused:
+            await ask(stranger, "add_writer")  # signed by someone else's key
+        assert refused.value.code == "NOT_ALLOWED"
+        assert not a.db.base.admission.knows(b_key.public_key)
+        result = await ask(a_key, "add_writer")
+        assert result.status == "added" and a.db.base.admission.is_writer(b_key.public_key)
+        result = await ask(a_key, "remove_writer")
+        assert (result.status, result.length) == ("removed", 0)
+        with pytest.raises(WriteRefused) as again:
+            await ask(a_key, "add_writer")
+        assert again.value.code == "REMOVED"
