@@ -30,7 +30,7 @@ from crdt import (
     WriterLog,
     verify_file,
 )
-from crdt._log import ENTRY, HEAD, MAGIC, _frame, _read_record
+from crdt._records import ENTRY, HEAD, MAGIC, _frame, _read_record
 from p2p.keys import KeyPair
 
 WRITER = KeyPair.from_seed(bytes(range(32)))
