@@ -110,8 +110,9 @@ class Base:
     """One replica of one database. Build with :meth:`open`; :meth:`close` when done.
 
     Not thread-safe for writes: one append or ingest at a time (the trio
-    wrapper serialises them). Reads of the view may run in another thread
-    while a write runs; they take :attr:`view_lock`.
+    wrapper serialises them). :meth:`read_view` may run in other threads
+    while a write runs: it reads through a connection of its own (SQLite's
+    WAL lets it see the last committed state without waiting for the writer).
     """
 
     def __init__(self, storage: Path, keypair: KeyPair | None, bootstrap: bytes,
@@ -128,6 +129,8 @@ class Base:
         self.admission = Admission(bootstrap, {})
         self.view: View | None = None
         self.view_lock = threading.Lock()
+        self._reader: View | None = None  # read_view's own connection
+        self._reader_lock = threading.Lock()
         # Replication reads logs from worker threads while a write extends them.
         self._log_lock = threading.Lock()
         self._admin_entries: list[tuple[EntryId, Entry]] = []
@@ -295,6 +298,7 @@ class Base:
             self.view = View.open(path, db=self.bootstrap)
         self._applied = dict(self.view.applied_lengths())
         self._catch_up_view()
+        self._reader = View.open_read_only(path, db=self.bootstrap)
 
     # -- the view -----------------------------------------------------------------
 
@@ -532,10 +536,11 @@ class Base:
             return self.logs[writer].segment(start, max_bytes)
 
     def read_view(self, query: Any) -> Any:
-        """Run ``query(view)`` under the view lock (from any thread)."""
-        assert self.view is not None
-        with self.view_lock:
-            return query(self.view)
+        """Run ``query(view)`` on the last committed state (from any thread)."""
+        reader = self._reader or self.view
+        assert reader is not None
+        with self._reader_lock:
+            return query(reader)
 
     # -- closing ------------------------------------------------------------------------
 
@@ -543,6 +548,10 @@ class Base:
         for writer_log in self.logs.values():
             writer_log.close()
         self.logs.clear()
+        if self._reader is not None:
+            with self._reader_lock:
+                self._reader.close()
+            self._reader = None
         if self.view is not None:
             with self.view_lock:
                 self.view.close()

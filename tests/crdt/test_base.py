@@ -350,3 +350,14 @@ def test_entries_the_gate_had_no_room_for_are_offered_again_from_the_log(tmp_pat
         assert c.gate.waiting == 0
         assert total_prompt(c) == total_prompt(a) == 120
         assert c.view.dump() == a.view.dump()
+
+
+def test_reads_see_the_committed_view_while_a_write_is_in_progress(tmp_path):
+    with open_replica(tmp_path / "a", A) as a:
+        a.append(usage_ops("k1", 5))
+        writer = a.view._conn
+        with a.view_lock:  # the writer is in the middle of an apply
+            writer.execute("BEGIN IMMEDIATE")
+            writer.execute("DELETE FROM token_usage")
+            assert total_prompt(a) == 5  # neither blocked nor shown the uncommitted change
+            writer.execute("ROLLBACK")
