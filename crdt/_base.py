@@ -53,6 +53,7 @@ from ._errors import (
 )
 from ._log import FsyncPolicy, Head, WriterLog
 from ._ops import ADMIN_OPS, validate_op
+from ._snapshot import SNAPSHOT_FILE, Snapshot, WriterSnapshot, load_snapshot, save_snapshot
 from ._view import View, ViewMismatch
 
 __all__ = ["MAX_ENTRY_BYTES", "MAX_RUN", "Base", "WriterChange", "WriterStatus"]
@@ -129,6 +130,7 @@ class Base:
         self.admission = Admission(bootstrap, {})
         self.view: View | None = None
         self.view_lock = threading.Lock()
+        self._opened = False  # fully opened for writing: close() saves a snapshot
         self._reader: View | None = None  # read_view's own connection
         self._reader_lock = threading.Lock()
         # Replication reads logs from worker threads while a write extends them.
@@ -187,6 +189,7 @@ class Base:
         except BaseException:
             base.close()
             raise
+        base._opened = not read_only
         return base
 
     def _open_logs(self) -> None:
@@ -217,8 +220,13 @@ class Base:
         return writer_log
 
     def _replay_logs(self) -> None:
-        """Feed every stored entry to the gate, in clock order (so none has to wait)."""
-        streams = [self._decoded(key, writer_log, 0, writer_log.length)
+        """Feed the stored entries to the gate, in clock order (so none has to wait).
+
+        Only those after what the snapshot saved on the last close, if it still
+        matches the logs (see :mod:`._snapshot`); all of them otherwise.
+        """
+        starts = self._restore_snapshot()
+        streams = [self._decoded(key, writer_log, starts.get(key, 0), writer_log.length)
                    for key, writer_log in self.logs.items()]
         merged = heapq.merge(*streams, key=lambda item: (item[1].clock, item[0].writer))
         chunk: list[tuple[EntryId, Entry]] = []
@@ -230,6 +238,54 @@ class Base:
         if chunk:
             self._gate_offer(chunk)
         self.admission = compute_admission(self.bootstrap, self._admin_entries)
+
+    def _restore_snapshot(self) -> dict[bytes, int]:
+        """Restore the gate from the snapshot; return where each writer's replay starts."""
+        path = self.storage / SNAPSHOT_FILE
+        snapshot = load_snapshot(path, self.bootstrap)
+        if snapshot is None:
+            return {}
+
+        def discard(reason: str) -> dict[bytes, int]:
+            log.warning("crdt.snapshot_ignored path=%s reason=%s; replaying every entry",
+                        path, reason)
+            return {}
+
+        for saved in snapshot.writers.values():
+            writer_log = self.logs.get(saved.key)
+            if writer_log is None:
+                return discard(f"no log for writer {format_key(saved.key)[:12]}")
+            if (writer_log.length < saved.log_length or len(saved.clocks) > saved.log_length
+                    or (saved.log_length and
+                        writer_log.head_hash_at(saved.log_length) != saved.log_head)):
+                return discard(f"the log of {format_key(saved.key)[:12]} no longer holds "
+                               "what was saved")
+        admin_entries = []
+        for writer, index, payload in snapshot.admin_entries:
+            saved = snapshot.writers.get(writer)
+            if (saved is None or index >= len(saved.clocks)
+                    or self.logs[writer].entry(index) != payload):
+                return discard("an admin entry does not match its log")
+            try:
+                admin_entries.append((EntryId(writer, index), decode_entry(payload)))
+            except BadEntry as exc:
+                return discard(f"an admin entry does not decode: {exc}")
+        for saved in snapshot.writers.values():
+            self.gate.restore_released(saved.key, saved.clocks, saved.stop)
+        self._admin_entries = admin_entries
+        return {saved.key: len(saved.clocks) for saved in snapshot.writers.values()}
+
+    def _save_snapshot(self) -> None:
+        state = self.gate.released_state()
+        writers = {key: WriterSnapshot(key, self.logs[key].length, self.logs[key].head_hash,
+                                       clocks, stop)
+                   for key, (clocks, stop) in state.items() if key in self.logs}
+        admin = [(where.writer, where.index, self.logs[where.writer].entry(where.index))
+                 for where, _ in self._admin_entries]
+        try:
+            save_snapshot(self.storage / SNAPSHOT_FILE, Snapshot(self.bootstrap, writers, admin))
+        except OSError as exc:  # a cache: the next open replays everything instead
+            log.warning("crdt.snapshot_not_saved reason=%s", exc)
 
     def _decoded(self, key: bytes, writer_log: WriterLog, start: int,
                  end: int) -> Iterator[tuple[EntryId, Entry]]:
@@ -545,6 +601,9 @@ class Base:
     # -- closing ------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            self._save_snapshot()
         for writer_log in self.logs.values():
             writer_log.close()
         self.logs.clear()

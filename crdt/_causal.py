@@ -140,6 +140,33 @@ class CausalGate:
         """Writer -> (index, code): nothing from that index on will be released."""
         return dict(self._stops)
 
+    # -- saving and restoring (a replica's fast restart) -------------------------
+
+    def released_state(self) -> dict[bytes, tuple[array[int], tuple[int, str] | None]]:
+        """Per writer: the clocks of its released entries (a copy) and its stop, if any."""
+        writers = self._clocks.keys() | self._stops.keys()
+        return {w: (array("q", self._clocks.get(w, ())), self._stops.get(w)) for w in writers}
+
+    def restore_released(self, writer: bytes, clocks: array[int],
+                         stop: tuple[int, str] | None) -> None:
+        """Take a writer's released prefix as saved by :meth:`released_state`.
+
+        Only on a gate that has not been fed yet: what was released before is
+        trusted as it was (the caller checks the logs still hold it).
+
+        Raises:
+            ValueError: the gate was fed already, or the stop is inside the prefix.
+        """
+        if self._waiting or writer in self._clocks or writer in self._stops:
+            raise ValueError("restore_released() is for a fresh gate, once per writer")
+        if stop is not None and stop[0] < len(clocks):
+            raise ValueError(f"a stop at {stop[0]} inside {len(clocks)} released entries")
+        self._clocks[writer] = array("q", clocks)
+        if clocks:
+            self._max_clock = max(self._max_clock, max(clocks))
+        if stop is not None:
+            self._stops[writer] = stop
+
     # -- feeding ---------------------------------------------------------------
 
     def offer(self, where: EntryId, entry: Entry) -> GateResult:

@@ -279,6 +279,13 @@ class WriterLog:
             return self.read_range(start, lengths[first_head]), self._read_head(first_head)
         return self.read_range(start, end), None
 
+    def head_hash_at(self, length: int) -> bytes | None:
+        """The chain hash the file's signed head at exactly ``length`` holds, or None."""
+        position = bisect.bisect_left(self._head_lengths, length)
+        if position == len(self._head_lengths) or self._head_lengths[position] != length:
+            return None
+        return self._read_head(position).head_hash
+
     def head_lengths(self) -> list[int]:
         """The lengths at which the file holds a signed head, oldest first."""
         return list(self._head_lengths)

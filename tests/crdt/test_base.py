@@ -361,3 +361,58 @@ def test_reads_see_the_committed_view_while_a_write_is_in_progress(tmp_path):
             writer.execute("DELETE FROM token_usage")
             assert total_prompt(a) == 5  # neither blocked nor shown the uncommitted change
             writer.execute("ROLLBACK")
+
+
+def gate_state(base: Base) -> tuple:
+    return (base.gate.lengths(), base.gate.max_clock, base.gate.stopped, base.admission,
+            base.counted_lengths())
+
+
+def test_a_restart_from_the_snapshot_has_the_state_of_a_full_replay(tmp_path):
+    db = A.public_key
+    with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
+            open_replica(tmp_path / "c", C, db) as c:
+        a.append([[add_writer(B.public_key)], [add_writer(C.public_key)]])
+        pull(b, a)
+        pull(c, a)
+        b.append(usage_ops("k1", 4))
+        c.append(usage_ops("k2", 2))
+        pull(a, b)
+        pull(a, c)
+        a.append([[remove_writer(B.public_key, 3)]])
+    # C's log gets a signed entry that does not decode: C stops there, everywhere.
+    path = tmp_path / "c" / "db" / "logs" / f"{C.public_key.hex()}.log"
+    with WriterLog.open(path, C.public_key, C, fsync=FsyncPolicy.NEVER) as wlog:
+        wlog.append_batch([b"\xc1 not msgpack"])
+    with open_replica(tmp_path / "c", C, db) as c, open_replica(tmp_path / "a", A) as a:
+        pull(a, c)
+        saved = gate_state(a)
+        assert a.gate.stopped[C.public_key][1] == "BAD_PAYLOAD"
+    snapshot = tmp_path / "a" / "db" / "gate.snapshot"
+    assert snapshot.exists()
+    with open_replica(tmp_path / "a", A) as a:
+        assert gate_state(a) == saved
+        dump = a.view.dump()
+    snapshot.unlink()
+    with open_replica(tmp_path / "a", A) as a:  # the full replay agrees
+        assert gate_state(a) == saved
+        assert a.view.dump() == dump
+
+
+def test_a_snapshot_that_no_longer_matches_the_logs_is_ignored(tmp_path, caplog):
+    with open_replica(tmp_path / "a", A) as a:
+        a.append(usage_ops("k1", 5))
+    # The folder is restored with another history of the same writer (fewer, other entries).
+    log_path = tmp_path / "a" / "db" / "logs" / f"{A.public_key.hex()}.log"
+    log_path.unlink()
+    with WriterLog.open(log_path, A.public_key, A, fsync=FsyncPolicy.NEVER) as wlog:
+        wlog.append_batch([Entry.create(A.public_key, 1, {}, ops).encode()
+                           for ops in usage_ops("k1", 5)])
+    with open_replica(tmp_path / "a", A) as a:
+        assert "snapshot_ignored" in caplog.text
+        assert a.gate.max_clock == 1  # replayed from the log, not the saved clocks (1..5)
+    (tmp_path / "a" / "db" / "gate.snapshot").write_bytes(b"\x93garbage")
+    caplog.clear()
+    with open_replica(tmp_path / "a", A) as a:
+        assert "snapshot_ignored" in caplog.text
+        assert a.gate.length(A.public_key) == 1  # the bad clocks stop A after its first entry
