@@ -28,14 +28,12 @@ is the trio face.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from p2p.keys import KeyPair, format_key
@@ -45,22 +43,20 @@ from ._causal import TOO_MANY_WAITING, CausalGate, GateResult
 from ._entries import Entry, EntryId, decode_entry
 from ._errors import (
     BadEntry,
-    CrdtError,
-    DatabaseMismatch,
     InvalidBatch,
     UnknownWriter,
     WriteRefused,
 )
 from ._log import FsyncPolicy, Head, WriterLog
 from ._ops import ADMIN_OPS, validate_op
-from ._snapshot import SNAPSHOT_FILE, Snapshot, WriterSnapshot, load_snapshot, save_snapshot
+from ._snapshot import restore_snapshot, save_snapshot, take_snapshot
+from ._storage import Layout
 from ._view import View, ViewMismatch
 
 __all__ = ["MAX_ENTRY_BYTES", "MAX_RUN", "Base", "WriterChange", "WriterStatus"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
 #: An entry must fit in one replication reply (a mux message is at most 512 KiB).
 MAX_ENTRY_BYTES = 192 * 1024
 #: Entries between two signed heads in our own log: the most a replica must
@@ -116,9 +112,10 @@ class Base:
     WAL lets it see the last committed state without waiting for the writer).
     """
 
-    def __init__(self, storage: Path, keypair: KeyPair | None, bootstrap: bytes,
+    def __init__(self, layout: Layout, keypair: KeyPair | None, bootstrap: bytes,
                  fsync: FsyncPolicy, read_only: bool) -> None:
-        self.storage = storage
+        self.layout = layout
+        self.storage = layout.root
         self.keypair = keypair
         #: Our writer key (None for a read-only look without an identity).
         self.key: bytes | None = keypair.public_key if keypair else None
@@ -171,17 +168,15 @@ class Base:
             LogCorrupted: a log is damaged (named with its offset).
             LogInUse: another process has this replica open.
         """
-        folder = Path(storage) / "db"
+        layout = Layout.of(storage)
         if read_only:
-            bootstrap = read_bootstrap(folder)
+            bootstrap = layout.read_bootstrap()
         else:
             if keypair is None:
                 raise ValueError("a writable replica needs its key pair")
-            (folder / "logs").mkdir(parents=True, exist_ok=True)
-            bootstrap = _load_or_write_meta(folder / "database.json",
-                                            bootstrap or keypair.public_key,
-                                            explicit=bootstrap is not None)
-        base = cls(folder, keypair, bootstrap, fsync, read_only)
+            bootstrap = layout.create_or_check(bootstrap or keypair.public_key,
+                                               explicit=bootstrap is not None)
+        base = cls(layout, keypair, bootstrap, fsync, read_only)
         try:
             base._open_logs()
             base._replay_logs()
@@ -194,19 +189,19 @@ class Base:
 
     def _open_logs(self) -> None:
         keys = set() if self.read_only else {self.key, self.bootstrap}
-        for path in sorted((self.storage / "logs").glob("*.log")):
-            try:
-                keys.add(bytes.fromhex(path.stem))
-            except ValueError:
+        for path, key in self.layout.log_files():
+            if key is None:
                 log.warning("crdt.stray_file path=%s (not <writer key hex>.log); ignored", path)
+            else:
+                keys.add(key)
         for key in sorted(keys):
-            if len(key) == 32:
+            if key is not None and len(key) == 32:
                 self._log_for(key)
 
     def _log_for(self, key: bytes) -> WriterLog:
         writer_log = self.logs.get(key)
         if writer_log is None:
-            path = self.storage / "logs" / f"{key.hex()}.log"
+            path = self.layout.log(key)
             if self.read_only:
                 writer_log = WriterLog.open(path, key, read_only=True)
             else:
@@ -241,49 +236,17 @@ class Base:
 
     def _restore_snapshot(self) -> dict[bytes, int]:
         """Restore the gate from the snapshot; return where each writer's replay starts."""
-        path = self.storage / SNAPSHOT_FILE
-        snapshot = load_snapshot(path, self.bootstrap)
-        if snapshot is None:
+        restored = restore_snapshot(self.layout.snapshot, self.bootstrap, self.logs,
+                                    self.gate)
+        if restored is None:
             return {}
-
-        def discard(reason: str) -> dict[bytes, int]:
-            log.warning("crdt.snapshot_ignored path=%s reason=%s; replaying every entry",
-                        path, reason)
-            return {}
-
-        for saved in snapshot.writers.values():
-            writer_log = self.logs.get(saved.key)
-            if writer_log is None:
-                return discard(f"no log for writer {format_key(saved.key)[:12]}")
-            if (writer_log.length < saved.log_length or len(saved.clocks) > saved.log_length
-                    or (saved.log_length and
-                        writer_log.head_hash_at(saved.log_length) != saved.log_head)):
-                return discard(f"the log of {format_key(saved.key)[:12]} no longer holds "
-                               "what was saved")
-        admin_entries = []
-        for writer, index, payload in snapshot.admin_entries:
-            saved = snapshot.writers.get(writer)
-            if (saved is None or index >= len(saved.clocks)
-                    or self.logs[writer].entry(index) != payload):
-                return discard("an admin entry does not match its log")
-            try:
-                admin_entries.append((EntryId(writer, index), decode_entry(payload)))
-            except BadEntry as exc:
-                return discard(f"an admin entry does not decode: {exc}")
-        for saved in snapshot.writers.values():
-            self.gate.restore_released(saved.key, saved.clocks, saved.stop)
-        self._admin_entries = admin_entries
-        return {saved.key: len(saved.clocks) for saved in snapshot.writers.values()}
+        starts, self._admin_entries = restored
+        return starts
 
     def _save_snapshot(self) -> None:
-        state = self.gate.released_state()
-        writers = {key: WriterSnapshot(key, self.logs[key].length, self.logs[key].head_hash,
-                                       clocks, stop)
-                   for key, (clocks, stop) in state.items() if key in self.logs}
-        admin = [(where.writer, where.index, self.logs[where.writer].entry(where.index))
-                 for where, _ in self._admin_entries]
         try:
-            save_snapshot(self.storage / SNAPSHOT_FILE, Snapshot(self.bootstrap, writers, admin))
+            save_snapshot(self.layout.snapshot, take_snapshot(
+                self.bootstrap, self.logs, self.gate, [w for w, _ in self._admin_entries]))
         except OSError as exc:  # a cache: the next open replays everything instead
             log.warning("crdt.snapshot_not_saved reason=%s", exc)
 
@@ -337,7 +300,7 @@ class Base:
                       format_key(where.writer)[:12], where.index, refusal.code, refusal.reason)
 
     def _open_view(self) -> None:
-        path = self.storage / "view.sqlite"
+        path = self.layout.view
         if self.read_only:
             try:
                 self.view = View.open_read_only(path, db=self.bootstrap)
@@ -648,41 +611,3 @@ def validate_ops(batch: Sequence[Sequence[Sequence[Any]]]) -> None:
                 validate_op(op)
             except BadEntry as exc:
                 raise WriteRefused(str(exc), code="BAD_OP") from None
-
-
-def read_bootstrap(folder: Path) -> bytes:
-    """The database key in ``<storage>/db/database.json``.
-
-    Raises:
-        CrdtError: ``NO_DATABASE`` or ``BAD_METADATA``.
-    """
-    path = folder / "database.json"
-    try:
-        meta = json.loads(path.read_text())
-        stored = bytes.fromhex(meta["bootstrap"])
-        if meta.get("format") != FORMAT or len(stored) != 32:
-            raise ValueError(f"unknown format {meta.get('format')!r}")
-    except FileNotFoundError:
-        raise CrdtError(f"{folder.parent} holds no database ({path} is missing)",
-                        code="NO_DATABASE") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CrdtError(f"{path} is unreadable ({exc}); restore it or remove the folder "
-                        "and let replication fetch the database again",
-                        code="BAD_METADATA") from None
-    return stored
-
-
-def _load_or_write_meta(path: Path, bootstrap: bytes, *, explicit: bool) -> bytes:
-    """The folder's database key; written on first use (atomically)."""
-    if path.exists():
-        stored = read_bootstrap(path.parent)
-        if explicit and stored != bootstrap:
-            raise DatabaseMismatch(
-                f"{path.parent} holds database {format_key(stored)}, not "
-                f"{format_key(bootstrap)}; use another --storage folder")
-        return stored
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"format": FORMAT, "bootstrap": bootstrap.hex()}) + "\n")
-    os.replace(temporary, path)
-    return bootstrap
-

@@ -11,16 +11,16 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2p.keys import IDENTITY_FILE, load_keypair
 
-from ._base import Base, WriterStatus, read_bootstrap
+from ._base import Base, WriterStatus
 from ._entries import decode_entry
 from ._errors import BadEntry, CrdtError, LogCorrupted
 from ._log import WriterLog, verify_file
+from ._storage import Layout
 
 __all__ = ["Problem", "StorageReport", "inspect_storage", "read_daemon_status",
            "verify_storage"]
@@ -53,15 +53,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
-
-
-def _log_files(folder: Path) -> Iterator[tuple[Path, bytes | None]]:
-    for path in sorted((folder / "logs").glob("*.log")):
-        try:
-            key = bytes.fromhex(path.stem)
-        except ValueError:
-            key = None
-        yield path, key if key is not None and len(key) == 32 else None
 
 
 def inspect_storage(storage: str | os.PathLike[str]) -> StorageReport:
@@ -101,7 +92,7 @@ def read_daemon_status(storage: str | os.PathLike[str]) -> dict | None:
     or its process is gone.
     """
     try:
-        document = json.loads((Path(storage) / "db" / "status.json").read_text())
+        document = json.loads(Layout.of(storage).status.read_text())
         document["pid"] = int(document["pid"])
         fresh = time.time() - float(document["updated"]) < STATUS_STALE_S
         os.kill(document["pid"], 0)
@@ -117,13 +108,13 @@ def verify_storage(storage: str | os.PathLike[str]) -> list[Problem]:
     left by a crash) and entries the database refuses are reported but not
     fatal: neither is damage, and opening the replica deals with both.
     """
-    folder = Path(storage) / "db"
+    layout = Layout.of(storage)
     problems: list[Problem] = []
     try:
-        read_bootstrap(folder)
+        layout.read_bootstrap()
     except CrdtError as exc:
-        return [Problem(True, str(folder / "database.json"), exc.message)]
-    for path, key in _log_files(folder):
+        return [Problem(True, str(layout.meta), exc.message)]
+    for path, key in layout.log_files():
         if key is None:
             problems.append(Problem(True, str(path), "not named <64 hex writer key>.log"))
             continue
@@ -150,7 +141,7 @@ def verify_storage(storage: str | os.PathLike[str]) -> list[Problem]:
                                             f"{exc.code}: {exc.message}; replicas ignore this "
                                             "writer's entries from here on"))
                     break
-    view = folder / "view.sqlite"
+    view = layout.view
     if view.exists():
         try:
             connection = sqlite3.connect(f"file:{view}?mode=ro", uri=True)

@@ -20,10 +20,11 @@ from p2p.errors import P2PError
 from p2p.keys import KeyPair, load_keypair
 from p2p.rpc import RpcClient, RpcError
 
-from ._base import Base, read_bootstrap
+from ._base import Base
 from ._errors import CrdtError, WriteRefused
 from ._inspect import read_daemon_status
 from ._messages import ADMIN, PROTOCOL, AdminParams, admin_message
+from ._storage import Layout
 
 __all__ = ["OperatorResult", "change_writer"]
 
@@ -53,7 +54,7 @@ async def change_writer(storage: str | os.PathLike[str], action: str, writer: by
         keypair = load_keypair(storage)
     except Exception as exc:  # IdentityError and OSError alike: name the folder
         raise CrdtError(f"no usable identity in {storage}: {exc}", code="NO_IDENTITY") from None
-    bootstrap = read_bootstrap(Path(storage) / "db")  # never create a database by accident
+    bootstrap = Layout.of(storage).read_bootstrap()  # never create a database by accident
     daemon = read_daemon_status(storage)
     if daemon is None or "address" not in daemon:
         def offline() -> OperatorResult:
@@ -72,7 +73,7 @@ async def _ask_daemon(signer: KeyPair, daemon_key: bytes, storage: Path,
                       address: tuple[str, int], pid: int, action: str, writer: bytes,
                       admin: bool) -> OperatorResult:
     """Send the request to the daemon ``daemon_key`` at ``address``, signed by ``signer``."""
-    db = read_bootstrap(storage / "db")
+    db = Layout.of(storage).read_bootstrap()
     caller = KeyPair.generate()  # the daemon's swarm refuses its own key as a peer
     params = AdminParams(db=db, action=action, writer=writer, admin=admin,
                          signature=signer.sign(admin_message(db, caller.public_key, action,

@@ -25,11 +25,10 @@ from ._database import Database
 from ._log import FsyncPolicy
 from ._replication import ReplicationConfig, Replicator
 
-__all__ = ["STATUS_FILE", "DatabaseService", "run_database_service"]
+__all__ = ["DatabaseService", "run_database_service"]
 
 log = logging.getLogger(__name__)
 
-STATUS_FILE = "status.json"
 #: The status file is rewritten at most this often while things change.
 STATUS_INTERVAL_S = 1.0
 
@@ -77,7 +76,7 @@ async def run_database_service(
 
         swarm = Swarm(keypair, config=swarm_config, peer_handlers=replicator.handlers,
                       on_connection=replicator.on_connection, firewall=allowed)
-        status_path = db.base.storage / STATUS_FILE
+        status_path = db.base.layout.status
         async with trio.open_nursery() as nursery:
             address = await nursery.start(swarm.run)
             swarm.join(replicator.topic, server=True, client=True)
@@ -96,7 +95,7 @@ async def run_database_service(
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(
-                lambda: (db.base.storage / STATUS_FILE).unlink(missing_ok=True))
+                lambda: db.base.layout.status.unlink(missing_ok=True))
             await db.aclose()
 
 

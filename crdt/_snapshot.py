@@ -24,11 +24,24 @@ from pathlib import Path
 
 import msgpack
 
-__all__ = ["SNAPSHOT_FILE", "Snapshot", "WriterSnapshot", "load_snapshot", "save_snapshot"]
+from p2p.keys import format_key
+
+from ._causal import CausalGate
+from ._entries import Entry, EntryId, decode_entry
+from ._errors import BadEntry
+from ._log import WriterLog
+
+__all__ = [
+    "Snapshot",
+    "WriterSnapshot",
+    "load_snapshot",
+    "restore_snapshot",
+    "save_snapshot",
+    "take_snapshot",
+]
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FILE = "gate.snapshot"
 FORMAT = 1
 
 
@@ -111,3 +124,52 @@ def load_snapshot(path: Path, db: bytes) -> Snapshot | None:
         log.warning("crdt.snapshot_ignored path=%s reason=%s", path, exc)
         return None
     return snapshot
+
+
+def take_snapshot(db: bytes, logs: dict[bytes, WriterLog], gate: CausalGate,
+                  admin_entries: list[EntryId]) -> Snapshot:
+    """What to save of a base: the gate's released prefixes and the admin entries."""
+    writers = {key: WriterSnapshot(key, logs[key].length, logs[key].head_hash, clocks, stop)
+               for key, (clocks, stop) in gate.released_state().items() if key in logs}
+    admin = [(where.writer, where.index, logs[where.writer].entry(where.index))
+             for where in admin_entries]
+    return Snapshot(db, writers, admin)
+
+
+def restore_snapshot(
+    path: Path, db: bytes, logs: dict[bytes, WriterLog], gate: CausalGate
+) -> tuple[dict[bytes, int], list[tuple[EntryId, Entry]]] | None:
+    """Restore a fresh ``gate`` from the snapshot at ``path`` if it still matches ``logs``.
+
+    Returns where each writer's replay starts and the admin entries, or None
+    (nothing restored) when there is no usable snapshot.
+    """
+    snapshot = load_snapshot(path, db)
+    if snapshot is None:
+        return None
+
+    def discard(reason: str) -> None:
+        log.warning("crdt.snapshot_ignored path=%s reason=%s; replaying every entry",
+                    path, reason)
+
+    for saved in snapshot.writers.values():
+        writer_log = logs.get(saved.key)
+        if writer_log is None:
+            return discard(f"no log for writer {format_key(saved.key)[:12]}")
+        if (writer_log.length < saved.log_length or len(saved.clocks) > saved.log_length
+                or (saved.log_length
+                    and writer_log.head_hash_at(saved.log_length) != saved.log_head)):
+            return discard(f"the log of {format_key(saved.key)[:12]} no longer holds "
+                           "what was saved")
+    admin_entries = []
+    for writer, index, payload in snapshot.admin_entries:
+        saved = snapshot.writers.get(writer)
+        if saved is None or index >= len(saved.clocks) or logs[writer].entry(index) != payload:
+            return discard("an admin entry does not match its log")
+        try:
+            admin_entries.append((EntryId(writer, index), decode_entry(payload)))
+        except BadEntry as exc:
+            return discard(f"an admin entry does not decode: {exc}")
+    for saved in snapshot.writers.values():
+        gate.restore_released(saved.key, saved.clocks, saved.stop)
+    return {key: len(saved.clocks) for key, saved in snapshot.writers.items()}, admin_entries
