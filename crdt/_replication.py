@@ -34,7 +34,15 @@ import trio
 
 from p2p.keys import derive_topic, format_key, verify_signature
 from p2p.mux import Channel, ChannelRejected
-from p2p.rpc import CallContext, Router, RpcClient, RpcError, serve_rpc
+from p2p.rpc import (
+    CallContext,
+    Router,
+    RpcChannelClosed,
+    RpcClient,
+    RpcError,
+    RpcTimeout,
+    serve_rpc,
+)
 from p2p.swarm import SwarmConnection
 
 from ._database import Database
@@ -266,7 +274,10 @@ class Replicator:
             with trio.CancelScope(shield=True):
                 await connection.aclose()
         except* (RpcError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
-            log.debug("crdt.peer_gone peer=%s reason=%s", peer, group.exceptions[0])
+            # Gone, or stuck (a timeout): close, so the swarm reconnects afresh.
+            log.debug("crdt.pull_ended peer=%s reason=%r", peer, group.exceptions[0])
+            with trio.CancelScope(shield=True):
+                await connection.aclose()
         finally:
             if self.peers.get(key) is state:
                 del self.peers[key]
@@ -286,6 +297,7 @@ class Replicator:
     async def _pull(self, client: RpcClient, state: PeerState) -> None:
         db = self.db
         known: list[tuple[bytes, int]] | None = None
+        stalled = 0.0
         while True:
             wait_s = self.config.poll_s if known is not None else 0.0
             try:
@@ -299,6 +311,20 @@ class Replicator:
             state.lengths = dict(heads.lengths)
             await self._catch_up(client, state)
             known = heads.lengths
+            if self._still_behind(state):
+                # It said it had more and gave none (it lost data, or it is lying):
+                # ask again later, not in a tight loop at its pace.
+                stalled = min(stalled * 2, self.config.poll_s) if stalled else 0.5
+                log.info("crdt.peer_stalled peer=%s retry_s=%.1f", format_key(state.key)[:12],
+                         stalled)
+                await trio.sleep(stalled)
+                known = None
+            else:
+                stalled = 0.0
+
+    def _still_behind(self, state: PeerState) -> bool:
+        lengths, wanted = self.db.lengths, self.db.wanted
+        return any(n > lengths.get(w, 0) for w, n in state.lengths.items() if w in wanted)
 
     async def _catch_up(self, client: RpcClient, state: PeerState) -> None:
         """Fetch every wanted log the peer is ahead on, until nothing more is wanted.
@@ -363,10 +389,15 @@ class Replicator:
                              max_bytes=self.config.fetch_bytes)
         try:
             return await client.call(FETCH, params, timeout_s=self.config.call_timeout_s)
+        except (RpcChannelClosed, RpcTimeout):
+            raise
         except RpcError as exc:
             if exc.code == "INVALID_RESULT":
                 raise BadPeer(f"bad fetch answer: {exc}", code="BAD_ANSWER") from None
-            raise
+            # It no longer has what it listed (OUT_OF_RANGE, UNKNOWN_WRITER) or is
+            # busy: nothing from it this round; the stall back-off takes over.
+            log.info("crdt.fetch_refused writer=%s code=%s", format_key(writer)[:12], exc.code)
+            return FetchResult(entries=[])
 
     # -- asking to be admitted ---------------------------------------------------------------
 

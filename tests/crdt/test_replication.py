@@ -187,3 +187,35 @@ async def test_operator_writer_changes_must_be_signed_by_the_replica_itself(tmp_
         with pytest.raises(WriteRefused) as again:
             await ask(a_key, "add_writer")
         assert again.value.code == "REMOVED"
+
+
+class _Boasting(Replicator):
+    """Lists ten more entries of every log than it has, and hands out none of them."""
+
+    heads_calls = 0
+
+    async def _heads(self, params, ctx):
+        type(self).heads_calls += 1
+        result = await super()._heads(params, ctx)
+        return type(result)(lengths=[(w, n + 10) for w, n in result.lengths])
+
+    async def _fetch(self, params, ctx):
+        return FetchResult(entries=[])
+
+
+async def test_a_peer_that_lists_entries_it_never_sends_is_asked_again_slowly(
+        tmp_path, monkeypatch):
+    a_key, c_key = KeyPair.generate(), KeyPair.generate()
+    async with swarm_net() as net:
+        with monkeypatch.context() as patch:
+            patch.setattr("crdt._service.Replicator", _Boasting)
+            a = await start_replica(net, tmp_path / "a", a_key)
+        await a.db.append_many(usage_ops("k1", 3))
+        c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a_key.public_key)
+        await wait_until(lambda: _Boasting.heads_calls >= 2, limit_s=15)
+        calls = _Boasting.heads_calls
+        await trio.sleep(2.0)
+        # Backing off from 0.5 s: a handful of asks, where a loop at the peer's pace
+        # would make hundreds. Nothing from it was taken as data.
+        assert _Boasting.heads_calls - calls <= 6
+        assert c.db.lengths.get(a_key.public_key, 0) == 0
