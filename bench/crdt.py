@@ -13,7 +13,9 @@ Figures (JSON lines):
   view (time from its start to having them all applied);
 * ``partition_convergence_s``: three replicas, one cut off; each side writes
   ``--partition`` entries; the time from healing to all three holding the
-  same logs and views.
+  same logs and views;
+* ``reopen_s``: opening a replica of ``--catch-up`` entries, with the gate
+  snapshot saved on close and without it (every entry replayed).
 
 Upstream Autobase applying into a Hyperbee view on this machine: about 2,400
 ops/s (two writers, 100,000 small ops); a peer replaying every op about 2,500
@@ -216,12 +218,30 @@ async def bench_partition(folder: Path, per_side: int) -> None:
         nursery.cancel_scope.cancel()
 
 
+def bench_reopen(folder: Path, total: int) -> None:
+    from crdt import Base, FsyncPolicy
+    from p2p.keys import KeyPair
+
+    keypair = KeyPair.generate()
+    with Base.open(folder / "reopen", keypair, fsync=FsyncPolicy.NEVER) as base:
+        for first in range(0, total, 1000):
+            base.append([usage_entry(n) for n in range(first, min(total, first + 1000))])
+    for how in ("snapshot", "full replay"):
+        if how == "full replay":
+            (folder / "reopen" / "db" / "gate.snapshot").unlink()
+        started = time.perf_counter()
+        with Base.open(folder / "reopen", keypair):
+            elapsed = time.perf_counter() - started
+        emit("crdt", "reopen_s", elapsed, "s", entries=total, how=how, **machine())
+
+
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="crdt-bench-") as tmp:
         folder = Path(tmp)
         await bench_append(folder, args.writers, args.ops)
         await bench_catch_up(folder, args.catch_up)
         await bench_partition(folder, args.partition)
+        await trio.to_thread.run_sync(bench_reopen, folder, args.catch_up)
 
 
 def main() -> None:
