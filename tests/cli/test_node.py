@@ -17,7 +17,8 @@ LISTENING = re.compile(r"node listening on (\S+):(\d+) key ([0-9a-f]{64})")
 async def running_node(storage):
     """Start `cosmicac up`; yield (process, "host:port", key); kill it if still running."""
     node = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--port", "0"],
+        [*COSMICAC, "up", "--storage", str(storage), "--port", "0", "--dht-port", "0",
+         "--db-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -92,3 +93,28 @@ async def test_up_serves_its_metrics(tmp_path):
     assert status == 200
     assert "node_diagnostic_sessions_total 1.0" in text
     assert f'key="{match[3]}"' in text
+
+
+async def test_up_runs_the_shared_database_with_this_node_as_its_admin(tmp_path):
+    with trio.fail_after(60):
+        async with running_node(tmp_path) as (node, _address, key):
+            match = await read_until(node.stderr, re.compile(
+                r"shared database ([0-9a-f]{64}) on \S+:\d+[\s\S]*"
+                r"PROXY_AUTOBASE_KEY=([0-9a-f]{64}) cosmicac db serve --storage DIR "
+                r"--bootstrap (\S+):(\d+)"))
+            assert match[1] == match[2] == key  # the node created it
+            while True:  # the daemon writes its status file within a second; bounded above
+                result = await trio.run_process(
+                    [*COSMICAC, "db", "status", "--storage", str(tmp_path), "-o", "json"],
+                    capture_stdout=True, capture_stderr=True, check=False)
+                assert result.returncode == 0, result.stderr.decode()
+                status = json.loads(result.stdout)
+                if status["daemon_pid"] is not None:
+                    break
+                await trio.sleep(0.2)
+            assert status["bootstrap"] == status["me"] == key
+            assert status["daemon_pid"] == node.pid
+            assert [(w["key"], w["admin"]) for w in status["writers"]] == [(key, True)]
+            node.send_signal(signal.SIGINT)
+            assert await node.wait() == 0
+        assert (tmp_path / "db" / "gate.snapshot").exists()  # closed cleanly
