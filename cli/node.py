@@ -159,6 +159,8 @@ async def _run_node(keypair: KeyPair, storage: Path, host: str, ports: Ports,
         err.print(f"a replica joins with: PROXY_AUTOBASE_KEY={format_key(database.db.bootstrap)}"
                   f" cosmicac db serve --storage DIR --bootstrap {dht_host}:{dht_port}",
                   markup=False)
+        err.print(f"and writes once admitted: cosmicac db add-writer <its key> --storage "
+                  f"{storage}", markup=False)
 
     stopped_by = await run_until_signalled(start)
     log.info("node.stopping signal=%s", stopped_by)
