@@ -126,7 +126,7 @@ class Base:
         self.gate = CausalGate(bootstrap)
         self.admission = Admission(bootstrap, {})
         self.view: View | None = None
-        self.view_lock = threading.Lock()
+        self.view_lock = threading.RLock()
         self._opened = False  # fully opened for writing: close() saves a snapshot
         self._reader: View | None = None  # read_view's own connection
         self._reader_lock = threading.Lock()
@@ -375,14 +375,22 @@ class Base:
         return len(items)
 
     def rebuild(self) -> int:
-        """Empty the view and apply every counted entry again; return how many."""
+        """Empty the view and apply every counted entry again; return how many.
+
+        One transaction: queries see the old view until the new one is whole.
+        """
         assert self.view is not None
         log.info("crdt.view_rebuild")
-        with self.view_lock:
+        applied = self._applied
+        with self.view_lock, self.view.transaction():
             self.view.reset()
-        self._applied = {}
-        self.rebuilds += 1
-        return self._catch_up_view()
+            self._applied = {}
+            self.rebuilds += 1
+            try:
+                return self._catch_up_view()
+            except BaseException:
+                self._applied = applied  # rolled back with the view
+                raise
 
     # -- writing our own entries --------------------------------------------------------
 

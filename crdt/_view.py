@@ -239,6 +239,29 @@ class View:
         self.db = db
         #: Ops skipped because they failed validation, since open or reset.
         self.skipped_ops = 0
+        self._in_transaction = False
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group several :meth:`apply` and :meth:`reset` calls into one commit.
+
+        Readers on other connections see the view as before until it commits
+        (a rebuild is not seen half done); an error rolls all of it back.
+        """
+        if self._in_transaction:  # the outer transaction commits
+            yield
+            return
+        self._conn.execute("BEGIN")
+        self._in_transaction = True
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        else:
+            self._conn.execute("COMMIT")
+        finally:
+            self._in_transaction = False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], db: bytes | None = None) -> View:
@@ -375,8 +398,7 @@ class View:
                         revokes[op[1]] = op[2]
 
         conn = self._conn
-        conn.execute("BEGIN")
-        try:
+        with self.transaction():
             if key_puts:
                 conn.executemany(_KEY_PUT, [
                     (op[1], op[2], op[3], op[4], _json(list(op[5])), op[6], s[0], s[1], s[2])
@@ -395,10 +417,6 @@ class View:
                 conn.executemany(_KEY_USED, used.items())
             if lengths:
                 conn.executemany(_APPLIED, lengths.items())
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         self.skipped_ops += skipped
         return applied
 
@@ -408,15 +426,9 @@ class View:
 
     def reset(self) -> None:
         """Empty every table but ``meta``, before re-applying everything."""
-        conn = self._conn
-        conn.execute("BEGIN")
-        try:
+        with self.transaction():
             for table in (*_DATA_TABLES, "applied"):
-                conn.execute(f"DELETE FROM {table}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+                self._conn.execute(f"DELETE FROM {table}")
         self.skipped_ops = 0
 
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:

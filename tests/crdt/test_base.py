@@ -416,3 +416,19 @@ def test_a_snapshot_that_no_longer_matches_the_logs_is_ignored(tmp_path, caplog)
     with open_replica(tmp_path / "a", A) as a:
         assert "snapshot_ignored" in caplog.text
         assert a.gate.length(A.public_key) == 1  # the bad clocks stop A after its first entry
+
+
+def test_queries_see_the_old_view_until_a_rebuild_is_whole(tmp_path, monkeypatch):
+    with open_replica(tmp_path / "a", A) as a:
+        a.append(usage_ops("k1", 5))
+        seen = []
+        apply = Base._apply
+
+        def watched(self, items, **options):
+            seen.append(total_prompt(self))  # a query, on its own connection, mid-rebuild
+            return apply(self, items, **options)
+
+        monkeypatch.setattr(Base, "_apply", watched)
+        a.rebuild()
+        assert seen and all(total == 5 for total in seen)
+        assert total_prompt(a) == 5
