@@ -43,7 +43,7 @@ from p2p.rpc import (
     RpcTimeout,
     serve_rpc,
 )
-from p2p.swarm import SwarmConnection
+from p2p.swarm import PeerChannelHandler, SwarmConnection
 
 from ._database import Database
 from ._errors import CrdtError, InvalidBatch, UnknownWriter, WriteRefused
@@ -146,7 +146,7 @@ class Replicator:
         self.changed = trio.Event()  # replaced whenever ``peers`` changes
 
     @property
-    def handlers(self) -> dict[str, object]:
+    def handlers(self) -> dict[str, PeerChannelHandler]:
         """``peer_handlers`` for the swarm: serve the protocol on every connection."""
         return {PROTOCOL: self.serve_channel}
 
