@@ -9,7 +9,25 @@ from p2p.keys import parse_public_key
 
 from ._console import fail
 
-__all__ = ["parse_address", "parse_peer"]
+__all__ = ["parse_address", "parse_key", "parse_keys", "parse_peer", "wildcard_for"]
+
+
+def parse_key(text: str, *, what: str) -> bytes:
+    """Read one public key; a bad one exits 2 naming ``what``."""
+    try:
+        return parse_public_key(text, what=what)
+    except KeyFormatError as exc:
+        fail(str(exc), code=2)
+
+
+def parse_keys(text: str, *, what: str) -> list[bytes]:
+    """Read comma-separated public keys (empty items ignored); a bad one exits 2."""
+    return [parse_key(item.strip(), what=what) for item in text.split(",") if item.strip()]
+
+
+def wildcard_for(bootstrap: list[tuple[str, int]] | tuple[tuple[str, int], ...]) -> str:
+    """Listen on every address of the bootstrap's family (peers must reach us)."""
+    return "::" if ":" in bootstrap[0][0] else "0.0.0.0"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -33,10 +51,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def parse_peer(key: str, address: str, *, what: str) -> tuple[bytes, tuple[str, int]]:
     """Read a peer's key and ``host:port``; a bad one exits 2 with the reason."""
-    try:
-        remote_key = parse_public_key(key, what=what)
-    except KeyFormatError as exc:
-        fail(str(exc), code=2)
+    remote_key = parse_key(key, what=what)
     try:
         target = parse_address(address)
     except typer.BadParameter as exc:

@@ -22,13 +22,13 @@ import trio
 import typer
 
 from p2p.connection import Connection, dial_tcp
-from p2p.errors import ConnectionBroken, HandshakeError, KeyFormatError, P2PError
-from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_public_key
+from p2p.errors import ConnectionBroken, HandshakeError, P2PError
+from p2p.keys import KeyPair, format_key, load_or_create_keypair
 from p2p.mux import Channel, ChannelRejected, MuxError
 from p2p.noise import SecretStream
 from p2p.swarm import PeerNotFound, Swarm, SwarmConfig, SwarmConnection, SwarmError
 
-from ._args import parse_peer
+from ._args import parse_key, parse_keys, parse_peer, wildcard_for
 from ._console import err, fail, run_trio
 from ._stdio import StdinSource, StdoutSink
 from .dht import parse_bootstrap
@@ -74,7 +74,7 @@ def beam(
 ) -> None:
     """Pipe stdin/stdout to a peer over an encrypted, key-pinned stream."""
     dht_bootstrap = parse_bootstrap(bootstrap) if bootstrap else []
-    relays = _parse_relays(relay) if relay else []
+    relays = parse_keys(relay, what="relay key") if relay else []
     if relays and not (listen and dht_bootstrap):
         fail("--relay is for a listener with --bootstrap (dialers learn relays from the DHT)",
              code=2)
@@ -86,7 +86,7 @@ def beam(
         if key is not None or address is not None:
             fail("--listen takes neither a KEY nor --address", code=2)
         if dht_bootstrap:
-            config = SwarmConfig(host=host or _wildcard(dht_bootstrap), port=port,
+            config = SwarmConfig(host=host or wildcard_for(dht_bootstrap), port=port,
                                  bootstrap=tuple(dht_bootstrap), relays=tuple(relays))
             run_trio(_listen_on_swarm, keypair, config, quiet)
         else:
@@ -98,29 +98,13 @@ def beam(
         if not dht_bootstrap:
             fail("give --address HOST:PORT, or --bootstrap to find the listener by key",
                  code=2)
-        try:
-            remote_key = parse_public_key(key, what="listener key")
-        except KeyFormatError as exc:
-            fail(str(exc), code=2)
-        config = SwarmConfig(host=host or _wildcard(dht_bootstrap), bootstrap=tuple(dht_bootstrap),
-                             announce_key=False)
+        remote_key = parse_key(key, what="listener key")
+        config = SwarmConfig(host=host or wildcard_for(dht_bootstrap),
+                             bootstrap=tuple(dht_bootstrap), announce_key=False)
         run_trio(_dial_by_key, keypair, remote_key, config, quiet)
         return
     remote_key, target = parse_peer(key, address, what="listener key")
     run_trio(_dial, keypair, remote_key, target, quiet)
-
-
-def _parse_relays(text: str) -> list[bytes]:
-    try:
-        return [parse_public_key(item.strip(), what="relay key")
-                for item in text.split(",") if item.strip()]
-    except KeyFormatError as exc:
-        fail(str(exc), code=2)
-
-
-def _wildcard(bootstrap: list[tuple[str, int]]) -> str:
-    """Listen on every address of the bootstrap's family (peers must reach us)."""
-    return "::" if ":" in bootstrap[0][0] else "0.0.0.0"
 
 
 # -- listening ---------------------------------------------------------------------

@@ -25,10 +25,11 @@ from crdt import (
     run_database_service,
     verify_storage,
 )
-from p2p.errors import KeyFormatError, P2PError
-from p2p.keys import format_key, load_or_create_keypair, parse_public_key
+from p2p.errors import P2PError
+from p2p.keys import format_key, load_or_create_keypair
 from p2p.swarm import SwarmConfig
 
+from ._args import parse_key, parse_keys, wildcard_for
 from ._console import OutputFormat, fail, out, print_json
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
@@ -76,15 +77,14 @@ def serve(
 ) -> None:
     """Keep a replica of the shared database and replicate it with its peers."""
     bootstrap_addresses = parse_bootstrap(bootstrap)
-    database_key = _parse_key(key, "--key") if key.strip() else None
-    relay_keys = tuple(_parse_key(item.strip(), "--relay key")
-                       for item in relays.split(",") if item.strip())
+    database_key = parse_key(key, what="--key") if key.strip() else None
+    relay_keys = tuple(parse_keys(relays, what="--relay key"))
     configure_logging(log_level, stream=sys.stderr)
     try:
         keypair = load_or_create_keypair(storage)
     except P2PError as exc:
         fail(str(exc))
-    config = SwarmConfig(host=host or ("::" if ":" in bootstrap_addresses[0][0] else "0.0.0.0"),
+    config = SwarmConfig(host=host or wildcard_for(bootstrap_addresses),
                          port=port, bootstrap=tuple(bootstrap_addresses), relays=relay_keys)
     try:
         trio.run(_serve, storage, keypair, database_key, config, parse_allow(allow) or frozenset(),
@@ -94,13 +94,6 @@ def serve(
     except* OSError as group:
         exc = group.exceptions[0]
         fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
-
-
-def _parse_key(text: str, what: str) -> bytes:
-    try:
-        return parse_public_key(text, what=what)
-    except KeyFormatError as exc:
-        fail(str(exc), code=2)
 
 
 async def _serve(storage, keypair, database_key, config, allow, fsync, metrics_host,
@@ -151,7 +144,7 @@ def remove_writer_command(
 
 
 def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
-    writer = _parse_key(key, "writer key")
+    writer = parse_key(key, what="writer key")
     try:
         result = trio.run(functools.partial(change_writer, storage, action, writer, admin=admin))
     except CrdtError as exc:

@@ -24,8 +24,8 @@ from pathlib import Path
 import trio
 import typer
 
-from p2p.errors import KeyFormatError, LocalProtocolError, P2PError
-from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
+from p2p.errors import LocalProtocolError, P2PError
+from p2p.keys import KeyPair, load_or_create_keypair
 from relay import DEFAULT_PORT, RelayConfig, run_relay
 from relay._config import (
     DEFAULT_IDLE_TIMEOUT_S,
@@ -35,6 +35,7 @@ from relay._config import (
     DEFAULT_PAIR_TIMEOUT_S,
 )
 
+from ._args import parse_keys
 from ._console import fail
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
@@ -47,13 +48,7 @@ log = logging.getLogger("cosmicac.relay")
 
 def parse_allow(values: list[str]) -> frozenset[bytes] | None:
     """Read ``--allow`` values (each may be comma-separated); none means no allow-list."""
-    keys = set()
-    for value in values:
-        for item in filter(None, (part.strip() for part in value.split(","))):
-            try:
-                keys.add(parse_public_key(item, what="--allow key"))
-            except KeyFormatError as exc:
-                fail(str(exc), code=2)
+    keys = {key for value in values for key in parse_keys(value, what="--allow key")}
     return frozenset(keys) if keys else None
 
 
