@@ -48,7 +48,7 @@ from ._errors import (
     WriteRefused,
 )
 from ._log import FsyncPolicy, Head, WriterLog
-from ._ops import ADMIN_OPS, validate_op
+from ._ops import ADMIN_OPS, validate_batch
 from ._snapshot import restore_snapshot, save_snapshot, take_snapshot
 from ._storage import Layout
 from ._view import View, ViewMismatch
@@ -398,7 +398,7 @@ class Base:
                validated: bool = False) -> list[EntryId]:
         """Append one entry per element of ``batch`` (each a list of ops); durable on return.
 
-        ``validated``: :func:`validate_ops` already passed for every op (the
+        ``validated``: :func:`validate_batch` already passed for every op (the
         trio face checks each caller's ops before grouping them).
 
         Raises:
@@ -407,7 +407,7 @@ class Base:
                 ``TOO_LARGE``. Nothing is written.
         """
         if not validated:
-            validate_ops(batch)
+            validate_batch(batch)
         self.check_role(batch)
         assert self.key is not None  # check_role refuses a replica without a key
         if not batch:
@@ -454,7 +454,7 @@ class Base:
 
     def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
         """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch``."""
-        validate_ops(batch)
+        validate_batch(batch)
         self.check_role(batch)
 
     def check_role(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
@@ -607,15 +607,3 @@ def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def validate_ops(batch: Sequence[Sequence[Sequence[Any]]]) -> None:
-    """Raise :class:`WriteRefused` (``BAD_OP``) for an empty entry or an invalid op."""
-    for ops in batch:
-        if not ops:
-            raise WriteRefused("an entry needs at least one op", code="BAD_OP")
-        for op in ops:
-            try:
-                validate_op(op)
-            except BadEntry as exc:
-                raise WriteRefused(str(exc), code="BAD_OP") from None

@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from ._errors import BadEntry
+from ._errors import BadEntry, WriteRefused
 
 __all__ = [
     "ADMIN_OPS",
@@ -52,6 +52,7 @@ __all__ = [
     "model_put",
     "remove_writer",
     "usage_add",
+    "validate_batch",
     "validate_op",
 ]
 
@@ -286,3 +287,16 @@ def add_writer(key: bytes, admin: bool = False) -> tuple[Any, ...]:
 
 def remove_writer(key: bytes, length: int) -> tuple[Any, ...]:
     return _checked(("remove_writer", key, length))
+
+
+def validate_batch(batch: Sequence[Sequence[Sequence[Any]]]) -> None:
+    """What a writer checks before appending: :class:`WriteRefused` (``BAD_OP``) for an
+    empty entry or an invalid op, so nothing of the batch is written."""
+    for ops in batch:
+        if not ops:
+            raise WriteRefused("an entry needs at least one op", code="BAD_OP")
+        for op in ops:
+            try:
+                validate_op(op)
+            except BadEntry as exc:
+                raise WriteRefused(str(exc), code="BAD_OP") from None
