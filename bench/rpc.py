@@ -34,7 +34,7 @@ def _echo_method():
 
 
 def _serve(port_queue) -> None:
-    from p2p.connection import serve_tcp
+    from p2p.host import serve_tcp
     from p2p.keys import KeyPair
     from p2p.rpc import Router, serve_rpc
 

@@ -42,7 +42,16 @@ async def run(pairs: int) -> None:
         base = SwarmConfig(host="127.0.0.1", bootstrap=tuple(dht.bootstrap))
 
         async def start(config: SwarmConfig, on_connection=None) -> tuple[Swarm, trio.CancelScope]:
-            swarm = Swarm(KeyPair.generate(), config=config, on_connection=on_connection)
+            from p2p.host import Service
+
+            class Hook(Service):
+                protocol = "bench-hook/1"
+
+                async def on_connection(self, connection):
+                    await on_connection(connection)
+
+            services = [Hook()] if on_connection is not None else []
+            swarm = Swarm(KeyPair.generate(), config=config, services=services)
             scope = trio.CancelScope()
 
             async def go(task_status=trio.TASK_STATUS_IGNORED):

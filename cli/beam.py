@@ -14,6 +14,7 @@ over one mux channel, ``beam/1``, of an ordinary connection.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from pathlib import Path
@@ -23,10 +24,10 @@ import typer
 
 from p2p.connection import Connection, dial_tcp
 from p2p.errors import ConnectionBroken, HandshakeError, P2PError
+from p2p.host import ChannelService, serve_tcp
 from p2p.keys import KeyPair, format_key, load_or_create_keypair
 from p2p.mux import Channel, ChannelRejected, MuxError
-from p2p.noise import SecretStream
-from p2p.swarm import PeerNotFound, Swarm, SwarmConfig, SwarmConnection, SwarmError
+from p2p.swarm import PeerNotFound, Swarm, SwarmConfig, SwarmError
 
 from ._args import parse_key, parse_keys, parse_peer, wildcard_for
 from ._console import err, fail, run_trio
@@ -110,62 +111,57 @@ def beam(
 # -- listening ---------------------------------------------------------------------
 
 
-async def _listen(keypair: KeyPair, host: str, port: int, quiet: bool) -> None:
-    try:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-    except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-    listener = listeners[0]
-    for extra in listeners[1:]:
-        await extra.aclose()
-    bound_port = listener.socket.getsockname()[1]
-    err.print(f"listening on {host}:{bound_port} key {keypair.hex}", markup=False)
-    async with listener:
-        while True:
-            raw = await listener.accept()
-            try:
-                stream = await SecretStream.responder(raw, keypair)
-            except HandshakeError as exc:
-                # A scanner or a stale client must not consume the beam.
-                err.print(f"beam: refused a connection: {exc}", markup=False)
-                continue
-            connection = Connection(stream)
-            beam_channels = connection.listen(PROTOCOL)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(connection.run)
-                channel = None
-                with trio.move_on_after(CHANNEL_WAIT_S):
-                    try:
-                        channel = await beam_channels.accept()
-                    except (trio.ClosedResourceError, trio.BrokenResourceError, MuxError):
-                        channel = None
-                if channel is not None:
-                    await _pipe(channel, quiet)
-                await connection.aclose()
-                nursery.cancel_scope.cancel()
-            if channel is not None:
-                return
+class BeamService(ChannelService):
+    """Pipes the first beam a peer opens to stdin/stdout; turns later ones away.
+
+    A peer that connects and opens no beam within ``CHANNEL_WAIT_S`` is
+    dropped, so a scanner or a stale client cannot hold the beam."""
+
+    def __init__(self, quiet: bool) -> None:
+        super().__init__(PROTOCOL, self._beam, on_connection=self._watch)
+        self.quiet = quiet
+        self.done = trio.Event()
+        self.finished = False
+        self._taken = False
+        self._beamers: set[bytes] = set()
+
+    async def _beam(self, channel: Channel, connection: Connection) -> None:
+        self._beamers.add(connection.remote_public_key)
+        if self._taken:  # one beam per run: a second dialer is turned away
+            return
+        self._taken = True
+        try:
+            await _pipe(channel, self.quiet)
+            self.finished = True
+        finally:
+            self.done.set()
+
+    async def _watch(self, connection: Connection) -> None:
+        await trio.sleep(CHANNEL_WAIT_S)
+        if connection.remote_public_key not in self._beamers:
             err.print("beam: a peer connected but opened no beam; waiting for another",
                       markup=False)
+            await connection.aclose()
+
+
+async def _listen(keypair: KeyPair, host: str, port: int, quiet: bool) -> None:
+    beam = BeamService(quiet)
+    async with trio.open_nursery() as nursery:
+        try:
+            bound_host, bound_port = await nursery.start(functools.partial(
+                serve_tcp, keypair, services=[beam], host=host, port=port))
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        err.print(f"listening on {bound_host}:{bound_port} key {keypair.hex}", markup=False)
+        await beam.done.wait()
+        nursery.cancel_scope.cancel()
+    if not beam.finished:
+        fail("the connection ended before the beam finished")
 
 
 async def _listen_on_swarm(keypair: KeyPair, config: SwarmConfig, quiet: bool) -> None:
-    done = trio.Event()
-    taken = False
-    finished = False
-
-    async def on_beam(channel: Channel) -> None:
-        nonlocal taken, finished
-        if taken:  # one beam per run: a second dialer is turned away
-            return
-        taken = True
-        try:
-            await _pipe(channel, quiet)
-            finished = True
-        finally:
-            done.set()
-
-    swarm = Swarm(keypair, config=config, handlers={PROTOCOL: on_beam})
+    beam = BeamService(quiet)
+    swarm = Swarm(keypair, config=config, services=[beam])
     async with trio.open_nursery() as nursery:
         try:
             host, port = await nursery.start(swarm.run)
@@ -176,9 +172,9 @@ async def _listen_on_swarm(keypair: KeyPair, config: SwarmConfig, quiet: bool) -
                   f"{relays})", markup=False)
         if config.relays:
             nursery.start_soon(_report_reservations, swarm)
-        await done.wait()
+        await beam.done.wait()
         nursery.cancel_scope.cancel()  # the swarm unannounces on its way out
-    if not finished:
+    if not beam.finished:
         fail("the connection ended before the beam finished")
 
 
@@ -234,7 +230,7 @@ async def _dial(
         nursery.cancel_scope.cancel()
 
 
-async def _open_and_pipe(connection: Connection | SwarmConnection, quiet: bool) -> None:
+async def _open_and_pipe(connection: Connection, quiet: bool) -> None:
     try:
         channel = await connection.open_channel(PROTOCOL)
     except ChannelRejected as exc:

@@ -27,7 +27,8 @@ from crdt import (
 )
 from p2p.errors import P2PError
 from p2p.keys import format_key, load_or_create_keypair
-from p2p.swarm import SwarmConfig
+from p2p.metrics import combined_registry, serve_metrics
+from p2p.swarm import Swarm, SwarmConfig
 
 from ._args import parse_key, parse_keys, wildcard_for
 from ._console import OutputFormat, fail, out, print_json
@@ -98,16 +99,22 @@ def serve(
 
 async def _serve(storage, keypair, database_key, config, allow, fsync, metrics_host,
                  metrics_port) -> None:
+    swarm = Swarm(keypair, config=config)
+
     async def start(nursery: trio.Nursery) -> None:
+        address = await nursery.start(swarm.run)
         service = await nursery.start(functools.partial(
-            run_database_service, storage, keypair, bootstrap=database_key,
-            swarm_config=config, allow=allow, fsync=fsync, replication=ReplicationConfig(),
-            metrics_host=metrics_host, metrics_port=metrics_port or None))
+            run_database_service, storage, swarm=swarm, bootstrap=database_key,
+            allow=allow, fsync=fsync, replication=ReplicationConfig()))
         db = service.db
+        if metrics_port:
+            registry = combined_registry(db.metrics.registry, swarm.metrics.registry)
+            await nursery.start(functools.partial(serve_metrics, registry, host=metrics_host,
+                                                  port=metrics_port))
         print(f"Database {format_key(db.bootstrap)}", flush=True)
         role = "admin" if db.is_admin else "writer" if db.is_writer else "reader (not admitted)"
         print(f"Replica {format_key(db.key)} ({role}) listening on "
-              f"{service.address[0]}:{service.address[1]}", flush=True)
+              f"{address[0]}:{address[1]}", flush=True)
         if not db.is_writer:
             nursery.start_soon(_announce_admission, db)
 

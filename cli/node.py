@@ -1,8 +1,9 @@
 """``cosmicac up`` (what exists of the system, on this machine) and ``cosmicac ping``.
 
-Until the control plane lands, ``up`` runs: the node's diagnostic service, a
-DHT bootstrap node, and a replica of the shared database on a swarm (this
-node creates the database and is its first admin, as app-node will be).
+Until the control plane lands, ``up`` runs one peer on one swarm: its DHT
+node bootstraps the network, and it serves the node's diagnostics and a
+replica of the shared database (this node creates the database and is its
+first admin, as app-node will be).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -20,8 +20,8 @@ import typer
 from prometheus_client import Counter, Gauge, Info
 
 from crdt import CrdtError, run_database_service
-from p2p.connection import dial_tcp, serve_tcp
-from p2p.dht import DhtNode, UdpTransport, dht_registry
+from p2p.connection import dial_tcp
+from p2p.dht import dht_registry
 from p2p.diagnostics import (
     IDENTIFY,
     PING,
@@ -31,25 +31,24 @@ from p2p.diagnostics import (
     diagnostics_router,
 )
 from p2p.errors import HandshakeError, P2PError
+from p2p.host import RpcService
 from p2p.keys import KeyPair, format_key, load_or_create_keypair
 from p2p.metrics import CollectorRegistry, combined_registry, serve_metrics
-from p2p.rpc import RpcClient, RpcError, serve_rpc
-from p2p.swarm import SwarmConfig
+from p2p.rpc import RpcClient, RpcError
+from p2p.swarm import Swarm, SwarmConfig
 
 from ._args import parse_peer
 from ._console import OutputFormat, err, fail, print_json
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
 from .beam import connect_failure_reason
-from .dht import DEFAULT_BOOTSTRAP_PORT
 from .relay import parse_allow
 
 log = logging.getLogger("cosmicac.node")
 
-#: One above the relay's 49737, so both fit one firewall rule range.
+#: One above the relay's 49737, so both fit one firewall rule range: the
+#: node's swarm, TCP for connections and UDP for the DHT bootstrap.
 DEFAULT_NODE_PORT = 49738
-#: The shared database's swarm (TCP and UDP), next in that range.
-DEFAULT_DB_PORT = 49739
 AGENT = "cosmicac-node/0.1"
 
 
@@ -59,28 +58,25 @@ def up(
         help="Identity and state folder (the same folder gives the same key).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", envvar="COSMICAC_HOST"),
-    port: int = typer.Option(DEFAULT_NODE_PORT, "--port", envvar="COSMICAC_PORT"),
+    port: int = typer.Option(
+        DEFAULT_NODE_PORT, "--port", min=0, max=65535, envvar="COSMICAC_PORT",
+        help="TCP (connections) and UDP (DHT) port of this node's swarm (0: any free one)."),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
     metrics_port: int = typer.Option(
         0, "--metrics-port", min=0, max=65535, envvar="COSMICAC_METRICS_PORT",
         help="Serve Prometheus metrics on this port (0: off)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host",
                                      envvar="COSMICAC_METRICS_HOST"),
-    dht_port: int = typer.Option(
-        DEFAULT_BOOTSTRAP_PORT, "--dht-port", min=0, max=65535, envvar="COSMICAC_DHT_PORT",
-        help="UDP port of the embedded DHT bootstrap node (0: any free one)."),
-    db_port: int = typer.Option(
-        DEFAULT_DB_PORT, "--db-port", min=0, max=65535, envvar="COSMICAC_DB_PORT",
-        help="TCP and UDP port of the shared database's swarm (0: any free one)."),
     db_allow: list[str] = typer.Option(
         [], "--db-allow", envvar="COSMICAC_DB_ALLOW",
         help="Replica key admitted as a writer of the shared database when it asks."),
 ) -> None:
     """Run what exists of the system on this machine, until Ctrl-C.
 
-    The diagnostic service over the secret stream (for `cosmicac ping` and
-    `cosmicac beam`), a DHT bootstrap node, and the shared database: this node
-    creates it and is its admin; other replicas join with its key
+    One peer on one swarm (one key, one TCP and UDP port): its DHT node is
+    the network's bootstrap, and it serves the node's diagnostics (for
+    `cosmicac ping` and `cosmicac beam`) and the shared database, which this
+    node creates and administers; other replicas join with its key
     (`PROXY_AUTOBASE_KEY=<key> cosmicac db serve ...`). The control plane
     (app-node, wrk-ork, workers) is not built yet.
     """
@@ -89,76 +85,64 @@ def up(
         keypair = load_or_create_keypair(storage)
     except P2PError as exc:
         fail(str(exc))
-    ports = Ports(port, dht_port, db_port)
     try:
-        trio.run(_run_node, keypair, storage.resolve(), host, ports, parse_allow(db_allow),
+        trio.run(_run_node, keypair, storage.resolve(), host, port, parse_allow(db_allow),
                  (metrics_host, metrics_port) if metrics_port else None)
     except* CrdtError as group:
         fail(str(group.exceptions[0]))
     except* OSError as group:
         exc = group.exceptions[0]
-        fail(f"cannot listen on {host} (ports {port}, {dht_port}, {db_port}): "
-             f"{exc.strerror or exc}")
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
-@dataclass(frozen=True)
-class Ports:
-    node: int
-    dht: int
-    db: int
+class DiagnosticsService(RpcService):
+    """The node's diagnostics (ping, identify), counted per channel."""
+
+    def __init__(self, keypair: KeyPair, registry: CollectorRegistry) -> None:
+        super().__init__(PROTOCOL, diagnostics_router(keypair.public_key, agent=AGENT))
+        self.sessions = Counter("node_diagnostic_sessions", "Diagnostic channels served",
+                                registry=registry)
+        self.open_sessions = Gauge("node_diagnostic_sessions_open",
+                                   "Diagnostic channels open now", registry=registry)
+
+    async def serve_channel(self, channel, connection) -> None:
+        self.sessions.inc()
+        with self.open_sessions.track_inprogress():
+            await super().serve_channel(channel, connection)
 
 
-async def _run_node(keypair: KeyPair, storage: Path, host: str, ports: Ports,
+async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int,
                     db_allow: frozenset[bytes] | None,
                     metrics: tuple[str, int] | None) -> None:
-    router = diagnostics_router(keypair.public_key, agent=AGENT)
     registry = CollectorRegistry()
     Info("node", "This node", registry=registry).info({"key": keypair.hex, "agent": AGENT})
-    sessions = Counter("node_diagnostic_sessions", "Diagnostic channels served",
-                       registry=registry)
-    open_sessions = Gauge("node_diagnostic_sessions_open", "Diagnostic channels open now",
-                          registry=registry)
-
-    async def diagnostics(channel) -> None:
-        sessions.inc()
-        with open_sessions.track_inprogress():
-            await serve_rpc(channel, router, name="diagnostics")
+    # The network's first node: nobody can probe it, and we vouch for it.
+    swarm = Swarm(keypair, config=SwarmConfig(host=host, port=port, dht_persistent=True),
+                  services=[DiagnosticsService(keypair, registry)])
 
     async def start(nursery: trio.Nursery) -> None:
-        bound_host, bound_port = await nursery.start(
-            functools.partial(serve_tcp, keypair, {PROTOCOL: diagnostics}, host=host,
-                              port=ports.node)
-        )
-        # The network's first node: nobody can probe it, and we vouch for it.
-        transport = await UdpTransport.bind(host, ports.dht, dual_stack=host == "::")
-        dht = DhtNode(transport, bootstrap=[], persistent=True, reachable=True)
-        await nursery.start(dht.run)
-        dht_host, dht_port = transport.local_address
+        bound_host, bound_port = await nursery.start(swarm.run)
         database = await nursery.start(functools.partial(
-            run_database_service, storage, keypair, allow=db_allow or frozenset(),
-            swarm_config=SwarmConfig(host=host, port=ports.db,
-                                     bootstrap=((dht_host, dht_port),))))
+            run_database_service, storage, swarm=swarm, allow=db_allow or frozenset()))
         if metrics is not None:
-            everything = combined_registry(registry, dht_registry(dht),
+            assert swarm.dht is not None
+            everything = combined_registry(registry, dht_registry(swarm.dht),
                                            database.db.metrics.registry,
-                                           database.swarm.metrics.registry)
+                                           swarm.metrics.registry)
             served = await nursery.start(functools.partial(
                 serve_metrics, everything, host=metrics[0], port=metrics[1]))
             log.info("node.metrics url=http://%s:%d/metrics", *served)
-        log.info("node.started storage=%s key=%s address=%s:%d",
-                 storage, keypair.hex, bound_host, bound_port)
-        err.print(f"node listening on {bound_host}:{bound_port} key {keypair.hex}",
-                  markup=False)
-        err.print(f"try: cosmicac ping {keypair.hex} --address {bound_host}:{bound_port}",
-                  markup=False)
-        err.print(f"dht bootstrap listening on {dht_host}:{dht_port}", markup=False)
-        db_host, db_port = database.address
-        err.print(f"shared database {format_key(database.db.bootstrap)} on {db_host}:{db_port}"
+        log.info("node.started storage=%s key=%s address=%s:%d services=%s",
+                 storage, keypair.hex, bound_host, bound_port, ",".join(swarm.host.services))
+        where = f"{bound_host}:{bound_port}"
+        err.print(f"node listening on {where} key {keypair.hex}", markup=False)
+        err.print(f"try: cosmicac ping {keypair.hex} --address {where}", markup=False)
+        err.print(f"dht bootstrap listening on {where}", markup=False)
+        err.print(f"shared database {format_key(database.db.bootstrap)} on {where}"
                   f" (this node is its admin; cosmicac db status --storage {storage})",
                   markup=False)
         err.print(f"a replica joins with: PROXY_AUTOBASE_KEY={format_key(database.db.bootstrap)}"
-                  f" cosmicac db serve --storage DIR --bootstrap {dht_host}:{dht_port}",
-                  markup=False)
+                  f" cosmicac db serve --storage DIR --bootstrap {where}", markup=False)
         err.print(f"and writes once admitted: cosmicac db add-writer <its key> --storage "
                   f"{storage}", markup=False)
 

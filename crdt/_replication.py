@@ -22,16 +22,18 @@ admin whose allow-list holds its key appends ``add_writer`` for it.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import secrets
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
 
+from p2p.connection import Connection
+from p2p.host import Service
 from p2p.keys import derive_topic, format_key, verify_signature
 from p2p.mux import Channel, ChannelRejected
 from p2p.rpc import (
@@ -43,7 +45,6 @@ from p2p.rpc import (
     RpcTimeout,
     serve_rpc,
 )
-from p2p.swarm import PeerChannelHandler, SwarmConnection
 
 from ._database import Database
 from ._errors import CrdtError, InvalidBatch, UnknownWriter, WriteRefused
@@ -116,16 +117,19 @@ class BadPeer(CrdtError):
     code = "BAD_PEER"
 
 
-class Replicator:
+class Replicator(Service):
     """Keeps one database replicated with every peer on its swarm topic.
 
-    Wire it into a :class:`~p2p.swarm.Swarm`::
+    A :class:`~p2p.host.Service` on the daemon's one swarm::
 
         replicator = Replicator(db, allow={proxy_key})
-        swarm = Swarm(keypair, peer_handlers=replicator.handlers,
-                      on_connection=replicator.on_connection,
-                      firewall=replicator.firewall)
+        swarm.add_service(replicator)
         swarm.join(replicator.topic)
+
+    It serves ``cosmicac-db/1`` to any peer that opens it, refuses peers it
+    banned, and pulls from a peer that the replication topic led us to, or
+    that opened the protocol to us (so the daemon's other peers, a CLI or an
+    agent, are not asked for a database they do not have).
 
     Args:
         db: the replica.
@@ -144,11 +148,18 @@ class Replicator:
         self._writer_locks: defaultdict[bytes, trio.Lock] = defaultdict(trio.Lock)
         self._unknown_offers: dict[tuple[bytes, bytes], int] = {}
         self.changed = trio.Event()  # replaced whenever ``peers`` changes
+        self.protocol = PROTOCOL
+        self._router = Router()
+        self._router.add(HEADS, self._heads)
+        self._router.add(FETCH, self._fetch)
+        self._router.add(JOIN, self._join)
+        self._router.add(ADMIN, self._admin)
+        #: Connections whose peer opened our protocol to us: set once it does.
+        self._spoke: weakref.WeakKeyDictionary[Connection, trio.Event] = (
+            weakref.WeakKeyDictionary())
 
-    @property
-    def handlers(self) -> dict[str, PeerChannelHandler]:
-        """``peer_handlers`` for the swarm: serve the protocol on every connection."""
-        return {PROTOCOL: self.serve_channel}
+    def allows(self, remote_public_key: bytes, how: str) -> bool:
+        return self.firewall(remote_public_key, how)
 
     def firewall(self, key: bytes, how: str) -> bool:
         """Refuse peers that sent bad data, for ``ban_s``."""
@@ -162,14 +173,16 @@ class Replicator:
 
     # -- serving ------------------------------------------------------------------------
 
-    async def serve_channel(self, channel: Channel, connection: SwarmConnection) -> None:
-        key = connection.remote_public_key
-        router = Router()
-        router.add(HEADS, self._heads)
-        router.add(FETCH, self._fetch)
-        router.add(JOIN, functools.partial(self._join, key))
-        router.add(ADMIN, functools.partial(self._admin, key))
-        await serve_rpc(channel, router, name=f"db-{format_key(key)[:8]}")
+    async def serve_channel(self, channel: Channel, connection: Connection) -> None:
+        self._spoken_event(connection).set()
+        await serve_rpc(channel, self._router, connection=connection,
+                        name=f"db-{connection.peer_label[:8]}")
+
+    def _spoken_event(self, connection: Connection) -> trio.Event:
+        event = self._spoke.get(connection)
+        if event is None:
+            event = self._spoke[connection] = trio.Event()
+        return event
 
     def _check_db(self, db: bytes) -> None:
         if db != self.db.bootstrap:
@@ -198,8 +211,9 @@ class Replicator:
                               signature=head.signature)
         return FetchResult(entries=entries, head=model)
 
-    async def _join(self, key: bytes, params: JoinParams, ctx: CallContext) -> JoinResult:
+    async def _join(self, params: JoinParams, ctx: CallContext) -> JoinResult:
         self._check_db(params.db)
+        key = _caller(ctx)
         peer = format_key(key)
         admission = self.db.base.admission
         if admission.is_writer(key):
@@ -225,8 +239,9 @@ class Replicator:
         log.info("crdt.writer_added writer=%s by=join", peer)
         return JoinResult(status="added" if change.status == "added" else "already")
 
-    async def _admin(self, caller: bytes, params: AdminParams, ctx: CallContext) -> AdminResult:
+    async def _admin(self, params: AdminParams, ctx: CallContext) -> AdminResult:
         self._check_db(params.db)
+        caller = _caller(ctx)
         message = admin_message(params.db, caller, params.action, params.writer, params.admin)
         if not verify_signature(self.db.key, message, params.signature):
             raise RpcError("NOT_ALLOWED", "admin requests must be signed with this replica's "
@@ -242,10 +257,16 @@ class Replicator:
 
     # -- pulling ------------------------------------------------------------------------
 
-    async def on_connection(self, connection: SwarmConnection) -> None:
-        """The swarm's ``on_connection``: replicate from this peer while it is connected."""
+    async def on_connection(self, connection: Connection) -> None:
+        """Replicate from this peer while it is connected, once we know it
+        keeps this database (it came through our topic, or it asked us)."""
         key = connection.remote_public_key
         peer = format_key(key)[:12]
+        spoke = self._spoken_event(connection)
+        while self.topic not in connection.topics and not spoke.is_set():
+            async with trio.open_nursery() as nursery:
+                for wait in (spoke.wait, connection.wait_topics_changed):
+                    nursery.start_soon(_then_cancel, wait, nursery.cancel_scope)
         try:
             # Both ends open this protocol at once; a fresh id keeps the two
             # channels apart (same protocol and id would pair them up as one).
@@ -255,7 +276,7 @@ class Replicator:
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
-        state = PeerState(key, connection.remote_address)
+        state = PeerState(key, connection.remote_address or ("memory", 0))
         self.peers[key] = state
         self._peers_changed()
         client = RpcClient(channel, name=f"db-{peer}")
@@ -422,3 +443,15 @@ class Replicator:
             with trio.move_on_after(max(wait, 10.0) * 3):
                 while not self.db.is_writer:
                     await self.db.wait_changed(self.db.lengths, math.inf)
+
+
+def _caller(ctx: CallContext) -> bytes:
+    """The caller's proven key; the protocol is only served over secret streams."""
+    if ctx.remote_public_key is None:
+        raise RpcError("NOT_ALLOWED", "this call needs an authenticated caller")
+    return ctx.remote_public_key
+
+
+async def _then_cancel(wait, scope: trio.CancelScope) -> None:
+    await wait()
+    scope.cancel()

@@ -1,4 +1,4 @@
-"""A replica on the swarm: the database, its replicator, a swarm, metrics, a status file.
+"""A replica on a daemon's swarm: the database, its replicator, a status file.
 
 What a daemon that keeps the shared database runs (``cosmicac db serve``
 today; app-node and proxy-inference embed the same thing). The status file
@@ -17,9 +17,8 @@ from pathlib import Path
 
 import trio
 
-from p2p.keys import KeyPair, format_key
-from p2p.metrics import combined_registry, serve_metrics
-from p2p.swarm import Firewall, Swarm, SwarmConfig
+from p2p.keys import format_key
+from p2p.swarm import Swarm
 
 from ._database import Database
 from ._log import FsyncPolicy
@@ -38,62 +37,54 @@ class DatabaseService:
     db: Database
     replicator: Replicator
     swarm: Swarm
-    address: tuple[str, int]
-    metrics_address: tuple[str, int] | None
 
 
 async def run_database_service(
     storage: str | os.PathLike[str],
-    keypair: KeyPair,
     *,
+    swarm: Swarm,
     bootstrap: bytes | None = None,
-    swarm_config: SwarmConfig | None = None,
     allow: frozenset[bytes] = frozenset(),
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
     replication: ReplicationConfig | None = None,
-    firewall: Firewall | None = None,
-    metrics_host: str = "127.0.0.1",
-    metrics_port: int | None = None,
     task_status: trio.TaskStatus[DatabaseService] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Open the replica in ``storage`` and replicate it until cancelled.
+    """Open the replica in ``storage`` and replicate it on ``swarm`` until cancelled.
 
-    Reports a :class:`DatabaseService` once the swarm listens and the topic
-    is joined. ``firewall`` (the swarm's) is asked after the replicator's own,
-    which refuses peers that sent bad data. Closes the database (after any
-    write in progress) on the way out.
+    The replica's identity is the swarm's: a daemon is one peer, and the
+    database is one of the services on its swarm, next to its others. The
+    swarm must be running. Reports a :class:`DatabaseService` once the
+    replicator serves and the topic is joined; its metrics are in
+    ``db.metrics.registry`` for the daemon's one metrics endpoint. On the way
+    out the service is removed from the swarm, the topic left and the
+    database closed (after any write in progress).
 
     Raises:
         DatabaseMismatch, LogCorrupted, LogInUse: opening failed (see :meth:`Base.open`).
-        OSError: a port could not be bound.
     """
-    db = await Database.open(storage, keypair, bootstrap=bootstrap, fsync=fsync)
+    db = await Database.open(storage, swarm.keypair, bootstrap=bootstrap, fsync=fsync)
+    replicator: Replicator | None = None
     try:
         replicator = Replicator(db, allow=allow, config=replication)
-
-        def allowed(key: bytes, how: str) -> bool:
-            return replicator.firewall(key, how) and (firewall is None or firewall(key, how))
-
-        swarm = Swarm(keypair, config=swarm_config, peer_handlers=replicator.handlers,
-                      on_connection=replicator.on_connection, firewall=allowed)
-        status_path = db.base.layout.status
+        swarm.add_service(replicator)
+        swarm.join(replicator.topic, server=True, client=True)
+        assert swarm.address is not None
         async with trio.open_nursery() as nursery:
-            address = await nursery.start(swarm.run)
-            swarm.join(replicator.topic, server=True, client=True)
-            metrics_address = None
-            if metrics_port is not None:
-                registry = combined_registry(db.metrics.registry, swarm.metrics.registry)
-                metrics_address = await nursery.start(
-                    lambda task_status: serve_metrics(registry, host=metrics_host,
-                                                      port=metrics_port,
-                                                      task_status=task_status))
-            nursery.start_soon(_keep_status_file, status_path, db, replicator, address)
+            nursery.start_soon(_keep_status_file, db.base.layout.status, db, replicator,
+                               swarm.address)
             log.info("crdt.serving db=%s me=%s writer=%s admin=%s address=%s:%d",
                      format_key(db.bootstrap), format_key(db.key), db.is_writer, db.is_admin,
-                     *address)
-            task_status.started(DatabaseService(db, replicator, swarm, address, metrics_address))
+                     *swarm.address)
+            task_status.started(DatabaseService(db, replicator, swarm))
     finally:
         with trio.CancelScope(shield=True):
+            if replicator is not None:
+                swarm.remove_service(replicator.protocol)
+                with trio.move_on_after(5):
+                    try:
+                        await swarm.leave(replicator.topic)
+                    except Exception as exc:  # the swarm may be stopping too
+                        log.debug("crdt.leave_failed reason=%r", exc)
             await trio.to_thread.run_sync(
                 lambda: db.base.layout.status.unlink(missing_ok=True))
             await db.aclose()

@@ -1,35 +1,38 @@
 """A connection to a peer: one secret stream, its channel multiplexer and keep-alives.
 
-This is the unit the swarm will hand out: it knows the remote key, runs the
-mux's reader and writer and the stream's keep-alives in one nursery, and lets
-protocols open or accept channels by name. :func:`dial_tcp` and
-:func:`serve_tcp` make connections over plain TCP (the swarm adds discovery
-and relays on top).
+This is the one connection type of the stack: the swarm, the plain TCP
+server, the relay daemon and ``beam`` all hand out :class:`Connection`. It
+knows the remote key (proven by the handshake), where the bytes come from (a
+direct address, or a relay), the topics that led to the peer, and runs the
+mux's reader and writer and the stream's keep-alives in one nursery.
+
+Accepting connections and serving protocols on them is :mod:`p2p.host`'s job;
+:func:`dial_tcp` makes an outgoing one over plain TCP.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import trio
 
-from .errors import HandshakeError
 from .keys import KeyPair, format_key
 from .mux import Channel, ChannelListener, Mux, MuxConfig
 from .noise import SecretStream, SecretStreamConfig
 
 __all__ = [
-    "ChannelHandler",
+    "Address",
     "Connection",
     "ConnectionConfig",
     "dial_tcp",
-    "serve_channels",
-    "serve_tcp",
+    "is_local_address",
 ]
 
 log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,52 @@ class ConnectionConfig:
     """TCP connect, per attempt."""
 
 
+def is_local_address(host: str) -> bool:
+    """True for loopback, private (RFC 1918, ULA) and link-local addresses."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    return ip.is_loopback or ip.is_private or ip.is_link_local
+
+
 class Connection:
     """A secret stream to one peer with channels over it.
 
     Start it with ``await nursery.start(connection.run)``; it runs until the
-    stream ends or :meth:`aclose` is called.
+    stream ends or :meth:`aclose` is called. A connection that a
+    :class:`~p2p.host.PeerHost` (or a swarm) owns is started by it.
+
+    Attributes:
+        remote_public_key: the peer's key, proven by the handshake.
+        remote_address: the address at the other end of our socket: the
+            peer's for a direct connection, the relay's for a relayed one
+            (None when the stream has no address, e.g. an in-memory pair).
+        relay_key: the blind relay the bytes go through, or None.
+        topics: the topics whose lookups led to this peer.
+        closed: set once the connection has ended and its slot is free.
     """
 
-    def __init__(self, stream: SecretStream, *, config: ConnectionConfig | None = None) -> None:
+    def __init__(
+        self,
+        stream: SecretStream,
+        *,
+        config: ConnectionConfig | None = None,
+        remote_address: Address | None = None,
+        relay_key: bytes | None = None,
+        topics: set[bytes] | None = None,
+    ) -> None:
         self.config = config or ConnectionConfig()
         self.stream = stream
+        self.remote_address = remote_address
+        self.relay_key = relay_key
+        self.topics: set[bytes] = set(topics or ())
+        self._topics_changed = trio.Event()
+        self.closed = trio.Event()
+        self.opened_at = trio.current_time()
         peer = format_key(stream.remote_public_key)[:12]
         self.mux = Mux(stream, config=self.config.mux, name=peer)
 
@@ -70,6 +109,32 @@ class Connection:
     @property
     def is_initiator(self) -> bool:
         return self.stream.is_initiator
+
+    @property
+    def relayed(self) -> bool:
+        return self.relay_key is not None
+
+    @property
+    def is_local(self) -> bool:
+        """The remote address is loopback, private or link-local."""
+        return self.remote_address is not None and is_local_address(self.remote_address[0])
+
+    @property
+    def peer_label(self) -> str:
+        """The first 12 hex characters of the remote key, for logs."""
+        return format_key(self.remote_public_key)[:12]
+
+    def add_topics(self, topics: set[bytes] | frozenset[bytes] | list[bytes]) -> None:
+        """Note topics that led to this peer (wakes :meth:`wait_topics_changed`)."""
+        new = set(topics) - self.topics
+        if new:
+            self.topics |= new
+            changed, self._topics_changed = self._topics_changed, trio.Event()
+            changed.set()
+
+    async def wait_topics_changed(self) -> None:
+        """Wait until :meth:`add_topics` adds a topic."""
+        await self._topics_changed.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Drive the mux and the keep-alives until the connection ends."""
@@ -89,8 +154,17 @@ class Connection:
     async def aclose(self) -> None:
         await self.mux.aclose()
 
+    async def wait_closed(self) -> None:
+        """Wait until the connection has ended (its owner has let it go)."""
+        await self.closed.wait()
+
     def __repr__(self) -> str:
-        return f"<Connection peer={format_key(self.remote_public_key)[:12]}>"
+        path = f"relay {format_key(self.relay_key)[:8]}" if self.relay_key else "direct"
+        where = ""
+        if self.remote_address is not None:
+            host, port = self.remote_address
+            where = f" {host}:{port}"
+        return f"<Connection peer={self.peer_label} {path}{where}>"
 
 
 async def dial_tcp(
@@ -113,92 +187,4 @@ async def dial_tcp(
     with trio.fail_after(config.connect_timeout_s):
         raw = await trio.open_tcp_stream(host, port)
     stream = await SecretStream.initiator(raw, keypair, remote_public_key, config=config.stream)
-    return Connection(stream, config=config)
-
-
-ChannelHandler = Callable[[Channel], Awaitable[object]]
-
-#: After a connection ends, how long channel handlers may go on reading what
-#: had already arrived before they are cancelled.
-DRAIN_TIMEOUT_S = 10.0
-
-
-async def serve_tcp(
-    keypair: KeyPair,
-    channel_handlers: Mapping[str, ChannelHandler],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    config: ConnectionConfig | None = None,
-    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Accept TCP connections, handshake as responder, serve channels by protocol.
-
-    For every connection, each protocol in ``channel_handlers`` is listened
-    for *before* the connection starts, so a peer's first open is never
-    refused for arriving early; each accepted channel runs
-    ``channel_handlers[protocol](channel)`` in its own task. A failed
-    handshake or a handler that raises is logged and dropped; neither stops
-    the server.
-
-    Reports ``(host, port)`` actually bound through ``task_status``.
-    """
-    config = config or ConnectionConfig()
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()
-
-    async def handle(raw: trio.SocketStream) -> None:
-        try:
-            stream = await SecretStream.responder(raw, keypair, config=config.stream)
-        except HandshakeError as exc:
-            log.info("connection.refused code=%s reason=%s", exc.code, exc)
-            return
-        connection = Connection(stream, config=config)
-        peer = format_key(connection.remote_public_key)[:12]
-        log.debug("connection.accepted peer=%s", peer)
-        channel_listeners = {
-            protocol: connection.listen(protocol) for protocol in channel_handlers
-        }
-        handler_scope = trio.CancelScope()
-
-        async def run_handlers() -> None:
-            with handler_scope:
-                async with trio.open_nursery() as handlers:
-                    for protocol, listener in channel_listeners.items():
-                        handlers.start_soon(serve_channels, listener,
-                                            channel_handlers[protocol], peer)
-
-        async with trio.open_nursery() as nursery:
-            await nursery.start(connection.run)
-            nursery.start_soon(run_handlers)
-            await connection.mux.wait_closed()
-            # What arrived before the end is still readable: give handlers
-            # time to read it rather than cancelling them mid-message.
-            handler_scope.deadline = trio.current_time() + DRAIN_TIMEOUT_S
-
-    task_status.started((bound[0], bound[1]))
-    await trio.serve_listeners(handle, listeners)
-
-
-async def serve_channels(
-    listener: ChannelListener, handler: ChannelHandler, peer: str
-) -> None:
-    """Run ``handler(channel)`` in a task of its own for every channel accepted,
-    until the listener closes; a handler that raises is logged, the rest go on."""
-
-    async def run_one(channel: Channel) -> None:
-        try:
-            await handler(channel)
-        except Exception:
-            # One bad channel (or handler bug) must not take the connection down.
-            log.exception("channel.handler_failed peer=%s protocol=%s", peer, channel.protocol)
-        finally:
-            await channel.aclose()
-
-    async with trio.open_nursery() as nursery:
-        while True:
-            try:
-                channel = await listener.accept()
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return
-            nursery.start_soon(run_one, channel)
+    return Connection(stream, config=config, remote_address=(host, port))

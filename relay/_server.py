@@ -8,12 +8,13 @@ else is a *control* connection, a secret stream whose first bytes are handed
 back to the Noise responder through :class:`_Prefixed`. A connection that
 says nothing within ``first_bytes_timeout_s`` is closed.
 
-Control connections carry ``blind-relay/1`` channels served with
-:mod:`p2p.rpc`; each connection gets its own router whose handlers know the
-caller's Noise-authenticated key. ``reserve`` streams the reservation's
-incoming items (the handler parks on a per-reservation lot until the core
-queues one); ``pair`` asks the core for a pairing, wakes the target's stream
-and answers with the initiator token.
+Control connections are handed to the stack's one accept path, a
+:class:`~p2p.host.PeerHost` serving ``blind-relay/1`` as an
+:class:`~p2p.host.RpcService`: one router for every connection, whose handlers
+read the caller's Noise-authenticated key from their call context.
+``reserve`` streams the reservation's incoming items (the handler parks on a
+per-reservation lot until the core queues one); ``pair`` asks the core for a
+pairing, wakes the target's stream and answers with the initiator token.
 
 Attach connections: the core checks the token and role. The first side of a
 pairing parks (its task keeps the socket: trio's ``serve_listeners`` closes a
@@ -28,17 +29,14 @@ module owns sockets, tasks, the clock and the logs.
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 from collections.abc import Callable
 
 import trio
 
-from p2p.connection import Connection, serve_channels
-from p2p.errors import HandshakeError
+from p2p.host import HostConfig, PeerHost, RpcService
 from p2p.keys import KeyPair, format_key
-from p2p.noise import SecretStream
 from p2p.relay import (
     ATTACH_REQUEST_BYTES,
     PAIR,
@@ -58,7 +56,7 @@ from p2p.relay import (
     decode_attach_request,
     status_for,
 )
-from p2p.rpc import CallContext, Router, RpcError, serve_rpc
+from p2p.rpc import CallContext, Router, RpcError
 
 from ._config import RelayConfig
 from ._pairing import Pairing, RelayState, RelayStatistics, Reservation
@@ -147,6 +145,18 @@ class RelayServer:
         self._waiting: dict[Pairing, _Waiting] = {}
         self._timer_lot = trio.lowlevel.ParkingLot()
         self._chunk_bytes = self.config.chunk_bytes(0)
+        router = Router()
+        router.add(RESERVE, self._reserve)
+        router.add(PAIR, self._pair)
+        # Attach connections count against max_connections in handle_stream;
+        # control connections are also bounded there, so the host's own cap
+        # only has to be as large.
+        self.host = PeerHost(
+            keypair, config=HostConfig(connection=self.config.connection,
+                                       max_connections=self.config.max_connections,
+                                       one_per_peer=False),
+            metrics_prefix="relay_control")
+        self.host.add_service(RpcService(PROTOCOL, router))
 
     # -- counters ----------------------------------------------------------------
 
@@ -196,10 +206,13 @@ class RelayServer:
         :meth:`serve` runs it; run it yourself when you feed :meth:`handle_stream`
         streams from elsewhere (in-memory streams in tests).
         """
-        task_status.started()
-        await self._expiry_loop()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.host.run)
+            task_status.started()
+            await self._expiry_loop()
 
-    async def handle_stream(self, stream: trio.SocketStream) -> None:
+    async def handle_stream(self, stream: trio.SocketStream,
+                            address: tuple[str, int] | None = None) -> None:
         """Serve one accepted connection (control or attach); closes it when done."""
         if self._connections >= self.config.max_connections:
             self.state.count_refusal(RefusalCode.TOO_MANY_CONNECTIONS)
@@ -222,7 +235,9 @@ class RelayServer:
                     prefix += chunk
                     kind = classify(prefix)
             if kind is FirstBytes.CONTROL:
-                await self._serve_control(_Prefixed(stream, prefix))
+                if address is None:
+                    address = _peer_address(stream)
+                await self.host.accept(_Prefixed(stream, prefix), address)
             elif kind is FirstBytes.ATTACH and len(prefix) == ATTACH_REQUEST_BYTES:
                 await self._serve_attach(stream, prefix)
             else:
@@ -238,32 +253,10 @@ class RelayServer:
 
     # -- control connections ---------------------------------------------------------
 
-    async def _serve_control(self, raw: _Prefixed) -> None:
-        try:
-            stream = await SecretStream.responder(raw, self.keypair,
-                                                  config=self.config.connection.stream)
-        except HandshakeError as exc:
-            log.debug("relay.handshake_failed code=%s reason=%s", exc.code, exc)
-            return
-        connection = Connection(stream, config=self.config.connection)
-        key = connection.remote_public_key
-        peer = format_key(key)[:12]
-        listener = connection.listen(PROTOCOL)
-        router = Router()
-        router.add(RESERVE, functools.partial(self._reserve, key))
-        router.add(PAIR, functools.partial(self._pair, key))
-        log.debug("relay.control_connected peer=%s", peer)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(connection.run)
-            nursery.start_soon(serve_channels, listener,
-                               functools.partial(serve_rpc, router=router, name=f"relay-{peer}"),
-                               peer)
-            await connection.mux.wait_closed()
-            nursery.cancel_scope.cancel()
-        log.debug("relay.control_closed peer=%s", peer)
-
-    async def _reserve(self, key: bytes, params: ReserveParams, ctx: CallContext):
+    async def _reserve(self, params: ReserveParams, ctx: CallContext):
         """The ``reserve`` stream: an acceptance, then one item per dialer."""
+        key = ctx.remote_public_key
+        assert key is not None  # served only over secret streams
         peer = format_key(key)[:12]
         try:
             reservation, replaced = self.state.reserve(key)
@@ -294,7 +287,9 @@ class RelayServer:
             if not reservation.replaced:
                 log.info("relay.reservation_ended peer=%s", peer)
 
-    async def _pair(self, key: bytes, params: PairParams, ctx: CallContext) -> PairReply:
+    async def _pair(self, params: PairParams, ctx: CallContext) -> PairReply:
+        key = ctx.remote_public_key
+        assert key is not None  # served only over secret streams
         peer = format_key(key)[:12]
         try:
             pairing, reservation = self.state.request_pair(key, params.target,
@@ -393,3 +388,11 @@ class RelayServer:
                     waiting.done.set()
                 else:
                     log.info("relay.pair_timeout pairing=%d attached=none", pairing.number)
+
+
+def _peer_address(stream: trio.abc.Stream) -> tuple[str, int] | None:
+    socket = getattr(stream, "socket", None)
+    try:
+        return tuple(socket.getpeername()[:2]) if socket is not None else None
+    except OSError:
+        return None

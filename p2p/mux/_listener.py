@@ -51,6 +51,11 @@ class ChannelListener:
 
     async def aclose(self) -> None:
         """Stop listening; channels not yet accepted are closed."""
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Stop listening, at once (the same as :meth:`aclose`, without a checkpoint)."""
         if not self._closed:
             self._closed = True
             mux = self._mux
@@ -60,7 +65,6 @@ class ChannelListener:
                     mux._core.unlisten(self.protocol)
                     mux._kick()
             self._lot.unpark_all()
-        await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> ChannelListener:
         return self

@@ -30,7 +30,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import trio
 
@@ -272,7 +272,8 @@ async def attach(
     *,
     role: Role,
     timeout_s: float = DEFAULT_ATTACH_TIMEOUT_S,
-) -> trio.SocketStream:
+    network: Any = None,
+) -> trio.abc.HalfCloseableStream:
     """Open a raw TCP connection to the relay and attach it to a pairing.
 
     Args:
@@ -294,7 +295,10 @@ async def attach(
     try:
         with trio.fail_after(timeout_s):
             try:
-                stream = await trio.open_tcp_stream(host, port)
+                if network is None:
+                    stream = await trio.open_tcp_stream(host, port)
+                else:
+                    stream = await network.open_stream((host, port))
             except OSError as exc:
                 raise RelayUnavailable(
                     f"cannot reach the relay at {host}:{port}: {exc.strerror or exc}",

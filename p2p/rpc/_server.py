@@ -76,7 +76,12 @@ class CallContext:
     #: The method's wire name.
     method: str
     #: The server's ``name`` (for logs).
-    connection: str
+    name: str
+    #: The caller's public key, proven by the secret stream's handshake (None
+    #: when the channel is not over one, e.g. an in-memory test channel).
+    remote_public_key: bytes | None = None
+    #: The peer connection the call came over (a :class:`p2p.connection.Connection`).
+    connection: Any = None
 
 
 UnaryHandler = Callable[[Any, CallContext], Awaitable[Any]]
@@ -186,8 +191,14 @@ class RpcServer:
         *,
         config: RpcConfig | None = None,
         name: str = "rpc-server",
+        connection: Any = None,
+        remote_public_key: bytes | None = None,
     ) -> None:
         self._channel = channel
+        self.connection = connection
+        if remote_public_key is None and connection is not None:
+            remote_public_key = connection.remote_public_key
+        self.remote_public_key = remote_public_key
         self._router = router
         self.config = config or RpcConfig()
         self.name = name
@@ -282,7 +293,8 @@ class RpcServer:
             err = _invalid_params(exc)
             self._reply_now(Error(rid, err.code, err.message, err.data))
             return
-        call = _Call(method, handler, params, CallContext(rid, method.name, self.name))
+        call = _Call(method, handler, params, CallContext(rid, method.name, self.name,
+                                                          self.remote_public_key, self.connection))
         self._calls[rid] = call
         self._calls_started += 1
         assert self._nursery is not None
@@ -437,7 +449,15 @@ async def serve_rpc(
     *,
     config: RpcConfig | None = None,
     name: str = "rpc-server",
+    connection: Any = None,
+    remote_public_key: bytes | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``router`` on ``channel`` until the channel ends (see :class:`RpcServer`)."""
-    await RpcServer(channel, router, config=config, name=name).run(task_status=task_status)
+    """Serve ``router`` on ``channel`` until the channel ends (see :class:`RpcServer`).
+
+    ``connection`` (or just ``remote_public_key``) is handed to every handler
+    in its :class:`CallContext`, so handlers can authorise the caller by key.
+    """
+    server = RpcServer(channel, router, config=config, name=name, connection=connection,
+                       remote_public_key=remote_public_key)
+    await server.run(task_status=task_status)

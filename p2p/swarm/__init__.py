@@ -1,26 +1,29 @@
 """Topic swarms: find peers on the DHT, keep one connection to each, reach
-firewalled peers through blind relays. See ``_swarm`` for how it works."""
+firewalled peers through blind relays, serve services. See ``_swarm`` for how
+it works."""
 
+from ..connection import Connection, is_local_address
+from ..host import ChannelService, RpcService, Service, keep_new_connection
 from ._config import Firewall, SwarmConfig
-from ._connection import SwarmConnection, is_local_address
-from ._duplicates import keep_new_connection
 from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmClosed, SwarmError
 from ._peers import BackoffPolicy, PeerState, PeerTable
-from ._swarm import PeerChannelHandler, Swarm
+from ._swarm import Swarm
 
 __all__ = [
     "BackoffPolicy",
+    "ChannelService",
+    "Connection",
     "Firewall",
-    "PeerChannelHandler",
     "PeerNotFound",
     "PeerRefused",
     "PeerState",
     "PeerTable",
     "PeerUnreachable",
+    "RpcService",
+    "Service",
     "Swarm",
     "SwarmClosed",
     "SwarmConfig",
-    "SwarmConnection",
     "SwarmError",
     "is_local_address",
     "keep_new_connection",

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..connection import ConnectionConfig
+from ..connection import Address, ConnectionConfig
+from ..host import Firewall
 from ._peers import BackoffPolicy
 
 __all__ = ["Address", "Firewall", "SwarmConfig"]
-
-Address = tuple[str, int]
-
-#: ``firewall(remote_key, how) -> allowed``; ``how`` is "incoming", "relayed",
-#: "connect", "reconnect" or "topic:<hex>" (the topic whose lookup found the peer).
-Firewall = Callable[[bytes, str], bool]
 
 
 @dataclass(frozen=True)
@@ -45,6 +39,10 @@ class SwarmConfig:
 
     max_connections: int = 64
     """Connections at once; dials beyond it fail and incoming ones are closed."""
+
+    max_handshakes: int = 64
+    """Incoming handshakes in flight at once; a socket beyond it is closed at
+    once and counted (``swarm_connections_refused{reason="busy"}``)."""
 
     max_parallel_dials: int = 8
     """Dials in flight at once."""

@@ -37,7 +37,6 @@ class SwarmMetrics:
         *,
         count_connections: Callable[[bool], int],
         count_reservations: Callable[[], int],
-        live_bytes: Callable[[], Iterable[tuple[int, int]]],
     ) -> None:
         self.registry = CollectorRegistry()
         connections = Gauge(
@@ -57,14 +56,10 @@ class SwarmMetrics:
             "swarm_connection_failures", "Failed dials, by error code", ["code"],
             registry=self.registry,
         )
-        self.accepted = Counter(
-            "swarm_connections_accepted", "Connections peers opened to us, by path", ["path"],
-            registry=self.registry,
-        )
-        self.refused = Counter(
-            "swarm_connections_refused",
-            "Connections closed before use, by reason (firewall, duplicate, full, self)",
-            ["reason"], registry=self.registry,
-        )
-        self.closed_bytes = {"sent": 0, "received": 0}
-        self.registry.register(_BytesCollector(self.closed_bytes, live_bytes))
+        # Connections accepted and refused are the host's (swarm_connections_accepted,
+        # swarm_connections_refused), in this same registry.
+
+    def count_bytes(self, closed: dict[str, int],
+                    live: Callable[[], Iterable[tuple[int, int]]]) -> None:
+        """Export ``swarm_bytes``: closed connections' totals plus the live ones'."""
+        self.registry.register(_BytesCollector(closed, live))

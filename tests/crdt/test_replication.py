@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pytest
 import trio
 
-from crdt import FsyncPolicy, ReplicationConfig, WriteRefused, run_database_service
+from crdt import (
+    Database,
+    DatabaseService,
+    FsyncPolicy,
+    ReplicationConfig,
+    WriteRefused,
+    run_database_service,
+)
 from crdt._messages import FetchResult
 from crdt._ops import usage_add
 from crdt._replication import Replicator
 from p2p.keys import KeyPair
+from p2p.metrics import combined_registry, serve_metrics
+from p2p.swarm import Swarm
 from tests.crdt.helpers import usage_ops
 from tests.p2p.helpers import http_get, wait_until
 from tests.p2p.swarm.helpers import swarm_net
@@ -21,8 +31,9 @@ FAST = ReplicationConfig(poll_s=2.0, call_timeout_s=5.0, join_retry_s=0.2, ban_s
 
 @dataclass
 class Replica:
-    service: object
+    service: DatabaseService
     scope: trio.CancelScope
+    swarm: Swarm
 
     @property
     def db(self):
@@ -33,19 +44,43 @@ class Replica:
 
 
 async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), firewall=None,
-                        metrics_port=None):
+                        replicator_class=None):
+    """A daemon's shape: one swarm, the database one service on it.
+
+    ``replicator_class`` plugs a misbehaving replicator into the same swarm
+    (through the public service API) instead of the real one."""
     scope = trio.CancelScope()
 
     async def run(task_status=trio.TASK_STATUS_IGNORED):
         with scope:
-            await run_database_service(storage, keypair, bootstrap=bootstrap,
-                                       swarm_config=net.config(), allow=frozenset(allow),
-                                       fsync=FsyncPolicy.NEVER, replication=FAST,
-                                       firewall=firewall, metrics_port=metrics_port,
-                                       task_status=task_status)
+            async with trio.open_nursery() as nursery:
+                swarm = Swarm(keypair, config=net.config(), firewall=firewall)
+                await nursery.start(swarm.run)
+                if replicator_class is None:
+                    await nursery.start(functools.partial(
+                        run_database_service, storage, swarm=swarm, bootstrap=bootstrap,
+                        allow=frozenset(allow), fsync=FsyncPolicy.NEVER, replication=FAST,
+                        task_status=task_status))
+                    return
+                db = await Database.open(storage, keypair, bootstrap=bootstrap,
+                                         fsync=FsyncPolicy.NEVER)
+                try:
+                    replicator = replicator_class(db, allow=allow, config=FAST)
+                    swarm.add_service(replicator)
+                    swarm.join(replicator.topic)
+                    task_status.started(DatabaseService(db, replicator, swarm))
+                    await trio.sleep_forever()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await db.aclose()
 
     service = await net.nursery.start(run)
-    return Replica(service, scope)
+    return Replica(service, scope, service.swarm)
+
+
+async def serve_replica_metrics(nursery, replica):
+    registry = combined_registry(replica.db.metrics.registry, replica.swarm.metrics.registry)
+    return await nursery.start(functools.partial(serve_metrics, registry))
 
 
 async def total_prompt(db, key_id="k1") -> int:
@@ -55,8 +90,8 @@ async def total_prompt(db, key_id="k1") -> int:
 async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
     a_key, b_key = KeyPair.generate(), KeyPair.generate()
     async with swarm_net() as net:
-        a = await start_replica(net, tmp_path / "a", a_key, allow=[b_key.public_key],
-                                metrics_port=0)
+        a = await start_replica(net, tmp_path / "a", a_key, allow=[b_key.public_key])
+        metrics_address = await serve_replica_metrics(net.nursery, a)
         await a.db.append_many(usage_ops("k1", 50))
         b = await start_replica(net, tmp_path / "b", b_key, bootstrap=a.db.bootstrap)
         await wait_until(lambda: b.db.is_writer, limit_s=15)
@@ -67,7 +102,7 @@ async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
         added = a.db.metrics.registry.get_sample_value("crdt_admission_requests_total",
                                                         {"outcome": "added"})
         assert added == 1
-        status, body = await http_get(a.service.metrics_address, "/metrics")
+        status, body = await http_get(metrics_address, "/metrics")
         assert status == 200
         assert b"crdt_entries 52.0" in body and b"swarm_connections" in body
         assert b"crdt_replication_peers 1.0" in body
@@ -103,15 +138,13 @@ class _Tampering(Replicator):
         return result
 
 
-async def test_a_peer_that_sends_a_bad_entry_is_dropped_and_replication_goes_on(
-        tmp_path, monkeypatch):
+async def test_a_peer_that_sends_a_bad_entry_is_dropped_and_replication_goes_on(tmp_path):
     a_key, m_key, c_key = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
     async with swarm_net() as net:
         a = await start_replica(net, tmp_path / "a", a_key)
         await a.db.append_many(usage_ops("k1", 30))
-        with monkeypatch.context() as patch:
-            patch.setattr("crdt._service.Replicator", _Tampering)
-            m = await start_replica(net, tmp_path / "m", m_key, bootstrap=a.db.bootstrap)
+        m = await start_replica(net, tmp_path / "m", m_key, bootstrap=a.db.bootstrap,
+                                replicator_class=_Tampering)
         await wait_until(lambda: m.db.lengths.get(a_key.public_key) == 30, limit_s=15)
         a.stop()  # C can only reach the tampering peer at first
         await trio.sleep(0.1)
@@ -174,7 +207,7 @@ async def test_operator_writer_changes_must_be_signed_by_the_replica_itself(tmp_
 
         async def ask(signer, action):
             return await _ask_daemon(signer, a_key.public_key, tmp_path / "a",
-                                     a.service.address, 0, action, b_key.public_key, False)
+                                     a.swarm.address, 0, action, b_key.public_key, False)
 
         with pytest.raises(WriteRefused) as refused:
             await ask(stranger, "add_writer")  # signed by someone else's key
@@ -203,13 +236,10 @@ class _Boasting(Replicator):
         return FetchResult(entries=[])
 
 
-async def test_a_peer_that_lists_entries_it_never_sends_is_asked_again_slowly(
-        tmp_path, monkeypatch):
+async def test_a_peer_that_lists_entries_it_never_sends_is_asked_again_slowly(tmp_path):
     a_key, c_key = KeyPair.generate(), KeyPair.generate()
     async with swarm_net() as net:
-        with monkeypatch.context() as patch:
-            patch.setattr("crdt._service.Replicator", _Boasting)
-            a = await start_replica(net, tmp_path / "a", a_key)
+        a = await start_replica(net, tmp_path / "a", a_key, replicator_class=_Boasting)
         await a.db.append_many(usage_ops("k1", 3))
         c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a_key.public_key)
         await wait_until(lambda: _Boasting.heads_calls >= 2, limit_s=15)

@@ -3,8 +3,9 @@
 import pytest
 import trio
 
-from p2p.connection import dial_tcp, serve_tcp
+from p2p.connection import dial_tcp
 from p2p.errors import HandshakeError
+from p2p.host import serve_tcp
 
 from .helpers import ALICE, BOB, MALLORY
 

@@ -3,7 +3,8 @@
 import pydantic
 import trio
 
-from p2p.connection import dial_tcp, serve_tcp
+from p2p.connection import dial_tcp
+from p2p.host import serve_tcp
 from p2p.rpc import Method, Router, RpcClient, serve_rpc
 
 from .helpers import ALICE, BOB

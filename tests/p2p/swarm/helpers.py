@@ -12,7 +12,7 @@ from p2p.connection import ConnectionConfig
 from p2p.dht.testnet import Testnet, udp_testnet
 from p2p.keys import KeyPair
 from p2p.noise import SecretStreamConfig
-from p2p.swarm import Swarm, SwarmConfig
+from p2p.swarm import ChannelService, Swarm, SwarmConfig
 
 #: Fast timers for tests: dead peers are noticed in about a second. Only for
 #: swarms whose peers all use them too: a peer's idle timeout must exceed the
@@ -39,8 +39,11 @@ class SwarmNet:
 
     async def start(self, keypair: KeyPair | None = None, **options) -> Swarm:
         """Start one more swarm; ``options`` go to Swarm() or to its config."""
-        swarm_args = {k: options.pop(k) for k in ("handlers", "on_connection", "firewall")
+        swarm_args = {k: options.pop(k) for k in ("services", "firewall", "network")
                       if k in options}
+        handlers = options.pop("handlers", {})
+        swarm_args["services"] = [*swarm_args.get("services", ()),
+                                  *(ChannelService.of_handler(p, h) for p, h in handlers.items())]
         swarm = Swarm(keypair or KeyPair.generate(), config=self.config(**options),
                       **swarm_args)
 

@@ -19,7 +19,7 @@ def same_connection(a, b) -> bool:
     mine = a.connections.get(b.public_key)
     theirs = b.connections.get(a.public_key)
     return (mine is not None and theirs is not None
-            and mine.connection.stream.handshake_hash == theirs.connection.stream.handshake_hash)
+            and mine.stream.handshake_hash == theirs.stream.handshake_hash)
 
 
 async def test_a_client_finds_a_server_by_topic_and_knows_how_it_got_there():

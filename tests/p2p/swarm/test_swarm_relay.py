@@ -9,6 +9,7 @@ import os
 
 import trio
 
+from p2p.host import ChannelService
 from p2p.keys import KeyPair
 from relay import run_relay
 
@@ -45,7 +46,7 @@ async def test_a_dialer_reaches_a_relay_only_peer_and_the_relay_sees_only_cipher
                 await channel.send(got[-1][::-1])
                 received.set()
 
-            agent.handlers["echo"] = echo
+            agent.add_service(ChannelService.of_handler("echo", echo))
             worker = await net.start()
             connection = await worker.connect(agent.public_key)
             assert connection.relayed and connection.relay_key == relay_key.public_key

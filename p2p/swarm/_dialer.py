@@ -1,0 +1,295 @@
+"""A swarm's dialling: one dial per key, addresses first, then relays; reconnects.
+
+* ``connect(key)`` returns the existing connection, waits for the dial in
+  flight, or dials the newest record the DHT has for the key.
+* Dialling a record tries its addresses (all at once, ``direct_timeout_s``
+  each; the first handshake wins), then its relays one by one: ask the relay
+  for a pairing, attach to it, run the end-to-end handshake through it. The
+  error names every address and relay tried and why each failed.
+* The firewall runs before a dial (``how`` is ``connect``, ``reconnect`` or
+  ``topic:<hex>``).
+* A connection that ends is redialled after a backoff if its peer belongs to a
+  topic we look up (:class:`~._peers.PeerTable` decides when).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..connection import Address, Connection
+from ..dht import DhtError, PeerRecord
+from ..errors import HandshakeError, P2PError
+from ..host import HostError
+from ..keys import format_key
+from ..noise import SecretStream
+from ..relay import Role, attach, request_pair
+from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmError
+
+if TYPE_CHECKING:
+    from ._swarm import Swarm
+
+__all__ = ["Dialer", "Target", "reason"]
+
+log = logging.getLogger(__name__)
+
+#: Addresses of one record tried at once; a record may list more.
+MAX_ADDRESSES_PER_DIAL = 8
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a peer may be reached: direct addresses, then relays."""
+
+    addresses: tuple[Address, ...]
+    relays: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, record: PeerRecord) -> Target:
+        return cls(record.addresses, record.relays)
+
+
+@dataclass
+class _Attempt:
+    done: trio.Event = field(default_factory=trio.Event)
+    result: Connection | None = None
+    error: SwarmError | None = None
+
+
+class Dialer:
+    """The dials and reconnects of one swarm."""
+
+    def __init__(self, swarm: Swarm) -> None:
+        self._swarm = swarm
+        self._dials: dict[bytes, _Attempt] = {}
+        self._reconnects: set[bytes] = set()
+        self._slots = trio.Semaphore(swarm.config.max_parallel_dials)
+
+    def should_dial(self, key: bytes) -> bool:
+        """A lookup found ``key``: dial it (or join the dial in flight)?"""
+        return self._swarm.peers.may_dial(key, trio.current_time()) or key in self._dials
+
+    async def connect(self, key: bytes, addresses: Iterable[Address] | None) -> Connection:
+        swarm = self._swarm
+        existing = swarm.connections.get(key)
+        if existing is not None:
+            await trio.lowlevel.checkpoint()
+            return existing
+        if addresses is not None:
+            target = Target(tuple(addresses), ())
+        else:
+            target = Target.of(await self.find(key))
+        return await self.dial(key, target, "connect")
+
+    async def find(self, public_key: bytes) -> PeerRecord:
+        swarm = self._swarm
+        assert swarm.dht is not None
+        record = None
+        try:
+            record = await swarm.dht.find_peer(public_key)
+        except DhtError as exc:
+            log.info("swarm.find_failed peer=%s code=%s", format_key(public_key)[:12], exc.code)
+        if record is None:
+            state = swarm.peers.get(public_key)
+            if state is not None and state.record is not None:
+                return state.record  # the last one we saw is better than nothing
+            raise PeerNotFound(f"no record for peer {format_key(public_key)[:16]}… on the DHT")
+        swarm.peers.found(record, None)
+        return record
+
+    async def dial_quietly(self, key: bytes, record: PeerRecord, how: str,
+                           topic: bytes | None) -> None:
+        try:
+            connection = await self.dial(key, Target.of(record), how)
+        except SwarmError as exc:
+            log.info("swarm.dial_failed peer=%s code=%s reason=%s", format_key(key)[:12],
+                     exc.code, exc)
+            return
+        if topic is not None:
+            connection.add_topics([topic])
+
+    async def dial(self, key: bytes, target: Target, how: str) -> Connection:
+        swarm = self._swarm
+        if key == swarm.public_key:
+            raise PeerRefused("refusing to connect to ourselves", code="SELF")
+        existing = swarm.connections.get(key)
+        if existing is not None:
+            return existing
+        attempt = self._dials.get(key)
+        if attempt is not None:  # one dial per key: wait for the one in flight
+            await attempt.done.wait()
+            if attempt.result is not None:
+                return attempt.result
+            assert attempt.error is not None
+            raise attempt.error
+        attempt = self._dials[key] = _Attempt()
+        swarm.peers.dialling(key)
+        try:
+            if not swarm.host.allows(key, how):
+                swarm.host.metrics.refused.labels("firewall").inc()
+                raise PeerRefused(f"the firewall refused peer {format_key(key)[:16]}…")
+            if len(swarm.connections) >= swarm.config.max_connections:
+                raise SwarmError(f"at the limit of {swarm.config.max_connections} connections",
+                                 code="TOO_MANY_CONNECTIONS")
+            async with self._slots:
+                connection = await self._dial_target(key, target)
+            attempt.result = connection
+            return connection
+        except SwarmError as exc:
+            attempt.error = exc
+            swarm.metrics.failures.labels(exc.code).inc()
+            wait = swarm.peers.failed(key, trio.current_time(), exc.code)
+            log.debug("swarm.dial_failed peer=%s code=%s retry_in=%.1f", format_key(key)[:12],
+                      exc.code, wait)
+            raise
+        finally:
+            del self._dials[key]
+            if attempt.result is None and attempt.error is None:
+                state = swarm.peers.get(key)
+                if state is not None:
+                    state.dialling = False  # cancelled: no verdict on the peer
+            attempt.done.set()
+
+    async def _dial_target(self, key: bytes, target: Target) -> Connection:
+        swarm = self._swarm
+        failures: list[tuple[str, str]] = []
+        if target.addresses:
+            swarm.metrics.attempts.labels("direct").inc()
+            found = await self._dial_direct(key, swarm.order_addresses(target.addresses),
+                                            failures)
+            if found is not None:
+                return found
+        for relay_key in target.relays:
+            if relay_key in (key, swarm.public_key):
+                continue
+            swarm.metrics.attempts.labels("relayed").inc()
+            label = f"relay {format_key(relay_key)[:12]}"
+            try:
+                with trio.fail_after(swarm.config.relay_timeout_s):
+                    return await self._dial_via_relay(key, relay_key)
+            except trio.TooSlowError:
+                failures.append((label, f"timed out after {swarm.config.relay_timeout_s} s"))
+            except (P2PError, OSError) as exc:
+                failures.append((label, reason(exc)))
+        raise PeerUnreachable(key, failures)
+
+    async def _dial_direct(
+        self, key: bytes, addresses: Iterable[Address], failures: list[tuple[str, str]]
+    ) -> Connection | None:
+        """Try every address at once; the first handshake wins, the rest are cancelled."""
+        swarm = self._swarm
+        won: list[tuple[SecretStream, Address]] = []
+        timeout = swarm.config.direct_timeout_s
+
+        async def try_one(address: Address, cancel_rest: trio.CancelScope) -> None:
+            host, port = address
+            label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            try:
+                with trio.fail_after(timeout):
+                    raw = await swarm.network.open_stream((host, port))
+                    try:
+                        stream = await SecretStream.initiator(
+                            raw, swarm.keypair, key, config=swarm.config.connection.stream)
+                    except BaseException:
+                        await trio.aclose_forcefully(raw)
+                        raise
+            except trio.TooSlowError:
+                failures.append((label, f"timed out after {timeout} s"))
+                return
+            except (OSError, HandshakeError, trio.BrokenResourceError) as exc:
+                failures.append((label, reason(exc)))
+                return
+            if won:  # another address won the race meanwhile
+                await stream.aclose()
+                return
+            won.append((stream, address))
+            cancel_rest.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for address in list(addresses)[:MAX_ADDRESSES_PER_DIAL]:
+                nursery.start_soon(try_one, address, nursery.cancel_scope)
+        if not won:
+            return None
+        stream, address = won[0]
+        return await self._adopt(stream, address, None)
+
+    async def _dial_via_relay(self, key: bytes, relay_key: bytes) -> Connection:
+        swarm = self._swarm
+        relay = await swarm.connect(relay_key)
+        if relay.relayed or relay.remote_address is None:
+            raise SwarmError("the relay itself is only reachable through a relay",
+                             code="RELAY_UNREACHABLE")
+        ticket = await request_pair(relay, key)
+        raw = await attach(relay.remote_address, ticket.token, role=Role.INITIATOR,
+                           timeout_s=ticket.timeout_s, network=swarm.network)
+        try:
+            stream = await SecretStream.initiator(raw, swarm.keypair, key,
+                                                  config=swarm.config.connection.stream)
+        except BaseException:
+            await trio.aclose_forcefully(raw)
+            raise
+        return await self._adopt(stream, relay.remote_address, relay_key)
+
+    async def _adopt(self, stream: SecretStream, address: Address,
+                     relay_key: bytes | None) -> Connection:
+        try:
+            return await self._swarm.host.adopt(stream, address, relay_key=relay_key)
+        except HostError as exc:
+            raise SwarmError(str(exc), code=exc.code) from exc
+
+    # -- reconnects ------------------------------------------------------------
+
+    def maybe_reconnect(self, key: bytes, wait: float) -> None:
+        """Redial a peer of a topic we look up, after ``wait`` seconds."""
+        swarm = self._swarm
+        state = swarm.peers.get(key)
+        nursery = swarm._nursery
+        if (state is None or not (state.topics & swarm.topics.client_topics())
+                or key in self._reconnects or nursery is None):
+            return
+        self._reconnects.add(key)
+        nursery.start_soon(self._reconnect, key, wait)
+
+    async def _reconnect(self, key: bytes, wait: float) -> None:
+        swarm = self._swarm
+        try:
+            await trio.sleep(wait)
+            if key in swarm.connections or key in self._dials:
+                return
+            state = swarm.peers.get(key)
+            topics = state.topics if state else set()
+            if not topics & swarm.topics.client_topics():
+                return
+            try:
+                # The peer may be back on a new port: look for its newest record.
+                target = Target.of(await self.find(key))
+                connection = await self.dial(key, target, "reconnect")
+            except SwarmError as exc:
+                log.info("swarm.reconnect_failed peer=%s code=%s", format_key(key)[:12],
+                         exc.code)
+                state = swarm.peers.get(key)
+                if state is not None:
+                    self._reconnects.discard(key)
+                    self.maybe_reconnect(key, max(0.0, state.next_attempt_at
+                                                  - trio.current_time()))
+                return
+            connection.add_topics(topics)
+        finally:
+            self._reconnects.discard(key)
+
+
+def reason(exc: BaseException) -> str:
+    """One line saying why an attempt failed."""
+    if isinstance(exc, P2PError):
+        return f"{exc.code}: {exc}"
+    if isinstance(exc, OSError):
+        causes = getattr(exc.__cause__, "exceptions", None) or [exc]
+        first = causes[0]
+        if isinstance(first, ConnectionRefusedError):
+            return "connection refused"
+        return getattr(first, "strerror", None) or str(first) or type(first).__name__
+    return str(exc) or type(exc).__name__
