@@ -218,7 +218,8 @@ async def request_pair(
 
     Raises:
         KeyFormatError: ``target_key`` is not 32 bytes.
-        RelayRefused: ``NOT_RESERVED``, ``TOO_MANY_PAIRS``, ``SELF_PAIR`` ...
+        RelayRefused: ``NOT_RESERVED``, ``TOO_MANY_PAIRS``,
+            ``TOO_MANY_PAIRS_TO_TARGET``, ``SELF_PAIR`` ...
         RelayUnavailable: ``RELAY_CLOSED``.
         RelayTimeout: no answer within ``timeout_s``.
     """
