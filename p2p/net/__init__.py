@@ -8,7 +8,7 @@ and refused connects on trio's clock, so swarms, relays and replication run
 under the autojump clock. See ``README.md`` in this folder.
 """
 
-from ._memory import MemoryHost, MemoryInternet, MemoryStreamListener
+from ._memory import InternetStatistics, MemoryHost, MemoryInternet, MemoryStreamListener
 from ._memory_stream import DEFAULT_STREAM_BUFFER_BYTES, MemoryStream, memory_stream_pair
 from ._socket import SocketNetwork, SocketStreamListener, interface_addresses
 from ._types import Address, Network, StreamListener
@@ -16,6 +16,7 @@ from ._types import Address, Network, StreamListener
 __all__ = [
     "DEFAULT_STREAM_BUFFER_BYTES",
     "Address",
+    "InternetStatistics",
     "MemoryHost",
     "MemoryInternet",
     "MemoryStream",

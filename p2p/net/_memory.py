@@ -50,6 +50,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import trio
 
@@ -57,7 +58,7 @@ from ..dht._transport import DatagramTransport, LinkProfile, MemoryNetwork, Memo
 from ._memory_stream import DEFAULT_STREAM_BUFFER_BYTES, MemoryStream, memory_stream_pair
 from ._types import Address
 
-__all__ = ["MemoryHost", "MemoryInternet", "MemoryStreamListener"]
+__all__ = ["InternetStatistics", "MemoryHost", "MemoryInternet", "MemoryStreamListener"]
 
 #: Linux gives up a connect after tcp_syn_retries=6: 1+2+4+8+16+32+64 s.
 DEFAULT_CONNECT_TIMEOUT_S = 127.0
@@ -73,6 +74,21 @@ DEFAULT_BACKLOG = 128
 _EPHEMERAL = range(32768, 61000)
 _FLOW_SWEEP_AT = 4096
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+@dataclass(frozen=True)
+class InternetStatistics:
+    """Counters of a :class:`MemoryInternet` since it was made (``statistics()``)."""
+
+    #: Connects that reached a listener.
+    connects: int
+    #: Connects refused: no listener, or a closed host.
+    refused_connects: int
+    #: Connects dropped: a blocked path or an address no host holds.
+    dropped_connects: int
+    #: Datagrams delivered, and lost (loss, firewall, nobody bound, closed).
+    datagrams_delivered: int
+    datagrams_lost: int
 
 
 def _check_host(host: str) -> str:
@@ -135,8 +151,18 @@ class MemoryInternet:
         #: (source, destination) datagram flows -> when they stop admitting replies.
         self._flows: dict[tuple[Address, Address], float] = {}
         self._flow_sweep_at = _FLOW_SWEEP_AT
-        #: Datagrams and connects dropped by a block (for tests and diagnostics).
-        self.blocked_connects = 0
+        self._connects = 0
+        self._refused_connects = 0
+        self._dropped_connects = 0
+
+    def statistics(self) -> InternetStatistics:
+        return InternetStatistics(
+            connects=self._connects,
+            refused_connects=self._refused_connects,
+            dropped_connects=self._dropped_connects,
+            datagrams_delivered=self.datagrams.delivered,
+            datagrams_lost=self.datagrams.lost,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Deliver datagrams until cancelled (streams need no task)."""
@@ -372,7 +398,7 @@ class MemoryHost:
         target = internet._hosts.get(host)
         if target is None or internet.blocked(self.address, host):
             # SYNs into the void: hang as a dropped connect does.
-            internet.blocked_connects += 1
+            internet._dropped_connects += 1
             await trio.sleep(internet.connect_timeout_s)
             raise TimeoutError(errno.ETIMEDOUT, f"connect to {host}:{port} timed out")
         forward = internet.latency(self.address, host)
@@ -380,6 +406,7 @@ class MemoryHost:
         await trio.sleep(forward)
         listener = target._listener_for(host, port)
         if listener is None:
+            internet._refused_connects += 1
             await trio.sleep(back)
             raise ConnectionRefusedError(errno.ECONNREFUSED,
                                          f"nothing listens on {host}:{port}")
@@ -397,6 +424,7 @@ class MemoryHost:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             ours.abort()
             theirs.abort()
+            internet._refused_connects += 1
             await trio.sleep(back)
             raise ConnectionRefusedError(errno.ECONNREFUSED,
                                          f"nothing listens on {host}:{port}") from None
@@ -404,6 +432,7 @@ class MemoryHost:
             ours.abort()
             theirs.abort()
             raise
+        internet._connects += 1
         try:
             await trio.sleep(back)  # the SYN-ACK's way back
         except BaseException:
@@ -442,6 +471,8 @@ class MemoryHost:
                         raise
             else:
                 raise OSError(errno.EADDRINUSE, f"no free udp port on {self.address}")
+        # Forget endpoints closed by their owners (bounded by the live ones).
+        self._datagrams = [t for t in self._datagrams if not t.closed]
         self._datagrams.append(transport)
         return transport
 

@@ -1,8 +1,12 @@
 """In-memory streams pass trio's generic half-closeable stream checks, with and without latency."""
 
+import itertools
+
 import pytest
 import trio
-from trio.testing import check_half_closeable_stream
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trio.testing import MockClock, check_half_closeable_stream
 
 from p2p.net import MemoryInternet, memory_stream_pair
 
@@ -101,3 +105,46 @@ def test_bad_arguments_are_refused():
         memory_stream_pair(latency_s=-1)
     with pytest.raises(ValueError):
         memory_stream_pair(capacity_bytes=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunks=st.lists(st.binary(max_size=300), max_size=20),
+    read_sizes=st.lists(st.integers(1, 200), min_size=1, max_size=30),
+    latency_s=st.floats(0, 2),
+    capacity_bytes=st.integers(1, 500),
+)
+def test_bytes_arrive_whole_in_order_never_before_their_latency_then_eof(
+    chunks, read_sizes, latency_s, capacity_bytes
+):
+    async def main():
+        left, right = memory_stream_pair(latency_s=latency_s, capacity_bytes=capacity_bytes)
+        #: (end offset, when its send_all started), one per send.
+        sends = []
+
+        async def sender():
+            offset = 0
+            for chunk in chunks:
+                offset += len(chunk)
+                sends.append((offset, trio.current_time()))
+                await left.send_all(chunk)
+            await left.send_eof()
+
+        got = bytearray()
+        with trio.fail_after(10_000):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sender)
+                reads = itertools.cycle(read_sizes)
+                while data := await right.receive_some(next(reads)):
+                    assert len(data) > 0
+                    now = trio.current_time()
+                    # The newest byte read was sent by a send that started
+                    # at least latency_s ago.
+                    end = len(got) + len(data)
+                    started = next(s for e, s in sends if e >= end)
+                    assert now >= started + latency_s - 1e-9
+                    got += data
+        assert bytes(got) == b"".join(chunks)
+        assert await right.receive_some() == b""  # and stays at end of stream
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
