@@ -317,8 +317,9 @@ class MemoryHost:
         self.addresses = tuple(addresses)
         self.closed = False
         self._listeners: dict[tuple[str, int], MemoryStreamListener] = {}
-        #: TCP ports in use by listeners or outgoing connections.
-        self._tcp_ports: set[int] = set()
+        #: Local TCP ports of outgoing connections (listeners' ports are the
+        #: keys of _listeners).
+        self._out_ports: set[int] = set()
         self._next_ephemeral = {"tcp": _EPHEMERAL.start, "udp": _EPHEMERAL.start}
         self._streams: set[MemoryStream] = set()
         self._datagrams: list[MemoryTransport] = []
@@ -338,6 +339,9 @@ class MemoryHost:
         if host not in self.addresses:
             raise OSError(errno.EADDRNOTAVAIL, f"{host} is not an address of {self.address}")
         return host
+
+    def _tcp_port_taken(self, port: int) -> bool:
+        return port in self._out_ports or any(port == p for _, p in self._listeners)
 
     def _ephemeral(self, kind: str, taken) -> int:
         start = self._next_ephemeral[kind]
@@ -361,7 +365,7 @@ class MemoryHost:
         bind = self._local(host)
         port = _check_port(port, allow_zero=True)
         if port == 0:
-            port = self._ephemeral("tcp", lambda p: p in self._tcp_ports)
+            port = self._ephemeral("tcp", self._tcp_port_taken)
         for bound_host, bound_port in self._listeners:
             if bound_port == port and (
                 bound_host == bind or bound_host in _WILDCARDS or bind in _WILDCARDS
@@ -369,13 +373,11 @@ class MemoryHost:
                 raise OSError(errno.EADDRINUSE, f"{bind}:{port} is in use")
         listener = MemoryStreamListener(self, bind, port, self._internet.backlog)
         self._listeners[bind, port] = listener
-        self._tcp_ports.add(port)
         return listener
 
     def _forget_listener(self, listener: MemoryStreamListener) -> None:
         if self._listeners.get(listener.local_address) is listener:
             del self._listeners[listener.local_address]
-            self._tcp_ports.discard(listener.local_address[1])
 
     def _listener_for(self, host: str, port: int) -> MemoryStreamListener | None:
         if self.closed:
@@ -411,12 +413,12 @@ class MemoryHost:
             raise ConnectionRefusedError(errno.ECONNREFUSED,
                                          f"nothing listens on {host}:{port}")
         self._check_open()
-        local_port = self._ephemeral("tcp", lambda p: p in self._tcp_ports)
+        local_port = self._ephemeral("tcp", self._tcp_port_taken)
         local = (self.address, local_port)
         ours, theirs = memory_stream_pair(latency_s=forward, reverse_latency_s=back,
                                           capacity_bytes=internet.stream_buffer_bytes,
                                           left_address=local, right_address=(host, port))
-        self._tcp_ports.add(local_port)
+        self._out_ports.add(local_port)
         self._own(ours, release_port=local_port)
         target._own(theirs)
         try:
@@ -446,7 +448,7 @@ class MemoryHost:
         def forget() -> None:
             self._streams.discard(stream)
             if release_port is not None:
-                self._tcp_ports.discard(release_port)
+                self._out_ports.discard(release_port)
 
         stream.on_close = forget
 

@@ -256,3 +256,18 @@ async def test_a_stream_to_another_address_of_the_same_host_reaches_a_wildcard_l
     with trio.fail_after(5):
         _, _, remote = await connect_and_accept(internet.host(C), listener, ("127.5.0.9", 4000))
         assert remote[0] == C
+
+
+async def test_outgoing_connections_hold_distinct_ports_until_closed(internet, autojump_clock):
+    listener = await internet.host(B).listen_stream(B, 4000)
+    dialer = internet.host(A)
+    with trio.fail_after(5):
+        first, _, first_remote = await connect_and_accept(dialer, listener, (B, 4000))
+        _second, _, second_remote = await connect_and_accept(dialer, listener, (B, 4000))
+        assert first_remote != second_remote
+        # A listener on port 0 takes none of the ports in use.
+        chosen = (await dialer.listen_stream(A, 0)).local_address[1]
+        assert chosen not in (first_remote[1], second_remote[1])
+        await first.aclose()
+        assert first_remote[1] not in dialer._out_ports
+        assert second_remote[1] in dialer._out_ports
