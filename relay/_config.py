@@ -27,6 +27,14 @@ DEFAULT_MAX_RESERVATIONS = 1024
 #: as target. A job agent behind a firewall rarely has more than a handful of
 #: relayed peers (worker, proxy, a few shells).
 DEFAULT_MAX_PAIRS_PER_KEY = 128
+#: Pairings (waiting or spliced) one dialer may hold with one target at once.
+#: Without it one dialer could take all of a target's ``max_pairs_per_key``
+#: slots and lock every other dialer out for the pairing timeout, again and
+#: again (issue 10). A dialer needs one pairing per connection it makes to the
+#: target, and reconnects after a failure while the old pairing may still be
+#: waiting out its timeout: 8 leaves room for that and for a few parallel
+#: connection attempts (hyperswarm keeps one connection per peer).
+DEFAULT_MAX_PAIRS_PER_DIALER_TARGET = 8
 #: Pairings issued but not yet fully attached, relay-wide.
 DEFAULT_MAX_PENDING_PAIRS = 1024
 #: Pairings waiting or spliced, relay-wide. A spliced pair is two sockets and
@@ -74,6 +82,13 @@ class RelayConfig:
     target), and undelivered items on its reservation stream. At the bound,
     ``pair`` is refused (``TOO_MANY_PAIRS``)."""
 
+    max_pairs_per_dialer_target: int = DEFAULT_MAX_PAIRS_PER_DIALER_TARGET
+    """Pairings one dialer holds with one target at once (waiting or spliced).
+    At the bound, that dialer's ``pair`` with that target is refused
+    (``TOO_MANY_PAIRS_TO_TARGET``); other dialers can still pair with the target
+    until its ``max_pairs_per_key`` is reached. Takes effect only below
+    ``max_pairs_per_key``."""
+
     max_pending_pairs: int = DEFAULT_MAX_PENDING_PAIRS
     """Pairings waiting for their attaches, relay-wide (``TOO_MANY_PAIRS`` beyond)."""
 
@@ -107,7 +122,8 @@ class RelayConfig:
     """Secret stream and mux settings of control connections."""
 
     def __post_init__(self) -> None:
-        for name in ("max_reservations", "max_pairs_per_key", "max_pending_pairs",
+        for name in ("max_reservations", "max_pairs_per_key", "max_pairs_per_dialer_target",
+                     "max_pending_pairs",
                      "max_pairs", "max_connections", "max_chunk_bytes", "min_chunk_bytes",
                      "buffer_budget_bytes"):
             value = getattr(self, name)

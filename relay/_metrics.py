@@ -12,7 +12,9 @@ metric-library call.
 | ``blind_relay_connections`` | gauge | TCP connections being served |
 | ``blind_relay_pairs_total`` | counter | pairs made (both sides attached) |
 | ``blind_relay_relayed_bytes_total`` | counter | bytes forwarded, both directions |
-| ``blind_relay_refusals_total{reason}`` | counter | refusals by ``RefusalCode`` |
+| ``blind_relay_refusals_total{reason}`` | counter | refusals by ``RefusalCode`` (one |
+|   |   | label per code, e.g. ``TOO_MANY_PAIRS_TO_TARGET``: a dialer at its |
+|   |   | ``max_pairs_per_dialer_target``) |
 """
 
 from __future__ import annotations

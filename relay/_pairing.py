@@ -23,9 +23,27 @@ Pairing phases (one table, for the docs; see ``README.md``)::
 
 Tokens are one-time: they leave the table when the pairing becomes ACTIVE or
 DONE, so a reused, expired or invented token is ``UNKNOWN_TOKEN``. Every
-pairing holds one slot of its dialer's and its target's ``max_pairs_per_key``
-and of ``max_pairs`` from ``pair`` until DONE; waiting ones also hold a slot of
-``max_pending_pairs``. All pairings share one timeout, so they expire in the
+pairing holds one slot of its dialer's and its target's ``max_pairs_per_key``,
+one of its (dialer, target) route's ``max_pairs_per_dialer_target`` and one
+of ``max_pairs`` from ``pair`` until DONE; waiting ones also hold a slot of
+``max_pending_pairs``.
+
+Fairness between dialers: the per-route bound is checked before the target's
+per-key bound, so one dialer can take at most ``max_pairs_per_dialer_target``
+of a target's ``max_pairs_per_key`` slots, and a dialer under both its own
+bounds is refused only when the target's slots (or its undelivered items, or
+the relay-wide tables) are full. ``pair`` checks, in this order::
+
+    SELF_PAIR / NOT_RESERVED          the request itself
+    TOO_MANY_PAIRS                    the dialer's own max_pairs_per_key
+    TOO_MANY_PAIRS_TO_TARGET          the route's max_pairs_per_dialer_target
+    TOO_MANY_PAIRS                    the target's max_pairs_per_key or its queue
+    TOO_MANY_PAIRS                    max_pending_pairs / max_pairs, relay-wide
+
+Keys cost nothing to make, so many dialers together can still fill a target's
+``max_pairs_per_key``; the per-route bound stops one key, not a crowd.
+
+All pairings share one timeout, so they expire in the
 order they were made: :meth:`RelayState.expire` pops from the front of an
 insertion-ordered table, and :meth:`RelayState.next_deadline` is its head.
 
@@ -138,6 +156,10 @@ class RelayState:
         #: Pairings (pending or active) each key takes part in (bounded per key
         #: by max_pairs_per_key; keys at 0 are removed).
         self._pairs_by_key: Counter[bytes] = Counter()
+        #: Pairings (pending or active) per (dialer, target) route (bounded per
+        #: route by max_pairs_per_dialer_target, in number by max_pairs; routes
+        #: at 0 are removed).
+        self._pairs_by_route: Counter[tuple[bytes, bytes]] = Counter()
         self._active = 0
         self._next_number = 1
         self.pairs_made = 0
@@ -189,7 +211,8 @@ class RelayState:
         ``pairing.tokens[Role.INITIATOR]``.
 
         Raises:
-            RelayRefused: ``SELF_PAIR``, ``NOT_RESERVED``, ``TOO_MANY_PAIRS``.
+            RelayRefused: ``SELF_PAIR``, ``NOT_RESERVED``, ``TOO_MANY_PAIRS``,
+                ``TOO_MANY_PAIRS_TO_TARGET`` (see the module docstring for the order).
         """
         if len(target) != KEY_BYTES:
             raise self._refuse(RefusalCode.NOT_RESERVED, "target is not a public key")
@@ -205,6 +228,11 @@ class RelayState:
         if self._pairs_by_key[initiator] >= per_key:
             raise self._refuse(RefusalCode.TOO_MANY_PAIRS,
                                f"the dialer is in {per_key} pairings already")
+        per_route = config.max_pairs_per_dialer_target
+        if self._pairs_by_route[initiator, target] >= per_route:
+            raise self._refuse(RefusalCode.TOO_MANY_PAIRS_TO_TARGET,
+                               f"the dialer holds {per_route} pairings with peer "
+                               f"{format_key(target)[:12]} already")
         if self._pairs_by_key[target] >= per_key or len(reservation.incoming) >= per_key:
             raise self._refuse(RefusalCode.TOO_MANY_PAIRS,
                                f"peer {format_key(target)[:12]} is in {per_key} pairings already")
@@ -220,6 +248,7 @@ class RelayState:
             self._tokens[token] = (pairing, role)
         self._pairs_by_key[initiator] += 1
         self._pairs_by_key[target] += 1
+        self._pairs_by_route[initiator, target] += 1
         reservation.incoming.append((tokens[Role.RESPONDER], initiator))
         return pairing, reservation
 
@@ -303,6 +332,10 @@ class RelayState:
             self._pairs_by_key[key] -= 1
             if self._pairs_by_key[key] <= 0:
                 del self._pairs_by_key[key]
+        route = (pairing.initiator, pairing.target)
+        self._pairs_by_route[route] -= 1
+        if self._pairs_by_route[route] <= 0:
+            del self._pairs_by_route[route]
 
     # -- counters --------------------------------------------------------------
 
@@ -317,6 +350,10 @@ class RelayState:
     def pairs_of(self, key: bytes) -> int:
         """Pairings (pending or active) ``key`` takes part in."""
         return self._pairs_by_key[key]
+
+    def pairs_between(self, initiator: bytes, target: bytes) -> int:
+        """Pairings (pending or active) ``initiator`` holds with ``target``."""
+        return self._pairs_by_route[initiator, target]
 
     @property
     def active_pairs(self) -> int:

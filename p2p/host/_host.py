@@ -42,7 +42,6 @@ import errno
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -51,6 +50,7 @@ from ..connection import Address, Connection, ConnectionConfig
 from ..errors import LocalProtocolError
 from ..keys import KeyPair, format_key
 from ..mux import Channel, ChannelListener
+from ..net import StreamListener
 from ..noise import SecretStream
 from ._duplicates import keep_new_connection
 from ._errors import HostError
@@ -69,12 +69,6 @@ Firewall = Callable[[bytes, str], bool]
 #: serve_listeners treats them: pause and retry instead of stopping.
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_PAUSE_S = 0.1
-
-
-class StreamListener(Protocol):
-    """What :meth:`PeerHost.serve_listener` accepts from (``p2p.net`` makes them)."""
-
-    async def accept(self) -> tuple[trio.abc.HalfCloseableStream, Address | None]: ...
 
 
 @dataclass(frozen=True)

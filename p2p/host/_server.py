@@ -1,4 +1,4 @@
-"""A plain TCP server: one host on one listening socket, no DHT, no topics."""
+"""A plain server: one host on one stream listener, no DHT, no topics."""
 
 from __future__ import annotations
 
@@ -6,31 +6,13 @@ from collections.abc import Iterable, Mapping
 
 import trio
 
-from ..connection import Address, ConnectionConfig
+from ..connection import ConnectionConfig
 from ..keys import KeyPair
+from ..net import Network, SocketNetwork
 from ._host import HostConfig, PeerHost
 from ._service import ChannelHandler, ChannelService, Service
 
-__all__ = ["TcpListener", "serve_tcp"]
-
-
-class TcpListener:
-    """A trio TCP listener that also says who connected (a :class:`StreamListener`)."""
-
-    def __init__(self, listener: trio.SocketListener) -> None:
-        self.listener = listener
-        self.local_address: Address = listener.socket.getsockname()[:2]
-
-    async def accept(self) -> tuple[trio.abc.HalfCloseableStream, Address | None]:
-        stream = await self.listener.accept()
-        try:
-            address = stream.socket.getpeername()[:2]
-        except OSError:  # the peer already left; the handshake will notice
-            address = None
-        return stream, address
-
-    async def aclose(self) -> None:
-        await self.listener.aclose()
+__all__ = ["serve_tcp"]
 
 
 async def serve_tcp(
@@ -42,6 +24,7 @@ async def serve_tcp(
     port: int = 0,
     config: HostConfig | ConnectionConfig | None = None,
     peer_host: PeerHost | None = None,
+    network: Network | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept TCP connections and serve channels by protocol, until cancelled.
@@ -62,11 +45,12 @@ async def serve_tcp(
         peer_host.add_service(ChannelService.of_handler(protocol, handler))
     for service in services:
         peer_host.add_service(service)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    for extra in listeners[1:]:
-        await extra.aclose()
-    listener = TcpListener(listeners[0])
-    async with listener.listener, trio.open_nursery() as nursery:
-        await nursery.start(peer_host.run)
-        await nursery.start(peer_host.serve_listener, listener)
-        task_status.started(listener.local_address)
+    listener = await (network or SocketNetwork()).listen_stream(host, port)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(peer_host.run)
+            await nursery.start(peer_host.serve_listener, listener)
+            task_status.started(listener.local_address)
+    finally:
+        with trio.CancelScope(shield=True):
+            await listener.aclose()

@@ -1,31 +1,30 @@
-"""Placeholder until the network abstraction lands (see branch h-net)."""
+"""Networks a swarm runs on: real sockets, or many hosts in memory.
 
-from __future__ import annotations
+A :class:`Network` opens and accepts byte streams and binds datagram
+endpoints for one host. :class:`SocketNetwork` is the machine's real network
+(trio sockets); :class:`MemoryInternet` holds many hosts in one process, each
+a ``Network`` from ``internet.host("127.0.0.2")``, with latency, firewalls
+and refused connects on trio's clock, so swarms, relays and replication run
+under the autojump clock. See ``README.md`` in this folder.
+"""
 
-import trio
+from ._memory import InternetStatistics, MemoryHost, MemoryInternet, MemoryStreamListener
+from ._memory_stream import DEFAULT_STREAM_BUFFER_BYTES, MemoryStream, memory_stream_pair
+from ._socket import SocketNetwork, SocketStreamListener, interface_addresses
+from ._types import Address, Network, StreamListener
 
-from ..dht import UdpTransport
-from ..host._server import TcpListener
-
-Address = tuple[str, int]
-
-
-class SocketNetwork:
-    async def open_stream(self, address: Address) -> trio.abc.HalfCloseableStream:
-        return await trio.open_tcp_stream(*address)
-
-    async def listen_stream(self, host: str, port: int) -> TcpListener:
-        listeners = await trio.open_tcp_listeners(port, host=host or None)
-        for extra in listeners[1:]:
-            await extra.aclose()
-        return TcpListener(listeners[0])
-
-    async def bind_datagram(self, host: str, port: int) -> UdpTransport:
-        return await UdpTransport.bind(host or "0.0.0.0", port)
-
-    def interface_hosts(self) -> list[str]:
-        return []
-
-
-Network = SocketNetwork
-__all__ = ["Address", "Network", "SocketNetwork"]
+__all__ = [
+    "DEFAULT_STREAM_BUFFER_BYTES",
+    "Address",
+    "InternetStatistics",
+    "MemoryHost",
+    "MemoryInternet",
+    "MemoryStream",
+    "MemoryStreamListener",
+    "Network",
+    "SocketNetwork",
+    "SocketStreamListener",
+    "StreamListener",
+    "interface_addresses",
+    "memory_stream_pair",
+]

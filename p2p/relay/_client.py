@@ -30,7 +30,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import trio
 
@@ -38,6 +38,7 @@ from ..connection import Connection, ConnectionConfig
 from ..errors import KeyFormatError
 from ..keys import KEY_BYTES, KeyPair, format_key
 from ..mux import ChannelRejected
+from ..net import Network, SocketNetwork
 from ..noise import SecretStream
 from ..rpc import RpcChannelClosed, RpcClient, RpcError, RpcTimeout
 from ._attach import AttachStatus, Role, encode_attach_request
@@ -218,7 +219,8 @@ async def request_pair(
 
     Raises:
         KeyFormatError: ``target_key`` is not 32 bytes.
-        RelayRefused: ``NOT_RESERVED``, ``TOO_MANY_PAIRS``, ``SELF_PAIR`` ...
+        RelayRefused: ``NOT_RESERVED``, ``TOO_MANY_PAIRS``,
+            ``TOO_MANY_PAIRS_TO_TARGET``, ``SELF_PAIR`` ...
         RelayUnavailable: ``RELAY_CLOSED``.
         RelayTimeout: no answer within ``timeout_s``.
     """
@@ -272,7 +274,7 @@ async def attach(
     *,
     role: Role,
     timeout_s: float = DEFAULT_ATTACH_TIMEOUT_S,
-    network: Any = None,
+    network: Network | None = None,
 ) -> trio.abc.HalfCloseableStream:
     """Open a raw TCP connection to the relay and attach it to a pairing.
 
@@ -282,6 +284,8 @@ async def attach(
         role: :attr:`Role.INITIATOR` for the dialer, :attr:`Role.RESPONDER` for
             the reserved peer.
         timeout_s: for the TCP connect and the wait for the other side.
+        network: opens the stream (default: :class:`p2p.net.SocketNetwork`,
+            real TCP); a :class:`p2p.net.MemoryHost` in tests.
 
     Returns:
         A stream on which the end-to-end handshake runs next.
@@ -295,10 +299,7 @@ async def attach(
     try:
         with trio.fail_after(timeout_s):
             try:
-                if network is None:
-                    stream = await trio.open_tcp_stream(host, port)
-                else:
-                    stream = await network.open_stream((host, port))
+                stream = await (network or SocketNetwork()).open_stream((host, port))
             except OSError as exc:
                 raise RelayUnavailable(
                     f"cannot reach the relay at {host}:{port}: {exc.strerror or exc}",
@@ -322,6 +323,7 @@ async def dial_via_relay(
     target_key: bytes,
     *,
     config: ConnectionConfig | None = None,
+    network: Network | None = None,
 ) -> Connection:
     """Reach ``target_key`` through the relay: pair, attach, handshake as initiator.
 
@@ -332,6 +334,7 @@ async def dial_via_relay(
         relay_address: the relay's TCP ``(host, port)``.
         keypair: our identity.
         target_key: the reserved peer's key; the handshake fails unless it proves it.
+        network: opens the attach stream (see :func:`attach`).
 
     Raises:
         RelayError: see :func:`request_pair` and :func:`attach`.
@@ -340,7 +343,7 @@ async def dial_via_relay(
     config = config or ConnectionConfig()
     ticket = await request_pair(relay_connection, target_key)
     raw = await attach(relay_address, ticket.token, role=Role.INITIATOR,
-                       timeout_s=ticket.timeout_s + ATTACH_MARGIN_S)
+                       timeout_s=ticket.timeout_s + ATTACH_MARGIN_S, network=network)
     stream = await SecretStream.initiator(raw, keypair, target_key, config=config.stream)
     log.debug("relay.dialed target=%s via=%s:%d", format_key(target_key)[:12], *relay_address)
     return Connection(stream, config=config)
@@ -353,10 +356,12 @@ async def accept_via_relay(
     *,
     config: ConnectionConfig | None = None,
     timeout_s: float = DEFAULT_ATTACH_TIMEOUT_S,
+    network: Network | None = None,
 ) -> Connection:
     """Take an incoming relayed connection: attach as responder, handshake, check the dialer.
 
     The caller starts the result: ``await nursery.start(connection.run)``.
+    ``network`` opens the attach stream (see :func:`attach`).
 
     Raises:
         RelayKeyMismatch: ``KEY_MISMATCH``; the dialer proved another key than
@@ -365,7 +370,8 @@ async def accept_via_relay(
         HandshakeError: the handshake failed.
     """
     config = config or ConnectionConfig()
-    raw = await attach(relay_address, incoming.token, role=Role.RESPONDER, timeout_s=timeout_s)
+    raw = await attach(relay_address, incoming.token, role=Role.RESPONDER, timeout_s=timeout_s,
+                       network=network)
     stream = await SecretStream.responder(raw, keypair, config=config.stream)
     if stream.remote_public_key != incoming.initiator:
         await trio.aclose_forcefully(stream)

@@ -52,6 +52,9 @@ class RefusalCode(StrEnum):
     #: ``pair``: the caller or the target is in ``max_pairs_per_key`` pairings,
     #: or the relay holds ``max_pending_pairs`` / ``max_active_pairs``.
     TOO_MANY_PAIRS = "TOO_MANY_PAIRS"
+    #: ``pair``: the caller holds ``max_pairs_per_dialer_target`` pairings with
+    #: this target already (other dialers may still pair with it).
+    TOO_MANY_PAIRS_TO_TARGET = "TOO_MANY_PAIRS_TO_TARGET"
     #: ``pair``: the target is the caller itself.
     SELF_PAIR = "SELF_PAIR"
     #: attach: the token is unknown, expired or already used.
