@@ -10,13 +10,15 @@ low-order curve points where a key belongs, truncations and flipped bytes.
 from __future__ import annotations
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from noise.backends.default.keypairs import KeyPair25519
 
 from p2p.errors import HandshakeError
 from p2p.keys import KeyPair
-from p2p.noise import Handshake, HandshakePhase
+from p2p.noise import Handshake, HandshakePhase, SecretStream
 from p2p.noise._wire import FrameType, pack_header
 
 ALICE = KeyPair.from_seed(bytes(range(32)))
@@ -209,3 +211,54 @@ def test_a_complete_handshake_followed_by_garbage_never_raises_foreign_errors(st
     # Bytes past the last message go to the transport; before that, to the core.
     core, genuine = at_step(step)
     feed_expecting_only_handshake_error(core, genuine + garbage)
+
+
+# -- the trio driver: SecretStream.responder / initiator over a memory stream -------------
+
+
+async def _drive(role: str, chunks: list[bytes]) -> None:
+    """Run one side of SecretStream against a peer that sends ``chunks`` and then EOF."""
+    ours, theirs = trio.testing.memory_stream_pair()
+
+    async def hostile_peer() -> None:
+        try:
+            for chunk in chunks:
+                await theirs.send_all(chunk)
+            await theirs.send_eof()
+            while await theirs.receive_some(4096):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hostile_peer)
+            try:
+                if role == "responder":
+                    stream = await SecretStream.responder(ours, BOB)
+                else:
+                    stream = await SecretStream.initiator(ours, ALICE, BOB.public_key)
+            except HandshakeError as exc:
+                assert exc.code in {"BAD_MESSAGE", "BAD_PAYLOAD", "BAD_PROOF", "CLOSED",
+                                    "KEY_MISMATCH"}
+            else:  # pragma: no cover - no random bytes complete an authenticated handshake
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    role=st.sampled_from(["responder", "initiator"]),
+    chunks=st.lists(
+        st.one_of(
+            st.binary(max_size=120),
+            st.sampled_from(LOW_ORDER_POINTS).map(frame),
+            st.binary(max_size=200).map(frame),
+        ),
+        max_size=4,
+    ),
+)
+@example(role="responder", chunks=[ATTACK])
+@example(role="initiator", chunks=[frame(bytes(96))])
+def test_secret_stream_handshake_over_hostile_bytes_raises_only_handshake_error(role, chunks):
+    trio.run(_drive, role, chunks, clock=trio.testing.MockClock(autojump_threshold=0))
