@@ -70,7 +70,7 @@ from p2p.rpc._messages import Error as RpcErrorMessage
 from p2p.rpc._messages import Request as RpcRequest
 from p2p.rpc._messages import Response as RpcResponse
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALICE = KeyPair.from_seed(bytes(range(32)))
 BOB = KeyPair.from_seed(bytes(range(1, 33)))
 TOPIC = bytes(range(32))
