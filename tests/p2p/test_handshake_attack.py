@@ -107,3 +107,46 @@ async def test_a_dialer_answered_with_a_zero_key_gets_a_handshake_error():
                 await dial_tcp("127.0.0.1", port, ALICE, BOB.public_key)
             assert info.value.code == "BAD_MESSAGE"
             nursery.cancel_scope.cancel()
+
+
+async def test_the_zero_key_packet_through_a_relay_fails_only_that_relayed_handshake(nursery):
+    # "A relayed target dies the same way through any relay": the attacker pairs
+    # with the target, attaches as the dialer and sends the packet through.
+    from p2p.relay import Role, accept_via_relay, attach, dial_via_relay, request_pair
+
+    from ..relay.helpers import control, reserve, start_relay
+    from .helpers import MALLORY
+
+    _, address = await start_relay(nursery)
+    with trio.fail_after(30):
+        incoming = await reserve(nursery, await control(nursery, address, BOB))
+        ticket = await request_pair(await control(nursery, address, MALLORY), BOB.public_key)
+        failure = {}
+
+        async def target() -> None:
+            item = await incoming.receive()
+            try:
+                await accept_via_relay(address, item, BOB)
+            except HandshakeError as exc:
+                failure["error"] = exc
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(target)
+            raw = await attach(address, ticket.token, role=Role.INITIATOR)
+            await raw.send_all(ATTACK)
+        await raw.aclose()
+        assert failure["error"].code == "BAD_MESSAGE"
+
+        # The same reservation still brings an honest dialer through.
+        accepted = {}
+
+        async def accept() -> None:
+            accepted["connection"] = await accept_via_relay(address, await incoming.receive(), BOB)
+
+        dialer_control = await control(nursery, address, ALICE)
+        async with trio.open_nursery() as inner:
+            inner.start_soon(accept)
+            dialed = await dial_via_relay(dialer_control, address, ALICE, BOB.public_key)
+        assert accepted["connection"].remote_public_key == ALICE.public_key
+        await dialed.aclose()
+        await accepted["connection"].aclose()
