@@ -41,6 +41,7 @@ from p2p.dht._contact import Contact
 from p2p.dht._errors import DhtDecodeError, DhtProtocolError
 from p2p.dht._messages import Command, Request, Response, decode, encode
 from p2p.dht._records import PeerRecord, sign_record, verify_record, verify_unannounce
+from p2p.diagnostics import IdentifyParams, Identity, PingPayload
 from p2p.errors import RemoteProtocolError
 from p2p.keys import KeyPair
 from p2p.mux._errors import MuxProtocolError
@@ -320,9 +321,12 @@ def test_rpc_decode_message_of_mutated_request_raises_only_rpc_protocol_error(fl
         pass
 
 
-# -- pydantic-typed RPC payloads (relay and crdt): only ValidationError -------------------
+# -- pydantic-typed RPC payloads (diagnostics, relay, crdt): only ValidationError ---------
 
 PEER_MODELS = [
+    PingPayload,
+    IdentifyParams,
+    Identity,
     ReserveParams,
     ReservationItem,
     PairParams,
@@ -342,6 +346,9 @@ PEER_MODELS = [
 K = bytes(range(32))
 #: One valid payload of each model, as msgpack would hand it over.
 GENUINE_PAYLOADS = [
+    (PingPayload, {"data": b"ping"}),
+    (IdentifyParams, {}),
+    (Identity, {"public_key": "ab" * 32, "agent": "x", "uptime_s": 1.5, "protocols": ["p"]}),
     (ReserveParams, {}),
     (ReservationItem, {"token": K, "initiator": K}),
     (PairParams, {"target": K}),
