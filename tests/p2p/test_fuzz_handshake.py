@@ -136,6 +136,33 @@ def test_low_order_static_key_in_message_3_is_refused_by_the_responder(point):
     assert responder.remote_public_key is None
 
 
+class _Odd(Exception):
+    """Stands for any exception type a crypto library might raise on odd input."""
+
+
+@pytest.mark.parametrize("exc_type", [KeyError, TypeError, AssertionError, OverflowError, _Odd])
+@pytest.mark.parametrize(
+    ("step", "method"),
+    # Reading each message, and writing the reply to messages 1 and 2 (the
+    # responder answers nothing to message 3).
+    [(0, "read_message"), (1, "read_message"), (2, "read_message"),
+     (0, "write_message"), (1, "write_message")],
+)
+def test_any_library_exception_on_peer_bytes_becomes_handshake_error(exc_type, step, method):
+    core, genuine = at_step(step)
+    failure = exc_type("library trouble")
+
+    def broken(*args, **kwargs):
+        raise failure
+
+    setattr(core._noise, method, broken)
+    with pytest.raises(HandshakeError) as info:
+        core.receive_data(genuine)
+    assert info.value.code == "BAD_MESSAGE"
+    assert info.value.__cause__ is failure
+    assert core.phase is HandshakePhase.FAILED
+
+
 def test_message_1_with_a_payload_after_a_zero_key_is_a_handshake_error():
     with pytest.raises(HandshakeError):
         Handshake(BOB, initiator=False).receive_data(frame(bytes(32) + b"payload"))
