@@ -147,7 +147,10 @@ class Handshake:
         Raises:
             HandshakeError: the peer's message is malformed, fails to
                 authenticate, carries a bad identity proof, or proves a key
-                other than the expected one. The handshake is then FAILED.
+                other than the expected one, or anything else in its bytes
+                makes a library raise (``BAD_MESSAGE``, the library's error
+                chained as ``__cause__``). The handshake is then FAILED. Nothing
+                else is raised for any bytes from the peer.
         """
         if self.phase is HandshakePhase.FAILED:
             raise HandshakeError("the handshake already failed", code="MISUSE")
@@ -162,6 +165,15 @@ class Handshake:
         except HandshakeError:
             self.phase = HandshakePhase.FAILED
             raise
+        except Exception as exc:
+            # The boundary: every byte here came from the peer, so whatever
+            # noiseprotocol, cryptography or nacl raise on input we did not
+            # foresee (any type: they document none) fails this handshake, never
+            # the process. _read and _write map the cases we know with a reason.
+            self.phase = HandshakePhase.FAILED
+            raise HandshakeError(
+                f"handshake message rejected ({type(exc).__name__}: {exc})", code="BAD_MESSAGE"
+            ) from exc
         return bytes(out)
 
     def transport(self) -> Transport:
@@ -211,7 +223,7 @@ class Handshake:
             payload, remote_static = self._read(message)
             self._check_identity(payload, remote_static, h_before, role=b"R")
             h_mine = self._handshake_hash_now()
-            reply = self._noise.write_message(self._identity_payload(h_mine, role=b"I"))
+            reply = self._write(self._identity_payload(h_mine, role=b"I"))
             self._finish()
             return _frame(reply)
         if not self.initiator and self.phase is HandshakePhase.START:
@@ -219,7 +231,7 @@ class Handshake:
             if payload:
                 raise HandshakeError("message 1 must carry no payload", code="BAD_MESSAGE")
             h_mine = self._handshake_hash_now()
-            reply = self._noise.write_message(self._identity_payload(h_mine, role=b"R"))
+            reply = self._write(self._identity_payload(h_mine, role=b"R"))
             self.phase = HandshakePhase.WAIT_FINAL
             return _frame(reply)
         if not self.initiator and self.phase is HandshakePhase.WAIT_FINAL:
@@ -247,9 +259,26 @@ class Handshake:
                 code="BAD_MESSAGE",
             ) from exc
         except (NoiseHandshakeError, NoiseValueError, ValueError, IndexError) as exc:
+            # ValueError also covers a low-order key in ee/es/se (see _write).
             raise HandshakeError(f"malformed handshake message: {exc}", code="BAD_MESSAGE") from exc
         remote_static = getattr(state.rs, "public_bytes", None)
         return payload, remote_static
+
+    def _write(self, payload: bytes) -> bytearray:
+        """Write our next message; its DH tokens take the peer's keys as input.
+
+        Message 2 computes ``ee`` and ``es`` with the initiator's ephemeral key,
+        which arrived in the clear and unauthenticated in message 1. X25519 with
+        a low-order point (32 zero bytes, for one) gives an all-zero shared
+        secret, which cryptography refuses with ``ValueError`` (Noise spec §12.1:
+        DH may signal an error for an invalid public key). The peer's fault.
+        """
+        try:
+            return self._noise.write_message(payload)
+        except (NoiseHandshakeError, NoiseValueError, ValueError) as exc:
+            raise HandshakeError(
+                f"the peer's key is unusable (a low-order point?): {exc}", code="BAD_MESSAGE"
+            ) from exc
 
     def _identity_payload(self, h: bytes, *, role: bytes) -> bytes:
         proof = self.keypair.sign(PROOF_CONTEXT + role + h)
