@@ -15,8 +15,9 @@ from functools import partial
 import pytest
 import trio
 
-from p2p.connection import dial_tcp, serve_tcp
+from p2p.connection import dial_tcp
 from p2p.errors import HandshakeError
+from p2p.host import serve_tcp
 from p2p.noise._wire import FrameType, pack_header
 
 from .helpers import ALICE, BOB
