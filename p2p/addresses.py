@@ -53,6 +53,8 @@ __all__ = [
     "announceable",
     "interface_addresses",
     "order_for_dialer",
+    "parse_fib_trie",
+    "parse_if_inet6",
     "source_group",
     "usable_by",
     "visible_to",
