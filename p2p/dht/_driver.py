@@ -632,7 +632,7 @@ class DhtNode:
             found = []
         v6 = host == "::"
         hosts = [h for h in found if v6 or ":" not in h]
-        return [*hosts, "127.0.0.1", *(["::1"] if v6 else [])]
+        return list(dict.fromkeys([*hosts, "127.0.0.1", *(["::1"] if v6 else [])]))
 
     def announce_addresses(self) -> list[Address]:
         """What :meth:`announce` names without ``addresses``: see the module doc.

@@ -76,6 +76,7 @@ from ._routing import Routing, id_matches, target_id
 from ._storage import (
     DEFAULT_MAX_RECORDS_PER_KEY,
     DEFAULT_MAX_RECORDS_PER_SOURCE,
+    DEFAULT_MAX_TOPICS,
     PutResult,
     RecordStore,
 )
@@ -116,6 +117,9 @@ class NodeConfig:
     max_records_per_reply: int = 20
     """Records a LOOKUP reply carries at most (fewer if they do not fit)."""
 
+    max_topics: int = DEFAULT_MAX_TOPICS
+    """Topics our store holds at most (then a new topic is ``STORE_FULL``)."""
+
     max_records_per_source: int = DEFAULT_MAX_RECORDS_PER_SOURCE
     """Records one source group (IPv4 address, IPv6 /64) may hold in our store."""
 
@@ -125,7 +129,7 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.k < 1 or self.max_pending < 1 or self.max_records_per_reply < 0:
             raise DhtUsageError("k and max_pending must be >= 1", code="BAD_CONFIG")
-        if self.max_records_per_source < 1 or self.max_records_per_key < 1:
+        if min(self.max_topics, self.max_records_per_source, self.max_records_per_key) < 1:
             raise DhtUsageError("store bounds must be >= 1", code="BAD_CONFIG")
         if self.request_timeout_s <= 0 or self.token_rotate_s <= 0:
             raise DhtUsageError("timeouts must be positive", code="BAD_CONFIG")
@@ -217,6 +221,7 @@ class NodeCore:
             token_seed or os.urandom(32), rotate_every_s=self.config.token_rotate_s, now=now
         )
         self.store = RecordStore(
+            max_topics=self.config.max_topics,
             max_records_per_source=self.config.max_records_per_source,
             max_records_per_key=self.config.max_records_per_key,
         )
