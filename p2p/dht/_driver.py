@@ -634,6 +634,24 @@ class DhtNode:
         hosts = [h for h in found if v6 or ":" not in h]
         return list(dict.fromkeys([*hosts, "127.0.0.1", *(["::1"] if v6 else [])]))
 
+    def dial_order(self, addresses: Iterable[Address]) -> list[Address]:
+        """A record's addresses that this node's host can use, best first.
+
+        Drops loopback and link-local addresses unless the DHT sees us in that
+        scope too (:func:`p2p.addresses.usable_by` with our observed address),
+        then puts this host's and its subnets' addresses first, public ones
+        next, other private ones last (:func:`p2p.addresses.order_for_dialer`).
+        For addresses read from records; ones a user typed need no filter.
+        """
+        viewer = self.address[0] if self.address is not None else None
+        interfaces = self._interfaces or _addresses.interface_addresses
+        try:
+            own = list(interfaces())
+        except Exception:  # a user's callable; dialling must go on
+            log.exception("dht.interfaces_failed")
+            own = []
+        return _addresses.order_for_dialer(_addresses.usable_by(addresses, viewer), own)
+
     def announce_addresses(self) -> list[Address]:
         """What :meth:`announce` names without ``addresses``: see the module doc.
 

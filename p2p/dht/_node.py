@@ -47,6 +47,14 @@ Rules kept here (DESIGN.md §3.4, issue 3):
   refused with ``INVALID_TOKEN``; records are verified (signature, topic,
   bounded expiry) before they are stored; a bad one is refused with its code.
 * A datagram that does not decode is dropped and counted; it never raises.
+* Stored records are charged to the ANNOUNCE's source group and key, bounded
+  per source, per key and per topic, and a key owns its own key topic
+  (:mod:`._storage`); every refused ANNOUNCE is counted by its error code.
+* Nothing goes to an asker that it cannot reach: no loopback (link-local)
+  contact in ``closer`` and no record it could dial nothing of in a LOOKUP
+  reply, unless the asker came over loopback (link-local) itself
+  (:func:`p2p.addresses.visible_to`). Observed addresses of the widest scope
+  win: one remote observation beats any number of loopback ones.
 """
 
 from __future__ import annotations

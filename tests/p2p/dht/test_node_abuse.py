@@ -264,3 +264,17 @@ def test_a_wildcard_node_announces_its_interfaces_and_loopback_after_what_others
     assert node.announce_addresses()[0] == ("203.0.113.4", 61000)
     node.transport = SimpleNamespace(local_address=("::", 4444))
     assert node.local_hosts() == ["192.168.1.5", "fd00::5", "127.0.0.1", "::1"]
+
+
+def test_a_dialer_keeps_what_its_host_can_use_and_tries_its_own_network_first():
+    node = DhtNode.__new__(DhtNode)
+    node._interfaces = lambda: ["192.168.1.5"]
+    record = [("127.0.0.1", 1), ("8.8.8.8", 2), ("192.168.1.9", 3), ("fe80::1", 4),
+              ("10.0.0.1", 5)]
+    node.core = SimpleNamespace(address=("203.0.113.7", 5000))  # seen from outside
+    assert node.dial_order(record) == [("192.168.1.9", 3), ("8.8.8.8", 2), ("10.0.0.1", 5)]
+    node.core = SimpleNamespace(address=("127.0.0.1", 5000))  # our DHT is on this host
+    assert node.dial_order(record) == [("127.0.0.1", 1), ("192.168.1.9", 3), ("8.8.8.8", 2),
+                                       ("10.0.0.1", 5)]
+    node.core = SimpleNamespace(address=None)
+    assert ("127.0.0.1", 1) not in node.dial_order(record)
