@@ -53,8 +53,8 @@ Rules kept here (DESIGN.md §3.4, issue 3):
 * Nothing goes to an asker that it cannot reach: no loopback (link-local)
   contact in ``closer`` and no record it could dial nothing of in a LOOKUP
   reply, unless the asker came over loopback (link-local) itself
-  (:func:`p2p.addresses.visible_to`). Observed addresses of the widest scope
-  win: one remote observation beats any number of loopback ones.
+  (:func:`p2p.addresses.visible_to`). One observed address from off our
+  host beats any number of loopback (link-local) ones.
 """
 
 from __future__ import annotations
@@ -190,6 +190,11 @@ class _Pending:
     head: bytes | None = None
 
 
+def _narrow(host: str) -> bool:
+    """True for addresses that mean something only on one host or link."""
+    return address_scope(host) in (Scope.LOOPBACK, Scope.LINK_LOCAL, None)
+
+
 class NodeCore:
     """One DHT node's state machine.
 
@@ -279,18 +284,18 @@ class NodeCore:
         self._votes[responder] = observed
         if len(self._votes) > _MAX_VOTES:
             del self._votes[next(iter(self._votes))]
-        # Prefer the widest scope anyone saw us in: a node that a DHT node on
-        # its own host sees over loopback is at 127.0.0.1 only for that host;
-        # one observation from elsewhere says where the rest of the world
-        # finds it (issue 10, item 8: a relay announced 127.0.0.1 to others).
-        scopes = {a: address_scope(a[0]) or Scope.LOOPBACK for a in self._votes.values()}
-        widest = max(scopes.values())
-        winner, count = Counter(
-            a for a in self._votes.values() if scopes[a] == widest
-        ).most_common(1)[0]
-        current = address_scope(self._address[0]) if self._address is not None else None
-        wider = current is None or widest > current
-        if winner != self._address and (count >= 2 or wider):
+        # Loopback and link-local observations count only while there is no
+        # other: a DHT node on our own host sees us at 127.0.0.1, which means
+        # nothing to anyone else; one observation from elsewhere says where the
+        # rest of the world finds us (issue 10, item 8: a relay announced
+        # 127.0.0.1 to others). Among wide addresses the majority rules as
+        # before, so one liar cannot move a node seen at a wide address.
+        votes = list(self._votes.values())
+        wide = [a for a in votes if not _narrow(a[0])]
+        winner, count = Counter(wide or votes).most_common(1)[0]
+        leaves_narrow = self._address is None or (
+            _narrow(self._address[0]) and not _narrow(winner[0]))
+        if winner != self._address and (count >= 2 or leaves_narrow):
             old = self.routing
             if self._address is not None:
                 self.reachable = False  # a new address must prove itself again

@@ -192,6 +192,14 @@ def test_one_observation_from_outside_beats_loopback_ones():
     assert node.address == ("10.0.0.50", 9100)
 
 
+def test_one_liar_cannot_move_a_node_seen_at_a_wide_address():
+    node = NodeCore(now=NOW, persistent=True, rng=random.Random(1), token_seed=b"s" * 32)
+    for n in range(3):
+        node._learn_address((f"10.0.0.{n + 1}", 9000), ("10.0.0.50", 9100), NOW)
+    node._learn_address(("10.66.0.1", 9000), ("8.8.8.8", 1), NOW)
+    assert node.address == ("10.0.0.50", 9100)
+
+
 hosts = st.sampled_from(["127.0.0.1", "127.0.0.2", "::1", "169.254.0.7", "fe80::7",
                          "10.0.0.3", "10.0.0.4", "192.168.5.5", "8.8.8.8", "2001:db8::5"])
 
