@@ -13,7 +13,18 @@ time.
 Announcing (:meth:`DhtNode.announce`) looks the topic up to find its k closest
 nodes and collect their write tokens, then sends each a signed record; it
 repeats every 5 to 10 minutes (jittered) with a higher ``seq``, so records never
-lapse while the announcer lives, and unannounces when cancelled.
+lapse while the announcer lives, and unannounces when cancelled. A persistent
+node that is itself among the topic's closest nodes (always so in a network of
+one, such as a relay started without bootstrap nodes, which others bootstrap
+from) also keeps the record in its own store, since lookups ask it too; and
+:meth:`DhtNode.lookup` reads its own store before it walks.
+
+Addresses announced by default (:meth:`DhtNode.announce` without
+``addresses``): the address the DHT observes us at, and, for a node bound to a
+wildcard, its interface addresses and loopback with its bound port
+(:func:`p2p.addresses.announceable`; upstream's ``shareLocalAddress``), so a
+node that its DHT sees only over loopback still names an address that other
+hosts can use, and storing nodes and readers drop what they cannot use.
 """
 
 from __future__ import annotations
@@ -23,11 +34,12 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import trio
 
+from .. import addresses as _addresses
 from ..keys import KeyPair, format_key
 from ._contact import Contact, canonical_address
 from ._errors import DhtError, DhtProtocolError, DhtUsageError
@@ -115,6 +127,9 @@ class DhtNode:
             vouches for it, and the first node has nobody to ask).
         config: protocol parameters.
         rng: seeded randomness for tests.
+        interfaces: returns this host's interface addresses, announced by a
+            node bound to a wildcard (default
+            :func:`p2p.addresses.interface_addresses`; tests pass their own).
 
     Start it with ``await nursery.start(node.run)``; it bootstraps before
     ``started`` is reported.
@@ -129,8 +144,10 @@ class DhtNode:
         reachable: bool = False,
         config: NodeConfig | None = None,
         rng: random.Random | None = None,
+        interfaces: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self.transport = transport
+        self._interfaces = interfaces
         self._probe_transport: DatagramTransport | None = None
         self._probe_lock = trio.Lock()
         self.config = config or NodeConfig()
@@ -475,13 +492,13 @@ class DhtNode:
         seen: dict[bytes, int] = {}  # key -> highest seq yielded
         scope = trio.CancelScope()
 
-        async def on_answer(contact: Contact, response: Response) -> None:
-            for wire in response.value or ():
+        def take(wires: object, source: str) -> None:
+            for wire in wires if isinstance(wires, list | tuple) else ():
                 try:
                     record = PeerRecord.from_wire(wire)
                     verify_record(record, topic, now=self.now())
                 except DhtProtocolError as exc:
-                    log.debug("dht.record_dropped from=%s code=%s", contact.host, exc.code)
+                    log.debug("dht.record_dropped from=%s code=%s", source, exc.code)
                     continue
                 if record.seq > seen.get(record.public_key, -1):
                     seen[record.public_key] = record.seq
@@ -490,9 +507,14 @@ class DhtNode:
                     except trio.BrokenResourceError:
                         scope.cancel()  # the consumer left
 
+        async def on_answer(contact: Contact, response: Response) -> None:
+            take(response.value, contact.host)
+
         async def walk() -> None:
             with scope:
                 async with send:
+                    # Our own store first: a walk never asks the node itself.
+                    take([r.to_wire() for r in self.core.store.get(topic, self.now())], "self")
                     await self._walk(target_id(topic), Command.LOOKUP, topic, on_answer)
 
         self._running_nursery().start_soon(walk)
@@ -549,6 +571,9 @@ class DhtNode:
 
         lookup = await self._walk(target_id(topic), Command.LOOKUP, topic, on_answer)
         stored = 0
+        if (self._stores_locally(target_id(topic), lookup.closest())
+                and self.core.store.put(topic, record, self.now()).accepted):
+            stored += 1
 
         async def commit(contact: Contact) -> None:
             nonlocal stored
@@ -571,6 +596,74 @@ class DhtNode:
         log.debug("dht.announced topic=%s stored=%d", format_key(topic)[:12], stored)
         return stored
 
+    def _stores_locally(self, key: bytes, closest: Sequence[Contact]) -> bool:
+        """True if our own store should hold a record we announce under ``key``.
+
+        A persistent node serves lookups; when it is one of the k nodes
+        closest to the key (or the walk found fewer than k, as in a network of
+        one), lookups for the key ask it, so it must hold the record too.
+        """
+        if not self.core.persistent:
+            return False
+        if len(closest) < self.config.k:
+            return True
+        own = self.core.node_id
+        if own is None:
+            return False
+        distance = int.from_bytes(own, "big") ^ int.from_bytes(key, "big")
+        farthest = max(int.from_bytes(c.id, "big") ^ int.from_bytes(key, "big")
+                       for c in closest)
+        return distance < farthest
+
+    def local_hosts(self) -> list[str]:
+        """The hosts this node names besides its observed address.
+
+        Bound to a wildcard: the interface addresses of its family (``::``
+        also covers IPv4), then loopback. Bound to one address: that one.
+        """
+        host = self.transport.local_address[0]
+        if host not in ("0.0.0.0", "::"):
+            return [host]
+        interfaces = self._interfaces or _addresses.interface_addresses
+        try:
+            found = list(interfaces())
+        except Exception:  # a user's callable; announcing must go on
+            log.exception("dht.interfaces_failed")
+            found = []
+        v6 = host == "::"
+        hosts = [h for h in found if v6 or ":" not in h]
+        return list(dict.fromkeys([*hosts, "127.0.0.1", *(["::1"] if v6 else [])]))
+
+    def dial_order(self, addresses: Iterable[Address]) -> list[Address]:
+        """A record's addresses that this node's host can use, best first.
+
+        Drops loopback and link-local addresses unless the DHT sees us in that
+        scope too (:func:`p2p.addresses.usable_by` with our observed address),
+        then puts this host's and its subnets' addresses first, public ones
+        next, other private ones last (:func:`p2p.addresses.order_for_dialer`).
+        For addresses read from records; ones a user typed need no filter.
+        """
+        viewer = self.address[0] if self.address is not None else None
+        interfaces = self._interfaces or _addresses.interface_addresses
+        try:
+            own = list(interfaces())
+        except Exception:  # a user's callable; dialling must go on
+            log.exception("dht.interfaces_failed")
+            own = []
+        return _addresses.order_for_dialer(_addresses.usable_by(addresses, viewer), own)
+
+    def announce_addresses(self) -> list[Address]:
+        """What :meth:`announce` names without ``addresses``: see the module doc.
+
+        Raises:
+            DhtUsageError: ``NO_ADDRESS``; nothing is known to announce.
+        """
+        port = self.transport.local_address[1]
+        found = _addresses.announceable(self.address, self.local_hosts(), port)
+        if not found:
+            raise DhtUsageError("no address to announce (not bootstrapped?)", code="NO_ADDRESS")
+        return found
+
     async def unannounce(self, topic: bytes, keypair: KeyPair, seq: int) -> None:
         """Ask the topic's closest nodes to drop our record (signed)."""
         signature = sign_unannounce(keypair, topic, seq)
@@ -580,6 +673,7 @@ class DhtNode:
         async def on_answer(contact: Contact, response: Response) -> None:
             tokens[contact.address] = response.token
 
+        self.core.store.remove(topic, keypair.public_key, seq)
         await self._walk(target_id(topic), Command.LOOKUP, topic, on_answer)
         async with trio.open_nursery() as nursery:
             for address, token in tokens.items():
@@ -604,8 +698,9 @@ class DhtNode:
 
         Reports how many nodes stored the first announce through ``task_status``.
         Each refresh carries a higher ``seq`` (stores keep only the newest).
-        Without ``addresses`` the record names this node's own address, and a
-        change of that address is re-announced at once.
+        Without ``addresses`` the record names this node's own address (and,
+        bound to a wildcard, its interface addresses: :meth:`announce_addresses`),
+        and a change of that address is re-announced at once.
         The unannounce on cancellation needs the node itself still running:
         cancel the announcer first, then the node.
         """
@@ -615,10 +710,7 @@ class DhtNode:
         def current() -> list[Address]:
             if not follow_own_address:
                 return fixed  # may be empty: a peer reachable only through its relays
-            if self.address is None:
-                raise DhtUsageError("no address to announce (not bootstrapped?)",
-                                    code="NO_ADDRESS")
-            return [self.address]
+            return self.announce_addresses()
 
         seq = int(self.now() * 1000)  # grows across restarts of the announcer too
         try:

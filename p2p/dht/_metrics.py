@@ -7,6 +7,7 @@
 | ``dht_ignored_responses_total`` | counter | late, unsolicited, spoofed or id-mismatched answers |
 | ``dht_invalid_tokens_total`` | counter | ANNOUNCE/UNANNOUNCE refused for their token |
 | ``dht_records_refused_total`` | counter | records refused (signature, expiry, store full ...) |
+| ``dht_announces_refused_total{code}`` | counter | ANNOUNCE/UNANNOUNCE errors by code |
 | ``dht_request_timeouts_total`` | counter | our requests that got no answer |
 | ``dht_probes_sent_total`` | counter | reachability probes sent for others |
 | ``dht_probes_refused_total`` | counter | probes the rate limit refused |
@@ -16,6 +17,10 @@
 | ``dht_records`` | gauge | records stored |
 | ``dht_reachable`` | gauge | 1 once a probe proved us reachable |
 | ``dht_persistent`` | gauge | 1 while others may store us |
+
+``code`` is the error the request was answered with: ``SOURCE_FULL``,
+``KEY_FULL``, ``TOPIC_OWNED``, ``STORE_FULL``, ``SEQ_TOO_LOW``,
+``INVALID_TOKEN``, ``BAD_SIGNATURE`` ... (a fixed set, so the label is bounded).
 """
 
 from __future__ import annotations
@@ -66,6 +71,12 @@ class DhtCollector(Collector):
                                 value=int(stats.reachable))
         yield GaugeMetricFamily("dht_persistent", "1 while others may store us.",
                                 value=int(self._node.persistent))
+        refused = CounterMetricFamily(
+            "dht_announces_refused", "Announces and unannounces refused, by error code.",
+            labels=["code"])
+        for code, count in stats.refused_by_code:
+            refused.add_metric([code], count)
+        yield refused
         transport = getattr(self._node.transport, "stats", None)
         if transport is not None:
             datagrams = CounterMetricFamily("dht_datagrams", "Datagrams by direction.",

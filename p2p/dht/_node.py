@@ -47,6 +47,14 @@ Rules kept here (DESIGN.md §3.4, issue 3):
   refused with ``INVALID_TOKEN``; records are verified (signature, topic,
   bounded expiry) before they are stored; a bad one is refused with its code.
 * A datagram that does not decode is dropped and counted; it never raises.
+* Stored records are charged to the ANNOUNCE's source group and key, bounded
+  per source, per key and per topic, and a key owns its own key topic
+  (:mod:`._storage`); every refused ANNOUNCE is counted by its error code.
+* Nothing goes to an asker that it cannot reach: no loopback (link-local)
+  contact in ``closer`` and no record it could dial nothing of in a LOOKUP
+  reply, unless the asker came over loopback (link-local) itself
+  (:func:`p2p.addresses.visible_to`). One observed address from off our
+  host beats any number of loopback (link-local) ones.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..addresses import Scope, address_scope, visible_to
 from ._contact import Contact, canonical_address, node_id_for
 from ._errors import DhtDecodeError, DhtProtocolError, DhtUsageError
 from ._messages import (
@@ -72,7 +81,13 @@ from ._messages import (
 )
 from ._records import PeerRecord, verify_record, verify_unannounce
 from ._routing import Routing, id_matches, target_id
-from ._storage import PutResult, RecordStore
+from ._storage import (
+    DEFAULT_MAX_RECORDS_PER_KEY,
+    DEFAULT_MAX_RECORDS_PER_SOURCE,
+    DEFAULT_MAX_TOPICS,
+    PutResult,
+    RecordStore,
+)
 from ._tokens import TokenIssuer
 
 __all__ = ["NodeConfig", "NodeCore", "NodeStatistics", "Outgoing", "ResponseReceived"]
@@ -110,9 +125,20 @@ class NodeConfig:
     max_records_per_reply: int = 20
     """Records a LOOKUP reply carries at most (fewer if they do not fit)."""
 
+    max_topics: int = DEFAULT_MAX_TOPICS
+    """Topics our store holds at most (then a new topic is ``STORE_FULL``)."""
+
+    max_records_per_source: int = DEFAULT_MAX_RECORDS_PER_SOURCE
+    """Records one source group (IPv4 address, IPv6 /64) may hold in our store."""
+
+    max_records_per_key: int = DEFAULT_MAX_RECORDS_PER_KEY
+    """Records one announcer key may hold in our store, over all topics."""
+
     def __post_init__(self) -> None:
         if self.k < 1 or self.max_pending < 1 or self.max_records_per_reply < 0:
             raise DhtUsageError("k and max_pending must be >= 1", code="BAD_CONFIG")
+        if min(self.max_topics, self.max_records_per_source, self.max_records_per_key) < 1:
+            raise DhtUsageError("store bounds must be >= 1", code="BAD_CONFIG")
         if self.request_timeout_s <= 0 or self.token_rotate_s <= 0:
             raise DhtUsageError("timeouts must be positive", code="BAD_CONFIG")
 
@@ -150,6 +176,9 @@ class NodeStatistics:
     probes_sent: int
     probes_refused: int
     reachable: bool
+    #: ANNOUNCE and UNANNOUNCE requests answered with an error, by code
+    #: (``SOURCE_FULL``, ``KEY_FULL``, ``TOPIC_OWNED``, ``STORE_FULL`` ...), sorted.
+    refused_by_code: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -159,6 +188,11 @@ class _Pending:
     deadline: float
     #: For a bucket-head ping: the head's id, whose fate the answer decides.
     head: bytes | None = None
+
+
+def _narrow(host: str) -> bool:
+    """True for addresses that mean something only on one host or link."""
+    return address_scope(host) in (Scope.LOOPBACK, Scope.LINK_LOCAL, None)
 
 
 class NodeCore:
@@ -199,7 +233,11 @@ class NodeCore:
         self._tokens = TokenIssuer(
             token_seed or os.urandom(32), rotate_every_s=self.config.token_rotate_s, now=now
         )
-        self.store = RecordStore()
+        self.store = RecordStore(
+            max_topics=self.config.max_topics,
+            max_records_per_source=self.config.max_records_per_source,
+            max_records_per_key=self.config.max_records_per_key,
+        )
         self._address: Address | None = canonical_address(*address) if address else None
         self._votes: dict[Address, Address] = {}  # responder -> the address it saw
         self.routing = self._new_routing(now)
@@ -209,6 +247,8 @@ class NodeCore:
         self._ignored = 0
         self._invalid_tokens = 0
         self._refused = 0
+        # Bounded: keys are the fixed set of error codes.
+        self._refused_by_code: Counter[str] = Counter()
         self._timeouts = 0
         #: Our reachability checks: nonce -> (the node asked, deadline).
         self._reach_checks: dict[bytes, tuple[Address, float]] = {}
@@ -244,8 +284,18 @@ class NodeCore:
         self._votes[responder] = observed
         if len(self._votes) > _MAX_VOTES:
             del self._votes[next(iter(self._votes))]
-        winner, count = Counter(self._votes.values()).most_common(1)[0]
-        if winner != self._address and (count >= 2 or self._address is None):
+        # Loopback and link-local observations count only while there is no
+        # other: a DHT node on our own host sees us at 127.0.0.1, which means
+        # nothing to anyone else; one observation from elsewhere says where the
+        # rest of the world finds us (issue 10, item 8: a relay announced
+        # 127.0.0.1 to others). Among wide addresses the majority rules as
+        # before, so one liar cannot move a node seen at a wide address.
+        votes = list(self._votes.values())
+        wide = [a for a in votes if not _narrow(a[0])]
+        winner, count = Counter(wide or votes).most_common(1)[0]
+        leaves_narrow = self._address is None or (
+            _narrow(self._address[0]) and not _narrow(winner[0]))
+        if winner != self._address and (count >= 2 or leaves_narrow):
             old = self.routing
             if self._address is not None:
                 self.reachable = False  # a new address must prove itself again
@@ -414,6 +464,8 @@ class NodeCore:
         except DhtProtocolError as exc:
             self._refused += 1
             reply = replace(reply, error=exc.code)
+        if reply.error is not None and command in (Command.ANNOUNCE, Command.UNANNOUNCE):
+            self._refused_by_code[reply.error] += 1
         out = [Outgoing(encode(reply), source)]
         if command is Command.PING_BACK:
             probe = self._probe(request.target, source, now)
@@ -434,16 +486,33 @@ class NodeCore:
         return Outgoing(encode(probe), source, from_probe_socket=True)
 
     def _closest(self, key: bytes | None, exclude: Address) -> tuple[Contact, ...]:
+        """The contacts closest to ``key`` that the asker at ``exclude`` can reach.
+
+        Never the asker itself, and never a loopback (or link-local) contact
+        for an asker that is not on our host (link): it would dial its own.
+        """
         if key is None:
             return ()
-        contacts = self.routing.closest(key, count=min(self.config.k, MAX_CLOSER))
-        return tuple(c for c in contacts if c.address != exclude)
+        count = min(self.config.k, MAX_CLOSER)
+        contacts = self.routing.closest(key, count=count)
+        kept = [c for c in contacts if c.address != exclude and visible_to(c.host, exclude[0])]
+        if len(kept) < len(contacts) and len(contacts) == count:
+            # Some were dropped: look a little further for replacements.
+            contacts = self.routing.closest(key, count=2 * count)
+            kept = [c for c in contacts
+                    if c.address != exclude and visible_to(c.host, exclude[0])][:count]
+        return tuple(kept)
 
     def _lookup_reply(self, reply: Response, topic: bytes, source: Address, now: float):
         # A reply holds about ten signed records. When a topic has more, each
         # reply carries a random sample, so that repeated lookups (and the k
         # nodes of one lookup) show every announcer, not the same newest ten.
         stored = self.store.get(topic, now, self.store.max_records_per_topic)
+        # Records are signed, so they cannot be trimmed; leave out those of
+        # which the asker could dial nothing (only loopback or link-local
+        # addresses of a host or link it is not on, and no relays).
+        stored = [r for r in stored if r.relays
+                  or any(visible_to(host, source[0]) for host, _ in r.addresses)]
         if len(stored) > 1:
             self._rng.shuffle(stored)
         records = [record.to_wire() for record in stored[: self.config.max_records_per_reply]]
@@ -458,14 +527,13 @@ class NodeCore:
         self._check_token(request, source, now)
         record = PeerRecord.from_wire(request.value)
         verify_record(record, request.target, now=now)
-        result = self.store.put(request.target, record, now)
+        result = self.store.put(request.target, record, now, source[0])
         reply = replace(reply, closer=self._closest(target_id(request.target), source))
-        if result is PutResult.IGNORED_OLDER_SEQ:
-            return replace(reply, error="SEQ_TOO_LOW")
-        if not result.accepted:
+        if result.accepted:
+            return reply
+        if result is not PutResult.IGNORED_OLDER_SEQ:
             self._refused += 1
-            return replace(reply, error="STORE_FULL" if "FULL" in result.name else "BAD_RECORD")
-        return reply
+        return replace(reply, error=result.code)
 
     def _unannounce(self, reply: Response, request: Request, source: Address, now: float):
         self._check_token(request, source, now)
@@ -495,4 +563,5 @@ class NodeCore:
             probes_sent=self._probes_sent,
             probes_refused=self._probes_refused,
             reachable=self.reachable,
+            refused_by_code=tuple(sorted(self._refused_by_code.items())),
         )

@@ -307,7 +307,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _held(self) -> dict[tuple[bytes, bytes], PeerRecord]:
         return {
-            (t, key): r for t, records in self.store._topics.items() for key, r in records.items()
+            (t, key): e.record
+            for t, records in self.store._topics.items() for key, e in records.items()
         }
 
 
