@@ -10,7 +10,7 @@ under the autojump clock. See ``README.md`` in this folder.
 
 from ._memory import InternetStatistics, MemoryHost, MemoryInternet, MemoryStreamListener
 from ._memory_stream import DEFAULT_STREAM_BUFFER_BYTES, MemoryStream, memory_stream_pair
-from ._socket import SocketNetwork, SocketStreamListener, interface_addresses
+from ._socket import SocketNetwork, SocketStreamListener
 from ._types import Address, Network, StreamListener
 
 __all__ = [
@@ -25,6 +25,5 @@ __all__ = [
     "SocketNetwork",
     "SocketStreamListener",
     "StreamListener",
-    "interface_addresses",
     "memory_stream_pair",
 ]

@@ -11,22 +11,18 @@ for ``""``), the first is kept and the others are closed, as the swarm did.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
-import struct
-import sys
 
 import trio
 
+from ..addresses import interface_addresses
 from ..dht._contact import canonical_address
 from ..dht._transport import DatagramTransport, UdpTransport
 from ._types import Address
 
-__all__ = ["SocketNetwork", "SocketStreamListener", "interface_addresses"]
+__all__ = ["SocketNetwork", "SocketStreamListener"]
 
 #: Linux's ioctl to read an interface's (first) IPv4 address.
-_SIOCGIFADDR = 0x8915
-_IF_INET6 = "/proc/net/if_inet6"
 
 
 def _set_nodelay(stream: trio.SocketStream) -> None:
@@ -109,47 +105,4 @@ class SocketNetwork:
         return await UdpTransport.bind(host or "0.0.0.0", port, dual_stack=host == "::")
 
     def interface_hosts(self) -> list[str]:
-        return interface_addresses()
-
-
-def interface_addresses() -> list[str]:
-    """This machine's own IP addresses, without loopback, link-local or unspecified ones.
-
-    Linux only (one IPv4 address per interface through ``SIOCGIFADDR``, IPv6
-    from ``/proc/net/if_inet6``); elsewhere, or when the kernel refuses, an
-    empty list. Nothing is sent on the network.
-    """
-    if not sys.platform.startswith("linux"):
-        return []
-    import fcntl  # Unix only
-
-    found: list[str] = []
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        names = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for name in names:
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
-            except OSError:
-                continue  # no IPv4 address on this interface
-            found.append(socket.inet_ntoa(reply[20:24]))
-    try:
-        with open(_IF_INET6) as table:
-            for line in table:
-                fields = line.split()
-                if fields:
-                    found.append(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
-    except (OSError, ValueError):
-        pass
-    result = []
-    for text in found:
-        ip = ipaddress.ip_address(text)
-        if ip.is_loopback or ip.is_link_local or ip.is_unspecified:
-            continue
-        if text not in result:
-            result.append(text)
-    return result
-
+        return interface_addresses()  # p2p.addresses: one reading of the kernel tables

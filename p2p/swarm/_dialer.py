@@ -47,10 +47,13 @@ class Target:
 
     addresses: tuple[Address, ...]
     relays: tuple[bytes, ...]
+    #: Read from a signed record (filtered and ordered for our network), not
+    #: given by a caller (tried as given).
+    from_record: bool = False
 
     @classmethod
     def of(cls, record: PeerRecord) -> Target:
-        return cls(record.addresses, record.relays)
+        return cls(record.addresses, record.relays, from_record=True)
 
 
 @dataclass
@@ -159,8 +162,9 @@ class Dialer:
         failures: list[tuple[str, str]] = []
         if target.addresses:
             swarm.metrics.attempts.labels("direct").inc()
-            found = await self._dial_direct(key, swarm.order_addresses(target.addresses),
-                                            failures)
+            addresses = (swarm.order_addresses(target.addresses) if target.from_record
+                         else list(target.addresses))
+            found = await self._dial_direct(key, addresses, failures)
             if found is not None:
                 return found
         for relay_key in target.relays:

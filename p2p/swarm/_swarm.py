@@ -161,7 +161,7 @@ class Swarm:
         self.dht = DhtNode(transport, bootstrap=self.config.bootstrap,
                            persistent=self.config.dht_persistent,
                            reachable=self.config.dht_persistent and not self.config.bootstrap,
-                           rng=self.rng)
+                           interfaces=self.network.interface_hosts, rng=self.rng)
         # The DHT node outlives everything else: on the way out, announcers
         # unannounce through it, so once it runs it is shielded and stops only
         # after they have finished. Not while it bootstraps: a cancel then
@@ -254,8 +254,9 @@ class Swarm:
         await self.topics.flush()
 
     def announced_addresses(self) -> list[Address] | None:
-        """Our stream addresses for records; None follows the DHT's observed
-        address (its UDP port is our TCP port)."""
+        """Our stream addresses for records; None lets the DHT name them: the
+        address peers observe (its UDP port is our TCP port) and, on a
+        wildcard, our interfaces' and loopback (:meth:`DhtNode.announce_addresses`)."""
         assert self.address is not None
         if self.config.announce_addresses is not None:
             return list(self.config.announce_addresses)
@@ -263,8 +264,11 @@ class Swarm:
         return None if host in _WILDCARDS else [(host, port)]
 
     def order_addresses(self, addresses: Iterable[Address]) -> list[Address]:
-        """A record's addresses, in the order to try them."""
-        return list(addresses)
+        """A record's addresses that our host can use, those that fit our own
+        network first (:meth:`p2p.dht.DhtNode.dial_order`)."""
+        if self.dht is None:
+            return list(addresses)
+        return self.dht.dial_order(addresses)
 
     # -- dialling --------------------------------------------------------------
 

@@ -26,16 +26,11 @@ from tests.p2p.helpers import wait_until
 READY = re.compile(r"ready (\w{64}) ([\d.]+):(\d+) (\w{64})")
 
 
-async def call_hello(connection) -> str:
+async def call_hello(nursery, connection) -> str:
     channel = await connection.open_channel(PROTOCOL)
     client = RpcClient(channel, name="hello")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.run)
-        try:
-            return (await client.call(HELLO, Empty(), timeout_s=10)).caller
-        finally:
-            await channel.aclose()
-            nursery.cancel_scope.cancel()
+    await nursery.start(client.run)  # ends with the connection
+    return (await client.call(HELLO, Empty(), timeout_s=10)).caller
 
 
 @pytest.mark.slow
@@ -67,7 +62,7 @@ async def test_one_swarm_serves_the_database_and_a_keyed_rpc_service_on_one_conn
                     # ... and the daemon's own service answers on the same connection.
                     assert list(me.connections) == [daemon_key]
                     connection = me.connections[daemon_key]
-                    assert await call_hello(connection) == allowed.hex
+                    assert await call_hello(nursery, connection) == allowed.hex
                     assert me.connections[daemon_key] is connection
                     nursery.cancel_scope.cancel()
             finally:
@@ -79,7 +74,7 @@ async def test_one_swarm_serves_the_database_and_a_keyed_rpc_service_on_one_conn
                 await nursery.start(other.run)
                 connection = await other.connect(daemon_key, addresses=[address])
                 with pytest.raises(RpcError) as info:
-                    await call_hello(connection)
+                    await call_hello(nursery, connection)
                 assert info.value.code == "NOT_ALLOWED"
                 nursery.cancel_scope.cancel()
             assert proc.returncode is None  # neither caller hurt the daemon

@@ -7,8 +7,9 @@ import socket
 import pytest
 import trio
 
+from p2p.addresses import interface_addresses
 from p2p.dht import UdpTransport
-from p2p.net import Network, SocketNetwork, StreamListener, interface_addresses
+from p2p.net import Network, SocketNetwork, StreamListener
 
 
 async def test_a_stream_opens_to_a_listener_and_both_ends_know_each_other():
