@@ -14,7 +14,9 @@ stack's errors catch these too::
     │                                (.code: BAD_CHAIN, BAD_SIGNATURE, BAD_LENGTH)
     ├── UnknownWriter                replicated entries of a key no admin admitted
     ├── WriteRefused                 this replica may not write that (.code:
-    │                                NOT_A_WRITER, NOT_AN_ADMIN, BAD_OP, TOO_LARGE)
+    │                                NOT_A_WRITER, NOT_AN_ADMIN, BAD_OP, TOO_LARGE,
+    │                                READ_ONLY; for writer changes also REMOVED,
+    │                                UNKNOWN_WRITER, LAST_ADMIN)
     ├── DatabaseMismatch             the storage holds another database
     ├── BadEntry                     an entry breaks the entry rules (.code)
     └── RecordTooLarge (ValueError)  a payload does not fit in one record

@@ -132,7 +132,7 @@ async def test_status_of_a_folder_without_a_database_is_a_clear_error(tmp_path):
 
 
 async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_path):
-    seed_creator(tmp_path / "app")
+    creator = seed_creator(tmp_path / "app")
     other = load_or_create_keypair(tmp_path / "other").hex
     storage = ("--storage", str(tmp_path / "app"))
     code, out, _ = await cosmicac("db", "add-writer", other, *storage)
@@ -147,6 +147,11 @@ async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_pat
     assert code == 1 and "REMOVED" in err
     code, _, err = await cosmicac("db", "add-writer", "not-a-key", *storage)
     assert code == 2
+    # The only admin removing itself would leave a database nobody can administer.
+    code, _, err = await cosmicac("db", "remove-writer", creator, *storage)
+    assert code == 1 and "LAST_ADMIN" in err and len(err.strip().splitlines()) == 1
+    assert any(w["key"] == creator and w["admin"] and w["admitted"]
+               for w in (await status(tmp_path / "app"))["writers"])
     # Only an admin may: the other replica's own folder holds no admin of anything.
     code, _, err = await cosmicac("db", "add-writer", other, "--storage", str(tmp_path / "other"))
     assert code == 1 and "holds no database" in err
