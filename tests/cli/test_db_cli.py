@@ -9,8 +9,8 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from crdt import Base, FsyncPolicy
-from crdt._ops import hash_secret, key_put, model_put
+from crdt import FsyncPolicy, PutApiKey, PutModelMaster, hash_secret
+from crdt._base import Base
 from p2p.keys import load_or_create_keypair
 from tests.crdt.helpers import usage_ops
 
@@ -35,8 +35,8 @@ def seed_creator(storage) -> str:
     keypair = load_or_create_keypair(storage)
     with Base.open(storage, keypair, fsync=FsyncPolicy.NEVER) as base:
         base.append(usage_ops("k1", 200))
-        base.append([[model_put("llama-3-8b", "vllm", {"max_tokens": 1024})],
-                     [key_put("key-1", "team-a", "ci", hash_secret("s3cret"), ["chat"], 1)]])
+        base.append([[PutModelMaster("llama-3-8b", "vllm", {"max_tokens": 1024})],
+                     [PutApiKey("key-1", "team-a", "ci", hash_secret("s3cret"), ["chat"], 1)]])
     return keypair.hex
 
 

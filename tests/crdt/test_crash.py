@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crdt import Base, Database, FsyncPolicy, LogCorrupted, verify_storage
+from crdt import Database, FsyncPolicy, LogCorrupted, verify_storage
+from crdt._base import Base
 from p2p.keys import KeyPair
 from tests.crdt.helpers import usage_ops
 

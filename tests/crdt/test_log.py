@@ -19,17 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crdt import (
-    GENESIS_HASH,
     FsyncPolicy,
-    Head,
     InvalidBatch,
     LogCorrupted,
     LogInUse,
     NotWriter,
     RecordTooLarge,
-    WriterLog,
-    verify_file,
 )
+from crdt._log import GENESIS_HASH, Head, WriterLog, verify_file
 from crdt._records import ENTRY, HEAD, MAGIC, _frame, _read_record
 from p2p.keys import KeyPair
 
@@ -457,7 +454,7 @@ def _signed_head(keypair: KeyPair, payloads: list[bytes]) -> Head:
 CRASHING_WRITER = textwrap.dedent(
     """
     import random, sys
-    from crdt import WriterLog
+    from crdt._log import WriterLog
     from p2p.keys import KeyPair
 
     keypair = KeyPair.from_seed(bytes(range(32)))
