@@ -430,3 +430,17 @@ def test_queries_see_the_old_view_until_a_rebuild_is_whole(tmp_path, monkeypatch
         a.rebuild()
         assert seen and all(total == 5 for total in seen)
         assert total_prompt(a) == 5
+
+
+def test_the_only_admin_may_not_remove_itself_but_may_once_another_admin_exists(tmp_path):
+    with open_replica(tmp_path / "a", A) as a:
+        a.append([[AddWriter(B.public_key)]])  # a writer, not an admin
+        before = a.lengths()
+        with pytest.raises(WriteRefused) as refused:
+            a.change_writer("remove_writer", A.public_key)
+        assert refused.value.code == "LAST_ADMIN"
+        assert a.lengths() == before and a.admission.is_admin(A.public_key)
+        a.change_writer("add_writer", B.public_key, admin=True)
+        change = a.change_writer("remove_writer", A.public_key)
+        assert change.status == "removed"
+        assert a.admission.is_admin(B.public_key) and not a.admission.is_writer(A.public_key)
