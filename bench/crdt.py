@@ -52,8 +52,8 @@ async def until(condition, db, limit_s: float) -> None:
 def usage_entry(n: int) -> list:
     from crdt import AddTokenUsage
 
-    return [AddTokenUsage(f"key-{n % 100}", f"model-{n % 5}", DAY, prompt=n % 50, completion=7,
-                      total=n % 50 + 7, requests=1)]
+    return [AddTokenUsage(f"key-{n % 100}", f"model-{n % 5}", DAY, prompt=n % 50,
+                          completion=7, total=n % 50 + 7, requests=1)]
 
 
 async def bench_append(folder: Path, writers: int, ops: int) -> None:
