@@ -28,8 +28,9 @@ audio milliseconds and no tokens, :class:`AddTokenUsage` every other (so
 
 Building an operation validates it (:func:`._ops.validate_op`, the check every
 replica applies) and raises :class:`InvalidOp` naming the operation and the
-field. Fields are kept as given after coercing sequences to tuples; the map of
-:class:`PutModelMaster` is copied, and is checked again when appended.
+field. Fields are kept as given, except that ``scopes`` becomes a tuple and the
+map of :class:`PutModelMaster` is copied (it is the one field a caller could
+still change in place, so every op is checked again when appended).
 """
 
 from __future__ import annotations
