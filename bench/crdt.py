@@ -50,10 +50,10 @@ async def until(condition, db, limit_s: float) -> None:
 
 
 def usage_entry(n: int) -> list:
-    from crdt._ops import usage_add
+    from crdt import AddTokenUsage
 
-    return [usage_add(f"key-{n % 100}", f"model-{n % 5}", DAY, prompt=n % 50, completion=7,
-                      total=n % 50 + 7, requests=1)]
+    return [AddTokenUsage(f"key-{n % 100}", f"model-{n % 5}", DAY, prompt=n % 50,
+                          completion=7, total=n % 50 + 7, requests=1)]
 
 
 async def bench_append(folder: Path, writers: int, ops: int) -> None:
@@ -90,8 +90,8 @@ async def bench_append(folder: Path, writers: int, ops: int) -> None:
 
 def _write_two_writers(folder: Path, total: int) -> tuple[bytes, bytes]:
     """Two writers' logs of ``total`` entries together, in two storage folders."""
-    from crdt import Base, FsyncPolicy
-    from crdt._ops import add_writer
+    from crdt import AddWriter, FsyncPolicy
+    from crdt._base import Base
     from p2p.keys import load_or_create_keypair
 
     a_key = load_or_create_keypair(folder / "a")
@@ -99,7 +99,7 @@ def _write_two_writers(folder: Path, total: int) -> tuple[bytes, bytes]:
     with Base.open(folder / "a", a_key, fsync=FsyncPolicy.NEVER) as a, \
             Base.open(folder / "b", b_key, bootstrap=a_key.public_key,
                       fsync=FsyncPolicy.NEVER) as b:
-        a.append([[add_writer(b_key.public_key)]])
+        a.append([[AddWriter(b_key.public_key)]])
         _copy(b, a)
         half = total // 2
         for first in range(0, half, 1000):
@@ -219,7 +219,8 @@ async def bench_partition(folder: Path, per_side: int) -> None:
 
 
 def bench_reopen(folder: Path, total: int) -> None:
-    from crdt import Base, FsyncPolicy
+    from crdt import FsyncPolicy
+    from crdt._base import Base
     from p2p.keys import KeyPair
 
     keypair = KeyPair.generate()

@@ -1,29 +1,39 @@
 """The shared database: per-writer signed logs and a CRDT view over them (DESIGN.md §3.8).
 
-Layers, bottom up (each module's docstring says more):
+The public face (everything in ``__all__``; README.md shows it in use):
 
-- :class:`WriterLog` (``_log``): one writer's append-only, hash-chained, signed file;
-- :class:`Entry` (``_entries``): what one payload says (clock, dependencies, ops);
-- ``_ops``: the operations and their rules; :class:`View` (``_view``) applies
-  them into SQLite, as a pure function of the set of entries;
-- ``_causal`` (the gate: entries wait for their dependencies) and
-  ``_admission`` (who may write, from the admin entries);
-- :class:`Base` (``_base``): all of the above on one storage folder;
-  :class:`Database` (``_database``): its trio face with group commit;
-- :class:`Replicator` (``_replication``, protocol in ``_messages``): replication
-  over the swarm; :func:`run_database_service` (``_service``): a replica on a swarm;
-- ``_inspect``: ``cosmicac db status|verify`` without opening the replica.
+- :class:`Database`: a replica for trio code. Write typed operations
+  (:class:`PutApiKey`, :class:`RevokeApiKey`, :class:`PutModelMaster`,
+  :class:`DeleteModelMaster`, :class:`AddTokenUsage`, :class:`AddAudioUsage`,
+  :class:`MarkKeyUsed`, :class:`AddWriter`, :class:`RemoveWriter`) with
+  ``append``/``append_many``; read the typed rows :class:`ApiKey`,
+  :class:`ModelMaster` and :class:`Usage` with its queries.
+- :func:`run_database_service` (with :class:`ReplicationConfig`,
+  :class:`Replicator`): a replica replicating on a swarm.
+- :func:`inspect_storage`, :func:`verify_storage`, :func:`change_writer`:
+  ``cosmicac db status|verify|add-writer|remove-writer``.
+- The errors, all :class:`CrdtError`, each with a stable ``code``.
+
+Layers, bottom up, in private modules (importable there, for tests and tools
+that really mean the internals): ``_records``/``_log`` (one writer's
+append-only, hash-chained, signed file: ``WriterLog``, ``chain_hash``...),
+``_entries`` (what one payload says), ``_ops``/``_operations`` (the operations,
+their rules and wire form), ``_view`` (SQLite, a pure function of the set of
+entries), ``_causal`` (the gate), ``_admission`` (who may write), ``_base``
+(all of it on one storage folder, blocking: ``Base``), ``_database`` (the trio
+face), ``_messages``/``_replication``/``_service`` (replication), ``_inspect``
+and ``_operator`` (the command line's needs).
 """
 
-from ._admission import Admission, WriterGrant, compute_admission
-from ._base import MAX_ENTRY_BYTES, Base, WriterStatus
+from ._base import WriterChange, WriterStatus
 from ._database import Database
-from ._entries import ENTRY_VERSION, Entry, EntryId, decode_entry, order_key
+from ._entries import Entry, EntryId
 from ._errors import (
     BadEntry,
     CrdtError,
     DatabaseMismatch,
     InvalidBatch,
+    InvalidOp,
     LogCorrupted,
     LogInUse,
     NotWriter,
@@ -32,65 +42,69 @@ from ._errors import (
     WriteRefused,
 )
 from ._inspect import Problem, StorageReport, inspect_storage, read_daemon_status, verify_storage
-from ._log import (
-    GENESIS_HASH,
-    MAX_BODY,
-    FsyncPolicy,
-    Head,
-    Recovery,
-    VerifyReport,
-    WriterLog,
-    chain_hash,
-    head_message,
-    verify_file,
+from ._log import FsyncPolicy
+from ._operations import (
+    AddAudioUsage,
+    AddTokenUsage,
+    AddWriter,
+    DeleteModelMaster,
+    MarkKeyUsed,
+    Op,
+    PutApiKey,
+    PutModelMaster,
+    RemoveWriter,
+    RevokeApiKey,
+    decode_op,
 )
 from ._operator import OperatorResult, change_writer
+from ._ops import hash_secret
 from ._replication import ReplicationConfig, Replicator, replication_topic
 from ._service import DatabaseService, run_database_service
+from ._view import ApiKey, ModelMaster, Usage
 
 __all__ = [
-    "ENTRY_VERSION",
-    "GENESIS_HASH",
-    "MAX_BODY",
-    "MAX_ENTRY_BYTES",
-    "Admission",
+    "AddAudioUsage",
+    "AddTokenUsage",
+    "AddWriter",
+    "ApiKey",
     "BadEntry",
-    "Base",
     "CrdtError",
     "Database",
     "DatabaseMismatch",
     "DatabaseService",
+    "DeleteModelMaster",
     "Entry",
     "EntryId",
     "FsyncPolicy",
-    "Head",
     "InvalidBatch",
+    "InvalidOp",
     "LogCorrupted",
     "LogInUse",
+    "MarkKeyUsed",
+    "ModelMaster",
     "NotWriter",
+    "Op",
     "OperatorResult",
     "Problem",
+    "PutApiKey",
+    "PutModelMaster",
     "RecordTooLarge",
-    "Recovery",
+    "RemoveWriter",
     "ReplicationConfig",
     "Replicator",
+    "RevokeApiKey",
     "StorageReport",
     "UnknownWriter",
-    "VerifyReport",
+    "Usage",
     "WriteRefused",
-    "WriterGrant",
-    "WriterLog",
+    "WriterChange",
     "WriterStatus",
-    "chain_hash",
     "change_writer",
-    "compute_admission",
-    "decode_entry",
-    "head_message",
+    "decode_op",
+    "hash_secret",
     "inspect_storage",
-    "order_key",
     "read_daemon_status",
     "replication_topic",
     "run_database_service",
-    "verify_file",
     "verify_storage",
 ]

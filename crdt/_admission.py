@@ -96,7 +96,9 @@ def plan_writer_change(admission: Admission, me: bytes, action: str, writer: byt
     Raises:
         WriteRefused: ``NOT_AN_ADMIN`` (``me`` is not one), ``REMOVED`` (a
             removed key is never readmitted), ``UNKNOWN_WRITER`` (removing a
-            key that was never admitted).
+            key that was never admitted), ``LAST_ADMIN`` (removing the only
+            admin left, which would leave a database nobody can administer
+            again: add another admin first).
     """
     if not admission.is_admin(me):
         raise WriteRefused(f"{me.hex()} is not an admin writer of this database",
@@ -115,6 +117,15 @@ def plan_writer_change(admission: Admission, me: bytes, action: str, writer: byt
                                code="UNKNOWN_WRITER")
         if grant.cap is not None:
             return None
+        if grant.admin and not any(admission.is_admin(key) for key in admission.writers
+                                   if key != writer):
+            # A removal caps the writer at what we hold of its log, so every admin
+            # this replica knows of stays one; only the last one is at stake here.
+            # (Two replicas that each remove the other admin at the same time can
+            # still end with none: the rule sees only this replica's admission.)
+            raise WriteRefused(f"{writer.hex()} is the only admin of this database; removing "
+                               "it would leave no one to add or remove writers (add another "
+                               "admin first)", code="LAST_ADMIN")
         return (REMOVE_WRITER, writer, length_seen)
     raise ValueError(f"unknown action {action!r}")
 

@@ -48,6 +48,7 @@ from ._errors import (
     WriteRefused,
 )
 from ._log import FsyncPolicy, Head, WriterLog
+from ._operations import Op, wire_batch
 from ._ops import ADMIN_OPS, validate_batch
 from ._snapshot import restore_snapshot, save_snapshot, take_snapshot
 from ._storage import Layout
@@ -394,12 +395,14 @@ class Base:
 
     # -- writing our own entries --------------------------------------------------------
 
-    def append(self, batch: Sequence[Sequence[Sequence[Any]]], *,
+    def append(self, batch: Sequence[Sequence[Op | Sequence[Any]]], *,
                validated: bool = False) -> list[EntryId]:
         """Append one entry per element of ``batch`` (each a list of ops); durable on return.
 
-        ``validated``: :func:`validate_batch` already passed for every op (the
-        trio face checks each caller's ops before grouping them).
+        Ops are typed operations (:class:`~._operations.PutApiKey`...) or their
+        wire arrays. ``validated``: the batch is in wire form and
+        :func:`validate_batch` already passed for every op (the trio face
+        checks each caller's ops before grouping them).
 
         Raises:
             WriteRefused: ``NOT_A_WRITER`` (no admin has added this replica's key
@@ -407,6 +410,7 @@ class Base:
                 ``TOO_LARGE``. Nothing is written.
         """
         if not validated:
+            batch = wire_batch(batch)
             validate_batch(batch)
         self.check_role(batch)
         assert self.key is not None  # check_role refuses a replica without a key
@@ -453,7 +457,7 @@ class Base:
         return WriterChange("removed", length, where)
 
     def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
-        """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch``."""
+        """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch`` (wire form)."""
         validate_batch(batch)
         self.check_role(batch)
 

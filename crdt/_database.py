@@ -1,4 +1,4 @@
-"""The trio face of a replica: group commit, worker threads, change notification.
+"""The trio face of a replica: group commit, worker threads, change notification, queries.
 
 Every blocking step (log writes and their fsync, SQLite) runs in a worker
 thread; writes are serialised. Appends are group-committed: appends that
@@ -23,7 +23,8 @@ from ._base import ApplyReport, Base, WriterChange, WriterStatus
 from ._entries import EntryId
 from ._log import FsyncPolicy, Head
 from ._metrics import DatabaseMetrics
-from ._view import View
+from ._operations import Op, wire_batch, wire_ops
+from ._view import ApiKey, ModelMaster, Usage, View
 
 __all__ = ["Database"]
 
@@ -43,7 +44,17 @@ class _PendingAppend:
 
 
 class Database:
-    """A replica of the shared database, for trio code. Build with :meth:`open`."""
+    """A replica of the shared database, for trio code. Build with :meth:`open`.
+
+    Write with :meth:`append` / :meth:`append_many` (typed operations such as
+    :class:`~._operations.PutApiKey`, :class:`~._operations.AddTokenUsage`);
+    read with the queries (:meth:`api_key`, :meth:`api_key_by_secret`,
+    :meth:`api_keys_of_team`, :meth:`model_master`, :meth:`model_masters`,
+    :meth:`usage`, :meth:`last_used`), which return the typed rows
+    :class:`~._view.ApiKey`, :class:`~._view.ModelMaster` and
+    :class:`~._view.Usage`. Every query reads the view as last committed, in a
+    worker thread, and sees every entry this replica has applied.
+    """
 
     def __init__(self, base: Base) -> None:
         self.base = base
@@ -99,13 +110,24 @@ class Database:
 
     # -- writing ------------------------------------------------------------------------
 
-    async def append(self, ops: Sequence[Sequence[Any]]) -> EntryId:
+    async def append(self, ops: Sequence[Op | Sequence[Any]]) -> EntryId:
         """Append one entry holding ``ops``; return once it is durable and in the view.
 
+        Args:
+            ops: typed operations (``[AddTokenUsage(...), MarkKeyUsed(...)]``);
+                their wire arrays are accepted too. At most 1,024, and the
+                entry at most 192 KiB encoded.
+
+        Returns:
+            Where the entry sits: this replica's writer key and its index.
+
         Raises:
-            WriteRefused: this replica may not write these ops (see
-                :meth:`Base.append`); nothing was written.
+            WriteRefused: this replica may not write these ops: ``NOT_A_WRITER``
+                (no admin added it yet), ``NOT_AN_ADMIN`` (writer ops need an
+                admin), ``BAD_OP``, ``TOO_LARGE`` or ``READ_ONLY``; nothing
+                was written.
         """
+        ops = wire_ops(ops)
         self.base.check_writable([ops])  # refuse one caller's bad ops, not the whole group
         item = _PendingAppend(ops)
         self._queue.append(item)
@@ -150,12 +172,18 @@ class Database:
         finally:
             self._after_write()
 
-    async def append_many(self, batch: Sequence[Sequence[Sequence[Any]]]) -> list[EntryId]:
-        """Append one entry per element of ``batch``, all in one durable write."""
+    async def append_many(self, batch: Sequence[Sequence[Op | Sequence[Any]]]) -> list[EntryId]:
+        """Append one entry per element of ``batch`` (each a list of ops), in one durable write.
+
+        Raises:
+            WriteRefused: as :meth:`append`; nothing of the batch was written.
+        """
+        batch = wire_batch(batch)
         self.base.check_writable(batch)
         async with self._write_lock:
             try:
-                ids = await trio.to_thread.run_sync(self.base.append, batch)
+                ids = await trio.to_thread.run_sync(
+                    lambda: self.base.append(batch, validated=True))
             finally:
                 self._after_write()
         self.metrics.appended.inc(len(ids))
@@ -164,7 +192,16 @@ class Database:
 
     async def change_writer(self, action: str, writer: bytes, *,
                             admin: bool = False) -> WriterChange:
-        """Add or remove a writer as this admin (see :meth:`Base.change_writer`)."""
+        """Add (``"add_writer"``) or remove (``"remove_writer"``) a writer, as this admin.
+
+        A removal keeps the entries of ``writer`` this replica holds (every
+        replica ignores the rest, whenever they arrive).
+
+        Raises:
+            WriteRefused: ``NOT_AN_ADMIN``, ``REMOVED`` (a removed key is never
+                admitted again), ``UNKNOWN_WRITER`` (removing a key never
+                admitted), ``LAST_ADMIN`` (removing the only admin left).
+        """
         async with self._write_lock:
             try:
                 change = await trio.to_thread.run_sync(
@@ -217,8 +254,52 @@ class Database:
         return await trio.to_thread.run_sync(self.base.segment, writer, start, max_bytes)
 
     async def read(self, query: Callable[[View], T]) -> T:
-        """Run ``query(view)`` in a worker thread, e.g. ``await db.read(lambda v: v.models())``."""
+        """Run ``query(view)`` in a worker thread, e.g. ``await db.read(lambda v: v.models())``.
+
+        The queries below cover what the platform asks; this runs several in
+        one go (the view's methods have the same names as in ``View``).
+        """
         return await trio.to_thread.run_sync(self.base.read_view, query)
+
+    async def api_key(self, id: str) -> ApiKey | None:
+        """The API key ``id`` (revoked or not); None if it was never put."""
+        return await self.read(lambda view: view.key(id))
+
+    async def api_key_by_secret(self, secret: str) -> ApiKey | None:
+        """The key whose secret this is, revoked or not: the caller refuses a revoked one.
+
+        Only hashes are stored and compared (in constant time); should two
+        keys share a secret, a revoked one is returned first.
+        """
+        return await self.read(lambda view: view.key_by_secret(secret))
+
+    async def api_keys_of_team(self, team: str) -> list[ApiKey]:
+        """The team's API keys, revoked ones included, by id."""
+        return await self.read(lambda view: view.keys_of_team(team))
+
+    async def model_master(self, name: str) -> ModelMaster | None:
+        """The model master ``name``; None if unknown or deleted."""
+        return await self.read(lambda view: view.model(name))
+
+    async def model_masters(self) -> list[ModelMaster]:
+        """Every model master not deleted, by name."""
+        return await self.read(lambda view: view.models())
+
+    async def usage(self, key_id: str, *, model: str | None = None, day_from: str | None = None,
+                    day_to: str | None = None) -> list[Usage]:
+        """A key's usage rows (sums per model and UTC day), by day then model.
+
+        Args:
+            key_id: the API key's id.
+            model: only this model's rows.
+            day_from, day_to: only days in ``[day_from, day_to]`` (``YYYY-MM-DD``).
+        """
+        return await self.read(lambda view: view.usage(key_id, model, day_from, day_to))
+
+    async def last_used(self, key_id: str) -> int | None:
+        """When the key was last used (ms since the epoch), the latest any replica
+        reported; None if never."""
+        return await self.read(lambda view: view.last_used(key_id))
 
     async def wait_changed(self, known: dict[bytes, int], timeout_s: float) -> dict[bytes, int]:
         """Our lengths, as soon as they differ from ``known`` or after ``timeout_s``."""

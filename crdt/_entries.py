@@ -38,6 +38,7 @@ from typing import Any
 import msgpack
 
 from ._errors import BadEntry
+from ._operations import decode_op
 
 __all__ = ["ENTRY_VERSION", "MAX_OPS", "Entry", "EntryId", "decode_entry", "order_key"]
 
@@ -65,6 +66,7 @@ class Entry:
     db: bytes
     clock: int
     deps: tuple[tuple[bytes, int], ...]
+    #: The ops in their wire form (``(name, *args)``); :meth:`typed_ops` decodes them.
     ops: tuple[tuple[Any, ...], ...]
 
     @classmethod
@@ -72,13 +74,24 @@ class Entry:
                ops: Sequence[Sequence[Any]]) -> Entry:
         """A new entry; ``deps`` maps writer key -> length seen (zero lengths dropped).
 
+        ``ops`` are typed operations (:class:`PutApiKey`...) or their wire arrays.
+
         Raises:
             BadEntry: a field breaks the rules above.
         """
         entry = cls(db, clock, tuple(sorted((k, n) for k, n in deps.items() if n)),
-                    tuple(tuple(op) for op in ops))
+                    tuple(tuple(op.to_wire()) if hasattr(op, "to_wire") else tuple(op)
+                          for op in ops))
         _check(entry)
         return entry
+
+    def typed_ops(self) -> list[Any]:
+        """The ops as typed operations (:class:`PutApiKey`...).
+
+        Raises:
+            InvalidOp: an op breaks the op rules (replicas skip such ops).
+        """
+        return [decode_op(op) for op in self.ops]
 
     def encode(self) -> bytes:
         return msgpack.packb(

@@ -14,9 +14,14 @@ stack's errors catch these too::
     │                                (.code: BAD_CHAIN, BAD_SIGNATURE, BAD_LENGTH)
     ├── UnknownWriter                replicated entries of a key no admin admitted
     ├── WriteRefused                 this replica may not write that (.code:
-    │                                NOT_A_WRITER, NOT_AN_ADMIN, BAD_OP, TOO_LARGE)
+    │                                NOT_A_WRITER, NOT_AN_ADMIN, BAD_OP, TOO_LARGE,
+    │                                READ_ONLY; for writer changes also REMOVED,
+    │                                UNKNOWN_WRITER, LAST_ADMIN)
     ├── DatabaseMismatch             the storage holds another database
     ├── BadEntry                     an entry breaks the entry rules (.code)
+    │   └── InvalidOp (ValueError)   one operation has a bad field (.code BAD_OP;
+    │                                .op, .field); also raised when a typed
+    │                                operation (PutApiKey...) is built
     └── RecordTooLarge (ValueError)  a payload does not fit in one record
 
 Callers branch on ``code``, never on the message.
@@ -29,9 +34,11 @@ import os
 from p2p.errors import P2PError
 
 __all__ = [
+    "BadEntry",
     "CrdtError",
     "DatabaseMismatch",
     "InvalidBatch",
+    "InvalidOp",
     "LogCorrupted",
     "LogInUse",
     "NotWriter",
@@ -106,6 +113,23 @@ class BadEntry(CrdtError):
     """
 
     code = "BAD_ENTRY"
+
+
+class InvalidOp(BadEntry, ValueError):
+    """An operation with a bad field; nothing was built or written.
+
+    ``op`` is the operation's wire name (``key_put``...), ``field`` the field
+    that is wrong (``None`` when the operation as a whole is: an unknown name,
+    a wrong number of arguments). Replicas skip such an op in a peer's entry.
+    """
+
+    code = "BAD_OP"
+
+    def __init__(self, message: str, *, op: str | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message, code="BAD_OP")
+        self.op = op
+        self.field = field
 
 
 class UnknownWriter(CrdtError):

@@ -1,5 +1,8 @@
 """The operations an entry may carry, and the one place that checks them.
 
+This is the wire form; callers build operations with the typed classes of
+:mod:`._operations` (``PutApiKey``...), which encode to exactly these arrays.
+
 An op is an array ``[name, *args]`` (positional, so entries stay small):
 
 =================  ==========================================================
@@ -29,12 +32,12 @@ import datetime
 import hashlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
-from ._errors import BadEntry, WriteRefused
+from ._errors import BadEntry, InvalidOp, WriteRefused
 
 __all__ = [
     "ADMIN_OPS",
@@ -43,15 +46,7 @@ __all__ = [
     "MAX_STR",
     "MAX_USAGE",
     "OP_NAMES",
-    "add_writer",
     "hash_secret",
-    "key_put",
-    "key_revoke",
-    "key_used",
-    "model_delete",
-    "model_put",
-    "remove_writer",
-    "usage_add",
     "validate_batch",
     "validate_op",
 ]
@@ -84,42 +79,44 @@ def hash_secret(secret: str) -> bytes:
     return hashlib.blake2b(secret.encode("utf-8"), digest_size=32, person=_PERSON).digest()
 
 
-def _bad(op: str, message: str) -> BadEntry:
-    return BadEntry(f"{op}: {message}", code="BAD_OP")
+def _bad(op: str, field: str | None, message: str) -> InvalidOp:
+    return InvalidOp(f"{op}: {message}", op=op, field=field)
 
 
-def _str(op: str, field: str, value: Any, *, empty: bool = False) -> None:
+def _str(op: str, field: str, value: Any, *, empty: bool = False,
+         label: str | None = None) -> None:
+    label = label or field
     if not isinstance(value, str):
-        raise _bad(op, f"{field} must be a string, got {type(value).__name__}")
+        raise _bad(op, field, f"{label} must be a string, got {type(value).__name__}")
     if not empty and not value:
-        raise _bad(op, f"{field} must not be empty")
+        raise _bad(op, field, f"{label} must not be empty")
     if len(value) > MAX_STR:
-        raise _bad(op, f"{field} is longer than {MAX_STR} characters")
+        raise _bad(op, field, f"{label} is longer than {MAX_STR} characters")
 
 
 def _int(op: str, field: str, value: Any, limit: int = _MAX_INT) -> None:
     # bool is a subclass of int; a flag sent where a count belongs is a bug
     if type(value) is not int:
-        raise _bad(op, f"{field} must be an integer, got {type(value).__name__}")
+        raise _bad(op, field, f"{field} must be an integer, got {type(value).__name__}")
     if not 0 <= value <= limit:
-        raise _bad(op, f"{field} must be in 0..{limit}, got {value}")
+        raise _bad(op, field, f"{field} must be in 0..{limit}, got {value}")
 
 
 def _key(op: str, field: str, value: Any) -> None:
     if not (isinstance(value, bytes) and len(value) == _KEY_BYTES):
-        raise _bad(op, f"{field} must be {_KEY_BYTES} bytes")
+        raise _bad(op, field, f"{field} must be {_KEY_BYTES} bytes")
 
 
 def _json_value(op: str, value: Any, depth: int = 0) -> None:
     # The view stores defaults as JSON text, so they must survive JSON exactly:
     # no bytes, no non-string map keys, no NaN/inf (JSON has none).
     if depth > _MAX_DEPTH:
-        raise _bad(op, f"defaults nest deeper than {_MAX_DEPTH}")
+        raise _bad(op, "defaults", f"defaults nest deeper than {_MAX_DEPTH}")
     if value is None or isinstance(value, bool | int | str):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise _bad(op, "defaults hold a non-finite float")
+            raise _bad(op, "defaults", "defaults hold a non-finite float")
         return
     if isinstance(value, list | tuple):
         for item in value:
@@ -128,10 +125,11 @@ def _json_value(op: str, value: Any, depth: int = 0) -> None:
     if isinstance(value, dict):
         for k, item in value.items():
             if not isinstance(k, str):
-                raise _bad(op, "defaults map keys must be strings")
+                raise _bad(op, "defaults", "defaults map keys must be strings")
             _json_value(op, item, depth + 1)
         return
-    raise _bad(op, f"defaults hold a {type(value).__name__}, which JSON cannot store")
+    raise _bad(op, "defaults",
+               f"defaults hold a {type(value).__name__}, which JSON cannot store")
 
 
 def _check_key_put(args: Sequence[Any]) -> None:
@@ -141,13 +139,13 @@ def _check_key_put(args: Sequence[Any]) -> None:
     _str(op, "team", team)
     _str(op, "name", name, empty=True)
     if not (isinstance(secret_hash, bytes) and len(secret_hash) == 32):
-        raise _bad(op, "secret_hash must be 32 bytes")
+        raise _bad(op, "secret_hash", "secret_hash must be 32 bytes")
     if not isinstance(scopes, list | tuple):
-        raise _bad(op, "scopes must be a list of strings")
+        raise _bad(op, "scopes", "scopes must be a list of strings")
     if len(scopes) > MAX_SCOPES:
-        raise _bad(op, f"scopes has more than {MAX_SCOPES} items")
+        raise _bad(op, "scopes", f"scopes has more than {MAX_SCOPES} items")
     for scope in scopes:
-        _str(op, "scopes item", scope)
+        _str(op, "scopes", scope, label="scopes item")
     _int(op, "created_ms", created_ms)
 
 
@@ -162,14 +160,15 @@ def _check_model_put(args: Sequence[Any]) -> None:
     _str(op, "name", name)
     _str(op, "runtime", runtime)
     if not isinstance(defaults, dict):
-        raise _bad(op, "defaults must be a map")
+        raise _bad(op, "defaults", "defaults must be a map")
     _json_value(op, defaults)
     try:
         size = len(msgpack.packb(defaults, use_bin_type=True))
     except (ValueError, OverflowError, TypeError) as exc:
-        raise _bad(op, f"defaults do not encode: {exc}") from None
+        raise _bad(op, "defaults", f"defaults do not encode: {exc}") from None
     if size > MAX_DEFAULTS_BYTES:
-        raise _bad(op, f"defaults encode to {size} bytes, more than {MAX_DEFAULTS_BYTES}")
+        raise _bad(op, "defaults",
+                   f"defaults encode to {size} bytes, more than {MAX_DEFAULTS_BYTES}")
 
 
 def _check_model_delete(args: Sequence[Any]) -> None:
@@ -185,11 +184,11 @@ def _check_usage_add(args: Sequence[Any]) -> None:
     _str(op, "model", args[1])
     day = args[2]
     if not (isinstance(day, str) and _DAY.fullmatch(day)):
-        raise _bad(op, f"day must be YYYY-MM-DD, got {day!r}")
+        raise _bad(op, "day", f"day must be YYYY-MM-DD, got {day!r}")
     try:
         datetime.date.fromisoformat(day)
     except ValueError:
-        raise _bad(op, f"day {day!r} is not a calendar date") from None
+        raise _bad(op, "day", f"day {day!r} is not a calendar date") from None
     for field, value in zip(_USAGE_COUNTS, args[3:], strict=True):
         _int(op, field, value, MAX_USAGE - 1)
 
@@ -202,7 +201,7 @@ def _check_key_used(args: Sequence[Any]) -> None:
 def _check_add_writer(args: Sequence[Any]) -> None:
     _key("add_writer", "key", args[0])
     if type(args[1]) is not bool:
-        raise _bad("add_writer", "admin must be a bool")
+        raise _bad("add_writer", "admin", "admin must be a bool")
 
 
 def _check_remove_writer(args: Sequence[Any]) -> None:
@@ -235,58 +234,16 @@ def validate_op(op: Any) -> None:
             everywhere.
     """
     if not isinstance(op, list | tuple) or not op:
-        raise BadEntry("an op is a non-empty array", code="BAD_OP")
+        raise InvalidOp("an op is a non-empty array")
     name = op[0]
     check = _CHECKS.get(name) if isinstance(name, str) else None
     if check is None:
         shown = name[:MAX_STR] if isinstance(name, str) else name
-        raise BadEntry(f"unknown op {shown!r}", code="BAD_OP")
+        raise InvalidOp(f"unknown op {shown!r}")
     arity, checker = check
     if len(op) != arity + 1:
-        raise _bad(name, f"takes {arity} arguments, got {len(op) - 1}")
+        raise _bad(name, None, f"takes {arity} arguments, got {len(op) - 1}")
     checker(op[1:])
-
-
-def _checked(op: tuple[Any, ...]) -> tuple[Any, ...]:
-    validate_op(op)
-    return op
-
-
-def key_put(id: str, team: str, name: str, secret_hash: bytes, scopes: Sequence[str],
-            created_ms: int) -> tuple[Any, ...]:
-    """A new or replaced API key; pass ``hash_secret(secret)``, never the secret."""
-    # lists, as msgpack decodes them, so a built entry equals its decoded copy
-    return _checked(("key_put", id, team, name, secret_hash, list(scopes), created_ms))
-
-
-def key_revoke(id: str, revoked_ms: int) -> tuple[Any, ...]:
-    return _checked(("key_revoke", id, revoked_ms))
-
-
-def model_put(name: str, runtime: str, defaults: Mapping[str, Any]) -> tuple[Any, ...]:
-    return _checked(("model_put", name, runtime, dict(defaults)))
-
-
-def model_delete(name: str) -> tuple[Any, ...]:
-    return _checked(("model_delete", name))
-
-
-def usage_add(key_id: str, model: str, day: str, *, prompt: int = 0, completion: int = 0,
-              total: int = 0, audio_ms: int = 0, requests: int = 1) -> tuple[Any, ...]:
-    return _checked(("usage_add", key_id, model, day, prompt, completion, total, audio_ms,
-                     requests))
-
-
-def key_used(key_id: str, at_ms: int) -> tuple[Any, ...]:
-    return _checked(("key_used", key_id, at_ms))
-
-
-def add_writer(key: bytes, admin: bool = False) -> tuple[Any, ...]:
-    return _checked(("add_writer", key, admin))
-
-
-def remove_writer(key: bytes, length: int) -> tuple[Any, ...]:
-    return _checked(("remove_writer", key, length))
 
 
 def validate_batch(batch: Sequence[Sequence[Sequence[Any]]]) -> None:

@@ -25,13 +25,38 @@ it were never acknowledged to anyone.
 Telling a crash from damage
 ===========================
 
-A damaged record with no well-formed record (magic + header + complete body
-whose CRC checks) anywhere after it is a torn tail left by a crash: it and any
-unacknowledged entries before it are to be cut off (the scan reports them in
-``tail``). A damaged record *followed* by a well-formed one cannot come from a
-crash, so it raises :class:`LogCorrupted`. A record whose CRC checks but whose
-content is wrong (bad msgpack, broken chain, bad signature) cannot come from a
-crash either and is always :class:`LogCorrupted`.
+A writer appends a batch with one ``pwrite`` and then fsyncs; a crash (or a
+reader looking while the write is under way) leaves a *prefix* of the batch's
+bytes. So the only thing a crash can leave at the end of the file is a record
+that is **short**: an incomplete header, or a complete header whose body runs
+past the end of the file. That is a torn tail: it and any unacknowledged
+entries before it (those after the last signed HEAD) are to be cut off (the
+scan reports them in ``tail``). Every other bad record is damage and raises
+:class:`LogCorrupted` with the record's offset, wherever it sits:
+
+- a record whose declared length is wholly present but whose CRC fails
+  (``BAD_CRC``): a prefix of a real record never looks like that. Before this
+  rule, a flipped byte in the last signed head made the head look "torn", and
+  opening cut every entry it acknowledged;
+- a complete header without the magic, with an unknown type or an oversized
+  length (``BAD_RECORD``): a crash leaves the header bytes it wrote as written;
+- a short last record whose bytes *are* a complete record under a smaller
+  length (the CRC matches what is there): its length field was damaged, it was
+  not torn (``BAD_RECORD``);
+- a bad record followed by a well-formed one (magic + header + complete body
+  whose CRC checks): a crash leaves nothing after the tear;
+- a record whose CRC checks but whose content is wrong (bad msgpack, broken
+  chain, bad signature).
+
+One exception to "short or damage": a run of zero bytes to the end of the file
+is a torn tail too. Some filesystems, after power loss, keep a file's new size
+but not its new data, which then reads as zeros; no single flipped byte turns a
+record (which starts with ``CACL``) into zeros, so this never hides damage to
+an acknowledged record.
+
+CRC32 catches every error burst of up to 32 bits, so any single damaged byte in
+a file is reported by :func:`verify_file` and refused by opening, never cut as
+a torn tail (``tests/crdt/test_log.py`` checks every byte of a log).
 """
 
 from __future__ import annotations
@@ -178,6 +203,35 @@ def _read_record(data: bytes | mmap.mmap, pos: int) -> tuple[int, bytes, int] | 
     return rtype, body, end
 
 
+def _damage_at_end(data: bytes | mmap.mmap, pos: int) -> tuple[str, str] | None:
+    """Why the malformed record at ``pos`` (the last one: nothing well-formed follows)
+    is damage, as (code, problem); None if it is a torn write (see the module docstring)."""
+    size = len(data)
+    if not data[pos:size].strip(b"\0"):
+        return None  # zeros to the end: a size that reached the disk before its data
+    rest = data[pos : pos + _HEADER.size]
+    if len(rest) < _HEADER.size:
+        if rest[:4] != MAGIC[: len(rest[:4])]:
+            return "BAD_RECORD", "no record magic"
+        return None  # an incomplete header: torn
+    magic, rtype, length, crc = _HEADER.unpack(rest)
+    if magic != MAGIC:
+        return "BAD_RECORD", "no record magic (the header is complete, so not torn)"
+    if rtype not in (ENTRY, HEAD):
+        return "BAD_RECORD", f"unknown record type {rtype}"
+    if length > MAX_BODY:
+        return "BAD_RECORD", f"record length {length} is over the {MAX_BODY}-byte limit"
+    start = pos + _HEADER.size
+    if start + length <= size:
+        return "BAD_CRC", "record checksum does not match (the whole record is present)"
+    present = size - start
+    type_and_length = bytes([rtype]) + struct.pack(">I", present)
+    if zlib.crc32(type_and_length + data[start:size]) == crc:
+        return "BAD_RECORD", (f"record length says {length} bytes, but the {present} bytes "
+                              "present are a whole record: the length field is damaged")
+    return None  # a body cut short: torn
+
+
 def _well_formed_record_after(data: bytes | mmap.mmap, start: int) -> bool:
     """True if any offset >= start holds a record whose framing and CRC check out.
 
@@ -251,6 +305,9 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes, *,
                 raise LogCorrupted(
                     f"{problem}, and valid records follow it", path=path, offset=pos, code=code
                 )
+            damage = _damage_at_end(data, pos)
+            if damage is not None:
+                raise LogCorrupted(damage[1], path=path, offset=pos, code=damage[0])
             torn = f"torn record at byte {pos} ({problem})"
             break
         rtype, body, end = record

@@ -86,29 +86,38 @@ class ViewMismatch(CrdtError):
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
-    """An API key as the view holds it. The secret itself is never stored."""
+    """An API key as the view holds it (a row of ``api_keys``). The secret is never stored."""
 
     id: str
     team: str
     name: str
+    #: ``hash_secret(secret)``: BLAKE2b-256, personalised.
     secret_hash: bytes
     scopes: tuple[str, ...]
     created_ms: int
+    #: Once any replica revoked it, for good.
     revoked: bool
+    #: The earliest revocation time (ms), or None.
     revoked_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
 class ModelMaster:
+    """A model master (a row of ``model_masters`` that is not deleted)."""
+
     name: str
     runtime: str
+    #: The JSON map it was put with.
     defaults: dict[str, Any] = field(hash=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """One key's usage of one model on one UTC day: exact integer sums over every replica."""
+
     key_id: str
     model: str
+    #: ``YYYY-MM-DD`` (UTC).
     day: str
     prompt: int
     completion: int

@@ -9,8 +9,8 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from crdt import Base, FsyncPolicy
-from crdt._ops import hash_secret, key_put, model_put
+from crdt import FsyncPolicy, PutApiKey, PutModelMaster, hash_secret
+from crdt._base import Base
 from p2p.keys import load_or_create_keypair
 from tests.crdt.helpers import usage_ops
 
@@ -35,8 +35,8 @@ def seed_creator(storage) -> str:
     keypair = load_or_create_keypair(storage)
     with Base.open(storage, keypair, fsync=FsyncPolicy.NEVER) as base:
         base.append(usage_ops("k1", 200))
-        base.append([[model_put("llama-3-8b", "vllm", {"max_tokens": 1024})],
-                     [key_put("key-1", "team-a", "ci", hash_secret("s3cret"), ["chat"], 1)]])
+        base.append([[PutModelMaster("llama-3-8b", "vllm", {"max_tokens": 1024})],
+                     [PutApiKey("key-1", "team-a", "ci", hash_secret("s3cret"), ["chat"], 1)]])
     return keypair.hex
 
 
@@ -132,7 +132,7 @@ async def test_status_of_a_folder_without_a_database_is_a_clear_error(tmp_path):
 
 
 async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_path):
-    seed_creator(tmp_path / "app")
+    creator = seed_creator(tmp_path / "app")
     other = load_or_create_keypair(tmp_path / "other").hex
     storage = ("--storage", str(tmp_path / "app"))
     code, out, _ = await cosmicac("db", "add-writer", other, *storage)
@@ -147,6 +147,11 @@ async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_pat
     assert code == 1 and "REMOVED" in err
     code, _, err = await cosmicac("db", "add-writer", "not-a-key", *storage)
     assert code == 2
+    # The only admin removing itself would leave a database nobody can administer.
+    code, _, err = await cosmicac("db", "remove-writer", creator, *storage)
+    assert code == 1 and "LAST_ADMIN" in err and len(err.strip().splitlines()) == 1
+    assert any(w["key"] == creator and w["admin"] and w["admitted"]
+               for w in (await status(tmp_path / "app"))["writers"])
     # Only an admin may: the other replica's own folder holds no admin of anything.
     code, _, err = await cosmicac("db", "add-writer", other, "--storage", str(tmp_path / "other"))
     assert code == 1 and "holds no database" in err

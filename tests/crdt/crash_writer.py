@@ -7,7 +7,8 @@ Run as ``python -m tests.crdt.crash_writer STORAGE SEED``. A line ``acked N`` me
 import random
 import sys
 
-from crdt import Base, FsyncPolicy
+from crdt import FsyncPolicy
+from crdt._base import Base
 from p2p.keys import KeyPair
 from tests.crdt.helpers import usage_ops
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from crdt import Base, FsyncPolicy
-from crdt._ops import usage_add
+from crdt import AddTokenUsage, FsyncPolicy
+from crdt._base import Base
 from p2p.keys import KeyPair
 
 
@@ -45,4 +45,4 @@ def pull(into: Base, source: Base, *, max_bytes: int = 64 * 1024,
 
 def usage_ops(key_id: str, n: int, *, model: str = "m", day: str = "2026-11-29") -> list:
     """``n`` one-op entries adding 1 prompt token each."""
-    return [[usage_add(key_id, model, day, prompt=1, total=1, requests=1)] for _ in range(n)]
+    return [[AddTokenUsage(key_id, model, day, prompt=1, total=1, requests=1)] for _ in range(n)]

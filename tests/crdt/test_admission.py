@@ -1,10 +1,11 @@
 """Writer admission: a pure function of the admin entries, whatever their order."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crdt import Entry, EntryId
-from crdt._admission import compute_admission
+from crdt import Entry, EntryId, WriteRefused
+from crdt._admission import compute_admission, plan_writer_change
 
 DB = b"d" * 32
 CREATOR, B, C, D = (bytes([n]) * 32 for n in (1, 2, 3, 4))
@@ -127,3 +128,43 @@ def test_caps_hold_whatever_the_history(entries):
         if grant.added_by is not None:
             assert admission.counts(grant.added_by)
             assert admission.writers[grant.added_by.writer].admin
+
+
+def test_the_only_admin_cannot_remove_itself_or_be_removed():
+    admission = compute_admission(CREATOR, [entry(CREATOR, 0, 1, add(B))])
+    with pytest.raises(WriteRefused) as refused:
+        plan_writer_change(admission, CREATOR, "remove_writer", CREATOR, length_seen=1)
+    assert refused.value.code == "LAST_ADMIN"
+    # With a second admin, either may go.
+    admission = compute_admission(CREATOR, [entry(CREATOR, 0, 1, add(B, True))])
+    assert plan_writer_change(admission, CREATOR, "remove_writer", CREATOR,
+                              length_seen=1) == remove(CREATOR, 1)
+    assert plan_writer_change(admission, B, "remove_writer", CREATOR,
+                              length_seen=1) == remove(CREATOR, 1)
+
+
+@settings(max_examples=300)
+@given(admin_histories(), st.data())
+def test_a_removal_an_admin_may_plan_never_leaves_the_database_without_an_admin(entries, data):
+    admission = compute_admission(CREATOR, entries)
+    admins = [key for key in (CREATOR, B, C, D) if admission.is_admin(key)]
+    if not admins:
+        return  # a random history may already have none; nobody may plan anything then
+    me = data.draw(st.sampled_from(admins))
+    target = data.draw(st.sampled_from([k for k in (CREATOR, B, C, D) if admission.knows(k)]))
+    lengths: dict[bytes, int] = {}
+    for where, _ in entries:
+        lengths[where.writer] = max(lengths.get(where.writer, 0), where.index + 1)
+    try:
+        op = plan_writer_change(admission, me, "remove_writer", target,
+                                length_seen=lengths.get(target, 0))
+    except WriteRefused as exc:
+        assert exc.code == "LAST_ADMIN"
+        assert admins == [target]
+        return
+    if op is None:
+        return
+    clock = 1 + max((e.clock for _, e in entries), default=0)
+    after = compute_admission(CREATOR, [*entries, entry(me, lengths.get(me, 0), clock, op)])
+    assert not after.is_writer(target)
+    assert any(after.is_admin(key) for key in (CREATOR, B, C, D))

@@ -5,26 +5,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crdt import (
-    Base,
+    AddTokenUsage,
+    AddWriter,
     DatabaseMismatch,
     Entry,
     FsyncPolicy,
     InvalidBatch,
     LogCorrupted,
+    PutApiKey,
+    PutModelMaster,
+    RemoveWriter,
+    RevokeApiKey,
     UnknownWriter,
     WriteRefused,
-    WriterLog,
+    hash_secret,
     verify_storage,
 )
-from crdt._ops import (
-    add_writer,
-    hash_secret,
-    key_put,
-    key_revoke,
-    model_put,
-    remove_writer,
-    usage_add,
-)
+from crdt._base import Base
+from crdt._entries import decode_entry
+from crdt._log import WriterLog
 from p2p.keys import KeyPair
 from tests.crdt.helpers import open_replica, pull, usage_ops
 
@@ -39,8 +38,8 @@ def test_the_creator_writes_and_a_reopened_replica_has_the_same_view(tmp_path):
     with open_replica(tmp_path / "a", A, fsync=FsyncPolicy.ALWAYS) as a:
         assert a.bootstrap == A.public_key and a.admission.is_admin(A.public_key)
         a.append(usage_ops("k1", 10))
-        a.append([[model_put("llama", "vllm", {"max_tokens": 512})],
-                  [key_put("k1", "team", "ci", hash_secret("s3cret"), ["chat"], 1)]])
+        a.append([[PutModelMaster("llama", "vllm", {"max_tokens": 512})],
+                  [PutApiKey("k1", "team", "ci", hash_secret("s3cret"), ["chat"], 1)]])
         dump = a.view.dump()
         assert total_prompt(a) == 10
     with open_replica(tmp_path / "a", A) as again:
@@ -52,13 +51,12 @@ def test_the_creator_writes_and_a_reopened_replica_has_the_same_view(tmp_path):
 
 def test_clocks_and_deps_put_our_entries_after_everything_we_had_seen(tmp_path):
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, A.public_key) as b:
-        a.append([[add_writer(B.public_key)], *usage_ops("k1", 3)])
+        a.append([[AddWriter(B.public_key)], *usage_ops("k1", 3)])
         pull(b, a)
         (where,) = b.append(usage_ops("k1", 1))
         entry = b.gate  # the entry we just wrote is the last released of B
         assert b.gate.clock(B.public_key, where.index) > a.gate.max_clock
         payload = b.logs[B.public_key].entry(where.index)
-        from crdt import decode_entry
         assert decode_entry(payload).deps == ((A.public_key, 4),)
         assert entry.length(B.public_key) == 1
 
@@ -73,11 +71,11 @@ def test_a_replica_reads_before_it_is_admitted_and_its_writes_are_refused(tmp_pa
         assert refused.value.code == "NOT_A_WRITER"
         assert "an admin must add it" in str(refused.value)
         assert b.lengths().get(B.public_key, 0) == 0  # nothing written
-        a.append([[add_writer(B.public_key)]])
+        a.append([[AddWriter(B.public_key)]])
         pull(b, a)
         b.append(usage_ops("k1", 2))
         with pytest.raises(WriteRefused) as not_admin:
-            b.append([[add_writer(C.public_key)]])
+            b.append([[AddWriter(C.public_key)]])
         assert not_admin.value.code == "NOT_AN_ADMIN"
         pull(a, b)
         assert total_prompt(a) == total_prompt(b) == 7
@@ -141,13 +139,13 @@ def _back_dated_entries(storage, keypair: KeyPair, db: bytes, clock: int, n: int
 def test_a_removed_writer_cannot_slip_in_back_dated_entries(tmp_path):
     db = A.public_key
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b:
-        a.append([[add_writer(B.public_key)]])
+        a.append([[AddWriter(B.public_key)]])
         pull(b, a)
         b.append(usage_ops("k1", 3))
         last_clock = b.gate.clock(B.public_key, 2)
         pull(a, b)
         a.append(usage_ops("k2", 50))  # the database's clock moves far ahead
-        a.append([[remove_writer(B.public_key, 3)]])
+        a.append([[RemoveWriter(B.public_key, 3)]])
         assert a.gate.max_clock > last_clock + 50
         pull(b, a)
         with pytest.raises(WriteRefused):
@@ -172,13 +170,13 @@ def test_a_late_removal_rebuilds_a_view_that_already_counted_too_much(tmp_path):
     db = A.public_key
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
             open_replica(tmp_path / "c", C, db) as c:
-        a.append([[add_writer(B.public_key)]])
+        a.append([[AddWriter(B.public_key)]])
         pull(b, a)
         b.append(usage_ops("k1", 6))
         pull(a, b)
         pull(c, a)
         assert total_prompt(c) == 6
-        a.append([[remove_writer(B.public_key, 2)]])
+        a.append([[RemoveWriter(B.public_key, 2)]])
         rebuilds = c.rebuilds
         pull(c, a)
         assert c.rebuilds == rebuilds + 1
@@ -189,11 +187,11 @@ def test_a_late_removal_rebuilds_a_view_that_already_counted_too_much(tmp_path):
 def test_revocation_wins_across_replicas(tmp_path):
     db = A.public_key
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b:
-        a.append([[add_writer(B.public_key, admin=True)],
-                  [key_put("k1", "t", "one", hash_secret("x"), [], 1)]])
+        a.append([[AddWriter(B.public_key, admin=True)],
+                  [PutApiKey("k1", "t", "one", hash_secret("x"), [], 1)]])
         pull(b, a)
-        a.append([[key_revoke("k1", 5)]])
-        b.append([[key_put("k1", "t", "renamed", hash_secret("x"), [], 1)]])  # concurrent
+        a.append([[RevokeApiKey("k1", 5)]])
+        b.append([[PutApiKey("k1", "t", "renamed", hash_secret("x"), [], 1)]])  # concurrent
         pull(a, b)
         pull(b, a)
         for replica in (a, b):
@@ -235,12 +233,12 @@ def test_a_damaged_view_is_rebuilt_from_the_logs(tmp_path):
 
 ids = st.sampled_from(["k1", "k2", "k3"])
 ops = st.one_of(
-    st.builds(lambda k, n: usage_add(k, "m", "2026-11-29", prompt=n, total=n, audio_ms=n * 7),
+    st.builds(lambda k, n: AddTokenUsage(k, "m", "2026-11-29", prompt=n, total=n, audio_ms=n * 7),
               ids, st.integers(0, 1000)),
-    st.builds(lambda k, t: key_put(k, "team", f"name-{t}", hash_secret(k), ["chat"], t),
+    st.builds(lambda k, t: PutApiKey(k, "team", f"name-{t}", hash_secret(k), ["chat"], t),
               ids, st.integers(1, 9)),
-    st.builds(lambda k, t: key_revoke(k, t), ids, st.integers(1, 9)),
-    st.builds(lambda n, r: model_put(n, r, {"r": r}), st.sampled_from(["a", "b"]),
+    st.builds(lambda k, t: RevokeApiKey(k, t), ids, st.integers(1, 9)),
+    st.builds(lambda n, r: PutModelMaster(n, r, {"r": r}), st.sampled_from(["a", "b"]),
               st.sampled_from(["vllm", "parakeet"])),
 )
 steps = st.lists(st.one_of(
@@ -268,7 +266,7 @@ def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_f
     db = keys[0].public_key
     replicas = [open_replica(root / str(i), k, None if i == 0 else db) for i, k in enumerate(keys)]
     try:
-        replicas[0].append([[add_writer(k.public_key, admin=True)] for k in keys[1:]])
+        replicas[0].append([[AddWriter(k.public_key, admin=True)] for k in keys[1:]])
         for replica in replicas[1:]:
             pull(replica, replicas[0])
         written: dict[bytes, dict[int, list]] = {k.public_key: {} for k in keys}
@@ -288,7 +286,7 @@ def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_f
                 victim = keys[step[1] % n].public_key
                 if victim != db and victim not in caps:
                     caps[victim] = replicas[0].lengths().get(victim, 0)
-                    replicas[0].append([[remove_writer(victim, caps[victim])]])
+                    replicas[0].append([[RemoveWriter(victim, caps[victim])]])
             elif step[0] == "sync":
                 _, into, source, max_bytes = step
                 if into % n != source % n:
@@ -315,8 +313,8 @@ def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_f
             for index, entry_ops in entries.items():
                 if index < caps.get(writer, index + 1):
                     for op in entry_ops:
-                        if op[0] == "usage_add":
-                            expected[op[1]] = expected.get(op[1], 0) + op[4]
+                        if isinstance(op, AddTokenUsage):
+                            expected[op.key_id] = expected.get(op.key_id, 0) + op.prompt
         for key_id in ("k1", "k2", "k3"):
             assert total_prompt(replicas[-1], key_id) == expected.get(key_id, 0)
         # And the view is what a rebuild from the logs gives.
@@ -333,7 +331,7 @@ def test_entries_the_gate_had_no_room_for_are_offered_again_from_the_log(tmp_pat
     db = A.public_key
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
             open_replica(tmp_path / "c", C, db) as c:
-        a.append([[add_writer(B.public_key)]])
+        a.append([[AddWriter(B.public_key)]])
         pull(b, a)
         for _ in range(30):  # A and B take turns, each entry depending on the other's last
             b.append(usage_ops("k1", 2))
@@ -372,14 +370,14 @@ def test_a_restart_from_the_snapshot_has_the_state_of_a_full_replay(tmp_path):
     db = A.public_key
     with open_replica(tmp_path / "a", A) as a, open_replica(tmp_path / "b", B, db) as b, \
             open_replica(tmp_path / "c", C, db) as c:
-        a.append([[add_writer(B.public_key)], [add_writer(C.public_key)]])
+        a.append([[AddWriter(B.public_key)], [AddWriter(C.public_key)]])
         pull(b, a)
         pull(c, a)
         b.append(usage_ops("k1", 4))
         c.append(usage_ops("k2", 2))
         pull(a, b)
         pull(a, c)
-        a.append([[remove_writer(B.public_key, 3)]])
+        a.append([[RemoveWriter(B.public_key, 3)]])
     # C's log gets a signed entry that does not decode: C stops there, everywhere.
     path = tmp_path / "c" / "db" / "logs" / f"{C.public_key.hex()}.log"
     with WriterLog.open(path, C.public_key, C, fsync=FsyncPolicy.NEVER) as wlog:
@@ -432,3 +430,17 @@ def test_queries_see_the_old_view_until_a_rebuild_is_whole(tmp_path, monkeypatch
         a.rebuild()
         assert seen and all(total == 5 for total in seen)
         assert total_prompt(a) == 5
+
+
+def test_the_only_admin_may_not_remove_itself_but_may_once_another_admin_exists(tmp_path):
+    with open_replica(tmp_path / "a", A) as a:
+        a.append([[AddWriter(B.public_key)]])  # a writer, not an admin
+        before = a.lengths()
+        with pytest.raises(WriteRefused) as refused:
+            a.change_writer("remove_writer", A.public_key)
+        assert refused.value.code == "LAST_ADMIN"
+        assert a.lengths() == before and a.admission.is_admin(A.public_key)
+        a.change_writer("add_writer", B.public_key, admin=True)
+        change = a.change_writer("remove_writer", A.public_key)
+        assert change.status == "removed"
+        assert a.admission.is_admin(B.public_key) and not a.admission.is_writer(A.public_key)

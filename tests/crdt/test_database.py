@@ -3,13 +3,12 @@
 import pytest
 import trio
 
-from crdt import Database, FsyncPolicy, WriteRefused
-from crdt._ops import usage_add
+from crdt import AddTokenUsage, Database, FsyncPolicy, WriteRefused
 from p2p.keys import KeyPair
 
 
 def one(n: int) -> list:
-    return [usage_add("k1", "m", "2026-11-29", prompt=n, total=n)]
+    return [AddTokenUsage("k1", "m", "2026-11-29", prompt=n, total=n)]
 
 
 async def test_concurrent_appends_share_fsyncs_and_each_gets_its_own_entry(tmp_path):

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crdt import BadEntry, Entry, EntryId, decode_entry, order_key
+from crdt import BadEntry, Entry, EntryId
+from crdt._entries import decode_entry, order_key
 
 DB = b"d" * 32
 keys = st.binary(min_size=32, max_size=32)

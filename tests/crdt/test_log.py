@@ -19,17 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crdt import (
-    GENESIS_HASH,
     FsyncPolicy,
-    Head,
     InvalidBatch,
     LogCorrupted,
     LogInUse,
     NotWriter,
     RecordTooLarge,
-    WriterLog,
-    verify_file,
 )
+from crdt._log import GENESIS_HASH, Head, WriterLog, verify_file
 from crdt._records import ENTRY, HEAD, MAGIC, _frame, _read_record
 from p2p.keys import KeyPair
 
@@ -200,17 +197,114 @@ def test_entries_without_a_head_are_dropped(tmp_path):
     assert path.stat().st_size == acked[-1][0]
 
 
-def test_flipped_bit_in_the_last_record_is_a_torn_tail(tmp_path):
+def test_flipped_bit_in_the_last_signed_head_is_damage_not_a_torn_tail(tmp_path):
+    """Regression (issue 10, item 8): a flipped byte in the last head made it look torn,
+    so `verify` said ok and opening cut every entry that head acknowledged."""
     path = tmp_path / "w.log"
-    acked = write_log(path, BATCHES)
+    write_log(path, BATCHES)
     last_head = records(path.read_bytes())[-1]
     flip_bit(path, last_head[0] + 20)
-    report = verify_file(path, WRITER.public_key)  # reports without repairing
-    assert report.tail.offset == acked[-2][0] and report.length == 6
+    assert_corrupted(path, last_head[0], "BAD_CRC")
+
+
+def test_flipped_last_byte_of_a_big_batch_is_refused_not_cut(tmp_path):
+    path = tmp_path / "w.log"
+    write_log(path, [[f"entry-{i}".encode() for i in range(500)]])
+    last_head = records(path.read_bytes())[-1]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert_corrupted(path, last_head[0], "BAD_CRC")
+
+
+def test_a_damaged_last_length_field_is_damage_even_though_the_record_looks_short(tmp_path):
+    path = tmp_path / "w.log"
+    write_log(path, BATCHES)
+    last_head = records(path.read_bytes())[-1]
+    flip_bit(path, last_head[0] + 8, 0)  # the length's low byte: the body now runs past the end
+    assert_corrupted(path, last_head[0], "BAD_RECORD")
+
+
+def test_zeros_to_the_end_of_the_file_are_a_torn_tail(tmp_path):
+    """What a filesystem that kept the new size but not the data leaves after power loss."""
+    path = tmp_path / "w.log"
+    acked = write_log(path, BATCHES)
+    with path.open("ab") as f:
+        f.write(bytes(300))
     with WriterLog.open(path, WRITER.public_key) as wlog:
-        assert wlog.length == 6
-        assert wlog.recovery.offset == acked[-2][0]
-        assert "torn record" in wlog.recovery.reason
+        assert wlog.length == len(ALL)
+        assert wlog.recovery.offset == acked[-1][0] and wlog.recovery.dropped_bytes == 300
+    assert path.stat().st_size == acked[-1][0]
+
+
+def flip_byte(data: bytes, offset: int, mask: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[offset] ^= mask
+    return bytes(damaged)
+
+
+def assert_refused_everywhere(path: Path, data: bytes) -> None:
+    """``data`` (a damaged acknowledged log) is reported by verify and refused by open."""
+    path.write_bytes(data)
+    with pytest.raises(LogCorrupted):
+        verify_file(path, WRITER.public_key)
+    with pytest.raises(LogCorrupted):
+        WriterLog.open(path, WRITER.public_key, WRITER, fsync=FsyncPolicy.NEVER).close()
+    with pytest.raises(LogCorrupted):
+        WriterLog.open(path, WRITER.public_key, read_only=True).close()
+    assert path.read_bytes() == data  # never cut
+
+
+def test_every_single_flipped_byte_of_an_acknowledged_log_is_refused(tmp_path):
+    original = tmp_path / "orig.log"
+    write_log(original, BATCHES)
+    data = original.read_bytes()
+    path = tmp_path / "damaged.log"
+    rng = random.Random(10)
+    for offset in range(len(data)):
+        assert_refused_everywhere(path, flip_byte(data, offset, rng.randint(1, 255)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.binary(max_size=60), min_size=1, max_size=5), min_size=1, max_size=4
+    ),
+    where=st.floats(0, 1, exclude_max=True),
+    mask=st.integers(1, 255),
+)
+def test_any_flipped_byte_of_any_acknowledged_log_is_detected_never_truncated(
+        batches, where, mask):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.log"
+        write_log(path, batches)
+        data = path.read_bytes()
+        assert_refused_everywhere(path, flip_byte(data, int(where * len(data)), mask))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    acknowledged=st.lists(
+        st.lists(st.binary(max_size=60), min_size=1, max_size=4), max_size=3
+    ),
+    unacknowledged=st.lists(st.binary(max_size=60), min_size=1, max_size=4),
+    where=st.floats(0, 1, exclude_max=True),
+)
+def test_a_cut_inside_the_unacknowledged_last_batch_is_recovered_and_keeps_every_acked_entry(
+        acknowledged, unacknowledged, where):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.log"
+        acked = write_log(path, [*acknowledged, unacknowledged])
+        data = path.read_bytes()
+        durable_end = acked[-2][0] if len(acked) > 1 else 0
+        # Strictly inside the last batch: at least one byte of it, never all of it.
+        cut = durable_end + 1 + int(where * (len(data) - durable_end - 1))
+        path.write_bytes(data[:cut])
+        assert verify_file(path, WRITER.public_key).tail.offset == durable_end
+        with WriterLog.open(path, WRITER.public_key, fsync=FsyncPolicy.NEVER) as wlog:
+            assert list(wlog.entries()) == [p for batch in acknowledged for p in batch]
+            assert wlog.recovery.offset == durable_end
+        assert path.read_bytes() == data[:durable_end]
 
 
 # --- corruption in the middle --------------------------------------------------------------
@@ -360,7 +454,7 @@ def _signed_head(keypair: KeyPair, payloads: list[bytes]) -> Head:
 CRASHING_WRITER = textwrap.dedent(
     """
     import random, sys
-    from crdt import WriterLog
+    from crdt._log import WriterLog
     from p2p.keys import KeyPair
 
     keypair = KeyPair.from_seed(bytes(range(32)))

@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from crdt import (
+    AddTokenUsage,
     Database,
     DatabaseService,
     FsyncPolicy,
@@ -17,7 +18,6 @@ from crdt import (
     run_database_service,
 )
 from crdt._messages import FetchResult
-from crdt._ops import usage_add
 from crdt._replication import Replicator
 from p2p.keys import KeyPair
 from p2p.metrics import combined_registry, serve_metrics
@@ -95,7 +95,7 @@ async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
         await a.db.append_many(usage_ops("k1", 50))
         b = await start_replica(net, tmp_path / "b", b_key, bootstrap=a.db.bootstrap)
         await wait_until(lambda: b.db.is_writer, limit_s=15)
-        await b.db.append([usage_add("k1", "m", "2026-11-29", prompt=1000)])
+        await b.db.append([AddTokenUsage("k1", "m", "2026-11-29", prompt=1000)])
         await wait_until(lambda: a.db.lengths == b.db.lengths, limit_s=15)
         assert await total_prompt(a.db) == await total_prompt(b.db) == 1050
         assert await a.db.read(lambda v: v.dump()) == await b.db.read(lambda v: v.dump())
@@ -122,7 +122,7 @@ async def test_a_key_off_the_allow_list_reads_but_cannot_write(tmp_path):
                 "crdt_admission_requests_total", {"outcome": "not_allowed"}) or 0
         await wait_until(lambda: refusals() >= 1, limit_s=15)
         with pytest.raises(WriteRefused) as refused:
-            await c.db.append([usage_add("k1", "m", "2026-11-29", prompt=1)])
+            await c.db.append([AddTokenUsage("k1", "m", "2026-11-29", prompt=1)])
         assert refused.value.code == "NOT_A_WRITER"
 
 

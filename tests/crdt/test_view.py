@@ -8,9 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crdt import Entry, EntryId
-from crdt._ops import hash_secret
-from crdt._view import ApiKey, ModelMaster, Usage, View, ViewMismatch
+from crdt import ApiKey, Entry, EntryId, ModelMaster, Usage, hash_secret
+from crdt._view import View, ViewMismatch
 
 DB = b"d" * 32
 W1, W2, W3 = (bytes([n]) * 32 for n in (1, 2, 3))
