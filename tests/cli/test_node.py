@@ -17,8 +17,7 @@ LISTENING = re.compile(r"node listening on (\S+):(\d+) key ([0-9a-f]{64})")
 async def running_node(storage):
     """Start `cosmicac up`; yield (process, "host:port", key); kill it if still running."""
     node = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--port", "0", "--dht-port", "0",
-         "--db-port", "0"],
+        [*COSMICAC, "up", "--storage", str(storage), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -97,12 +96,15 @@ async def test_up_serves_its_metrics(tmp_path):
 
 async def test_up_runs_the_shared_database_with_this_node_as_its_admin(tmp_path):
     with trio.fail_after(60):
-        async with running_node(tmp_path) as (node, _address, key):
+        async with running_node(tmp_path) as (node, address, key):
             match = await read_until(node.stderr, re.compile(
                 r"shared database ([0-9a-f]{64}) on \S+:\d+[\s\S]*"
                 r"PROXY_AUTOBASE_KEY=([0-9a-f]{64}) cosmicac db serve --storage DIR "
                 r"--bootstrap (\S+):(\d+)"))
             assert match[1] == match[2] == key  # the node created it
+            # One peer, one swarm: the DHT bootstrap and the database share the
+            # node's port (TCP for connections, UDP for the DHT).
+            assert f"{match[3]}:{match[4]}" == address
             while True:  # the daemon writes its status file within a second; bounded above
                 result = await trio.run_process(
                     [*COSMICAC, "db", "status", "--storage", str(tmp_path), "-o", "json"],
