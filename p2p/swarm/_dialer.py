@@ -184,42 +184,71 @@ class Dialer:
     async def _dial_direct(
         self, key: bytes, addresses: Iterable[Address], failures: list[tuple[str, str]]
     ) -> Connection | None:
-        """Try every address at once; the first handshake wins, the rest are cancelled."""
-        swarm = self._swarm
-        won: list[tuple[SecretStream, Address]] = []
-        timeout = swarm.config.direct_timeout_s
+        """Connect to every address at once; handshake only on the first socket
+        that connects (the others are closed before a word is said), and if that
+        handshake fails, race the addresses that are left.
 
-        async def try_one(address: Address, cancel_rest: trio.CancelScope) -> None:
-            host, port = address
-            label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        Racing whole handshakes would let two finish: the peer would then hold
+        two connections we initiated, keep the newer, and might drop the one we
+        kept. Only one handshake at a time keeps both sides on one connection.
+        """
+        swarm = self._swarm
+        timeout = swarm.config.direct_timeout_s
+        remaining = list(addresses)[:MAX_ADDRESSES_PER_DIAL]
+        while remaining:  # bounded: each round removes at least one address
+            connected = await self._first_to_connect(remaining, failures, timeout)
+            if connected is None:
+                return None
+            raw, address = connected
+            remaining.remove(address)
             try:
                 with trio.fail_after(timeout):
-                    raw = await swarm.network.open_stream((host, port))
-                    try:
-                        stream = await SecretStream.initiator(
-                            raw, swarm.keypair, key, config=swarm.config.connection.stream)
-                    except BaseException:
-                        await trio.aclose_forcefully(raw)
-                        raise
+                    stream = await SecretStream.initiator(
+                        raw, swarm.keypair, key, config=swarm.config.connection.stream)
             except trio.TooSlowError:
-                failures.append((label, f"timed out after {timeout} s"))
-                return
+                await trio.aclose_forcefully(raw)
+                failures.append((_label(address), f"handshake timed out after {timeout} s"))
+                continue
             except (OSError, HandshakeError, trio.BrokenResourceError) as exc:
-                failures.append((label, reason(exc)))
+                await trio.aclose_forcefully(raw)
+                failures.append((_label(address), reason(exc)))
+                continue
+            return await self._adopt(stream, address, None)
+        return None
+
+    async def _first_to_connect(
+        self, addresses: list[Address], failures: list[tuple[str, str]], each_s: float,
+    ) -> tuple[trio.abc.HalfCloseableStream, Address] | None:
+        """The first of ``addresses`` whose stream connects; the rest are
+        cancelled (or closed, if they connected too); each failure is noted."""
+        network = self._swarm.network
+        won: list[tuple[trio.abc.HalfCloseableStream, Address]] = []
+
+        async def try_one(address: Address, cancel_rest: trio.CancelScope) -> None:
+            try:
+                with trio.fail_after(each_s):
+                    raw = await network.open_stream(address)
+            except trio.TooSlowError:
+                failures.append((_label(address), f"timed out after {each_s} s"))
+                addresses_failed.append(address)
+                return
+            except OSError as exc:
+                failures.append((_label(address), reason(exc)))
+                addresses_failed.append(address)
                 return
             if won:  # another address won the race meanwhile
-                await stream.aclose()
+                await trio.aclose_forcefully(raw)
                 return
-            won.append((stream, address))
+            won.append((raw, address))
             cancel_rest.cancel()
 
+        addresses_failed: list[Address] = []
         async with trio.open_nursery() as nursery:
-            for address in list(addresses)[:MAX_ADDRESSES_PER_DIAL]:
+            for address in addresses:
                 nursery.start_soon(try_one, address, nursery.cancel_scope)
-        if not won:
-            return None
-        stream, address = won[0]
-        return await self._adopt(stream, address, None)
+        for address in addresses_failed:
+            addresses.remove(address)
+        return won[0] if won else None
 
     async def _dial_via_relay(self, key: bytes, relay_key: bytes) -> Connection:
         swarm = self._swarm
@@ -284,6 +313,11 @@ class Dialer:
             connection.add_topics(topics)
         finally:
             self._reconnects.discard(key)
+
+
+def _label(address: Address) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def reason(exc: BaseException) -> str:
