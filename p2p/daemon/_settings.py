@@ -252,7 +252,7 @@ def _problem(error: Mapping[str, Any]) -> str:
     value = error.get("input")
     if isinstance(value, str | int | float) and not isinstance(value, bool):
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        if shown not in message:
+        if shown not in message and "got " not in message:
             message += f", got {shown}"
     return message
 
@@ -321,6 +321,9 @@ def load_settings(
         source = _source_of(cls, loc, overrides=given, environ=environ, file_data=file_data,
                             config_file=path)
         problem = _problem(first)
+        if first["type"] == "missing":
+            problem = (f"required: set it in the config file, as {_env_name(cls, loc)}, "
+                       "or with its option")
         if len(errors) > 1:
             problem += f" (and {len(errors) - 1} more)"
         raise ConfigError(_dotted(loc) or "(settings)", problem, source=source) from None
