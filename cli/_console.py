@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["OutputFormat", "err", "fail", "out", "print_json", "run_trio"]
+__all__ = ["OutputFormat", "err", "fail", "first_leaf", "out", "print_json", "run_trio"]
 
 # markup=False, emoji=False: what we print is often what the user typed, and
 # "127.0.0.1:-1:" must not become "127.0.0.1👎" nor "[::1]" a style tag. The
@@ -42,6 +42,13 @@ def fail(message: str, *, code: int = 1) -> NoReturn:
     """
     err.print(f"[bold red]error:[/] {escape(' '.join(str(message).split()))}", markup=True)
     raise typer.Exit(code)
+
+
+def first_leaf(group: BaseException) -> Any:
+    """The first exception inside (possibly nested) exception groups."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
 
 
 def run_trio(async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge, Info
 
 from crdt import CrdtError, run_database_service
 from p2p.connection import dial_tcp, serve_tcp
+from p2p.daemon import StorageInUse, StorageUnusable, lock_storage
 from p2p.dht import DhtNode, UdpTransport, dht_registry
 from p2p.diagnostics import (
     IDENTIFY,
@@ -32,12 +33,12 @@ from p2p.diagnostics import (
 )
 from p2p.errors import HandshakeError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair
-from p2p.metrics import CollectorRegistry, combined_registry, serve_metrics
+from p2p.metrics import CollectorRegistry, MetricsBindError, combined_registry, serve_metrics
 from p2p.rpc import RpcClient, RpcError, serve_rpc
 from p2p.swarm import SwarmConfig
 
-from ._args import parse_peer
-from ._console import OutputFormat, err, fail, print_json
+from ._args import count_option, parse_peer, port_option, seconds_option
+from ._console import OutputFormat, err, fail, first_leaf, print_json
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
 from .beam import connect_failure_reason
@@ -59,18 +60,18 @@ def up(
         help="Identity and state folder (the same folder gives the same key).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", envvar="COSMICAC_HOST"),
-    port: int = typer.Option(DEFAULT_NODE_PORT, "--port", envvar="COSMICAC_PORT"),
+    port: int = port_option(DEFAULT_NODE_PORT, "--port", envvar="COSMICAC_PORT"),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
-    metrics_port: int = typer.Option(
-        0, "--metrics-port", min=0, max=65535, envvar="COSMICAC_METRICS_PORT",
+    metrics_port: int = port_option(
+        0, "--metrics-port", envvar="COSMICAC_METRICS_PORT",
         help="Serve Prometheus metrics on this port (0: off)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host",
                                      envvar="COSMICAC_METRICS_HOST"),
-    dht_port: int = typer.Option(
-        DEFAULT_BOOTSTRAP_PORT, "--dht-port", min=0, max=65535, envvar="COSMICAC_DHT_PORT",
+    dht_port: int = port_option(
+        DEFAULT_BOOTSTRAP_PORT, "--dht-port", envvar="COSMICAC_DHT_PORT",
         help="UDP port of the embedded DHT bootstrap node (0: any free one)."),
-    db_port: int = typer.Option(
-        DEFAULT_DB_PORT, "--db-port", min=0, max=65535, envvar="COSMICAC_DB_PORT",
+    db_port: int = port_option(
+        DEFAULT_DB_PORT, "--db-port", envvar="COSMICAC_DB_PORT",
         help="TCP and UDP port of the shared database's swarm (0: any free one)."),
     db_allow: list[str] = typer.Option(
         [], "--db-allow", envvar="COSMICAC_DB_ALLOW",
@@ -86,6 +87,10 @@ def up(
     """
     configure_logging(log_level)
     try:
+        lock = lock_storage(storage)  # one daemon per folder; released at exit
+    except (StorageInUse, StorageUnusable) as exc:
+        fail(str(exc))
+    try:
         keypair = load_or_create_keypair(storage)
     except P2PError as exc:
         fail(str(exc))
@@ -94,11 +99,17 @@ def up(
         trio.run(_run_node, keypair, storage.resolve(), host, ports, parse_allow(db_allow),
                  (metrics_host, metrics_port) if metrics_port else None)
     except* CrdtError as group:
-        fail(str(group.exceptions[0]))
+        fail(str(first_leaf(group)))
     except* OSError as group:
-        exc = group.exceptions[0]
+        exc = first_leaf(group)
+        if isinstance(exc, MetricsBindError):
+            fail(str(exc))
+        if exc.filename is not None:
+            fail(f"cannot use {exc.filename}: {exc.strerror or exc}")
         fail(f"cannot listen on {host} (ports {port}, {dht_port}, {db_port}): "
              f"{exc.strerror or exc}")
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True)
@@ -170,9 +181,11 @@ async def _run_node(keypair: KeyPair, storage: Path, host: str, ports: Ports,
 def ping(
     key: str = typer.Argument(..., help="The peer's public key (64 hex characters)."),
     address: str = typer.Option(..., "--address", "-a", help="HOST:PORT of the peer."),
-    count: int = typer.Option(4, "--count", "-c", min=1, max=100_000),
-    interval_s: float = typer.Option(0.2, "--interval", "-i", min=0.0),
-    timeout_s: float = typer.Option(5.0, "--timeout", "-W", min=0.01),
+    count: int = count_option(4, "--count", "-c", maximum=100_000),
+    interval_s: float = seconds_option(0.2, "--interval", "-i", inclusive=True,
+                                       maximum=3600.0),
+    timeout_s: float = seconds_option(5.0, "--timeout", "-W", minimum=0.01, inclusive=True,
+                                      maximum=3600.0),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
 ) -> None:
     """Ping a peer over the whole stack (secret stream, channel, RPC) and identify it."""
