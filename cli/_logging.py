@@ -15,6 +15,7 @@ from p2p.daemon import configure_logging as _configure
 __all__ = ["JsonFormatter", "configure_logging"]
 
 
-def configure_logging(level: str, *, stream: TextIO | None = None) -> None:
+def configure_logging(level: str, *, stream: TextIO | None = None,
+                      format: str = "auto") -> None:
     """Log to ``stream`` (stdout by default) at ``level``; JSON unless it is a TTY."""
-    _configure(level, stream=stream if stream is not None else sys.stdout)
+    _configure(level, stream=stream if stream is not None else sys.stdout, format=format)

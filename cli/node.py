@@ -18,10 +18,18 @@ from pathlib import Path
 import trio
 import typer
 from prometheus_client import Counter, Gauge, Info
+from pydantic_settings import SettingsConfigDict
 
 from crdt import CrdtError, run_database_service
 from p2p.connection import dial_tcp, serve_tcp
-from p2p.daemon import StorageInUse, StorageUnusable, lock_storage
+from p2p.daemon import (
+    DaemonSettings,
+    Port,
+    PublicKeyList,
+    StorageInUse,
+    StorageUnusable,
+    lock_storage,
+)
 from p2p.dht import DhtNode, UdpTransport, dht_registry
 from p2p.diagnostics import (
     IDENTIFY,
@@ -37,7 +45,14 @@ from p2p.metrics import CollectorRegistry, MetricsBindError, combined_registry, 
 from p2p.rpc import RpcClient, RpcError, serve_rpc
 from p2p.swarm import SwarmConfig
 
-from ._args import count_option, parse_peer, port_option, seconds_option
+from ._args import (
+    config_option,
+    count_option,
+    load_settings_or_exit,
+    parse_peer,
+    port_option,
+    seconds_option,
+)
 from ._console import OutputFormat, err, fail, first_leaf, print_json
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
@@ -54,27 +69,63 @@ DEFAULT_DB_PORT = 49739
 AGENT = "cosmicac-node/0.1"
 
 
+class NodeSettings(DaemonSettings):
+    """Settings of ``cosmicac up``: ``--config FILE``, ``COSMICAC_NODE__<KEY>``, options.
+
+    The names from before the kit (:attr:`legacy_env`) still work, below the
+    prefixed ones.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_NODE__")
+
+    legacy_env = {
+        **DaemonSettings.legacy_env,
+        "COSMICAC_STORAGE": "storage",
+        "COSMICAC_HOST": "host",
+        "COSMICAC_PORT": "port",
+        "COSMICAC_METRICS_PORT": "metrics.port",
+        "COSMICAC_METRICS_HOST": "metrics.host",
+        "COSMICAC_DHT_PORT": "dht_port",
+        "COSMICAC_DB_PORT": "db_port",
+        "COSMICAC_DB_ALLOW": "db_allow",
+    }
+
+    #: Identity and state folder (the same folder gives the same key).
+    storage: Path = Path(".cosmicac")
+    host: str = "127.0.0.1"
+    #: TCP port of the diagnostic service.
+    port: Port = DEFAULT_NODE_PORT
+    #: UDP port of the embedded DHT bootstrap node (0: any free one).
+    dht_port: Port = DEFAULT_BOOTSTRAP_PORT
+    #: TCP and UDP port of the shared database's swarm (0: any free one).
+    db_port: Port = DEFAULT_DB_PORT
+    #: Replica keys admitted as writers of the shared database when they ask.
+    db_allow: PublicKeyList = ()
+
+
 def up(
-    storage: Path = typer.Option(
-        Path(".cosmicac"), "--storage", envvar="COSMICAC_STORAGE",
-        help="Identity and state folder (the same folder gives the same key).",
-    ),
-    host: str = typer.Option("127.0.0.1", "--host", envvar="COSMICAC_HOST"),
-    port: int = port_option(DEFAULT_NODE_PORT, "--port", envvar="COSMICAC_PORT"),
-    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
-    metrics_port: int = port_option(
-        0, "--metrics-port", envvar="COSMICAC_METRICS_PORT",
-        help="Serve Prometheus metrics on this port (0: off)."),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host",
-                                     envvar="COSMICAC_METRICS_HOST"),
-    dht_port: int = port_option(
-        DEFAULT_BOOTSTRAP_PORT, "--dht-port", envvar="COSMICAC_DHT_PORT",
-        help="UDP port of the embedded DHT bootstrap node (0: any free one)."),
-    db_port: int = port_option(
-        DEFAULT_DB_PORT, "--db-port", envvar="COSMICAC_DB_PORT",
-        help="TCP and UDP port of the shared database's swarm (0: any free one)."),
-    db_allow: list[str] = typer.Option(
-        [], "--db-allow", envvar="COSMICAC_DB_ALLOW",
+    config: Path | None = config_option(),
+    storage: Path | None = typer.Option(
+        None, "--storage",
+        help="Identity and state folder (the same folder gives the same key). "
+             "(default: .cosmicac)"),
+    host: str | None = typer.Option(None, "--host", help="(default: 127.0.0.1)"),
+    port: int | None = port_option(None, "--port", help=f"(default: {DEFAULT_NODE_PORT})"),
+    log_level: str | None = typer.Option(None, "--log-level", help="(default: info)"),
+    metrics_port: int | None = port_option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_host: str | None = typer.Option(None, "--metrics-host",
+                                            help="(default: 127.0.0.1)"),
+    dht_port: int | None = port_option(
+        None, "--dht-port",
+        help=f"UDP port of the embedded DHT bootstrap node (0: any free one). "
+             f"(default: {DEFAULT_BOOTSTRAP_PORT})"),
+    db_port: int | None = port_option(
+        None, "--db-port",
+        help=f"TCP and UDP port of the shared database's swarm (0: any free one). "
+             f"(default: {DEFAULT_DB_PORT})"),
+    db_allow: list[str] | None = typer.Option(
+        None, "--db-allow",
         help="Replica key admitted as a writer of the shared database when it asks."),
 ) -> None:
     """Run what exists of the system on this machine, until Ctrl-C.
@@ -83,9 +134,19 @@ def up(
     `cosmicac beam`), a DHT bootstrap node, and the shared database: this node
     creates it and is its admin; other replicas join with its key
     (`PROXY_AUTOBASE_KEY=<key> cosmicac db serve ...`). The control plane
-    (app-node, wrk-ork, workers) is not built yet.
+    (app-node, wrk-ork, workers) is not built yet. Every option can also be set
+    in the --config file or as COSMICAC_NODE__<KEY>.
     """
-    configure_logging(log_level)
+    allowed = parse_allow(db_allow)
+    settings = load_settings_or_exit(NodeSettings, config, {
+        "storage": storage, "host": host, "port": port, "log_level": log_level,
+        "metrics.port": metrics_port, "metrics.host": metrics_host,
+        "dht_port": dht_port, "db_port": db_port,
+        "db_allow": tuple(allowed) if allowed else None,
+    })
+    storage, host = settings.storage, settings.host
+    port, dht_port, db_port = settings.port, settings.dht_port, settings.db_port
+    configure_logging(settings.log_level, format=settings.log_format)
     try:
         lock = lock_storage(storage)  # one daemon per folder; released at exit
     except (StorageInUse, StorageUnusable) as exc:
@@ -95,9 +156,11 @@ def up(
     except P2PError as exc:
         fail(str(exc))
     ports = Ports(port, dht_port, db_port)
+    metrics = settings.metrics
     try:
-        trio.run(_run_node, keypair, storage.resolve(), host, ports, parse_allow(db_allow),
-                 (metrics_host, metrics_port) if metrics_port else None)
+        trio.run(_run_node, keypair, storage.resolve(), host, ports,
+                 frozenset(settings.db_allow) or None,
+                 (metrics.host, metrics.port) if metrics.port else None)
     except* CrdtError as group:
         fail(str(first_leaf(group)))
     except* OSError as group:
