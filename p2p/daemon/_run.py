@@ -173,6 +173,10 @@ def run_daemon(
     try:
         stopped_by = trio.run(functools.partial(
             _main, settings, start, name, lock.path if lock is not None else None))
+    except KeyboardInterrupt:
+        # SIGINT before the signal receiver was installed: trio delivered it
+        # as KeyboardInterrupt and unwound everything; still a requested stop.
+        stopped_by = "SIGINT"
     except (Exception, BaseExceptionGroup) as exc:
         _exit_for(exc, errors or {})
     finally:
