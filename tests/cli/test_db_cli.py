@@ -152,6 +152,21 @@ async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_pat
     assert code == 1 and "holds no database" in err
 
 
+async def test_removing_the_only_admin_is_refused_and_allowed_once_there_is_another(tmp_path):
+    me = seed_creator(tmp_path / "app")
+    other = load_or_create_keypair(tmp_path / "other").hex
+    storage = ("--storage", str(tmp_path / "app"))
+    code, _, err = await cosmicac("db", "remove-writer", me, *storage)
+    assert code == 1
+    assert f"refusing to remove {me}: it is the only admin" in err
+    assert [(w["key"], w["admitted"]) for w in (await status(tmp_path / "app"))["writers"]] == [
+        (me, True)]
+    code, _, _ = await cosmicac("db", "add-writer", other, "--admin", *storage)
+    assert code == 0
+    code, _, err = await cosmicac("db", "remove-writer", me, *storage)
+    assert code == 0, err
+
+
 # -- db serve on the daemon kit ---------------------------------------------------------
 
 REPLICA = re.compile(r"Replica ([0-9a-f]{64}) \((\w+)\) listening on (\S+):(\d+)")
