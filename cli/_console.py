@@ -11,13 +11,13 @@ from typing import Any, NoReturn
 import trio
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 __all__ = ["OutputFormat", "err", "fail", "first_leaf", "out", "print_json", "run_trio"]
 
 # markup=False, emoji=False: what we print is often what the user typed, and
 # "127.0.0.1:-1:" must not become "127.0.0.1👎" nor "[::1]" a style tag. The
-# one styled line (fail) asks for markup and escapes its text.
+# one styled line (fail) is built as a rich Text, which is never parsed.
 #: Diagnostics and progress; honours NO_COLOR and degrades when not a TTY.
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
 #: Human-readable results.
@@ -40,7 +40,8 @@ def fail(message: str, *, code: int = 1) -> NoReturn:
     ``message`` is shown as it is: rich markup and emoji codes in it are not
     interpreted (it often holds what the user typed).
     """
-    err.print(f"[bold red]error:[/] {escape(' '.join(str(message).split()))}", markup=True)
+    # A Text is never parsed for markup or emoji (escape() mangles a trailing "\\").
+    err.print(Text.assemble(("error:", "bold red"), " ", " ".join(str(message).split())))
     raise typer.Exit(code)
 
 

@@ -171,3 +171,14 @@ def test_no_port_or_count_value_ends_in_a_traceback(name, value):
 def test_no_duration_value_ends_in_a_traceback(name, value):
     with tempfile.TemporaryDirectory() as storage:
         _check([*FLOAT_COMMANDS[name](storage), value])
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.characters(blacklist_categories=["Cs", "Cc", "Zl", "Zp"]),
+               max_size=40))
+def test_any_error_text_is_printed_as_given(capsys, text):
+    capsys.readouterr()
+    with pytest.raises(typer.Exit):
+        fail(f"bad value {text}", code=2)
+    assert capsys.readouterr().err == f"error: {' '.join(f'bad value {text}'.split())}\n"
