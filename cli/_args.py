@@ -1,15 +1,92 @@
-"""Parsing of the arguments several commands share, with usage errors (exit 2)."""
+"""Parsing of the arguments several commands share, with usage errors (exit 2).
+
+Every numeric option is declared through one of the helpers below, so its
+range is checked before the command runs: a port is 0..65535 (never wrapped
+modulo 65536 by the socket layer), a count is positive, a duration is a
+finite number of seconds above its floor. A bad value is a usage error
+(exit 2) naming the option, never a traceback.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
 import typer
 
+from p2p.daemon import ConfigError, DaemonSettings, load_settings
 from p2p.errors import KeyFormatError
 from p2p.keys import parse_public_key
 
 from ._console import fail
 
-__all__ = ["parse_address", "parse_key", "parse_keys", "parse_peer", "wildcard_for"]
+S = TypeVar("S", bound=DaemonSettings)
+
+__all__ = [
+    "config_option",
+    "count_option",
+    "load_settings_or_exit",
+    "parse_address",
+    "parse_key",
+    "parse_keys",
+    "parse_peer",
+    "port_option",
+    "seconds_option",
+    "wildcard_for",
+]
+
+MAX_PORT = 65535
+
+
+def config_option() -> Any:
+    """``--config FILE``: a daemon's settings file (TOML, or JSON by its suffix)."""
+    return typer.Option(
+        None, "--config", dir_okay=False,
+        help="Settings file (TOML, or JSON if it ends in .json); COSMICAC_<DAEMON>__<KEY> "
+             "environment variables override it, and options override both.")
+
+
+def load_settings_or_exit(cls: type[S], config_file: Path | None,
+                          overrides: Mapping[str, Any]) -> S:
+    """:func:`p2p.daemon.load_settings`; a bad setting exits 2 naming its key."""
+    try:
+        return load_settings(cls, config_file=config_file, overrides=overrides)
+    except ConfigError as exc:
+        fail(str(exc), code=2)
+
+
+def port_option(default: int | None, *flags: str, help: str | None = None,
+                envvar: str | None = None) -> Any:
+    """A TCP/UDP port option: 0..65535 (0 means "any free port" or "off")."""
+    return typer.Option(default, *flags, min=0, max=MAX_PORT, envvar=envvar, help=help)
+
+
+def count_option(default: int | None, *flags: str, help: str | None = None,
+                 minimum: int = 1, maximum: int | None = None,
+                 envvar: str | None = None) -> Any:
+    """A whole-number option of at least ``minimum`` (1: counts, limits)."""
+    return typer.Option(default, *flags, min=minimum, max=maximum, envvar=envvar, help=help)
+
+
+def seconds_option(default: float | None, *flags: str, help: str | None = None,
+                   minimum: float = 0.0, inclusive: bool = False,
+                   maximum: float = 365 * 86400.0, envvar: str | None = None) -> Any:
+    """A duration in seconds: finite, above ``minimum`` (or equal, if
+    ``inclusive``), at most ``maximum`` (a year by default)."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        low_ok = value >= minimum if inclusive else value > minimum
+        if not math.isfinite(value) or not low_ok or value > maximum:
+            bound = f"at least {minimum:g}" if inclusive else f"more than {minimum:g}"
+            raise typer.BadParameter(f"must be a number of seconds, {bound} and at most "
+                                     f"{maximum:g}, got {value!r}")
+        return value
+
+    return typer.Option(default, *flags, callback=check, envvar=envvar, help=help)
 
 
 def parse_key(text: str, *, what: str) -> bytes:

@@ -11,13 +11,17 @@ from typing import Any, NoReturn
 import trio
 import typer
 from rich.console import Console
+from rich.text import Text
 
-__all__ = ["OutputFormat", "err", "fail", "out", "print_json", "run_trio"]
+__all__ = ["OutputFormat", "err", "fail", "first_leaf", "out", "print_json", "run_trio"]
 
+# markup=False, emoji=False: what we print is often what the user typed, and
+# "127.0.0.1:-1:" must not become "127.0.0.1👎" nor "[::1]" a style tag. The
+# one styled line (fail) is built as a rich Text, which is never parsed.
 #: Diagnostics and progress; honours NO_COLOR and degrades when not a TTY.
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
 #: Human-readable results.
-out = Console(highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 
 class OutputFormat(StrEnum):
@@ -31,9 +35,21 @@ def print_json(document: Any) -> None:
 
 
 def fail(message: str, *, code: int = 1) -> NoReturn:
-    """Print a one-line error on stderr and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", markup=True)
+    """Print a one-line error on stderr and exit with ``code``.
+
+    ``message`` is shown as it is: rich markup and emoji codes in it are not
+    interpreted (it often holds what the user typed).
+    """
+    # A Text is never parsed for markup or emoji (escape() mangles a trailing "\\").
+    err.print(Text.assemble(("error:", "bold red"), " ", " ".join(str(message).split())))
     raise typer.Exit(code)
+
+
+def first_leaf(group: BaseException) -> Any:
+    """The first exception inside (possibly nested) exception groups."""
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
 
 
 def run_trio(async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:

@@ -1,39 +1,21 @@
-"""Daemon logging: readable lines on a terminal, JSON lines otherwise."""
+"""Daemon logging for commands: the kit's, on stdout unless told otherwise.
+
+The kit (:mod:`p2p.daemon`) logs to stderr by default; ``up`` and the ``dht``
+commands keep logging on stdout as they always have.
+"""
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
-import time
+from typing import TextIO
 
-__all__ = ["configure_logging"]
+from p2p.daemon import JsonFormatter
+from p2p.daemon import configure_logging as _configure
 
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        document = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            document["exception"] = self.formatException(record.exc_info)
-        return json.dumps(document)
+__all__ = ["JsonFormatter", "configure_logging"]
 
 
-def configure_logging(level: str, *, stream=None) -> None:
+def configure_logging(level: str, *, stream: TextIO | None = None,
+                      format: str = "auto") -> None:
     """Log to ``stream`` (stdout by default) at ``level``; JSON unless it is a TTY."""
-    stream = stream or sys.stdout
-    handler = logging.StreamHandler(stream)
-    if stream.isatty():
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s %(message)s")
-        )
-    else:
-        handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    _configure(level, stream=stream if stream is not None else sys.stdout, format=format)

@@ -29,7 +29,7 @@ from p2p.keys import KeyPair, format_key, load_or_create_keypair
 from p2p.mux import Channel, ChannelRejected, MuxError
 from p2p.swarm import PeerNotFound, Swarm, SwarmConfig, SwarmError
 
-from ._args import parse_key, parse_keys, parse_peer, wildcard_for
+from ._args import parse_key, parse_keys, parse_peer, port_option, wildcard_for
 from ._console import err, fail, run_trio
 from ._stdio import StdinSource, StdoutSink
 from .dht import parse_bootstrap
@@ -55,7 +55,7 @@ def beam(
         None, "--host", help="Address to listen on [default: 127.0.0.1, or 0.0.0.0 "
         "with --bootstrap]."
     ),
-    port: int = typer.Option(0, "--port", "-p", help="Port to listen on (0: any free port)."),
+    port: int = port_option(0, "--port", "-p", help="Port to listen on (0: any free port)."),
     storage: Path | None = typer.Option(
         None, "--storage", envvar="COSMICAC_STORAGE",
         help="Keep the identity here (the same folder gives the same key); "

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from pathlib import Path
+from typing import Annotated
 
 import trio
 import typer
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from crdt import (
     CrdtError,
@@ -25,19 +27,33 @@ from crdt import (
     run_database_service,
     verify_storage,
 )
+from p2p.daemon import (
+    AddressList,
+    Daemon,
+    DaemonError,
+    DaemonSettings,
+    Port,
+    PublicKey,
+    PublicKeyList,
+    run_daemon,
+)
 from p2p.errors import P2PError
 from p2p.keys import format_key, load_or_create_keypair
-from p2p.metrics import combined_registry, serve_metrics
 from p2p.swarm import Swarm, SwarmConfig
 
-from ._args import parse_key, parse_keys, wildcard_for
+from ._args import (
+    config_option,
+    load_settings_or_exit,
+    parse_key,
+    parse_keys,
+    port_option,
+    wildcard_for,
+)
 from ._console import OutputFormat, fail, out, print_json
-from ._daemon import run_until_signalled
-from ._logging import configure_logging
 from .dht import parse_bootstrap
 from .relay import parse_allow
 
-__all__ = ["app"]
+__all__ = ["DbSettings", "app"]
 
 log = logging.getLogger("cosmicac.db")
 
@@ -47,79 +63,135 @@ app = typer.Typer(help="The shared database (API keys, model masters, token usag
 STORAGE_HELP = "Storage folder of the replica (its identity, logs and view)."
 
 
+class DbSettings(DaemonSettings):
+    """Settings of ``cosmicac db serve``: ``COSMICAC_DB__<KEY>`` in the environment.
+
+    ``PROXY_AUTOBASE_KEY`` (the platform's name, seeds/architecture.txt) and
+    the names from before the kit (:attr:`legacy_env`) still work, below the
+    prefixed ones.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_DB__")
+
+    legacy_env = {
+        **DaemonSettings.legacy_env,
+        "COSMICAC_STORAGE": "storage",
+        "PROXY_AUTOBASE_KEY": "key",
+        "COSMICAC_DHT_BOOTSTRAP": "bootstrap",
+        "COSMICAC_RELAYS": "relays",
+        "COSMICAC_DB_ALLOW": "allow",
+        "COSMICAC_DB_METRICS_PORT": "metrics.port",
+    }
+
+    #: The replica's folder (identity, logs, view).
+    storage: Path
+    #: Bootstrap key of the database to open; None: the one in ``storage``, or
+    #: a new one with this replica as its first admin.
+    key: PublicKey | None = None
+    #: DHT bootstrap nodes (at least one).
+    bootstrap: Annotated[AddressList, Field(min_length=1)]
+    #: Address to listen on; empty: every address of the bootstrap's family.
+    host: str = ""
+    #: TCP and UDP port of the swarm (0: any free one).
+    port: Port = 0
+    #: Blind relays to stay reachable through.
+    relays: PublicKeyList = ()
+    #: Keys admitted as writers when they ask (this replica must be an admin).
+    allow: PublicKeyList = ()
+    #: ``always``: an append returns once on disk; ``never``: tests and benchmarks only.
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+
+
 @app.command("serve")
 def serve(
-    storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE", help=STORAGE_HELP),
-    key: str = typer.Option(
-        "", "--key", envvar="PROXY_AUTOBASE_KEY",
+    config: Path | None = config_option(),
+    storage: Path | None = typer.Option(None, "--storage", help=STORAGE_HELP),
+    key: str | None = typer.Option(
+        None, "--key",
         help="Bootstrap key of the database to open; none: open the one in --storage, "
              "or create a new one with this replica as its first admin."),
-    bootstrap: str = typer.Option(
-        ..., "--bootstrap", "-b", envvar="COSMICAC_DHT_BOOTSTRAP",
-        help="DHT bootstrap nodes HOST:PORT[,HOST:PORT...]."),
-    host: str = typer.Option("", "--host", help="Address to listen on (default: all)."),
-    port: int = typer.Option(0, "--port", "-p", min=0, max=65535,
-                             help="TCP and UDP port (0: any free one)."),
-    relays: str = typer.Option("", "--relay", envvar="COSMICAC_RELAYS",
-                               help="Blind relay keys to stay reachable through "
-                                    "(comma-separated)."),
-    allow: list[str] = typer.Option(
-        [], "--allow", envvar="COSMICAC_DB_ALLOW",
+    bootstrap: str | None = typer.Option(
+        None, "--bootstrap", "-b", help="DHT bootstrap nodes HOST:PORT[,HOST:PORT...]."),
+    host: str | None = typer.Option(None, "--host",
+                                    help="Address to listen on (default: all)."),
+    port: int | None = port_option(None, "--port", "-p",
+                                   help="TCP and UDP port (0: any free one)."),
+    relays: str | None = typer.Option(None, "--relay",
+                                      help="Blind relay keys to stay reachable through "
+                                           "(comma-separated)."),
+    allow: list[str] | None = typer.Option(
+        None, "--allow",
         help="Key admitted as a writer when it asks (repeatable or comma-separated); "
              "this replica must be an admin."),
-    fsync: FsyncPolicy = typer.Option(
-        FsyncPolicy.ALWAYS.value, "--fsync",
-        help="always: an append returns once on disk; never: tests and benchmarks only."),
-    metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
-                                     envvar="COSMICAC_DB_METRICS_PORT",
-                                     help="Serve Prometheus metrics on this port (0: off)."),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host"),
-    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+    fsync: FsyncPolicy | None = typer.Option(
+        None, "--fsync",
+        help="always: an append returns once on disk; never: tests and benchmarks only. "
+             "(default: always)"),
+    metrics_port: int | None = port_option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_host: str | None = typer.Option(None, "--metrics-host",
+                                            help="(default: 127.0.0.1)"),
+    log_level: str | None = typer.Option(None, "--log-level", help="(default: info)"),
 ) -> None:
-    """Keep a replica of the shared database and replicate it with its peers."""
-    bootstrap_addresses = parse_bootstrap(bootstrap)
-    database_key = parse_key(key, what="--key") if key.strip() else None
-    relay_keys = tuple(parse_keys(relays, what="--relay key"))
-    configure_logging(log_level, stream=sys.stderr)
+    """Keep a replica of the shared database and replicate it with its peers.
+
+    Every option can also be set in the --config file or as an environment
+    variable COSMICAC_DB__<KEY> (README.md lists the keys).
+    """
+    allowed = parse_allow(allow)
+    relay_keys = parse_keys(relays, what="--relay key") if relays else []
+    settings = load_settings_or_exit(DbSettings, config, {
+        "storage": storage,
+        "key": parse_key(key, what="--key") if key is not None and key.strip() else None,
+        "bootstrap": tuple(parse_bootstrap(bootstrap)) if bootstrap is not None else None,
+        "host": host,
+        "port": port,
+        "relays": tuple(relay_keys) or None,
+        "allow": tuple(allowed) if allowed else None,
+        "fsync": fsync,
+        "metrics.port": metrics_port,
+        "metrics.host": metrics_host,
+        "log_level": log_level,
+    })
+    swarm_config = SwarmConfig(host=settings.host or wildcard_for(settings.bootstrap),
+                               port=settings.port, bootstrap=settings.bootstrap,
+                               relays=settings.relays)
+
+    def os_error(exc: BaseException) -> str:
+        assert isinstance(exc, OSError)
+        if exc.filename is not None:  # a file of the replica, not a socket
+            return f"cannot use {exc.filename}: {exc.strerror or exc}"
+        return (f"cannot listen on {swarm_config.host}:{swarm_config.port}: "
+                f"{exc.strerror or exc}")
+
+    run_daemon(settings, functools.partial(_start, swarm_config), name="db", errors={
+        CrdtError: str,
+        OSError: os_error,
+    })
+
+
+async def _start(swarm_config: SwarmConfig, daemon: Daemon[DbSettings]) -> None:
+    settings = daemon.settings
     try:
-        keypair = load_or_create_keypair(storage)
+        keypair = load_or_create_keypair(daemon.storage)
     except P2PError as exc:
-        fail(str(exc))
-    config = SwarmConfig(host=host or wildcard_for(bootstrap_addresses),
-                         port=port, bootstrap=tuple(bootstrap_addresses), relays=relay_keys)
-    try:
-        trio.run(_serve, storage, keypair, database_key, config, parse_allow(allow) or frozenset(),
-                 fsync, metrics_host, metrics_port)
-    except* CrdtError as group:
-        fail(str(group.exceptions[0]))
-    except* OSError as group:
-        exc = group.exceptions[0]
-        fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
-
-
-async def _serve(storage, keypair, database_key, config, allow, fsync, metrics_host,
-                 metrics_port) -> None:
-    swarm = Swarm(keypair, config=config)
-
-    async def start(nursery: trio.Nursery) -> None:
-        address = await nursery.start(swarm.run)
-        service = await nursery.start(functools.partial(
-            run_database_service, storage, swarm=swarm, bootstrap=database_key,
-            allow=allow, fsync=fsync, replication=ReplicationConfig()))
-        db = service.db
-        if metrics_port:
-            registry = combined_registry(db.metrics.registry, swarm.metrics.registry)
-            await nursery.start(functools.partial(serve_metrics, registry, host=metrics_host,
-                                                  port=metrics_port))
-        print(f"Database {format_key(db.bootstrap)}", flush=True)
-        role = "admin" if db.is_admin else "writer" if db.is_writer else "reader (not admitted)"
-        print(f"Replica {format_key(db.key)} ({role}) listening on "
-              f"{address[0]}:{address[1]}", flush=True)
-        if not db.is_writer:
-            nursery.start_soon(_announce_admission, db)
-
-    stopped_by = await run_until_signalled(start)
-    log.info("db.exiting signal=%s", stopped_by)
+        raise DaemonError(str(exc)) from None
+    # One peer: the database is a service on this daemon's one swarm, and the
+    # metrics go on the process's one endpoint (the kit's).
+    swarm = Swarm(keypair, config=swarm_config)
+    address = await daemon.nursery.start(swarm.run)
+    service = await daemon.nursery.start(functools.partial(
+        run_database_service, daemon.storage, swarm=swarm, bootstrap=settings.key,
+        allow=frozenset(settings.allow), fsync=settings.fsync,
+        replication=ReplicationConfig()))
+    daemon.metrics.add(service.db.metrics.registry, swarm.metrics.registry)
+    db = service.db
+    print(f"Database {format_key(db.bootstrap)}", flush=True)
+    role = "admin" if db.is_admin else "writer" if db.is_writer else "reader (not admitted)"
+    print(f"Replica {format_key(db.key)} ({role}) listening on "
+          f"{address[0]}:{address[1]}", flush=True)
+    if not db.is_writer:
+        daemon.nursery.start_soon(_announce_admission, db)
 
 
 async def _announce_admission(db) -> None:
@@ -152,6 +224,8 @@ def remove_writer_command(
 
 def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
     writer = parse_key(key, what="writer key")
+    if action == "remove_writer":
+        _refuse_removing_the_last_admin(storage, writer)
     try:
         result = trio.run(functools.partial(change_writer, storage, action, writer, admin=admin))
     except CrdtError as exc:
@@ -163,6 +237,23 @@ def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
     else:
         out.print(f"removed {key}: its first {result.length} entries go on counting "
                   f"(via {result.via})")
+
+
+def _refuse_removing_the_last_admin(storage: Path, writer: bytes) -> None:
+    """Removing the only admitted admin leaves a database no one can administer again.
+
+    Checked here on the replica's files (also while its daemon runs); the
+    database itself does not refuse it yet (see the report of issue 10).
+    """
+    try:
+        report = inspect_storage(storage)
+    except CrdtError:
+        return  # change_writer names what is wrong with the folder
+    admins = [w.key for w in report.writers if w.admin and w.admitted]
+    if admins == [writer]:
+        fail(f"refusing to remove {format_key(writer)}: it is the only admin, and no one "
+             "could add or remove writers again (add another admin first: "
+             "cosmicac db add-writer KEY --admin)")
 
 
 @app.command("status")

@@ -14,10 +14,10 @@ import typer
 from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address, dht_registry
 from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
-from p2p.metrics import serve_metrics
+from p2p.metrics import MetricsBindError, serve_metrics
 
-from ._args import parse_address
-from ._console import err, fail
+from ._args import parse_address, port_option
+from ._console import err, fail, run_trio
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
 
@@ -73,9 +73,9 @@ async def _serve_node(host: str, port: int, bootstrap: list, label: str,
             try:
                 served = await nursery.start(functools.partial(
                     serve_metrics, dht_registry(node), host=metrics[0], port=metrics[1]))
-            except OSError as exc:
-                fail(f"cannot serve metrics on {metrics[0]}:{metrics[1]}: "
-                     f"{exc.strerror or exc}")
+            except OSError as exc:  # MetricsBindError: one line naming the address
+                fail(str(exc) if isinstance(exc, MetricsBindError) else
+                     f"cannot serve metrics on {metrics[0]}:{metrics[1]}: {exc.strerror or exc}")
             log.info("dht.metrics url=http://%s:%d/metrics", *served)
         bound_host, bound_port = transport.local_address
         node_id = node.core.node_id.hex() if node.core.node_id else "(learning)"
@@ -88,8 +88,8 @@ async def _serve_node(host: str, port: int, bootstrap: list, label: str,
     log.info("dht.node_stopped signal=%s", stopped_by)
 
 
-MetricsPortOption = typer.Option(
-    0, "--metrics-port", min=0, max=65535, envvar="COSMICAC_DHT_METRICS_PORT",
+MetricsPortOption = port_option(
+    0, "--metrics-port", envvar="COSMICAC_DHT_METRICS_PORT",
     help="Serve Prometheus metrics on this port (0: off).")
 MetricsHostOption = typer.Option("127.0.0.1", "--metrics-host", envvar="COSMICAC_DHT_METRICS_HOST")
 
@@ -101,14 +101,14 @@ def _metrics_address(host: str, port: int) -> tuple[str, int] | None:
 @app.command("bootstrap")
 def bootstrap(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(DEFAULT_BOOTSTRAP_PORT, "--port", "-p"),
+    port: int = port_option(DEFAULT_BOOTSTRAP_PORT, "--port", "-p"),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
     metrics_port: int = MetricsPortOption,
     metrics_host: str = MetricsHostOption,
 ) -> None:
     """Run a persistent node that others join through."""
     configure_logging(log_level)
-    trio.run(_serve_node, host, port, [], "dht bootstrap",
+    run_trio(_serve_node, host, port, [], "dht bootstrap",
              _metrics_address(metrics_host, metrics_port))
 
 
@@ -116,14 +116,14 @@ def bootstrap(
 def node(
     bootstrap: str = BootstrapOption,
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(0, "--port", "-p"),
+    port: int = port_option(0, "--port", "-p", help="UDP port (0: any free one)."),
     log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
     metrics_port: int = MetricsPortOption,
     metrics_host: str = MetricsHostOption,
 ) -> None:
     """Run a plain persistent node that joined through --bootstrap."""
     configure_logging(log_level)
-    trio.run(_serve_node, host, port, parse_bootstrap(bootstrap), "dht node",
+    run_trio(_serve_node, host, port, parse_bootstrap(bootstrap), "dht node",
              _metrics_address(metrics_host, metrics_port))
 
 

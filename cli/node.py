@@ -18,9 +18,18 @@ from pathlib import Path
 import trio
 import typer
 from prometheus_client import Counter, Gauge, Info
+from pydantic_settings import SettingsConfigDict
 
 from crdt import CrdtError, run_database_service
 from p2p.connection import dial_tcp
+from p2p.daemon import (
+    DaemonSettings,
+    Port,
+    PublicKeyList,
+    StorageInUse,
+    StorageUnusable,
+    lock_storage,
+)
 from p2p.dht import dht_registry
 from p2p.diagnostics import (
     IDENTIFY,
@@ -33,12 +42,19 @@ from p2p.diagnostics import (
 from p2p.errors import HandshakeError, P2PError
 from p2p.host import RpcService
 from p2p.keys import KeyPair, format_key, load_or_create_keypair
-from p2p.metrics import CollectorRegistry, combined_registry, serve_metrics
+from p2p.metrics import CollectorRegistry, MetricsBindError, combined_registry, serve_metrics
 from p2p.rpc import RpcClient, RpcError
 from p2p.swarm import Swarm, SwarmConfig
 
-from ._args import parse_peer
-from ._console import OutputFormat, err, fail, print_json
+from ._args import (
+    config_option,
+    count_option,
+    load_settings_or_exit,
+    parse_peer,
+    port_option,
+    seconds_option,
+)
+from ._console import OutputFormat, err, fail, first_leaf, print_json
 from ._daemon import run_until_signalled
 from ._logging import configure_logging
 from .beam import connect_failure_reason
@@ -52,23 +68,51 @@ DEFAULT_NODE_PORT = 49738
 AGENT = "cosmicac-node/0.1"
 
 
+class NodeSettings(DaemonSettings):
+    """Settings of ``cosmicac up``: ``--config FILE``, ``COSMICAC_NODE__<KEY>``, options.
+
+    The names from before the kit (:attr:`legacy_env`) still work, below the
+    prefixed ones.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_NODE__")
+
+    legacy_env = {
+        **DaemonSettings.legacy_env,
+        "COSMICAC_STORAGE": "storage",
+        "COSMICAC_HOST": "host",
+        "COSMICAC_PORT": "port",
+        "COSMICAC_METRICS_PORT": "metrics.port",
+        "COSMICAC_METRICS_HOST": "metrics.host",
+        "COSMICAC_DB_ALLOW": "db_allow",
+    }
+
+    #: Identity and state folder (the same folder gives the same key).
+    storage: Path = Path(".cosmicac")
+    host: str = "127.0.0.1"
+    #: TCP (connections) and UDP (the DHT bootstrap) port of the node's one swarm.
+    port: Port = DEFAULT_NODE_PORT
+    #: Replica keys admitted as writers of the shared database when they ask.
+    db_allow: PublicKeyList = ()
+
+
 def up(
-    storage: Path = typer.Option(
-        Path(".cosmicac"), "--storage", envvar="COSMICAC_STORAGE",
-        help="Identity and state folder (the same folder gives the same key).",
-    ),
-    host: str = typer.Option("127.0.0.1", "--host", envvar="COSMICAC_HOST"),
-    port: int = typer.Option(
-        DEFAULT_NODE_PORT, "--port", min=0, max=65535, envvar="COSMICAC_PORT",
-        help="TCP (connections) and UDP (DHT) port of this node's swarm (0: any free one)."),
-    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
-    metrics_port: int = typer.Option(
-        0, "--metrics-port", min=0, max=65535, envvar="COSMICAC_METRICS_PORT",
-        help="Serve Prometheus metrics on this port (0: off)."),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host",
-                                     envvar="COSMICAC_METRICS_HOST"),
-    db_allow: list[str] = typer.Option(
-        [], "--db-allow", envvar="COSMICAC_DB_ALLOW",
+    config: Path | None = config_option(),
+    storage: Path | None = typer.Option(
+        None, "--storage",
+        help="Identity and state folder (the same folder gives the same key). "
+             "(default: .cosmicac)"),
+    host: str | None = typer.Option(None, "--host", help="(default: 127.0.0.1)"),
+    port: int | None = port_option(
+        None, "--port", help=f"TCP (connections) and UDP (DHT) port of this node's swarm "
+                             f"(0: any free one). (default: {DEFAULT_NODE_PORT})"),
+    log_level: str | None = typer.Option(None, "--log-level", help="(default: info)"),
+    metrics_port: int | None = port_option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_host: str | None = typer.Option(None, "--metrics-host",
+                                            help="(default: 127.0.0.1)"),
+    db_allow: list[str] | None = typer.Option(
+        None, "--db-allow",
         help="Replica key admitted as a writer of the shared database when it asks."),
 ) -> None:
     """Run what exists of the system on this machine, until Ctrl-C.
@@ -78,21 +122,42 @@ def up(
     `cosmicac ping` and `cosmicac beam`) and the shared database, which this
     node creates and administers; other replicas join with its key
     (`PROXY_AUTOBASE_KEY=<key> cosmicac db serve ...`). The control plane
-    (app-node, wrk-ork, workers) is not built yet.
+    (app-node, wrk-ork, workers) is not built yet. Every option can also be set
+    in the --config file or as COSMICAC_NODE__<KEY>.
     """
-    configure_logging(log_level)
+    allowed = parse_allow(db_allow)
+    settings = load_settings_or_exit(NodeSettings, config, {
+        "storage": storage, "host": host, "port": port, "log_level": log_level,
+        "metrics.port": metrics_port, "metrics.host": metrics_host,
+        "db_allow": tuple(allowed) if allowed else None,
+    })
+    storage, host = settings.storage, settings.host
+    port = settings.port
+    configure_logging(settings.log_level, format=settings.log_format)
+    try:
+        lock = lock_storage(storage)  # one daemon per folder; released at exit
+    except (StorageInUse, StorageUnusable) as exc:
+        fail(str(exc))
     try:
         keypair = load_or_create_keypair(storage)
     except P2PError as exc:
         fail(str(exc))
+    metrics = settings.metrics
     try:
-        trio.run(_run_node, keypair, storage.resolve(), host, port, parse_allow(db_allow),
-                 (metrics_host, metrics_port) if metrics_port else None)
+        trio.run(_run_node, keypair, storage.resolve(), host, port,
+                 frozenset(settings.db_allow) or None,
+                 (metrics.host, metrics.port) if metrics.port else None)
     except* CrdtError as group:
-        fail(str(group.exceptions[0]))
+        fail(str(first_leaf(group)))
     except* OSError as group:
-        exc = group.exceptions[0]
+        exc = first_leaf(group)
+        if isinstance(exc, MetricsBindError):
+            fail(str(exc))
+        if exc.filename is not None:
+            fail(f"cannot use {exc.filename}: {exc.strerror or exc}")
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    finally:
+        lock.release()
 
 
 class DiagnosticsService(RpcService):
@@ -154,9 +219,11 @@ async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int,
 def ping(
     key: str = typer.Argument(..., help="The peer's public key (64 hex characters)."),
     address: str = typer.Option(..., "--address", "-a", help="HOST:PORT of the peer."),
-    count: int = typer.Option(4, "--count", "-c", min=1, max=100_000),
-    interval_s: float = typer.Option(0.2, "--interval", "-i", min=0.0),
-    timeout_s: float = typer.Option(5.0, "--timeout", "-W", min=0.01),
+    count: int = count_option(4, "--count", "-c", maximum=100_000),
+    interval_s: float = seconds_option(0.2, "--interval", "-i", inclusive=True,
+                                       maximum=3600.0),
+    timeout_s: float = seconds_option(5.0, "--timeout", "-W", minimum=0.01, inclusive=True,
+                                      maximum=3600.0),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
 ) -> None:
     """Ping a peer over the whole stack (secret stream, channel, RPC) and identify it."""

@@ -5,6 +5,10 @@ Both commands are this one function, so they take the same options; the
 (``blind-relay --storage DIR [--port N]``) for operators following the relay
 guide (seeds/relay.txt).
 
+Settings come from :class:`relay.RelaySettings` on the daemon kit
+(:mod:`p2p.daemon`): ``--config FILE``, then ``COSMICAC_RELAY__<KEY>``
+environment variables, then these options.
+
 stdout carries exactly two lines, flushed as soon as they are true::
 
     Using storage at <absolute path>
@@ -18,15 +22,14 @@ from __future__ import annotations
 import functools
 import logging
 import resource
-import sys
 from pathlib import Path
 
-import trio
 import typer
 
-from p2p.errors import LocalProtocolError, P2PError
-from p2p.keys import KeyPair, load_or_create_keypair
-from relay import DEFAULT_PORT, RelayConfig, run_relay
+from p2p.daemon import Daemon, DaemonError, run_daemon
+from p2p.errors import P2PError
+from p2p.keys import load_or_create_keypair
+from relay import DEFAULT_PORT, RelaySettings, run_relay
 from relay._config import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_PAIRS,
@@ -35,20 +38,24 @@ from relay._config import (
     DEFAULT_PAIR_TIMEOUT_S,
 )
 
-from ._args import parse_keys
-from ._console import fail
-from ._daemon import run_until_signalled
-from ._logging import configure_logging
+from ._args import (
+    config_option,
+    count_option,
+    load_settings_or_exit,
+    parse_keys,
+    port_option,
+    seconds_option,
+)
 from .dht import parse_bootstrap
 
-__all__ = ["main", "relay"]
+__all__ = ["main", "parse_allow", "relay"]
 
 log = logging.getLogger("cosmicac.relay")
 
 
-def parse_allow(values: list[str]) -> frozenset[bytes] | None:
+def parse_allow(values: list[str] | None) -> frozenset[bytes] | None:
     """Read ``--allow`` values (each may be comma-separated); none means no allow-list."""
-    keys = {key for value in values for key in parse_keys(value, what="--allow key")}
+    keys = {key for value in values or () for key in parse_keys(value, what="--allow key")}
     return frozenset(keys) if keys else None
 
 
@@ -64,84 +71,85 @@ def _raise_open_files_limit() -> None:
 
 
 def relay(
-    storage: Path = typer.Option(
-        Path("corestore"), "--storage", envvar="COSMICAC_RELAY_STORAGE",
-        help="Identity folder: the same folder always gives the same relay key.",
-    ),
-    host: str = typer.Option("0.0.0.0", "--host", envvar="COSMICAC_RELAY_HOST",
-                             help="Address to listen on (TCP and UDP)."),
-    port: int = typer.Option(DEFAULT_PORT, "--port", "-p", envvar="COSMICAC_RELAY_PORT",
-                             min=0, max=65535,
-                             help="TCP port for relayed streams and UDP port for the DHT "
-                                  "(0: any free one)."),
-    bootstrap: str = typer.Option(
-        "", "--bootstrap", "-b", envvar="COSMICAC_DHT_BOOTSTRAP",
-        help="DHT bootstrap nodes HOST:PORT[,HOST:PORT...]; none: a standalone DHT node.",
-    ),
-    allow: list[str] = typer.Option(
-        [], "--allow", envvar="COSMICAC_RELAY_ALLOW",
-        help="Key that may reserve (repeatable, or comma-separated); default: any key.",
-    ),
-    max_reservations: int = typer.Option(DEFAULT_MAX_RESERVATIONS, "--max-reservations",
-                                         min=1, envvar="COSMICAC_RELAY_MAX_RESERVATIONS"),
-    max_pairs_per_key: int = typer.Option(DEFAULT_MAX_PAIRS_PER_KEY, "--max-pairs-per-key",
-                                          min=1, envvar="COSMICAC_RELAY_MAX_PAIRS_PER_KEY"),
-    max_pairs: int = typer.Option(DEFAULT_MAX_PAIRS, "--max-pairs", min=1,
-                                  envvar="COSMICAC_RELAY_MAX_PAIRS",
-                                  help="Pairs (waiting or relaying) on the whole relay."),
-    pair_timeout: float = typer.Option(DEFAULT_PAIR_TIMEOUT_S, "--pair-timeout", min=0.001,
-                                       envvar="COSMICAC_RELAY_PAIR_TIMEOUT",
-                                       help="Seconds for both sides to attach."),
-    idle_timeout: float = typer.Option(DEFAULT_IDLE_TIMEOUT_S, "--idle-timeout", min=0.001,
-                                       envvar="COSMICAC_RELAY_IDLE_TIMEOUT",
-                                       help="Seconds without traffic before a pair is closed."),
-    metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
-                                     envvar="COSMICAC_RELAY_METRICS_PORT",
-                                     help="Serve Prometheus metrics on this port (0: off)."),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host",
-                                     envvar="COSMICAC_RELAY_METRICS_HOST"),
-    log_level: str = typer.Option("info", "--log-level", envvar="COSMICAC_LOG_LEVEL"),
+    config: Path | None = config_option(),
+    storage: Path | None = typer.Option(
+        None, "--storage",
+        help="Identity folder: the same folder always gives the same relay key. "
+             "(default: ./corestore)"),
+    host: str | None = typer.Option(None, "--host",
+                                    help="Address to listen on (TCP and UDP). (default: 0.0.0.0)"),
+    port: int | None = port_option(
+        None, "--port", "-p",
+        help=f"TCP port for relayed streams and UDP port for the DHT (0: any free one). "
+             f"(default: {DEFAULT_PORT})"),
+    bootstrap: str | None = typer.Option(
+        None, "--bootstrap", "-b",
+        help="DHT bootstrap nodes HOST:PORT[,HOST:PORT...]; none: a standalone DHT node."),
+    allow: list[str] | None = typer.Option(
+        None, "--allow",
+        help="Key that may reserve (repeatable, or comma-separated); default: any key."),
+    max_reservations: int | None = count_option(
+        None, "--max-reservations", help=f"(default: {DEFAULT_MAX_RESERVATIONS})"),
+    max_pairs_per_key: int | None = count_option(
+        None, "--max-pairs-per-key", help=f"(default: {DEFAULT_MAX_PAIRS_PER_KEY})"),
+    max_pairs: int | None = count_option(
+        None, "--max-pairs",
+        help=f"Pairs (waiting or relaying) on the whole relay. (default: {DEFAULT_MAX_PAIRS})"),
+    pair_timeout: float | None = seconds_option(
+        None, "--pair-timeout",
+        help=f"Seconds for both sides to attach. (default: {DEFAULT_PAIR_TIMEOUT_S:g})"),
+    idle_timeout: float | None = seconds_option(
+        None, "--idle-timeout",
+        help=f"Seconds without traffic before a pair is closed. "
+             f"(default: {DEFAULT_IDLE_TIMEOUT_S:g})"),
+    metrics_port: int | None = port_option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_host: str | None = typer.Option(None, "--metrics-host",
+                                            help="(default: 127.0.0.1)"),
+    log_level: str | None = typer.Option(None, "--log-level", help="(default: info)"),
 ) -> None:
-    """Run a blind relay: firewalled peers reserve, dialers pair, bytes are forwarded."""
-    bootstrap_addresses = parse_bootstrap(bootstrap) if bootstrap.strip() else []
-    try:
-        config = RelayConfig(
-            allow=parse_allow(allow),
-            max_reservations=max_reservations,
-            max_pairs_per_key=max_pairs_per_key,
-            max_pairs=max_pairs,
-            max_pending_pairs=max_pairs,
-            pair_timeout_s=pair_timeout,
-            idle_timeout_s=idle_timeout,
-        )
-    except LocalProtocolError as exc:
-        fail(str(exc), code=2)
-    configure_logging(log_level, stream=sys.stderr)
-    try:
-        keypair = load_or_create_keypair(storage)
-    except P2PError as exc:
-        fail(str(exc))
-    print(f"Using storage at {storage.resolve()}", flush=True)
+    """Run a blind relay: firewalled peers reserve, dialers pair, bytes are forwarded.
+
+    Every option can also be set in the --config file or as an environment
+    variable COSMICAC_RELAY__<KEY> (relay/README.md lists the keys).
+    """
+    allowed = parse_allow(allow)
+    settings = load_settings_or_exit(RelaySettings, config, {
+        "storage": storage,
+        "host": host,
+        "port": port,
+        "bootstrap": tuple(parse_bootstrap(bootstrap)) if bootstrap is not None
+        and bootstrap.strip() else None,
+        "allow": tuple(allowed) if allowed else None,
+        "max_reservations": max_reservations,
+        "max_pairs_per_key": max_pairs_per_key,
+        "max_pairs": max_pairs,
+        "pair_timeout_s": pair_timeout,
+        "idle_timeout_s": idle_timeout,
+        "metrics.port": metrics_port,
+        "metrics.host": metrics_host,
+        "log_level": log_level,
+    })
     _raise_open_files_limit()
+    run_daemon(settings, _start, name="relay", errors={
+        OSError: lambda exc: f"cannot listen on {settings.host}:{settings.port}: "
+                             f"{exc.strerror or exc}",
+    })
+
+
+async def _start(daemon: Daemon[RelaySettings]) -> None:
+    settings = daemon.settings
     try:
-        trio.run(_serve, keypair, host, port, bootstrap_addresses, config, metrics_host,
-                 metrics_port)
-    except* OSError as group:
-        exc = group.exceptions[0]
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-
-
-async def _serve(keypair: KeyPair, host, port, bootstrap, config, metrics_host,
-                 metrics_port) -> None:
-    async def start(nursery: trio.Nursery) -> None:
-        await nursery.start(functools.partial(
-            run_relay, keypair, host=host, port=port, bootstrap=bootstrap, config=config,
-            metrics_host=metrics_host, metrics_port=metrics_port or None,
-        ))
-        print(f"Server listening on {keypair.hex}", flush=True)
-
-    stopped_by = await run_until_signalled(start)
-    log.info("relay.exiting signal=%s", stopped_by)
+        keypair = load_or_create_keypair(daemon.storage)
+    except P2PError as exc:
+        raise DaemonError(str(exc)) from None
+    print(f"Using storage at {daemon.storage}", flush=True)
+    addresses = await daemon.nursery.start(functools.partial(
+        run_relay, keypair, host=settings.host, port=settings.port,
+        bootstrap=settings.bootstrap, config=settings.relay_config(),
+    ))
+    daemon.metrics.add(addresses.registry)
+    print(f"Server listening on {keypair.hex}", flush=True)
 
 
 def main() -> None:

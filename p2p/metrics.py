@@ -1,40 +1,107 @@
 """Prometheus metrics for daemons: one registry per component, one HTTP endpoint.
 
-Every daemon builds its metrics in its own :class:`CollectorRegistry` (never
-prometheus_client's global one, so several swarms or relays in one test
-process do not collide) and serves it with :func:`serve_metrics`, an ASGI app
-on hypercorn's trio worker, as DESIGN.md §2 decides for HTTP services.
+Every component builds its metrics in its own :class:`CollectorRegistry`
+(never prometheus_client's global one, so several swarms or relays in one
+test process do not collide). A process serves all of them on one endpoint:
+:class:`ProcessMetrics` gathers the registries of its components (they may be
+added while it runs) and :func:`serve_metrics` serves a registry as an ASGI
+app on hypercorn's trio worker, as DESIGN.md §2 decides for HTTP services.
+
+hypercorn is imported only when an endpoint is served, so that importing the
+stack (``import p2p``, ``from crdt import Entry``) loads no HTTP server.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
-from prometheus_client import CollectorRegistry, make_asgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
-__all__ = ["CollectorRegistry", "combined_registry", "serve_metrics"]
+__all__ = [
+    "CollectorRegistry",
+    "MetricsBindError",
+    "ProcessMetrics",
+    "combined_registry",
+    "serve_metrics",
+]
 
 log = logging.getLogger(__name__)
 
 
+class MetricsBindError(OSError):
+    """The metrics endpoint cannot listen on its address (busy port, bad host).
+
+    A plain :class:`OSError` (``errno``, ``strerror`` set) whose ``str`` is one
+    line naming the address, raised bare rather than inside hypercorn's
+    exception groups.
+    """
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:
+        return f"cannot serve metrics on {_join(self.host, self.port)}: {self.strerror}"
+
+
 class _Union(Collector):
-    def __init__(self, registries: tuple[CollectorRegistry, ...]) -> None:
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        # Shared with ProcessMetrics, which may append while scrapes run.
         self._registries = registries
 
     def collect(self):
-        for registry in self._registries:
+        for registry in tuple(self._registries):
             yield from registry.collect()
 
 
 def combined_registry(*registries: CollectorRegistry) -> CollectorRegistry:
     """One registry showing every metric of ``registries`` (a daemon's components)."""
     combined = CollectorRegistry(auto_describe=False)
-    combined.register(_Union(registries))
+    combined.register(_Union(list(registries)))
     return combined
+
+
+class ProcessMetrics:
+    """The registries of one process's components, served as one.
+
+    Components register theirs with :meth:`add` (also after the endpoint
+    started); :attr:`registry` shows all of them.
+    """
+
+    def __init__(self, *registries: CollectorRegistry) -> None:
+        self._registries: list[CollectorRegistry] = list(registries)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Union(self._registries))
+
+    def add(self, *registries: CollectorRegistry) -> None:
+        """Show ``registries`` on the process's endpoint too (each once)."""
+        for registry in registries:
+            if not any(registry is known for known in self._registries):
+                self._registries.append(registry)
+
+    def remove(self, registry: CollectorRegistry) -> None:
+        """Stop showing ``registry`` (a component that stopped)."""
+        self._registries[:] = [known for known in self._registries if known is not registry]
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_error(group: BaseExceptionGroup) -> OSError | None:
+    """The OSError behind a failed start, if that is all the group holds."""
+    matched, rest = group.split(OSError)
+    if matched is None or rest is not None:
+        return None
+    leaf: BaseException = matched
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, OSError)
+    return leaf
 
 
 async def serve_metrics(
@@ -50,17 +117,37 @@ async def serve_metrics(
     free one).
 
     Raises:
-        OSError: the address cannot be bound.
+        MetricsBindError: the address cannot be bound (an ``OSError``).
     """
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+    from prometheus_client import make_asgi_app
+
+    if not 0 <= port <= 65535:
+        raise MetricsBindError(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
     config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.bind = [_join(host, port)]
     config.accesslog = None
     config.errorlog = None  # our daemons log their own lines; hypercorn's would interleave
     config.graceful_timeout = 1.0
     app = make_asgi_app(registry)
+    failure: MetricsBindError | None = None
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(serve, app, config)
-        bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
-        address = (bound_host.strip("[]"), int(bound_port))
-        log.info("metrics.listening url=http://%s:%d/metrics", *address)
-        task_status.started(address)
+        try:
+            binds: list[str] = await nursery.start(serve, app, config)
+        except OSError as exc:
+            failure = MetricsBindError(host, port, exc)
+        except BaseExceptionGroup as group:
+            # hypercorn binds inside its own nurseries: the OSError comes nested.
+            cause = _bind_error(group)
+            if cause is None:
+                raise
+            failure = MetricsBindError(host, port, cause)
+        if failure is None:
+            bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
+            address = (bound_host.strip("[]"), int(bound_port))
+            log.info("metrics.listening url=http://%s:%d/metrics", *address)
+            task_status.started(address)
+    # Raised outside the nursery, which would wrap it in a group.
+    if failure is not None:
+        raise failure

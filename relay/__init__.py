@@ -9,7 +9,7 @@ key that could read them. The protocol's messages and client side live in
 See ``README.md`` in this folder for operator usage.
 """
 
-from ._config import DEFAULT_PORT, RelayConfig
+from ._config import DEFAULT_PORT, RelayConfig, RelaySettings
 from ._daemon import RelayAddresses, bind_relay_sockets, run_relay
 from ._metrics import RelayCollector, relay_registry
 from ._pairing import Pairing, PairingPhase, RelayState, RelayStatistics, Reservation
@@ -24,6 +24,7 @@ __all__ = [
     "RelayCollector",
     "RelayConfig",
     "RelayServer",
+    "RelaySettings",
     "RelayState",
     "RelayStatistics",
     "Reservation",

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import PositiveFloat, PositiveInt, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from p2p.connection import ConnectionConfig
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 from p2p.errors import LocalProtocolError
 from p2p.keys import KEY_BYTES
 
-__all__ = ["DEFAULT_PORT", "RelayConfig"]
+__all__ = ["DEFAULT_PORT", "RelayConfig", "RelaySettings"]
 
 #: Upstream blind-relay-service's port, for the DHT (UDP) and relayed streams (TCP).
 DEFAULT_PORT = 49737
@@ -148,3 +153,80 @@ class RelayConfig:
         """Read size per direction when ``active_pairs`` pairs are spliced."""
         share = self.buffer_budget_bytes // (2 * max(1, active_pairs))
         return max(self.min_chunk_bytes, min(self.max_chunk_bytes, share))
+
+
+class RelaySettings(DaemonSettings):
+    """The relay daemon's settings (``blind-relay``, ``cosmicac relay``).
+
+    Read by :func:`p2p.daemon.load_settings`: a config file (``--config``),
+    then ``COSMICAC_RELAY__<KEY>`` environment variables (``__`` for nested
+    keys: ``COSMICAC_RELAY__METRICS__PORT``; lists as JSON arrays or
+    comma-separated), then command-line options. The names from before the
+    kit (``COSMICAC_RELAY_PORT``…, see :attr:`legacy_env`) still work, below
+    the prefixed ones.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_RELAY__")
+
+    legacy_env = {
+        **DaemonSettings.legacy_env,
+        "COSMICAC_RELAY_STORAGE": "storage",
+        "COSMICAC_RELAY_HOST": "host",
+        "COSMICAC_RELAY_PORT": "port",
+        "COSMICAC_DHT_BOOTSTRAP": "bootstrap",
+        "COSMICAC_RELAY_ALLOW": "allow",
+        "COSMICAC_RELAY_MAX_RESERVATIONS": "max_reservations",
+        "COSMICAC_RELAY_MAX_PAIRS_PER_KEY": "max_pairs_per_key",
+        "COSMICAC_RELAY_MAX_PAIRS": "max_pairs",
+        "COSMICAC_RELAY_PAIR_TIMEOUT": "pair_timeout_s",
+        "COSMICAC_RELAY_IDLE_TIMEOUT": "idle_timeout_s",
+        "COSMICAC_RELAY_METRICS_PORT": "metrics.port",
+        "COSMICAC_RELAY_METRICS_HOST": "metrics.host",
+    }
+
+    #: Identity folder: the same folder always gives the same relay key.
+    storage: Path = Path("corestore")
+    #: Address to listen on (TCP and UDP).
+    host: str = "0.0.0.0"
+    #: TCP port for relayed streams and UDP port of the DHT node (0: one free for both).
+    port: Port = DEFAULT_PORT
+    #: DHT bootstrap nodes; none: a standalone DHT node others may bootstrap from.
+    bootstrap: AddressList = ()
+    #: Keys that may reserve; none: any key.
+    allow: PublicKeyList = ()
+    max_reservations: PositiveInt = DEFAULT_MAX_RESERVATIONS
+    max_pairs_per_key: PositiveInt = DEFAULT_MAX_PAIRS_PER_KEY
+    #: Pairings waiting or relaying, relay-wide.
+    max_pairs: PositiveInt = DEFAULT_MAX_PAIRS
+    #: Pairings waiting for their attaches; None: as many as ``max_pairs``.
+    max_pending_pairs: PositiveInt | None = None
+    max_connections: PositiveInt = DEFAULT_MAX_CONNECTIONS
+    pair_timeout_s: PositiveFloat = DEFAULT_PAIR_TIMEOUT_S
+    idle_timeout_s: PositiveFloat = DEFAULT_IDLE_TIMEOUT_S
+    first_bytes_timeout_s: PositiveFloat = DEFAULT_FIRST_BYTES_TIMEOUT_S
+    max_chunk_bytes: PositiveInt = DEFAULT_MAX_CHUNK_BYTES
+    min_chunk_bytes: PositiveInt = DEFAULT_MIN_CHUNK_BYTES
+    buffer_budget_bytes: PositiveInt = DEFAULT_BUFFER_BUDGET_BYTES
+
+    @model_validator(mode="after")
+    def _chunks_in_order(self) -> RelaySettings:
+        if self.min_chunk_bytes > self.max_chunk_bytes:
+            raise ValueError("min_chunk_bytes must not exceed max_chunk_bytes")
+        return self
+
+    def relay_config(self) -> RelayConfig:
+        """The server's :class:`RelayConfig` (already valid: the model checked it)."""
+        return RelayConfig(
+            allow=frozenset(self.allow) if self.allow else None,
+            max_reservations=self.max_reservations,
+            max_pairs_per_key=self.max_pairs_per_key,
+            max_pairs=self.max_pairs,
+            max_pending_pairs=self.max_pending_pairs or self.max_pairs,
+            max_connections=self.max_connections,
+            pair_timeout_s=self.pair_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            first_bytes_timeout_s=self.first_bytes_timeout_s,
+            max_chunk_bytes=self.max_chunk_bytes,
+            min_chunk_bytes=self.min_chunk_bytes,
+            buffer_budget_bytes=self.buffer_budget_bytes,
+        )

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import trio
 
-from p2p.dht import DhtError, DhtNode, UdpTransport, record_topic_for_key
+from p2p.dht import DhtError, DhtNode, UdpTransport, dht_registry, record_topic_for_key
 from p2p.keys import KeyPair, format_key
-from p2p.metrics import serve_metrics
+from p2p.metrics import CollectorRegistry, combined_registry, serve_metrics
 
 from ._config import DEFAULT_PORT, RelayConfig
 from ._metrics import relay_registry
@@ -55,6 +55,9 @@ class RelayAddresses:
     metrics: tuple[str, int] | None
     #: The running server (counters, config).
     server: RelayServer
+    #: The relay's and its DHT node's metrics, for the process's one endpoint
+    #: (``daemon.metrics.add(addresses.registry)``).
+    registry: CollectorRegistry
 
 
 async def bind_relay_sockets(
@@ -115,7 +118,8 @@ async def run_relay(
             others may bootstrap from.
         config: relay limits and timeouts.
         metrics_host, metrics_port: serve Prometheus metrics there (None: off;
-            0: any free port).
+            0: any free port). A daemon on :mod:`p2p.daemon` leaves this off and
+            adds :attr:`RelayAddresses.registry` to its one endpoint instead.
         observer: see :class:`RelayServer` (tests).
 
     Reports :class:`RelayAddresses` through ``task_status`` once listening.
@@ -147,11 +151,11 @@ async def run_relay(
                 async with trio.open_nursery() as nursery:
                     await nursery.start(functools.partial(server.serve, listeners,
                                                           address=tcp_address))
+                    registry = combined_registry(relay_registry(server), dht_registry(node))
                     metrics_address = None
                     if metrics_port is not None:
                         metrics_address = await nursery.start(functools.partial(
-                            serve_metrics, relay_registry(server), host=metrics_host,
-                            port=metrics_port,
+                            serve_metrics, registry, host=metrics_host, port=metrics_port,
                         ))
                     # A concrete --host is announced as given; on a wildcard the
                     # node names the address its peers observe (same port number).
@@ -166,7 +170,7 @@ async def run_relay(
                     )
                     task_status.started(RelayAddresses(
                         tcp=tcp_address, dht=transport.local_address,
-                        metrics=metrics_address, server=server,
+                        metrics=metrics_address, server=server, registry=registry,
                     ))
             finally:
                 node_scope.shield = False

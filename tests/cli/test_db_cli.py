@@ -155,3 +155,94 @@ async def test_writers_are_added_and_removed_offline_with_clear_refusals(tmp_pat
     # Only an admin may: the other replica's own folder holds no admin of anything.
     code, _, err = await cosmicac("db", "add-writer", other, "--storage", str(tmp_path / "other"))
     assert code == 1 and "holds no database" in err
+
+
+async def test_removing_the_only_admin_is_refused_and_allowed_once_there_is_another(tmp_path):
+    me = seed_creator(tmp_path / "app")
+    other = load_or_create_keypair(tmp_path / "other").hex
+    storage = ("--storage", str(tmp_path / "app"))
+    code, _, err = await cosmicac("db", "remove-writer", me, *storage)
+    assert code == 1
+    assert f"refusing to remove {me}: it is the only admin" in err
+    assert [(w["key"], w["admitted"]) for w in (await status(tmp_path / "app"))["writers"]] == [
+        (me, True)]
+    code, _, _ = await cosmicac("db", "add-writer", other, "--admin", *storage)
+    assert code == 0
+    code, _, err = await cosmicac("db", "remove-writer", me, *storage)
+    assert code == 0, err
+
+
+# -- db serve on the daemon kit ---------------------------------------------------------
+
+REPLICA = re.compile(r"Replica ([0-9a-f]{64}) \((\w+)\) listening on (\S+):(\d+)")
+#: Nothing answers there: the replica starts without DHT peers.
+NOWHERE = "127.0.0.1:9"
+
+
+async def test_db_serve_reads_its_config_file_the_environment_beats_it_and_one_folder_one_daemon(
+        tmp_path):
+    storage = tmp_path / "replica"
+    config = tmp_path / "db.toml"
+    config.write_text(f'storage = "{storage}"\nbootstrap = ["{NOWHERE}"]\nhost = "127.0.0.2"\n'
+                      'fsync = "never"\nlog_level = "info"\n')
+    env = dict(os.environ, COSMICAC_DB__HOST="127.0.0.1")
+    async with process("db", "serve", "--config", str(config), stdout=subprocess.PIPE,
+                       env=env) as replica:
+        with trio.fail_after(60):
+            seen = ""
+            while not (match := REPLICA.search(seen)):
+                chunk = await replica.stdout.receive_some()
+                assert chunk, seen
+                seen += chunk.decode()
+        assert match[2] == "admin"
+        assert match[3] == "127.0.0.1"  # the environment's host, not the file's
+        assert (storage / "identity").exists()  # the file's storage
+        code, _, err = await cosmicac("db", "serve", "--storage", str(storage), "-b", NOWHERE)
+        assert code == 1
+        assert err.strip() == (f"error: storage folder {storage.resolve()} is in use by "
+                               f"process {replica.pid}; give each daemon its own --storage")
+        replica.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await replica.wait() == 0
+
+
+def test_db_serve_bad_settings_name_their_key_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    runner = CliRunner()
+    cases = [
+        ({"COSMICAC_DB__PORT": "70000"}, [],
+         "error: bad setting port (from COSMICAC_DB__PORT): Input should be less than or "
+         "equal to 65535, got '70000'"),
+        ({"COSMICAC_DB__RELAYS": '["zz"]'}, [],
+         "error: bad setting relays[0] (from COSMICAC_DB__RELAYS): a public key is 64 hex "
+         "characters, got 2: 'zz'"),
+        ({"COSMICAC_DB__FSYNC": "sometimes"}, [],
+         "error: bad setting fsync (from COSMICAC_DB__FSYNC): Input should be 'always' or "
+         "'never', got 'sometimes'"),
+        ({"PROXY_AUTOBASE_KEY": "abc"}, [],
+         "error: bad setting key (from PROXY_AUTOBASE_KEY): a public key is 64 hex "
+         "characters, got 3: 'abc'"),
+        ({}, ["--storage", str(tmp_path)],
+         "error: bad setting bootstrap: required: set it in the config file, as "
+         "COSMICAC_DB__BOOTSTRAP, or with its option"),
+    ]
+    for env, args, line in cases:
+        base = {"COSMICAC_DB__STORAGE": str(tmp_path), "COSMICAC_DB__BOOTSTRAP": NOWHERE}
+        if not args:
+            env = {**base, **env}
+        result = runner.invoke(app, ["db", "serve", *args], env=env)
+        assert result.exit_code == 2, (env, result.output)
+        assert result.output.strip() == line
+
+
+async def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_listen(tmp_path):
+    (tmp_path / "db").write_text("a file where the replica keeps a folder")
+    code, _, err = await cosmicac("db", "serve", "--storage", str(tmp_path), "-b", NOWHERE,
+                                  "--host", "127.0.0.1")
+    assert code == 1
+    assert err.strip().splitlines()[-1] == (
+        f"error: cannot use {tmp_path / 'db' / 'logs'}: Not a directory")
+    assert "cannot listen" not in err and "Traceback" not in err

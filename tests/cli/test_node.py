@@ -120,3 +120,43 @@ async def test_up_runs_the_shared_database_with_this_node_as_its_admin(tmp_path)
             node.send_signal(signal.SIGINT)
             assert await node.wait() == 0
         assert (tmp_path / "db" / "gate.snapshot").exists()  # closed cleanly
+
+
+async def test_up_reads_its_config_file_and_the_environment_beats_it(tmp_path):
+    import os
+
+    storage = tmp_path / "node"
+    config = tmp_path / "node.toml"
+    config.write_text(f'storage = "{storage}"\nhost = "127.0.0.2"\nport = 0\n')
+    node = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--config", str(config)], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, env=dict(os.environ, COSMICAC_NODE__HOST="127.0.0.1"))
+    try:
+        with trio.fail_after(60):
+            match = await read_until(node.stderr, LISTENING)
+        assert match[1] == "127.0.0.1"  # the environment's, not the file's 127.0.0.2
+        assert (storage / "identity").exists()  # the file's storage
+        node.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await node.wait() == 0
+    finally:
+        if node.returncode is None:
+            node.kill()
+            await node.wait()
+
+
+def test_up_bad_settings_name_their_key_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["up", "--storage", str(tmp_path)],
+                           env={"COSMICAC_NODE__PORT": "70000"})
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: bad setting port (from COSMICAC_NODE__PORT):"
+                                     " Input should be less than or equal to 65535, got '70000'")
+    result = runner.invoke(app, ["up", "--storage", str(tmp_path)],
+                           env={"COSMICAC_PORT": "http"})  # the name from before the kit
+    assert result.exit_code == 2
+    assert result.output.startswith("error: bad setting port (from COSMICAC_PORT): ")

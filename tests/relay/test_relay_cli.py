@@ -1,5 +1,7 @@
 """`blind-relay` and `cosmicac relay` as real processes, and their argument checks."""
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -29,11 +31,22 @@ async def read_lines(stream: trio.abc.ReceiveStream, count: int) -> list[str]:
     return data.decode().splitlines()
 
 
-async def start(command, storage):
+async def start(command, storage, *extra, env=None):
+    storage_args = ["--storage", str(storage)] if storage is not None else []
     return await trio.lowlevel.open_process(
-        [*command, "--storage", str(storage), "--port", "0", "--host", "127.0.0.1"],
+        [*command, *storage_args, "--port", "0", "--host", "127.0.0.1", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(os.environ, **(env or {})),
     )
+
+
+async def finish(process) -> tuple[int, str]:
+    with trio.fail_after(30):
+        code = await process.wait()
+    stderr = b""
+    while chunk := await process.stderr.receive_some():
+        stderr += chunk
+    return code, stderr.decode()
 
 
 async def stop(process, signum=signal.SIGINT) -> int:
@@ -114,3 +127,101 @@ def test_a_bad_allow_key_or_bootstrap_exits_2_naming_it():
     result = runner.invoke(app, ["relay", "--bootstrap", "nowhere"])
     assert result.exit_code == 2
     assert "bad bootstrap address" in result.output
+
+
+async def test_a_config_file_is_used_and_the_environment_beats_it(tmp_path):
+    storage = tmp_path / "from-file"
+    config = tmp_path / "relay.toml"
+    config.write_text(f'storage = "{storage}"\nhost = "127.0.0.2"\nport = 0\n'
+                      'log_level = "warning"\n')
+    process = await trio.lowlevel.open_process(
+        [*BLIND_RELAY, "--config", str(config), "--log-level", "info"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(os.environ, COSMICAC_RELAY__HOST="127.0.0.1"))
+    try:
+        with trio.fail_after(30):
+            lines = await read_lines(process.stdout, 2)
+            match = await read_until(process.stderr, STARTED)  # --log-level beat the file
+        assert lines[0] == f"Using storage at {storage.resolve()}"  # from the file
+        assert match[2] == "127.0.0.1"  # the environment's host, not the file's
+    finally:
+        assert await stop(process, signal.SIGTERM) == 0
+    _, stderr = await finish(process)
+    assert "relay.stopped signal=SIGTERM" in stderr
+
+
+def test_the_settings_reach_the_server(tmp_path):
+    # Through CliRunner-free plumbing: the file, env and options build one RelayConfig.
+    from p2p.daemon import load_settings
+    from relay import RelaySettings
+
+    config = tmp_path / "relay.json"
+    config.write_text(json.dumps({"max_pairs": 7, "idle_timeout_s": 30.0,
+                                  "allow": ["ab" * 32], "metrics": {"port": 9}}))
+    settings = load_settings(RelaySettings, config_file=config, environ={
+        "COSMICAC_RELAY__MAX_PAIRS": "9", "COSMICAC_RELAY_PAIR_TIMEOUT": "3"},
+        overrides={"metrics.port": 10})
+    relay_config = settings.relay_config()
+    assert relay_config.max_pairs == relay_config.max_pending_pairs == 9
+    assert relay_config.idle_timeout_s == 30.0 and relay_config.pair_timeout_s == 3.0
+    assert relay_config.allow == frozenset({bytes.fromhex("ab" * 32)})
+    assert settings.metrics.port == 10
+
+
+async def test_a_bad_environment_value_names_its_key_and_exits_2(tmp_path):
+    process = await start(BLIND_RELAY, tmp_path, env={
+        "COSMICAC_RELAY__ALLOW": '["not-a-key"]'})
+    code, stderr = await finish(process)
+    assert code == 2
+    assert stderr.strip() == ("error: bad setting allow[0] (from COSMICAC_RELAY__ALLOW): a "
+                              "public key is 64 hex characters, got 9: 'not-a-key'")
+    process = await start(BLIND_RELAY, tmp_path, env={"COSMICAC_RELAY__METRICS__PORT": "http"})
+    code, stderr = await finish(process)
+    assert code == 2
+    assert stderr.startswith("error: bad setting metrics.port (from "
+                             "COSMICAC_RELAY__METRICS__PORT): ")
+
+
+async def test_a_second_relay_on_the_same_storage_is_refused(tmp_path):
+    first = await start(BLIND_RELAY, tmp_path)
+    try:
+        with trio.fail_after(30):
+            await read_lines(first.stdout, 2)
+        second = await start([*COSMICAC, "relay"], tmp_path)
+        code, stderr = await finish(second)
+        assert code == 1
+        assert stderr.strip() == (f"error: storage folder {tmp_path.resolve()} is in use by "
+                                  f"process {first.pid}; give each daemon its own --storage")
+    finally:
+        assert await stop(first) == 0
+
+
+async def test_the_relay_serves_relay_and_dht_metrics_on_one_endpoint(tmp_path):
+    import socket
+
+    from ..p2p.helpers import http_get
+
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "relay.toml"
+    config.write_text(f"[metrics]\nhost = '127.0.0.1'\nport = {port}\n")
+    process = await start(BLIND_RELAY, tmp_path, "--config", str(config))
+    try:
+        with trio.fail_after(30):
+            await read_lines(process.stdout, 2)
+            status, body = await http_get(("127.0.0.1", port), "/metrics")
+        assert status == 200
+        assert b"relay_reservations" in body and b"dht_requests_served" in body
+    finally:
+        assert await stop(process) == 0
+
+
+def test_options_out_of_range_are_usage_errors():
+    runner = CliRunner()
+    for args in (["--port", "70000"], ["--port", "-1"], ["--max-pairs", "0"],
+                 ["--pair-timeout", "0"], ["--idle-timeout", "nan"],
+                 ["--metrics-port", "65536"]):
+        result = runner.invoke(app, ["relay", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output

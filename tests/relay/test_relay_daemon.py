@@ -107,3 +107,18 @@ async def test_cancelling_the_relay_while_it_bootstraps_returns_promptly():
                     bootstrap=[silent.getsockname()],
                 ))
         assert scope.cancelled_caught
+
+
+async def test_the_relay_hands_its_and_its_dht_nodes_metrics_to_the_process_endpoint(nursery):
+    from prometheus_client import generate_latest
+
+    from p2p.metrics import ProcessMetrics
+
+    started = await nursery.start(functools.partial(
+        run_relay, RELAY_KEY, host="127.0.0.1", port=0))  # no endpoint of its own
+    assert started.metrics is None
+    process = ProcessMetrics()
+    process.add(started.registry)
+    text = generate_latest(process.registry).decode()
+    assert "blind_relay_reservations" in text
+    assert "dht_requests_served" in text
