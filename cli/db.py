@@ -224,8 +224,6 @@ def remove_writer_command(
 
 def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
     writer = parse_key(key, what="writer key")
-    if action == "remove_writer":
-        _refuse_removing_the_last_admin(storage, writer)
     try:
         result = trio.run(functools.partial(change_writer, storage, action, writer, admin=admin))
     except CrdtError as exc:
@@ -237,23 +235,6 @@ def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
     else:
         out.print(f"removed {key}: its first {result.length} entries go on counting "
                   f"(via {result.via})")
-
-
-def _refuse_removing_the_last_admin(storage: Path, writer: bytes) -> None:
-    """Removing the only admitted admin leaves a database no one can administer again.
-
-    Checked here on the replica's files (also while its daemon runs); the
-    database itself does not refuse it yet (see the report of issue 10).
-    """
-    try:
-        report = inspect_storage(storage)
-    except CrdtError:
-        return  # change_writer names what is wrong with the folder
-    admins = [w.key for w in report.writers if w.admin and w.admitted]
-    if admins == [writer]:
-        fail(f"refusing to remove {format_key(writer)}: it is the only admin, and no one "
-             "could add or remove writers again (add another admin first: "
-             "cosmicac db add-writer KEY --admin)")
 
 
 @app.command("status")
