@@ -624,12 +624,7 @@ class DhtNode:
         host = self.transport.local_address[0]
         if host not in ("0.0.0.0", "::"):
             return [host]
-        interfaces = self._interfaces or _addresses.interface_addresses
-        try:
-            found = list(interfaces())
-        except Exception:  # a user's callable; announcing must go on
-            log.exception("dht.interfaces_failed")
-            found = []
+        found = self._interface_hosts()
         v6 = host == "::"
         hosts = [h for h in found if v6 or ":" not in h]
         return list(dict.fromkeys([*hosts, "127.0.0.1", *(["::1"] if v6 else [])]))
@@ -644,13 +639,16 @@ class DhtNode:
         For addresses read from records; ones a user typed need no filter.
         """
         viewer = self.address[0] if self.address is not None else None
+        own = self._interface_hosts()
+        return _addresses.order_for_dialer(_addresses.usable_by(addresses, viewer), own)
+
+    def _interface_hosts(self) -> list[str]:
         interfaces = self._interfaces or _addresses.interface_addresses
         try:
-            own = list(interfaces())
-        except Exception:  # a user's callable; dialling must go on
+            return list(interfaces())
+        except Exception:  # a user's callable; announcing and dialling must go on
             log.exception("dht.interfaces_failed")
-            own = []
-        return _addresses.order_for_dialer(_addresses.usable_by(addresses, viewer), own)
+            return []
 
     def announce_addresses(self) -> list[Address]:
         """What :meth:`announce` names without ``addresses``: see the module doc.

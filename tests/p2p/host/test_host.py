@@ -10,6 +10,8 @@ import pydantic
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from p2p.connection import Connection
 from p2p.host import ChannelService, HostConfig, PeerHost, RpcService, Service
@@ -269,3 +271,40 @@ def test_host_limits_are_checked():
             HostConfig(**bad)
         assert info.value.code == "BAD_CONFIG"
 
+
+
+@settings(max_examples=25, deadline=None)
+@given(cap=st.integers(1, 4),
+       steps=st.lists(st.one_of(st.just("connect"), st.integers(0, 7)), max_size=12))
+def test_live_connections_never_exceed_the_cap_whatever_the_order(cap, steps):
+    """Connects from fresh keys and closes of random live ones, in any order:
+    the host holds at most ``cap``, refuses (and counts) exactly the connects
+    that found it full, and serves every one it holds."""
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as nursery:
+            host = PeerHost(SERVER, config=HostConfig(max_connections=cap))
+            await nursery.start(host.run)
+            host.add_service(ChannelService("echo/1", echo))
+            ours: list[Connection] = []
+            full = 0
+            for step in steps:
+                if step == "connect":
+                    expect_full = len(host.connections) >= cap
+                    connection = await dial(nursery, host, KeyPair.generate())
+                    await trio.testing.wait_all_tasks_blocked()
+                    if expect_full:
+                        full += 1
+                        assert connection.mux.closed_reason is not None
+                    else:
+                        ours.append(connection)
+                        assert await echo_once(connection, "echo/1", b"?") == b"?"
+                elif ours:
+                    await ours.pop(step % len(ours)).aclose()
+                    await trio.testing.wait_all_tasks_blocked()
+                assert len(host.connections) <= cap
+                assert len(host.connections) == len(ours)
+                assert refused(host, "full") == full
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
