@@ -69,7 +69,7 @@ sys.meta_path.insert(0, Hide())
 for name in list(sys.modules):
     if name.startswith("hypercorn"):
         del sys.modules[name]
-import p2p, p2p.metrics, p2p.swarm, p2p.dht, crdt
+import p2p, p2p.metrics, p2p.swarm, p2p.dht, p2p.host, p2p.net, p2p.daemon, crdt
 from crdt import Entry
 assert not any(name.startswith("hypercorn") for name in sys.modules), "hypercorn was imported"
 try:
