@@ -409,7 +409,7 @@ class RpcServerCore:
     def send_item(self, rid: int, item: dict[str, Any]) -> None:
         """Queue one STREAM_ITEM of stream ``rid``, using one item of credit.
 
-        Dropped if the client cancelled the stream.
+        Dropped (the credit still used) if the client cancelled the stream.
 
         Raises:
             RpcUsageError: ``NOT_RUNNING`` if ``rid`` is not a running stream,
@@ -418,12 +418,11 @@ class RpcServerCore:
         call = self._calls.get(rid)
         if call is None or not call.stream:
             raise RpcUsageError("NOT_RUNNING", f"stream {rid} is not running")
-        if call.cancelled:
-            return
         if call.credit <= 0:
             raise RpcUsageError("NO_CREDIT", f"stream {rid} has no item credit")
-        call.credit -= 1
-        self._out.append(_pack(StreamItem(rid, item)))
+        call.credit -= 1  # also when dropped: the credit rule does not depend on it
+        if not call.cancelled:
+            self._out.append(_pack(StreamItem(rid, item)))
 
     def send_end(self, rid: int) -> None:
         """Queue STREAM_END: stream ``rid`` ended normally (nothing if cancelled).

@@ -407,6 +407,9 @@ class RpcServer:
                 try:
                     async with aclosing(call.handler(call.params, ctx)) as items:
                         async for item in items:
+                            # Our sends below only checkpoint shielded: let a
+                            # CANCEL stop the stream here, once per item.
+                            await trio.lowlevel.checkpoint_if_cancelled()
                             payload = _dump(item_cls, item)
                             while core.item_credit(rid) <= 0:
                                 await lot.park()

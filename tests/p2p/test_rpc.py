@@ -277,6 +277,24 @@ async def test_leaving_a_stream_early_cancels_the_server_generator(nursery, auto
             assert client.statistics().calls_in_flight == 0
 
 
+async def test_cancelling_a_stream_that_never_waits_for_credit_stops_its_generator(
+    nursery, autojump_clock
+):
+    # With a window larger than the stream the producer never parks for credit,
+    # and its sends only checkpoint shielded: the CANCEL must still stop it.
+    config = RpcConfig(stream_window_items=100_000)
+    async with rpc_pair(nursery, client_config=config) as (client, server, rec):
+        with trio.fail_after(10):
+            async with client.stream(TICKS, TickParams(count=20_000)) as items:
+                async for item in items:
+                    if item.n == 3:
+                        break
+            await trio.testing.wait_all_tasks_blocked()
+            assert rec.cancelled == ["ticks"]
+            assert rec.stream_finished == []
+            assert server.statistics().calls_running == 0
+
+
 async def test_a_stream_that_fails_midway_raises_its_error_after_the_items(
     nursery, autojump_clock
 ):
