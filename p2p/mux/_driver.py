@@ -160,7 +160,6 @@ class Mux:
         #: The process-wide busy poller, once run() starts (None: polling off).
         self._poller: BusyPoller | None = None
         self._busy_poll_s = self.config.busy_poll_s
-        self._max_out = self.config.max_send_buffer_bytes
         self._live: dict[ChannelState, Channel] = {}
         #: Channels with a sender waiting for the peer's connection credit; they
         #: are woken (on their own send lot) when MUX_CREDIT arrives.
@@ -396,9 +395,10 @@ class Mux:
                 self._poller.note_sent(self._busy_poll_s)
             # Frames queued while we wrote: send them too (they had to wait for
             # the writer role anyway), a bounded number of times.
-            if not core._out or self._reason is not None or core._out_bytes > _INLINE_MAX_BYTES:
+            queued = core.outgoing_bytes
+            if not queued or self._reason is not None or queued > _INLINE_MAX_BYTES:
                 break
-        if core._out or self._closing:
+        if core.outgoing_bytes or self._closing:
             self._kick()
 
     async def _writer(self) -> None:
