@@ -223,7 +223,9 @@ class Channel(trio.abc.Channel[bytes]):
         self._check_size(value)
         if (
             self._send_waiting
-            or core.send_wait(st, len(value), mux._writing_bytes) is not _READY
+            or core.flow.send_wait(
+                st.send_credit, len(value), core.outgoing_bytes + mux._writing_bytes
+            ) is not _READY
         ):
             raise trio.WouldBlock
         core.send_message(st, value)
@@ -264,7 +266,9 @@ class Channel(trio.abc.Channel[bytes]):
         size = len(value)
         if (
             not self._send_waiting
-            and core.send_wait(st, size, mux._writing_bytes) is _READY
+            and core.flow.send_wait(
+                st.send_credit, size, core.outgoing_bytes + mux._writing_bytes
+            ) is _READY
         ):
             err = self._send_error()
             if err is not None:

@@ -279,17 +279,14 @@ class MuxCore:
         self._next_local = 0
         self._backlogs: dict[str, deque[ChannelState]] = {}
         self._out: list[bytes] = []
-        self._out_bytes = 0
+        #: Bytes queued for the writer and not yet collected (drivers read it;
+        #: only the core writes it).
+        self.outgoing_bytes = 0
         #: Set once the peer broke the protocol; the core refuses further input.
         self.failed: MuxProtocolError | None = None
         self._queue(MuxCredit(self.config.receive_budget_bytes))
 
     # -- output ----------------------------------------------------------------
-
-    @property
-    def outgoing_bytes(self) -> int:
-        """Bytes queued for the writer and not yet collected."""
-        return self._out_bytes
 
     def data_to_send(self) -> bytes:
         """Take every queued frame, joined into one buffer (possibly empty)."""
@@ -297,13 +294,13 @@ class MuxCore:
         if not out:
             return b""
         self._out = []
-        self._out_bytes = 0
+        self.outgoing_bytes = 0
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _queue(self, frame: Frame) -> None:
         data = encode_frame(frame)
         self._out.append(data)
-        self._out_bytes += len(data)
+        self.outgoing_bytes += len(data)
 
     # -- receive budget --------------------------------------------------------
 
@@ -336,7 +333,7 @@ class MuxCore:
             writing_bytes: bytes the driver is writing now (they count against
                 ``max_send_buffer_bytes`` with what is queued here).
         """
-        return self.flow.send_wait(st.send_credit, size, self._out_bytes + writing_bytes)
+        return self.flow.send_wait(st.send_credit, size, self.outgoing_bytes + writing_bytes)
 
     def _release(self, amount: int) -> None:
         """``amount`` budget bytes left our buffers: grant them back when due."""
@@ -468,7 +465,7 @@ class MuxCore:
         out = self._out
         out.append(header)
         out.append(payload)
-        self._out_bytes += len(header) + n
+        self.outgoing_bytes += len(header) + n
 
     def receive_message(self, st: ChannelState) -> bytes | None:
         """Take the oldest message from ``st``'s inbox, returning credit as due.

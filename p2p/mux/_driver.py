@@ -28,8 +28,8 @@ wake-ups of waiting channel operations.
   (:meth:`Channel.set_message_handler`) gets its messages through that callback,
   run synchronously in the reader task as frames are parsed, instead of waking a
   receiving task; credit is returned as the callback takes each message.
-* After a read that caused events the reader yields once, so the tasks it woke
-  run (and send) before it reads again.
+* After a read the reader reads again at once (no extra scheduler pass); the
+  tasks it woke run while it waits.
 * Senders wait for channel credit, for the peer's connection-level credit (its
   receive budget; a sender short of it waits on its own channel's lot and is
   woken when a MUX_CREDIT frame arrives), and for room in the outgoing buffer
@@ -99,11 +99,12 @@ _INLINE_WRITE_TIMEOUT_S = 10.0
 
 # Push delivery hands a channel's handler at most this many messages per
 # scheduler pass; then the reader yields once so the tasks those messages woke
-# (callers, handlers) run and queue their own frames before it goes on. Without
-# it a burst of replies would wake every caller at once and their requests would
-# leave in one batch, so client and server take turns instead of working at the
-# same time. 16 is the burst the RPC read loops used before push delivery.
-_PUSH_BURST = 16
+# (callers, handlers) run and queue their own frames before it goes on, so one
+# huge read does not hold every woken task until it is all parsed. 64 (it was
+# 16): with 64 RPC calls in flight a whole round of replies wakes its callers in
+# one pass and their requests leave in one batch, which cost ~5% fewer
+# instructions per call than bursts of 16 (valgrind, both ends in one process).
+_PUSH_BURST = 64
 
 # A fast-path writer also sends what other tasks queued while it wrote (they
 # would otherwise wait a pass for the writer task), but only this many writes in
@@ -473,12 +474,9 @@ class Mux:
                         self._push_later.append(ch)
             if core.outgoing_bytes:
                 self._kick()
-            if events:
-                # The tasks this read woke (callers, handlers) run before we
-                # read again, so what they send goes out before the read is
-                # re-armed; also "finish local work before reading new remote
-                # work". One pass, whatever else is runnable.
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            # No yield here: reading again at once costs a failed recv when
+            # nothing more came, and the tasks this read woke run while we wait
+            # for the next read. A yield would cost a scheduler pass per read.
 
     def _dispatch(self, events: list[MuxEvent]) -> None:
         live = self._live

@@ -307,9 +307,9 @@ class RpcClient:
         finally:
             del self._waiting[rid]
             self._slots.release()
-            # Timed out, or our task was cancelled: tell the server to stop (a
-            # no-op if the answer is in).
-            self._give_up(rid)
+            if not slot.done:
+                # Timed out, or our task was cancelled: tell the server to stop.
+                self._give_up(rid)
         if timed_out:
             self._timeouts += 1
             raise RpcTimeout("TIMEOUT", f"{method.name!r} got no answer in {timeout_s} s")
@@ -363,7 +363,8 @@ class RpcClient:
         finally:
             del self._waiting[rid]
             self._slots.release()
-            self._give_up(rid)
+            if not slot.done:
+                self._give_up(rid)
 
 
 class ItemStream(Generic[I]):

@@ -270,7 +270,8 @@ class RpcServer:
         ev = core.receive_message(data)
         t = type(ev)
         if t is Request or t is StreamRequest:
-            self._start(ev)  # type: ignore[arg-type]
+            if self._start(ev):  # type: ignore[arg-type]
+                return  # handed to a task: nothing queued
         elif t is Cancel:
             call = self._calls.get(ev.id)  # type: ignore[union-attr]
             if call is not None and call.scope is not None:
@@ -282,7 +283,8 @@ class RpcServer:
         # BUSY, UNKNOWN_METHOD, INVALID_PARAMS: out at once or dropped at the bound.
         self._outbox.put(core.messages_to_send(), droppable=True)
 
-    def _start(self, msg: Request | StreamRequest) -> None:
+    def _start(self, msg: Request | StreamRequest) -> bool:
+        """Route an admitted call to a task; False if it was answered at once."""
         rid = msg.id
         core = self._core
         route = self._router.get(msg.method)
@@ -290,14 +292,14 @@ class RpcServer:
         if route is None or isinstance(route[0], StreamMethod) != is_stream:
             kind = "stream method" if is_stream else "method"
             core.send_error(rid, "UNKNOWN_METHOD", f"unknown {kind} {msg.method!r}")
-            return
+            return False
         method, handler = route
         try:
             params = method.params.model_validate(msg.params)
         except pydantic.ValidationError as exc:
             err = _invalid_params(exc)
             core.send_error(rid, err.code, err.message, err.data)
-            return
+            return False
         ctx = CallContext(rid, method.name, self.name, self.remote_public_key, self.connection)
         call = _Call(method, handler, params, ctx)
         self._calls[rid] = call
@@ -313,6 +315,7 @@ class RpcServer:
             # Bounded: a worker is only added when every worker is busy with a
             # call, so there are at most max_concurrent_calls of them.
             self._nursery.start_soon(self._worker, call)
+        return True
 
     async def _send_out(self, *, checkpoint: bool = True, more: bool = False) -> None:
         """Send what the core queued for the calling task's call (maybe nothing)."""
@@ -376,6 +379,7 @@ class RpcServer:
         core = self._core
         try:
             if core.is_cancelled(rid):
+                core.forget(rid)  # cancelled before it started: nothing to send
                 return
             call.scope = scope
             try:
@@ -383,13 +387,15 @@ class RpcServer:
                 core.send_response(rid, _dump(call.method.result, result))  # type: ignore[union-attr]
             except Exception as exc:
                 self._error_reply(rid, exc, ctx)
+        except BaseException:
+            core.forget(rid)  # cancelled (by the client or at shutdown): no answer
+            raise
         finally:
             # From here on a CANCEL cannot reach the scope: sending the reply
             # is never cancelled by the client (a cancel part-way through a
             # write would end the whole mux).
             call.scope = None
             del self._calls[rid]
-            core.forget(rid)  # answered already, or cancelled: nothing to send
 
     async def _run_stream(self, call: _Call) -> None:
         # A stream is long-lived: its own task and cancel scope.
