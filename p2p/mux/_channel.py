@@ -37,6 +37,7 @@ __all__ = ["Channel", "ChannelStatistics", "MessageHandler"]
 logger = logging.getLogger(__name__)
 
 _READY = SendWait.NONE
+_OPEN = ChannelPhase.OPEN
 
 #: A push-delivery callback: called with each message, in the mux's reader task.
 MessageHandler = Callable[[bytes], None]
@@ -234,10 +235,10 @@ class Channel(trio.abc.Channel[bytes]):
     async def send(self, value: bytes, *, checkpoint: bool = True, more: bool = False) -> None:
         """Send one message, waiting for credit and outgoing buffer space.
 
-        When nothing is being written and no other task is about to run, the
-        message is written to the stream from this task at once (no hand-off to
-        the writer task); otherwise it is queued for the writer, which sends all
-        queued frames in one write.
+        When nothing is being written and ``more`` is not given, the message is
+        written to the stream from this task at once (no hand-off to the writer
+        task); otherwise it is queued for the writer, which sends all queued
+        frames in one write.
 
         Args:
             value: the message (bytes-like); at most :attr:`max_message_bytes`.
@@ -266,13 +267,13 @@ class Channel(trio.abc.Channel[bytes]):
         size = len(value)
         if (
             not self._send_waiting
+            and st.phase is _OPEN
+            and not (st.app_closed or st.sent_end or st.got_close)
+            and mux._reason is None
             and core.flow.send_wait(
                 st.send_credit, size, core.outgoing_bytes + mux._writing_bytes
             ) is _READY
         ):
-            err = self._send_error()
-            if err is not None:
-                raise err
             core.send_message(st, value)  # raises MESSAGE_TOO_LARGE itself
             await mux._send_queued(checkpoint=checkpoint, more=more)
             return

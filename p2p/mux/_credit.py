@@ -222,4 +222,11 @@ class FlowControl:
             MUX_CREDIT due now (0: none yet).
         """
         self.buffered -= cost
-        return self.budget.release(cost)
+        budget = self.budget  # ReceiveWindow.release, inlined: once per message
+        unreported = budget.unreported + cost
+        if unreported >= budget.batch:
+            budget.allowed += unreported
+            budget.unreported = 0
+            return unreported
+        budget.unreported = unreported
+        return 0

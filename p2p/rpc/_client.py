@@ -288,7 +288,12 @@ class RpcClient:
             await trio.lowlevel.checkpoint()
             raise self._closed_error()
         payload = _params_payload(method, params)
-        await self._acquire_slot()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         core = self._core
         # No checkpoint from here to the send: the request is queued in the
         # core and handed to the channel in one step.
