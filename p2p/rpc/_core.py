@@ -67,6 +67,7 @@ from p2p.rpc._messages import (
     StreamItem,
     StreamRequest,
     decode_message,
+    encode_fields,
     encode_message,
 )
 
@@ -79,6 +80,8 @@ __all__ = [
 ]
 
 _pack = encode_message
+#: The unchecked encoder, for the hot paths (see _messages.encode_fields).
+_fields = encode_fields
 
 
 @dataclass(slots=True)
@@ -185,7 +188,7 @@ class RpcClientCore:
         """
         rid = self._new_id()
         self._calls[rid] = _UNARY
-        self._out.append(_pack(Request(rid, method, params)))
+        self._out.append(_fields((0, rid, method, params)))
         return rid
 
     def send_stream_request(self, method: str, params: dict[str, Any]) -> int:
@@ -209,7 +212,7 @@ class RpcClientCore:
         Idempotent; a call that already got its final answer is left alone.
         """
         if self._calls.pop(rid, _ABSENT) is not _ABSENT:
-            self._out.append(_pack(Cancel(rid)))
+            self._out.append(_fields((3, rid)))
             self.cancels_sent += 1
 
     def item_taken(self, rid: int) -> None:
@@ -224,7 +227,7 @@ class RpcClientCore:
         unreported = stream.unreported + 1
         if unreported >= self._credit_batch:
             stream.outstanding += unreported
-            self._out.append(_pack(StreamCredit(rid, unreported)))
+            self._out.append(_fields((7, rid, unreported)))
             unreported = 0
         stream.unreported = unreported
 
@@ -395,7 +398,7 @@ class RpcServerCore:
             RpcUsageError: ``NOT_RUNNING`` if ``rid`` is not running.
         """
         if not self._finish(rid).cancelled:
-            self._out.append(_pack(Response(rid, result)))
+            self._out.append(_fields((1, rid, result)))
 
     def send_error(self, rid: int, code: str, message: str, data: Any = None) -> None:
         """Queue an ERROR ending call or stream ``rid`` (nothing if it was cancelled).
@@ -422,7 +425,7 @@ class RpcServerCore:
             raise RpcUsageError("NO_CREDIT", f"stream {rid} has no item credit")
         call.credit -= 1  # also when dropped: the credit rule does not depend on it
         if not call.cancelled:
-            self._out.append(_pack(StreamItem(rid, item)))
+            self._out.append(_fields((5, rid, item)))
 
     def send_end(self, rid: int) -> None:
         """Queue STREAM_END: stream ``rid`` ended normally (nothing if cancelled).

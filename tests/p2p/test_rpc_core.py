@@ -25,6 +25,7 @@ from p2p.rpc._messages import (
     StreamItem,
     StreamRequest,
     decode_message,
+    encode_fields,
     encode_message,
 )
 
@@ -315,3 +316,16 @@ TestRpcCores.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_the_cores_unchecked_encoder_matches_the_checked_one():
+    cases = [
+        (Request(3, "m", {"a": 1}), (0, 3, "m", {"a": 1})),
+        (Response(3, {"r": b"x"}), (1, 3, {"r": b"x"})),
+        (Cancel(9), (3, 9)),
+        (StreamItem(4, {"n": 2}), (5, 4, {"n": 2})),
+        (StreamCredit(4, 8), (7, 4, 8)),
+    ]
+    for msg, fields in cases:
+        assert encode_fields(fields) == encode_message(msg)
+        assert decode_message(encode_fields(fields)) == msg
