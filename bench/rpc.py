@@ -1,18 +1,32 @@
-"""RPC benchmarks: round trips per second with 1 and with 64 calls in flight.
+"""RPC benchmarks: round trips per second and CPU per call, 1 and 64 calls in flight.
 
 The server (its own process, spawned) serves a 32-byte echo over TCP on
 127.0.0.1 through the whole stack: secret stream, mux channel, RPC. Figures
-(JSON lines): ``calls_per_s_1`` / ``calls_per_s_64`` (req/s, median of reps)
-and ``latency_p50_1`` / ``latency_p99_1`` / ``latency_p50_64`` /
-``latency_p99_64`` (ms). Compare with @hyperswarm/rpc across two processes:
-about 7,500 req/s with 1 in flight and 75,000 with 64.
+(JSON lines): ``calls_per_s_1`` / ``calls_per_s_64`` (req/s, median of reps),
+``latency_p50_1`` / ``latency_p99_1`` / ``latency_p50_64`` / ``latency_p99_64``
+(ms), and ``cpu_us_per_call_1`` / ``cpu_us_per_call_64``: user + system CPU of
+both processes together (``resource.getrusage(RUSAGE_SELF)`` in each; the
+server reports its own through a second RPC method, read before and after each
+rep) divided by the calls of the rep.
+
+Compare with @hyperswarm/rpc across two processes (../shared/anchors/holepunch,
+``node rpc.js --procs 2``): about 7,500-13,500 req/s with 1 in flight and
+75,000-80,000 with 64, at ~87 µs of CPU per call with 1 in flight.
+
+The mux's busy poller is off unless ``--busy-poll SECONDS`` is given (both
+processes then poll for that long after each write; see
+``p2p/mux/_scheduling.py``). It is a benchmark-only setting: it trades a core's
+worth of CPU for latency.
 
 usage: python bench/rpc.py [--reps 3] [--calls 3000] [--parallel-calls 20000]
+                           [--busy-poll 0.0005] [--in-flight 1 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import resource
 import time
 
 import pydantic
@@ -27,55 +41,83 @@ class Blob(pydantic.BaseModel):
     data: bytes
 
 
-def _echo_method():
+class Nothing(pydantic.BaseModel):
+    pass
+
+
+class Cpu(pydantic.BaseModel):
+    seconds: float
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _methods():
     from p2p.rpc import Method
 
-    return Method("echo", params=Blob, result=Blob)
+    return Method("echo", params=Blob, result=Blob), Method("cpu", params=Nothing, result=Cpu)
 
 
-def _serve(port_queue) -> None:
-    from p2p.host import serve_tcp
+def _connection_config(busy_poll_s: float):
+    from p2p.connection import ConnectionConfig
+    from p2p.mux import MuxConfig
+
+    return ConnectionConfig(mux=MuxConfig(busy_poll_s=busy_poll_s))
+
+
+def _serve(port_queue, busy_poll_s: float) -> None:
+    from p2p.host import RpcService, serve_tcp
     from p2p.keys import KeyPair
-    from p2p.rpc import Router, serve_rpc
+    from p2p.rpc import Router
 
+    echo_method, cpu_method = _methods()
     router = Router()
 
     async def echo(params: Blob, ctx) -> Blob:
         return params
 
-    router.add(_echo_method(), echo)
+    async def cpu(params: Nothing, ctx) -> Cpu:
+        return Cpu(seconds=cpu_seconds())
 
-    async def serve(channel) -> None:
-        await serve_rpc(channel, router)
+    router.add(echo_method, echo)
+    router.add(cpu_method, cpu)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             _host, port = await nursery.start(
-                serve_tcp, KeyPair.from_seed(SERVER_SEED), {PROTOCOL: serve}
+                functools.partial(
+                    serve_tcp, KeyPair.from_seed(SERVER_SEED),
+                    services=[RpcService(PROTOCOL, router)],  # as a daemon serves it
+                    config=_connection_config(busy_poll_s),
+                )
             )
             port_queue.put(port)
 
     trio.run(main)
 
 
-async def _measure(port: int, reps: int, calls: int, parallel_calls: int, in_flight: int):
+async def _measure(port: int, reps: int, total: int, in_flight: int, busy_poll_s: float):
     from p2p.connection import dial_tcp
     from p2p.keys import KeyPair
     from p2p.rpc import RpcClient
 
-    echo = _echo_method()
+    echo, cpu = _methods()
     server_key = KeyPair.from_seed(SERVER_SEED).public_key
-    connection = await dial_tcp("127.0.0.1", port, KeyPair.generate(), server_key)
-    rates, p50s, p99s = [], [], []
+    connection = await dial_tcp(
+        "127.0.0.1", port, KeyPair.generate(), server_key, config=_connection_config(busy_poll_s)
+    )
+    rates, p50s, p99s, cpus = [], [], [], []
     async with trio.open_nursery() as nursery:
         await nursery.start(connection.run)
         channel = await connection.open_channel(PROTOCOL)
         client = RpcClient(channel)
         await nursery.start(client.run)
         payload = Blob(data=b"x" * 32)
-        for _ in range(50):  # warm-up
+        for _ in range(200):  # warm-up
             await client.call(echo, payload)
-        total = calls if in_flight == 1 else parallel_calls
         for _ in range(reps):
             latencies: list[float] = []
 
@@ -85,19 +127,24 @@ async def _measure(port: int, reps: int, calls: int, parallel_calls: int, in_fli
                     await client.call(echo, payload)
                     latencies.append(time.perf_counter() - start)
 
+            server_before = (await client.call(cpu, Nothing())).seconds
+            client_before = cpu_seconds()
             began = time.perf_counter()
             async with trio.open_nursery() as workers:
                 for index in range(in_flight):
                     share = total // in_flight + (1 if index < total % in_flight else 0)
                     workers.start_soon(worker, share)
             elapsed = time.perf_counter() - began
+            client_cpu = cpu_seconds() - client_before
+            server_cpu = (await client.call(cpu, Nothing())).seconds - server_before
             rates.append(total / elapsed)
             p50s.append(percentile(latencies, 0.5) * 1000)
             p99s.append(percentile(latencies, 0.99) * 1000)
+            cpus.append((client_cpu + server_cpu) / total * 1e6)
         await client.aclose()
         await connection.aclose()
         nursery.cancel_scope.cancel()
-    return rates, p50s, p99s
+    return rates, p50s, p99s, cpus
 
 
 def main() -> None:
@@ -105,19 +152,25 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--calls", type=int, default=3000, help="calls per rep, 1 in flight")
     parser.add_argument("--parallel-calls", type=int, default=20000,
-                        help="calls per rep, 64 in flight")
+                        help="calls per rep, more than 1 in flight")
+    parser.add_argument("--busy-poll", type=float, default=0.0, metavar="SECONDS",
+                        help="mux busy-poll window after each write (default 0: off)")
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 64])
     args = parser.parse_args()
-    with ChildServer(_serve) as port:
-        for in_flight in (1, 64):
-            rates, p50s, p99s = trio.run(
-                _measure, port, args.reps, args.calls, args.parallel_calls, in_flight
+    with ChildServer(_serve, args.busy_poll) as port:
+        for in_flight in args.in_flight:
+            total = args.calls if in_flight == 1 else args.parallel_calls
+            rates, p50s, p99s, cpus = trio.run(
+                _measure, port, args.reps, total, in_flight, args.busy_poll
             )
             how = (f"32-byte echo, {in_flight} in flight, secret stream + mux + RPC over TCP "
-                   "127.0.0.1, server in a spawned process")
+                   f"127.0.0.1, server in a spawned process, busy_poll_s={args.busy_poll}")
             emit("rpc", f"calls_per_s_{in_flight}", summary(rates)["median"], "req/s",
                  **summary(rates), how=how, machine=machine())
             emit("rpc", f"latency_p50_{in_flight}", summary(p50s)["median"], "ms")
             emit("rpc", f"latency_p99_{in_flight}", summary(p99s)["median"], "ms")
+            emit("rpc", f"cpu_us_per_call_{in_flight}", summary(cpus)["median"], "us",
+                 **summary(cpus), how="user+sys CPU of client and server processes / calls")
 
 
 if __name__ == "__main__":

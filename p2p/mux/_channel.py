@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2p.mux._core import ChannelPhase, ChannelState
+from p2p.mux._credit import SendWait
 from p2p.mux._errors import ChannelBroken, ChannelClosed, MuxError, MuxUsageError
-from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
 from p2p.mux._stream import ChannelStream
 
 if TYPE_CHECKING:
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Channel", "ChannelStatistics", "MessageHandler"]
 
 logger = logging.getLogger(__name__)
+
+_READY = SendWait.NONE
+_OPEN = ChannelPhase.OPEN
 
 #: A push-delivery callback: called with each message, in the mux's reader task.
 MessageHandler = Callable[[bytes], None]
@@ -189,7 +192,7 @@ class Channel(trio.abc.Channel[bytes]):
                 limit -= 1
             msg = core.receive_message(st)
             if msg is None:
-                if core._out:
+                if core.outgoing_bytes:
                     self._mux._kick()  # a CREDIT frame (the reader task kicks too)
                 if st.remote_ended or st.got_close:
                     self._recv_lot.unpark_all()  # receive() can now raise the end
@@ -218,13 +221,12 @@ class Channel(trio.abc.Channel[bytes]):
         err = self._send_error()
         if err is not None:
             raise err
-        cost = len(value) + MESSAGE_OVERHEAD_BYTES
         self._check_size(value)
         if (
             self._send_waiting
-            or st.send_credit < cost
-            or core._send_budget < cost
-            or core._out_bytes + mux._writing_bytes >= mux._max_out
+            or core.flow.send_wait(
+                st.send_credit, len(value), core.outgoing_bytes + mux._writing_bytes
+            ) is not _READY
         ):
             raise trio.WouldBlock
         core.send_message(st, value)
@@ -233,10 +235,10 @@ class Channel(trio.abc.Channel[bytes]):
     async def send(self, value: bytes, *, checkpoint: bool = True, more: bool = False) -> None:
         """Send one message, waiting for credit and outgoing buffer space.
 
-        When nothing is being written and no other task is about to run, the
-        message is written to the stream from this task at once (no hand-off to
-        the writer task); otherwise it is queued for the writer, which sends all
-        queued frames in one write.
+        When nothing is being written and ``more`` is not given, the message is
+        written to the stream from this task at once (no hand-off to the writer
+        task); otherwise it is queued for the writer, which sends all queued
+        frames in one write.
 
         Args:
             value: the message (bytes-like); at most :attr:`max_message_bytes`.
@@ -262,16 +264,16 @@ class Channel(trio.abc.Channel[bytes]):
         mux = self._mux
         core = mux._core
         st = self._st
-        cost = len(value) + MESSAGE_OVERHEAD_BYTES
+        size = len(value)
         if (
             not self._send_waiting
-            and st.send_credit >= cost
-            and core._send_budget >= cost
-            and core._out_bytes + mux._writing_bytes < mux._max_out
+            and st.phase is _OPEN
+            and not (st.app_closed or st.sent_end or st.got_close)
+            and mux._reason is None
+            and core.flow.send_wait(
+                st.send_credit, size, core.outgoing_bytes + mux._writing_bytes
+            ) is _READY
         ):
-            err = self._send_error()
-            if err is not None:
-                raise err
             core.send_message(st, value)  # raises MESSAGE_TOO_LARGE itself
             await mux._send_queued(checkpoint=checkpoint, more=more)
             return
@@ -283,18 +285,23 @@ class Channel(trio.abc.Channel[bytes]):
                     if err is not None:
                         raise err
                     self._check_size(value)
-                    if st.send_credit < cost:
-                        await self._send_lot.park()
-                    elif core._send_budget < cost:
-                        await self._wait_budget()
-                    elif core._out_bytes + mux._writing_bytes >= mux._max_out:
-                        await mux._space_lot.park()
-                    else:
+                    wait = core.send_wait(st, size, mux._writing_bytes)
+                    if wait is _READY:
                         break
+                    await self._wait_for(wait)
                 core.send_message(st, value)
         finally:
             self._send_waiting -= 1
         await mux._send_queued(checkpoint=False, more=more)  # we waited: already a checkpoint
+
+    async def _wait_for(self, wait: SendWait) -> None:
+        """Park until what ``wait`` names may have changed (then check again)."""
+        if wait is SendWait.CHANNEL_CREDIT:
+            await self._send_lot.park()
+        elif wait is SendWait.MUX_BUDGET:
+            await self._wait_budget()
+        else:
+            await self._mux._space_lot.park()
 
     async def _wait_budget(self) -> None:
         """Park until the peer grants mux credit (or anything else wakes the lot).
@@ -325,7 +332,7 @@ class Channel(trio.abc.Channel[bytes]):
             raise trio.WouldBlock  # the reader task is still pushing these
         msg = mux._core.receive_message(st)
         if msg is not None:
-            if mux._core._out:
+            if mux._core.outgoing_bytes:
                 mux._kick()
             return msg
         if st.remote_ended or st.got_close:
@@ -407,7 +414,7 @@ class Channel(trio.abc.Channel[bytes]):
             mux._kick()
         else:
             st.app_closed = True
-            mux._core._drop_inbox(st)
+            mux._core.drop_inbox(st)
         mux._budget_waiters.pop(self, None)
         if st.phase is ChannelPhase.FREED or st.abandoned:
             mux._live.pop(st, None)

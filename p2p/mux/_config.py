@@ -39,10 +39,11 @@ DEFAULT_MAX_CHANNELS = 1024
 DEFAULT_MAX_PENDING_ACCEPTS = 64
 #: Bytes the writer may hold before senders wait (see ``max_send_buffer_bytes``).
 DEFAULT_MAX_SEND_BUFFER_BYTES = 4 << 20
-#: Busy-poll window after each write. A loopback RPC round trip here takes
-#: ~200 µs when both ends keep polling (p99 ~400 µs), so 500 µs catches most answers while
-#: bounding the CPU spent on a request that gets none.
-DEFAULT_BUSY_POLL_S = 0.0005
+#: Busy-poll window after each write: off. Polling halves a loopback round trip
+#: but keeps a core busy while traffic flows (a token stream all day), so it is a
+#: benchmark setting (``bench/rpc.py --busy-poll 0.0005``: a loopback RPC round
+#: trip takes ~200 µs when both ends keep polling, so 500 µs catches most answers).
+DEFAULT_BUSY_POLL_S = 0.0
 #: ``max_bytes`` of each ``receive_some``; large reads let one read carry many frames.
 DEFAULT_RECEIVE_CHUNK_BYTES = 256 << 10
 
@@ -103,7 +104,8 @@ class MuxConfig:
     busy_poll_s: float = DEFAULT_BUSY_POLL_S
     """Seconds to keep polling for I/O after each write instead of sleeping in
     epoll (see ``_scheduling.py``): halves a loopback round trip at the cost of
-    up to this much CPU per write that gets no quick answer. 0 disables it."""
+    up to this much CPU per write that gets no quick answer. 0 (the default)
+    disables it; a benchmark setting, not for daemons."""
 
     def __post_init__(self) -> None:
         for name in (

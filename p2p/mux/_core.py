@@ -27,33 +27,14 @@ A name in use on our side (opening, open or closing) refuses a second local open
 (:class:`MuxUsageError` ``DUPLICATE_CHANNEL``) and a remote one (REJECT
 ``DUPLICATE_CHANNEL``).
 
-Credit: each receiver announces a window (OPEN/ACCEPT) and the sender keeps
-``send_credit``; a message costs ``len + MESSAGE_OVERHEAD_BYTES`` (64) bytes of
-credit: what holding it costs the receiver (a ``bytes`` object and its inbox
-slot), so a window bounds memory even for a flood of empty messages. A message
-may be at most half the receiver's window. Why half: credit comes back in
-batches of half a window less 64 bytes, so that much may be consumed yet
-unreported while the inbox is empty; the rest (half a window plus 64) must still
-fit the largest message or the sender would wait for credit that never comes.
-The receiver tracks how much the peer may still send (``_recv_allowed``); a DATA
-frame beyond it ends the mux with ``CREDIT_EXCEEDED``. As the application takes
-messages, consumed bytes are returned with a CREDIT frame once they reach that
-batch. Invariant: ``0 <= send_credit`` and ``inbox_bytes <= window`` per channel.
-
-Receive budget (connection-level credit, as HTTP/2's connection window and
-QUIC's MAX_DATA): per-channel windows bound what one channel can hold, but a peer
-could open ``max_channels`` channels and fill every window. So each side also
-grants the peer a budget over the whole mux (``receive_budget_bytes``): its
-first frame is ``MUX_CREDIT(budget)``, every DATA frame costs the sender the
-same ``len + MESSAGE_OVERHEAD_BYTES`` of it as of its channel credit, and
-the receiver returns budget as the application consumes (or as we discard
-messages of closed channels), batched per eighth of the budget or half a
-window, whichever is less (so what sits unreported never grows with the budget
-past what a channel's own batching leaves). A DATA frame
-beyond the budget ends the mux with ``BUDGET_EXCEEDED``. Channel windows may
-add up to far more than the budget: only bytes actually sent use it, so idle
-channels cost nothing and a busy one is bound by its own window. Invariant:
-``buffered_bytes <= receive_budget_bytes`` (the sum of ``inbox_bytes``).
+Credit (channel windows and the mux-wide receive budget) is accounted in
+``_credit.py`` (:class:`~p2p.mux._credit.FlowControl`, ``self.flow``), which
+states the rules and invariants; this core calls it as frames come and go and
+queues the CREDIT and MUX_CREDIT frames it says are due. A DATA frame beyond a
+channel's window ends the mux with ``CREDIT_EXCEEDED``, beyond the budget with
+``BUDGET_EXCEEDED``. The budget exists because per-channel windows bound what
+one channel can hold, but a peer could open ``max_channels`` channels and fill
+every window.
 
 Why the receiver cannot do it alone: credit, once granted to a channel, cannot
 be taken back, so a receiver-only scheme has to hand a slice of the budget to
@@ -78,6 +59,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from p2p.mux._config import MuxConfig
+from p2p.mux._credit import FlowControl, ReceiveWindow, SendWait
 from p2p.mux._errors import MuxProtocolError, MuxUsageError
 from p2p.mux._frames import (
     MAX_CHANNEL_ID_BYTES,
@@ -133,8 +115,6 @@ class ChannelState:
     """The core's record of one channel. Drivers read it; only the core writes it."""
 
     __slots__ = (
-        "_recv_allowed",
-        "_unreported",
         "abandoned",
         "app_closed",
         "bytes_received",
@@ -149,6 +129,7 @@ class ChannelState:
         "messages_sent",
         "phase",
         "protocol",
+        "recv",
         "reject_reason",
         "remote",
         "remote_ended",
@@ -159,7 +140,9 @@ class ChannelState:
         "window",
     )
 
-    def __init__(self, local: int, protocol: str, id: bytes, window: int, initiator: bool):
+    def __init__(
+        self, local: int, protocol: str, id: bytes, recv: ReceiveWindow, initiator: bool
+    ) -> None:
         #: Our channel number; the peer addresses its frames with it.
         self.local = local
         #: The peer's channel number, once paired.
@@ -169,13 +152,13 @@ class ChannelState:
         self.initiator = initiator
         self.phase = ChannelPhase.OPENING
         #: Our receive window (bytes), announced in OPEN/ACCEPT.
-        self.window = window
+        self.window = recv.allowed
         #: The peer's window as it announced it; caps our message size.
         self.remote_window = 0
         #: Bytes we may still send.
         self.send_credit = 0
-        self._recv_allowed = window
-        self._unreported = 0
+        #: What the peer may still send us, and the credit we owe it back.
+        self.recv = recv
         self.inbox: deque[bytes] = deque()
         self.inbox_bytes = 0
         self.sent_end = False
@@ -285,9 +268,10 @@ class MuxCore:
 
     def __init__(self, config: MuxConfig | None = None) -> None:
         self.config = config or MuxConfig()
-        # Messages may be up to half our window (see the theory of operation).
-        self._max_recv_message = self.config.initial_window_bytes >> 1
-        self._credit_batch = self._max_recv_message - MESSAGE_OVERHEAD_BYTES
+        #: Every credit number of this mux (see ``_credit.py``).
+        self.flow = FlowControl(self.config)
+        # Messages may be up to half our window (see _credit.py).
+        self._max_recv_message = self.flow.max_receive_message
         self._decoder = FrameDecoder(self._max_recv_message + _HEADER_SLACK_BYTES)
         self._table: dict[int, ChannelState] = {}
         self._by_key: dict[tuple[str, bytes], ChannelState] = {}
@@ -295,27 +279,14 @@ class MuxCore:
         self._next_local = 0
         self._backlogs: dict[str, deque[ChannelState]] = {}
         self._out: list[bytes] = []
-        self._out_bytes = 0
+        #: Bytes queued for the writer and not yet collected (drivers read it;
+        #: only the core writes it).
+        self.outgoing_bytes = 0
         #: Set once the peer broke the protocol; the core refuses further input.
         self.failed: MuxProtocolError | None = None
-        # Receive budget: what the peer may still send over the whole mux, what
-        # we hold, and what was consumed but not yet granted back.
-        budget = self.config.receive_budget_bytes
-        self._recv_budget = budget
-        self._budget_unreported = 0
-        self._budget_batch = min(budget >> 3, self._max_recv_message)
-        self._buffered = 0
-        self._buffered_peak = 0
-        #: Connection-level credit the peer granted us (0 until its first frame).
-        self._send_budget = 0
-        self._queue(MuxCredit(budget))
+        self._queue(MuxCredit(self.config.receive_budget_bytes))
 
     # -- output ----------------------------------------------------------------
-
-    @property
-    def outgoing_bytes(self) -> int:
-        """Bytes queued for the writer and not yet collected."""
-        return self._out_bytes
 
     def data_to_send(self) -> bytes:
         """Take every queued frame, joined into one buffer (possibly empty)."""
@@ -323,13 +294,13 @@ class MuxCore:
         if not out:
             return b""
         self._out = []
-        self._out_bytes = 0
+        self.outgoing_bytes = 0
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _queue(self, frame: Frame) -> None:
         data = encode_frame(frame)
         self._out.append(data)
-        self._out_bytes += len(data)
+        self.outgoing_bytes += len(data)
 
     # -- receive budget --------------------------------------------------------
 
@@ -338,35 +309,40 @@ class MuxCore:
         """Bytes held in channel inboxes, as charged against the receive budget
         (``len + MESSAGE_OVERHEAD_BYTES`` per message); at most
         ``receive_budget_bytes``."""
-        return self._buffered
+        return self.flow.buffered
 
     @property
     def buffered_bytes_peak(self) -> int:
         """The most :attr:`buffered_bytes` has been."""
-        return self._buffered_peak
+        return self.flow.buffered_peak
 
     @property
     def send_budget(self) -> int:
         """Connection-level credit left from the peer: a message costs
         ``len + MESSAGE_OVERHEAD_BYTES`` of it."""
-        return self._send_budget
+        return self.flow.send_budget
 
     def can_send(self, st: ChannelState, size: int) -> bool:
         """Whether channel and connection credit both cover a message of ``size``."""
-        cost = size + MESSAGE_OVERHEAD_BYTES
-        return st.send_credit >= cost and self._send_budget >= cost
+        return self.flow.can_send(st.send_credit, size)
+
+    def send_wait(self, st: ChannelState, size: int, writing_bytes: int = 0) -> SendWait:
+        """What a message of ``size`` on ``st`` must wait for (``SendWait.NONE``: nothing).
+
+        Args:
+            writing_bytes: bytes the driver is writing now (they count against
+                ``max_send_buffer_bytes`` with what is queued here).
+        """
+        return self.flow.send_wait(st.send_credit, size, self.outgoing_bytes + writing_bytes)
 
     def _release(self, amount: int) -> None:
         """``amount`` budget bytes left our buffers: grant them back when due."""
-        self._buffered -= amount
-        unreported = self._budget_unreported + amount
-        if unreported >= self._budget_batch:
-            self._queue(MuxCredit(unreported))
-            self._recv_budget += unreported
-            unreported = 0
-        self._budget_unreported = unreported
+        grant = self.flow.release(amount)
+        if grant:
+            self._queue(MuxCredit(grant))
 
-    def _drop_inbox(self, st: ChannelState) -> None:
+    def drop_inbox(self, st: ChannelState) -> None:
+        """Discard ``st``'s unread messages, giving their budget back."""
         if st.inbox:
             self._release(st.inbox_bytes)
             st.inbox.clear()
@@ -387,7 +363,7 @@ class MuxCore:
         local = self._free.pop() if self._free else self._next_local
         if local == self._next_local:
             self._next_local += 1
-        st = ChannelState(local, protocol, id, self.config.initial_window_bytes, initiator)
+        st = ChannelState(local, protocol, id, self.flow.receive_window(), initiator)
         self._table[local] = st
         self._by_key[(protocol, id)] = st
         return st
@@ -478,17 +454,18 @@ class MuxCore:
                 f"message of {n} bytes exceeds the limit of {self.max_send_bytes(st)}",
                 code="MESSAGE_TOO_LARGE",
             )
-        if cost > st.send_credit or cost > self._send_budget:
+        flow = self.flow
+        if cost > st.send_credit or cost > flow.send_budget:
             raise MuxUsageError("not enough send credit", code="NO_CREDIT")
         st.send_credit -= cost
-        self._send_budget -= cost
+        flow.send_budget -= cost
         st.bytes_sent += n
         st.messages_sent += 1
         header = data_header(st.remote, n)  # type: ignore[arg-type]
         out = self._out
         out.append(header)
         out.append(payload)
-        self._out_bytes += len(header) + n
+        self.outgoing_bytes += len(header) + n
 
     def receive_message(self, st: ChannelState) -> bytes | None:
         """Take the oldest message from ``st``'s inbox, returning credit as due.
@@ -501,25 +478,17 @@ class MuxCore:
         msg = st.inbox.popleft()
         cost = len(msg) + MESSAGE_OVERHEAD_BYTES
         st.inbox_bytes -= cost
-        unreported = st._unreported + cost
-        # Batch credit: one CREDIT frame per half window consumed (yamux and
-        # HTTP/2 implementations use the same "half the window" rule), less one
-        # message overhead so that a maximum-size message always fits the rest.
-        if unreported >= self._credit_batch and not (
-            st.remote_ended or st.got_close or st.sent_close
-        ):
-            self._queue(Credit(st.remote, unreported))  # type: ignore[arg-type]
-            st._recv_allowed += unreported
-            unreported = 0
-        st._unreported = unreported
-        # Budget: the same, batched (see _budget_batch; inlined _release).
-        self._buffered -= cost
-        unreported = self._budget_unreported + cost
-        if unreported >= self._budget_batch:
-            self._queue(MuxCredit(unreported))
-            self._recv_budget += unreported
-            unreported = 0
-        self._budget_unreported = unreported
+        # Batched grants (see _credit.py): a CREDIT per half window consumed,
+        # none once the peer can send no more on the channel.
+        if st.remote_ended or st.got_close or st.sent_close:
+            st.recv.hold(cost)
+        else:
+            grant = st.recv.release(cost)
+            if grant:
+                self._queue(Credit(st.remote, grant))  # type: ignore[arg-type]
+        grant = self.flow.release(cost)
+        if grant:
+            self._queue(MuxCredit(grant))
         return msg
 
     def send_end(self, st: ChannelState) -> None:
@@ -536,7 +505,7 @@ class MuxCore:
         An OPENING channel is abandoned: it is closed when the answer arrives.
         """
         st.app_closed = True
-        self._drop_inbox(st)
+        self.drop_inbox(st)
         if st.phase is ChannelPhase.OPENING:
             st.abandoned = True
             return
@@ -566,6 +535,7 @@ class MuxCore:
             events: list[MuxEvent] = []
             table = self._table
             max_msg = self._max_recv_message
+            flow = self.flow
             for f in frames:
                 if type(f) is Data:
                     st = table.get(f.channel)
@@ -577,36 +547,20 @@ class MuxCore:
                     if n > max_msg:
                         raise _violation("MESSAGE_TOO_LARGE", f"message of {n} bytes")
                     cost = n + MESSAGE_OVERHEAD_BYTES
-                    if cost > st._recv_allowed:
-                        raise _violation(
-                            "CREDIT_EXCEEDED",
-                            f"peer sent {cost} bytes on channel {f.channel} with "
-                            f"{st._recv_allowed} bytes of credit",
-                        )
-                    if cost > self._recv_budget:
-                        raise _violation(
-                            "BUDGET_EXCEEDED",
-                            f"peer sent {cost} bytes on channel {f.channel} with "
-                            f"{self._recv_budget} bytes of mux credit",
-                        )
-                    self._recv_budget -= cost
-                    st._recv_allowed -= cost
+                    flow.receive(st.recv, cost, f.channel)
                     st.bytes_received += n
                     st.messages_received += 1
                     if st.app_closed:
                         # discarded (the peer will see our CLOSE): the budget
                         # goes back at once
-                        self._buffered += cost
+                        flow.buffered += cost
                         self._release(cost)
                         continue
                     if not st.inbox:
                         events.append(MessageReceived(st))
                     st.inbox.append(f.payload)
                     st.inbox_bytes += cost
-                    buffered = self._buffered + cost
-                    self._buffered = buffered
-                    if buffered > self._buffered_peak:
-                        self._buffered_peak = buffered
+                    flow.buffer(cost)
                 else:
                     self._control(f, events)
             return events
@@ -619,9 +573,7 @@ class MuxCore:
             self._on_open(f, events)
             return
         if type(f) is MuxCredit:
-            if self._send_budget + f.amount >= 1 << 62:
-                raise _violation("CREDIT_OVERFLOW", "mux credit overflow")
-            self._send_budget += f.amount
+            self.flow.grant_budget(f.amount)
             events.append(_BUDGET_RECEIVED)
             return
         st = self._table.get(f.channel)
@@ -641,9 +593,7 @@ class MuxCore:
         elif st.phase is not ChannelPhase.OPEN or st.got_close:
             raise _violation("UNKNOWN_CHANNEL", f"{type(f).__name__} for channel {f.channel}")
         elif type(f) is Credit:
-            if st.send_credit + f.amount >= 1 << 62:
-                raise _violation("CREDIT_OVERFLOW", f"credit overflow on {f.channel}")
-            st.send_credit += f.amount
+            st.send_credit = self.flow.granted(st.send_credit, f.amount, f.channel)
             if not st.sent_close:
                 events.append(CreditReceived(st))
         elif type(f) is End:

@@ -1,6 +1,4 @@
-"""How the mux cooperates with trio's scheduler: run-queue checks and busy polling.
-
-Adaptive busy polling: stay awake for a reply instead of sleeping in epoll.
+"""Busy polling: stay awake for a reply instead of sleeping in epoll (off by default).
 
 Why: on a loopback or LAN round trip most of the latency is not work but
 wake-ups. A process that blocks in ``epoll_wait`` right after sending a request
@@ -22,6 +20,11 @@ One spinner serves the whole trio run (every mux in the process shares it), so
 a node with many connections still adds one runnable task, not one per
 connection. It is a trio *system task*: a runtime service owned by the run
 itself, like trio's own, parked whenever no window is open.
+
+It is a benchmark setting, off by default (``MuxConfig.busy_poll_s = 0``): a
+daemon streaming tokens all day would keep a core busy with it. Only public trio
+API is used (``spawn_system_task``, ``RunVar``, ``ParkingLot``, checkpoints), and
+no send path looks at it: a write only notes when it happened.
 """
 
 from __future__ import annotations
@@ -30,27 +33,7 @@ import time
 
 import trio
 
-__all__ = ["BusyPoller", "shared_poller", "tasks_runnable"]
-
-try:  # trio's run queue, read directly: see tasks_runnable().
-    from trio._core._run import GLOBAL_RUN_CONTEXT as _RUN_CONTEXT
-except ImportError:  # pragma: no cover - a trio without it; use the public API
-    _RUN_CONTEXT = None
-
-
-def tasks_runnable() -> int:
-    """Tasks queued to run in the next scheduler pass.
-
-    The same as ``trio.lowlevel.current_statistics().tasks_runnable``, which also
-    builds I/O statistics by walking every registered file descriptor (O(fds),
-    several microseconds per call). The send fast path asks once per message, so
-    read the run queue's length directly when this trio version has it.
-    """
-    try:
-        return len(_RUN_CONTEXT.runner.runq)  # type: ignore[union-attr]
-    except AttributeError:  # pragma: no cover - internals moved
-        return trio.lowlevel.current_statistics().tasks_runnable
-
+__all__ = ["BusyPoller", "shared_poller"]
 
 _SHARED = trio.lowlevel.RunVar("p2p_mux_busy_poller")
 
@@ -72,8 +55,7 @@ class BusyPoller:
     def __init__(self) -> None:
         self._until = 0.0
         self._lot = trio.lowlevel.ParkingLot()
-        #: True while the spinner is in trio's run queue (callers that look at
-        #: the run queue discount it).
+        #: True while the spinner is awake (polling), False while it is parked.
         self.spinning = False
         self.spins = 0
 

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from p2p.mux._credit import SendWait
 from p2p.mux._errors import ChannelClosed
-from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
 
 if TYPE_CHECKING:
     from p2p.mux._driver import Channel
@@ -70,7 +70,7 @@ class ChannelStream(trio.abc.HalfCloseableStream):
             self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        """Wait until the channel and the mux have send credit (or it is closed/broken)."""
+        """Wait until channel credit, mux budget and buffer room allow a send (or it ended)."""
         self._enter_send()
         try:
             ch = self.channel
@@ -81,13 +81,11 @@ class ChannelStream(trio.abc.HalfCloseableStream):
                 if ch._send_error() is not None:
                     await trio.lowlevel.checkpoint()
                     return
-                if ch._st.send_credit < MESSAGE_OVERHEAD_BYTES + 1:
-                    await ch._send_lot.park()
-                elif not ch._mux._core.can_send(ch._st, 1):
-                    await ch._wait_budget()
-                else:
+                wait = ch._mux._core.send_wait(ch._st, 1, ch._mux._writing_bytes)
+                if wait is SendWait.NONE:
                     await trio.lowlevel.checkpoint()
                     return
+                await ch._wait_for(wait)
         finally:
             self._sending = False
 

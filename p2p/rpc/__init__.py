@@ -6,6 +6,7 @@ See ``README.md`` in this folder for the wire format.
 
 from p2p.rpc._client import ClientStatistics, ItemStream, RpcClient
 from p2p.rpc._config import RpcConfig
+from p2p.rpc._core import ProtocolViolation, RpcClientCore, RpcServerCore
 from p2p.rpc._errors import (
     RpcChannelClosed,
     RpcError,
@@ -14,20 +15,31 @@ from p2p.rpc._errors import (
     RpcUsageError,
 )
 from p2p.rpc._method import Method, StreamMethod
-from p2p.rpc._server import CallContext, Router, RpcServer, ServerStatistics, serve_rpc
+from p2p.rpc._server import (
+    CallContext,
+    PeerConnection,
+    Router,
+    RpcServer,
+    ServerStatistics,
+    serve_rpc,
+)
 
 __all__ = [
     "CallContext",
     "ClientStatistics",
     "ItemStream",
     "Method",
+    "PeerConnection",
+    "ProtocolViolation",
     "Router",
     "RpcChannelClosed",
     "RpcClient",
+    "RpcClientCore",
     "RpcConfig",
     "RpcError",
     "RpcProtocolError",
     "RpcServer",
+    "RpcServerCore",
     "RpcTimeout",
     "RpcUsageError",
     "ServerStatistics",

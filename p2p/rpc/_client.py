@@ -1,23 +1,22 @@
-"""RPC client: calls methods over one mux channel.
+"""RPC client: the trio driver of :class:`~p2p.rpc._core.RpcClientCore`.
 
 Theory of operation
 -------------------
-:meth:`RpcClient.run` owns the canceller task, which sends CANCEL for calls
-that timed out or were cancelled (a cancelled task cannot ``await`` a send
-itself), and waits for the channel to end. Replies are handled by
-:meth:`RpcClient._on_message`, which hands each to the waiting call by request
-id. On a mux channel it runs in the mux's reader task as each reply is parsed
-(push delivery: the waiting caller is woken straight from the reader, one task
-switch per reply); on other channels ``run`` pulls messages and calls it. Each
-call registers a slot in a table bounded by ``max_in_flight_calls`` (callers
-wait for room), sends its request and waits on its slot. Replies for ids no
-longer in the table (late answers to cancelled calls) are dropped.
+The core owns request ids, cancellation and stream credit; this driver owns the
+waiting. Each call takes a slot (at most ``max_in_flight_calls``; callers wait
+for room), has the core queue its request and sends it from the calling task,
+then parks on its :class:`_Slot` until the reply arrives. Replies are fed to the
+core by :meth:`RpcClient._on_message`; on a mux channel that runs in the mux's
+reader task as each reply is parsed (push delivery: the waiting caller is woken
+straight from the reader, one task switch per reply); on other channels
+:meth:`RpcClient.run` pulls messages and calls it.
 
-Streams: the client grants the server ``stream_window_items`` items of credit in
-STREAM_REQUEST and returns credit in batches of half the window as the consumer
-takes items, so at most a window of items is buffered per stream and a slow
-consumer never stalls the reader (other calls keep flowing). A server that sends
-beyond its credit fails that stream with ``STREAM_CREDIT_EXCEEDED``.
+Messages the core queues outside a caller's own send (CANCEL of a timed-out or
+cancelled call, STREAM_CREDIT as a consumer takes items, CANCEL of a stream
+whose server broke the credit rule) are handed to the channel at once with
+``send_nowait``; if the channel cannot take one now they wait, in order, for the
+flusher task that :meth:`run` owns. A cancelled task can thus always cancel its
+call: it never has to ``await`` a send.
 
 When the channel ends every call in flight fails with :class:`RpcChannelClosed`.
 """
@@ -35,6 +34,7 @@ import pydantic
 import trio
 
 from p2p.rpc._config import RpcConfig
+from p2p.rpc._core import ProtocolViolation, RpcClientCore
 from p2p.rpc._errors import (
     RpcChannelClosed,
     RpcError,
@@ -42,21 +42,9 @@ from p2p.rpc._errors import (
     RpcTimeout,
     RpcUsageError,
 )
-from p2p.rpc._messages import (
-    MAX_REQUEST_ID,
-    Cancel,
-    Error,
-    Request,
-    Response,
-    StreamCredit,
-    StreamEnd,
-    StreamItem,
-    StreamRequest,
-    decode_message,
-    encode_message,
-)
+from p2p.rpc._messages import Error, Response, StreamEnd, StreamItem
 from p2p.rpc._method import Method, StreamMethod
-from p2p.rpc._sending import deliver_messages, send_bytes
+from p2p.rpc._sending import Outbox, deliver_messages, send_bytes
 
 __all__ = ["ClientStatistics", "ItemStream", "RpcClient"]
 
@@ -65,6 +53,8 @@ logger = logging.getLogger(__name__)
 P = TypeVar("P", bound=pydantic.BaseModel)
 R = TypeVar("R", bound=pydantic.BaseModel)
 I = TypeVar("I", bound=pydantic.BaseModel)  # noqa: E741
+
+_CHANNEL_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +106,20 @@ class _Slot:
 
 
 class _StreamSlot:
-    __slots__ = ("credit_outstanding", "done", "error", "items", "lot", "unreported")
+    __slots__ = ("done", "error", "items", "lot")
 
-    def __init__(self, credit: int) -> None:
+    def __init__(self) -> None:
+        #: Bounded by the credit the core grants (``stream_window_items``).
         self.items: deque[dict[str, Any]] = deque()
         self.done = False
         self.error: RpcError | None = None
         self.lot = trio.lowlevel.ParkingLot()
-        self.credit_outstanding = credit
-        self.unreported = 0
+
+    def finish(self, error: RpcError | None) -> None:
+        if not self.done:
+            self.error = error
+            self.done = True
+            self.lot.unpark_all()
 
 
 def _params_payload(method: Method | StreamMethod, params: Any) -> dict[str, Any]:
@@ -158,26 +153,27 @@ class RpcClient:
         self._channel = channel
         self.config = config or RpcConfig()
         self.name = name
-        self._calls: dict[int, _Slot | _StreamSlot] = {}
-        self._next_id = 0
+        self._core = RpcClientCore(self.config)
+        #: Waiting callers and streams by request id (the core's table, plus
+        #: calls whose answer is in but whose caller has not yet woken).
+        self._waiting: dict[int, _Slot | _StreamSlot] = {}
         self._slots = trio.Semaphore(self.config.max_in_flight_calls)
-        self._cancels: list[int] = []
-        self._cancel_lot = trio.lowlevel.ParkingLot()
+        # Bounded: CANCEL and STREAM_CREDIT, at most one of each per call in
+        # flight plus one credit grant per half window per stream.
+        self._outbox = Outbox(channel)
         self._closed: RpcChannelClosed | None = None
         self._run_scope: trio.CancelScope | None = None
-        self._calls_started = 0
         self._timeouts = 0
-        self._cancels_sent = 0
-        self._bad = 0
 
     def statistics(self) -> ClientStatistics:
         """Return a snapshot of the client's counters."""
+        core = self._core
         return ClientStatistics(
-            calls_in_flight=len(self._calls),
-            calls_started=self._calls_started,
+            calls_in_flight=len(self._waiting),
+            calls_started=core.calls_started,
             timeouts=self._timeouts,
-            cancels_sent=self._cancels_sent,
-            bad_messages=self._bad,
+            cancels_sent=core.cancels_sent,
+            bad_messages=core.bad_messages,
         )
 
     # -- lifetime --------------------------------------------------------------
@@ -190,7 +186,7 @@ class RpcClient:
         try:
             async with trio.open_nursery() as nursery:
                 self._run_scope = nursery.cancel_scope
-                nursery.start_soon(self._canceller)
+                nursery.start_soon(self._outbox.run)
                 task_status.started()
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
@@ -207,15 +203,14 @@ class RpcClient:
     def _fail_all(self, error: RpcChannelClosed) -> None:
         if self._closed is None:
             self._closed = error
-        for slot in self._calls.values():
+        self._outbox.close()
+        for slot in self._waiting.values():
             if isinstance(slot, _Slot):
                 if not slot.done:
                     slot.error = error
                     slot.resolve()
-            elif not slot.done:
-                slot.error = error
-                slot.done = True
-                slot.lot.unpark_all()
+            else:
+                slot.finish(error)
 
     def _closed_error(self) -> RpcChannelClosed:
         assert self._closed is not None
@@ -226,87 +221,47 @@ class RpcClient:
 
     def _on_message(self, data: bytes) -> None:
         """Hand one reply to its call (synchronous; may run in the mux reader)."""
-        try:
-            msg = decode_message(data)
-        except RpcProtocolError as exc:
-            self._bad += 1
-            logger.debug("rpc.client.bad_message client=%s code=%s", self.name, exc.code)
+        ev = self._core.receive_message(data)
+        if ev is None:
             return
-        slot = self._calls.get(msg.id)
-        if slot is None:
-            return  # a late answer to a call that timed out or was cancelled
-        t = type(msg)
-        if type(slot) is _Slot:
-            if slot.done:
-                self._bad += 1  # a second answer
-                return
-            if t is Response:
-                slot.result = msg.result  # type: ignore[union-attr]
-            elif t is Error:
-                slot.error = RpcError(msg.code, msg.message, msg.data)  # type: ignore[union-attr]
-            else:
-                self._bad += 1
-                return
-            slot.resolve()
+        slot = self._waiting.get(ev.id)
+        if slot is None:  # cannot happen: the core's table is within ours
             return
-        assert isinstance(slot, _StreamSlot)
-        if slot.done:
-            return
-        if t is StreamItem:
-            if slot.credit_outstanding <= 0:
-                slot.error = RpcProtocolError(
-                    "STREAM_CREDIT_EXCEEDED", "server sent a stream item beyond its credit"
-                )
-                slot.done = True
-                self._queue_cancel(msg.id)
-            else:
-                # Bounded by the credit we granted (stream_window_items).
-                slot.credit_outstanding -= 1
-                slot.items.append(msg.item)  # type: ignore[union-attr]
-        elif t is StreamEnd:
-            slot.done = True
+        t = type(ev)
+        if t is Response:
+            slot.result = ev.result  # type: ignore[union-attr]
+            slot.resolve()  # type: ignore[union-attr]
+        elif t is StreamItem:
+            slot.items.append(ev.item)  # type: ignore[union-attr]
+            slot.lot.unpark_all()  # type: ignore[union-attr]
         elif t is Error:
-            slot.error = RpcError(msg.code, msg.message, msg.data)  # type: ignore[union-attr]
-            slot.done = True
-        else:
-            self._bad += 1
-            return
-        slot.lot.unpark_all()
-
-    def _queue_cancel(self, rid: int) -> None:
-        # Bounded: at most one CANCEL per call in flight.
-        if self._closed is None:
-            self._cancels.append(rid)
-            self._cancel_lot.unpark()
-
-    async def _canceller(self) -> None:
-        while True:
-            if not self._cancels:
-                await self._cancel_lot.park()
-                continue
-            rid = self._cancels.pop(0)
-            try:
-                # more=True: never written from this task, so closing the client
-                # (which cancels it) cannot cut a write short and end the mux.
-                await send_bytes(self._channel, encode_message(Cancel(rid)), more=True)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            self._cancels_sent += 1
+            error = RpcError(ev.code, ev.message, ev.data)  # type: ignore[union-attr]
+            if type(slot) is _Slot:
+                slot.error = error
+                slot.resolve()
+            else:
+                slot.finish(error)  # type: ignore[union-attr]
+        elif t is StreamEnd:
+            slot.finish(None)  # type: ignore[union-attr]
+        elif t is ProtocolViolation:
+            slot.finish(RpcProtocolError(ev.code, ev.message))  # type: ignore[union-attr]
+            self._outbox.put(self._core.messages_to_send())  # the CANCEL
 
     # -- calls -----------------------------------------------------------------
-
-    def _new_id(self) -> int:
-        rid = self._next_id
-        self._next_id = rid + 1 if rid < MAX_REQUEST_ID else 0
-        while self._next_id in self._calls:  # only after 2**32 calls
-            self._next_id = self._next_id + 1 if self._next_id < MAX_REQUEST_ID else 0
-        return rid
 
     async def _acquire_slot(self) -> None:
         try:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             await self._slots.acquire()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+
+    def _give_up(self, rid: int) -> None:
+        """Forget call ``rid``; if it was live, its CANCEL goes out without waiting."""
+        core = self._core
+        core.cancel(rid)
+        self._outbox.put(core.messages_to_send())
 
     async def call(self, method: Method[P, R], params: P, *, timeout_s: float | None = None) -> R:
         """Call ``method`` and wait for its validated result.
@@ -333,14 +288,21 @@ class RpcClient:
             await trio.lowlevel.checkpoint()
             raise self._closed_error()
         payload = _params_payload(method, params)
-        await self._acquire_slot()
-        rid = self._new_id()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        core = self._core
+        # No checkpoint from here to the send: the request is queued in the
+        # core and handed to the channel in one step.
+        rid = core.send_request(method.name, payload)
         slot = _Slot()
-        self._calls[rid] = slot
-        self._calls_started += 1
+        self._waiting[rid] = slot
         timed_out = False
         try:
-            request = encode_message(Request(rid, method.name, payload))
+            (request,) = core.messages_to_send()
             if timeout_s is None:  # no cancel scope: it costs ~10% of a call
                 await self._send_request(request, slot)
             else:
@@ -348,11 +310,11 @@ class RpcClient:
                     await self._send_request(request, slot)
                 timed_out = cs.cancelled_caught and not slot.done
         finally:
-            del self._calls[rid]
+            del self._waiting[rid]
             self._slots.release()
             if not slot.done:
                 # Timed out, or our task was cancelled: tell the server to stop.
-                self._queue_cancel(rid)
+                self._give_up(rid)
         if timed_out:
             self._timeouts += 1
             raise RpcTimeout("TIMEOUT", f"{method.name!r} got no answer in {timeout_s} s")
@@ -371,9 +333,9 @@ class RpcClient:
             # calls in flight, more requests are likely to follow this pass:
             # leave ours to the mux writer's batch.
             await send_bytes(
-                self._channel, request, checkpoint=False, more=len(self._calls) > 1
+                self._channel, request, checkpoint=False, more=len(self._waiting) > 1
             )
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        except _CHANNEL_GONE as exc:
             raise RpcChannelClosed("CHANNEL_CLOSED", "the RPC channel ended") from exc
         await slot.wait()
 
@@ -392,24 +354,22 @@ class RpcClient:
             raise self._closed_error()
         payload = _params_payload(method, params)
         await self._acquire_slot()
-        rid = self._new_id()
-        window = self.config.stream_window_items
-        slot = _StreamSlot(window)
-        self._calls[rid] = slot
-        self._calls_started += 1
+        core = self._core
+        rid = core.send_stream_request(method.name, payload)
+        slot = _StreamSlot()
+        self._waiting[rid] = slot
         try:
+            (request,) = core.messages_to_send()
             try:
-                await send_bytes(
-                    self._channel, encode_message(StreamRequest(rid, method.name, payload, window))
-                )
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                await send_bytes(self._channel, request)
+            except _CHANNEL_GONE as exc:
                 raise RpcChannelClosed("CHANNEL_CLOSED", "the RPC channel ended") from exc
             yield ItemStream(self, method, rid, slot)
         finally:
-            if not slot.done:
-                self._queue_cancel(rid)
-            del self._calls[rid]
+            del self._waiting[rid]
             self._slots.release()
+            if not slot.done:
+                self._give_up(rid)
 
 
 class ItemStream(Generic[I]):
@@ -440,38 +400,24 @@ class ItemStream(Generic[I]):
         """
         slot = self._slot
         await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
         while not slot.items:
             if slot.done:
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 if slot.error is not None:
                     raise slot.error
                 raise trio.EndOfChannel
             await slot.lot.park()
-        window = self._client.config.stream_window_items
-        if slot.unreported + 1 >= max(1, window // 2) and not slot.done:
-            # Return credit for this item and the unreported ones before taking
-            # it, so a cancelled send leaves both the item and the counts as
-            # they were.
-            grant = slot.unreported + 1
-            slot.credit_outstanding += grant
-            try:
-                # more=True: queued for the mux writer, never written from this
-                # task, so cancelling the consumer cannot cut a write short.
-                await send_bytes(
-                    self._client._channel,
-                    encode_message(StreamCredit(self._rid, grant)),
-                    more=True,
-                )
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # the reader will see the channel end and fail the stream
-            except BaseException:
-                slot.credit_outstanding -= grant
-                raise
-            slot.unreported = 0
-        else:
-            slot.unreported += 1
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            waited = True
         raw = slot.items.popleft()
+        client = self._client
+        # Credit goes back as items are taken (the core batches it); handed to
+        # the channel without waiting, so a cancelled consumer loses nothing.
+        client._core.item_taken(self._rid)
+        client._outbox.put(client._core.messages_to_send())
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         try:
             return self._method.item.model_validate(raw)
         except pydantic.ValidationError as exc:

@@ -42,6 +42,7 @@ __all__ = [
     "StreamItem",
     "StreamRequest",
     "decode_message",
+    "encode_fields",
     "encode_message",
 ]
 
@@ -106,6 +107,15 @@ RpcMessage = (
 
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 _pack = _packer.pack
+
+
+def encode_fields(fields: tuple[Any, ...]) -> bytes:
+    """Encode a message given as its array (``(type, id, ...)``, as drawn above).
+
+    The hot path of the cores: no message object is built. The caller
+    guarantees the shape; :func:`encode_message` is the checked way.
+    """
+    return _pack(fields)
 
 
 def encode_message(msg: RpcMessage) -> bytes:

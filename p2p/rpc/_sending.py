@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 import trio
 
 from p2p.mux import Channel as MuxChannel
 
-__all__ = ["deliver_messages", "send_bytes", "send_bytes_nowait", "set_push_handler"]
+__all__ = ["Outbox", "deliver_messages", "send_bytes", "send_bytes_nowait", "set_push_handler"]
+
+_CHANNEL_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 async def send_bytes(
@@ -22,7 +25,7 @@ async def send_bytes(
     """Send ``data``; without ``checkpoint``, skip the scheduler when it can.
 
     A mux channel writes the message from this task when nothing else is
-    pending (no hand-off to its writer task), or else queues it; without
+    being written (no hand-off to its writer task), or else queues it; without
     ``checkpoint`` the queued case returns without yielding. That saves one task
     switch per RPC message. Callers pass ``checkpoint=False`` only when they
     reach a checkpoint soon after (waiting for the reply, or ending the task).
@@ -52,6 +55,77 @@ def send_bytes_nowait(channel: trio.abc.SendChannel[bytes], data: bytes) -> bool
     except trio.WouldBlock:
         return False
     return True
+
+
+class Outbox:
+    """Messages handed to a channel without waiting, in order.
+
+    :meth:`put` queues each message on the channel at once if it takes it
+    (``send_nowait``) and nothing older is still waiting; the rest wait, in
+    order, for :meth:`run`'s task, which sends them with ``send``. So a task that
+    must not wait (a reader callback, a cancelled caller) can still send.
+
+    Args:
+        channel: the channel.
+        limit: messages that may wait; beyond it :meth:`put` with
+            ``droppable=True`` drops the message (counted in ``dropped``). None:
+            the caller bounds what it puts.
+    """
+
+    def __init__(self, channel: trio.abc.SendChannel[bytes], limit: int | None = None) -> None:
+        self._channel = channel
+        self._limit = limit
+        self._waiting: deque[bytes] = deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+        #: Messages dropped at the limit.
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        """Messages waiting for the task."""
+        return len(self._waiting)
+
+    def close(self) -> None:
+        """Drop what waits and everything put from now on (the channel is gone)."""
+        self._closed = True
+        self._waiting.clear()
+        self._lot.unpark_all()
+
+    def put(self, messages: list[bytes], *, droppable: bool = False) -> None:
+        """Hand ``messages`` to the channel now, or queue them for :meth:`run`."""
+        if not messages or self._closed:
+            return
+        waiting = self._waiting
+        for data in messages:
+            if not waiting:
+                try:
+                    if send_bytes_nowait(self._channel, data):
+                        continue
+                except _CHANNEL_GONE:
+                    self.close()  # the read loop sees the channel end
+                    return
+            if droppable and self._limit is not None and len(waiting) >= self._limit:
+                self.dropped += 1
+                continue
+            waiting.append(data)
+            self._lot.unpark()
+
+    async def run(self) -> None:
+        """Send waiting messages until cancelled or the channel is gone."""
+        waiting = self._waiting
+        while not self._closed:
+            if not waiting:
+                await self._lot.park()
+                continue
+            try:
+                # more=True: leave it to the mux writer's batch, so cancelling
+                # this task never cuts a write short.
+                await send_bytes(self._channel, waiting[0], more=True)
+            except _CHANNEL_GONE:
+                self.close()
+                return
+            if waiting:
+                waiting.popleft()
 
 
 def set_push_handler(

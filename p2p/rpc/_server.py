@@ -1,34 +1,41 @@
-"""RPC server: answers requests arriving on one mux channel.
+"""RPC server: the trio driver of :class:`~p2p.rpc._core.RpcServerCore`.
 
 Theory of operation
 -------------------
-Messages are handled by :meth:`RpcServer._on_message`, synchronously and never
-waiting for a handler. On a mux channel it runs in the mux's reader task as each
-message is parsed (push delivery: no hop through a read-loop task); on other
-channels :meth:`RpcServer.run` pulls messages and calls it. Each call is kept
-in a table by request id. A REQUEST is handed to an idle worker task (a new one
-is started only when all are busy, so there are at most as many as the table
-bound); a worker runs calls one after another inside one cancel scope, and CANCEL
-cancels that scope while the call's handler runs in it (the worker then opens a
-fresh scope). Entering a cancel scope and spawning a task cost about as much as
-the rest of a small call, hence the reuse. A STREAM_REQUEST gets its own task
-and scope; STREAM_CREDIT adds to the stream's item credit. The table is bounded by
-``max_concurrent_calls``: a request beyond it is answered ``BUSY`` at once. We
-answer rather than stop reading because a stalled reader would also stall the
-CANCEL and STREAM_CREDIT messages that let running calls finish.
+The core owns the table of admitted calls, cancellation and stream credit; this
+driver routes requests to handlers and runs them. Messages are handled by
+:meth:`RpcServer._on_message`, synchronously and never waiting for a handler. On
+a mux channel it runs in the mux's reader task as each message is parsed (push
+delivery: no hop through a read-loop task); on other channels
+:meth:`RpcServer.run` pulls messages and calls it.
 
-Immediate answers (``BUSY``, ``UNKNOWN_METHOD``, ``INVALID_PARAMS``) are queued
-on the channel without waiting. If the channel cannot take one now (the client
-is not reading its replies, so credit or buffer room ran out), a task sends it;
-at most ``max_concurrent_calls`` such tasks run, and beyond that the answer is
-dropped and counted (``replies_dropped``): that client already has that many
-answers it is not reading.
+A REQUEST the core admits is routed and its params validated right there; it is
+then handed to an idle worker task (a new one is started only when all are
+busy, so there are at most ``max_concurrent_calls``); a worker runs calls one
+after another inside one cancel scope, and CANCEL cancels that scope while the
+call's handler runs in it (the worker then opens a fresh scope). Entering a
+cancel scope and spawning a task cost about as much as the rest of a small
+call, hence the reuse. A STREAM_REQUEST gets its own task and scope; its items
+wait for the core's item credit. A worker sends its call's reply from its own
+task (the mux writes it at once when nothing else is being written).
+
+Immediate answers (``BUSY`` from the core; ``UNKNOWN_METHOD`` and
+``INVALID_PARAMS`` from routing) are handed to the channel without waiting
+(:class:`~p2p.rpc._sending.Outbox`). If the channel cannot take one now (the
+client is not reading its replies) it waits for the outbox task; at most
+``max_concurrent_calls`` answers wait, and beyond that the answer is dropped and
+counted (``replies_dropped``): that client already has that many answers it is
+not reading.
 
 Errors become ERROR replies and never end the connection: unknown method ->
 ``UNKNOWN_METHOD``; params failing validation -> ``INVALID_PARAMS`` naming the
 fields; :class:`RpcError` from a handler -> its code; any other exception ->
 ``INTERNAL`` (traceback logged, not sent); a result or item failing validation ->
 ``INTERNAL``. Undecodable messages are dropped and counted.
+
+Each call's :class:`CallContext` carries the caller's Noise-proven public key
+and its connection, so a handler can authorise by key; a router therefore
+belongs to a service, not to a connection.
 
 When the channel ends (EOF, closed or broken) running handlers are cancelled
 and :meth:`RpcServer.run` returns.
@@ -40,31 +47,39 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 import trio
 
 from p2p.rpc._config import RpcConfig
-from p2p.rpc._errors import RpcError, RpcProtocolError, RpcUsageError
-from p2p.rpc._messages import (
-    Cancel,
-    Error,
-    Request,
-    Response,
-    StreamCredit,
-    StreamEnd,
-    StreamItem,
-    StreamRequest,
-    decode_message,
-    encode_message,
-)
+from p2p.rpc._core import RpcServerCore
+from p2p.rpc._errors import RpcError, RpcUsageError
+from p2p.rpc._messages import Cancel, Request, StreamCredit, StreamRequest
 from p2p.rpc._method import Method, StreamMethod
-from p2p.rpc._sending import deliver_messages, send_bytes, send_bytes_nowait
+from p2p.rpc._sending import Outbox, deliver_messages, send_bytes
 
-__all__ = ["CallContext", "Router", "RpcServer", "ServerStatistics", "serve_rpc"]
+__all__ = [
+    "CallContext",
+    "PeerConnection",
+    "Router",
+    "RpcServer",
+    "ServerStatistics",
+    "serve_rpc",
+]
 
 logger = logging.getLogger(__name__)
+
+_CHANNEL_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class PeerConnection(Protocol):
+    """What the RPC layer needs of the connection a channel belongs to."""
+
+    @property
+    def remote_public_key(self) -> bytes:
+        """The peer's public key, proven by the Noise handshake."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +92,12 @@ class CallContext:
     method: str
     #: The server's ``name`` (for logs).
     name: str
-    #: The caller's public key, proven by the secret stream's handshake (None
-    #: when the channel is not over one, e.g. an in-memory test channel).
-    remote_public_key: bytes | None = None
-    #: The peer connection the call came over (a :class:`p2p.connection.Connection`).
-    connection: Any = None
+    #: The caller's public key, proven by the Noise handshake of its connection
+    #: (None when the server was given neither a key nor a connection, e.g. over
+    #: an in-memory channel in tests). Authorise callers by it.
+    remote_public_key: bytes | None
+    #: The peer connection the call's channel belongs to (opaque to RPC), or None.
+    connection: Any
 
 
 UnaryHandler = Callable[[Any, CallContext], Awaitable[Any]]
@@ -127,9 +143,9 @@ class ServerStatistics:
 
 
 class _Call:
-    """One running call, in the table by request id."""
+    """One routed call: what its worker or stream task needs."""
 
-    __slots__ = ("cancelled", "credit", "ctx", "handler", "lot", "method", "params", "scope")
+    __slots__ = ("ctx", "handler", "lot", "method", "params", "scope")
 
     def __init__(
         self, method: Method | StreamMethod, handler: Callable[..., Any], params: Any,
@@ -141,9 +157,7 @@ class _Call:
         self.ctx = ctx
         #: The scope CANCEL cancels, while the handler runs in it.
         self.scope: trio.CancelScope | None = None
-        #: CANCEL arrived (maybe before a worker picked the call up).
-        self.cancelled = False
-        self.credit = 0
+        #: Streams: where the task waits for item credit.
         self.lot: trio.lowlevel.ParkingLot | None = None
 
 
@@ -178,6 +192,10 @@ class RpcServer:
     Args:
         channel: any :class:`trio.abc.Channel` of bytes (a mux channel).
         router: the methods.
+        connection: the peer connection ``channel`` belongs to; handed to
+            handlers as ``ctx.connection`` (opaque here).
+        remote_public_key: the caller's Noise-proven key for ``ctx``; taken
+            from ``connection.remote_public_key`` when not given.
         config: limits.
         name: names this server in logs and in :class:`CallContext`.
 
@@ -189,39 +207,38 @@ class RpcServer:
         channel: trio.abc.Channel[bytes],
         router: Router,
         *,
+        connection: PeerConnection | Any | None = None,
+        remote_public_key: bytes | None = None,
         config: RpcConfig | None = None,
         name: str = "rpc-server",
-        connection: Any = None,
-        remote_public_key: bytes | None = None,
     ) -> None:
         self._channel = channel
+        self._router = router
+        self.config = config or RpcConfig()
+        self.name = name
         self.connection = connection
         if remote_public_key is None and connection is not None:
             remote_public_key = connection.remote_public_key
         self.remote_public_key = remote_public_key
-        self._router = router
-        self.config = config or RpcConfig()
-        self.name = name
+        self._core = RpcServerCore(self.config)
+        #: Routed calls by request id (within the core's table).
         self._calls: dict[int, _Call] = {}
         self._nursery: trio.Nursery | None = None
-        self._calls_started = 0
         self._calls_failed = 0
-        self._busy = 0
-        self._bad = 0
-        self._reply_tasks = 0
         #: Idle unary workers, parked in _next_call (bounded: see _start).
         self._idle: list[_Worker] = []
-        self._replies_dropped = 0
+        self._outbox = Outbox(channel, limit=self.config.max_concurrent_calls)
 
     def statistics(self) -> ServerStatistics:
         """Return a snapshot of the server's counters."""
+        core = self._core
         return ServerStatistics(
-            calls_running=len(self._calls),
-            calls_started=self._calls_started,
+            calls_running=core.calls_running,
+            calls_started=core.calls_started,
             calls_failed=self._calls_failed,
-            busy_replies=self._busy,
-            bad_messages=self._bad,
-            replies_dropped=self._replies_dropped,
+            busy_replies=core.busy_replies,
+            bad_messages=core.bad_messages,
+            replies_dropped=self._outbox.dropped,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -232,11 +249,13 @@ class RpcServer:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._outbox.run)
                 task_status.started()
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
+            self._outbox.close()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self._channel)
 
@@ -247,59 +266,45 @@ class RpcServer:
         """Handle one message (synchronous; may run in the mux reader task)."""
         if self._nursery is None:
             return  # the server has stopped
-        try:
-            msg = decode_message(data)
-        except RpcProtocolError as exc:
-            self._bad += 1
-            logger.debug("rpc.server.bad_message server=%s code=%s", self.name, exc.code)
-            return
-        t = type(msg)
+        core = self._core
+        ev = core.receive_message(data)
+        t = type(ev)
         if t is Request or t is StreamRequest:
-            self._start(msg)  # type: ignore[arg-type]
+            if self._start(ev):  # type: ignore[arg-type]
+                return  # handed to a task: nothing queued
         elif t is Cancel:
-            call = self._calls.get(msg.id)
-            if call is not None:
-                call.cancelled = True
-                if call.scope is not None:
-                    call.scope.cancel()
+            call = self._calls.get(ev.id)  # type: ignore[union-attr]
+            if call is not None and call.scope is not None:
+                call.scope.cancel()
         elif t is StreamCredit:
-            call = self._calls.get(msg.id)
-            if call is not None:
-                call.credit += msg.credit  # type: ignore[union-attr]
-                if call.lot is not None:
-                    call.lot.unpark_all()
-        else:  # a reply type sent to the server
-            self._bad += 1
+            call = self._calls.get(ev.id)  # type: ignore[union-attr]
+            if call is not None and call.lot is not None:
+                call.lot.unpark_all()
+        # BUSY, UNKNOWN_METHOD, INVALID_PARAMS: out at once or dropped at the bound.
+        self._outbox.put(core.messages_to_send(), droppable=True)
 
-    def _start(self, msg: Request | StreamRequest) -> None:
+    def _start(self, msg: Request | StreamRequest) -> bool:
+        """Route an admitted call to a task; False if it was answered at once."""
         rid = msg.id
-        if rid in self._calls:
-            self._bad += 1  # a duplicate id would make replies ambiguous; drop it
-            return
-        if len(self._calls) >= self.config.max_concurrent_calls:
-            self._busy += 1
-            self._reply_now(Error(rid, "BUSY", "too many concurrent calls; retry later"))
-            return
+        core = self._core
         route = self._router.get(msg.method)
         is_stream = type(msg) is StreamRequest
         if route is None or isinstance(route[0], StreamMethod) != is_stream:
             kind = "stream method" if is_stream else "method"
-            self._reply_now(Error(rid, "UNKNOWN_METHOD", f"unknown {kind} {msg.method!r}"))
-            return
+            core.send_error(rid, "UNKNOWN_METHOD", f"unknown {kind} {msg.method!r}")
+            return False
         method, handler = route
         try:
             params = method.params.model_validate(msg.params)
         except pydantic.ValidationError as exc:
             err = _invalid_params(exc)
-            self._reply_now(Error(rid, err.code, err.message, err.data))
-            return
-        call = _Call(method, handler, params, CallContext(rid, method.name, self.name,
-                                                          self.remote_public_key, self.connection))
+            core.send_error(rid, err.code, err.message, err.data)
+            return False
+        ctx = CallContext(rid, method.name, self.name, self.remote_public_key, self.connection)
+        call = _Call(method, handler, params, ctx)
         self._calls[rid] = call
-        self._calls_started += 1
         assert self._nursery is not None
         if is_stream:
-            call.credit = msg.credit  # type: ignore[union-attr]
             call.lot = trio.lowlevel.ParkingLot()
             self._nursery.start_soon(self._run_stream, call)
         elif self._idle:
@@ -310,51 +315,30 @@ class RpcServer:
             # Bounded: a worker is only added when every worker is busy with a
             # call, so there are at most max_concurrent_calls of them.
             self._nursery.start_soon(self._worker, call)
+        return True
 
-    def _reply_now(self, msg: Error) -> None:
-        data = encode_message(msg)
-        try:
-            if send_bytes_nowait(self._channel, data):
+    async def _send_out(self, *, checkpoint: bool = True, more: bool = False) -> None:
+        """Send what the core queued for the calling task's call (maybe nothing)."""
+        for data in self._core.messages_to_send():
+            try:
+                await send_bytes(self._channel, data, checkpoint=checkpoint, more=more)
+            except _CHANNEL_GONE as exc:
+                # The channel is gone: nobody can hear any other reply either.
+                logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
+                if self._nursery is not None:
+                    self._nursery.cancel_scope.cancel()
                 return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return  # the channel is gone; the read loop sees it end
-        # The channel cannot take it now: bounded by max_concurrent_calls (see
-        # the module docstring); at the bound the answer is dropped.
-        if self._reply_tasks >= self.config.max_concurrent_calls or self._nursery is None:
-            self._replies_dropped += 1
-            return
-        self._reply_tasks += 1
-        self._nursery.start_soon(self._send_reply_task, data)
 
-    async def _send_reply_task(self, data: bytes) -> None:
-        try:
-            await self._send_data(data, more=True)  # see _run_stream on more=True
-        finally:
-            self._reply_tasks -= 1
-
-    async def _send(self, msg: Any, *, checkpoint: bool = True, more: bool = False) -> None:
-        await self._send_data(encode_message(msg), checkpoint=checkpoint, more=more)
-
-    async def _send_data(
-        self, data: bytes, *, checkpoint: bool = True, more: bool = False
-    ) -> None:
-        try:
-            await send_bytes(self._channel, data, checkpoint=checkpoint, more=more)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            # The channel is gone: nobody can hear any other reply either.
-            logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
-            if self._nursery is not None:
-                self._nursery.cancel_scope.cancel()
-
-    def _error_reply(self, rid: int, exc: Exception, ctx: CallContext) -> Error:
+    def _error_reply(self, rid: int, exc: Exception, ctx: CallContext) -> None:
         self._calls_failed += 1
         if isinstance(exc, RpcError):
-            return Error(rid, exc.code, exc.message, exc.data)
+            self._core.send_error(rid, exc.code, exc.message, exc.data)
+            return
         logger.error(
             "rpc.server.handler_failed server=%s method=%s id=%d",
             self.name, ctx.method, rid, exc_info=exc,
         )
-        return Error(rid, "INTERNAL", f"internal error in {ctx.method!r}")
+        self._core.send_error(rid, "INTERNAL", f"internal error in {ctx.method!r}")
 
     async def _next_call(self, worker: _Worker) -> _Call:
         # Park as an idle worker until _start hands us a call.
@@ -379,29 +363,33 @@ class RpcServer:
         while True:
             with trio.CancelScope() as scope:
                 while True:
-                    reply = await self._run_unary(call, scope)
+                    await self._run_unary(call, scope)
                     if scope.cancel_called:
                         break  # the client cancelled: it waits for no reply
-                    if reply is not None:
-                        # No checkpoint needed: parking for the next call is
-                        # one. With other calls running their replies likely
-                        # follow: leave ours to the mux writer's batch.
-                        await self._send(reply, checkpoint=False, more=bool(self._calls))
+                    # No checkpoint needed: parking for the next call is one.
+                    # With other calls running their replies likely follow:
+                    # leave ours to the mux writer's batch.
+                    await self._send_out(checkpoint=False, more=bool(self._calls))
                     call = await self._next_call(worker)
             call = await self._next_call(worker)
 
-    async def _run_unary(self, call: _Call, scope: trio.CancelScope) -> Any:
+    async def _run_unary(self, call: _Call, scope: trio.CancelScope) -> None:
         ctx = call.ctx
         rid = ctx.request_id
+        core = self._core
         try:
-            if call.cancelled:
-                return None
+            if core.is_cancelled(rid):
+                core.forget(rid)  # cancelled before it started: nothing to send
+                return
             call.scope = scope
             try:
                 result = await call.handler(call.params, ctx)
-                return Response(rid, _dump(call.method.result, result))  # type: ignore[union-attr]
+                core.send_response(rid, _dump(call.method.result, result))  # type: ignore[union-attr]
             except Exception as exc:
-                return self._error_reply(rid, exc, ctx)
+                self._error_reply(rid, exc, ctx)
+        except BaseException:
+            core.forget(rid)  # cancelled (by the client or at shutdown): no answer
+            raise
         finally:
             # From here on a CANCEL cannot reach the scope: sending the reply
             # is never cancelled by the client (a cancel part-way through a
@@ -413,51 +401,52 @@ class RpcServer:
         # A stream is long-lived: its own task and cancel scope.
         ctx = call.ctx
         rid = ctx.request_id
+        core = self._core
         item_cls = call.method.item  # type: ignore[union-attr]
-        reply: Any = None
         lot = call.lot
         assert lot is not None
         scope = call.scope = trio.CancelScope()
-        if call.cancelled:
+        if core.is_cancelled(rid):
             scope.cancel()
         try:
             with scope:
                 try:
                     async with aclosing(call.handler(call.params, ctx)) as items:
                         async for item in items:
+                            # Our sends below only checkpoint shielded: let a
+                            # CANCEL stop the stream here, once per item.
+                            await trio.lowlevel.checkpoint_if_cancelled()
                             payload = _dump(item_cls, item)
-                            while call.credit <= 0:
+                            while core.item_credit(rid) <= 0:
                                 await lot.park()
-                            call.credit -= 1
+                            core.send_item(rid, payload)
                             # more=True: queued for the mux writer, never
                             # written from here, so a CANCEL arriving now cannot
                             # cut a write short (that would end the mux).
-                            await self._send(StreamItem(rid, payload), more=True)
-                    reply = StreamEnd(rid)
+                            await self._send_out(more=True)
+                    core.send_end(rid)
                 except Exception as exc:
-                    reply = self._error_reply(rid, exc, ctx)
+                    self._error_reply(rid, exc, ctx)
         finally:
             call.scope = None
             del self._calls[rid]
-        if reply is not None:
-            await self._send(reply, more=True)
+            core.forget(rid)
+        await self._send_out(more=True)
 
 
 async def serve_rpc(
     channel: trio.abc.Channel[bytes],
     router: Router,
     *,
+    connection: PeerConnection | Any | None = None,
+    remote_public_key: bytes | None = None,
     config: RpcConfig | None = None,
     name: str = "rpc-server",
-    connection: Any = None,
-    remote_public_key: bytes | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``router`` on ``channel`` until the channel ends (see :class:`RpcServer`).
-
-    ``connection`` (or just ``remote_public_key``) is handed to every handler
-    in its :class:`CallContext`, so handlers can authorise the caller by key.
-    """
-    server = RpcServer(channel, router, config=config, name=name, connection=connection,
-                       remote_public_key=remote_public_key)
+    """Serve ``router`` on ``channel`` until the channel ends (see :class:`RpcServer`)."""
+    server = RpcServer(
+        channel, router, connection=connection, remote_public_key=remote_public_key,
+        config=config, name=name,
+    )
     await server.run(task_status=task_status)

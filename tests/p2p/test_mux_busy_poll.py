@@ -44,10 +44,24 @@ async def test_a_received_answer_stops_the_spinner_early():
         nursery.cancel_scope.cancel()
 
 
+def test_busy_polling_is_off_by_default():
+    assert MuxConfig().busy_poll_s == 0
+
+
+async def test_a_mux_with_the_default_config_runs_no_spinner():
+    left_stream, _right_stream = trio.testing.memory_stream_pair()
+    left = Mux(left_stream)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(left.run)
+        assert left._poller is None
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_mux_with_busy_polling_off_runs_no_spinner():
     left_stream, right_stream = trio.testing.memory_stream_pair()
+    polling = MuxConfig(busy_poll_s=0.0005)
     left = Mux(left_stream, config=MuxConfig(busy_poll_s=0))
-    right = Mux(right_stream)
+    right = Mux(right_stream, config=polling)
     async with trio.open_nursery() as nursery:
         await nursery.start(left.run)
         await nursery.start(right.run)
@@ -58,7 +72,7 @@ async def test_a_mux_with_busy_polling_off_runs_no_spinner():
         assert await peer.receive() == b"hello"
         assert left._poller is None and right._poller is not None
         # Every mux of the run shares one poller (one spinner per process).
-        third = Mux(trio.testing.memory_stream_pair()[0])
+        third = Mux(trio.testing.memory_stream_pair()[0], config=polling)
         await nursery.start(third.run)
         assert third._poller is right._poller
         nursery.cancel_scope.cancel()

@@ -212,27 +212,28 @@ class CorePairMachine(RuleBasedStateMachine):
             assert peer is not None
             sent = self.sent_bytes.get(id(peer_chan), 0)
             assert chan.bytes_received == peer_chan.bytes_sent == sent
-        if not any(core._out for core in self.cores):
+        if not any(core.outgoing_bytes for core in self.cores):
             # Nothing in flight: the sender's view of the budget is the receiver's,
             # and the receiver's budget is split into granted, buffered, unreported.
             budget = TIGHT.receive_budget_bytes
             for side in (0, 1):
                 rx, tx = self.cores[side], self.cores[1 - side]
-                assert tx.send_budget == rx._recv_budget
-                assert rx._recv_budget + rx.buffered_bytes + rx._budget_unreported == budget
+                assert tx.send_budget == rx.flow.budget.allowed
+                owed = rx.flow.budget.unreported
+                assert rx.flow.budget.allowed + rx.buffered_bytes + owed == budget
 
     @invariant()
     def credit_is_never_negative_and_buffers_stay_within_window_and_budget(self):
         for _side, chan in self.channels:
             assert chan.send_credit >= 0
-            assert chan._recv_allowed >= 0
+            assert chan.recv.allowed >= 0
             assert 0 <= chan.inbox_bytes <= chan.window
         for side, core in enumerate(self.cores):
             assert core.failed is None
             assert 0 <= core.buffered_bytes <= core.buffered_bytes_peak
             assert core.buffered_bytes_peak <= TIGHT.receive_budget_bytes
-            assert core._recv_budget >= 0 and core.send_budget >= 0
-            assert core._budget_unreported < TIGHT.receive_budget_bytes >> 3
+            assert core.flow.budget.allowed >= 0 and core.send_budget >= 0
+            assert core.flow.budget.unreported < TIGHT.receive_budget_bytes >> 3
             held = [chan for s, chan in self.channels if s == side]
             assert core.buffered_bytes == sum(chan.inbox_bytes for chan in held)
             for chan in held:  # a message costs its length + 64, in either account

@@ -10,7 +10,6 @@ import trio.testing
 
 from p2p.mux import ChannelBroken, ChannelClosed, Mux, MuxConfig
 from p2p.mux._frames import Data, FrameDecoder
-from p2p.mux._scheduling import tasks_runnable
 from tests.p2p.conftest import WrappedStream, running_mux_pair
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
@@ -74,17 +73,6 @@ def _data_frames(writes) -> list[tuple[int, bytes]]:
     for data, _task in writes:
         frames.extend(decoder.feed(data))
     return [(f.channel, f.payload) for f in frames if isinstance(f, Data)]
-
-
-async def test_tasks_runnable_matches_trios_statistics():
-    async def noop():
-        pass
-
-    async with trio.open_nursery() as nursery:
-        assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable
-        for _ in range(3):
-            nursery.start_soon(noop)
-        assert tasks_runnable() == trio.lowlevel.current_statistics().tasks_runnable == 3
 
 
 async def test_a_lone_send_is_written_by_the_sending_task(nursery, autojump_clock):

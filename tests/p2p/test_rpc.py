@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import asynccontextmanager
 
@@ -277,6 +278,24 @@ async def test_leaving_a_stream_early_cancels_the_server_generator(nursery, auto
             assert client.statistics().calls_in_flight == 0
 
 
+async def test_cancelling_a_stream_that_never_waits_for_credit_stops_its_generator(
+    nursery, autojump_clock
+):
+    # With a window larger than the stream the producer never parks for credit,
+    # and its sends only checkpoint shielded: the CANCEL must still stop it.
+    config = RpcConfig(stream_window_items=100_000)
+    async with rpc_pair(nursery, client_config=config) as (client, server, rec):
+        with trio.fail_after(10):
+            async with client.stream(TICKS, TickParams(count=20_000)) as items:
+                async for item in items:
+                    if item.n == 3:
+                        break
+            await trio.testing.wait_all_tasks_blocked()
+            assert rec.cancelled == ["ticks"]
+            assert rec.stream_finished == []
+            assert server.statistics().calls_running == 0
+
+
 async def test_a_stream_that_fails_midway_raises_its_error_after_the_items(
     nursery, autojump_clock
 ):
@@ -383,3 +402,62 @@ def test_arbitrary_bytes_decode_to_a_message_or_an_rpc_protocol_error(data):
         decode_message(data)
     except RpcProtocolError as exc:
         assert exc.code in {"DECODE_ERROR", "BAD_MESSAGE"}
+
+
+# -- who calls ----------------------------------------------------------------------
+
+
+class _FakeConnection:
+    remote_public_key = b"\x07" * 32
+
+
+WHO = Method("who", params=EchoParams, result=EchoResult)
+
+
+def _who_router(seen: list[CallContext]) -> Router:
+    router = Router()
+
+    async def who(params: EchoParams, ctx: CallContext) -> EchoResult:
+        seen.append(ctx)
+        if ctx.remote_public_key != _FakeConnection.remote_public_key:
+            raise RpcError("FORBIDDEN", "unknown caller")
+        return EchoResult(text=ctx.remote_public_key.hex())
+
+    router.add(WHO, who)
+    return router
+
+
+@pytest.mark.parametrize("how", ["connection", "key", "neither"])
+async def test_a_handler_knows_its_callers_key_and_connection(how, nursery, autojump_clock):
+    seen: list[CallContext] = []
+    connection = _FakeConnection()
+    kwargs = {
+        "connection": {"connection": connection},
+        "key": {"remote_public_key": connection.remote_public_key},
+        "neither": {},
+    }[how]
+    async with running_mux_pair(nursery) as (left, right):
+        with trio.fail_after(5):
+            listener = right.listen("rpc")
+            client_channel = await left.open_channel("rpc")
+            server_channel = await listener.accept()
+            await nursery.start(
+                functools.partial(
+                    serve_rpc, server_channel, _who_router(seen), name="who-server", **kwargs
+                )
+            )
+            client = RpcClient(client_channel)
+            await nursery.start(client.run)
+            if how == "neither":
+                with pytest.raises(RpcError) as info:
+                    await client.call(WHO, EchoParams(text="x"))
+                assert info.value.code == "FORBIDDEN"  # refused by key
+            else:
+                result = await client.call(WHO, EchoParams(text="x"))
+                assert result.text == connection.remote_public_key.hex()
+            (ctx,) = seen
+            assert ctx.name == "who-server" and ctx.method == "who"
+            assert ctx.connection is (connection if how == "connection" else None)
+            expected = None if how == "neither" else connection.remote_public_key
+            assert ctx.remote_public_key == expected
+            await client.aclose()
