@@ -283,7 +283,11 @@ class PeerHost:
             await trio.aclose_forcefully(stream)
             return
         self.metrics.accepted.labels("direct").inc()
-        await self.serve_connection(stream, remote_address)
+        try:
+            await self.serve_connection(stream, remote_address)
+        except Exception as exc:  # it failed to start: that peer's problem only
+            log.warning("host.connection_failed peer=%s error=%r",
+                        format_key(stream.remote_public_key)[:12], exc, exc_info=exc)
 
     async def adopt(
         self, stream: SecretStream, remote_address: Address | None, *,
