@@ -76,7 +76,10 @@ def _serve_relay(queue, max_pairs: int) -> None:
     from relay import RelayConfig, RelayServer
 
     _lift_fd_limit()
+    # A capacity benchmark: one dialer holds every pairing with one target, so
+    # the fairness limit per (dialer, target) is lifted with the others.
     config = RelayConfig(max_pairs_per_key=max_pairs, max_pairs=max_pairs,
+                         max_pairs_per_dialer_target=max_pairs,
                          max_pending_pairs=max_pairs, max_connections=4 * max_pairs)
 
     async def main() -> None:
