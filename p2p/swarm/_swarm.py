@@ -29,6 +29,7 @@ import errno
 import logging
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import trio
 
@@ -45,7 +46,7 @@ from ._peers import PeerTable
 from ._reservations import Reservations
 from ._topics import Topics
 
-__all__ = ["Swarm"]
+__all__ = ["Swarm", "SwarmStatistics"]
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +304,17 @@ class Swarm:
         wait = self.peers.disconnected(key, trio.current_time())
         self.dialer.maybe_reconnect(key, wait)
 
-    def statistics(self) -> dict[str, int]:
-        return {"connections": len(self.connections), "topics": len(list(self.topics)),
-                "reserved_relays": len(self.reserved_relays)}
+    def statistics(self) -> SwarmStatistics:
+        """A snapshot of what the swarm holds now."""
+        return SwarmStatistics(connections=len(self.connections),
+                               topics=len(list(self.topics)),
+                               reserved_relays=len(self.reserved_relays),
+                               services=tuple(self.host.services))
+
+
+@dataclass(frozen=True)
+class SwarmStatistics:
+    connections: int
+    topics: int
+    reserved_relays: int
+    services: tuple[str, ...]

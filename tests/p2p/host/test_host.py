@@ -308,3 +308,21 @@ def test_live_connections_never_exceed_the_cap_whatever_the_order(cap, steps):
             nursery.cancel_scope.cancel()
 
     trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_swarm_says_what_it_serves(nursery, autojump_clock):
+    from p2p.net import MemoryInternet
+    from p2p.swarm import Swarm, SwarmConfig
+
+    internet = MemoryInternet()
+    await nursery.start(internet.run)
+    swarm = Swarm(ALICE, config=SwarmConfig(host="127.0.0.2"),
+                  network=internet.host("127.0.0.2"),
+                  services=[ChannelService("echo/1", echo)])
+    with trio.fail_after(30):
+        await nursery.start(swarm.run)
+        swarm.add_service(ChannelService("logs/1", echo))
+        stats = swarm.statistics()
+        assert stats.services == ("echo/1", "logs/1") and stats.connections == 0
+        swarm.remove_service("echo/1")
+        assert swarm.statistics().services == ("logs/1",)
