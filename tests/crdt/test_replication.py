@@ -57,10 +57,9 @@ async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), fire
                 swarm = Swarm(keypair, config=net.config(), firewall=firewall)
                 await nursery.start(swarm.run)
                 if replicator_class is None:
-                    await nursery.start(functools.partial(
+                    task_status.started(await nursery.start(functools.partial(
                         run_database_service, storage, swarm=swarm, bootstrap=bootstrap,
-                        allow=frozenset(allow), fsync=FsyncPolicy.NEVER, replication=FAST,
-                        task_status=task_status))
+                        allow=frozenset(allow), fsync=FsyncPolicy.NEVER, replication=FAST)))
                     return
                 db = await Database.open(storage, keypair, bootstrap=bootstrap,
                                          fsync=FsyncPolicy.NEVER)
