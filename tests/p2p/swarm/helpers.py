@@ -33,7 +33,7 @@ FAST_STREAMS = ConnectionConfig(
 
 #: Memory hosts: DHT nodes on 127.0.1.x, everything else from 127.0.2.1 on.
 _DHT_HOSTS = "127.0.1.{}"
-_FIRST_HOST = 2 << 8
+_FIRST_HOST = 2 << 8 | 1
 
 
 @dataclass
