@@ -67,11 +67,9 @@ class SwarmNet:
         base = SwarmConfig(host=host, bootstrap=self.bootstrap, lookup_max_s=2.0)
         return replace(base, **changes)
 
-    async def start(self, keypair: KeyPair | None = None, *,
-                    on: tuple[str, Network] | None = None, **options) -> Swarm:
-        """Start one more swarm on a new host (or ``on`` one from :meth:`host`);
-        ``options`` go to Swarm() or to its config."""
-        address, network = on or self.host()
+    async def start(self, keypair: KeyPair | None = None, **options) -> Swarm:
+        """Start one more swarm on a new host; ``options`` go to Swarm() or to its config."""
+        address, network = self.host()
         swarm_args = {k: options.pop(k) for k in ("services", "firewall") if k in options}
         handlers = options.pop("handlers", {})
         swarm_args["services"] = [*swarm_args.get("services", ()),
