@@ -26,6 +26,7 @@ import trio
 from p2p.dht import DhtError, DhtNode, UdpTransport, dht_registry, record_topic_for_key
 from p2p.keys import KeyPair, format_key
 from p2p.metrics import CollectorRegistry, combined_registry, serve_metrics
+from p2p.net import Network, StreamListener
 
 from ._config import DEFAULT_PORT, RelayConfig
 from ._metrics import relay_registry
@@ -83,6 +84,19 @@ async def bind_relay_sockets(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+async def _serve_network_listener(server: RelayServer, listener: StreamListener, *,
+                                  task_status: trio.TaskStatus[None]) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        task_status.started()
+        while True:
+            try:
+                stream, address = await listener.accept()
+            except trio.ClosedResourceError:
+                return  # the host went down; the relay's other tasks run until cancelled
+            nursery.start_soon(server.handle_stream, stream, address)
+
+
 async def _keep_announced(node: DhtNode, keypair: KeyPair,
                           addresses: list[tuple[str, int]] | None) -> None:
     topic = record_topic_for_key(keypair.public_key)
@@ -107,6 +121,7 @@ async def run_relay(
     metrics_host: str = "127.0.0.1",
     metrics_port: int | None = None,
     observer: Observer | None = None,
+    network: Network | None = None,
     task_status: trio.TaskStatus[RelayAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a relay until cancelled: TCP relay, DHT node, announcer, metrics.
@@ -121,6 +136,8 @@ async def run_relay(
             0: any free port). A daemon on :mod:`p2p.daemon` leaves this off and
             adds :attr:`RelayAddresses.registry` to its one endpoint instead.
         observer: see :class:`RelayServer` (tests).
+        network: bind on this :class:`p2p.net.Network` (a ``MemoryInternet``
+            host in tests) instead of the machine's sockets.
 
     Reports :class:`RelayAddresses` through ``task_status`` once listening.
 
@@ -129,8 +146,20 @@ async def run_relay(
     """
     bootstrap = list(bootstrap)
     server = RelayServer(keypair, config, observer=observer)
-    listeners, transport = await bind_relay_sockets(host, port)
-    tcp_address = listeners[0].socket.getsockname()[:2]
+    if network is None:
+        listeners, transport = await bind_relay_sockets(host, port)
+        tcp_address = listeners[0].socket.getsockname()[:2]
+        serve = functools.partial(server.serve, listeners, address=tcp_address)
+    else:
+        listener = await network.listen_stream(host, port)
+        listeners = [listener]
+        tcp_address = listener.local_address
+        try:
+            transport = await network.bind_datagram(host, tcp_address[1])
+        except BaseException:
+            await trio.aclose_forcefully(listener)
+            raise
+        serve = functools.partial(_serve_network_listener, server, listener)
     # With no bootstrap the relay is the first node: nobody can probe it, and
     # the operator vouches for it (as `cosmicac dht bootstrap` does).
     node = DhtNode(transport, bootstrap=bootstrap, persistent=True, reachable=not bootstrap)
@@ -149,8 +178,7 @@ async def run_relay(
             node_scope.shield = True
             try:
                 async with trio.open_nursery() as nursery:
-                    await nursery.start(functools.partial(server.serve, listeners,
-                                                          address=tcp_address))
+                    await nursery.start(serve)
                     registry = combined_registry(relay_registry(server), dht_registry(node))
                     metrics_address = None
                     if metrics_port is not None:

@@ -1,19 +1,21 @@
 """Start a network of DHT nodes in one process, for tests and benchmarks.
 
 Like hyperdht's ``testnet.js``: one bootstrap node and N-1 nodes that joined
-through it, all persistent, either on real UDP sockets (loopback IPv4 or IPv6)
-or on a :class:`~._transport.MemoryNetwork` (no sockets; loss and latency
+through it, all persistent, either on real UDP sockets (loopback IPv4 or IPv6),
+on a :class:`~._transport.MemoryNetwork` (no sockets; loss and latency
 configurable; runs under trio's autojump clock, so large N and long TTLs cost
-no real time). Each node runs in its own cancel scope, so a test can stop
-nodes to simulate churn.
+no real time), or one node on each of some :class:`p2p.net.Network` hosts (a
+``MemoryInternet``'s, next to swarms and relays on the same internet). Each node runs in its own
+cancel scope, so a test can stop nodes to simulate churn.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -21,7 +23,10 @@ from ._driver import DhtNode
 from ._node import NodeConfig
 from ._transport import LinkProfile, MemoryNetwork, UdpTransport
 
-__all__ = ["Testnet", "memory_testnet", "udp_testnet"]
+if TYPE_CHECKING:
+    from ..net import Network
+
+__all__ = ["Testnet", "hosts_testnet", "memory_testnet", "udp_testnet"]
 
 
 @dataclass
@@ -96,6 +101,28 @@ async def udp_testnet(
             node = DhtNode(await UdpTransport.bind(host), bootstrap=net.bootstrap,
                            persistent=True, config=config,
                            rng=random.Random(seed * 100_003 + index))
+            await _start(nursery, net, node)
+        yield net
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def hosts_testnet(
+    hosts: Sequence[Network], *, port: int = 0, seed: int = 0, config: NodeConfig | None = None
+) -> AsyncIterator[Testnet]:
+    """One node on each of ``hosts`` (``p2p.net`` networks, such as a
+    ``MemoryInternet``'s hosts, whose ``run`` the caller starts), bound on the
+    wildcard at ``port`` (0: a free one); cancelled on exit."""
+    net = Testnet([])
+    async with trio.open_nursery() as nursery:
+        for index, host in enumerate(hosts):
+            transport = await host.bind_datagram("0.0.0.0", port)
+            rng = random.Random(seed * 100_003 + index)
+            if index == 0:
+                node = DhtNode(transport, persistent=True, reachable=True, config=config, rng=rng)
+            else:
+                node = DhtNode(transport, bootstrap=net.bootstrap, persistent=True,
+                               config=config, rng=rng)
             await _start(nursery, net, node)
         yield net
         nursery.cancel_scope.cancel()

@@ -273,7 +273,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
             while not self._done.is_set():
                 now = trio.current_time()
                 waiting_since = self._read_waiting_since
-                if idle is not None and waiting_since is not None and now - waiting_since >= idle:
+                if idle is not None and waiting_since is not None and now >= waiting_since + idle:
                     await self._break(
                         IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
                     )

@@ -104,6 +104,34 @@ async def test_keep_alive_task_enforces_the_idle_timeout_on_waiting_reads(autoju
     assert right.statistics().keepalives_received == 0
 
 
+async def test_the_idle_watch_fires_at_a_deadline_that_rounding_puts_a_hair_early(mock_clock):
+    """0.001 + 1.0 - 0.001 < 1.0 in floating point. A watch that tested
+    ``now - since >= idle`` woke at ``since + idle``, found it not yet due, and
+    waited for that same instant again, forever, so a virtual clock never
+    moved on (a swarm test hung on it)."""
+    config = SecretStreamConfig(keepalive_interval_s=None, idle_timeout_s=1.0)
+    _left, right = await secret_stream_pair(config=config)  # left never sends
+    outcome = []
+
+    async def read() -> None:
+        with pytest.raises(IdleTimeout):
+            await right.receive_some()
+        outcome.append("timed out")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(right.keep_alive)
+        mock_clock.jump(0.001 - trio.current_time())
+        nursery.start_soon(read)  # waiting since 0.001
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(1.0)  # now == 0.001 + 1.0, the watch's deadline
+        for _ in range(1000):  # bounded: a spinning watch must fail the test, not hang it
+            if outcome:
+                break
+            await trio.lowlevel.checkpoint()
+        assert outcome == ["timed out"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_idle_watch_goes_on_after_our_end_is_sent(autojump_clock):
     config = SecretStreamConfig(keepalive_interval_s=5, idle_timeout_s=12)
     _left, right = await secret_stream_pair(config=config)  # left never sends

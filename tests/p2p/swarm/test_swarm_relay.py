@@ -1,20 +1,20 @@
-"""Swarms reaching a peer through a blind relay (in one process, real sockets).
+"""Swarms reaching a peer through a blind relay, in one process.
 
-The namespace tests (tests/netns) show the same with a real firewall; here the
-peer simply announces an address nobody listens on, so direct dials fail fast.
+The first test runs on real sockets; the second on a MemoryInternet under the
+autojump clock. The namespace tests (tests/netns) show the same with a real
+firewall; here the peer simply announces an address nobody listens on, so
+direct dials fail fast.
 """
 
-import functools
 import os
 
 import trio
 
 from p2p.host import ChannelService
 from p2p.keys import KeyPair
-from relay import run_relay
 
 from ..helpers import wait_until
-from .helpers import swarm_net
+from .helpers import memory_swarm_net, swarm_net
 
 
 def closed_port() -> int:
@@ -26,15 +26,14 @@ def closed_port() -> int:
 
 
 async def test_a_dialer_reaches_a_relay_only_peer_and_the_relay_sees_only_ciphertext():
+    """On real sockets: the relay splices two kernel TCP connections."""
     relay_key = KeyPair.generate()
     forwarded = bytearray()
     marker = b"CLEARTEXT-MARKER-" + os.urandom(8).hex().encode()
     with trio.fail_after(30):
         async with swarm_net() as net:
-            await net.nursery.start(functools.partial(
-                run_relay, relay_key, host="127.0.0.1", port=0, bootstrap=net.bootstrap,
-                observer=lambda direction, chunk: forwarded.extend(chunk),
-            ))
+            await net.start_relay(relay_key,
+                                  observer=lambda direction, chunk: forwarded.extend(chunk))
             agent = await net.start(relays=(relay_key.public_key,),
                                     announce_addresses=(("127.0.0.1", closed_port()),))
             await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
@@ -61,28 +60,18 @@ async def test_a_dialer_reaches_a_relay_only_peer_and_the_relay_sees_only_cipher
             assert marker[::-1] not in bytes(forwarded)
 
 
-async def test_a_peer_re_reserves_after_the_relay_restarts_with_the_same_key():
+async def test_a_peer_re_reserves_after_the_relay_restarts_with_the_same_key(autojump_clock):
     relay_key = KeyPair.generate()
     with trio.fail_after(40):
-        async with swarm_net() as net:
-            async def start_relay():
-                scope = trio.CancelScope()
-
-                async def run(task_status=trio.TASK_STATUS_IGNORED):
-                    with scope:
-                        await run_relay(relay_key, host="127.0.0.1", port=0,
-                                        bootstrap=net.bootstrap, task_status=task_status)
-
-                await net.nursery.start(run)
-                return scope
-
-            first = await start_relay()
+        async with memory_swarm_net() as net:
+            _, first = await net.start_relay(relay_key)
+            nowhere, _ = net.host()  # a host with nothing listening: dials are refused
             agent = await net.start(relays=(relay_key.public_key,), reservation_retry_max_s=1.0,
-                                    announce_addresses=(("127.0.0.1", closed_port()),))
+                                    announce_addresses=((nowhere, 4000),))
             await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
             first.cancel()
             await wait_until(lambda: relay_key.public_key not in agent.reserved_relays)
-            await start_relay()  # same key, new port
+            await net.start_relay(relay_key)  # same key, new host
             await wait_until(lambda: relay_key.public_key in agent.reserved_relays,
                              limit_s=20)
             worker = await net.start()
