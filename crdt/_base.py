@@ -456,9 +456,17 @@ class Base:
             return WriterChange("added", None, where)
         return WriterChange("removed", length, where)
 
-    def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:
-        """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch`` (wire form)."""
-        validate_batch(batch)
+    def check_writable(self, batch: Sequence[Sequence[Sequence[Any]]], *,
+                       validated: bool = False) -> None:
+        """Raise :class:`WriteRefused` if :meth:`append` would refuse ``batch`` (wire form).
+
+        ``validated``: every op passed :func:`validate_op` already (typed
+        operations do when built); only the writer's role is checked then."""
+        if validated:
+            if not all(batch):
+                raise WriteRefused("an entry needs at least one op", code="BAD_OP")
+        else:
+            validate_batch(batch)
         self.check_role(batch)
 
     def check_role(self, batch: Sequence[Sequence[Sequence[Any]]]) -> None:

@@ -23,7 +23,7 @@ from ._base import ApplyReport, Base, WriterChange, WriterStatus
 from ._entries import EntryId
 from ._log import FsyncPolicy, Head
 from ._metrics import DatabaseMetrics
-from ._operations import Op, wire_batch, wire_ops
+from ._operations import OP_TYPES, Op, PutModelMaster, wire_batch, wire_ops
 from ._view import ApiKey, ModelMaster, Usage, View
 
 __all__ = ["Database"]
@@ -127,8 +127,10 @@ class Database:
                 admin), ``BAD_OP``, ``TOO_LARGE`` or ``READ_ONLY``; nothing
                 was written.
         """
+        checked = _checked_when_built(ops)
         ops = wire_ops(ops)
-        self.base.check_writable([ops])  # refuse one caller's bad ops, not the whole group
+        # Refuse one caller's bad ops, not the whole group.
+        self.base.check_writable([ops], validated=checked)
         item = _PendingAppend(ops)
         self._queue.append(item)
         try:
@@ -178,8 +180,9 @@ class Database:
         Raises:
             WriteRefused: as :meth:`append`; nothing of the batch was written.
         """
+        checked = all(_checked_when_built(ops) for ops in batch)
         batch = wire_batch(batch)
-        self.base.check_writable(batch)
+        self.base.check_writable(batch, validated=checked)
         async with self._write_lock:
             try:
                 ids = await trio.to_thread.run_sync(
@@ -331,3 +334,14 @@ class Database:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+#: Typed operations validated when built and immutable since; PutModelMaster is
+#: left out because its ``defaults`` map, though copied, can still be mutated.
+_IMMUTABLE_OPS = tuple(t for t in OP_TYPES if t is not PutModelMaster)
+
+
+def _checked_when_built(ops: Sequence[Any]) -> bool:
+    """True if every op is a typed operation whose construction already ran
+    :func:`~._ops.validate_op` (checking again would only cost time)."""
+    return bool(ops) and all(isinstance(op, _IMMUTABLE_OPS) for op in ops)

@@ -3,7 +3,7 @@
 import pytest
 import trio
 
-from crdt import AddTokenUsage, Database, FsyncPolicy, WriteRefused
+from crdt import AddTokenUsage, Database, FsyncPolicy, PutModelMaster, WriteRefused
 from p2p.keys import KeyPair
 
 
@@ -70,3 +70,18 @@ async def test_wait_changed_wakes_on_a_write_and_times_out_otherwise(tmp_path):
             with trio.fail_after(5):
                 changed = await db.wait_changed(known, 30)
         assert changed[db.key] == 1
+
+
+async def test_a_model_master_changed_after_it_was_built_is_checked_again(tmp_path):
+    """Typed ops are checked when built and not again, except the one whose map
+    a caller can still change afterwards."""
+    async with await Database.open(tmp_path, KeyPair.generate()) as db:
+        master = PutModelMaster("llama", "vllm", {"max_tokens": 16})
+        master.defaults["nested"] = {"too": {"deep": [float("nan")]}}  # not JSON any more
+        for append in (db.append, lambda ops: db.append_many([ops])):
+            with pytest.raises(WriteRefused) as refused:
+                await append([master])
+            assert refused.value.code == "BAD_OP"
+        await db.append([PutModelMaster("llama", "vllm", {"max_tokens": 16})])
+        await db.append_many([[AddTokenUsage("k1", "llama", "2026-12-01", prompt=1)]])
+        assert db.lengths[db.key] == 2
