@@ -12,6 +12,7 @@ for ``""``), the first is kept and the others are closed, as the swarm did.
 from __future__ import annotations
 
 import socket
+import time
 
 import trio
 
@@ -83,8 +84,15 @@ class SocketStreamListener:
         await self.listener.aclose()
 
 
+#: How long SocketNetwork keeps what it read of the interface tables.
+INTERFACES_TTL_S = 5.0
+
+
 class SocketNetwork:
     """The host's real network (a :class:`~._types.Network`)."""
+
+    def __init__(self) -> None:
+        self._interfaces: tuple[float, list[str]] | None = None
 
     async def open_stream(self, address: Address) -> trio.abc.HalfCloseableStream:
         host, port = address
@@ -105,4 +113,12 @@ class SocketNetwork:
         return await UdpTransport.bind(host or "0.0.0.0", port, dual_stack=host == "::")
 
     def interface_hosts(self) -> list[str]:
-        return interface_addresses()  # p2p.addresses: one reading of the kernel tables
+        """This host's reachable interface addresses (:func:`p2p.addresses.interface_addresses`).
+
+        Read at most every ``INTERFACES_TTL_S``: every dial and announce asks,
+        and reading the kernel's tables costs about 0.2 ms; interfaces change
+        rarely, and a change is seen within the TTL."""
+        now = time.monotonic()
+        if self._interfaces is None or now - self._interfaces[0] >= INTERFACES_TTL_S:
+            self._interfaces = (now, interface_addresses())
+        return list(self._interfaces[1])
