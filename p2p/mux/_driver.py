@@ -359,6 +359,7 @@ class Mux:
                     self._sent(len(data))
                     if self._stream.unflushed:  # type: ignore[attr-defined]
                         self._flush_pending = True
+                        self._writing_bytes = self._stream.unflushed  # type: ignore[attr-defined]
                         self._kick()
                     if checkpoint:
                         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -453,6 +454,7 @@ class Mux:
                         return
                     finally:
                         self._writing = False
+                        self._writing_bytes = 0
                         self._flush_pending = False
                     self._space_lot.unpark_all()
                     continue
@@ -469,6 +471,20 @@ class Mux:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     continue
                 n = len(data)
+                send_nowait = self._send_nowait
+                if send_nowait is not None:
+                    # Written (or left to flush, above) without a scheduler pass.
+                    try:
+                        sent = send_nowait(data)
+                    except _STREAM_ERRORS as exc:
+                        self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                        return
+                    if sent:
+                        self._sent(n)
+                        if stream.unflushed:  # type: ignore[attr-defined]
+                            self._flush_pending = True
+                            self._writing_bytes = stream.unflushed  # type: ignore[attr-defined]
+                        continue
                 self._writing = True
                 self._writing_bytes = n
                 try:
