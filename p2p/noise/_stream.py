@@ -102,9 +102,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self.config = config
         self._transport = transport
         self._send_conflict = _ConflictDetector("another task is already sending on this stream")
-        self._receive_conflict = _ConflictDetector(
-            "another task is already receiving on this stream"
-        )
+        self._receiving = False
         self._write_lock = trio.StrictFIFOLock()
         self._pending = memoryview(b"")
         self._eof_received = False
@@ -129,6 +127,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         #: Ciphertext that send_nowait() could not write at once; it goes out
         #: before anything else (see flush()).
         self._backlog = b""
+        self._send_slice = config.send_slice_bytes
         #: The last read filled its buffer: more may be waiting, read before waiting.
         self._read_full = False
 
@@ -270,11 +269,16 @@ class SecretStream(trio.abc.HalfCloseableStream):
             trio.ClosedResourceError / ConnectionBroken: as :meth:`send_all`.
         """
         sock = self._sock
-        if sock is None or self._backlog or self._write_lock.locked() or not data:
+        if (
+            sock is None
+            or self._backlog
+            or self._write_lock.locked()
+            or not data
+            or len(data) > self._send_slice
+        ):
             return False
-        self._check_can_send()
-        if len(data) > self.config.send_slice_bytes:
-            return False
+        if self._closed or self._broken is not None or self._transport.end_sent:
+            self._check_can_send()  # raises
         fd = sock.fileno()
         if fd < 0:
             raise self._closed_error()
@@ -435,11 +439,15 @@ class SecretStream(trio.abc.HalfCloseableStream):
     # -- receiving ---------------------------------------------------------
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        with self._receive_conflict:
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this stream")
+        self._receiving = True
+        try:
             if max_bytes is not None:
                 max_bytes = operator.index(max_bytes)
                 if max_bytes < 1:
                     raise ValueError("max_bytes must be >= 1")
+            transport = self._transport
             waited = False  # a read from the transport is this call's checkpoint
             while True:
                 if self._closed:
@@ -454,8 +462,13 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     if not waited:
                         await trio.lowlevel.checkpoint()
                     return b""
+                if not waited and not transport.buffered_bytes:
+                    # Nothing buffered: no frame can be complete, read first.
+                    await self._read_more()
+                    waited = True
+                    continue
                 try:
-                    event = self._transport.next_event()
+                    event = transport.next_event()
                 except RemoteProtocolError as exc:
                     raise await self._break(
                         ConnectionBroken(f"{exc} (from {self._peer})", code=exc.code), exc
@@ -464,12 +477,19 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     await self._read_more()
                     waited = True
                 elif type(event) is Data:
-                    self._bytes_received += len(event.data)
-                    self._pending = memoryview(event.data)
+                    data = event.data
+                    self._bytes_received += len(data)
+                    if max_bytes is None or max_bytes >= len(data):
+                        if not waited:
+                            await trio.lowlevel.checkpoint()
+                        return data
+                    self._pending = memoryview(data)
                 elif type(event) is EndOfStream:
                     self._eof_received = True
                 else:
                     self._keepalives_received += 1
+        finally:
+            self._receiving = False
 
     def _take_pending(self, max_bytes: int | None) -> bytes:
         pending = self._pending

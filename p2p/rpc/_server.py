@@ -43,6 +43,7 @@ and :meth:`RpcServer.run` returns.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -52,6 +53,7 @@ from typing import Any, Protocol
 import pydantic
 import trio
 
+from p2p.mux import Channel as MuxChannel
 from p2p.rpc._config import RpcConfig
 from p2p.rpc._core import RpcServerCore
 from p2p.rpc._errors import RpcError, RpcUsageError
@@ -213,6 +215,10 @@ class RpcServer:
         name: str = "rpc-server",
     ) -> None:
         self._channel = channel
+        #: ``send(data, *, checkpoint, more)``: a mux channel's own, else send_bytes.
+        self._send = (
+            channel.send if type(channel) is MuxChannel else functools.partial(send_bytes, channel)
+        )
         self._router = router
         self.config = config or RpcConfig()
         self.name = name
@@ -321,7 +327,7 @@ class RpcServer:
         """Send what the core queued for the calling task's call (maybe nothing)."""
         for data in self._core.messages_to_send():
             try:
-                await send_bytes(self._channel, data, checkpoint=checkpoint, more=more)
+                await self._send(data, checkpoint=checkpoint, more=more)
             except _CHANNEL_GONE as exc:
                 # The channel is gone: nobody can hear any other reply either.
                 logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
