@@ -340,43 +340,58 @@ class Mux:
         them to the writer task and, if ``checkpoint``, yields once. Whether
         other tasks are runnable plays no part: only this mux's own state.
         """
+        rest = self._send_fast(more)
+        if rest is None:
+            if checkpoint:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        await self._write_inline(rest or None)
+
+    def _send_fast(self, more: bool) -> bytes | None:
+        """The part of :meth:`_send_queued` that needs no waiting.
+
+        Returns:
+            None if the frames were written (``send_nowait``) or left to the
+            writer task. Otherwise the sender must write them itself with
+            ``await _write_inline(rest or None)``: ``rest`` holds the frames
+            already taken from the core (``b""``: none taken).
+
+        Raises:
+            ChannelBroken / ChannelClosed: the stream failed.
+        """
         core = self._core
         if (
-            not more
-            and not self._writing
-            and core.outgoing_bytes <= _INLINE_MAX_BYTES
-            and self._reason is None
+            more
+            or self._writing
+            or core.outgoing_bytes > _INLINE_MAX_BYTES
+            or self._reason is not None
         ):
-            send_nowait = self._send_nowait
-            if send_nowait is not None and not self._flush_pending:
-                data = core.data_to_send()
-                try:
-                    sent = send_nowait(data)
-                except _STREAM_ERRORS as exc:
-                    self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
-                    raise self._broken_error() from exc
-                if sent:
-                    # _sent(), inlined: once per message at low load.
-                    self._writes += 1
-                    self._bytes_written += len(data)
-                    if self._space_lot:
-                        self._space_lot.unpark_all()
-                    if self._poller is not None:
-                        self._poller.note_sent(self._busy_poll_s)
-                    if self._stream.unflushed:  # type: ignore[attr-defined]
-                        self._flush_pending = True
-                        self._writing_bytes = self._stream.unflushed  # type: ignore[attr-defined]
-                        self._kick()
-                    if checkpoint:
-                        await trio.lowlevel.cancel_shielded_checkpoint()
-                    return
-                await self._write_inline(data)
-                return
-            await self._write_inline()
-            return
-        self._kick()
-        if checkpoint:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            self._kick()
+            return None
+        send_nowait = self._send_nowait
+        if send_nowait is None or self._flush_pending:
+            return b""
+        data = core.data_to_send()
+        try:
+            sent = send_nowait(data)
+        except _STREAM_ERRORS as exc:
+            self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+            raise self._broken_error() from exc
+        if not sent:
+            return data
+        # _sent(), inlined: once per message at low load.
+        self._writes += 1
+        self._bytes_written += len(data)
+        if self._space_lot:
+            self._space_lot.unpark_all()
+        if self._poller is not None:
+            self._poller.note_sent(self._busy_poll_s)
+        unflushed = self._stream.unflushed  # type: ignore[attr-defined]
+        if unflushed:
+            self._flush_pending = True
+            self._writing_bytes = unflushed
+            self._kick()
+        return None
 
     def _sent(self, n: int) -> None:
         """Count a finished write of ``n`` bytes and wake who waits for room."""

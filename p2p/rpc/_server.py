@@ -329,11 +329,14 @@ class RpcServer:
             try:
                 await self._send(data, checkpoint=checkpoint, more=more)
             except _CHANNEL_GONE as exc:
-                # The channel is gone: nobody can hear any other reply either.
-                logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
-                if self._nursery is not None:
-                    self._nursery.cancel_scope.cancel()
+                self._channel_gone(exc)
                 return
+
+    def _channel_gone(self, exc: BaseException) -> None:
+        # The channel is gone: nobody can hear any other reply either.
+        logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def _error_reply(self, rid: int, exc: Exception, ctx: CallContext) -> None:
         self._calls_failed += 1
@@ -375,7 +378,12 @@ class RpcServer:
                     # No checkpoint needed: parking for the next call is one.
                     # With other calls running their replies likely follow:
                     # leave ours to the mux writer's batch.
-                    await self._send_out(checkpoint=False, more=bool(self._calls))
+                    for data in self._core.messages_to_send():  # _send_out, inlined
+                        try:
+                            await self._send(data, checkpoint=False, more=bool(self._calls))
+                        except _CHANNEL_GONE as exc:
+                            self._channel_gone(exc)
+                            break
                     call = await self._next_call(worker)
             call = await self._next_call(worker)
 
