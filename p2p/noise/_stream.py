@@ -507,14 +507,18 @@ class SecretStream(trio.abc.HalfCloseableStream):
         # call and an exception, and most messages find the socket empty. Only
         # after a read that filled its buffer (bulk traffic) is more likely
         # waiting: then read after a plain checkpoint, as trio does.
+        # The descriptor is checked once per read: closing a trio socket wakes
+        # whoever waits on it (notify_closing) before the number is freed.
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
         if self._read_full:
             await trio.lowlevel.checkpoint()
-        else:
-            await trio.lowlevel.wait_readable(sock)
-        while True:
-            fd = sock.fileno()
-            if fd < 0:
+            if sock.fileno() < 0:
                 raise trio.ClosedResourceError("the socket was closed")
+        else:
+            await trio.lowlevel.wait_readable(fd)
+        while True:
             try:
                 return os.read(fd, ask)
             except BlockingIOError:
@@ -523,7 +527,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 if exc.errno == errno.EBADF:
                     raise trio.ClosedResourceError("the socket was closed") from None
                 raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
-            await trio.lowlevel.wait_readable(sock)
+            await trio.lowlevel.wait_readable(fd)
 
     async def _read_more(self) -> None:
         idle = self.config.idle_timeout_s
