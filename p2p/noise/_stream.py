@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_CONFIG = SecretStreamConfig()
 _HANDSHAKE_READ_BYTES = 4096
+#: A read at least this large means bulk traffic (see SecretStream._receive).
+_BULK_READ_BYTES = 16 * 1024
 
 
 class _ConflictDetector:
@@ -128,7 +130,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
         #: before anything else (see flush()).
         self._backlog = b""
         self._send_slice = config.send_slice_bytes
-        #: The last read filled its buffer: more may be waiting, read before waiting.
+        #: The last read was large (bulk traffic): more is likely waiting, so
+        #: read before waiting for readability.
         self._read_full = False
 
     # -- construction ------------------------------------------------------
@@ -505,8 +508,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
             return await self.transport_stream.receive_some(ask)
         # Wait for readability first: a read that fails (EAGAIN) costs a system
         # call and an exception, and most messages find the socket empty. Only
-        # after a read that filled its buffer (bulk traffic) is more likely
-        # waiting: then read after a plain checkpoint, as trio does.
+        # after a large read (bulk traffic) is more likely waiting: then read
+        # after a plain checkpoint, as trio does (waiting first would wake us
+        # at the first bytes of each write, for many small reads).
         # The descriptor is checked once per read: closing a trio socket wakes
         # whoever waits on it (notify_closing) before the number is freed.
         fd = sock.fileno()
@@ -558,7 +562,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
         if data:
             # Bulk traffic fills reads: ask for more next time. Quiet traffic
             # stays below the size where each read's buffer costs an mmap().
-            full = self._read_full = len(data) >= ask
+            full = len(data) >= ask
+            # Bulk traffic: data keeps coming, try reading before waiting.
+            self._read_full = len(data) >= _BULK_READ_BYTES
             self._read_size = self.config.receive_chunk_bytes if full else self._small_read
             self._transport.receive_data(data)
         elif self._transport.buffered_bytes:
