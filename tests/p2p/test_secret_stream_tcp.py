@@ -171,3 +171,24 @@ async def test_send_nowait_declines_when_it_cannot_write_at_once():
         stream = await SecretStream.initiator(left, ALICE, BOB.public_key)
         assert stream.send_nowait(b"x") is False
         nursery.cancel_scope.cancel()
+
+
+async def test_send_nowait_to_a_reset_connection_raises_connection_lost():
+    import socket
+    import struct
+
+    async with trio.open_nursery() as nursery:
+        initiator, responder = await tcp_secret_pair(nursery)
+        # The peer's socket goes away with a reset (linger 0), not a FIN.
+        raw = responder.transport_stream.socket
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await responder.transport_stream.aclose()
+        with pytest.raises(ConnectionBroken) as info:
+            for _ in range(1000):
+                if not initiator.send_nowait(b"x" * 1024):
+                    await initiator.flush()
+                await trio.lowlevel.checkpoint()
+        assert info.value.code == "CONNECTION_LOST"
+        with pytest.raises(ConnectionBroken):
+            await initiator.send_all(b"more")
+        await initiator.aclose()
