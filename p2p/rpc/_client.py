@@ -46,6 +46,7 @@ from p2p.rpc._errors import (
 )
 from p2p.rpc._messages import Error, Response, StreamEnd, StreamItem
 from p2p.rpc._method import Method, StreamMethod
+from p2p.rpc._models import dump, validate
 from p2p.rpc._sending import Outbox, deliver_messages, send_bytes
 
 __all__ = ["ClientStatistics", "ItemStream", "RpcClient"]
@@ -127,10 +128,10 @@ class _StreamSlot:
 def _params_payload(method: Method | StreamMethod, params: Any) -> dict[str, Any]:
     if type(params) is not method.params:
         try:
-            params = method.params.model_validate(params)
+            params = validate(method.params, params)
         except pydantic.ValidationError as exc:
             raise RpcUsageError("BAD_PARAMS", f"params for {method.name!r}: {exc}") from exc
-    return params.model_dump(mode="python")
+    return dump(params)
 
 
 class RpcClient:
@@ -336,7 +337,7 @@ class RpcClient:
         if slot.error is not None:
             raise slot.error
         try:
-            return method.result.model_validate(slot.result)
+            return validate(method.result, slot.result)
         except pydantic.ValidationError as exc:
             raise RpcProtocolError(
                 "INVALID_RESULT", f"result of {method.name!r} failed validation: {exc}"
@@ -432,7 +433,7 @@ class ItemStream(Generic[I]):
         if not waited:
             await trio.lowlevel.cancel_shielded_checkpoint()
         try:
-            return self._method.item.model_validate(raw)
+            return validate(self._method.item, raw)
         except pydantic.ValidationError as exc:
             raise RpcProtocolError(
                 "INVALID_RESULT", f"item of {self._method.name!r} failed validation: {exc}"

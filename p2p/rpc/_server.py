@@ -59,6 +59,7 @@ from p2p.rpc._core import RpcServerCore
 from p2p.rpc._errors import RpcError, RpcUsageError
 from p2p.rpc._messages import Cancel, Request, StreamCredit, StreamRequest
 from p2p.rpc._method import Method, StreamMethod
+from p2p.rpc._models import dump, validate
 from p2p.rpc._sending import Outbox, deliver_messages, send_bytes
 
 __all__ = [
@@ -184,8 +185,8 @@ def _invalid_params(exc: pydantic.ValidationError) -> RpcError:
 
 def _dump(model_cls: type[pydantic.BaseModel], value: Any) -> dict[str, Any]:
     if type(value) is not model_cls:
-        value = model_cls.model_validate(value)
-    return value.model_dump(mode="python")
+        value = validate(model_cls, value)
+    return dump(value)
 
 
 class RpcServer:
@@ -301,7 +302,7 @@ class RpcServer:
             return False
         method, handler = route
         try:
-            params = method.params.model_validate(msg.params)
+            params = validate(method.params, msg.params)
         except pydantic.ValidationError as exc:
             err = _invalid_params(exc)
             core.send_error(rid, err.code, err.message, err.data)
