@@ -275,7 +275,13 @@ class Channel(trio.abc.Channel[bytes]):
             ) is _READY
         ):
             core.send_message(st, value)  # raises MESSAGE_TOO_LARGE itself
-            await mux._send_queued(checkpoint=checkpoint, more=more)
+            # mux._send_queued, inlined (once per message).
+            rest = mux._send_fast(more)
+            if rest is None:
+                if checkpoint:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            await mux._write_inline(rest or None)
             return
         self._send_waiting += 1
         try:

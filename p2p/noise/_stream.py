@@ -12,6 +12,12 @@ Invariants kept here:
   as with ``trio.SSLStream``.
 * A send cancelled half-way leaves a partial frame on the wire: the stream is
   marked broken (``SEND_CANCELLED``), as h11 does with ``send_failed()``.
+* Over a ``trio.SocketStream`` the stream reads and writes the socket's file
+  descriptor itself (``os.read``/``os.write`` after ``trio.lowlevel.wait_readable``
+  / ``wait_writable``, all public API): a read waits for readability first,
+  instead of a failed non-blocking ``recv`` and its exception per message, and
+  :meth:`SecretStream.send_nowait` writes without a scheduler pass. Other
+  transports go through their ``send_all``/``receive_some``.
 * Failures keep trio's meanings: after our own ``aclose()`` calls raise
   ``trio.ClosedResourceError``; when the peer or the network ended it they
   raise :class:`~p2p.errors.ConnectionBroken` (a ``trio.BrokenResourceError``)
@@ -20,8 +26,10 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import errno
 import logging
 import operator
+import os
 from dataclasses import dataclass
 
 import trio
@@ -38,6 +46,8 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_CONFIG = SecretStreamConfig()
 _HANDSHAKE_READ_BYTES = 4096
+#: A read at least this large means bulk traffic (see SecretStream._receive).
+_BULK_READ_BYTES = 16 * 1024
 
 
 class _ConflictDetector:
@@ -94,16 +104,17 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self.config = config
         self._transport = transport
         self._send_conflict = _ConflictDetector("another task is already sending on this stream")
-        self._receive_conflict = _ConflictDetector(
-            "another task is already receiving on this stream"
-        )
+        self._receiving = False
         self._write_lock = trio.StrictFIFOLock()
         self._pending = memoryview(b"")
         self._eof_received = False
         self._closed = False
         self._broken: ConnectionBroken | None = None
         self._done = trio.Event()
-        self._last_send = trio.current_time()
+        #: The run's clock: ``now()`` is trio.current_time() without two layers
+        #: of calls (it is read once per message).
+        self._now = trio.lowlevel.current_clock().current_time
+        self._last_send = self._now()
         self._bytes_sent = 0
         self._bytes_received = 0
         self._keepalives_received = 0
@@ -113,6 +124,18 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self._idle_watched = False
         self._read_waiting_since: float | None = None
         self._read_size = self._small_read
+        #: The trio socket under a plain ``trio.SocketStream`` (read and written
+        #: through its descriptor), or None for any other transport.
+        self._sock = (
+            transport_stream.socket if type(transport_stream) is trio.SocketStream else None
+        )
+        #: Ciphertext that send_nowait() could not write at once; it goes out
+        #: before anything else (see flush()).
+        self._backlog = b""
+        self._send_slice = config.send_slice_bytes
+        #: The last read was large (bulk traffic): more is likely waiting, so
+        #: read before waiting for readability.
+        self._read_full = False
 
     # -- construction ------------------------------------------------------
 
@@ -234,6 +257,78 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     self._write_lock.release()
                 self._bytes_sent += len(piece)
 
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> bool:
+        """Encrypt ``data`` and write it now, without waiting or yielding.
+
+        For a sender that reaches a checkpoint soon after anyway (the mux):
+        it saves the scheduler pass of a ``send_all``. Only over a
+        ``trio.SocketStream``, when no other write is in progress and nothing
+        is left from an earlier call.
+
+        Returns:
+            False if it sent nothing (use :meth:`send_all`). True if ``data``
+            was taken: whatever the kernel did not accept at once is kept, in
+            order, and written by the next :meth:`send_all`, :meth:`flush` or
+            keep-alive; check :attr:`unflushed` and call :meth:`flush` if set.
+
+        Raises:
+            trio.ClosedResourceError / ConnectionBroken: as :meth:`send_all`.
+        """
+        sock = self._sock
+        if (
+            sock is None
+            or self._backlog
+            or self._write_lock.locked()
+            or not data
+            or len(data) > self._send_slice
+        ):
+            return False
+        if self._closed or self._broken is not None or self._transport.end_sent:
+            self._check_can_send()  # raises
+        fd = sock.fileno()
+        if fd < 0:
+            raise self._closed_error()
+        frames = self._transport.send_data(data)
+        try:
+            sent = os.write(fd, frames)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            # The peer reset the connection (or the socket was shut): as a
+            # failed send_all. _break closes the transport on its own time.
+            self._broken_now(
+                ConnectionBroken(f"connection to {self._peer} lost while sending",
+                                 code="CONNECTION_LOST"),
+                exc,
+            )
+            raise self._closed_error() from exc
+        if sent < len(frames):
+            self._backlog = memoryview(frames)[sent:]
+        self._bytes_sent += len(data)
+        self._last_send = self._now()
+        return True
+
+    @property
+    def unflushed(self) -> int:
+        """Bytes taken by :meth:`send_nowait` that are not yet written."""
+        return len(self._backlog)
+
+    async def flush(self) -> None:
+        """Write what :meth:`send_nowait` left over (a checkpoint even if nothing)."""
+        with self._send_conflict:
+            if not self._backlog:
+                await trio.lowlevel.checkpoint()
+                return
+            if self._closed:
+                raise trio.ClosedResourceError("the stream was closed")
+            if self._broken is not None:
+                raise self._broken
+            await self._acquire_write_lock()
+            try:
+                await self._write(b"")
+            finally:
+                self._write_lock.release()
+
     async def wait_send_all_might_not_block(self) -> None:
         with self._send_conflict:
             self._check_can_send()
@@ -310,10 +405,16 @@ class SecretStream(trio.abc.HalfCloseableStream):
         except trio.WouldBlock:
             await self._write_lock.acquire()
 
-    async def _write(self, frames: bytes) -> None:
+    async def _write(self, frames: bytes | bytearray) -> None:
         # Called with the write lock held, right after encrypting `frames`.
         try:
-            await self.transport_stream.send_all(frames)
+            if self._backlog:
+                # Encrypted before `frames`: it goes first (nonce order).
+                backlog = self._backlog
+                self._backlog = b""
+                await self.transport_stream.send_all(backlog)
+            if frames:
+                await self.transport_stream.send_all(frames)
         except trio.BrokenResourceError as exc:
             raise await self._break(
                 ConnectionBroken(f"connection to {self._peer} lost while sending",
@@ -331,7 +432,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 )
                 self._done.set()
             raise
-        self._last_send = trio.current_time()
+        self._last_send = self._now()
 
     def _check_can_send(self) -> None:
         if self._closed:
@@ -344,11 +445,15 @@ class SecretStream(trio.abc.HalfCloseableStream):
     # -- receiving ---------------------------------------------------------
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        with self._receive_conflict:
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this stream")
+        self._receiving = True
+        try:
             if max_bytes is not None:
                 max_bytes = operator.index(max_bytes)
                 if max_bytes < 1:
                     raise ValueError("max_bytes must be >= 1")
+            transport = self._transport
             waited = False  # a read from the transport is this call's checkpoint
             while True:
                 if self._closed:
@@ -363,8 +468,13 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     if not waited:
                         await trio.lowlevel.checkpoint()
                     return b""
+                if not waited and not transport.buffered_bytes:
+                    # Nothing buffered: no frame can be complete, read first.
+                    await self._read_more()
+                    waited = True
+                    continue
                 try:
-                    event = self._transport.next_event()
+                    event = transport.next_event()
                 except RemoteProtocolError as exc:
                     raise await self._break(
                         ConnectionBroken(f"{exc} (from {self._peer})", code=exc.code), exc
@@ -373,12 +483,19 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     await self._read_more()
                     waited = True
                 elif type(event) is Data:
-                    self._bytes_received += len(event.data)
-                    self._pending = memoryview(event.data)
+                    data = event.data
+                    self._bytes_received += len(data)
+                    if max_bytes is None or max_bytes >= len(data):
+                        if not waited:
+                            await trio.lowlevel.checkpoint()
+                        return data
+                    self._pending = memoryview(data)
                 elif type(event) is EndOfStream:
                     self._eof_received = True
                 else:
                     self._keepalives_received += 1
+        finally:
+            self._receiving = False
 
     def _take_pending(self, max_bytes: int | None) -> bytes:
         pending = self._pending
@@ -388,6 +505,37 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self._pending = pending[max_bytes:]
         return bytes(pending[:max_bytes])
 
+    async def _receive(self, ask: int) -> bytes:
+        sock = self._sock
+        if sock is None:
+            return await self.transport_stream.receive_some(ask)
+        # Wait for readability first: a read that fails (EAGAIN) costs a system
+        # call and an exception, and most messages find the socket empty. Only
+        # after a large read (bulk traffic) is more likely waiting: then read
+        # after a plain checkpoint, as trio does (waiting first would wake us
+        # at the first bytes of each write, for many small reads).
+        # The descriptor is checked once per read: closing a trio socket wakes
+        # whoever waits on it (notify_closing) before the number is freed.
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        if self._read_full:
+            await trio.lowlevel.checkpoint()
+            if sock.fileno() < 0:
+                raise trio.ClosedResourceError("the socket was closed")
+        else:
+            await trio.lowlevel.wait_readable(fd)
+        while True:
+            try:
+                return os.read(fd, ask)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    raise trio.ClosedResourceError("the socket was closed") from None
+                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+            await trio.lowlevel.wait_readable(fd)
+
     async def _read_more(self) -> None:
         idle = self.config.idle_timeout_s
         ask = self._read_size
@@ -395,15 +543,15 @@ class SecretStream(trio.abc.HalfCloseableStream):
             if idle is None or self._idle_watched:
                 # keep_alive() watches this read's age: no cancel scope per read
                 # (~7 us each, a few percent of a loopback round trip).
-                self._read_waiting_since = trio.current_time()
+                self._read_waiting_since = self._now()
                 try:
-                    data = await self.transport_stream.receive_some(ask)
+                    data = await self._receive(ask)
                 finally:
                     self._read_waiting_since = None
             else:
                 data = None
                 with trio.move_on_after(idle):
-                    data = await self.transport_stream.receive_some(ask)
+                    data = await self._receive(ask)
                 if data is None:
                     raise await self._break(
                         IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
@@ -418,6 +566,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
             # Bulk traffic fills reads: ask for more next time. Quiet traffic
             # stays below the size where each read's buffer costs an mmap().
             full = len(data) >= ask
+            # Bulk traffic: data keeps coming, try reading before waiting.
+            self._read_full = len(data) >= _BULK_READ_BYTES
             self._read_size = self.config.receive_chunk_bytes if full else self._small_read
             self._transport.receive_data(data)
         elif self._transport.buffered_bytes:
@@ -443,7 +593,10 @@ class SecretStream(trio.abc.HalfCloseableStream):
             idle_writer = not self._write_lock.locked()
             if self._broken is None and not self._transport.end_sent and idle_writer:
                 with trio.move_on_after(self.config.close_timeout_s):
-                    await self.transport_stream.send_all(self._transport.send_end())
+                    # What send_nowait() left goes before the END (nonce order).
+                    backlog = bytes(self._backlog)
+                    self._backlog = b""
+                    await self.transport_stream.send_all(backlog + self._transport.send_end())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -462,6 +615,15 @@ class SecretStream(trio.abc.HalfCloseableStream):
         if self._broken is not None:
             return self._broken
         return trio.ClosedResourceError("the stream was closed")
+
+    def _broken_now(self, error: ConnectionBroken, cause: BaseException | None) -> None:
+        """Record why the stream died without waiting; aclose() closes the transport."""
+        if self._broken is None:
+            self._broken = error
+            if cause is not None:
+                error.__cause__ = cause
+            log.debug("stream.broken peer=%s code=%s reason=%s", self._peer, error.code, error)
+        self._done.set()
 
     async def _break(
         self, error: ConnectionBroken, cause: BaseException | None

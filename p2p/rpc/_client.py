@@ -23,6 +23,7 @@ When the channel ends every call in flight fails with :class:`RpcChannelClosed`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ from typing import Any, Generic, TypeVar
 import pydantic
 import trio
 
+from p2p.mux import Channel as MuxChannel
 from p2p.rpc._config import RpcConfig
 from p2p.rpc._core import ProtocolViolation, RpcClientCore
 from p2p.rpc._errors import (
@@ -44,6 +46,7 @@ from p2p.rpc._errors import (
 )
 from p2p.rpc._messages import Error, Response, StreamEnd, StreamItem
 from p2p.rpc._method import Method, StreamMethod
+from p2p.rpc._models import dump, validate
 from p2p.rpc._sending import Outbox, deliver_messages, send_bytes
 
 __all__ = ["ClientStatistics", "ItemStream", "RpcClient"]
@@ -125,10 +128,10 @@ class _StreamSlot:
 def _params_payload(method: Method | StreamMethod, params: Any) -> dict[str, Any]:
     if type(params) is not method.params:
         try:
-            params = method.params.model_validate(params)
+            params = validate(method.params, params)
         except pydantic.ValidationError as exc:
             raise RpcUsageError("BAD_PARAMS", f"params for {method.name!r}: {exc}") from exc
-    return params.model_dump(mode="python")
+    return dump(params)
 
 
 class RpcClient:
@@ -151,6 +154,10 @@ class RpcClient:
         name: str = "rpc-client",
     ) -> None:
         self._channel = channel
+        #: ``send(data, *, checkpoint, more)``: a mux channel's own, else send_bytes.
+        self._send = (
+            channel.send if type(channel) is MuxChannel else functools.partial(send_bytes, channel)
+        )
         self.config = config or RpcConfig()
         self.name = name
         self._core = RpcClientCore(self.config)
@@ -304,7 +311,16 @@ class RpcClient:
         try:
             (request,) = core.messages_to_send()
             if timeout_s is None:  # no cancel scope: it costs ~10% of a call
-                await self._send_request(request, slot)
+                # _send_request and _Slot.wait, inlined (once per call).
+                try:
+                    await self._send(request, checkpoint=False, more=len(self._waiting) > 1)
+                except _CHANNEL_GONE as exc:
+                    raise RpcChannelClosed("CHANNEL_CLOSED", "the RPC channel ended") from exc
+                if slot.done:
+                    await trio.lowlevel.checkpoint()
+                else:
+                    slot.task = trio.lowlevel.current_task()
+                    await trio.lowlevel.wait_task_rescheduled(slot._abort)
             else:
                 with trio.move_on_after(timeout_s) as cs:
                     await self._send_request(request, slot)
@@ -321,7 +337,7 @@ class RpcClient:
         if slot.error is not None:
             raise slot.error
         try:
-            return method.result.model_validate(slot.result)
+            return validate(method.result, slot.result)
         except pydantic.ValidationError as exc:
             raise RpcProtocolError(
                 "INVALID_RESULT", f"result of {method.name!r} failed validation: {exc}"
@@ -332,9 +348,7 @@ class RpcClient:
             # No checkpoint of its own: waiting for the reply is one. With other
             # calls in flight, more requests are likely to follow this pass:
             # leave ours to the mux writer's batch.
-            await send_bytes(
-                self._channel, request, checkpoint=False, more=len(self._waiting) > 1
-            )
+            await self._send(request, checkpoint=False, more=len(self._waiting) > 1)
         except _CHANNEL_GONE as exc:
             raise RpcChannelClosed("CHANNEL_CLOSED", "the RPC channel ended") from exc
         await slot.wait()
@@ -419,7 +433,7 @@ class ItemStream(Generic[I]):
         if not waited:
             await trio.lowlevel.cancel_shielded_checkpoint()
         try:
-            return self._method.item.model_validate(raw)
+            return validate(self._method.item, raw)
         except pydantic.ValidationError as exc:
             raise RpcProtocolError(
                 "INVALID_RESULT", f"item of {self._method.name!r} failed validation: {exc}"

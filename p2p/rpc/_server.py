@@ -43,6 +43,7 @@ and :meth:`RpcServer.run` returns.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -52,11 +53,13 @@ from typing import Any, Protocol
 import pydantic
 import trio
 
+from p2p.mux import Channel as MuxChannel
 from p2p.rpc._config import RpcConfig
 from p2p.rpc._core import RpcServerCore
 from p2p.rpc._errors import RpcError, RpcUsageError
 from p2p.rpc._messages import Cancel, Request, StreamCredit, StreamRequest
 from p2p.rpc._method import Method, StreamMethod
+from p2p.rpc._models import dump, validate
 from p2p.rpc._sending import Outbox, deliver_messages, send_bytes
 
 __all__ = [
@@ -182,8 +185,8 @@ def _invalid_params(exc: pydantic.ValidationError) -> RpcError:
 
 def _dump(model_cls: type[pydantic.BaseModel], value: Any) -> dict[str, Any]:
     if type(value) is not model_cls:
-        value = model_cls.model_validate(value)
-    return value.model_dump(mode="python")
+        value = validate(model_cls, value)
+    return dump(value)
 
 
 class RpcServer:
@@ -213,6 +216,10 @@ class RpcServer:
         name: str = "rpc-server",
     ) -> None:
         self._channel = channel
+        #: ``send(data, *, checkpoint, more)``: a mux channel's own, else send_bytes.
+        self._send = (
+            channel.send if type(channel) is MuxChannel else functools.partial(send_bytes, channel)
+        )
         self._router = router
         self.config = config or RpcConfig()
         self.name = name
@@ -295,7 +302,7 @@ class RpcServer:
             return False
         method, handler = route
         try:
-            params = method.params.model_validate(msg.params)
+            params = validate(method.params, msg.params)
         except pydantic.ValidationError as exc:
             err = _invalid_params(exc)
             core.send_error(rid, err.code, err.message, err.data)
@@ -321,13 +328,16 @@ class RpcServer:
         """Send what the core queued for the calling task's call (maybe nothing)."""
         for data in self._core.messages_to_send():
             try:
-                await send_bytes(self._channel, data, checkpoint=checkpoint, more=more)
+                await self._send(data, checkpoint=checkpoint, more=more)
             except _CHANNEL_GONE as exc:
-                # The channel is gone: nobody can hear any other reply either.
-                logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
-                if self._nursery is not None:
-                    self._nursery.cancel_scope.cancel()
+                self._channel_gone(exc)
                 return
+
+    def _channel_gone(self, exc: BaseException) -> None:
+        # The channel is gone: nobody can hear any other reply either.
+        logger.debug("rpc.server.send_failed server=%s reason=%r", self.name, exc)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def _error_reply(self, rid: int, exc: Exception, ctx: CallContext) -> None:
         self._calls_failed += 1
@@ -369,7 +379,12 @@ class RpcServer:
                     # No checkpoint needed: parking for the next call is one.
                     # With other calls running their replies likely follow:
                     # leave ours to the mux writer's batch.
-                    await self._send_out(checkpoint=False, more=bool(self._calls))
+                    for data in self._core.messages_to_send():  # _send_out, inlined
+                        try:
+                            await self._send(data, checkpoint=False, more=bool(self._calls))
+                        except _CHANNEL_GONE as exc:
+                            self._channel_gone(exc)
+                            break
                     call = await self._next_call(worker)
             call = await self._next_call(worker)
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import trio
+import trio.testing
 
 from p2p.errors import ConnectionBroken
 from p2p.noise import SecretStream
@@ -129,3 +130,65 @@ async def test_a_tampered_byte_on_the_wire_ends_the_stream():
             assert payload.startswith(bytes(received))
             await left.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_send_nowait_keeps_what_the_kernel_refused_and_flush_writes_it_in_order():
+    async with trio.open_nursery() as nursery:
+        initiator, responder = await tcp_secret_pair(nursery)
+        block = os.urandom(64 * 1024)
+        sent = hashlib.sha256()
+        count = 0
+        # The peer does not read yet: the socket buffers fill and one write
+        # is taken only in part; then send_nowait refuses until flushed.
+        for _ in range(4096):
+            if not initiator.send_nowait(block):
+                break
+            sent.update(block)
+            count += len(block)
+        else:
+            pytest.fail("the socket never filled")
+        assert initiator.unflushed > 0
+
+        async def flush_and_end():
+            await initiator.flush()
+            assert initiator.unflushed == 0
+            await initiator.send_all(b"tail")
+            await initiator.send_eof()
+
+        nursery.start_soon(flush_and_end)
+        sent.update(b"tail")
+        digest, received = await drain(responder)
+        assert (digest, received) == (sent.hexdigest(), count + 4)
+        await initiator.aclose()
+        await responder.aclose()
+
+
+async def test_send_nowait_declines_when_it_cannot_write_at_once():
+    left, right = trio.testing.memory_stream_pair()
+    # Not a socket: the caller must use send_all.
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(SecretStream.responder, right, BOB)
+        stream = await SecretStream.initiator(left, ALICE, BOB.public_key)
+        assert stream.send_nowait(b"x") is False
+        nursery.cancel_scope.cancel()
+
+
+async def test_send_nowait_to_a_reset_connection_raises_connection_lost():
+    import socket
+    import struct
+
+    async with trio.open_nursery() as nursery:
+        initiator, responder = await tcp_secret_pair(nursery)
+        # The peer's socket goes away with a reset (linger 0), not a FIN.
+        raw = responder.transport_stream.socket
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await responder.transport_stream.aclose()
+        with pytest.raises(ConnectionBroken) as info:
+            for _ in range(1000):
+                if not initiator.send_nowait(b"x" * 1024):
+                    await initiator.flush()
+                await trio.lowlevel.checkpoint()
+        assert info.value.code == "CONNECTION_LOST"
+        with pytest.raises(ConnectionBroken):
+            await initiator.send_all(b"more")
+        await initiator.aclose()
