@@ -1,0 +1,102 @@
+"""The agent's config: rendered by the worker, parsed by the agent.
+
+The ``kubevirt`` backend writes it as JSON into the VMI's cloud-init user data
+(kept in a Secret, because it holds the replica's report token); the ``local``
+backend writes the same JSON to a file beside the agent process. The agent
+reads it with :func:`load_agent_config`, so a field means one thing on both
+sides and a bad file is refused with the field named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nodes.model import JobType, KeyHex, Runtime
+
+__all__ = ["AGENT_CONFIG_PATH", "AgentConfig", "AgentConfigError", "load_agent_config"]
+
+#: Where cloud-init writes the config inside a VMI.
+AGENT_CONFIG_PATH = "/etc/cosmicac/agent.json"
+
+
+class AgentConfigError(Exception):
+    """The agent's config file is missing, unreadable or invalid."""
+
+
+class AgentConfig(BaseModel):
+    """Everything an agent needs to boot, join the swarm and report."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Bumped when a field changes meaning; an agent refuses a newer one.
+    version: Literal[1] = 1
+    job_id: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9\-]*$")
+    replica: int = Field(ge=0, lt=1024)
+    #: Restart count of the replica this VMI belongs to.
+    generation: int = Field(default=0, ge=0)
+    #: This VMI's place in a multi-node replica (0 is the head) and how many
+    #: VMIs the replica has.
+    node_rank: int = Field(default=0, ge=0)
+    node_count: int = Field(default=1, ge=1, le=64)
+    job_type: JobType
+    runtime: Runtime | None = None
+    model: str | None = None
+    #: GPUs this VMI holds.
+    gpus: int = Field(ge=0)
+    #: The worker the agent reports to (its swarm public key).
+    worker: KeyHex
+    #: Addresses where the worker listens, tried before the DHT (``host:port``).
+    worker_addresses: tuple[str, ...] = Field(default=(), max_length=16)
+    #: Secret that proves to the worker which replica this agent is (64 hex).
+    report_token: str = Field(pattern=r"^[0-9a-f]{64}$", repr=False)
+    #: DHT bootstrap nodes (``host:port``).
+    bootstrap: tuple[str, ...] = Field(default=(), max_length=64)
+    #: Relays the agent reserves with when inbound connections are blocked;
+    #: fixed when the job was created (seeds/relay.txt).
+    relays: tuple[KeyHex, ...] = Field(default=(), max_length=16)
+    #: Users' keys allowed to open shells (GPU Container Jobs).
+    authorized_keys: tuple[KeyHex, ...] = Field(default=(), max_length=1024)
+    #: How often the agent tells the worker it is alive.
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    #: The agent's folder: identity and state. Inside a VMI a fixed path.
+    storage: str = "/var/lib/cosmicac-agent"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentConfig:
+        if self.node_rank >= self.node_count:
+            raise ValueError("node_rank must be below node_count")
+        return self
+
+    def to_json(self) -> str:
+        """The config as the worker writes it (indented, keys sorted)."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def load_agent_config(path: str | Path) -> AgentConfig:
+    """Read and validate an agent config file.
+
+    Raises:
+        AgentConfigError: unreadable, not JSON, or a field is wrong (named).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AgentConfigError(f"cannot read agent config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise AgentConfigError(f"agent config {path} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise AgentConfigError(f"agent config {path} is not valid JSON: {exc}") from None
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "config"
+        raise AgentConfigError(f"agent config {path}: {where}: {first['msg']}") from None

@@ -1,0 +1,160 @@
+"""The one interface behind which the worker runs VMIs: ``kubevirt`` or ``local``.
+
+The worker turns each queue operation into calls on a :class:`Backend` and
+turns the backend's :class:`VmiEvent` stream (plus the agents' reports) into
+replica states. A backend owns nothing the worker must remember: after a
+restart, the worker hands it the replicas it knows (:meth:`Backend.run` is
+given them through :meth:`Backend.adopt`), and the backend reports what each
+VMI is doing now.
+
+Every method is idempotent, because the queue delivers at least once:
+creating what exists, deleting what is gone, are successes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from agents.config import AgentConfig
+from nodes.model import JobSpec, RackReport
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "ReplicaUnit",
+    "VmiEvent",
+    "VmiPhase",
+    "VmiSpec",
+    "disk_name",
+    "vmi_name",
+]
+
+
+class BackendError(Exception):
+    """A backend call failed; ``retryable`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def _short(job_id: str) -> str:
+    return job_id.removeprefix("j-")[:16]
+
+
+def vmi_name(job_id: str, replica: int, node_rank: int) -> str:
+    """The VMI's object name: stable across restarts, DNS-1123, ≤ 63 characters."""
+    return f"cac-{_short(job_id)}-r{replica}-n{node_rank}"
+
+
+def disk_name(job_id: str, replica: int, node_rank: int) -> str:
+    """The root disk's name (DataVolume, or the local storage folder); kept on restart."""
+    return f"cac-{_short(job_id)}-r{replica}-n{node_rank}-root"
+
+
+@dataclass(frozen=True)
+class VmiSpec:
+    """One VMI of a replica: where it runs, with what, and its agent's config."""
+
+    name: str
+    disk: str
+    node: str
+    gpus: int
+    node_rank: int
+    agent: AgentConfig
+    #: Part of a multi-node replica: joins the overlay network and claims
+    #: InfiniBand.
+    multi_node: bool = False
+
+
+@dataclass(frozen=True)
+class ReplicaUnit:
+    """Everything the backend needs to run one replica (one VMI per node share)."""
+
+    job_id: str
+    replica: int
+    generation: int
+    spec: JobSpec
+    vmis: tuple[VmiSpec, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(vmi.name for vmi in self.vmis)
+
+
+class VmiPhase(enum.StrEnum):
+    """What one VMI (or local agent process) is doing, backend-neutral."""
+
+    #: Root disk importing (CDI DataVolume) or storage being prepared.
+    PROVISIONING = "provisioning"
+    #: Waiting for a node (KubeVirt ``Pending``/``Scheduling``).
+    SCHEDULING = "scheduling"
+    #: Scheduled; the guest is booting (``Scheduled``).
+    BOOTING = "booting"
+    #: The VMI (process) runs; the agent decides when it is ready.
+    RUNNING = "running"
+    #: Stopped by itself with success (``Succeeded``, exit status 0).
+    SUCCEEDED = "succeeded"
+    #: Crashed, failed to start, exited non-zero (``Failed``).
+    FAILED = "failed"
+    #: The object no longer exists.
+    GONE = "gone"
+    #: The backend cannot tell (``Unknown``).
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class VmiEvent:
+    """A VMI's phase changed, or a step worth a System log line happened."""
+
+    name: str
+    phase: VmiPhase
+    #: A System log line ("DataVolume importing 40%", "VMI scheduled on
+    #: gpu-node-3"), or "" when only the phase changed.
+    message: str = ""
+    #: Where it runs, once known.
+    node: str | None = None
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+class Backend(Protocol):
+    """Runs VMIs. Implementations: ``kubevirt`` (real) and ``local`` (processes)."""
+
+    #: ``kubevirt`` or ``local``.
+    name: str
+
+    async def run(self, events: trio.MemorySendChannel[VmiEvent], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Watch every VMI this backend runs; send a :class:`VmiEvent` per change.
+
+        Calls ``task_status.started()`` once watching; runs until cancelled.
+        """
+        ...
+
+    def adopt(self, units: Sequence[ReplicaUnit]) -> None:
+        """After a worker restart: these replicas exist (or should); watch them."""
+        ...
+
+    async def capacity(self) -> RackReport:
+        """The cluster's nodes and their GPUs."""
+        ...
+
+    async def create(self, unit: ReplicaUnit) -> None:
+        """Create the replica's disks, secrets and VMIs; existing ones are kept."""
+        ...
+
+    async def restart(self, unit: ReplicaUnit) -> None:
+        """Replace the replica's VMIs (delete, wait until gone, create), keeping disks.
+
+        ``unit`` carries the new generation and agent configs.
+        """
+        ...
+
+    async def delete(self, unit: ReplicaUnit) -> None:
+        """Remove the replica's VMIs, disks and secrets; what is gone already is fine."""
+        ...
