@@ -8,6 +8,7 @@ from ._config import Firewall, SwarmConfig
 from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmClosed, SwarmError
 from ._peers import BackoffPolicy, PeerState, PeerTable
 from ._swarm import Swarm
+from ._upkeep import UpkeepPolicy, stay_connected
 
 __all__ = [
     "BackoffPolicy",
@@ -25,6 +26,8 @@ __all__ = [
     "SwarmClosed",
     "SwarmConfig",
     "SwarmError",
+    "UpkeepPolicy",
     "is_local_address",
     "keep_new_connection",
+    "stay_connected",
 ]
