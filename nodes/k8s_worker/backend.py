@@ -119,6 +119,10 @@ class VmiEvent:
     message: str = ""
     #: Where it runs, once known.
     node: str | None = None
+    #: The replica generation of the VMI this is about (a restart starts a new
+    #: one); events of an older generation are stale and ignored. None: the
+    #: backend cannot tell.
+    generation: int | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
 
