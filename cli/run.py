@@ -1,0 +1,121 @@
+"""``cosmicac run SERVICE`` and ``cosmicac apply-config SERVICE FILE``.
+
+``run`` starts one platform daemon alone, for a deployment spread over hosts
+(``make up`` runs them all on one). Its settings come from ``--config FILE``,
+else from the file ``apply-config`` installed, then from the environment
+(each daemon's prefix: ``K8S_COMMON_CONFIG__`` for the worker, as the seeds
+write it; ``COSMICAC_ORK__`` for wrk-ork).
+
+``apply-config`` is the seeds' ``task apply-wrk-server-k8s-nvidia-common-config``:
+it validates a file exactly as the daemon will read it (environment
+overrides included) and, only if it is valid, installs it under the config
+folder (``--config-dir``, ``COSMICAC_CONFIG_DIR``, default
+``~/.config/cosmicac``). The running daemon keeps its settings until it is
+restarted, and a worker gives new relay keys only to jobs created after that.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import typer
+
+from p2p.daemon import ConfigError, DaemonSettings, load_settings, run_daemon
+
+from ._args import config_option
+from ._console import fail
+
+__all__ = ["apply_config", "run"]
+
+CONFIG_DIR_HELP = "Folder of installed daemon configs (default: ~/.config/cosmicac)."
+
+
+class ServiceName(enum.StrEnum):
+    ORK = "wrk-ork"
+    WORKER = "wrk-server-k8s-nvidia"
+
+
+def _settings_class(service: ServiceName) -> type[DaemonSettings]:
+    if service is ServiceName.ORK:
+        from nodes.ork.settings import OrkSettings
+        return OrkSettings
+    from nodes.k8s_worker.settings import WorkerSettings
+    return WorkerSettings
+
+
+def config_dir(option: Path | None) -> Path:
+    if option is not None:
+        return option
+    env = os.environ.get("COSMICAC_CONFIG_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".config" / "cosmicac"
+
+
+def installed_config(service: ServiceName, folder: Path) -> Path | None:
+    for suffix in (".toml", ".json"):
+        candidate = folder / f"{service.value}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def run(
+    service: ServiceName = typer.Argument(..., help="The daemon to start."),
+    config: Path | None = config_option(),
+    config_folder: Path | None = typer.Option(None, "--config-dir", help=CONFIG_DIR_HELP),
+    storage: Path | None = typer.Option(None, "--storage",
+                                        help="The daemon's folder (identity and state)."),
+) -> None:
+    """Run one platform daemon in the foreground until SIGINT or SIGTERM."""
+    config = config or installed_config(service, config_dir(config_folder))
+    cls = _settings_class(service)
+    try:
+        settings = load_settings(cls, config_file=config, overrides={"storage": storage})
+    except ConfigError as exc:
+        fail(str(exc), code=2)
+    if service is ServiceName.ORK:
+        from nodes.ork.daemon import start_ork
+        run_daemon(settings, start_ork, name="ork")
+    else:
+        from nodes.k8s_worker.backend import BackendError
+        from nodes.k8s_worker.daemon import start_worker
+        from nodes.k8s_worker.store import StoreError
+        run_daemon(settings, start_worker, name="worker",
+                   errors={BackendError: str, StoreError: str})
+
+
+def apply_config(
+    service: ServiceName = typer.Argument(..., help="The daemon the config is for."),
+    file: Path = typer.Argument(..., dir_okay=False, help="Settings file (TOML or .json)."),
+    config_folder: Path | None = typer.Option(None, "--config-dir", help=CONFIG_DIR_HELP),
+) -> None:
+    """Validate a daemon's config (with the environment's overrides) and install it."""
+    cls = _settings_class(service)
+    try:
+        load_settings(cls, config_file=file, overrides={})
+    except ConfigError as exc:
+        fail(str(exc), code=2)
+    folder = config_dir(config_folder)
+    suffix = ".json" if file.suffix.lower() == ".json" else ".toml"
+    target = folder / f"{service.value}{suffix}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
+                                         prefix=f".{service.value}.") as tmp:
+            with file.open("rb") as source:
+                shutil.copyfileobj(source, tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp.name, 0o600)
+        os.replace(tmp.name, target)
+        other = folder / f"{service.value}{'.toml' if suffix == '.json' else '.json'}"
+        other.unlink(missing_ok=True)  # one installed config per service
+    except OSError as exc:
+        fail(f"cannot install {file} into {folder}: {exc.strerror or exc}", code=1)
+    typer.echo(f"Installed {target}; restart {service.value} to use it "
+               f"(jobs created before the restart keep their relays).")

@@ -1,0 +1,106 @@
+"""``wrk-server-k8s-nvidia`` as a daemon: one peer hosting the queue and the agents' service.
+
+One swarm, one identity (``<storage>/identity``), services plugged into it:
+
+- ``cosmicac-mq/1``: the durable queue with wrk-ork (operations in, reports
+  out), kept connected by dialling wrk-ork's key;
+- ``cosmicac-agent/1``: the agents' hello, readiness and heartbeats.
+
+Files under ``--storage``: ``identity``, ``queue/`` (both logs and the
+cursor), ``worker.sqlite`` (replica intents, applied op ids), ``vmis/`` (the
+``local`` backend's agent folders).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import trio
+from p2p.log import FsyncPolicy
+from p2p.queue import DurableQueue, QueueConfig, QueueService
+
+from nodes.control import BadMessage, decode_operation
+from p2p.daemon import Daemon, DaemonError
+from p2p.keys import format_key, load_or_create_keypair
+from p2p.swarm import Swarm, SwarmConfig, stay_connected
+
+from .agents import AgentRegistry
+from .backend import Backend
+from .settings import WorkerSettings, relays_hex
+from .store import WorkerStore
+from .worker import Worker, WorkerRuntime
+
+__all__ = ["make_backend", "start_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(settings: WorkerSettings, storage: Path) -> Backend:
+    """The backend the settings name."""
+    if settings.backend == "kubevirt":
+        from .kubevirt.backend import KubevirtBackend
+        return KubevirtBackend(settings.kubevirt)
+    from .local import LocalBackend
+    return LocalBackend(settings.local, storage / "vmis")
+
+
+async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | None = None) -> None:
+    """Start every part of the worker in ``daemon.nursery``; return once serving."""
+    settings = daemon.settings
+    storage = daemon.storage
+    assert storage is not None
+    keypair = load_or_create_keypair(storage)
+    if settings.ork == keypair.public_key:
+        raise DaemonError("ork is this worker's own key: give wrk-ork's public key")
+    fsync = FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER
+    store = await trio.to_thread.run_sync(WorkerStore.open, storage / "worker.sqlite")
+    queue = await DurableQueue.open(storage / "queue", keypair, settings.ork,
+                                    config=QueueConfig(fsync=fsync))
+    queues = QueueService()
+    queues.attach(queue)
+    registry = AgentRegistry(silent_after_s=settings.agents.silent_after_s)
+    backend = backend or make_backend(settings, storage)
+    swarm = Swarm(keypair, config=SwarmConfig(
+        host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
+        announce_addresses=settings.announce_addresses), services=[queues, registry.service])
+    try:
+        address = await daemon.nursery.start(swarm.run)
+    except OSError as exc:
+        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{exc.strerror or exc}") from None
+    daemon.metrics.add(swarm.metrics.registry)
+    worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
+    if not worker_addresses and settings.backend == "local":
+        host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
+        worker_addresses = (f"{host}:{address[1]}",)
+    runtime = WorkerRuntime(
+        worker_key=keypair.hex, worker_addresses=worker_addresses,
+        bootstrap=tuple(f"{h}:{p}" for h, p in settings.interconnect.bootstrap),
+        relays=relays_hex(settings),
+        heartbeat_interval_s=settings.agents.heartbeat_interval_s,
+        report_interval_s=settings.report_interval_s)
+    worker = Worker(store=store, backend=backend, registry=registry, publish=queue.publish,
+                    runtime=runtime)
+    await daemon.nursery.start(registry.run)
+    await daemon.nursery.start(worker.run)
+    daemon.nursery.start_soon(_consume, queue, worker)
+    daemon.nursery.start_soon(functools.partial(
+        stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
+    print(f"wrk-server-k8s-nvidia {keypair.hex} listening on {address[0]}:{address[1]} "
+          f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…)", flush=True)
+
+
+async def _consume(queue: DurableQueue, worker: Worker) -> None:
+    """Apply wrk-ork's operations in order; ack each once its intent is on disk."""
+    async with queue.deliveries() as deliveries:
+        async for delivery in deliveries:
+            try:
+                op = decode_operation(delivery.payload)
+            except BadMessage as exc:
+                worker.bad_operations += 1
+                log.warning("worker.bad_operation position=%d reason=%s", delivery.position, exc)
+            else:
+                await worker.apply(op)
+            await queue.ack(delivery.position)

@@ -1,0 +1,92 @@
+"""wrk-server-k8s-nvidia's settings: the worker's *common config* of the seeds.
+
+The environment form is the seeds' own (seeds/relay.txt)::
+
+    K8S_COMMON_CONFIG__interconnect__relays='["<relay-key>"]'
+
+so the prefix is ``K8S_COMMON_CONFIG__`` and ``__`` descends into nested keys
+(any case). ``cosmicac apply-config wrk-server-k8s-nvidia FILE`` validates a
+file against this model and installs it; ``cosmicac run
+wrk-server-k8s-nvidia`` reads the installed one (or ``--config FILE``).
+Relay keys are read when the worker starts and frozen into each job it
+creates: only jobs created after a restart get new ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import SettingsConfigDict
+
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+
+from .kubevirt.settings import KubevirtSettings
+from .local import LocalClusterSettings
+
+__all__ = ["AgentsSettings", "InterconnectSettings", "WorkerSettings"]
+
+#: Default port of the worker's swarm (TCP and UDP).
+WORKER_PORT = 49739
+
+
+class InterconnectSettings(BaseModel):
+    """How the worker and its jobs' agents reach the rest of the network."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Blind relay keys passed to every job created from now on (JSON array).
+    relays: PublicKeyList = ()
+    #: DHT bootstrap nodes (``host:port``) for the worker and its agents.
+    bootstrap: AddressList = ()
+
+
+class AgentsSettings(BaseModel):
+    """How the worker treats its jobs' agents."""
+
+    model_config = {"extra": "forbid"}
+
+    #: How often an agent reports that it is alive.
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, le=600)
+    #: A replica whose agent sent nothing for this long is Unknown.
+    silent_after_s: float = Field(default=20.0, gt=0, le=3600)
+    #: Addresses (``host:port``) agents dial before asking the DHT; empty:
+    #: the worker's listening address on the local backend, none on kubevirt.
+    worker_addresses: AddressList = ()
+
+
+class WorkerSettings(DaemonSettings):
+    """Everything ``wrk-server-k8s-nvidia`` reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="K8S_COMMON_CONFIG__")
+
+    #: The worker's folder: identity, queue, replica state, local VMIs.
+    storage: Path
+    #: The wrk-ork this worker takes operations from (its public key).
+    ork: PublicKey
+    #: Where wrk-ork listens (``host:port``), tried before the DHT.
+    ork_addresses: AddressList = ()
+    #: Address and port of the worker's swarm (TCP and UDP).
+    host: str = "0.0.0.0"
+    port: Port = WORKER_PORT
+    #: Addresses to announce instead of the listener's (a NAT's forward).
+    announce_addresses: AddressList | None = None
+    interconnect: InterconnectSettings = InterconnectSettings()
+    agents: AgentsSettings = AgentsSettings()
+    #: ``local``: agents as processes on this machine (the embedded default);
+    #: ``kubevirt``: VMIs on the cluster behind ``kubevirt``.
+    backend: Literal["local", "kubevirt"] = "local"
+    local: LocalClusterSettings = LocalClusterSettings()
+    kubevirt: KubevirtSettings = KubevirtSettings()
+    #: How often the rack's capacity is sent to wrk-ork (its heartbeat).
+    report_interval_s: float = Field(default=15.0, gt=0, le=3600)
+    #: fsync the queue and the state file on every write (False: tests only).
+    fsync: bool = True
+
+
+def relays_hex(settings: WorkerSettings) -> tuple[str, ...]:
+    return tuple(key.hex() for key in settings.interconnect.relays)
+
+
+__all__ += ["WORKER_PORT", "relays_hex"]

@@ -1,0 +1,233 @@
+"""The worker's own state: what each replica should be, and which operations it applied.
+
+One SQLite file (``<storage>/worker.sqlite``, WAL, ``synchronous=FULL``).
+An operation from wrk-ork is *applied* when its intent is written here (in
+the same transaction as its op id); only then is it acked on the queue. The
+reconcilers then drive the backend towards the recorded intent, and after a
+crash they resume from it: so a worker killed mid-operation loses nothing,
+and an operation delivered twice finds its op id and changes nothing.
+
+Rows:
+
+- ``replicas``: one per (job, replica): the job's spec and placement, the
+  generation wanted and the one the backend has reached, ``run`` or
+  ``delete``, the relays frozen at creation (seeds/relay.txt: only jobs
+  created after a worker restart get new relay keys), the per-VMI report
+  tokens, and the last state reported to wrk-ork.
+- ``applied_ops``: op ids already applied.
+
+Blocking calls: the daemon runs them through ``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodes.model import JobSpec, ReplicaPlacement, ReplicaState
+
+__all__ = ["ReplicaRecord", "StoreError", "WorkerStore"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS replicas (
+    job_id TEXT NOT NULL,
+    replica INTEGER NOT NULL,
+    spec TEXT NOT NULL,
+    placement TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    done_generation INTEGER NOT NULL DEFAULT -1,
+    desired TEXT NOT NULL CHECK (desired IN ('run', 'delete')),
+    removed INTEGER NOT NULL DEFAULT 0,
+    relays TEXT NOT NULL,
+    tokens TEXT NOT NULL,
+    reported_state TEXT,
+    reported_message TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    PRIMARY KEY (job_id, replica)
+);
+CREATE TABLE IF NOT EXISTS applied_ops (op_id TEXT PRIMARY KEY, at REAL NOT NULL);
+"""
+
+
+class StoreError(Exception):
+    """The worker's state file is unusable (named, with why)."""
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """One replica as the worker keeps it."""
+
+    job_id: str
+    replica: int
+    spec: JobSpec
+    placement: ReplicaPlacement
+    #: The generation wrk-ork asked for.
+    generation: int
+    #: The generation the backend has created or restarted to; -1: none yet.
+    done_generation: int
+    #: ``run`` or ``delete``.
+    desired: str
+    #: The backend removed everything (after a delete).
+    removed: bool
+    relays: tuple[str, ...]
+    #: One report token per VMI (node rank), kept across restarts.
+    tokens: tuple[str, ...]
+    reported_state: ReplicaState | None
+    reported_message: str
+    created_at: float
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.replica)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left for the backend to do."""
+        if self.desired == "delete":
+            return self.removed
+        return self.done_generation >= self.generation
+
+
+class WorkerStore:
+    """The SQLite file of one worker. Thread-safe: one connection, one lock."""
+
+    def __init__(self, connection: sqlite3.Connection, path: str) -> None:
+        self._db = connection
+        self._lock = threading.Lock()
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | str | None) -> WorkerStore:
+        """Open (or create) the state file; None keeps it in memory (tests).
+
+        Raises:
+            StoreError: not a worker state file, or a newer schema.
+        """
+        name = ":memory:" if path is None else str(path)
+        try:
+            db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise StoreError(f"{name} has schema {row[0]}, newer than this worker's "
+                                 f"{SCHEMA_VERSION}: upgrade the worker")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot use worker state {name}: {exc}") from None
+        return cls(db, name)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- reads -------------------------------------------------------------
+
+    def replicas(self, *, include_removed: bool = False) -> list[ReplicaRecord]:
+        query = "SELECT * FROM replicas"
+        if not include_removed:
+            query += " WHERE removed = 0"
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY created_at, job_id, replica").fetchall()
+        return [_record(row) for row in rows]
+
+    def replica(self, job_id: str, replica: int) -> ReplicaRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM replicas WHERE job_id=? AND replica=?",
+                                   (job_id, replica)).fetchone()
+        return None if row is None else _record(row)
+
+    def applied(self, op_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM applied_ops WHERE op_id=?",
+                                    (op_id,)).fetchone() is not None
+
+    # -- writes: each is one transaction with the op id it applies ----------
+
+    def apply_create(self, op_id: str, record: ReplicaRecord, now: float) -> bool:
+        """Record a new replica; False if the op (or the replica) is known."""
+        with self._lock, self._db:
+            if self._seen(op_id, now):
+                return False
+            exists = self._db.execute("SELECT 1 FROM replicas WHERE job_id=? AND replica=?",
+                                      record.key).fetchone()
+            if exists is not None:
+                return False
+            self._db.execute(
+                "INSERT INTO replicas (job_id, replica, spec, placement, generation, "
+                "done_generation, desired, removed, relays, tokens, reported_state, "
+                "reported_message, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (record.job_id, record.replica, record.spec.model_dump_json(),
+                 record.placement.model_dump_json(), record.generation, -1, "run", 0,
+                 json.dumps(list(record.relays)), json.dumps(list(record.tokens)), None, "",
+                 record.created_at))
+            return True
+
+    def apply_restart(self, op_id: str, job_id: str, replica: int, generation: int,
+                      now: float) -> bool:
+        """Ask for ``generation``; False if the op is known or nothing changes."""
+        with self._lock, self._db:
+            if self._seen(op_id, now):
+                return False
+            cursor = self._db.execute(
+                "UPDATE replicas SET generation=? WHERE job_id=? AND replica=? "
+                "AND desired='run' AND generation < ?", (generation, job_id, replica, generation))
+            return cursor.rowcount == 1
+
+    def apply_delete(self, op_id: str, job_id: str, replica: int, now: float) -> bool:
+        with self._lock, self._db:
+            if self._seen(op_id, now):
+                return False
+            cursor = self._db.execute(
+                "UPDATE replicas SET desired='delete' WHERE job_id=? AND replica=? "
+                "AND desired='run'", (job_id, replica))
+            return cursor.rowcount == 1
+
+    def skip(self, op_id: str, now: float) -> None:
+        """Remember an op that cannot be applied (unknown replica), so it stays skipped."""
+        with self._lock, self._db:
+            self._seen(op_id, now)
+
+    def mark_done(self, job_id: str, replica: int, generation: int) -> None:
+        with self._lock, self._db:
+            self._db.execute("UPDATE replicas SET done_generation=MAX(done_generation, ?) "
+                             "WHERE job_id=? AND replica=?", (generation, job_id, replica))
+
+    def mark_removed(self, job_id: str, replica: int) -> None:
+        with self._lock, self._db:
+            self._db.execute("UPDATE replicas SET removed=1 WHERE job_id=? AND replica=?",
+                             (job_id, replica))
+
+    def mark_reported(self, job_id: str, replica: int, state: ReplicaState,
+                      message: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("UPDATE replicas SET reported_state=?, reported_message=? "
+                             "WHERE job_id=? AND replica=?",
+                             (state.value, message, job_id, replica))
+
+    def _seen(self, op_id: str, now: float) -> bool:
+        try:
+            self._db.execute("INSERT INTO applied_ops VALUES (?, ?)", (op_id, now))
+        except sqlite3.IntegrityError:
+            return True
+        return False
+
+
+def _record(row: tuple) -> ReplicaRecord:
+    (job_id, replica, spec, placement, generation, done_generation, desired, removed,
+     relays, tokens, reported_state, reported_message, created_at) = row
+    return ReplicaRecord(
+        job_id=job_id, replica=replica, spec=JobSpec.model_validate_json(spec),
+        placement=ReplicaPlacement.model_validate_json(placement), generation=generation,
+        done_generation=done_generation, desired=desired, removed=bool(removed),
+        relays=tuple(json.loads(relays)), tokens=tuple(json.loads(tokens)),
+        reported_state=ReplicaState(reported_state) if reported_state else None,
+        reported_message=reported_message, created_at=created_at)

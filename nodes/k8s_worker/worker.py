@@ -1,0 +1,394 @@
+"""wrk-server-k8s-nvidia's core: queue operations in, backend calls out, states back.
+
+Theory of operation:
+
+* **Apply, then ack.** :meth:`Worker.apply` writes an operation's intent to the
+  worker's SQLite file with its op id, in one transaction, and returns; the
+  daemon acks the queue position only after that. A redelivered operation
+  finds its op id and changes nothing; a worker killed before the ack gets
+  the operation again.
+* **Reconcile.** One task per replica drives the backend towards the recorded
+  intent (create, restart to generation *g*, delete). It resumes from the file
+  after a restart, so a worker killed in the middle of a restart finishes it
+  when it comes back. Backend calls are idempotent; a retryable failure is
+  retried with back-off, a permanent one fails the replica.
+* **Derive.** Backend :class:`~.backend.VmiEvent` s and agent events update a
+  view per VMI; :func:`~.replica_state.replica_state` turns the views into the
+  replica's state, and a change is published to wrk-ork. Events about an older
+  generation (the VMI a restart replaced) are ignored.
+* **Rack.** The cluster's capacity is published at start and every
+  ``report_interval_s``; it doubles as the worker's heartbeat, by which wrk-ork
+  tells a silent worker (Unknown) from a quiet one.
+
+Every System step is logged as ``system job=<id> replica=<n> <line>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from agents.config import AgentConfig
+from nodes.control import (
+    CreateReplica,
+    DeleteReplica,
+    RackUpdate,
+    ReplicaReport,
+    RestartReplica,
+    encode,
+)
+from nodes.model import ReplicaState
+
+from .backend import (
+    Backend,
+    BackendError,
+    ReplicaUnit,
+    VmiEvent,
+    VmiPhase,
+    VmiSpec,
+    disk_name,
+    vmi_name,
+)
+from .replica_state import AgentStatus, VmiView, replica_state
+from .store import ReplicaRecord, WorkerStore
+
+__all__ = ["Worker", "WorkerRuntime"]
+
+log = logging.getLogger(__name__)
+
+#: Queue key of the rack reports (job ids start with ``j-``, so it cannot clash).
+RACK_KEY = "rack"
+#: Message-only updates (the same state, a new System line) at most this often
+#: per replica, so an import's progress does not flood the durable queue.
+MESSAGE_REPORT_INTERVAL_S = 2.0
+#: Longest wait between two tries of a failing backend call.
+MAX_RETRY_WAIT_S = 30.0
+
+Publish = Callable[[str, bytes], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class WorkerRuntime:
+    """What the worker puts into every new replica's agent config."""
+
+    #: The worker's swarm public key (hex): agents report to it.
+    worker_key: str
+    #: Addresses agents try before the DHT (``host:port``).
+    worker_addresses: tuple[str, ...] = ()
+    bootstrap: tuple[str, ...] = ()
+    #: Relay keys given to jobs created from now on.
+    relays: tuple[str, ...] = ()
+    heartbeat_interval_s: float = 5.0
+    #: The agent's storage folder inside the VMI; None: the agent's default.
+    agent_storage: str | None = None
+    report_interval_s: float = 15.0
+
+
+@dataclass
+class _Replica:
+    record: ReplicaRecord
+    views: dict[int, VmiView] = field(default_factory=dict)
+    wake: trio.Event = field(default_factory=trio.Event)
+    restarting: bool = False
+    #: A permanent backend failure, reported as FAILED until the next operation.
+    broken: str | None = None
+    last_state: ReplicaState | None = None
+    last_message: str = ""
+    message: str = ""
+    last_report_at: float = -math.inf
+
+
+class Worker:
+    """One worker's replicas: apply operations, reconcile the backend, report."""
+
+    def __init__(self, *, store: WorkerStore, backend: Backend, registry, publish: Publish,
+                 runtime: WorkerRuntime, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.backend = backend
+        self.registry = registry
+        self._publish = publish
+        self.runtime = runtime
+        self._clock = clock
+        self._replicas: dict[tuple[str, int], _Replica] = {}
+        self._by_vmi: dict[str, tuple[tuple[str, int], int]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._capacity_changed = trio.Event()
+        self.bad_operations = 0
+
+    # -- operations ----------------------------------------------------------
+
+    async def apply(self, op: CreateReplica | RestartReplica | DeleteReplica) -> None:
+        """Record the operation's intent durably; the reconciler does the rest."""
+        now = self._clock()
+        if isinstance(op, CreateReplica):
+            record = ReplicaRecord(
+                job_id=op.job_id, replica=op.replica, spec=op.spec, placement=op.placement,
+                generation=op.generation, done_generation=-1, desired="run", removed=False,
+                relays=self.runtime.relays,
+                tokens=tuple(secrets.token_hex(32) for _ in op.placement.shares),
+                reported_state=None, reported_message="", created_at=now)
+            if await trio.to_thread.run_sync(self.store.apply_create, op.op_id, record, now):
+                log.info("worker.create job=%s replica=%d generation=%d op=%s", op.job_id,
+                         op.replica, op.generation, op.op_id)
+                self._track(record)
+            return
+        key = (op.job_id, op.replica)
+        if isinstance(op, RestartReplica):
+            changed = await trio.to_thread.run_sync(self.store.apply_restart, op.op_id,
+                                                    op.job_id, op.replica, op.generation, now)
+            verb = "restart"
+        else:
+            changed = await trio.to_thread.run_sync(self.store.apply_delete, op.op_id,
+                                                    op.job_id, op.replica, now)
+            verb = "delete"
+        record = await trio.to_thread.run_sync(self.store.replica, op.job_id, op.replica)
+        if record is None:
+            log.warning("worker.%s_unknown job=%s replica=%d op=%s", verb, op.job_id,
+                        op.replica, op.op_id)
+            if verb == "delete":  # nothing of it exists: say so, so wrk-ork frees the GPUs
+                await self._send(ReplicaReport(job_id=op.job_id, replica=op.replica,
+                                               state=ReplicaState.DELETED,
+                                               message="nothing to delete", at=now))
+            return
+        if changed:
+            log.info("worker.%s job=%s replica=%d op=%s", verb, op.job_id, op.replica, op.op_id)
+            state = self._replicas.get(key)
+            if state is None:
+                self._track(record)
+            else:
+                state.record = record
+                state.broken = None
+                state.wake.set()
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Adopt what the file holds, then watch, reconcile and report until cancelled."""
+        records = await trio.to_thread.run_sync(self.store.replicas)
+        send, receive = trio.open_memory_channel[VmiEvent](256)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.backend.adopt([self._unit(record) for record in records
+                                if record.done_generation >= 0])
+            await nursery.start(self.backend.run, send)
+            nursery.start_soon(self._backend_events, receive)
+            nursery.start_soon(self._agent_events)
+            for record in records:
+                state = self._track(record)
+                state.last_state = record.reported_state
+                state.last_message = record.reported_message
+            nursery.start_soon(self._report_rack)
+            task_status.started()
+
+    def _track(self, record: ReplicaRecord) -> _Replica:
+        key = record.key
+        state = self._replicas.get(key)
+        if state is not None:
+            state.record = record
+            state.wake.set()
+            return state
+        state = self._replicas[key] = _Replica(record)
+        for rank in range(len(record.placement.shares)):
+            name = vmi_name(record.job_id, record.replica, rank)
+            self._by_vmi[name] = (key, rank)
+            state.views[rank] = VmiView()
+        if record.desired == "run" and record.done_generation >= 0:
+            for vmi in self._unit(record).vmis:
+                self.registry.expect(vmi)
+        assert self._nursery is not None, "Worker.run is not running"
+        self._nursery.start_soon(self._reconcile, key)
+        return state
+
+    async def _reconcile(self, key: tuple[str, int]) -> None:
+        state = self._replicas[key]
+        failures = 0
+        while True:
+            record = state.record = await trio.to_thread.run_sync(self.store.replica, *key)
+            if record is None:
+                return
+            if record.settled or state.broken is not None:
+                if record.desired == "delete":
+                    await self._finish_delete(state)
+                    return
+                state.wake = trio.Event()
+                await state.wake.wait()
+                continue
+            unit = self._unit(record)
+            try:
+                if record.desired == "delete":
+                    await self.backend.delete(unit)
+                    await trio.to_thread.run_sync(self.store.mark_removed, *key)
+                    continue
+                if record.done_generation < 0:
+                    self._system(state, "creating VMIs " + ", ".join(unit.names))
+                    self._expect(state, unit)
+                    await self.backend.create(unit)
+                else:
+                    state.restarting = True
+                    await self._update(state)
+                    self._system(state, f"restarting to generation {record.generation}")
+                    self._expect(state, unit)
+                    await self.backend.restart(unit)
+                    state.restarting = False
+                await trio.to_thread.run_sync(self.store.mark_done, *key, record.generation)
+                failures = 0
+            except BackendError as exc:
+                state.restarting = False
+                if not exc.retryable:
+                    state.broken = str(exc)
+                    self._system(state, f"failed: {exc}")
+                    await self._update(state)
+                    continue
+                failures += 1
+                wait = min(MAX_RETRY_WAIT_S, 0.5 * 2 ** min(failures, 10))
+                self._system(state, f"backend call failed (retrying in {wait:.0f} s): {exc}")
+                await self._update(state)
+                await trio.sleep(wait)
+
+    def _expect(self, state: _Replica, unit: ReplicaUnit) -> None:
+        for vmi in unit.vmis:
+            state.views[vmi.node_rank] = VmiView()
+            self.registry.expect(vmi)
+
+    async def _finish_delete(self, state: _Replica) -> None:
+        for rank in list(state.views):
+            name = vmi_name(state.record.job_id, state.record.replica, rank)
+            self.registry.forget(name)
+            self._by_vmi.pop(name, None)
+        self._system(state, "deleted")
+        await self._update(state)
+        self._replicas.pop(state.record.key, None)
+        self._capacity_changed.set()
+
+    def _unit(self, record: ReplicaRecord) -> ReplicaUnit:
+        shares = record.placement.shares
+        vmis = []
+        for rank, share in enumerate(shares):
+            extra = {} if self.runtime.agent_storage is None else {
+                "storage": self.runtime.agent_storage}
+            agent = AgentConfig(
+                job_id=record.job_id, replica=record.replica, generation=record.generation,
+                node_rank=rank, node_count=len(shares), job_type=record.spec.type,
+                runtime=record.spec.runtime, model=record.spec.model, gpus=share.gpus,
+                worker=self.runtime.worker_key, worker_addresses=self.runtime.worker_addresses,
+                report_token=record.tokens[rank], bootstrap=self.runtime.bootstrap,
+                relays=record.relays, heartbeat_interval_s=self.runtime.heartbeat_interval_s,
+                **extra)
+            vmis.append(VmiSpec(
+                name=vmi_name(record.job_id, record.replica, rank),
+                disk=disk_name(record.job_id, record.replica, rank), node=share.node,
+                gpus=share.gpus, node_rank=rank, agent=agent, multi_node=len(shares) > 1))
+        return ReplicaUnit(job_id=record.job_id, replica=record.replica,
+                           generation=record.generation, spec=record.spec, vmis=tuple(vmis))
+
+    # -- events ----------------------------------------------------------------
+
+    async def _backend_events(self, receive: trio.MemoryReceiveChannel[VmiEvent]) -> None:
+        async for event in receive:
+            found = self._by_vmi.get(event.name)
+            if found is None:
+                continue
+            key, rank = found
+            state = self._replicas.get(key)
+            if state is None:
+                continue
+            if event.generation is not None and event.generation < state.record.generation:
+                continue  # the VMI a restart replaced
+            if state.restarting and event.phase in (VmiPhase.GONE, VmiPhase.FAILED,
+                                                    VmiPhase.SUCCEEDED):
+                continue  # the restart is stopping it on purpose
+            view = state.views.get(rank, VmiView())
+            state.views[rank] = VmiView(phase=event.phase, agent=view.agent)
+            if event.message:
+                self._system(state, event.message)
+            await self._update(state)
+
+    async def _agent_events(self) -> None:
+        async for event in self.registry.events():
+            found = self._by_vmi.get(event.vmi_name)
+            if found is None:
+                continue
+            key, rank = found
+            state = self._replicas.get(key)
+            if state is None:
+                continue
+            generation = getattr(event, "generation", None)
+            if generation is not None and generation < state.record.generation:
+                continue
+            status = _AGENT_STATUS.get(str(event.kind))
+            if status is None:
+                continue
+            view = state.views.get(rank, VmiView())
+            state.views[rank] = VmiView(phase=view.phase, agent=status)
+            message = getattr(event, "message", "") or ""
+            self._system(state, f"agent {event.kind}" + (f": {message}" if message else ""))
+            await self._update(state)
+
+    def _system(self, state: _Replica, line: str) -> None:
+        record = state.record
+        log.info("system job=%s replica=%d %s", record.job_id, record.replica, line)
+        state.message = line[:1000]
+
+    async def _update(self, state: _Replica) -> None:
+        record = state.record
+        if state.broken is not None and record.desired == "run":
+            computed: ReplicaState | None = ReplicaState.FAILED
+        else:
+            computed = replica_state(desired=record.desired, removed=record.removed,
+                                     restarting=state.restarting,
+                                     vmis=[state.views[rank] for rank in sorted(state.views)])
+        if computed is None:
+            return
+        now = trio.current_time()
+        if computed == state.last_state and (state.message == state.last_message
+                or now - state.last_report_at < MESSAGE_REPORT_INTERVAL_S):
+            return
+        state.last_state, state.last_message, state.last_report_at = computed, state.message, now
+        await self._send(ReplicaReport(job_id=record.job_id, replica=record.replica,
+                                       state=computed, generation=record.generation,
+                                       message=state.message, at=self._clock()))
+        await trio.to_thread.run_sync(self.store.mark_reported, record.job_id, record.replica,
+                                      computed, state.message)
+
+    async def _send(self, report: ReplicaReport | RackUpdate) -> None:
+        key = report.job_id if isinstance(report, ReplicaReport) else RACK_KEY
+        await self._publish(key, encode(report))
+
+    async def _report_rack(self) -> None:
+        last = None
+        while True:
+            try:
+                rack = await self.backend.capacity()
+            except BackendError as exc:
+                log.warning("worker.capacity_failed reason=%s", exc)
+            else:
+                if rack != last:
+                    log.info("worker.rack nodes=%d gpus=%d", len(rack.nodes),
+                             sum(node.gpus for node in rack.nodes))
+                last = rack
+                await self._send(RackUpdate(rack=rack, at=self._clock()))
+            self._capacity_changed = trio.Event()
+            with trio.move_on_after(self.runtime.report_interval_s):
+                await self._capacity_changed.wait()
+
+    def statistics(self) -> dict[str, int]:
+        states: dict[str, int] = {}
+        for state in self._replicas.values():
+            name = state.last_state.value if state.last_state else "none"
+            states[name] = states.get(name, 0) + 1
+        return states
+
+
+_AGENT_STATUS = {
+    "hello": AgentStatus.HELLO,
+    "ready": AgentStatus.READY,
+    "failed": AgentStatus.FAILED,
+    "silent": AgentStatus.SILENT,
+}

@@ -1,0 +1,55 @@
+"""wrk-ork's settings: ``COSMICAC_ORK__<KEY>`` in the environment, or a config file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import SettingsConfigDict
+
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+
+__all__ = ["ORK_PORT", "OrkSettings", "RackSetting"]
+
+#: Default port of wrk-ork's swarm (TCP and UDP).
+ORK_PORT = 49740
+
+
+class RackSetting(BaseModel):
+    """A rack registered at start (what ``task bootstrap`` does for a default deployment)."""
+
+    model_config = {"extra": "forbid"}
+
+    #: The worker's public key.
+    key: PublicKey
+    location: str = Field(default="default", min_length=1, max_length=64)
+    name: str | None = None
+
+
+class OrkSettings(DaemonSettings):
+    """Everything wrk-ork reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_ORK__")
+
+    #: wrk-ork's folder: identity, ``ork.sqlite`` (jobs, racks, outbox), queues.
+    storage: Path
+    host: str = "0.0.0.0"
+    port: Port = ORK_PORT
+    #: DHT bootstrap nodes (``host:port``).
+    bootstrap: AddressList = ()
+    #: Blind relays to stay reachable through.
+    relays: PublicKeyList = ()
+    #: Addresses to announce instead of the listener's.
+    announce_addresses: AddressList | None = None
+    #: Keys allowed to call the job/rack RPC service (app-node, operators'
+    #: CLIs). Empty: any key (the embedded ``make up`` deployment only; the
+    #: daemon warns).
+    clients: PublicKeyList = ()
+    #: Racks registered at start, in addition to those registered over RPC.
+    racks: tuple[RackSetting, ...] = ()
+    #: A rack that sent no report for this long makes its jobs Unknown.
+    unknown_after_s: float = Field(default=60.0, gt=0, le=86400)
+    #: How often Unknown is checked and Pending jobs are tried again.
+    tick_interval_s: float = Field(default=1.0, gt=0, le=60)
+    #: fsync the queues and the state file on every write (False: tests only).
+    fsync: bool = True
