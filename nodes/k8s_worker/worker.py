@@ -239,6 +239,7 @@ class Worker:
                     state.restarting = False
                 await trio.to_thread.run_sync(self.store.mark_done, *key, record.generation)
                 failures = 0
+                await self._update(state)
             except BackendError as exc:
                 state.restarting = False
                 if not exc.retryable:

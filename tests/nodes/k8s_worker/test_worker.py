@@ -1,0 +1,273 @@
+"""The worker core: operations applied once, the backend reconciled, states reported.
+
+A small in-memory backend (a fake, not a mock: it keeps VMIs and emits the
+events a cluster would) and a registry fed by the test stand in for KubeVirt
+and the agents; the real ones are tested in their own files and end to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from nodes.control import (
+    CreateReplica,
+    DeleteReplica,
+    RackUpdate,
+    ReplicaReport,
+    RestartReplica,
+    decode_report,
+)
+from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
+from nodes.k8s_worker.store import WorkerStore
+from nodes.k8s_worker.worker import Worker, WorkerRuntime
+from nodes.model import (
+    JobSpec,
+    NodeInfo,
+    NodeShare,
+    RackReport,
+    ReplicaPlacement,
+    ReplicaState,
+)
+
+from ...p2p.helpers import wait_until
+
+WORKER_KEY = "aa" * 32
+RACK = "bb" * 32
+SPEC = JobSpec(name="chat", team="t1", type="inference", runtime="vllm", model="m",
+               image="docker://registry.example/cosmicac/vllm:1", gpus=16, replicas=1)
+TWO_NODES = ReplicaPlacement(rack=RACK, shares=(NodeShare(node="n1", gpus=8),
+                                                NodeShare(node="n2", gpus=8)))
+
+
+class FakeBackend:
+    """VMIs in a dict; every change is an event, as a cluster's watch would give."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.vmis: dict[str, int] = {}  # name -> generation
+        self.calls: list[tuple[str, str, int]] = []
+        self.fail_next: list[BackendError] = []
+        self.adopted: list[str] = []
+        self._send: trio.MemorySendChannel[VmiEvent] | None = None
+
+    async def run(self, events, *, task_status=trio.TASK_STATUS_IGNORED):
+        self._send = events
+        task_status.started()
+        await trio.sleep_forever()
+
+    def adopt(self, units: Sequence[ReplicaUnit]) -> None:
+        self.adopted += [name for unit in units for name in unit.names]
+
+    async def capacity(self) -> RackReport:
+        return RackReport(nodes=(NodeInfo(name="n1", gpus=8), NodeInfo(name="n2", gpus=8)))
+
+    async def _emit(self, vmi: VmiSpec, phase: VmiPhase, generation: int, message="") -> None:
+        assert self._send is not None
+        await self._send.send(VmiEvent(vmi.name, phase, message, vmi.node, generation))
+
+    def _check(self, what: str, unit: ReplicaUnit) -> None:
+        self.calls.append((what, unit.job_id, unit.generation))
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+
+    async def create(self, unit: ReplicaUnit) -> None:
+        self._check("create", unit)
+        for vmi in unit.vmis:
+            self.vmis.setdefault(vmi.name, unit.generation)
+            await self._emit(vmi, VmiPhase.PROVISIONING, unit.generation, "DataVolume importing")
+            await self._emit(vmi, VmiPhase.RUNNING, unit.generation, f"VMI running on {vmi.node}")
+
+    async def restart(self, unit: ReplicaUnit) -> None:
+        self._check("restart", unit)
+        for vmi in unit.vmis:
+            await self._emit(vmi, VmiPhase.GONE, unit.generation - 1)
+            self.vmis[vmi.name] = unit.generation
+            await self._emit(vmi, VmiPhase.RUNNING, unit.generation, "VMI running again")
+
+    async def delete(self, unit: ReplicaUnit) -> None:
+        self._check("delete", unit)
+        for vmi in unit.vmis:
+            if self.vmis.pop(vmi.name, None) is not None:
+                await self._emit(vmi, VmiPhase.GONE, unit.generation)
+
+    async def crash(self, name: str) -> None:
+        assert self._send is not None
+        await self._send.send(VmiEvent(name, VmiPhase.FAILED, "VMI failed", None,
+                                       self.vmis[name]))
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    vmi_name: str
+    kind: str
+    message: str = ""
+    generation: int | None = None
+
+
+class FakeRegistry:
+    def __init__(self) -> None:
+        self.expected: dict[str, VmiSpec] = {}
+        self.send, self.receive = trio.open_memory_channel[AgentEvent](100)
+
+    def expect(self, vmi: VmiSpec) -> None:
+        self.expected[vmi.name] = vmi
+
+    def forget(self, name: str) -> None:
+        self.expected.pop(name, None)
+
+    def events(self):
+        return self.receive
+
+    async def ready(self, *names: str) -> None:
+        for name in names:
+            await self.send.send(AgentEvent(name, "ready",
+                                            generation=self.expected[name].agent.generation))
+
+
+class Harness:
+    def __init__(self, store: WorkerStore, backend: FakeBackend | None = None) -> None:
+        self.store = store
+        self.backend = backend or FakeBackend()
+        self.registry = FakeRegistry()
+        self.published: list[ReplicaReport | RackUpdate] = []
+        self.worker = Worker(store=store, backend=self.backend, registry=self.registry,
+                             publish=self.publish,
+                             runtime=WorkerRuntime(worker_key=WORKER_KEY, relays=("cc" * 32,),
+                                                   report_interval_s=60))
+
+    async def publish(self, key: str, payload: bytes) -> int:
+        report = decode_report(payload)
+        assert key == (report.job_id if isinstance(report, ReplicaReport) else "rack")
+        self.published.append(report)
+        return len(self.published)
+
+    def states(self, job_id: str = "j-1", replica: int = 0) -> list[ReplicaState]:
+        return [r.state for r in self.published
+                if isinstance(r, ReplicaReport) and (r.job_id, r.replica) == (job_id, replica)]
+
+
+def create(op_id: str = "op-c") -> CreateReplica:
+    return CreateReplica(op_id=op_id, job_id="j-1", replica=0, spec=SPEC, placement=TWO_NODES)
+
+
+NAMES = ("cac-1-r0-n0", "cac-1-r0-n1")
+
+
+async def test_a_replica_is_active_once_every_vmi_runs_and_every_agent_is_ready(thread_clock):
+    harness = Harness(WorkerStore.open(None))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(harness.worker.run)
+        await harness.worker.apply(create())
+        await harness.worker.apply(create())  # redelivered: nothing more happens
+        await wait_until(lambda: len(harness.backend.vmis) == 2)
+        assert harness.backend.calls == [("create", "j-1", 0)]
+        assert set(harness.registry.expected) == set(NAMES)
+        config = harness.registry.expected[NAMES[1]].agent
+        assert (config.node_rank, config.node_count, config.gpus) == (1, 2, 8)
+        assert config.relays == ("cc" * 32,) and config.worker == WORKER_KEY
+        await harness.registry.ready(NAMES[0])
+        await trio.sleep(0.1)
+        assert ReplicaState.ACTIVE not in harness.states()
+        await harness.registry.ready(NAMES[1])
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.ACTIVE])
+        assert harness.states()[0] is ReplicaState.STARTING
+        assert any(isinstance(r, RackUpdate) for r in harness.published)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restart_reports_restarting_keeps_tokens_and_ignores_the_old_vmis_words(
+        thread_clock):
+    harness = Harness(WorkerStore.open(None))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(harness.worker.run)
+        await harness.worker.apply(create())
+        await wait_until(lambda: len(harness.backend.vmis) == 2)
+        await harness.registry.ready(*NAMES)
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.ACTIVE])
+        token = harness.registry.expected[NAMES[0]].agent.report_token
+        await harness.worker.apply(RestartReplica(op_id="op-r", job_id="j-1", replica=0,
+                                                  generation=1))
+        await wait_until(lambda: harness.backend.calls[-1] == ("restart", "j-1", 1))
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.STARTING])
+        assert ReplicaState.RESTARTING in harness.states()
+        assert ReplicaState.FAILED not in harness.states()  # the old VMIs' GONE was not a crash
+        renewed = harness.registry.expected[NAMES[0]].agent
+        assert renewed.generation == 1 and renewed.report_token == token
+        await harness.registry.send.send(AgentEvent(NAMES[0], "ready", generation=0))  # stale
+        await harness.registry.ready(NAMES[1])
+        await trio.sleep(0.1)
+        assert harness.states()[-1] is ReplicaState.STARTING
+        await harness.registry.ready(NAMES[0])
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.ACTIVE])
+        assert harness.published[-1].generation == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_crashed_vmi_fails_the_replica_and_a_delete_removes_it(thread_clock):
+    harness = Harness(WorkerStore.open(None))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(harness.worker.run)
+        await harness.worker.apply(create())
+        await wait_until(lambda: len(harness.backend.vmis) == 2)
+        await harness.backend.crash(NAMES[1])
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.FAILED])
+        await harness.worker.apply(DeleteReplica(op_id="op-d", job_id="j-1", replica=0))
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.DELETED])
+        assert harness.backend.vmis == {} and harness.registry.expected == {}
+        await harness.worker.apply(DeleteReplica(op_id="op-d2", job_id="j-9", replica=0))
+        await wait_until(lambda: harness.states("j-9") == [ReplicaState.DELETED])
+        nursery.cancel_scope.cancel()
+
+
+async def test_retryable_failures_are_retried_and_a_permanent_one_fails_the_replica(
+        thread_clock):
+    backend = FakeBackend()
+    backend.fail_next = [BackendError("API server busy"), BackendError("API server busy")]
+    harness = Harness(WorkerStore.open(None), backend)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(harness.worker.run)
+        await harness.worker.apply(create())
+        await wait_until(lambda: len(backend.vmis) == 2, limit_s=30)
+        assert [call[0] for call in backend.calls] == ["create"] * 3
+        backend.fail_next = [BackendError("image not found", retryable=False)]
+        await harness.worker.apply(RestartReplica(op_id="op-r", job_id="j-1", replica=0,
+                                                  generation=1))
+        await wait_until(lambda: harness.states()[-1:] == [ReplicaState.FAILED])
+        assert "image not found" in harness.published[-1].message
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("stop_during", ["create", "restart"])
+async def test_a_worker_restarted_mid_operation_finishes_it(tmp_path, thread_clock,
+                                                            stop_during):
+    path = tmp_path / "worker.sqlite"
+    backend = FakeBackend()
+    backend.fail_next = [BackendError("connection reset")] * (1 if stop_during == "create" else 0)
+    first = Harness(WorkerStore.open(path), backend)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.worker.run)
+        await first.worker.apply(create())
+        if stop_during == "restart":
+            await wait_until(lambda: len(backend.vmis) == 2)
+            backend.fail_next = [BackendError("connection reset")]
+            await first.worker.apply(RestartReplica(op_id="op-r", job_id="j-1", replica=0,
+                                                    generation=1))
+        await wait_until(lambda: backend.calls and backend.calls[-1][0] == stop_during)
+        nursery.cancel_scope.cancel()  # the worker dies while the backend call is failing
+    first.store.close()
+    second = Harness(WorkerStore.open(path), backend)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(second.worker.run)
+        generation = 0 if stop_during == "create" else 1
+        await wait_until(lambda: backend.calls[-1] == (stop_during, "j-1", generation))
+        await wait_until(lambda: second.store.replica("j-1", 0).settled)
+        if stop_during == "restart":
+            assert set(backend.adopted) == set(NAMES)
+        await second.registry.ready(*NAMES)
+        await wait_until(lambda: second.states()[-1:] == [ReplicaState.ACTIVE])
+        nursery.cancel_scope.cancel()
