@@ -162,6 +162,7 @@ class Agent:
         #: Sessions that reached hello, and failed sessions (for tests and logs).
         self.sessions = 0
         self.failed_sessions = 0
+        self._reached_hello = False
         self._call_timeout_s = (self.policy.call_timeout_s if self.policy.call_timeout_s
                                 else max(5.0, config.heartbeat_interval_s))
 
@@ -179,14 +180,17 @@ class Agent:
             AgentGaveUp: the readiness hook failed (reported to the worker if we could).
             OSError: the swarm cannot listen.
         """
-        async with trio.open_nursery() as nursery:
-            address = await nursery.start(self.swarm.run)
-            log.info("agent.started %s key=%s address=%s:%d worker=%s relays=%d", self.label,
-                     self.keypair.hex, *address, self.config.worker[:12],
-                     len(self.config.relays))
-            nursery.start_soon(self._run_readiness)
-            task_status.started(address)
-            await self._report_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(self.swarm.run)
+                log.info("agent.started %s key=%s address=%s:%d worker=%s relays=%d",
+                         self.label, self.keypair.hex, *address, self.config.worker[:12],
+                         len(self.config.relays))
+                nursery.start_soon(self._run_readiness)
+                task_status.started(address)
+                await self._report_forever()
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
 
     async def _run_readiness(self) -> None:
         try:
@@ -299,5 +303,3 @@ class Agent:
                 await self._call(client, HEARTBEAT, Heartbeat())
                 log.debug("agent.heartbeat %s vmi=%s", self.label, self.vmi)
                 next_beat = max(next_beat + interval, trio.current_time())
-
-    _reached_hello = False

@@ -417,6 +417,6 @@ class AgentRegistry:
             key, params.message, now))
 
     async def _heartbeat(self, params: Heartbeat, ctx: CallContext) -> Ack:
-        ack = await self._report(ctx, "heartbeat", self.table.heartbeat)
-        self._wake()  # the deadline moved
-        return ack
+        # No wake-up: a heartbeat only moves a deadline later, and run() finds
+        # nothing to expire at the old one and sleeps again.
+        return await self._report(ctx, "heartbeat", self.table.heartbeat)
