@@ -163,6 +163,19 @@ def _cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def _find_by_cmdline(argument: str) -> int | None:
+    """A live process with ``argument`` in its command line (one pass over /proc)."""
+    try:
+        entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return None
+    for name in entries:
+        pid = int(name)
+        if argument in _cmdline(pid) and _alive(pid, None):
+            return pid
+    return None
+
+
 def _signal_group(pid: int, signum: int) -> None:
     """Signal the agent's whole session (it leads its process group), so what it
     started (a model server, later) goes with it."""
@@ -500,13 +513,21 @@ class LocalBackend:
     def _record_in(self, folder: Path, spec: VmiSpec | None = None) -> _Vmi | None:
         """The live agent process recorded in ``folder``, if its pid, start time and
         command line still match (a reused pid is not ours)."""
+        config_path = str(folder / "agent.json")
         try:
             doc = json.loads((folder / "process.json").read_text())
             pid, ticks = int(doc["pid"]), doc.get("start_ticks")
         except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if not _alive(pid, ticks) or str(folder / "agent.json") not in _cmdline(pid):
-            return None
+            doc, pid, ticks = {}, None, None
+        if pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid):
+            # A worker killed between starting a process and recording it leaves
+            # an agent no process.json names: find it by its command line, or a
+            # second agent would be started on the same storage.
+            pid = _find_by_cmdline(config_path) if folder.is_dir() else None
+            if pid is None:
+                return None
+            stat = _proc_stat(pid)
+            ticks = stat[1] if stat else None
         if spec is None:
             try:
                 config = load_agent_config(folder / "agent.json")

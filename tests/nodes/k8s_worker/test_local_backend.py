@@ -248,3 +248,21 @@ async def test_a_real_agent_started_by_the_backend_reports_to_the_worker(nursery
         assert (await worker.next_event()).kind is AgentEventKind.SILENT
         await running.backend.delete(unit)
         running.scope.cancel()
+
+
+async def test_an_agent_the_worker_died_before_recording_is_found_not_doubled(
+        nursery, tmp_path):
+    first = await started(nursery, fake_backend(tmp_path))
+    unit = unit_of(agent_config(WORKER_KEY))
+    await first.backend.create(unit)
+    pid = first.backend.pid(unit.vmis[0].name)
+    first.scope.cancel()
+    (tmp_path / unit.vmis[0].disk / "process.json").unlink()  # as if killed mid-create
+
+    second = await started(nursery, fake_backend(tmp_path))
+    await second.backend.create(unit)  # the redelivered create
+    assert second.backend.pid(unit.vmis[0].name) == pid
+    assert [e.phase for e in second.drain()] == [VmiPhase.RUNNING]
+    await second.backend.delete(unit)
+    assert _gone(pid)
+    second.scope.cancel()
