@@ -131,6 +131,9 @@ class _Vmi:
     returncode: int | None = None
     #: We are stopping it: its exit is not reported as a failure.
     stopping: bool = False
+    #: The last phase reported (said again when a create finds it).
+    phase: VmiPhase = VmiPhase.RUNNING
+    message: str = ""
 
 
 # -- /proc ---------------------------------------------------------------------------------
@@ -259,6 +262,10 @@ class LocalBackend:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                for record in self._vmis.values():  # run() again on this object
+                    if not record.exited.is_set():
+                        nursery.start_soon(self._watch_child if record.process is not None
+                                           else self._watch_adopted, record)
                 await self._adopt_pending()
                 task_status.started()
                 await trio.sleep_forever()
@@ -293,12 +300,7 @@ class LocalBackend:
                 if record is None:
                     await self._start(vmi)
                     continue
-                if record.exited.is_set():
-                    await self._send(vmi.name, VmiPhase.FAILED, "exists, ended; restart or "
-                                     "delete it", record)
-                else:
-                    await self._send(vmi.name, VmiPhase.RUNNING,
-                                     f"agent process {record.pid} running", record)
+                await self._send(vmi.name, record.phase, record.message, record)
 
     async def restart(self, unit: ReplicaUnit) -> None:
         """Stop every VMI of the replica, then start them with ``unit``'s configs; the
@@ -325,6 +327,7 @@ class LocalBackend:
                 record = self._vmis.pop(vmi.name, None) or self._find_live(vmi)
                 if record is not None:
                     await self._stop(record)
+                    self._vmis.pop(vmi.name, None)  # _find_live() recorded it
                 folder = self._folder(vmi)
                 await trio.to_thread.run_sync(shutil.rmtree, folder, True)
                 await self._send(vmi.name, VmiPhase.GONE, "agent stopped, disk removed", record)
@@ -542,6 +545,7 @@ class LocalBackend:
         watched from now on."""
         record = self._record_in(self._folder(vmi), vmi)
         if record is not None:
+            record.message = f"agent process {record.pid} adopted"
             self._vmis[vmi.name] = record
             self._running().start_soon(self._watch_adopted, record)
         return record
@@ -577,6 +581,7 @@ class LocalBackend:
         extra = {}
         node = None
         if record is not None:
+            record.phase, record.message = phase, message
             node = record.spec.node or None
             extra["folder"] = str(record.folder)
             if record.pid is not None:

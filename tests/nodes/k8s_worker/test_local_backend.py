@@ -107,8 +107,9 @@ async def test_create_runs_a_process_and_kill_9_is_a_failed_vmi(nursery, tmp_pat
     written = json.loads((folder / "agent.json").read_text())
     assert written["storage"] == str(folder / "storage")  # the VMI's path, made local
     assert json.loads((folder / "process.json").read_text())["pid"] == pid
-    await running.backend.create(unit)  # again: kept, same process
+    await running.backend.create(unit)  # again: kept, same process, its phase said again
     assert running.backend.pid(name) == pid
+    assert [e.phase for e in running.drain()] == [VmiPhase.RUNNING]
     os.kill(pid, signal.SIGKILL)
     failed = await running.until(VmiPhase.FAILED)
     assert failed.name == name and "killed by SIGKILL" in failed.message
@@ -213,6 +214,8 @@ async def test_a_new_backend_adopts_live_agents_and_reports_the_dead_and_the_mis
     os.kill(live_pid, signal.SIGKILL)  # not our child: seen through its pidfd
     failed = await second.until(VmiPhase.FAILED)
     assert failed.name == live.vmis[0].name and "exit status unknown" in failed.message
+    await backend.create(live)  # redelivered after it failed: kept as failed
+    assert (await second.until(VmiPhase.FAILED)).message == failed.message
     await backend.restart(live)  # and it comes back on its disk
     assert backend.pid(live.vmis[0].name) not in (None, live_pid)
     assert await backend.stop_all() == 1
