@@ -1,0 +1,305 @@
+"""The agent's service: join the swarm, find the worker, say who we are, report.
+
+One agent runs per VMI (or, on the ``local`` backend, per simulated VMI
+process). Its life, as a tree of tasks::
+
+    Agent.run
+    ├── Swarm.run             our one swarm: DHT (config.bootstrap), relay
+    │                         reservations (config.relays), one connection per peer
+    ├── readiness             the hook the workload plugs into (shell, inference);
+    │                         None: ready once the swarm is up and hello succeeded
+    └── report loop           session after session, with backoff between them:
+            connect to the worker by key (config.worker_addresses first, then DHT)
+            agent.hello  ─ agent.ready (or agent.failed) ─ agent.heartbeat every
+            heartbeat_interval_s, until the connection or a call fails
+
+Each session starts with ``hello`` (a worker that restarted has forgotten us)
+and then repeats ``ready`` if the workload is ready. A session that fails for
+any reason the network or the worker may cure (unreachable, timed out, channel
+closed, ``UNKNOWN_REPLICA`` while the restarted worker re-learns its VMIs)
+is retried after a jittered, doubling wait capped at ``backoff_max_s``; the
+agent never gives up on the worker by itself, because a VMI outlives worker
+outages and its replica should come back when the worker does. A refusal
+that can never succeed (``FORBIDDEN``, ``STALE_GENERATION``) ends the agent
+with :class:`AgentRefused`. A readiness hook that raises is reported with
+``agent.failed`` and ends the agent with :class:`AgentGaveUp`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from p2p.errors import P2PError
+from p2p.keys import KeyPair, format_key
+from p2p.net import Network
+from p2p.rpc import Method, RpcClient, RpcError
+from p2p.swarm import Connection, Swarm, SwarmConfig
+
+from .config import AgentConfig
+from .report import (
+    FAILED,
+    FATAL_CODES,
+    HEARTBEAT,
+    HELLO,
+    PROTOCOL,
+    READY,
+    Heartbeat,
+    Hello,
+    Report,
+)
+
+__all__ = ["Agent", "AgentGaveUp", "AgentRefused", "ReportPolicy", "listen_host"]
+
+log = logging.getLogger("cosmicac.agent")
+
+#: ``async def readiness() -> None``: returns once the workload serves; raises
+#: (any ``Exception``) when it cannot: its text becomes ``agent.failed``'s message.
+Readiness = Callable[[], Awaitable[None]]
+Address = tuple[str, int]
+
+
+class AgentRefused(Exception):
+    """The worker refused our hello for good (``FORBIDDEN``, ``STALE_GENERATION``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"the worker refused this agent ({code}): {message}")
+        self.code = code
+
+
+class AgentGaveUp(Exception):
+    """The readiness hook failed: the workload cannot run here."""
+
+
+@dataclass(frozen=True)
+class ReportPolicy:
+    """Timing of the report loop (what tests shorten)."""
+
+    #: First wait after a failed session; doubles up to ``backoff_max_s``.
+    #: Jittered down to half, so a worker's agents do not return in a herd.
+    backoff_min_s: float = 0.5
+    #: Longest wait between two sessions (hyperswarm's retry timer caps at 30 s too).
+    backoff_max_s: float = 30.0
+    #: Connect plus hello, per session.
+    connect_timeout_s: float = 20.0
+    #: Each call's timeout; None: the heartbeat interval, at least 5 s.
+    call_timeout_s: float | None = None
+    #: After a failed readiness, how long we try to tell the worker before exiting.
+    failure_report_s: float = 30.0
+
+
+def listen_host(addresses: Sequence[Address]) -> str:
+    """Where the agent listens: loopback when every peer it knows is on loopback
+    (the ``local`` backend, tests), else every address of their family."""
+    if not addresses:
+        return "0.0.0.0"
+    ips = []
+    for host, _port in addresses:
+        try:
+            ips.append(ipaddress.ip_address(host))
+        except ValueError:
+            return "0.0.0.0"
+    if all(ip.is_loopback for ip in ips):
+        return "::1" if ips[0].version == 6 else "127.0.0.1"
+    return "::" if ips[0].version == 6 else "0.0.0.0"
+
+
+def _single(group: BaseExceptionGroup) -> BaseException:
+    """The one real failure of a nursery (the others are the cancellations it caused)."""
+    leaves: list[BaseException] = []
+    todo: list[BaseException] = [group]
+    while todo:
+        exc = todo.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            todo.extend(exc.exceptions)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+class Agent:
+    """One agent: its swarm and its reports to the worker.
+
+    Args:
+        config: the agent's config (from the worker).
+        keypair: the agent's identity (kept in its storage folder).
+        bootstrap: ``config.bootstrap`` parsed; worker_addresses: likewise.
+        readiness: the workload's readiness hook; None: ready at once.
+        network: sockets (tests may give an in-memory network).
+        policy: backoff and timeouts.
+        rng: jitter (seeded in tests).
+
+    Run it with ``await nursery.start(agent.run)``; it reports the swarm's address.
+    """
+
+    def __init__(self, config: AgentConfig, keypair: KeyPair, *,
+                 bootstrap: Sequence[Address] = (), worker_addresses: Sequence[Address] = (),
+                 readiness: Readiness | None = None, network: Network | None = None,
+                 policy: ReportPolicy | None = None, rng: random.Random | None = None,
+                 host: str | None = None) -> None:
+        self.config = config
+        self.keypair = keypair
+        self.worker = bytes.fromhex(config.worker)
+        self.worker_addresses = tuple(worker_addresses)
+        self.policy = policy or ReportPolicy()
+        self.rng = rng or random.Random()
+        self.readiness = readiness
+        swarm_config = SwarmConfig(
+            host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
+            bootstrap=tuple(bootstrap),
+            relays=tuple(bytes.fromhex(key) for key in config.relays))
+        self.swarm = Swarm(keypair, config=swarm_config, network=network)
+        #: The VMI the worker bound us to, once a hello succeeded.
+        self.vmi: str | None = None
+        #: Set once the readiness hook returned or raised.
+        self.settled = trio.Event()
+        self.failure: str | None = None
+        #: Sessions that reached hello, and failed sessions (for tests and logs).
+        self.sessions = 0
+        self.failed_sessions = 0
+        self._reached_hello = False
+        self._call_timeout_s = (self.policy.call_timeout_s if self.policy.call_timeout_s
+                                else max(5.0, config.heartbeat_interval_s))
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        return f"job={c.job_id} replica={c.replica} node_rank={c.node_rank} gen={c.generation}"
+
+    async def run(self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Join the swarm, then report until cancelled.
+
+        Raises:
+            AgentRefused: the worker will never accept this agent.
+            AgentGaveUp: the readiness hook failed (reported to the worker if we could).
+            OSError: the swarm cannot listen.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(self.swarm.run)
+                log.info("agent.started %s key=%s address=%s:%d worker=%s relays=%d",
+                         self.label, self.keypair.hex, *address, self.config.worker[:12],
+                         len(self.config.relays))
+                nursery.start_soon(self._run_readiness)
+                task_status.started(address)
+                await self._report_forever()
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
+
+    async def _run_readiness(self) -> None:
+        try:
+            if self.readiness is not None:
+                await self.readiness()
+        except Exception as exc:
+            self.failure = str(exc) or type(exc).__name__
+            log.error("agent.workload_failed %s reason=%s", self.label, self.failure)
+        finally:
+            self.settled.set()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def _report_forever(self) -> None:
+        failures = 0
+        give_up_at: float | None = None
+        while True:
+            if self.failure is not None and give_up_at is None:
+                give_up_at = trio.current_time() + self.policy.failure_report_s
+            try:
+                with trio.move_on_at(give_up_at if give_up_at is not None else float("inf")):
+                    await self._session()
+                if give_up_at is not None and trio.current_time() >= give_up_at:
+                    raise AgentGaveUp(f"{self.failure} (the worker could not be told)")
+            except RpcError as exc:
+                if exc.code in FATAL_CODES:
+                    log.error("agent.refused %s code=%s reason=%s", self.label, exc.code,
+                              exc.message)
+                    raise AgentRefused(exc.code, exc.message) from None
+                reason = f"{exc.code}: {exc.message}"
+            except (P2PError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.TooSlowError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if self.vmi is not None and self._reached_hello:
+                failures = 0  # the worker was there: start the backoff afresh
+            failures += 1
+            self.failed_sessions += 1
+            cap = min(self.policy.backoff_max_s, self.policy.backoff_min_s * 2 ** (failures - 1))
+            wait = cap * (0.5 + 0.5 * self.rng.random())
+            log.warning("agent.worker_lost %s reason=%s retry_in_s=%.2f", self.label, reason,
+                        wait)
+            await trio.sleep(wait)
+
+    async def _connect(self) -> Connection:
+        """The connection to the worker: its known addresses first, then the DHT."""
+        if self.worker_addresses:
+            try:
+                return await self.swarm.connect(self.worker, addresses=self.worker_addresses)
+            except P2PError as exc:
+                if not self.swarm.config.bootstrap:
+                    raise
+                log.info("agent.direct_failed %s reason=%s trying=dht", self.label, exc)
+        return await self.swarm.connect(self.worker)
+
+    async def _session(self) -> None:
+        """One connection's worth of reports; returns only by raising."""
+        self._reached_hello = False
+        connection: Connection | None = None
+        try:
+            with trio.fail_after(self.policy.connect_timeout_s):
+                connection = await self._connect()
+                channel = await connection.open_channel(PROTOCOL)
+            client = RpcClient(channel, name=f"agent-report-{self.config.worker[:12]}")
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(client.run)
+                    try:
+                        await self._reports(client)
+                    finally:
+                        nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                raise _single(group) from None
+        except BaseException:
+            if connection is not None:
+                # Maybe stuck: close it, so the next session dials afresh.
+                with trio.CancelScope(shield=True):
+                    await connection.aclose()
+            raise
+
+    async def _call(self, client: RpcClient, method: Method, params):
+        return await client.call(method, params, timeout_s=self._call_timeout_s)
+
+    async def _reports(self, client: RpcClient) -> None:
+        c = self.config
+        result = await self._call(client, HELLO, Hello(
+            job_id=c.job_id, replica=c.replica, generation=c.generation,
+            node_rank=c.node_rank, token=c.report_token))
+        self.vmi = result.vmi
+        self._reached_hello = True
+        self.sessions += 1
+        log.info("agent.hello %s vmi=%s worker=%s session=%d", self.label, self.vmi,
+                 format_key(self.worker)[:12], self.sessions)
+        outcome_reported = False
+        interval = c.heartbeat_interval_s
+        next_beat = trio.current_time() + interval
+        while True:
+            if self.settled.is_set() and not outcome_reported:
+                if self.failure is not None:
+                    await self._call(client, FAILED, Report(message=self.failure[:1000]))
+                    log.error("agent.failed_reported %s vmi=%s", self.label, self.vmi)
+                    raise AgentGaveUp(self.failure)
+                await self._call(client, READY, Report(message="agent ready"))
+                log.info("agent.ready %s vmi=%s", self.label, self.vmi)
+                outcome_reported = True
+            with trio.move_on_at(next_beat):
+                if outcome_reported:
+                    await trio.sleep_forever()
+                await self.settled.wait()
+            if trio.current_time() >= next_beat:
+                await self._call(client, HEARTBEAT, Heartbeat())
+                log.debug("agent.heartbeat %s vmi=%s", self.label, self.vmi)
+                next_beat = max(next_beat + interval, trio.current_time())

@@ -1,0 +1,113 @@
+"""The agent process: ``cosmicac agent run --config FILE``, on the daemon kit.
+
+Boot order, each step refusing with one line and an exit code:
+
+1. read the config (:func:`agents.config.load_agent_config`, the model the
+   worker rendered); a bad file or field: exit 2, naming the field;
+2. lock the storage folder (one agent per folder) and load or create the
+   identity in ``<storage>/identity`` (:func:`p2p.keys.load_or_create_keypair`,
+   as ``cosmicac db serve`` and the relay keep theirs), so a restarted VMI,
+   whose disk is kept, comes back with the same key;
+3. run :class:`agents._agent.Agent` until SIGTERM or SIGINT (exit 0).
+
+Exit 1: the worker refused the agent for good (:class:`AgentRefused`), the
+workload failed (:class:`AgentGaveUp`), the identity or storage is unusable.
+Settings the kit adds (metrics endpoint, log format) come from
+``COSMICAC_AGENT__<KEY>`` in the environment; the rest is the config file's.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic_settings import SettingsConfigDict
+
+from p2p.daemon import (
+    ConfigError,
+    Daemon,
+    DaemonError,
+    DaemonSettings,
+    fatal,
+    load_settings,
+    parse_address,
+    run_daemon,
+)
+from p2p.errors import P2PError
+from p2p.keys import load_or_create_keypair
+
+from ._agent import Address, Agent, AgentGaveUp, AgentRefused, Readiness
+from .config import AgentConfig, AgentConfigError, load_agent_config
+
+__all__ = ["AgentProcessSettings", "main", "parse_addresses"]
+
+#: Exit code of a bad config (as the kit's ConfigError and click's usage errors).
+EXIT_USAGE = 2
+
+
+class AgentProcessSettings(DaemonSettings):
+    """The kit's part of the agent's settings (storage and log level come from the
+    agent config; metrics and log format from ``COSMICAC_AGENT__...``)."""
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_AGENT__")
+
+
+def parse_addresses(config: AgentConfig, path: str | Path = "config"
+                    ) -> tuple[tuple[Address, ...], tuple[Address, ...]]:
+    """``config.bootstrap`` and ``config.worker_addresses`` as ``(host, port)`` pairs.
+
+    Raises:
+        AgentConfigError: an address is not ``IP:PORT``, naming the field and index.
+    """
+    parsed: dict[str, tuple[Address, ...]] = {}
+    for field in ("bootstrap", "worker_addresses"):
+        values = []
+        for index, text in enumerate(getattr(config, field)):
+            try:
+                values.append(parse_address(text))
+            except ValueError as exc:
+                raise AgentConfigError(f"agent config {path}: {field}.{index}: {exc}") from None
+        parsed[field] = tuple(values)
+    return parsed["bootstrap"], parsed["worker_addresses"]
+
+
+def main(config_path: str | Path, *, readiness: Readiness | None = None) -> None:
+    """Run the agent of ``config_path`` until SIGTERM/SIGINT; return (exit 0) then.
+
+    Args:
+        config_path: the JSON the worker wrote (cloud-init, or the local backend).
+        readiness: the workload's readiness hook (see :class:`agents._agent.Agent`).
+
+    Raises:
+        SystemExit: 2 for a bad config, 1 for the failures listed in the module doc.
+    """
+    try:
+        config = load_agent_config(config_path)
+        bootstrap, worker_addresses = parse_addresses(config, config_path)
+    except AgentConfigError as exc:
+        fatal(str(exc), EXIT_USAGE)
+    try:
+        settings = load_settings(AgentProcessSettings, overrides={
+            "storage": Path(config.storage), "log_level": config.log_level})
+    except ConfigError as exc:
+        fatal(str(exc), EXIT_USAGE)
+    start = functools.partial(_start, config, bootstrap, worker_addresses, readiness)
+    run_daemon(settings, start, name="agent", errors={
+        AgentRefused: str,
+        AgentGaveUp: lambda exc: f"the workload failed: {exc}",
+        OSError: lambda exc: f"cannot listen: {getattr(exc, 'strerror', None) or exc}",
+    })
+
+
+async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
+                 worker_addresses: tuple[Address, ...], readiness: Readiness | None,
+                 daemon: Daemon[AgentProcessSettings]) -> None:
+    assert daemon.storage is not None
+    try:
+        keypair = load_or_create_keypair(daemon.storage)
+    except P2PError as exc:
+        raise DaemonError(str(exc)) from None
+    agent = Agent(config, keypair, bootstrap=bootstrap, worker_addresses=worker_addresses,
+                  readiness=readiness)
+    daemon.metrics.add(agent.swarm.metrics.registry)
+    await daemon.nursery.start(agent.run)

@@ -1,0 +1,127 @@
+"""How an agent reports to the worker that started it: RPC protocol ``cosmicac-agent/1``.
+
+The worker serves it on its swarm; every agent opens one channel to it per
+connection and calls, in order::
+
+    agent.hello(job_id, replica, generation, node_rank, token)  -> {vmi}
+    agent.ready(message)            once the replica serves (again after each hello)
+    agent.heartbeat()               every heartbeat_interval_s
+    agent.failed(message)           the agent gave up (its workload cannot start)
+
+``hello`` proves which VMI the caller is: the token is the VMI's
+``AgentConfig.report_token`` (only the worker and that VMI's cloud-init know
+it). On success the worker binds the caller's public key, as proven by the
+Noise handshake of its connection, to that VMI; every later call is
+authorised by that key alone, never by anything in the message
+(seeds/architecture.txt: authorise by the caller's key). A new connection
+(after the worker or the network went away) starts with ``hello`` again.
+
+Each message is a msgpack map (p2p/rpc README, "Wire format"):
+
+=================  =====================================================  ==========
+method             params                                                 result
+=================  =====================================================  ==========
+``agent.hello``    ``job_id: str, replica: int, generation: int,``        ``vmi: str``
+                   ``node_rank: int, token: str (64 hex)``
+``agent.ready``    ``message: str (≤ 1,000)``                             ``{}``
+``agent.failed``   ``message: str (≤ 1,000)``                             ``{}``
+``agent.heartbeat`` ``{}``                                                ``{}``
+=================  =====================================================  ==========
+
+Errors carry a stable code (:class:`ReportCode`); an agent branches on it:
+``FORBIDDEN`` and ``STALE_GENERATION`` will never succeed (the agent stops),
+``UNKNOWN_REPLICA`` and ``NOT_INTRODUCED`` may (the worker has not re-learnt
+its VMIs yet after a restart, or the VMI was re-expected): hello again later.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from p2p.rpc import Method
+
+__all__ = [
+    "FAILED",
+    "FATAL_CODES",
+    "HEARTBEAT",
+    "HELLO",
+    "PROTOCOL",
+    "READY",
+    "Ack",
+    "Heartbeat",
+    "Hello",
+    "HelloResult",
+    "Report",
+    "ReportCode",
+]
+
+#: The channel protocol the worker serves for its agents.
+PROTOCOL = "cosmicac-agent/1"
+#: A status line is for a human reading the job's System log, not a transcript.
+MAX_MESSAGE_CHARS = 1_000
+
+
+class ReportCode(enum.StrEnum):
+    """The stable error codes of ``cosmicac-agent/1``."""
+
+    #: The token does not match the VMI's: this caller is not that agent.
+    FORBIDDEN = "FORBIDDEN"
+    #: The worker expects no VMI with this job, replica and node rank (now).
+    UNKNOWN_REPLICA = "UNKNOWN_REPLICA"
+    #: The VMI was replaced by a restart: this agent belongs to the old one.
+    STALE_GENERATION = "STALE_GENERATION"
+    #: A report from a key no hello has bound (or whose binding was reset).
+    NOT_INTRODUCED = "NOT_INTRODUCED"
+
+
+#: Codes after which hello can never succeed for this agent: it stops.
+FATAL_CODES = frozenset({ReportCode.FORBIDDEN, ReportCode.STALE_GENERATION})
+
+
+class Hello(BaseModel):
+    """Which VMI the caller claims to be, with the proof."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str = Field(min_length=1, max_length=64)
+    replica: int = Field(ge=0, lt=1024)
+    generation: int = Field(ge=0)
+    node_rank: int = Field(ge=0, le=64)
+    #: ``AgentConfig.report_token``; compared in constant time, never logged.
+    token: str = Field(pattern=r"^[0-9a-f]{64}$", repr=False)
+
+
+class HelloResult(BaseModel):
+    """The VMI the caller's key is now bound to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vmi: str
+
+
+class Report(BaseModel):
+    """A readiness or failure report with its System log line."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
+
+
+class Heartbeat(BaseModel):
+    """Nothing but "still here"; the caller's key says who."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Ack(BaseModel):
+    """The worker took the report."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+HELLO = Method("agent.hello", params=Hello, result=HelloResult)
+READY = Method("agent.ready", params=Report, result=Ack)
+FAILED = Method("agent.failed", params=Report, result=Ack)
+HEARTBEAT = Method("agent.heartbeat", params=Heartbeat, result=Ack)

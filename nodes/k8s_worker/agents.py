@@ -1,0 +1,422 @@
+"""The worker's side of its agents' reports: who each agent is, and whether it is alive.
+
+The worker derives a replica's status from two sources: what the backend
+says of the VMI (or process), and what the VMI's agent says of itself
+(issue 11). This module is the second source. It serves ``cosmicac-agent/1``
+(:mod:`agents.report`) on the worker's swarm and turns the calls into
+:class:`AgentEvent`: ``hello`` (the agent connected and proved which VMI it
+is), ``ready``, ``failed`` (the agent gave up), and ``silent`` when an agent
+that had said hello stops reporting for ``silent_after_s`` (three missed
+heartbeats by default): the replica is then Unknown.
+
+Two layers, as everywhere in the house (STYLE.md):
+
+- :class:`AgentTable`, the I/O-free core: the VMIs the worker expects, each
+  with its report token, the key bound to it, and the time of its last
+  report. Calls take ``now`` and return events; :meth:`AgentTable.expire`
+  and :meth:`AgentTable.next_deadline` do the timing.
+- :class:`AgentRegistry`, the trio driver: the RPC service, the events
+  channel and the task that wakes at the next deadline.
+
+Invariants: a key is bound to at most one VMI and a VMI to at most one key;
+only a hello with the VMI's token binds (compared in constant time); every
+other call is authorised by the bound key alone. The table holds one entry
+per VMI the worker expects (the worker's own bound), and nothing for callers
+that fail hello, so a stranger cannot grow it.
+
+State is in memory: after a worker restart the worker calls :meth:`expect`
+again for every VMI it knows (the persisted replicas), and the agents, whose
+connections broke, say hello again on their next connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import logging
+import math
+from dataclasses import dataclass
+
+import trio
+
+from agents.report import (
+    FAILED,
+    HEARTBEAT,
+    HELLO,
+    PROTOCOL,
+    READY,
+    Ack,
+    Heartbeat,
+    Hello,
+    HelloResult,
+    Report,
+    ReportCode,
+)
+from p2p.host import RpcService
+from p2p.keys import format_key
+from p2p.rpc import CallContext, Router, RpcError
+
+from .backend import VmiSpec
+
+__all__ = [
+    "AgentEvent",
+    "AgentEventKind",
+    "AgentRefused",
+    "AgentRegistry",
+    "AgentState",
+    "AgentTable",
+]
+
+log = logging.getLogger(__name__)
+
+#: Heartbeats an agent may miss before it is reported silent. Kubernetes
+#: marks a node NotReady after 40 s of 10 s leases (4); 3 keeps Unknown quick.
+DEFAULT_SILENT_HEARTBEATS = 3
+
+
+class AgentEventKind(enum.StrEnum):
+    """What an agent's reports (or their absence) said about its VMI."""
+
+    #: The agent connected and proved which VMI it is; not ready yet. Also
+    #: sent when a silent agent that had not said ready reports again.
+    HELLO = "hello"
+    #: The agent serves. Also sent when a silent, ready agent reports again.
+    READY = "ready"
+    #: The agent gave up: its workload cannot run.
+    FAILED = "failed"
+    #: No report for ``silent_after_s``: the replica is Unknown.
+    SILENT = "silent"
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """One change in what the worker knows from a VMI's agent."""
+
+    vmi_name: str
+    kind: AgentEventKind
+    #: The agent's own words (ready, failed), or the registry's ("no report
+    #: for 15 s"); a System log line.
+    message: str = ""
+    #: ``trio.current_time()`` when it happened (stamp wall time yourself).
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """A snapshot of one expected VMI's agent."""
+
+    vmi_name: str
+    generation: int
+    #: The public key bound by the last successful hello, or None.
+    key: bytes | None
+    ready: bool
+    failed: bool
+    silent: bool
+    #: trio time of the last report (hello, ready, failed, heartbeat), or None.
+    last_report_at: float | None
+
+
+class AgentRefused(Exception):
+    """A report was refused; ``code`` is a :class:`ReportCode` (crosses the wire)."""
+
+    def __init__(self, code: ReportCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Entry:
+    name: str
+    job_id: str
+    replica: int
+    node_rank: int
+    generation: int
+    token: bytes
+    silent_after_s: float
+    key: bytes | None = None
+    ready: bool = False
+    failed: bool = False
+    silent: bool = False
+    last_report: float | None = None
+
+    @property
+    def slot(self) -> tuple[str, int, int]:
+        return self.job_id, self.replica, self.node_rank
+
+    @property
+    def deadline(self) -> float | None:
+        """When this agent is silent unless it reports; None when not timed."""
+        if self.key is None or self.failed or self.silent or self.last_report is None:
+            return None
+        return self.last_report + self.silent_after_s
+
+
+class AgentTable:
+    """The I/O-free core: expected VMIs, bound keys, last reports, silence.
+
+    Args:
+        silent_after_s: silence after which an agent is reported silent; None:
+            ``silent_heartbeats`` times the VMI's ``heartbeat_interval_s``.
+        silent_heartbeats: heartbeats missed before silence, when
+            ``silent_after_s`` is None.
+    """
+
+    def __init__(self, *, silent_after_s: float | None = None,
+                 silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS) -> None:
+        if silent_after_s is not None and not silent_after_s > 0:
+            raise ValueError("silent_after_s must be positive")
+        if silent_heartbeats < 1:
+            raise ValueError("silent_heartbeats must be at least 1")
+        self.silent_after_s = silent_after_s
+        self.silent_heartbeats = silent_heartbeats
+        self._entries: dict[str, _Entry] = {}
+        self._by_slot: dict[tuple[str, int, int], _Entry] = {}
+        self._by_key: dict[bytes, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- what the worker says ------------------------------------------------------------
+
+    def expect(self, vmi: VmiSpec) -> None:
+        """Expect ``vmi``'s agent. Again with the same generation and token: no change
+        (so re-expecting after an adopt keeps a live binding); otherwise the old
+        binding and state are dropped (a restart's new VMI must say hello)."""
+        config = vmi.agent
+        token = config.report_token.encode()
+        old = self._entries.get(vmi.name)
+        if old is not None and old.generation == config.generation and old.token == token:
+            return
+        if old is not None:
+            self.forget(vmi.name)
+        slot_owner = self._by_slot.get((config.job_id, config.replica, config.node_rank))
+        if slot_owner is not None:  # the same replica slot under another name
+            self.forget(slot_owner.name)
+        silent_after = (self.silent_after_s if self.silent_after_s is not None
+                        else self.silent_heartbeats * config.heartbeat_interval_s)
+        entry = _Entry(vmi.name, config.job_id, config.replica, config.node_rank,
+                       config.generation, token, silent_after)
+        self._entries[vmi.name] = entry
+        self._by_slot[entry.slot] = entry
+
+    def forget(self, name: str) -> None:
+        """Stop expecting VMI ``name`` (deleted); its key is unbound. Unknown: no-op."""
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            return
+        self._by_slot.pop(entry.slot, None)
+        if entry.key is not None and self._by_key.get(entry.key) is entry:
+            del self._by_key[entry.key]
+
+    def state(self, name: str) -> AgentState | None:
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        return AgentState(entry.name, entry.generation, entry.key, entry.ready, entry.failed,
+                          entry.silent, entry.last_report)
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    # -- what the agents say -------------------------------------------------------------
+
+    def hello(self, key: bytes, hello: Hello, now: float) -> tuple[str, list[AgentEvent]]:
+        """Bind ``key`` to the VMI ``hello`` names, if its token is that VMI's.
+
+        Returns:
+            The VMI's name and the events to emit.
+
+        Raises:
+            AgentRefused: ``UNKNOWN_REPLICA``, ``FORBIDDEN`` or ``STALE_GENERATION``.
+        """
+        entry = self._by_slot.get((hello.job_id, hello.replica, hello.node_rank))
+        # Compare even when there is no entry, so timing does not tell which
+        # slots exist before the token is checked.
+        expected = entry.token if entry is not None else b"0" * 64
+        token_ok = hmac.compare_digest(expected, hello.token.encode())
+        if entry is None:
+            raise AgentRefused(ReportCode.UNKNOWN_REPLICA,
+                               f"no VMI expected for job {hello.job_id} replica "
+                               f"{hello.replica} node {hello.node_rank}")
+        if not token_ok:
+            raise AgentRefused(ReportCode.FORBIDDEN, f"wrong report token for {entry.name}")
+        if hello.generation != entry.generation:
+            raise AgentRefused(ReportCode.STALE_GENERATION,
+                               f"{entry.name} is at generation {entry.generation}, "
+                               f"not {hello.generation}")
+        previous = self._by_key.pop(key, None)
+        if previous is not None and previous is not entry:
+            previous.key = None  # one key, one VMI: the token proved this one
+        if entry.key is not None and entry.key != key:
+            self._by_key.pop(entry.key, None)
+        entry.key = key
+        self._by_key[key] = entry
+        entry.ready = entry.failed = entry.silent = False
+        entry.last_report = now
+        return entry.name, [AgentEvent(entry.name, AgentEventKind.HELLO,
+                                       f"agent {format_key(key)[:12]} connected", now)]
+
+    def ready(self, key: bytes, message: str, now: float) -> list[AgentEvent]:
+        entry = self._reporting(key, now)
+        entry.ready, entry.failed = True, False
+        return [AgentEvent(entry.name, AgentEventKind.READY, message, now)]
+
+    def failed(self, key: bytes, message: str, now: float) -> list[AgentEvent]:
+        entry = self._reporting(key, now)
+        entry.ready, entry.failed = False, True
+        return [AgentEvent(entry.name, AgentEventKind.FAILED, message, now)]
+
+    def heartbeat(self, key: bytes, now: float) -> list[AgentEvent]:
+        was_silent = self._by_key[key].silent if key in self._by_key else False
+        entry = self._reporting(key, now)
+        if not was_silent or entry.failed:
+            return []
+        kind = AgentEventKind.READY if entry.ready else AgentEventKind.HELLO
+        return [AgentEvent(entry.name, kind, "agent reports again", now)]
+
+    def _reporting(self, key: bytes, now: float) -> _Entry:
+        entry = self._by_key.get(key)
+        if entry is None:
+            raise AgentRefused(ReportCode.NOT_INTRODUCED,
+                               "say hello first: this key is bound to no VMI")
+        entry.last_report = now
+        entry.silent = False
+        return entry
+
+    # -- time ----------------------------------------------------------------------------
+
+    def expire(self, now: float) -> list[AgentEvent]:
+        """Agents whose last report is ``silent_after_s`` old: ``silent`` (once each)."""
+        events = []
+        for entry in self._entries.values():
+            deadline = entry.deadline
+            if deadline is not None and deadline <= now:
+                entry.silent = True
+                events.append(AgentEvent(
+                    entry.name, AgentEventKind.SILENT,
+                    f"no report from the agent for {now - entry.last_report:.1f} s", now))
+        return events
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`expire` may next have something to say; None: nothing is timed."""
+        deadlines = [d for e in self._entries.values() if (d := e.deadline) is not None]
+        return min(deadlines, default=None)
+
+
+class AgentRegistry:
+    """The worker's agent service: ``cosmicac-agent/1`` plus silence detection.
+
+    Args:
+        events: where :class:`AgentEvent` go. Bounded by its buffer: a worker
+            that stops reading makes the agents' calls wait (and time out on
+            their side, to be retried), it does not grow memory.
+        silent_after_s: see :class:`AgentTable`.
+        silent_heartbeats: see :class:`AgentTable`.
+
+    Add :attr:`service` to the worker's swarm, start :meth:`run` in a nursery,
+    and call :meth:`expect` for each VMI before (or as) it is created::
+
+        registry = AgentRegistry(send)
+        swarm.add_service(registry.service)
+        await nursery.start(registry.run)
+    """
+
+    def __init__(self, events: trio.MemorySendChannel[AgentEvent], *,
+                 silent_after_s: float | None = None,
+                 silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS) -> None:
+        self.table = AgentTable(silent_after_s=silent_after_s,
+                                silent_heartbeats=silent_heartbeats)
+        self._events = events
+        self._changed = trio.Event()
+        router = Router()
+        router.add(HELLO, self._hello)
+        router.add(READY, self._ready)
+        router.add(FAILED, self._failed)
+        router.add(HEARTBEAT, self._heartbeat)
+        #: Serve this on the worker's swarm.
+        self.service = RpcService(PROTOCOL, router)
+
+    def expect(self, vmi: VmiSpec) -> None:
+        """Expect ``vmi``'s agent (see :meth:`AgentTable.expect`)."""
+        self.table.expect(vmi)
+
+    def forget(self, name: str) -> None:
+        """Stop expecting VMI ``name`` (after its delete)."""
+        self.table.forget(name)
+        self._wake()
+
+    def state(self, name: str) -> AgentState | None:
+        """What is known of VMI ``name``'s agent now, or None if not expected."""
+        return self.table.state(name)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Report agents that fall silent; until cancelled.
+
+        Sleeps until the table's next deadline or a change, whichever is
+        first, so each pass is bounded and an idle worker does not poll.
+        """
+        task_status.started()
+        while True:
+            for event in self.table.expire(trio.current_time()):
+                log.warning("agent.silent vmi=%s %s", event.vmi_name, event.message)
+                await self._events.send(event)
+            deadline = self.table.next_deadline()
+            changed = self._changed
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await changed.wait()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _emit(self, events: list[AgentEvent]) -> None:
+        if events:
+            self._wake()  # a new or moved deadline
+        for event in events:
+            await self._events.send(event)
+
+    @staticmethod
+    def _caller(ctx: CallContext) -> bytes:
+        if ctx.remote_public_key is None:  # only over a bare test channel
+            raise RpcError(ReportCode.FORBIDDEN, "the caller's key is unknown")
+        return ctx.remote_public_key
+
+    async def _hello(self, params: Hello, ctx: CallContext) -> HelloResult:
+        key = self._caller(ctx)
+        try:
+            name, events = self.table.hello(key, params, trio.current_time())
+        except AgentRefused as exc:
+            log.warning("agent.refused method=hello key=%s code=%s reason=%s",
+                        format_key(key)[:12], exc.code, exc.message)
+            raise RpcError(exc.code, exc.message) from None
+        log.info("agent.hello vmi=%s key=%s generation=%d", name, format_key(key)[:12],
+                 params.generation)
+        await self._emit(events)
+        return HelloResult(vmi=name)
+
+    async def _report(self, ctx: CallContext, method: str, call) -> Ack:
+        key = self._caller(ctx)
+        try:
+            events = call(key, trio.current_time())
+        except AgentRefused as exc:
+            log.info("agent.refused method=%s key=%s code=%s", method, format_key(key)[:12],
+                     exc.code)
+            raise RpcError(exc.code, exc.message) from None
+        for event in events:
+            log.info("agent.%s vmi=%s message=%r", event.kind, event.vmi_name, event.message)
+        await self._emit(events)
+        return Ack()
+
+    async def _ready(self, params: Report, ctx: CallContext) -> Ack:
+        return await self._report(ctx, "ready", lambda key, now: self.table.ready(
+            key, params.message, now))
+
+    async def _failed(self, params: Report, ctx: CallContext) -> Ack:
+        return await self._report(ctx, "failed", lambda key, now: self.table.failed(
+            key, params.message, now))
+
+    async def _heartbeat(self, params: Heartbeat, ctx: CallContext) -> Ack:
+        # No wake-up: a heartbeat only moves a deadline later, and run() finds
+        # nothing to expire at the old one and sleeps again.
+        return await self._report(ctx, "heartbeat", self.table.heartbeat)

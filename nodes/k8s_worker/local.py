@@ -1,0 +1,589 @@
+"""The ``local`` backend: a simulated GPU cluster whose VMIs are agent processes.
+
+The embedded default (DESIGN.md §4): the whole platform on one machine, with
+no Kubernetes. The cluster is configuration (:class:`LocalClusterSettings`,
+two nodes of eight GPUs unless told otherwise); a "VMI" is a real
+``cosmicac agent run`` process with a storage folder of its own, so the
+worker's queue, placement, status and agent paths run exactly as they do
+against KubeVirt, and a VMI's status is a real process's:
+
+==============================  ============================================
+what happens                    events (:class:`~.backend.VmiEvent`)
+==============================  ============================================
+create                          PROVISIONING (folder ready) → BOOTING
+                                (starting) → RUNNING (pid)
+the process exits 0             SUCCEEDED
+the process exits non-zero,     FAILED, with the status or signal and the
+or is killed                    log's last line
+restart                         GONE ("stopped for restart"), then as create;
+                                the folder (the "disk") is kept
+delete                          GONE; the folder is removed
+==============================  ============================================
+
+Each VMI's folder is ``<state_dir>/<vmi.disk>/``::
+
+    agent.json     the agent's config (the VMI's, with ``storage`` pointed here)
+    storage/       the agent's storage: identity, state (kept across restarts)
+    agent.log      the process's stdout and stderr (JSON log lines)
+    process.json   pid, start time (clock ticks since boot), VMI, generation
+
+Worker restarts. Agent processes start in a session of their own, so they
+outlive the worker as VMIs outlive a worker pod, and a Ctrl-C in the worker's
+terminal does not reach them. After a restart the worker calls :meth:`adopt`
+with the replicas it knows: a live process whose pid, start time and command
+line match ``process.json`` is watched again (through a pidfd, or by polling
+``/proc``: it is no longer our child); a dead one is reported FAILED, not restarted, because
+restarting a replica is wrk-ork's decision (its restart policy and counts),
+and a backend reports facts, as KubeVirt shows such a VMI ``Failed``. Its exit
+status is unknown then (only a parent learns it), which the message says.
+:meth:`stop_all` stops every agent (``cosmicac up``'s shutdown, tests).
+
+Falls short: GPUs are not accounted across VMIs (placement does that; a VMI
+larger than its node is refused); the overlay network and InfiniBand are
+flags in the rack report, nothing more; Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agents.config import AgentConfigError, load_agent_config
+from nodes.model import NodeInfo, RackReport
+
+from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
+
+__all__ = ["DEFAULT_AGENT_COMMAND", "LocalBackend", "LocalClusterSettings", "LocalNode"]
+
+log = logging.getLogger(__name__)
+
+#: The agent as the worker's own interpreter runs it; ``--config FILE`` is appended.
+DEFAULT_AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cli.main", "agent", "run")
+#: After SIGKILL, how long a process may take to be gone before we call it stuck.
+KILL_WAIT_S = 5.0
+#: How often a process being stopped is checked (a stop is bounded by the grace period).
+STOP_POLL_S = 0.05
+_DISK = re.compile(r"^[a-z0-9][a-z0-9\-]{0,252}$")
+
+
+class LocalNode(BaseModel):
+    """One simulated node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    gpus: int = Field(ge=0, le=1024)
+
+
+class LocalClusterSettings(BaseModel):
+    """The simulated cluster (the worker's settings nest it, e.g. ``local__nodes``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: tuple[LocalNode, ...] = Field(
+        default=(LocalNode(name="local-node-1", gpus=8), LocalNode(name="local-node-2", gpus=8)),
+        min_length=1, max_length=256)
+    #: Reported as configured, so multi-node replicas can be placed and their
+    #: paths exercised: a simulated GPU cluster is a fully equipped one.
+    overlay_network: bool = True
+    infiniband: bool = True
+    #: SIGTERM, then SIGKILL after this long (KubeVirt's default grace is 30 s;
+    #: an agent stops in well under a second).
+    stop_grace_s: float = Field(default=5.0, gt=0, le=300)
+    #: How often an adopted process (not our child) is checked for life, where
+    #: the kernel offers no pidfd to wait on.
+    poll_interval_s: float = Field(default=0.5, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _unique(self) -> LocalClusterSettings:
+        names = [node.name for node in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+        return self
+
+
+@dataclass
+class _Vmi:
+    """What the backend knows of one VMI it runs (or ran)."""
+
+    spec: VmiSpec
+    folder: Path
+    pid: int | None = None
+    start_ticks: int | None = None
+    #: Our child: trio reaps it and gives its status. None when adopted.
+    process: trio.Process | None = None
+    #: Set once the process is seen gone.
+    exited: trio.Event = field(default_factory=trio.Event)
+    #: Its exit status, when known (a child's).
+    returncode: int | None = None
+    #: We are stopping it: its exit is not reported as a failure.
+    stopping: bool = False
+    #: The last phase reported (said again when a create finds it).
+    phase: VmiPhase = VmiPhase.RUNNING
+    message: str = ""
+
+
+# -- /proc ---------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of ``pid``, or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ..." - comm may hold spaces and parentheses.
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[19])
+
+
+def _alive(pid: int, start_ticks: int | None) -> bool:
+    """Is ``pid`` the process we started (same start time), and not a zombie?"""
+    stat = _proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return start_ticks is None or stat[1] == start_ticks
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _find_by_cmdline(argument: str) -> int | None:
+    """A live process with ``argument`` in its command line (one pass over /proc)."""
+    try:
+        entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return None
+    for name in entries:
+        pid = int(name)
+        if argument in _cmdline(pid) and _alive(pid, None):
+            return pid
+    return None
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """Signal the agent's whole session (it leads its process group), so what it
+    started (a model server, later) goes with it."""
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _last_line(path: Path, max_bytes: int = 2048) -> str:
+    """The log's last non-empty line (what an agent says as it fails), bounded."""
+    try:
+        with path.open("rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - max_bytes))
+            tail = file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class LocalBackend:
+    """Runs VMIs as local agent processes on a simulated cluster (see the module doc).
+
+    Args:
+        settings: the simulated nodes and timings.
+        state_dir: where the VMIs' folders live (kept across worker restarts).
+        agent_command: the agent's command line without ``--config FILE``.
+        env: the agents' environment (default: the worker's).
+
+    Start :meth:`run` first; create, restart and delete need it running, as
+    their processes are watched in its nursery.
+    """
+
+    name = "local"
+
+    def __init__(self, settings: LocalClusterSettings, state_dir: Path,
+                 agent_command: Sequence[str] = DEFAULT_AGENT_COMMAND, *,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.settings = settings
+        self.state_dir = Path(state_dir)
+        self.agent_command = tuple(agent_command)
+        self.env = dict(env) if env is not None else None
+        self._nodes = {node.name: node for node in self.settings.nodes}
+        #: Bounded by the VMIs the worker asked for; a delete removes its entry.
+        self._vmis: dict[str, _Vmi] = {}
+        self._locks: dict[str, trio.Lock] = {}
+        self._to_adopt: list[VmiSpec] = []
+        self._events: trio.MemorySendChannel[VmiEvent] | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # -- the Backend interface -----------------------------------------------------------
+
+    async def run(self, events: trio.MemorySendChannel[VmiEvent], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Watch the agent processes; send a :class:`VmiEvent` per change. Until cancelled.
+
+        Leaving does not stop the processes (see :meth:`stop_all`).
+        """
+        self._events = events
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for record in self._vmis.values():  # run() again on this object
+                    if not record.exited.is_set():
+                        nursery.start_soon(self._watch_child if record.process is not None
+                                           else self._watch_adopted, record)
+                await self._adopt_pending()
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._events = None
+
+    def adopt(self, units: Sequence[ReplicaUnit]) -> None:
+        """These replicas exist (or should): watch their live processes again, report
+        dead ones FAILED and missing ones GONE (at once if running, else when :meth:`run`
+        starts)."""
+        self._to_adopt.extend(vmi for unit in units for vmi in unit.vmis)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._adopt_pending)
+
+    async def capacity(self) -> RackReport:
+        return RackReport(
+            nodes=tuple(NodeInfo(name=node.name, gpus=node.gpus, gpu_resource=None,
+                                 infiniband=self.settings.infiniband)
+                        for node in self.settings.nodes),
+            overlay_network=self.settings.overlay_network)
+
+    async def create(self, unit: ReplicaUnit) -> None:
+        """Start the replica's agent processes; a VMI that exists (running, or ended and
+        not deleted, as a Failed VMI object stays) is kept, and its phase said again."""
+        self._running()
+        for vmi in unit.vmis:
+            self._check(vmi)
+        for vmi in unit.vmis:
+            async with self._lock(vmi.name):
+                record = self._vmis.get(vmi.name) or self._find_live(vmi)
+                if record is None:
+                    await self._start(vmi)
+                    continue
+                await self._send(vmi.name, record.phase, record.message, record)
+
+    async def restart(self, unit: ReplicaUnit) -> None:
+        """Stop every VMI of the replica, then start them with ``unit``'s configs; the
+        folders (disks, agent identity) are kept."""
+        self._running()
+        for vmi in unit.vmis:
+            self._check(vmi)
+        for vmi in unit.vmis:  # all gone first, as KubeVirt's delete-then-create
+            async with self._lock(vmi.name):
+                record = self._vmis.pop(vmi.name, None) or self._find_live(vmi)
+                if record is not None:
+                    await self._stop(record)
+                    await self._send(vmi.name, VmiPhase.GONE,
+                                     "stopped for restart (disk kept)", record)
+        for vmi in unit.vmis:
+            async with self._lock(vmi.name):
+                await self._start(vmi)
+
+    async def delete(self, unit: ReplicaUnit) -> None:
+        """Stop the replica's processes and remove their folders; gone ones are fine."""
+        self._running()
+        for vmi in unit.vmis:
+            async with self._lock(vmi.name):
+                record = self._vmis.pop(vmi.name, None) or self._find_live(vmi)
+                if record is not None:
+                    await self._stop(record)
+                    self._vmis.pop(vmi.name, None)  # _find_live() recorded it
+                folder = self._folder(vmi)
+                await trio.to_thread.run_sync(shutil.rmtree, folder, True)
+                await self._send(vmi.name, VmiPhase.GONE, "agent stopped, disk removed", record)
+            self._locks.pop(vmi.name, None)
+
+    # -- beyond the interface ------------------------------------------------------------
+
+    async def stop_all(self) -> int:
+        """Stop every agent process of ``state_dir`` (known or found in the folders);
+        folders are kept. For ``cosmicac up``'s shutdown and tests. Returns how many."""
+        records = list(self._vmis.values())
+        known = {record.folder for record in records}
+        if self.state_dir.is_dir():
+            for folder in sorted(self.state_dir.iterdir()):
+                if folder not in known and (found := self._record_in(folder)) is not None:
+                    records.append(found)
+        stopped = 0
+        for record in records:
+            if not record.exited.is_set() and record.pid is not None:
+                await self._stop(record)
+                stopped += 1
+        return stopped
+
+    def pid(self, name: str) -> int | None:
+        """The pid of VMI ``name``'s agent while it runs, else None."""
+        record = self._vmis.get(name)
+        if record is None or record.exited.is_set():
+            return None
+        return record.pid
+
+    def folder(self, vmi: VmiSpec) -> Path:
+        """VMI ``vmi``'s folder (its "disk")."""
+        return self._folder(vmi)
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _running(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise BackendError("the local backend is not running (start LocalBackend.run)")
+        return self._nursery
+
+    def _lock(self, name: str) -> trio.Lock:
+        return self._locks.setdefault(name, trio.Lock())
+
+    def _check(self, vmi: VmiSpec) -> None:
+        node = self._nodes.get(vmi.node)
+        if node is None:
+            raise BackendError(f"{vmi.name}: no node {vmi.node!r} in the local cluster "
+                               f"({', '.join(self._nodes)})", retryable=False)
+        if vmi.gpus > node.gpus:
+            raise BackendError(f"{vmi.name}: {vmi.gpus} GPUs asked, node {node.name} has "
+                               f"{node.gpus}", retryable=False)
+        if not _DISK.match(vmi.disk):
+            raise BackendError(f"{vmi.name}: disk name {vmi.disk!r} is not a folder name",
+                               retryable=False)
+
+    def _folder(self, vmi: VmiSpec) -> Path:
+        return self.state_dir / vmi.disk
+
+    async def _start(self, vmi: VmiSpec) -> None:
+        nursery = self._running()
+        folder = self._folder(vmi)
+        config_path = folder / "agent.json"
+        try:
+            (folder / "storage").mkdir(parents=True, exist_ok=True)
+            config = vmi.agent.model_copy(update={"storage": str(folder / "storage")})
+            _write_atomically(config_path, config.to_json())
+        except OSError as exc:
+            raise BackendError(f"{vmi.name}: cannot prepare {folder}: "
+                               f"{exc.strerror or exc}") from None
+        await self._send(vmi.name, VmiPhase.PROVISIONING, f"storage folder {folder} ready")
+        await self._send(vmi.name, VmiPhase.BOOTING, f"starting the agent on {vmi.node}")
+        try:
+            log_fd = os.open(folder / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise BackendError(f"{vmi.name}: cannot open its log: {exc.strerror}") from None
+        try:
+            process = await trio.lowlevel.open_process(
+                [*self.agent_command, "--config", str(config_path)],
+                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+                start_new_session=True, env=self.env)
+        except OSError as exc:
+            await self._send(vmi.name, VmiPhase.FAILED,
+                             f"cannot start the agent: {exc.strerror or exc}")
+            raise BackendError(f"{vmi.name}: cannot start {self.agent_command[0]}: "
+                               f"{exc.strerror or exc}", retryable=False) from None
+        finally:
+            os.close(log_fd)
+        stat = _proc_stat(process.pid)
+        record = _Vmi(vmi, folder, process.pid, stat[1] if stat else None, process)
+        self._vmis[vmi.name] = record
+        _write_atomically(folder / "process.json", json.dumps({
+            "pid": record.pid, "start_ticks": record.start_ticks, "vmi": vmi.name,
+            "generation": vmi.agent.generation, "started_at": time.time()}) + "\n", 0o644)
+        nursery.start_soon(self._watch_child, record)
+        log.info("local.started vmi=%s pid=%d node=%s generation=%d", vmi.name, record.pid,
+                 vmi.node, vmi.agent.generation)
+        await self._send(vmi.name, VmiPhase.RUNNING,
+                         f"agent process {record.pid} running on {vmi.node}", record)
+
+    # -- watching ------------------------------------------------------------------------
+
+    async def _watch_child(self, record: _Vmi) -> None:
+        assert record.process is not None
+        record.returncode = await record.process.wait()
+        record.exited.set()
+        if record.stopping:
+            return
+        await self._report_exit(record, _describe_exit(record.returncode),
+                                record.returncode == 0)
+
+    async def _watch_adopted(self, record: _Vmi) -> None:
+        assert record.pid is not None
+        await self._wait_gone(record.pid, record.start_ticks)
+        record.exited.set()
+        if not record.stopping:
+            await self._report_exit(record, "ended (not a child of this worker: exit status "
+                                    "unknown)", False)
+
+    async def _wait_gone(self, pid: int, start_ticks: int | None) -> None:
+        """Return once ``pid`` (not our child) has ended: a pidfd becomes readable then
+        (Linux 5.3+); without one, poll ``/proc`` every ``poll_interval_s``."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        if pidfd is not None:
+            try:
+                if _alive(pid, start_ticks):  # checked after opening: not a reused pid
+                    await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+            return
+        while _alive(pid, start_ticks):  # noqa: ASYNC110 - nothing to wait on but /proc
+            await trio.sleep(self.settings.poll_interval_s)
+
+    async def _report_exit(self, record: _Vmi, how: str, success: bool) -> None:
+        name = record.spec.name
+        last = _last_line(record.folder / "agent.log")
+        message = f"agent process {record.pid} {how}" + (f"; last output: {last}"
+                                                         if last and not success else "")
+        (log.info if success else log.warning)("local.exited vmi=%s pid=%s %s", name,
+                                                record.pid, how)
+        phase = VmiPhase.SUCCEEDED if success else VmiPhase.FAILED
+        await self._send(name, phase, message, record)
+
+    # -- stopping ------------------------------------------------------------------------
+
+    async def _stop(self, record: _Vmi) -> None:
+        """SIGTERM the agent's session, SIGKILL after the grace period; wait until gone.
+
+        Raises:
+            BackendError: still there ``KILL_WAIT_S`` after SIGKILL (retryable).
+        """
+        record.stopping = True
+        if record.pid is None or record.exited.is_set():
+            return
+        for signum, wait_s in ((signal.SIGTERM, self.settings.stop_grace_s),
+                               (signal.SIGKILL, KILL_WAIT_S)):
+            if not self._still_running(record):
+                break
+            _signal_group(record.pid, signum)
+            with trio.move_on_after(wait_s):
+                while self._still_running(record):
+                    with trio.move_on_after(STOP_POLL_S):
+                        await record.exited.wait()
+        if self._still_running(record):
+            raise BackendError(f"{record.spec.name}: agent process {record.pid} survives "
+                               "SIGKILL")
+        if record.process is not None and record.process.returncode is None:
+            # Dead but not reaped yet: the watcher (or this wait) reaps it.
+            with trio.move_on_after(KILL_WAIT_S):
+                await record.process.wait()
+        log.info("local.stopped vmi=%s pid=%d", record.spec.name, record.pid)
+
+    @staticmethod
+    def _still_running(record: _Vmi) -> bool:
+        if record.exited.is_set() or record.pid is None:
+            return False
+        if record.process is not None:
+            return record.process.poll() is None and _alive(record.pid, None)
+        return _alive(record.pid, record.start_ticks)
+
+    # -- after a worker restart ----------------------------------------------------------
+
+    def _record_in(self, folder: Path, spec: VmiSpec | None = None) -> _Vmi | None:
+        """The live agent process recorded in ``folder``, if its pid, start time and
+        command line still match (a reused pid is not ours)."""
+        config_path = str(folder / "agent.json")
+        try:
+            doc = json.loads((folder / "process.json").read_text())
+            pid, ticks = int(doc["pid"]), doc.get("start_ticks")
+        except (OSError, ValueError, KeyError, TypeError):
+            doc, pid, ticks = {}, None, None
+        if pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid):
+            # A worker killed between starting a process and recording it leaves
+            # an agent no process.json names: find it by its command line, or a
+            # second agent would be started on the same storage.
+            pid = _find_by_cmdline(config_path) if folder.is_dir() else None
+            if pid is None:
+                return None
+            stat = _proc_stat(pid)
+            ticks = stat[1] if stat else None
+        if spec is None:
+            try:
+                config = load_agent_config(folder / "agent.json")
+            except AgentConfigError:
+                return None
+            spec = VmiSpec(name=str(doc.get("vmi", folder.name)), disk=folder.name,
+                           node="", gpus=config.gpus, node_rank=config.node_rank, agent=config)
+        return _Vmi(spec, folder, pid, ticks)
+
+    def _find_live(self, vmi: VmiSpec) -> _Vmi | None:
+        """A live process of ``vmi`` we do not know (started before a worker restart);
+        watched from now on."""
+        record = self._record_in(self._folder(vmi), vmi)
+        if record is not None:
+            record.message = f"agent process {record.pid} adopted"
+            self._vmis[vmi.name] = record
+            self._running().start_soon(self._watch_adopted, record)
+        return record
+
+    async def _adopt_pending(self) -> None:
+        while self._to_adopt:
+            vmi = self._to_adopt.pop(0)
+            async with self._lock(vmi.name):
+                if vmi.name in self._vmis:
+                    continue
+                record = self._find_live(vmi)
+                folder = self._folder(vmi)
+                if record is not None:
+                    log.info("local.adopted vmi=%s pid=%d", vmi.name, record.pid)
+                    await self._send(vmi.name, VmiPhase.RUNNING,
+                                     f"agent process {record.pid} adopted", record)
+                elif folder.is_dir():
+                    dead = _Vmi(vmi, folder)
+                    dead.exited.set()
+                    self._vmis[vmi.name] = dead
+                    await self._send(vmi.name, VmiPhase.FAILED,
+                                     "agent process gone while the worker was away "
+                                     "(exit status unknown)", dead)
+                else:
+                    await self._send(vmi.name, VmiPhase.GONE, "no such VMI (no folder)")
+
+    # -- events --------------------------------------------------------------------------
+
+    async def _send(self, name: str, phase: VmiPhase, message: str,
+                    record: _Vmi | None = None) -> None:
+        if self._events is None:
+            return
+        extra = {}
+        node = None
+        if record is not None:
+            record.phase, record.message = phase, message
+            node = record.spec.node or None
+            extra["folder"] = str(record.folder)
+            if record.pid is not None:
+                extra["pid"] = str(record.pid)
+        await self._events.send(VmiEvent(name, phase, message, node=node, extra=extra))

@@ -1,0 +1,108 @@
+"""The agent as a real process against an in-process worker over 127.0.0.1 sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import trio
+
+from nodes.k8s_worker.agents import AgentEventKind
+from p2p.keys import KeyPair, load_keypair
+from tests.cli.helpers import COSMICAC
+
+from .helpers import agent_config, running_worker, vmi_of
+
+
+async def start_agent(config_file, log_path):
+    """``cosmicac agent run``, its output (JSON log lines, errors) in ``log_path``."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return await trio.lowlevel.open_process(
+            [*COSMICAC, "agent", "run", "--config", str(config_file)],
+            stdout=log_fd, stderr=subprocess.STDOUT)
+    finally:
+        os.close(log_fd)
+
+
+async def stop(proc, timeout_s: float = 10.0) -> int:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(timeout_s):
+        return await proc.wait()
+
+
+async def test_an_agent_says_hello_then_ready_heartbeats_and_exits_0_on_sigterm(
+        nursery, tmp_path):
+    async with running_worker(nursery) as worker:
+        storage = tmp_path / "storage"
+        config = agent_config(worker.keypair.public_key, address=worker.address,
+                              storage=str(storage))
+        vmi = vmi_of(config)
+        worker.registry.expect(vmi)
+        (tmp_path / "agent.json").write_text(config.to_json())
+        keys = []
+        for run in range(2):  # the second run: same storage, same identity
+            proc = await start_agent(tmp_path / "agent.json", tmp_path / f"agent-{run}.log")
+            try:
+                hello = await worker.next_event()
+                if run == 1 and hello.kind is AgentEventKind.SILENT:
+                    hello = await worker.next_event()  # the first run's agent stopped
+                assert (hello.vmi_name, hello.kind) == (vmi.name, AgentEventKind.HELLO)
+                ready = await worker.next_event()
+                assert (ready.vmi_name, ready.kind) == (vmi.name, AgentEventKind.READY)
+                first = worker.registry.state(vmi.name).last_report_at
+                with trio.fail_after(10):  # heartbeats keep coming
+                    while worker.registry.state(vmi.name).last_report_at < first + 0.3:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                keys.append(worker.registry.state(vmi.name).key)
+            finally:
+                code = await stop(proc)
+            assert code == 0, (tmp_path / f"agent-{run}.log").read_text()
+        assert keys[0] == keys[1] == load_keypair(storage).public_key
+        lines = (tmp_path / "agent-0.log").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        assert any("agent.hello" in r.get("message", "") for r in records), lines
+
+
+async def test_a_wrong_token_is_refused_and_the_agent_exits_1(nursery, tmp_path):
+    async with running_worker(nursery) as worker:
+        config = agent_config(worker.keypair.public_key, address=worker.address,
+                              storage=str(tmp_path / "storage"))
+        worker.registry.expect(vmi_of(config.model_copy(update={"report_token": "0" * 64})))
+        (tmp_path / "agent.json").write_text(config.to_json())
+        proc = await start_agent(tmp_path / "agent.json", tmp_path / "agent.log")
+        try:
+            with trio.fail_after(15):
+                code = await proc.wait()
+        finally:
+            await stop(proc)
+        output = (tmp_path / "agent.log").read_text()
+        assert code == 1, output
+        assert "FORBIDDEN" in output
+        state = worker.registry.state(vmi_of(config).name)
+        assert state.key is None and state.last_report_at is None
+
+
+async def test_an_agent_says_hello_again_when_the_worker_comes_back(nursery, tmp_path):
+    keypair = KeyPair.generate()
+    async with running_worker(nursery, keypair=keypair) as worker:
+        port = worker.address[1]
+        config = agent_config(keypair.public_key, address=worker.address,
+                              storage=str(tmp_path / "storage"))
+        worker.registry.expect(vmi_of(config))
+        (tmp_path / "agent.json").write_text(config.to_json())
+        proc = await start_agent(tmp_path / "agent.json", tmp_path / "agent.log")
+        assert (await worker.next_event()).kind is AgentEventKind.HELLO
+        assert (await worker.next_event()).kind is AgentEventKind.READY
+    try:
+        # A new worker process: same key, same port, its registry re-learns the VMI.
+        async with running_worker(nursery, keypair=keypair, port=port) as worker:
+            worker.registry.expect(vmi_of(config))
+            assert (await worker.next_event()).kind is AgentEventKind.HELLO
+            assert (await worker.next_event()).kind is AgentEventKind.READY
+    finally:
+        code = await stop(proc)
+    assert code == 0, (tmp_path / "agent.log").read_text()

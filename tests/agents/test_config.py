@@ -1,0 +1,74 @@
+"""The agent's config: refused with the field named, by the loader and by `cosmicac agent run`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from agents.boot import parse_addresses
+from agents.config import AgentConfigError, load_agent_config
+from cli.main import app
+
+from .helpers import agent_config
+
+WORKER = b"\x01" * 32
+
+
+def write(tmp_path, document) -> str:
+    path = tmp_path / "agent.json"
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    return str(path)
+
+
+def test_the_rendered_config_reads_back_equal(tmp_path):
+    config = agent_config(WORKER, address=("127.0.0.1", 4000))
+    assert load_agent_config(write(tmp_path, config.to_json())) == config
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"worker": "not-a-key"}, "worker"),
+    ({"report_token": "short"}, "report_token"),
+    ({"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
+    ({"relays": ["zz"]}, "relays.0"),
+    ({"job_type": "vm"}, "job_type"),
+    ({"unknown": 1}, "unknown"),
+    ({"node_rank": 3, "node_count": 2}, "config"),
+])
+def test_a_bad_field_is_named(tmp_path, change, field):
+    document = json.loads(agent_config(WORKER).to_json()) | change
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(write(tmp_path, document))
+    assert f": {field}:" in str(info.value)
+
+
+def test_a_missing_field_is_named(tmp_path):
+    document = json.loads(agent_config(WORKER).to_json())
+    del document["job_id"]
+    with pytest.raises(AgentConfigError, match=r": job_id: Field required"):
+        load_agent_config(write(tmp_path, document))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("worker_addresses", ["localhost:80"]),
+    ("bootstrap", ["127.0.0.1:4000", "127.0.0.1"]),
+])
+def test_an_address_that_is_not_ip_port_is_named_with_its_index(tmp_path, field, value):
+    config = agent_config(WORKER).model_copy(update={field: tuple(value)})
+    with pytest.raises(AgentConfigError) as info:
+        parse_addresses(config, "agent.json")
+    assert f"{field}.{len(value) - 1}:" in str(info.value)
+
+
+def test_agent_run_exits_2_naming_the_field(tmp_path):
+    document = json.loads(agent_config(WORKER).to_json()) | {"replica": -1}
+    result = CliRunner().invoke(app, ["agent", "run", "--config", write(tmp_path, document)])
+    assert result.exit_code == 2
+    assert "replica" in result.output
+
+
+def test_agent_run_exits_2_for_a_file_that_is_not_json(tmp_path):
+    result = CliRunner().invoke(app, ["agent", "run", "--config", write(tmp_path, "{nope")])
+    assert result.exit_code == 2
+    assert "not valid JSON" in result.output

@@ -1,0 +1,208 @@
+"""The worker's agent registry: who may report for which VMI, and silence (autojump clock)."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from agents.report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Hello, Report
+from nodes.k8s_worker.agents import AgentEventKind, AgentRegistry, AgentTable
+from p2p.rpc import RpcClient, RpcError, serve_rpc
+from tests.agents.helpers import agent_config, vmi_of
+from tests.p2p.conftest import running_mux_pair
+
+WORKER = b"\x01" * 32
+AGENT = b"\x02" * 32
+STRANGER = b"\x03" * 32
+
+
+def hello_of(config, **changes) -> Hello:
+    fields = dict(job_id=config.job_id, replica=config.replica, generation=config.generation,
+                  node_rank=config.node_rank, token=config.report_token)
+    return Hello(**(fields | changes))
+
+
+@asynccontextmanager
+async def registry_and_events(nursery, **kwargs):
+    send, receive = trio.open_memory_channel(16)
+    registry = AgentRegistry(send, **kwargs)
+    await nursery.start(registry.run)
+    yield registry, receive
+
+
+@asynccontextmanager
+async def client_as(nursery, registry: AgentRegistry, key: bytes):
+    """An RPC client whose calls reach the registry as from ``key`` (Noise-proven there)."""
+    async with running_mux_pair(nursery) as (left, right):
+        listener = right.listen(registry.service.protocol)
+        channel = await left.open_channel(registry.service.protocol)
+        server_channel = await listener.accept()
+        await nursery.start(functools.partial(serve_rpc, server_channel,
+                                              registry.service.router, remote_public_key=key))
+        client = RpcClient(channel)
+        await nursery.start(client.run)
+        yield client
+        await client.aclose()
+
+
+async def test_hello_binds_the_callers_key_and_ready_and_heartbeats_follow(
+        nursery, autojump_clock):
+    config = agent_config(WORKER, heartbeat_interval_s=5)
+    vmi = vmi_of(config)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, AGENT) as client:
+        registry.expect(vmi)
+        with trio.fail_after(5):
+            result = await client.call(HELLO, hello_of(config))
+            assert result.vmi == vmi.name
+            event = await events.receive()
+            assert (event.vmi_name, event.kind) == (vmi.name, AgentEventKind.HELLO)
+            await client.call(READY, Report(message="serving"))
+            event = await events.receive()
+            assert (event.kind, event.message) == (AgentEventKind.READY, "serving")
+        for _ in range(5):  # heartbeats in time: never silent
+            await trio.sleep(4)
+            await client.call(HEARTBEAT, Heartbeat())
+        with pytest.raises(trio.WouldBlock):
+            events.receive_nowait()
+        state = registry.state(vmi.name)
+        assert state.key == AGENT and state.ready and not state.silent
+
+
+async def test_an_agent_is_silent_after_three_missed_heartbeats_and_back_when_it_reports(
+        nursery, autojump_clock):
+    config = agent_config(WORKER, heartbeat_interval_s=5)
+    vmi = vmi_of(config)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, AGENT) as client:
+        registry.expect(vmi)
+        await client.call(HELLO, hello_of(config))
+        await client.call(READY, Report())
+        assert [(await events.receive()).kind for _ in range(2)] == [
+            AgentEventKind.HELLO, AgentEventKind.READY]
+        started = trio.current_time()
+        with trio.fail_after(60):
+            silent = await events.receive()
+        assert silent.kind is AgentEventKind.SILENT and silent.vmi_name == vmi.name
+        assert silent.at - started == pytest.approx(15, abs=0.01)  # 3 x 5 s
+        assert registry.state(vmi.name).silent
+        await trio.sleep(100)  # said once, not again
+        with pytest.raises(trio.WouldBlock):
+            events.receive_nowait()
+        await client.call(HEARTBEAT, Heartbeat())
+        back = await events.receive()
+        assert back.kind is AgentEventKind.READY and not registry.state(vmi.name).silent
+
+
+async def test_silent_after_s_overrides_the_heartbeat_multiple(nursery, autojump_clock):
+    config = agent_config(WORKER, heartbeat_interval_s=5)
+    async with registry_and_events(nursery, silent_after_s=2) as (registry, events), \
+            client_as(nursery, registry, AGENT) as client:
+        registry.expect(vmi_of(config))
+        await client.call(HELLO, hello_of(config))
+        assert (await events.receive()).kind is AgentEventKind.HELLO
+        started = trio.current_time()
+        assert (await events.receive()).kind is AgentEventKind.SILENT
+        assert trio.current_time() - started == pytest.approx(2, abs=0.01)
+
+
+@pytest.mark.parametrize(("change", "code"), [
+    ({"token": "f" * 64}, "FORBIDDEN"),
+    ({"replica": 7}, "UNKNOWN_REPLICA"),
+    ({"node_rank": 1}, "UNKNOWN_REPLICA"),
+    ({"job_id": "j-other"}, "UNKNOWN_REPLICA"),
+    ({"generation": 0}, "STALE_GENERATION"),
+])
+async def test_a_hello_that_does_not_prove_the_vmi_is_refused_and_binds_nothing(
+        change, code, nursery, autojump_clock):
+    config = agent_config(WORKER, generation=2)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, STRANGER) as client:
+        registry.expect(vmi_of(config))
+        with pytest.raises(RpcError) as info:
+            await client.call(HELLO, hello_of(config, **change))
+        assert info.value.code == code
+        assert registry.state(vmi_of(config).name).key is None
+        with pytest.raises(RpcError) as info:  # and it cannot report either
+            await client.call(READY, Report())
+        assert info.value.code == "NOT_INTRODUCED"
+        with pytest.raises(trio.WouldBlock):
+            events.receive_nowait()
+
+
+async def test_reports_from_another_key_than_the_bound_one_are_refused(nursery, autojump_clock):
+    config = agent_config(WORKER)
+    async with registry_and_events(nursery) as (registry, _events), \
+            client_as(nursery, registry, AGENT) as agent, \
+            client_as(nursery, registry, STRANGER) as stranger:
+        registry.expect(vmi_of(config))
+        await agent.call(HELLO, hello_of(config))
+        for method, params in ((READY, Report()), (FAILED, Report()), (HEARTBEAT, Heartbeat())):
+            with pytest.raises(RpcError) as info:
+                await stranger.call(method, params)
+            assert info.value.code == "NOT_INTRODUCED"
+        assert registry.state(vmi_of(config).name).key == AGENT
+
+
+async def test_a_failed_report_is_an_event_and_stops_the_silence_timer(nursery, autojump_clock):
+    config = agent_config(WORKER, heartbeat_interval_s=1)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, AGENT) as client:
+        registry.expect(vmi_of(config))
+        await client.call(HELLO, hello_of(config))
+        await client.call(FAILED, Report(message="model does not load"))
+        kinds = [(await events.receive()) for _ in range(2)]
+        assert kinds[1].kind is AgentEventKind.FAILED
+        assert kinds[1].message == "model does not load"
+        await trio.sleep(60)
+        with pytest.raises(trio.WouldBlock):
+            events.receive_nowait()
+
+
+async def test_forgetting_a_vmi_unbinds_its_key_and_silences_nothing(nursery, autojump_clock):
+    config = agent_config(WORKER, heartbeat_interval_s=1)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, AGENT) as client:
+        registry.expect(vmi_of(config))
+        await client.call(HELLO, hello_of(config))
+        await events.receive()
+        registry.forget(vmi_of(config).name)
+        await trio.sleep(60)
+        with pytest.raises(trio.WouldBlock):
+            events.receive_nowait()
+        with pytest.raises(RpcError) as info:
+            await client.call(HEARTBEAT, Heartbeat())
+        assert info.value.code == "NOT_INTRODUCED"
+
+
+def test_expecting_again_keeps_the_binding_unless_the_generation_or_token_changed():
+    table = AgentTable()
+    config = agent_config(WORKER)
+    vmi = vmi_of(config)
+    table.expect(vmi)
+    table.hello(AGENT, hello_of(config), now=1.0)
+    table.expect(vmi)  # after a worker's adopt: same VMI
+    assert table.state(vmi.name).key == AGENT
+    restarted = config.model_copy(update={"generation": 1, "report_token": secrets.token_hex(32)})
+    table.expect(vmi_of(restarted))
+    assert table.state(vmi.name).key is None and table.state(vmi.name).generation == 1
+    assert len(table) == 1
+    with pytest.raises(Exception) as info:
+        table.heartbeat(AGENT, now=2.0)
+    assert info.value.code == "NOT_INTRODUCED"
+
+
+def test_one_key_is_bound_to_one_vmi():
+    table = AgentTable()
+    first, second = agent_config(WORKER, replica=0), agent_config(WORKER, replica=1)
+    table.expect(vmi_of(first))
+    table.expect(vmi_of(second))
+    table.hello(AGENT, hello_of(first), now=0.0)
+    table.hello(AGENT, hello_of(second), now=0.0)
+    assert table.state(vmi_of(first).name).key is None
+    assert table.state(vmi_of(second).name).key == AGENT
+    assert table.next_deadline() == pytest.approx(0.6)  # 3 x 0.2 s, the second only
