@@ -26,7 +26,7 @@ from p2p.daemon import Daemon, DaemonError
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig, stay_connected
 
-from .agents import AgentRegistry
+from .agents import AgentEvent, AgentRegistry
 from .backend import Backend
 from .settings import WorkerSettings, relays_hex
 from .store import WorkerStore
@@ -60,7 +60,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                                     config=QueueConfig(fsync=fsync))
     queues = QueueService()
     queues.attach(queue)
-    registry = AgentRegistry(silent_after_s=settings.agents.silent_after_s)
+    agent_send, agent_events = trio.open_memory_channel[AgentEvent](1024)
+    registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s)
     backend = backend or make_backend(settings, storage)
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
@@ -81,7 +82,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         relays=relays_hex(settings),
         heartbeat_interval_s=settings.agents.heartbeat_interval_s,
         report_interval_s=settings.report_interval_s)
-    worker = Worker(store=store, backend=backend, registry=registry, publish=queue.publish,
+    worker = Worker(store=store, backend=backend, registry=registry, agent_events=agent_events,
+                    publish=queue.publish,
                     runtime=runtime)
     await daemon.nursery.start(registry.run)
     await daemon.nursery.start(worker.run)

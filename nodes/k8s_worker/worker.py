@@ -108,11 +108,19 @@ class _Replica:
 class Worker:
     """One worker's replicas: apply operations, reconcile the backend, report."""
 
-    def __init__(self, *, store: WorkerStore, backend: Backend, registry, publish: Publish,
+    def __init__(self, *, store: WorkerStore, backend: Backend, registry,
+                 agent_events: trio.MemoryReceiveChannel, publish: Publish,
                  runtime: WorkerRuntime, clock: Callable[[], float] = time.time) -> None:
+        """
+        Args:
+            registry: the :class:`~.agents.AgentRegistry` (``expect``/``forget``).
+            agent_events: where that registry sends its :class:`~.agents.AgentEvent` s.
+            publish: ``await publish(key, payload)`` appends a report to the queue.
+        """
         self.store = store
         self.backend = backend
         self.registry = registry
+        self._agent_events = agent_events
         self._publish = publish
         self.runtime = runtime
         self._clock = clock
@@ -179,7 +187,7 @@ class Worker:
                                 if record.done_generation >= 0])
             await nursery.start(self.backend.run, send)
             nursery.start_soon(self._backend_events, receive)
-            nursery.start_soon(self._agent_events)
+            nursery.start_soon(self._follow_agents)
             for record in records:
                 state = self._track(record)
                 state.last_state = record.reported_state
@@ -311,8 +319,8 @@ class Worker:
                 self._system(state, event.message)
             await self._update(state)
 
-    async def _agent_events(self) -> None:
-        async for event in self.registry.events():
+    async def _follow_agents(self) -> None:
+        async for event in self._agent_events:
             found = self._by_vmi.get(event.vmi_name)
             if found is None:
                 continue

@@ -120,9 +120,6 @@ class FakeRegistry:
     def forget(self, name: str) -> None:
         self.expected.pop(name, None)
 
-    def events(self):
-        return self.receive
-
     async def ready(self, *names: str) -> None:
         for name in names:
             await self.send.send(AgentEvent(name, "ready",
@@ -136,6 +133,7 @@ class Harness:
         self.registry = FakeRegistry()
         self.published: list[ReplicaReport | RackUpdate] = []
         self.worker = Worker(store=store, backend=self.backend, registry=self.registry,
+                             agent_events=self.registry.receive,
                              publish=self.publish,
                              runtime=WorkerRuntime(worker_key=WORKER_KEY, relays=("cc" * 32,),
                                                    report_interval_s=60))

@@ -1,0 +1,182 @@
+"""wrk-ork's trio driver: the orchestrator core on one side, the racks' queues on the other.
+
+The :class:`~nodes.ork.orchestrator.Orchestrator` decides and records (in its
+SQLite file, with an outbox of operations in the same transaction); this
+driver does the I/O:
+
+* every orchestrator call runs in a worker thread, one at a time (SQLite is
+  the hot path and must not block the loop; the core is not thread-safe);
+* one durable queue per registered rack (``<storage>/queues/<rack-key>``),
+  attached to the daemon's queue service, opened when a rack is registered
+  and closed when it is removed;
+* the outbox is published on the racks' queues and marked published only once
+  the queue holds it durably; after a crash the unmarked ones are published
+  again under the same op ids, which the worker recognises;
+* each rack's reports are applied with their queue position (saved with the
+  state change) and acked; a position already applied is skipped, so a
+  redelivery after an ork restart changes nothing;
+* a tick marks silent racks Unknown and places Pending jobs;
+* status changes fan out to every ``jobs.watch`` subscriber (bounded: a
+  subscriber that falls 1,000 events behind is dropped and told so).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+from p2p.log import FsyncPolicy
+from p2p.queue import DurableQueue, QueueConfig, QueueService
+
+from nodes.control import BadMessage, decode_report, encode
+from p2p.keys import KeyPair
+
+from .orchestrator import JobEvent, Orchestrator
+
+__all__ = ["WATCH_BACKLOG", "OrkDriver"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Events a watcher may fall behind by before it is dropped.
+WATCH_BACKLOG = 1000
+
+
+class OrkDriver:
+    """Runs the orchestrator's I/O: queues, outbox, reports, ticks, watchers."""
+
+    def __init__(self, orchestrator: Orchestrator, queues: QueueService, keypair: KeyPair,
+                 storage: Path, *, fsync: bool = True, tick_interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.orchestrator = orchestrator
+        self.queues = queues
+        self._keypair = keypair
+        self._storage = storage
+        self._fsync = FsyncPolicy.ALWAYS if fsync else FsyncPolicy.NEVER
+        self._tick_interval_s = tick_interval_s
+        self._clock = clock
+        self._limiter = trio.CapacityLimiter(1)
+        self._open: dict[str, tuple[DurableQueue, trio.CancelScope]] = {}
+        self._changed = trio.Event()
+        self._watchers: set[trio.MemorySendChannel[JobEvent | None]] = set()
+        self._nursery: trio.Nursery | None = None
+        self.bad_reports = 0
+
+    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one orchestrator call in a thread, serialised; wake the publisher after."""
+        try:
+            return await trio.to_thread.run_sync(lambda: function(*args, **kwargs),
+                                                 limiter=self._limiter)
+        finally:
+            self._changed.set()
+
+    def now(self) -> float:
+        return self._clock()
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._sync_racks()
+            nursery.start_soon(self._publish_loop)
+            nursery.start_soon(self._tick_loop)
+            task_status.started()
+
+    async def _sync_racks(self) -> None:
+        """Open a queue for every registered rack; close those of removed racks."""
+        racks = {info.rack for info in await self.call(self.orchestrator.racks)}
+        for rack in racks - set(self._open):
+            await self._open_queue(rack)
+        for rack in set(self._open) - racks:
+            queue, scope = self._open.pop(rack)
+            scope.cancel()
+            self.queues.detach(bytes.fromhex(rack))
+            await queue.aclose()
+            log.info("ork.queue_closed rack=%s", rack[:12])
+
+    async def _open_queue(self, rack: str) -> None:
+        assert self._nursery is not None
+        peer = bytes.fromhex(rack)
+        queue = await DurableQueue.open(self._storage / "queues" / rack, self._keypair, peer,
+                                        config=QueueConfig(fsync=self._fsync))
+        self.queues.attach(queue)
+        scope = trio.CancelScope()
+        self._open[rack] = (queue, scope)
+        self._nursery.start_soon(self._consume, rack, queue, scope)
+        log.info("ork.queue_opened rack=%s", rack[:12])
+
+    async def _consume(self, rack: str, queue: DurableQueue, scope: trio.CancelScope) -> None:
+        with scope:
+            applied = await self.call(self.orchestrator.report_position, rack)
+            async with queue.deliveries() as deliveries:
+                async for delivery in deliveries:
+                    if applied is None or delivery.position > applied:
+                        try:
+                            report = decode_report(delivery.payload)
+                        except BadMessage as exc:
+                            self.bad_reports += 1
+                            log.warning("ork.bad_report rack=%s position=%d reason=%s",
+                                        rack[:12], delivery.position, exc)
+                        else:
+                            await self.call(self.orchestrator.on_report, rack, report,
+                                            self.now(), position=delivery.position)
+                    await queue.ack(delivery.position)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed = trio.Event()
+            await self._sync_racks()
+            outbox = await self.call(self.orchestrator.outbox)
+            published = []
+            for outbound in outbox:
+                entry = self._open.get(outbound.rack)
+                if entry is None:
+                    log.warning("ork.no_queue rack=%s op=%s", outbound.rack[:12],
+                                outbound.op.op_id)
+                    continue
+                await entry[0].publish(outbound.op.job_id, encode(outbound.op))
+                published.append(outbound.op.op_id)
+            if published:
+                await trio.to_thread.run_sync(self.orchestrator.mark_published, published,
+                                              limiter=self._limiter)
+                log.info("ork.published ops=%d", len(published))
+            events = await trio.to_thread.run_sync(self.orchestrator.drain_events,
+                                                   limiter=self._limiter)
+            self._fan_out(events)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await trio.sleep(self._tick_interval_s)
+            await self.call(self.orchestrator.tick, self.now())
+
+    # -- watchers ------------------------------------------------------------
+
+    def _fan_out(self, events: list[JobEvent]) -> None:
+        for event in events:
+            log.info("ork.job job=%s status=%s previous=%s reason=%s", event.job_id,
+                     event.status, event.previous, event.reason)
+            for watcher in list(self._watchers):
+                try:
+                    watcher.send_nowait(event)
+                except trio.WouldBlock:  # too far behind: end its stream, keep the others
+                    self._watchers.discard(watcher)
+                    watcher.close()
+                except trio.ClosedResourceError:
+                    self._watchers.discard(watcher)
+
+    def watch(self) -> trio.MemoryReceiveChannel[JobEvent | None]:
+        """A stream of every status change from now on; close it when done."""
+        send, receive = trio.open_memory_channel[JobEvent | None](WATCH_BACKLOG)
+        self._watchers.add(send)
+        return receive
+
+    def statistics(self) -> dict[str, float]:
+        return {"racks_open": len(self._open), "watchers": len(self._watchers),
+                "bad_reports": self.bad_reports}
