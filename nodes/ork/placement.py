@@ -7,10 +7,13 @@ The rules (seeds/architecture.txt, "Racks, nodes, and GPUs"; issue 11):
   team only on unreserved nodes; unschedulable nodes get nothing new;
 - a GPU Container Job runs on one node; so does a Parakeet or ``local``
   replica, and a vLLM replica that fits one node (runs as one VMI);
-- a vLLM replica larger than any node of a rack takes k nodes of that rack,
-  each giving gpus/k GPUs, on a rack with the overlay network and on
-  InfiniBand nodes only; k is the smallest divisor ≥ 2 of the replica's GPUs
-  for which k such nodes have gpus/k free each (fewest VMIs);
+- a vLLM replica larger than every schedulable node of a rack the team may
+  use takes k nodes of that rack, each giving gpus/k GPUs, on a rack with the
+  overlay network and on InfiniBand nodes only; k is the smallest divisor
+  ≥ 2 of the replica's GPUs for which k such nodes have gpus/k free each
+  (fewest VMIs);
+- a team that has reserved nodes anywhere runs only on its reserved nodes,
+  so its jobs in a location where it reserved none are Unplaceable;
 - all replicas of a job go on ONE rack, and placement is all-or-nothing:
   either every replica has a place now or nothing is placed.
 
@@ -67,6 +70,10 @@ __all__ = [
     "pack_single",
     "pack_spanning",
 ]
+
+#: Answers to "could this job ever fit" kept between capacity changes; the key
+#: has the team in it (for the message), so the bound holds many teams' shapes.
+NEVER_CACHE_SIZE = 4096
 
 #: One replica's shares as (node name, GPUs), before they become a ReplicaPlacement.
 Shares = list[tuple[str, int]]
@@ -163,6 +170,7 @@ class Cluster(Capacity):
         cluster.claim(placements)            # NoCapacity if it raced; place again
         ...
         cluster.unclaim(placements)          # when the replicas are deleted
+        cluster.restore(placements)          # on restart, for replicas already running
     """
 
     def place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
@@ -222,6 +230,34 @@ class Cluster(Capacity):
         for node, gpus in wanted.items():
             self._book(node, gpus)
 
+    def restore(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Book the GPUs of replicas that already run, e.g. when wrk-ork starts
+        again and reloads its jobs after registering the racks.
+
+        Running replicas are facts, so nothing is re-checked: a node that is
+        now cordoned, smaller, or missing from the report still gets the
+        claims (a missing one is kept as a ghost until they are released).
+
+        Raises:
+            PlacementError: a rack is not registered (call :meth:`set_rack`
+                first), or a multi-node placement has unequal shares.
+        """
+        wanted: dict[tuple[Rack, str], int] = {}
+        for placement in placements:
+            rack = self._racks.get(placement.rack)
+            if rack is None:
+                raise PlacementError(f"rack {short(placement.rack)} is not registered; "
+                                     "register racks before restoring their claims")
+            self._check_shares(placement)
+            for share in placement.shares:
+                wanted[(rack, share.node)] = wanted.get((rack, share.node), 0) + share.gpus
+        for (rack, name), gpus in wanted.items():
+            node = rack.nodes.get(name)
+            if node is None:
+                node = rack.nodes[name] = Node(rack.key, name)
+                node.owner = self._reservations.get((rack.key, name))
+            self._book(node, gpus)
+
     def unclaim(self, placements: Iterable[ReplicaPlacement]) -> None:
         """Give back the GPUs of ``placements`` (all or none), e.g. when their
         replicas are deleted; pending jobs may fit afterwards.
@@ -247,16 +283,20 @@ class Cluster(Capacity):
             rack = self._racks.get(placement.rack)
             if rack is None:
                 raise missing(f"rack {short(placement.rack)} is not registered")
-            shares = placement.shares
-            if len(shares) > 1 and (len({s.node for s in shares}) != len(shares)
-                                    or len({s.gpus for s in shares}) != 1):
-                raise PlacementError("a multi-node replica takes equal shares on distinct nodes")
-            for share in shares:
+            self._check_shares(placement)
+            for share in placement.shares:
                 node = rack.nodes.get(share.node)
                 if node is None:
                     raise missing(f"rack {short(rack.key)} has no node {share.node}")
                 wanted[node] = wanted.get(node, 0) + share.gpus
         return wanted
+
+    @staticmethod
+    def _check_shares(placement: ReplicaPlacement) -> None:
+        shares = placement.shares
+        if len(shares) > 1 and (len({s.node for s in shares}) != len(shares)
+                                or len({s.gpus for s in shares}) != 1):
+            raise PlacementError("a multi-node replica takes equal shares on distinct nodes")
 
     def _search(self, spec: JobSpec, owner: str | None,
                 racks: Iterable[Rack]) -> tuple[ReplicaPlacement, ...] | None:
@@ -306,6 +346,8 @@ class Cluster(Capacity):
         except KeyError:
             pass
         reason = self._never_reason(spec, owner, racks)
+        if len(self._never_cache) >= NEVER_CACHE_SIZE:
+            self._never_cache.clear()  # at the bound: recompute; each answer is one pass
         self._never_cache[key] = reason
         return reason
 

@@ -532,3 +532,18 @@ def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tupl
     check_index(cluster)
     assert cluster.nodes() == build(racks).nodes()
     assert all(n.free == n.gpus for n in cluster.nodes())
+
+
+def test_restore_books_running_replicas_without_rechecking_them() -> None:
+    cluster = one_rack(N("n1", ib=True), N("n2", ib=True), overlay=True)
+    spanning = cluster.place(inference(16))
+    cluster.set_rack(key("a"), "default", report(N("n1", ib=True, cordoned=True)))
+    cluster.restore(spanning)  # n1 cordoned, n2 gone: both still booked
+    assert [(n.name, n.free, n.gpus) for n in cluster.nodes()] == [("n1", 0, 8), ("n2", 0, 0)]
+    with pytest.raises(PlacementError, match="still holds 16 claimed GPUs"):
+        cluster.remove_rack(key("a"))
+    cluster.unclaim(spanning)
+    assert [(n.name, n.free) for n in cluster.nodes()] == [("n1", 8)]
+    with pytest.raises(PlacementError, match="register racks before restoring"):
+        cluster.restore([ReplicaPlacement.model_validate(
+            {"rack": key("b"), "shares": [{"node": "n1", "gpus": 1}]})])
