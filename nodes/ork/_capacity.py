@@ -306,21 +306,28 @@ class Capacity:
         placed on it, and that team's jobs only on its reserved nodes.
         Replicas already running on it stay until deleted.
 
+        The node need not be in the rack's last report: a reservation belongs
+        to (rack, node) and outlives reports, so wrk-ork restarting while a
+        reserved node is briefly missing keeps the team on its own nodes. Check
+        :meth:`nodes` first to refuse names that were never reported.
+
         Raises:
-            PlacementError: unknown rack or node, or reserved by another team.
+            PlacementError: unknown rack, or the node is reserved by another team.
         """
-        target = self._node(rack, node)
-        holder = self._reservations.get((target.rack, node))
+        key = self._rack(rack).key
+        holder = self._reservations.get((key, node))
         if holder == team:
             return
         if holder is not None:
-            raise PlacementError(f"node {node} of rack {short(target.rack)} is reserved by "
+            raise PlacementError(f"node {node} of rack {short(key)} is reserved by "
                                  f"team {holder}; release it first")
-        self._reservations[(target.rack, node)] = team
+        self._reservations[(key, node)] = team
         self._team_nodes[team] = self._team_nodes.get(team, 0) + 1
-        self._unindex(target)
-        target.owner = team
-        self._index(target)
+        target = self._racks[key].nodes.get(node)
+        if target is not None:
+            self._unindex(target)
+            target.owner = team
+            self._index(target)
         self._changed()
 
     def release(self, rack: str, node: str) -> None:
