@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from nodes.model import JobSpec, JobType, NodeShare, ReplicaPlacement
 
@@ -62,6 +63,7 @@ from ._capacity import (
 
 __all__ = [
     "Cluster",
+    "ClusterStatistics",
     "NoCapacity",
     "NodeView",
     "PlacementError",
@@ -154,6 +156,21 @@ def _first_span(ib_at: Mapping[int, set[str]], gpus: int) -> int:
     return 0
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterStatistics:
+    """Counters for the monitor (trio's ``statistics()`` convention)."""
+
+    racks: int
+    nodes: int
+    gpus: int
+    #: GPUs booked by claim()/restore() and not yet released.
+    claimed_gpus: int
+    #: place() calls that returned placements / raised NoCapacity / Unplaceable.
+    placed: int
+    no_capacity: int
+    unplaceable: int
+
+
 def _what(spec: JobSpec) -> str:
     if spec.type is JobType.CONTAINER:
         return "a GPU Container Job"
@@ -173,6 +190,19 @@ class Cluster(Capacity):
         cluster.restore(placements)          # on restart, for replicas already running
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._placed = self._no_capacity = self._unplaceable = 0
+
+    def statistics(self) -> ClusterStatistics:
+        """A snapshot of the book's size and of place()'s outcomes so far."""
+        racks = self._racks.values()
+        return ClusterStatistics(
+            racks=len(self._racks), nodes=sum(len(r.nodes) for r in racks),
+            gpus=sum(n.gpus for r in racks for n in r.nodes.values()),
+            claimed_gpus=sum(r.claimed for r in racks), placed=self._placed,
+            no_capacity=self._no_capacity, unplaceable=self._unplaceable)
+
     def place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
         """Where each replica of ``spec`` would run now; nothing is claimed.
 
@@ -184,6 +214,18 @@ class Cluster(Capacity):
             Unplaceable: the job can never run as the location is registered.
             NoCapacity: it could, but not with the GPUs free now.
         """
+        try:
+            placements = self._place(spec)
+        except NoCapacity:
+            self._no_capacity += 1
+            raise
+        except Unplaceable:
+            self._unplaceable += 1
+            raise
+        self._placed += 1
+        return placements
+
+    def _place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
         racks = self._by_location.get(spec.location)
         if not racks:
             raise Unplaceable(f"no rack is registered in location {spec.location}")

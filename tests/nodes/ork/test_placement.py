@@ -637,3 +637,14 @@ def test_spanning_vllm_replicas_take_the_fewest_tightest_nodes(racks: list[R],
     for placements in running:
         cluster.unclaim(placements)
     assert all(n.free == n.gpus for n in cluster.nodes())
+
+
+def test_statistics_count_the_book_and_the_outcomes() -> None:
+    cluster = one_rack(N("n1"), N("n2", gpus=4))
+    cluster.claim(cluster.place(container(6)))
+    for spec in (container(9), container(8)):
+        with pytest.raises(PlacementError):
+            cluster.place(spec)
+    stats = cluster.statistics()
+    assert (stats.racks, stats.nodes, stats.gpus, stats.claimed_gpus) == (1, 2, 12, 6)
+    assert (stats.placed, stats.no_capacity, stats.unplaceable) == (1, 1, 1)
