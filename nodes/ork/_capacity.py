@@ -32,7 +32,9 @@ keyed by its free count, kept up to date on every claim:
 - :class:`LocationPool` (one location, one owner): free → {rack: how many of
   its nodes have exactly that many free}, plus the sorted list of free values
   present, so a best fit is one bisect, one ``min`` over the racks of that
-  bucket and one ``min`` over that rack's names.
+  bucket and one ``min`` over that rack's names; the same for InfiniBand
+  nodes, so the racks that could give a multi-node replica k shares are
+  found without visiting the others.
 
 Invariants (tests/nodes/ork/test_placement.py checks them with hypothesis):
 ``0 <= claimed``; a node is in exactly the buckets of its current free count
@@ -144,12 +146,15 @@ class RackPool:
 class LocationPool:
     """The placeable nodes of one location that one owner may use, by free GPUs."""
 
-    __slots__ = ("free_total", "frees", "racks_at")
+    __slots__ = ("free_total", "frees", "ib_frees", "ib_racks_at", "racks_at")
 
     def __init__(self) -> None:
         self.racks_at: dict[int, dict[str, int]] = {}
         #: The keys of ``racks_at``, sorted: best fit for g is bisect(frees, g).
         self.frees: list[int] = []
+        #: The same for InfiniBand nodes only: which racks could give k shares.
+        self.ib_racks_at: dict[int, dict[str, int]] = {}
+        self.ib_frees: list[int] = []
         self.free_total = 0
 
 
@@ -453,11 +458,9 @@ class Capacity:
             if names is None:
                 names = rpool.ib_at[free] = set()
             names.add(node.name)
-        racks = lpool.racks_at.get(free)
-        if racks is None:
-            racks = lpool.racks_at[free] = {}
-            bisect.insort(lpool.frees, free)
-        racks[node.rack] = racks.get(node.rack, 0) + 1
+        _count_in(lpool.racks_at, lpool.frees, free, node.rack)
+        if node.infiniband:
+            _count_in(lpool.ib_racks_at, lpool.ib_frees, free, node.rack)
         lpool.free_total += free
 
     @staticmethod
@@ -475,13 +478,29 @@ class Capacity:
             names.discard(node.name)
             if not names:
                 del rpool.ib_at[free]
-        racks = lpool.racks_at[free]
-        left = racks[node.rack] - 1
-        if left:
-            racks[node.rack] = left
-        else:
-            del racks[node.rack]
-            if not racks:
-                del lpool.racks_at[free]
-                del lpool.frees[bisect.bisect_left(lpool.frees, free)]
+        _count_out(lpool.racks_at, lpool.frees, free, node.rack)
+        if node.infiniband:
+            _count_out(lpool.ib_racks_at, lpool.ib_frees, free, node.rack)
         lpool.free_total -= free
+
+
+def _count_in(racks_at: dict[int, dict[str, int]], frees: list[int], free: int,
+              rack: str) -> None:
+    racks = racks_at.get(free)
+    if racks is None:
+        racks = racks_at[free] = {}
+        bisect.insort(frees, free)
+    racks[rack] = racks.get(rack, 0) + 1
+
+
+def _count_out(racks_at: dict[int, dict[str, int]], frees: list[int], free: int,
+               rack: str) -> None:
+    racks = racks_at[free]
+    left = racks[rack] - 1
+    if left:
+        racks[rack] = left
+    else:
+        del racks[rack]
+        if not racks:
+            del racks_at[free]
+            del frees[bisect.bisect_left(frees, free)]

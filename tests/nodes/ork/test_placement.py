@@ -163,6 +163,16 @@ CASES = [
     Case("a vllm replica spans when the bigger node elsewhere is busy",
          [rack("a", *EIGHT_IB, overlay=True), rack("b", N("big", gpus=16, used=1))],
          inference(16), ["a:n1=8,n2=8"]),
+    Case("a spanning vllm replica goes to the rack where it takes the fewest nodes",
+         [rack("a", *(N(f"n{i}", ib=True, used=4) for i in range(1, 5)), overlay=True),
+          rack("b", N("n1", ib=True), N("n2", ib=True), overlay=True)],
+         inference(16), ["b:n1=8,n2=8"]),
+    Case("a spanning vllm replica skips a rack without the overlay network",
+         [rack("a", *EIGHT_IB), rack("b", *EIGHT_IB, overlay=True)],
+         inference(16), ["b:n1=8,n2=8"]),
+    Case("a spanning vllm replica skips a rack that has a node big enough",
+         [rack("a", N("big", gpus=16, used=4), *EIGHT_IB, overlay=True),
+          rack("b", *EIGHT_IB, overlay=True)], inference(16), ["b:n1=8,n2=8"]),
     Case("spanning vllm replicas of one job share the rack",
          [rack("a", *EIGHT_IB, overlay=True)], inference(16, replicas=2),
          ["a:n1=8,n2=8", "a:n3=8,n4=8"]),
@@ -448,25 +458,32 @@ ops_st = st.lists(st.one_of(
 def check_index(cluster: Cluster) -> None:
     """The incremental buckets equal buckets rebuilt from the nodes."""
     at: dict = {}
+    ib_at: dict = {}
     totals: dict = {}
     for r in cluster._racks.values():
         for n in r.nodes.values():
             indexed = n.present and n.schedulable
             assert (n.rpool is not None) == indexed
             if indexed and n.free:
-                at.setdefault((r.location, n.owner), {}).setdefault(n.free, {}).setdefault(
-                    r.key, set()).add(n.name)
+                for index in (at, ib_at) if n.infiniband else (at,):
+                    index.setdefault((r.location, n.owner), {}).setdefault(
+                        n.free, {}).setdefault(r.key, set()).add(n.name)
                 totals[(r.location, n.owner)] = totals.get((r.location, n.owner), 0) + n.free
     seen: dict = {}
+    ib_seen: dict = {}
     for (location, owner), pool in cluster._pools.items():
         assert pool.frees == sorted(pool.racks_at)
+        assert pool.ib_frees == sorted(pool.ib_racks_at)
         assert pool.free_total == totals.get((location, owner), 0)
-        for free, racks in pool.racks_at.items():
-            for rack_key, count in racks.items():
-                names = cluster._racks[rack_key].pools[owner].at[free]
-                assert count == len(names)
-                seen.setdefault((location, owner), {}).setdefault(free, {})[rack_key] = names
+        for buckets, field_, found in ((pool.racks_at, "at", seen),
+                                       (pool.ib_racks_at, "ib_at", ib_seen)):
+            for free, racks in buckets.items():
+                for rack_key, count in racks.items():
+                    names = getattr(cluster._racks[rack_key].pools[owner], field_)[free]
+                    assert count == len(names)
+                    found.setdefault((location, owner), {}).setdefault(free, {})[rack_key] = names
     assert seen == at
+    assert ib_seen == ib_at
 
 
 def oracle(cluster: Cluster, spec: JobSpec, owner: str | None):
