@@ -16,8 +16,8 @@ driver does the I/O:
   state change) and acked; a position already applied is skipped, so a
   redelivery after an ork restart changes nothing;
 * a tick marks silent racks Unknown and places Pending jobs;
-* status changes fan out to every ``jobs.watch`` subscriber (bounded: a
-  subscriber that falls 1,000 events behind is dropped and told so).
+* after each change the service's ``pump`` hands the status changes to the
+  ``jobs.watch`` streams.
 """
 
 from __future__ import annotations
@@ -35,16 +35,13 @@ from p2p.queue import DurableQueue, QueueConfig, QueueService
 from nodes.control import BadMessage, decode_report, encode
 from p2p.keys import KeyPair
 
-from .orchestrator import JobEvent, Orchestrator
+from .orchestrator import Orchestrator
 
-__all__ = ["WATCH_BACKLOG", "OrkDriver"]
+__all__ = ["OrkDriver"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Events a watcher may fall behind by before it is dropped.
-WATCH_BACKLOG = 1000
 
 
 class OrkDriver:
@@ -52,7 +49,8 @@ class OrkDriver:
 
     def __init__(self, orchestrator: Orchestrator, queues: QueueService, keypair: KeyPair,
                  storage: Path, *, fsync: bool = True, tick_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 pump: Callable[[], None] = lambda: None) -> None:
         self.orchestrator = orchestrator
         self.queues = queues
         self._keypair = keypair
@@ -60,10 +58,11 @@ class OrkDriver:
         self._fsync = FsyncPolicy.ALWAYS if fsync else FsyncPolicy.NEVER
         self._tick_interval_s = tick_interval_s
         self._clock = clock
-        self._limiter = trio.CapacityLimiter(1)
+        #: Every orchestrator call, from here or the RPC service, holds it.
+        self.limiter = trio.CapacityLimiter(1)
         self._open: dict[str, tuple[DurableQueue, trio.CancelScope]] = {}
         self._changed = trio.Event()
-        self._watchers: set[trio.MemorySendChannel[JobEvent | None]] = set()
+        self._pump = pump
         self._nursery: trio.Nursery | None = None
         self.bad_reports = 0
 
@@ -71,7 +70,7 @@ class OrkDriver:
         """Run one orchestrator call in a thread, serialised; wake the publisher after."""
         try:
             return await trio.to_thread.run_sync(lambda: function(*args, **kwargs),
-                                                 limiter=self._limiter)
+                                                 limiter=self.limiter)
         finally:
             self._changed.set()
 
@@ -145,38 +144,14 @@ class OrkDriver:
                 published.append(outbound.op.op_id)
             if published:
                 await trio.to_thread.run_sync(self.orchestrator.mark_published, published,
-                                              limiter=self._limiter)
+                                              limiter=self.limiter)
                 log.info("ork.published ops=%d", len(published))
-            events = await trio.to_thread.run_sync(self.orchestrator.drain_events,
-                                                   limiter=self._limiter)
-            self._fan_out(events)
+            self._pump()
 
     async def _tick_loop(self) -> None:
         while True:
             await trio.sleep(self._tick_interval_s)
             await self.call(self.orchestrator.tick, self.now())
 
-    # -- watchers ------------------------------------------------------------
-
-    def _fan_out(self, events: list[JobEvent]) -> None:
-        for event in events:
-            log.info("ork.job job=%s status=%s previous=%s reason=%s", event.job_id,
-                     event.status, event.previous, event.reason)
-            for watcher in list(self._watchers):
-                try:
-                    watcher.send_nowait(event)
-                except trio.WouldBlock:  # too far behind: end its stream, keep the others
-                    self._watchers.discard(watcher)
-                    watcher.close()
-                except trio.ClosedResourceError:
-                    self._watchers.discard(watcher)
-
-    def watch(self) -> trio.MemoryReceiveChannel[JobEvent | None]:
-        """A stream of every status change from now on; close it when done."""
-        send, receive = trio.open_memory_channel[JobEvent | None](WATCH_BACKLOG)
-        self._watchers.add(send)
-        return receive
-
-    def statistics(self) -> dict[str, float]:
-        return {"racks_open": len(self._open), "watchers": len(self._watchers),
-                "bad_reports": self.bad_reports}
+    def statistics(self) -> dict[str, int]:
+        return {"racks_open": len(self._open), "bad_reports": self.bad_reports}
