@@ -74,6 +74,14 @@ class OrkDriver:
         finally:
             self._changed.set()
 
+    def changed(self) -> None:
+        """Something may have queued operations or status changes: publish them."""
+        self._changed.set()
+
+    def set_pump(self, pump: Callable[[], None]) -> None:
+        """Who hands status changes to watchers (the RPC service's ``pump``)."""
+        self._pump = pump
+
     def now(self) -> float:
         return self._clock()
 
@@ -146,7 +154,8 @@ class OrkDriver:
                 await trio.to_thread.run_sync(self.orchestrator.mark_published, published,
                                               limiter=self.limiter)
                 log.info("ork.published ops=%d", len(published))
-            self._pump()
+            async with self.limiter:  # no orchestrator call runs in a thread meanwhile
+                self._pump()
 
     async def _tick_loop(self) -> None:
         while True:

@@ -1,0 +1,80 @@
+"""``wrk-ork`` as a daemon: one peer hosting the job RPC service and the racks' queues.
+
+One swarm, one identity (``<storage>/identity``), two services:
+
+- ``cosmicac-ork/1``: jobs, replicas, racks, nodes and ``jobs.watch`` for
+  app-node (callers limited to ``clients``);
+- ``cosmicac-mq/1``: one durable queue per registered rack (operations out,
+  reports in); a worker dials wrk-ork and the queue replicates over that
+  connection.
+
+Files under ``--storage``: ``identity``, ``ork.sqlite`` (jobs, racks,
+reservations, the outbox, applied report positions), ``queues/<rack-key>/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from p2p.daemon import Daemon, DaemonError
+from p2p.keys import load_or_create_keypair
+from p2p.queue import QueueService
+from p2p.swarm import Swarm, SwarmConfig
+
+from .driver import OrkDriver
+from .errors import OrkError
+from .orchestrator import Orchestrator
+from .service import OrkService
+from .settings import OrkSettings
+
+__all__ = ["start_ork"]
+
+log = logging.getLogger(__name__)
+
+
+async def start_ork(daemon: Daemon[OrkSettings]) -> None:
+    """Start wrk-ork's parts in ``daemon.nursery``; return once serving."""
+    settings = daemon.settings
+    storage = daemon.storage
+    assert storage is not None
+    keypair = load_or_create_keypair(storage)
+    try:
+        orchestrator = await trio.to_thread.run_sync(
+            lambda: Orchestrator.open(storage / "ork.sqlite",
+                                      unknown_after_s=settings.unknown_after_s))
+    except OrkError as exc:
+        raise DaemonError(f"cannot open {storage / 'ork.sqlite'}: {exc}") from None
+    known = {info.rack for info in orchestrator.racks()}
+    for rack in settings.racks:
+        if rack.key.hex() not in known:
+            try:
+                orchestrator.register_rack(rack.key.hex(), rack.location, time.time(),
+                                           name=rack.name)
+            except OrkError as exc:
+                raise DaemonError(f"cannot register rack {rack.key.hex()[:16]}…: {exc}") \
+                    from None
+    clients = frozenset(settings.clients)
+    if not clients:
+        log.warning("ork.open_to_all reason=no clients configured; any key may manage jobs")
+    queues = QueueService()
+    driver = OrkDriver(orchestrator, queues, keypair, storage, fsync=settings.fsync,
+                       tick_interval_s=settings.tick_interval_s)
+    service = OrkService(orchestrator, allow=lambda key: not clients or key in clients,
+                         on_change=driver.changed, limiter=driver.limiter)
+    driver.set_pump(service.pump)
+    swarm = Swarm(keypair, config=SwarmConfig(
+        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
+        relays=settings.relays, announce_addresses=settings.announce_addresses),
+        services=[queues, service])
+    try:
+        address = await daemon.nursery.start(swarm.run)
+    except OSError as exc:
+        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{exc.strerror or exc}") from None
+    daemon.metrics.add(swarm.metrics.registry)
+    await daemon.nursery.start(driver.run)
+    print(f"wrk-ork {keypair.hex} listening on {address[0]}:{address[1]} "
+          f"({len(orchestrator.racks())} racks)", flush=True)
