@@ -1,0 +1,203 @@
+"""One helper to run wrk-ork and a local-backend worker as real processes.
+
+:func:`control_path` starts ``cosmicac run wrk-ork`` and ``cosmicac run
+wrk-server-k8s-nvidia`` (backend ``local``) as separate processes talking over
+the swarm on 127.0.0.1, and gives the test an RPC client of wrk-ork's
+``cosmicac-ork/1`` service, as app-node would hold. The worker can be killed
+(SIGKILL) and started again on the same port and storage; its agents, as
+VMIs outlive a worker, keep running and are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from nodes.model import JobSpec
+from nodes.ork.service import (
+    CREATE_JOB,
+    DELETE_JOB,
+    GET_JOB,
+    PROTOCOL,
+    REGISTER_RACK,
+    CreateJob,
+    JobRef,
+    RegisterRack,
+)
+from nodes.ork.views import JobView
+from p2p.connection import dial_tcp
+from p2p.keys import KeyPair, parse_public_key
+from p2p.rpc import RpcClient, RpcError
+from tests.cli.helpers import COSMICAC, read_until
+
+ORK_READY = re.compile(r"wrk-ork (\w{64}) listening on ([\d.]+):(\d+)")
+WORKER_READY = re.compile(r"wrk-server-k8s-nvidia (\w{64}) listening on ([\d.]+):(\d+)")
+IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def container(name: str = "box", gpus: int = 1) -> JobSpec:
+    return JobSpec(name=name, team="t1", type="container", image=IMAGE, gpus=gpus)
+
+
+def inference(name: str = "chat", replicas: int = 1, gpus: int = 1) -> JobSpec:
+    return JobSpec(name=name, team="t1", type="inference", image=IMAGE, gpus=gpus,
+                   replicas=replicas, runtime="local", model="demo")
+
+
+@dataclass
+class ControlPath:
+    root: Path
+    nursery: trio.Nursery
+    client: RpcClient
+    ork_key: str
+    ork_address: str
+    worker_port: int
+    worker_key: str = ""
+    worker: trio.Process | None = None
+    processes: list[trio.Process] = field(default_factory=list)
+
+    @property
+    def worker_storage(self) -> Path:
+        return self.root / "worker"
+
+    async def start_worker(self, **changes) -> trio.Process:
+        config = {
+            "storage": str(self.worker_storage),
+            "ork": self.ork_key,
+            "ork_addresses": [self.ork_address],
+            "host": "127.0.0.1",
+            "port": self.worker_port,
+            "backend": "local",
+            "local": {"nodes": [{"name": "local-node-1", "gpus": 8},
+                                {"name": "local-node-2", "gpus": 8}]},
+            "agents": {"heartbeat_interval_s": 0.5, "silent_after_s": 3.0},
+            "report_interval_s": 1.0,
+            "fsync": False,
+            "log_format": "json",
+        }
+        config.update(changes)
+        path = self.root / "worker.json"
+        path.write_text(json.dumps(config))
+        proc = await self._spawn("run", "wrk-server-k8s-nvidia", "--config", str(path))
+        match = await read_until(proc.stdout, WORKER_READY)
+        self.worker_key = match[1]
+        self.worker = proc
+        return proc
+
+    async def kill_worker(self) -> None:
+        assert self.worker is not None
+        self.worker.kill()
+        await self.worker.wait()
+        self.worker = None
+
+    async def _spawn(self, *args: str) -> trio.Process:
+        log = (self.root / f"{args[1]}-{len(self.processes)}.log").open("wb")
+        proc = await trio.lowlevel.open_process([*COSMICAC, *args], stdout=subprocess.PIPE,
+                                                stderr=log)
+        self.processes.append(proc)
+        return proc
+
+    async def call(self, method, params, timeout_s: float = 10.0):
+        return await self.client.call(method, params, timeout_s=timeout_s)
+
+    async def create(self, spec: JobSpec) -> JobView:
+        return (await self.call(CREATE_JOB, CreateJob(spec=spec))).job
+
+    async def get(self, job_id: str) -> JobView:
+        return (await self.call(GET_JOB, JobRef(job_id=job_id))).job
+
+    async def delete(self, job_id: str) -> None:
+        await self.call(DELETE_JOB, JobRef(job_id=job_id))
+
+    async def wait_job(self, job_id: str, condition: Callable[[JobView | None], bool],
+                       limit_s: float = 30.0) -> JobView | None:
+        """Poll the job until ``condition`` holds (None: the job is gone)."""
+        job: JobView | None = None
+        with trio.move_on_after(limit_s):
+            while True:
+                try:
+                    job = await self.get(job_id)
+                except RpcError as exc:
+                    if exc.code != "NOT_FOUND":
+                        raise
+                    job = None
+                if condition(job):
+                    return job
+                await trio.sleep(0.1)
+        raise AssertionError(f"job {job_id} never got there; last seen {job!r}")
+
+    def vmi_folders(self) -> list[Path]:
+        root = self.worker_storage / "vmis"
+        return sorted(path for path in root.iterdir() if path.is_dir()) if root.exists() else []
+
+    def agent_pid(self, folder: Path) -> int:
+        return json.loads((folder / "process.json").read_text())["pid"]
+
+    def stop_agents(self) -> None:
+        for folder in self.vmi_folders():
+            try:
+                os.killpg(self.agent_pid(folder), signal.SIGKILL)
+            except (OSError, ValueError, KeyError):
+                pass
+
+
+def status(name: str) -> Callable[[JobView | None], bool]:
+    return lambda job: job is not None and job.status.value == name
+
+
+@asynccontextmanager
+async def control_path(root: Path) -> AsyncIterator[ControlPath]:
+    """wrk-ork and one worker (2 local nodes × 8 GPUs), its rack registered."""
+    client_key = KeyPair.generate()
+    ork_config = root / "ork.json"
+    ork_config.write_text(json.dumps({
+        "storage": str(root / "ork"), "host": "127.0.0.1", "port": 0,
+        "clients": [client_key.hex], "tick_interval_s": 0.2, "unknown_after_s": 5.0,
+        "fsync": False, "log_format": "json"}))
+    processes: list[trio.Process] = []
+    path = None
+    try:
+        async with trio.open_nursery() as nursery:
+            ork_log = (root / "ork.log").open("wb")
+            ork = await trio.lowlevel.open_process(
+                [*COSMICAC, "run", "wrk-ork", "--config", str(ork_config)],
+                stdout=subprocess.PIPE, stderr=ork_log)
+            processes.append(ork)
+            match = await read_until(ork.stdout, ORK_READY)
+            ork_key, address = match[1], (match[2], int(match[3]))
+            connection = await dial_tcp(address[0], address[1], client_key,
+                                        parse_public_key(ork_key))
+            await nursery.start(connection.run)
+            channel = await connection.open_channel(PROTOCOL)
+            client = RpcClient(channel, name="test-app-node")
+            await nursery.start(client.run)
+            path = ControlPath(root, nursery, client, ork_key, f"{address[0]}:{address[1]}",
+                               free_port(), processes=processes)
+            await path.start_worker()
+            await path.call(REGISTER_RACK, RegisterRack(rack=path.worker_key,
+                                                        location="default"))
+            yield path
+            nursery.cancel_scope.cancel()
+    finally:
+        if path is not None:
+            path.stop_agents()
+        for proc in processes:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -1,0 +1,104 @@
+"""The control path end to end: wrk-ork and a worker as processes, agents as VMIs.
+
+wrk-ork and wrk-server-k8s-nvidia (``local`` backend: 2 nodes × 8 GPUs) run as
+separate ``cosmicac run`` processes talking over the swarm on 127.0.0.1; each
+VMI is a real ``cosmicac agent run`` process. The test holds the RPC client
+app-node would hold. Real time, conditions polled, every wait bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+
+from nodes.ork.service import RESTART_JOB, JobRef
+
+from .control_path import container, control_path, inference, status
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_is_deleted(
+        tmp_path):
+    with trio.fail_after(120):
+        async with control_path(tmp_path) as path:
+            job = await path.create(container(gpus=2))
+            assert job.status.value in ("starting", "queued")
+            await path.wait_job(job.id, status("active"))
+            (folder,) = path.vmi_folders()
+            identity = (folder / "storage" / "identity").read_bytes()
+            first_pid = path.agent_pid(folder)
+
+            await path.call(RESTART_JOB, JobRef(job_id=job.id))
+            restarted = await path.wait_job(
+                job.id, lambda j: j is not None and j.status.value == "active"
+                and j.replicas[0].generation == 1)
+            assert restarted.replicas[0].generation == 1
+            assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
+            assert (folder / "storage" / "identity").read_bytes() == identity  # ... same disk
+
+            await path.delete(job.id)
+            await path.wait_job(job.id, lambda j: j is None)
+            assert path.vmi_folders() == []
+
+
+async def test_a_job_that_does_not_fit_is_pending_until_a_deletion_frees_gpus(tmp_path):
+    with trio.fail_after(120):
+        async with control_path(tmp_path) as path:
+            first = await path.create(container("first", gpus=8))
+            second = await path.create(container("second", gpus=8))
+            await path.wait_job(first.id, status("active"))
+            await path.wait_job(second.id, status("active"))
+            third = await path.create(container("third", gpus=8))
+            assert third.status.value == "pending"
+            too_big = await path.create(container("too-big", gpus=9))
+            assert too_big.status.value == "failed"
+            assert "8" in too_big.reason
+            await trio.sleep(1.0)
+            assert (await path.get(third.id)).status.value == "pending"
+            await path.delete(first.id)
+            await path.wait_job(third.id, status("active"))
+
+
+async def test_a_worker_killed_mid_operation_loses_no_operation(tmp_path):
+    with trio.fail_after(150):
+        async with control_path(tmp_path) as path:
+            await path.kill_worker()  # operations published while it is down wait in the queue
+            job = await path.create(container("while-down"))
+            await path.start_worker()
+            await path.wait_job(job.id, status("active"))
+
+            # Killed right after a restart was asked: the worker may have the
+            # operation, have acked it, or be in the middle of stopping the agent.
+            for delay in (0.0, 0.3):
+                generation = (await path.get(job.id)).replicas[0].generation
+                await path.call(RESTART_JOB, JobRef(job_id=job.id))
+                await trio.sleep(delay)
+                await path.kill_worker()
+                await path.start_worker()
+                await path.wait_job(job.id, lambda j, g=generation: j is not None
+                                    and j.status.value == "active"
+                                    and j.replicas[0].generation == g + 1)
+            assert len(path.vmi_folders()) == 1
+
+
+async def test_killing_an_agent_degrades_a_two_replica_job_and_fails_a_one_replica_job(
+        tmp_path):
+    with trio.fail_after(120):
+        async with control_path(tmp_path) as path:
+            pair = await path.create(inference("pair", replicas=2))
+            single = await path.create(inference("single", replicas=1))
+            await path.wait_job(pair.id, status("active"))
+            await path.wait_job(single.id, status("active"))
+            short = pair.id.removeprefix("j-")
+            pair_folder = next(f for f in path.vmi_folders() if short in f.name)
+            single_folder = next(f for f in path.vmi_folders()
+                                 if single.id.removeprefix("j-") in f.name)
+            os.kill(path.agent_pid(pair_folder), signal.SIGKILL)
+            os.kill(path.agent_pid(single_folder), signal.SIGKILL)
+            degraded = await path.wait_job(pair.id, status("degraded"))
+            assert sorted(r.status.value for r in degraded.replicas) == ["active", "failed"]
+            await path.wait_job(single.id, status("failed"))
