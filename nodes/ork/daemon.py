@@ -18,10 +18,10 @@ import logging
 import time
 
 import trio
+from p2p.queue import QueueService
 
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import load_or_create_keypair
-from p2p.queue import QueueService
 from p2p.swarm import Swarm, SwarmConfig
 
 from .driver import OrkDriver

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-
-from nodes.model import JobSpec
 from nodes.ork.service import (
     CREATE_JOB,
     DELETE_JOB,
@@ -35,6 +33,8 @@ from nodes.ork.service import (
     RegisterRack,
 )
 from nodes.ork.views import JobView
+
+from nodes.model import JobSpec
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, parse_public_key
 from p2p.rpc import RpcClient, RpcError
@@ -163,7 +163,7 @@ def status(name: str) -> Callable[[JobView | None], bool]:
 
 @asynccontextmanager
 async def control_path(root: Path) -> AsyncIterator[ControlPath]:
-    """wrk-ork and one worker (2 local nodes × 8 GPUs), its rack registered."""
+    """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered."""
     client_key = KeyPair.generate()
     ork_config = root / "ork.json"
     ork_config.write_text(json.dumps({

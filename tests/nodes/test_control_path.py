@@ -1,6 +1,6 @@
 """The control path end to end: wrk-ork and a worker as processes, agents as VMIs.
 
-wrk-ork and wrk-server-k8s-nvidia (``local`` backend: 2 nodes × 8 GPUs) run as
+wrk-ork and wrk-server-k8s-nvidia (``local`` backend: 2 nodes of 8 GPUs) run as
 separate ``cosmicac run`` processes talking over the swarm on 127.0.0.1; each
 VMI is a real ``cosmicac agent run`` process. The test holds the RPC client
 app-node would hold. Real time, conditions polled, every wait bounded.
@@ -13,7 +13,6 @@ import signal
 
 import pytest
 import trio
-
 from nodes.ork.service import RESTART_JOB, JobRef
 
 from .control_path import container, control_path, inference, status
