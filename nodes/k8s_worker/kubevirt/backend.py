@@ -67,10 +67,17 @@ _MAX_WATCH_BACKOFF_S = 30.0
 
 def _kube() -> Any:
     """The ``kubernetes`` package, imported on first use."""
-    import kubernetes
+    import kubernetes  # lazy on purpose: only this backend needs the client
     import kubernetes.watch
 
     return kubernetes
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What a call raises when the API server cannot be reached or answers garbage."""
+    import urllib3  # a dependency of the client, imported with it
+
+    return (urllib3.exceptions.HTTPError, OSError)
 
 
 def default_api_client(settings: KubevirtSettings) -> Any:
@@ -119,15 +126,19 @@ def discover_gpu_resource(allocatable: dict[str, str]) -> str | None:
     return max(pools, key=lambda pool: (pool[0], [-ord(c) for c in pool[1]]))[1]
 
 
+def _units_of(allocatable: dict[str, str], resource: str | None) -> int:
+    """Whole units of an extended resource (a decimal count; anything else is 0)."""
+    raw = allocatable.get(resource, "0") if resource is not None else "0"
+    return int(raw) if raw.isdigit() else 0
+
+
 def node_info(node: dict[str, Any], settings: KubevirtSettings) -> NodeInfo:
     """One ``Node`` object (as JSON) → the rack's view of it."""
     status = node.get("status") or {}
     allocatable = {str(k): str(v) for k, v in (status.get("allocatable") or {}).items()}
     resource = settings.gpu_resource or discover_gpu_resource(allocatable)
-    raw = allocatable.get(resource or "", "0")
-    gpus = int(raw) if raw.isdigit() else 0
-    ib = settings.infiniband_resource
-    infiniband = ib is not None and allocatable.get(ib, "0").isdigit() and int(allocatable[ib]) > 0
+    gpus = _units_of(allocatable, resource)
+    infiniband = _units_of(allocatable, settings.infiniband_resource) > 0
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or () if isinstance(c, dict))
     cordoned = bool((node.get("spec") or {}).get("unschedulable"))
@@ -190,9 +201,8 @@ class KubevirtBackend:
             if (exc.status == 404 and absent_ok) or (exc.status == 409 and exists_ok):
                 return None
             raise _api_error(what, exc) from exc
-        except (OSError, ValueError) as exc:
-            # urllib3's errors are OSError/ValueError subclasses (timeouts,
-            # refused connections, protocol errors): the cluster may come back.
+        except _transport_errors() as exc:
+            # Timeouts, refused connections, protocol errors: the cluster may come back.
             raise BackendError(f"{what}: {exc}", retryable=True) from exc
 
     async def _apply(self, manifest: dict[str, Any], *, replace_secret: bool = False) -> None:
@@ -348,7 +358,7 @@ class KubevirtBackend:
                     return  # run() was cancelled; this thread was abandoned
         except kube.client.exceptions.ApiException as exc:
             raise _api_error(f"watch {plural}", exc) from exc
-        except (OSError, ValueError) as exc:
+        except (*_transport_errors(), ValueError) as exc:  # ValueError: a bad event line
             raise BackendError(f"watch {plural}: {exc}", retryable=True) from exc
         finally:
             watch.stop()

@@ -121,12 +121,13 @@ class StatusTracker:
             provisioning = _condition(obj, "Provisioning")
             scheduled = _condition(obj, "PodScheduled")
             importing = name in self._disk_line
-            if importing or (provisioning is not None and provisioning.get("status") == "True"):
-                phase = VmiPhase.PROVISIONING
-                message = self._disk_line.get(name, "VMI waiting for its DataVolume")
-            elif scheduled is not None and scheduled.get("status") == "False":
+            # No node fits outranks the disk's progress: it is what needs a human.
+            if scheduled is not None and scheduled.get("status") == "False":
                 why = scheduled.get("message") or scheduled.get("reason") or "no node fits"
                 message = f"VMI unschedulable: {why}"
+            elif importing or (provisioning is not None and provisioning.get("status") == "True"):
+                phase = VmiPhase.PROVISIONING
+                message = self._disk_line.get(name, "VMI waiting for its DataVolume")
             else:
                 message = "VMI scheduling" if raw_phase == "Scheduling" else "VMI pending"
         elif phase is VmiPhase.BOOTING:
