@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import db, dht, keys, relay
+from . import db, dht, k8s, keys, relay
 from .beam import beam
 from .node import ping, up
 
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.add_typer(keys.app, name="keys")
 app.add_typer(dht.app, name="dht")
 app.add_typer(db.app, name="db")
+app.add_typer(k8s.app, name="k8s")
 app.command("beam")(beam)
 app.command("up")(up)
 app.command("ping")(ping)
