@@ -5,7 +5,8 @@ are applied:
 
 1. a core/v1 **Secret** ``<vmi>-cloudinit`` holding the cloud-init NoCloud
    user data: a ``#cloud-config`` that writes the agent's config (JSON) to
-   :data:`agents.config.AGENT_CONFIG_PATH` and starts the agent. A Secret and
+   :data:`agents.config.AGENT_CONFIG_PATH` and starts the agent (on every
+   boot: see :func:`cloud_init_user_data` for restarts). A Secret and
    not inline ``userData``: inline data is capped at 2,048 bytes by KubeVirt's
    create admitter and is readable by anyone who can read the VMI, and the
    config holds the replica's report token (reference §1.6).
@@ -40,6 +41,7 @@ from nodes.model import JobSpec, ReplicaPlacement
 from .settings import KubevirtSettings
 
 __all__ = [
+    "AGENT_UNIT",
     "LABEL_GENERATION",
     "LABEL_JOB",
     "LABEL_MANAGED_BY",
@@ -127,25 +129,59 @@ def _metadata(name: str, unit: ReplicaUnit, vmi: VmiSpec,
     return {"name": name, "namespace": settings.namespace, "labels": _labels(unit, vmi)}
 
 
+#: systemd unit the agent runs as (a transient one: the image needs systemd,
+#: not a unit file of ours); restarted by systemd if it crashes.
+AGENT_UNIT = "cosmicac-agent"
+
+#: Every boot after the first: rewrite the config from this boot's user data
+#: and start the agent. $1 config path, $2 config (base64), $3 executable,
+#: $4 unit. Does nothing on the first boot (no config yet), when write_files
+#: and runcmd do the work.
+_REBOOT_SCRIPT = (
+    'test -e "$1" || exit 0; umask 077; '
+    'printf %s "$2" | base64 -d > "$1.new" && mv -f "$1.new" "$1" && '
+    'systemd-run --no-block --unit="$4" -p Restart=on-failure -- "$3" agent run --config "$1"'
+)
+
+
 def cloud_init_user_data(agent: AgentConfig, settings: KubevirtSettings) -> str:
     """The ``#cloud-config`` that installs the agent's config and starts the agent.
 
-    ``write_files`` puts the JSON at :data:`AGENT_CONFIG_PATH`, readable by
-    root only (it holds the report token); ``runcmd`` starts
-    ``cosmicac agent run --config …``. The config is embedded as a JSON string
-    (a valid YAML scalar), so nothing in it can break the YAML around it.
+    First boot: ``write_files`` puts the JSON at :data:`AGENT_CONFIG_PATH`,
+    readable by root only (it holds the report token), and ``runcmd`` starts
+    ``cosmicac agent run --config …`` as the transient systemd unit
+    :data:`AGENT_UNIT` (not in the foreground: that would hold cloud-init's
+    final stage forever).
+
+    Later boots: a restart keeps the root disk and KubeVirt derives the
+    NoCloud instance-id from the VMI's name and namespace, so cloud-init
+    sees the same instance and skips its per-instance modules, write_files
+    and runcmd among them. ``bootcmd`` runs on every boot with the user data
+    of *that* boot, so it rewrites the config (the new generation's) and
+    starts the agent; on the first boot it finds no config and does nothing.
+
+    Everything variable is embedded as JSON strings (valid YAML scalars) and
+    passed to the shell as positional arguments, never spliced into the
+    script, so nothing in the config can break the YAML or the shell.
     """
     config = agent.to_json()
-    command = [settings.agent_executable, "agent", "run", "--config", AGENT_CONFIG_PATH]
+    path = AGENT_CONFIG_PATH
+    start = ["systemd-run", "--no-block", f"--unit={AGENT_UNIT}", "-p", "Restart=on-failure",
+             "--", settings.agent_executable, "agent", "run", "--config", path]
+    reboot = ["sh", "-c", _REBOOT_SCRIPT, "cosmicac-boot", path,
+              base64.b64encode(config.encode()).decode("ascii"), settings.agent_executable,
+              AGENT_UNIT]
     lines = [
         "#cloud-config",
+        "bootcmd:",
+        f"  - {json.dumps(reboot)}",
         "write_files:",
-        f"  - path: {AGENT_CONFIG_PATH}",
+        f"  - path: {path}",
         "    owner: root:root",
         "    permissions: '0600'",
         f"    content: {json.dumps(config)}",
         "runcmd:",
-        f"  - {json.dumps(command)}",
+        f"  - {json.dumps(start)}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -60,7 +61,40 @@ def test_secret_carries_a_cloud_config_that_writes_the_agent_config_and_starts_i
     (file,) = document["write_files"]
     assert file["path"] == AGENT_CONFIG_PATH and file["permissions"] == "0600"
     assert AgentConfig.model_validate(json.loads(file["content"])) == unit.vmis[0].agent
-    assert document["runcmd"] == [["cosmicac", "agent", "run", "--config", AGENT_CONFIG_PATH]]
+    (start,) = document["runcmd"]
+    assert start[:3] == ["systemd-run", "--no-block", "--unit=cosmicac-agent"]
+    assert start[start.index("--") + 1:] == ["cosmicac", "agent", "run", "--config",
+                                             AGENT_CONFIG_PATH]
+
+
+def _boot(tmp_path, user_data):
+    """Run the user data's bootcmd as cloud-init would, with a recording systemd-run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemd-run"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD"\n')
+    fake.chmod(0o755)
+    (command,) = yaml.safe_load(user_data)["bootcmd"]
+    path = tmp_path / "agent.json"
+    command[command.index(AGENT_CONFIG_PATH)] = str(path)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD": str(tmp_path / "record")}
+    subprocess.run(command, env=env, check=True, timeout=30)
+    return path
+
+
+def test_bootcmd_does_nothing_on_first_boot_and_renews_the_config_on_later_ones(tmp_path):
+    first = container_unit().vmis[0].agent
+    path = _boot(tmp_path, cloud_init_user_data(first, KubevirtSettings()))
+    assert not path.exists() and not (tmp_path / "record").exists()
+    # A restart: the kept disk has the old config; this boot's user data has the new one.
+    path.write_text(first.to_json())
+    renewed = container_unit(generation=1).vmis[0].agent.model_copy(
+        update={"model": None, "report_token": "12" * 32})
+    _boot(tmp_path, cloud_init_user_data(renewed, KubevirtSettings()))
+    assert AgentConfig.model_validate_json(path.read_text()) == renewed
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    args = (tmp_path / "record").read_text().splitlines()
+    assert args[args.index("--") + 1:] == ["cosmicac", "agent", "run", "--config", str(path)]
 
 
 def test_user_data_survives_hostile_strings_in_the_config():
