@@ -54,15 +54,34 @@ DV_PHASES: dict[str, str] = {
     "Unknown": "DataVolume state unknown",
 }
 
+#: A System line is cut here; condition messages from the cluster can be long.
+_MAX_LINE_CHARS = 500
+
 #: VMI phases during which the disk's state is the VMI's state.
 _BEFORE_START = frozenset({VmiPhase.PROVISIONING, VmiPhase.SCHEDULING})
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else empty: a malformed field reads as absent."""
+    return value if isinstance(value, dict) else {}
+
+
+def _str(value: Any) -> str:
+    """``value`` if it is a string, else "" (same reason)."""
+    return value if isinstance(value, str) else ""
+
+
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for condition in (obj.get("status") or {}).get("conditions") or ():
+    conditions = _dict(obj.get("status")).get("conditions")
+    for condition in conditions if isinstance(conditions, list) else ():
         if isinstance(condition, dict) and condition.get("type") == kind:
             return condition
     return None
+
+
+def _why(condition: dict[str, Any] | None) -> str:
+    condition = _dict(condition)
+    return _str(condition.get("message")) or _str(condition.get("reason"))
 
 
 @dataclass
@@ -89,6 +108,7 @@ class StatusTracker:
 
     def _emit(self, name: str, phase: VmiPhase, message: str,
               node: str | None) -> VmiEvent | None:
+        message = message[:_MAX_LINE_CHARS]
         seen = self._seen.get(name)
         if seen is not None and (seen.phase, seen.message, seen.node) == (phase, message, node):
             return None
@@ -100,12 +120,12 @@ class StatusTracker:
 
     def on_vmi(self, kind: str, obj: dict[str, Any]) -> VmiEvent | None:
         """One VMI watch event; returns the event to report, or None if nothing changed."""
-        meta = obj.get("metadata") or {}
-        name = meta.get("name")
-        if not isinstance(name, str):
+        meta = _dict(obj.get("metadata"))
+        name = _str(meta.get("name"))
+        if not name:
             return None
-        status = obj.get("status") or {}
-        node = status.get("nodeName") or None
+        status = _dict(obj.get("status"))
+        node = _str(status.get("nodeName")) or None
         if kind == "DELETED":
             # Forgotten at once: the name may come back (a restart), and a
             # deleted VMI's DataVolume events say nothing about a VMI.
@@ -115,7 +135,7 @@ class StatusTracker:
             seen = self._seen.get(name)
             phase = seen.phase if seen is not None else VmiPhase.UNKNOWN
             return self._emit(name, phase, "VMI terminating", node)
-        raw_phase = status.get("phase") or ""
+        raw_phase = _str(status.get("phase"))
         phase = VMI_PHASES.get(raw_phase, VmiPhase.UNKNOWN)
         if phase is VmiPhase.SCHEDULING:
             provisioning = _condition(obj, "Provisioning")
@@ -123,7 +143,7 @@ class StatusTracker:
             importing = name in self._disk_line
             # No node fits outranks the disk's progress: it is what needs a human.
             if scheduled is not None and scheduled.get("status") == "False":
-                why = scheduled.get("message") or scheduled.get("reason") or "no node fits"
+                why = _why(scheduled) or "no node fits"
                 message = f"VMI unschedulable: {why}"
             elif importing or (provisioning is not None and provisioning.get("status") == "True"):
                 phase = VmiPhase.PROVISIONING
@@ -138,7 +158,7 @@ class StatusTracker:
             if ready is not None and ready.get("status") == "True":
                 message += ", ready"
         elif phase is VmiPhase.FAILED:
-            why = status.get("reason") or ""
+            why = _str(status.get("reason"))
             message = f"VMI failed: {why}" if why else "VMI failed"
         elif phase is VmiPhase.SUCCEEDED:
             message = "VMI stopped (guest shut down)"
@@ -148,9 +168,9 @@ class StatusTracker:
 
     def on_datavolume(self, kind: str, obj: dict[str, Any]) -> VmiEvent | None:
         """One DataVolume watch event, reported under its VMI's name."""
-        meta = obj.get("metadata") or {}
-        name = (meta.get("labels") or {}).get(LABEL_VMI)
-        if not isinstance(name, str):
+        meta = _dict(obj.get("metadata"))
+        name = _str(_dict(meta.get("labels")).get(LABEL_VMI))
+        if not name:
             return None
         seen = self._seen.get(name)
         if meta.get("deletionTimestamp") and seen is None:
@@ -159,20 +179,18 @@ class StatusTracker:
             if seen is None or seen.phase is VmiPhase.GONE:
                 return None
             return self._emit(name, seen.phase, "DataVolume deleted", seen.node)
-        status = obj.get("status") or {}
-        raw_phase = status.get("phase") or ""
+        status = _dict(obj.get("status"))
+        raw_phase = _str(status.get("phase"))
         line = DV_PHASES.get(raw_phase, f"DataVolume {raw_phase}")
         progress = status.get("progress")
         if raw_phase == "ImportInProgress" and isinstance(progress, str) and progress != "N/A":
             line = f"{line} {progress}"
         restarts = status.get("restartCount")
-        if isinstance(restarts, int) and restarts > 0:
-            running = _condition(obj, "Running") or {}
-            why = running.get("message") or running.get("reason") or ""
+        if isinstance(restarts, int) and not isinstance(restarts, bool) and restarts > 0:
+            why = _why(_condition(obj, "Running"))
             line = f"{line} (importer restarts: {restarts}{', ' + why if why else ''})"
         if raw_phase == "Failed":
-            failed = _condition(obj, "Running") or _condition(obj, "Ready") or {}
-            why = failed.get("message") or failed.get("reason") or ""
+            why = _why(_condition(obj, "Running")) or _why(_condition(obj, "Ready"))
             return self._emit(name, VmiPhase.FAILED, f"{line}: {why}" if why else line,
                               seen.node if seen else None)
         if raw_phase == "Succeeded":
