@@ -10,9 +10,11 @@
 *Strict* means what the API server's strict field validation does: a field
 the schema does not declare is an error. Swagger definitions leave
 ``additionalProperties`` open, so every object schema that lists
-``properties`` gets ``additionalProperties: false`` here (maps such as
-``labels`` or ``resources.requests`` declare ``additionalProperties`` with a
-value schema and are left alone).
+``properties`` gets ``additionalProperties: false`` here, and so does every
+marker type that declares no field at all (``masquerade: {}``, ``pod: {}``);
+maps such as ``labels`` or ``resources.requests`` declare
+``additionalProperties`` with a value schema and are left alone, and the
+free-form types (``FieldsV1``, ``Patch``, ``RawExtension``) stay open.
 """
 
 from __future__ import annotations
@@ -66,9 +68,18 @@ def _validator(kind: str) -> jsonschema.Draft4Validator:
     filename, definition = _FILES[kind]
     document = json.loads((schemas_dir() / filename).read_text())
     definitions = _close(copy.deepcopy(document["definitions"]))
+    for name, body in definitions.items():
+        # Marker types (``masquerade: {}``, ``pod: {}``) declare no fields at
+        # all: any field in them is undeclared. Only the free-form ones stay open.
+        if body.get("type") == "object" and "properties" not in body \
+                and "additionalProperties" not in body and not name.endswith(_FREE_FORM):
+            body["additionalProperties"] = False
     schema = {"$ref": f"#/definitions/{definition}", "definitions": definitions}
     return jsonschema.Draft4Validator(schema)
 
+
+#: Definitions that really are free-form JSON (managedFields, patches, raw objects).
+_FREE_FORM = ("FieldsV1", ".Patch", "RawExtension")
 
 _LIST = re.compile(r"^(?:list|List)\[(.+)\]$")
 _DICT = re.compile(r"^(?:dict\((\w+), (.+)\)|Dict\[(\w+), (.+)\])$")

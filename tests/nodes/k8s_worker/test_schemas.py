@@ -32,6 +32,8 @@ def test_rendered_object_is_valid(index):
 @pytest.mark.parametrize("kind, path", [
     ("VirtualMachineInstance", ("spec", "domain", "devices", "gpus", 0)),
     ("VirtualMachineInstance", ("spec",)),
+    ("VirtualMachineInstance", ("spec", "domain", "devices", "interfaces", 0, "masquerade")),
+    ("VirtualMachineInstance", ("spec", "networks", 0, "pod")),
     ("DataVolume", ("spec", "source", "registry")),
     ("DataVolume", ("metadata",)),
     ("Secret", ()),
