@@ -7,9 +7,10 @@ import os
 
 import typer
 
-from . import agent, db, dht, keys, relay
+from . import agent, db, dht, k8s, keys, relay
 from .beam import beam
 from .node import ping, up
+from .run import apply_config, run
 
 app = typer.Typer(
     name="cosmicac",
@@ -21,6 +22,9 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(dht.app, name="dht")
 app.add_typer(db.app, name="db")
 app.add_typer(agent.app, name="agent")
+app.add_typer(k8s.app, name="k8s")
+app.command("run")(run)
+app.command("apply-config")(apply_config)
 app.command("beam")(beam)
 app.command("up")(up)
 app.command("ping")(ping)

@@ -1,0 +1,306 @@
+"""Pure rendering: one replica → the Kubernetes objects that run it.
+
+Per VMI of a replica (one per node share) three objects, in the order they
+are applied:
+
+1. a core/v1 **Secret** ``<vmi>-cloudinit`` holding the cloud-init NoCloud
+   user data: a ``#cloud-config`` that writes the agent's config (JSON) to
+   :data:`agents.config.AGENT_CONFIG_PATH` and starts the agent (on every
+   boot: see :func:`cloud_init_user_data` for restarts). A Secret and
+   not inline ``userData``: inline data is capped at 2,048 bytes by KubeVirt's
+   create admitter and is readable by anyone who can read the VMI, and the
+   config holds the replica's report token (reference §1.6).
+2. a CDI **DataVolume** ``<vmi>-root`` importing the root disk from the job's
+   registry image (the disk under ``/disk`` in the image, reference §2).
+3. a KubeVirt **VirtualMachineInstance** pinned to its node by hostname,
+   booting from the DataVolume, claiming its GPUs by passthrough as one
+   ``spec.domain.devices.gpus`` entry per GPU (virt-controller adds one unit
+   of ``deviceName`` per entry to the launcher pod, reference §1.2), and, for
+   a multi-node vLLM replica, the overlay network (Multus) and the
+   InfiniBand HCA (``hostDevices``).
+
+The DataVolume and the VMI are created together: with wait-for-first-consumer
+storage the import starts only once the VMI exists, and KubeVirt holds the
+VMI (``Provisioning``) until the import is done.
+
+Nothing here does I/O; the backend applies what this returns and
+``cosmicac k8s render`` prints it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from agents.config import AGENT_CONFIG_PATH, AgentConfig
+from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, disk_name, vmi_name
+from nodes.model import JobSpec, ReplicaPlacement
+
+from .settings import KubevirtSettings
+
+__all__ = [
+    "AGENT_UNIT",
+    "LABEL_GENERATION",
+    "LABEL_JOB",
+    "LABEL_MANAGED_BY",
+    "LABEL_NODE_RANK",
+    "LABEL_REPLICA",
+    "LABEL_VMI",
+    "MANAGED_BY",
+    "cloud_init_user_data",
+    "render_datavolume",
+    "render_replica",
+    "render_secret",
+    "render_vmi",
+    "replica_unit",
+    "secret_name",
+]
+
+#: Every object the worker creates carries this label; its watches select on it.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "cosmicac"
+LABEL_JOB = "cosmicac.io/job"
+LABEL_REPLICA = "cosmicac.io/replica"
+LABEL_NODE_RANK = "cosmicac.io/node-rank"
+LABEL_GENERATION = "cosmicac.io/generation"
+#: The VMI an object belongs to: how a DataVolume's events find their VMI.
+LABEL_VMI = "cosmicac.io/vmi"
+
+#: Names of the VMI's disks and volumes (local to the VMI spec).
+_ROOT = "root"
+_CLOUD_INIT = "cloudinit"
+_POD_NET = "default"
+_OVERLAY_NET = "overlay"
+
+Manifest = dict[str, Any]
+
+
+def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPlacement, *,
+                 generation: int = 0, agent: Mapping[str, Any]) -> ReplicaUnit:
+    """The :class:`ReplicaUnit` of one placed replica: one VMI per node share.
+
+    Args:
+        agent: the :class:`AgentConfig` fields the worker supplies (``worker``,
+            ``report_token``, ``worker_addresses``, ``bootstrap``, ``relays``,
+            ``authorized_keys``…); the job's own fields (ids, rank, type,
+            runtime, model, GPUs) are filled in here.
+
+    Raises:
+        pydantic.ValidationError: an ``agent`` field is invalid.
+    """
+    count = len(placement.shares)
+    vmis = tuple(
+        VmiSpec(
+            name=vmi_name(job_id, replica, rank),
+            disk=disk_name(job_id, replica, rank),
+            node=share.node,
+            gpus=share.gpus,
+            node_rank=rank,
+            multi_node=placement.multi_node,
+            agent=AgentConfig(job_id=job_id, replica=replica, generation=generation,
+                              node_rank=rank, node_count=count, job_type=spec.type,
+                              runtime=spec.runtime, model=spec.model, gpus=share.gpus,
+                              **agent),
+        )
+        for rank, share in enumerate(placement.shares))
+    return ReplicaUnit(job_id=job_id, replica=replica, generation=generation, spec=spec,
+                      vmis=vmis)
+
+
+def secret_name(vmi: str) -> str:
+    """The cloud-init Secret of VMI ``vmi``; replaced on restart, deleted with it."""
+    return f"{vmi}-cloudinit"
+
+
+def _labels(unit: ReplicaUnit, vmi: VmiSpec) -> dict[str, str]:
+    return {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_JOB: unit.job_id,
+        LABEL_REPLICA: str(unit.replica),
+        LABEL_NODE_RANK: str(vmi.node_rank),
+        LABEL_VMI: vmi.name,
+    }
+
+
+def _metadata(name: str, unit: ReplicaUnit, vmi: VmiSpec,
+              settings: KubevirtSettings) -> dict[str, Any]:
+    return {"name": name, "namespace": settings.namespace, "labels": _labels(unit, vmi)}
+
+
+#: systemd unit the agent runs as (a transient one: the image needs systemd,
+#: not a unit file of ours); restarted by systemd if it crashes.
+AGENT_UNIT = "cosmicac-agent"
+
+#: Every boot after the first: rewrite the config from this boot's user data
+#: and start the agent. $1 config path, $2 config (base64), $3 executable,
+#: $4 unit. Does nothing on the first boot (no config yet), when write_files
+#: and runcmd do the work.
+_REBOOT_SCRIPT = (
+    'test -e "$1" || exit 0; umask 077; '
+    'printf %s "$2" | base64 -d > "$1.new" && mv -f "$1.new" "$1" && '
+    'systemd-run --no-block --unit="$4" -p Restart=on-failure -- "$3" agent run --config "$1"'
+)
+
+
+def cloud_init_user_data(agent: AgentConfig, settings: KubevirtSettings) -> str:
+    """The ``#cloud-config`` that installs the agent's config and starts the agent.
+
+    First boot: ``write_files`` puts the JSON at :data:`AGENT_CONFIG_PATH`,
+    readable by root only (it holds the report token), and ``runcmd`` starts
+    ``cosmicac agent run --config …`` as the transient systemd unit
+    :data:`AGENT_UNIT` (not in the foreground: that would hold cloud-init's
+    final stage forever).
+
+    Later boots: a restart keeps the root disk and KubeVirt derives the
+    NoCloud instance-id from the VMI's name and namespace, so cloud-init
+    sees the same instance and skips its per-instance modules, write_files
+    and runcmd among them. ``bootcmd`` runs on every boot with the user data
+    of *that* boot, so it rewrites the config (the new generation's) and
+    starts the agent; on the first boot it finds no config and does nothing.
+
+    Everything variable is embedded as JSON strings (valid YAML scalars) and
+    passed to the shell as positional arguments, never spliced into the
+    script, so nothing in the config can break the YAML or the shell.
+    """
+    config = agent.to_json()
+    path = AGENT_CONFIG_PATH
+    start = ["systemd-run", "--no-block", f"--unit={AGENT_UNIT}", "-p", "Restart=on-failure",
+             "--", settings.agent_executable, "agent", "run", "--config", path]
+    reboot = ["sh", "-c", _REBOOT_SCRIPT, "cosmicac-boot", path,
+              base64.b64encode(config.encode()).decode("ascii"), settings.agent_executable,
+              AGENT_UNIT]
+    lines = [
+        "#cloud-config",
+        "bootcmd:",
+        f"  - {json.dumps(reboot)}",
+        "write_files:",
+        f"  - path: {path}",
+        "    owner: root:root",
+        "    permissions: '0600'",
+        f"    content: {json.dumps(config)}",
+        "runcmd:",
+        f"  - {json.dumps(start)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_secret(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -> Manifest:
+    """The Secret holding ``vmi``'s cloud-init user data (key ``userdata``).
+
+    KubeVirt reads the key ``userdata`` or ``userData`` (pkg/cloud-init).
+    """
+    data = cloud_init_user_data(vmi.agent, settings).encode()
+    metadata = _metadata(secret_name(vmi.name), unit, vmi, settings)
+    metadata["labels"][LABEL_GENERATION] = str(unit.generation)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "data": {"userdata": base64.b64encode(data).decode("ascii")},
+    }
+
+
+def render_datavolume(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -> Manifest:
+    """The DataVolume importing ``vmi``'s root disk from the job's registry image."""
+    registry: dict[str, Any] = {"url": unit.spec.image, "pullMethod": settings.pull_method}
+    if settings.registry_secret is not None:
+        registry["secretRef"] = settings.registry_secret
+    if settings.registry_cert_configmap is not None:
+        registry["certConfigMap"] = settings.registry_cert_configmap
+    storage: dict[str, Any] = {"resources": {"requests": {"storage": settings.disk_size}}}
+    if settings.storage_class is not None:
+        storage["storageClassName"] = settings.storage_class
+    if settings.access_modes:
+        storage["accessModes"] = list(settings.access_modes)
+    if settings.volume_mode is not None:
+        storage["volumeMode"] = settings.volume_mode
+    return {
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "DataVolume",
+        "metadata": _metadata(vmi.disk, unit, vmi, settings),
+        "spec": {"source": {"registry": registry}, "storage": storage},
+    }
+
+
+def render_vmi(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings, *,
+               gpu_resource: str) -> Manifest:
+    """The VirtualMachineInstance of ``vmi`` on its node.
+
+    Args:
+        gpu_resource: the device-plugin resource of the node's GPUs
+            (``nvidia.com/GH100_H100_SXM5_80GB``).
+
+    Raises:
+        ValueError: a multi-node VMI but no overlay network or InfiniBand
+            resource configured (placement should not have placed it here).
+    """
+    disks: list[dict[str, Any]] = [
+        {"name": _ROOT, "disk": {"bus": "virtio"}, "bootOrder": 1},
+        {"name": _CLOUD_INIT, "disk": {"bus": "virtio"}},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": _ROOT, "dataVolume": {"name": vmi.disk}},
+        {"name": _CLOUD_INIT, "cloudInitNoCloud": {"secretRef": {"name": secret_name(vmi.name)}}},
+    ]
+    interfaces: list[dict[str, Any]] = [{"name": _POD_NET, "masquerade": {}}]
+    networks: list[dict[str, Any]] = [{"name": _POD_NET, "pod": {}}]
+    devices: dict[str, Any] = {
+        "disks": disks,
+        "interfaces": interfaces,
+        # One entry per whole GPU: KubeVirt requests one unit of deviceName per entry.
+        "gpus": [{"name": f"gpu{i}", "deviceName": gpu_resource} for i in range(vmi.gpus)],
+    }
+    if vmi.multi_node:
+        if settings.overlay_network is None or settings.infiniband_resource is None:
+            raise ValueError(f"VMI {vmi.name} is part of a multi-node replica, but the worker "
+                             "has no overlay_network and infiniband_resource configured")
+        interfaces.append({"name": _OVERLAY_NET, settings.overlay_binding: {}})
+        networks.append({"name": _OVERLAY_NET,
+                         "multus": {"networkName": settings.overlay_network}})
+        devices["hostDevices"] = [{"name": f"ib{i}", "deviceName": settings.infiniband_resource}
+                                  for i in range(settings.infiniband_devices)]
+    metadata = _metadata(vmi.name, unit, vmi, settings)
+    metadata["labels"][LABEL_GENERATION] = str(unit.generation)
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": metadata,
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": vmi.node},
+            "hostname": vmi.name,
+            "evictionStrategy": settings.eviction_strategy,
+            "terminationGracePeriodSeconds": settings.termination_grace_period_s,
+            "domain": {
+                "cpu": {"cores": settings.vmi_cpu_cores(vmi.gpus)},
+                "memory": {"guest": settings.vmi_memory(vmi.gpus)},
+                "devices": devices,
+            },
+            "networks": networks,
+            "volumes": volumes,
+        },
+    }
+
+
+def render_replica(unit: ReplicaUnit, settings: KubevirtSettings, *,
+                   gpu_resources: dict[str, str]) -> list[Manifest]:
+    """Every object of ``unit``: per VMI its Secret, DataVolume and VMI, in apply order.
+
+    Args:
+        gpu_resources: node name → that node's GPU resource name.
+
+    Raises:
+        ValueError: a VMI's node has no known GPU resource, or a multi-node
+            VMI on a worker without overlay network and InfiniBand.
+    """
+    manifests: list[Manifest] = []
+    for vmi in unit.vmis:
+        resource = gpu_resources.get(vmi.node)
+        if resource is None:
+            raise ValueError(f"node {vmi.node} has no known GPU resource")
+        manifests.append(render_secret(unit, vmi, settings))
+        manifests.append(render_datavolume(unit, vmi, settings))
+        manifests.append(render_vmi(unit, vmi, settings, gpu_resource=resource))
+    return manifests

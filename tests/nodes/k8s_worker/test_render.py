@@ -1,0 +1,159 @@
+"""What the kubevirt backend renders: the objects, their links, the cloud-init payload."""
+
+import base64
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from agents.config import AGENT_CONFIG_PATH, AgentConfig
+from nodes.k8s_worker.kubevirt.render import (
+    LABEL_MANAGED_BY,
+    cloud_init_user_data,
+    render_replica,
+    render_vmi,
+    secret_name,
+)
+from nodes.k8s_worker.kubevirt.settings import KubevirtSettings
+
+from .units import H100, container_unit, vllm_unit
+
+MULTI = KubevirtSettings(overlay_network="cosmicac/vllm-overlay",
+                         infiniband_resource="nvidia.com/mlx5_ib")
+
+
+def _by_kind(manifests, kind):
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def test_container_replica_is_secret_datavolume_vmi_in_that_order():
+    unit = container_unit(gpus=2)
+    manifests = render_replica(unit, KubevirtSettings(), gpu_resources={"gpu-node-1": H100})
+    assert [m["kind"] for m in manifests] == ["Secret", "DataVolume", "VirtualMachineInstance"]
+    secret, dv, vmi = manifests
+    name = unit.vmis[0].name
+    assert vmi["metadata"]["name"] == name and dv["metadata"]["name"] == unit.vmis[0].disk
+    assert secret["metadata"]["name"] == secret_name(name)
+    assert all(m["metadata"]["namespace"] == "cosmicac" for m in manifests)
+    assert all(m["metadata"]["labels"][LABEL_MANAGED_BY] == "cosmicac" for m in manifests)
+    spec = vmi["spec"]
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "gpu-node-1"}
+    # One gpus entry per whole GPU; GPUs never appear in resources.
+    assert spec["domain"]["devices"]["gpus"] == [{"name": "gpu0", "deviceName": H100},
+                                                 {"name": "gpu1", "deviceName": H100}]
+    assert "resources" not in spec["domain"] and "hostDevices" not in spec["domain"]["devices"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["root"]["dataVolume"] == {"name": dv["metadata"]["name"]}
+    assert volumes["cloudinit"]["cloudInitNoCloud"] == {"secretRef": {"name": secret_name(name)}}
+    assert [n["name"] for n in spec["networks"]] == ["default"]
+    assert dv["spec"]["source"]["registry"]["url"] == unit.spec.image
+    assert dv["spec"]["storage"]["resources"]["requests"]["storage"] == "100Gi"
+    assert spec["domain"]["cpu"]["cores"] == 16 and spec["domain"]["memory"]["guest"] == "128Gi"
+
+
+def test_secret_carries_a_cloud_config_that_writes_the_agent_config_and_starts_it():
+    unit = container_unit()
+    secret = render_replica(unit, KubevirtSettings(), gpu_resources={"gpu-node-1": H100})[0]
+    user_data = base64.b64decode(secret["data"]["userdata"]).decode()
+    assert user_data.startswith("#cloud-config\n")
+    document = yaml.safe_load(user_data)
+    (file,) = document["write_files"]
+    assert file["path"] == AGENT_CONFIG_PATH and file["permissions"] == "0600"
+    assert AgentConfig.model_validate(json.loads(file["content"])) == unit.vmis[0].agent
+    (start,) = document["runcmd"]
+    assert start[:3] == ["systemd-run", "--no-block", "--unit=cosmicac-agent"]
+    assert start[start.index("--") + 1:] == ["cosmicac", "agent", "run", "--config",
+                                             AGENT_CONFIG_PATH]
+
+
+def _boot(tmp_path, user_data):
+    """Run the user data's bootcmd as cloud-init would, with a recording systemd-run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemd-run"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD"\n')
+    fake.chmod(0o755)
+    (command,) = yaml.safe_load(user_data)["bootcmd"]
+    path = tmp_path / "agent.json"
+    command[command.index(AGENT_CONFIG_PATH)] = str(path)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD": str(tmp_path / "record")}
+    subprocess.run(command, env=env, check=True, timeout=30)
+    return path
+
+
+def test_bootcmd_does_nothing_on_first_boot_and_renews_the_config_on_later_ones(tmp_path):
+    first = container_unit().vmis[0].agent
+    path = _boot(tmp_path, cloud_init_user_data(first, KubevirtSettings()))
+    assert not path.exists() and not (tmp_path / "record").exists()
+    # A restart: the kept disk has the old config; this boot's user data has the new one.
+    path.write_text(first.to_json())
+    renewed = container_unit(generation=1).vmis[0].agent.model_copy(
+        update={"model": None, "report_token": "12" * 32})
+    _boot(tmp_path, cloud_init_user_data(renewed, KubevirtSettings()))
+    assert AgentConfig.model_validate_json(path.read_text()) == renewed
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    args = (tmp_path / "record").read_text().splitlines()
+    assert args[args.index("--") + 1:] == ["cosmicac", "agent", "run", "--config", str(path)]
+
+
+def test_user_data_survives_hostile_strings_in_the_config():
+    agent = container_unit().vmis[0].agent.model_copy(
+        update={"model": "x\n- runcmd: [rm, -rf, /]\n'\"#"})
+    document = yaml.safe_load(cloud_init_user_data(agent, KubevirtSettings()))
+    assert json.loads(document["write_files"][0]["content"])["model"] == agent.model
+
+
+def test_multi_node_vmis_join_the_overlay_and_claim_infiniband():
+    unit = vllm_unit()
+    manifests = render_replica(unit, MULTI, gpu_resources=dict.fromkeys(
+        ("gpu-node-1", "gpu-node-2"), H100))
+    vmis = _by_kind(manifests, "VirtualMachineInstance")
+    assert [v["spec"]["nodeSelector"]["kubernetes.io/hostname"] for v in vmis] == [
+        "gpu-node-1", "gpu-node-2"]
+    for rank, vmi in enumerate(vmis):
+        spec = vmi["spec"]
+        assert len(spec["domain"]["devices"]["gpus"]) == 8
+        assert spec["networks"][1] == {"name": "overlay",
+                                       "multus": {"networkName": "cosmicac/vllm-overlay"}}
+        assert {"name": "overlay", "bridge": {}} in spec["domain"]["devices"]["interfaces"]
+        assert spec["domain"]["devices"]["hostDevices"] == [
+            {"name": "ib0", "deviceName": "nvidia.com/mlx5_ib"}]
+        assert vmi["metadata"]["labels"]["cosmicac.io/node-rank"] == str(rank)
+    secrets = _by_kind(manifests, "Secret")
+    ranks = [json.loads(yaml.safe_load(base64.b64decode(s["data"]["userdata"]))
+                        ["write_files"][0]["content"])["node_rank"] for s in secrets]
+    assert ranks == [0, 1]
+
+
+def test_multi_node_without_overlay_configured_is_refused():
+    unit = vllm_unit()
+    with pytest.raises(ValueError, match="overlay_network"):
+        render_vmi(unit, unit.vmis[0], KubevirtSettings(), gpu_resource=H100)
+
+
+def test_unknown_node_resource_is_refused():
+    with pytest.raises(ValueError, match="gpu-node-1"):
+        render_replica(container_unit(), KubevirtSettings(), gpu_resources={})
+
+
+def test_storage_and_pull_settings_reach_the_datavolume():
+    settings = KubevirtSettings(storage_class="ceph-rbd", disk_size="250Gi",
+                                access_modes=("ReadWriteMany",), volume_mode="Block",
+                                pull_method="node", registry_secret="regcred",
+                                registry_cert_configmap="registry-ca", namespace="gpu")
+    dv = render_replica(container_unit(), settings, gpu_resources={"gpu-node-1": H100})[1]
+    assert dv["metadata"]["namespace"] == "gpu"
+    assert dv["spec"]["source"]["registry"] == {
+        "url": container_unit().spec.image, "pullMethod": "node", "secretRef": "regcred",
+        "certConfigMap": "registry-ca"}
+    assert dv["spec"]["storage"] == {"resources": {"requests": {"storage": "250Gi"}},
+                                     "storageClassName": "ceph-rbd",
+                                     "accessModes": ["ReadWriteMany"], "volumeMode": "Block"}
+
+
+def test_settings_refuse_a_bad_quantity_and_unknown_fields():
+    with pytest.raises(ValueError, match="quantity"):
+        KubevirtSettings(disk_size="lots")
+    with pytest.raises(ValueError):
+        KubevirtSettings(namespce="typo")
