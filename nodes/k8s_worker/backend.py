@@ -14,14 +14,14 @@ creating what exists, deleting what is gone, are successes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
 from agents.config import AgentConfig
-from nodes.model import JobSpec, RackReport
+from nodes.model import JobSpec, RackReport, ReplicaPlacement
 
 __all__ = [
     "Backend",
@@ -31,6 +31,7 @@ __all__ = [
     "VmiPhase",
     "VmiSpec",
     "disk_name",
+    "replica_unit",
     "vmi_name",
 ]
 
@@ -124,6 +125,41 @@ class VmiEvent:
     #: backend cannot tell.
     generation: int | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPlacement, *,
+                 generation: int = 0, agent: Mapping[str, Any],
+                 tokens: Sequence[str] | None = None) -> ReplicaUnit:
+    """The :class:`ReplicaUnit` of one placed replica: one VMI per node share.
+
+    Args:
+        agent: the :class:`AgentConfig` fields the worker supplies (``worker``,
+            ``report_token``, ``worker_addresses``, ``bootstrap``, ``relays``,
+            ``authorized_keys``…); the job's own fields (ids, rank, type,
+            runtime, model, GPUs) are filled in here.
+        tokens: a report token per VMI (node rank), overriding
+            ``agent["report_token"]``: each agent proves its own VMI.
+
+    Raises:
+        pydantic.ValidationError: an ``agent`` field is invalid.
+    """
+    count = len(placement.shares)
+    vmis = tuple(
+        VmiSpec(
+            name=vmi_name(job_id, replica, rank),
+            disk=disk_name(job_id, replica, rank),
+            node=share.node,
+            gpus=share.gpus,
+            node_rank=rank,
+            multi_node=placement.multi_node,
+            agent=AgentConfig(job_id=job_id, replica=replica, generation=generation,
+                              node_rank=rank, node_count=count, job_type=spec.type,
+                              runtime=spec.runtime, model=spec.model, gpus=share.gpus,
+                              **{**agent, **({"report_token": tokens[rank]} if tokens else {})}),
+        )
+        for rank, share in enumerate(placement.shares))
+    return ReplicaUnit(job_id=job_id, replica=replica, generation=generation, spec=spec,
+                      vmis=vmis)
 
 
 class Backend(Protocol):

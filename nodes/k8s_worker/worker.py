@@ -35,7 +35,6 @@ from typing import Any
 
 import trio
 
-from agents.config import AgentConfig
 from nodes.control import (
     CreateReplica,
     DeleteReplica,
@@ -52,8 +51,7 @@ from .backend import (
     ReplicaUnit,
     VmiEvent,
     VmiPhase,
-    VmiSpec,
-    disk_name,
+    replica_unit,
     vmi_name,
 )
 from .replica_state import AgentStatus, VmiView, replica_state
@@ -277,25 +275,16 @@ class Worker:
         self._capacity_changed.set()
 
     def _unit(self, record: ReplicaRecord) -> ReplicaUnit:
-        shares = record.placement.shares
-        vmis = []
-        for rank, share in enumerate(shares):
-            extra = {} if self.runtime.agent_storage is None else {
-                "storage": self.runtime.agent_storage}
-            agent = AgentConfig(
-                job_id=record.job_id, replica=record.replica, generation=record.generation,
-                node_rank=rank, node_count=len(shares), job_type=record.spec.type,
-                runtime=record.spec.runtime, model=record.spec.model, gpus=share.gpus,
-                worker=self.runtime.worker_key, worker_addresses=self.runtime.worker_addresses,
-                report_token=record.tokens[rank], bootstrap=self.runtime.bootstrap,
-                relays=record.relays, heartbeat_interval_s=self.runtime.heartbeat_interval_s,
-                **extra)
-            vmis.append(VmiSpec(
-                name=vmi_name(record.job_id, record.replica, rank),
-                disk=disk_name(record.job_id, record.replica, rank), node=share.node,
-                gpus=share.gpus, node_rank=rank, agent=agent, multi_node=len(shares) > 1))
-        return ReplicaUnit(job_id=record.job_id, replica=record.replica,
-                           generation=record.generation, spec=record.spec, vmis=tuple(vmis))
+        runtime = self.runtime
+        agent: dict[str, Any] = {
+            "worker": runtime.worker_key, "worker_addresses": runtime.worker_addresses,
+            "bootstrap": runtime.bootstrap, "relays": record.relays,
+            "heartbeat_interval_s": runtime.heartbeat_interval_s,
+            "report_token": record.tokens[0]}
+        if runtime.agent_storage is not None:
+            agent["storage"] = runtime.agent_storage
+        return replica_unit(record.job_id, record.replica, record.spec, record.placement,
+                            generation=record.generation, agent=agent, tokens=record.tokens)
 
     # -- events ----------------------------------------------------------------
 

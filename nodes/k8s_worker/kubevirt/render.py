@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from agents.config import AGENT_CONFIG_PATH, AgentConfig
-from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, disk_name, vmi_name
-from nodes.model import JobSpec, ReplicaPlacement
+from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, replica_unit
 
 from .settings import KubevirtSettings
 
@@ -75,38 +73,6 @@ _POD_NET = "default"
 _OVERLAY_NET = "overlay"
 
 Manifest = dict[str, Any]
-
-
-def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPlacement, *,
-                 generation: int = 0, agent: Mapping[str, Any]) -> ReplicaUnit:
-    """The :class:`ReplicaUnit` of one placed replica: one VMI per node share.
-
-    Args:
-        agent: the :class:`AgentConfig` fields the worker supplies (``worker``,
-            ``report_token``, ``worker_addresses``, ``bootstrap``, ``relays``,
-            ``authorized_keys``…); the job's own fields (ids, rank, type,
-            runtime, model, GPUs) are filled in here.
-
-    Raises:
-        pydantic.ValidationError: an ``agent`` field is invalid.
-    """
-    count = len(placement.shares)
-    vmis = tuple(
-        VmiSpec(
-            name=vmi_name(job_id, replica, rank),
-            disk=disk_name(job_id, replica, rank),
-            node=share.node,
-            gpus=share.gpus,
-            node_rank=rank,
-            multi_node=placement.multi_node,
-            agent=AgentConfig(job_id=job_id, replica=replica, generation=generation,
-                              node_rank=rank, node_count=count, job_type=spec.type,
-                              runtime=spec.runtime, model=spec.model, gpus=share.gpus,
-                              **agent),
-        )
-        for rank, share in enumerate(placement.shares))
-    return ReplicaUnit(job_id=job_id, replica=replica, generation=generation, spec=spec,
-                      vmis=vmis)
 
 
 def secret_name(vmi: str) -> str:
