@@ -158,7 +158,6 @@ class Orchestrator:
         #: Per rack, when we last heard from it (set at registration, on any
         #: report, and for every rack at the first tick after opening).
         self._heard: dict[str, float] = {}
-        self._silent: set[str] = set()
         self._positions: dict[str, int] = {}
         self._events: deque[JobEvent] = deque()
         self._seq = 0
@@ -492,7 +491,6 @@ class Orchestrator:
             raise InvalidState(str(exc)) from exc
         del self._racks[key]
         self._heard.pop(key, None)
-        self._silent.discard(key)
         self._positions.pop(key, None)
         try:
             with self._store.transaction():
@@ -637,10 +635,11 @@ class Orchestrator:
 
     def tick(self, now: float) -> None:
         """Mark silent racks' jobs Unknown and place Pending jobs that now fit."""
-        for key in self._racks:
+        for key, rack in self._racks.items():
             heard = self._heard.setdefault(key, now)
-            if key not in self._silent and now - heard >= self.unknown_after_s:
-                self._silent.add(key)
+            if not rack.silent and now - heard >= self.unknown_after_s:
+                rack.silent = True
+                self._racks_dirty.add(key)
                 for job in self._jobs.values():
                     if self._on_rack(job, key):
                         self._refresh(job, now, f"no report from rack {key[:12]} for "
@@ -650,14 +649,16 @@ class Orchestrator:
 
     def next_deadline(self) -> float | None:
         """When the next rack goes silent if it stays quiet (None: no rack can)."""
-        times = [self._heard[k] + self.unknown_after_s for k in self._racks
-                 if k in self._heard and k not in self._silent]
+        times = [self._heard[k] + self.unknown_after_s for k, rack in self._racks.items()
+                 if k in self._heard and not rack.silent]
         return min(times, default=None)
 
     def _hear(self, key: str, now: float) -> None:
         self._heard[key] = now
-        if key in self._silent:
-            self._silent.discard(key)
+        rack = self._racks[key]
+        if rack.silent:
+            rack.silent = False
+            self._racks_dirty.add(key)
             for job in self._jobs.values():
                 if self._on_rack(job, key):
                     self._refresh(job, now, "")
@@ -716,8 +717,8 @@ class Orchestrator:
                    for r in job.replicas.values())
 
     def _flags(self, job: JobRecord) -> JobFlags:
-        silent = any(r.placement is not None and r.placement.rack in self._silent
-                     for r in job.replicas.values())
+        silent = any(r.placement is not None and r.placement.rack in self._racks
+                     and self._racks[r.placement.rack].silent for r in job.replicas.values())
         return JobFlags(deleting=job.deleting, restarting=job.restarting,
                         unplaceable=job.unplaceable, rack_silent=silent)
 
@@ -798,7 +799,7 @@ class Orchestrator:
         return RackInfo(
             key=rack.key, location=rack.location, name=rack.name,
             registered_at=rack.registered_at, reported=rack.report is not None,
-            silent=rack.key in self._silent,
+            silent=rack.silent,
             nodes=capacity.nodes if capacity else 0, gpus=capacity.gpus if capacity else 0,
             free=capacity.free if capacity else 0,
             overlay_network=capacity.overlay_network if capacity else False,

@@ -25,7 +25,7 @@ Tables (JSON columns hold the pydantic models of :mod:`nodes.model` and
          restarting, deleting, unplaceable)
     replicas(job_id, idx, status, generation, placement JSON|NULL, claimed,
              message; PK(job_id, idx))
-    racks(key PK, location, name, registered_at, report JSON|NULL)
+    racks(key PK, location, name, registered_at, report JSON|NULL, silent)
     reservations(rack, node, team; PK(rack, node))
     outbox(seq PK AUTOINCREMENT, op_id UNIQUE, rack, op JSON)
     positions(rack PK, position)
@@ -93,7 +93,8 @@ CREATE TABLE racks (
     location TEXT NOT NULL,
     name TEXT,
     registered_at REAL NOT NULL,
-    report TEXT
+    report TEXT,
+    silent INTEGER NOT NULL
 );
 CREATE TABLE reservations (
     rack TEXT NOT NULL,
@@ -173,6 +174,9 @@ class RackRecord:
     name: str | None
     registered_at: float
     report: RackReport | None = None
+    #: It sent nothing for ``unknown_after_s``: its jobs are Unknown until it
+    #: reports again (kept across a restart of wrk-ork).
+    silent: bool = False
 
 
 class Store:
@@ -280,9 +284,9 @@ class Store:
 
     def save_rack(self, rack: RackRecord) -> None:
         self._conn.execute(
-            "INSERT OR REPLACE INTO racks VALUES (?,?,?,?,?)",
+            "INSERT OR REPLACE INTO racks VALUES (?,?,?,?,?,?)",
             (rack.key, rack.location, rack.name, rack.registered_at,
-             None if rack.report is None else rack.report.model_dump_json()))
+             None if rack.report is None else rack.report.model_dump_json(), int(rack.silent)))
 
     def delete_rack(self, key: str) -> None:
         self._conn.execute("DELETE FROM racks WHERE key = ?", (key,))
@@ -294,8 +298,9 @@ class Store:
             return [RackRecord(key=key, location=location, name=name,
                                registered_at=registered_at,
                                report=(None if report is None
-                                       else RackReport.model_validate_json(report)))
-                    for key, location, name, registered_at, report in self._conn.execute(
+                                       else RackReport.model_validate_json(report)),
+                               silent=bool(silent))
+                    for key, location, name, registered_at, report, silent in self._conn.execute(
                         "SELECT * FROM racks ORDER BY registered_at, key")]
         except ValidationError as exc:
             raise StoreError(f"a rack row in {self.path} cannot be read ({exc}); "

@@ -87,7 +87,7 @@ def test_every_worker_state_maps_to_a_report_event():
 
 
 def test_single_replica_actions_are_the_seeds_three_statuses():
-    assert SINGLE_REPLICA_ACTIONS == {S.QUEUED, S.PENDING, S.STARTING}
+    assert {S.QUEUED, S.PENDING, S.STARTING} == SINGLE_REPLICA_ACTIONS
     assert not SINGLE_REPLICA_ACTIONS & PLACED_STATUSES - {S.STARTING}
 
 
