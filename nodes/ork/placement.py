@@ -1,0 +1,414 @@
+"""Placement: which rack, which nodes and how many GPUs each, for one job.
+
+The rules (seeds/architecture.txt, "Racks, nodes, and GPUs"; issue 11):
+
+- find a rack in the job's location and claim GPUs on the nodes of that rack
+  the team may use: a team that has reserved nodes only on those, every other
+  team only on unreserved nodes; unschedulable nodes get nothing new;
+- a GPU Container Job runs on one node; so does a Parakeet or ``local``
+  replica, and a vLLM replica that fits one node (runs as one VMI);
+- a vLLM replica larger than every schedulable node of a rack the team may
+  use takes k nodes of that rack, each giving gpus/k GPUs, on a rack with the
+  overlay network and on InfiniBand nodes only; k is the smallest divisor
+  ≥ 2 of the replica's GPUs for which k such nodes have gpus/k free each
+  (fewest VMIs);
+- a team that has reserved nodes anywhere runs only on its reserved nodes,
+  so its jobs in a location where it reserved none are Unplaceable;
+- all replicas of a job go on ONE rack, and placement is all-or-nothing:
+  either every replica has a place now or nothing is placed.
+
+Two ways to fail, because the orchestrator treats them differently:
+:class:`Unplaceable` when the job could not run even if every GPU of the
+location were free and every node schedulable (no rack there, a single-node
+replica larger than any node the team may use, a vLLM replica no rack can
+split, more replicas than one rack holds): the job becomes Failed with the
+reason. :class:`NoCapacity` when it could, just not now: the job stays Pending
+and holds nothing.
+
+Best fit, to keep whole nodes whole for big replicas: a replica goes to the
+node with the fewest free GPUs that still holds it, ties broken by rack key
+then node name; for several replicas, racks are tried in order of their
+tightest fitting node (then key) and packed best fit within the rack. The
+answer is deterministic for a given book of capacity and claims.
+
+:meth:`Cluster.place` only answers; :meth:`Cluster.claim` books the answer
+(and re-checks it, since capacity may change between the two), and
+:meth:`Cluster.unclaim` gives the GPUs back when replicas are deleted.
+Falls short: packing several replicas is greedy, so a job that fits only with
+a cleverer arrangement is reported as not fitting; the "could it ever fit"
+check packs the same greedy way on an empty rack.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from collections.abc import Iterable, Mapping
+
+from nodes.model import JobSpec, JobType, NodeShare, ReplicaPlacement
+
+from ._capacity import (
+    Capacity,
+    NoCapacity,
+    Node,
+    NodeView,
+    PlacementError,
+    Rack,
+    RackPool,
+    RackView,
+    Unplaceable,
+    short,
+)
+
+__all__ = [
+    "Cluster",
+    "NoCapacity",
+    "NodeView",
+    "PlacementError",
+    "RackView",
+    "Unplaceable",
+    "pack_single",
+    "pack_spanning",
+]
+
+#: Answers to "could this job ever fit" kept between capacity changes; the key
+#: has the team in it (for the message), so the bound holds many teams' shapes.
+NEVER_CACHE_SIZE = 4096
+
+#: One replica's shares as (node name, GPUs), before they become a ReplicaPlacement.
+Shares = list[tuple[str, int]]
+
+
+@functools.cache
+def spans(gpus: int) -> tuple[int, ...]:
+    """The node counts k ≥ 2 a replica of ``gpus`` GPUs can be split into evenly."""
+    return tuple(k for k in range(2, gpus + 1) if gpus % k == 0)
+
+
+def pack_single(candidates: list[tuple[int, str]], gpus: int, replicas: int) -> list[Shares] | None:
+    """Best-fit ``replicas`` single-node replicas onto one rack's nodes.
+
+    Args:
+        candidates: (free GPUs, node name) of the usable nodes, sorted; consumed.
+        gpus: GPUs per replica.
+        replicas: how many.
+
+    Returns:
+        One share list per replica, or None when they do not all fit.
+    """
+    placed: list[Shares] = []
+    for _ in range(replicas):
+        i = bisect.bisect_left(candidates, (gpus, ""))
+        if i == len(candidates):
+            return None
+        free, name = candidates.pop(i)
+        if free - gpus >= gpus:
+            bisect.insort(candidates, (free - gpus, name))
+        placed.append([(name, gpus)])
+    return placed
+
+
+def pack_spanning(candidates: list[tuple[int, str]], gpus: int,
+                  replicas: int) -> list[Shares] | None:
+    """Place ``replicas`` multi-node replicas on one rack's InfiniBand nodes.
+
+    Each replica takes the smallest k (see :func:`spans`) for which k distinct
+    nodes have ``gpus // k`` free, choosing the k tightest such nodes.
+
+    Args:
+        candidates: (free GPUs, node name) of the usable InfiniBand nodes,
+            sorted; consumed.
+
+    Returns:
+        One share list per replica (equal shares, distinct nodes, by node
+        name), or None when they do not all fit.
+    """
+    placed: list[Shares] = []
+    for _ in range(replicas):
+        for k in spans(gpus):
+            share = gpus // k
+            i = bisect.bisect_left(candidates, (share, ""))
+            if len(candidates) - i >= k:
+                taken = candidates[i:i + k]
+                del candidates[i:i + k]
+                for free, name in taken:
+                    if free > share:
+                        bisect.insort(candidates, (free - share, name))
+                placed.append(sorted((name, share) for _, name in taken))
+                break
+        else:
+            return None
+    return placed
+
+
+def _first_span(ib_at: Mapping[int, set[str]], gpus: int) -> int:
+    """The k the first replica would take on a rack, from its free buckets; 0: none."""
+    for k in spans(gpus):
+        share = gpus // k
+        count = 0
+        for free, names in ib_at.items():
+            if free >= share:
+                count += len(names)
+        if count >= k:
+            return k
+    return 0
+
+
+def _what(spec: JobSpec) -> str:
+    if spec.type is JobType.CONTAINER:
+        return "a GPU Container Job"
+    return f"a {spec.runtime.value if spec.runtime else ''} replica".replace("vllm", "vLLM")
+
+
+class Cluster(Capacity):
+    """wrk-ork's racks and claims, and the placement of jobs on them.
+
+    Usage::
+
+        cluster.set_rack(worker_key_hex, "default", report)
+        placements = cluster.place(spec)     # Unplaceable → fail; NoCapacity → Pending
+        cluster.claim(placements)            # NoCapacity if it raced; place again
+        ...
+        cluster.unclaim(placements)          # when the replicas are deleted
+        cluster.restore(placements)          # on restart, for replicas already running
+    """
+
+    def place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
+        """Where each replica of ``spec`` would run now; nothing is claimed.
+
+        Returns:
+            One placement per replica, all on one rack; call :meth:`claim`
+            with them before publishing the create operations.
+
+        Raises:
+            Unplaceable: the job can never run as the location is registered.
+            NoCapacity: it could, but not with the GPUs free now.
+        """
+        racks = self._by_location.get(spec.location)
+        if not racks:
+            raise Unplaceable(f"no rack is registered in location {spec.location}")
+        owner = self.owner_for(spec.team)
+        gpus = spec.gpus
+        if spec.replicas == 1:
+            # The common case, in O(log sizes): the globally tightest node. A
+            # node holding the replica means its rack places it on one node,
+            # which ranks before every multi-node option.
+            lpool = self._pools.get((spec.location, owner))
+            if lpool is not None:
+                frees = lpool.frees
+                i = bisect.bisect_left(frees, gpus)
+                if i < len(frees):
+                    free = frees[i]
+                    key = min(lpool.racks_at[free])
+                    name = min(racks[key].pools[owner].at[free])
+                    return (ReplicaPlacement(rack=key, shares=(NodeShare(node=name, gpus=gpus),)),)
+        if spec.replicas > 1 or spec.may_span_nodes:
+            found = self._search(spec, owner, racks.values())
+            if found is not None:
+                return found
+        reason = self._never(spec, owner, racks)
+        if reason is not None:
+            raise Unplaceable(reason)
+        raise NoCapacity(self._no_room(spec, owner))
+
+    def claim(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Book the GPUs of ``placements`` (all or none).
+
+        Raises:
+            NoCapacity: a rack or node is gone, unschedulable, or no longer has
+                the GPUs free; nothing was booked: place the job again.
+            PlacementError: a multi-node placement with unequal or repeated shares.
+        """
+        wanted = self._tally(placements, NoCapacity)
+        for node, gpus in wanted.items():
+            if not (node.present and node.schedulable):
+                raise NoCapacity(f"node {node.name} of rack {short(node.rack)} takes no new "
+                                 "replicas now (unschedulable or gone)")
+            if node.free < gpus:
+                raise NoCapacity(f"node {node.name} of rack {short(node.rack)} has {node.free} "
+                                 f"GPUs free, {gpus} asked")
+        for node, gpus in wanted.items():
+            self._book(node, gpus)
+
+    def restore(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Book the GPUs of replicas that already run, e.g. when wrk-ork starts
+        again and reloads its jobs after registering the racks.
+
+        Running replicas are facts, so nothing is re-checked: a node that is
+        now cordoned, smaller, or missing from the report still gets the
+        claims (a missing one is kept as a ghost until they are released).
+
+        Raises:
+            PlacementError: a rack is not registered (call :meth:`set_rack`
+                first), or a multi-node placement has unequal shares.
+        """
+        wanted: dict[tuple[Rack, str], int] = {}
+        for placement in placements:
+            rack = self._racks.get(placement.rack)
+            if rack is None:
+                raise PlacementError(f"rack {short(placement.rack)} is not registered; "
+                                     "register racks before restoring their claims")
+            self._check_shares(placement)
+            for share in placement.shares:
+                wanted[(rack, share.node)] = wanted.get((rack, share.node), 0) + share.gpus
+        for (rack, name), gpus in wanted.items():
+            node = rack.nodes.get(name)
+            if node is None:
+                node = rack.nodes[name] = Node(rack.key, name)
+                node.owner = self._reservations.get((rack.key, name))
+            self._book(node, gpus)
+
+    def unclaim(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Give back the GPUs of ``placements`` (all or none), e.g. when their
+        replicas are deleted; pending jobs may fit afterwards.
+
+        Raises:
+            PlacementError: a rack or node unknown, or more GPUs released than
+                are claimed there.
+        """
+        wanted = self._tally(placements, PlacementError)
+        for node, gpus in wanted.items():
+            if node.claimed < gpus:
+                raise PlacementError(f"node {node.name} of rack {short(node.rack)} holds "
+                                     f"{node.claimed} claimed GPUs, {gpus} released")
+        for node, gpus in wanted.items():
+            self._book(node, -gpus)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _tally(self, placements: Iterable[ReplicaPlacement],
+               missing: type[PlacementError]) -> dict[Node, int]:
+        wanted: dict[Node, int] = {}
+        for placement in placements:
+            rack = self._racks.get(placement.rack)
+            if rack is None:
+                raise missing(f"rack {short(placement.rack)} is not registered")
+            self._check_shares(placement)
+            for share in placement.shares:
+                node = rack.nodes.get(share.node)
+                if node is None:
+                    raise missing(f"rack {short(rack.key)} has no node {share.node}")
+                wanted[node] = wanted.get(node, 0) + share.gpus
+        return wanted
+
+    @staticmethod
+    def _check_shares(placement: ReplicaPlacement) -> None:
+        shares = placement.shares
+        if len(shares) > 1 and (len({s.node for s in shares}) != len(shares)
+                                or len({s.gpus for s in shares}) != 1):
+            raise PlacementError("a multi-node replica takes equal shares on distinct nodes")
+
+    def _search(self, spec: JobSpec, owner: str | None,
+                racks: Iterable[Rack]) -> tuple[ReplicaPlacement, ...] | None:
+        """Every rack that might hold the whole job, tightest first; pack each until one does."""
+        gpus, replicas, span = spec.gpus, spec.replicas, spec.may_span_nodes
+        options: list[tuple[int, int, str, RackPool]] = []
+        for rack in racks:
+            rpool = rack.pools.get(owner)
+            if rpool is None or not rpool.sizes:
+                continue
+            if rpool.largest >= gpus:
+                fit = room = 0
+                for free, names in rpool.at.items():
+                    if free >= gpus:
+                        room += len(names) * (free // gpus)
+                        if not fit or free < fit:
+                            fit = free
+                if room >= replicas:
+                    options.append((0, fit, rack.key, rpool))
+            elif span and rack.overlay:
+                k = _first_span(rpool.ib_at, gpus)
+                if k:
+                    options.append((k, 0, rack.key, rpool))
+        options.sort(key=lambda option: option[:3])
+        for k, _, key, rpool in options:
+            if k == 0:
+                packed = pack_single(sorted((free, name) for free, names in rpool.at.items()
+                                            if free >= gpus for name in names), gpus, replicas)
+            else:
+                packed = pack_spanning(sorted((free, name) for free, names in rpool.ib_at.items()
+                                              for name in names), gpus, replicas)
+            if packed is not None:
+                return tuple(ReplicaPlacement(rack=key, shares=tuple(
+                    NodeShare(node=name, gpus=n) for name, n in shares)) for shares in packed)
+        return None
+
+    def _never(self, spec: JobSpec, owner: str | None, racks: Mapping[str, Rack]) -> str | None:
+        """Why the job could not run even on an empty location, or None if it could.
+
+        Cached until capacity or reservations change, so Pending jobs retried
+        on every release cost one dict lookup here.
+        """
+        key = (spec.location, owner, spec.may_span_nodes, spec.type, spec.runtime, spec.gpus,
+               spec.replicas, spec.team)
+        try:
+            return self._never_cache[key]
+        except KeyError:
+            pass
+        reason = self._never_reason(spec, owner, racks)
+        if len(self._never_cache) >= NEVER_CACHE_SIZE:
+            self._never_cache.clear()  # at the bound: recompute; each answer is one pass
+        self._never_cache[key] = reason
+        return reason
+
+    def _never_reason(self, spec: JobSpec, owner: str | None,
+                      racks: Mapping[str, Rack]) -> str | None:
+        gpus, replicas, span = spec.gpus, spec.replicas, spec.may_span_nodes
+        location = spec.location
+        largest = 0
+        reserved_elsewhere = False
+        overlay = False
+        for rack in racks.values():
+            nodes = []
+            for node in rack.nodes.values():
+                if node.present and node.gpus:
+                    if node.owner == owner:
+                        nodes.append(node)
+                    else:
+                        reserved_elsewhere = True
+            if not nodes:
+                continue
+            overlay = overlay or rack.overlay
+            size = max(node.gpus for node in nodes)
+            largest = max(largest, size)
+            if size >= gpus:
+                if sum(node.gpus // gpus for node in nodes) >= replicas:
+                    return None
+            elif span and rack.overlay:
+                candidates = sorted((node.gpus, node.name) for node in nodes if node.infiniband)
+                if pack_spanning(candidates, gpus, replicas) is not None:
+                    return None
+        if owner is not None:
+            scope = f"reserved by team {owner} "
+        else:
+            scope = "not reserved by a team " if reserved_elsewhere else ""
+        if not largest:
+            if owner is not None:
+                return (f"team {owner} runs its jobs only on the nodes it reserved, and none of "
+                        f"them with GPUs is in location {location}")
+            return (f"every node with GPUs in location {location} is reserved by a team, and "
+                    f"team {spec.team} has reserved none")
+        if gpus > largest and not span:
+            return (f"{_what(spec)} runs on one node: {gpus} GPUs asked, the largest node "
+                    f"{scope}in location {location} holds {largest}")
+        if gpus > largest:
+            if not overlay:
+                return (f"a vLLM replica of {gpus} GPUs is larger than any node {scope}in location "
+                        f"{location} (the largest holds {largest}), so it must span nodes, and "
+                        "no rack there has an overlay network")
+            return (f"a vLLM replica of {gpus} GPUs must span nodes (the largest {scope}in "
+                    f"location {location} holds {largest}), each giving the same number of "
+                    "GPUs over InfiniBand, and no rack there with an overlay network has enough "
+                    f"InfiniBand nodes {scope}for {replicas} such replica(s)")
+        return (f"the {replicas} replicas of {gpus} GPUs must all run on one rack, and no rack in "
+                f"location {location} holds that many on nodes {scope}even when empty")
+
+    def _no_room(self, spec: JobSpec, owner: str | None) -> str:
+        lpool = self._pools.get((spec.location, owner))
+        total = lpool.free_total if lpool is not None else 0
+        most = lpool.frees[-1] if lpool is not None and lpool.frees else 0
+        who = f"the nodes team {owner} reserved" if owner is not None else "unreserved nodes"
+        many = f"{spec.replicas} replicas" if spec.replicas > 1 else "1 replica"
+        return (f"no room now in location {spec.location} for {many} of {spec.gpus} GPUs: "
+                f"{total} GPUs free on {who}, at most {most} on one node; the job waits "
+                "until GPUs are released")
