@@ -99,7 +99,7 @@ class JobBook:
         cluster = self._cluster
         for rack in self._store.load_racks():
             self._racks[rack.key] = rack
-            cluster.set_rack(rack.key, rack.location, rack.report or RackReport(nodes=()))
+            self._set_capacity(rack)
         for rack_key, node, team in self._store.load_reservations():
             try:
                 cluster.reserve(rack_key, node, team)
@@ -122,6 +122,16 @@ class JobBook:
 
     def close(self) -> None:
         self._store.close()
+
+    def _set_capacity(self, rack: RackRecord) -> None:
+        """Give the cluster the rack's last report; a silent rack's nodes take
+        nothing new (its worker may be gone), so new jobs wait Pending rather
+        than being sent to it. Claims are kept either way."""
+        report = rack.report or RackReport(nodes=())
+        if rack.silent:
+            report = report.model_copy(update={"nodes": tuple(
+                node.model_copy(update={"schedulable": False}) for node in report.nodes)})
+        self._cluster.set_rack(rack.key, rack.location, report)
 
     # -- outbox and events ---------------------------------------------------------------
 

@@ -153,12 +153,14 @@ class Orchestrator(JobBook):
                                "delete it and create one that fits")
         placed = [r for r in job.replicas.values()
                   if r.status in PLACED_STATUSES and r.status is not ReplicaStatus.DELETING]
-        if placed:
-            for replica in placed:
-                self._restart_replica(job, replica)
+        stuck = [r.index for r in placed if not self._restart_replica(job, r)]
+        if len(stuck) < len(placed):
             job.restarting = True
             self._refresh(job, now, "restart asked")
-            self._commit()
+        if stuck:
+            job.reason = f"no free GPUs to create replica(s) {stuck} again; retry later"
+            self._dirty.add(job.id)
+        self._commit()
         return self._view(job)
 
     def delete_job(self, job_id: str, now: float) -> JobView | None:
@@ -245,13 +247,34 @@ class Orchestrator(JobBook):
                 f"{action} the whole job instead")
         return job, record
 
-    def _restart_replica(self, job: JobRecord, replica: ReplicaRecord) -> None:
+    def _restart_replica(self, job: JobRecord, replica: ReplicaRecord) -> bool:
+        """Queue the replica's restart (a new generation); False if it cannot be.
+
+        A replica its worker removed on its own (reported DELETED unasked: no
+        VMI, no storage, no claim) is created again where it was, if those
+        GPUs are still free.
+        """
+        placement = replica.placement
+        assert placement is not None
+        gone = not replica.claimed
+        if gone:
+            try:
+                self._cluster.claim([placement])
+            except PlacementError:
+                return False
+            replica.claimed = True
         replica.status = next_replica_status(replica.status, ReplicaEvent.RESTART)
         replica.generation += 1
-        assert replica.placement is not None
-        self._queue(replica.placement.rack, RestartReplica(
-            op_id=op_id(job.id, replica.index, "restart", replica.generation),
-            job_id=job.id, replica=replica.index, generation=replica.generation))
+        if gone:
+            self._queue(placement.rack, CreateReplica(
+                op_id=op_id(job.id, replica.index, "create", replica.generation),
+                job_id=job.id, replica=replica.index, spec=job.spec, placement=placement,
+                generation=replica.generation))
+        else:
+            self._queue(placement.rack, RestartReplica(
+                op_id=op_id(job.id, replica.index, "restart", replica.generation),
+                job_id=job.id, replica=replica.index, generation=replica.generation))
+        return True
 
     def _delete_replica(self, job: JobRecord, replica: ReplicaRecord) -> None:
         replica.status = next_replica_status(replica.status, ReplicaEvent.DELETE)
@@ -341,7 +364,7 @@ class Orchestrator(JobBook):
         else:
             old = self._racks[key] = RackRecord(key=key, location=location, name=name,
                                                 registered_at=now)
-            self._cluster.set_rack(key, location, RackReport(nodes=()))
+            self._set_capacity(old)
             self._heard[key] = now
         self._racks_dirty.add(key)
         self._commit()
@@ -456,7 +479,7 @@ class Orchestrator(JobBook):
         if isinstance(report, RackUpdate):
             record = self._racks[key]
             record.report = report.rack
-            self._cluster.set_rack(key, record.location, report.rack)
+            self._set_capacity(record)
             self._racks_dirty.add(key)
             self._stats["reports_applied"] += 1
             self._place_pending(now)
@@ -472,7 +495,8 @@ class Orchestrator(JobBook):
         if job is None or replica is None:
             self._stats["reports_unknown"] += 1
             return
-        if replica.placement is None or replica.placement.rack != rack:
+        if replica.placement is None or replica.placement.rack != rack or not replica.claimed:
+            # Not placed, placed elsewhere, or already gone (reported DELETED).
             self._stats["reports_refused"] += 1
             return
         if report.generation != replica.generation:
@@ -514,6 +538,7 @@ class Orchestrator(JobBook):
             if not rack.silent and now - heard >= self.unknown_after_s:
                 rack.silent = True
                 self._racks_dirty.add(key)
+                self._set_capacity(rack)
                 for job in self._jobs.values():
                     if self._on_rack(job, key):
                         self._refresh(job, now, f"no report from rack {key[:12]} for "
@@ -533,6 +558,8 @@ class Orchestrator(JobBook):
         if rack.silent:
             rack.silent = False
             self._racks_dirty.add(key)
+            self._set_capacity(rack)
             for job in self._jobs.values():
                 if self._on_rack(job, key):
                     self._refresh(job, now, "")
+            self._place_pending(now)

@@ -362,6 +362,17 @@ def test_a_silent_rack_makes_its_jobs_unknown_until_it_reports_again():
     assert world.status() is J.ACTIVE
 
 
+def test_a_job_created_while_its_rack_is_silent_waits_until_the_rack_reports():
+    world = World()
+    world.silence()
+    assert [n.schedulable for n in world.orch.nodes()] == [False]
+    assert world.create(container()).status is J.PENDING
+    world.hear()
+    assert world.status() is J.STARTING
+    assert [n.schedulable for n in world.orch.nodes()] == [True]
+    assert world.orch.statistics().unexpected_transitions == 0
+
+
 def test_a_silent_rack_does_not_touch_pending_jobs():
     world = World(nodes=(8,))
     world.do("pending")
@@ -379,7 +390,28 @@ def test_the_worker_deleting_a_replica_on_its_own_frees_its_gpus_and_fails_it():
     view = world.orch.get_job(first)
     assert view.status is J.FAILED and view.reason == "VMI vanished"
     assert world.status(waiting) is J.STARTING
+    world.say(0, "active", job=first)  # it is gone: reports about it are refused
+    assert world.status(first) is J.FAILED
     assert world.orch.delete_job(first, world.now) is None  # nothing left to delete
+
+
+def test_restarting_a_replica_the_worker_removed_creates_it_again_if_gpus_are_free():
+    world = World(nodes=(8,))
+    world.do("one")
+    world.say(0, "deleted", message="VMI vanished")
+    world.published()
+    world.orch.restart_job(world.job_id, world.now)
+    [op] = world.published()
+    assert isinstance(op, CreateReplica) and op.op_id == f"{world.job_id}/0/create/1"
+    assert world.status() is J.RESTARTING
+    world.say(0, "active")
+    assert world.status() is J.ACTIVE
+    # Removed again, and its GPUs taken meanwhile: the restart cannot recreate it.
+    world.say(0, "deleted")
+    first = world.job_id
+    world.create(container(gpus=8))
+    view = world.orch.restart_job(first, world.now)
+    assert view.status is J.FAILED and "no free GPUs" in view.reason
 
 
 # -- racks and reservations ---------------------------------------------------------------
