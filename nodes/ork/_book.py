@@ -81,6 +81,9 @@ class JobBook:
         self._positions: dict[str, int] = {}
         self._events: deque[JobEvent] = deque()
         self._seq = 0
+        #: Capacity may have grown (GPUs freed, a report, a reservation changed)
+        #: since Pending jobs were last tried.
+        self._capacity_changed = True
         # What the current call changed, written by _commit.
         self._dirty: set[str] = set()
         self._removed: set[str] = set()
@@ -132,6 +135,7 @@ class JobBook:
             report = report.model_copy(update={"nodes": tuple(
                 node.model_copy(update={"schedulable": False}) for node in report.nodes)})
         self._cluster.set_rack(rack.key, rack.location, report)
+        self._capacity_changed = True
 
     # -- outbox and events ---------------------------------------------------------------
 

@@ -335,6 +335,10 @@ class Orchestrator(JobBook):
         return True
 
     def _place_pending(self, now: float) -> None:
+        """Try the Pending jobs, oldest first, if capacity grew since the last try."""
+        if not self._capacity_changed:
+            return  # nothing freed: every Pending job would get NoCapacity again
+        self._capacity_changed = False
         pending = sorted((job for job in self._jobs.values() if job.status is JobStatus.PENDING),
                          key=lambda job: (job.created_at, job.seq))
         for job in pending:
@@ -424,7 +428,7 @@ class Orchestrator(JobBook):
                                    f"{holder}; release it first")
         for node in nodes:
             self._cluster.reserve(key, node, team)
-        self._place_pending_after(lambda: [self._store.save_reservation(key, node, team)
+        self._save_reservations(lambda: [self._store.save_reservation(key, node, team)
                                            for node in nodes])
 
     def release_nodes(self, rack: str, nodes: Iterable[str]) -> None:
@@ -437,12 +441,13 @@ class Orchestrator(JobBook):
         nodes = list(nodes)
         for node in nodes:
             self._cluster.release(key, node)
-        self._place_pending_after(lambda: [self._store.delete_reservation(key, node)
+        self._save_reservations(lambda: [self._store.delete_reservation(key, node)
                                            for node in nodes])
 
-    def _place_pending_after(self, write: Callable[[], object]) -> None:
+    def _save_reservations(self, write: Callable[[], object]) -> None:
         # Reservations change what fits; Pending jobs are tried at the next tick
         # (they need a ``now`` for their events).
+        self._capacity_changed = True
         try:
             with self._store.transaction():
                 write()
@@ -478,9 +483,10 @@ class Orchestrator(JobBook):
         self._hear(key, now)
         if isinstance(report, RackUpdate):
             record = self._racks[key]
-            record.report = report.rack
-            self._set_capacity(record)
-            self._racks_dirty.add(key)
+            if report.rack != record.report:  # most are the periodic "still here"
+                record.report = report.rack
+                self._set_capacity(record)
+                self._racks_dirty.add(key)
             self._stats["reports_applied"] += 1
             self._place_pending(now)
         else:
@@ -516,6 +522,7 @@ class Orchestrator(JobBook):
         if event is ReplicaEvent.REPORTED_DELETED and replica.claimed:
             assert replica.placement is not None
             self._cluster.unclaim([replica.placement])
+            self._capacity_changed = True
             replica.claimed, freed = False, True
         if status is ReplicaStatus.DELETED:
             del job.replicas[replica.index]

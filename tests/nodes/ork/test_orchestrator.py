@@ -453,8 +453,14 @@ def test_reserved_nodes_run_only_their_teams_jobs():
         world.orch.reserve_nodes(RACK, ["n9"], "team-c")
     with pytest.raises(NotFound):
         world.orch.reserve_nodes(OTHER_RACK, ["n0"], "team-c")
+    world.orch.delete_job(b.id, world.now)
+    world.say(0, "deleted", job=b.id)
+    waiting = world.create(container(gpus=4, team="team-a")).id
+    assert world.status(waiting) is J.PENDING  # n1 is free but team-b's
     world.orch.release_nodes(RACK, ["n1", "n0"])
     assert all(n.reserved_for is None for n in world.orch.nodes())
+    world.advance(1)
+    assert world.status(waiting) is J.STARTING
 
 
 def test_list_jobs_filters_by_team_oldest_first():
