@@ -161,7 +161,7 @@ class JobBook:
         return OrchestratorStatistics(
             jobs=len(self._jobs),
             pending_jobs=sum(job.status is JobStatus.PENDING for job in self._jobs.values()),
-            outbox=len(self._store.outbox()), **self._stats)
+            outbox=self._store.outbox_size(), **self._stats)
 
     # -- internals ----------------------------------------------------------------------
 

@@ -24,14 +24,16 @@ each job status change is checked against ``JOB_TRANSITIONS`` and sent as a
 GPUs are claimed in :class:`~nodes.ork.placement.Cluster` when a replica is
 placed and released only when its worker reports it DELETED, not when the
 delete is asked: a Pending job is placed only when the GPUs really are free.
-Pending jobs are tried oldest first whenever GPUs are freed, a rack reports
-and on every tick; a younger job that fits may pass an older one that does
-not (so a large job can wait behind a stream of small ones: not solved here).
+Pending jobs are tried oldest first once capacity has grown (GPUs freed, a
+rack's report changed, a silent rack heard again; after a reservation change,
+at the next tick); a younger job that fits may pass an older one that does not
+(so a large job can wait behind a stream of small ones: not solved here).
 
 A rack is *silent* once it has sent nothing (reports of any kind; the worker
 sends a rack report periodically) for ``unknown_after_s``; every job with
-replicas there is Unknown until the rack is heard again. After wrk-ork starts,
-every rack gets a full ``unknown_after_s`` from the first tick.
+replicas there is Unknown until the rack is heard again, and its nodes take no
+new replicas meanwhile (its worker may be gone). Silence is saved; after
+wrk-ork starts, every rack gets a full ``unknown_after_s`` from the first tick.
 
 Persistence: every public call that changes something writes it in one
 SQLite transaction (:mod:`nodes.ork.store`) before returning. If that write
@@ -112,6 +114,7 @@ class Orchestrator(JobBook):
             store.close()
             raise
         return orch
+
     # -- jobs ---------------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec, now: float) -> JobView:
@@ -519,8 +522,7 @@ class Orchestrator(JobBook):
         if report.message:
             replica.message = report.message
         freed = False
-        if event is ReplicaEvent.REPORTED_DELETED and replica.claimed:
-            assert replica.placement is not None
+        if event is ReplicaEvent.REPORTED_DELETED:
             self._cluster.unclaim([replica.placement])
             self._capacity_changed = True
             replica.claimed, freed = False, True
@@ -529,7 +531,8 @@ class Orchestrator(JobBook):
         if not job.replicas:
             self._remove(job, now, "deleted")
         else:
-            reason = report.message if status is ReplicaStatus.FAILED else ""
+            reason = (report.message
+                      if status in (ReplicaStatus.FAILED, ReplicaStatus.UNKNOWN) else "")
             self._refresh(job, now, reason)
         if freed:
             self._place_pending(now)

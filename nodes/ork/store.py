@@ -340,6 +340,10 @@ class Store:
             raise StoreError(f"an outbox row in {self.path} cannot be read ({exc}); "
                              "restore a backup of the store") from exc
 
+    def outbox_size(self) -> int:
+        (count,) = self._conn.execute("SELECT COUNT(*) FROM outbox").fetchone()
+        return count
+
     def set_position(self, rack: str, position: int) -> None:
         self._conn.execute("INSERT OR REPLACE INTO positions VALUES (?,?)", (rack, position))
 
