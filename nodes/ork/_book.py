@@ -24,7 +24,6 @@ from .errors import BadRequest, NotFound, StoreError
 from .placement import Cluster, PlacementError
 from .status import (
     JOB_TRANSITIONS,
-    PLACED_STATUSES,
     JobFlags,
     derive_job_status,
     restart_done,
@@ -186,12 +185,13 @@ class JobBook:
 
     @staticmethod
     def _on_rack(job: JobRecord, key: str) -> bool:
-        return any(r.placement is not None and r.placement.rack == key and
-                   (r.claimed or r.status in PLACED_STATUSES)
+        """The job holds GPUs on rack ``key`` (a replica placed there and not yet
+        reported DELETED)."""
+        return any(r.claimed and r.placement is not None and r.placement.rack == key
                    for r in job.replicas.values())
 
     def _flags(self, job: JobRecord) -> JobFlags:
-        silent = any(r.placement is not None and r.placement.rack in self._racks
+        silent = any(r.claimed and r.placement is not None and r.placement.rack in self._racks
                      and self._racks[r.placement.rack].silent for r in job.replicas.values())
         return JobFlags(deleting=job.deleting, restarting=job.restarting,
                         unplaceable=job.unplaceable, rack_silent=silent)
