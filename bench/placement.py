@@ -14,7 +14,8 @@ Figures (JSON lines):
 * ``fill_decisions_per_s``: placing ``--jobs`` jobs into the empty cluster;
 * ``churn_decisions_per_s``: with those jobs running, ``--churn`` rounds of
   deleting a random running job (``unclaim``) and placing a new one; the time
-  includes the deletions. Also its p50/p99 latency per decision;
+  includes the deletions. Also its p50/p99 latency per decision (without the
+  deletion) and the mean per kind of job;
 * ``pending_retry_per_s``: place() of jobs that do not fit now (the retry of a
   Pending job after each release), on the full cluster.
 
@@ -133,10 +134,16 @@ def main() -> None:
         pending += not decide(cluster, spec, running, latencies)
     elapsed = time.perf_counter() - started
     used = gpus - sum(rack.free for rack in cluster.racks())
+    by_kind: dict[str, list[float]] = {}
+    for spec, latency in zip(specs, latencies, strict=True):
+        kind = f"{spec.runtime or 'container'}-{spec.replicas}x{spec.gpus}"
+        by_kind.setdefault(kind, []).append(latency)
     emit("placement", "churn_decisions_per_s", len(specs) / elapsed, "decisions/s",
          rounds=len(specs), running=len(running), no_capacity=pending,
          p50_us=round(percentile(latencies, 0.5) * 1e6, 1),
          p99_us=round(percentile(latencies, 0.99) * 1e6, 1),
+         mean_us_by_kind={kind: round(sum(v) / len(v) * 1e6, 1)
+                          for kind, v in sorted(by_kind.items())},
          gpus_claimed_fraction=round(used / gpus, 3), includes="unclaim+place+claim",
          **shape, **machine())
 

@@ -32,7 +32,9 @@ keyed by its free count, kept up to date on every claim:
 - :class:`LocationPool` (one location, one owner): free → {rack: how many of
   its nodes have exactly that many free}, plus the sorted list of free values
   present, so a best fit is one bisect, one ``min`` over the racks of that
-  bucket and one ``min`` over that rack's names.
+  bucket and one ``min`` over that rack's names; the same for InfiniBand
+  nodes, so the racks that could give a multi-node replica k shares are
+  found without visiting the others.
 
 Invariants (tests/nodes/ork/test_placement.py checks them with hypothesis):
 ``0 <= claimed``; a node is in exactly the buckets of its current free count
@@ -144,12 +146,15 @@ class RackPool:
 class LocationPool:
     """The placeable nodes of one location that one owner may use, by free GPUs."""
 
-    __slots__ = ("free_total", "frees", "racks_at")
+    __slots__ = ("free_total", "frees", "ib_frees", "ib_racks_at", "racks_at")
 
     def __init__(self) -> None:
         self.racks_at: dict[int, dict[str, int]] = {}
         #: The keys of ``racks_at``, sorted: best fit for g is bisect(frees, g).
         self.frees: list[int] = []
+        #: The same for InfiniBand nodes only: which racks could give k shares.
+        self.ib_racks_at: dict[int, dict[str, int]] = {}
+        self.ib_frees: list[int] = []
         self.free_total = 0
 
 
@@ -306,21 +311,28 @@ class Capacity:
         placed on it, and that team's jobs only on its reserved nodes.
         Replicas already running on it stay until deleted.
 
+        The node need not be in the rack's last report: a reservation belongs
+        to (rack, node) and outlives reports, so wrk-ork restarting while a
+        reserved node is briefly missing keeps the team on its own nodes. Check
+        :meth:`nodes` first to refuse names that were never reported.
+
         Raises:
-            PlacementError: unknown rack or node, or reserved by another team.
+            PlacementError: unknown rack, or the node is reserved by another team.
         """
-        target = self._node(rack, node)
-        holder = self._reservations.get((target.rack, node))
+        key = self._rack(rack).key
+        holder = self._reservations.get((key, node))
         if holder == team:
             return
         if holder is not None:
-            raise PlacementError(f"node {node} of rack {short(target.rack)} is reserved by "
+            raise PlacementError(f"node {node} of rack {short(key)} is reserved by "
                                  f"team {holder}; release it first")
-        self._reservations[(target.rack, node)] = team
+        self._reservations[(key, node)] = team
         self._team_nodes[team] = self._team_nodes.get(team, 0) + 1
-        self._unindex(target)
-        target.owner = team
-        self._index(target)
+        target = self._racks[key].nodes.get(node)
+        if target is not None:
+            self._unindex(target)
+            target.owner = team
+            self._index(target)
         self._changed()
 
     def release(self, rack: str, node: str) -> None:
@@ -446,11 +458,9 @@ class Capacity:
             if names is None:
                 names = rpool.ib_at[free] = set()
             names.add(node.name)
-        racks = lpool.racks_at.get(free)
-        if racks is None:
-            racks = lpool.racks_at[free] = {}
-            bisect.insort(lpool.frees, free)
-        racks[node.rack] = racks.get(node.rack, 0) + 1
+        _count_in(lpool.racks_at, lpool.frees, free, node.rack)
+        if node.infiniband:
+            _count_in(lpool.ib_racks_at, lpool.ib_frees, free, node.rack)
         lpool.free_total += free
 
     @staticmethod
@@ -468,13 +478,29 @@ class Capacity:
             names.discard(node.name)
             if not names:
                 del rpool.ib_at[free]
-        racks = lpool.racks_at[free]
-        left = racks[node.rack] - 1
-        if left:
-            racks[node.rack] = left
-        else:
-            del racks[node.rack]
-            if not racks:
-                del lpool.racks_at[free]
-                del lpool.frees[bisect.bisect_left(lpool.frees, free)]
+        _count_out(lpool.racks_at, lpool.frees, free, node.rack)
+        if node.infiniband:
+            _count_out(lpool.ib_racks_at, lpool.ib_frees, free, node.rack)
         lpool.free_total -= free
+
+
+def _count_in(racks_at: dict[int, dict[str, int]], frees: list[int], free: int,
+              rack: str) -> None:
+    racks = racks_at.get(free)
+    if racks is None:
+        racks = racks_at[free] = {}
+        bisect.insort(frees, free)
+    racks[rack] = racks.get(rack, 0) + 1
+
+
+def _count_out(racks_at: dict[int, dict[str, int]], frees: list[int], free: int,
+               rack: str) -> None:
+    racks = racks_at[free]
+    left = racks[rack] - 1
+    if left:
+        racks[rack] = left
+    else:
+        del racks[rack]
+        if not racks:
+            del racks_at[free]
+            del frees[bisect.bisect_left(frees, free)]

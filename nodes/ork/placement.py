@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from nodes.model import JobSpec, JobType, NodeShare, ReplicaPlacement
 
@@ -54,7 +55,6 @@ from ._capacity import (
     NodeView,
     PlacementError,
     Rack,
-    RackPool,
     RackView,
     Unplaceable,
     short,
@@ -62,6 +62,7 @@ from ._capacity import (
 
 __all__ = [
     "Cluster",
+    "ClusterStatistics",
     "NoCapacity",
     "NodeView",
     "PlacementError",
@@ -141,17 +142,24 @@ def pack_spanning(candidates: list[tuple[int, str]], gpus: int,
     return placed
 
 
-def _first_span(ib_at: Mapping[int, set[str]], gpus: int) -> int:
-    """The k the first replica would take on a rack, from its free buckets; 0: none."""
-    for k in spans(gpus):
-        share = gpus // k
-        count = 0
-        for free, names in ib_at.items():
-            if free >= share:
-                count += len(names)
-        if count >= k:
-            return k
-    return 0
+@dataclass(frozen=True, slots=True)
+class ClusterStatistics:
+    """Counters for the monitor (trio's ``statistics()`` convention)."""
+
+    racks: int
+    nodes: int
+    gpus: int
+    #: GPUs booked by claim()/restore() and not yet released.
+    claimed_gpus: int
+    #: place() calls that returned placements / raised NoCapacity / Unplaceable.
+    placed: int
+    no_capacity: int
+    unplaceable: int
+
+
+def _placements(rack: str, packed: list[Shares]) -> tuple[ReplicaPlacement, ...]:
+    return tuple(ReplicaPlacement(rack=rack, shares=tuple(
+        NodeShare(node=name, gpus=gpus) for name, gpus in shares)) for shares in packed)
 
 
 def _what(spec: JobSpec) -> str:
@@ -173,6 +181,19 @@ class Cluster(Capacity):
         cluster.restore(placements)          # on restart, for replicas already running
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._placed = self._no_capacity = self._unplaceable = 0
+
+    def statistics(self) -> ClusterStatistics:
+        """A snapshot of the book's size and of place()'s outcomes so far."""
+        racks = self._racks.values()
+        return ClusterStatistics(
+            racks=len(self._racks), nodes=sum(len(r.nodes) for r in racks),
+            gpus=sum(n.gpus for r in racks for n in r.nodes.values()),
+            claimed_gpus=sum(r.claimed for r in racks), placed=self._placed,
+            no_capacity=self._no_capacity, unplaceable=self._unplaceable)
+
     def place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
         """Where each replica of ``spec`` would run now; nothing is claimed.
 
@@ -184,6 +205,18 @@ class Cluster(Capacity):
             Unplaceable: the job can never run as the location is registered.
             NoCapacity: it could, but not with the GPUs free now.
         """
+        try:
+            placements = self._place(spec)
+        except NoCapacity:
+            self._no_capacity += 1
+            raise
+        except Unplaceable:
+            self._unplaceable += 1
+            raise
+        self._placed += 1
+        return placements
+
+    def _place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
         racks = self._by_location.get(spec.location)
         if not racks:
             raise Unplaceable(f"no rack is registered in location {spec.location}")
@@ -203,7 +236,7 @@ class Cluster(Capacity):
                     name = min(racks[key].pools[owner].at[free])
                     return (ReplicaPlacement(rack=key, shares=(NodeShare(node=name, gpus=gpus),)),)
         if spec.replicas > 1 or spec.may_span_nodes:
-            found = self._search(spec, owner, racks.values())
+            found = self._search(spec, owner, racks)
             if found is not None:
                 return found
         reason = self._never(spec, owner, racks)
@@ -299,38 +332,57 @@ class Cluster(Capacity):
             raise PlacementError("a multi-node replica takes equal shares on distinct nodes")
 
     def _search(self, spec: JobSpec, owner: str | None,
-                racks: Iterable[Rack]) -> tuple[ReplicaPlacement, ...] | None:
-        """Every rack that might hold the whole job, tightest first; pack each until one does."""
-        gpus, replicas, span = spec.gpus, spec.replicas, spec.may_span_nodes
-        options: list[tuple[int, int, str, RackPool]] = []
-        for rack in racks:
-            rpool = rack.pools.get(owner)
-            if rpool is None or not rpool.sizes:
-                continue
-            if rpool.largest >= gpus:
-                fit = room = 0
-                for free, names in rpool.at.items():
-                    if free >= gpus:
-                        room += len(names) * (free // gpus)
-                        if not fit or free < fit:
-                            fit = free
+                racks: Mapping[str, Rack]) -> tuple[ReplicaPlacement, ...] | None:
+        """The first rack, in preference order, that holds the whole job now.
+
+        Single-node racks come first, by their tightest fitting node then key;
+        then (vLLM only) racks every usable node of which is smaller than the
+        replica, by the fewest nodes the first replica would take, then key.
+        Both walks start from the location's free buckets, so racks without
+        room are never visited.
+        """
+        lpool = self._pools.get((spec.location, owner))
+        if lpool is None:
+            return None
+        gpus, replicas = spec.gpus, spec.replicas
+        frees = lpool.frees
+        seen: set[str] = set()
+        for free in frees[bisect.bisect_left(frees, gpus):]:
+            for key in sorted(lpool.racks_at[free]):
+                if key in seen:
+                    continue
+                seen.add(key)
+                rpool = racks[key].pools[owner]
+                room = 0
+                for f, names in rpool.at.items():
+                    if f >= gpus:
+                        room += len(names) * (f // gpus)
                 if room >= replicas:
-                    options.append((0, fit, rack.key, rpool))
-            elif span and rack.overlay:
-                k = _first_span(rpool.ib_at, gpus)
-                if k:
-                    options.append((k, 0, rack.key, rpool))
-        options.sort(key=lambda option: option[:3])
-        for k, _, key, rpool in options:
-            if k == 0:
-                packed = pack_single(sorted((free, name) for free, names in rpool.at.items()
-                                            if free >= gpus for name in names), gpus, replicas)
-            else:
-                packed = pack_spanning(sorted((free, name) for free, names in rpool.ib_at.items()
+                    packed = pack_single(sorted((f, name) for f, names in rpool.at.items()
+                                                if f >= gpus for name in names), gpus, replicas)
+                    if packed is not None:  # always, given the room
+                        return _placements(key, packed)
+        if not spec.may_span_nodes:
+            return None
+        ib_frees = lpool.ib_frees
+        for k in spans(gpus):
+            share = gpus // k
+            counts: dict[str, int] = {}
+            for free in ib_frees[bisect.bisect_left(ib_frees, share):]:
+                for key, count in lpool.ib_racks_at[free].items():
+                    counts[key] = counts.get(key, 0) + count
+            for key in sorted(key for key, count in counts.items() if count >= k):
+                if key in seen:
+                    continue  # tried already: at a smaller k, or it places single-node
+                seen.add(key)
+                rack = racks[key]
+                rpool = rack.pools[owner]
+                if not rack.overlay or rpool.largest >= gpus:
+                    continue
+                packed = pack_spanning(sorted((f, name) for f, names in rpool.ib_at.items()
                                               for name in names), gpus, replicas)
-            if packed is not None:
-                return tuple(ReplicaPlacement(rack=key, shares=tuple(
-                    NodeShare(node=name, gpus=n) for name, n in shares)) for shares in packed)
+                if packed is not None:
+                    return _placements(key, packed)
         return None
 
     def _never(self, spec: JobSpec, owner: str | None, racks: Mapping[str, Rack]) -> str | None:

@@ -163,6 +163,16 @@ CASES = [
     Case("a vllm replica spans when the bigger node elsewhere is busy",
          [rack("a", *EIGHT_IB, overlay=True), rack("b", N("big", gpus=16, used=1))],
          inference(16), ["a:n1=8,n2=8"]),
+    Case("a spanning vllm replica goes to the rack where it takes the fewest nodes",
+         [rack("a", *(N(f"n{i}", ib=True, used=4) for i in range(1, 5)), overlay=True),
+          rack("b", N("n1", ib=True), N("n2", ib=True), overlay=True)],
+         inference(16), ["b:n1=8,n2=8"]),
+    Case("a spanning vllm replica skips a rack without the overlay network",
+         [rack("a", *EIGHT_IB), rack("b", *EIGHT_IB, overlay=True)],
+         inference(16), ["b:n1=8,n2=8"]),
+    Case("a spanning vllm replica skips a rack that has a node big enough",
+         [rack("a", N("big", gpus=16, used=4), *EIGHT_IB, overlay=True),
+          rack("b", *EIGHT_IB, overlay=True)], inference(16), ["b:n1=8,n2=8"]),
     Case("spanning vllm replicas of one job share the rack",
          [rack("a", *EIGHT_IB, overlay=True)], inference(16, replicas=2),
          ["a:n1=8,n2=8", "a:n3=8,n4=8"]),
@@ -358,10 +368,18 @@ def test_reservations_outlive_reports_and_refuse_another_team() -> None:
     cluster.reserve(key("a"), "n1", "u")
 
 
-def test_reserving_an_unknown_node_or_rack_is_refused() -> None:
+def test_a_node_reserved_before_it_is_reported_is_the_teams_when_it_appears() -> None:
     cluster = one_rack(N("n1"))
-    with pytest.raises(PlacementError, match="reports no node n9"):
-        cluster.reserve(key("a"), "n9", "t")
+    cluster.reserve(key("a"), "n9", "t")
+    with pytest.raises(Unplaceable, match="team t runs its jobs only on the nodes it reserved"):
+        cluster.place(container(1, team="t"))
+    cluster.set_rack(key("a"), "default", report(N("n1"), N("n9")))
+    assert shown(cluster.place(container(1, team="t"))) == ["a:n9=1"]
+    assert shown(cluster.place(container(8, team="u"))) == ["a:n1=8"]
+
+
+def test_reserving_on_an_unknown_rack_or_setting_a_bad_key_is_refused() -> None:
+    cluster = one_rack(N("n1"))
     with pytest.raises(PlacementError, match="no rack bbbbbbbbbbbb"):
         cluster.reserve(key("b"), "n1", "t")
     with pytest.raises(PlacementError, match="not a worker key"):
@@ -400,59 +418,72 @@ def test_an_unchanged_report_keeps_the_answers_it_gave() -> None:
 
 # -- hypothesis: random clusters, random place/claim/unclaim/report sequences ------------
 
-TEAMS = ("t0", "t1", "t2")  # only t1 ever reserves nodes
+TEAMS = ("t0", "t1", "t2")  # t0 never reserves nodes
 LOCATIONS = ("default", "eu")
 
 nodes_st = st.lists(
     st.builds(N, name=st.sampled_from(["n0", "n1", "n2", "n3"]),
-              gpus=st.sampled_from([0, 1, 2, 4, 8]), ib=st.booleans(),
+              gpus=st.sampled_from([0, 4, 8, 8, 8]), ib=st.sampled_from([False, True, True, True]),
               cordoned=st.sampled_from([False, False, False, True]),
-              team=st.sampled_from([None, None, "t1"])),
-    min_size=1, max_size=4, unique_by=lambda n: n.name)
+              team=st.sampled_from([None, None, None, "t1"])),
+    min_size=2, max_size=4, unique_by=lambda n: n.name)
 racks_st = st.lists(st.builds(R, alias=st.sampled_from("abc"), nodes=nodes_st.map(tuple),
-                              location=st.sampled_from(LOCATIONS), overlay=st.booleans()),
+                              location=st.sampled_from(LOCATIONS[:1] * 3 + LOCATIONS),
+                              overlay=st.sampled_from([False, True, True])),
                     min_size=1, max_size=3, unique_by=lambda r: r.alias)
 
 
 @st.composite
 def jobs(draw) -> JobSpec:
-    kind = draw(st.sampled_from(["container", "vllm", "parakeet"]))
-    gpus = draw(st.integers(1, 16))
-    team, location = draw(st.sampled_from(TEAMS)), draw(st.sampled_from(LOCATIONS))
+    kind = draw(st.sampled_from(["container", "vllm", "vllm", "parakeet"]))
+    gpus = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 16, 24]))
+    team = draw(st.sampled_from(TEAMS))
+    location = draw(st.sampled_from(LOCATIONS[:1] * 3 + LOCATIONS))
     if kind == "container":
         return container(gpus, team=team, location=location)
-    return inference(gpus, kind, replicas=draw(st.integers(1, 3)), team=team, location=location)
+    replicas = draw(st.sampled_from([1, 1, 2, 3]))
+    return inference(gpus, kind, replicas=replicas, team=team, location=location)
 
 
+places = st.tuples(st.just("place"), jobs())
 ops_st = st.lists(st.one_of(
-    st.tuples(st.just("place"), jobs()),
+    places, places, places,
     st.tuples(st.just("unclaim"), st.integers(0, 50)),
     st.tuples(st.just("report"), st.integers(0, 2), st.integers(0, 3),
-              st.sampled_from(["drop", "cordon", "restore"]))), max_size=40)
+              st.sampled_from(["drop", "cordon", "restore"])),
+    st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(0, 3),
+              st.sampled_from([None, "t1", "t2"]))), min_size=1, max_size=40)
 
 
 def check_index(cluster: Cluster) -> None:
     """The incremental buckets equal buckets rebuilt from the nodes."""
     at: dict = {}
+    ib_at: dict = {}
     totals: dict = {}
     for r in cluster._racks.values():
         for n in r.nodes.values():
             indexed = n.present and n.schedulable
             assert (n.rpool is not None) == indexed
             if indexed and n.free:
-                at.setdefault((r.location, n.owner), {}).setdefault(n.free, {}).setdefault(
-                    r.key, set()).add(n.name)
+                for index in (at, ib_at) if n.infiniband else (at,):
+                    index.setdefault((r.location, n.owner), {}).setdefault(
+                        n.free, {}).setdefault(r.key, set()).add(n.name)
                 totals[(r.location, n.owner)] = totals.get((r.location, n.owner), 0) + n.free
     seen: dict = {}
+    ib_seen: dict = {}
     for (location, owner), pool in cluster._pools.items():
         assert pool.frees == sorted(pool.racks_at)
+        assert pool.ib_frees == sorted(pool.ib_racks_at)
         assert pool.free_total == totals.get((location, owner), 0)
-        for free, racks in pool.racks_at.items():
-            for rack_key, count in racks.items():
-                names = cluster._racks[rack_key].pools[owner].at[free]
-                assert count == len(names)
-                seen.setdefault((location, owner), {}).setdefault(free, {})[rack_key] = names
+        for buckets, field_, found in ((pool.racks_at, "at", seen),
+                                       (pool.ib_racks_at, "ib_at", ib_seen)):
+            for free, racks in buckets.items():
+                for rack_key, count in racks.items():
+                    names = getattr(cluster._racks[rack_key].pools[owner], field_)[free]
+                    assert count == len(names)
+                    found.setdefault((location, owner), {}).setdefault(free, {})[rack_key] = names
     assert seen == at
+    assert ib_seen == ib_at
 
 
 def oracle(cluster: Cluster, spec: JobSpec, owner: str | None):
@@ -474,8 +505,8 @@ def oracle(cluster: Cluster, spec: JobSpec, owner: str | None):
 def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tuple]) -> None:
     cluster = build(racks)
     running: list[tuple[str, tuple[ReplicaPlacement, ...]]] = []
-    reserving = {n.team for r in racks for n in r.nodes if n.team}
     for op in ops:
+        reserving = set(cluster._team_nodes)
         if op[0] == "place":
             spec = op[1]
             owner = spec.team if spec.team in reserving else None
@@ -513,6 +544,15 @@ def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tupl
             if op[3] == "cordon":
                 kept = [N(n.name, n.gpus, n.ib, True) if n == chosen else n for n in kept]
             cluster.set_rack(key(r.alias), r.location, report(*kept, overlay=r.overlay))
+        elif op[0] == "reserve":
+            # Only nodes without claims change hands, so the books stay checkable.
+            r = racks[op[1] % len(racks)]
+            name = r.nodes[op[2] % len(r.nodes)].name
+            node = cluster._racks[key(r.alias)].nodes.get(name)
+            if node is None or not node.claimed:
+                cluster.release(key(r.alias), name)
+                if op[3] is not None:
+                    cluster.reserve(key(r.alias), name, op[3])
         check_index(cluster)
         claimed: dict = {}
         for team, placements in running:
@@ -520,7 +560,7 @@ def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tupl
                 for s in p.shares:
                     node = cluster._racks[p.rack].nodes[s.node]
                     claimed[id(node)] = claimed.get(id(node), 0) + s.gpus
-                    assert node.owner == (team if team in reserving else None)
+                    assert node.owner in (None, team)  # a reserved node: its team's only
         for r in cluster._racks.values():
             for n in r.nodes.values():
                 assert n.claimed == claimed.get(id(n), 0)
@@ -529,6 +569,10 @@ def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tupl
         cluster.unclaim(placements)
     for r in racks:
         cluster.set_rack(key(r.alias), r.location, report(*r.nodes, overlay=r.overlay))
+        for n in r.nodes:
+            cluster.release(key(r.alias), n.name)
+            if n.team:
+                cluster.reserve(key(r.alias), n.name, n.team)
     check_index(cluster)
     assert cluster.nodes() == build(racks).nodes()
     assert all(n.free == n.gpus for n in cluster.nodes())
@@ -547,3 +591,77 @@ def test_restore_books_running_replicas_without_rechecking_them() -> None:
     with pytest.raises(PlacementError, match="register racks before restoring"):
         cluster.restore([ReplicaPlacement.model_validate(
             {"rack": key("b"), "shares": [{"node": "n1", "gpus": 1}]})])
+
+
+span_racks_st = st.lists(
+    st.builds(R, alias=st.sampled_from("abc"), overlay=st.just(True), nodes=st.lists(
+        st.builds(N, name=st.sampled_from([f"n{i}" for i in range(6)]),
+                  gpus=st.sampled_from([8, 8, 8, 4]), ib=st.sampled_from([True, True, False])),
+        min_size=2, max_size=6, unique_by=lambda n: n.name).map(tuple)),
+    min_size=1, max_size=3, unique_by=lambda r: r.alias)
+span_ops_st = st.lists(st.one_of(
+    st.tuples(st.just("vllm"), st.sampled_from([12, 16, 16, 24, 32]), st.integers(1, 2)),
+    st.tuples(st.just("container"), st.integers(1, 8), st.just(1)),
+    st.tuples(st.just("unclaim"), st.integers(0, 50), st.just(0))), min_size=1, max_size=30)
+
+
+def span_oracle(cluster: Cluster, gpus: int) -> list[str] | None:
+    """The fewest-nodes split of one replica larger than every node, by brute
+    force: smallest k over all racks, then rack key, then the k tightest nodes."""
+    best = None
+    for r in sorted(cluster._racks.values(), key=lambda r: r.key):
+        ib = sorted((n.free, n.name) for n in r.nodes.values() if n.infiniband and n.schedulable)
+        for k in range(2, gpus + 1):
+            share = gpus // k
+            fitting = [name for free, name in ib if free >= share]
+            if gpus % k == 0 and len(fitting) >= k:
+                if best is None or k < best[0]:
+                    best = (k, [f"{r.key[0]}:" + ",".join(f"{name}={share}"
+                                                          for name in sorted(fitting[:k]))])
+                break
+    return best[1] if best else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(span_racks_st, span_ops_st)
+def test_spanning_vllm_replicas_take_the_fewest_tightest_nodes(racks: list[R],
+                                                               ops: list[tuple]) -> None:
+    cluster = build(racks)
+    running: list[tuple[ReplicaPlacement, ...]] = []
+    for kind, n, replicas in ops:
+        if kind == "unclaim":
+            if running:
+                cluster.unclaim(running.pop(n % len(running)))
+            continue
+        spec = inference(n, replicas=replicas) if kind == "vllm" else container(n)
+        expected = span_oracle(cluster, n) if kind == "vllm" and replicas == 1 else None
+        try:
+            placements = cluster.place(spec)
+        except (Unplaceable, NoCapacity):
+            assert expected is None or kind != "vllm" or replicas > 1
+            continue
+        if kind == "vllm":
+            assert all(p.multi_node for p in placements)
+            if replicas == 1:
+                assert shown(placements) == expected
+        for p in placements:
+            assert len({s.gpus for s in p.shares}) == 1
+            assert all(cluster._racks[p.rack].nodes[s.node].infiniband or not p.multi_node
+                       for s in p.shares)
+        cluster.claim(placements)
+        running.append(placements)
+        check_index(cluster)
+    for placements in running:
+        cluster.unclaim(placements)
+    assert all(n.free == n.gpus for n in cluster.nodes())
+
+
+def test_statistics_count_the_book_and_the_outcomes() -> None:
+    cluster = one_rack(N("n1"), N("n2", gpus=4))
+    cluster.claim(cluster.place(container(6)))
+    for spec in (container(9), container(8)):
+        with pytest.raises(PlacementError):
+            cluster.place(spec)
+    stats = cluster.statistics()
+    assert (stats.racks, stats.nodes, stats.gpus, stats.claimed_gpus) == (1, 2, 12, 6)
+    assert (stats.placed, stats.no_capacity, stats.unplaceable) == (1, 1, 1)
