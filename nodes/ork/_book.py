@@ -103,12 +103,9 @@ class JobBook:
             self._racks[rack.key] = rack
             self._set_capacity(rack)
         for rack_key, node, team in self._store.load_reservations():
-            try:
-                cluster.reserve(rack_key, node, team)
-            except PlacementError:
-                # A node gone from its rack's last report: the reservation row
-                # stays and applies again when wrk-ork next starts with it listed.
-                pass
+            # Kept even for a node missing from the last report (Cluster.reserve
+            # allows it), so the team stays on its own nodes when it is back.
+            cluster.reserve(rack_key, node, team)
         for job in self._store.load_jobs():
             self._jobs[job.id] = job
             self._seq = max(self._seq, job.seq)

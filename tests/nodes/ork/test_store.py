@@ -135,3 +135,17 @@ def test_the_file_is_write_ahead_logged(tmp_path):
     (mode,) = store._conn.execute("PRAGMA journal_mode").fetchone()
     assert mode == "wal"
     store.close()
+
+
+def test_a_reservation_outlives_its_node_missing_from_a_report_across_a_restart(tmp_path):
+    world = World(tmp_path / "ork.sqlite", nodes=(4, 4))
+    world.orch.reserve_nodes(RACK, ["n1"], "team-b")
+    full = world.report
+    world.report = RackReport(nodes=(NodeInfo(name="n0", gpus=4),))
+    world.hear()
+    world.reopen()
+    assert [n.name for n in world.orch.nodes()] == ["n0"]
+    world.report = full
+    world.hear()
+    assert {n.name: n.reserved_for for n in world.orch.nodes()} == {"n0": None,
+                                                                    "n1": "team-b"}
