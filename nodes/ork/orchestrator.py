@@ -395,6 +395,7 @@ class Orchestrator(JobBook):
             raise InvalidState(str(exc)) from exc
         del self._racks[key]
         self._heard.pop(key, None)
+        self._capacity_changed = True  # Pending jobs of its location may never fit now
         self._positions.pop(key, None)
         try:
             with self._store.transaction():

@@ -432,8 +432,14 @@ def test_racks_register_list_and_remove_only_when_empty():
         world.orch.remove_rack(RACK)
     world.orch.delete_job(world.job_id, world.now)
     world.say(0, "deleted")
+    world.silence()
+    waiting = world.create(container()).id  # Pending: a silent rack takes nothing new
+    assert world.status(waiting) is J.PENDING
     world.orch.remove_rack(RACK)
     assert world.orch.racks() == []
+    world.advance(1)
+    view = world.orch.get_job(waiting)
+    assert view.status is J.FAILED and "no rack" in view.reason
     with pytest.raises(NotFound):
         world.orch.remove_rack(RACK)
 
