@@ -1,0 +1,56 @@
+"""Errors of wrk-ork's core, each with a stable ``code`` that crosses the RPC wire.
+
+::
+
+    OrkError                       .code ORK_ERROR
+    ├── NotFound                   NOT_FOUND: no such job, replica, rack or node
+    ├── InvalidState               INVALID_STATE: the action is not allowed in the
+    │                              current status (restart a deleting job, delete a
+    │                              running replica, remove a rack that holds jobs)
+    ├── BadRequest                 BAD_REQUEST: the request itself is wrong
+    │                              (a container job's replica, a duplicate rack)
+    └── StoreError                 STORE: the SQLite file cannot be used (a newer
+                                   schema, a corrupt row); the daemon stops
+
+The RPC service (:mod:`nodes.ork.service`) answers an ``OrkError`` with its code
+and message; callers (app-node, the CLI) branch on the code, never on the text.
+The message says what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BadRequest", "InvalidState", "NotFound", "OrkError", "StoreError"]
+
+
+class OrkError(Exception):
+    """Something wrk-ork refuses or cannot do; ``code`` is stable, ``message`` is for humans."""
+
+    code = "ORK_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(OrkError):
+    """The job, replica, rack or node named does not exist (any more)."""
+
+    code = "NOT_FOUND"
+
+
+class InvalidState(OrkError):
+    """The action is not allowed while the job or replica is in its current status."""
+
+    code = "INVALID_STATE"
+
+
+class BadRequest(OrkError):
+    """The request is wrong whatever the state (e.g. a replica action on a container job)."""
+
+    code = "BAD_REQUEST"
+
+
+class StoreError(OrkError):
+    """The store cannot be opened or read: a schema from a newer wrk-ork, a bad row."""
+
+    code = "STORE"

@@ -1,0 +1,576 @@
+"""wrk-ork's core: jobs, their replicas and racks, driven by calls, reports and time.
+
+Theory of operation
+-------------------
+The daemon drives one :class:`Orchestrator` from one task: app-node's requests
+(through :mod:`nodes.ork.service`), the workers' reports read from their
+queues (:meth:`Orchestrator.on_report`) and a periodic :meth:`~Orchestrator.tick`.
+Nothing here awaits, reads a clock or touches a socket: time is the ``now``
+argument (seconds, the daemon's wall clock, as job timestamps are shown to
+users), and what must go out is collected for the daemon to take:
+
+- operations for the workers: :meth:`~Orchestrator.outbox`, saved in the same
+  transaction as the state change that made them; the daemon publishes them
+  on the rack's queue and then calls :meth:`~Orchestrator.mark_published`.
+  Op ids are ``<job>/<replica>/<kind>/<generation>``, so an operation
+  published again after a crash is recognised by the worker;
+- status changes for ``jobs.watch``: :meth:`~Orchestrator.drain_events`.
+
+Statuses follow :mod:`nodes.ork.status`: a replica's status changes only by its
+table, and a job's status is derived from its replicas after every change;
+each job status change is checked against ``JOB_TRANSITIONS`` and sent as a
+:class:`JobEvent`.
+
+GPUs are claimed in :class:`~nodes.ork.placement.Cluster` when a replica is
+placed and released only when its worker reports it DELETED, not when the
+delete is asked: a Pending job is placed only when the GPUs really are free.
+Pending jobs are tried oldest first once capacity has grown (GPUs freed, a
+rack's report changed, a silent rack heard again; after a reservation change,
+at the next tick); a younger job that fits may pass an older one that does not
+(so a large job can wait behind a stream of small ones: not solved here).
+
+A rack is *silent* once it has sent nothing (reports of any kind; the worker
+sends a rack report periodically) for ``unknown_after_s``; every job with
+replicas there is Unknown until the rack is heard again, and its nodes take no
+new replicas meanwhile (its worker may be gone). Silence is saved; after
+wrk-ork starts, every rack gets a full ``unknown_after_s`` from the first tick.
+
+Persistence: every public call that changes something writes it in one
+SQLite transaction (:mod:`nodes.ork.store`) before returning. If that write
+fails, the call raises :class:`~nodes.ork.errors.StoreError` and the memory is
+ahead of the file: the daemon must stop and reopen (it reloads the file).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Literal
+
+from nodes.control import CreateReplica, DeleteReplica, RackUpdate, ReplicaReport, RestartReplica
+from nodes.model import JobSpec, JobStatus, JobType, RackReport
+
+from ._book import JobBook, OrchestratorStatistics, _new_job_id
+from .errors import BadRequest, InvalidState, NotFound, StoreError
+from .placement import Cluster, NoCapacity, NodeView, PlacementError, Unplaceable
+from .status import (
+    PLACED_STATUSES,
+    SINGLE_REPLICA_ACTIONS,
+    ReplicaEvent,
+    ReplicaStatus,
+    next_replica_status,
+    reported,
+)
+from .store import JobRecord, Outbound, RackRecord, ReplicaRecord, Store
+from .views import JobEvent, JobView, RackInfo, ReplicaView
+
+__all__ = [
+    "JobEvent",
+    "JobView",
+    "Orchestrator",
+    "OrchestratorStatistics",
+    "Outbound",
+    "RackInfo",
+    "ReplicaView",
+    "op_id",
+]
+
+_LOCATION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def op_id(job_id: str, replica: int, kind: Literal["create", "restart", "delete"],
+          generation: int) -> str:
+    """The operation's id: the same for the same (job, replica, kind, generation)."""
+    return f"{job_id}/{replica}/{kind}/{generation}"
+
+
+class Orchestrator(JobBook):
+    """The job status machine, racks and placement, persisted in its own store.
+
+    Use :meth:`open`. Not thread-safe: one task drives it. The bookkeeping it
+    shares by all its calls (records, status refresh, events, the transaction
+    of each call) is :class:`~nodes.ork._book.JobBook`.
+    """
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path | None, *, unknown_after_s: float = 60.0,
+             new_job_id: Callable[[], str] = _new_job_id) -> Orchestrator:
+        """Open the store at ``path`` (None: in memory) and reload everything from it.
+
+        Raises:
+            StoreError: the store cannot be read, or its claims no longer fit
+                the racks it records.
+        """
+        store = Store.open(path)
+        try:
+            orch = cls(store, Cluster(), unknown_after_s=unknown_after_s,
+                       new_job_id=new_job_id)
+            orch._load()
+        except BaseException:
+            store.close()
+            raise
+        return orch
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def create_job(self, spec: JobSpec, now: float) -> JobView:
+        """Create a job: Creating, Queued, then Starting (GPUs claimed, its
+        CreateReplica operations in the outbox), Pending (no free GPUs now) or
+        Failed (it can never fit; ``reason`` says why).
+
+        The caller then publishes :meth:`outbox` and sends :meth:`drain_events`.
+        """
+        job_id = self._new_job_id()
+        while job_id in self._jobs:
+            job_id = self._new_job_id()
+        self._seq += 1
+        job = JobRecord(id=job_id, seq=self._seq, spec=spec, status=JobStatus.CREATING,
+                        reason="", created_at=now, updated_at=now,
+                        replicas={i: ReplicaRecord(index=i, status=ReplicaStatus.QUEUED)
+                                  for i in range(spec.replicas)})
+        self._jobs[job_id] = job
+        self._emit(job, None, now)
+        self._refresh(job, now)  # Creating -> Queued: the spec was validated on the way in
+        self._place(job, now)
+        self._commit()
+        return self._view(job)
+
+    def restart_job(self, job_id: str, now: float) -> JobView:
+        """Replace every replica's VMIs, keeping storage: Restarting until all are Active.
+
+        A Pending job has nothing to replace: nothing happens.
+
+        Raises:
+            NotFound: no such job.
+            InvalidState: it is being deleted, or it never fitted (delete it).
+        """
+        job = self._job(job_id)
+        if job.deleting:
+            raise InvalidState(f"job {job_id} is being deleted; create it again instead")
+        if job.unplaceable:
+            raise InvalidState(f"job {job_id} was never placed ({job.reason}); "
+                               "delete it and create one that fits")
+        placed = [r for r in job.replicas.values()
+                  if r.status in PLACED_STATUSES and r.status is not ReplicaStatus.DELETING]
+        stuck = [r.index for r in placed if not self._restart_replica(job, r)]
+        if len(stuck) < len(placed):
+            job.restarting = True
+            self._refresh(job, now, "restart asked")
+        if stuck:
+            job.reason = f"no free GPUs to create replica(s) {stuck} again; retry later"
+            self._dirty.add(job.id)
+        self._commit()
+        return self._view(job)
+
+    def delete_job(self, job_id: str, now: float) -> JobView | None:
+        """Delete the job: Deleting until its worker reports every replica
+        DELETED, then gone. A job that holds nothing (Pending, or Failed before
+        it was placed) is gone at once: returns None.
+
+        Raises:
+            NotFound: no such job.
+        """
+        job = self._job(job_id)
+        if job.deleting:
+            return self._view(job)
+        for replica in list(job.replicas.values()):
+            if replica.claimed:
+                if replica.status is not ReplicaStatus.DELETING:
+                    self._delete_replica(job, replica)
+            else:
+                # Never created, or already gone on its rack (reported DELETED).
+                del job.replicas[replica.index]
+        if not job.replicas:
+            self._remove(job, now, "deleted")
+            self._commit()
+            return None
+        job.deleting = True
+        self._refresh(job, now, "delete asked")
+        self._commit()
+        return self._view(job)
+
+    def restart_replica(self, job_id: str, replica: int, now: float) -> JobView:
+        """Restart one replica of a Managed Inference Job while it is Queued,
+        Pending or Starting (seeds/jobs.txt); one not yet placed has nothing to
+        replace, so nothing happens to it.
+
+        Raises:
+            NotFound: no such job or replica.
+            BadRequest: a GPU Container Job (restart the job).
+            InvalidState: the replica or the job is in another status.
+        """
+        job, record = self._single_replica(job_id, replica, "restart")
+        if record.status is ReplicaStatus.STARTING:
+            self._restart_replica(job, record)
+            self._refresh(job, now, f"replica {replica} restart asked")
+            self._commit()
+        return self._view(job)
+
+    def delete_replica(self, job_id: str, replica: int, now: float) -> JobView:
+        """Delete one replica of a Managed Inference Job while it is Queued,
+        Pending or Starting; one not yet placed is gone at once.
+
+        Raises:
+            NotFound: no such job or replica.
+            BadRequest: a GPU Container Job (delete the job).
+            InvalidState: the replica or the job is in another status, or it
+                is the job's last replica (delete the job).
+        """
+        job, record = self._single_replica(job_id, replica, "delete")
+        live = [r for r in job.replicas.values() if r.status is not ReplicaStatus.DELETING]
+        if len(live) <= 1:
+            raise InvalidState(f"replica {replica} is job {job_id}'s last; delete the job")
+        if record.claimed:
+            self._delete_replica(job, record)
+        else:
+            del job.replicas[replica]
+        self._refresh(job, now, f"replica {replica} delete asked")
+        self._commit()
+        return self._view(job)
+
+    def _single_replica(self, job_id: str, replica: int, action: str
+                        ) -> tuple[JobRecord, ReplicaRecord]:
+        job = self._job(job_id)
+        if job.spec.type is JobType.CONTAINER:
+            raise BadRequest(f"job {job_id} is a GPU Container Job with one replica; "
+                             f"{action} the job instead")
+        record = job.replicas.get(replica)
+        if record is None:
+            raise NotFound(f"job {job_id} has no replica {replica}")
+        if job.deleting:
+            raise InvalidState(f"job {job_id} is being deleted")
+        if record.status not in SINGLE_REPLICA_ACTIONS:
+            raise InvalidState(
+                f"replica {replica} of job {job_id} is {record.status.value}; a single replica "
+                f"can be {action}ed only while queued, pending or starting: "
+                f"{action} the whole job instead")
+        return job, record
+
+    def _restart_replica(self, job: JobRecord, replica: ReplicaRecord) -> bool:
+        """Queue the replica's restart (a new generation); False if it cannot be.
+
+        A replica its worker removed on its own (reported DELETED unasked: no
+        VMI, no storage, no claim) is created again where it was, if those
+        GPUs are still free.
+        """
+        placement = replica.placement
+        assert placement is not None
+        gone = not replica.claimed
+        if gone:
+            try:
+                self._cluster.claim([placement])
+            except PlacementError:
+                return False
+            replica.claimed = True
+        replica.status = next_replica_status(replica.status, ReplicaEvent.RESTART)
+        replica.generation += 1
+        if gone:
+            self._queue(placement.rack, CreateReplica(
+                op_id=op_id(job.id, replica.index, "create", replica.generation),
+                job_id=job.id, replica=replica.index, spec=job.spec, placement=placement,
+                generation=replica.generation))
+        else:
+            self._queue(placement.rack, RestartReplica(
+                op_id=op_id(job.id, replica.index, "restart", replica.generation),
+                job_id=job.id, replica=replica.index, generation=replica.generation))
+        return True
+
+    def _delete_replica(self, job: JobRecord, replica: ReplicaRecord) -> None:
+        replica.status = next_replica_status(replica.status, ReplicaEvent.DELETE)
+        assert replica.placement is not None
+        self._queue(replica.placement.rack, DeleteReplica(
+            op_id=op_id(job.id, replica.index, "delete", replica.generation),
+            job_id=job.id, replica=replica.index))
+
+    def get_job(self, job_id: str) -> JobView:
+        """Raises: NotFound: no such job."""
+        return self._view(self._job(job_id))
+
+    def list_jobs(self, team: str | None = None) -> list[JobView]:
+        """Every job (of ``team``), oldest first."""
+        return [self._view(job) for job in self._jobs.values()
+                if team is None or job.spec.team == team]
+
+    # -- placement --------------------------------------------------------------------
+
+    def _place(self, job: JobRecord, now: float) -> bool:
+        """Try to place every unplaced replica of a Queued or Pending job.
+
+        Returns True if the job left Pending (placed, or failed for good).
+        """
+        waiting = [r for r in job.replicas.values() if r.status in
+                   (ReplicaStatus.QUEUED, ReplicaStatus.PENDING)]
+        spec = job.spec
+        if len(waiting) != spec.replicas:
+            spec = spec.model_copy(update={"replicas": len(waiting)})
+        was_pending = job.status is JobStatus.PENDING
+        try:
+            placements = self._cluster.place(spec)
+            self._cluster.claim(placements)  # books them; cannot race here, checked anyway
+            event = ReplicaEvent.PLACED
+        except NoCapacity as exc:
+            placements, event, reason = (), ReplicaEvent.NO_CAPACITY, str(exc)
+        except Unplaceable as exc:
+            placements, event, reason = (), ReplicaEvent.UNPLACEABLE, str(exc)
+        if event is ReplicaEvent.NO_CAPACITY and was_pending:
+            return False  # still waiting: no event, nothing written
+        if was_pending:
+            self._set_status(job, JobStatus.QUEUED, "capacity freed", now)
+        if event is ReplicaEvent.PLACED:
+            for replica, placement in zip(waiting, placements, strict=True):
+                replica.status = next_replica_status(replica.status, event)
+                replica.placement, replica.claimed = placement, True
+                self._queue(placement.rack, CreateReplica(
+                    op_id=op_id(job.id, replica.index, "create", replica.generation),
+                    job_id=job.id, replica=replica.index, spec=job.spec,
+                    placement=placement, generation=replica.generation))
+            job.rack = placements[0].rack
+            self._refresh(job, now, "")
+        else:
+            for replica in waiting:
+                replica.status = next_replica_status(replica.status, event)
+            job.unplaceable = event is ReplicaEvent.UNPLACEABLE
+            self._refresh(job, now, reason)
+        return True
+
+    def _place_pending(self, now: float) -> None:
+        """Try the Pending jobs, oldest first, if capacity grew since the last try."""
+        if not self._capacity_changed:
+            return  # nothing freed: every Pending job would get NoCapacity again
+        self._capacity_changed = False
+        pending = sorted((job for job in self._jobs.values() if job.status is JobStatus.PENDING),
+                         key=lambda job: (job.created_at, job.seq))
+        for job in pending:
+            self._place(job, now)
+
+    # -- racks and nodes ----------------------------------------------------------------
+
+    def register_rack(self, rack: str, location: str, now: float, name: str | None = None
+                      ) -> RackInfo:
+        """Register a worker's rack under ``location``; again with the same
+        location only updates its name.
+
+        Raises:
+            BadRequest: not a key or location, or registered under another location.
+        """
+        key = self._key(rack)
+        if not _LOCATION.match(location):
+            raise BadRequest(f"location {location!r} must be letters, digits, '.', '_' or '-'")
+        if name is not None and not (0 < len(name) <= 100):
+            raise BadRequest("a rack name is 1 to 100 characters")
+        old = self._racks.get(key)
+        if old is not None:
+            if old.location != location:
+                raise BadRequest(f"rack {key[:12]} is registered under location "
+                                 f"{old.location!r}; remove it first to move it")
+            old.name = name if name is not None else old.name
+        else:
+            old = self._racks[key] = RackRecord(key=key, location=location, name=name,
+                                                registered_at=now)
+            self._set_capacity(old)
+            self._heard[key] = now
+        self._racks_dirty.add(key)
+        self._commit()
+        return self._rack_info(old)
+
+    def remove_rack(self, rack: str) -> None:
+        """Forget a rack, its reservations and its report position.
+
+        Raises:
+            NotFound: no such rack.
+            InvalidState: jobs still have replicas on it (delete them first).
+        """
+        key = self._rack(rack).key
+        holding = [job.id for job in self._jobs.values() if self._on_rack(job, key)]
+        if holding:
+            raise InvalidState(f"rack {key[:12]} still runs {len(holding)} job(s) "
+                               f"({', '.join(holding[:3])}); delete them first")
+        try:
+            self._cluster.remove_rack(key)
+        except PlacementError as exc:
+            raise InvalidState(str(exc)) from exc
+        del self._racks[key]
+        self._heard.pop(key, None)
+        self._capacity_changed = True  # Pending jobs of its location may never fit now
+        self._positions.pop(key, None)
+        try:
+            with self._store.transaction():
+                self._store.delete_rack(key)
+        except Exception as exc:
+            raise StoreError(f"could not save the rack's removal: {exc}") from exc
+
+    def racks(self) -> list[RackInfo]:
+        """Every registered rack, in registration order."""
+        return [self._rack_info(rack) for rack in self._racks.values()]
+
+    def reserve_nodes(self, rack: str, nodes: Iterable[str], team: str) -> None:
+        """Reserve nodes of a rack for ``team``: only its jobs run there, and
+        its jobs only there. Replicas already there stay.
+
+        Raises:
+            NotFound: no such rack, or the rack reports no such node.
+            BadRequest: not a team name.
+            InvalidState: a node is reserved by another team (release it first).
+        """
+        key = self._rack(rack).key
+        if not _TEAM.match(team):
+            raise BadRequest(f"team {team!r} must be letters, digits, '.', '_' or '-'")
+        nodes = list(nodes)
+        listed = {node.name for node in (self._racks[key].report or RackReport(nodes=())).nodes}
+        for node in nodes:
+            if node not in listed:
+                raise NotFound(f"rack {key[:12]} reports no node {node!r}")
+        taken = {(view.rack, view.name): view.reserved_for for view in self._cluster.nodes()}
+        for node in nodes:
+            holder = taken.get((key, node))
+            if holder not in (None, team):
+                raise InvalidState(f"node {node} of rack {key[:12]} is reserved by team "
+                                   f"{holder}; release it first")
+        for node in nodes:
+            self._cluster.reserve(key, node, team)
+        self._save_reservations(lambda: [self._store.save_reservation(key, node, team)
+                                           for node in nodes])
+
+    def release_nodes(self, rack: str, nodes: Iterable[str]) -> None:
+        """End the reservations of nodes of a rack (nodes without one are skipped).
+
+        Raises:
+            NotFound: no such rack.
+        """
+        key = self._rack(rack).key
+        nodes = list(nodes)
+        for node in nodes:
+            self._cluster.release(key, node)
+        self._save_reservations(lambda: [self._store.delete_reservation(key, node)
+                                           for node in nodes])
+
+    def _save_reservations(self, write: Callable[[], object]) -> None:
+        # Reservations change what fits; Pending jobs are tried at the next tick
+        # (they need a ``now`` for their events).
+        self._capacity_changed = True
+        try:
+            with self._store.transaction():
+                write()
+        except Exception as exc:
+            raise StoreError(f"could not save the reservation: {exc}") from exc
+
+    def nodes(self) -> list[NodeView]:
+        """Every node of every rack with its free GPUs and reservation."""
+        return self._cluster.nodes()
+
+    # -- reports and time ------------------------------------------------------------------
+
+    def on_report(self, rack: str, report: ReplicaReport | RackUpdate, now: float, *,
+                  position: int | None = None) -> None:
+        """Apply a report read from ``rack``'s queue.
+
+        Args:
+            rack: the worker's key (hex) whose queue carried it; a report about
+                a replica placed on another rack is refused.
+            report: the decoded report.
+            now: the time it was read.
+            position: its position in that queue, saved with the change so the
+                daemon resumes after it (:meth:`report_position`).
+
+        Reports from unregistered racks, about unknown jobs or replicas, about
+        an older generation, or that the replica's status cannot take, change
+        nothing (counted in :meth:`statistics`).
+        """
+        key = self._key(rack)
+        if key not in self._racks:
+            self._stats["reports_unknown"] += 1
+            return
+        self._hear(key, now)
+        if isinstance(report, RackUpdate):
+            record = self._racks[key]
+            if report.rack != record.report:  # most are the periodic "still here"
+                record.report = report.rack
+                self._set_capacity(record)
+                self._racks_dirty.add(key)
+            self._stats["reports_applied"] += 1
+            self._place_pending(now)
+        else:
+            self._apply_replica_report(key, report, now)
+        if position is not None:
+            self._positions[key] = position
+        self._commit(position=(key, position) if position is not None else None)
+
+    def _apply_replica_report(self, rack: str, report: ReplicaReport, now: float) -> None:
+        job = self._jobs.get(report.job_id)
+        replica = None if job is None else job.replicas.get(report.replica)
+        if job is None or replica is None:
+            self._stats["reports_unknown"] += 1
+            return
+        if replica.placement is None or replica.placement.rack != rack or not replica.claimed:
+            # Not placed, placed elsewhere, or already gone (reported DELETED).
+            self._stats["reports_refused"] += 1
+            return
+        if report.generation != replica.generation:
+            self._stats["reports_stale"] += 1
+            return
+        event = reported(report.state)
+        try:
+            status = next_replica_status(replica.status, event)
+        except InvalidState:
+            self._stats["reports_refused"] += 1
+            return
+        self._stats["reports_applied"] += 1
+        replica.status = status
+        if report.message:
+            replica.message = report.message
+        freed = False
+        if event is ReplicaEvent.REPORTED_DELETED:
+            self._cluster.unclaim([replica.placement])
+            self._capacity_changed = True
+            replica.claimed, freed = False, True
+        if status is ReplicaStatus.DELETED:
+            del job.replicas[replica.index]
+        if not job.replicas:
+            self._remove(job, now, "deleted")
+        else:
+            reason = (report.message
+                      if status in (ReplicaStatus.FAILED, ReplicaStatus.UNKNOWN) else "")
+            self._refresh(job, now, reason)
+        if freed:
+            self._place_pending(now)
+
+    def report_position(self, rack: str) -> int | None:
+        """The queue position of the last report applied from ``rack``, if any."""
+        return self._positions.get(rack)
+
+    def tick(self, now: float) -> None:
+        """Mark silent racks' jobs Unknown and place Pending jobs that now fit."""
+        for key, rack in self._racks.items():
+            heard = self._heard.setdefault(key, now)
+            if not rack.silent and now - heard >= self.unknown_after_s:
+                rack.silent = True
+                self._racks_dirty.add(key)
+                self._set_capacity(rack)
+                for job in self._jobs.values():
+                    if self._on_rack(job, key):
+                        self._refresh(job, now, f"no report from rack {key[:12]} for "
+                                                f"{now - heard:.0f} s")
+        self._place_pending(now)
+        self._commit()
+
+    def next_deadline(self) -> float | None:
+        """When the next rack goes silent if it stays quiet (None: no rack can)."""
+        times = [self._heard[k] + self.unknown_after_s for k, rack in self._racks.items()
+                 if k in self._heard and not rack.silent]
+        return min(times, default=None)
+
+    def _hear(self, key: str, now: float) -> None:
+        self._heard[key] = now
+        rack = self._racks[key]
+        if rack.silent:
+            rack.silent = False
+            self._racks_dirty.add(key)
+            self._set_capacity(rack)
+            for job in self._jobs.values():
+                if self._on_rack(job, key):
+                    self._refresh(job, now, "")
+            self._place_pending(now)

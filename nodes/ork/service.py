@@ -1,0 +1,394 @@
+"""wrk-ork's RPC service for app-node: jobs, replicas, racks, nodes, and a stream
+of status changes, on protocol ``cosmicac-ork/1``.
+
+Theory of operation
+-------------------
+:class:`OrkService` is a :class:`~p2p.host.RpcService` the daemon adds to its
+swarm. Every call is authorised by the caller's Noise-proven key
+(``ctx.remote_public_key``; DESIGN.md §4: app-node is the only client), through
+the ``allow`` predicate the daemon gives (``FORBIDDEN`` otherwise). A handler
+calls the orchestrator synchronously (no await between the change and what
+follows it), then :meth:`OrkService.pump` hands the status changes it made to
+the ``jobs.watch`` streams, and ``on_change`` tells the daemon there are
+operations to publish. The daemon calls :meth:`pump` too after it feeds the
+orchestrator reports and ticks.
+
+Methods (params -> result; every model below, msgpack maps on the wire)::
+
+    jobs.create      CreateJob(spec)                -> JobResult(job)
+    jobs.get         JobRef(job_id)                 -> JobResult(job)
+    jobs.list        ListJobs(team?)                -> JobList(jobs)
+    jobs.restart     JobRef(job_id)                 -> JobResult(job)
+    jobs.delete      JobRef(job_id)                 -> DeleteResult(job?)  (None: gone at once)
+    replicas.restart ReplicaRef(job_id, replica)    -> JobResult(job)
+    replicas.delete  ReplicaRef(job_id, replica)    -> JobResult(job)
+    racks.register   RegisterRack(rack, location, name?) -> RackResult(rack)
+    racks.list       Empty                          -> RackList(racks)
+    racks.remove     RackRef(rack)                  -> Empty
+    nodes.list       Empty                          -> NodeList(nodes)
+    nodes.reserve    ReserveNodes(rack, nodes, team) -> Empty
+    nodes.release    ReleaseNodes(rack, nodes)      -> Empty
+    jobs.watch       WatchJobs(job_id?, team?, snapshot) => JobEvent, JobEvent, ...
+
+Error codes (``RpcError.code``): ``FORBIDDEN`` (not app-node's key),
+``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``STORE`` (wrk-ork's file
+failed; it needs a restart), ``LAGGED`` (a watcher fell more than
+``WATCH_BUFFER`` events behind: get the jobs and watch again),
+``TOO_MANY_WATCHERS``; and the RPC layer's own (``INVALID_PARAMS`` for params
+that fail validation, e.g. a bad JobSpec, with the fields named).
+
+A watch sees the changes made after it started (``snapshot=True`` first sends
+every matching job's current status, with ``previous`` equal to ``status``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from nodes.model import JobSpec, KeyHex
+from p2p.host import RpcService
+from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
+
+from .errors import OrkError
+from .orchestrator import Orchestrator
+from .views import JobEvent, JobView, RackInfo
+
+__all__ = [
+    "CREATE_JOB",
+    "DELETE_JOB",
+    "DELETE_REPLICA",
+    "GET_JOB",
+    "LIST_JOBS",
+    "LIST_NODES",
+    "LIST_RACKS",
+    "MAX_WATCHERS",
+    "PROTOCOL",
+    "REGISTER_RACK",
+    "RELEASE_NODES",
+    "REMOVE_RACK",
+    "RESERVE_NODES",
+    "RESTART_JOB",
+    "RESTART_REPLICA",
+    "WATCH_BUFFER",
+    "WATCH_JOBS",
+    "CreateJob",
+    "DeleteResult",
+    "Empty",
+    "JobList",
+    "JobRef",
+    "JobResult",
+    "ListJobs",
+    "NodeEntry",
+    "NodeList",
+    "OrkService",
+    "RackList",
+    "RackRef",
+    "RackResult",
+    "RegisterRack",
+    "ReleaseNodes",
+    "ReplicaRef",
+    "ReserveNodes",
+    "WatchJobs",
+]
+
+PROTOCOL = "cosmicac-ork/1"
+
+#: Events queued for one watcher; beyond it the watch ends with LAGGED (the
+#: watcher re-reads the jobs and watches again) instead of stalling wrk-ork.
+WATCH_BUFFER = 1024
+#: Watch streams at once (app-node needs one or two); more get TOO_MANY_WATCHERS.
+MAX_WATCHERS = 64
+#: Nodes named in one reserve/release call.
+MAX_NODES_PER_CALL = 1000
+
+JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9\-]*$")]
+Team = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+NodeName = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Empty(_Model):
+    """No parameters, or nothing to return."""
+
+
+class CreateJob(_Model):
+    spec: JobSpec
+
+
+class JobRef(_Model):
+    job_id: JobId
+
+
+class ReplicaRef(_Model):
+    job_id: JobId
+    replica: int = Field(ge=0, lt=1024)
+
+
+class ListJobs(_Model):
+    #: Only this team's jobs; None: every job.
+    team: Team | None = None
+
+
+class JobResult(_Model):
+    job: JobView
+
+
+class JobList(_Model):
+    jobs: list[JobView]
+
+
+class DeleteResult(_Model):
+    #: The job, now Deleting; None when it held nothing and is gone already.
+    job: JobView | None
+
+
+class RegisterRack(_Model):
+    rack: KeyHex
+    location: str = Field(default="default", min_length=1, max_length=64,
+                          pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    name: str | None = Field(default=None, min_length=1, max_length=100)
+
+
+class RackRef(_Model):
+    rack: KeyHex
+
+
+class RackResult(_Model):
+    rack: RackInfo
+
+
+class RackList(_Model):
+    racks: list[RackInfo]
+
+
+class NodeEntry(_Model):
+    """A node as ``cosmicac nodes list`` shows it."""
+
+    rack: str
+    location: str
+    name: str
+    gpus: int
+    #: GPUs not claimed by a replica.
+    free: int
+    reserved_for: str | None
+    schedulable: bool
+    infiniband: bool
+
+
+class NodeList(_Model):
+    nodes: list[NodeEntry]
+
+
+class ReserveNodes(_Model):
+    rack: KeyHex
+    nodes: list[NodeName] = Field(min_length=1, max_length=MAX_NODES_PER_CALL)
+    team: Team
+
+
+class ReleaseNodes(_Model):
+    rack: KeyHex
+    nodes: list[NodeName] = Field(min_length=1, max_length=MAX_NODES_PER_CALL)
+
+
+class WatchJobs(_Model):
+    #: Only this job's changes; None: every job (of ``team``).
+    job_id: JobId | None = None
+    team: Team | None = None
+    #: First send every matching job's current status.
+    snapshot: bool = False
+
+
+CREATE_JOB = Method("jobs.create", params=CreateJob, result=JobResult)
+GET_JOB = Method("jobs.get", params=JobRef, result=JobResult)
+LIST_JOBS = Method("jobs.list", params=ListJobs, result=JobList)
+RESTART_JOB = Method("jobs.restart", params=JobRef, result=JobResult)
+DELETE_JOB = Method("jobs.delete", params=JobRef, result=DeleteResult)
+RESTART_REPLICA = Method("replicas.restart", params=ReplicaRef, result=JobResult)
+DELETE_REPLICA = Method("replicas.delete", params=ReplicaRef, result=JobResult)
+REGISTER_RACK = Method("racks.register", params=RegisterRack, result=RackResult)
+LIST_RACKS = Method("racks.list", params=Empty, result=RackList)
+REMOVE_RACK = Method("racks.remove", params=RackRef, result=Empty)
+LIST_NODES = Method("nodes.list", params=Empty, result=NodeList)
+RESERVE_NODES = Method("nodes.reserve", params=ReserveNodes, result=Empty)
+RELEASE_NODES = Method("nodes.release", params=ReleaseNodes, result=Empty)
+WATCH_JOBS = StreamMethod("jobs.watch", params=WatchJobs, item=JobEvent)
+
+
+class _Watcher:
+    """One ``jobs.watch`` stream: its filter and its bounded queue of events."""
+
+    def __init__(self, params: WatchJobs) -> None:
+        self.job_id, self.team = params.job_id, params.team
+        self.send, self.receive = trio.open_memory_channel[JobEvent](WATCH_BUFFER)
+        self.lagged = False
+
+    def wants(self, event: JobEvent) -> bool:
+        return ((self.job_id is None or event.job_id == self.job_id)
+                and (self.team is None or event.team == self.team))
+
+
+class OrkService(RpcService):
+    """The ``cosmicac-ork/1`` service over one orchestrator.
+
+    Args:
+        orch: the orchestrator (driven from the same trio thread as the daemon).
+        allow: ``allow(caller_key) -> bool``; app-node's key, nobody else.
+        clock: the ``now`` given to the orchestrator (wall-clock seconds).
+        on_change: called after every call (it may have queued operations),
+            so the daemon publishes :meth:`Orchestrator.outbox`.
+        config: the RPC server's limits.
+    """
+
+    def __init__(self, orch: Orchestrator, *, allow: Callable[[bytes], bool],
+                 clock: Callable[[], float] = time.time,
+                 on_change: Callable[[], object] | None = None,
+                 config: RpcConfig | None = None) -> None:
+        self.orch = orch
+        self._allow = allow
+        self._clock = clock
+        self._on_change = on_change
+        self._watchers: set[_Watcher] = set()
+        router = Router()
+        for method, handler in [
+            (CREATE_JOB, self._create_job), (GET_JOB, self._get_job),
+            (LIST_JOBS, self._list_jobs), (RESTART_JOB, self._restart_job),
+            (DELETE_JOB, self._delete_job), (RESTART_REPLICA, self._restart_replica),
+            (DELETE_REPLICA, self._delete_replica), (REGISTER_RACK, self._register_rack),
+            (LIST_RACKS, self._list_racks), (REMOVE_RACK, self._remove_rack),
+            (LIST_NODES, self._list_nodes), (RESERVE_NODES, self._reserve_nodes),
+            (RELEASE_NODES, self._release_nodes),
+        ]:
+            router.add(method, self._unary(handler))
+        router.add(WATCH_JOBS, self._watch)
+        super().__init__(PROTOCOL, router, config=config)
+
+    @property
+    def watchers(self) -> int:
+        """Watch streams open now."""
+        return len(self._watchers)
+
+    def pump(self) -> None:
+        """Hand the orchestrator's status changes to the watch streams.
+
+        A watcher whose queue is full is ended with ``LAGGED``; wrk-ork never
+        waits for a slow watcher.
+        """
+        for event in self.orch.drain_events():
+            for watcher in list(self._watchers):
+                if not watcher.wants(event):
+                    continue
+                try:
+                    watcher.send.send_nowait(event)
+                except trio.WouldBlock:
+                    watcher.lagged = True
+                    watcher.send.close()
+                    self._watchers.discard(watcher)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _authorise(self, ctx: CallContext) -> None:
+        key = ctx.remote_public_key
+        if key is None or not self._allow(key):
+            raise RpcError("FORBIDDEN", "only app-node may call wrk-ork; "
+                                        "check the key wrk-ork is configured to trust")
+
+    def _unary(self, handler: Callable[[Any], BaseModel]
+               ) -> Callable[[Any, CallContext], Any]:
+        async def serve(params: Any, ctx: CallContext) -> BaseModel:
+            self._authorise(ctx)
+            try:
+                result = handler(params)
+            except OrkError as exc:
+                raise RpcError(exc.code, exc.message) from exc
+            finally:
+                # Even a refused call may have changed nothing; pumping is cheap.
+                self.pump()
+            if self._on_change is not None:
+                self._on_change()
+            return result
+
+        serve.__name__ = handler.__name__
+        return serve
+
+    # -- handlers (synchronous: the orchestrator never waits) ------------------------------
+
+    def _create_job(self, params: CreateJob) -> JobResult:
+        return JobResult(job=self.orch.create_job(params.spec, self._clock()))
+
+    def _get_job(self, params: JobRef) -> JobResult:
+        return JobResult(job=self.orch.get_job(params.job_id))
+
+    def _list_jobs(self, params: ListJobs) -> JobList:
+        return JobList(jobs=self.orch.list_jobs(params.team))
+
+    def _restart_job(self, params: JobRef) -> JobResult:
+        return JobResult(job=self.orch.restart_job(params.job_id, self._clock()))
+
+    def _delete_job(self, params: JobRef) -> DeleteResult:
+        return DeleteResult(job=self.orch.delete_job(params.job_id, self._clock()))
+
+    def _restart_replica(self, params: ReplicaRef) -> JobResult:
+        return JobResult(job=self.orch.restart_replica(params.job_id, params.replica,
+                                                       self._clock()))
+
+    def _delete_replica(self, params: ReplicaRef) -> JobResult:
+        return JobResult(job=self.orch.delete_replica(params.job_id, params.replica,
+                                                      self._clock()))
+
+    def _register_rack(self, params: RegisterRack) -> RackResult:
+        return RackResult(rack=self.orch.register_rack(params.rack, params.location,
+                                                       self._clock(), name=params.name))
+
+    def _list_racks(self, params: Empty) -> RackList:
+        return RackList(racks=self.orch.racks())
+
+    def _remove_rack(self, params: RackRef) -> Empty:
+        self.orch.remove_rack(params.rack)
+        return Empty()
+
+    def _list_nodes(self, params: Empty) -> NodeList:
+        return NodeList(nodes=[NodeEntry(rack=n.rack, location=n.location, name=n.name,
+                                         gpus=n.gpus, free=n.free, reserved_for=n.reserved_for,
+                                         schedulable=n.schedulable, infiniband=n.infiniband)
+                               for n in self.orch.nodes()])
+
+    def _reserve_nodes(self, params: ReserveNodes) -> Empty:
+        self.orch.reserve_nodes(params.rack, params.nodes, params.team)
+        return Empty()
+
+    def _release_nodes(self, params: ReleaseNodes) -> Empty:
+        self.orch.release_nodes(params.rack, params.nodes)
+        return Empty()
+
+    async def _watch(self, params: WatchJobs, ctx: CallContext) -> AsyncIterator[JobEvent]:
+        self._authorise(ctx)
+        if len(self._watchers) >= MAX_WATCHERS:
+            raise RpcError("TOO_MANY_WATCHERS", f"wrk-ork serves at most {MAX_WATCHERS} "
+                                                "watch streams; close one first")
+        self.pump()  # what happened before this watch is not its business
+        watcher = _Watcher(params)
+        self._watchers.add(watcher)
+        try:
+            if params.snapshot:
+                for job in self.orch.list_jobs(params.team):
+                    if params.job_id is None or job.id == params.job_id:
+                        yield JobEvent(job_id=job.id, team=job.spec.team, status=job.status,
+                                       previous=job.status, reason=job.reason,
+                                       at=job.updated_at)
+            async with watcher.receive:
+                async for event in watcher.receive:
+                    yield event
+            if watcher.lagged:
+                raise RpcError("LAGGED", f"this watch fell more than {WATCH_BUFFER} changes "
+                                         "behind; list the jobs and watch again")
+        finally:
+            self._watchers.discard(watcher)
+            watcher.send.close()
