@@ -250,8 +250,12 @@ class OrkService(RpcService):
     def __init__(self, orch: Orchestrator, *, allow: Callable[[bytes], bool],
                  clock: Callable[[], float] = time.time,
                  on_change: Callable[[], object] | None = None,
-                 config: RpcConfig | None = None) -> None:
+                 config: RpcConfig | None = None,
+                 limiter: trio.CapacityLimiter | None = None) -> None:
         self.orch = orch
+        #: Given: every orchestrator call runs in a thread holding it (its
+        #: SQLite commits fsync), one at a time with the daemon's own calls.
+        self._limiter = limiter
         self._allow = allow
         self._clock = clock
         self._on_change = on_change
@@ -292,6 +296,15 @@ class OrkService(RpcService):
                     watcher.send.close()
                     self._watchers.discard(watcher)
 
+    async def _pump_alone(self) -> None:
+        """:meth:`pump` while no orchestrator call runs in a thread."""
+        if self._limiter is None:
+            self.pump()
+            return
+        with trio.CancelScope(shield=True):  # events must not be left behind
+            async with self._limiter:
+                self.pump()
+
     # -- plumbing ---------------------------------------------------------------------
 
     def _authorise(self, ctx: CallContext) -> None:
@@ -305,12 +318,16 @@ class OrkService(RpcService):
         async def serve(params: Any, ctx: CallContext) -> BaseModel:
             self._authorise(ctx)
             try:
-                result = handler(params)
+                if self._limiter is None:
+                    result = handler(params)
+                else:
+                    result = await trio.to_thread.run_sync(handler, params,
+                                                           limiter=self._limiter)
             except OrkError as exc:
                 raise RpcError(exc.code, exc.message) from exc
             finally:
                 # Even a refused call may have changed nothing; pumping is cheap.
-                self.pump()
+                await self._pump_alone()
             if self._on_change is not None:
                 self._on_change()
             return result
@@ -373,12 +390,17 @@ class OrkService(RpcService):
         if len(self._watchers) >= MAX_WATCHERS:
             raise RpcError("TOO_MANY_WATCHERS", f"wrk-ork serves at most {MAX_WATCHERS} "
                                                 "watch streams; close one first")
-        self.pump()  # what happened before this watch is not its business
+        await self._pump_alone()  # what happened before this watch is not its business
         watcher = _Watcher(params)
         self._watchers.add(watcher)
         try:
             if params.snapshot:
-                for job in self.orch.list_jobs(params.team):
+                if self._limiter is None:
+                    jobs = self.orch.list_jobs(params.team)
+                else:
+                    async with self._limiter:
+                        jobs = self.orch.list_jobs(params.team)
+                for job in jobs:
                     if params.job_id is None or job.id == params.job_id:
                         yield JobEvent(job_id=job.id, team=job.spec.team, status=job.status,
                                        previous=job.status, reason=job.reason,
