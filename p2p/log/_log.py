@@ -30,6 +30,7 @@ from p2p.keys import KeyPair, format_key
 from ._errors import InvalidBatch, LogCorrupted, LogInUse, NotWriter
 from ._records import (
     _HEADER,
+    CRDT_NAMESPACE,
     ENTRY,
     GENESIS_HASH,
     HEAD,
@@ -51,6 +52,7 @@ from ._records import (
 )
 
 __all__ = [
+    "CRDT_NAMESPACE",
     "GENESIS_HASH",
     "MAX_BODY",
     "FsyncPolicy",
@@ -93,8 +95,10 @@ class WriterLog:
         fsync: FsyncPolicy,
         scan: _Scan,
         recovery: Recovery | None,
+        namespace: bytes = CRDT_NAMESPACE,
     ) -> None:
         self.path = path
+        self.namespace = namespace
         self.public_key = public_key
         self.fsync = fsync
         #: What was cut off the end of the file when it was opened, or None.
@@ -118,11 +122,15 @@ class WriterLog:
         *,
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
         read_only: bool = False,
+        namespace: bytes = CRDT_NAMESPACE,
     ) -> WriterLog:
         """Open (creating if missing) and fully verify the log of writer ``public_key``.
 
         Pass ``keypair`` to be able to :meth:`append_batch`. A torn tail is cut
         off and described in :attr:`recovery`.
+
+        ``namespace`` is what the heads' signatures are bound to (see
+        :mod:`._records`); every handle on one file must pass the same.
 
         ``read_only`` opens an existing file without locking or changing it,
         even while a daemon has it open (for ``cosmicac db status``): a tail
@@ -142,11 +150,11 @@ class WriterLog:
                 raise NotWriter("a read-only log cannot be given the writer's key pair")
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                scan = _scan_fd(path, fd, public_key)
+                scan = _scan_fd(path, fd, public_key, namespace=namespace)
             except BaseException:
                 os.close(fd)
                 raise
-            return cls(path, fd, public_key, None, fsync, scan, scan.tail)
+            return cls(path, fd, public_key, None, fsync, scan, scan.tail, namespace)
         created = not os.path.exists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -158,7 +166,7 @@ class WriterLog:
                 raise LogInUse(f"{path} is already open; close the other handle first") from None
             if created and fsync is FsyncPolicy.ALWAYS:
                 _fsync_dir(Path(path).parent)  # or the whole file may vanish on power loss
-            scan = _scan_fd(path, fd, public_key)
+            scan = _scan_fd(path, fd, public_key, namespace=namespace)
             recovery = scan.tail
             if recovery is not None:
                 log.warning(
@@ -174,7 +182,7 @@ class WriterLog:
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, public_key, keypair, fsync, scan, recovery)
+        return cls(path, fd, public_key, keypair, fsync, scan, recovery, namespace)
 
     # reading
 
@@ -342,7 +350,8 @@ class WriterLog:
             chunk = payloads[first:first + run]
             buf, offsets, head_hash = _encode_entries(chunk, length, head_hash)
             length += len(chunk)
-            signature = self._keypair.sign(head_message(self.public_key, length, head_hash))
+            signature = self._keypair.sign(head_message(self.public_key, length, head_hash,
+                                                          self.namespace))
             runs.append((buf, offsets, Head(length, head_hash, signature)))
         self._write(runs)
         return length
@@ -366,7 +375,7 @@ class WriterLog:
         buf, offsets, new_hash = _encode_entries(payloads, self._length, self._head_hash)
         if new_hash != head.head_hash:
             raise InvalidBatch("the entries do not hash to the head's hash", code="BAD_CHAIN")
-        if not head.verify(self.public_key):
+        if not head.verify(self.public_key, self.namespace):
             raise InvalidBatch(
                 f"head is not signed by writer {format_key(self.public_key)}", code="BAD_SIGNATURE"
             )
