@@ -17,7 +17,9 @@ replication with that peer resumes only on a new connection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import trio
 
@@ -136,6 +138,26 @@ class QueueService(Service):
             pass
 
 
+@contextlib.contextmanager
+def _leaf_errors() -> Iterator[None]:
+    """Raise the one error a channel's nursery collected as itself, so callers
+    catch BadQueueMessage & co. by type (several stay a group)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 async def _push(queue: DurableQueue, connection: Connection) -> None:
     """Send our log to the peer on a channel of our own until it ends.
 
@@ -143,44 +165,54 @@ async def _push(queue: DurableQueue, connection: Connection) -> None:
     """
     channel = await connection.open_channel(PROTOCOL, queue.public_key)
     try:
-        async with queue.channel_role("send"), trio.open_nursery() as nursery:
-            first: list[int] = []
-            have_first = trio.Event()
-
-            async def read_statuses() -> None:
-                while True:
-                    try:
-                        data = await channel.receive()
-                    except trio.EndOfChannel:
-                        nursery.cancel_scope.cancel()
-                        return
-                    queue.heard()
-                    message = decode_message(data)
-                    if not isinstance(message, Status):
-                        raise BadQueueMessage("a consumer sends STATUS only", code="BAD_TYPE")
-                    queue.peer_status(message.have, message.acked)
-                    if not first:
-                        first.append(message.have)
-                        have_first.set()
-
-            nursery.start_soon(read_statuses)
-            await have_first.wait()
-            sent = first[0]
-            limit = channel.max_message_bytes - _MESSAGE_SLACK
-            while True:
-                grew = queue.published_grew
-                if sent >= queue.published:
-                    await grew.wait()
-                    continue
-                entries, head = await queue.segment(sent, limit)
-                await channel.send(encode_entries(sent, entries, head))
-                sent += len(entries)
+        with _leaf_errors():
+            await _push_on(queue, channel)
     finally:
         channel.close_nowait()
 
 
+async def _push_on(queue: DurableQueue, channel: Channel) -> None:
+    async with queue.channel_role("send"), trio.open_nursery() as nursery:
+        first: list[int] = []
+        have_first = trio.Event()
+
+        async def read_statuses() -> None:
+            while True:
+                try:
+                    data = await channel.receive()
+                except trio.EndOfChannel:
+                    nursery.cancel_scope.cancel()
+                    return
+                queue.heard()
+                message = decode_message(data)
+                if not isinstance(message, Status):
+                    raise BadQueueMessage("a consumer sends STATUS only", code="BAD_TYPE")
+                queue.peer_status(message.have, message.acked)
+                if not first:
+                    first.append(message.have)
+                    have_first.set()
+
+        nursery.start_soon(read_statuses)
+        await have_first.wait()
+        sent = first[0]
+        limit = channel.max_message_bytes - _MESSAGE_SLACK
+        while True:
+            grew = queue.published_grew
+            if sent >= queue.published:
+                await grew.wait()
+                continue
+            entries, head = await queue.segment(sent, limit)
+            await channel.send(encode_entries(sent, entries, head))
+            sent += len(entries)
+
+
 async def _receive(queue: DurableQueue, channel: Channel) -> None:
     """Take the peer's log from the channel it opened; tell it our cursor."""
+    with _leaf_errors():
+        await _receive_on(queue, channel)
+
+
+async def _receive_on(queue: DurableQueue, channel: Channel) -> None:
     async with queue.channel_role("receive"), trio.open_nursery() as nursery:
         receiver = Receiver(queue.received, queue.config.max_pending_bytes)
         nursery.start_soon(_send_statuses, queue, channel)
