@@ -418,6 +418,11 @@ class WriterLog:
         self._head_hash = head.head_hash
         self._last_head = head
 
+    def sync(self) -> None:
+        """Force every append so far to stable storage (for a log opened with
+        ``FsyncPolicy.NEVER`` whose owner decides when durability is needed)."""
+        os.fdatasync(self._require_open())
+
     # lifetime
 
     def _require_open(self) -> int:

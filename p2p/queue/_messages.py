@@ -174,9 +174,11 @@ class Receiver:
         return len(self._pending)
 
     def offer(self, message: Entries) -> tuple[list[bytes], Head] | None:
-        """Take one ENTRIES: the run to verify and append (entries from
-        :attr:`have`, and the head ending them), or None while a run is incomplete
-        or the message repeats what we have."""
+        """Take one ENTRIES: the run to verify and append (the entries after
+        what we had, and the head ending them), or None while a run is
+        incomplete or the message repeats what we have. Runs returned one after
+        the other continue each other, so the caller may append several at once
+        under the last one's head (the chain covers them all)."""
         expected = self.have + len(self._pending)
         entries = list(message.entries)
         if message.start > expected:
@@ -200,8 +202,7 @@ class Receiver:
                                   f"{self.have + len(self._pending)}", code="BAD_LENGTH")
         run = self._pending
         self._pending, self._pending_bytes = [], 0
+        # Counted as ours from now on: the caller appends it, or (if the log
+        # refuses it) ends the channel, and a new channel starts from the log.
+        self.have = head.length
         return run, head
-
-    def stored(self, length: int) -> None:
-        """The run :meth:`offer` returned is in the log, which is now ``length`` long."""
-        self.have = length

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Room left in a mux message for the ENTRIES framing around the entries.
 _MESSAGE_SLACK = 1024
+#: Entries stored with one append at most, when several messages are waiting.
+_MAX_INGEST_ENTRIES = 8192
 #: Waits before reopening a channel the peer closed at once (it has no queue
 #: for us yet): doubling from the first to the second.
 _RETRY_S = (0.05, 2.0)
@@ -216,18 +218,37 @@ async def _receive_on(queue: DurableQueue, channel: Channel) -> None:
     async with queue.channel_role("receive"), trio.open_nursery() as nursery:
         receiver = Receiver(queue.received, queue.config.max_pending_bytes)
         nursery.start_soon(_send_statuses, queue, channel)
-        while True:
+        ended = False
+        while not ended:
             try:
                 data = await channel.receive()
             except trio.EndOfChannel:
                 break
-            queue.heard()
-            message = decode_message(data)
-            if not isinstance(message, Entries):
-                raise BadQueueMessage("a publisher sends ENTRIES only", code="BAD_TYPE")
-            run = receiver.offer(message)
-            if run is not None:
-                receiver.stored(await queue.ingest(*run))
+            # Take every message already here too, and store them all with one
+            # append and one fsync: a consumer that fell behind catches up in
+            # big appends instead of one per publisher's batch.
+            entries: list[bytes] = []
+            head = None
+            while True:
+                queue.heard()
+                message = decode_message(data)
+                if not isinstance(message, Entries):
+                    raise BadQueueMessage("a publisher sends ENTRIES only", code="BAD_TYPE")
+                run = receiver.offer(message)
+                if run is not None:
+                    entries.extend(run[0])
+                    head = run[1]
+                if len(entries) >= _MAX_INGEST_ENTRIES:
+                    break
+                try:
+                    data = channel.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    ended = True
+                    break
+            if head is not None:
+                await queue.ingest(entries, head)
         nursery.cancel_scope.cancel()
 
 
