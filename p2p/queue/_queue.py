@@ -152,6 +152,7 @@ class DurableQueue:
         self._ack_flushing = False
         self._ack_lot = trio.lowlevel.ParkingLot()
         self._acked_event = trio.Event()
+        self._ack_wanted = trio.Event()
         self._consuming = False
         self._delivered = self._acked
         # replication channels: role -> (cancel scope, done event)
@@ -244,6 +245,7 @@ class DurableQueue:
         self._in_grew = _event_set_and_renew(self._in_grew)
         self._peer_event = _event_set_and_renew(self._peer_event)
         self._acked_event = _event_set_and_renew(self._acked_event)
+        self._ack_wanted = _event_set_and_renew(self._ack_wanted)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -521,13 +523,28 @@ class DurableQueue:
 
     def ack_nowait(self, position: int) -> None:
         """Note an ack; it becomes durable (and is told to the peer) with the next
-        :meth:`ack` flush. For consumers that ack every delivery but only need to
-        wait now and then (a crash before the flush redelivers them)."""
+        flush: by :meth:`run_acks`, or the next :meth:`ack`. A crash before the
+        flush redelivers what it acked."""
         self._check_open()
         if position > self._delivered:
             raise QueueError(f"cannot ack {position}: only {self._delivered} were delivered",
                              code="ACK_AHEAD")
-        self._ack_target = max(self._ack_target, position)
+        if position > self._ack_target:
+            self._ack_target = position
+            self._ack_wanted = _event_set_and_renew(self._ack_wanted)
+
+    async def run_acks(self) -> None:
+        """Make every :meth:`ack_nowait` durable (and known to the peer) as soon
+        as the flush before it ends, until the queue closes; run it in a task.
+
+        With it, a consumer acks with ``ack_nowait`` and goes straight on to the
+        next delivery: the cursor's fsync never sits between two deliveries.
+        """
+        while not self.closed:
+            if self._ack_target > self._acked and not self._ack_flushing:
+                await self._flush_ack()
+            else:
+                await self._ack_wanted.wait()
 
     async def _flush_ack(self) -> None:
         self._ack_flushing = True
