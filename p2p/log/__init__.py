@@ -11,7 +11,7 @@ damage there too.
 """
 
 from ._errors import InvalidBatch, LogCorrupted, LogError, LogInUse, NotWriter, RecordTooLarge
-from ._log import FsyncPolicy, WriterLog
+from ._log import FsyncPolicy, PreparedBatch, WriterLog
 from ._records import (
     CRDT_NAMESPACE,
     GENESIS_HASH,
@@ -35,6 +35,7 @@ __all__ = [
     "LogError",
     "LogInUse",
     "NotWriter",
+    "PreparedBatch",
     "RecordTooLarge",
     "Recovery",
     "VerifyReport",

@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from p2p.keys import KeyPair, format_key
@@ -57,6 +58,7 @@ __all__ = [
     "MAX_BODY",
     "FsyncPolicy",
     "Head",
+    "PreparedBatch",
     "Recovery",
     "VerifyReport",
     "WriterLog",
@@ -78,6 +80,19 @@ class FsyncPolicy(enum.Enum):
     #: never fsync: for tests and benchmarks only. NOT durable: an OS crash or
     #: power loss may lose batches that were acknowledged.
     NEVER = "never"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """Entries encoded, chained and signed, not yet written (see
+    :meth:`WriterLog.prepare_batch`)."""
+
+    start: int
+    runs: list[tuple[bytearray, list[int], Head]]
+
+    @property
+    def head(self) -> Head | None:
+        return self.runs[-1][2] if self.runs else None
 
 
 # --- the log handle --------------------------------------------------------------------
@@ -341,6 +356,22 @@ class WriterLog:
             )
         if not payloads:
             return self._length
+        return self.write_prepared(self.prepare_batch(payloads, max_run=max_run))
+
+    def prepare_batch(self, payloads: Sequence[bytes], *,
+                      max_run: int | None = None) -> PreparedBatch:
+        """Encode, chain and sign a batch without writing it (the CPU half of
+        :meth:`append_batch`); :meth:`write_prepared` writes it.
+
+        So an async caller can do this part on its own thread and hand only
+        the write and fsync to a worker thread. Nothing may be appended
+        between the two calls (the batch continues the log as it is now).
+        """
+        if self._keypair is None:
+            raise NotWriter(
+                f"{self.path} was opened read-only; appending needs the writer's "
+                f"key pair for {format_key(self.public_key)}"
+            )
         run = len(payloads) if max_run is None else max_run
         if run < 1:
             raise ValueError(f"max_run must be >= 1, got {max_run}")
@@ -353,8 +384,21 @@ class WriterLog:
             signature = self._keypair.sign(head_message(self.public_key, length, head_hash,
                                                           self.namespace))
             runs.append((buf, offsets, Head(length, head_hash, signature)))
-        self._write(runs)
-        return length
+        return PreparedBatch(self._length, runs)
+
+    def write_prepared(self, batch: PreparedBatch) -> int:
+        """Write (and fsync, per the policy) a batch from :meth:`prepare_batch`;
+        the new length once durable.
+
+        Raises:
+            ValueError: the log changed since the batch was prepared (nothing written).
+        """
+        if batch.start != self._length:
+            raise ValueError(f"the batch continues a log of {batch.start} entries; "
+                             f"this one has {self._length}")
+        if batch.runs:
+            self._write(batch.runs)
+        return self._length
 
     def append_verified(self, payloads: Sequence[bytes], head: Head) -> int:
         """Append entries the writer signed elsewhere (replication); return the new length.

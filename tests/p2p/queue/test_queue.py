@@ -53,14 +53,14 @@ async def test_concurrent_publishers_share_appends(tmp_path):
     async with await DurableQueue.open(tmp_path, A, B.public_key,
                                        config=QueueConfig(fsync=FsyncPolicy.ALWAYS)) as queue:
         appends = 0
-        real = queue._out.append_batch
+        real = queue._out.write_prepared
 
         def counting(batch):
             nonlocal appends
             appends += 1
             return real(batch)
 
-        queue._out.append_batch = counting
+        queue._out.write_prepared = counting
         positions = {}
 
         async def publisher(n):
@@ -97,16 +97,16 @@ async def test_limits_are_enforced_before_anything_is_written(tmp_path):
 
 async def test_a_failed_append_fails_its_publishes_and_the_next_ones_work(tmp_path):
     async with await DurableQueue.open(tmp_path, A, B.public_key, config=FAST) as queue:
-        real = queue._out.append_batch
+        real = queue._out.write_prepared
 
         def failing(batch):
             raise OSError(28, "No space left on device")
 
-        queue._out.append_batch = failing
+        queue._out.write_prepared = failing
         with pytest.raises(PublishFailed) as failed:
             await queue.publish("k", b"x")
         assert isinstance(failed.value.__cause__, OSError)
-        queue._out.append_batch = real
+        queue._out.write_prepared = real
         assert await queue.publish("k", b"y") == 1
 
 
