@@ -112,6 +112,8 @@ class QueueService(Service):
                             format_key(peer)[:12], exc.code, exc.message)
                 return
             except ChannelRejected as exc:
+                if exc.code == "UNKNOWN_PROTOCOL":
+                    return  # the peer runs no queue service: nothing to retry
                 log.info("queue.rejected peer=%s code=%s", format_key(peer)[:12], exc.code)
             except QueueClosed:
                 continue
