@@ -15,7 +15,7 @@ The public face (everything in ``__all__``; README.md shows it in use):
 - The errors, all :class:`CrdtError`, each with a stable ``code``.
 
 Layers, bottom up, in private modules (importable there, for tests and tools
-that really mean the internals): ``_records``/``_log`` (one writer's
+that really mean the internals): ``p2p.log`` (one writer's
 append-only, hash-chained, signed file: ``WriterLog``, ``chain_hash``...),
 ``_entries`` (what one payload says), ``_ops``/``_operations`` (the operations,
 their rules and wire form), ``_view`` (SQLite, a pure function of the set of
@@ -24,6 +24,8 @@ entries), ``_causal`` (the gate), ``_admission`` (who may write), ``_base``
 face), ``_messages``/``_replication``/``_service`` (replication), ``_inspect``
 and ``_operator`` (the command line's needs).
 """
+
+from p2p.log import FsyncPolicy
 
 from ._base import WriterChange, WriterStatus
 from ._database import Database
@@ -42,7 +44,6 @@ from ._errors import (
     WriteRefused,
 )
 from ._inspect import Problem, StorageReport, inspect_storage, read_daemon_status, verify_storage
-from ._log import FsyncPolicy
 from ._operations import (
     AddAudioUsage,
     AddTokenUsage,

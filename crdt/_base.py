@@ -34,9 +34,10 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from p2p.keys import KeyPair, format_key
+from p2p.log import FsyncPolicy, Head, WriterLog
 
 from ._admission import Admission, compute_admission, has_admin_ops, plan_writer_change
 from ._causal import TOO_MANY_WAITING, CausalGate, GateResult
@@ -46,8 +47,8 @@ from ._errors import (
     InvalidBatch,
     UnknownWriter,
     WriteRefused,
+    log_errors,
 )
-from ._log import FsyncPolicy, Head, WriterLog
 from ._operations import Op, wire_batch
 from ._ops import ADMIN_OPS, validate_batch
 from ._snapshot import restore_snapshot, save_snapshot, take_snapshot
@@ -57,6 +58,7 @@ from ._view import View, ViewMismatch
 __all__ = ["MAX_ENTRY_BYTES", "MAX_RUN", "Base", "WriterChange", "WriterStatus"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: An entry must fit in one replication reply (a mux message is at most 512 KiB).
 MAX_ENTRY_BYTES = 192 * 1024
@@ -203,11 +205,12 @@ class Base:
         writer_log = self.logs.get(key)
         if writer_log is None:
             path = self.layout.log(key)
-            if self.read_only:
-                writer_log = WriterLog.open(path, key, read_only=True)
-            else:
-                writer_log = WriterLog.open(path, key, self.keypair if key == self.key else None,
-                                            fsync=self.fsync)
+            with log_errors():
+                if self.read_only:
+                    writer_log = WriterLog.open(path, key, read_only=True)
+                else:
+                    writer_log = WriterLog.open(
+                        path, key, self.keypair if key == self.key else None, fsync=self.fsync)
             if writer_log.recovery is not None and not self.read_only:
                 log.warning("crdt.log_recovered writer=%s dropped_entries=%d reason=%s",
                             format_key(key)[:12], writer_log.recovery.dropped_entries,
@@ -254,7 +257,9 @@ class Base:
     def _decoded(self, key: bytes, writer_log: WriterLog, start: int,
                  end: int) -> Iterator[tuple[EntryId, Entry]]:
         """Decode entries; an undecodable one stops its writer at the gate."""
-        for index, payload in enumerate(writer_log.entries(start, end), start):
+        with log_errors():
+            payloads = enumerate(writer_log.entries(start, end), start)
+        for index, payload in _log_errors_raised(payloads):
             try:
                 entry = decode_entry(payload)
             except BadEntry as exc:
@@ -427,7 +432,7 @@ class Base:
                 raise WriteRefused(f"an entry is at most {MAX_ENTRY_BYTES} bytes encoded, "
                                    f"this one is {len(payload)}", code="TOO_LARGE")
         start = own.length
-        with self._log_lock:
+        with self._log_lock, log_errors():
             own.append_batch(payloads, max_run=MAX_RUN)
         items = [(EntryId(self.key, start + k), entry) for k, entry in enumerate(entries)]
         self._take(items, validated=True)
@@ -513,7 +518,7 @@ class Base:
                                code="BAD_LENGTH")
         if head.length <= have:
             return ApplyReport()
-        with self._log_lock:
+        with self._log_lock, log_errors():
             writer_log.append_verified(payloads[have - start:], head)
         start = have
         items = list(self._decoded(writer, writer_log, start, writer_log.length))
@@ -571,7 +576,7 @@ class Base:
             KeyError: we keep no log for ``writer``.
             IndexError: ``start`` is not below the log's length.
         """
-        with self._log_lock:
+        with self._log_lock, log_errors():
             return self.logs[writer].segment(start, max_bytes)
 
     def read_view(self, query: Any) -> Any:
@@ -619,3 +624,9 @@ def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def _log_errors_raised(items: Iterator[_T]) -> Iterator[_T]:
+    """``items``, with the log's errors raised while reading them as the database's."""
+    with log_errors():
+        yield from items

@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import trio
 
 from p2p.keys import KeyPair
+from p2p.log import FsyncPolicy, Head
 
 from ._base import ApplyReport, Base, WriterChange, WriterStatus
 from ._entries import EntryId
-from ._log import FsyncPolicy, Head
 from ._metrics import DatabaseMetrics
 from ._operations import OP_TYPES, Op, PutModelMaster, wire_batch, wire_ops
 from ._view import ApiKey, ModelMaster, Usage, View

@@ -29,9 +29,11 @@ Callers branch on ``code``, never on the message.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from p2p.errors import P2PError
+from p2p.log import _errors as _log_errors
 
 __all__ = [
     "BadEntry",
@@ -45,6 +47,7 @@ __all__ = [
     "RecordTooLarge",
     "UnknownWriter",
     "WriteRefused",
+    "log_errors",
 ]
 
 
@@ -54,42 +57,31 @@ class CrdtError(P2PError):
     code = "CRDT_ERROR"
 
 
-class LogCorrupted(CrdtError):
+class LogCorrupted(CrdtError, _log_errors.LogCorrupted):
     """A log file holds a damaged or forged record that is not a torn tail.
 
     ``path`` and ``offset`` locate the first bad record. Nothing in the file was
     changed: the operator must restore the file from a replica or a backup (or
-    delete it and let replication fetch it again).
+    delete it and let replication fetch it again). (The log's own error,
+    raised as the database's by :func:`log_errors`.)
     """
 
     code = "LOG_CORRUPTED"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | os.PathLike[str],
-        offset: int,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(f"{os.fspath(path)} at byte {offset}: {message}", code=code)
-        self.path = os.fspath(path)
-        self.offset = offset
 
-
-class LogInUse(CrdtError):
+class LogInUse(CrdtError, _log_errors.LogInUse):
     """The log file is already open (in this or another process)."""
 
     code = "LOG_IN_USE"
 
 
-class NotWriter(CrdtError):
+class NotWriter(CrdtError, _log_errors.NotWriter):
     """Appending needs the writer's key pair; this handle was opened without it."""
 
     code = "NOT_WRITER"
 
 
-class InvalidBatch(CrdtError):
+class InvalidBatch(CrdtError, _log_errors.InvalidBatch):
     """Entries received from replication do not extend this log validly.
 
     Nothing was written. ``code`` says why: ``BAD_LENGTH`` (the head's length is
@@ -100,10 +92,39 @@ class InvalidBatch(CrdtError):
     code = "INVALID_BATCH"
 
 
-class RecordTooLarge(CrdtError, ValueError):
+class RecordTooLarge(CrdtError, _log_errors.RecordTooLarge):
     """A payload is larger than one record may be."""
 
     code = "RECORD_TOO_LARGE"
+
+
+_AS_CRDT: dict[type[_log_errors.LogError], type[CrdtError]] = {
+    _log_errors.LogCorrupted: LogCorrupted,
+    _log_errors.LogInUse: LogInUse,
+    _log_errors.NotWriter: NotWriter,
+    _log_errors.InvalidBatch: InvalidBatch,
+    _log_errors.RecordTooLarge: RecordTooLarge,
+}
+
+
+@contextmanager
+def log_errors() -> Iterator[None]:
+    """Raise the log's errors (``p2p.log``) as the database's own subclasses.
+
+    The log moved to ``p2p.log`` so the queue could share it; the database's
+    callers still catch ``CrdtError`` and ``crdt.LogCorrupted``..., so every
+    call into the log from this package runs inside this.
+    """
+    try:
+        yield
+    except _log_errors.LogError as exc:
+        kind = _AS_CRDT.get(type(exc))
+        if kind is None:
+            raise
+        translated = kind.__new__(kind)
+        translated.__dict__.update(exc.__dict__)
+        translated.args = exc.args
+        raise translated from exc
 
 
 class BadEntry(CrdtError):

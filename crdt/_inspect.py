@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2p.keys import IDENTITY_FILE, load_keypair
+from p2p.log import WriterLog, verify_file
 
 from ._base import Base, WriterStatus
 from ._entries import decode_entry
-from ._errors import BadEntry, CrdtError, LogCorrupted
-from ._log import WriterLog, verify_file
+from ._errors import BadEntry, CrdtError, LogCorrupted, log_errors
 from ._storage import Layout
 
 __all__ = ["Problem", "StorageReport", "inspect_storage", "read_daemon_status",
@@ -119,7 +119,8 @@ def verify_storage(storage: str | os.PathLike[str]) -> list[Problem]:
             problems.append(Problem(True, str(path), "not named <64 hex writer key>.log"))
             continue
         try:
-            report = verify_file(path, key)
+            with log_errors():
+                report = verify_file(path, key)
         except LogCorrupted as exc:
             problems.append(Problem(True, f"{path} at byte {exc.offset}",
                                     f"{exc.code}: {exc.message.split(': ', 1)[-1]}"))
@@ -132,7 +133,7 @@ def verify_storage(storage: str | os.PathLike[str]) -> list[Problem]:
                                     f"{report.tail.dropped_bytes} bytes after the last signed "
                                     f"head ({report.tail.reason}); a write in progress, or a "
                                     "crash: the next open cuts them"))
-        with WriterLog.open(path, key, read_only=True) as writer_log:
+        with log_errors(), WriterLog.open(path, key, read_only=True) as writer_log:
             for index, payload in enumerate(writer_log.entries()):
                 try:
                     decode_entry(payload)

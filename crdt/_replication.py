@@ -35,6 +35,7 @@ import trio
 from p2p.connection import Connection
 from p2p.host import Service
 from p2p.keys import derive_topic, format_key, verify_signature
+from p2p.log import Head
 from p2p.mux import Channel, ChannelRejected
 from p2p.rpc import (
     CallContext,
@@ -48,7 +49,6 @@ from p2p.rpc import (
 
 from ._database import Database
 from ._errors import CrdtError, InvalidBatch, UnknownWriter, WriteRefused
-from ._log import Head
 from ._messages import (
     ADMIN,
     FETCH,

@@ -18,10 +18,10 @@ from pathlib import Path
 import trio
 
 from p2p.keys import format_key
+from p2p.log import FsyncPolicy
 from p2p.swarm import Swarm
 
 from ._database import Database
-from ._log import FsyncPolicy
 from ._replication import ReplicationConfig, Replicator
 
 __all__ = ["DatabaseService", "run_database_service"]

@@ -25,11 +25,11 @@ from pathlib import Path
 import msgpack
 
 from p2p.keys import format_key
+from p2p.log import WriterLog
 
 from ._causal import CausalGate
 from ._entries import Entry, EntryId, decode_entry
 from ._errors import BadEntry
-from ._log import WriterLog
 
 __all__ = [
     "Snapshot",

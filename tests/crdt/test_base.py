@@ -23,8 +23,8 @@ from crdt import (
 )
 from crdt._base import Base
 from crdt._entries import decode_entry
-from crdt._log import WriterLog
 from p2p.keys import KeyPair
+from p2p.log import WriterLog
 from tests.crdt.helpers import open_replica, pull, usage_ops
 
 A, B, C = (KeyPair.from_seed(bytes([n]) * 32) for n in (1, 2, 3))

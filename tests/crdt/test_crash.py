@@ -46,7 +46,7 @@ def test_kill_9_in_the_middle_of_appending_loses_no_acknowledged_entry(tmp_path)
             base.rebuild()
             assert base.view.dump() == incremental
     # (A kill rarely cuts a write in half: the page cache takes pwrite whole. Torn
-    # tails are covered byte by byte in test_log.py.)
+    # tails are covered byte by byte in tests/p2p/log/test_log.py.)
     assert acknowledged > 20
 
 

@@ -221,8 +221,8 @@ def test_the_package_exports_its_public_face_and_no_internals():
                  "InvalidOp", "LogCorrupted", "WriteRefused", "hash_secret", "decode_op"):
         assert name in public
     # The internals stay where they are, for tests and tools that mean them.
-    from crdt._log import WriterLog, chain_hash  # noqa: F401
-    from crdt._records import GENESIS_HASH, head_message  # noqa: F401
+    from p2p.log import WriterLog, chain_hash  # noqa: F401
+    from p2p.log._records import GENESIS_HASH, head_message  # noqa: F401
 
 
 def test_star_import_gives_exactly_the_public_names():

@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from p2p.keys import KeyPair, format_key
@@ -30,6 +31,7 @@ from p2p.keys import KeyPair, format_key
 from ._errors import InvalidBatch, LogCorrupted, LogInUse, NotWriter
 from ._records import (
     _HEADER,
+    CRDT_NAMESPACE,
     ENTRY,
     GENESIS_HASH,
     HEAD,
@@ -51,10 +53,12 @@ from ._records import (
 )
 
 __all__ = [
+    "CRDT_NAMESPACE",
     "GENESIS_HASH",
     "MAX_BODY",
     "FsyncPolicy",
     "Head",
+    "PreparedBatch",
     "Recovery",
     "VerifyReport",
     "WriterLog",
@@ -78,6 +82,19 @@ class FsyncPolicy(enum.Enum):
     NEVER = "never"
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """Entries encoded, chained and signed, not yet written (see
+    :meth:`WriterLog.prepare_batch`)."""
+
+    start: int
+    runs: list[tuple[bytearray, list[int], Head]]
+
+    @property
+    def head(self) -> Head | None:
+        return self.runs[-1][2] if self.runs else None
+
+
 # --- the log handle --------------------------------------------------------------------
 
 
@@ -93,8 +110,10 @@ class WriterLog:
         fsync: FsyncPolicy,
         scan: _Scan,
         recovery: Recovery | None,
+        namespace: bytes = CRDT_NAMESPACE,
     ) -> None:
         self.path = path
+        self.namespace = namespace
         self.public_key = public_key
         self.fsync = fsync
         #: What was cut off the end of the file when it was opened, or None.
@@ -118,11 +137,15 @@ class WriterLog:
         *,
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
         read_only: bool = False,
+        namespace: bytes = CRDT_NAMESPACE,
     ) -> WriterLog:
         """Open (creating if missing) and fully verify the log of writer ``public_key``.
 
         Pass ``keypair`` to be able to :meth:`append_batch`. A torn tail is cut
         off and described in :attr:`recovery`.
+
+        ``namespace`` is what the heads' signatures are bound to (see
+        :mod:`._records`); every handle on one file must pass the same.
 
         ``read_only`` opens an existing file without locking or changing it,
         even while a daemon has it open (for ``cosmicac db status``): a tail
@@ -142,11 +165,11 @@ class WriterLog:
                 raise NotWriter("a read-only log cannot be given the writer's key pair")
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                scan = _scan_fd(path, fd, public_key)
+                scan = _scan_fd(path, fd, public_key, namespace=namespace)
             except BaseException:
                 os.close(fd)
                 raise
-            return cls(path, fd, public_key, None, fsync, scan, scan.tail)
+            return cls(path, fd, public_key, None, fsync, scan, scan.tail, namespace)
         created = not os.path.exists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -158,7 +181,7 @@ class WriterLog:
                 raise LogInUse(f"{path} is already open; close the other handle first") from None
             if created and fsync is FsyncPolicy.ALWAYS:
                 _fsync_dir(Path(path).parent)  # or the whole file may vanish on power loss
-            scan = _scan_fd(path, fd, public_key)
+            scan = _scan_fd(path, fd, public_key, namespace=namespace)
             recovery = scan.tail
             if recovery is not None:
                 log.warning(
@@ -174,7 +197,7 @@ class WriterLog:
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, public_key, keypair, fsync, scan, recovery)
+        return cls(path, fd, public_key, keypair, fsync, scan, recovery, namespace)
 
     # reading
 
@@ -333,6 +356,22 @@ class WriterLog:
             )
         if not payloads:
             return self._length
+        return self.write_prepared(self.prepare_batch(payloads, max_run=max_run))
+
+    def prepare_batch(self, payloads: Sequence[bytes], *,
+                      max_run: int | None = None) -> PreparedBatch:
+        """Encode, chain and sign a batch without writing it (the CPU half of
+        :meth:`append_batch`); :meth:`write_prepared` writes it.
+
+        So an async caller can do this part on its own thread and hand only
+        the write and fsync to a worker thread. Nothing may be appended
+        between the two calls (the batch continues the log as it is now).
+        """
+        if self._keypair is None:
+            raise NotWriter(
+                f"{self.path} was opened read-only; appending needs the writer's "
+                f"key pair for {format_key(self.public_key)}"
+            )
         run = len(payloads) if max_run is None else max_run
         if run < 1:
             raise ValueError(f"max_run must be >= 1, got {max_run}")
@@ -342,10 +381,24 @@ class WriterLog:
             chunk = payloads[first:first + run]
             buf, offsets, head_hash = _encode_entries(chunk, length, head_hash)
             length += len(chunk)
-            signature = self._keypair.sign(head_message(self.public_key, length, head_hash))
+            signature = self._keypair.sign(head_message(self.public_key, length, head_hash,
+                                                          self.namespace))
             runs.append((buf, offsets, Head(length, head_hash, signature)))
-        self._write(runs)
-        return length
+        return PreparedBatch(self._length, runs)
+
+    def write_prepared(self, batch: PreparedBatch) -> int:
+        """Write (and fsync, per the policy) a batch from :meth:`prepare_batch`;
+        the new length once durable.
+
+        Raises:
+            ValueError: the log changed since the batch was prepared (nothing written).
+        """
+        if batch.start != self._length:
+            raise ValueError(f"the batch continues a log of {batch.start} entries; "
+                             f"this one has {self._length}")
+        if batch.runs:
+            self._write(batch.runs)
+        return self._length
 
     def append_verified(self, payloads: Sequence[bytes], head: Head) -> int:
         """Append entries the writer signed elsewhere (replication); return the new length.
@@ -366,7 +419,7 @@ class WriterLog:
         buf, offsets, new_hash = _encode_entries(payloads, self._length, self._head_hash)
         if new_hash != head.head_hash:
             raise InvalidBatch("the entries do not hash to the head's hash", code="BAD_CHAIN")
-        if not head.verify(self.public_key):
+        if not head.verify(self.public_key, self.namespace):
             raise InvalidBatch(
                 f"head is not signed by writer {format_key(self.public_key)}", code="BAD_SIGNATURE"
             )
@@ -408,6 +461,11 @@ class WriterLog:
         self._length = head.length
         self._head_hash = head.head_hash
         self._last_head = head
+
+    def sync(self) -> None:
+        """Force every append so far to stable storage (for a log opened with
+        ``FsyncPolicy.NEVER`` whose owner decides when durability is needed)."""
+        os.fdatasync(self._require_open())
 
     # lifetime
 

@@ -17,7 +17,14 @@ Entries are hash-chained with BLAKE2b-256 personalised with ``b"cosmicac/log/v1"
 A batch is written as its ENTRY records followed by one HEAD record whose
 signature is the writer's Ed25519 signature of::
 
-    b"cosmicac/crdt/log-head/v1\\0" ‖ writer public key ‖ u64 BE length ‖ head_hash
+    namespace ‖ writer public key ‖ u64 BE length ‖ head_hash
+
+where ``namespace`` says what the log is for, so a head signed for one use
+cannot be replayed as another's: ``b"cosmicac/crdt/log-head/v1\\0"``
+(:data:`CRDT_NAMESPACE`, the default: a writer's database log) or the queue's
+(``p2p.queue``: its protocol and the recipient's key). A daemon signs logs of
+several kinds with one identity key; without it, a queue log could be offered
+to a database replica as that writer's database log.
 
 The log's durable length is the length of the last valid HEAD. Entries after
 it were never acknowledged to anyone.
@@ -56,7 +63,7 @@ an acknowledged record.
 
 CRC32 catches every error burst of up to 32 bits, so any single damaged byte in
 a file is reported by :func:`verify_file` and refused by opening, never cut as
-a torn tail (``tests/crdt/test_log.py`` checks every byte of a log).
+a torn tail (``tests/p2p/log/test_log.py`` checks every byte of a log).
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ from p2p.keys import KEY_BYTES, format_key, verify_signature
 from ._errors import LogCorrupted, RecordTooLarge
 
 __all__ = [
+    "CRDT_NAMESPACE",
     "ENTRY",
     "GENESIS_HASH",
     "HEAD",
@@ -97,7 +105,8 @@ _HEADER = struct.Struct(">4sBII")  # magic, type, body length, crc
 MAX_BODY = 16 * 1024 * 1024
 GENESIS_HASH = bytes(32)
 _HASH_PERSON = b"cosmicac/log/v1"  # BLAKE2b personalisation: at most 16 bytes
-_HEAD_NAMESPACE = b"cosmicac/crdt/log-head/v1\x00"
+#: The head-signature namespace of a database writer's log (the default).
+CRDT_NAMESPACE = b"cosmicac/crdt/log-head/v1\x00"
 _U64 = struct.Struct(">Q")
 
 
@@ -109,9 +118,10 @@ class Head:
     head_hash: bytes
     signature: bytes
 
-    def verify(self, public_key: bytes) -> bool:
+    def verify(self, public_key: bytes, namespace: bytes = CRDT_NAMESPACE) -> bool:
         return verify_signature(
-            public_key, head_message(public_key, self.length, self.head_hash), self.signature
+            public_key, head_message(public_key, self.length, self.head_hash, namespace),
+            self.signature,
         )
 
 
@@ -147,9 +157,10 @@ def chain_hash(previous: bytes, index: int, payload: bytes) -> bytes:
     return h.digest()
 
 
-def head_message(public_key: bytes, length: int, head_hash: bytes) -> bytes:
+def head_message(public_key: bytes, length: int, head_hash: bytes,
+                 namespace: bytes = CRDT_NAMESPACE) -> bytes:
     """The bytes a writer signs in a HEAD record."""
-    return _HEAD_NAMESPACE + public_key + _U64.pack(length) + head_hash
+    return namespace + public_key + _U64.pack(length) + head_hash
 
 
 def _frame(rtype: int, body: bytes) -> bytes:
@@ -279,7 +290,7 @@ class _Scan:
 
 
 def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes, *,
-          every_signature: bool) -> _Scan:
+          every_signature: bool, namespace: bytes = CRDT_NAMESPACE) -> _Scan:
     """Check every record of a log; raise LogCorrupted for anything a crash cannot explain.
 
     Every record's CRC and the whole chain are always checked. Signatures cost
@@ -343,7 +354,7 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes, *,
                     offset=pos,
                     code="BAD_CHAIN",
                 )
-            if every_signature and not head.verify(public_key):
+            if every_signature and not head.verify(public_key, namespace):
                 raise LogCorrupted(
                     f"head is not signed by writer {format_key(public_key)}",
                     path=path,
@@ -359,7 +370,8 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes, *,
             )
         pos = end
 
-    if last_head is not None and not every_signature and not last_head.verify(public_key):
+    if (last_head is not None and not every_signature
+            and not last_head.verify(public_key, namespace)):
         raise LogCorrupted(
             f"head is not signed by writer {format_key(public_key)}",
             path=path,
@@ -378,13 +390,16 @@ def _scan(path: str, data: bytes | mmap.mmap, public_key: bytes, *,
     )
 
 
-def _scan_fd(path: str, fd: int, public_key: bytes, *, every_signature: bool = False) -> _Scan:
+def _scan_fd(path: str, fd: int, public_key: bytes, *, every_signature: bool = False,
+             namespace: bytes = CRDT_NAMESPACE) -> _Scan:
     size = os.fstat(fd).st_size
     if size == 0:
-        return _scan(path, b"", public_key, every_signature=every_signature)
+        return _scan(path, b"", public_key, every_signature=every_signature,
+                     namespace=namespace)
     # mmap so a large log is paged through, not read into memory at once.
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as data:
-        return _scan(path, data, public_key, every_signature=every_signature)
+        return _scan(path, data, public_key, every_signature=every_signature,
+                     namespace=namespace)
 
 
 def _check_public_key(public_key: bytes) -> bytes:
@@ -393,7 +408,8 @@ def _check_public_key(public_key: bytes) -> bytes:
     return bytes(public_key)
 
 
-def verify_file(path: str | os.PathLike[str], public_key: bytes) -> VerifyReport:
+def verify_file(path: str | os.PathLike[str], public_key: bytes, *,
+                namespace: bytes = CRDT_NAMESPACE) -> VerifyReport:
     """Check a log file completely without changing it (for ``db verify``).
 
     Raises:
@@ -405,7 +421,7 @@ def verify_file(path: str | os.PathLike[str], public_key: bytes) -> VerifyReport
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        scan = _scan_fd(path, fd, public_key, every_signature=True)
+        scan = _scan_fd(path, fd, public_key, every_signature=True, namespace=namespace)
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)

@@ -18,17 +18,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crdt import (
+from p2p.keys import KeyPair
+from p2p.log import (
+    GENESIS_HASH,
     FsyncPolicy,
+    Head,
     InvalidBatch,
     LogCorrupted,
     LogInUse,
     NotWriter,
     RecordTooLarge,
+    WriterLog,
+    verify_file,
 )
-from crdt._log import GENESIS_HASH, Head, WriterLog, verify_file
-from crdt._records import ENTRY, HEAD, MAGIC, _frame, _read_record
-from p2p.keys import KeyPair
+from p2p.log._records import ENTRY, HEAD, MAGIC, _frame, _read_record
 
 WRITER = KeyPair.from_seed(bytes(range(32)))
 OTHER = KeyPair.from_seed(bytes(range(1, 33)))
@@ -180,7 +183,7 @@ def test_recovery_is_logged(tmp_path, caplog):
     write_log(path, BATCHES)
     with path.open("ab") as f:
         f.write(MAGIC + b"\x01\x00\x00")
-    with caplog.at_level(logging.WARNING, logger="crdt._log"):
+    with caplog.at_level(logging.WARNING, logger="p2p.log._log"):
         WriterLog.open(path, WRITER.public_key).close()
     assert "dropped 7 bytes" in caplog.text
 
@@ -454,7 +457,7 @@ def _signed_head(keypair: KeyPair, payloads: list[bytes]) -> Head:
 CRASHING_WRITER = textwrap.dedent(
     """
     import random, sys
-    from crdt._log import WriterLog
+    from p2p.log import WriterLog
     from p2p.keys import KeyPair
 
     keypair = KeyPair.from_seed(bytes(range(32)))
@@ -472,7 +475,7 @@ CRASHING_WRITER = textwrap.dedent(
 
 def test_sigkill_never_loses_an_acknowledged_batch(tmp_path):
     rng = random.Random(1234)
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     pythonpath = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": pythonpath}
     acknowledged_ever = 0

@@ -1,0 +1,633 @@
+"""One end of a durable queue between us and one peer (the HyperMQ analogue).
+
+Each end owns a directory::
+
+    out.log     our signed log of what we publish to the peer (p2p.log WriterLog,
+                heads in the namespace bound to the peer: see head_namespace)
+    in.log      our verified copy of the peer's log to us
+    acked       the consumer's cursor: how far we acked the peer's log (fsynced)
+    peer-acked  how far the peer acked ours, as it last told us (not fsynced:
+                a stale value only makes ``pending`` look higher until the peer
+                reconnects and says again)
+    lock        flock: one process per directory
+
+A position is a log length: the entry at index i has position i + 1, so 0
+means "nothing". Publishing appends to out.log and returns once the append is
+durable; many publishers share one append and one fsync (group commit: the
+first publisher finding no append under way does it for everyone queued, so
+no background task is needed). Replication (see :mod:`._service`) pushes
+out.log to the peer as it grows, and the peer's consumer cursor comes back as
+STATUS messages: an ack is a position, not an entry, so acking costs no signed
+append and the logs hold only operations.
+
+Durability: a publish returns once its entry is fsynced in out.log, and
+the sender sends only what is durable (a publisher that crashed after
+sending something it then lost would fork its log under the peer). The
+peer's entries are verified and written to in.log, delivered at once, and
+fsynced with the next cursor write (just before it): an entry is applied
+before our copy of it is durable, which costs nothing in safety, since the
+publisher keeps its log and a consumer that loses the tail of its copy (power
+loss) reopens with the cursor cut back to the copy and fetches the rest
+again: at-least-once holds, and every redelivered entry was applied at most
+since the last durable ack. It saves an fsync on the path from publish to
+applied.
+
+Blocking file I/O runs in ``trio.to_thread``; each file has a trio lock so
+one thread at a time touches it (the cursor flush's ``fdatasync`` of in.log
+may run beside an append to it, which the kernel orders).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from p2p.keys import KeyPair, format_key
+from p2p.log import FsyncPolicy, Head, InvalidBatch, WriterLog
+
+from ._config import QueueConfig
+from ._cursor import PositionFile
+from ._errors import (
+    BadQueueMessage,
+    PayloadTooLarge,
+    PublishFailed,
+    QueueClosed,
+    QueueError,
+    QueueInUse,
+)
+from ._messages import decode_entry, encode_entry, head_namespace
+
+__all__ = ["Delivery", "DurableQueue", "QueueStatistics"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One operation from the peer: apply it, then ``ack(position)``."""
+
+    position: int
+    key: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    #: Positions we published (durable).
+    published: int
+    #: The highest position the peer has acked (as it last told us).
+    peer_acked: int
+    #: published - peer_acked: what the peer has yet to apply.
+    pending: int
+    #: Positions of the peer's log we store (verified; durable with the next ack).
+    received: int
+    #: The highest position handed to our consumer.
+    delivered: int
+    #: Our durable cursor: the highest position we acked.
+    acked: int
+    #: A replication channel with the peer is open.
+    connected: bool
+    #: trio time of the last message from the peer, or None.
+    last_heard: float | None
+
+
+def _event_set_and_renew(event: trio.Event) -> trio.Event:
+    event.set()
+    return trio.Event()
+
+
+class DurableQueue:
+    """One end of the queue between ``keypair`` and ``peer``; build with :meth:`open`."""
+
+    def __init__(self, directory: Path, keypair: KeyPair, peer: bytes, config: QueueConfig,
+                 lock_fd: int, out: WriterLog, inbound: WriterLog, cursor: PositionFile,
+                 peer_acked: PositionFile) -> None:
+        self.directory = directory
+        self.keypair = keypair
+        self.peer = peer
+        self.config = config
+        self._lock_fd = lock_fd
+        self._out = out
+        self._in = inbound
+        self._cursor = cursor
+        self._peer_acked_file = peer_acked
+        self.closed = False
+        # publishing (group commit)
+        self._out_lock = trio.Lock()
+        self._queued: list[bytes] = []
+        self._assigned = out.length
+        self._published = out.length
+        self._committing = False
+        self._commit_lot = trio.lowlevel.ParkingLot()
+        self._room_lot = trio.lowlevel.ParkingLot()
+        self._generation = 0
+        self._failures: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+        self._out_grew = trio.Event()
+        # recent batches we appended: start -> (entries, head), for the sender
+        self._out_cache: collections.OrderedDict[int, tuple[list[bytes], Head]] = \
+            collections.OrderedDict()
+        self._out_cache_bytes = 0
+        # the peer's acks of our log
+        self._peer_acked = min(peer_acked.position, out.length)
+        self._peer_event = trio.Event()
+        # the peer's log to us
+        self._in_lock = trio.Lock()
+        self._received = inbound.length
+        self._in_grew = trio.Event()
+        self._in_cache: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._in_cache_first = 0  # position of _in_cache[0]
+        self._in_cache_bytes = 0
+        # consuming
+        self._acked = min(cursor.position, inbound.length)
+        self._ack_target = self._acked
+        self._ack_lock = trio.Lock()
+        self._ack_flushing = False
+        self._ack_lot = trio.lowlevel.ParkingLot()
+        self._acked_event = trio.Event()
+        self._ack_wanted = trio.Event()
+        self._consuming = False
+        self._delivered = self._acked
+        # replication channels: role -> (cancel scope, done event)
+        self._channels: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
+        self._last_heard: float | None = None
+
+    # -- opening and closing -----------------------------------------------------------
+
+    @classmethod
+    async def open(cls, directory: str | os.PathLike[str], keypair: KeyPair, peer: bytes, *,
+                   config: QueueConfig | None = None) -> DurableQueue:
+        """Open (creating) the end of the queue with ``peer`` whose files are in ``directory``.
+
+        Raises:
+            QueueInUse: another handle or process has ``directory`` open.
+            p2p.log.LogCorrupted: a log is damaged (a torn tail is cut, not an error).
+            ValueError: ``peer`` is not a 32-byte key, or is our own key.
+        """
+        config = config or QueueConfig()
+        peer = bytes(peer)
+        if len(peer) != 32 or peer == keypair.public_key:
+            raise ValueError("peer must be another node's 32-byte public key")
+        return await trio.to_thread.run_sync(cls._open_blocking, Path(directory), keypair,
+                                             peer, config)
+
+    @classmethod
+    def _open_blocking(cls, directory: Path, keypair: KeyPair, peer: bytes,
+                       config: QueueConfig) -> DurableQueue:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        opened: list[WriterLog | PositionFile] = []
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise QueueInUse(f"{directory} is open in another handle or process") from None
+            out = WriterLog.open(directory / "out.log", keypair.public_key, keypair,
+                                 fsync=config.fsync, namespace=head_namespace(peer))
+            opened.append(out)
+            # Not fsynced per append: see "Durability" in the module docstring.
+            inbound = WriterLog.open(directory / "in.log", peer, None, fsync=FsyncPolicy.NEVER,
+                                     namespace=head_namespace(keypair.public_key))
+            opened.append(inbound)
+            cursor = PositionFile(directory / "acked",
+                                  fsync=config.fsync is FsyncPolicy.ALWAYS)
+            opened.append(cursor)
+            peer_acked = PositionFile(directory / "peer-acked", fsync=False)
+        except BaseException:
+            for handle in opened:
+                handle.close()
+            os.close(lock_fd)
+            raise
+        for name, handle in (("out.log", out), ("in.log", inbound)):
+            if handle.recovery is not None:
+                log.warning("queue.log_recovered peer=%s file=%s dropped_entries=%d reason=%s",
+                            format_key(peer)[:12], name, handle.recovery.dropped_entries,
+                            handle.recovery.reason)
+        return cls(directory, keypair, peer, config, lock_fd, out, inbound, cursor, peer_acked)
+
+    @property
+    def public_key(self) -> bytes:
+        return self.keypair.public_key
+
+    async def aclose(self) -> None:
+        """Stop replication, fail waiting publishers (QueueClosed), close the files.
+
+        An append under way finishes first (its publishers get their positions).
+        """
+        if self.closed:
+            return
+        self.closed = True
+        for scope, _ in list(self._channels.values()):
+            scope.cancel()
+        self._wake_all()
+        with trio.CancelScope(shield=True):
+            for _, done in list(self._channels.values()):
+                await done.wait()
+            async with self._out_lock, self._in_lock, self._ack_lock:
+                self._out.close()
+                self._in.close()
+                self._cursor.close()
+                self._peer_acked_file.close()
+                os.close(self._lock_fd)
+
+    def _wake_all(self) -> None:
+        self._commit_lot.unpark_all()
+        self._room_lot.unpark_all()
+        self._ack_lot.unpark_all()
+        self._out_grew = _event_set_and_renew(self._out_grew)
+        self._in_grew = _event_set_and_renew(self._in_grew)
+        self._peer_event = _event_set_and_renew(self._peer_event)
+        self._acked_event = _event_set_and_renew(self._acked_event)
+        self._ack_wanted = _event_set_and_renew(self._ack_wanted)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise QueueClosed(f"the queue with {format_key(self.peer)[:12]} is closed")
+
+    async def __aenter__(self) -> DurableQueue:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- publishing --------------------------------------------------------------------
+
+    async def publish(self, key: str, payload: bytes) -> int:
+        """Publish ``payload`` under ordering key ``key``; its position once durable.
+
+        Publishes are appended in the order they are called. If more than
+        ``max_queued_publishes`` wait for an append, this waits for room. A
+        publish cancelled while waiting may still be published (with the next
+        append); one that returned is in the log for good.
+
+        Raises:
+            PayloadTooLarge: the key or payload is over the configured limit.
+            PublishFailed: the append failed (every publish waiting on it fails).
+            QueueClosed: the queue was closed before the entry was appended.
+        """
+        self._check_open()
+        if len(key.encode()) > self.config.max_key_bytes:
+            raise PayloadTooLarge(f"a key is at most {self.config.max_key_bytes} bytes")
+        if len(payload) > self.config.max_payload_bytes:
+            raise PayloadTooLarge(f"a payload is at most {self.config.max_payload_bytes} "
+                                  f"bytes, this one is {len(payload)}")
+        entry = encode_entry(key, bytes(payload))
+        while len(self._queued) >= self.config.max_queued_publishes:
+            await self._room_lot.park()
+            self._check_open()
+        self._assigned += 1
+        position = self._assigned
+        generation = self._generation
+        self._queued.append(entry)
+        while self._published < position:
+            if generation != self._generation:
+                raise PublishFailed("the append carrying this publish failed") \
+                    from self._failures.get(generation)
+            self._check_open()
+            if self._committing:
+                await self._commit_lot.park()
+            else:
+                await self._commit()
+        return position
+
+    async def _commit(self) -> None:
+        """Append what is queued (bounded by the batch limits) as one batch: we lead."""
+        self._committing = True
+        try:
+            async with self._out_lock:
+                if self.closed or not self._queued:
+                    return
+                batch, size = [], 0
+                for entry in self._queued:
+                    if batch and (len(batch) >= self.config.max_batch_entries
+                                  or size + len(entry) > self.config.max_batch_bytes):
+                        break
+                    batch.append(entry)
+                    size += len(entry)
+                try:
+                    # Encoding, chaining and signing (~0.1-0.3 ms) here on the
+                    # trio thread; only the write and fsync go to a worker
+                    # thread, which then needs the GIL once more at the end
+                    # instead of throughout (each wait for it can last up to
+                    # the interpreter's 5 ms switch interval while this thread
+                    # is busy).
+                    prepared = self._out.prepare_batch(batch)
+                    await trio.to_thread.run_sync(self._out.write_prepared, prepared)
+                    head = prepared.head
+                    assert head is not None
+                except Exception as exc:
+                    log.error("queue.append_failed peer=%s entries=%d error=%r",
+                              format_key(self.peer)[:12], len(self._queued), exc)
+                    self._failures[self._generation] = exc
+                    while len(self._failures) > 16:
+                        self._failures.popitem(last=False)
+                    self._generation += 1
+                    self._queued.clear()
+                    self._assigned = self._published
+                    self._room_lot.unpark_all()
+                    return
+                del self._queued[:len(batch)]
+                self._room_lot.unpark(count=len(batch))
+                start = self._published
+                self._published = head.length
+                self._cache_out(start, batch, head, size)
+                self._out_grew = _event_set_and_renew(self._out_grew)
+        finally:
+            self._committing = False
+            self._commit_lot.unpark_all()
+
+    def _cache_out(self, start: int, batch: list[bytes], head: Head, size: int) -> None:
+        self._out_cache[start] = (batch, head)
+        self._out_cache_bytes += size
+        while self._out_cache and (self._out_cache_bytes > self.config.cache_bytes
+                                   or next(iter(self._out_cache.values()))[1].length
+                                   <= self._peer_acked):
+            _, (old, _) = self._out_cache.popitem(last=False)
+            self._out_cache_bytes -= sum(len(entry) for entry in old)
+
+    async def wait_peer_acked(self, position: int) -> None:
+        """Wait until the peer has acked up to ``position`` (QueueClosed if we close)."""
+        while self._peer_acked < position:
+            self._check_open()
+            await self._peer_event.wait()
+
+    # -- the sender's needs (see _service) ---------------------------------------------
+
+    async def segment(self, start: int, max_bytes: int) -> tuple[list[bytes], Head | None]:
+        """Our entries from ``start`` (0-based) for the peer, ending on a head if they can."""
+        cached = self._out_cache.get(start)
+        if cached is not None:
+            # Consecutive batches the peer has not had go in one message, as
+            # many as fit (the chain lets the last head cover them all).
+            entries: list[bytes] = []
+            head = None
+            size = 256
+            while cached is not None:
+                more = sum(len(entry) + 8 for entry in cached[0])
+                if size + more > max_bytes:
+                    break
+                entries.extend(cached[0])
+                head = cached[1]
+                size += more
+                cached = self._out_cache.get(head.length)
+            if head is not None:
+                return entries, head
+        async with self._out_lock:
+            self._check_open()
+            return await trio.to_thread.run_sync(self._out.segment, start, max_bytes)
+
+    def peer_status(self, have: int, acked: int) -> None:
+        """The peer says it stores ``have`` of our entries and acked ``acked``."""
+        if have > self._published:
+            raise BadQueueMessage(f"the peer has {have} of our entries; we published "
+                                  f"{self._published}", code="AHEAD")
+        if acked > self._peer_acked:
+            self._peer_acked = acked
+            self._peer_acked_file.write(acked)  # not fsynced: a hint, see the module doc
+            self._peer_event = _event_set_and_renew(self._peer_event)
+
+    # -- receiving (see _service) ------------------------------------------------------
+
+    async def ingest(self, entries: list[bytes], head: Head) -> int:
+        """Verify and store a run of the peer's entries from our length; the new length.
+
+        Raises:
+            BadQueueMessage: the chain or signature does not verify (nothing stored).
+        """
+        async with self._in_lock:
+            self._check_open()
+            start = self._in.length
+            try:
+                length = await trio.to_thread.run_sync(self._in.append_verified, entries, head)
+            except InvalidBatch as exc:
+                raise BadQueueMessage(f"entries refused: {exc.message}", code=exc.code) from None
+        size = 0
+        if self._in_cache and self._in_cache_first + len(self._in_cache) != start + 1:
+            self._in_cache.clear()
+            self._in_cache_bytes = 0
+        if not self._in_cache:
+            self._in_cache_first = start + 1
+        for entry in entries:
+            key, payload = decode_entry(entry)
+            self._in_cache.append((key, payload))
+            size += len(payload) + len(key)
+        self._in_cache_bytes += size
+        self._trim_in_cache()
+        self._received = length
+        self._in_grew = _event_set_and_renew(self._in_grew)
+        return length
+
+    def _trim_in_cache(self) -> None:
+        while self._in_cache and (self._in_cache_bytes > self.config.cache_bytes
+                                  or self._in_cache_first <= self._acked):
+            key, payload = self._in_cache.popleft()
+            self._in_cache_bytes -= len(payload) + len(key)
+            self._in_cache_first += 1
+
+    def heard(self) -> None:
+        self._last_heard = trio.current_time()
+
+    @contextlib.asynccontextmanager
+    async def channel_role(self, role: str) -> AsyncIterator[trio.CancelScope]:
+        """Run one replication channel of ``role`` ("send" or "receive"); a newer
+        channel of the same role replaces this one (it is cancelled, and the
+        newer waits until it has stopped)."""
+        self._check_open()
+        previous = self._channels.get(role)
+        scope, done = trio.CancelScope(), trio.Event()
+        self._channels[role] = (scope, done)
+        try:
+            if previous is not None:
+                previous[0].cancel()
+                await previous[1].wait()
+            with scope:
+                yield scope
+        finally:
+            done.set()
+            if self._channels.get(role) == (scope, done):
+                del self._channels[role]
+
+    def stop_channels(self) -> None:
+        for scope, _ in list(self._channels.values()):
+            scope.cancel()
+
+    # -- consuming ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def deliveries(self) -> AsyncIterator[_Deliveries]:
+        """The peer's operations in log order, from the one after our last ack.
+
+        One consumer at a time. Leaving the block and entering again starts
+        over from the last ack (what was delivered but not acked comes again).
+        """
+        self._check_open()
+        if self._consuming:
+            raise QueueError("the queue already has a consumer", code="CONSUMER_BUSY")
+        self._consuming = True
+        self._delivered = self._acked
+        try:
+            yield _Deliveries(self)
+        finally:
+            self._consuming = False
+
+    async def _next_delivery(self, buffer: collections.deque[Delivery]) -> Delivery:
+        while True:
+            self._check_open()
+            position = self._delivered + 1
+            if buffer and buffer[0].position == position:
+                delivery = buffer.popleft()
+            elif position <= self._received:
+                buffer.clear()
+                delivery = self._from_cache(position)
+                if delivery is None:
+                    buffer.extend(await self._read_in(position))
+                    continue
+            else:
+                await self._in_grew.wait()
+                continue
+            self._delivered = position
+            return delivery
+
+    def _from_cache(self, position: int) -> Delivery | None:
+        offset = position - self._in_cache_first
+        if 0 <= offset < len(self._in_cache):
+            key, payload = self._in_cache[offset]
+            return Delivery(position, key, payload)
+        return None
+
+    async def _read_in(self, position: int) -> list[Delivery]:
+        end = min(self._received, position - 1 + self.config.read_batch_entries)
+        async with self._in_lock:
+            self._check_open()
+            payloads = await trio.to_thread.run_sync(self._in.read_range, position - 1, end)
+        return [Delivery(position + k, *decode_entry(entry)) for k, entry in enumerate(payloads)]
+
+    async def ack(self, position: int) -> None:
+        """Ack every delivery up to ``position``; returns once the cursor is durable.
+
+        Concurrent acks share one write and fsync. Acking what was not
+        delivered raises QueueError (ACK_AHEAD); acking less than before is a
+        no-op.
+        """
+        self.ack_nowait(position)
+        while self._acked < position:
+            self._check_open()
+            if self._ack_flushing:
+                await self._ack_lot.park()
+            else:
+                await self._flush_ack()
+
+    def ack_nowait(self, position: int) -> None:
+        """Note an ack; it becomes durable (and is told to the peer) with the next
+        flush: by :meth:`run_acks`, or the next :meth:`ack`. A crash before the
+        flush redelivers what it acked."""
+        self._check_open()
+        if position > self._delivered:
+            raise QueueError(f"cannot ack {position}: only {self._delivered} were delivered",
+                             code="ACK_AHEAD")
+        if position > self._ack_target:
+            self._ack_target = position
+            self._ack_wanted = _event_set_and_renew(self._ack_wanted)
+
+    async def run_acks(self) -> None:
+        """Make every :meth:`ack_nowait` durable (and known to the peer) as soon
+        as the flush before it ends, until the queue closes; run it in a task.
+
+        With it, a consumer acks with ``ack_nowait`` and goes straight on to the
+        next delivery: the cursor's fsync never sits between two deliveries.
+        """
+        while not self.closed:
+            if self._ack_target > self._acked and not self._ack_flushing:
+                await self._flush_ack()
+            else:
+                await self._ack_wanted.wait()
+
+    async def _flush_ack(self) -> None:
+        self._ack_flushing = True
+        try:
+            async with self._ack_lock:
+                self._check_open()
+                target = self._ack_target
+                if target <= self._acked:
+                    return
+                await trio.to_thread.run_sync(self._write_cursor, target)
+                self._acked = target
+                self._trim_in_cache()
+                self._acked_event = _event_set_and_renew(self._acked_event)
+        finally:
+            self._ack_flushing = False
+            self._ack_lot.unpark_all()
+
+    def _write_cursor(self, target: int) -> None:
+        if self.config.fsync is FsyncPolicy.ALWAYS:
+            self._in.sync()  # the copy first, so the cursor never points past it
+        self._cursor.write(target)
+
+    # -- the receiver's needs ----------------------------------------------------------
+
+    @property
+    def received(self) -> int:
+        return self._received
+
+    @property
+    def acked(self) -> int:
+        return self._acked
+
+    @property
+    def acked_changed(self) -> trio.Event:
+        """Set at the next durable ack (a new event each time)."""
+        return self._acked_event
+
+    @property
+    def published(self) -> int:
+        return self._published
+
+    @property
+    def published_grew(self) -> trio.Event:
+        """Set at the next append (a new event each time)."""
+        return self._out_grew
+
+    def statistics(self) -> QueueStatistics:
+        return QueueStatistics(
+            published=self._published, peer_acked=self._peer_acked,
+            pending=self._published - self._peer_acked, received=self._received,
+            delivered=self._delivered, acked=self._acked, connected=bool(self._channels),
+            last_heard=self._last_heard)
+
+    def __repr__(self) -> str:
+        return (f"<DurableQueue peer={format_key(self.peer)[:12]} published={self._published} "
+                f"received={self._received}>")
+
+
+class _Deliveries:
+    """The async iterator :meth:`DurableQueue.deliveries` yields."""
+
+    def __init__(self, queue: DurableQueue) -> None:
+        self._queue = queue
+        self._buffer: collections.deque[Delivery] = collections.deque()
+
+    def __aiter__(self) -> _Deliveries:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        return await self._queue._next_delivery(self._buffer)
+
+    async def receive(self) -> Delivery:
+        """The next delivery (waits for one)."""
+        return await self._queue._next_delivery(self._buffer)
+
+    @property
+    def available(self) -> int:
+        """Deliveries that are here now (``receive`` returns them without waiting
+        for the peer). A consumer that acks each delivery with ``ack_nowait``
+        and awaits ``ack`` only when this is 0 gets one cursor fsync per burst."""
+        queue = self._queue
+        return queue._received - queue._delivered
+

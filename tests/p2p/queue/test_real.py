@@ -1,0 +1,93 @@
+"""Real sockets and real processes: two swarms on 127.0.0.1, and kill -9 mid-publish.
+
+These wait on conditions with bounded overall timeouts (real time is the point).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from p2p.queue import QueueConfig, QueueService
+from tests.p2p.queue.crash_publisher import CONSUMER, PUBLISHER
+from tests.p2p.queue.helpers import End, drain, two_ends
+from tests.p2p.swarm.helpers import swarm_net
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+async def test_two_swarms_on_real_sockets_with_fsync(tmp_path):
+    with trio.fail_after(30):
+        async with swarm_net(3) as net, two_ends(net, tmp_path, QueueConfig()) as (a, b):
+            async with trio.open_nursery() as nursery:
+                for job in range(4):
+                    async def publish(job=job):
+                        for i in range(50):
+                            await a.queue.publish(f"job-{job}", b"%d" % i)
+                    nursery.start_soon(publish)
+                got = await drain(b.queue, 200)
+            assert [d.position for d in got] == list(range(1, 201))
+            for job in range(4):
+                assert [int(d.payload) for d in got if d.key == f"job-{job}"] == list(range(50))
+            await a.queue.wait_peer_acked(200)
+
+
+def test_kill_9_mid_publish_loses_no_returned_position(tmp_path):
+    """Kill the publisher process 8 times while 16 tasks publish; every position
+    publish() returned (printed at once) is then delivered to a consumer, with
+    its payload, over real sockets."""
+    rng = random.Random(7)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    returned: dict[int, bytes] = {}
+    directory = tmp_path / "publisher"
+    for round_ in range(8):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.p2p.queue.crash_publisher", str(directory),
+             str(round_)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        try:
+            opened = int(proc.stdout.readline().split()[1])
+            assert opened >= max(returned, default=0)
+            deadline = time.monotonic() + 10
+            for _ in range(rng.randint(5, 300)):
+                line = proc.stdout.readline()
+                assert line and time.monotonic() < deadline, "the publisher stalled"
+                position, payload = line.split()
+                returned[int(position)] = bytes.fromhex(payload)
+        finally:
+            proc.send_signal(signal.SIGKILL)  # while other tasks are mid-publish
+            proc.wait(timeout=30)
+            proc.stdout.close()
+    assert len(returned) > 40
+
+    async def deliver():
+        with trio.fail_after(60):
+            async with swarm_net(3) as net:
+                ends = []
+                for keypair, name in ((PUBLISHER, "publisher"), (CONSUMER, "consumer")):
+                    service = QueueService()
+                    swarm = await net.start(keypair, services=[service])
+                    ends.append(End(keypair, tmp_path / name, swarm, service))
+                publisher, consumer = ends
+                await publisher.reopen(CONSUMER.public_key, QueueConfig())
+                await consumer.reopen(PUBLISHER.public_key, QueueConfig())
+                try:
+                    await publisher.swarm.connect(CONSUMER.public_key,
+                                                  addresses=[consumer.swarm.address])
+                    total = publisher.queue.statistics().published
+                    assert total >= max(returned)
+                    got = await drain(consumer.queue, total)
+                    return {d.position: d.payload for d in got}
+                finally:
+                    for end in ends:
+                        await end.queue.aclose()
+
+    delivered = trio.run(deliver)
+    for position, payload in returned.items():
+        assert delivered[position] == payload
