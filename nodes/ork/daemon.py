@@ -18,10 +18,10 @@ import logging
 import time
 
 import trio
-from p2p.queue import QueueService
 
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import load_or_create_keypair
+from p2p.queue import QueueService
 from p2p.swarm import Swarm, SwarmConfig
 
 from .driver import OrkDriver
@@ -47,7 +47,7 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
                                       unknown_after_s=settings.unknown_after_s))
     except OrkError as exc:
         raise DaemonError(f"cannot open {storage / 'ork.sqlite'}: {exc}") from None
-    known = {info.rack for info in orchestrator.racks()}
+    known = {info.key for info in orchestrator.racks()}
     for rack in settings.racks:
         if rack.key.hex() not in known:
             try:

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-from p2p.log import FsyncPolicy
-from p2p.queue import DurableQueue, QueueConfig, QueueService
 
 from nodes.control import BadMessage, decode_report, encode
 from p2p.keys import KeyPair
+from p2p.log import FsyncPolicy
+from p2p.queue import DurableQueue, QueueConfig, QueueService
 
 from .orchestrator import Orchestrator
 
@@ -97,7 +97,7 @@ class OrkDriver:
 
     async def _sync_racks(self) -> None:
         """Open a queue for every registered rack; close those of removed racks."""
-        racks = {info.rack for info in await self.call(self.orchestrator.racks)}
+        racks = {info.key for info in await self.call(self.orchestrator.racks)}
         for rack in racks - set(self._open):
             await self._open_queue(rack)
         for rack in set(self._open) - racks:

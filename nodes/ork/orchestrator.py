@@ -316,6 +316,13 @@ class Orchestrator(JobBook):
             placements, event, reason = (), ReplicaEvent.NO_CAPACITY, str(exc)
         except Unplaceable as exc:
             placements, event, reason = (), ReplicaEvent.UNPLACEABLE, str(exc)
+            silent = self._unheard_racks(spec.location)
+            if silent:
+                # A rack whose capacity is not known yet (just registered, or
+                # silent) may well hold it: wait for its report, do not fail.
+                event = ReplicaEvent.NO_CAPACITY
+                reason = (f"waiting for rack {silent[0][:12]}… in location {spec.location} "
+                          f"to report its capacity ({reason})")
         if event is ReplicaEvent.NO_CAPACITY and was_pending:
             return False  # still waiting: no event, nothing written
         if was_pending:
@@ -336,6 +343,11 @@ class Orchestrator(JobBook):
             job.unplaceable = event is ReplicaEvent.UNPLACEABLE
             self._refresh(job, now, reason)
         return True
+
+    def _unheard_racks(self, location: str) -> list[str]:
+        """Racks of ``location`` that never reported their capacity, or went silent."""
+        return sorted(rack.key for rack in self._racks.values()
+                      if rack.location == location and (rack.report is None or rack.silent))
 
     def _place_pending(self, now: float) -> None:
         """Try the Pending jobs, oldest first, if capacity grew since the last try."""

@@ -476,3 +476,20 @@ def test_list_jobs_filters_by_team_oldest_first():
     third = world.create(container(team="team-a")).id
     assert [j.id for j in world.orch.list_jobs()] == [first, second, third]
     assert [j.id for j in world.orch.list_jobs("team-a")] == [first, third]
+
+
+def test_a_job_waits_pending_for_a_rack_that_has_not_reported_instead_of_failing():
+    world = World(register=False)
+    world.orch.register_rack(RACK, "default", world.now, name="rack-1")
+    job = world.create(container(gpus=2))
+    assert job.status is JobStatus.PENDING
+    assert "has not" not in job.reason and "report its capacity" in job.reason
+    assert world.orch.outbox() == []
+    world.hear()  # its first capacity report arrives
+    assert world.status(job.id) is JobStatus.STARTING
+    assert [o.op.kind for o in world.orch.outbox()] == ["create_replica"]
+
+
+def test_a_job_too_big_for_every_reported_rack_still_fails_at_once():
+    world = World(nodes=(8,))
+    assert world.create(container(gpus=9)).status is JobStatus.FAILED
