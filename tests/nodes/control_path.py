@@ -22,19 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+
+from nodes.model import JobSpec
 from nodes.ork.service import (
     CREATE_JOB,
     DELETE_JOB,
     GET_JOB,
+    LIST_RACKS,
     PROTOCOL,
     REGISTER_RACK,
     CreateJob,
+    Empty,
     JobRef,
     RegisterRack,
 )
 from nodes.ork.views import JobView
-
-from nodes.model import JobSpec
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, parse_public_key
 from p2p.rpc import RpcClient, RpcError
@@ -142,6 +144,14 @@ class ControlPath:
                 await trio.sleep(0.1)
         raise AssertionError(f"job {job_id} never got there; last seen {job!r}")
 
+    async def wait_rack_reported(self, limit_s: float = 20.0) -> None:
+        with trio.fail_after(limit_s):
+            while True:
+                racks = (await self.call(LIST_RACKS, Empty())).racks
+                if racks and all(rack.reported and not rack.silent for rack in racks):
+                    return
+                await trio.sleep(0.05)
+
     def vmi_folders(self) -> list[Path]:
         root = self.worker_storage / "vmis"
         return sorted(path for path in root.iterdir() if path.is_dir()) if root.exists() else []
@@ -192,6 +202,7 @@ async def control_path(root: Path) -> AsyncIterator[ControlPath]:
             await path.start_worker()
             await path.call(REGISTER_RACK, RegisterRack(rack=path.worker_key,
                                                         location="default"))
+            await path.wait_rack_reported()
             yield path
             nursery.cancel_scope.cancel()
     finally:
