@@ -127,7 +127,8 @@ class FakeRegistry:
 
 
 class Harness:
-    def __init__(self, store: WorkerStore, backend: FakeBackend | None = None) -> None:
+    def __init__(self, store: WorkerStore, backend: FakeBackend | None = None,
+                 relays: tuple[str, ...] = ("cc" * 32,)) -> None:
         self.store = store
         self.backend = backend or FakeBackend()
         self.registry = FakeRegistry()
@@ -135,7 +136,7 @@ class Harness:
         self.worker = Worker(store=store, backend=self.backend, registry=self.registry,
                              agent_events=self.registry.receive,
                              publish=self.publish,
-                             runtime=WorkerRuntime(worker_key=WORKER_KEY, relays=("cc" * 32,),
+                             runtime=WorkerRuntime(worker_key=WORKER_KEY, relays=relays,
                                                    report_interval_s=60))
 
     async def publish(self, key: str, payload: bytes) -> int:
@@ -268,4 +269,32 @@ async def test_a_worker_restarted_mid_operation_finishes_it(tmp_path, thread_clo
             assert set(backend.adopted) == set(NAMES)
         await second.registry.ready(*NAMES)
         await wait_until(lambda: second.states()[-1:] == [ReplicaState.ACTIVE])
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_keys_are_fixed_when_a_job_is_created_and_new_ones_go_to_new_jobs(
+        tmp_path, thread_clock):
+    """seeds/relay.txt: existing jobs don't receive a relay key given after they were made."""
+    path = tmp_path / "worker.sqlite"
+    backend = FakeBackend()
+    old_relay, new_relay = "cc" * 32, "dd" * 32
+    first = Harness(WorkerStore.open(path), backend, relays=(old_relay,))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.worker.run)
+        await first.worker.apply(create())
+        await wait_until(lambda: len(backend.vmis) == 2)
+        nursery.cancel_scope.cancel()
+    first.store.close()
+    # The operator applies a config with another relay and restarts the worker.
+    second = Harness(WorkerStore.open(path), backend, relays=(new_relay,))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(second.worker.run)
+        await second.worker.apply(RestartReplica(op_id="op-r", job_id="j-1", replica=0,
+                                                 generation=1))
+        await wait_until(lambda: backend.calls[-1] == ("restart", "j-1", 1))
+        assert second.registry.expected[NAMES[0]].agent.relays == (old_relay,)
+        await second.worker.apply(CreateReplica(op_id="op-c2", job_id="j-2", replica=0,
+                                                spec=SPEC, placement=TWO_NODES))
+        await wait_until(lambda: "cac-2-r0-n0" in second.registry.expected)
+        assert second.registry.expected["cac-2-r0-n0"].agent.relays == (new_relay,)
         nursery.cancel_scope.cancel()
