@@ -18,12 +18,12 @@ import logging
 from pathlib import Path
 
 import trio
-from p2p.log import FsyncPolicy
-from p2p.queue import DurableQueue, QueueConfig, QueueService
 
 from nodes.control import BadMessage, decode_operation
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import format_key, load_or_create_keypair
+from p2p.log import FsyncPolicy
+from p2p.queue import DurableQueue, QueueConfig, QueueService
 from p2p.swarm import Swarm, SwarmConfig, stay_connected
 
 from .agents import AgentEvent, AgentRegistry

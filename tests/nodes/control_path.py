@@ -66,13 +66,53 @@ def inference(name: str = "chat", replicas: int = 1, gpus: int = 1) -> JobSpec:
 class ControlPath:
     root: Path
     nursery: trio.Nursery
-    client: RpcClient
-    ork_key: str
-    ork_address: str
+    client_key: KeyPair
+    ork_port: int
     worker_port: int
+    client: RpcClient | None = None
+    ork_key: str = ""
+    ork: trio.Process | None = None
     worker_key: str = ""
     worker: trio.Process | None = None
     processes: list[trio.Process] = field(default_factory=list)
+    _client_scope: trio.CancelScope | None = None
+
+    @property
+    def ork_address(self) -> str:
+        return f"127.0.0.1:{self.ork_port}"
+
+    async def start_ork(self) -> trio.Process:
+        """Start wrk-ork (same port and storage every time) and connect as app-node."""
+        config = self.root / "ork.json"
+        config.write_text(json.dumps({
+            "storage": str(self.root / "ork"), "host": "127.0.0.1", "port": self.ork_port,
+            "clients": [self.client_key.hex], "tick_interval_s": 0.2,
+            "unknown_after_s": 5.0, "fsync": False, "log_format": "json"}))
+        proc = await self._spawn("run", "wrk-ork", "--config", str(config))
+        match = await read_until(proc.stdout, ORK_READY)
+        self.ork_key, self.ork = match[1], proc
+        connection = await dial_tcp("127.0.0.1", self.ork_port, self.client_key,
+                                    parse_public_key(self.ork_key))
+        self._client_scope = scope = trio.CancelScope()
+
+        async def hold(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                async with trio.open_nursery() as inner:
+                    await inner.start(connection.run)
+                    channel = await connection.open_channel(PROTOCOL)
+                    self.client = RpcClient(channel, name="test-app-node")
+                    await inner.start(self.client.run)
+                    task_status.started()
+
+        await self.nursery.start(hold)
+        return proc
+
+    async def kill_ork(self) -> None:
+        assert self.ork is not None and self._client_scope is not None
+        self._client_scope.cancel()
+        self.ork.kill()
+        await self.ork.wait()
+        self.ork = self.client = None
 
     @property
     def worker_storage(self) -> Path:
@@ -116,6 +156,7 @@ class ControlPath:
         return proc
 
     async def call(self, method, params, timeout_s: float = 10.0):
+        assert self.client is not None, "wrk-ork is not running"
         return await self.client.call(method, params, timeout_s=timeout_s)
 
     async def create(self, spec: JobSpec) -> JobView:
@@ -174,31 +215,11 @@ def status(name: str) -> Callable[[JobView | None], bool]:
 @asynccontextmanager
 async def control_path(root: Path) -> AsyncIterator[ControlPath]:
     """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered."""
-    client_key = KeyPair.generate()
-    ork_config = root / "ork.json"
-    ork_config.write_text(json.dumps({
-        "storage": str(root / "ork"), "host": "127.0.0.1", "port": 0,
-        "clients": [client_key.hex], "tick_interval_s": 0.2, "unknown_after_s": 5.0,
-        "fsync": False, "log_format": "json"}))
-    processes: list[trio.Process] = []
     path = None
     try:
         async with trio.open_nursery() as nursery:
-            ork_log = (root / "ork.log").open("wb")
-            ork = await trio.lowlevel.open_process(
-                [*COSMICAC, "run", "wrk-ork", "--config", str(ork_config)],
-                stdout=subprocess.PIPE, stderr=ork_log)
-            processes.append(ork)
-            match = await read_until(ork.stdout, ORK_READY)
-            ork_key, address = match[1], (match[2], int(match[3]))
-            connection = await dial_tcp(address[0], address[1], client_key,
-                                        parse_public_key(ork_key))
-            await nursery.start(connection.run)
-            channel = await connection.open_channel(PROTOCOL)
-            client = RpcClient(channel, name="test-app-node")
-            await nursery.start(client.run)
-            path = ControlPath(root, nursery, client, ork_key, f"{address[0]}:{address[1]}",
-                               free_port(), processes=processes)
+            path = ControlPath(root, nursery, KeyPair.generate(), free_port(), free_port())
+            await path.start_ork()
             await path.start_worker()
             await path.call(REGISTER_RACK, RegisterRack(rack=path.worker_key,
                                                         location="default"))
@@ -208,7 +229,7 @@ async def control_path(root: Path) -> AsyncIterator[ControlPath]:
     finally:
         if path is not None:
             path.stop_agents()
-        for proc in processes:
+        for proc in path.processes if path is not None else ():
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 import trio
+
 from nodes.ork.service import RESTART_JOB, JobRef
 
 from .control_path import container, control_path, inference, status
@@ -101,3 +102,22 @@ async def test_killing_an_agent_degrades_a_two_replica_job_and_fails_a_one_repli
             degraded = await path.wait_job(pair.id, status("degraded"))
             assert sorted(r.status.value for r in degraded.replicas) == ["active", "failed"]
             await path.wait_job(single.id, status("failed"))
+
+
+async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(tmp_path):
+    with trio.fail_after(150):
+        async with control_path(tmp_path) as path:
+            running = await path.create(container("running"))
+            await path.wait_job(running.id, status("active"))
+            fresh = await path.create(container("fresh"))
+            await path.kill_ork()  # its create may be in the outbox, the queue, or applied
+            # The worker goes on: reports made while wrk-ork is down wait in its queue.
+            await trio.sleep(1.0)
+            await path.start_ork()
+            await path.wait_job(fresh.id, status("active"))
+            assert (await path.get(running.id)).status.value == "active"
+            await path.delete(running.id)
+            await path.kill_ork()
+            await path.start_ork()
+            await path.wait_job(running.id, lambda j: j is None)
+            assert len(path.vmi_folders()) == 1
