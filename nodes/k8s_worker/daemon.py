@@ -20,6 +20,7 @@ from pathlib import Path
 import trio
 
 from nodes.control import BadMessage, decode_operation
+from nodes.metrics import Family, Snapshot, snapshot_registry
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
@@ -35,6 +36,9 @@ from .worker import Worker, WorkerRuntime
 __all__ = ["make_backend", "start_worker"]
 
 log = logging.getLogger(__name__)
+
+#: How often the metrics' snapshot is refreshed.
+METRICS_INTERVAL_S = 2.0
 
 
 def make_backend(settings: WorkerSettings, storage: Path) -> Backend:
@@ -71,7 +75,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     except OSError as exc:
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
                           f"{exc.strerror or exc}") from None
-    daemon.metrics.add(swarm.metrics.registry)
+    measured = Snapshot()
+    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: measured))
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
     if not worker_addresses and settings.backend == "local":
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
@@ -88,10 +93,34 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     await daemon.nursery.start(registry.run)
     await daemon.nursery.start(worker.run)
     daemon.nursery.start_soon(_consume, queue, worker)
+
+    async def measure() -> None:
+        nonlocal measured
+        while True:
+            measured = _snapshot(worker, queue, registry)
+            await trio.sleep(METRICS_INTERVAL_S)
+
+    daemon.nursery.start_soon(measure)
     daemon.nursery.start_soon(functools.partial(
         stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
     print(f"wrk-server-k8s-nvidia {keypair.hex} listening on {address[0]}:{address[1]} "
           f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…)", flush=True)
+
+
+def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:
+    queued = queue.statistics()
+    return Snapshot({
+        "worker_replicas": Family("Replicas by the state last reported to wrk-ork",
+                                  worker.statistics(), "state"),
+        "worker_bad_operations": Family("Queue entries that were no operation (skipped)",
+                                        worker.bad_operations, counter=True),
+        "worker_agents": Family("Agents expected (one per VMI)", len(registry.table)),
+        "worker_queue_unacked": Family("Reports wrk-ork has not applied yet", queued.pending),
+        "worker_queue_applied": Family("Operations applied (queue position acked)",
+                                       queued.acked),
+        "worker_queue_connected": Family("1 while the queue replicates with wrk-ork",
+                                         float(queued.connected)),
+    })
 
 
 async def _consume(queue: DurableQueue, worker: Worker) -> None:

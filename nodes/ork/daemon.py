@@ -19,6 +19,7 @@ import time
 
 import trio
 
+from nodes.metrics import snapshot_registry
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import load_or_create_keypair
 from p2p.queue import QueueService
@@ -74,7 +75,7 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
     except OSError as exc:
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
                           f"{exc.strerror or exc}") from None
-    daemon.metrics.add(swarm.metrics.registry)
+    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: driver.snapshot))
     await daemon.nursery.start(driver.run)
     print(f"wrk-ork {keypair.hex} listening on {address[0]}:{address[1]} "
           f"({len(orchestrator.racks())} racks)", flush=True)

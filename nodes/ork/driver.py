@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import trio
 
 from nodes.control import BadMessage, decode_report, encode
+from nodes.metrics import Family, Snapshot
 from p2p.keys import KeyPair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
@@ -63,6 +64,8 @@ class OrkDriver:
         self._open: dict[str, tuple[DurableQueue, trio.CancelScope]] = {}
         self._changed = trio.Event()
         self._pump = pump
+        #: What the metrics show; refreshed on every tick.
+        self.snapshot = Snapshot()
         self._nursery: trio.Nursery | None = None
         self.bad_reports = 0
 
@@ -161,6 +164,34 @@ class OrkDriver:
         while True:
             await trio.sleep(self._tick_interval_s)
             await self.call(self.orchestrator.tick, self.now())
+            self.snapshot = await trio.to_thread.run_sync(self._measure, limiter=self.limiter)
 
-    def statistics(self) -> dict[str, int]:
-        return {"racks_open": len(self._open), "bad_reports": self.bad_reports}
+    def _measure(self) -> Snapshot:
+        """The metrics' snapshot (in the orchestrator's thread, under the limiter)."""
+        orch = self.orchestrator
+        stats = orch.statistics()
+        racks = orch.racks()
+        queues = {rack: queue.statistics() for rack, (queue, _) in self._open.items()}
+        rack_states = {"reported": 0, "silent": 0, "waiting": 0}
+        for info in racks:
+            state = "silent" if info.silent else "reported" if info.reported else "waiting"
+            rack_states[state] += 1
+        return Snapshot({
+            "ork_jobs": Family("Jobs by status", orch.status_counts(), "status"),
+            "ork_outbox": Family("Operations recorded, not yet on a rack's queue",
+                                 stats.outbox),
+            "ork_reports": Family("Worker reports read, by what became of them", {
+                "applied": stats.reports_applied, "unknown": stats.reports_unknown,
+                "stale": stats.reports_stale, "refused": stats.reports_refused,
+                "undecodable": self.bad_reports}, "outcome", counter=True),
+            "ork_unexpected_transitions": Family(
+                "Job status changes missing from the transition table (a bug: stays 0)",
+                stats.unexpected_transitions, counter=True),
+            "ork_racks": Family("Registered racks by state", rack_states, "state"),
+            "ork_queue_unacked": Family("Operations a rack's worker has not applied yet",
+                                        {rack[:16]: q.pending for rack, q in queues.items()},
+                                        "rack"),
+            "ork_queue_connected": Family("1 while a rack's queue replicates",
+                                          {rack[:16]: float(q.connected)
+                                           for rack, q in queues.items()}, "rack"),
+        })

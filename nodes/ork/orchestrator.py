@@ -286,6 +286,13 @@ class Orchestrator(JobBook):
             op_id=op_id(job.id, replica.index, "delete", replica.generation),
             job_id=job.id, replica=replica.index))
 
+    def status_counts(self) -> dict[str, int]:
+        """Jobs per status (for the daemon's metrics)."""
+        counts: dict[str, int] = {}
+        for job in self._jobs.values():
+            counts[job.status.value] = counts.get(job.status.value, 0) + 1
+        return counts
+
     def get_job(self, job_id: str) -> JobView:
         """Raises: NotFound: no such job."""
         return self._view(self._job(job_id))
