@@ -23,7 +23,6 @@ import trio.testing
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from crdt import _records as crdt_records
 from crdt._entries import Entry, decode_entry
 from crdt._errors import BadEntry
 from crdt._messages import (
@@ -44,6 +43,7 @@ from p2p.dht._records import PeerRecord, sign_record, verify_record, verify_unan
 from p2p.diagnostics import IdentifyParams, Identity, PingPayload
 from p2p.errors import RemoteProtocolError
 from p2p.keys import KeyPair
+from p2p.log import _records as log_records
 from p2p.mux._errors import MuxProtocolError
 from p2p.mux._frames import FrameDecoder, Open, encode_frame
 from p2p.noise import NEED_DATA, Handshake, Transport
@@ -621,7 +621,7 @@ def test_crdt_decode_entry_mutations_raise_only_bad_entry(flips, cut):
         pass
 
 
-#: What crdt/_records.py's scanner catches around its body decoders.
+#: What p2p/log/_records.py's scanner catches around its body decoders.
 RECORD_BODY_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 
 
@@ -631,7 +631,7 @@ RECORD_BODY_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 @example(body=packed("ab"))
 @example(body=packed(5))
 def test_crdt_log_record_bodies_raise_only_what_the_scanner_catches(body):
-    for decoder in (crdt_records._decode_entry, crdt_records._decode_head):
+    for decoder in (log_records._decode_entry, log_records._decode_head):
         try:
             decoder(body)
         except RECORD_BODY_ERRORS:
@@ -641,7 +641,7 @@ def test_crdt_log_record_bodies_raise_only_what_the_scanner_catches(body):
 @FUZZ
 @given(data=st.binary(max_size=200), pos=st.integers(0, 220))
 def test_crdt_log_record_framing_never_raises(data, pos):
-    result = crdt_records._read_record(data, min(pos, len(data)))
+    result = log_records._read_record(data, min(pos, len(data)))
     assert isinstance(result, tuple)
 
 
