@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nodes.model import JobType, KeyHex, Runtime
+from nodes.model import JobType, KeyHex, Runtime, first_error
 
 __all__ = ["AGENT_CONFIG_PATH", "AgentConfig", "AgentConfigError", "load_agent_config"]
 
@@ -97,6 +97,4 @@ def load_agent_config(path: str | Path) -> AgentConfig:
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "config"
-        raise AgentConfigError(f"agent config {path}: {where}: {first['msg']}") from None
+        raise AgentConfigError(f"agent config {path}: {first_error(exc, 'config')}") from None

@@ -31,7 +31,7 @@ from typing import Annotated, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .model import JobSpec, RackReport, ReplicaPlacement, ReplicaState
+from .model import JobSpec, RackReport, ReplicaPlacement, ReplicaState, first_error
 
 __all__ = [
     "BadMessage",
@@ -140,9 +140,7 @@ def _decode(adapter: TypeAdapter, payload: bytes, side: str):
     try:
         return adapter.validate_python(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "message"
-        raise BadMessage(f"bad {side}: {where}: {first['msg']}") from None
+        raise BadMessage(f"bad {side}: {first_error(exc, 'message')}") from None
 
 
 def decode_operation(payload: bytes) -> CreateReplica | RestartReplica | DeleteReplica:

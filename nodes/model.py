@@ -21,7 +21,14 @@ import enum
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 __all__ = [
     "IMAGE_PATTERN",
@@ -38,6 +45,7 @@ __all__ = [
     "ReplicaState",
     "Runtime",
     "api_status",
+    "first_error",
 ]
 
 #: A replica of more GPUs than this is a typo, not a request: 8 nodes of 8.
@@ -226,6 +234,16 @@ class JobStatus(enum.StrEnum):
     UNKNOWN = "unknown"
     #: A delete was asked for and is being carried out.
     DELETING = "deleting"
+
+
+def first_error(exc: ValidationError, whole: str) -> str:
+    """``field.path: what is wrong`` of a validation error's first problem, one line.
+
+    ``whole`` names the thing when the problem is not one field's.
+    """
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or whole
+    return f"{where}: {first['msg']}"
 
 
 def api_status(status: JobStatus) -> str:

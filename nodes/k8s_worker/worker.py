@@ -288,17 +288,24 @@ class Worker:
 
     # -- events ----------------------------------------------------------------
 
+    def _current(self, name: str, generation: int | None) -> tuple[_Replica, int] | None:
+        """The replica and node rank of VMI ``name``, unless it is unknown or the
+        event is about an older generation (the VMI a restart replaced)."""
+        found = self._by_vmi.get(name)
+        if found is None:
+            return None
+        key, rank = found
+        state = self._replicas.get(key)
+        if state is None or (generation is not None and generation < state.record.generation):
+            return None
+        return state, rank
+
     async def _backend_events(self, receive: trio.MemoryReceiveChannel[VmiEvent]) -> None:
         async for event in receive:
-            found = self._by_vmi.get(event.name)
+            found = self._current(event.name, event.generation)
             if found is None:
                 continue
-            key, rank = found
-            state = self._replicas.get(key)
-            if state is None:
-                continue
-            if event.generation is not None and event.generation < state.record.generation:
-                continue  # the VMI a restart replaced
+            state, rank = found
             if state.restarting and event.phase in (VmiPhase.GONE, VmiPhase.FAILED,
                                                     VmiPhase.SUCCEEDED):
                 continue  # the restart is stopping it on purpose
@@ -310,16 +317,10 @@ class Worker:
 
     async def _follow_agents(self) -> None:
         async for event in self._agent_events:
-            found = self._by_vmi.get(event.vmi_name)
+            found = self._current(event.vmi_name, getattr(event, "generation", None))
             if found is None:
                 continue
-            key, rank = found
-            state = self._replicas.get(key)
-            if state is None:
-                continue
-            generation = getattr(event, "generation", None)
-            if generation is not None and generation < state.record.generation:
-                continue
+            state, rank = found
             status = _AGENT_STATUS.get(str(event.kind))
             if status is None:
                 continue
