@@ -121,3 +121,15 @@ async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(t
             await path.start_ork()
             await path.wait_job(running.id, lambda j: j is None)
             assert len(path.vmi_folders()) == 1
+
+
+async def test_a_silent_worker_makes_its_jobs_unknown_until_it_reports_again(tmp_path):
+    with trio.fail_after(120):
+        async with control_path(tmp_path) as path:
+            job = await path.create(container("watched"))
+            await path.wait_job(job.id, status("active"))
+            await path.kill_worker()  # wrk-ork's unknown_after_s is 5 s here
+            unknown = await path.wait_job(job.id, status("unknown"), limit_s=20)
+            assert "no report" in unknown.reason
+            await path.start_worker()  # the agent kept running, as a VMI would
+            await path.wait_job(job.id, status("active"), limit_s=30)
