@@ -13,12 +13,14 @@ Each end owns a directory::
 
 A position is a log length: the entry at index i has position i + 1, so 0
 means "nothing". Publishing appends to out.log and returns once the append is
-durable; many publishers share one append and one fsync (group commit: the
-first publisher finding no append under way does it for everyone queued, so
-no background task is needed). Replication (see :mod:`._service`) pushes
-out.log to the peer as it grows, and the peer's consumer cursor comes back as
-STATUS messages: an ack is a position, not an entry, so acking costs no signed
-append and the logs hold only operations.
+durable; many publishers share one append and one fsync (group commit: a
+publish that finds no append under way signs everything queued as one batch
+and hands it to the queue's writer thread; when the thread reports it
+durable, everything queued meanwhile goes the same way at once).
+Replication (see :mod:`._service`) pushes out.log to the peer as it grows,
+and the peer's consumer cursor comes back as STATUS messages: an ack is a
+position, not an entry, so acking costs no signed append and the logs hold
+only operations.
 
 Durability: a publish returns once its entry is fsynced in out.log, and
 the sender sends only what is durable (a publisher that crashed after
@@ -32,9 +34,12 @@ again: at-least-once holds, and every redelivered entry was applied at most
 since the last durable ack. It saves an fsync on the path from publish to
 applied.
 
-Blocking file I/O runs in ``trio.to_thread``; each file has a trio lock so
-one thread at a time touches it (the cursor flush's ``fdatasync`` of in.log
-may run beside an append to it, which the kernel orders).
+Blocking file I/O: out.log only on its writer thread (:mod:`._writer`;
+appends and the sender's reads from disk, in order); in.log and the cursor in
+``trio.to_thread`` under a trio lock per file, except that a small run of the
+peer's entries is verified and written (no fsync) on the trio thread (see
+:meth:`DurableQueue.ingest`). The cursor flush's ``fdatasync`` of in.log may
+run beside an append to it, which the kernel orders.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ log = logging.getLogger(__name__)
 #: Runs of the peer's entries up to this long are verified and stored on the
 #: trio thread (see DurableQueue.ingest).
 _INLINE_ENTRIES = 256
+_INLINE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +315,10 @@ class DurableQueue:
         return position
 
     async def _wait_published(self, position: int) -> None:
-        """Sleep until :meth:`_wake_publishers` wakes us: when ``position`` is
-        durable, or its append failed, or the queue closes.
-
-        Not a ParkingLot: it wakes every publisher at each append, and those
-        whose entries are not in it (about half, at a steady rate) park again;
-        here an append wakes exactly its own publishers.
-        """
+        """Sleep until ``position`` is durable, its append failed or the queue
+        closes. Not a ParkingLot: an append would wake every publisher and
+        those not in it (about half, at a steady rate) park again; here it
+        wakes exactly its own (they wait in position order)."""
         waiter = (position, trio.lowlevel.current_task())
         self._waiters.append(waiter)
 
@@ -333,20 +336,14 @@ class DurableQueue:
             trio.lowlevel.reschedule(waiters.popleft()[1])
 
     def _kick(self) -> None:
-        """Hand what is queued (bounded by the batch limits) to the writer
-        thread as one batch, unless a batch is being written: then
-        :meth:`_written` hands over the next one the moment that one is durable.
-
-        One batch at a time: preparing the next batch while one is written
-        (pipelining) was slower in the benchmark (smaller batches, and the
-        writer thread going straight from one fsync into the next write takes
-        the GIL from the trio thread more often).
-
-        Encoding, chaining and signing (~0.1-0.3 ms) run here, on the trio
-        thread: the writer thread needs the GIL only to return from the write
-        and the fsync, instead of throughout (each wait for it can last up to
-        the interpreter's switch interval while this thread is busy).
-        """
+        """Hand what is queued (up to the batch limits) to the writer thread as
+        one batch, unless one is being written: :meth:`_written` then hands
+        over the next the moment that one is durable. (Two at a time, the next
+        signed while one is written, measured slower: smaller batches, more
+        GIL hand-offs.) Encoding, chaining and signing run here, on the trio
+        thread, so the writer thread needs the GIL only to return from the
+        write and the fsync (each wait for it can last up to the switch
+        interval while this thread is busy)."""
         if self._in_flight or self.closed or not self._queued:
             return
         batch, size = [], 0
@@ -458,13 +455,12 @@ class DurableQueue:
         """
         self._check_open()
         try:
-            # A small run (what a publisher's batch is at any rate it keeps
-            # up with) is verified and written right here: the signature
-            # check is ~0.1 ms, the write goes to the page cache (in.log is
-            # fsynced with the cursor, not here), and a hop to a worker
-            # thread and back would cost more than both. Big runs (a
-            # consumer catching up) go to a thread.
-            if len(entries) <= _INLINE_ENTRIES and self._in_lock.locked() is False:
+            # A small run (a publisher's batch at a rate it keeps up with) is
+            # verified and written (to the page cache: in.log is fsynced with
+            # the cursor) right here: a hop to a thread and back costs more.
+            # Big runs (a consumer catching up) go to a thread.
+            if (len(entries) <= _INLINE_ENTRIES and not self._in_lock.locked()
+                    and sum(map(len, entries)) <= _INLINE_BYTES):
                 self._in_lock.acquire_nowait()
                 try:
                     start = self._in.length
