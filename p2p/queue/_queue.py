@@ -241,13 +241,13 @@ class DurableQueue:
         self.closed = True
         for scope, _ in list(self._channels.values()):
             scope.cancel()
-        self._wake_all()
         with trio.CancelScope(shield=True):
-            for _, done in list(self._channels.values()):
-                await done.wait()
             while self._in_flight:  # its publishers get their positions
                 self._idle_event = trio.Event()
                 await self._idle_event.wait()
+            self._wake_all()
+            for _, done in list(self._channels.values()):
+                await done.wait()
             await self._writer.aclose()
             async with self._in_lock, self._ack_lock:
                 self._out.close()
