@@ -13,12 +13,14 @@ Each end owns a directory::
 
 A position is a log length: the entry at index i has position i + 1, so 0
 means "nothing". Publishing appends to out.log and returns once the append is
-durable; many publishers share one append and one fsync (group commit: the
-first publisher finding no append under way does it for everyone queued, so
-no background task is needed). Replication (see :mod:`._service`) pushes
-out.log to the peer as it grows, and the peer's consumer cursor comes back as
-STATUS messages: an ack is a position, not an entry, so acking costs no signed
-append and the logs hold only operations.
+durable; many publishers share one append and one fsync (group commit: a
+publish that finds no append under way signs everything queued as one batch
+and hands it to the queue's writer thread; when the thread reports it
+durable, everything queued meanwhile goes the same way at once).
+Replication (see :mod:`._service`) pushes out.log to the peer as it grows,
+and the peer's consumer cursor comes back as STATUS messages: an ack is a
+position, not an entry, so acking costs no signed append and the logs hold
+only operations.
 
 Durability: a publish returns once its entry is fsynced in out.log, and
 the sender sends only what is durable (a publisher that crashed after
@@ -32,9 +34,12 @@ again: at-least-once holds, and every redelivered entry was applied at most
 since the last durable ack. It saves an fsync on the path from publish to
 applied.
 
-Blocking file I/O runs in ``trio.to_thread``; each file has a trio lock so
-one thread at a time touches it (the cursor flush's ``fdatasync`` of in.log
-may run beside an append to it, which the kernel orders).
+Blocking file I/O: out.log only on its writer thread (:mod:`._writer`;
+appends and the sender's reads from disk, in order); in.log and the cursor in
+``trio.to_thread`` under a trio lock per file, except that a small run of the
+peer's entries is verified and written (no fsync) on the trio thread (see
+:meth:`DurableQueue.ingest`). The cursor flush's ``fdatasync`` of in.log may
+run beside an append to it, which the kernel orders.
 """
 
 from __future__ import annotations
@@ -42,16 +47,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import outcome
 import trio
 
 from p2p.keys import KeyPair, format_key
-from p2p.log import FsyncPolicy, Head, InvalidBatch, WriterLog
+from p2p.log import FsyncPolicy, Head, InvalidBatch, PreparedBatch, WriterLog
 
 from ._config import QueueConfig
 from ._cursor import PositionFile
@@ -64,10 +71,16 @@ from ._errors import (
     QueueInUse,
 )
 from ._messages import decode_entry, encode_entry, head_namespace
+from ._writer import FileThread
 
 __all__ = ["Delivery", "DurableQueue", "QueueStatistics"]
 
 log = logging.getLogger(__name__)
+
+#: Runs of the peer's entries up to this long are verified and stored on the
+#: trio thread (see DurableQueue.ingest).
+_INLINE_ENTRIES = 256
+_INLINE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +134,14 @@ class DurableQueue:
         self._peer_acked_file = peer_acked
         self.closed = False
         # publishing (group commit)
-        self._out_lock = trio.Lock()
+        self._writer = FileThread(f"queue-out-{format_key(peer)[:12]}")
+        self._idle_event = trio.Event()  # set after every batch written
         self._queued: list[bytes] = []
         self._assigned = out.length
         self._published = out.length
-        self._committing = False
-        self._commit_lot = trio.lowlevel.ParkingLot()
+        self._in_flight = False  # a batch is with the writer thread
+        # publishers waiting for their batch, in position order: (position, task)
+        self._waiters: collections.deque[tuple[int, trio.lowlevel.Task]] = collections.deque()
         self._room_lot = trio.lowlevel.ParkingLot()
         self._generation = 0
         self._failures: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
@@ -226,11 +241,15 @@ class DurableQueue:
         self.closed = True
         for scope, _ in list(self._channels.values()):
             scope.cancel()
-        self._wake_all()
         with trio.CancelScope(shield=True):
+            while self._in_flight:  # its publishers get their positions
+                self._idle_event = trio.Event()
+                await self._idle_event.wait()
+            self._wake_all()
             for _, done in list(self._channels.values()):
                 await done.wait()
-            async with self._out_lock, self._in_lock, self._ack_lock:
+            await self._writer.aclose()
+            async with self._in_lock, self._ack_lock:
                 self._out.close()
                 self._in.close()
                 self._cursor.close()
@@ -238,7 +257,7 @@ class DurableQueue:
                 os.close(self._lock_fd)
 
     def _wake_all(self) -> None:
-        self._commit_lot.unpark_all()
+        self._wake_publishers(None)
         self._room_lot.unpark_all()
         self._ack_lot.unpark_all()
         self._out_grew = _event_set_and_renew(self._out_grew)
@@ -286,62 +305,95 @@ class DurableQueue:
         position = self._assigned
         generation = self._generation
         self._queued.append(entry)
+        self._kick()
         while self._published < position:
             if generation != self._generation:
                 raise PublishFailed("the append carrying this publish failed") \
                     from self._failures.get(generation)
             self._check_open()
-            if self._committing:
-                await self._commit_lot.park()
-            else:
-                await self._commit()
+            await self._wait_published(position)
         return position
 
-    async def _commit(self) -> None:
-        """Append what is queued (bounded by the batch limits) as one batch: we lead."""
-        self._committing = True
+    async def _wait_published(self, position: int) -> None:
+        """Sleep until ``position`` is durable, its append failed or the queue
+        closes. Not a ParkingLot: an append would wake every publisher and
+        those not in it (about half, at a steady rate) park again; here it
+        wakes exactly its own (they wait in position order)."""
+        waiter = (position, trio.lowlevel.current_task())
+        self._waiters.append(waiter)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _wake_publishers(self, published: int | None) -> None:
+        """Wake the publishers of positions up to ``published`` (None: all of them)."""
+        waiters = self._waiters
+        while waiters and (published is None or waiters[0][0] <= published):
+            trio.lowlevel.reschedule(waiters.popleft()[1])
+
+    def _kick(self) -> None:
+        """Hand what is queued (up to the batch limits) to the writer thread as
+        one batch, unless one is being written: :meth:`_written` then hands
+        over the next the moment that one is durable. (Two at a time, the next
+        signed while one is written, measured slower: smaller batches, more
+        GIL hand-offs.) Encoding, chaining and signing run here, on the trio
+        thread, so the writer thread needs the GIL only to return from the
+        write and the fsync (each wait for it can last up to the switch
+        interval while this thread is busy)."""
+        if self._in_flight or self.closed or not self._queued:
+            return
+        batch, size = [], 0
+        for entry in self._queued:
+            if batch and (len(batch) >= self.config.max_batch_entries
+                          or size + len(entry) > self.config.max_batch_bytes):
+                break
+            batch.append(entry)
+            size += len(entry)
         try:
-            async with self._out_lock:
-                if self.closed or not self._queued:
-                    return
-                batch, size = [], 0
-                for entry in self._queued:
-                    if batch and (len(batch) >= self.config.max_batch_entries
-                                  or size + len(entry) > self.config.max_batch_bytes):
-                        break
-                    batch.append(entry)
-                    size += len(entry)
-                try:
-                    # Encoding, chaining and signing (~0.1-0.3 ms) here on the
-                    # trio thread; only the write and fsync go to a worker
-                    # thread, which then needs the GIL once more at the end
-                    # instead of throughout (each wait for it can last up to
-                    # the interpreter's 5 ms switch interval while this thread
-                    # is busy).
-                    prepared = self._out.prepare_batch(batch)
-                    await trio.to_thread.run_sync(self._out.write_prepared, prepared)
-                    head = prepared.head
-                    assert head is not None
-                except Exception as exc:
-                    log.error("queue.append_failed peer=%s entries=%d error=%r",
-                              format_key(self.peer)[:12], len(self._queued), exc)
-                    self._failures[self._generation] = exc
-                    while len(self._failures) > 16:
-                        self._failures.popitem(last=False)
-                    self._generation += 1
-                    self._queued.clear()
-                    self._assigned = self._published
-                    self._room_lot.unpark_all()
-                    return
-                del self._queued[:len(batch)]
-                self._room_lot.unpark(count=len(batch))
-                start = self._published
-                self._published = head.length
-                self._cache_out(start, batch, head, size)
-                self._out_grew = _event_set_and_renew(self._out_grew)
+            prepared = self._out.prepare_batch(batch)
+        except Exception as exc:
+            self._append_failed(exc)
+            return
+        self._in_flight = True
+        self._writer.call_soon(functools.partial(self._out.write_prepared, prepared),
+                               functools.partial(self._written, batch, size, prepared))
+
+    def _written(self, batch: list[bytes], size: int, prepared: PreparedBatch,
+                 result: outcome.Outcome) -> None:
+        """The writer thread wrote (or failed to write) ``batch``: on the trio thread."""
+        self._in_flight = False
+        try:
+            if isinstance(result, outcome.Error):
+                self._append_failed(result.error)
+                return
+            head = prepared.head
+            assert head is not None
+            del self._queued[:len(batch)]
+            self._room_lot.unpark(count=len(batch))
+            start = self._published
+            self._published = head.length
+            self._cache_out(start, batch, head, size)
+            self._out_grew = _event_set_and_renew(self._out_grew)
         finally:
-            self._committing = False
-            self._commit_lot.unpark_all()
+            self._wake_publishers(self._published)
+            self._idle_event.set()
+            self._kick()
+
+    def _append_failed(self, exc: BaseException) -> None:
+        log.error("queue.append_failed peer=%s entries=%d error=%r",
+                  format_key(self.peer)[:12], len(self._queued), exc)
+        self._failures[self._generation] = exc
+        while len(self._failures) > 16:
+            self._failures.popitem(last=False)
+        self._generation += 1
+        self._queued.clear()
+        self._assigned = self._published
+        self._room_lot.unpark_all()
+        self._wake_publishers(None)
 
     def _cache_out(self, start: int, batch: list[bytes], head: Head, size: int) -> None:
         self._out_cache[start] = (batch, head)
@@ -379,9 +431,9 @@ class DurableQueue:
                 cached = self._out_cache.get(head.length)
             if head is not None:
                 return entries, head
-        async with self._out_lock:
-            self._check_open()
-            return await trio.to_thread.run_sync(self._out.segment, start, max_bytes)
+        self._check_open()
+        # On the writer thread: the log is never read while it is written.
+        return await self._writer.run(functools.partial(self._out.segment, start, max_bytes))
 
     def peer_status(self, have: int, acked: int) -> None:
         """The peer says it stores ``have`` of our entries and acked ``acked``."""
@@ -401,13 +453,28 @@ class DurableQueue:
         Raises:
             BadQueueMessage: the chain or signature does not verify (nothing stored).
         """
-        async with self._in_lock:
-            self._check_open()
-            start = self._in.length
-            try:
-                length = await trio.to_thread.run_sync(self._in.append_verified, entries, head)
-            except InvalidBatch as exc:
-                raise BadQueueMessage(f"entries refused: {exc.message}", code=exc.code) from None
+        self._check_open()
+        try:
+            # A small run (a publisher's batch at a rate it keeps up with) is
+            # verified and written (to the page cache: in.log is fsynced with
+            # the cursor) right here: a hop to a thread and back costs more.
+            # Big runs (a consumer catching up) go to a thread.
+            if (len(entries) <= _INLINE_ENTRIES and not self._in_lock.locked()
+                    and sum(map(len, entries)) <= _INLINE_BYTES):
+                self._in_lock.acquire_nowait()
+                try:
+                    start = self._in.length
+                    length = self._in.append_verified(entries, head)
+                finally:
+                    self._in_lock.release()
+            else:
+                async with self._in_lock:
+                    self._check_open()
+                    start = self._in.length
+                    length = await trio.to_thread.run_sync(self._in.append_verified, entries,
+                                                           head)
+        except InvalidBatch as exc:
+            raise BadQueueMessage(f"entries refused: {exc.message}", code=exc.code) from None
         size = 0
         if self._in_cache and self._in_cache_first + len(self._in_cache) != start + 1:
             self._in_cache.clear()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
+import trio.testing
 
 from p2p.keys import KeyPair
 from p2p.log import FsyncPolicy, WriterLog
@@ -240,3 +243,61 @@ async def test_a_peer_claiming_more_than_we_published_is_refused(tmp_path):
         assert queue.statistics().peer_acked == 1
     async with await DurableQueue.open(tmp_path, A, B.public_key, config=FAST) as queue:
         assert queue.statistics().pending == 0  # remembered across a restart
+
+
+async def test_close_lets_the_append_under_way_finish_and_fails_the_queued(tmp_path):
+    queue = await DurableQueue.open(tmp_path, A, B.public_key, config=FAST)
+    real = queue._out.write_prepared
+
+    def slow(batch):  # on the writer thread: the append is under way for a while
+        time.sleep(0.2)
+        return real(batch)
+
+    queue._out.write_prepared = slow
+    results = {}
+
+    async def publish(name):
+        try:
+            results[name] = await queue.publish("k", name.encode())
+        except QueueClosed as exc:
+            results[name] = exc.code
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(publish, "first")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(publish, "second")  # queued behind the append under way
+        await trio.testing.wait_all_tasks_blocked()
+        await queue.aclose()
+    assert results == {"first": 1, "second": "QUEUE_CLOSED"}
+    with WriterLog.open(tmp_path / "out.log", A.public_key, namespace=head_namespace(
+            B.public_key), read_only=True) as out:
+        assert list(out.entries()) == [encode_entry("k", b"first")]
+
+
+async def test_a_cancelled_publisher_does_not_hold_up_the_others(tmp_path):
+    async with await DurableQueue.open(tmp_path, A, B.public_key, config=FAST) as queue:
+        real = queue._out.write_prepared
+
+        def slow(batch):
+            time.sleep(0.05)
+            return real(batch)
+
+        queue._out.write_prepared = slow
+        results = {}
+
+        async def publish(name, scope=None):
+            with scope or trio.CancelScope():
+                results[name] = await queue.publish("k", name.encode())
+
+        cancelled = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(publish, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(publish, "b", cancelled)
+            nursery.start_soon(publish, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            cancelled.cancel()
+        # b was cancelled while waiting; its entry went with c's append anyway
+        # (b and c start in either order)
+        assert results.keys() == {"a", "c"} and results["a"] == 1 and results["c"] in (2, 3)
+        assert queue.statistics().published == 3
