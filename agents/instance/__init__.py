@@ -1,0 +1,25 @@
+"""agent-instance: shells for a GPU Container Job's team (the hyperswarm-ssh analogue).
+
+The agent adds a :class:`ShellService` to its swarm; ``cosmicac shell`` calls
+:func:`open_shell` on its connection to the agent. See README.md for the wire
+format of ``cosmicac-shell/1``.
+"""
+
+from ._client import ShellSession, open_shell
+from ._protocol import (
+    PROTOCOL,
+    Exit,
+    RemoteProtocolError,
+    ShellError,
+    Stderr,
+    Stdout,
+    decode_client,
+    decode_server,
+    encode,
+)
+from ._server import ShellService
+
+__all__ = [
+    "PROTOCOL", "Exit", "RemoteProtocolError", "ShellError", "ShellService", "ShellSession",
+    "Stderr", "Stdout", "decode_client", "decode_server", "encode", "open_shell",
+]

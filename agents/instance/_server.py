@@ -1,0 +1,318 @@
+"""The shell service: serves ``cosmicac-shell/1`` sessions to authorised keys.
+
+The agent of a GPU Container Job adds a :class:`ShellService` to its swarm.
+Who may open a shell is decided by the peer's Noise-proven key twice: the
+service's firewall (:meth:`ShellService.allows`) refuses an unknown key before
+the connection carries any channel, and each channel re-checks the key before
+it reads a byte, so a key allowed on the connection for another reason (the
+worker, a relay) still gets no shell.
+
+Each session is one channel and one task; its process runs in a session of its
+own (so a signal or a hang-up reaches the whole process group):
+
+* ``pty``: a real PTY (the client's TERM and window size; RESIZE sets the size
+  on the master, and the kernel sends SIGWINCH to the foreground group);
+  stdout and stderr are the terminal's one stream;
+* ``exec``: ``argv`` on three pipes, stdout and stderr kept apart.
+
+Backpressure: a pump reads the next chunk from the PTY or a pipe only after the
+channel accepted the last one, so a slow client slows the process (it blocks
+on a full terminal or pipe), and nothing piles up here.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import signal
+import struct
+import subprocess
+import termios
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from p2p.host import Service
+from p2p.mux import Channel, MuxError
+
+from ._protocol import (
+    MAX_DATA_BYTES,
+    PROTOCOL,
+    SIGNALS,
+    Error,
+    Exit,
+    Open,
+    RemoteProtocolError,
+    Resize,
+    Signal,
+    Started,
+    Stderr,
+    Stdin,
+    StdinEof,
+    Stdout,
+    decode_client,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from p2p.connection import Connection
+
+__all__ = ["ShellService"]
+
+logger = logging.getLogger("agents.instance.shell")
+
+#: After the process exits: how long output still in the PTY or pipes may take
+#: to drain (a background job holding the terminal would keep it open forever).
+_DRAIN_S = 2.0
+#: After a hang-up: how long the process group has before SIGKILL.
+_KILL_GRACE_S = 2.0
+
+
+def _set_controlling_tty() -> None:  # pragma: no cover - runs in the child
+    """In the child, after ``setsid()``: make the PTY (fd 0) its controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _exit_of(returncode: int) -> Exit:
+    return Exit(signal=-returncode) if returncode < 0 else Exit(code=returncode)
+
+
+class ShellService(Service):
+    """Shell sessions for authorised keys, on ``cosmicac-shell/1``.
+
+    Args:
+        authorized: ``authorized(public_key)``: may this key open shells (for an
+            agent: its config's ``authorized_keys``, the job's team's CLI keys).
+        peers: other keys this host must still connect with (the worker, its
+            relays); allowed on the connection, never given a shell.
+        shell: what ``pty`` mode runs without ``argv`` ($SHELL, else /bin/sh).
+        max_sessions: sessions at once; one more is refused (``busy``).
+        open_timeout_s: how long a new channel may take to send OPEN.
+        log: where session start and end go (the job's System log).
+    """
+
+    protocol = PROTOCOL
+
+    def __init__(
+        self,
+        authorized: Callable[[bytes], bool],
+        *,
+        peers: Callable[[bytes], bool] = lambda key: False,
+        shell: str | None = None,
+        max_sessions: int = 32,
+        open_timeout_s: float = 10.0,
+        log: logging.Logger = logger,
+    ) -> None:
+        self._authorized = authorized
+        self._peers = peers
+        self.shell = shell or os.environ.get("SHELL") or "/bin/sh"
+        self.max_sessions = max_sessions
+        self.open_timeout_s = open_timeout_s
+        self._log = log
+        #: Sessions running now.
+        self.sessions = 0
+
+    def allows(self, remote_public_key: bytes, how: str) -> bool:
+        return bool(self._authorized(remote_public_key) or self._peers(remote_public_key))
+
+    async def serve_channel(self, channel: Channel, connection: Connection) -> None:
+        key = connection.remote_public_key
+        label = key.hex()[:12]
+        if not self._authorized(key):
+            self._log.warning("shell.refused key=%s reason=unauthorized", label)
+            await _send_error(channel, "unauthorized", "this key may not open shells here")
+            return
+        try:
+            with trio.fail_after(self.open_timeout_s):
+                opened = decode_client(await channel.receive())
+        except (trio.TooSlowError, trio.EndOfChannel, MuxError, RemoteProtocolError) as exc:
+            await _send_error(channel, "protocol", f"expected OPEN first ({type(exc).__name__})")
+            return
+        if not isinstance(opened, Open):
+            await _send_error(channel, "protocol", "the first frame must be OPEN")
+            return
+        if self.sessions >= self.max_sessions:
+            await _send_error(channel, "busy", f"{self.max_sessions} sessions already")
+            return
+        self.sessions += 1
+        try:
+            await _Session(self, channel, opened, label).run()
+        finally:
+            self.sessions -= 1
+
+
+async def _send_error(channel: Channel, code: str, message: str) -> None:
+    try:
+        with trio.move_on_after(5):
+            await channel.send(encode(Error(code, message)))
+    except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+class _Session:
+    """One running session: its process, its pumps and the client's input."""
+
+    def __init__(self, service: ShellService, channel: Channel, opened: Open, label: str) -> None:
+        self.service = service
+        self.channel = channel
+        self.opened = opened
+        self.label = label
+        self.process: trio.Process | None = None
+        self.master: trio.lowlevel.FdStream | None = None
+        self.master_fd = -1
+
+    def _argv_env(self) -> tuple[list[str], dict[str, str]]:
+        opened = self.opened
+        argv = list(opened.argv) if opened.argv is not None else [self.service.shell]
+        env = {**os.environ, **opened.env}
+        if opened.mode == "pty":
+            env["TERM"] = opened.term
+            env["LINES"], env["COLUMNS"] = str(opened.rows), str(opened.cols)
+        return argv, env
+
+    async def _spawn(self) -> trio.Process:
+        argv, env = self._argv_env()
+        if self.opened.mode == "exec":
+            return await trio.lowlevel.open_process(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, start_new_session=True)
+        master, slave = os.openpty()
+        try:
+            _set_size(slave, self.opened.rows, self.opened.cols)
+            process = await trio.lowlevel.open_process(
+                argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+                start_new_session=True, preexec_fn=_set_controlling_tty)
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)  # the child holds it; EIO on the master once it is gone
+        self.master_fd = master
+        self.master = trio.lowlevel.FdStream(master)
+        return process
+
+    async def run(self) -> None:
+        service, opened = self.service, self.opened
+        try:
+            self.process = await self._spawn()
+        except OSError as exc:
+            await _send_error(self.channel, "spawn_failed", f"{exc.strerror or exc}")
+            service._log.info("shell.session_failed key=%s mode=%s error=%s",
+                              self.label, opened.mode, exc)
+            return
+        process = self.process
+        service._log.info("shell.session_started key=%s mode=%s pid=%d argv=%s",
+                          self.label, opened.mode, process.pid,
+                          "-" if opened.argv is None else opened.argv[0])
+        exit_: Exit | None = None
+        try:
+            await self.channel.send(encode(Started(process.pid)))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._input, nursery.cancel_scope)
+                async with trio.open_nursery() as outputs:
+                    if self.master is not None:
+                        outputs.start_soon(self._pump, self.master, Stdout)
+                    else:
+                        outputs.start_soon(self._pump, process.stdout, Stdout)
+                        outputs.start_soon(self._pump, process.stderr, Stderr)
+                    await process.wait()
+                    # Output still in flight drains; a background job that keeps
+                    # the terminal open does not hold the session.
+                    outputs.cancel_scope.deadline = trio.current_time() + _DRAIN_S
+                exit_ = _exit_of(process.returncode)
+                await self.channel.send(encode(exit_))
+                nursery.cancel_scope.cancel()
+        except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client is gone: hang up below
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._hang_up()
+            service._log.info(
+                "shell.session_ended key=%s mode=%s pid=%d exit=%s", self.label, opened.mode,
+                process.pid, "hangup" if exit_ is None else
+                (exit_.code if exit_.code is not None else f"signal {exit_.signal}"))
+
+    async def _pump(self, source: trio.abc.ReceiveStream | None, kind: type) -> None:
+        """Move output to the channel, one chunk after the channel took the last."""
+        if source is None:
+            return
+        while True:
+            try:
+                data = await source.receive_some(MAX_DATA_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # a PTY master reads EIO once the terminal has no process left
+            if not data:
+                return
+            await self.channel.send(encode(kind(data)))
+
+    async def _input(self, session_scope: trio.CancelScope) -> None:
+        """Apply the client's frames; the client ending its side hangs up."""
+        process = self.process
+        assert process is not None
+        while True:
+            try:
+                event = decode_client(await self.channel.receive())
+            except RemoteProtocolError as exc:
+                await _send_error(self.channel, "protocol", exc.message)
+                break
+            except (trio.EndOfChannel, MuxError):
+                break
+            match event:
+                case Stdin(data=data):
+                    await self._write(data)
+                case StdinEof():
+                    if self.master is not None:
+                        await self._write(b"\x04")  # the terminal's EOF character
+                    elif process.stdin is not None:
+                        await process.stdin.aclose()
+                case Resize(rows=rows, cols=cols):
+                    if self.master is not None:
+                        _set_size(self.master_fd, rows, cols)  # the kernel sends SIGWINCH
+                case Signal(name=name):
+                    _kill_group(process, SIGNALS[name])
+                case Open():
+                    await _send_error(self.channel, "protocol", "OPEN twice")
+                    break
+        session_scope.cancel()
+
+    async def _write(self, data: bytes) -> None:
+        sink = self.master if self.master is not None else self.process.stdin  # type: ignore[union-attr]
+        if sink is None:
+            return
+        try:
+            await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the process closed its input; later output still flows
+
+    async def _hang_up(self) -> None:
+        """End the process group (SIGHUP, then SIGKILL) and free the terminal."""
+        process = self.process
+        if process is not None and process.returncode is None:
+            _kill_group(process, signal.SIGHUP)
+            with trio.move_on_after(_KILL_GRACE_S):
+                await process.wait()
+            if process.returncode is None:
+                _kill_group(process, signal.SIGKILL)
+                with trio.move_on_after(_KILL_GRACE_S):
+                    await process.wait()
+        if self.master is not None:
+            await self.master.aclose()
+        if process is not None:
+            for stream in (process.stdin, process.stdout, process.stderr):
+                if stream is not None:
+                    await stream.aclose()
+
+
+def _kill_group(process: trio.Process, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
