@@ -1,0 +1,159 @@
+"""Shell sessions through real swarms on 127.0.0.1 (real PTYs and processes).
+
+These tests wait on real time (processes and terminals do not run on trio's
+clock): every wait is on a condition, bounded by ``fail_after``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from agents.instance import PROTOCOL, ShellError, ShellService, Stderr, Stdout, open_shell
+from p2p.errors import P2PError
+from p2p.keys import KeyPair
+from tests.p2p.swarm.helpers import swarm_net
+
+LIMIT_S = 10
+
+
+async def read_until(session, needle: bytes, seen: bytearray, *, count: int = 1) -> None:
+    """Read output into ``seen`` until ``needle`` occurs ``count`` times."""
+    async for event in session:
+        seen += event.data
+        if seen.count(needle) >= count:
+            return
+    pytest.fail(f"the process exited before {needle!r} appeared: {bytes(seen)!r}")
+
+
+async def agent_and_user(net, *, authorized=(), peers=(), shell="/bin/sh"):
+    user = KeyPair.generate()
+    keys = {user.public_key} if authorized is None else set(authorized)
+    service = ShellService(keys.__contains__, peers=set(peers).__contains__, shell=shell)
+    agent = await net.start(services=[service])
+    client = await net.start(user)
+    return service, agent, client, user
+
+
+async def test_an_interactive_shell_echoes_resizes_and_returns_its_exit_status(caplog):
+    caplog.set_level(logging.INFO, logger="agents.instance.shell")
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            async with await open_shell(connection, term="vt100", rows=30, cols=100) as session:
+                seen = bytearray()
+                await session.send_stdin(b"echo $TERM; stty size\n")
+                await read_until(session, b"30 100", seen)
+                assert b"vt100" in seen
+                await session.send_stdin(b"echo hi\n")
+                await read_until(session, b"hi", seen, count=2)  # the echo, then the output
+                await session.resize(50, 132)
+                await session.send_stdin(b"stty size\n")
+                await read_until(session, b"50 132", seen)
+                await session.send_stdin(b"exit 3\n")
+                status = await session.wait_exit()
+            assert (status.code, status.signal) == (3, None)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("shell.session_started") and "mode=pty" in m for m in messages)
+    assert any(m.startswith("shell.session_ended") and m.endswith("exit=3") for m in messages)
+
+
+async def test_a_command_gets_pipes_separate_stdout_and_stderr_and_its_exit_code():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(
+                connection, argv=["sh", "-c", "echo out; echo err >&2; test -t 0; exit 5"])
+            out, err = bytearray(), bytearray()
+            async for event in session:
+                (out if isinstance(event, Stdout) else err).extend(event.data)
+                assert isinstance(event, Stdout | Stderr)
+            status = await session.wait_exit()
+            assert (bytes(out), bytes(err), status.code) == (b"out\n", b"err\n", 5)
+
+
+async def test_stdin_eof_ends_cat_and_a_signal_kills():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["cat"])
+            await session.send_stdin(b"x" * 100_000)  # more than one frame, more than a pipe
+            await session.close_stdin()
+            out = bytearray()
+            async for event in session:
+                out += event.data
+            assert len(out) == 100_000 and (await session.wait_exit()).code == 0
+
+            sleeper = await open_shell(connection, argv=["sleep", "30"])
+            await sleeper.signal("TERM")
+            assert (await sleeper.wait_exit()).signal == 15
+
+
+async def test_several_sessions_run_at_once():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            service, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            sessions = [await open_shell(connection, argv=["cat"]) for _ in range(3)]
+            assert service.sessions == 3
+            # Each answers on its own, in reverse order: none waits for another.
+            for number, session in reversed(list(enumerate(sessions))):
+                await session.send_stdin(b"session %d\n" % number)
+                assert (await session.receive()).data == b"session %d\n" % number
+            for session in sessions:
+                await session.close_stdin()
+                assert (await session.wait_exit()).code == 0
+
+
+async def test_closing_the_session_hangs_up_on_the_process():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            service, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection)
+            await session.aclose()
+            while service.sessions:  # noqa: ASYNC110 - the service's counter, real time
+                await trio.sleep(0.02)
+
+
+async def test_an_unauthorised_key_is_refused_before_any_channel_opens():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            service, agent, client, _ = await agent_and_user(net, authorized=[b"\1" * 32])
+            # The agent's firewall drops the connection after the handshake: the
+            # channel never opens (the dial itself may also see the refusal).
+            with pytest.raises((P2PError, trio.BrokenResourceError)) as caught:
+                connection = await client.connect(agent.public_key)
+                await open_shell(connection)
+            assert not isinstance(caught.value, ShellError), caught.value
+            assert service.sessions == 0 and agent.connections == {}
+
+
+async def test_a_peer_allowed_for_another_reason_gets_no_shell():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            worker = KeyPair.generate()
+            service = ShellService(lambda key: False, peers={worker.public_key}.__contains__)
+            agent = await net.start(services=[service])
+            client = await net.start(worker)
+            connection = await client.connect(agent.public_key)
+            with pytest.raises(ShellError) as caught:
+                await open_shell(connection)
+            assert caught.value.code == "unauthorized"
+            assert service.sessions == 0
+
+
+async def test_a_command_that_cannot_start_is_reported():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            with pytest.raises(ShellError) as caught:
+                await open_shell(connection, argv=["/nonexistent/command"])
+            assert caught.value.code == "spawn_failed"
+            assert PROTOCOL == "cosmicac-shell/1"
