@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from agents.instance import PROTOCOL, ShellError, ShellService, Stderr, Stdout, open_shell
+from agents.instance._protocol import Error, decode_server, encode
 from p2p.errors import P2PError
 from p2p.keys import KeyPair
 from tests.p2p.swarm.helpers import swarm_net
@@ -157,3 +158,29 @@ async def test_a_command_that_cannot_start_is_reported():
                 await open_shell(connection, argv=["/nonexistent/command"])
             assert caught.value.code == "spawn_failed"
             assert PROTOCOL == "cosmicac-shell/1"
+
+
+async def test_a_bad_first_frame_is_answered_with_a_protocol_error():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            service, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            channel = await connection.open_channel(PROTOCOL, b"raw")
+            await channel.send(b"\xc1 not msgpack")
+            answer = decode_server(await channel.receive())
+            assert isinstance(answer, Error) and answer.code == "protocol"
+            assert service.sessions == 0
+
+
+async def test_a_bad_frame_mid_session_hangs_up_on_the_process():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            service, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["sleep", "30"])
+            await session.channel.send(encode(Stdout(b"a server frame")))
+            with pytest.raises(ShellError) as caught:
+                await session.wait_exit()
+            assert caught.value.code == "protocol"
+            while service.sessions:  # noqa: ASYNC110 - the service's counter, real time
+                await trio.sleep(0.02)
