@@ -184,3 +184,37 @@ async def test_a_bad_frame_mid_session_hangs_up_on_the_process():
             assert caught.value.code == "protocol"
             while service.sessions:  # noqa: ASYNC110 - the service's counter, real time
                 await trio.sleep(0.02)
+
+
+async def test_a_client_that_does_not_read_stalls_the_process():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["yes"])
+            received = [-1]
+            for _ in range(40):  # nothing read: the channel fills its window, then stops
+                await trio.sleep(0.1)
+                received.append(session.channel.statistics().bytes_received)
+                if received[-1] == received[-2] > 0:
+                    break
+            await trio.sleep(0.3)
+            received.append(session.channel.statistics().bytes_received)
+            stalled = received[-1]
+            assert 0 < received[-3] == received[-2] == stalled
+            assert stalled <= 2 * session.channel.statistics().receive_window_bytes
+            # Reading returns credit (in batches), and the process goes on.
+            while session.channel.statistics().bytes_received == stalled:
+                await session.receive()
+            await session.signal("KILL")
+            assert (await session.wait_exit()).signal == 9
+
+
+async def test_stdin_eof_on_a_terminal_types_the_eof_character():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["cat"], pty=True)
+            await session.close_stdin()
+            assert (await session.wait_exit()).code == 0
