@@ -64,8 +64,9 @@ __all__ = ["ShellService"]
 
 logger = logging.getLogger("agents.instance.shell")
 
-#: After the process exits: how long output still in the PTY or pipes may take
-#: to drain (a background job holding the terminal would keep it open forever).
+#: After the process exits: how long the PTY or a pipe may stay quiet before the
+#: session ends (a background job holding it would keep it open forever). Output
+#: that is there drains at the client's pace, with no deadline.
 _DRAIN_S = 2.0
 #: After a hang-up: how long the process group has before SIGKILL.
 _KILL_GRACE_S = 2.0
@@ -167,6 +168,9 @@ class _Session:
         self.process: trio.Process | None = None
         self.master: trio.lowlevel.FdStream | None = None
         self.master_fd = -1
+        #: The process has exited: reads that stay quiet for _DRAIN_S end.
+        self._exited = False
+        self._reads: set[trio.CancelScope] = set()
 
     def _argv_env(self) -> tuple[list[str], dict[str, str]]:
         opened = self.opened
@@ -223,9 +227,12 @@ class _Session:
                         outputs.start_soon(self._pump, process.stdout, Stdout)
                         outputs.start_soon(self._pump, process.stderr, Stderr)
                     await process.wait()
-                    # Output still in flight drains; a background job that keeps
-                    # the terminal open does not hold the session.
-                    outputs.cancel_scope.deadline = trio.current_time() + _DRAIN_S
+                    # Output still in flight drains at the client's pace; a
+                    # background job that keeps the terminal or a pipe open but
+                    # quiet does not hold the session.
+                    self._exited = True
+                    for scope in self._reads:
+                        scope.deadline = trio.current_time() + _DRAIN_S
                 exit_ = _exit_of(process.returncode)
                 await self.channel.send(encode(exit_))
                 nursery.cancel_scope.cancel()
@@ -244,11 +251,17 @@ class _Session:
         if source is None:
             return
         while True:
-            try:
-                data = await source.receive_some(MAX_DATA_BYTES)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return  # a PTY master reads EIO once the terminal has no process left
-            if not data:
+            with trio.CancelScope() as scope:
+                if self._exited:
+                    scope.deadline = trio.current_time() + _DRAIN_S
+                self._reads.add(scope)
+                try:
+                    data = await source.receive_some(MAX_DATA_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return  # a PTY master reads EIO once the terminal has no process left
+                finally:
+                    self._reads.discard(scope)
+            if scope.cancelled_caught or not data:
                 return
             await self.channel.send(encode(kind(data)))
 

@@ -218,3 +218,30 @@ async def test_stdin_eof_on_a_terminal_types_the_eof_character():
             session = await open_shell(connection, argv=["cat"], pty=True)
             await session.close_stdin()
             assert (await session.wait_exit()).code == 0
+
+
+async def test_output_left_when_the_process_exits_drains_at_the_clients_pace(monkeypatch):
+    monkeypatch.setattr("agents.instance._server._DRAIN_S", 0.2)
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["head", "-c", "3000000", "/dev/zero"])
+            await trio.sleep(0.8)  # the process exits long before we read
+            total = 0
+            async for event in session:
+                total += len(event.data)
+            assert (total, (await session.wait_exit()).code) == (3_000_000, 0)
+
+
+async def test_a_background_job_holding_the_terminal_does_not_hold_the_session(monkeypatch):
+    monkeypatch.setattr("agents.instance._server._DRAIN_S", 0.2)
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            # The job ignores the hang-up and keeps the terminal open for 3 s.
+            session = await open_shell(connection, pty=True,
+                                       argv=["sh", "-c", "trap '' HUP; sleep 3 & exit 7"])
+            with trio.fail_after(1.5):
+                assert (await session.wait_exit()).code == 7
