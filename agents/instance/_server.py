@@ -177,8 +177,7 @@ class _Session:
         argv = list(opened.argv) if opened.argv is not None else [self.service.shell]
         env = {**os.environ, **opened.env}
         if opened.mode == "pty":
-            env["TERM"] = opened.term
-            env["LINES"], env["COLUMNS"] = str(opened.rows), str(opened.cols)
+            env["TERM"] = opened.term  # the size is the terminal's (LINES would pin it)
         return argv, env
 
     async def _spawn(self) -> trio.Process:
