@@ -68,6 +68,8 @@ logger = logging.getLogger("agents.instance.shell")
 #: session ends (a background job holding it would keep it open forever). Output
 #: that is there drains at the client's pace, with no deadline.
 _DRAIN_S = 2.0
+#: STDIN frames (each at most 32 KiB) queued for a process that is not reading.
+_INPUT_QUEUE_FRAMES = 4
 #: After a hang-up: how long the process group has before SIGKILL.
 _KILL_GRACE_S = 2.0
 
@@ -265,34 +267,53 @@ class _Session:
             await self.channel.send(encode(kind(data)))
 
     async def _input(self, session_scope: trio.CancelScope) -> None:
-        """Apply the client's frames; the client ending its side hangs up."""
+        """Apply the client's frames; the client ending its side hangs up.
+
+        Input goes through a queue of a few frames to :meth:`_stdin`, so a
+        RESIZE or SIGNAL is applied at once even while the process is not
+        reading its input; once the queue is full, this stops reading the
+        channel (the client's sends wait for credit).
+        """
         process = self.process
         assert process is not None
-        while True:
-            try:
-                event = decode_client(await self.channel.receive())
-            except RemoteProtocolError as exc:
-                await _send_error(self.channel, "protocol", exc.message)
-                break
-            except (trio.EndOfChannel, MuxError):
-                break
-            match event:
-                case Stdin(data=data):
-                    await self._write(data)
-                case StdinEof():
-                    if self.master is not None:
-                        await self._write(b"\x04")  # the terminal's EOF character
-                    elif process.stdin is not None:
-                        await process.stdin.aclose()
-                case Resize(rows=rows, cols=cols):
-                    if self.master is not None:
-                        _set_size(self.master_fd, rows, cols)  # the kernel sends SIGWINCH
-                case Signal(name=name):
-                    _kill_group(process, SIGNALS[name])
-                case Open():
-                    await _send_error(self.channel, "protocol", "OPEN twice")
-                    break
-        session_scope.cancel()
+        to_stdin, from_input = trio.open_memory_channel[bytes | None](_INPUT_QUEUE_FRAMES)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._stdin, from_input)
+            async with to_stdin:
+                while True:
+                    try:
+                        event = decode_client(await self.channel.receive())
+                    except RemoteProtocolError as exc:
+                        await _send_error(self.channel, "protocol", exc.message)
+                        break
+                    except (trio.EndOfChannel, MuxError):
+                        break
+                    match event:
+                        case Stdin(data=data):
+                            await to_stdin.send(data)
+                        case StdinEof():
+                            await to_stdin.send(None)
+                        case Resize(rows=rows, cols=cols):
+                            if self.master is not None:
+                                _set_size(self.master_fd, rows, cols)  # the kernel sends SIGWINCH
+                        case Signal(name=name):
+                            _kill_group(process, SIGNALS[name])
+                        case Open():
+                            await _send_error(self.channel, "protocol", "OPEN twice")
+                            break
+            session_scope.cancel()
+
+    async def _stdin(self, queue: trio.MemoryReceiveChannel[bytes | None]) -> None:
+        """Write queued input to the process; None is the end of input."""
+        process = self.process
+        assert process is not None
+        async for data in queue:
+            if data is not None:
+                await self._write(data)
+            elif self.master is not None:
+                await self._write(b"\x04")  # the terminal's EOF character
+            elif process.stdin is not None:
+                await process.stdin.aclose()
 
     async def _write(self, data: bytes) -> None:
         sink = self.master if self.master is not None else self.process.stdin  # type: ignore[union-attr]

@@ -245,3 +245,18 @@ async def test_a_background_job_holding_the_terminal_does_not_hold_the_session(m
                                        argv=["sh", "-c", "trap '' HUP; sleep 3 & exit 7"])
             with trio.fail_after(1.5):
                 assert (await session.wait_exit()).code == 7
+
+
+async def test_a_signal_overtakes_input_the_process_does_not_read():
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net, trio.open_nursery() as nursery:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["sleep", "30"])
+            # More than the pipe holds, less than the pipe and the agent's input
+            # queue (4 frames of 32 KiB): the agent still reads the frames that follow.
+            nursery.start_soon(session.send_stdin, b"x" * 150_000)
+            await trio.sleep(0.3)
+            await session.signal("TERM")
+            assert (await session.wait_exit()).signal == 15
+            nursery.cancel_scope.cancel()
