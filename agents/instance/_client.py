@@ -13,7 +13,7 @@ a job's agent, then feed the session's input and read its output::
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -154,9 +154,16 @@ class ShellSession:
             self.exit = event
         return event
 
-    async def __aiter__(self) -> AsyncIterator[Stdout | Stderr]:
-        while not isinstance(event := await self.receive(), Exit):
-            yield event
+    def __aiter__(self) -> ShellSession:
+        # An iterator, not an async generator: a loop may stop early (read until
+        # a prompt) and go on later with nothing left to finalise.
+        return self
+
+    async def __anext__(self) -> Stdout | Stderr:
+        event = await self.receive()
+        if isinstance(event, Exit):
+            raise StopAsyncIteration
+        return event
 
     async def wait_exit(self) -> Exit:
         """Wait for the process to end; return how it ended."""
