@@ -29,6 +29,7 @@ import errno
 import json
 import logging
 import secrets
+import signal
 import struct
 import sys
 import time
@@ -464,8 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agents.inference.server``: load the model, serve it, print the address.
 
     Prints ``listening http://HOST:PORT`` on stdout once the socket is open
-    (useful with ``--port 0``); exits 2 when the model cannot be loaded or the
-    address cannot be bound, with the reason on stderr.
+    (useful with ``--port 0``); exits 0 on SIGTERM or SIGINT, 2 when the
+    model cannot be loaded or the address cannot be bound, with the reason on
+    stderr.
     """
     parser = argparse.ArgumentParser(
         prog="python -m agents.inference.server",
@@ -498,6 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             print(f"listening http://{_join(host, port)}", flush=True)
+            # The agent stops its model server with SIGTERM: leave cleanly, exit 0.
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("model_server.stopping signal=%s", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
 
     try:
         trio.run(run)
