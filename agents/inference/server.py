@@ -226,6 +226,10 @@ class _Api:
             prompt = self.engine.tokenize(body.prompt)
         elif body.prompt and all(isinstance(p, int) for p in body.prompt):
             prompt = [int(p) for p in body.prompt]
+            try:
+                self.engine.detokenize(prompt)
+            except ValueError as exc:
+                raise _ApiError(400, f"prompt: {exc}", param="prompt") from None
         elif len(body.prompt) == 1:
             prompt = self.engine.tokenize(str(body.prompt[0]))
         else:

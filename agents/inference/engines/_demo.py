@@ -14,7 +14,7 @@ Tokenizer
 
 Generation
     The answer is a "sentence" of vocabulary words separated by single spaces
-    and ended by ``"."``; its words and its length (8 to 35 tokens) come from
+    and ended by ``"."``; its words and its length (8 to 32 tokens) come from
     BLAKE2b over the prompt's token ids, so the same prompt gives the same
     answer. With ``temperature > 0`` the seed (0 when absent) and the
     temperature are hashed in as well, so different seeds answer

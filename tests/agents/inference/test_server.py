@@ -222,3 +222,14 @@ async def test_missing_field_is_400(client: httpx.AsyncClient) -> None:
 async def test_unknown_model_is_404(client: httpx.AsyncClient, path: str, body: dict) -> None:
     message = assert_error(await client.post(path, json=body), 404, "model")
     assert "`other`" in message
+
+
+async def test_token_ids_outside_the_vocabulary_are_400(client: httpx.AsyncClient) -> None:
+    for ids in ([5, ENGINE.vocab_size], [-1]):
+        response = await client.post("/v1/completions", json={"model": NAME, "prompt": ids})
+        assert "outside the demo vocabulary" in assert_error(response, 400, "prompt")
+
+
+async def test_several_prompts_are_400(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/completions", json={"model": NAME, "prompt": ["a", "b"]})
+    assert_error(response, 400, "prompt")
