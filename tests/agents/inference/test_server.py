@@ -9,6 +9,9 @@ import struct
 
 import httpx
 import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.inference.engines import ChatMessage
 from agents.inference.engines._demo import DemoEngine
@@ -233,3 +236,44 @@ async def test_token_ids_outside_the_vocabulary_are_400(client: httpx.AsyncClien
 async def test_several_prompts_are_400(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/completions", json={"model": NAME, "prompt": ["a", "b"]})
     assert_error(response, 400, "prompt")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    content=st.text(max_size=40),
+    seed=st.integers(min_value=0, max_value=2**31),
+    max_tokens=st.integers(min_value=1, max_value=40),
+    stop=st.none() | st.sampled_from([".", " the", "o", "xyz"]),
+)
+def test_any_stream_equals_the_whole_answer(
+    content: str, seed: int, max_tokens: int, stop: str | None
+) -> None:
+    request = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": content}],
+        "seed": seed,
+        "max_tokens": max_tokens,
+        "stop": stop,
+    }
+
+    async def check() -> None:
+        app = create_app(ENGINE, served_name=NAME)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://model") as client:
+            whole = (await client.post("/v1/chat/completions", json=request)).json()
+            streamed = await client.post(
+                "/v1/chat/completions",
+                json={**request, "stream": True, "stream_options": {"include_usage": True}},
+            )
+        *content_chunks, usage_chunk = events(streamed.text)[:-1]
+        deltas = [chunk["choices"][0]["delta"].get("content", "") for chunk in content_chunks]
+        assert "".join(deltas) == whole["choices"][0]["message"]["content"]
+        assert (
+            content_chunks[-1]["choices"][0]["finish_reason"]
+            == whole["choices"][0]["finish_reason"]
+        )
+        assert usage_chunk["usage"] == whole["usage"]
+        assert whole["usage"]["prompt_tokens"] == chat_prompt_tokens(request["messages"])
+        assert 1 <= whole["usage"]["completion_tokens"] <= max_tokens
+
+    trio.run(check)
