@@ -30,6 +30,7 @@ import json
 import logging
 import secrets
 import signal
+import socket
 import struct
 import sys
 import time
@@ -413,6 +414,24 @@ def _bind_error(group: BaseExceptionGroup) -> OSError | None:
     return leaf
 
 
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)``, set up as hypercorn sets up its own.
+
+    Bound here rather than by hypercorn because hypercorn leaves the socket of
+    a failed ``bind`` open (a ResourceWarning later, in some other test).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_model(
     engine: Engine,
     *,
@@ -435,8 +454,13 @@ async def serve_model(
 
     if not 0 <= port <= 65535:
         raise ModelServerBindError(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
+    try:
+        sock = _bound_socket(host, port)
+    except OSError as exc:
+        raise ModelServerBindError(host, port, exc) from None
     config = Config()
-    config.bind = [_join(host, port)]
+    # hypercorn adopts the descriptor (and closes it when it stops).
+    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 1.0
