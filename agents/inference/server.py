@@ -1,0 +1,549 @@
+"""The ``local`` model server: an engine behind vLLM's OpenAI-compatible HTTP API.
+
+agent-inference starts it as a subprocess (``python -m agents.inference.server
+--model demo --port N --served-name NAME``), waits for ``GET /health`` to
+answer 200, and the proxy reaches it through the agent exactly as it reaches
+vLLM. So it speaks vLLM's shapes (../shared/reference §4):
+
+- ``GET /health``: 200 with an empty body (the engine is loaded before the
+  socket opens, so a listening server is a healthy one).
+- ``GET /v1/models``: the one served name.
+- ``POST /v1/chat/completions`` and ``POST /v1/completions``: non-streaming
+  with ``usage``, or SSE (``data: {json}\\n\\n`` … ``data: [DONE]\\n\\n``) with
+  a final ``choices: []`` usage chunk when ``stream_options.include_usage``.
+  Token counts are the engine tokenizer's, never estimates.
+- ``POST /v1/embeddings``: floats, or base64 float32 (the openai client's default).
+
+Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
+400 for bad JSON or fields, 404 for a model name that is not served.
+
+The ASGI app (:func:`create_app`) is Starlette; :func:`serve_model` runs it on
+hypercorn's trio worker, as DESIGN.md §2 decides for HTTP services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import errno
+import json
+import logging
+import secrets
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal, TypeVar
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agents.inference.engines import ChatMessage, Engine, EngineError, load_engine
+
+__all__ = [
+    "DEFAULT_MAX_MODEL_LEN",
+    "ModelServerBindError",
+    "create_app",
+    "main",
+    "serve_model",
+]
+
+log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
+
+DEFAULT_MAX_MODEL_LEN = 4096
+_CHAT_DEFAULT_MAX_TOKENS = 256
+_COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+
+
+# --- request models (pydantic at the boundary; unknown OpenAI fields are ignored) ---
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class ContentPart(_Request):
+    type: str
+    text: str = ""
+
+
+class Message(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content if part.type == "text")
+
+
+class _Generation(_Request):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatRequest(_Generation):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[str] | list[int]
+
+
+class EmbeddingRequest(_Request):
+    model: str
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+# --- errors ---
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def response(self) -> JSONResponse:
+        kinds = {400: "BadRequestError", 404: "NotFoundError"}
+        kind = kinds.get(self.status, "InternalServerError")
+        body = {
+            "error": {
+                "message": self.message,
+                "type": kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+        return JSONResponse(body, status_code=self.status)
+
+
+async def _parse(request: Request, model: type[_M]) -> _M:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _ApiError(400, f"request body is not valid JSON: {exc}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise _ApiError(400, f"{param or 'body'}: {first['msg']}", param=param) from None
+
+
+# --- the app ---
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class _Api:
+    def __init__(self, engine: Engine, served_name: str, max_model_len: int) -> None:
+        self.engine = engine
+        self.served_name = served_name
+        self.max_model_len = max_model_len
+        self.created = int(time.time())
+
+    def _check_model(self, model: str) -> None:
+        if model != self.served_name:
+            raise _ApiError(404, f"The model `{model}` does not exist.", param="model")
+
+    def _check_generation(self, body: _Generation, prompt_len: int, max_tokens: int) -> None:
+        self._check_model(body.model)
+        if body.n != 1:
+            raise _ApiError(400, f"n: only n=1 is supported, not {body.n}", param="n")
+        if prompt_len + max_tokens > self.max_model_len:
+            raise _ApiError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens; the "
+                f"request has {prompt_len} prompt tokens and max_tokens={max_tokens}.",
+                param="max_tokens",
+            )
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(self, request: Request) -> Response:
+        card = {
+            "id": self.served_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "cosmicac",
+            "root": self.engine.name,
+            "max_model_len": self.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await _parse(request, ChatRequest)
+        messages = [ChatMessage(m.role, m.text()) for m in body.messages]
+        prompt = self.engine.tokenize(self.engine.chat_prompt(messages))
+        max_tokens = body.max_completion_tokens or body.max_tokens or _CHAT_DEFAULT_MAX_TOKENS
+        self._check_generation(body, len(prompt), max_tokens)
+        return await self._respond(body, prompt, max_tokens, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        if isinstance(body.prompt, str):
+            prompt = self.engine.tokenize(body.prompt)
+        elif body.prompt and all(isinstance(p, int) for p in body.prompt):
+            prompt = [int(p) for p in body.prompt]
+            try:
+                self.engine.detokenize(prompt)
+            except ValueError as exc:
+                raise _ApiError(400, f"prompt: {exc}", param="prompt") from None
+        elif len(body.prompt) == 1:
+            prompt = self.engine.tokenize(str(body.prompt[0]))
+        else:
+            raise _ApiError(400, "prompt: give one prompt (a string or token ids)", param="prompt")
+        max_tokens = body.max_tokens or _COMPLETION_DEFAULT_MAX_TOKENS
+        self._check_generation(body, len(prompt), max_tokens)
+        return await self._respond(body, prompt, max_tokens, chat=False)
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await _parse(request, EmbeddingRequest)
+        self._check_model(body.model)
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        data: list[dict[str, Any]] = []
+        prompt_tokens = 0
+        for index, text in enumerate(texts):
+            prompt_tokens += len(self.engine.tokenize(text))
+            vector = self.engine.embed(text)
+            embedding: list[float] | str = vector
+            if body.encoding_format == "base64":
+                packed = struct.pack(f"<{len(vector)}f", *vector)
+                embedding = base64.b64encode(packed).decode()
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": self.served_name,
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            }
+        )
+
+    async def _respond(
+        self, body: _Generation, prompt: Sequence[int], max_tokens: int, *, chat: bool
+    ) -> Response:
+        steps = self.engine.generate(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            seed=body.seed,
+            stop=body.stops(),
+        )
+        ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        created = int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            stream = self._stream(
+                steps, ident, created, len(prompt), chat=chat, include_usage=include_usage
+            )
+            return StreamingResponse(
+                stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        pieces: list[str] = []
+        finish = None
+        count = 0
+        async for step in steps:
+            pieces.append(step.text)
+            finish = step.finish_reason
+            count += 1
+        text = "".join(pieces)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": finish,
+                "message": {"role": "assistant", "content": text},
+            }
+        else:
+            choice = {"index": 0, "logprobs": None, "finish_reason": finish, "text": text}
+        return JSONResponse(
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": self.served_name,
+                "choices": [choice],
+                "usage": _usage(len(prompt), count),
+            }
+        )
+
+    async def _stream(
+        self,
+        steps: AsyncIterator[Any],
+        ident: str,
+        created: int,
+        prompt_len: int,
+        *,
+        chat: bool,
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            return _sse(
+                {
+                    "id": ident,
+                    "object": obj,
+                    "created": created,
+                    "model": self.served_name,
+                    "choices": choices,
+                    **extra,
+                }
+            )
+
+        if chat:
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            yield chunk([first])
+        count = 0
+        async for step in steps:
+            count += 1
+            if chat:
+                choice: dict[str, Any] = {"index": 0, "delta": {"content": step.text}}
+            else:
+                choice = {"index": 0, "text": step.text}
+            choice.update(logprobs=None, finish_reason=step.finish_reason)
+            yield chunk([choice])
+        if include_usage:
+            yield chunk([], usage=_usage(prompt_len, count))
+        yield _sse("[DONE]")
+
+
+def create_app(
+    engine: Engine,
+    *,
+    served_name: str | None = None,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+) -> Starlette:
+    """The ASGI app serving ``engine`` under ``served_name`` (default: the engine's name)."""
+    api = _Api(engine, served_name or engine.name, max_model_len)
+
+    def guarded(handler):
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except _ApiError as exc:
+                return exc.response()
+
+        return endpoint
+
+    routes = [
+        Route("/health", guarded(api.health), methods=["GET"]),
+        Route("/v1/models", guarded(api.models), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
+        Route("/v1/completions", guarded(api.completions), methods=["POST"]),
+        Route("/v1/embeddings", guarded(api.embeddings), methods=["POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+# --- serving ---
+
+
+class ModelServerBindError(OSError):
+    """The model server cannot listen on its address (busy port, bad host)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:
+        return f"cannot serve the model on {_join(self.host, self.port)}: {self.strerror}"
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_error(group: BaseExceptionGroup) -> OSError | None:
+    matched, rest = group.split(OSError)
+    if matched is None or rest is not None:
+        return None
+    leaf: BaseException = matched
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, OSError)
+    return leaf
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)``, set up as hypercorn sets up its own.
+
+    Bound here rather than by hypercorn because hypercorn leaves the socket of
+    a failed ``bind`` open (a ResourceWarning later, in some other test).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_model(
+    engine: Engine,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    served_name: str | None = None,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``engine`` on ``http://host:port`` until cancelled.
+
+    Reports the bound ``(host, port)`` through ``task_status`` (port 0 picks a
+    free one).
+
+    Raises:
+        ModelServerBindError: the address cannot be bound (an ``OSError``).
+    """
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    if not 0 <= port <= 65535:
+        raise ModelServerBindError(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
+    try:
+        sock = _bound_socket(host, port)
+    except OSError as exc:
+        raise ModelServerBindError(host, port, exc) from None
+    config = Config()
+    # hypercorn adopts the descriptor (and closes it when it stops).
+    config.bind = [f"fd://{sock.detach()}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 1.0
+    app = create_app(engine, served_name=served_name, max_model_len=max_model_len)
+    failure: ModelServerBindError | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            binds: list[str] = await nursery.start(serve, app, config)
+        except OSError as exc:
+            failure = ModelServerBindError(host, port, exc)
+        except BaseExceptionGroup as group:
+            cause = _bind_error(group)  # hypercorn binds inside its own nurseries
+            if cause is None:
+                raise
+            failure = ModelServerBindError(host, port, cause)
+        if failure is None:
+            bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
+            address = (bound_host.strip("[]"), int(bound_port))
+            log.info(
+                "model_server.listening model=%s url=http://%s:%d",
+                served_name or engine.name,
+                *address,
+            )
+            task_status.started(address)
+    if failure is not None:
+        raise failure
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m agents.inference.server``: load the model, serve it, print the address.
+
+    Prints ``listening http://HOST:PORT`` on stdout once the socket is open
+    (useful with ``--port 0``); exits 0 on SIGTERM or SIGINT, 2 when the
+    model cannot be loaded or the address cannot be bound, with the reason on
+    stderr.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.inference.server",
+        description="Serve a local model over the OpenAI API.",
+    )
+    parser.add_argument("--model", default="demo", help="engine to load (default: demo)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--served-name", default=None, help="the name clients put in 'model' (default: --model)"
+    )
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    args = parser.parse_args(argv)
+    try:
+        engine = load_engine(args.model)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(
+                lambda task_status: serve_model(
+                    engine,
+                    host=args.host,
+                    port=args.port,
+                    served_name=args.served_name or args.model,
+                    max_model_len=args.max_model_len,
+                    task_status=task_status,
+                )
+            )
+            print(f"listening http://{_join(host, port)}", flush=True)
+            # The agent stops its model server with SIGTERM: leave cleanly, exit 0.
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("model_server.stopping signal=%s", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(run)
+    except ModelServerBindError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""``python -m agents.inference.server`` as a real process, called by the official openai client."""
+
+from __future__ import annotations
+
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from agents.inference.engines._demo import DemoEngine
+
+ROOT = Path(__file__).resolve().parents[3]
+SERVER = [sys.executable, "-m", "agents.inference.server"]
+
+
+def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """One stdout line of ``proc``, waiting at most ``timeout_s``."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    assert ready, f"no output within {timeout_s}s"
+    return proc.stdout.readline()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    proc = subprocess.Popen(
+        [*SERVER, "--model", "demo", "--port", "0", "--served-name", "tiny"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = read_line(proc, 30.0)
+        assert line.startswith("listening http://127.0.0.1:"), line
+        yield line.split()[1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()
+            proc.stderr.close()
+
+
+def test_openai_client_chats_and_streams_with_usage(server: str) -> None:
+    assert httpx.get(f"{server}/health", timeout=5).status_code == 200
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=10, max_retries=0)
+    assert [model.id for model in client.models.list()] == ["tiny"]
+    messages = [{"role": "user", "content": "Say something, please."}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, seed=5)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason == "stop"
+    engine = DemoEngine()
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == len(engine.tokenize(text))
+
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        seed=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(pieces) == text
+    assert usage is not None and usage.model_dump() == whole.usage.model_dump()
+
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=messages)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=messages, n=2)
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [("gpt-9", "unknown model 'gpt-9'"), ("gemma-3-270m", "model 'gemma-3-270m'")],
+)
+def test_a_model_that_cannot_load_exits_2_with_the_reason(model: str, expected: str) -> None:
+    done = subprocess.run(
+        [*SERVER, "--model", model, "--port", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert expected in done.stderr
