@@ -13,12 +13,13 @@ stack (``import p2p``, ``from crdt import Entry``) loads no HTTP server.
 
 from __future__ import annotations
 
-import errno
 import logging
 
 import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
+
+from .http import serve_asgi
 
 __all__ = [
     "CollectorRegistry",
@@ -92,16 +93,6 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _bind_error(group: BaseExceptionGroup) -> OSError | None:
-    """The OSError behind a failed start, if that is all the group holds."""
-    matched, rest = group.split(OSError)
-    if matched is None or rest is not None:
-        return None
-    leaf: BaseException = matched
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    assert isinstance(leaf, OSError)
-    return leaf
 
 
 async def serve_metrics(
@@ -119,35 +110,11 @@ async def serve_metrics(
     Raises:
         MetricsBindError: the address cannot be bound (an ``OSError``).
     """
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
     from prometheus_client import make_asgi_app
 
-    if not 0 <= port <= 65535:
-        raise MetricsBindError(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
-    config = Config()
-    config.bind = [_join(host, port)]
-    config.accesslog = None
-    config.errorlog = None  # our daemons log their own lines; hypercorn's would interleave
-    config.graceful_timeout = 1.0
-    app = make_asgi_app(registry)
-    failure: MetricsBindError | None = None
-    async with trio.open_nursery() as nursery:
-        try:
-            binds: list[str] = await nursery.start(serve, app, config)
-        except OSError as exc:
-            failure = MetricsBindError(host, port, exc)
-        except BaseExceptionGroup as group:
-            # hypercorn binds inside its own nurseries: the OSError comes nested.
-            cause = _bind_error(group)
-            if cause is None:
-                raise
-            failure = MetricsBindError(host, port, cause)
-        if failure is None:
-            bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
-            address = (bound_host.strip("[]"), int(bound_port))
-            log.info("metrics.listening url=http://%s:%d/metrics", *address)
-            task_status.started(address)
-    # Raised outside the nursery, which would wrap it in a group.
-    if failure is not None:
-        raise failure
+    def listening(address: tuple[str, int]) -> None:
+        log.info("metrics.listening url=http://%s:%d/metrics", *address)
+
+    await serve_asgi(make_asgi_app(registry), host=host, port=port,
+                     bind_error=MetricsBindError, on_listening=listening,
+                     task_status=task_status)

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import errno
 import json
 import logging
 import secrets
 import signal
-import socket
 import struct
 import sys
 import time
@@ -45,6 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agents.inference.engines import ChatMessage, Engine, EngineError, load_engine
+from p2p.http import serve_asgi
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
@@ -403,35 +402,6 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _bind_error(group: BaseExceptionGroup) -> OSError | None:
-    matched, rest = group.split(OSError)
-    if matched is None or rest is not None:
-        return None
-    leaf: BaseException = matched
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    assert isinstance(leaf, OSError)
-    return leaf
-
-
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``(host, port)``, set up as hypercorn sets up its own.
-
-    Bound here rather than by hypercorn because hypercorn leaves the socket of
-    a failed ``bind`` open (a ResourceWarning later, in some other test).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 async def serve_model(
     engine: Engine,
     *,
@@ -449,44 +419,14 @@ async def serve_model(
     Raises:
         ModelServerBindError: the address cannot be bound (an ``OSError``).
     """
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
-
-    if not 0 <= port <= 65535:
-        raise ModelServerBindError(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
-    try:
-        sock = _bound_socket(host, port)
-    except OSError as exc:
-        raise ModelServerBindError(host, port, exc) from None
-    config = Config()
-    # hypercorn adopts the descriptor (and closes it when it stops).
-    config.bind = [f"fd://{sock.detach()}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 1.0
     app = create_app(engine, served_name=served_name, max_model_len=max_model_len)
-    failure: ModelServerBindError | None = None
-    async with trio.open_nursery() as nursery:
-        try:
-            binds: list[str] = await nursery.start(serve, app, config)
-        except OSError as exc:
-            failure = ModelServerBindError(host, port, exc)
-        except BaseExceptionGroup as group:
-            cause = _bind_error(group)  # hypercorn binds inside its own nurseries
-            if cause is None:
-                raise
-            failure = ModelServerBindError(host, port, cause)
-        if failure is None:
-            bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
-            address = (bound_host.strip("[]"), int(bound_port))
-            log.info(
-                "model_server.listening model=%s url=http://%s:%d",
-                served_name or engine.name,
-                *address,
-            )
-            task_status.started(address)
-    if failure is not None:
-        raise failure
+
+    def listening(address: tuple[str, int]) -> None:
+        log.info("model_server.listening model=%s url=http://%s:%d",
+                 served_name or engine.name, *address)
+
+    await serve_asgi(app, host=host, port=port, bind_error=ModelServerBindError,
+                     on_listening=listening, task_status=task_status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,101 @@
+"""Serving an ASGI app with hypercorn's trio worker: one way, for every HTTP endpoint.
+
+The metrics endpoint (:mod:`p2p.metrics`) and the model servers of the agents
+serve this way. The socket is bound here, not by hypercorn: hypercorn leaves
+the socket of a failed ``bind`` open (a ResourceWarning later, somewhere
+else), and binding first gives the caller a plain ``OSError`` it can name.
+hypercorn is imported only when something is served.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+__all__ = ["bound_socket", "serve_asgi"]
+
+#: Builds the error a failed bind raises: ``(host, port, os_error) -> OSError``.
+BindError = Callable[[str, int, OSError], OSError]
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)``, set up as hypercorn sets up its own."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _bind_error(group: BaseExceptionGroup) -> OSError | None:
+    """The OSError behind a failed start, if that is all the group holds."""
+    matched, rest = group.split(OSError)
+    if matched is None or rest is not None:
+        return None
+    leaf: BaseException = matched
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, OSError)
+    return leaf
+
+
+async def serve_asgi(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    bind_error: BindError,
+    on_listening: Callable[[tuple[str, int]], None] | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``http://host:port`` until cancelled.
+
+    Reports the bound ``(host, port)`` through ``task_status`` (port 0 picks a
+    free one), after calling ``on_listening`` with it.
+
+    Raises:
+        OSError: ``bind_error(host, port, cause)`` when the address cannot be
+            bound (a port outside 0..65535 included), before anything is served.
+    """
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    if not 0 <= port <= 65535:
+        raise bind_error(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
+    try:
+        sock = bound_socket(host, port)
+    except OSError as exc:
+        raise bind_error(host, port, exc) from None
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]  # hypercorn adopts it and closes it when it stops
+    config.accesslog = None
+    config.errorlog = None  # our daemons log their own lines; hypercorn's would interleave
+    config.graceful_timeout = 1.0
+    failure: OSError | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            binds: list[str] = await nursery.start(serve, app, config)
+        except OSError as exc:
+            failure = bind_error(host, port, exc)
+        except BaseExceptionGroup as group:
+            cause = _bind_error(group)  # hypercorn starts inside its own nurseries
+            if cause is None:
+                raise
+            failure = bind_error(host, port, cause)
+        if failure is None:
+            bound_host, _, bound_port = binds[0].removeprefix("http://").rpartition(":")
+            address = (bound_host.strip("[]"), int(bound_port))
+            if on_listening is not None:
+                on_listening(address)
+            task_status.started(address)
+    if failure is not None:  # raised outside the nursery, which would wrap it in a group
+        raise failure
