@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import trio
 
+from nodes.model import JobType
 from p2p.errors import P2PError
 from p2p.keys import KeyPair, format_key
 from p2p.net import Network
@@ -153,7 +154,8 @@ class Agent:
             host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
             bootstrap=tuple(bootstrap),
             relays=tuple(bytes.fromhex(key) for key in config.relays))
-        self.swarm = Swarm(keypair, config=swarm_config, network=network)
+        self.swarm = Swarm(keypair, config=swarm_config, network=network,
+                           services=self._services(config))
         #: The VMI the worker bound us to, once a hello succeeded.
         self.vmi: str | None = None
         #: Set once the readiness hook returned or raised.
@@ -165,6 +167,23 @@ class Agent:
         self._reached_hello = False
         self._call_timeout_s = (self.policy.call_timeout_s if self.policy.call_timeout_s
                                 else max(5.0, config.heartbeat_interval_s))
+
+    @staticmethod
+    def _services(config: AgentConfig) -> list:
+        """What the agent serves on its swarm: a GPU Container Job's shells.
+
+        The shell service's firewall admits the job's authorised user keys, and
+        the worker and relays this agent itself dials (a firewall is asked on
+        outgoing dials too); nobody else gets a connection at all.
+        """
+        if config.job_type is not JobType.CONTAINER:
+            return []
+        from .instance import ShellService
+
+        users = frozenset(bytes.fromhex(key) for key in config.authorized_keys)
+        peers = frozenset([bytes.fromhex(config.worker),
+                           *(bytes.fromhex(key) for key in config.relays)])
+        return [ShellService(users.__contains__, peers=peers.__contains__)]
 
     @property
     def label(self) -> str:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 
+import pytest
 import trio
 
+from agents.instance import open_shell
 from nodes.k8s_worker.agents import AgentEventKind
+from p2p.connection import dial_tcp
+from p2p.errors import P2PError
 from p2p.keys import KeyPair, load_keypair
 from tests.cli.helpers import COSMICAC
 
@@ -106,3 +111,37 @@ async def test_an_agent_says_hello_again_when_the_worker_comes_back(nursery, tmp
     finally:
         code = await stop(proc)
     assert code == 0, (tmp_path / "agent.log").read_text()
+
+
+async def test_a_container_agent_serves_shells_to_its_users_and_nobody_else(nursery, tmp_path):
+    user, stranger = KeyPair.generate(), KeyPair.generate()
+    async with running_worker(nursery) as worker:
+        config = agent_config(worker.keypair.public_key, address=worker.address,
+                              storage=str(tmp_path / "storage"))
+        config = config.model_copy(update={"authorized_keys": (user.hex,)})
+        worker.registry.expect(vmi_of(config))
+        (tmp_path / "agent.json").write_text(config.to_json())
+        proc = await start_agent(tmp_path / "agent.json", tmp_path / "agent.log")
+        try:
+            assert (await worker.next_event()).kind is AgentEventKind.HELLO
+            assert (await worker.next_event()).kind is AgentEventKind.READY
+            started = re.search(r"agent\.started .* key=([0-9a-f]{64}) address=([\d.]+):(\d+)",
+                                (tmp_path / "agent.log").read_text())
+            assert started, (tmp_path / "agent.log").read_text()
+            agent_key = bytes.fromhex(started[1])
+            host, port = started[2], int(started[3])
+            with trio.fail_after(20):
+                connection = await dial_tcp(host, port, user, agent_key)
+                await nursery.start(connection.run)
+                session = await open_shell(connection, argv=["sh", "-c", "echo hi; exit 3"])
+                output = b"".join([event.data async for event in session])
+                assert output == b"hi\n"
+                assert (await session.wait_exit()).code == 3
+                await connection.aclose()
+                with pytest.raises((P2PError, OSError, trio.BrokenResourceError)):
+                    refused = await dial_tcp(host, port, stranger, agent_key)
+                    await nursery.start(refused.run)
+                    await open_shell(refused, argv=["true"])
+        finally:
+            code = await stop(proc)
+        assert code == 0, (tmp_path / "agent.log").read_text()
