@@ -35,15 +35,8 @@ from dataclasses import dataclass
 
 import trio
 
-from nodes.model import JobType
-from p2p.errors import P2PError
-from p2p.keys import KeyPair, format_key
-from p2p.net import Network
-from p2p.rpc import Method, RpcClient, RpcError
-from p2p.swarm import Connection, Swarm, SwarmConfig
-
-from .config import AgentConfig
-from .report import (
+from contracts.agent_config import AgentConfig
+from contracts.agent_report import (
     FAILED,
     FATAL_CODES,
     HEARTBEAT,
@@ -54,6 +47,12 @@ from .report import (
     Hello,
     Report,
 )
+from contracts.model import JobType
+from p2p.errors import P2PError
+from p2p.keys import KeyPair, format_key
+from p2p.net import Network
+from p2p.rpc import Method, RpcClient, RpcError
+from p2p.swarm import Connection, Swarm, SwarmConfig
 
 __all__ = ["Agent", "AgentGaveUp", "AgentRefused", "ReportPolicy", "listen_host"]
 

@@ -2,7 +2,7 @@
 
 Boot order, each step refusing with one line and an exit code:
 
-1. read the config (:func:`agents.config.load_agent_config`, the model the
+1. read the config (:func:`contracts.agent_config.load_agent_config`, the model the
    worker rendered); a bad file or field: exit 2, naming the field;
 2. lock the storage folder (one agent per folder) and load or create the
    identity in ``<storage>/identity`` (:func:`p2p.keys.load_or_create_keypair`,
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic_settings import SettingsConfigDict
 
+from contracts.agent_config import AgentConfig, AgentConfigError, load_agent_config
 from p2p.daemon import (
     ConfigError,
     Daemon,
@@ -37,7 +38,6 @@ from p2p.errors import P2PError
 from p2p.keys import load_or_create_keypair
 
 from ._agent import Address, Agent, AgentGaveUp, AgentRefused, Readiness
-from .config import AgentConfig, AgentConfigError, load_agent_config
 
 __all__ = ["AgentProcessSettings", "main", "parse_addresses"]
 

@@ -50,7 +50,7 @@ MIX = [
 
 
 def build_cluster(racks: int, nodes: int):
-    from nodes.model import NodeInfo, RackReport
+    from contracts.model import NodeInfo, RackReport
     from nodes.ork.placement import Cluster
 
     cluster = Cluster()
@@ -68,7 +68,7 @@ def build_cluster(racks: int, nodes: int):
 
 
 def job_specs(rng: random.Random, count: int) -> list:
-    from nodes.model import JobSpec
+    from contracts.model import JobSpec
 
     weights = [row[0] for row in MIX]
     specs = []
@@ -148,7 +148,7 @@ def main() -> None:
          **shape, **machine())
 
     # Fill every unreserved GPU, then time the retries of jobs that cannot fit now.
-    from nodes.model import JobSpec
+    from contracts.model import JobSpec
     from nodes.ork.placement import NoCapacity
 
     one = JobSpec(name="fill", team="team-0", type="container", image=IMAGE, gpus=1)

@@ -1,8 +1,8 @@
 """``cosmicac agent``: the in-VM job agent (and the ``local`` backend's simulated VMIs).
 
-The worker renders the agent's config (:class:`agents.config.AgentConfig`):
+The worker renders the agent's config (:class:`contracts.agent_config.AgentConfig`):
 into the VMI's cloud-init user data, which writes it to
-:data:`agents.config.AGENT_CONFIG_PATH`, or, on the ``local`` backend, into
+:data:`contracts.agent_config.AGENT_CONFIG_PATH`, or, on the ``local`` backend, into
 the simulated VMI's storage folder, and starts ``cosmicac agent run --config
 FILE`` there.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from agents.config import AGENT_CONFIG_PATH
+from contracts.agent_config import AGENT_CONFIG_PATH
 
 __all__ = ["app"]
 

@@ -34,9 +34,9 @@ import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contracts.model import JobSpec, NodeInfo, RackReport
 from nodes.k8s_worker.kubevirt.render import render_replica, replica_unit
 from nodes.k8s_worker.kubevirt.settings import KubevirtSettings
-from nodes.model import JobSpec, NodeInfo, RackReport
 from nodes.ork.placement import Cluster, PlacementError
 from p2p.keys import KeyPair
 

@@ -31,7 +31,7 @@ from typing import Annotated, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .model import JobSpec, RackReport, ReplicaPlacement, ReplicaState, first_error
+from contracts.model import JobSpec, RackReport, ReplicaPlacement, ReplicaState, first_error
 
 __all__ = [
     "BadMessage",

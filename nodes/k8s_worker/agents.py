@@ -3,7 +3,7 @@
 The worker derives a replica's status from two sources: what the backend
 says of the VMI (or process), and what the VMI's agent says of itself
 (issue 11). This module is the second source. It serves ``cosmicac-agent/1``
-(:mod:`agents.report`) on the worker's swarm and turns the calls into
+(:mod:`contracts.agent_report`) on the worker's swarm and turns the calls into
 :class:`AgentEvent`: ``hello`` (the agent connected and proved which VMI it
 is), ``ready``, ``failed`` (the agent gave up), and ``silent`` when an agent
 that had said hello stops reporting for ``silent_after_s`` (three missed
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import trio
 
-from agents.report import (
+from contracts.agent_report import (
     FAILED,
     HEARTBEAT,
     HELLO,

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import trio
 
-from agents.config import AgentConfig
-from nodes.model import JobSpec, RackReport, ReplicaPlacement
+from contracts.agent_config import AgentConfig
+from contracts.model import JobSpec, RackReport, ReplicaPlacement
 
 __all__ = [
     "Backend",

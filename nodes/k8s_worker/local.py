@@ -61,8 +61,8 @@ from pathlib import Path
 import trio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agents.config import AgentConfigError, load_agent_config
-from nodes.model import NodeInfo, RackReport
+from contracts.agent_config import AgentConfigError, load_agent_config
+from contracts.model import NodeInfo, RackReport
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from nodes.model import ReplicaState
+from contracts.model import ReplicaState
 
 from .backend import VmiPhase
 

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodes.model import JobSpec, ReplicaPlacement, ReplicaState
+from contracts.model import JobSpec, ReplicaPlacement, ReplicaState
 
 __all__ = ["ReplicaRecord", "StoreError", "WorkerStore"]
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import trio
 
+from contracts.model import ReplicaState
 from nodes.control import (
     CreateReplica,
     DeleteReplica,
@@ -43,7 +44,6 @@ from nodes.control import (
     RestartReplica,
     encode,
 )
-from nodes.model import ReplicaState
 
 from .backend import (
     Backend,

@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from contracts.model import JobStatus, RackReport, _key_hex
 from nodes.control import CreateReplica, DeleteReplica, RestartReplica
-from nodes.model import JobStatus, RackReport, _key_hex
 
 from .errors import BadRequest, NotFound, StoreError
 from .placement import Cluster, PlacementError

@@ -3,7 +3,7 @@ free-GPU index placement reads.
 
 Theory of operation
 -------------------
-A worker reports its cluster as a :class:`~nodes.model.RackReport`;
+A worker reports its cluster as a :class:`~contracts.model.RackReport`;
 :meth:`Capacity.set_rack` turns it into :class:`Node` records under a
 :class:`Rack` listed in one location. wrk-ork *claims* GPUs on a node when it
 places a replica and releases them when the replica is deleted. Claims are
@@ -49,7 +49,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from nodes.model import RackReport, _key_hex
+from contracts.model import RackReport, _key_hex
 
 __all__ = [
     "Capacity",

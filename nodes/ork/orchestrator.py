@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal
 
+from contracts.model import JobSpec, JobStatus, JobType, RackReport
 from nodes.control import CreateReplica, DeleteReplica, RackUpdate, ReplicaReport, RestartReplica
-from nodes.model import JobSpec, JobStatus, JobType, RackReport
 
 from ._book import JobBook, OrchestratorStatistics, _new_job_id
 from .errors import BadRequest, InvalidState, NotFound, StoreError

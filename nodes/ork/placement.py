@@ -46,7 +46,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nodes.model import JobSpec, JobType, NodeShare, ReplicaPlacement
+from contracts.model import JobSpec, JobType, NodeShare, ReplicaPlacement
 
 from ._capacity import (
     Capacity,

@@ -50,7 +50,7 @@ from typing import Annotated, Any
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodes.model import JobSpec, KeyHex
+from contracts.model import JobSpec, KeyHex
 from p2p.host import RpcService
 from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
 

@@ -5,12 +5,12 @@ Theory of operation
 wrk-ork keeps, per replica, a :class:`ReplicaStatus` that only the events of
 :data:`REPLICA_TRANSITIONS` change: placement's answer (``PLACED``,
 ``NO_CAPACITY``, ``UNPLACEABLE``), the user's ``RESTART`` and ``DELETE``, and the
-worker's reports (``REPORTED_<state>``, one per :class:`~nodes.model.ReplicaState`).
+worker's reports (``REPORTED_<state>``, one per :class:`~contracts.model.ReplicaState`).
 A (status, event) pair missing from the table is refused: a user action gets
 ``INVALID_STATE``, a report is ignored and counted (it describes something the
 replica cannot be doing, e.g. a report about a replica not yet created).
 
-A job's :class:`~nodes.model.JobStatus` is not stored state of its own: it is
+A job's :class:`~contracts.model.JobStatus` is not stored state of its own: it is
 :func:`derive_job_status` of its replicas' statuses and four flags (a delete or
 a restart was asked; placement said it can never fit; its rack went silent).
 The rules, first match wins::
@@ -44,7 +44,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nodes.model import JobStatus, ReplicaState
+from contracts.model import JobStatus, ReplicaState
 
 from .errors import InvalidState
 

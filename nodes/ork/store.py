@@ -18,7 +18,7 @@ append) with ``synchronous=FULL``: a call that returned is on disk. The schema
 carries its version in ``PRAGMA user_version``; a file from a newer wrk-ork is
 refused rather than misread.
 
-Tables (JSON columns hold the pydantic models of :mod:`nodes.model` and
+Tables (JSON columns hold the pydantic models of :mod:`contracts.model` and
 :mod:`nodes.control`)::
 
     jobs(id PK, seq, spec JSON, status, reason, created_at, updated_at, rack,
@@ -46,8 +46,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from contracts.model import JobSpec, JobStatus, RackReport, ReplicaPlacement
 from nodes.control import CreateReplica, DeleteReplica, Operation, RestartReplica
-from nodes.model import JobSpec, JobStatus, RackReport, ReplicaPlacement
 
 from .errors import StoreError
 from .status import ReplicaStatus

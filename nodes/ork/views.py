@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from nodes.model import JobSpec, JobStatus, ReplicaPlacement
+from contracts.model import JobSpec, JobStatus, ReplicaPlacement
 
 from .status import ReplicaStatus
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import trio
 
-from agents.config import AgentConfig
+from contracts.agent_config import AgentConfig
+from contracts.model import JobType
 from nodes.k8s_worker.agents import AgentEvent, AgentRegistry
 from nodes.k8s_worker.backend import VmiSpec, disk_name, vmi_name
-from nodes.model import JobType
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agents.boot import parse_addresses
-from agents.config import AgentConfigError, load_agent_config
 from cli.main import app
+from contracts.agent_config import AgentConfigError, load_agent_config
 
 from .helpers import agent_config
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import trio
 
-from nodes.model import JobSpec
+from contracts.model import JobSpec
 from nodes.ork.service import (
     CREATE_JOB,
     DELETE_JOB,

@@ -43,8 +43,8 @@ from typing import Any
 
 import trio
 
+from contracts.model import NodeInfo, RackReport
 from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent
-from nodes.model import NodeInfo, RackReport
 
 from .render import LABEL_MANAGED_BY, MANAGED_BY, render_replica, secret_name
 from .settings import KubevirtSettings

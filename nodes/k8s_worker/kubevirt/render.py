@@ -5,7 +5,7 @@ are applied:
 
 1. a core/v1 **Secret** ``<vmi>-cloudinit`` holding the cloud-init NoCloud
    user data: a ``#cloud-config`` that writes the agent's config (JSON) to
-   :data:`agents.config.AGENT_CONFIG_PATH` and starts the agent (on every
+   :data:`contracts.agent_config.AGENT_CONFIG_PATH` and starts the agent (on every
    boot: see :func:`cloud_init_user_data` for restarts). A Secret and
    not inline ``userData``: inline data is capped at 2,048 bytes by KubeVirt's
    create admitter and is readable by anyone who can read the VMI, and the
@@ -33,7 +33,7 @@ import base64
 import json
 from typing import Any
 
-from agents.config import AGENT_CONFIG_PATH, AgentConfig
+from contracts.agent_config import AGENT_CONFIG_PATH, AgentConfig
 from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, replica_unit
 
 from .settings import KubevirtSettings

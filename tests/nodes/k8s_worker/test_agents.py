@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from agents.report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Hello, Report
+from contracts.agent_report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Hello, Report
 from nodes.k8s_worker.agents import AgentEventKind, AgentRegistry, AgentTable
 from p2p.rpc import RpcClient, RpcError, serve_rpc
 from tests.agents.helpers import agent_config, vmi_of

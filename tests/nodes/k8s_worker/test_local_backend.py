@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from contracts.model import JobSpec
 from nodes.k8s_worker.agents import AgentEventKind
 from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase
 from nodes.k8s_worker.local import LocalBackend, LocalClusterSettings, LocalNode
-from nodes.model import JobSpec
 from tests.agents.helpers import agent_config, running_worker, vmi_of
 
 FAKE_AGENT = [sys.executable, str(Path(__file__).with_name("fake_agent.py"))]

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from agents.config import AGENT_CONFIG_PATH, AgentConfig
+from contracts.agent_config import AGENT_CONFIG_PATH, AgentConfig
 from nodes.k8s_worker.kubevirt.render import (
     LABEL_MANAGED_BY,
     cloud_init_user_data,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.model import ReplicaState
 from nodes.k8s_worker.backend import VmiPhase
 from nodes.k8s_worker.replica_state import AgentStatus, VmiView, replica_state
-from nodes.model import ReplicaState
 
 P, A = VmiPhase, AgentStatus
 RUN_READY = VmiView(P.RUNNING, A.READY)

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
+from contracts.model import JobSpec, NodeShare, ReplicaPlacement, ReplicaState
 from nodes.k8s_worker.store import ReplicaRecord, StoreError, WorkerStore
-from nodes.model import JobSpec, NodeShare, ReplicaPlacement, ReplicaState
 
 SPEC = JobSpec(name="demo", team="t1", type="container",
                image="docker://registry.example/cosmicac/ubuntu-cuda:12.4", gpus=2)

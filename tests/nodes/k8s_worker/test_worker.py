@@ -13,6 +13,14 @@ from dataclasses import dataclass
 import pytest
 import trio
 
+from contracts.model import (
+    JobSpec,
+    NodeInfo,
+    NodeShare,
+    RackReport,
+    ReplicaPlacement,
+    ReplicaState,
+)
 from nodes.control import (
     CreateReplica,
     DeleteReplica,
@@ -24,14 +32,6 @@ from nodes.control import (
 from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 from nodes.k8s_worker.store import WorkerStore
 from nodes.k8s_worker.worker import Worker, WorkerRuntime
-from nodes.model import (
-    JobSpec,
-    NodeInfo,
-    NodeShare,
-    RackReport,
-    ReplicaPlacement,
-    ReplicaState,
-)
 
 from ...p2p.helpers import wait_until
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from contracts.model import JobSpec, NodeShare, ReplicaPlacement
 from nodes.k8s_worker.backend import ReplicaUnit
 from nodes.k8s_worker.kubevirt.render import replica_unit
-from nodes.model import JobSpec, NodeShare, ReplicaPlacement
 
 RACK = "ab" * 32
 WORKER = "cd" * 32

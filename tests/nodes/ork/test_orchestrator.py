@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.model import JobStatus, NodeInfo, RackReport
 from nodes.control import CreateReplica, DeleteReplica, RackUpdate, ReplicaReport, RestartReplica
-from nodes.model import JobStatus, NodeInfo, RackReport
 from nodes.ork.errors import BadRequest, InvalidState, NotFound
 from nodes.ork.status import JOB_TRANSITIONS
 

@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from contracts.model import ReplicaState
 from nodes.control import CreateReplica, DeleteReplica, ReplicaReport, RestartReplica
-from nodes.model import ReplicaState
 from nodes.ork.errors import OrkError
 from nodes.ork.status import derive_job_status
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodes.model import JobSpec, NodeInfo, RackReport, ReplicaPlacement
+from contracts.model import JobSpec, NodeInfo, RackReport, ReplicaPlacement
 from nodes.ork.placement import Cluster, NoCapacity, PlacementError, Unplaceable
 
 IMAGE = "docker://registry.local/img:1"

@@ -11,8 +11,8 @@ import trio
 import trio.testing
 from pydantic import BaseModel
 
+from contracts.model import JobStatus
 from nodes.control import ReplicaReport
-from nodes.model import JobStatus
 from nodes.ork import service as ork_service
 from nodes.ork.service import (
     CREATE_JOB,

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from nodes.model import JobStatus, ReplicaState
+from contracts.model import JobStatus, ReplicaState
 from nodes.ork.errors import InvalidState
 from nodes.ork.status import (
     JOB_TRANSITIONS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contracts.model import JobSpec, JobStatus, NodeInfo, RackReport, ReplicaState
 from nodes.control import RackUpdate, ReplicaReport
-from nodes.model import JobSpec, JobStatus, NodeInfo, RackReport, ReplicaState
 from nodes.ork.orchestrator import Orchestrator
 from nodes.ork.views import JobView
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nodes.model import JobType, KeyHex, Runtime, first_error
+from .model import JobType, KeyHex, Runtime, first_error
 
 __all__ = ["AGENT_CONFIG_PATH", "AgentConfig", "AgentConfigError", "load_agent_config"]
 
