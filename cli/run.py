@@ -103,19 +103,25 @@ def apply_config(
     folder = config_dir(config_folder)
     suffix = ".json" if file.suffix.lower() == ".json" else ".toml"
     target = folder / f"{service.value}{suffix}"
+    tmp_name = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
                                          prefix=f".{service.value}.") as tmp:
+            tmp_name = tmp.name
             with file.open("rb") as source:
                 shutil.copyfileobj(source, tmp)
             tmp.flush()
             os.fsync(tmp.fileno())
-        os.chmod(tmp.name, 0o600)
-        os.replace(tmp.name, target)
+        os.chmod(tmp_name, 0o600)
+        os.replace(tmp_name, target)
+        tmp_name = None
         other = folder / f"{service.value}{'.toml' if suffix == '.json' else '.json'}"
         other.unlink(missing_ok=True)  # one installed config per service
     except OSError as exc:
         fail(f"cannot install {file} into {folder}: {exc.strerror or exc}", code=1)
+    finally:
+        if tmp_name is not None:  # a failed copy leaves nothing behind
+            Path(tmp_name).unlink(missing_ok=True)
     typer.echo(f"Installed {target}; restart {service.value} to use it "
                f"(jobs created before the restart keep their relays).")

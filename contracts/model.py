@@ -46,6 +46,7 @@ __all__ = [
     "Runtime",
     "api_status",
     "first_error",
+    "key_hex",
 ]
 
 #: A replica of more GPUs than this is a typo, not a request: 8 nodes of 8.
@@ -62,7 +63,12 @@ IMAGE_PATTERN = re.compile(r"^docker://[A-Za-z0-9][A-Za-z0-9.\-]*(:[0-9]+)?(/[a-
 _KEY_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _key_hex(value: str) -> str:
+def key_hex(value: str) -> str:
+    """``value`` as a canonical public key: 64 lowercase hex characters.
+
+    Raises:
+        ValueError: it is not one.
+    """
     value = value.strip().lower()
     if not _KEY_HEX.match(value):
         raise ValueError("must be a public key: 64 hex characters")
@@ -70,7 +76,7 @@ def _key_hex(value: str) -> str:
 
 
 #: A public key as the platform shows it: 64 lowercase hex characters.
-KeyHex = Annotated[str, AfterValidator(_key_hex)]
+KeyHex = Annotated[str, AfterValidator(key_hex)]
 
 
 class JobType(enum.StrEnum):

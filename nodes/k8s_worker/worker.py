@@ -37,6 +37,7 @@ import trio
 
 from contracts.model import ReplicaState
 from nodes.control import (
+    MAX_MESSAGE_CHARS,
     CreateReplica,
     DeleteReplica,
     RackUpdate,
@@ -333,7 +334,7 @@ class Worker:
     def _system(self, state: _Replica, line: str) -> None:
         record = state.record
         log.info("system job=%s replica=%d %s", record.job_id, record.replica, line)
-        state.message = line[:1000]
+        state.message = line[:MAX_MESSAGE_CHARS]
 
     async def _update(self, state: _Replica) -> None:
         record = state.record

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from contracts.model import JobStatus, RackReport, _key_hex
+from contracts.model import JobStatus, RackReport, key_hex
 from nodes.control import CreateReplica, DeleteReplica, RestartReplica
 
 from .errors import BadRequest, NotFound, StoreError
@@ -169,7 +169,7 @@ class JobBook:
 
     def _key(self, rack: str) -> str:
         try:
-            return _key_hex(rack)
+            return key_hex(rack)
         except (ValueError, AttributeError):
             raise BadRequest(f"rack {str(rack)[:16]!r} is not a worker key "
                              "(64 hex characters)") from None

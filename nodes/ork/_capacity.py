@@ -49,7 +49,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from contracts.model import RackReport, _key_hex
+from contracts.model import RackReport, key_hex
 
 __all__ = [
     "Capacity",
@@ -240,7 +240,7 @@ class Capacity:
             PlacementError: ``rack`` is not a key.
         """
         try:
-            key = _key_hex(rack)
+            key = key_hex(rack)
         except ValueError:
             raise PlacementError(f"rack {rack[:16]!r} is not a worker key (64 hex)") from None
         old = self._racks.get(key)
@@ -386,7 +386,7 @@ class Capacity:
 
     def _rack(self, rack: str) -> Rack:
         try:
-            return self._racks[_key_hex(rack)]
+            return self._racks[key_hex(rack)]
         except (KeyError, ValueError):
             raise PlacementError(f"no rack {short(rack)} is registered") from None
 
