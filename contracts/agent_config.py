@@ -45,6 +45,11 @@ class AgentConfig(BaseModel):
     job_type: JobType
     runtime: Runtime | None = None
     model: str | None = None
+    #: The name requests use for the model (``JobSpec.serves_as``).
+    served_name: str | None = Field(default=None, max_length=200)
+    #: A multi-node replica's head: the rank-0 VMI's address on the overlay
+    #: network, where Ray's head listens. None on a single-node replica.
+    head_address: str | None = Field(default=None, max_length=253)
     #: GPUs this VMI holds.
     gpus: int = Field(ge=0)
     #: The worker the agent reports to (its swarm public key).
@@ -58,7 +63,9 @@ class AgentConfig(BaseModel):
     #: Relays the agent reserves with when inbound connections are blocked;
     #: fixed when the job was created (seeds/relay.txt).
     relays: tuple[KeyHex, ...] = Field(default=(), max_length=16)
-    #: Users' keys allowed to open shells (GPU Container Jobs).
+    #: Who may use the workload: the users' keys allowed to open shells (a GPU
+    #: Container Job), or the proxy-inference keys allowed to send requests
+    #: (a Managed Inference Job).
     authorized_keys: tuple[KeyHex, ...] = Field(default=(), max_length=1024)
     #: How often the agent tells the worker it is alive.
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)

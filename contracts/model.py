@@ -116,6 +116,13 @@ class JobSpec(BaseModel):
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     runtime: Runtime | None = None
     model: str | None = Field(default=None, min_length=1, max_length=200)
+    #: The name clients put in a request's ``model`` (``/v1/models`` lists it);
+    #: None: the model. Two live inference jobs of one team cannot share one.
+    served_name: str | None = Field(default=None, min_length=1, max_length=200,
+                                    pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]*$")
+    #: Users' public keys allowed to open shells (a GPU Container Job): the team
+    #: members' CLI keys, as app-node resolves them when the job is created.
+    authorized_keys: tuple[KeyHex, ...] = Field(default=(), max_length=1024)
     location: str = Field(default="default", min_length=1, max_length=64,
                           pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -127,15 +134,26 @@ class JobSpec(BaseModel):
         if self.type is JobType.CONTAINER:
             if self.replicas != 1:
                 raise ValueError("a GPU Container Job has exactly one replica")
-            if self.runtime is not None or self.model is not None:
-                raise ValueError("a GPU Container Job takes no runtime or model")
+            if (self.runtime is not None or self.model is not None
+                    or self.served_name is not None):
+                raise ValueError("a GPU Container Job takes no runtime, model or served name")
         else:
             if self.runtime is None:
                 raise ValueError("a Managed Inference Job needs a runtime "
                                  "(vllm, parakeet or local)")
             if self.model is None:
                 raise ValueError("a Managed Inference Job needs a model")
+            if self.authorized_keys:
+                raise ValueError("a Managed Inference Job takes no shell keys "
+                                 "(it is reached through proxy-inference)")
         return self
+
+    @property
+    def serves_as(self) -> str | None:
+        """The name requests use for this job's model (inference jobs only)."""
+        if self.type is not JobType.INFERENCE:
+            return None
+        return self.served_name or self.model
 
     @property
     def may_span_nodes(self) -> bool:

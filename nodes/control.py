@@ -16,7 +16,8 @@ Wire form (msgpack map, string keys)::
     {"kind": "delete_replica", "op_id": str, "job_id": str, "replica": int}
 
     {"kind": "replica_report", "job_id": str, "replica": int,
-     "state": ReplicaState, "generation": int, "message": str, "at": float}
+     "state": ReplicaState, "generation": int, "message": str,
+     "agents": [key hex, ...], "at": float}
     {"kind": "rack_report", "rack": {RackReport}, "at": float}
 
 ``generation`` counts restarts of a replica: a report about an older
@@ -31,7 +32,14 @@ from typing import Annotated, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from contracts.model import JobSpec, RackReport, ReplicaPlacement, ReplicaState, first_error
+from contracts.model import (
+    JobSpec,
+    KeyHex,
+    RackReport,
+    ReplicaPlacement,
+    ReplicaState,
+    first_error,
+)
 
 __all__ = [
     "BadMessage",
@@ -110,6 +118,8 @@ class ReplicaReport(_Message):
     state: ReplicaState
     generation: Generation = 0
     message: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    #: The keys of the replica's agents that said hello, by node rank.
+    agents: tuple[KeyHex, ...] = Field(default=(), max_length=64)
     at: float
 
 

@@ -155,6 +155,9 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
             agent=AgentConfig(job_id=job_id, replica=replica, generation=generation,
                               node_rank=rank, node_count=count, job_type=spec.type,
                               runtime=spec.runtime, model=spec.model, gpus=share.gpus,
+                              served_name=spec.serves_as,
+                              head_address=(vmi_name(job_id, replica, 0)
+                                            if placement.multi_node else None),
                               **{**agent, **({"report_token": tokens[rank]} if tokens else {})}),
         )
         for rank, share in enumerate(placement.shares))

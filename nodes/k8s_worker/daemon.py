@@ -85,6 +85,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         worker_key=keypair.hex, worker_addresses=worker_addresses,
         bootstrap=tuple(f"{h}:{p}" for h, p in settings.interconnect.bootstrap),
         relays=relays_hex(settings),
+        proxies=tuple(key.hex() for key in settings.interconnect.proxies),
         heartbeat_interval_s=settings.agents.heartbeat_interval_s,
         report_interval_s=settings.report_interval_s)
     worker = Worker(store=store, backend=backend, registry=registry, agent_events=agent_events,

@@ -40,6 +40,9 @@ class InterconnectSettings(BaseModel):
     relays: PublicKeyList = ()
     #: DHT bootstrap nodes (``host:port``) for the worker and its agents.
     bootstrap: AddressList = ()
+    #: proxy-inference keys that Managed Inference agents accept requests from
+    #: (JSON array); read when a replica starts or restarts.
+    proxies: PublicKeyList = ()
 
 
 class AgentsSettings(BaseModel):

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from contracts.model import ReplicaState
+from contracts.model import JobType, ReplicaState
 from nodes.control import (
     MAX_MESSAGE_CHARS,
     CreateReplica,
@@ -84,6 +84,8 @@ class WorkerRuntime:
     bootstrap: tuple[str, ...] = ()
     #: Relay keys given to jobs created from now on.
     relays: tuple[str, ...] = ()
+    #: proxy-inference keys that inference agents serve (read at each (re)start).
+    proxies: tuple[str, ...] = ()
     heartbeat_interval_s: float = 5.0
     #: The agent's storage folder inside the VMI; None: the agent's default.
     agent_storage: str | None = None
@@ -102,6 +104,7 @@ class _Replica:
     last_message: str = ""
     message: str = ""
     last_report_at: float = -math.inf
+    last_agents: tuple[str, ...] = ()
 
 
 class Worker:
@@ -281,7 +284,10 @@ class Worker:
             "worker": runtime.worker_key, "worker_addresses": runtime.worker_addresses,
             "bootstrap": runtime.bootstrap, "relays": record.relays,
             "heartbeat_interval_s": runtime.heartbeat_interval_s,
-            "report_token": record.tokens[0]}
+            "report_token": record.tokens[0],
+            # Who may use the workload: the team's shell users, or the proxies.
+            "authorized_keys": (record.spec.authorized_keys
+                                if record.spec.type is JobType.CONTAINER else runtime.proxies)}
         if runtime.agent_storage is not None:
             agent["storage"] = runtime.agent_storage
         return replica_unit(record.job_id, record.replica, record.spec, record.placement,
@@ -346,16 +352,32 @@ class Worker:
                                      vmis=[state.views[rank] for rank in sorted(state.views)])
         if computed is None:
             return
+        agents = self._agent_keys(state)
         now = trio.current_time()
-        if computed == state.last_state and (state.message == state.last_message
+        if computed == state.last_state and agents == state.last_agents and (
+                state.message == state.last_message
                 or now - state.last_report_at < MESSAGE_REPORT_INTERVAL_S):
             return
         state.last_state, state.last_message, state.last_report_at = computed, state.message, now
+        state.last_agents = agents
         await self._send(ReplicaReport(job_id=record.job_id, replica=record.replica,
                                        state=computed, generation=record.generation,
-                                       message=state.message, at=self._clock()))
+                                       message=state.message, agents=agents,
+                                       at=self._clock()))
         await trio.to_thread.run_sync(self.store.mark_reported, record.job_id, record.replica,
                                       computed, state.message)
+
+    def _agent_keys(self, state: _Replica) -> tuple[str, ...]:
+        """The keys of the replica's agents that said hello, by node rank (whom
+        proxy-inference may trust as this replica), or () until all of them did."""
+        record = state.record
+        keys = []
+        for rank in range(len(record.placement.shares)):
+            agent = self.registry.state(vmi_name(record.job_id, record.replica, rank))
+            if agent is None or agent.key is None:
+                return ()
+            keys.append(agent.key.hex())
+        return tuple(keys)
 
     async def _send(self, report: ReplicaReport | RackUpdate) -> None:
         key = report.job_id if isinstance(report, ReplicaReport) else RACK_KEY

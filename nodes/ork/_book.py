@@ -262,7 +262,8 @@ class JobBook:
             id=job.id, spec=job.spec, status=job.status, reason=job.reason,
             created_at=job.created_at, updated_at=job.updated_at, rack=job.rack,
             replicas=tuple(ReplicaView(index=r.index, status=r.status, generation=r.generation,
-                                       placement=r.placement, message=r.message)
+                                       placement=r.placement, message=r.message,
+                                       agents=r.agents)
                            for r in sorted(job.replicas.values(), key=lambda r: r.index)))
 
     def _rack_info(self, rack: RackRecord) -> RackInfo:

@@ -9,6 +9,8 @@
     │                              running replica, remove a rack that holds jobs)
     ├── BadRequest                 BAD_REQUEST: the request itself is wrong
     │                              (a container job's replica, a duplicate rack)
+    ├── Conflict                   CONFLICT: it clashes with another job (a
+    │                              served name the team already uses)
     └── StoreError                 STORE: the SQLite file cannot be used (a newer
                                    schema, a corrupt row); the daemon stops
 
@@ -19,7 +21,7 @@ The message says what to do next.
 
 from __future__ import annotations
 
-__all__ = ["BadRequest", "InvalidState", "NotFound", "OrkError", "StoreError"]
+__all__ = ["BadRequest", "Conflict", "InvalidState", "NotFound", "OrkError", "StoreError"]
 
 
 class OrkError(Exception):
@@ -48,6 +50,12 @@ class BadRequest(OrkError):
     """The request is wrong whatever the state (e.g. a replica action on a container job)."""
 
     code = "BAD_REQUEST"
+
+
+class Conflict(OrkError):
+    """The request clashes with another live job (two jobs of a team, one served name)."""
+
+    code = "CONFLICT"
 
 
 class StoreError(OrkError):

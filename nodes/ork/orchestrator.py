@@ -52,7 +52,7 @@ from contracts.model import JobSpec, JobStatus, JobType, RackReport
 from nodes.control import CreateReplica, DeleteReplica, RackUpdate, ReplicaReport, RestartReplica
 
 from ._book import JobBook, OrchestratorStatistics, _new_job_id
-from .errors import BadRequest, InvalidState, NotFound, StoreError
+from .errors import BadRequest, Conflict, InvalidState, NotFound, StoreError
 from .placement import Cluster, NoCapacity, NodeView, PlacementError, Unplaceable
 from .status import (
     PLACED_STATUSES,
@@ -123,7 +123,19 @@ class Orchestrator(JobBook):
         Failed (it can never fit; ``reason`` says why).
 
         The caller then publishes :meth:`outbox` and sends :meth:`drain_events`.
+
+        Raises:
+            Conflict: an inference job of the team that is not being deleted
+                already serves the same name (proxy-inference routes by it).
         """
+        served = spec.serves_as
+        if served is not None:
+            for other in self._jobs.values():
+                if (not other.deleting and other.spec.team == spec.team
+                        and other.spec.serves_as == served):
+                    raise Conflict(f"team {spec.team!r} already serves {served!r} with job "
+                                   f"{other.id}; give this job another served_name or "
+                                   "delete that job first")
         job_id = self._new_job_id()
         while job_id in self._jobs:
             job_id = self._new_job_id()
@@ -541,6 +553,7 @@ class Orchestrator(JobBook):
         replica.status = status
         if report.message:
             replica.message = report.message
+        replica.agents = report.agents
         freed = False
         if event is ReplicaEvent.REPORTED_DELETED:
             self._cluster.unclaim([replica.placement])

@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Bumped whenever a table changes; older files are migrated in :meth:`Store._migrate`.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE jobs (
@@ -86,6 +86,7 @@ CREATE TABLE replicas (
     placement TEXT,
     claimed INTEGER NOT NULL,
     message TEXT NOT NULL,
+    agents TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE racks (
@@ -143,6 +144,8 @@ class ReplicaRecord:
     claimed: bool = False
     #: The worker's latest System log line about it.
     message: str = ""
+    #: Public keys (hex) of its agents, by node rank, as the worker last reported.
+    agents: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -221,6 +224,12 @@ class Store:
                     if statement.strip():
                         self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version == 1:
+            # Version 2 records the replicas' agent keys (proxy-inference trusts them).
+            with self.transaction():
+                self._conn.execute(
+                    "ALTER TABLE replicas ADD COLUMN agents TEXT NOT NULL DEFAULT ''")
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._conn.close()
@@ -247,10 +256,11 @@ class Store:
              int(job.deleting), int(job.unplaceable)))
         self._conn.execute("DELETE FROM replicas WHERE job_id = ?", (job.id,))
         self._conn.executemany(
-            "INSERT INTO replicas VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO replicas VALUES (?,?,?,?,?,?,?,?)",
             [(job.id, r.index, r.status.value, r.generation,
               None if r.placement is None else r.placement.model_dump_json(),
-              int(r.claimed), r.message) for r in job.replicas.values()])
+              int(r.claimed), r.message, ",".join(r.agents))
+             for r in job.replicas.values()])
 
     def delete_job(self, job_id: str) -> None:
         self._conn.execute("DELETE FROM replicas WHERE job_id = ?", (job_id,))
@@ -269,12 +279,13 @@ class Store:
                     updated_at=updated_at, rack=rack, restarting=bool(restarting),
                     deleting=bool(deleting), unplaceable=bool(unplaceable))
             for row in self._conn.execute("SELECT * FROM replicas ORDER BY job_id, idx"):
-                job_id, idx, status, generation, placement, claimed, message = row
+                job_id, idx, status, generation, placement, claimed, message, agents = row
                 jobs[job_id].replicas[idx] = ReplicaRecord(
                     index=idx, status=ReplicaStatus(status), generation=generation,
                     placement=(None if placement is None
                                else ReplicaPlacement.model_validate_json(placement)),
-                    claimed=bool(claimed), message=message)
+                    claimed=bool(claimed), message=message,
+                    agents=tuple(agents.split(",")) if agents else ())
         except (ValidationError, ValueError, KeyError) as exc:
             raise StoreError(f"a job row in {self.path} cannot be read ({exc}); "
                              "restore a backup of the store") from exc

@@ -26,6 +26,9 @@ class ReplicaView(_View):
     placement: ReplicaPlacement | None
     #: The worker's latest System log line about it.
     message: str
+    #: Public keys (hex) of its agents by node rank, once they said hello: the
+    #: keys proxy-inference accepts for this replica.
+    agents: tuple[str, ...] = ()
 
 
 class JobView(_View):

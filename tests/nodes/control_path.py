@@ -59,7 +59,7 @@ def container(name: str = "box", gpus: int = 1) -> JobSpec:
 
 def inference(name: str = "chat", replicas: int = 1, gpus: int = 1) -> JobSpec:
     return JobSpec(name=name, team="t1", type="inference", image=IMAGE, gpus=gpus,
-                   replicas=replicas, runtime="local", model="demo")
+                   replicas=replicas, runtime="local", model="demo", served_name=name)
 
 
 @dataclass

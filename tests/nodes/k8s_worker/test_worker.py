@@ -7,6 +7,7 @@ and the agents; the real ones are tested in their own files and end to end.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from nodes.control import (
     RestartReplica,
     decode_report,
 )
+from nodes.k8s_worker.agents import AgentState
 from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 from nodes.k8s_worker.store import WorkerStore
 from nodes.k8s_worker.worker import Worker, WorkerRuntime
@@ -112,6 +114,7 @@ class AgentEvent:
 class FakeRegistry:
     def __init__(self) -> None:
         self.expected: dict[str, VmiSpec] = {}
+        self.keys: dict[str, bytes] = {}
         self.send, self.receive = trio.open_memory_channel[AgentEvent](100)
 
     def expect(self, vmi: VmiSpec) -> None:
@@ -119,9 +122,21 @@ class FakeRegistry:
 
     def forget(self, name: str) -> None:
         self.expected.pop(name, None)
+        self.keys.pop(name, None)
+
+    def state(self, name: str) -> AgentState | None:
+        vmi = self.expected.get(name)
+        if vmi is None:
+            return None
+        key = self.keys.get(name)
+        return AgentState(vmi_name=name, generation=vmi.agent.generation, key=key,
+                          ready=key is not None, failed=False, silent=False,
+                          last_report_at=None)
 
     async def ready(self, *names: str) -> None:
         for name in names:
+            # A distinct key per VMI, as each agent has its own identity.
+            self.keys[name] = hashlib.blake2b(name.encode(), digest_size=32).digest()
             await self.send.send(AgentEvent(name, "ready",
                                             generation=self.expected[name].agent.generation))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from contracts.model import JobSpec, JobStatus, NodeInfo, RackReport, ReplicaState
@@ -20,9 +21,16 @@ def container(gpus: int = 1, *, team: str = "team-a", location: str = "default")
                    location=location)
 
 
-def inference(gpus: int = 1, replicas: int = 2, *, team: str = "team-a") -> JobSpec:
+_served = itertools.count()
+
+
+def inference(gpus: int = 1, replicas: int = 2, *, team: str = "team-a",
+              served_name: str | None = None) -> JobSpec:
+    """An inference job; each gets its own served name unless one is given
+    (a team cannot serve one name twice)."""
     return JobSpec(name="llm", team=team, type="inference", image=IMAGE, gpus=gpus,
-                   replicas=replicas, runtime="vllm", model="demo")
+                   replicas=replicas, runtime="vllm", model="demo",
+                   served_name=served_name or f"demo-{next(_served)}")
 
 
 class World:
