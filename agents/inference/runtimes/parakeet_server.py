@@ -81,6 +81,8 @@ log = logging.getLogger(__name__)
 
 #: vLLM's ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB`` default (reference §5).
 DEFAULT_MAX_UPLOAD_BYTES = 25 * 1024 * 1024
+#: Room for the form's other fields and multipart boundaries next to the file.
+_FORM_OVERHEAD_BYTES = 64 * 1024
 #: Parakeet's native rate (model card: 16 kHz mono).
 PARAKEET_SAMPLE_RATE = 16_000
 #: What to install when NeMo is missing (NeMo's documented ASR extra).
@@ -144,7 +146,8 @@ def decode_wav(data: bytes) -> Audio:
             width = reader.getsampwidth()
             rate = reader.getframerate()
             frames = reader.readframes(reader.getnframes())
-    except (wave.Error, EOFError, ValueError, OverflowError, MemoryError) as exc:
+    # wave raises a bare RuntimeError for a chunk size past the end of the file.
+    except (wave.Error, EOFError, ValueError, OverflowError, RuntimeError) as exc:
         raise AudioError(f"not a readable WAV file: {exc}") from None
     if channels < 1 or rate < 1:
         raise AudioError("WAV header gives no channels or no sample rate")
@@ -248,6 +251,12 @@ def _field(form: Any, name: str) -> str | None:
     raise _ApiError(400, f"{name}: must be a form field, not a file", param=name)
 
 
+@dataclass(frozen=True, slots=True)
+class _Form:
+    audio: bytes
+    response_format: str
+
+
 class _Api:
     def __init__(self, transcribe: Transcriber, served_name: str, max_upload_bytes: int) -> None:
         self.transcribe = transcribe
@@ -265,31 +274,21 @@ class _Api:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def transcriptions(self, request: Request) -> Response:
-        try:
-            form = await request.form(max_files=1, max_fields=32)
-        except HTTPException as exc:  # starlette's 400 for a malformed multipart body
-            raise _ApiError(400, f"bad multipart body: {exc.detail}") from None
-        async with form:
-            model = _field(form, "model")
-            if not model:
-                raise _ApiError(400, "model: required", param="model")
-            if model != self.served_name:
-                raise _ApiError(404, f"The model `{model}` does not exist.", param="model")
-            response_format = _field(form, "response_format") or "json"
-            if response_format not in ("json", "text"):
-                raise _ApiError(400, f"response_format: {response_format!r} is not supported "
-                                "(json or text)", param="response_format")
-            if (_field(form, "stream") or "false").lower() in ("true", "1"):
-                raise _ApiError(400, "stream: streaming transcription is not supported",
-                                param="stream")
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise _ApiError(400, "file: required (an audio file)", param="file")
-            data = await upload.read(self.max_upload_bytes + 1)
-        if len(data) > self.max_upload_bytes:
+        # Refuse a declared oversize body before starlette spools it to disk.
+        # (A chunked body without a length is still read whole first.)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_upload_bytes + _FORM_OVERHEAD_BYTES:
             raise _ApiError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
         try:
-            audio = decode_audio(data)
+            # The context closes the spooled upload files when done.
+            async with request.form(max_files=1, max_fields=32) as form:
+                data = await self._read_form(form)
+        except HTTPException as exc:  # starlette's 400 for a malformed multipart body
+            raise _ApiError(400, f"bad multipart body: {exc.detail}") from None
+        if len(data.audio) > self.max_upload_bytes:
+            raise _ApiError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
+        try:
+            audio = decode_audio(data.audio)
         except AudioError as exc:
             raise _ApiError(400, f"file: {exc}", param="file") from None
         if self._limiter is None:
@@ -300,10 +299,30 @@ class _Api:
             log.exception("transcription.failed model=%s seconds=%.1f",
                           self.served_name, audio.seconds)
             raise _ApiError(500, f"transcription failed: {exc}") from None
-        if response_format == "text":
+        if data.response_format == "text":
             return PlainTextResponse(text)
         seconds = math.ceil(audio.seconds)
         return JSONResponse({"text": text, "usage": {"type": "duration", "seconds": seconds}})
+
+    async def _read_form(self, form: Any) -> _Form:
+        model = _field(form, "model")
+        if not model:
+            raise _ApiError(400, "model: required", param="model")
+        if model != self.served_name:
+            raise _ApiError(404, f"The model `{model}` does not exist.", param="model")
+        response_format = _field(form, "response_format") or "json"
+        if response_format not in ("json", "text"):
+            raise _ApiError(400, f"response_format: {response_format!r} is not supported "
+                            "(json or text)", param="response_format")
+        if (_field(form, "stream") or "false").lower() in ("true", "1"):
+            raise _ApiError(400, "stream: streaming transcription is not supported",
+                            param="stream")
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise _ApiError(400, "file: required (an audio file)", param="file")
+        # One byte over the bound is enough to refuse; never read the rest.
+        audio = await upload.read(self.max_upload_bytes + 1)
+        return _Form(audio=audio, response_format=response_format)
 
 
 def create_app(
