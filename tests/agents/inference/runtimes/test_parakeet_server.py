@@ -102,6 +102,15 @@ async def test_text_format_answers_the_bare_transcript() -> None:
     assert response.status_code == 200 and response.text == "hello world"
 
 
+async def test_a_wav_without_frames_is_empty_text_and_zero_seconds() -> None:
+    recorder = Recorder()
+    async with client_for(recorder) as client:
+        response = await client.post("/v1/audio/transcriptions", data={"model": "parakeet"},
+                                     files={"file": ("a.wav", wav_bytes([]), "audio/wav")})
+    assert response.json() == {"text": "", "usage": {"type": "duration", "seconds": 0}}
+    assert recorder.clips == []
+
+
 @pytest.mark.parametrize(
     ("data", "files", "status", "param"),
     [({"model": "whisper"}, True, 404, "model"),
