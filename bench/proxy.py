@@ -37,14 +37,15 @@ a rep (the machine is noisy), and the median of the reps is printed:
    streams together, over the batch's wall time) with 1 and
    ``--stream-clients`` streams at once, and ``ttfc_p50_1`` / ``ttfc_p99_1``
    (ms, request sent -> first ``data:`` event, 1 stream at a time). The demo
-   engine's answers are at most 40 tokens, so the prompt used is one whose
-   answer is that long; ``stream_chunks`` says how many events a stream has.
+   engine's answers are short (at most 32 tokens whatever ``max_tokens``), so
+   the prompt is the one with the longest answer among 400 tried;
+   ``stream_chunks`` says how many events a stream carried.
 
 A short table follows on stderr. Targets (issue 12), printed beside
 ``ours``: p50 added latency <= 2 ms; >= 1,000 req/s at 64 clients through one
 proxy process; ahead of LiteLLM's proxy on both.
 
-usage: python bench/proxy.py [--quick] [--reps 3] [--duration 5]
+usage: python bench/proxy.py [--quick] [--reps 3] [--duration 5] [--warm-up 2]
                              [--legs direct litellm ours] [--stream-clients 8]
                              [--streams 200] [--litellm-venv bench/.venv-litellm]
 """
@@ -525,29 +526,34 @@ TARGETS: dict[str, tuple[str, Callable[[float, dict[str, float | None]], bool]]]
 
 def report(legs: list[Leg], samples: Samples, args: argparse.Namespace) -> None:
     names = [leg.name for leg in legs]
-    metrics = sorted({metric for (_, metric) in samples.values})
-    base = {m: samples.median("direct", m) for m in ("latency_p50_1", "latency_p99_1")}
+    # Added latency per rep (the legs ran back to back in it), then the median.
     for leg in legs:
         for m in ("latency_p50_1", "latency_p99_1"):
-            value, ref = samples.median(leg.name, m), base[m]
-            if leg.name != "direct" and value is not None and ref is not None:
-                samples.values[(leg.name, m.replace("latency", "added"))] = [value - ref]
+            mine, ref = samples.values.get((leg.name, m)), samples.values.get(("direct", m))
+            if leg.name != "direct" and mine and ref and len(mine) == len(ref):
+                samples.values[(leg.name, m.replace("latency", "added"))] = [
+                    a - b for a, b in zip(mine, ref, strict=True)]
     metrics = sorted({metric for (_, metric) in samples.values})
     litellm = {m: samples.median("litellm", m) for m in TARGETS}
+    verdicts: list[str] = []
     for leg in legs:
-        for index, metric in enumerate(metrics):
+        first = True
+        for metric in metrics:
             value = samples.median(leg.name, metric)
             if value is None:
                 continue
             extra: dict[str, Any] = {"leg": leg.name,
                                      "reps": sorted(samples.values[(leg.name, metric)])}
-            if index == 0:
+            if first:
+                first = False
                 extra.update(leg.info, machine=machine(), load_average=args.load_average,
                              duration_s=args.duration,
                              stream_clients=args.stream_clients, streams=args.streams)
             if leg.name == "ours" and metric in TARGETS:
                 target, check = TARGETS[metric]
-                extra.update(target=target, met=check(value, litellm))
+                met = check(value, litellm)
+                extra.update(target=target, met=met)
+                verdicts.append(f"{metric} {value:.2f} {'met' if met else 'NOT met'}")
             emit(BENCH, metric, value, _unit(metric), **extra)
     columns = [("p50 1c", "latency_p50_1"), ("p99 1c", "latency_p99_1"),
                ("+p50", "added_p50_1"), ("+p99", "added_p99_1"), ("req/s 64c", "rps_64"),
@@ -564,23 +570,31 @@ def report(legs: list[Leg], samples: Samples, args: argparse.Namespace) -> None:
             cells.append(f"{'-' if value is None else f'{value:.2f}':>12}")
         print(f"{name:<8}" + "".join(cells), file=out)
     print("targets for ours: +p50 <= 2 ms, >= 1,000 req/s at 64 clients, ahead of litellm "
-          "on both (ms; chunks/s = SSE events/s of all streams together)", file=out, flush=True)
+          "on both (ms; chunks/s = SSE events/s of all streams together)"
+          + (": " + "; ".join(verdicts) if verdicts else ""), file=out, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="1 rep, 1 s runs, 40 streams (a smoke run, figures rough)")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+                        help="1 rep, 2 s runs, 40 streams (a smoke run, figures rough)")
+    parser.add_argument("--reps", type=int, default=None, help="(default 3; 1 quick)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="seconds per wrk run (default 5; 2 quick)")
     parser.add_argument("--legs", nargs="+", default=["direct", "litellm", "ours"],
                         choices=["direct", "litellm", "ours"])
     parser.add_argument("--stream-clients", type=int, default=8)
-    parser.add_argument("--streams", type=int, default=200, help="streams per measurement")
+    parser.add_argument("--streams", type=int, default=None,
+                        help="streams per measurement (default 200; 40 quick)")
+    parser.add_argument("--warm-up", type=float, default=None, metavar="SECONDS",
+                        help="64-client load on each leg before measuring (default 2; 1 quick)")
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_LITELLM_VENV)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.reps, args.duration, args.streams = 1, 2.0, 40
+    # Flags left out take their --quick or full-run value; flags given win.
+    for name, quick, full in (("reps", 1, 3), ("duration", 2.0, 5.0), ("streams", 40, 200),
+                              ("warm_up", 1.0, 2.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if "direct" not in args.legs:
         args.legs.insert(0, "direct")  # the reference for every "added" figure
     args.load_average = [round(x, 2) for x in os.getloadavg()]  # the noise to expect
@@ -602,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
                 reason = f"{type(exc).__name__}: {exc}"
                 print(json.dumps({"bench": BENCH, "leg": name, "skipped": reason[:2000]}),
                       flush=True)
-        warm_up(legs, 1.0 if args.quick else 2.0)
+        if args.warm_up > 0:
+            warm_up(legs, args.warm_up)
         samples = Samples()
         for _ in range(args.reps):
             measure_rep(legs, args, samples, stream_prompt)
