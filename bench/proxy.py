@@ -7,16 +7,20 @@ so what is measured is the HTTP path and the proxies, not a model. Legs:
 
 * ``direct``: clients -> the model server.
 * ``litellm``: clients -> LiteLLM's proxy (PyPI ``litellm[proxy]``) -> the model
-  server. It lives in its own venv, ``bench/.venv-litellm`` (made and filled
-  by this script when missing, ``--litellm-venv`` to move it; never in the
-  project's venv: it pins many packages). Run as ``litellm --config C --host
-  127.0.0.1 --port M --num_workers 1`` (one process, like ours), config:
-  ``openai/demo`` at ``http://127.0.0.1:N/v1`` with ``api_key: dummy``, a
-  fixed ``master_key`` (ours checks an API key too; without a database the
-  master key is LiteLLM's cheapest authenticated path), no database, no
-  callbacks, ``LITELLM_LOG=ERROR``; nothing leaves 127.0.0.1:
-  ``LITELLM_OFFLINE_MODE=true``, ``LITELLM_LOCAL_MODEL_COST_MAP=true``,
-  ``LITELLM_TELEMETRY=False``, no proxy variables.
+  server. It lives in its own venv, ``bench/.venv-litellm`` (made with
+  ``litellm[proxy]`` and ``httptools`` by this script when missing, once, a
+  few minutes; ``--litellm-venv`` to move it; never in the project's venv:
+  it pins many packages). Run as ``litellm --config C --host 127.0.0.1 --port
+  M --num_workers 1`` (one process, like ours; uvicorn with uvloop and
+  httptools), config: ``openai/demo`` at ``http://127.0.0.1:N/v1`` with
+  ``api_key: dummy``, a fixed ``master_key`` (ours checks an API key too;
+  without a database the master key is LiteLLM's cheapest authenticated
+  path), no database, no callbacks, no spend logs, ``LITELLM_LOG=ERROR``,
+  ``LITELLM_MODE=PRODUCTION``. Nothing leaves 127.0.0.1: the bundled
+  catalogues instead of fetched ones (``LITELLM_OFFLINE_MODE=true`` and the
+  per-catalogue ``LITELLM_LOCAL_*=true``), usage telemetry off (its
+  ``LITELLM_TELEMETRY_*`` variables unset; ``LITELLM_TELEMETRY=False`` for
+  older versions), no HTTP proxy variables.
 * ``ours``: clients -> proxy-inference -> (swarm, RPC) -> agent-inference ->
   the model server; see :func:`start_ours`. Printed as skipped (with the
   reason) while the pieces it needs are not importable.
@@ -35,7 +39,8 @@ a rep (the machine is noisy), and the median of the reps is printed:
    the ceiling it leaves.
 3. ``stream_chunks_per_s_1`` / ``stream_chunks_per_s_N`` (SSE events/s, all
    streams together, over the batch's wall time) with 1 and
-   ``--stream-clients`` streams at once, and ``ttfc_p50_1`` / ``ttfc_p99_1``
+   ``--stream-clients`` streams at once, streams started for ``--duration``
+   seconds (at most ``--streams``), and ``ttfc_p50_1`` / ``ttfc_p99_1``
    (ms, request sent -> first ``data:`` event, 1 stream at a time). The demo
    engine's answers are short (at most 32 tokens whatever ``max_tokens``), so
    the prompt is the one with the longest answer among 400 tried;
@@ -47,7 +52,7 @@ proxy process; ahead of LiteLLM's proxy on both.
 
 usage: python bench/proxy.py [--quick] [--reps 3] [--duration 5] [--warm-up 2]
                              [--legs direct litellm ours] [--stream-clients 8]
-                             [--streams 200] [--litellm-venv bench/.venv-litellm]
+                             [--streams 1000] [--litellm-venv bench/.venv-litellm]
 """
 
 from __future__ import annotations
@@ -85,8 +90,9 @@ LITELLM_KEY = "sk-bench-litellm"
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_LITELLM_VENV = HERE / ".venv-litellm"
-#: What we install into that venv.
-LITELLM_REQUIREMENT = "litellm[proxy]"
+#: What we install into that venv: the proxy, and httptools, the HTTP parser
+#: uvicorn picks when present (its ``standard`` extra; faster than h11).
+LITELLM_REQUIREMENTS = ("litellm[proxy]", "httptools")
 
 
 class LegUnavailable(Exception):
@@ -183,22 +189,22 @@ def start_direct(workdir: Path, model_port: int) -> Iterator[Leg]:
 
 def ensure_litellm(venv: Path) -> Path:
     """The ``litellm`` executable of ``venv``, made and filled with
-    ``litellm[proxy]`` from PyPI (pip, minutes) when missing."""
+    :data:`LITELLM_REQUIREMENTS` from PyPI (pip, minutes) when missing."""
     exe = venv / "bin" / "litellm"
     if exe.exists():
         return exe
-    print(f"# installing {LITELLM_REQUIREMENT} into {venv} (once; a few minutes)",
+    print(f"# installing {' '.join(LITELLM_REQUIREMENTS)} into {venv} (once; minutes)",
           file=sys.stderr, flush=True)
     base = getattr(sys, "_base_executable", sys.executable)
     steps = [[base, "-m", "venv", str(venv)],
-             [str(venv / "bin" / "pip"), "install", "-q", LITELLM_REQUIREMENT]]
+             [str(venv / "bin" / "pip"), "install", "-q", *LITELLM_REQUIREMENTS]]
     for argv in steps:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
         if done.returncode != 0:
             raise LegUnavailable(f"{' '.join(argv[:3])} failed: {done.stderr.strip()[-500:]}")
     (venv / ".gitignore").write_text("*\n")  # keep the venv out of git status
     if not exe.exists():
-        raise LegUnavailable(f"{exe} missing after installing {LITELLM_REQUIREMENT}")
+        raise LegUnavailable(f"{exe} missing after installing {LITELLM_REQUIREMENTS}")
     return exe
 
 
@@ -469,11 +475,13 @@ def load(leg: Leg, connections: int, duration_s: float, samples: Samples) -> Non
         samples.add(leg.name, f"latency_p99_{c}", got.p99_ms)
 
 
-def stream(leg: Leg, clients: int, streams: int, prompt: str, samples: Samples) -> None:
+def stream(leg: Leg, clients: int, streams: int, seconds: float, prompt: str,
+           samples: Samples) -> None:
     settle(leg)
     body = chat_body(max_tokens=512, stream=True, prompt=prompt)
     got = trio.run(lambda: run_streams(HOST, leg.port, "/v1/chat/completions", body,
-                                       api_key=leg.api_key, clients=clients, streams=streams))
+                                       api_key=leg.api_key, clients=clients, streams=streams,
+                                       time_limit_s=seconds))
     samples.add(leg.name, f"stream_chunks_per_s_{clients}", got.chunks_per_s)
     samples.add(leg.name, f"stream_errors_{clients}", got.errors)
     if got.streams:
@@ -494,7 +502,7 @@ def measure_rep(legs: list[Leg], args: argparse.Namespace, samples: Samples,
         load(leg, 64, args.duration, samples)
     for leg in legs:
         for clients in (1, args.stream_clients):
-            stream(leg, clients, args.streams, stream_prompt, samples)
+            stream(leg, clients, args.streams, args.duration, stream_prompt, samples)
 
 
 def warm_up(legs: list[Leg], seconds: float) -> None:
@@ -585,13 +593,14 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["direct", "litellm", "ours"])
     parser.add_argument("--stream-clients", type=int, default=8)
     parser.add_argument("--streams", type=int, default=None,
-                        help="streams per measurement (default 200; 40 quick)")
+                        help="most streams per measurement, which also stops after "
+                             "--duration (default 1000; 40 quick)")
     parser.add_argument("--warm-up", type=float, default=None, metavar="SECONDS",
                         help="64-client load on each leg before measuring (default 2; 1 quick)")
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_LITELLM_VENV)
     args = parser.parse_args(argv)
     # Flags left out take their --quick or full-run value; flags given win.
-    for name, quick, full in (("reps", 1, 3), ("duration", 2.0, 5.0), ("streams", 40, 200),
+    for name, quick, full in (("reps", 1, 3), ("duration", 2.0, 5.0), ("streams", 40, 1000),
                               ("warm_up", 1.0, 2.0)):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
