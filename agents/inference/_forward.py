@@ -8,8 +8,8 @@ Two layers:
   passed on), :class:`SseSplitter` (whole events out of a byte stream, the
   usage taken from the one that carries it) and :func:`usage_of` (the usage of
   a whole JSON answer: tokens, or a transcription's audio seconds);
-- :class:`ModelClient`: the HTTP client to the model server on loopback
-  (keep-alive connections, pooled), yielding :class:`InferFrame` s.
+- :class:`ModelClient`: the model server's answers as :class:`InferFrame` s,
+  over the pooled keep-alive connections of ``_http.py``.
 
 Frames, as ``contracts/inference.py`` orders them: a whole answer is one
 frame (status, content type, body, usage, done). A streamed answer's first
@@ -26,10 +26,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from contracts.inference import InferFrame, Usage
 from p2p.rpc import RpcError
+
+from ._http import HttpError, HttpPool, Response
 
 __all__ = [
     "MAX_ANSWER_BYTES",
@@ -165,26 +165,23 @@ class SseSplitter:
 
 
 class ModelClient:
-    """HTTP/1.1 keep-alive connections to the model server on loopback.
+    """Keep-alive HTTP/1.1 connections to the model server on loopback.
 
     Args:
-        base_url: ``http://127.0.0.1:PORT`` (the plan's).
+        host, port: where the model server listens.
         max_connections: requests in flight to the server at once.
         timeout_s: longest silence while reading an answer (a long generation
             streams; a whole answer may take minutes on a big model).
     """
 
-    def __init__(self, base_url: str, *, max_connections: int = 256,
+    def __init__(self, host: str, port: int, *, max_connections: int = 256,
                  timeout_s: float = 600.0) -> None:
-        self.base_url = base_url
-        self._http = httpx.AsyncClient(
-            base_url=base_url, trust_env=False,
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
-            timeout=httpx.Timeout(timeout_s, connect=5.0, pool=timeout_s))
+        self.base_url = f"http://{host}:{port}"
+        self._pool = HttpPool(host, port, max_connections=max_connections,
+                              read_timeout_s=timeout_s)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._pool.aclose()
 
     async def forward(self, path: str, content_type: str, body: bytes
                       ) -> AsyncIterator[InferFrame]:
@@ -194,49 +191,33 @@ class ModelClient:
             RpcError: ``UNAVAILABLE`` when the server cannot be reached (nothing
                 was sent); ``UPSTREAM`` when it failed after the request went out.
         """
-        prepared = prepare(path, body) if content_type.startswith("application/json") \
-            else Prepared(body)
-        request = self._http.build_request("POST", path, content=prepared.body,
-                                           headers={"content-type": content_type})
+        prepared = (prepare(path, body) if content_type.startswith("application/json")
+                    else Prepared(body))
         try:
-            response = await self._http.send(request, stream=True)
-        except httpx.ConnectError as exc:
-            raise RpcError("UNAVAILABLE", f"the model server is not reachable: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise RpcError("UPSTREAM", f"the model server failed: {exc!r}") from None
-        try:
-            kind = response.headers.get("content-type", "application/octet-stream")
-            if prepared.stream and kind.startswith("text/event-stream"):
-                async for frame in self._events(response, kind, prepared.strip_usage):
-                    yield frame
-            else:
-                yield await self._whole(response, kind)
-        except httpx.HTTPError as exc:
-            raise RpcError("UPSTREAM", f"the model server failed mid-answer: {exc!r}") from None
-        finally:
-            await response.aclose()
+            async with self._pool.request("POST", path, [("content-type", content_type)],
+                                          prepared.body) as response:
+                kind = response.headers.get("content-type", "application/octet-stream")
+                if prepared.stream and kind.startswith("text/event-stream"):
+                    async for frame in self._events(response, kind, prepared.strip_usage):
+                        yield frame
+                else:
+                    data = await response.body(MAX_ANSWER_BYTES)
+                    usage = (usage_of(data) if response.status < 300 and "json" in kind
+                             else None)
+                    yield InferFrame(status=response.status, content_type=kind, data=data,
+                                     usage=usage or Usage(), done=True)
+        except HttpError as exc:
+            if not exc.sent:
+                raise RpcError("UNAVAILABLE", f"the model server is not reachable: {exc}"
+                               ) from None
+            raise RpcError("UPSTREAM", f"the model server failed: {exc}") from None
 
     @staticmethod
-    async def _whole(response: httpx.Response, kind: str) -> InferFrame:
-        chunks = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > MAX_ANSWER_BYTES:
-                raise RpcError("UPSTREAM", f"the model server's answer exceeds "
-                                           f"{MAX_ANSWER_BYTES} bytes")
-            chunks.append(chunk)
-        data = b"".join(chunks)
-        usage = usage_of(data) if response.status_code < 300 and "json" in kind else None
-        return InferFrame(status=response.status_code, content_type=kind, data=data,
-                          usage=usage or Usage(), done=True)
-
-    @staticmethod
-    async def _events(response: httpx.Response, kind: str, strip_usage: bool
+    async def _events(response: Response, kind: str, strip_usage: bool
                       ) -> AsyncIterator[InferFrame]:
         splitter = SseSplitter(strip_usage=strip_usage)
-        head: dict[str, Any] = {"status": response.status_code, "content_type": kind}
-        async for chunk in response.aiter_raw():
+        head: dict[str, Any] = {"status": response.status, "content_type": kind}
+        async for chunk in response.iter_body():
             data = splitter.feed(chunk)
             while len(data) > MAX_FRAME_DATA:
                 yield InferFrame(**head, data=data[:MAX_FRAME_DATA])

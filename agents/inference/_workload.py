@@ -72,7 +72,7 @@ class InferenceWorkload:
         self.extra_args = tuple(extra_args)
         self.served_name = config.served_name or config.model
         self.topic = job_topic(config.job_id)
-        self.client = ModelClient(f"http://127.0.0.1:{self.port}")
+        self.client = ModelClient("127.0.0.1", self.port)
         self.healthy = False
         self.announced = False
         self.supervisor: ModelSupervisor | None = None
