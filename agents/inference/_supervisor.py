@@ -4,8 +4,10 @@ The supervisor owns every process of the plan (the model server, and for a
 multi-node vLLM replica Ray's head or worker) and every clock around them. It
 follows the rules in ``runtimes/_plan.py``: steps in order, ``RUN_TO_EXIT``
 steps bounded, any ``KEEP_RUNNING`` step's exit fails the whole plan, stop in
-reverse order with SIGTERM then SIGKILL (to the process group: vLLM and Ray
-fork workers that must not outlive them).
+reverse order with SIGTERM then SIGKILL. The steps stay in the agent's
+process group, so whoever stops the agent's group (the ``local`` backend
+stopping a VMI, a terminal's Ctrl-C) stops the model server and its workers
+with it, even when the agent is killed without a chance to clean up.
 
 Health, for a plan that listens: ``GET health_path`` until 200 (bounded by
 ``startup_timeout_s``), then the deep check (one generated token) once; then
@@ -166,7 +168,7 @@ class ModelSupervisor:
         try:
             process = await trio.lowlevel.open_process(
                 list(step.argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, start_new_session=True)
+                stderr=subprocess.PIPE, env=env)
         except OSError as exc:
             raise _PlanFailed(f"cannot start {step.name} ({step.argv[0]}): "
                               f"{exc.strerror or exc}") from None
@@ -332,19 +334,12 @@ def _status(code: int) -> str:
 
 
 async def _stop(process: trio.Process, timeout_s: float) -> None:
-    """SIGTERM the step's process group, SIGKILL it after ``timeout_s``."""
+    """SIGTERM the step, SIGKILL it after ``timeout_s`` (vLLM and Ray stop their
+    own workers on SIGTERM)."""
     if process.returncode is None:
-        _signal_group(process, signal.SIGTERM)
+        process.terminate()
         with trio.move_on_after(timeout_s):
             await process.wait()
-    # The leader may be gone while its children live on: the group goes either way.
-    _signal_group(process, signal.SIGKILL)
     if process.returncode is None:
+        process.kill()
         await process.wait()
-
-
-def _signal_group(process: trio.Process, sig: signal.Signals) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
