@@ -20,11 +20,17 @@ usage and ``done``.
 
 from __future__ import annotations
 
+import email
+import email.policy
+import io
 import json
 import math
+import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+
+import trio
 
 from contracts.inference import InferFrame, Usage
 from p2p.rpc import RpcError
@@ -36,6 +42,7 @@ __all__ = [
     "ModelClient",
     "Prepared",
     "SseSplitter",
+    "audio_usage",
     "prepare",
     "usage_of",
 ]
@@ -104,6 +111,27 @@ def _usage(value: Any) -> Usage | None:
     if not counts["total_tokens"]:
         counts["total_tokens"] = counts["prompt_tokens"] + counts["completion_tokens"]
     return Usage(**counts)
+
+
+def audio_usage(content_type: str, body: bytes) -> Usage | None:
+    """The duration of a transcription request's WAV ``file``, for answers that
+    carry no usage (``response_format`` text, srt or vtt); None if unknown."""
+    if not content_type.startswith("multipart/form-data"):
+        return None
+    try:
+        message = email.message_from_bytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body,
+            policy=email.policy.HTTP)
+        for part in message.iter_parts():
+            if part.get_param("name", header="content-disposition") != "file":
+                continue
+            audio = part.get_payload(decode=True)
+            with wave.open(io.BytesIO(audio)) as wav:
+                rate, frames = wav.getframerate(), wav.getnframes()
+            return Usage(audio_ms=math.ceil(frames * 1000 / rate)) if rate > 0 else None
+    except (ValueError, TypeError, UnicodeError, EOFError, wave.Error, AttributeError):
+        return None
+    return None
 
 
 def usage_of(body: bytes) -> Usage | None:
@@ -202,8 +230,12 @@ class ModelClient:
                         yield frame
                 else:
                     data = await response.body(MAX_ANSWER_BYTES)
-                    usage = (usage_of(data) if response.status < 300 and "json" in kind
-                             else None)
+                    usage = None
+                    if response.status < 300:
+                        usage = usage_of(data) if "json" in kind else None
+                        if usage is None and path == "/v1/audio/transcriptions":
+                            usage = await trio.to_thread.run_sync(audio_usage, content_type,
+                                                                  body)
                     yield InferFrame(status=response.status, content_type=kind, data=data,
                                      usage=usage or Usage(), done=True)
         except HttpError as exc:

@@ -72,3 +72,42 @@ def test_any_bytes_from_a_server_are_passed_on_or_ignored_never_raise(data):
     splitter.feed(data)
     splitter.flush()
     usage_of(data)
+
+
+def wav_bytes(seconds: float, rate: int = 16000) -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(b"\0\0" * int(seconds * rate))
+    return out.getvalue()
+
+
+def multipart(audio: bytes, boundary: str = "b0und4ry") -> tuple[str, bytes]:
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
+            f"speech\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n").encode()
+    body += audio + f"\r\n--{boundary}--\r\n".encode()
+    return f"multipart/form-data; boundary={boundary}", body
+
+
+def test_a_transcription_without_usage_is_billed_by_its_wav_duration():
+    from agents.inference._forward import audio_usage
+
+    kind, body = multipart(wav_bytes(2.5, rate=8000))
+    assert audio_usage(kind, body) == Usage(audio_ms=2500)
+    assert audio_usage(kind, multipart(b"not a wav")[1]) is None
+    assert audio_usage("application/json", body) is None
+
+
+@given(st.binary(max_size=3000))
+def test_audio_usage_of_any_bytes_never_raises(data):
+    from agents.inference._forward import audio_usage
+
+    audio_usage("multipart/form-data; boundary=x", data)
+    audio_usage("multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data; "
+                b"name=\"file\"\r\n\r\n" + data + b"\r\n--x--\r\n")
