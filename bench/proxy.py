@@ -361,7 +361,10 @@ def _ours_world(answers: Any, root: str) -> None:
                     "bench", OURS_TEAM, "bench", OURS_SECRET, (), int(time.time() * 1000))])
                 bootstrap = f"{HOST}:{node_port}"
                 # 2. wrk-ork and a local worker whose agents know the DHT and the proxy.
-                path = ControlPath(base, nursery, KeyPair.generate(), free_port(), free_port())
+                # The proxy is one of wrk-ork's clients (proxy_keys); the agents
+                # announce on the DHT whose bootstrap is the node above.
+                path = ControlPath(base, nursery, KeyPair.generate(), free_port(), free_port(),
+                                   proxy_keys=(proxy_key.hex,))
                 await path.start_ork()
                 await path.start_worker(interconnect={"bootstrap": [bootstrap],
                                                       "proxies": [proxy_key.hex]})
