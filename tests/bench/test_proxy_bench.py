@@ -19,7 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")]
 
 
 def test_direct_leg_prints_every_figure() -> None:
