@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -95,6 +96,9 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     mean_ms: float
+    #: wrk's own CPU (user + system) over the run's wall time, in cores: well
+    #: below 1 means the load generator was not what limited the rate.
+    cpu_cores: float
 
     @property
     def rate(self) -> float:
@@ -120,11 +124,15 @@ def run_wrk(
         path = handle.name
     try:
         seconds = max(1, round(duration_s))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        began = time.perf_counter()
         proc = subprocess.run(
             [wrk, f"-t{min(threads, connections)}", f"-c{connections}", f"-d{seconds}s",
              "--timeout", "10s", "-s", path, url],
             capture_output=True, text=True, timeout=seconds + 60, check=False,
         )
+        wall = time.perf_counter() - began
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         Path(path).unlink(missing_ok=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("WRKJSON ")), None)
@@ -139,6 +147,7 @@ def run_wrk(
         p50_ms=raw["p50_us"] / 1000,
         p99_ms=raw["p99_us"] / 1000,
         mean_ms=raw["mean_us"] / 1000,
+        cpu_cores=(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / wall,
     )
 
 

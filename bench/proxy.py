@@ -35,8 +35,9 @@ a rep (the machine is noisy), and the median of the reps is printed:
 2. ``rps_64`` (req/s), ``latency_p50_64`` / ``latency_p99_64`` (ms): the same
    request from 64 kept-alive connections (``wrk -t1 -c64``, closed loop);
    ``errors_64``: non-2xx, timeouts and socket errors. ``wrk`` in C is the
-   load generator so that it is not the bottleneck; ``direct``'s figure shows
-   the ceiling it leaves.
+   load generator so that it is not the bottleneck: ``loadgen_cpu_64`` is
+   its own CPU over the run in cores (well below 1: not the limit), and
+   ``direct``'s rate is the ceiling the model server leaves.
 3. ``stream_chunks_per_s_1`` / ``stream_chunks_per_s_N`` (SSE events/s, all
    streams together, over the batch's wall time) with 1 and
    ``--stream-clients`` streams at once, streams started for ``--duration``
@@ -473,6 +474,7 @@ def load(leg: Leg, connections: int, duration_s: float, samples: Samples) -> Non
     c = connections
     samples.add(leg.name, f"errors_{c}", got.errors)
     samples.add(leg.name, f"rps_{c}", got.rate)
+    samples.add(leg.name, f"loadgen_cpu_{c}", got.cpu_cores)
     if got.requests:  # no answer at all within the run: no latency to speak of
         samples.add(leg.name, f"latency_p50_{c}", got.p50_ms)
         samples.add(leg.name, f"latency_p99_{c}", got.p99_ms)
@@ -514,7 +516,7 @@ def warm_up(legs: list[Leg], seconds: float) -> None:
                 duration_s=seconds)
 
 
-UNITS = {"latency": "ms", "added": "ms", "ttfc": "ms", "rps": "req/s",
+UNITS = {"latency": "ms", "added": "ms", "ttfc": "ms", "rps": "req/s", "loadgen_cpu": "cores",
          "stream_chunks_per_s": "chunks/s", "stream_chunks": "chunks", "errors": "count",
          "stream_errors": "count"}
 
