@@ -32,6 +32,8 @@ __all__ = [
     "LoadError",
     "StreamResult",
     "WrkResult",
+    "children",
+    "cpu_seconds",
     "ensure_wrk",
     "http_get_status",
     "post_status",
@@ -42,6 +44,40 @@ __all__ = [
 
 class LoadError(RuntimeError):
     """The load generator could not run or the server answered wrongly."""
+
+
+# --- processes' CPU ---
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # fields from the 3rd on (comm may hold spaces)
+
+
+def cpu_seconds(pids: tuple[int, ...] | list[int]) -> float:
+    """User + system CPU the processes used so far (Linux ``/proc``; 0 for a gone one)."""
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 # --- wrk ---

@@ -32,6 +32,10 @@ a rep (the machine is noisy), and the median of the reps is printed:
 1. ``latency_p50_1`` / ``latency_p99_1`` (ms): a non-streaming chat,
    ``max_tokens: 1``, one client, one request at a time (``wrk -c1``);
    ``added_p50_1`` / ``added_p99_1``: the same minus ``direct``'s.
+   ``cpu_ms_per_req_1``: user + system CPU of every process of the leg (the
+   model server's included; ``/proc``) per request in that run, and
+   ``added_cpu_ms_per_req_1`` the same minus ``direct``'s: what the proxy
+   costs, the figure that other load on the machine moves least.
 2. ``rps_64`` (req/s), ``latency_p50_64`` / ``latency_p99_64`` (ms): the same
    request from 64 kept-alive connections (``wrk -t1 -c64``, closed loop);
    ``errors_64``: non-2xx, timeouts and socket errors. ``wrk`` in C is the
@@ -81,7 +85,15 @@ from typing import Any  # noqa: E402
 
 import trio  # noqa: E402
 from _common import emit, machine  # noqa: E402
-from _load import LoadError, http_get_status, post_status, run_streams, run_wrk  # noqa: E402
+from _load import (  # noqa: E402
+    LoadError,
+    children,
+    cpu_seconds,
+    http_get_status,
+    post_status,
+    run_streams,
+    run_wrk,
+)
 
 BENCH = "proxy"
 HOST = "127.0.0.1"
@@ -109,6 +121,9 @@ class Leg:
     api_key: str | None = None
     model: str = MODEL
     info: dict[str, Any] = field(default_factory=dict)
+    #: Every process the leg's requests go through (the model server's too):
+    #: their CPU per request is the figure the machine's noise moves least.
+    pids: tuple[int, ...] = ()
 
     @property
     def url(self) -> str:
@@ -169,23 +184,23 @@ def _project_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def start_model_server(workdir: Path) -> Iterator[int]:
-    """Our model server with the demo engine, in a subprocess; yields its port."""
+def start_model_server(workdir: Path) -> Iterator[tuple[int, int]]:
+    """Our model server with the demo engine, in a subprocess; yields (port, pid)."""
     port = _free_port()
     log = workdir / "model-server.log"
     argv = [sys.executable, "-m", "agents.inference.server", "--model", MODEL,
             "--served-name", MODEL, "--host", HOST, "--port", str(port)]
     with _process(argv, log, _project_env()) as proc:
         _wait_ready(proc, port, "/health", 60, log)
-        yield port
+        yield port, proc.pid
 
 
 # --- legs ---
 
 
 @contextlib.contextmanager
-def start_direct(workdir: Path, model_port: int) -> Iterator[Leg]:
-    yield Leg("direct", model_port, info={"how": "clients -> model server"})
+def start_direct(workdir: Path, model_port: int, model_pid: int) -> Iterator[Leg]:
+    yield Leg("direct", model_port, info={"how": "clients -> model server"}, pids=(model_pid,))
 
 
 def ensure_litellm(venv: Path) -> Path:
@@ -253,7 +268,8 @@ def litellm_config(model_port: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def start_litellm(workdir: Path, model_port: int, venv: Path) -> Iterator[Leg]:
+def start_litellm(workdir: Path, model_port: int, model_pid: int, venv: Path
+                  ) -> Iterator[Leg]:
     exe = ensure_litellm(venv)
     config = workdir / "litellm.yaml"
     # JSON is YAML: no yaml writer needed.
@@ -270,7 +286,7 @@ def start_litellm(workdir: Path, model_port: int, venv: Path) -> Iterator[Leg]:
             capture_output=True, text=True, check=False).stdout.strip()
         yield Leg("litellm", port, api_key=LITELLM_KEY,
                   info={"how": "clients -> litellm proxy (1 worker) -> model server",
-                        "litellm_version": version})
+                        "litellm_version": version}, pids=(proc.pid, model_pid))
 
 
 # --- ours: everything of this leg is in these two functions ---
@@ -281,7 +297,7 @@ OURS_TEAM = "t1"  # tests/nodes/control_path.py's inference jobs are team t1's
 
 
 @contextlib.contextmanager
-def start_ours(workdir: Path, model_port: int) -> Iterator[Leg]:
+def start_ours(workdir: Path) -> Iterator[Leg]:
     """clients -> proxy-inference -> (swarm, RPC) -> agent-inference -> model server.
 
     The whole deployment runs in a spawned child (:func:`_ours_world`), which
@@ -307,7 +323,8 @@ def start_ours(workdir: Path, model_port: int) -> Iterator[Leg]:
             raise LegUnavailable("the ours deployment was not up within 240 s") from None
         if "error" in answer:
             raise LegUnavailable(answer["error"])
-        yield Leg("ours", answer["port"], api_key=OURS_SECRET, info=answer["info"])
+        yield Leg("ours", answer["port"], api_key=OURS_SECRET, info=answer["info"],
+                  pids=tuple(answer["pids"]))
     finally:
         child.terminate()  # SIGTERM: the child stops its daemons and agents first
         child.join(timeout=60)
@@ -396,7 +413,9 @@ def _ours_world(answers: Any, root: str) -> None:
                                 f"proxy-inference exited {proxy.returncode}: "
                                 + (base / "proxy.log").read_text(errors="replace")[-1500:])
                         await trio.sleep(0.5)
-                answers.put({"port": http_port, "info": {
+                agent = path.agent_pid(path.vmi_folders()[0])
+                answers.put({"port": http_port, "pids": [proxy.pid, agent, *children(agent)],
+                             "info": {
                     "how": "clients -> proxy-inference -> swarm RPC -> agent-inference -> "
                            "its model server (demo engine, own process)",
                     "job": job.id}})
@@ -469,9 +488,13 @@ def settle(leg: Leg) -> None:
 
 def load(leg: Leg, connections: int, duration_s: float, samples: Samples) -> None:
     settle(leg)
+    cpu_before = cpu_seconds(leg.pids)
     got = run_wrk(leg.url, chat_body(max_tokens=1), api_key=leg.api_key,
                   connections=connections, duration_s=duration_s)
+    cpu = cpu_seconds(leg.pids) - cpu_before
     c = connections
+    if c == 1 and got.requests and leg.pids:  # 1 client: at most 1 request left unfinished
+        samples.add(leg.name, "cpu_ms_per_req_1", cpu * 1000 / got.requests)
     samples.add(leg.name, f"errors_{c}", got.errors)
     samples.add(leg.name, f"rps_{c}", got.rate)
     samples.add(leg.name, f"loadgen_cpu_{c}", got.cpu_cores)
@@ -516,9 +539,9 @@ def warm_up(legs: list[Leg], seconds: float) -> None:
                 duration_s=seconds)
 
 
-UNITS = {"latency": "ms", "added": "ms", "ttfc": "ms", "rps": "req/s", "loadgen_cpu": "cores",
-         "stream_chunks_per_s": "chunks/s", "stream_chunks": "chunks", "errors": "count",
-         "stream_errors": "count"}
+UNITS = {"latency": "ms", "added": "ms", "cpu_ms": "ms", "ttfc": "ms", "rps": "req/s",
+         "loadgen_cpu": "cores", "stream_chunks_per_s": "chunks/s", "stream_chunks": "chunks",
+         "errors": "count", "stream_errors": "count"}
 
 
 def _unit(metric: str) -> str:
@@ -541,10 +564,11 @@ def report(legs: list[Leg], samples: Samples, args: argparse.Namespace) -> None:
     names = [leg.name for leg in legs]
     # Added latency per rep (the legs ran back to back in it), then the median.
     for leg in legs:
-        for m in ("latency_p50_1", "latency_p99_1"):
+        for m in ("latency_p50_1", "latency_p99_1", "cpu_ms_per_req_1"):
             mine, ref = samples.values.get((leg.name, m)), samples.values.get(("direct", m))
             if leg.name != "direct" and mine and ref and len(mine) == len(ref):
-                samples.values[(leg.name, m.replace("latency", "added"))] = [
+                added = m.replace("latency", "added") if "latency" in m else "added_" + m
+                samples.values[(leg.name, added)] = [
                     a - b for a, b in zip(mine, ref, strict=True)]
     metrics = sorted({metric for (_, metric) in samples.values})
     litellm = {m: samples.median("litellm", m) for m in TARGETS}
@@ -573,7 +597,7 @@ def report(legs: list[Leg], samples: Samples, args: argparse.Namespace) -> None:
                ("p50 64c", "latency_p50_64"), ("p99 64c", "latency_p99_64"),
                ("chunks/s 1", "stream_chunks_per_s_1"),
                (f"chunks/s {args.stream_clients}", f"stream_chunks_per_s_{args.stream_clients}"),
-               ("ttfc p50", "ttfc_p50_1")]
+               ("ttfc p50", "ttfc_p50_1"), ("+cpu ms/req", "added_cpu_ms_per_req_1")]
     out = sys.stderr
     print(f"{'leg':<8}" + "".join(f"{title:>12}" for title, _ in columns), file=out)
     for name in names:
@@ -616,11 +640,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp, \
             contextlib.ExitStack() as stack:
         workdir = Path(tmp)
-        model_port = stack.enter_context(start_model_server(workdir))
+        model_port, model_pid = stack.enter_context(start_model_server(workdir))
         starters = {
-            "direct": lambda: start_direct(workdir, model_port),
-            "litellm": lambda: start_litellm(workdir, model_port, args.litellm_venv),
-            "ours": lambda: start_ours(workdir, model_port),
+            "direct": lambda: start_direct(workdir, model_port, model_pid),
+            "litellm": lambda: start_litellm(workdir, model_port, model_pid, args.litellm_venv),
+            "ours": lambda: start_ours(workdir),
         }
         legs: list[Leg] = []
         for name in args.legs:
