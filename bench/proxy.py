@@ -334,8 +334,10 @@ def start_ours(workdir: Path) -> Iterator[Leg]:
 
 
 def _ours_world(answers: Any, root: str) -> None:
-    """The ours deployment (child process): put ``{"port", "info"}`` or
-    ``{"error"}`` on ``answers``, then hold everything up until SIGTERM."""
+    """The ours deployment (child process): put ``{"port", "pids", "info"}``
+    (the proxy's HTTP port; the proxy, agent and model server processes) or
+    ``{"error"}`` on ``answers``, then hold everything up until SIGTERM, and
+    stop every process it started on the way out."""
     import signal
     import traceback
 
@@ -400,10 +402,10 @@ def _ours_world(answers: Any, root: str) -> None:
                     "ork": path.ork_key, "ork_addresses": [path.ork_address],
                     "http": {"host": HOST, "port": http_port}, "fsync": False,
                     "log_format": "json"}))
-                log = (base / "proxy.log").open("wb")
-                proxy = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "cli.main", "run", "proxy-inference", "--config",
-                     str(config)], stdout=log, stderr=log)
+                with (base / "proxy.log").open("wb") as log:
+                    proxy = await trio.lowlevel.open_process(
+                        [sys.executable, "-m", "cli.main", "run", "proxy-inference",
+                         "--config", str(config)], stdout=log, stderr=log)
                 path.processes.append(proxy)
                 with trio.fail_after(120):
                     while await post_status(HOST, http_port, "/v1/chat/completions",
