@@ -69,14 +69,22 @@ def cpu_seconds(pids: tuple[int, ...] | list[int]) -> float:
     return total / _TICKS
 
 
-def children(pid: int) -> list[int]:
-    """The pids whose parent is ``pid`` (Linux ``/proc``)."""
+def children(pid: int, *, argv_contains: str = "") -> list[int]:
+    """The pids whose parent is ``pid`` and whose command line holds
+    ``argv_contains`` (Linux ``/proc``)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields is not None and int(fields[1]) == pid:
-                found.append(int(entry.name))
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields is None or int(fields[1]) != pid:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if argv_contains in argv:
+            found.append(int(entry.name))
     return found
 
 

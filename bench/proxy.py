@@ -35,7 +35,9 @@ a rep (the machine is noisy), and the median of the reps is printed:
    ``cpu_ms_per_req_1``: user + system CPU of every process of the leg (the
    model server's included; ``/proc``) per request in that run, and
    ``added_cpu_ms_per_req_1`` the same minus ``direct``'s: what the proxy
-   costs, the figure that other load on the machine moves least.
+   costs, the figure that other load on the machine moves least;
+   ``cpu_ms_per_req_1_<process>`` splits it (``proxy``, ``agent``,
+   ``litellm``, ``model_server``).
 2. ``rps_64`` (req/s), ``latency_p50_64`` / ``latency_p99_64`` (ms): the same
    request from 64 kept-alive connections (``wrk -t1 -c64``, closed loop);
    ``errors_64``: non-2xx, timeouts and socket errors. ``wrk`` in C is the
@@ -123,7 +125,8 @@ class Leg:
     info: dict[str, Any] = field(default_factory=dict)
     #: Every process the leg's requests go through (the model server's too):
     #: their CPU per request is the figure the machine's noise moves least.
-    pids: tuple[int, ...] = ()
+    #: Named (``proxy``, ``agent``, ``model_server``...) for the breakdown.
+    pids: dict[str, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -200,7 +203,8 @@ def start_model_server(workdir: Path) -> Iterator[tuple[int, int]]:
 
 @contextlib.contextmanager
 def start_direct(workdir: Path, model_port: int, model_pid: int) -> Iterator[Leg]:
-    yield Leg("direct", model_port, info={"how": "clients -> model server"}, pids=(model_pid,))
+    yield Leg("direct", model_port, info={"how": "clients -> model server"},
+              pids={"model_server": model_pid})
 
 
 def ensure_litellm(venv: Path) -> Path:
@@ -286,7 +290,8 @@ def start_litellm(workdir: Path, model_port: int, model_pid: int, venv: Path
             capture_output=True, text=True, check=False).stdout.strip()
         yield Leg("litellm", port, api_key=LITELLM_KEY,
                   info={"how": "clients -> litellm proxy (1 worker) -> model server",
-                        "litellm_version": version}, pids=(proc.pid, model_pid))
+                        "litellm_version": version},
+                  pids={"litellm": proc.pid, "model_server": model_pid})
 
 
 # --- ours: everything of this leg is in these two functions ---
@@ -324,7 +329,7 @@ def start_ours(workdir: Path) -> Iterator[Leg]:
         if "error" in answer:
             raise LegUnavailable(answer["error"])
         yield Leg("ours", answer["port"], api_key=OURS_SECRET, info=answer["info"],
-                  pids=tuple(answer["pids"]))
+                  pids=answer["pids"])
     finally:
         child.terminate()  # SIGTERM: the child stops its daemons and agents first
         child.join(timeout=60)
@@ -416,7 +421,10 @@ def _ours_world(answers: Any, root: str) -> None:
                                 + (base / "proxy.log").read_text(errors="replace")[-1500:])
                         await trio.sleep(0.5)
                 agent = path.agent_pid(path.vmi_folders()[0])
-                answers.put({"port": http_port, "pids": [proxy.pid, agent, *children(agent)],
+                pids = {"proxy": proxy.pid, "agent": agent}
+                for pid in children(agent, argv_contains="agents.inference.server")[:1]:
+                    pids["model_server"] = pid
+                answers.put({"port": http_port, "pids": pids,
                              "info": {
                     "how": "clients -> proxy-inference -> swarm RPC -> agent-inference -> "
                            "its model server (demo engine, own process)",
@@ -490,13 +498,15 @@ def settle(leg: Leg) -> None:
 
 def load(leg: Leg, connections: int, duration_s: float, samples: Samples) -> None:
     settle(leg)
-    cpu_before = cpu_seconds(leg.pids)
+    cpu_before = {name: cpu_seconds([pid]) for name, pid in leg.pids.items()}
     got = run_wrk(leg.url, chat_body(max_tokens=1), api_key=leg.api_key,
                   connections=connections, duration_s=duration_s)
-    cpu = cpu_seconds(leg.pids) - cpu_before
+    cpu = {name: cpu_seconds([pid]) - cpu_before[name] for name, pid in leg.pids.items()}
     c = connections
-    if c == 1 and got.requests and leg.pids:  # 1 client: at most 1 request left unfinished
-        samples.add(leg.name, "cpu_ms_per_req_1", cpu * 1000 / got.requests)
+    if c == 1 and got.requests and cpu:  # 1 client: at most 1 request left unfinished
+        samples.add(leg.name, "cpu_ms_per_req_1", sum(cpu.values()) * 1000 / got.requests)
+        for name, seconds in cpu.items():
+            samples.add(leg.name, f"cpu_ms_per_req_1_{name}", seconds * 1000 / got.requests)
     samples.add(leg.name, f"errors_{c}", got.errors)
     samples.add(leg.name, f"rps_{c}", got.rate)
     samples.add(leg.name, f"loadgen_cpu_{c}", got.cpu_cores)
