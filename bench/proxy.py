@@ -22,8 +22,8 @@ so what is measured is the HTTP path and the proxies, not a model. Legs:
   ``LITELLM_TELEMETRY_*`` variables unset; ``LITELLM_TELEMETRY=False`` for
   older versions), no HTTP proxy variables.
 * ``ours``: clients -> proxy-inference -> (swarm, RPC) -> agent-inference ->
-  the model server; see :func:`start_ours`. Printed as skipped (with the
-  reason) while the pieces it needs are not importable.
+  its model server; see :func:`start_ours`. Printed as ``{"leg": "ours",
+  "skipped": reason}`` while a piece is missing or does not come up.
 
 Figures, each a JSON line ``{"bench": "proxy", "leg": ..., "metric": ...}``;
 every measurement is repeated ``--reps`` times, the legs taking turns within
