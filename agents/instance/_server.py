@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -63,6 +64,9 @@ if TYPE_CHECKING:
 __all__ = ["ShellService"]
 
 logger = logging.getLogger("agents.instance.shell")
+#: The job's System log (a later issue ships it to wrk-monitor): one line per
+#: session start and end, with ``extra={"job_id": ..., "source": "System"}``.
+system_logger = logging.getLogger("cosmicac.agent.system")
 
 #: After the process exits: how long the PTY or a pipe may stay quiet before the
 #: session ends (a background job holding it would keep it open forever). Output
@@ -98,7 +102,11 @@ class ShellService(Service):
         shell: what ``pty`` mode runs without ``argv`` ($SHELL, else /bin/sh).
         max_sessions: sessions at once; one more is refused (``busy``).
         open_timeout_s: how long a new channel may take to send OPEN.
-        log: where session start and end go (the job's System log).
+        log: the operator's log (refusals, spawn failures, session start/end).
+        job_id: the job this agent serves; named on every System log line.
+        system_log: the job's System log: ``shell.session_started`` and
+            ``shell.session_ended`` with the user's key, the mode, the command
+            (exec), the exit status, the duration and the bytes each way.
     """
 
     protocol = PROTOCOL
@@ -112,6 +120,8 @@ class ShellService(Service):
         max_sessions: int = 32,
         open_timeout_s: float = 10.0,
         log: logging.Logger = logger,
+        job_id: str | None = None,
+        system_log: logging.Logger = system_logger,
     ) -> None:
         self._authorized = authorized
         self._peers = peers
@@ -119,6 +129,8 @@ class ShellService(Service):
         self.max_sessions = max_sessions
         self.open_timeout_s = open_timeout_s
         self._log = log
+        self.job_id = job_id
+        self._system_log = system_log
         #: Sessions running now.
         self.sessions = 0
 
@@ -146,7 +158,7 @@ class ShellService(Service):
             return
         self.sessions += 1
         try:
-            await _Session(self, channel, opened, label).run()
+            await _Session(self, channel, opened, key).run()
         finally:
             self.sessions -= 1
 
@@ -162,11 +174,15 @@ async def _send_error(channel: Channel, code: str, message: str) -> None:
 class _Session:
     """One running session: its process, its pumps and the client's input."""
 
-    def __init__(self, service: ShellService, channel: Channel, opened: Open, label: str) -> None:
+    def __init__(self, service: ShellService, channel: Channel, opened: Open, key: bytes) -> None:
         self.service = service
         self.channel = channel
         self.opened = opened
-        self.label = label
+        self.key = key
+        self.label = key.hex()[:12]
+        #: Input written to the process, output sent to the client (for the System log).
+        self.bytes_in = 0
+        self.bytes_out = 0
         self.process: trio.Process | None = None
         self.master: trio.lowlevel.FdStream | None = None
         self.master_fd = -1
@@ -216,6 +232,8 @@ class _Session:
         service._log.info("shell.session_started key=%s mode=%s pid=%d argv=%s",
                           self.label, opened.mode, process.pid,
                           "-" if opened.argv is None else opened.argv[0])
+        started_at = trio.current_time()
+        self._system("shell.session_started", pid=process.pid)
         exit_: Exit | None = None
         try:
             await self.channel.send(encode(Started(process.pid)))
@@ -246,6 +264,27 @@ class _Session:
                 "shell.session_ended key=%s mode=%s pid=%d exit=%s", self.label, opened.mode,
                 process.pid, "hangup" if exit_ is None else
                 (exit_.code if exit_.code is not None else f"signal {exit_.signal}"))
+            self._system(
+                "shell.session_ended", pid=process.pid,
+                exit_code=None if exit_ is None else exit_.code,
+                exit_signal=None if exit_ is None else exit_.signal,
+                hangup=exit_ is None,
+                duration_s=round(trio.current_time() - started_at, 3),
+                bytes_in=self.bytes_in, bytes_out=self.bytes_out)
+
+    def _system(self, event: str, **fields: object) -> None:
+        """One line of the job's System log: readable text, and every field in
+        ``extra`` (``job_id``, ``source``, ``event``...) for the JSON shipper."""
+        opened = self.opened
+        fields = {"user_key": self.key.hex(), "mode": opened.mode,
+                  "argv": None if opened.mode == "pty" and opened.argv is None
+                  else list(opened.argv or ()), **fields}
+        text = " ".join(f"{name}={_text(value)}" for name, value in fields.items()
+                        if name != "hangup" and not (name == "argv" and value is None))
+        self.service._system_log.info(
+            "%s %s", event, text,
+            extra={"job_id": self.service.job_id, "source": "System", "event": event,
+                   **fields})
 
     async def _pump(self, source: trio.abc.ReceiveStream | None, kind: type) -> None:
         """Move output to the channel, one chunk after the channel took the last."""
@@ -265,6 +304,7 @@ class _Session:
             if scope.cancelled_caught or not data:
                 return
             await self.channel.send(encode(kind(data)))
+            self.bytes_out += len(data)
 
     async def _input(self, session_scope: trio.CancelScope) -> None:
         """Apply the client's frames; the client ending its side hangs up.
@@ -310,6 +350,7 @@ class _Session:
         async for data in queue:
             if data is not None:
                 await self._write(data)
+                self.bytes_in += len(data)
             elif self.master is not None:
                 await self._write(b"\x04")  # the terminal's EOF character
             elif process.stdin is not None:
@@ -341,6 +382,13 @@ class _Session:
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None:
                     await stream.aclose()
+
+
+def _text(value: object) -> str:
+    """A field's value on a text line: words as they are, anything else as JSON."""
+    if isinstance(value, str) and value and " " not in value and "=" not in value:
+        return value
+    return json.dumps(value)
 
 
 def _kill_group(process: trio.Process, signum: int) -> None:
