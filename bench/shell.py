@@ -32,6 +32,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,15 +55,17 @@ TIMEOUT_S = 60.0
 # -- the servers --------------------------------------------------------------------
 
 
-def _serve_agent(port_queue, user_key_hex: str) -> None:
+def _serve_agent(port_queue, user_key_hex: str, tune: bool) -> None:
     """Our side: a swarm on 127.0.0.1 serving shells to the bench's user key."""
     import trio
 
-    from agents.instance import ShellService
+    from agents.instance import ShellService, keep_large_buffers
     from p2p.keys import KeyPair
     from p2p.swarm import Swarm, SwarmConfig
 
     user = bytes.fromhex(user_key_hex)
+    if tune:  # what the agent's boot should do (see agents/instance/_malloc.py)
+        keep_large_buffers()
 
     async def main() -> None:
         swarm = Swarm(KeyPair.generate(),
@@ -185,8 +188,21 @@ def keystrokes(argv: list[str], count: int, env: dict[str, str]) -> list[float]:
     return samples
 
 
-def bulk(argv: list[str], total: int, env: dict[str, str]) -> tuple[float, float]:
-    """(MB/s from the first byte to the end, MB/s from spawn to exit) of ``argv``'s stdout."""
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and of the children it has waited for (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def bulk(argv: list[str], total: int, env: dict[str, str], server_pid: int) -> dict[str, float]:
+    """Drain ``argv``'s stdout: MB/s from the first byte to the end and from spawn
+    to exit, and the CPU seconds the client and the server spent on it.
+
+    The server's CPU is the serving process's own plus what its waited-for
+    children used (sshd's listener waits for each connection's processes, our
+    agent for the command it ran), so it counts the remote ``head`` on both sides.
+    """
+    server_before = _cpu_s(server_pid)
     start = time.perf_counter()
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                env=env)
@@ -198,12 +214,18 @@ def bulk(argv: list[str], total: int, env: dict[str, str]) -> tuple[float, float
             first = time.perf_counter()
         received += len(chunk)
     end = time.perf_counter()
-    process.wait(timeout=TIMEOUT_S)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    process.stdout.close()
+    done = time.perf_counter()
+    time.sleep(0.5)  # the server reaps its side
     if received != total or process.returncode != 0:
         raise RuntimeError(f"{argv[0]}: got {received} of {total} bytes, "
                            f"exit {process.returncode}")
     assert first is not None
-    return total / 1e6 / (end - first), total / 1e6 / (time.perf_counter() - start)
+    return {"mb_s": total / 1e6 / (end - first), "wall_mb_s": total / 1e6 / (done - start),
+            "client_cpu_s": usage.ru_utime + usage.ru_stime,
+            "server_cpu_s": _cpu_s(server_pid) - server_before}
 
 
 def run_true(argv: list[str], runs: int, env: dict[str, str]) -> list[float]:
@@ -224,6 +246,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=1, help="bulk transfers per client")
     parser.add_argument("--runs", type=int, default=5, help="`true` runs per client")
+    parser.add_argument("--agent-malloc-default", action="store_true",
+                        help="leave the agent's malloc as the agent's boot leaves it today")
     parser.add_argument("--only", choices=["keystroke", "bulk", "true"], default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -235,19 +259,21 @@ def main() -> None:
         user = load_or_create_keypair(folder / "user")
         sshd = Sshd(folder)
         try:
-            with ChildServer(_serve_agent, user.hex) as (agent_key, port):
+            agent = ChildServer(_serve_agent, user.hex, not args.agent_malloc_default)
+            with agent as (agent_key, port):
                 ours = [sys.executable, "-m", "cli.main", "shell", "--agent", agent_key,
                         "--address", f"127.0.0.1:{port}", "--identity", str(folder / "user")]
                 clients = {
                     "cosmicac": (lambda tty, cmd: [*ours, *(["-t"] if tty else []), "--", *cmd]),
                     "openssh": (lambda tty, cmd: [*sshd.client(tty=tty), shlex.join(cmd)]),
                 }
-                _measure(clients, args, env)
+                servers = {"cosmicac": agent._process.pid, "openssh": sshd.process.pid}
+                _measure(clients, servers, args, env)
         finally:
             sshd.close()
 
 
-def _measure(clients, args, env) -> None:
+def _measure(clients, servers, args, env) -> None:
     figures: dict[str, dict[str, float]] = {name: {} for name in clients}
     how_keys = (f"{args.keystrokes} single bytes through a PTY to a remote "
                 "`stty raw -echo; exec cat` on a PTY, 50 warm-up")
@@ -267,13 +293,20 @@ def _measure(clients, args, env) -> None:
                      n=len(samples), how=how_keys)
         if args.only in (None, "bulk"):
             total = args.mib * 1024 * 1024
-            runs = [bulk(client(False, ["head", "-c", str(total), "/dev/zero"]), total, env)
-                    for _ in range(args.reps)]
-            steady = [r[0] for r in runs]
+            runs = [bulk(client(False, ["head", "-c", str(total), "/dev/zero"]), total, env,
+                         servers[name]) for _ in range(args.reps)]
+            steady = [r["mb_s"] for r in runs]
             figures[name]["bulk_output"] = summary(steady)["median"]
+            cpu = {side: round(statistics.median(r[f"{side}_cpu_s"] for r in runs) * 1e9 / total, 3)
+                   for side in ("client", "server")}
+            figures[name]["bulk_cpu_ns_per_byte"] = cpu["client"] + cpu["server"]
             emit("shell", "bulk_output", summary(steady)["median"], "MB/s", impl=name,
-                 **summary(steady), wall_mb_s=round(min(r[1] for r in runs), 2),
-                 how=how_bulk, machine=machine())
+                 **summary(steady), wall_mb_s=round(min(r["wall_mb_s"] for r in runs), 2),
+                 how=how_bulk, machine=machine(), load=os.getloadavg()[0])
+            emit("shell", "bulk_cpu_ns_per_byte", cpu["client"] + cpu["server"], "ns/B",
+                 impl=name, client=cpu["client"], server=cpu["server"],
+                 how="user+system CPU of the client process and of the server with the "
+                     "remote head, per byte delivered")
     ours, ssh = figures["cosmicac"], figures["openssh"]
     for metric in ours:
         if ssh.get(metric):

@@ -22,6 +22,7 @@ on a full terminal or pipe), and nothing piles up here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -72,8 +73,11 @@ system_logger = logging.getLogger("cosmicac.agent.system")
 #: session ends (a background job holding it would keep it open forever). Output
 #: that is there drains at the client's pace, with no deadline.
 _DRAIN_S = 2.0
-#: STDIN frames (each at most 32 KiB) queued for a process that is not reading.
+#: STDIN frames (each at most 256 KiB) queued for a process that is not reading.
 _INPUT_QUEUE_FRAMES = 4
+#: Output pipes grow to this (Linux's default pipe-max-size); see _grow_pipe.
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: After a hang-up: how long the process group has before SIGKILL.
 _KILL_GRACE_S = 2.0
 
@@ -85,6 +89,18 @@ def _set_controlling_tty() -> None:  # pragma: no cover - runs in the child
 
 def _set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _grow_pipe(stream: trio.abc.Stream | None) -> None:
+    """Let an output pipe hold :data:`_PIPE_BYTES`, so one read can fill a frame.
+
+    A pipe holds 64 KiB by default: a process writing fast fills it between two
+    of our reads, and each frame would carry at most 64 KiB. Best effort: an
+    unprivileged process may not go past ``/proc/sys/fs/pipe-max-size``.
+    """
+    if isinstance(stream, trio.lowlevel.FdStream):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(stream.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def _exit_of(returncode: int) -> Exit:
@@ -201,9 +217,12 @@ class _Session:
     async def _spawn(self) -> trio.Process:
         argv, env = self._argv_env()
         if self.opened.mode == "exec":
-            return await trio.lowlevel.open_process(
+            process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, start_new_session=True)
+            for stream in (process.stdout, process.stderr):
+                _grow_pipe(stream)
+            return process
         master, slave = os.openpty()
         try:
             _set_size(slave, self.opened.rows, self.opened.cols)

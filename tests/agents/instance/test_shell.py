@@ -254,7 +254,7 @@ async def test_a_signal_overtakes_input_the_process_does_not_read():
             connection = await client.connect(agent.public_key)
             session = await open_shell(connection, argv=["sleep", "30"])
             # More than the pipe holds, less than the pipe and the agent's input
-            # queue (4 frames of 32 KiB): the agent still reads the frames that follow.
+            # queue (4 frames of 256 KiB): the agent still reads the frames that follow.
             nursery.start_soon(session.send_stdin, b"x" * 150_000)
             await trio.sleep(0.3)
             await session.signal("TERM")
