@@ -155,8 +155,11 @@ def _read_until(fd: int, needle: bytes, deadline: float) -> bytes:
     return seen
 
 
-def keystrokes(argv: list[str], count: int, env: dict[str, str]) -> list[float]:
-    """Round trips (ms) of ``count`` single bytes through the client's PTY."""
+def keystrokes(argv: list[str], count: int, env: dict[str, str],
+               server_pid: int) -> tuple[list[float], float, float]:
+    """Round trips (ms) of ``count`` single bytes through the client's PTY, and
+    the CPU (µs per keystroke, start-up left out) of the client and of the
+    server's process tree (sshd's session processes, our agent; and ``cat``)."""
     master, slave = pty.openpty()
     process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
                                start_new_session=True)
@@ -166,6 +169,7 @@ def keystrokes(argv: list[str], count: int, env: dict[str, str]) -> list[float]:
         _read_until(master, b"READY", time.monotonic() + TIMEOUT_S)
         while select.select([master], [], [], 0.2)[0]:  # the rest of the banner
             os.read(master, 65536)
+        cpu_before = _tree_cpu_s(process.pid), _tree_cpu_s(server_pid)
         for index in range(count + 50):
             byte = bytes([97 + index % 26])
             start = time.perf_counter()
@@ -177,21 +181,44 @@ def keystrokes(argv: list[str], count: int, env: dict[str, str]) -> list[float]:
                 got += os.read(master, 64)
             if index >= 50:  # warm-up
                 samples.append((time.perf_counter() - start) * 1000)
+        client_us = (_tree_cpu_s(process.pid) - cpu_before[0]) * 1e6 / (count + 50)
+        server_us = (_tree_cpu_s(server_pid) - cpu_before[1]) * 1e6 / (count + 50)
     finally:
         process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        deadline = time.monotonic() + 10
+        while (done := os.wait4(process.pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                process.kill()
+            time.sleep(0.01)
+        process.returncode = os.waitstatus_to_exitcode(done[1])
         os.close(master)
-    return samples
+    return samples, client_us, server_us
 
 
 def _cpu_s(pid: int) -> float:
     """CPU seconds of ``pid`` and of the children it has waited for (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds that ``root`` and its live descendants have used so far."""
+    parents, cpu = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return total
 
 
 def bulk(argv: list[str], total: int, env: dict[str, str], server_pid: int) -> dict[str, float]:
@@ -286,11 +313,17 @@ def _measure(clients, servers, args, env) -> None:
             emit("shell", "run_true", percentile(samples, 0.5), "ms", impl=name,
                  **summary(samples))
         if args.only in (None, "keystroke"):
-            samples = keystrokes(client(True, ["sh", "-c", ECHO]), args.keystrokes, env)
+            samples, client_us, server_us = keystrokes(
+                client(True, ["sh", "-c", ECHO]), args.keystrokes, env, servers[name])
             for fraction, metric in ((0.5, "keystroke_rtt_p50"), (0.99, "keystroke_rtt_p99")):
                 figures[name][metric] = percentile(samples, fraction)
                 emit("shell", metric, percentile(samples, fraction), "ms", impl=name,
-                     n=len(samples), how=how_keys)
+                     n=len(samples), how=how_keys, load=os.getloadavg()[0])
+            figures[name]["keystroke_cpu_us"] = client_us + server_us
+            emit("shell", "keystroke_cpu_us", client_us + server_us, "us", impl=name,
+                 client=round(client_us, 1), server=round(server_us, 1),
+                 how="user+system CPU per keystroke of the client and of the server's "
+                     "process tree (remote cat included), while typing")
         if args.only in (None, "bulk"):
             total = args.mib * 1024 * 1024
             runs = [bulk(client(False, ["head", "-c", str(total), "/dev/zero"]), total, env,

@@ -196,6 +196,8 @@ class _Session:
         self.opened = opened
         self.key = key
         self.label = key.hex()[:12]
+        #: Input frames (and the end of input) queued for _stdin and not yet written.
+        self._queued = 0
         #: Input written to the process, output sent to the client (for the System log).
         self.bytes_in = 0
         self.bytes_out = 0
@@ -349,8 +351,12 @@ class _Session:
                         break
                     match event:
                         case Stdin(data=data):
-                            await to_stdin.send(data)
+                            data = self._write_now(data)
+                            if data:
+                                self._queued += 1
+                                await to_stdin.send(data)
                         case StdinEof():
+                            self._queued += 1
                             await to_stdin.send(None)
                         case Resize(rows=rows, cols=cols):
                             if self.master is not None:
@@ -374,6 +380,29 @@ class _Session:
                 await self._write(b"\x04")  # the terminal's EOF character
             elif process.stdin is not None:
                 await process.stdin.aclose()
+            self._queued -= 1
+
+    def _write_now(self, data: bytes) -> bytes:
+        """Write what the process takes at once, when nothing waits before it.
+
+        A keystroke then reaches the terminal from the task that decoded it,
+        without a hand-off to :meth:`_stdin` (one scheduler pass less on every
+        round trip); what the process does not take now is returned, to be
+        queued in order.
+        """
+        if self._queued:
+            return data  # earlier input still waits: keep the order
+        sink = self.master if self.master is not None else self.process.stdin  # type: ignore[union-attr]
+        if not isinstance(sink, trio.lowlevel.FdStream):
+            return data
+        try:
+            written = os.write(sink.fileno(), data)
+        except BlockingIOError:
+            return data
+        except OSError:
+            return data  # closed or broken: _write reports it the usual way
+        self.bytes_in += written
+        return data[written:]
 
     async def _write(self, data: bytes) -> None:
         sink = self.master if self.master is not None else self.process.stdin  # type: ignore[union-attr]
