@@ -283,7 +283,8 @@ async def _drive(session: ShellSession, plan: _Plan) -> int:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     if sink is stdout:
                         reading = False
-                        await session.signal("HUP")  # as ssh, whose reader went away
+                        with _agent_may_be_gone():
+                            await session.signal("HUP")  # as ssh, whose reader went away
             exit_ = await session.wait_exit()
             nursery.cancel_scope.cancel()
     except* (ShellError, MuxError, P2PError, trio.BrokenResourceError) as group:
@@ -313,25 +314,40 @@ def _grow_pipe(fd: int) -> None:
 
 
 async def _upload(session: ShellSession, stdin: StdinSource) -> None:
-    """Stdin to the agent, a chunk at a time; its end ends the remote input."""
-    while True:
-        try:
-            data = await stdin.receive_some()
-        except (trio.BrokenResourceError, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno not in (errno.EIO, errno.EBADF):
-                raise
-            data = b""
-        if not data:
-            await session.close_stdin()
-            return
-        await session.send_stdin(data)
+    """Stdin to the agent, a chunk at a time; its end ends the remote input.
+
+    The agent closing the channel ends this quietly: the process may have
+    exited before reading its input (its EXIT is on the way), and if the
+    session broke, the reading side reports it.
+    """
+    with _agent_may_be_gone():
+        while True:
+            try:
+                data = await stdin.receive_some()
+            except (trio.BrokenResourceError, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno not in (errno.EIO, errno.EBADF):
+                    raise
+                data = b""
+            if not data:
+                await session.close_stdin()
+                return
+            await session.send_stdin(data)
+
+
+@contextlib.contextmanager
+def _agent_may_be_gone() -> Iterator[None]:
+    """Sends to a channel the agent closed end without an error (see _upload)."""
+    try:
+        yield
+    except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
 
 
 async def _signals(session: ShellSession, raw: bool) -> None:
     """SIGWINCH becomes RESIZE; SIGINT goes to the remote process group (a raw
     terminal sends ^C as a byte instead); SIGTERM and SIGHUP hang up."""
     caught = (signal.SIGWINCH, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    with trio.open_signal_receiver(*caught) as signals:
+    with trio.open_signal_receiver(*caught) as signals, _agent_may_be_gone():
         async for signum in signals:
             if signum == signal.SIGWINCH:
                 if raw:
