@@ -75,6 +75,8 @@ system_logger = logging.getLogger("cosmicac.agent.system")
 _DRAIN_S = 2.0
 #: STDIN frames (each at most 256 KiB) queued for a process that is not reading.
 _INPUT_QUEUE_FRAMES = 4
+#: One read of a PTY master (its line discipline buffers 4 KiB).
+_PTY_READ_BYTES = 16 << 10
 #: Output pipes grow to this (Linux's default pipe-max-size); see _grow_pipe.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -311,13 +313,17 @@ class _Session:
         """Move output to the channel, one chunk after the channel took the last."""
         if source is None:
             return
+        # A terminal hands over at most its 4 KiB line buffer per read; asking
+        # for 256 KiB would allocate (and, above glibc's mmap threshold, map and
+        # unmap) that much for every echoed keystroke.
+        size = _PTY_READ_BYTES if source is self.master else MAX_DATA_BYTES
         while True:
             with trio.CancelScope() as scope:
                 if self._exited:
                     scope.deadline = trio.current_time() + _DRAIN_S
                 self._reads.add(scope)
                 try:
-                    data = await source.receive_some(MAX_DATA_BYTES)
+                    data = await source.receive_some(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # a PTY master reads EIO once the terminal has no process left
                 finally:
