@@ -153,8 +153,10 @@ class _Plan:
 
 def _run(plan: _Plan) -> int:
     result: list[int] = []
-    with _raw_terminal(0 if plan.raw else None):
+    try:
         run_trio(_main, plan, result)
+    except KeyboardInterrupt:  # ^C while connecting (later, SIGINT goes to the agent)
+        return 128 + signal.SIGINT
     return result[0] if result else FAILED
 
 
@@ -208,10 +210,16 @@ async def _main(plan: _Plan, result: list[int]) -> None:
         connection = await _connect(swarm, plan)
         session = await _open(connection, plan)
         try:
-            result.append(await _drive(session, plan))
+            # Raw only while the session runs: our own lines (progress, errors)
+            # print on a terminal in its usual mode.
+            with _raw_terminal(0 if plan.raw else None):
+                outcome = await _drive(session, plan)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await session.aclose()
+        if isinstance(outcome, str):
+            fail(outcome, code=FAILED)
+        result.append(outcome)
         nursery.cancel_scope.cancel()
 
 
@@ -262,13 +270,15 @@ async def _open(connection: Connection, plan: _Plan) -> ShellSession:
              f"authorised keys ({type(exc).__name__})", code=FAILED)
 
 
-async def _drive(session: ShellSession, plan: _Plan) -> int:
-    """Move bytes until the remote process exits; its status as ours."""
+async def _drive(session: ShellSession, plan: _Plan) -> int | str:
+    """Move bytes until the remote process exits; its status as ours, or why
+    the session broke."""
     stdin = StdinSource()
     _grow_pipe(1)
     stdout = StdoutSink()
     stderr = StdoutSink(os.dup(2))  # a copy: our own errors still go to fd 2
     exit_: Exit | None = None
+    broken = ""
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_upload, session, stdin)
@@ -292,13 +302,13 @@ async def _drive(session: ShellSession, plan: _Plan) -> int:
             leaf = group.exceptions[0]
             while isinstance(leaf, BaseExceptionGroup):
                 leaf = leaf.exceptions[0]
-            fail(f"the session with agent {format_key(plan.agent)[:12]} broke: {leaf}",
-                 code=FAILED)
+            broken = f"the session with agent {format_key(plan.agent)[:12]} broke: {leaf}"
     finally:
         for stream in (stdin, stdout, stderr):
             with contextlib.suppress(OSError, trio.BrokenResourceError):
                 await stream.aclose()
-    assert exit_ is not None
+    if exit_ is None:
+        return broken or "the session ended without an exit status"
     return exit_.code if exit_.code is not None else 128 + (exit_.signal or 0)
 
 

@@ -35,11 +35,25 @@ async def agent_for(tmp_path, *, authorized=True):
     service = ShellService(keys.__contains__, shell="/bin/sh")
     swarm = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", announce_key=False),
                   services=[service])
+    scope = trio.CancelScope()
+
+    async def run_swarm(task_status=trio.TASK_STATUS_IGNORED):
+        with scope:
+            await swarm.run(task_status=task_status)
+
     async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(swarm.run)
-        yield ["shell", "--agent", swarm.public_key.hex(), "--address", f"{host}:{port}",
-               "--identity", str(tmp_path / "user")]
-        nursery.cancel_scope.cancel()
+        host, port = await nursery.start(run_swarm)
+        yield _Args(["shell", "--agent", swarm.public_key.hex(), "--address", f"{host}:{port}",
+                     "--identity", str(tmp_path / "user")], scope.cancel)
+        scope.cancel()
+
+
+class _Args(list):
+    """The CLI arguments that reach the agent; ``stop()`` ends the agent."""
+
+    def __init__(self, args, stop):
+        super().__init__(args)
+        self.stop = stop
 
 
 async def test_a_command_gets_its_stdout_stderr_and_exit_status_apart(tmp_path):
@@ -137,6 +151,21 @@ async def test_an_unauthorised_key_exits_255_with_one_clear_line(tmp_path):
     assert "not one of the job's authorised keys" in message
     assert load_or_create_keypair(tmp_path / "user").hex in message
     assert len(message.strip().splitlines()) == 1 and result.stdout == b""
+
+
+async def test_an_agent_that_goes_away_mid_session_exits_255_with_one_line(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path) as args, trio.open_nursery() as nursery:
+            process = await trio.lowlevel.open_process(
+                [*COSMICAC, *args, "--", "sh", "-c", "echo started; exec sleep 30"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            nursery.start_soon(process.wait)
+            assert await process.stdout.receive_some() == b"started\n"
+            args.stop()  # the agent's swarm ends
+            message = (await process.stderr.receive_some()).decode()
+            assert await process.wait() == 255, message
+    assert "broke" in message or "without an exit status" in message, message
+    assert len(message.strip().splitlines()) == 1
 
 
 async def test_an_unreachable_agent_exits_255_with_one_line(tmp_path):
