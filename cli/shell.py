@@ -60,6 +60,8 @@ __all__ = ["shell"]
 
 #: ssh's status for its own failures (unreachable, refused, broken session).
 FAILED = 255
+#: A command the agent could not start (ssh's remote shell says 127 too).
+NOT_FOUND = 127
 #: What runs when stdin is not a terminal and no command was given (ssh runs the
 #: login shell on pipes; the agent's own $SHELL needs a PTY session).
 _PIPE_SHELL = ("sh",)
@@ -98,8 +100,9 @@ def shell(
       cosmicac shell --agent KEY --address HOST:PORT
       cosmicac shell --agent KEY --bootstrap HOST:PORT -- nvidia-smi -L
 
-    Exits with the remote status (128+N if a signal N ended it); 255 if the
-    agent cannot be reached or refuses your key.
+    Exits with the remote status (128+N if a signal N ended it; 127 if the
+    command could not start); 255 if the agent cannot be reached or refuses
+    your key.
 
     Later, `cosmicac shell JOB [-- CMD]` will find the agent of job JOB through
     app-node's API: without --agent, the first argument will name the job.
@@ -261,6 +264,9 @@ async def _open(connection: Connection, plan: _Plan) -> ShellSession:
         if exc.code == "unauthorized":
             fail(f"agent {label} refused key {mine}: it is not one of the job's "
                  f"authorised keys", code=FAILED)
+        if exc.code == "spawn_failed":  # as a shell says "command not found"
+            fail(f"{plan.argv[0] if plan.argv else 'the shell'}: {exc.message}",
+                 code=NOT_FOUND)
         fail(f"agent {label} did not start the session ({exc.code}): {exc.message}",
              code=FAILED)
     except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -65,6 +65,16 @@ async def test_a_command_gets_its_stdout_stderr_and_exit_status_apart(tmp_path):
     assert (result.returncode, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
 
 
+async def test_a_command_that_cannot_start_exits_127_as_in_a_shell(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path) as args:
+            result = await trio.run_process(
+                [*COSMICAC, *args, "--", "/nonexistent/command"],
+                stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+    assert result.returncode == 127
+    assert "/nonexistent/command: No such file" in result.stderr.decode()
+
+
 async def test_stdin_that_is_not_a_terminal_is_the_commands_input(tmp_path):
     with trio.fail_after(LIMIT_S):
         async with agent_for(tmp_path) as args:
