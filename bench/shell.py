@@ -39,13 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# bench/queue.py shadows the standard library's queue (which trio imports) when
-# bench/ comes first on sys.path, as it does for `python bench/shell.py`: put
-# bench/ last, where only `_common` is looked up.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE] + [_HERE]
-
-from _common import ChildServer, emit, machine, percentile, summary  # noqa: E402
+from _common import ChildServer, emit, machine, percentile, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO = "stty raw -echo; echo READY; exec cat"
