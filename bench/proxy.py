@@ -64,30 +64,24 @@ usage: python bench/proxy.py [--quick] [--reps 3] [--duration 5] [--warm-up 2]
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-# bench/ holds a script named like the standard library's ``queue``, which trio
-# imports: put our folder (for ``_common``, ``_load``) after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import functools  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import trio  # noqa: E402
-from _common import emit, machine  # noqa: E402
-from _load import (  # noqa: E402
+import trio
+from _common import emit, machine
+from _load import (
     LoadError,
     children,
     cpu_seconds,
@@ -444,7 +438,8 @@ def _ours_world(answers: Any, root: str) -> None:
     except BaseException as exc:  # report whatever stopped it, then leave
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
-        reason = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        reason = (str(exc) if isinstance(exc, LegUnavailable)
+                  else "".join(traceback.format_exception_only(type(exc), exc)).strip())
         with contextlib.suppress(Exception):
             answers.put({"error": f"the ours deployment failed: {reason[-1500:]}"})
 
