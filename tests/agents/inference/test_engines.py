@@ -106,14 +106,14 @@ def test_chat_prompt_template() -> None:
 @settings(max_examples=50, deadline=None)
 @given(st.text(max_size=50))
 def test_embeddings_are_unit_vectors_and_deterministic(text: str) -> None:
-    vector = ENGINE.embed(text)
+    vector = trio.run(ENGINE.embed, text)
     assert len(vector) == ENGINE.embedding_dim
     assert math.isclose(math.sqrt(sum(x * x for x in vector)), 1.0, rel_tol=1e-9)
-    assert ENGINE.embed(text) == vector
+    assert ENGINE.embed_sync(text) == vector
 
 
 def test_embeddings_differ_between_texts() -> None:
-    assert ENGINE.embed("red fox") != ENGINE.embed("blue dog")
+    assert ENGINE.embed_sync("red fox") != ENGINE.embed_sync("blue dog")
 
 
 def test_max_tokens_must_be_positive() -> None:
