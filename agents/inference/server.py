@@ -273,8 +273,7 @@ class _Api:
         prompt = engine.tokenize(engine.chat_prompt(messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or _CHAT_DEFAULT_MAX_TOKENS
         self._check_generation(body, len(prompt), max_tokens)
-        stops = [*body.stops(), *engine.chat_stops]
-        return await self._respond(engine, body, prompt, max_tokens, stops, chat=True)
+        return await self._respond(engine, body, prompt, max_tokens, chat=True)
 
     async def completions(self, request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
@@ -293,7 +292,7 @@ class _Api:
             raise _ApiError(400, "prompt: give one prompt (a string or token ids)", param="prompt")
         max_tokens = body.max_tokens or _COMPLETION_DEFAULT_MAX_TOKENS
         self._check_generation(body, len(prompt), max_tokens)
-        return await self._respond(engine, body, prompt, max_tokens, body.stops(), chat=False)
+        return await self._respond(engine, body, prompt, max_tokens, chat=False)
 
     async def embeddings(self, request: Request) -> Response:
         body = await _parse(request, EmbeddingRequest)
@@ -372,7 +371,6 @@ class _Api:
         body: _Generation,
         prompt: Sequence[int],
         max_tokens: int,
-        stops: Sequence[str],
         *,
         chat: bool,
     ) -> Response:
@@ -381,7 +379,8 @@ class _Api:
             max_tokens=max_tokens,
             temperature=body.temperature,
             seed=body.seed,
-            stop=stops,
+            stop=body.stops(),
+            chat=chat,
         )
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         created = int(time.time())

@@ -97,14 +97,14 @@ class TextEngine(Engine, Protocol):
     """A language model: chat, completions and (when ``embedding_dim``) embeddings.
 
     ``max_model_len`` is the model's own context limit (``None``: none), which
-    the server keeps requests within; ``chat_stops`` are strings that end a
-    chat answer under the engine's template (a base model goes on to write
-    the next turn itself), added to the request's own stop strings for chats.
+    the server keeps requests within. ``generate(..., chat=True)`` says the
+    prompt came from :meth:`chat_prompt`, so the engine may end and trim the
+    answer as its template needs (a base model goes on to write the next
+    turn itself).
     """
 
     embedding_dim: int | None
     max_model_len: int | None
-    chat_stops: tuple[str, ...]
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -120,6 +120,7 @@ class TextEngine(Engine, Protocol):
         temperature: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        chat: bool = False,
     ) -> AsyncIterator[Step]: ...
 
     async def embed(self, text: str) -> list[float]: ...

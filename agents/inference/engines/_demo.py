@@ -94,7 +94,6 @@ class DemoEngine:
     name = "demo"
     embedding_dim = _EMBEDDING_DIM
     max_model_len: int | None = None
-    chat_stops: tuple[str, ...] = ()
     languages: frozenset[str] | None = None
     vocab_size = _BYTE_TOKENS + 1 + len(_VOCAB)
 
@@ -174,8 +173,11 @@ class DemoEngine:
         temperature: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        chat: bool = False,
     ) -> AsyncIterator[Step]:
         """Yield the answer token by token; the last :class:`Step` carries the finish reason.
+
+        ``chat`` changes nothing: the demo's answers need no trimming.
 
         ``"stop"`` when the answer ended or a stop string appeared (the stop
         string itself is not part of the text), ``"length"`` when

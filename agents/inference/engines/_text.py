@@ -6,6 +6,10 @@ bytes and says what text may be sent now, holding back only what could still
 turn out to be the start of a stop string, so a streamed answer never shows
 text that the whole answer would not contain. The engine drives it; the HTTP
 layer never sees bytes.
+
+With ``trim`` the answer is also stripped of leading and trailing whitespace
+(held back until more text follows it), which a chat answer needs when the
+template leaves the model to write the space after "Assistant:".
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ class TextAssembler:
     another reason (end of sequence, ``max_tokens``).
     """
 
-    def __init__(self, stop: Sequence[str] = ()) -> None:
+    def __init__(self, stop: Sequence[str] = (), *, trim: bool = False) -> None:
         self._stops = tuple(s for s in stop if s)
+        self._trim = trim
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""  # everything decoded so far
-        self._sent = 0  # how much of it was returned
+        self._sent = 0  # how much of it was returned (or dropped as leading space)
+        self._lead = 0  # with trim: how much leading whitespace was dropped
         self.stopped = False
 
     def feed(self, piece: bytes) -> str:
@@ -56,9 +62,15 @@ class TextAssembler:
     @property
     def text(self) -> str:
         """All text sent so far."""
-        return self._text[: self._sent]
+        return self._text[self._lead : self._sent]
 
     def _take(self, end: int) -> str:
+        if self._trim:
+            if self._sent == self._lead:  # nothing sent yet: skip leading whitespace
+                head = self._text[self._sent :]
+                self._lead = self._sent = self._sent + len(head) - len(head.lstrip())
+            tail = self._text[self._sent : max(end, self._sent)]
+            end = self._sent + len(tail.rstrip())  # trailing space waits for more text
         end = max(end, self._sent)
         out = self._text[self._sent : end]
         self._sent = end

@@ -36,21 +36,26 @@ alphabet = st.sampled_from(list("ab \né"))
     text=st.text(alphabet, max_size=30),
     cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=12),
     stops=st.lists(st.text(alphabet, max_size=4), max_size=3),
+    trim=st.booleans(),
 )
-def test_streamed_text_is_the_cut_text(text: str, cuts: list[int], stops: list[str]) -> None:
+def test_streamed_text_is_the_cut_text(
+    text: str, cuts: list[int], stops: list[str], trim: bool
+) -> None:
     pieces = split(text.encode(), cuts)
-    assembler = TextAssembler(stops)
+    assembler = TextAssembler(stops, trim=trim)
     out = ""
     stopped_at = None
     for index, piece in enumerate(pieces):
         out += assembler.feed(piece)
-        assert text.startswith(out)
+        assert (text.strip() if trim else text).startswith(out)
         if assembler.stopped:
             stopped_at = index
             break
     else:
         out += assembler.flush()
     want, want_index = expected(pieces, stops)
+    if trim:
+        want = want.strip()
     assert (out, stopped_at) == (want, want_index)
     assert assembler.text == out
 
@@ -63,6 +68,14 @@ def test_holds_back_only_a_possible_stop_start() -> None:
     assert assembler.feed(b"\nUser: hi") == ""
     assert assembler.stopped and assembler.text == "Paris.\nUsa"
     assert assembler.feed(b"more") == "" and assembler.flush() == ""
+
+
+def test_trim_drops_outer_whitespace_only() -> None:
+    assembler = TextAssembler(["\nUser:"], trim=True)
+    assert [assembler.feed(p) for p in [b" ", b" Paris", b" is", b"\n", b" big", b".\n"]] == [
+        "", "Paris", " is", "", "\n big", "."
+    ]
+    assert assembler.feed(b"User: next") == "" and assembler.text == "Paris is\n big."
 
 
 def test_split_characters_wait_for_their_last_byte() -> None:

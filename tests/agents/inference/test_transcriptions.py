@@ -41,7 +41,6 @@ class TextOnly:
     name = "text-only"
     embedding_dim: int | None = None
     max_model_len: int | None = 256
-    chat_stops: tuple[str, ...] = ()
 
     def tokenize(self, text: str) -> list[int]:
         return DEMO.tokenize(text)
