@@ -62,14 +62,13 @@ async def test_chat_answers_the_question(client: httpx.AsyncClient, engine: Text
     assert usage["prompt_tokens"] == prompt_len(engine, FRANCE)
     assert 1 <= usage["completion_tokens"] <= 12
     # Sampled answers (the API's default temperature) are not empty either.
-    for seed in (1, 2):
-        sampled = (
-            await client.post(
-                "/v1/chat/completions",
-                json={"model": NAME, "messages": FRANCE, "max_tokens": 8, "seed": seed},
-            )
-        ).json()
-        assert sampled["choices"][0]["message"]["content"].strip(), sampled
+    sampled = (
+        await client.post(
+            "/v1/chat/completions",
+            json={"model": NAME, "messages": FRANCE, "max_tokens": 6, "seed": 1},
+        )
+    ).json()
+    assert sampled["choices"][0]["message"]["content"].strip(), sampled
 
 
 async def test_streamed_completion_equals_the_whole_one(
@@ -100,7 +99,7 @@ async def test_stop_strings_and_seeds(client: httpx.AsyncClient) -> None:
     cut = (await client.post("/v1/completions", json={**request, "stop": [stop]})).json()
     assert cut["choices"][0]["text"] == text[: text.find(stop)]
     assert cut["choices"][0]["finish_reason"] == "stop"
-    sampled = {**request, "temperature": 1.0, "seed": 42}
+    sampled = {**request, "temperature": 1.0, "seed": 42, "max_tokens": 4}
     first = (await client.post("/v1/completions", json=sampled)).json()["choices"][0]["text"]
     again = (await client.post("/v1/completions", json=sampled)).json()["choices"][0]["text"]
     assert first == again
