@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from agents.inference.engines import ChatMessage, TextEngine, load_engine
-from agents.inference.server import create_app
+from agents.inference.server import create_app, serve_model
 from tests.agents.inference.extras import need
 from tests.agents.inference.test_server_process import running_server
 
@@ -151,3 +151,40 @@ def test_openai_client_chats_with_the_real_server() -> None:
         assert usage is not None and 1 <= usage.completion_tokens <= 10
         with pytest.raises(openai.BadRequestError, match="transcriptions"):
             client.audio.transcriptions.create(model="gemma", file=("a.wav", b"RIFF"))
+
+
+async def test_concurrent_requests_take_turns(client: httpx.AsyncClient) -> None:
+    request = {"model": NAME, "prompt": "Roses are red,", "max_tokens": 3, "temperature": 0}
+    alone = (await client.post("/v1/completions", json=request)).json()["choices"][0]["text"]
+    answers: list[str] = []
+
+    async def ask() -> None:
+        body = (await client.post("/v1/completions", json=request)).json()
+        answers.append(body["choices"][0]["text"])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        nursery.start_soon(ask)
+    assert answers == [alone, alone]
+
+
+async def test_a_dropped_stream_frees_the_model(engine: TextEngine, nursery: trio.Nursery) -> None:
+    host, port = await nursery.start(
+        lambda task_status: serve_model(engine, served_name=NAME, task_status=task_status)
+    )
+    long = {"model": NAME, "prompt": "Once upon a time", "max_tokens": 2000, "stream": True}
+    base = f"http://{host}:{port}"
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=60) as http,
+        http.stream("POST", "/v1/completions", json=long) as response,
+    ):
+        async for _ in response.aiter_lines():
+            break  # one event, then hang up mid-answer
+    # Were the model still held by the dropped answer (2000 tokens, over a minute),
+    # this would wait for it.
+    with trio.fail_after(60):
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            short = {"model": NAME, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+            response = await http.post("/v1/completions", json=short)
+    assert response.json()["usage"]["completion_tokens"] == 2
+    nursery.cancel_scope.cancel()
