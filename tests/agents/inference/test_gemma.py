@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -15,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from agents.inference.engines import ChatMessage, TextEngine, load_engine
+from agents.inference.engines import ChatMessage, EngineLoadFailed, TextEngine, load_engine
 from agents.inference.server import create_app, serve_model
 from tests.agents.inference.extras import need
 from tests.agents.inference.test_server_process import running_server
@@ -188,3 +189,15 @@ async def test_a_dropped_stream_frees_the_model(engine: TextEngine, nursery: tri
             response = await http.post("/v1/completions", json=short)
     assert response.json()["usage"]["completion_tokens"] == 2
     nursery.cancel_scope.cancel()
+
+
+def test_a_broken_model_file_is_a_load_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from agents.inference.engines import _gemma
+
+    bogus = tmp_path / "broken.gguf"
+    bogus.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setattr(_gemma, "_model_path", lambda: str(bogus))
+    with pytest.raises(EngineLoadFailed, match="'gemma-3-270m' could not be loaded"):
+        _gemma.GemmaEngine()
