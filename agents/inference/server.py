@@ -41,7 +41,7 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any, Literal, TypeVar
 
@@ -424,7 +424,7 @@ class _Api:
 
     async def _stream(
         self,
-        steps: AsyncIterator[Step],
+        steps: AsyncGenerator[Step, None],
         ident: str,
         created: int,
         prompt_len: int,

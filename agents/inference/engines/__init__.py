@@ -3,7 +3,7 @@
 An engine is what the server needs from a model. A :class:`TextEngine`
 (``demo``, ``gemma-3-270m``) has its own tokenizer (token counts in
 ``usage`` come from it, never from an estimate), a chat template, generation
-as an async iterator of :class:`Step`, and embeddings when the model offers
+as an async generator of :class:`Step`, and embeddings when the model offers
 them. A :class:`SpeechEngine` (``demo``, ``pocketsphinx-en``) turns decoded
 audio into a :class:`Transcript`. The server offers each endpoint only for
 the engines that have it, and answers the others with an OpenAI-style 400.
@@ -16,7 +16,7 @@ with the command that fixes it.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -100,7 +100,9 @@ class TextEngine(Engine, Protocol):
     the server keeps requests within. ``generate(..., chat=True)`` says the
     prompt came from :meth:`chat_prompt`, so the engine may end and trim the
     answer as its template needs (a base model goes on to write the next
-    turn itself).
+    turn itself). ``generate`` is an async generator: the server closes it
+    (``aclose``) as soon as the answer is complete or the client has gone, so
+    an engine may hold its model for exactly that long.
     """
 
     embedding_dim: int | None
@@ -121,7 +123,7 @@ class TextEngine(Engine, Protocol):
         seed: int | None = None,
         stop: Sequence[str] = (),
         chat: bool = False,
-    ) -> AsyncIterator[Step]: ...
+    ) -> AsyncGenerator[Step, None]: ...
 
     async def embed(self, text: str) -> list[float]: ...
 

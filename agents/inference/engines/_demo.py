@@ -40,7 +40,7 @@ import hashlib
 import math
 import re
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import trio
 
@@ -174,7 +174,7 @@ class DemoEngine:
         seed: int | None = None,
         stop: Sequence[str] = (),
         chat: bool = False,
-    ) -> AsyncIterator[Step]:
+    ) -> AsyncGenerator[Step, None]:
         """Yield the answer token by token; the last :class:`Step` carries the finish reason.
 
         ``chat`` changes nothing: the demo's answers need no trimming.

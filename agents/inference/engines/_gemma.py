@@ -40,7 +40,7 @@ from __future__ import annotations
 import ctypes
 import os
 import secrets
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 
 import trio
 
@@ -164,7 +164,7 @@ class GemmaEngine:
         seed: int | None = None,
         stop: Sequence[str] = (),
         chat: bool = False,
-    ) -> AsyncIterator[Step]:
+    ) -> AsyncGenerator[Step, None]:
         """Yield the answer token by token, each computed in a worker thread.
 
         The last step says ``"stop"`` (the model ended its turn or a stop

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import httpx
 import pytest
@@ -51,7 +51,7 @@ class TextOnly:
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         return DEMO.chat_prompt(messages)
 
-    def generate(self, prompt_tokens: Sequence[int], **kwargs) -> AsyncIterator[Step]:
+    def generate(self, prompt_tokens: Sequence[int], **kwargs) -> AsyncGenerator[Step, None]:
         return DEMO.generate(prompt_tokens, **kwargs)
 
     async def embed(self, text: str) -> list[float]:
