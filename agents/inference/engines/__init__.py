@@ -24,6 +24,7 @@ from agents.inference.engines._audio import Audio, BadAudio, decode_wav
 
 __all__ = [
     "KNOWN_MODELS",
+    "MODEL_TASKS",
     "Audio",
     "BadAudio",
     "ChatMessage",
@@ -182,6 +183,17 @@ _OPTIONAL: dict[str, tuple[str, ...]] = {
     "pocketsphinx-en": ("pocketsphinx", "numpy"),
 }
 KNOWN_MODELS: frozenset[str] = frozenset({"demo", *_OPTIONAL})
+
+Task = Literal["text", "speech"]
+#: What each model's engine does, known without loading it: "text" is a
+#: :class:`TextEngine` (chat, completions), "speech" a :class:`SpeechEngine`.
+#: For planners that must not load a model to know, say, that a speech model
+#: gets no chat health check.
+MODEL_TASKS: dict[str, frozenset[Task]] = {
+    "demo": frozenset({"text", "speech"}),
+    "gemma-3-270m": frozenset({"text"}),
+    "pocketsphinx-en": frozenset({"speech"}),
+}
 
 
 def load_engine(model: str) -> Engine:

@@ -10,9 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.inference.engines import (
+    KNOWN_MODELS,
+    MODEL_TASKS,
     ChatMessage,
     Engine,
     EngineUnavailable,
+    SpeechEngine,
+    TextEngine,
     UnknownModel,
     load_engine,
 )
@@ -132,6 +136,17 @@ def test_optional_models_say_how_to_install(monkeypatch: pytest.MonkeyPatch) -> 
     )
     with pytest.raises(EngineUnavailable, match="pocketsphinx-en"):
         load_engine("pocketsphinx-en")
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_TASKS))
+def test_model_tasks_say_what_the_engine_is(model: str) -> None:
+    assert set(MODEL_TASKS) == KNOWN_MODELS
+    try:
+        engine = load_engine(model)
+    except EngineUnavailable:
+        pytest.skip(f"{model} needs the extra 'models'")
+    assert isinstance(engine, TextEngine) == ("text" in MODEL_TASKS[model])
+    assert isinstance(engine, SpeechEngine) == ("speech" in MODEL_TASKS[model])
 
 
 def test_unknown_model_names_the_known_ones() -> None:
