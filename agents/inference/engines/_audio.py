@@ -122,14 +122,18 @@ def to_mono_16k(audio: Audio) -> bytes:
     """
     import numpy as np
 
-    samples = np.frombuffer(audio.pcm, dtype="<i2").astype(np.float64)
-    mono = samples.reshape(-1, audio.channels).mean(axis=1)
+    # float32 throughout: a 25 MB upload stays within a few hundred MB while resampled.
+    samples = np.frombuffer(audio.pcm, dtype="<i2").astype(np.float32)
+    mono = samples.reshape(-1, audio.channels).mean(axis=1, dtype=np.float32)
+    del samples
     if audio.rate != TARGET_RATE:
         n = mono.size
         m = max(1, round(n * TARGET_RATE / audio.rate))
         spectrum = np.fft.rfft(mono)
+        del mono
         keep = min(spectrum.size, m // 2 + 1)
-        resized = np.zeros(m // 2 + 1, dtype=complex)
+        resized = np.zeros(m // 2 + 1, dtype=spectrum.dtype)
         resized[:keep] = spectrum[:keep]
-        mono = np.fft.irfft(resized, m) * (m / n)
+        del spectrum
+        mono = np.fft.irfft(resized, m) * np.float32(m / n)
     return np.clip(np.rint(mono), -32768, 32767).astype("<i2").tobytes()

@@ -204,7 +204,8 @@ class GemmaEngine:
         self, prompt: list[int], temperature: float, seed: int | None
     ) -> Generator[int, None, None]:
         """llama-cpp-python's token generator, primed (runs in the worker thread)."""
-        self._llm.set_seed(_RANDOM_SEED if seed is None else seed & 0xFFFFFFFF)
+        # 0xFFFFFFFF itself would mean "draw one": fold every seed into the range below it.
+        self._llm.set_seed(_RANDOM_SEED if seed is None else seed % _RANDOM_SEED)
         return self._llm.generate(
             prompt,
             top_k=_TOP_K,
