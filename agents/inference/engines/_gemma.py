@@ -108,7 +108,6 @@ class GemmaEngine:
         self.max_model_len: int | None = n_ctx
         self._vocab = self._llm._model.vocab
         self._n_vocab = self._llm.n_vocab()
-        self._bos = self._llm.token_bos()
         self._pieces: dict[int, bytes] = {}
         self._busy = trio.Semaphore(1)
 
@@ -132,9 +131,16 @@ class GemmaEngine:
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            buffer = ctypes.create_string_buffer(256)
-            size = self._llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, False)
-            piece = buffer.raw[: max(0, size)]
+            size = 64
+            for _ in range(2):  # a negative answer is the size the piece needs
+                buffer = ctypes.create_string_buffer(size)
+                got = self._llama_cpp.llama_token_to_piece(
+                    self._vocab, token, buffer, size, 0, False
+                )
+                if got >= 0:
+                    break
+                size = -got
+            piece = buffer.raw[: max(0, got)]
             self._pieces[token] = piece
         return piece
 
@@ -180,9 +186,7 @@ class GemmaEngine:
         self.detokenize(prompt_tokens)  # ids outside the vocabulary: ValueError
         text = TextAssembler([*stop, *_CHAT_STOPS] if chat else stop, trim=chat)
         async with self._busy:
-            tokens = await trio.to_thread.run_sync(
-                self._start, list(prompt_tokens), temperature, seed
-            )
+            tokens = self._start(list(prompt_tokens), temperature, seed)
             try:
                 for count in range(1, max_tokens + 1):
                     token = await trio.to_thread.run_sync(_next, tokens)
@@ -203,7 +207,12 @@ class GemmaEngine:
     def _start(
         self, prompt: list[int], temperature: float, seed: int | None
     ) -> Generator[int, None, None]:
-        """llama-cpp-python's token generator, primed (runs in the worker thread)."""
+        """llama-cpp-python's token generator; nothing runs until the first ``next``.
+
+        That first ``next`` (in a worker thread) evaluates the prompt, reusing
+        the context's cache for the prefix it shares with the last one (the
+        chat preamble, say).
+        """
         # 0xFFFFFFFF itself would mean "draw one": fold every seed into the range below it.
         self._llm.set_seed(_RANDOM_SEED if seed is None else seed % _RANDOM_SEED)
         return self._llm.generate(
