@@ -622,9 +622,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--served-name", default=None, help="the name clients put in 'model' (default: --model)"
     )
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for a llama.cpp model (default: all usable cores; fewer can be "
+        "faster when other processes keep the cores busy)",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     try:
-        engine = load_engine(args.model)
+        engine = load_engine(args.model, threads=args.threads)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

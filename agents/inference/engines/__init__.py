@@ -196,8 +196,11 @@ MODEL_TASKS: dict[str, frozenset[Task]] = {
 }
 
 
-def load_engine(model: str) -> Engine:
+def load_engine(model: str, *, threads: int | None = None) -> Engine:
     """The engine serving ``model``.
+
+    ``threads`` is how many CPU threads a llama.cpp model computes with
+    (default: every core this process may use); the other engines ignore it.
 
     Raises:
         UnknownModel: ``model`` names no engine (the message lists the known ones).
@@ -219,7 +222,7 @@ def load_engine(model: str) -> Engine:
     if model == "gemma-3-270m":
         from agents.inference.engines._gemma import GemmaEngine
 
-        return GemmaEngine()
+        return GemmaEngine(threads=threads)
     from agents.inference.engines._pocketsphinx import PocketsphinxEngine
 
     return PocketsphinxEngine()

@@ -30,10 +30,12 @@ def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 @contextlib.contextmanager
-def running_server(model: str, served_name: str, load_timeout_s: float = 30.0) -> Iterator[str]:
+def running_server(
+    model: str, served_name: str, *options: str, load_timeout_s: float = 30.0
+) -> Iterator[str]:
     """``python -m agents.inference.server`` serving ``model``; yields its base URL."""
     proc = subprocess.Popen(
-        [*SERVER, "--model", model, "--port", "0", "--served-name", served_name],
+        [*SERVER, "--model", model, "--port", "0", "--served-name", served_name, *options],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
