@@ -43,6 +43,7 @@ __all__ = [
     "Prepared",
     "SseSplitter",
     "audio_usage",
+    "header_usage",
     "prepare",
     "usage_of",
 ]
@@ -111,6 +112,15 @@ def _usage(value: Any) -> Usage | None:
     if not counts["total_tokens"]:
         counts["total_tokens"] = counts["prompt_tokens"] + counts["completion_tokens"]
     return Usage(**counts)
+
+
+def header_usage(headers: dict[str, str]) -> Usage | None:
+    """A transcription's audio seconds from our servers' ``x-audio-seconds`` header."""
+    try:
+        seconds = float(headers.get("x-audio-seconds", ""))
+    except ValueError:
+        return None
+    return _usage({"type": "duration", "seconds": seconds})
 
 
 def audio_usage(content_type: str, body: bytes) -> Usage | None:
@@ -234,8 +244,8 @@ class ModelClient:
                     if response.status < 300:
                         usage = usage_of(data) if "json" in kind else None
                         if usage is None and path == "/v1/audio/transcriptions":
-                            usage = await trio.to_thread.run_sync(audio_usage, content_type,
-                                                                  body)
+                            usage = header_usage(response.headers) or \
+                                await trio.to_thread.run_sync(audio_usage, content_type, body)
                     yield InferFrame(status=response.status, content_type=kind, data=data,
                                      usage=usage or Usage(), done=True)
         except HttpError as exc:

@@ -13,6 +13,7 @@ Neither can span nodes (architecture.txt: only a vLLM replica is multi-node).
 
 from __future__ import annotations
 
+from agents.inference.engines import MODEL_TASKS
 from contracts.model import Runtime
 
 from ._errors import TopologyError
@@ -27,7 +28,7 @@ from ._plan import (
     merged_env,
 )
 
-__all__ = ["LOCAL_SPEECH_MODELS", "LocalAdapter", "ParakeetAdapter"]
+__all__ = ["LocalAdapter", "ParakeetAdapter"]
 
 _MANAGED = ("--model", "--host", "--port", "--served-name")
 #: Parakeet-TDT 0.6B loads in well under a minute from a warm disk; NeMo
@@ -35,10 +36,12 @@ _MANAGED = ("--model", "--host", "--port", "--served-name")
 DEFAULT_PARAKEET_STARTUP_S = 900.0
 #: The demo engine loads instantly; a GGUF model from the package cache in seconds.
 DEFAULT_LOCAL_STARTUP_S = 120.0
-#: ``local`` models that transcribe speech instead of generating text; they
-#: get no completion deep check. (Should come from agents.inference.engines
-#: once engines declare what they do.)
-LOCAL_SPEECH_MODELS = frozenset({"pocketsphinx-en"})
+
+
+def _generates_text(model: str) -> bool:
+    """Whether a ``local`` model answers completions (speech-only ones get no
+    completion deep check); an unknown model is left to the server to refuse."""
+    return "text" in MODEL_TASKS.get(model, frozenset({"text"}))
 
 
 def _single_node(launch: Launch, runtime: Runtime) -> None:
@@ -107,7 +110,7 @@ class LocalAdapter:
         argv = [*_server_argv(launch, "agents.inference.server"), *launch.extra_args]
         step = Step(name="local", argv=tuple(argv), role=StepRole.SERVER,
                     lifetime=Lifetime.KEEP_RUNNING, env=merged_env(launch.env))
-        speech = launch.model in LOCAL_SPEECH_MODELS
+        speech = not _generates_text(launch.model)
         return RuntimePlan(runtime=self.runtime, steps=(step,), listens=True,
                            base_url=launch.local_url, health_path="/health",
                            deep_check=None if speech else completion_check(launch.served_name),
