@@ -37,11 +37,10 @@ import json
 import logging
 import math
 import secrets
-import signal
 import struct
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from contextlib import aclosing
 from typing import Any, Literal, TypeVar
 
@@ -68,6 +67,8 @@ from agents.inference.engines import (
 )
 from agents.inference.engines._audio import MAX_AUDIO_BYTES
 from p2p.http import serve_asgi
+
+from ._serving import ServerBindError, run_until_signalled
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
@@ -560,20 +561,10 @@ def create_app(
 # --- serving ---
 
 
-class ModelServerBindError(OSError):
+class ModelServerBindError(ServerBindError):
     """The model server cannot listen on its address (busy port, bad host)."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host = host
-        self.port = port
-
-    def __str__(self) -> str:
-        return f"cannot serve the model on {_join(self.host, self.port)}: {self.strerror}"
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    what = "the model"
 
 
 async def serve_model(
@@ -638,34 +629,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            host, port = await nursery.start(
-                lambda task_status: serve_model(
-                    engine,
-                    host=args.host,
-                    port=args.port,
-                    served_name=args.served_name or args.model,
-                    max_model_len=args.max_model_len,
-                    task_status=task_status,
-                )
-            )
-            print(f"listening http://{_join(host, port)}", flush=True)
-            # The agent stops its model server with SIGTERM: leave cleanly, exit 0.
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("model_server.stopping signal=%s", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
+    def serve(task_status: trio.TaskStatus[tuple[str, int]]) -> Awaitable[None]:
+        return serve_model(engine, host=args.host, port=args.port,
+                           served_name=args.served_name or args.model,
+                           max_model_len=args.max_model_len, task_status=task_status)
 
-    try:
-        trio.run(run)
-    except ModelServerBindError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 0
-    return 0
+    # The agent stops its model server with SIGTERM: leave cleanly, exit 0.
+    return run_until_signalled(serve, log=log, event="model_server.stopping")
 
 
 if __name__ == "__main__":

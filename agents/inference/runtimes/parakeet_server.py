@@ -44,12 +44,11 @@ import argparse
 import io
 import logging
 import math
-import signal
 import sys
 import time
 import wave
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +61,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from p2p.http import serve_asgi
+
+from .._serving import ServerBindError, run_until_signalled
 
 __all__ = [
     "DEFAULT_MAX_UPLOAD_BYTES",
@@ -359,20 +360,10 @@ def create_app(
     ])
 
 
-class TranscriptionServerBindError(OSError):
+class TranscriptionServerBindError(ServerBindError):
     """The server cannot listen on its address."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host = host
-        self.port = port
-
-    def __str__(self) -> str:
-        return f"cannot serve on {_join(self.host, self.port)}: {self.strerror}"
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    what = "transcriptions"
 
 
 async def serve_transcriber(
@@ -426,27 +417,13 @@ def main(argv: Sequence[str] | None = None,
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            host, port = await nursery.start(lambda task_status: serve_transcriber(
-                transcribe, served_name=args.served_name or args.model, host=args.host,
-                port=args.port, max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
-                task_status=task_status))
-            print(f"listening http://{_join(host, port)}", flush=True)
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("parakeet_server.stopping signal=%s", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    break
+    def serve(task_status: trio.TaskStatus[tuple[str, int]]) -> Awaitable[None]:
+        return serve_transcriber(
+            transcribe, served_name=args.served_name or args.model, host=args.host,
+            port=args.port, max_upload_bytes=int(args.max_upload_mb * 1024 * 1024),
+            task_status=task_status)
 
-    try:
-        trio.run(run)
-    except TranscriptionServerBindError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 0
-    return 0
+    return run_until_signalled(serve, log=log, event="parakeet_server.stopping")
 
 
 if __name__ == "__main__":
