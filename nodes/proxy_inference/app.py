@@ -1,0 +1,346 @@
+"""The OpenAI-compatible HTTP front: an ASGI app (Starlette) on hypercorn's trio worker.
+
+Endpoints (DESIGN.md §4, issue 12 item 3)::
+
+    GET  /v1/models                 the team's Active jobs' served names
+    GET  /v1/models/{model}         one of them
+    POST /v1/chat/completions       \\
+    POST /v1/completions             | forwarded to one of the job's agents
+    POST /v1/embeddings              | (``cosmicac-inference/1``), body as sent
+    POST /v1/audio/transcriptions   /  (multipart: raw body and content type)
+
+Every request carries ``Authorization: Bearer <secret>``; the key is looked
+up in memory (:class:`~.keys.KeyCache`), never in SQLite on the request path
+once seen. Errors are OpenAI's shape, ``{"error": {"message", "type",
+"param", "code"}}``:
+
+| status | code | when |
+| --- | --- | --- |
+| 401 | ``invalid_api_key`` | no bearer, an unknown secret, a revoked key |
+| 400 | ``invalid_request`` | a body that is not a JSON object (or a form) naming a ``model`` |
+| 404 | ``model_not_found`` | no Active or Degraded job of the key's team serves that name |
+| 413 | ``request_too_large`` | a body over ``MAX_BODY`` (32 MiB) |
+| 503 | ``model_unavailable`` | no replica connected, or both tries failed before answering |
+| 502 | ``upstream_error`` | the answer broke off (a stream gets an SSE error event) |
+
+Only ``model`` and ``stream`` are read from a JSON body (``json.loads``, no
+model of the whole OpenAI body); the agent passes the bytes on unchanged.
+The agent's status and content type become the response's; an SSE answer is
+passed through frame by frame as it arrives (the first byte leaves when the
+agent's first frame does), a non-streamed one is collected first so that a
+failure midway is a clean 502. The last frame's ``usage`` is counted
+(:class:`~.usage.UsageRecorder`) under the key, the served name and the UTC day.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from contracts.inference import MAX_BODY
+from crdt import ApiKey
+
+from .keys import KeyCache
+from .metrics import ProxyMetrics
+from .router import Route as JobRoute
+from .router import RoutingTable
+from .upstream import AgentPool, Answer, RequestRefused, UpstreamError, UpstreamFailed
+from .usage import UsageRecorder
+
+__all__ = ["Front", "create_app", "error_body"]
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+SSE = "text/event-stream"
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class HttpError(Exception):
+    """An answer to give instead of forwarding."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str | None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(message, type_, code, param)
+        self.code = code or type_
+
+
+@dataclass
+class Front:
+    """What the app needs: keys, the routing table, the agents, the usage book."""
+
+    keys: KeyCache
+    table: Callable[[], RoutingTable]
+    pool: AgentPool
+    recorder: UsageRecorder
+    metrics: ProxyMetrics
+
+    async def authenticate(self, request: Request) -> ApiKey:
+        header = request.headers.get("authorization", "")
+        scheme, _, secret = header.partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise HttpError(401, "You didn't provide an API key. Give it as "
+                                 "'Authorization: Bearer <key>'.",
+                            "invalid_request_error", "invalid_api_key")
+        try:
+            key = self.keys.lookup_nowait(secret)
+        except trio.WouldBlock:
+            key = await self.keys.lookup(secret)
+        if key is None:
+            raise HttpError(401, "Incorrect API key provided.", "invalid_request_error",
+                            "invalid_api_key")
+        if key.revoked:
+            raise HttpError(401, "This API key has been revoked.", "authentication_error",
+                            "invalid_api_key")
+        return key
+
+
+def _fail(front: Front, error: HttpError, model: str = "-") -> JSONResponse:
+    front.metrics.requests.labels(model, str(error.status)).inc()
+    front.metrics.errors.labels(error.code).inc()
+    return JSONResponse(error.body, status_code=error.status)
+
+
+def _model_of_json(body: bytes) -> tuple[str, bool]:
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise HttpError(400, "The body is not valid JSON.", "invalid_request_error",
+                        "invalid_request") from None
+    if not isinstance(document, dict):
+        raise HttpError(400, "The body must be a JSON object.", "invalid_request_error",
+                        "invalid_request")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise HttpError(400, "You must provide a model parameter.", "invalid_request_error",
+                        "invalid_request", "model")
+    return model, document.get("stream") is True
+
+
+def _form_field(body: bytes, content_type: str, name: str) -> str | None:
+    """One text field of a ``multipart/form-data`` body (the rest is the agent's business)."""
+    boundary = None
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "boundary":
+            boundary = value.strip().strip('"')
+    if not boundary:
+        return None
+    wanted = f'name="{name}"'.encode()
+    for piece in body.split(b"--" + boundary.encode("latin-1")):
+        head, sep, value = piece.partition(b"\r\n\r\n")
+        if not sep:
+            continue
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-disposition:") and wanted in line:
+                if b"filename=" in line:
+                    return None
+                return value.removesuffix(b"\r\n").decode("utf-8", "replace")
+    return None
+
+
+def _model_of_form(body: bytes, content_type: str) -> str:
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise HttpError(400, "A transcription is a multipart/form-data request.",
+                        "invalid_request_error", "invalid_request")
+    model = _form_field(body, content_type, "model")
+    if not model:
+        raise HttpError(400, "You must provide a model parameter.", "invalid_request_error",
+                        "invalid_request", "model")
+    return model
+
+
+class _Forwarded(Response):
+    """The agent's answer as an ASGI response: started once the first frame is in."""
+
+    def __init__(self, front: Front, key: ApiKey, route: JobRoute, path: str,
+                 content_type: str, body: bytes, started: float) -> None:
+        self.front = front
+        self.key = key
+        self.route = route
+        self.path = path
+        self.request_content_type = content_type
+        self.request_body = body
+        self.started = started
+        self.background = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        front, route = self.front, self.route
+        model = route.served_name
+        request_id = "req-" + secrets.token_hex(8)
+        try:
+            async with front.pool.infer(route, path=self.path,
+                                        content_type=self.request_content_type,
+                                        body=self.request_body,
+                                        request_id=request_id) as answer:
+                front.metrics.first_byte.labels(model).observe(
+                    time.perf_counter() - self.started)
+                first = answer.first
+                status = first.status or 200
+                content_type = first.content_type or "application/json"
+                if content_type.startswith(SSE):
+                    await self._stream(answer, status, content_type, request_id, receive, send)
+                else:
+                    await self._whole(answer, status, content_type, request_id, send)
+        except RequestRefused as exc:
+            await _fail(front, HttpError(400, str(exc), "invalid_request_error",
+                                         "invalid_request"), model)(scope, receive, send)
+        except UpstreamFailed as exc:  # non-streamed: nothing was sent yet
+            await _fail(front, HttpError(502, f"The model server failed: {exc}",
+                                         "server_error", "upstream_error"),
+                        model)(scope, receive, send)
+        except UpstreamError as exc:
+            await _fail(front, HttpError(503, f"The model {model!r} has no replica that can "
+                                              f"answer now ({exc}).", "server_error",
+                                         "model_unavailable"), model)(scope, receive, send)
+
+    def _headers(self, content_type: str, request_id: str,
+                 length: int | None = None) -> list[tuple[bytes, bytes]]:
+        headers = [(b"content-type", content_type.encode("latin-1")),
+                   (b"x-request-id", request_id.encode())]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        else:
+            headers.append((b"cache-control", b"no-cache"))
+        return headers
+
+    def _done(self, answer: Answer, status: int, usage) -> None:
+        front, model = self.front, self.route.served_name
+        front.recorder.record(self.key.id, model, usage)
+        metrics = front.metrics
+        metrics.count_usage(model, usage)
+        metrics.requests.labels(model, str(status)).inc()
+        metrics.latency.labels(model).observe(time.perf_counter() - self.started)
+
+    async def _whole(self, answer: Answer, status: int, content_type: str, request_id: str,
+                     send: Any) -> None:
+        first = answer.first
+        parts = [first.data]
+        last = first
+        async for frame in answer.frames():
+            parts.append(frame.data)
+            last = frame
+        body = b"".join(parts)
+        self._done(answer, status, last.usage)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": self._headers(content_type, request_id, len(body))})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(self, answer: Answer, status: int, content_type: str, request_id: str,
+                      receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": self._headers(content_type, request_id)})
+        first = answer.first
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            if first.data:
+                await send({"type": "http.response.body", "body": first.data, "more_body": True})
+            last = first
+            try:
+                async for frame in answer.frames():
+                    last = frame
+                    if frame.data:
+                        await send({"type": "http.response.body", "body": frame.data,
+                                    "more_body": True})
+            except UpstreamFailed as exc:
+                self.front.metrics.errors.labels("upstream_error").inc()
+                log.warning("proxy.stream_broken job=%s request=%s code=%s reason=%s",
+                            self.route.job_id, request_id, exc.code, exc)
+                event = error_body(f"The model server failed midway: {exc}", "server_error",
+                                   "upstream_error")
+                await send({"type": "http.response.body",
+                            "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                            "more_body": True})
+            else:
+                self._done(answer, status, last.usage)
+            await send({"type": "http.response.body", "body": b""})
+            nursery.cancel_scope.cancel()
+
+
+async def _cancel_on_disconnect(receive: Any, scope: trio.CancelScope) -> None:
+    """Stop the answer (and the agent's work: the stream's CANCEL) when the client leaves."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+def create_app(front: Front) -> Starlette:
+    """The ASGI app over ``front`` (serve it with ``p2p.http.serve_asgi``)."""
+
+    async def forward(request: Request) -> Response:
+        started = time.perf_counter()
+        path = request.url.path
+        model = "-"
+        try:
+            key = await front.authenticate(request)
+            body = await request.body()
+            if len(body) > MAX_BODY:
+                raise HttpError(413, f"The body is larger than {MAX_BODY} bytes.",
+                                "invalid_request_error", "request_too_large")
+            content_type = request.headers.get("content-type", "application/json")
+            if path == TRANSCRIPTIONS:
+                model = _model_of_form(body, content_type)
+            else:
+                model, _stream = _model_of_json(body)
+            route = front.table().lookup(key.team, model)
+            if route is None:
+                raise HttpError(404, f"The model {model!r} does not exist or you do not "
+                                     "have access to it.", "invalid_request_error",
+                                "model_not_found", "model")
+        except HttpError as exc:
+            return _fail(front, exc, model if exc.status == 404 else "-")
+        return _Forwarded(front, key, route, path, content_type, body, started)
+
+    async def list_models(request: Request) -> Response:
+        try:
+            key = await front.authenticate(request)
+        except HttpError as exc:
+            return _fail(front, exc)
+        data = [_model_entry(route) for route in front.table().models(key.team)]
+        front.metrics.requests.labels("-", "200").inc()
+        return JSONResponse({"object": "list", "data": data})
+
+    async def get_model(request: Request) -> Response:
+        try:
+            key = await front.authenticate(request)
+        except HttpError as exc:
+            return _fail(front, exc)
+        name = request.path_params["model"]
+        for route in front.table().models(key.team):
+            if route.served_name == name:
+                front.metrics.requests.labels(name, "200").inc()
+                return JSONResponse(_model_entry(route))
+        return _fail(front, HttpError(404, f"The model {name!r} does not exist or you do "
+                                           "not have access to it.", "invalid_request_error",
+                                      "model_not_found", "model"), name)
+
+    routes = [Route("/v1/models", list_models, methods=["GET"]),
+              Route("/v1/models/{model:path}", get_model, methods=["GET"])]
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", TRANSCRIPTIONS):
+        routes.append(Route(path, forward, methods=["POST"]))
+    return Starlette(routes=routes)
+
+
+def _model_entry(route: JobRoute) -> dict:
+    return {"id": route.served_name, "object": "model", "created": int(route.created_at),
+            "owned_by": route.team}
