@@ -71,6 +71,7 @@ class RunningProxy:
     pool: AgentPool
     recorder: UsageRecorder
     metrics: ProxyMetrics
+    job_source: JobSource
 
     @property
     def url(self) -> str:
@@ -175,7 +176,8 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
                          format_key(db.bootstrap)[:12], db.is_writer)
                 task_status.started(RunningProxy(
                     http_address=http_address, swarm_address=swarm_address, swarm=swarm,
-                    front=front, pool=pool, recorder=recorder, metrics=proxy_metrics))
+                    front=front, pool=pool, recorder=recorder, metrics=proxy_metrics,
+                    job_source=source))
                 await trio.sleep_forever()
 
 

@@ -92,8 +92,9 @@ class ProxyWorld:
         await wait_until(lambda: proxy_db.lengths.get(want, 0)
                          >= self.admin.db.lengths.get(want, 0), limit_s=limit_s)
 
-    async def start_proxy(self, *, job_source: JobSource | None = None,
+    async def start_proxy(self, *, job_source: JobSource | str | None = "static",
                           **settings) -> RunningProxy:
+        """Start the proxy; ``job_source`` None follows wrk-ork (``ork`` in ``settings``)."""
         config = ProxySettings(
             storage=self.root / "proxy", database=self.admin.db.bootstrap, host="127.0.0.1",
             port=0, bootstrap=self.bootstrap, fsync=False,
@@ -104,7 +105,8 @@ class ProxyWorld:
 
         async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
             with scope:
-                await serve_proxy(config, job_source=job_source or self.jobs,
+                source = self.jobs if job_source == "static" else job_source
+                await serve_proxy(config, job_source=source,  # type: ignore[arg-type]
                                   task_status=task_status)
 
         self.proxy = await self.nursery.start(run)
