@@ -127,6 +127,18 @@ def test_utc_day_is_the_utc_date():
     assert utc_day(NOW) == DAY and utc_day(NOW - 1) == "2025-11-30"
 
 
+@pytest.fixture
+async def ticking(thread_clock, nursery):
+    """Keep a timer pending: under ``thread_clock`` a wait on a worker thread (an fsync)
+    longer than 2 ms jumps to the next deadline, which must not be a test's timeout."""
+
+    async def tick() -> None:
+        while True:
+            await trio.sleep(0.01)
+
+    nursery.start_soon(tick)
+
+
 async def open_pair(tmp_path, *, admit: bool):
     admin = await Database.open(tmp_path / "admin", ADMIN, fsync=FsyncPolicy.NEVER)
     proxy = await Database.open(tmp_path / "proxy", PROXY, bootstrap=admin.bootstrap,
@@ -144,7 +156,7 @@ async def admin_admits(admin: Database, proxy: Database) -> None:
     assert proxy.is_writer
 
 
-async def test_the_recorder_appends_batches_whose_rows_equal_the_sums(tmp_path, thread_clock):
+async def test_the_recorder_appends_batches_whose_rows_equal_the_sums(tmp_path, ticking):
     admin, db = await open_pair(tmp_path, admit=True)
     recorder = UsageRecorder(db, flush_interval_s=0.05, flush_ops=4, ops_per_entry=3,
                              clock=lambda: NOW)
@@ -170,7 +182,7 @@ async def test_the_recorder_appends_batches_whose_rows_equal_the_sums(tmp_path, 
     await admin.aclose()
 
 
-async def test_usage_is_held_until_admitted_then_flushed(tmp_path, thread_clock, caplog):
+async def test_usage_is_held_until_admitted_then_flushed(tmp_path, ticking, caplog):
     admin, db = await open_pair(tmp_path, admit=False)
     recorder = UsageRecorder(db, flush_interval_s=0.02, clock=lambda: NOW)
     caplog.set_level(logging.WARNING, "nodes.proxy_inference.usage")
@@ -190,7 +202,7 @@ async def test_usage_is_held_until_admitted_then_flushed(tmp_path, thread_clock,
 
 
 async def test_usage_not_written_at_stop_is_saved_and_written_after_the_restart(
-        tmp_path, thread_clock):
+        tmp_path, ticking):
     admin, db = await open_pair(tmp_path, admit=False)
     storage = tmp_path / "proxy"
     make = functools.partial(UsageRecorder, storage=storage, flush_interval_s=0.02,
@@ -215,7 +227,7 @@ async def test_usage_not_written_at_stop_is_saved_and_written_after_the_restart(
     await admin.aclose()
 
 
-async def test_a_clean_stop_flushes_what_was_counted(tmp_path, thread_clock):
+async def test_a_clean_stop_flushes_what_was_counted(tmp_path, ticking):
     admin, db = await open_pair(tmp_path, admit=True)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
