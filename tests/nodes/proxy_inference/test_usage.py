@@ -133,7 +133,7 @@ async def ticking(thread_clock, nursery):
     longer than 2 ms jumps to the next deadline, which must not be a test's timeout."""
 
     async def tick() -> None:
-        while True:
+        while True:  # noqa: ASYNC110 - the sleeps are the point: a timer always pending
             await trio.sleep(0.01)
 
     nursery.start_soon(tick)
