@@ -40,7 +40,7 @@ class UsageSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
     #: Usage counted in memory is appended at least this often.
-    flush_interval_s: float = Field(default=0.2, gt=0, le=60)
+    flush_interval_s: float = Field(default=0.2, gt=0, le=3600)
     #: ... or as soon as this many operations are waiting (one entry each
     #: ``ops_per_entry``; all of one flush in one durable write).
     flush_ops: int = Field(default=256, ge=1, le=100_000)
