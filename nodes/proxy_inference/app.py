@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from contracts.inference import MAX_BODY
+from contracts.inference import FORWARDED_PATHS, MAX_BODY
 from crdt import ApiKey
 
 from .keys import KeyCache
@@ -92,8 +92,12 @@ class Front:
     recorder: UsageRecorder
     metrics: ProxyMetrics
 
-    async def authenticate(self, request: Request) -> ApiKey:
-        header = request.headers.get("authorization", "")
+    async def authenticate(self, header: str) -> ApiKey:
+        """The key of an ``Authorization`` header's bearer secret.
+
+        Raises:
+            HttpError: 401, no bearer, an unknown secret or a revoked key.
+        """
         scheme, _, secret = header.partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
@@ -113,8 +117,25 @@ class Front:
         return key
 
 
-def _fail(front: Front, error: HttpError, model: str = "-") -> JSONResponse:
-    front.metrics.requests.labels(model, str(error.status)).inc()
+async def _send_json(send: Any, status: int, document: Any) -> None:
+    body = json.dumps(document).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _fail(front: Front, send: Any, error: HttpError, model: str = "-") -> None:
+    """Answer ``error``; ``model`` is a served name, or ``-`` (never a client's free text,
+    which would make the metrics' labels unbounded)."""
+    front.metrics.of(model).count(error.status, None)
+    front.metrics.errors.labels(error.code).inc()
+    await _send_json(send, error.status, error.body)
+
+
+def _failed(front: Front, error: HttpError) -> JSONResponse:
+    """:func:`_fail` for the Starlette endpoints."""
+    front.metrics.of("-").count(error.status, None)
     front.metrics.errors.labels(error.code).inc()
     return JSONResponse(error.body, status_code=error.status)
 
@@ -168,7 +189,7 @@ def _model_of_form(body: bytes, content_type: str) -> str:
     return model
 
 
-class _Forwarded(Response):
+class _Forwarded:
     """The agent's answer as an ASGI response: started once the first frame is in."""
 
     def __init__(self, front: Front, key: ApiKey, route: JobRoute, path: str,
@@ -180,7 +201,6 @@ class _Forwarded(Response):
         self.request_content_type = content_type
         self.request_body = body
         self.started = started
-        self.background = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         front, route = self.front, self.route
@@ -191,8 +211,7 @@ class _Forwarded(Response):
                                         content_type=self.request_content_type,
                                         body=self.request_body,
                                         request_id=request_id) as answer:
-                front.metrics.first_byte.labels(model).observe(
-                    time.perf_counter() - self.started)
+                front.metrics.of(model).first_byte.observe(time.perf_counter() - self.started)
                 first = answer.first
                 status = first.status or 200
                 content_type = first.content_type or "application/json"
@@ -201,16 +220,15 @@ class _Forwarded(Response):
                 else:
                     await self._whole(answer, status, content_type, request_id, send)
         except RequestRefused as exc:
-            await _fail(front, HttpError(400, str(exc), "invalid_request_error",
-                                         "invalid_request"), model)(scope, receive, send)
+            await _fail(front, send, HttpError(400, str(exc), "invalid_request_error",
+                                               "invalid_request"), model)
         except UpstreamFailed as exc:  # non-streamed: nothing was sent yet
-            await _fail(front, HttpError(502, f"The model server failed: {exc}",
-                                         "server_error", "upstream_error"),
-                        model)(scope, receive, send)
+            await _fail(front, send, HttpError(502, f"The model server failed: {exc}",
+                                               "server_error", "upstream_error"), model)
         except UpstreamError as exc:
-            await _fail(front, HttpError(503, f"The model {model!r} has no replica that can "
-                                              f"answer now ({exc}).", "server_error",
-                                         "model_unavailable"), model)(scope, receive, send)
+            await _fail(front, send, HttpError(
+                503, f"The model {model!r} has no replica that can answer now ({exc}).",
+                "server_error", "model_unavailable"), model)
 
     def _headers(self, content_type: str, request_id: str,
                  length: int | None = None) -> list[tuple[bytes, bytes]]:
@@ -225,10 +243,9 @@ class _Forwarded(Response):
     def _done(self, answer: Answer, status: int, usage) -> None:
         front, model = self.front, self.route.served_name
         front.recorder.record(self.key.id, model, usage)
-        metrics = front.metrics
-        metrics.count_usage(model, usage)
-        metrics.requests.labels(model, str(status)).inc()
-        metrics.latency.labels(model).observe(time.perf_counter() - self.started)
+        metrics = front.metrics.of(model)
+        metrics.count(status, usage)
+        metrics.latency.observe(time.perf_counter() - self.started)
 
     async def _whole(self, answer: Answer, status: int, content_type: str, request_id: str,
                      send: Any) -> None:
@@ -284,61 +301,102 @@ async def _cancel_on_disconnect(receive: Any, scope: trio.CancelScope) -> None:
             return
 
 
-def create_app(front: Front) -> Starlette:
-    """The ASGI app over ``front`` (serve it with ``p2p.http.serve_asgi``)."""
+async def _read_body(receive: Any) -> bytes:
+    """The request's body (at most ``MAX_BODY`` bytes).
 
-    async def forward(request: Request) -> Response:
-        started = time.perf_counter()
-        path = request.url.path
-        model = "-"
-        try:
-            key = await front.authenticate(request)
-            body = await request.body()
-            if len(body) > MAX_BODY:
-                raise HttpError(413, f"The body is larger than {MAX_BODY} bytes.",
-                                "invalid_request_error", "request_too_large")
-            content_type = request.headers.get("content-type", "application/json")
-            if path == TRANSCRIPTIONS:
-                model = _model_of_form(body, content_type)
-            else:
-                model, _stream = _model_of_json(body)
-            route = front.table().lookup(key.team, model)
-            if route is None:
-                raise HttpError(404, f"The model {model!r} does not exist or you do not "
-                                     "have access to it.", "invalid_request_error",
-                                "model_not_found", "model")
-        except HttpError as exc:
-            return _fail(front, exc, model if exc.status == 404 else "-")
-        return _Forwarded(front, key, route, path, content_type, body, started)
+    Raises:
+        HttpError: 413 beyond ``MAX_BODY``, before reading the rest.
+    """
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body"):
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HttpError(413, f"The body is larger than {MAX_BODY} bytes.",
+                            "invalid_request_error", "request_too_large")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _forward(front: Front, scope: Any, receive: Any, send: Any) -> None:
+    """A POST to a forwarded path: checked here, then answered by an agent.
+
+    Plain ASGI, not a Starlette endpoint: this is the hot path, and it needs
+    two headers and the body, nothing of a request object.
+    """
+    started = time.perf_counter()
+    path = scope["path"]
+    authorization = ""
+    content_type = "application/json"
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"content-type":
+            content_type = value.decode("latin-1")
+    try:
+        if scope["method"] != "POST":
+            raise HttpError(405, f"Use POST for {path}.", "invalid_request_error",
+                            "method_not_allowed")
+        key = await front.authenticate(authorization)
+        body = await _read_body(receive)
+        if path == TRANSCRIPTIONS:
+            model = _model_of_form(body, content_type)
+        else:
+            model, _stream = _model_of_json(body)
+        route = front.table().lookup(key.team, model)
+        if route is None:
+            raise HttpError(404, f"The model {model!r} does not exist or you do not "
+                                 "have access to it.", "invalid_request_error",
+                            "model_not_found", "model")
+    except HttpError as exc:
+        await _fail(front, send, exc)
+        return
+    await _Forwarded(front, key, route, path, content_type, body, started)(scope, receive, send)
+
+
+def create_app(front: Front) -> Any:
+    """The ASGI app over ``front`` (serve it with ``p2p.http.serve_asgi``)."""
 
     async def list_models(request: Request) -> Response:
         try:
-            key = await front.authenticate(request)
+            key = await front.authenticate(request.headers.get("authorization", ""))
         except HttpError as exc:
-            return _fail(front, exc)
+            return _failed(front, exc)
         data = [_model_entry(route) for route in front.table().models(key.team)]
-        front.metrics.requests.labels("-", "200").inc()
+        front.metrics.of("-").count(200, None)
         return JSONResponse({"object": "list", "data": data})
 
     async def get_model(request: Request) -> Response:
         try:
-            key = await front.authenticate(request)
+            key = await front.authenticate(request.headers.get("authorization", ""))
         except HttpError as exc:
-            return _fail(front, exc)
+            return _failed(front, exc)
         name = request.path_params["model"]
         for route in front.table().models(key.team):
             if route.served_name == name:
-                front.metrics.requests.labels(name, "200").inc()
+                front.metrics.of(name).count(200, None)
                 return JSONResponse(_model_entry(route))
-        return _fail(front, HttpError(404, f"The model {name!r} does not exist or you do "
-                                           "not have access to it.", "invalid_request_error",
-                                      "model_not_found", "model"), name)
+        return _failed(front, HttpError(404, f"The model {name!r} does not exist or you do "
+                                             "not have access to it.", "invalid_request_error",
+                                        "model_not_found", "model"))
 
-    routes = [Route("/v1/models", list_models, methods=["GET"]),
-              Route("/v1/models/{model:path}", get_model, methods=["GET"])]
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", TRANSCRIPTIONS):
-        routes.append(Route(path, forward, methods=["POST"]))
-    return Starlette(routes=routes)
+    rest = Starlette(routes=[Route("/v1/models", list_models, methods=["GET"]),
+                             Route("/v1/models/{model:path}", get_model, methods=["GET"])])
+    forwarded = frozenset(FORWARDED_PATHS)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in forwarded:
+            await _forward(front, scope, receive, send)
+        else:
+            await rest(scope, receive, send)
+
+    return app
 
 
 def _model_entry(route: JobRoute) -> dict:

@@ -29,7 +29,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from contracts.inference import Usage
 from nodes.metrics import Family, Snapshot, snapshot_registry
 
-__all__ = ["ProxyMetrics"]
+__all__ = ["ModelMetrics", "ProxyMetrics"]
+
+#: Models whose label children are cached.
+MAX_MODELS = 4096
 
 #: Seconds; the proxy's own share is a millisecond or two, a model's answer
 #: up to minutes.
@@ -59,6 +62,7 @@ class ProxyMetrics:
                                "Requests tried again on another replica", ["model"],
                                registry=self.registry)
         self._snapshot = snapshot
+        self._models: dict[str, ModelMetrics] = {}
         self.state_registry = snapshot_registry(self._read)
 
     def set_snapshot(self, snapshot: Callable[[], Snapshot]) -> None:
@@ -67,18 +71,49 @@ class ProxyMetrics:
     def _read(self) -> Snapshot:
         return self._snapshot() if self._snapshot is not None else Snapshot()
 
-    def count_usage(self, model: str, usage: Usage | None) -> None:
+    def of(self, model: str) -> ModelMetrics:
+        """The children of one model's labels (made once: ``labels()`` costs microseconds).
+
+        ``model`` is a served name the routing table knows, or ``-``; at most
+        ``MAX_MODELS`` are kept (beyond it they are made again each time).
+        """
+        found = self._models.get(model)
+        if found is None:
+            found = ModelMetrics(self, model)
+            if len(self._models) < MAX_MODELS:
+                self._models[model] = found
+        return found
+
+
+class ModelMetrics:
+    """One model's metric children."""
+
+    def __init__(self, parent: ProxyMetrics, model: str) -> None:
+        self._parent = parent
+        self.model = model
+        self.latency = parent.latency.labels(model)
+        self.first_byte = parent.first_byte.labels(model)
+        self._ok = parent.requests.labels(model, "200")
+        self._tokens = {kind: parent.tokens.labels(model, kind)
+                        for kind in ("prompt", "completion", "total", "audio_ms")}
+
+    def count(self, status: int, usage: Usage | None) -> None:
+        """One request answered with ``status``, and what it used."""
+        if status == 200:
+            self._ok.inc()
+        else:
+            self._parent.requests.labels(self.model, str(status)).inc()
         if usage is None:
             return
-        tokens = self.tokens
+        tokens = self._tokens
         if usage.prompt_tokens:
-            tokens.labels(model, "prompt").inc(usage.prompt_tokens)
+            tokens["prompt"].inc(usage.prompt_tokens)
         if usage.completion_tokens:
-            tokens.labels(model, "completion").inc(usage.completion_tokens)
+            tokens["completion"].inc(usage.completion_tokens)
         if usage.total_tokens:
-            tokens.labels(model, "total").inc(usage.total_tokens)
+            tokens["total"].inc(usage.total_tokens)
         if usage.audio_ms:
-            tokens.labels(model, "audio_ms").inc(usage.audio_ms)
+            tokens["audio_ms"].inc(usage.audio_ms)
 
 
 def state_snapshot(*, replicas: dict[str, float], pending_ops: int, written_ops: int,
