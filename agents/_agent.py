@@ -6,7 +6,8 @@ process). Its life, as a tree of tasks::
     Agent.run
     ├── Swarm.run             our one swarm: DHT (config.bootstrap), relay
     │                         reservations (config.relays), one connection per peer
-    ├── readiness             the hook the workload plugs into (shell, inference);
+    ├── workload              what the job runs (the model server of an inference
+    │                         job): says ready and unready as it comes and goes;
     │                         None: ready once the swarm is up and hello succeeded
     └── report loop           session after session, with backoff between them:
             connect to the worker by key (config.worker_addresses first, then DHT)
@@ -14,15 +15,16 @@ process). Its life, as a tree of tasks::
             heartbeat_interval_s, until the connection or a call fails
 
 Each session starts with ``hello`` (a worker that restarted has forgotten us)
-and then repeats ``ready`` if the workload is ready. A session that fails for
+and then repeats ``ready`` if the workload is ready, and later ``unready`` and
+``ready`` again as the workload's health changes. A session that fails for
 any reason the network or the worker may cure (unreachable, timed out, channel
 closed, ``UNKNOWN_REPLICA`` while the restarted worker re-learns its VMIs)
 is retried after a jittered, doubling wait capped at ``backoff_max_s``; the
 agent never gives up on the worker by itself, because a VMI outlives worker
 outages and its replica should come back when the worker does. A refusal
 that can never succeed (``FORBIDDEN``, ``STALE_GENERATION``) ends the agent
-with :class:`AgentRefused`. A readiness hook that raises is reported with
-``agent.failed`` and ends the agent with :class:`AgentGaveUp`.
+with :class:`AgentRefused`. A workload (or readiness hook) that raises is
+reported with ``agent.failed`` and ends the agent with :class:`AgentGaveUp`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -43,18 +46,21 @@ from contracts.agent_report import (
     HELLO,
     PROTOCOL,
     READY,
+    UNREADY,
     Heartbeat,
     Hello,
     Report,
 )
 from contracts.model import JobType
 from p2p.errors import P2PError
+from p2p.host import Service
 from p2p.keys import KeyPair, format_key
 from p2p.net import Network
 from p2p.rpc import Method, RpcClient, RpcError
 from p2p.swarm import Connection, Swarm, SwarmConfig
 
-__all__ = ["Agent", "AgentGaveUp", "AgentRefused", "ReportPolicy", "listen_host"]
+__all__ = ["Agent", "AgentGaveUp", "AgentRefused", "ReportPolicy", "Workload", "WorkloadStatus",
+           "listen_host"]
 
 log = logging.getLogger("cosmicac.agent")
 
@@ -62,6 +68,27 @@ log = logging.getLogger("cosmicac.agent")
 #: (any ``Exception``) when it cannot: its text becomes ``agent.failed``'s message.
 Readiness = Callable[[], Awaitable[None]]
 Address = tuple[str, int]
+
+
+class WorkloadStatus(Protocol):
+    """What a workload tells its agent (who tells the worker)."""
+
+    def ready(self, message: str) -> None:
+        """The workload serves (again)."""
+
+    def unready(self, message: str) -> None:
+        """The workload stopped serving for a while (it is being restarted)."""
+
+
+class Workload(Protocol):
+    """What a job's agent runs beside its reports: the services it adds to the
+    agent's swarm and a task that says ready/unready and raises when it cannot go on."""
+
+    @property
+    def services(self) -> Sequence[Service]: ...
+
+    async def run(self, status: WorkloadStatus, swarm: Swarm) -> None:
+        """Run until cancelled; raise (any ``Exception``) when the workload cannot run."""
 
 
 class AgentRefused(Exception):
@@ -139,7 +166,8 @@ class Agent:
 
     def __init__(self, config: AgentConfig, keypair: KeyPair, *,
                  bootstrap: Sequence[Address] = (), worker_addresses: Sequence[Address] = (),
-                 readiness: Readiness | None = None, network: Network | None = None,
+                 readiness: Readiness | None = None, workload: Workload | None = None,
+                 network: Network | None = None,
                  policy: ReportPolicy | None = None, rng: random.Random | None = None,
                  host: str | None = None) -> None:
         self.config = config
@@ -149,17 +177,26 @@ class Agent:
         self.policy = policy or ReportPolicy()
         self.rng = rng or random.Random()
         self.readiness = readiness
+        self.workload = workload
         swarm_config = SwarmConfig(
             host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
             bootstrap=tuple(bootstrap),
             relays=tuple(bytes.fromhex(key) for key in config.relays))
-        self.swarm = Swarm(keypair, config=swarm_config, network=network,
-                           services=self._services(config))
+        services = list(self._services(config))
+        if workload is not None:
+            services.extend(workload.services)
+        self.swarm = Swarm(keypair, config=swarm_config, network=network, services=services)
+        #: Where the swarm listens, once it runs.
+        self.swarm_address: Address | None = None
         #: The VMI the worker bound us to, once a hello succeeded.
         self.vmi: str | None = None
-        #: Set once the readiness hook returned or raised.
+        #: Set once the workload first said ready, or failed.
         self.settled = trio.Event()
         self.failure: str | None = None
+        #: Whether the workload serves now, and why not when it does not.
+        self.workload_ready = False
+        self.workload_message = ""
+        self._changed = trio.Event()
         #: Sessions that reached hello, and failed sessions (for tests and logs).
         self.sessions = 0
         self.failed_sessions = 0
@@ -201,6 +238,7 @@ class Agent:
         try:
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(self.swarm.run)
+                self.swarm_address = address
                 log.info("agent.started %s key=%s address=%s:%d worker=%s relays=%d",
                          self.label, self.keypair.hex, *address, self.config.worker[:12],
                          len(self.config.relays))
@@ -212,13 +250,35 @@ class Agent:
 
     async def _run_readiness(self) -> None:
         try:
+            if self.workload is not None:
+                await self.workload.run(self, self.swarm)
+                raise RuntimeError("the workload ended")
             if self.readiness is not None:
                 await self.readiness()
+            self.ready("agent ready")
         except Exception as exc:
+            if isinstance(exc, BaseExceptionGroup):
+                exc = _single(exc)  # the workload's own nursery wrapped the reason
             self.failure = str(exc) or type(exc).__name__
             log.error("agent.workload_failed %s reason=%s", self.label, self.failure)
+            self._change()
         finally:
             self.settled.set()
+
+    # -- WorkloadStatus ------------------------------------------------------------------
+
+    def ready(self, message: str) -> None:
+        self.workload_ready, self.workload_message = True, message
+        self.settled.set()
+        self._change()
+
+    def unready(self, message: str) -> None:
+        self.workload_ready, self.workload_message = False, message
+        self._change()
+
+    def _change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -301,22 +361,24 @@ class Agent:
         self.sessions += 1
         log.info("agent.hello %s vmi=%s worker=%s session=%d", self.label, self.vmi,
                  format_key(self.worker)[:12], self.sessions)
-        outcome_reported = False
+        reported_ready = False
         interval = c.heartbeat_interval_s
         next_beat = trio.current_time() + interval
         while True:
-            if self.settled.is_set() and not outcome_reported:
-                if self.failure is not None:
-                    await self._call(client, FAILED, Report(message=self.failure[:1000]))
-                    log.error("agent.failed_reported %s vmi=%s", self.label, self.vmi)
-                    raise AgentGaveUp(self.failure)
-                await self._call(client, READY, Report(message="agent ready"))
-                log.info("agent.ready %s vmi=%s", self.label, self.vmi)
-                outcome_reported = True
+            changed = self._changed
+            if self.failure is not None:
+                await self._call(client, FAILED, Report(message=self.failure[:1000]))
+                log.error("agent.failed_reported %s vmi=%s", self.label, self.vmi)
+                raise AgentGaveUp(self.failure)
+            if self.workload_ready != reported_ready:
+                message = Report(message=self.workload_message[:1000])
+                await self._call(client, READY if self.workload_ready else UNREADY, message)
+                reported_ready = self.workload_ready
+                log.info("agent.%s %s vmi=%s message=%s",
+                         "ready" if reported_ready else "unready", self.label, self.vmi,
+                         self.workload_message)
             with trio.move_on_at(next_beat):
-                if outcome_reported:
-                    await trio.sleep_forever()
-                await self.settled.wait()
+                await changed.wait()
             if trio.current_time() >= next_beat:
                 await self._call(client, HEARTBEAT, Heartbeat())
                 log.debug("agent.heartbeat %s vmi=%s", self.label, self.vmi)

@@ -8,7 +8,9 @@ Boot order, each step refusing with one line and an exit code:
    identity in ``<storage>/identity`` (:func:`p2p.keys.load_or_create_keypair`,
    as ``cosmicac db serve`` and the relay keep theirs), so a restarted VMI,
    whose disk is kept, comes back with the same key;
-3. run :class:`agents._agent.Agent` until SIGTERM or SIGINT (exit 0).
+3. run :class:`agents._agent.Agent` until SIGTERM or SIGINT (exit 0); a
+   Managed Inference Job's agent runs its model server
+   (:class:`agents.inference.InferenceWorkload`).
 
 Exit 1: the worker refused the agent for good (:class:`AgentRefused`), the
 workload failed (:class:`AgentGaveUp`), the identity or storage is unusable.
@@ -24,6 +26,7 @@ from pathlib import Path
 from pydantic_settings import SettingsConfigDict
 
 from contracts.agent_config import AgentConfig, AgentConfigError, load_agent_config
+from contracts.model import JobType
 from p2p.daemon import (
     ConfigError,
     Daemon,
@@ -107,7 +110,12 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
         keypair = load_or_create_keypair(daemon.storage)
     except P2PError as exc:
         raise DaemonError(str(exc)) from None
+    workload = None
+    if config.job_type is JobType.INFERENCE and readiness is None:
+        from agents.inference import InferenceWorkload
+
+        workload = InferenceWorkload(config)
     agent = Agent(config, keypair, bootstrap=bootstrap, worker_addresses=worker_addresses,
-                  readiness=readiness)
+                  readiness=readiness, workload=workload)
     daemon.metrics.add(agent.swarm.metrics.registry)
     await daemon.nursery.start(agent.run)

@@ -5,6 +5,8 @@ connection and calls, in order::
 
     agent.hello(job_id, replica, generation, node_rank, token)  -> {vmi}
     agent.ready(message)            once the replica serves (again after each hello)
+    agent.unready(message)          it stopped serving for a while (its model
+                                    server restarts); ready follows when it is back
     agent.heartbeat()               every heartbeat_interval_s
     agent.failed(message)           the agent gave up (its workload cannot start)
 
@@ -25,6 +27,7 @@ method             params                                                 result
                    ``node_rank: int, token: str (64 hex)``
 ``agent.ready``    ``message: str (≤ 1,000)``                             ``{}``
 ``agent.failed``   ``message: str (≤ 1,000)``                             ``{}``
+``agent.unready``  ``message: str (≤ 1,000)``                             ``{}``
 ``agent.heartbeat`` ``{}``                                                ``{}``
 =================  =====================================================  ==========
 
@@ -49,6 +52,7 @@ __all__ = [
     "HELLO",
     "PROTOCOL",
     "READY",
+    "UNREADY",
     "Ack",
     "Heartbeat",
     "Hello",
@@ -124,4 +128,5 @@ class Ack(BaseModel):
 HELLO = Method("agent.hello", params=Hello, result=HelloResult)
 READY = Method("agent.ready", params=Report, result=Ack)
 FAILED = Method("agent.failed", params=Report, result=Ack)
+UNREADY = Method("agent.unready", params=Report, result=Ack)
 HEARTBEAT = Method("agent.heartbeat", params=Heartbeat, result=Ack)

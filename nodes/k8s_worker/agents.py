@@ -45,6 +45,7 @@ from contracts.agent_report import (
     HELLO,
     PROTOCOL,
     READY,
+    UNREADY,
     Ack,
     Heartbeat,
     Hello,
@@ -262,6 +263,12 @@ class AgentTable:
         entry.ready, entry.failed = True, False
         return [AgentEvent(entry.name, AgentEventKind.READY, message, now)]
 
+    def unready(self, key: bytes, message: str, now: float) -> list[AgentEvent]:
+        """The agent stopped serving for a while: its VMI is starting again."""
+        entry = self._reporting(key, now)
+        entry.ready = False
+        return [AgentEvent(entry.name, AgentEventKind.HELLO, message, now)]
+
     def failed(self, key: bytes, message: str, now: float) -> list[AgentEvent]:
         entry = self._reporting(key, now)
         entry.ready, entry.failed = False, True
@@ -333,6 +340,7 @@ class AgentRegistry:
         router.add(HELLO, self._hello)
         router.add(READY, self._ready)
         router.add(FAILED, self._failed)
+        router.add(UNREADY, self._unready)
         router.add(HEARTBEAT, self._heartbeat)
         #: Serve this on the worker's swarm.
         self.service = RpcService(PROTOCOL, router)
@@ -410,6 +418,10 @@ class AgentRegistry:
 
     async def _ready(self, params: Report, ctx: CallContext) -> Ack:
         return await self._report(ctx, "ready", lambda key, now: self.table.ready(
+            key, params.message, now))
+
+    async def _unready(self, params: Report, ctx: CallContext) -> Ack:
+        return await self._report(ctx, "unready", lambda key, now: self.table.unready(
             key, params.message, now))
 
     async def _failed(self, params: Report, ctx: CallContext) -> Ack:

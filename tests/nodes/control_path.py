@@ -76,6 +76,8 @@ class ControlPath:
     worker: trio.Process | None = None
     processes: list[trio.Process] = field(default_factory=list)
     _client_scope: trio.CancelScope | None = None
+    #: proxy-inference keys: wrk-ork's clients too, and the inference agents' callers.
+    proxy_keys: tuple[str, ...] = ()
 
     @property
     def ork_address(self) -> str:
@@ -86,7 +88,7 @@ class ControlPath:
         config = self.root / "ork.json"
         config.write_text(json.dumps({
             "storage": str(self.root / "ork"), "host": "127.0.0.1", "port": self.ork_port,
-            "clients": [self.client_key.hex], "tick_interval_s": 0.2,
+            "clients": [self.client_key.hex, *self.proxy_keys], "tick_interval_s": 0.2,
             "unknown_after_s": 5.0, "fsync": False, "log_format": "json"}))
         proc = await self._spawn("run", "wrk-ork", "--config", str(config))
         match = await read_until(proc.stdout, ORK_READY)
@@ -129,6 +131,10 @@ class ControlPath:
             "local": {"nodes": [{"name": "local-node-1", "gpus": 8},
                                 {"name": "local-node-2", "gpus": 8}]},
             "agents": {"heartbeat_interval_s": 0.5, "silent_after_s": 3.0},
+            # With proxies, agents announce their jobs on the DHT: wrk-ork's
+            # swarm (which has no bootstrap of its own) is the network's bootstrap.
+            "interconnect": ({"proxies": list(self.proxy_keys),
+                              "bootstrap": [self.ork_address]} if self.proxy_keys else {}),
             "report_interval_s": 1.0,
             "fsync": False,
             "log_format": "json",
@@ -213,12 +219,15 @@ def status(name: str) -> Callable[[JobView | None], bool]:
 
 
 @asynccontextmanager
-async def control_path(root: Path) -> AsyncIterator[ControlPath]:
-    """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered."""
+async def control_path(root: Path, *, proxy_keys: tuple[str, ...] = ()
+                       ) -> AsyncIterator[ControlPath]:
+    """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered;
+    ``proxy_keys`` may call wrk-ork and the inference agents."""
     path = None
     try:
         async with trio.open_nursery() as nursery:
-            path = ControlPath(root, nursery, KeyPair.generate(), free_port(), free_port())
+            path = ControlPath(root, nursery, KeyPair.generate(), free_port(), free_port(),
+                               proxy_keys=proxy_keys)
             await path.start_ork()
             await path.start_worker()
             await path.call(REGISTER_RACK, RegisterRack(rack=path.worker_key,
