@@ -18,7 +18,7 @@ once seen. Errors are OpenAI's shape, ``{"error": {"message", "type",
 | --- | --- | --- |
 | 401 | ``invalid_api_key`` | no bearer, an unknown secret, a revoked key |
 | 400 | ``invalid_request`` | a body that is not a JSON object (or a form) naming a ``model`` |
-| 404 | ``model_not_found`` | no Active or Degraded job of the key's team serves that name |
+| 404 | ``model_not_found`` | no job of the key's team that takes requests serves that name |
 | 413 | ``request_too_large`` | a body over ``MAX_BODY`` (32 MiB) |
 | 503 | ``model_unavailable`` | no replica connected, or both tries failed before answering |
 | 502 | ``upstream_error`` | the answer broke off (a stream gets an SSE error event) |

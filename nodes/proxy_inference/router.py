@@ -9,9 +9,13 @@ Rules (DESIGN.md §4, seeds/jobs.txt, issue 12 item 3):
 - a request's ``model`` is a job's *served name* (``JobSpec.serves_as``: the
   job's own ``served_name``, else its model); names are per team, and wrk-ork
   refuses two live jobs of one team with one name (``CONFLICT``);
-- only **Active** and **Degraded** inference jobs take requests (a Degraded
-  job still has replicas that run); ``/v1/models`` lists the team's
-  **Active** ones;
+- **Active** and **Degraded** inference jobs take requests (a Degraded job
+  still has replicas that run), and so does a **Starting** or **Restarting**
+  job that has an Active replica: wrk-ork derives a job's status as Starting
+  while any one replica (re)starts, so a single model server's crash (its
+  agent reports the replica starting again until the server is back) would
+  otherwise turn into 404s for the whole job while its other replicas serve;
+  ``/v1/models`` lists the team's **Active** jobs;
 - a replica's endpoint is its rank-0 agent (``ReplicaView.agents[0]``: the
   node that runs the model server; the other ranks of a multi-node vLLM
   replica only join its Ray cluster), and only replicas wrk-ork reports
@@ -38,6 +42,12 @@ __all__ = ["ROUTABLE", "Route", "RoutingTable"]
 
 #: Job statuses that take requests.
 ROUTABLE = frozenset({JobStatus.ACTIVE, JobStatus.DEGRADED})
+#: Job statuses that take requests while at least one replica is Active.
+PARTLY_UP = frozenset({JobStatus.STARTING, JobStatus.RESTARTING})
+#: Replica statuses whose agent the proxy stays connected to (it may serve
+#: again soon); only Active replicas are picked.
+_KEEP = frozenset({ReplicaStatus.ACTIVE, ReplicaStatus.STARTING, ReplicaStatus.RESTARTING,
+                   ReplicaStatus.UNKNOWN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +61,9 @@ class Route:
     created_at: float
     #: Agent keys that serve requests (rank 0 of each Active replica), by replica.
     endpoints: tuple[bytes, ...]
+    #: Agent keys to stay connected to (rank 0 of each replica that is or may
+    #: soon be up), so a replica coming back needs no new connection.
+    connect: frozenset[bytes]
     #: Every agent key wrk-ork lists for the job (any rank, any replica status).
     agents: frozenset[bytes]
     topic: bytes
@@ -84,7 +97,7 @@ class RoutingTable:
                    topics={route.topic: route.job_id for route in routes.values()})
 
     def lookup(self, team: str, model: str) -> Route | None:
-        """The job serving ``model`` for ``team``, if any is Active or Degraded."""
+        """The job serving ``model`` for ``team``, if one takes requests."""
         return self.routes.get((team, model))
 
     def models(self, team: str) -> list[Route]:
@@ -102,19 +115,29 @@ class RoutingTable:
         """Every agent that serves requests for some routed job."""
         return frozenset(key for route in self.jobs.values() for key in route.endpoints)
 
+    def connect_keys(self) -> frozenset[bytes]:
+        """Every agent to stay connected to."""
+        return frozenset(key for route in self.jobs.values() for key in route.connect)
 
-def _rank(route: Route) -> tuple[int, float, str]:
-    return (route.status is JobStatus.ACTIVE, route.created_at, route.job_id)
+
+def _rank(route: Route) -> tuple[int, int, float, str]:
+    return (route.status is JobStatus.ACTIVE, route.status in ROUTABLE, route.created_at,
+            route.job_id)
 
 
 def _route(job: JobView) -> Route | None:
     spec = job.spec
-    if spec.type is not JobType.INFERENCE or job.status not in ROUTABLE:
+    if spec.type is not JobType.INFERENCE:
+        return None
+    if job.status not in ROUTABLE and not (
+            job.status in PARTLY_UP
+            and any(r.status is ReplicaStatus.ACTIVE and r.agents for r in job.replicas)):
         return None
     served = spec.serves_as
     if served is None:  # pragma: no cover - an inference spec always has a model
         return None
     endpoints: list[bytes] = []
+    connect: set[bytes] = set()
     agents: set[bytes] = set()
     for replica in job.replicas:
         keys = []
@@ -126,6 +149,9 @@ def _route(job: JobView) -> Route | None:
         agents.update(keys)
         if replica.status is ReplicaStatus.ACTIVE and keys:
             endpoints.append(keys[0])
+        if replica.status in _KEEP and keys:
+            connect.add(keys[0])
     return Route(job_id=job.id, team=spec.team, served_name=served, status=job.status,
                  created_at=job.created_at, endpoints=tuple(endpoints),
+                 connect=frozenset(connect),
                  agents=frozenset(agents), topic=job_topic(job.id))

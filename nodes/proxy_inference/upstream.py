@@ -144,6 +144,9 @@ class AgentPool:
         self._keepers: dict[bytes, trio.CancelScope] = {}
         self._topics: set[bytes] = set()
         self._nursery: trio.Nursery | None = None
+        #: Answers begun, by agent (bounded by the agents the table lists, plus
+        #: those it listed before: forgotten with them).
+        self.answered: dict[bytes, int] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the agents' connections until cancelled."""
@@ -182,10 +185,11 @@ class AgentPool:
         nursery = self._nursery
         if nursery is None:
             return  # run() applies it once started
-        wanted = table.endpoint_keys()
+        wanted = table.connect_keys()
         for key in list(self._keepers.keys() - wanted):
             self._keepers.pop(key).cancel()
             self.balancer.forget_agent(key)
+            self.answered.pop(key, None)
         for key in wanted - self._keepers.keys():
             scope = self._keepers[key] = trio.CancelScope()
             nursery.start_soon(self._keep, key, scope)
@@ -264,6 +268,7 @@ class AgentPool:
                 raise
             else:
                 self.balancer.succeeded(key)
+                self.answered[key] = self.answered.get(key, 0) + 1
                 async with stack:
                     yield Answer(first, key, attempt + 1, items)
                 return

@@ -29,7 +29,8 @@ def test_a_model_routes_to_its_teams_active_or_degraded_job_only():
         job_view("j1", inference_spec("chat"), [A]),
         job_view("j2", inference_spec("chat", team="team-b"), [B]),
         job_view("j3", inference_spec("half"), [C], status=JobStatus.DEGRADED),
-        job_view("j4", inference_spec("soon"), [D], status=JobStatus.STARTING),
+        job_view("j4", inference_spec("soon"), [D], status=JobStatus.STARTING,
+                 replica_status=ReplicaStatus.STARTING),
     ])
     assert table.lookup("team-a", "chat").job_id == "j1"
     assert table.lookup("team-b", "chat").job_id == "j2"
@@ -74,3 +75,20 @@ def test_two_live_jobs_with_one_name_prefer_active_then_the_newer():
     newer = job("j-new", spec, JobStatus.ACTIVE, created_at=9.0)
     assert RoutingTable.from_jobs([degraded, active]).lookup("team-a", "dup").job_id == "j-act"
     assert RoutingTable.from_jobs([newer, active]).lookup("team-a", "dup").job_id == "j-new"
+
+
+def test_a_starting_job_with_an_active_replica_is_routed_to_it():
+    spec = inference_spec("two", replicas=2)
+    view = job("j", spec, JobStatus.STARTING,
+               replica(0, ReplicaStatus.STARTING, A),  # its model server restarts
+               replica(1, ReplicaStatus.ACTIVE, B))
+    table = RoutingTable.from_jobs([view])
+    route = table.lookup("team-a", "two")
+    assert route.endpoints == (B,) and route.connect == {A, B}
+    assert table.models("team-a") == []  # listed once Active
+    nothing_up = job("j", spec, JobStatus.STARTING, replica(0, ReplicaStatus.STARTING, A),
+                     replica(1, ReplicaStatus.STARTING, B))
+    assert RoutingTable.from_jobs([nothing_up]).lookup("team-a", "two") is None
+    failed = job("j", spec, JobStatus.DEGRADED, replica(0, ReplicaStatus.FAILED, A),
+                 replica(1, ReplicaStatus.ACTIVE, B))
+    assert RoutingTable.from_jobs([failed]).lookup("team-a", "two").connect == {B}
