@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
-from crdt import FsyncPolicy, run_database_service
+from crdt import Database, FsyncPolicy, run_database_service
 from nodes.metrics import Snapshot
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import serve_asgi
@@ -123,62 +123,86 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
                      on_retry=lambda route: proxy_metrics.retries.labels(route.served_name).inc())
     swarm.add_firewall(pool.allows)
 
+    # The database closes last: on a stop the usage recorder's final flush
+    # must still find it open (its scope is shielded and cancelled only once
+    # everything else has ended, below).
+    db_scope = trio.CancelScope(shield=True)
+
+    async def run_database(task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        with db_scope:
+            await run_database_service(
+                storage, swarm=swarm, bootstrap=settings.database,
+                fsync=FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER,
+                task_status=task_status)
+
     async with trio.open_nursery() as nursery:
         swarm_address = await nursery.start(swarm.run)
-        service = await nursery.start(functools.partial(
-            run_database_service, storage, swarm=swarm, bootstrap=settings.database,
-            fsync=FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER))
-        db = service.db
-        if db.bootstrap == db.key:
-            log.warning("proxy.own_database db=%s reason=the proxy created the database it "
-                        "opened; app-node's keys are not in it", format_key(db.bootstrap)[:16])
-        keys = KeyCache(db)
-        usage = settings.usage
-        recorder = UsageRecorder(db, storage=storage, flush_interval_s=usage.flush_interval_s,
-                                 flush_ops=usage.flush_ops, ops_per_entry=usage.ops_per_entry,
-                                 max_buckets=usage.max_buckets)
-        # The recorder stops last (its nursery is the outermost): requests
-        # still finishing may count usage until the very end.
-        async with trio.open_nursery() as serving:
-            await serving.start(recorder.run)
-            async with trio.open_nursery() as inner:
-                await inner.start(keys.run)
-                await inner.start(pool.run)
-                front = Front(keys=keys, table=lambda: pool.table, pool=pool,
-                              recorder=recorder, metrics=proxy_metrics)
+        service = await nursery.start(run_database)
+        try:
+            await _serve(settings, swarm, swarm_address, service.db, pool, balancer,
+                         proxy_metrics, job_source, metrics, task_status)
+        finally:
+            db_scope.cancel()
 
-                def publish(jobs) -> None:
-                    pool.apply(RoutingTable.from_jobs(jobs))
 
-                source = job_source or OrkJobSource(swarm, settings.ork,  # type: ignore[arg-type]
-                                                    addresses=settings.ork_addresses,
-                                                    refresh_s=settings.jobs_refresh_s)
-                await inner.start(source.run, publish)
+async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str, int],
+                 db: Database, pool: AgentPool, balancer: Balancer,
+                 proxy_metrics: ProxyMetrics, job_source: JobSource | None,
+                 metrics: ProcessMetrics | None,
+                 task_status: trio.TaskStatus[RunningProxy]) -> None:
+    """Everything that needs the database, until cancelled; the recorder stops last."""
+    storage = settings.storage
+    keypair = swarm.keypair
+    if db.bootstrap == db.key:
+        log.warning("proxy.own_database db=%s reason=the proxy created the database it "
+                    "opened; app-node's keys are not in it", format_key(db.bootstrap)[:16])
+    keys = KeyCache(db)
+    usage = settings.usage
+    recorder = UsageRecorder(db, storage=storage, flush_interval_s=usage.flush_interval_s,
+                             flush_ops=usage.flush_ops, ops_per_entry=usage.ops_per_entry,
+                             max_buckets=usage.max_buckets)
+    # The recorder stops last (its nursery is the outermost): requests
+    # still finishing may count usage until the very end.
+    async with trio.open_nursery() as serving:
+        await serving.start(recorder.run)
+        async with trio.open_nursery() as inner:
+            await inner.start(keys.run)
+            await inner.start(pool.run)
+            front = Front(keys=keys, table=lambda: pool.table, pool=pool,
+                          recorder=recorder, metrics=proxy_metrics)
 
-                def snapshot() -> Snapshot:
-                    now = trio.current_time()
-                    table = pool.table
-                    return state_snapshot(
-                        replicas={route.served_name: float(balancer.healthy(job_id, now))
-                                  for job_id, route in table.jobs.items()},
-                        pending_ops=len(recorder.book), written_ops=recorder.ops_written,
-                        dropped=recorder.book.dropped, keys_cached=len(keys))
+            def publish(jobs) -> None:
+                pool.apply(RoutingTable.from_jobs(jobs))
 
-                proxy_metrics.set_snapshot(snapshot)
-                if metrics is not None:
-                    metrics.add(proxy_metrics.registry, proxy_metrics.state_registry,
-                                swarm.metrics.registry, db.metrics.registry)
-                http_address = await inner.start(functools.partial(
-                    serve_asgi, create_app(front), host=settings.http.host,
-                    port=settings.http.port, bind_error=HttpBindError))
-                log.info("proxy.serving http=%s:%d swarm=%s:%d key=%s db=%s writer=%s",
-                         *http_address, *swarm_address, format_key(keypair.public_key)[:12],
-                         format_key(db.bootstrap)[:12], db.is_writer)
-                task_status.started(RunningProxy(
-                    http_address=http_address, swarm_address=swarm_address, swarm=swarm,
-                    front=front, pool=pool, recorder=recorder, metrics=proxy_metrics,
-                    job_source=source))
-                await trio.sleep_forever()
+            source = job_source or OrkJobSource(swarm, settings.ork,  # type: ignore[arg-type]
+                                                addresses=settings.ork_addresses,
+                                                refresh_s=settings.jobs_refresh_s)
+            await inner.start(source.run, publish)
+
+            def snapshot() -> Snapshot:
+                now = trio.current_time()
+                table = pool.table
+                return state_snapshot(
+                    replicas={route.served_name: float(balancer.healthy(job_id, now))
+                              for job_id, route in table.jobs.items()},
+                    pending_ops=len(recorder.book), written_ops=recorder.ops_written,
+                    dropped=recorder.book.dropped, keys_cached=len(keys))
+
+            proxy_metrics.set_snapshot(snapshot)
+            if metrics is not None:
+                metrics.add(proxy_metrics.registry, proxy_metrics.state_registry,
+                            swarm.metrics.registry, db.metrics.registry)
+            http_address = await inner.start(functools.partial(
+                serve_asgi, create_app(front), host=settings.http.host,
+                port=settings.http.port, bind_error=HttpBindError))
+            log.info("proxy.serving http=%s:%d swarm=%s:%d key=%s db=%s writer=%s",
+                     *http_address, *swarm_address, format_key(keypair.public_key)[:12],
+                     format_key(db.bootstrap)[:12], db.is_writer)
+            task_status.started(RunningProxy(
+                http_address=http_address, swarm_address=swarm_address, swarm=swarm,
+                front=front, pool=pool, recorder=recorder, metrics=proxy_metrics,
+                job_source=source))
+            await trio.sleep_forever()
 
 
 async def start_proxy(daemon: Daemon[ProxySettings]) -> None:

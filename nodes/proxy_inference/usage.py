@@ -44,6 +44,8 @@ __all__ = ["PENDING_FILE", "Bucket", "UsageBook", "UsageRecorder", "utc_day"]
 
 log = logging.getLogger(__name__)
 
+#: Flushes tried on a stop before what is left is saved to a file.
+FINAL_FLUSHES = 3
 #: Where usage that could not be written is kept across a restart.
 PENDING_FILE = "usage-pending.json"
 
@@ -271,11 +273,13 @@ class UsageRecorder:
                         len(self.book.buckets))
 
     async def _final_flush(self) -> None:
-        if not len(self.book):
-            return
+        """Flush until the book is empty (requests finishing meanwhile count too), or
+        save it; bounded in tries and time."""
         if self.db.is_writer:
             with trio.move_on_after(10):
-                await self.flush()
+                for _ in range(FINAL_FLUSHES):
+                    if not len(self.book) or not await self.flush():
+                        break
         if len(self.book):
             await self._save_pending()
 
