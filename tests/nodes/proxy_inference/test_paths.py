@@ -5,6 +5,7 @@ replica, strangers on a job's topic, large bodies. Real HTTP, a real shared data
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -158,22 +159,26 @@ async def test_a_large_body_is_uploaded_in_chunks_before_the_request(tmp_path):
             assert request.body == b"" and request.upload_id
 
 
-async def test_an_announcer_the_job_does_not_list_is_refused_before_dialling(tmp_path):
+async def test_an_announcer_the_job_does_not_list_is_refused_before_dialling(tmp_path, caplog):
     with trio.fail_after(60):
         async with proxy_world(tmp_path) as world:
             _, secret = await world.add_key()
             proxy = await world.start_proxy()
             await world.wait_replicated()
             keys, _ = await two_agents(world, modes=("ok",))
+            caplog.set_level(logging.INFO, "nodes.proxy_inference.upstream")
             stranger_key = KeyPair.generate()
             stranger = TinyAgent("stranger")
-            await world.start_agent(stranger_key, [stranger.service()], "j-chat")
+            stranger_swarm = await world.start_agent(stranger_key, [stranger.service()], "j-chat")
+            await stranger_swarm.flush()  # announced on the job's topic
+            await proxy.swarm.flush()  # a lookup of the job's topic has run and dialled
+            assert stranger_key.public_key not in proxy.swarm.connections
+            refused = [r.getMessage() for r in caplog.records if "agent_refused" in r.getMessage()]
+            assert refused and stranger_key.hex[:12] in refused[0]
             pool = proxy.pool
             topic = job_topic("j-chat").hex()
             assert not pool.allows(stranger_key.public_key, f"topic:{topic}")
             assert pool.allows(keys[0].public_key, f"topic:{topic}")
-            await proxy.swarm.flush()  # a lookup of the job's topic has run and dialled
-            assert stranger_key.public_key not in proxy.swarm.connections
             async with client(world, secret) as http:
                 for _ in range(4):
                     assert (await http.post("/chat/completions", json=CHAT)).status_code == 200
