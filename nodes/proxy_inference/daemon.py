@@ -181,10 +181,12 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
 
             def snapshot() -> Snapshot:
                 now = trio.current_time()
-                table = pool.table
+                replicas: dict[str, float] = {}
+                for job_id, route in pool.table.jobs.items():  # a name may serve many teams
+                    replicas[route.served_name] = (replicas.get(route.served_name, 0.0)
+                                                   + balancer.healthy(job_id, now))
                 return state_snapshot(
-                    replicas={route.served_name: float(balancer.healthy(job_id, now))
-                              for job_id, route in table.jobs.items()},
+                    replicas=replicas,
                     pending_ops=len(recorder.book), written_ops=recorder.ops_written,
                     dropped=recorder.book.dropped, keys_cached=len(keys))
 
