@@ -127,18 +127,6 @@ def test_utc_day_is_the_utc_date():
     assert utc_day(NOW) == DAY and utc_day(NOW - 1) == "2025-11-30"
 
 
-@pytest.fixture
-async def ticking(thread_clock, nursery):
-    """Keep a timer pending: under ``thread_clock`` a wait on a worker thread (an fsync)
-    longer than 2 ms jumps to the next deadline, which must not be a test's timeout."""
-
-    async def tick() -> None:
-        while True:  # noqa: ASYNC110 - the sleeps are the point: a timer always pending
-            await trio.sleep(0.01)
-
-    nursery.start_soon(tick)
-
-
 async def open_pair(tmp_path, *, admit: bool):
     admin = await Database.open(tmp_path / "admin", ADMIN, fsync=FsyncPolicy.NEVER)
     proxy = await Database.open(tmp_path / "proxy", PROXY, bootstrap=admin.bootstrap,
