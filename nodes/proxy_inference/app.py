@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from contracts.inference import FORWARDED_PATHS, MAX_BODY
+from contracts.inference import FORWARDED_PATHS, MAX_BODY, Usage
 from crdt import ApiKey
 
 from .keys import KeyCache
@@ -63,6 +63,7 @@ __all__ = ["Front", "create_app", "error_body"]
 log = logging.getLogger(__name__)
 
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
+_NO_USAGE = Usage()
 SSE = "text/event-stream"
 
 
@@ -240,9 +241,12 @@ class _Forwarded:
             headers.append((b"cache-control", b"no-cache"))
         return headers
 
-    def _done(self, answer: Answer, status: int, usage) -> None:
+    def _done(self, answer: Answer, status: int, usage: Usage | None) -> None:
         front, model = self.front, self.route.served_name
-        front.recorder.record(self.key.id, model, usage)
+        # The model server's refusals (4xx, 5xx) are not billed as requests unless
+        # they report usage (a server that spent tokens before failing says so).
+        if status < 400 or (usage is not None and usage != _NO_USAGE):
+            front.recorder.record(self.key.id, model, usage)
         metrics = front.metrics.of(model)
         metrics.count(status, usage)
         metrics.latency.observe(time.perf_counter() - self.started)

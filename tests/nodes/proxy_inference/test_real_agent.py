@@ -106,7 +106,7 @@ async def test_a_transcription_goes_through_as_multipart_and_is_billed_in_audio(
 async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path):
     with trio.fail_after(90):
         async with demo_server("chat") as address, proxy_world(tmp_path) as world:
-            _, secret = await world.add_key()
+            key_id, secret = await world.add_key()
             proxy = await world.start_proxy()
             await world.wait_replicated()
             service = await start_agent(world, address, "chat")
@@ -121,3 +121,5 @@ async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path)
                 await trio.to_thread.run_sync(lambda: client.completions.create(
                     model="chat", prompt=long, max_tokens=4))
             assert service.requests == 2
+            await wait_until(lambda: not len(proxy.recorder.book), limit_s=10)
+            assert await proxy.recorder.db.usage(key_id) == []  # refusals are not billed
