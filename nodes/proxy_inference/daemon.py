@@ -215,11 +215,24 @@ async def start_proxy(daemon: Daemon[ProxySettings]) -> None:
     try:
         running: RunningProxy = await daemon.nursery.start(functools.partial(
             serve_proxy, settings, metrics=daemon.metrics))
-    except HttpBindError as exc:
-        raise DaemonError(str(exc)) from None
-    except OSError as exc:
+    except (OSError, BaseExceptionGroup) as exc:
+        # serve_proxy starts inside nurseries: a failed bind comes wrapped in groups.
+        cause = _os_error(exc)
+        if cause is None:
+            raise
+        if isinstance(cause, HttpBindError):
+            raise DaemonError(str(cause)) from None
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{exc.strerror or exc}") from None
+                          f"{cause.strerror or cause}") from None
     host, port = running.http_address
     print(f"proxy-inference {running.swarm.keypair.hex} serving http://{host}:{port}/v1 "
           f"(swarm {running.swarm_address[0]}:{running.swarm_address[1]})", flush=True)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed start, if that is all ``exc`` holds."""
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None

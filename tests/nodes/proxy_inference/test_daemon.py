@@ -48,6 +48,24 @@ async def test_a_missing_setting_is_named_and_exits_2(tmp_path):
     assert b"COSMICAC_PROXY__ORK" in stderr
 
 
+async def test_a_busy_http_port_is_one_line_and_exit_1(tmp_path):
+    import socket
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COSMICAC_", "PROXY_"))}
+    env.update({"COSMICAC_PROXY__STORAGE": str(tmp_path / "p"), "COSMICAC_PROXY__PORT": "0",
+                "COSMICAC_PROXY__HOST": "127.0.0.1", "COSMICAC_PROXY__ORK": "ab" * 32,
+                "PROXY_AUTOBASE_KEY": "cd" * 32})
+    with socket.socket() as busy, trio.fail_after(30):
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env["COSMICAC_PROXY__HTTP__PORT"] = str(busy.getsockname()[1])
+        async with process("run", "proxy-inference", env=env) as proc:
+            assert await proc.wait() == 1
+            stderr = await proc.stderr.receive_some(65536)
+    assert stderr.decode().strip().splitlines()[-1] == (
+        f"error: cannot serve HTTP on 127.0.0.1:{env['COSMICAC_PROXY__HTTP__PORT']}: "
+        "Address already in use")
+
+
 async def test_the_daemon_serves_and_writes_its_usage_when_stopped(tmp_path):
     with trio.fail_after(90):
         async with proxy_world(tmp_path) as world:
