@@ -23,6 +23,8 @@ once seen. Errors are OpenAI's shape, ``{"error": {"message", "type",
 | 503 | ``model_unavailable`` | no replica connected, or both tries failed before answering |
 | 502 | ``upstream_error`` | the answer broke off (a stream gets an SSE error event) |
 
+The forwarded POSTs are plain ASGI (the hot path needs two headers and the
+body, no request object); ``/v1/models`` is a Starlette app behind them.
 Only ``model`` and ``stream`` are read from a JSON body (``json.loads``, no
 model of the whole OpenAI body); the agent passes the bytes on unchanged.
 The agent's status and content type become the response's; an SSE answer is
