@@ -146,5 +146,8 @@ class OrkJobSource:
                     return
                 log.warning("proxy.jobs_watch_ended ork=%s code=%s reason=%s", label,
                             exc.code, exc)
-            self._changed.set()  # read the list again at once
+                if exc.code == "FORBIDDEN":  # not a client of wrk-ork: the list says so too
+                    await trio.sleep(self.refresh_s)
+                    continue
+            self._changed.set()  # LAGGED or ended: read the list again at once
             await trio.sleep(1.0)
