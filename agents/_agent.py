@@ -219,7 +219,8 @@ class Agent:
         users = frozenset(bytes.fromhex(key) for key in config.authorized_keys)
         peers = frozenset([bytes.fromhex(config.worker),
                            *(bytes.fromhex(key) for key in config.relays)])
-        return [ShellService(users.__contains__, peers=peers.__contains__)]
+        return [ShellService(users.__contains__, peers=peers.__contains__,
+                             job_id=config.job_id)]
 
     @property
     def label(self) -> str:

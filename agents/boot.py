@@ -111,6 +111,10 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
     except P2PError as exc:
         raise DaemonError(str(exc)) from None
     workload = None
+    if config.job_type is JobType.CONTAINER:
+        from agents.instance import keep_large_buffers
+
+        keep_large_buffers()  # shells move bulk output in 256 KiB frames
     if config.job_type is JobType.INFERENCE and readiness is None:
         from agents.inference import InferenceWorkload
 

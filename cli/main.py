@@ -11,6 +11,7 @@ from . import agent, db, dht, k8s, keys, relay
 from .beam import beam
 from .node import ping, up
 from .run import apply_config, run
+from .shell import shell
 
 app = typer.Typer(
     name="cosmicac",
@@ -29,6 +30,7 @@ app.command("beam")(beam)
 app.command("up")(up)
 app.command("ping")(ping)
 app.command("relay")(relay.relay)
+app.command("shell")(shell)
 
 
 @app.callback()

@@ -13,9 +13,17 @@ vLLM. So it speaks vLLM's shapes (../shared/reference §4):
   a final ``choices: []`` usage chunk when ``stream_options.include_usage``.
   Token counts are the engine tokenizer's, never estimates.
 - ``POST /v1/embeddings``: floats, or base64 float32 (the openai client's default).
+- ``POST /v1/audio/transcriptions``: OpenAI's multipart form (``file``,
+  ``model``, ``response_format`` json|text|verbose_json, ``language``,
+  ``temperature``); 16-bit PCM WAV at any rate. ``usage`` is audio seconds,
+  ``{"type": "duration", "seconds": N}`` with N the duration rounded up to a
+  whole second, as vLLM meters it; the ``text`` format carries the same number
+  in the ``x-audio-seconds`` header.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
-400 for bad JSON or fields, 404 for a model name that is not served.
+400 for bad JSON, fields or audio, and for an endpoint the engine does not
+offer (chat on a speech model, transcription or embeddings on a model
+without them); 404 for a model name that is not served.
 
 The ASGI app (:func:`create_app`) is Starlette; :func:`serve_model` runs it on
 hypercorn's trio worker, as DESIGN.md §2 decides for HTTP services.
@@ -27,22 +35,38 @@ import argparse
 import base64
 import json
 import logging
+import math
 import secrets
 import signal
 import struct
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any, Literal, TypeVar
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agents.inference.engines import ChatMessage, Engine, EngineError, load_engine
+from agents.inference.engines import (
+    BadAudio,
+    ChatMessage,
+    Engine,
+    EngineError,
+    SpeechEngine,
+    Step,
+    TextEngine,
+    Transcript,
+    decode_wav,
+    load_engine,
+)
+from agents.inference.engines._audio import MAX_AUDIO_BYTES
 from p2p.http import serve_asgi
 
 __all__ = [
@@ -121,6 +145,16 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
 
 
+class TranscriptionForm(_Request):
+    """The form fields of ``/v1/audio/transcriptions`` other than ``file``."""
+
+    model: str
+    response_format: Literal["json", "text", "verbose_json"] = "json"
+    language: str | None = Field(default=None, pattern=r"^[A-Za-z]{2,3}(-[A-Za-z0-9]+)?$")
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+    prompt: str | None = None
+
+
 # --- errors ---
 
 
@@ -151,6 +185,10 @@ async def _parse(request: Request, model: type[_M]) -> _M:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _ApiError(400, f"request body is not valid JSON: {exc}") from None
+    return _validate(model, data)
+
+
+def _validate(model: type[_M], data: Any) -> _M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -178,7 +216,11 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 class _Api:
     def __init__(self, engine: Engine, served_name: str, max_model_len: int) -> None:
         self.engine = engine
+        self.text = engine if isinstance(engine, TextEngine) else None
+        self.speech = engine if isinstance(engine, SpeechEngine) else None
         self.served_name = served_name
+        if self.text is not None and self.text.max_model_len is not None:
+            max_model_len = min(max_model_len, self.text.max_model_len)
         self.max_model_len = max_model_len
         self.created = int(time.time())
 
@@ -186,8 +228,20 @@ class _Api:
         if model != self.served_name:
             raise _ApiError(404, f"The model `{model}` does not exist.", param="model")
 
+    def _unsupported(self, what: str) -> _ApiError:
+        return _ApiError(
+            400,
+            f"The model `{self.served_name}` ({self.engine.name}) does not support {what}.",
+            param="model",
+        )
+
+    def _text_engine(self, model: str, what: str) -> TextEngine:
+        self._check_model(model)
+        if self.text is None:
+            raise self._unsupported(what)
+        return self.text
+
     def _check_generation(self, body: _Generation, prompt_len: int, max_tokens: int) -> None:
-        self._check_model(body.model)
         if body.n != 1:
             raise _ApiError(400, f"n: only n=1 is supported, not {body.n}", param="n")
         if prompt_len + max_tokens > self.max_model_len:
@@ -214,39 +268,51 @@ class _Api:
 
     async def chat(self, request: Request) -> Response:
         body = await _parse(request, ChatRequest)
+        engine = self._text_engine(body.model, "chat completions")
         messages = [ChatMessage(m.role, m.text()) for m in body.messages]
-        prompt = self.engine.tokenize(self.engine.chat_prompt(messages))
+        prompt = engine.tokenize(engine.chat_prompt(messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or _CHAT_DEFAULT_MAX_TOKENS
         self._check_generation(body, len(prompt), max_tokens)
-        return await self._respond(body, prompt, max_tokens, chat=True)
+        return await self._respond(engine, body, prompt, max_tokens, chat=True)
 
     async def completions(self, request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
+        engine = self._text_engine(body.model, "completions")
         if isinstance(body.prompt, str):
-            prompt = self.engine.tokenize(body.prompt)
+            prompt = engine.tokenize(body.prompt)
         elif body.prompt and all(isinstance(p, int) for p in body.prompt):
             prompt = [int(p) for p in body.prompt]
             try:
-                self.engine.detokenize(prompt)
+                engine.detokenize(prompt)
             except ValueError as exc:
                 raise _ApiError(400, f"prompt: {exc}", param="prompt") from None
         elif len(body.prompt) == 1:
-            prompt = self.engine.tokenize(str(body.prompt[0]))
+            prompt = engine.tokenize(str(body.prompt[0]))
         else:
             raise _ApiError(400, "prompt: give one prompt (a string or token ids)", param="prompt")
         max_tokens = body.max_tokens or _COMPLETION_DEFAULT_MAX_TOKENS
         self._check_generation(body, len(prompt), max_tokens)
-        return await self._respond(body, prompt, max_tokens, chat=False)
+        return await self._respond(engine, body, prompt, max_tokens, chat=False)
 
     async def embeddings(self, request: Request) -> Response:
         body = await _parse(request, EmbeddingRequest)
-        self._check_model(body.model)
+        engine = self._text_engine(body.model, "embeddings")
+        if engine.embedding_dim is None:
+            raise self._unsupported("embeddings")
         texts = [body.input] if isinstance(body.input, str) else body.input
         data: list[dict[str, Any]] = []
         prompt_tokens = 0
         for index, text in enumerate(texts):
-            prompt_tokens += len(self.engine.tokenize(text))
-            vector = self.engine.embed(text)
+            tokens = len(engine.tokenize(text))
+            if tokens > self.max_model_len:
+                raise _ApiError(
+                    400,
+                    f"input {index} has {tokens} tokens, more than this model's maximum "
+                    f"context length of {self.max_model_len} tokens.",
+                    param="input",
+                )
+            prompt_tokens += tokens
+            vector = await engine.embed(text)
             embedding: list[float] | str = vector
             if body.encoding_format == "base64":
                 packed = struct.pack(f"<{len(vector)}f", *vector)
@@ -261,15 +327,60 @@ class _Api:
             }
         )
 
+    async def transcriptions(self, request: Request) -> Response:
+        fields, data = await _read_form(request)
+        self._check_model(fields.model)
+        if self.speech is None:
+            raise self._unsupported("audio transcriptions")
+        if data is None:
+            raise _ApiError(400, "file: an audio file is required (a form field)", param="file")
+        if len(data) > MAX_AUDIO_BYTES:
+            raise _ApiError(
+                400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB", param="file"
+            )
+        try:
+            audio = decode_wav(data)
+        except BadAudio as exc:
+            raise _ApiError(400, f"file: {exc}", param="file") from None
+        language = fields.language.lower().split("-")[0] if fields.language else None
+        known = self.speech.languages
+        if language is not None and known is not None and language not in known:
+            raise _ApiError(
+                400,
+                f"language: {self.engine.name} transcribes {', '.join(sorted(known))} only, "
+                f"not {fields.language!r}",
+                param="language",
+            )
+        transcript = await self.speech.transcribe(
+            audio, language=language, temperature=fields.temperature
+        )
+        seconds = math.ceil(audio.duration)
+        headers = {"x-audio-seconds": str(seconds)}
+        usage = {"type": "duration", "seconds": seconds}
+        if fields.response_format == "text":
+            return PlainTextResponse(transcript.text, headers=headers)
+        if fields.response_format == "json":
+            return JSONResponse({"text": transcript.text, "usage": usage}, headers=headers)
+        return JSONResponse(
+            _verbose(transcript, audio.duration, fields.temperature, usage), headers=headers
+        )
+
     async def _respond(
-        self, body: _Generation, prompt: Sequence[int], max_tokens: int, *, chat: bool
+        self,
+        engine: TextEngine,
+        body: _Generation,
+        prompt: Sequence[int],
+        max_tokens: int,
+        *,
+        chat: bool,
     ) -> Response:
-        steps = self.engine.generate(
+        steps = engine.generate(
             prompt,
             max_tokens=max_tokens,
             temperature=body.temperature,
             seed=body.seed,
             stop=body.stops(),
+            chat=chat,
         )
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         created = int(time.time())
@@ -284,10 +395,12 @@ class _Api:
         pieces: list[str] = []
         finish = None
         count = 0
-        async for step in steps:
-            pieces.append(step.text)
-            finish = step.finish_reason
-            count += 1
+        # aclosing: an engine holds its model while generating; give it back now, not at GC.
+        async with aclosing(steps):
+            async for step in steps:
+                pieces.append(step.text)
+                finish = step.finish_reason
+                count += 1
         text = "".join(pieces)
         if chat:
             choice: dict[str, Any] = {
@@ -311,7 +424,7 @@ class _Api:
 
     async def _stream(
         self,
-        steps: AsyncIterator[Any],
+        steps: AsyncGenerator[Step, None],
         ident: str,
         created: int,
         prompt_len: int,
@@ -342,17 +455,77 @@ class _Api:
             }
             yield chunk([first])
         count = 0
-        async for step in steps:
-            count += 1
-            if chat:
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": step.text}}
-            else:
-                choice = {"index": 0, "text": step.text}
-            choice.update(logprobs=None, finish_reason=step.finish_reason)
-            yield chunk([choice])
+        async with aclosing(steps):
+            async for step in steps:
+                count += 1
+                if not step.text and step.finish_reason is None:
+                    continue  # text held back (it may begin a stop string): nothing to send
+                if chat:
+                    choice: dict[str, Any] = {"index": 0, "delta": {"content": step.text}}
+                else:
+                    choice = {"index": 0, "text": step.text}
+                choice.update(logprobs=None, finish_reason=step.finish_reason)
+                yield chunk([choice])
         if include_usage:
             yield chunk([], usage=_usage(prompt_len, count))
         yield _sse("[DONE]")
+
+
+async def _read_form(request: Request) -> tuple[TranscriptionForm, bytes | None]:
+    """The transcription form's fields and file (at most one byte over the cap).
+
+    Anything wrong with the form is a 400 saying what.
+    """
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "multipart/form-data":
+        raise _ApiError(
+            400, f"send multipart/form-data with a 'file' field, not {kind or 'no content type'}"
+        )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_AUDIO_BYTES + 2**20:
+        raise _ApiError(400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB", param="file")
+    try:
+        async with request.form(max_files=1, max_fields=32) as form:  # closes spooled files
+            fields = _validate(
+                TranscriptionForm, {k: v for k, v in form.multi_items() if isinstance(v, str)}
+            )
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                return fields, None
+            return fields, await upload.read(MAX_AUDIO_BYTES + 1)
+    except HTTPException as exc:  # Starlette's report of a malformed multipart body
+        raise _ApiError(400, f"bad multipart body: {exc.detail}") from None
+
+
+def _verbose(
+    transcript: Transcript, duration: float, temperature: float, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """OpenAI's ``verbose_json``: one segment for the whole audio, and the word times.
+
+    Whisper's per-segment figures (``avg_logprob``, ``compression_ratio``,
+    ``no_speech_prob``, ``tokens``) are left out rather than made up: these
+    engines compute none of them.
+    """
+    segment = {
+        "id": 0,
+        "seek": 0,
+        "start": 0.0,
+        "end": round(duration, 3),
+        "text": transcript.text,
+        "temperature": temperature,
+    }
+    return {
+        "task": "transcribe",
+        "language": transcript.language,
+        "duration": round(duration, 3),
+        "text": transcript.text,
+        "segments": [segment] if transcript.text else [],
+        "words": [
+            {"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
+            for w in transcript.words
+        ],
+        "usage": usage,
+    }
 
 
 def create_app(
@@ -379,6 +552,7 @@ def create_app(
         Route("/v1/chat/completions", guarded(api.chat), methods=["POST"]),
         Route("/v1/completions", guarded(api.completions), methods=["POST"]),
         Route("/v1/embeddings", guarded(api.embeddings), methods=["POST"]),
+        Route("/v1/audio/transcriptions", guarded(api.transcriptions), methods=["POST"]),
     ]
     return Starlette(routes=routes)
 
@@ -448,9 +622,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--served-name", default=None, help="the name clients put in 'model' (default: --model)"
     )
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for a llama.cpp model (default: all usable cores; fewer can be "
+        "faster when other processes keep the cores busy)",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     try:
-        engine = load_engine(args.model)
+        engine = load_engine(args.model, threads=args.threads)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

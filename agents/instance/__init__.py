@@ -6,6 +6,7 @@ format of ``cosmicac-shell/1``.
 """
 
 from ._client import ShellSession, open_shell
+from ._malloc import keep_large_buffers
 from ._protocol import (
     PROTOCOL,
     Exit,
@@ -21,5 +22,6 @@ from ._server import ShellService
 
 __all__ = [
     "PROTOCOL", "Exit", "RemoteProtocolError", "ShellError", "ShellService", "ShellSession",
-    "Stderr", "Stdout", "decode_client", "decode_server", "encode", "open_shell",
+    "Stderr", "Stdout", "decode_client", "decode_server", "encode", "keep_large_buffers",
+    "open_shell",
 ]

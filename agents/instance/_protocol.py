@@ -27,10 +27,12 @@ __all__ = [
 
 #: The channel protocol (name and version) the shell service is served on.
 PROTOCOL = "cosmicac-shell/1"
-#: The largest frame either side sends or accepts.
-MAX_FRAME_BYTES = 64 << 10
-#: The largest data chunk in one STDIN/STDOUT/STDERR frame (leaves room for the header).
-MAX_DATA_BYTES = 32 << 10
+#: The largest data chunk in one STDIN/STDOUT/STDERR frame. 256 KiB: bulk output
+#: costs per frame as well as per byte (bench/shell.py: 32 KiB frames spent more
+#: CPU per byte than sshd); the mux's largest message is 512 KiB.
+MAX_DATA_BYTES = 256 << 10
+#: The largest frame either side sends or accepts (a data chunk and its header).
+MAX_FRAME_BYTES = MAX_DATA_BYTES + (1 << 10)
 #: Signals a client may send to the session's process group, by name.
 SIGNALS = {name: getattr(_signal, f"SIG{name}") for name in
            ("INT", "TERM", "KILL", "HUP", "QUIT", "USR1", "USR2", "WINCH", "CONT", "STOP")}

@@ -22,8 +22,10 @@ on a full terminal or pipe), and nothing piles up here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -63,13 +65,21 @@ if TYPE_CHECKING:
 __all__ = ["ShellService"]
 
 logger = logging.getLogger("agents.instance.shell")
+#: The job's System log (a later issue ships it to wrk-monitor): one line per
+#: session start and end, with ``extra={"job_id": ..., "source": "System"}``.
+system_logger = logging.getLogger("cosmicac.agent.system")
 
 #: After the process exits: how long the PTY or a pipe may stay quiet before the
 #: session ends (a background job holding it would keep it open forever). Output
 #: that is there drains at the client's pace, with no deadline.
 _DRAIN_S = 2.0
-#: STDIN frames (each at most 32 KiB) queued for a process that is not reading.
+#: STDIN frames (each at most 256 KiB) queued for a process that is not reading.
 _INPUT_QUEUE_FRAMES = 4
+#: One read of a PTY master (its line discipline buffers 4 KiB).
+_PTY_READ_BYTES = 16 << 10
+#: Output pipes grow to this (Linux's default pipe-max-size); see _grow_pipe.
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: After a hang-up: how long the process group has before SIGKILL.
 _KILL_GRACE_S = 2.0
 
@@ -81,6 +91,18 @@ def _set_controlling_tty() -> None:  # pragma: no cover - runs in the child
 
 def _set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _grow_pipe(stream: trio.abc.Stream | None) -> None:
+    """Let an output pipe hold :data:`_PIPE_BYTES`, so one read can fill a frame.
+
+    A pipe holds 64 KiB by default: a process writing fast fills it between two
+    of our reads, and each frame would carry at most 64 KiB. Best effort: an
+    unprivileged process may not go past ``/proc/sys/fs/pipe-max-size``.
+    """
+    if isinstance(stream, trio.lowlevel.FdStream):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(stream.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def _exit_of(returncode: int) -> Exit:
@@ -98,7 +120,11 @@ class ShellService(Service):
         shell: what ``pty`` mode runs without ``argv`` ($SHELL, else /bin/sh).
         max_sessions: sessions at once; one more is refused (``busy``).
         open_timeout_s: how long a new channel may take to send OPEN.
-        log: where session start and end go (the job's System log).
+        log: the operator's log (refusals, spawn failures, session start/end).
+        job_id: the job this agent serves; named on every System log line.
+        system_log: the job's System log: ``shell.session_started`` and
+            ``shell.session_ended`` with the user's key, the mode, the command
+            (exec), the exit status, the duration and the bytes each way.
     """
 
     protocol = PROTOCOL
@@ -112,6 +138,8 @@ class ShellService(Service):
         max_sessions: int = 32,
         open_timeout_s: float = 10.0,
         log: logging.Logger = logger,
+        job_id: str | None = None,
+        system_log: logging.Logger = system_logger,
     ) -> None:
         self._authorized = authorized
         self._peers = peers
@@ -119,6 +147,8 @@ class ShellService(Service):
         self.max_sessions = max_sessions
         self.open_timeout_s = open_timeout_s
         self._log = log
+        self.job_id = job_id
+        self._system_log = system_log
         #: Sessions running now.
         self.sessions = 0
 
@@ -146,7 +176,7 @@ class ShellService(Service):
             return
         self.sessions += 1
         try:
-            await _Session(self, channel, opened, label).run()
+            await _Session(self, channel, opened, key).run()
         finally:
             self.sessions -= 1
 
@@ -162,11 +192,17 @@ async def _send_error(channel: Channel, code: str, message: str) -> None:
 class _Session:
     """One running session: its process, its pumps and the client's input."""
 
-    def __init__(self, service: ShellService, channel: Channel, opened: Open, label: str) -> None:
+    def __init__(self, service: ShellService, channel: Channel, opened: Open, key: bytes) -> None:
         self.service = service
         self.channel = channel
         self.opened = opened
-        self.label = label
+        self.key = key
+        self.label = key.hex()[:12]
+        #: Input frames (and the end of input) queued for _stdin and not yet written.
+        self._queued = 0
+        #: Input written to the process, output sent to the client (for the System log).
+        self.bytes_in = 0
+        self.bytes_out = 0
         self.process: trio.Process | None = None
         self.master: trio.lowlevel.FdStream | None = None
         self.master_fd = -1
@@ -185,9 +221,12 @@ class _Session:
     async def _spawn(self) -> trio.Process:
         argv, env = self._argv_env()
         if self.opened.mode == "exec":
-            return await trio.lowlevel.open_process(
+            process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, start_new_session=True)
+            for stream in (process.stdout, process.stderr):
+                _grow_pipe(stream)
+            return process
         master, slave = os.openpty()
         try:
             _set_size(slave, self.opened.rows, self.opened.cols)
@@ -216,6 +255,8 @@ class _Session:
         service._log.info("shell.session_started key=%s mode=%s pid=%d argv=%s",
                           self.label, opened.mode, process.pid,
                           "-" if opened.argv is None else opened.argv[0])
+        started_at = trio.current_time()
+        self._system("shell.session_started", pid=process.pid)
         exit_: Exit | None = None
         try:
             await self.channel.send(encode(Started(process.pid)))
@@ -246,18 +287,43 @@ class _Session:
                 "shell.session_ended key=%s mode=%s pid=%d exit=%s", self.label, opened.mode,
                 process.pid, "hangup" if exit_ is None else
                 (exit_.code if exit_.code is not None else f"signal {exit_.signal}"))
+            self._system(
+                "shell.session_ended", pid=process.pid,
+                exit_code=None if exit_ is None else exit_.code,
+                exit_signal=None if exit_ is None else exit_.signal,
+                hangup=exit_ is None,
+                duration_s=round(trio.current_time() - started_at, 3),
+                bytes_in=self.bytes_in, bytes_out=self.bytes_out)
+
+    def _system(self, event: str, **fields: object) -> None:
+        """One line of the job's System log: readable text, and every field in
+        ``extra`` (``job_id``, ``source``, ``event``...) for the JSON shipper."""
+        opened = self.opened
+        fields = {"user_key": self.key.hex(), "mode": opened.mode,
+                  "argv": None if opened.mode == "pty" and opened.argv is None
+                  else list(opened.argv or ()), **fields}
+        text = " ".join(f"{name}={_text(value)}" for name, value in fields.items()
+                        if name != "hangup" and not (name == "argv" and value is None))
+        self.service._system_log.info(
+            "%s %s", event, text,
+            extra={"job_id": self.service.job_id, "source": "System", "event": event,
+                   **fields})
 
     async def _pump(self, source: trio.abc.ReceiveStream | None, kind: type) -> None:
         """Move output to the channel, one chunk after the channel took the last."""
         if source is None:
             return
+        # A terminal hands over at most its 4 KiB line buffer per read; asking
+        # for 256 KiB would allocate (and, above glibc's mmap threshold, map and
+        # unmap) that much for every echoed keystroke.
+        size = _PTY_READ_BYTES if source is self.master else MAX_DATA_BYTES
         while True:
             with trio.CancelScope() as scope:
                 if self._exited:
                     scope.deadline = trio.current_time() + _DRAIN_S
                 self._reads.add(scope)
                 try:
-                    data = await source.receive_some(MAX_DATA_BYTES)
+                    data = await source.receive_some(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # a PTY master reads EIO once the terminal has no process left
                 finally:
@@ -265,6 +331,7 @@ class _Session:
             if scope.cancelled_caught or not data:
                 return
             await self.channel.send(encode(kind(data)))
+            self.bytes_out += len(data)
 
     async def _input(self, session_scope: trio.CancelScope) -> None:
         """Apply the client's frames; the client ending its side hangs up.
@@ -290,8 +357,12 @@ class _Session:
                         break
                     match event:
                         case Stdin(data=data):
-                            await to_stdin.send(data)
+                            data = self._write_now(data)
+                            if data:
+                                self._queued += 1
+                                await to_stdin.send(data)
                         case StdinEof():
+                            self._queued += 1
                             await to_stdin.send(None)
                         case Resize(rows=rows, cols=cols):
                             if self.master is not None:
@@ -310,10 +381,34 @@ class _Session:
         async for data in queue:
             if data is not None:
                 await self._write(data)
+                self.bytes_in += len(data)
             elif self.master is not None:
                 await self._write(b"\x04")  # the terminal's EOF character
             elif process.stdin is not None:
                 await process.stdin.aclose()
+            self._queued -= 1
+
+    def _write_now(self, data: bytes) -> bytes:
+        """Write what the process takes at once, when nothing waits before it.
+
+        A keystroke then reaches the terminal from the task that decoded it,
+        without a hand-off to :meth:`_stdin` (one scheduler pass less on every
+        round trip); what the process does not take now is returned, to be
+        queued in order.
+        """
+        if self._queued:
+            return data  # earlier input still waits: keep the order
+        sink = self.master if self.master is not None else self.process.stdin  # type: ignore[union-attr]
+        if not isinstance(sink, trio.lowlevel.FdStream):
+            return data
+        try:
+            written = os.write(sink.fileno(), data)
+        except BlockingIOError:
+            return data
+        except OSError:
+            return data  # closed or broken: _write reports it the usual way
+        self.bytes_in += written
+        return data[written:]
 
     async def _write(self, data: bytes) -> None:
         sink = self.master if self.master is not None else self.process.stdin  # type: ignore[union-attr]
@@ -341,6 +436,13 @@ class _Session:
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None:
                     await stream.aclose()
+
+
+def _text(value: object) -> str:
+    """A field's value on a text line: words as they are, anything else as JSON."""
+    if isinstance(value, str) and value and " " not in value and "=" not in value:
+        return value
+    return json.dumps(value)
 
 
 def _kill_group(process: trio.Process, signum: int) -> None:

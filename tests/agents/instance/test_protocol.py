@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.instance._protocol import (
+    MAX_DATA_BYTES,
     MAX_FRAME_BYTES,
     Error,
     Exit,
@@ -60,7 +61,7 @@ def test_server_frames_round_trip(event):
                        "env": {}}]),
     msgpack.packb([1, {"mode": "pty", "argv": None, "term": "x", "rows": 1, "cols": 1,
                        "env": {"A=B": "c"}}]),
-    msgpack.packb([2, "text, not bytes"]), msgpack.packb([2, bytes(40 << 10)]),
+    msgpack.packb([2, "text, not bytes"]), msgpack.packb([2, bytes(MAX_DATA_BYTES + 1)]),
     msgpack.packb([4, [True, 1]]), msgpack.packb([5, "SEGV"]), msgpack.packb([5, [1]]),
     bytes(MAX_FRAME_BYTES + 1),
 ])
@@ -78,7 +79,7 @@ def test_an_exit_has_exactly_one_of_code_and_signal():
 
 def test_frames_are_bounded():
     with pytest.raises(ValueError):
-        encode(Open(mode="exec", argv=("x" * 4000,) * 20))
+        encode(Open(mode="exec", argv=("x" * 4000,) * 80))
 
 
 msgpack_values = st.recursive(

@@ -254,9 +254,61 @@ async def test_a_signal_overtakes_input_the_process_does_not_read():
             connection = await client.connect(agent.public_key)
             session = await open_shell(connection, argv=["sleep", "30"])
             # More than the pipe holds, less than the pipe and the agent's input
-            # queue (4 frames of 32 KiB): the agent still reads the frames that follow.
+            # queue (4 frames of 256 KiB): the agent still reads the frames that follow.
             nursery.start_soon(session.send_stdin, b"x" * 150_000)
             await trio.sleep(0.3)
             await session.signal("TERM")
             assert (await session.wait_exit()).signal == 15
             nursery.cancel_scope.cancel()
+
+
+async def test_session_start_and_end_go_to_the_jobs_system_log(caplog):
+    caplog.set_level(logging.INFO, logger="cosmicac.agent.system")
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            user = KeyPair.generate()
+            service = ShellService({user.public_key}.__contains__, job_id="job-42")
+            agent = await net.start(services=[service])
+            client = await net.start(user)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["sh", "-c", "cat; exit 4"])
+            await session.send_stdin(b"12345")
+            await session.close_stdin()
+            assert b"".join([event.data async for event in session]) == b"12345"
+            assert (await session.wait_exit()).code == 4
+            async with await open_shell(connection) as shell:  # a PTY, hung up on
+                await shell.send_stdin(b"echo ok\n")
+                await read_until(shell, b"ok", bytearray(), count=2)
+            while service.sessions:  # noqa: ASYNC110 - the service's counter, real time
+                await trio.sleep(0.02)
+    records = [r for r in caplog.records if r.name == "cosmicac.agent.system"]
+    assert [r.event for r in records] == ["shell.session_started", "shell.session_ended"] * 2
+    assert all(r.job_id == "job-42" and r.source == "System" for r in records)
+    assert all(r.user_key == user.public_key.hex() for r in records)
+    started, ended, pty_started, pty_ended = records
+    assert (started.mode, started.argv) == ("exec", ["sh", "-c", "cat; exit 4"])
+    assert (ended.exit_code, ended.exit_signal, ended.hangup) == (4, None, False)
+    assert (ended.bytes_in, ended.bytes_out) == (5, 5) and ended.duration_s >= 0
+    assert "exit_code=4" in ended.getMessage() and "user_key=" in ended.getMessage()
+    assert (pty_started.mode, pty_started.argv) == ("pty", None)
+    assert pty_ended.hangup and pty_ended.exit_code is None
+    assert pty_ended.bytes_in == len(b"echo ok\n") and pty_ended.bytes_out > 0
+
+
+async def test_the_system_log_names_no_job_when_none_was_given(caplog):
+    caplog.set_level(logging.INFO, logger="cosmicac.agent.system")
+    with trio.fail_after(LIMIT_S):
+        async with swarm_net() as net:
+            _, agent, client, _ = await agent_and_user(net, authorized=None)
+            connection = await client.connect(agent.public_key)
+            session = await open_shell(connection, argv=["true"])
+            assert (await session.wait_exit()).code == 0
+            await session.aclose()
+            while agent_sessions(agent):  # noqa: ASYNC110 - real time
+                await trio.sleep(0.02)
+    records = [r for r in caplog.records if r.name == "cosmicac.agent.system"]
+    assert [r.job_id for r in records] == [None, None]
+
+
+def agent_sessions(agent) -> int:
+    return sum(getattr(s, "sessions", 0) for s in agent.host.services.values())

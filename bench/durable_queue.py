@@ -35,7 +35,7 @@ fsync is on for both (``fdatasync``; SQLite's own ``fsync`` for FULL).
 Targets (issue 11): queue >= 5,000 durable operations/s, p50 publish ->
 applied <= 5 ms on one machine (2 cores).
 
-usage: python bench/queue.py [--ops 20000] [--publishers 64] [--rate 5000] [--poll-ms 1]
+usage: python bench/durable_queue.py [--ops 20000] [--publishers 64] [--rate 5000] [--poll-ms 1]
                              [--light] [--dir DIR]
 """
 

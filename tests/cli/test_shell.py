@@ -1,0 +1,209 @@
+"""`cosmicac shell` as a real process against a shell service on a real swarm.
+
+The agent side runs in the test process (a swarm on 127.0.0.1 serving
+:class:`ShellService`); the CLI is a subprocess, its stdin and stdout pipes or a
+PTY the test holds. Real time: every wait is on a condition, bounded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import termios
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from agents.instance import ShellService
+from p2p.keys import KeyPair, load_or_create_keypair
+from p2p.swarm import Swarm, SwarmConfig
+
+from .helpers import COSMICAC
+
+LIMIT_S = 30
+
+
+@asynccontextmanager
+async def agent_for(tmp_path, *, authorized=True):
+    """A swarm serving shells; yields the CLI arguments that reach it."""
+    user = load_or_create_keypair(tmp_path / "user")
+    keys = {user.public_key} if authorized else {b"\1" * 32}
+    service = ShellService(keys.__contains__, shell="/bin/sh")
+    swarm = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", announce_key=False),
+                  services=[service])
+    scope = trio.CancelScope()
+
+    async def run_swarm(task_status=trio.TASK_STATUS_IGNORED):
+        with scope:
+            await swarm.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(run_swarm)
+        yield _Args(["shell", "--agent", swarm.public_key.hex(), "--address", f"{host}:{port}",
+                     "--identity", str(tmp_path / "user")], scope.cancel)
+        scope.cancel()
+
+
+class _Args(list):
+    """The CLI arguments that reach the agent; ``stop()`` ends the agent."""
+
+    def __init__(self, args, stop):
+        super().__init__(args)
+        self.stop = stop
+
+
+async def test_a_command_gets_its_stdout_stderr_and_exit_status_apart(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path) as args:
+            result = await trio.run_process(
+                [*COSMICAC, *args, "--", "sh", "-c", "echo out; echo err >&2; exit 3"],
+                stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
+
+
+async def test_a_command_that_cannot_start_exits_127_as_in_a_shell(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path) as args:
+            result = await trio.run_process(
+                [*COSMICAC, *args, "--", "/nonexistent/command"],
+                stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+    assert result.returncode == 127
+    assert "/nonexistent/command: No such file" in result.stderr.decode()
+
+
+async def test_stdin_that_is_not_a_terminal_is_the_commands_input(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path) as args:
+            data = os.urandom(300_000)
+            result = await trio.run_process(
+                [*COSMICAC, *args, "--", "sh", "-c", "cat; kill -TERM $$"],
+                stdin=data, capture_stdout=True, capture_stderr=True, check=False)
+    assert result.stdout == data
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr.decode()
+
+
+def set_size(fd, rows, cols):
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Terminal:
+    """The test's side of a PTY the CLI runs on."""
+
+    def __init__(self, master: int) -> None:
+        self.master = master
+        self.seen = bytearray()
+
+    async def read_until(self, needle: bytes, *, count: int = 1) -> None:
+        while self.seen.count(needle) < count:
+            await trio.lowlevel.wait_readable(self.master)
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: the CLI closed the terminal
+                chunk = b""
+            assert chunk, f"the terminal closed before {needle!r}: {bytes(self.seen)!r}"
+            self.seen += chunk
+
+    def type(self, text: bytes) -> None:
+        os.write(self.master, text)
+
+
+async def test_an_interactive_session_on_a_terminal_echoes_resizes_and_exits(tmp_path):
+    master, slave = os.openpty()
+    set_size(slave, 30, 100)
+    before = termios.tcgetattr(slave)
+    terminal = Terminal(master)
+    try:
+        with trio.fail_after(LIMIT_S):
+            async with agent_for(tmp_path) as args:
+                process = await trio.lowlevel.open_process(
+                    [*COSMICAC, *args], stdin=slave, stdout=slave, stderr=subprocess.PIPE,
+                    env={**os.environ, "TERM": "vt100"}, start_new_session=True)
+                try:
+                    terminal.type(b"echo $TERM; stty size\n")
+                    await terminal.read_until(b"30 100")
+                    assert b"vt100" in terminal.seen
+                    terminal.type(b"echo hi\n")
+                    await terminal.read_until(b"hi", count=2)  # the echo, then the output
+                    # The local terminal is raw while the session runs.
+                    assert not termios.tcgetattr(slave)[3] & termios.ECHO
+                    set_size(slave, 50, 132)
+                    process.send_signal(signal.SIGWINCH)
+                    for _ in range(50):  # the resize and the next line race: ask again
+                        terminal.type(b"stty size\n")
+                        with trio.move_on_after(0.5):
+                            await terminal.read_until(b"50 132")
+                            break
+                    assert b"50 132" in terminal.seen
+                    terminal.type(b"exit 3\n")
+                    assert await process.wait() == 3
+                    assert await process.stderr.receive_some() in (b"", None)
+                finally:
+                    if process.returncode is None:
+                        process.kill()
+        assert termios.tcgetattr(slave) == before  # restored on the way out
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+async def test_an_unauthorised_key_exits_255_with_one_clear_line(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path, authorized=False) as args:
+            result = await trio.run_process(
+                [*COSMICAC, *args, "--", "true"],
+                stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+    message = result.stderr.decode()
+    assert result.returncode == 255, message
+    assert "not one of the job's authorised keys" in message
+    assert load_or_create_keypair(tmp_path / "user").hex in message
+    assert len(message.strip().splitlines()) == 1 and result.stdout == b""
+
+
+async def test_an_agent_that_goes_away_mid_session_exits_255_with_one_line(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent_for(tmp_path) as args, trio.open_nursery() as nursery:
+            process = await trio.lowlevel.open_process(
+                [*COSMICAC, *args, "--", "sh", "-c", "echo started; exec sleep 30"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            nursery.start_soon(process.wait)
+            assert await process.stdout.receive_some() == b"started\n"
+            args.stop()  # the agent's swarm ends
+            message = (await process.stderr.receive_some()).decode()
+            assert await process.wait() == 255, message
+    assert "broke" in message or "without an exit status" in message, message
+    assert len(message.strip().splitlines()) == 1
+
+
+async def test_an_unreachable_agent_exits_255_with_one_line(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        result = await trio.run_process(
+            [*COSMICAC, "shell", "--agent", "ab" * 32, "--address", f"127.0.0.1:{unused_port()}",
+             "--identity", str(tmp_path / "user"), "--", "true"],
+            stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+    message = result.stderr.decode()
+    assert result.returncode == 255, message
+    assert "cannot reach agent abababababab" in message
+    assert len(message.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["shell", "--address", "127.0.0.1:9"], "--agent"),
+    (["shell", "--agent", "nope", "--address", "127.0.0.1:9"], "64 hex"),
+    (["shell", "--agent", "ab" * 32], "--address"),
+])
+def test_usage_errors_exit_2(tmp_path, args, needle):
+    result = subprocess.run([*COSMICAC, *args, "--identity", str(tmp_path / "user")],
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2 and needle in result.stderr, result.stderr
+
+
+def unused_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
