@@ -251,13 +251,18 @@ class UsageRecorder:
                             sum(map(len, entries)))
             return 0
         except BaseException:
-            self.book.put_back(taken)  # cancelled before the thread ran: never written
+            # Cancelled: append_many's only checkpoints come before its worker thread
+            # starts (a running thread always finishes and returns), so nothing was written.
+            self.book.put_back(taken)
             raise
         written = sum(map(len, entries))
         if self._saved_file_loaded and self._pending_path is not None:
+            # Written now: the saved copy must go, even if we are being cancelled
+            # (left behind, it would be loaded and counted again at the next start).
             self._saved_file_loaded = False
             path = self._pending_path
-            await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
         self.flushes += 1
         self.ops_written += written
         if self._warned_not_writer:
