@@ -272,39 +272,54 @@ class _Forwarded:
         await send({"type": "http.response.start", "status": status,
                     "headers": self._headers(content_type, request_id)})
         first = answer.first
+        client = _Client()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(client.watch, receive, nursery.cancel_scope)
             if first.data:
-                await send({"type": "http.response.body", "body": first.data, "more_body": True})
+                await client.send(send, first.data)
             last = first
             try:
                 async for frame in answer.frames():
                     last = frame
                     if frame.data:
-                        await send({"type": "http.response.body", "body": frame.data,
-                                    "more_body": True})
+                        await client.send(send, frame.data)
             except UpstreamFailed as exc:
                 self.front.metrics.errors.labels("upstream_error").inc()
                 log.warning("proxy.stream_broken job=%s request=%s code=%s reason=%s",
                             self.route.job_id, request_id, exc.code, exc)
                 event = error_body(f"The model server failed midway: {exc}", "server_error",
                                    "upstream_error")
-                await send({"type": "http.response.body",
-                            "body": b"data: " + json.dumps(event).encode() + b"\n\n",
-                            "more_body": True})
+                await client.send(send, b"data: " + json.dumps(event).encode() + b"\n\n")
             else:
                 self._done(answer, status, last.usage)
-            await send({"type": "http.response.body", "body": b""})
+            if not client.gone:
+                await send({"type": "http.response.body", "body": b""})
             nursery.cancel_scope.cancel()
 
 
-async def _cancel_on_disconnect(receive: Any, scope: trio.CancelScope) -> None:
-    """Stop the answer (and the agent's work: the stream's CANCEL) when the client leaves."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
+#: After the client left a stream, its answer is still read this long for the
+#: last frame and its usage (a client that stops at ``data: [DONE]`` leaves just
+#: before it); then the agent is told to stop (the stream's CANCEL).
+GONE_GRACE_S = 2.0
+
+
+class _Client:
+    """A streaming client: whether it left, and what to do then."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    async def send(self, send: Any, data: bytes) -> None:
+        if not self.gone:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def watch(self, receive: Any, scope: trio.CancelScope) -> None:
+        """On ``http.disconnect`` stop sending; give the answer ``GONE_GRACE_S`` to end."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        await trio.sleep(GONE_GRACE_S)
+        scope.cancel()
 
 
 async def _read_body(receive: Any) -> bytes:

@@ -200,6 +200,8 @@ class UsageRecorder:
         self._wake = trio.Event()
         self._warned_not_writer = False
         self._saved_file_loaded = False
+        #: A flush is writing now.
+        self.flushing = False
         #: Counters for the metrics.
         self.flushes = 0
         self.ops_written = 0
@@ -236,6 +238,18 @@ class UsageRecorder:
         """Append what the book holds now; returns the operations written (0 on failure)."""
         if not len(self.book):
             return 0
+        self.flushing = True
+        try:
+            return await self._flush()
+        finally:
+            self.flushing = False
+
+    @property
+    def settled(self) -> bool:
+        """Nothing counted is waiting or being written (what a test waits for)."""
+        return not len(self.book) and not self.flushing
+
+    async def _flush(self) -> int:
         taken = self.book.take()
         entries = taken.entries(self.ops_per_entry)
         try:

@@ -179,12 +179,15 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
                                       totals.total)
 
             admin_rows: tuple = ()
-            with trio.fail_after(30):
+            with trio.move_on_after(30):
                 while not usage_matches():
                     rows = await admin.db.usage("key-e2e", model="chat")
                     admin_rows = (sum(r.requests for r in rows), sum(r.prompt for r in rows),
                                   sum(r.completion for r in rows), sum(r.total for r in rows))
                     if not usage_matches():
                         await trio.sleep(0.1)
+            proxy_rows = await proxy.recorder.db.usage("key-e2e", model="chat")
+            assert admin_rows == (totals.requests, totals.prompt, totals.completion,
+                                  totals.total), (proxy_rows, len(proxy.recorder.book))
             assert await admin.db.last_used("key-e2e") is not None
             nursery.cancel_scope.cancel()

@@ -113,7 +113,7 @@ async def test_requests_alternate_and_a_refusing_replica_is_retried_elsewhere(tm
                 agents[1].mode = "unavailable"
                 response = await http.post("/chat/completions", json=CHAT)
                 assert response.status_code == 503
-            await wait_until(lambda: not len(proxy.recorder.book), limit_s=10)
+            await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             rows = await proxy.recorder.db.usage(key_id)
             # Every answered request counted once: 6 + 6, 3 + 2 tokens each.
             assert [(r.model, r.requests, r.prompt, r.completion, r.total) for r in rows] == [
@@ -205,3 +205,24 @@ async def test_a_revoked_key_is_refused_within_a_second_of_replicating(tmp_path)
                 assert response.status_code == 401
                 assert response.json()["error"]["type"] == "authentication_error"
             assert proxy.front.keys.refreshes >= 1
+
+
+async def test_a_client_that_leaves_at_done_is_still_billed(tmp_path):
+    """openai's client stops reading at ``data: [DONE]``; the usage frame comes after."""
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            key_id, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            _, agents = await two_agents(world, modes=("ok",))
+            agents[0].done_delay_s = 0.3
+            async with client(world, secret) as http, http.stream(
+                    "POST", "/chat/completions", json={**CHAT, "stream": True}) as response:
+                async for line in response.aiter_lines():
+                    if line == "data: [DONE]":
+                        break
+            # The connection is closed with the answer's last frame still to come.
+            await wait_until(lambda: proxy.recorder.settled
+                             and proxy.recorder.ops_written > 0, limit_s=10)
+            rows = await proxy.recorder.db.usage(key_id)
+            assert [(r.requests, r.total) for r in rows] == [(1, 5)]

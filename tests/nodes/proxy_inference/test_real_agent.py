@@ -97,7 +97,7 @@ async def test_a_transcription_goes_through_as_multipart_and_is_billed_in_audio(
                         model="speech", file=("tone.wav", audio, "audio/wav")))
                 assert isinstance(result.text, str)
                 assert service.requests == 1
-                await wait_until(lambda: not len(proxy.recorder.book), limit_s=10)
+                await wait_until(lambda: proxy.recorder.settled, limit_s=10)
                 rows = await proxy.recorder.db.usage(key_id)
                 assert [(r.model, r.requests, r.audio_ms) for r in rows] == [
                     ("speech", 1, 10_000)]
@@ -121,5 +121,5 @@ async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path)
                 await trio.to_thread.run_sync(lambda: client.completions.create(
                     model="chat", prompt=long, max_tokens=4))
             assert service.requests == 2
-            await wait_until(lambda: not len(proxy.recorder.book), limit_s=10)
+            await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             assert await proxy.recorder.db.usage(key_id) == []  # refusals are not billed

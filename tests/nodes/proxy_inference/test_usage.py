@@ -156,7 +156,7 @@ async def test_the_recorder_appends_batches_whose_rows_equal_the_sums(tmp_path, 
                                 Usage(prompt_tokens=i, completion_tokens=1, total_tokens=i + 1))
                 if i % 17 == 0:
                     await trio.lowlevel.checkpoint()
-            await wait_until(lambda: not len(recorder.book), limit_s=10)
+            await wait_until(lambda: recorder.settled, limit_s=10)
             nursery.cancel_scope.cancel()
     rows = [row for k in range(5) for row in await db.usage(f"k{k}")]
     assert sum(r.requests for r in rows) == 200
@@ -182,7 +182,7 @@ async def test_usage_is_held_until_admitted_then_flushed(tmp_path, ticking, capl
             assert len(recorder.book) == 2
             assert [r for r in caplog.records if "usage_held" in r.getMessage()]
             await admin_admits(admin, db)
-            await wait_until(lambda: not len(recorder.book), limit_s=10)
+            await wait_until(lambda: recorder.settled, limit_s=10)
             nursery.cancel_scope.cancel()
     assert [(r.prompt, r.requests) for r in await db.usage("k")] == [(2, 1)]
     await db.aclose()
@@ -207,7 +207,7 @@ async def test_usage_not_written_at_stop_is_saved_and_written_after_the_restart(
             recorder = make(db)
             await nursery.start(recorder.run)
             recorder.record("k", "chat", Usage(prompt_tokens=1, total_tokens=1))
-            await wait_until(lambda: not len(recorder.book), limit_s=10)
+            await wait_until(lambda: recorder.settled, limit_s=10)
             nursery.cancel_scope.cancel()
     assert [(r.prompt, r.requests) for r in await db.usage("k")] == [(6, 2)]
     assert not (storage / PENDING_FILE).exists()

@@ -34,6 +34,8 @@ class TinyAgent:
 
     name: str
     mode: str = "ok"
+    #: A stream's last frame (usage, done) comes this long after ``[DONE]``.
+    done_delay_s: float = 0.0
     requests: list[InferRequest] = field(default_factory=list)
     uploads: dict[str, bytearray] = field(default_factory=dict)
 
@@ -61,6 +63,7 @@ class TinyAgent:
                 await trio.lowlevel.checkpoint()
                 raise RpcError("UPSTREAM", "the model server closed mid-answer")
             yield InferFrame(data=b"data: [DONE]\n\n")
+            await trio.sleep(self.done_delay_s)
             yield InferFrame(usage=usage, done=True)
             return
         if self.mode == "break":
