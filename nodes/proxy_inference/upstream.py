@@ -45,7 +45,7 @@ from contracts.inference import (
 from p2p.connection import Connection
 from p2p.keys import format_key
 from p2p.rpc import ItemStream, RpcClient, RpcError
-from p2p.swarm import Swarm, UpkeepPolicy, stay_connected
+from p2p.swarm import Swarm, SwarmError, UpkeepPolicy, stay_connected
 
 from .replicas import Balancer
 from .router import Route, RoutingTable
@@ -195,10 +195,19 @@ class AgentPool:
             nursery.start_soon(self._keep, key, scope)
         topics = set(table.topics)
         for topic in topics - self._topics:
-            self.swarm.join(topic, server=False, client=True)
+            try:
+                self.swarm.join(topic, server=False, client=True)
+            except SwarmError as exc:  # the swarm is stopping: so are we
+                log.info("proxy.join_failed topic=%s reason=%s", format_key(topic)[:12], exc)
         for topic in self._topics - topics:
-            nursery.start_soon(self.swarm.leave, topic)
+            nursery.start_soon(self._leave, topic)
         self._topics = topics
+
+    async def _leave(self, topic: bytes) -> None:
+        try:
+            await self.swarm.leave(topic)
+        except Exception as exc:  # leaving is tidying up; it must not stop the pool
+            log.info("proxy.leave_failed topic=%s reason=%r", format_key(topic)[:12], exc)
 
     async def _keep(self, key: bytes, scope: trio.CancelScope) -> None:
         with scope:
