@@ -4,7 +4,8 @@
 (``make up`` runs them all on one). Its settings come from ``--config FILE``,
 else from the file ``apply-config`` installed, then from the environment
 (each daemon's prefix: ``K8S_COMMON_CONFIG__`` for the worker, as the seeds
-write it; ``COSMICAC_ORK__`` for wrk-ork).
+write it; ``COSMICAC_ORK__`` for wrk-ork; ``COSMICAC_PROXY__`` for
+proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``).
 
 ``apply-config`` is the seeds' ``task apply-wrk-server-k8s-nvidia-common-config``:
 it validates a file exactly as the daemon will read it (environment
@@ -37,12 +38,16 @@ CONFIG_DIR_HELP = "Folder of installed daemon configs (default: ~/.config/cosmic
 class ServiceName(enum.StrEnum):
     ORK = "wrk-ork"
     WORKER = "wrk-server-k8s-nvidia"
+    PROXY = "proxy-inference"
 
 
 def _settings_class(service: ServiceName) -> type[DaemonSettings]:
     if service is ServiceName.ORK:
         from nodes.ork.settings import OrkSettings
         return OrkSettings
+    if service is ServiceName.PROXY:
+        from nodes.proxy_inference.settings import ProxySettings
+        return ProxySettings
     from nodes.k8s_worker.settings import WorkerSettings
     return WorkerSettings
 
@@ -81,6 +86,10 @@ def run(
     if service is ServiceName.ORK:
         from nodes.ork.daemon import start_ork
         run_daemon(settings, start_ork, name="ork")
+    elif service is ServiceName.PROXY:
+        from crdt import CrdtError
+        from nodes.proxy_inference.daemon import start_proxy
+        run_daemon(settings, start_proxy, name="proxy", errors={CrdtError: str})
     else:
         from nodes.k8s_worker.backend import BackendError
         from nodes.k8s_worker.daemon import start_worker

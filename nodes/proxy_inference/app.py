@@ -1,0 +1,425 @@
+"""The OpenAI-compatible HTTP front: an ASGI app (Starlette) on hypercorn's trio worker.
+
+Endpoints (DESIGN.md §4, issue 12 item 3)::
+
+    GET  /v1/models                 the team's Active jobs' served names
+    GET  /v1/models/{model}         one of them
+    POST /v1/chat/completions       \\
+    POST /v1/completions             | forwarded to one of the job's agents
+    POST /v1/embeddings              | (``cosmicac-inference/1``), body as sent
+    POST /v1/audio/transcriptions   /  (multipart: raw body and content type)
+
+Every request carries ``Authorization: Bearer <secret>``; the key is looked
+up in memory (:class:`~.keys.KeyCache`), never in SQLite on the request path
+once seen. Errors are OpenAI's shape, ``{"error": {"message", "type",
+"param", "code"}}``:
+
+| status | code | when |
+| --- | --- | --- |
+| 401 | ``invalid_api_key`` | no bearer, an unknown secret, a revoked key |
+| 400 | ``invalid_request`` | a body that is not a JSON object (or a form) naming a ``model`` |
+| 404 | ``model_not_found`` | no job of the key's team that takes requests serves that name |
+| 413 | ``request_too_large`` | a body over ``MAX_BODY`` (32 MiB) |
+| 503 | ``model_unavailable`` | no replica connected, or both tries failed before answering |
+| 502 | ``upstream_error`` | the answer broke off (a stream gets an SSE error event) |
+
+The forwarded POSTs are plain ASGI (the hot path needs two headers and the
+body, no request object); ``/v1/models`` is a Starlette app behind them.
+Only ``model`` and ``stream`` are read from a JSON body (``json.loads``, no
+model of the whole OpenAI body); the agent passes the bytes on unchanged.
+The agent's status and content type become the response's; an SSE answer is
+passed through frame by frame as it arrives (the first byte leaves when the
+agent's first frame does), a non-streamed one is collected first so that a
+failure midway is a clean 502. The last frame's ``usage`` is counted
+(:class:`~.usage.UsageRecorder`) under the key, the served name and the UTC day.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from contracts.inference import FORWARDED_PATHS, MAX_BODY, Usage
+from crdt import ApiKey
+
+from .keys import KeyCache
+from .metrics import ProxyMetrics
+from .router import Route as JobRoute
+from .router import RoutingTable
+from .upstream import AgentPool, Answer, RequestRefused, UpstreamError, UpstreamFailed
+from .usage import UsageRecorder
+
+__all__ = ["Front", "create_app", "error_body"]
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+_NO_USAGE = Usage()
+SSE = "text/event-stream"
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class HttpError(Exception):
+    """An answer to give instead of forwarding."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str | None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(message, type_, code, param)
+        self.code = code or type_
+
+
+@dataclass
+class Front:
+    """What the app needs: keys, the routing table, the agents, the usage book."""
+
+    keys: KeyCache
+    table: Callable[[], RoutingTable]
+    pool: AgentPool
+    recorder: UsageRecorder
+    metrics: ProxyMetrics
+
+    async def authenticate(self, header: str) -> ApiKey:
+        """The key of an ``Authorization`` header's bearer secret.
+
+        Raises:
+            HttpError: 401, no bearer, an unknown secret or a revoked key.
+        """
+        scheme, _, secret = header.partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise HttpError(401, "You didn't provide an API key. Give it as "
+                                 "'Authorization: Bearer <key>'.",
+                            "invalid_request_error", "invalid_api_key")
+        try:
+            key = self.keys.lookup_nowait(secret)
+        except trio.WouldBlock:
+            key = await self.keys.lookup(secret)
+        if key is None:
+            raise HttpError(401, "Incorrect API key provided.", "invalid_request_error",
+                            "invalid_api_key")
+        if key.revoked:
+            raise HttpError(401, "This API key has been revoked.", "authentication_error",
+                            "invalid_api_key")
+        return key
+
+
+async def _send_json(send: Any, status: int, document: Any) -> None:
+    body = json.dumps(document).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _fail(front: Front, send: Any, error: HttpError, model: str = "-") -> None:
+    """Answer ``error``; ``model`` is a served name, or ``-`` (never a client's free text,
+    which would make the metrics' labels unbounded)."""
+    front.metrics.of(model).count(error.status, None)
+    front.metrics.errors.labels(error.code).inc()
+    await _send_json(send, error.status, error.body)
+
+
+def _failed(front: Front, error: HttpError) -> JSONResponse:
+    """:func:`_fail` for the Starlette endpoints."""
+    front.metrics.of("-").count(error.status, None)
+    front.metrics.errors.labels(error.code).inc()
+    return JSONResponse(error.body, status_code=error.status)
+
+
+def _model_of_json(body: bytes) -> tuple[str, bool]:
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise HttpError(400, "The body is not valid JSON.", "invalid_request_error",
+                        "invalid_request") from None
+    if not isinstance(document, dict):
+        raise HttpError(400, "The body must be a JSON object.", "invalid_request_error",
+                        "invalid_request")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise HttpError(400, "You must provide a model parameter.", "invalid_request_error",
+                        "invalid_request", "model")
+    return model, document.get("stream") is True
+
+
+def _form_field(body: bytes, content_type: str, name: str) -> str | None:
+    """One text field of a ``multipart/form-data`` body (the rest is the agent's business)."""
+    boundary = None
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "boundary":
+            boundary = value.strip().strip('"')
+    if not boundary:
+        return None
+    wanted = f'name="{name}"'.encode()
+    for piece in body.split(b"--" + boundary.encode("latin-1")):
+        head, sep, value = piece.partition(b"\r\n\r\n")
+        if not sep:
+            continue
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-disposition:") and wanted in line:
+                if b"filename=" in line:
+                    return None
+                return value.removesuffix(b"\r\n").decode("utf-8", "replace")
+    return None
+
+
+def _model_of_form(body: bytes, content_type: str) -> str:
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise HttpError(400, "A transcription is a multipart/form-data request.",
+                        "invalid_request_error", "invalid_request")
+    model = _form_field(body, content_type, "model")
+    if not model:
+        raise HttpError(400, "You must provide a model parameter.", "invalid_request_error",
+                        "invalid_request", "model")
+    return model
+
+
+class _Forwarded:
+    """The agent's answer as an ASGI response: started once the first frame is in."""
+
+    def __init__(self, front: Front, key: ApiKey, route: JobRoute, path: str,
+                 content_type: str, body: bytes, started: float) -> None:
+        self.front = front
+        self.key = key
+        self.route = route
+        self.path = path
+        self.request_content_type = content_type
+        self.request_body = body
+        self.started = started
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        front, route = self.front, self.route
+        model = route.served_name
+        request_id = "req-" + secrets.token_hex(8)
+        try:
+            async with front.pool.infer(route, path=self.path,
+                                        content_type=self.request_content_type,
+                                        body=self.request_body,
+                                        request_id=request_id) as answer:
+                front.metrics.of(model).first_byte.observe(time.perf_counter() - self.started)
+                first = answer.first
+                status = first.status or 200
+                content_type = first.content_type or "application/json"
+                if content_type.startswith(SSE):
+                    await self._stream(answer, status, content_type, request_id, receive, send)
+                else:
+                    await self._whole(answer, status, content_type, request_id, send)
+        except RequestRefused as exc:
+            await _fail(front, send, HttpError(400, str(exc), "invalid_request_error",
+                                               "invalid_request"), model)
+        except UpstreamFailed as exc:  # non-streamed: nothing was sent yet
+            await _fail(front, send, HttpError(502, f"The model server failed: {exc}",
+                                               "server_error", "upstream_error"), model)
+        except UpstreamError as exc:
+            await _fail(front, send, HttpError(
+                503, f"The model {model!r} has no replica that can answer now ({exc}).",
+                "server_error", "model_unavailable"), model)
+
+    def _headers(self, content_type: str, request_id: str,
+                 length: int | None = None) -> list[tuple[bytes, bytes]]:
+        headers = [(b"content-type", content_type.encode("latin-1")),
+                   (b"x-request-id", request_id.encode())]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        else:
+            headers.append((b"cache-control", b"no-cache"))
+        return headers
+
+    def _done(self, answer: Answer, status: int, usage: Usage | None) -> None:
+        front, model = self.front, self.route.served_name
+        # The model server's refusals (4xx, 5xx) are not billed as requests unless
+        # they report usage (a server that spent tokens before failing says so).
+        if status < 400 or (usage is not None and usage != _NO_USAGE):
+            front.recorder.record(self.key.id, model, usage)
+        metrics = front.metrics.of(model)
+        metrics.count(status, usage)
+        metrics.latency.observe(time.perf_counter() - self.started)
+
+    async def _whole(self, answer: Answer, status: int, content_type: str, request_id: str,
+                     send: Any) -> None:
+        first = answer.first
+        parts = [first.data]
+        last = first
+        async for frame in answer.frames():
+            parts.append(frame.data)
+            last = frame
+        body = b"".join(parts)
+        self._done(answer, status, last.usage)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": self._headers(content_type, request_id, len(body))})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(self, answer: Answer, status: int, content_type: str, request_id: str,
+                      receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": self._headers(content_type, request_id)})
+        first = answer.first
+        client = _Client()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.watch, receive, nursery.cancel_scope)
+            if first.data:
+                await client.send(send, first.data)
+            last = first
+            try:
+                async for frame in answer.frames():
+                    last = frame
+                    if frame.data:
+                        await client.send(send, frame.data)
+            except UpstreamFailed as exc:
+                self.front.metrics.errors.labels("upstream_error").inc()
+                log.warning("proxy.stream_broken job=%s request=%s code=%s reason=%s",
+                            self.route.job_id, request_id, exc.code, exc)
+                event = error_body(f"The model server failed midway: {exc}", "server_error",
+                                   "upstream_error")
+                await client.send(send, b"data: " + json.dumps(event).encode() + b"\n\n")
+            else:
+                self._done(answer, status, last.usage)
+            if not client.gone:
+                await send({"type": "http.response.body", "body": b""})
+            nursery.cancel_scope.cancel()
+
+
+#: After the client left a stream, its answer is still read this long for the
+#: last frame and its usage (a client that stops at ``data: [DONE]`` leaves just
+#: before it); then the agent is told to stop (the stream's CANCEL).
+GONE_GRACE_S = 2.0
+
+
+class _Client:
+    """A streaming client: whether it left, and what to do then."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    async def send(self, send: Any, data: bytes) -> None:
+        if not self.gone:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def watch(self, receive: Any, scope: trio.CancelScope) -> None:
+        """On ``http.disconnect`` stop sending; give the answer ``GONE_GRACE_S`` to end."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        await trio.sleep(GONE_GRACE_S)
+        scope.cancel()
+
+
+async def _read_body(receive: Any) -> bytes:
+    """The request's body (at most ``MAX_BODY`` bytes).
+
+    Raises:
+        HttpError: 413 beyond ``MAX_BODY``, before reading the rest.
+    """
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body"):
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HttpError(413, f"The body is larger than {MAX_BODY} bytes.",
+                            "invalid_request_error", "request_too_large")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _forward(front: Front, scope: Any, receive: Any, send: Any) -> None:
+    """A POST to a forwarded path: checked here, then answered by an agent.
+
+    Plain ASGI, not a Starlette endpoint: this is the hot path, and it needs
+    two headers and the body, nothing of a request object.
+    """
+    started = time.perf_counter()
+    path = scope["path"]
+    authorization = ""
+    content_type = "application/json"
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"content-type":
+            content_type = value.decode("latin-1")
+    try:
+        if scope["method"] != "POST":
+            raise HttpError(405, f"Use POST for {path}.", "invalid_request_error",
+                            "method_not_allowed")
+        key = await front.authenticate(authorization)
+        body = await _read_body(receive)
+        if path == TRANSCRIPTIONS:
+            model = _model_of_form(body, content_type)
+        else:
+            model, _stream = _model_of_json(body)
+        route = front.table().lookup(key.team, model)
+        if route is None:
+            raise HttpError(404, f"The model {model!r} does not exist or you do not "
+                                 "have access to it.", "invalid_request_error",
+                            "model_not_found", "model")
+    except HttpError as exc:
+        await _fail(front, send, exc)
+        return
+    await _Forwarded(front, key, route, path, content_type, body, started)(scope, receive, send)
+
+
+def create_app(front: Front) -> Any:
+    """The ASGI app over ``front`` (serve it with ``p2p.http.serve_asgi``)."""
+
+    async def list_models(request: Request) -> Response:
+        try:
+            key = await front.authenticate(request.headers.get("authorization", ""))
+        except HttpError as exc:
+            return _failed(front, exc)
+        data = [_model_entry(route) for route in front.table().models(key.team)]
+        front.metrics.of("-").count(200, None)
+        return JSONResponse({"object": "list", "data": data})
+
+    async def get_model(request: Request) -> Response:
+        try:
+            key = await front.authenticate(request.headers.get("authorization", ""))
+        except HttpError as exc:
+            return _failed(front, exc)
+        name = request.path_params["model"]
+        for route in front.table().models(key.team):
+            if route.served_name == name:
+                front.metrics.of(name).count(200, None)
+                return JSONResponse(_model_entry(route))
+        return _failed(front, HttpError(404, f"The model {name!r} does not exist or you do "
+                                             "not have access to it.", "invalid_request_error",
+                                        "model_not_found", "model"))
+
+    rest = Starlette(routes=[Route("/v1/models", list_models, methods=["GET"]),
+                             Route("/v1/models/{model:path}", get_model, methods=["GET"])])
+    forwarded = frozenset(FORWARDED_PATHS)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in forwarded:
+            await _forward(front, scope, receive, send)
+        else:
+            await rest(scope, receive, send)
+
+    return app
+
+
+def _model_entry(route: JobRoute) -> dict:
+    return {"id": route.served_name, "object": "model", "created": int(route.created_at),
+            "owned_by": route.team}

@@ -1,0 +1,238 @@
+"""proxy-inference as a daemon: one peer hosting the shared database, an HTTP front beside it.
+
+One swarm, one identity (``<storage>/identity``):
+
+- the shared database's replica (``cosmicac-db/1``, opened with
+  ``PROXY_AUTOBASE_KEY``): API keys read, usage and last-used times written
+  once an admin admitted the proxy (``task autobase-connect``);
+- a connection to wrk-ork (``cosmicac-ork/1``: ``jobs.list``, ``jobs.watch``)
+  for the routing table;
+- connections to the routed jobs' agents (``cosmicac-inference/1``), found on
+  the jobs' DHT topics and by key;
+- the OpenAI-compatible HTTP front (:mod:`.app`) on ``http.host:http.port``.
+
+:func:`serve_proxy` starts all of it in-process (tests, benchmarks);
+:func:`start_proxy` is the ``cosmicac run proxy-inference`` entry on the
+daemon kit. Stopping (cancellation, SIGTERM) flushes the usage book last.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from crdt import Database, FsyncPolicy, run_database_service
+from nodes.metrics import Snapshot
+from p2p.daemon import Daemon, DaemonError, ProcessMetrics
+from p2p.http import serve_asgi
+from p2p.keys import format_key, load_or_create_keypair
+from p2p.net import Network
+from p2p.swarm import Swarm, SwarmConfig
+
+from .app import Front, create_app
+from .jobs import JobSource, OrkJobSource
+from .keys import KeyCache
+from .metrics import ProxyMetrics, state_snapshot
+from .replicas import Balancer
+from .router import RoutingTable
+from .settings import ProxySettings
+from .upstream import AgentPool
+from .usage import UsageRecorder
+
+__all__ = ["HttpBindError", "RunningProxy", "serve_proxy", "start_proxy"]
+
+log = logging.getLogger(__name__)
+
+
+class HttpBindError(OSError):
+    """The HTTP front cannot listen on its address."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return f"cannot serve HTTP on {self.host}:{self.port}: {self.strerror}"
+
+
+@dataclass
+class RunningProxy:
+    """A proxy serving in-process: where, and its parts (for tests and benchmarks)."""
+
+    #: The HTTP front's bound (host, port).
+    http_address: tuple[str, int]
+    #: The swarm's bound (host, port).
+    swarm_address: tuple[str, int]
+    swarm: Swarm
+    front: Front
+    pool: AgentPool
+    recorder: UsageRecorder
+    metrics: ProxyMetrics
+    job_source: JobSource
+
+    @property
+    def url(self) -> str:
+        host, port = self.http_address
+        return f"http://{host}:{port}/v1"
+
+    @property
+    def table(self) -> RoutingTable:
+        return self.pool.table
+
+
+async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None = None,
+                      metrics: ProcessMetrics | None = None, network: Network | None = None,
+                      task_status: trio.TaskStatus[RunningProxy] = trio.TASK_STATUS_IGNORED
+                      ) -> None:
+    """Run the whole proxy until cancelled; report a :class:`RunningProxy` once serving.
+
+    Args:
+        settings: the daemon's settings (``storage`` must exist and be this
+            proxy's alone; the daemon kit locks it, an in-process caller must
+            not share it).
+        job_source: where jobs come from; None: wrk-ork (``settings.ork``).
+        metrics: the process's endpoint, to which the proxy adds its registries.
+        network: sockets (real by default).
+
+    Raises:
+        DaemonError: no wrk-ork and no job source; no database key.
+        HttpBindError, OSError: a port cannot be bound.
+    """
+    storage = settings.storage
+    if job_source is None and settings.ork is None:
+        raise DaemonError("set ork (COSMICAC_PROXY__ORK): wrk-ork's public key, whose jobs "
+                          "the proxy routes to", exit_code=2)
+    if settings.database is None and not (storage / "db" / "database.json").exists():
+        raise DaemonError("set PROXY_AUTOBASE_KEY (or COSMICAC_PROXY__DATABASE): the shared "
+                          "database's bootstrap key", exit_code=2)
+    keypair = await trio.to_thread.run_sync(load_or_create_keypair, storage)
+    if settings.ork is not None and settings.ork == keypair.public_key:
+        raise DaemonError("ork is this proxy's own key: give wrk-ork's public key")
+    balancer = Balancer(backoff_s=settings.replica_backoff_s,
+                        backoff_max_s=max(settings.replica_backoff_s,
+                                          settings.replica_backoff_max_s))
+    proxy_metrics = ProxyMetrics()
+    swarm = Swarm(keypair, config=SwarmConfig(
+        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
+        relays=settings.relays, announce_addresses=settings.announce_addresses),
+        network=network)
+    pool = AgentPool(swarm, balancer,
+                     on_retry=lambda route: proxy_metrics.retries.labels(route.served_name).inc())
+    swarm.add_firewall(pool.allows)
+
+    # The database closes last: on a stop the usage recorder's final flush
+    # must still find it open (its scope is shielded and cancelled only once
+    # everything else has ended, below).
+    db_scope = trio.CancelScope(shield=True)
+
+    async def run_database(task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        with db_scope:
+            await run_database_service(
+                storage, swarm=swarm, bootstrap=settings.database,
+                fsync=FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER,
+                task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        swarm_address = await nursery.start(swarm.run)
+        service = await nursery.start(run_database)
+        try:
+            await _serve(settings, swarm, swarm_address, service.db, pool, balancer,
+                         proxy_metrics, job_source, metrics, task_status)
+        finally:
+            db_scope.cancel()
+
+
+async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str, int],
+                 db: Database, pool: AgentPool, balancer: Balancer,
+                 proxy_metrics: ProxyMetrics, job_source: JobSource | None,
+                 metrics: ProcessMetrics | None,
+                 task_status: trio.TaskStatus[RunningProxy]) -> None:
+    """Everything that needs the database, until cancelled; the recorder stops last."""
+    storage = settings.storage
+    keypair = swarm.keypair
+    if db.bootstrap == db.key:
+        log.warning("proxy.own_database db=%s reason=the proxy created the database it "
+                    "opened; app-node's keys are not in it", format_key(db.bootstrap)[:16])
+    keys = KeyCache(db)
+    usage = settings.usage
+    recorder = UsageRecorder(db, storage=storage, flush_interval_s=usage.flush_interval_s,
+                             flush_ops=usage.flush_ops, ops_per_entry=usage.ops_per_entry,
+                             max_buckets=usage.max_buckets)
+    # The recorder stops last (its nursery is the outermost): requests
+    # still finishing may count usage until the very end.
+    async with trio.open_nursery() as serving:
+        await serving.start(recorder.run)
+        async with trio.open_nursery() as inner:
+            await inner.start(keys.run)
+            await inner.start(pool.run)
+            front = Front(keys=keys, table=lambda: pool.table, pool=pool,
+                          recorder=recorder, metrics=proxy_metrics)
+
+            def publish(jobs) -> None:
+                pool.apply(RoutingTable.from_jobs(jobs))
+
+            source = job_source or OrkJobSource(swarm, settings.ork,  # type: ignore[arg-type]
+                                                addresses=settings.ork_addresses,
+                                                refresh_s=settings.jobs_refresh_s)
+            await inner.start(source.run, publish)
+
+            def snapshot() -> Snapshot:
+                now = trio.current_time()
+                replicas: dict[str, float] = {}
+                for job_id, route in pool.table.jobs.items():  # a name may serve many teams
+                    replicas[route.served_name] = (replicas.get(route.served_name, 0.0)
+                                                   + balancer.healthy(job_id, now))
+                return state_snapshot(
+                    replicas=replicas,
+                    pending_ops=len(recorder.book), written_ops=recorder.ops_written,
+                    dropped=recorder.book.dropped, keys_cached=len(keys))
+
+            proxy_metrics.set_snapshot(snapshot)
+            if metrics is not None:
+                metrics.add(proxy_metrics.registry, proxy_metrics.state_registry,
+                            swarm.metrics.registry, db.metrics.registry)
+            http_address = await inner.start(functools.partial(
+                serve_asgi, create_app(front), host=settings.http.host,
+                port=settings.http.port, bind_error=HttpBindError))
+            log.info("proxy.serving http=%s:%d swarm=%s:%d key=%s db=%s writer=%s",
+                     *http_address, *swarm_address, format_key(keypair.public_key)[:12],
+                     format_key(db.bootstrap)[:12], db.is_writer)
+            task_status.started(RunningProxy(
+                http_address=http_address, swarm_address=swarm_address, swarm=swarm,
+                front=front, pool=pool, recorder=recorder, metrics=proxy_metrics,
+                job_source=source))
+            await trio.sleep_forever()
+
+
+async def start_proxy(daemon: Daemon[ProxySettings]) -> None:
+    """``cosmicac run proxy-inference``: start in ``daemon.nursery``; return once serving."""
+    settings = daemon.settings
+    if daemon.storage is not None:
+        settings = settings.model_copy(update={"storage": daemon.storage})
+    try:
+        running: RunningProxy = await daemon.nursery.start(functools.partial(
+            serve_proxy, settings, metrics=daemon.metrics))
+    except (OSError, BaseExceptionGroup) as exc:
+        # serve_proxy starts inside nurseries: a failed bind comes wrapped in groups.
+        cause = _os_error(exc)
+        if cause is None:
+            raise
+        if isinstance(cause, HttpBindError):
+            raise DaemonError(str(cause)) from None
+        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{cause.strerror or cause}") from None
+    host, port = running.http_address
+    print(f"proxy-inference {running.swarm.keypair.hex} serving http://{host}:{port}/v1 "
+          f"(swarm {running.swarm_address[0]}:{running.swarm_address[1]})", flush=True)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed start, if that is all ``exc`` holds."""
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None

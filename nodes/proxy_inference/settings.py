@@ -1,0 +1,89 @@
+"""proxy-inference's settings: ``COSMICAC_PROXY__<KEY>`` in the environment, or a config file.
+
+The shared database's bootstrap key also comes as ``PROXY_AUTOBASE_KEY``, the
+name the platform gives it (seeds/architecture.txt, "task wire"), through the
+daemon kit's ``legacy_env`` as ``cosmicac db serve`` reads it; the prefixed
+``COSMICAC_PROXY__DATABASE`` wins over it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import SettingsConfigDict
+
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+
+__all__ = ["HTTP_PORT", "PROXY_PORT", "HttpSettings", "ProxySettings", "UsageSettings"]
+
+#: Default port of the proxy's swarm (TCP and UDP); 49737 relay, 49739
+#: worker, 49740 wrk-ork.
+PROXY_PORT = 49741
+#: Default port of the OpenAI-compatible HTTP front.
+HTTP_PORT = 49750
+
+
+class HttpSettings(BaseModel):
+    """Where the OpenAI-compatible API listens."""
+
+    model_config = {"extra": "forbid"}
+
+    host: str = "127.0.0.1"
+    #: 0: any free port (tests, benchmarks).
+    port: Port = HTTP_PORT
+
+
+class UsageSettings(BaseModel):
+    """How usage is batched into the shared database."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Usage counted in memory is appended at least this often.
+    flush_interval_s: float = Field(default=0.2, gt=0, le=3600)
+    #: ... or as soon as this many operations are waiting (one entry each
+    #: ``ops_per_entry``; all of one flush in one durable write).
+    flush_ops: int = Field(default=256, ge=1, le=100_000)
+    ops_per_entry: int = Field(default=256, ge=1, le=1024)
+    #: (key, model, day) buckets kept while not admitted as a writer; usage
+    #: of a new bucket beyond it is dropped, counted and logged.
+    max_buckets: int = Field(default=100_000, ge=1, le=10_000_000)
+
+
+class ProxySettings(DaemonSettings):
+    """Everything proxy-inference reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_PROXY__")
+
+    legacy_env = {**DaemonSettings.legacy_env, "PROXY_AUTOBASE_KEY": "database"}
+
+    #: The proxy's folder: identity, its replica of the shared database,
+    #: usage not yet written (``usage-pending.json``).
+    storage: Path
+    #: The shared database's bootstrap key (``PROXY_AUTOBASE_KEY``); None:
+    #: the one already in ``storage``.
+    database: PublicKey | None = None
+    #: Address and port of the proxy's swarm (TCP and UDP).
+    host: str = "0.0.0.0"
+    port: Port = PROXY_PORT
+    #: Addresses to announce instead of the listener's.
+    announce_addresses: AddressList | None = None
+    #: DHT bootstrap nodes (``host:port``).
+    bootstrap: AddressList = ()
+    #: Blind relays to stay reachable through.
+    relays: PublicKeyList = ()
+    #: The wrk-ork whose inference jobs are routed (its public key).
+    ork: PublicKey | None = None
+    #: Where wrk-ork listens (``host:port``), tried before the DHT.
+    ork_addresses: AddressList = ()
+    http: HttpSettings = HttpSettings()
+    usage: UsageSettings = UsageSettings()
+    #: A replica that failed before answering is skipped for this long
+    #: (doubling on repeated failures, up to ``replica_backoff_max_s``).
+    replica_backoff_s: float = Field(default=1.0, gt=0, le=600)
+    replica_backoff_max_s: float = Field(default=30.0, gt=0, le=3600)
+    #: How often the job table is read again even without a change (wrk-ork's
+    #: watch reports status changes; agent keys may change without one).
+    jobs_refresh_s: float = Field(default=10.0, gt=0, le=3600)
+    #: fsync the database's log on every append (False: tests and benchmarks only).
+    fsync: bool = True

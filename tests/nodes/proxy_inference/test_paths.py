@@ -1,0 +1,228 @@
+"""proxy-inference over real sockets, with tiny scripted agents for the paths a real model
+server cannot be made to take on demand: refusals, retries, answers broken midway, no
+replica, strangers on a job's topic, large bodies. Real HTTP, a real shared database."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+import trio
+
+from contracts.inference import MAX_INLINE_BODY, job_topic
+from contracts.model import JobStatus
+from p2p.keys import KeyPair
+from tests.p2p.helpers import wait_until
+
+from .harness import inference_spec, job_view, proxy_world
+from .tiny_agent import TinyAgent
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def client(world, secret: str | None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return httpx.AsyncClient(base_url=world.proxy.url, headers=headers, timeout=20)
+
+
+async def two_agents(world, *, modes=("ok", "ok"), job_id="j-chat", name="chat"):
+    keys = [KeyPair.generate() for _ in modes]
+    agents = [TinyAgent(f"agent{i}", mode) for i, mode in enumerate(modes)]
+    for key, agent in zip(keys, agents, strict=True):
+        await world.start_agent(key, [agent.service()], job_id)
+    world.jobs.set([job_view(job_id, inference_spec(name), [k.public_key for k in keys])])
+    pool = world.proxy.pool
+    await wait_until(lambda: all(k.public_key in pool.clients for k in keys), limit_s=20)
+    return keys, agents
+
+
+async def test_keys_models_and_bodies_are_checked_before_anything_is_forwarded(tmp_path):
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key("team-a")
+            _, other_secret = await world.add_key("team-b")
+            await world.start_proxy()
+            await world.wait_replicated()
+            _, agents = await two_agents(world)
+            spec_b = inference_spec("chat", team="team-b")
+            world.jobs.set([*world.jobs.jobs,
+                            job_view("j-starting", inference_spec("later"), [],
+                                     status=JobStatus.STARTING),
+                            job_view("j-degraded", inference_spec("half"), [],
+                                     status=JobStatus.DEGRADED),
+                            job_view("j-b", spec_b, [], status=JobStatus.ACTIVE)])
+            async with client(world, secret) as http:
+                response = await http.get("/models")
+                assert response.status_code == 200
+                assert [m["id"] for m in response.json()["data"]] == ["chat"]
+                assert (await http.get("/models/chat")).json()["owned_by"] == "team-a"
+                for body, status, code in [
+                    (b"{nope", 400, "invalid_request"),
+                    (b"[1, 2]", 400, "invalid_request"),
+                    (json.dumps({"messages": []}).encode(), 400, "invalid_request"),
+                    (json.dumps({**CHAT, "model": "later"}).encode(), 404, "model_not_found"),
+                    (json.dumps({**CHAT, "model": "gpt-9"}).encode(), 404, "model_not_found"),
+                ]:
+                    response = await http.post("/chat/completions", content=body)
+                    assert response.status_code == status, body
+                    error = response.json()["error"]
+                    assert error["code"] == code and set(error) == {"message", "type", "param",
+                                                                    "code"}
+                # Degraded jobs take requests but are not listed; this one has no replica.
+                response = await http.post("/chat/completions", json={**CHAT, "model": "half"})
+                assert response.status_code == 503
+                assert response.json()["error"]["code"] == "model_unavailable"
+            async with client(world, "sk-nobody") as http:
+                response = await http.post("/chat/completions", json=CHAT)
+                assert response.status_code == 401
+                assert response.json()["error"]["code"] == "invalid_api_key"
+                assert (await http.get("/models")).status_code == 401
+            async with client(world, None) as http:
+                assert (await http.post("/chat/completions", json=CHAT)).status_code == 401
+            async with client(world, other_secret) as http:  # team-b's job has no replica
+                assert (await http.get("/models")).json()["data"][0]["id"] == "chat"
+                response = await http.post("/chat/completions", json=CHAT)
+                assert response.status_code == 503
+            assert sum(len(a.requests) for a in agents) == 0
+
+
+async def test_requests_alternate_and_a_refusing_replica_is_retried_elsewhere(tmp_path):
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            key_id, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            _, agents = await two_agents(world)
+            async with client(world, secret) as http:
+                answered = [(await http.post("/chat/completions", json=CHAT)).json()["agent"]
+                            for _ in range(6)]
+                assert answered in (["agent0", "agent1"] * 3, ["agent1", "agent0"] * 3)
+                agents[0].mode = "unavailable"
+                for _ in range(6):
+                    response = await http.post("/chat/completions", json=CHAT)
+                    assert response.status_code == 200
+                    assert response.json()["agent"] == "agent1"
+                # agent0 was asked once, then left alone during its back-off.
+                assert len(agents[0].requests) == 4
+                retries = proxy.metrics.retries.labels("chat")._value.get()
+                assert retries == 1
+                agents[1].mode = "unavailable"
+                response = await http.post("/chat/completions", json=CHAT)
+                assert response.status_code == 503
+            await wait_until(lambda: proxy.recorder.settled, limit_s=10)
+            rows = await proxy.recorder.db.usage(key_id)
+            # Every answered request counted once: 6 + 6, 3 + 2 tokens each.
+            assert [(r.model, r.requests, r.prompt, r.completion, r.total) for r in rows] == [
+                ("chat", 12, 36, 24, 60)]
+            assert await proxy.recorder.db.last_used(key_id) is not None
+
+
+async def test_a_stream_broken_midway_ends_with_an_error_event(tmp_path):
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key()
+            await world.start_proxy()
+            await world.wait_replicated()
+            await two_agents(world, modes=("break",))
+            async with client(world, secret) as http:
+                async with http.stream("POST", "/chat/completions",
+                                       json={**CHAT, "stream": True}) as response:
+                    assert response.status_code == 200
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                events = [line for line in body.split(b"\n\n") if line]
+                assert events[0] == b'data: {"agent": "agent0"}'
+                assert json.loads(events[-1].removeprefix(b"data: "))["error"]["code"] == \
+                    "upstream_error"
+                response = await http.post("/chat/completions", json=CHAT)
+                assert response.status_code == 502
+                assert response.json()["error"]["code"] == "upstream_error"
+
+
+async def test_a_large_body_is_uploaded_in_chunks_before_the_request(tmp_path):
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key()
+            await world.start_proxy()
+            await world.wait_replicated()
+            _, agents = await two_agents(world, modes=("ok",))
+            big = {**CHAT, "messages": [{"role": "user", "content": "x" * (MAX_INLINE_BODY * 2)}]}
+            body = json.dumps(big).encode()
+            async with client(world, secret) as http:
+                response = await http.post("/chat/completions", content=body)
+            assert response.status_code == 200 and response.json()["size"] == len(body)
+            (request,) = agents[0].requests
+            assert request.body == b"" and request.upload_id
+
+
+async def test_an_announcer_the_job_does_not_list_is_refused_before_dialling(tmp_path, caplog):
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            keys, _ = await two_agents(world, modes=("ok",))
+            caplog.set_level(logging.INFO, "nodes.proxy_inference.upstream")
+            stranger_key = KeyPair.generate()
+            stranger = TinyAgent("stranger")
+            stranger_swarm = await world.start_agent(stranger_key, [stranger.service()], "j-chat")
+            await stranger_swarm.flush()  # announced on the job's topic
+            await proxy.swarm.flush()  # a lookup of the job's topic has run and dialled
+            assert stranger_key.public_key not in proxy.swarm.connections
+            refused = [r.getMessage() for r in caplog.records if "agent_refused" in r.getMessage()]
+            assert refused and stranger_key.hex[:12] in refused[0]
+            pool = proxy.pool
+            topic = job_topic("j-chat").hex()
+            assert not pool.allows(stranger_key.public_key, f"topic:{topic}")
+            assert pool.allows(keys[0].public_key, f"topic:{topic}")
+            async with client(world, secret) as http:
+                for _ in range(4):
+                    assert (await http.post("/chat/completions", json=CHAT)).status_code == 200
+            assert stranger.requests == []
+
+
+async def test_a_revoked_key_is_refused_within_a_second_of_replicating(tmp_path):
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            key_id, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            await two_agents(world, modes=("ok",))
+            async with client(world, secret) as http:
+                assert (await http.post("/chat/completions", json=CHAT)).status_code == 200
+                assert (await http.get("/models")).status_code == 200  # cached now
+                await world.revoke(key_id)
+                await world.wait_replicated()
+                replicated_at = trio.current_time()
+                while (await http.get("/models")).status_code != 401:
+                    assert trio.current_time() - replicated_at < 1.0
+                    await trio.sleep(0.01)
+                response = await http.post("/chat/completions", json=CHAT)
+                assert response.status_code == 401
+                assert response.json()["error"]["type"] == "authentication_error"
+            assert proxy.front.keys.refreshes >= 1
+
+
+async def test_a_client_that_leaves_at_done_is_still_billed(tmp_path):
+    """openai's client stops reading at ``data: [DONE]``; the usage frame comes after."""
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            key_id, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            _, agents = await two_agents(world, modes=("ok",))
+            agents[0].done_delay_s = 0.3
+            async with client(world, secret) as http, http.stream(
+                    "POST", "/chat/completions", json={**CHAT, "stream": True}) as response:
+                async for line in response.aiter_lines():
+                    if line == "data: [DONE]":
+                        break
+            # The connection is closed with the answer's last frame still to come.
+            await wait_until(lambda: proxy.recorder.settled
+                             and proxy.recorder.ops_written > 0, limit_s=10)
+            rows = await proxy.recorder.db.usage(key_id)
+            assert [(r.requests, r.total) for r in rows] == [(1, 5)]
