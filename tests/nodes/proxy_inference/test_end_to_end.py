@@ -17,6 +17,7 @@ import trio
 
 from contracts.model import JobSpec
 from crdt import FsyncPolicy, PutApiKey, run_database_service
+from nodes.ork.service import WATCH_JOBS, WatchJobs
 from nodes.proxy_inference import ProxySettings, serve_proxy
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
@@ -164,14 +165,27 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
                 totals.add((await run(chat)).usage)
             assert [proxy.pool.answered[k] - before.get(k, 0) for k in agents] == [3, 3]
 
-            # One replica's model server is killed: requests keep succeeding on the other.
+            # One replica's model server is killed: requests keep succeeding on the
+            # other, and the replica's failure reaches wrk-ork (the agent tells the
+            # worker it is not ready: the job leaves Active until it is back).
             folders = path.vmi_folders()
             assert len(folders) == 2
             victims = model_servers(path.agent_pid(folders[0]))
             assert len(victims) == 1
+            statuses: list[str] = []
+
+            async def watch(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                assert path.client is not None
+                async with path.client.stream(WATCH_JOBS, WatchJobs(job_id=job.id)) as events:
+                    task_status.started()
+                    async for event in events:
+                        statuses.append(event.status.value)
+
+            await nursery.start(watch)
             os.kill(victims[0], signal.SIGKILL)
             for _ in range(10):
                 totals.add((await run(chat)).usage)
+            await wait_until(lambda: statuses[-2:] == ["starting", "active"], limit_s=60)
 
             # Usage rows equal what the responses reported, replicated to app-node.
             def usage_matches() -> bool:
