@@ -1,0 +1,102 @@
+"""The supervisor behind ``cosmicac up`` with plain ``sh`` children: start order
+and readiness, restarts with backoff, and a stop that leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import trio
+
+from cli._supervisor import ServiceSpec, ServiceState, StartFailed, Supervisor
+
+from ..p2p.helpers import wait_until
+
+
+def sh(name: str, script: str, *, ready: str | None = None,
+       depends_on: tuple[str, ...] = ()) -> ServiceSpec:
+    return ServiceSpec(name=name, argv=("sh", "-c", script),
+                       ready=re.compile(ready) if ready else None, depends_on=depends_on)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose (its parent has not reaped it yet).
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_services_start_in_dependency_order_and_report_their_ready_line(tmp_path):
+    marks = tmp_path / "order"
+    supervisor = Supervisor([
+        sh("b", f"echo b >> {marks}; echo 'b listening on 127.0.0.1:2'; exec sleep 60",
+           ready=r"listening on ([\d.]+):(\d+)", depends_on=("a",)),
+        sh("a", f"sleep 0.2; echo a >> {marks}; echo 'a listening on 127.0.0.1:1'; "
+                "exec sleep 60", ready=r"listening on ([\d.]+):(\d+)"),
+    ], log_dir=tmp_path / "logs", start_timeout_s=20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        assert marks.read_text().split() == ["a", "b"]
+        assert supervisor.ready_match("a")[2] == "1"
+        rows = supervisor.rows()
+        assert [(r["service"], r["state"]) for r in rows] == [("a", "running"),
+                                                              ("b", "running")]
+        assert "a listening" in (tmp_path / "logs" / "a.log").read_text()
+        nursery.cancel_scope.cancel()
+    assert all(not alive(r["pid"]) for r in rows)
+
+
+async def test_a_crashing_service_is_restarted_with_backoff(tmp_path):
+    supervisor = Supervisor([sh("flaky", "echo up; echo 'disk full' >&2; exit 3")],
+                            log_dir=tmp_path, backoff_min_s=0.05, backoff_max_s=0.2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await wait_until(lambda: supervisor.rows()[0]["restarts"] >= 3, limit_s=20)
+        row = supervisor.rows()[0]
+        assert row["state"] in ("restarting", "running")
+        assert "exited with status 3" in supervisor.services["flaky"].last_line \
+            or row["state"] == "running"
+        nursery.cancel_scope.cancel()
+    assert "disk full" in (tmp_path / "flaky.log").read_text()
+
+
+async def test_stop_kills_what_ignores_sigterm_and_its_children(tmp_path):
+    pids = tmp_path / "pids"
+    stubborn = sh("stubborn", f"trap '' TERM; sleep 300 & echo $! > {pids}; "
+                              "echo ready; wait", ready="ready")
+    supervisor = Supervisor([stubborn], log_dir=tmp_path, stop_timeout_s=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        await wait_until(pids.exists, limit_s=10)
+        child = int(pids.read_text())
+        leader = supervisor.rows()[0]["pid"]
+        with trio.fail_after(10):
+            await supervisor.stop()
+    assert not alive(leader)
+    await wait_until(lambda: not alive(child), limit_s=5)  # SIGKILL lands a moment later
+    assert supervisor.rows()[0]["state"] == ServiceState.STOPPED
+
+
+async def test_a_service_that_never_gets_ready_fails_the_start_and_stops_the_rest(tmp_path):
+    supervisor = Supervisor([
+        sh("first", "echo ready; exec sleep 60", ready="ready"),
+        sh("mute", "exec sleep 60", ready="ready", depends_on=("first",)),
+    ], log_dir=tmp_path, start_timeout_s=0.5)
+    with pytest.raises(StartFailed, match=r"mute was not ready within 0\.5 s"):
+        await supervisor.run()
+    assert all(not alive(row["pid"]) for row in supervisor.rows())
+
+
+def test_a_dependency_cycle_or_unknown_name_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="cycle"):
+        Supervisor([sh("a", "true", depends_on=("b",)), sh("b", "true", depends_on=("a",))],
+                   log_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown c"):
+        Supervisor([sh("a", "true", depends_on=("c",))], log_dir=tmp_path)
