@@ -12,13 +12,18 @@ the shared database that proxy-inference reads).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 from contracts.model import JobSpec
 
-__all__ = ["ApiKeyRecord", "Invitation", "JobRecord", "Membership", "Role", "Team", "Token",
-           "TokenKind", "User"]
+from .errors import Invalid
+
+__all__ = ["ApiKeyRecord", "Invitation", "JobRecord", "Membership", "Page", "Role", "Team",
+           "Token", "TokenKind", "User", "check_id", "check_text", "normal_email",
+           "parse_role"]
 
 
 class Role(StrEnum):
@@ -123,3 +128,53 @@ class JobRecord:
     spec: JobSpec
     created_at: float
     deleted_at: float | None = None
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing; pass ``next`` back as ``cursor`` for the following one
+    (None: this was the last page)."""
+
+    items: tuple[T, ...]
+    next: str | None
+
+
+# -- validation (the store's, and the API's before it hashes or emails anything) -------
+
+_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,253}$")
+_TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def normal_email(value: str) -> str:
+    """``value`` trimmed and lowercased. Raises: Invalid (field ``email``)."""
+    value = value.strip().lower()
+    if len(value) > 254 or not _EMAIL.match(value):
+        raise Invalid("email", f"email {value!r} is not an address like name@example.com")
+    return value
+
+
+def check_text(field: str, value: str, limit: int) -> str:
+    """A trimmed name of 1 to ``limit`` printable characters. Raises: Invalid (``field``)."""
+    value = value.strip()
+    if not 1 <= len(value) <= limit or not _TEXT.match(value):
+        raise Invalid(field, f"{field} must be 1 to {limit} printable characters")
+    return value
+
+
+def parse_role(value: Role | str) -> Role:
+    """Raises: Invalid (field ``role``)."""
+    try:
+        return Role(value)
+    except ValueError:
+        raise Invalid("role", f"role {value!r} is not one of owner, admin, member") from None
+
+
+def check_id(field: str, value: str) -> str:
+    """An id from elsewhere (wrk-ork's job id, a key id). Raises: Invalid (``field``)."""
+    if not _ID.match(value):
+        raise Invalid(field, f"{field} {value!r} must be 1 to 64 letters, digits, '_', '.', '-'")
+    return value

@@ -40,15 +40,12 @@ the last row's position, so rows added while a client pages never shift it.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -60,12 +57,17 @@ from .model import (
     Invitation,
     JobRecord,
     Membership,
+    Page,
     Role,
     Team,
     Token,
     TokenKind,
     User,
 )
+from .model import check_id as _ident
+from .model import check_text as _text
+from .model import normal_email as _email
+from .model import parse_role as _role
 
 __all__ = ["MAX_PAGE", "SCHEMA_VERSION", "Page", "Store"]
 
@@ -142,52 +144,6 @@ CREATE TABLE jobs (
 );
 CREATE INDEX jobs_team ON jobs(team, seq);
 """
-
-_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,253}$")
-_TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    """One page of a listing; pass ``next`` back as ``cursor`` for the following one
-    (None: this was the last page)."""
-
-    items: tuple[T, ...]
-    next: str | None
-
-
-# -- validation -----------------------------------------------------------------------
-
-
-def _email(value: str) -> str:
-    value = value.strip().lower()
-    if len(value) > 254 or not _EMAIL.match(value):
-        raise Invalid("email", f"email {value!r} is not an address like name@example.com")
-    return value
-
-
-def _text(field: str, value: str, limit: int) -> str:
-    value = value.strip()
-    if not 1 <= len(value) <= limit or not _TEXT.match(value):
-        raise Invalid(field, f"{field} must be 1 to {limit} printable characters")
-    return value
-
-
-def _role(value: Role | str) -> Role:
-    try:
-        return Role(value)
-    except ValueError:
-        raise Invalid("role", f"role {value!r} is not one of owner, admin, member") from None
-
-
-def _ident(field: str, value: str) -> str:
-    if not _ID.match(value):
-        raise Invalid(field, f"{field} {value!r} must be 1 to 64 letters, digits, '_', '.', '-'")
-    return value
-
 
 def _limit(limit: int) -> int:
     if not 1 <= limit <= MAX_PAGE:
