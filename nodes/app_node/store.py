@@ -276,13 +276,19 @@ class Store:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One atomic change: everything inside commits together or not at all."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise StoreError(f"writing {self.path or 'the store'} failed ({exc}); nothing "
+                                 "was changed; check the disk and the file's permissions") from exc
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -292,6 +298,9 @@ class Store:
             except (ValidationError, ValueError) as exc:
                 raise StoreError(f"a row in {self.path} cannot be read ({exc}); "
                                  "restore a backup of the store") from exc
+            except sqlite3.Error as exc:
+                raise StoreError(f"reading {self.path or 'the store'} failed ({exc}); "
+                                 "check the disk and the file's permissions") from exc
 
     def _one(self, sql: str, args: tuple) -> tuple | None:
         return self._conn.execute(sql, args).fetchone()

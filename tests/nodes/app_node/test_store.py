@@ -505,3 +505,45 @@ def test_a_corrupt_row_is_a_store_error(tmp_path):
     with pytest.raises(StoreError, match="restore a backup"):
         store.get_job("j1")
     store.close()
+
+
+class _FailOn:
+    """The store's connection, failing the first statement that starts with ``prefix``
+    (as a full disk would)."""
+
+    def __init__(self, conn: sqlite3.Connection, prefix: str) -> None:
+        self._conn, self._prefix = conn, prefix
+
+    def execute(self, sql: str, *args):
+        if sql.startswith(self._prefix):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+
+def test_a_failure_mid_way_leaves_nothing(store):
+    conn = store._conn
+    store._conn = _FailOn(conn, "INSERT INTO memberships")
+    with pytest.raises(StoreError, match="nothing was changed"):
+        admin(store)
+    store._conn = conn
+    assert not store.has_users() and store.list_teams() == []
+    user, team = admin(store)
+    invitation = invite(store, team, user)
+    new = store.create_user(email="new@x", name="N", password_hash="h", now=T0)
+    store._conn = _FailOn(conn, "UPDATE invitations")
+    with pytest.raises(StoreError):
+        store.accept_invitation("t1", new.id, now=T0)
+    store._conn = conn
+    assert store.role_of(new.id, team.id) is None
+    assert store.get_user(new.id).active_team is None
+    assert store.get_invitation(invitation.id).accepted_at is None
+    store.add_token(token_hash="s", user=new.id, kind="session", now=T0, expires_at=T0 + 9)
+    store._conn = _FailOn(conn, "UPDATE tokens")
+    with pytest.raises(StoreError):
+        store.set_password(new.id, "changed", now=T0)
+    store._conn = conn
+    assert store.get_user(new.id).password_hash == "h"
+    assert store.valid_token("s", now=T0).user == new.id
