@@ -1,0 +1,76 @@
+"""Errors of app-node's data layer, each with a stable ``code`` the HTTP API returns.
+
+::
+
+    AppNodeError                   .code APP_NODE_ERROR
+    ├── NotFound                   NOT_FOUND: no such user, team, membership,
+    │                              invitation, token, API key or job record
+    ├── Conflict                   CONFLICT: a duplicate (email, team name,
+    │                              membership), or the first admin exists already
+    ├── Invalid                    INVALID: a value is malformed; ``field`` names it
+    ├── LastOwner                  LAST_OWNER: the change would leave a team
+    │                              without an owner
+    ├── Expired                    EXPIRED: the invitation or token is past its
+    │                              expiry (or already used)
+    └── StoreError                 STORE: the SQLite file cannot be used (a newer
+                                   schema, a corrupt row); app-node stops
+
+The API answers an ``AppNodeError`` with ``{"code", "message"}`` (and ``field``
+for ``INVALID``); clients branch on the code, never on the text. Each message
+says what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AppNodeError", "Conflict", "Expired", "Invalid", "LastOwner", "NotFound",
+           "StoreError"]
+
+
+class AppNodeError(Exception):
+    """Something app-node refuses or cannot do; ``code`` is stable, ``message`` is for humans."""
+
+    code = "APP_NODE_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(AppNodeError):
+    """The user, team, membership, invitation, token, key or job does not exist (any more)."""
+
+    code = "NOT_FOUND"
+
+
+class Conflict(AppNodeError):
+    """A unique value is taken (an email, a team name, a membership), or setup already ran."""
+
+    code = "CONFLICT"
+
+
+class Invalid(AppNodeError):
+    """A value is malformed; ``field`` names it so a form can point at it."""
+
+    code = "INVALID"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class LastOwner(AppNodeError):
+    """Removing or demoting this membership would leave its team without an owner."""
+
+    code = "LAST_OWNER"
+
+
+class Expired(AppNodeError):
+    """The invitation or token is past its expiry, or was already used or revoked."""
+
+    code = "EXPIRED"
+
+
+class StoreError(AppNodeError):
+    """The store cannot be opened or read: a schema from a newer app-node, a bad row."""
+
+    code = "STORE"

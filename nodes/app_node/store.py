@@ -1,0 +1,876 @@
+"""app-node's own SQLite file: users, teams, memberships, invitations, tokens,
+API key records and job records.
+
+Theory of operation
+-------------------
+Every change is one transaction (``BEGIN IMMEDIATE`` … ``COMMIT``): a method
+either did all it says or nothing, so ``create_first_admin`` never leaves a
+user without a team and ``accept_invitation`` never marks an invitation used
+without the membership. The checks a change depends on (no users yet, the last
+owner, an invitation's expiry) run inside the same transaction as the writes,
+so two API requests racing cannot both pass them.
+
+The store is blocking and knows no clock: app-node calls it through
+``trio.to_thread.run_sync`` and passes ``now`` (POSIX seconds). One lock
+serialises the threads on the single connection. The file is WAL-journaled
+with ``synchronous=FULL`` (a call that returned is on disk); its schema
+version is ``PRAGMA user_version``, and a file from a newer app-node is
+refused rather than misread.
+
+Invariant: every team has at least one owner. ``change_role``,
+``remove_member`` and ``delete_user`` refuse with :class:`LastOwner` instead
+of breaking it; a team is created together with its owner.
+
+Tables::
+
+    users(id PK, email UNIQUE NOCASE, name, password_hash, created_at, disabled,
+          cli_public_key, active_team → teams ON DELETE SET NULL)
+    teams(id PK, name UNIQUE NOCASE, created_at)
+    memberships(user → users, team → teams, role; PK(user, team))   (cascade)
+    invitations(id PK, team → teams, email, role, token_hash UNIQUE, invited_by,
+                created_at, expires_at, accepted_at, accepted_by)
+    tokens(token_hash PK, user → users, kind, created_at, expires_at, revoked_at)
+    api_keys(id PK, team → teams, name, prefix, created_by, created_at, revoked_at)
+    jobs(seq PK AUTOINCREMENT, id UNIQUE, team → teams, created_by, name,
+         spec JSON, created_at, deleted_at)
+
+Listings of jobs and users are keyset-paginated (:class:`Page`): the cursor is
+the last row's position, so rows added while a client pages never shift it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from contracts.model import JobSpec, key_hex
+
+from .errors import Conflict, Expired, Invalid, LastOwner, NotFound, StoreError
+from .model import (
+    ApiKeyRecord,
+    Invitation,
+    JobRecord,
+    Membership,
+    Page,
+    Role,
+    Team,
+    Token,
+    TokenKind,
+    User,
+)
+from .model import check_id as _ident
+from .model import check_text as _text
+from .model import normal_email as _email
+from .model import parse_role as _role
+
+__all__ = ["MAX_PAGE", "SCHEMA_VERSION", "Page", "Store"]
+
+#: Bumped whenever a table changes; older files are migrated in :meth:`Store._migrate`.
+SCHEMA_VERSION = 1
+
+#: The largest page a listing returns; bounds one request's work.
+MAX_PAGE = 500
+
+_SCHEMA = """
+CREATE TABLE teams (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE COLLATE NOCASE,
+    created_at REAL NOT NULL
+);
+CREATE TABLE users (
+    id TEXT PRIMARY KEY,
+    email TEXT NOT NULL UNIQUE COLLATE NOCASE,
+    name TEXT NOT NULL,
+    password_hash TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    disabled INTEGER NOT NULL DEFAULT 0,
+    cli_public_key TEXT,
+    active_team TEXT REFERENCES teams(id) ON DELETE SET NULL
+);
+CREATE TABLE memberships (
+    user TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    team TEXT NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    PRIMARY KEY (user, team)
+);
+CREATE INDEX memberships_team ON memberships(team, role);
+CREATE TABLE invitations (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+    email TEXT NOT NULL,
+    role TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    invited_by TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    accepted_at REAL,
+    accepted_by TEXT
+);
+CREATE INDEX invitations_team ON invitations(team, created_at);
+CREATE TABLE tokens (
+    token_hash TEXT PRIMARY KEY,
+    user TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE INDEX tokens_user ON tokens(user);
+CREATE TABLE api_keys (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    prefix TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE INDEX api_keys_team ON api_keys(team, created_at);
+CREATE TABLE jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    team TEXT NOT NULL REFERENCES teams(id),
+    created_by TEXT NOT NULL,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    deleted_at REAL
+);
+CREATE INDEX jobs_team ON jobs(team, seq);
+"""
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise Invalid("limit", f"limit must be between 1 and {MAX_PAGE}")
+    return limit
+
+
+def _cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    try:
+        return int(cursor)
+    except ValueError:
+        raise Invalid("cursor", "cursor is not one this listing returned; "
+                      "start again without it") from None
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+# -- rows -> records ------------------------------------------------------------------
+
+_USER = "id, email, name, password_hash, created_at, disabled, cli_public_key, active_team"
+_INVITATION = ("id, team, email, role, token_hash, invited_by, created_at, expires_at, "
+               "accepted_at, accepted_by")
+_TOKEN = "token_hash, user, kind, created_at, expires_at, revoked_at"
+_API_KEY = "id, team, name, prefix, created_by, created_at, revoked_at"
+_JOB = "id, team, created_by, name, spec, created_at, deleted_at"
+
+
+def _user(row: tuple) -> User:
+    (id_, email, name, password_hash, created_at, disabled, cli_key, active) = row
+    return User(id=id_, email=email, name=name, password_hash=password_hash,
+                created_at=created_at, disabled=bool(disabled), cli_public_key=cli_key,
+                active_team=active)
+
+
+def _invitation(row: tuple) -> Invitation:
+    (id_, team, email, role, token_hash, invited_by, created_at, expires_at,
+     accepted_at, accepted_by) = row
+    return Invitation(id=id_, team=team, email=email, role=Role(role), token_hash=token_hash,
+                      invited_by=invited_by, created_at=created_at, expires_at=expires_at,
+                      accepted_at=accepted_at, accepted_by=accepted_by)
+
+
+def _token(row: tuple) -> Token:
+    token_hash, user, kind, created_at, expires_at, revoked_at = row
+    return Token(token_hash=token_hash, user=user, kind=TokenKind(kind),
+                 created_at=created_at, expires_at=expires_at, revoked_at=revoked_at)
+
+
+def _api_key(row: tuple) -> ApiKeyRecord:
+    id_, team, name, prefix, created_by, created_at, revoked_at = row
+    return ApiKeyRecord(id=id_, team=team, name=name, prefix=prefix, created_by=created_by,
+                        created_at=created_at, revoked_at=revoked_at)
+
+
+def _job(row: tuple) -> JobRecord:
+    id_, team, created_by, name, spec, created_at, deleted_at = row
+    return JobRecord(id=id_, team=team, created_by=created_by, name=name,
+                     spec=JobSpec.model_validate_json(spec), created_at=created_at,
+                     deleted_at=deleted_at)
+
+
+class Store:
+    """The SQLite file (or an in-memory database) behind one app-node.
+
+    Use :meth:`open`. Every method is blocking and thread-safe (one lock);
+    every change is atomic. Refusals raise :class:`~nodes.app_node.errors.AppNodeError`.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | None) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | str | None) -> Store:
+        """Open (creating and migrating if needed) the store at ``path``; ``None``: in memory.
+
+        Raises:
+            StoreError: the file is not an app-node store this version can read.
+        """
+        path = None if path is None else Path(path)
+        where = ":memory:" if path is None else str(path)
+        try:
+            conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open app-node's store {where}: {exc}; "
+                             "check the path and its permissions") from exc
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            if path is not None:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+            store = cls(conn, path)
+            store._migrate()
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot open app-node's store {where}: {exc}; "
+                             "check the path and its permissions, or restore a backup") from exc
+        except StoreError:
+            conn.close()
+            raise
+        return store
+
+    def _migrate(self) -> None:
+        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema {version}, newer than this app-node's "
+                             f"{SCHEMA_VERSION}; run the newer app-node or restore a backup")
+        if version == 0:
+            tables = self._conn.execute(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+            if tables:
+                raise StoreError(f"{self.path} is an SQLite file but not app-node's store "
+                                 "(it has tables and no schema version); choose another path")
+            with self._write():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One atomic change: everything inside commits together or not at all."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise StoreError(f"writing {self.path or 'the store'} failed ({exc}); nothing "
+                                 "was changed; check the disk and the file's permissions") from exc
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._conn
+            except (ValidationError, ValueError) as exc:
+                raise StoreError(f"a row in {self.path} cannot be read ({exc}); "
+                                 "restore a backup of the store") from exc
+            except sqlite3.Error as exc:
+                raise StoreError(f"reading {self.path or 'the store'} failed ({exc}); "
+                                 "check the disk and the file's permissions") from exc
+
+    def _one(self, sql: str, args: tuple) -> tuple | None:
+        return self._conn.execute(sql, args).fetchone()
+
+    # -- users ------------------------------------------------------------------------
+
+    def has_users(self) -> bool:
+        with self._read() as db:
+            return db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
+
+    def create_first_admin(self, *, email: str, name: str, password_hash: str,
+                           team_name: str, now: float) -> tuple[User, Team]:
+        """Sign-up of the first admin: the user, a team they own (their active team).
+
+        Raises:
+            Conflict: a user exists already (sign-up is closed; log in instead).
+        """
+        with self._write():
+            if self._one("SELECT 1 FROM users LIMIT 1", ()) is not None:
+                raise Conflict("the first admin exists already; log in, or ask an admin "
+                               "for an invitation")
+            user = self._insert_user(email, name, password_hash, now)
+            team = self._insert_team(team_name, user.id, now)
+        return self.get_user(user.id), team
+
+    def create_user(self, *, email: str, name: str, password_hash: str, now: float) -> User:
+        """Raises: Conflict (the email is taken), Invalid."""
+        with self._write():
+            return self._insert_user(email, name, password_hash, now)
+
+    def _insert_user(self, email: str, name: str, password_hash: str, now: float) -> User:
+        email = _email(email)
+        name = _text("name", name, 100)
+        if not password_hash:
+            raise Invalid("password_hash", "password_hash is empty")
+        if self._one("SELECT 1 FROM users WHERE email = ?", (email,)) is not None:
+            raise Conflict(f"a user with email {email} exists already; log in or reset "
+                           "the password")
+        user = User(id=_new_id(), email=email, name=name, password_hash=password_hash,
+                    created_at=now)
+        self._conn.execute(f"INSERT INTO users ({_USER}) VALUES (?,?,?,?,?,?,?,?)",
+                           (user.id, user.email, user.name, user.password_hash,
+                            user.created_at, 0, None, None))
+        return user
+
+    def get_user(self, user_id: str) -> User:
+        """Raises: NotFound."""
+        with self._read():
+            row = self._one(f"SELECT {_USER} FROM users WHERE id = ?", (user_id,))
+        if row is None:
+            raise NotFound(f"no user {user_id}")
+        return _user(row)
+
+    def get_user_by_email(self, email: str) -> User:
+        """Case-insensitive. Raises: NotFound."""
+        with self._read():
+            row = self._one(f"SELECT {_USER} FROM users WHERE email = ?",
+                            (email.strip().lower(),))
+        if row is None:
+            raise NotFound(f"no user with email {email.strip()}")
+        return _user(row)
+
+    def list_users(self, *, limit: int = 100, cursor: str | None = None) -> Page[User]:
+        """All users, oldest first, ``limit`` at a time."""
+        limit, after = _limit(limit), _cursor(cursor)
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT rowid, {_USER} FROM users WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (after or 0, limit + 1)).fetchall()
+        return _page(rows, limit, _user)
+
+    def update_user(self, user_id: str, *, name: str | None = None,
+                    email: str | None = None, disabled: bool | None = None) -> User:
+        """Change the given fields. Raises: NotFound, Conflict (email taken), Invalid."""
+        with self._write() as db:
+            user = self._user_row(user_id)
+            if name is not None:
+                db.execute("UPDATE users SET name = ? WHERE id = ?",
+                           (_text("name", name, 100), user_id))
+            if email is not None:
+                email = _email(email)
+                if self._one("SELECT 1 FROM users WHERE email = ? AND id != ?",
+                              (email, user_id)) is not None:
+                    raise Conflict(f"a user with email {email} exists already")
+                db.execute("UPDATE users SET email = ? WHERE id = ?", (email, user.id))
+            if disabled is not None:
+                db.execute("UPDATE users SET disabled = ? WHERE id = ?",
+                           (int(disabled), user_id))
+        return self.get_user(user_id)
+
+    def delete_user(self, user_id: str) -> None:
+        """Delete the user, their memberships and tokens (their jobs' records stay).
+
+        Raises:
+            NotFound; LastOwner: they are the only owner of a team (hand it over first).
+        """
+        with self._write() as db:
+            self._user_row(user_id)
+            for (team,) in db.execute(
+                    "SELECT team FROM memberships WHERE user = ? AND role = 'owner'",
+                    (user_id,)).fetchall():
+                self._check_not_last_owner(team, user_id)
+            db.execute("DELETE FROM users WHERE id = ?", (user_id,))
+
+    def set_password(self, user_id: str, password_hash: str, *, now: float) -> User:
+        """Replace the password hash and revoke every token of the user (log out everywhere).
+
+        Raises: NotFound, Invalid.
+        """
+        if not password_hash:
+            raise Invalid("password_hash", "password_hash is empty")
+        with self._write() as db:
+            self._user_row(user_id)
+            db.execute("UPDATE users SET password_hash = ? WHERE id = ?",
+                       (password_hash, user_id))
+            db.execute("UPDATE tokens SET revoked_at = ? WHERE user = ? AND revoked_at IS NULL",
+                       (now, user_id))
+        return self.get_user(user_id)
+
+    def reset_password(self, token_hash: str, password_hash: str, *, now: float) -> User:
+        """Use a reset token: check it, set the password, revoke all the user's tokens.
+
+        Raises: NotFound (no such reset token), Expired (expired, used or revoked), Invalid.
+        """
+        if not password_hash:
+            raise Invalid("password_hash", "password_hash is empty")
+        with self._write() as db:
+            token = self._valid_token(token_hash, TokenKind.RESET, now)
+            db.execute("UPDATE users SET password_hash = ? WHERE id = ?",
+                       (password_hash, token.user))
+            db.execute("UPDATE tokens SET revoked_at = ? WHERE user = ? AND revoked_at IS NULL",
+                       (now, token.user))
+        return self.get_user(token.user)
+
+    def set_cli_key(self, user_id: str, public_key: str | None) -> User:
+        """Record the public key (64 hex) the user's CLI registered; None forgets it.
+
+        Raises: NotFound, Invalid.
+        """
+        if public_key is not None:
+            try:
+                public_key = key_hex(public_key)
+            except ValueError as exc:
+                raise Invalid("cli_public_key", f"cli_public_key {exc}") from None
+        with self._write() as db:
+            self._user_row(user_id)
+            db.execute("UPDATE users SET cli_public_key = ? WHERE id = ?",
+                       (public_key, user_id))
+        return self.get_user(user_id)
+
+    def set_active_team(self, user_id: str, team_id: str | None) -> User:
+        """Choose the team new jobs and keys belong to.
+
+        Raises: NotFound (user, or they are not a member of the team).
+        """
+        with self._write() as db:
+            self._user_row(user_id)
+            if team_id is not None and self._one(
+                    "SELECT 1 FROM memberships WHERE user = ? AND team = ?",
+                    (user_id, team_id)) is None:
+                raise NotFound(f"user {user_id} is not a member of team {team_id}; "
+                               "accept an invitation first")
+            db.execute("UPDATE users SET active_team = ? WHERE id = ?", (team_id, user_id))
+        return self.get_user(user_id)
+
+    def _user_row(self, user_id: str) -> User:
+        row = self._one(f"SELECT {_USER} FROM users WHERE id = ?", (user_id,))
+        if row is None:
+            raise NotFound(f"no user {user_id}")
+        return _user(row)
+
+    # -- teams ------------------------------------------------------------------------
+
+    def create_team(self, *, name: str, owner: str, now: float) -> Team:
+        """A team with ``owner`` as its first owner (made their active team if they had none).
+
+        Raises: NotFound (owner), Conflict (the name is taken), Invalid.
+        """
+        with self._write():
+            self._user_row(owner)
+            return self._insert_team(name, owner, now)
+
+    def _insert_team(self, name: str, owner: str, now: float) -> Team:
+        name = _text("name", name, 64)
+        if self._one("SELECT 1 FROM teams WHERE name = ?", (name,)) is not None:
+            raise Conflict(f"a team named {name!r} exists already; choose another name")
+        team = Team(id=_new_id(), name=name, created_at=now)
+        self._conn.execute("INSERT INTO teams (id, name, created_at) VALUES (?,?,?)",
+                           (team.id, team.name, team.created_at))
+        self._conn.execute("INSERT INTO memberships (user, team, role) VALUES (?,?,?)",
+                           (owner, team.id, Role.OWNER.value))
+        self._conn.execute(
+            "UPDATE users SET active_team = ? WHERE id = ? AND active_team IS NULL",
+            (team.id, owner))
+        return team
+
+    def get_team(self, team_id: str) -> Team:
+        """Raises: NotFound."""
+        with self._read():
+            row = self._one("SELECT id, name, created_at FROM teams WHERE id = ?", (team_id,))
+        if row is None:
+            raise NotFound(f"no team {team_id}")
+        return Team(*row)
+
+    def list_teams(self) -> list[Team]:
+        """Every team, by name."""
+        with self._read() as db:
+            return [Team(*row) for row in db.execute(
+                "SELECT id, name, created_at FROM teams ORDER BY name")]
+
+    def rename_team(self, team_id: str, name: str) -> Team:
+        """Raises: NotFound, Conflict (the name is taken), Invalid."""
+        with self._write() as db:
+            self._team_row(team_id)
+            name = _text("name", name, 64)
+            if self._one("SELECT 1 FROM teams WHERE name = ? AND id != ?",
+                          (name, team_id)) is not None:
+                raise Conflict(f"a team named {name!r} exists already; choose another name")
+            db.execute("UPDATE teams SET name = ? WHERE id = ?", (name, team_id))
+        return self.get_team(team_id)
+
+    def delete_team(self, team_id: str) -> None:
+        """Delete the team with its memberships, invitations and revoked key records.
+
+        Raises:
+            NotFound; Conflict: it still has live jobs or unrevoked API keys (delete
+            and revoke them first, so nothing keeps running or billing unowned).
+        """
+        with self._write() as db:
+            self._team_row(team_id)
+            if self._one("SELECT 1 FROM jobs WHERE team = ? AND deleted_at IS NULL",
+                         (team_id,)) is not None:
+                raise Conflict("the team still has jobs; delete them first")
+            if self._one("SELECT 1 FROM api_keys WHERE team = ? AND revoked_at IS NULL",
+                         (team_id,)) is not None:
+                raise Conflict("the team still has API keys; revoke them first")
+            db.execute("DELETE FROM jobs WHERE team = ?", (team_id,))
+            db.execute("DELETE FROM teams WHERE id = ?", (team_id,))
+
+    def _team_row(self, team_id: str) -> Team:
+        row = self._one("SELECT id, name, created_at FROM teams WHERE id = ?", (team_id,))
+        if row is None:
+            raise NotFound(f"no team {team_id}")
+        return Team(*row)
+
+    # -- memberships ----------------------------------------------------------------
+
+    def role_of(self, user_id: str, team_id: str) -> Role | None:
+        """The user's role in the team; None: not a member (the API answers 403/404)."""
+        with self._read():
+            row = self._one("SELECT role FROM memberships WHERE user = ? AND team = ?",
+                            (user_id, team_id))
+        return None if row is None else Role(row[0])
+
+    def add_member(self, team_id: str, user_id: str, role: Role | str) -> Membership:
+        """Raises: NotFound (team or user), Conflict (already a member), Invalid (role)."""
+        role = _role(role)
+        with self._write():
+            return self._insert_member(team_id, user_id, role)
+
+    def _insert_member(self, team_id: str, user_id: str, role: Role) -> Membership:
+        self._team_row(team_id)
+        self._user_row(user_id)
+        if self._one("SELECT 1 FROM memberships WHERE user = ? AND team = ?",
+                     (user_id, team_id)) is not None:
+            raise Conflict(f"user {user_id} is a member of team {team_id} already; "
+                           "change their role instead")
+        self._conn.execute("INSERT INTO memberships (user, team, role) VALUES (?,?,?)",
+                           (user_id, team_id, role.value))
+        self._conn.execute(
+            "UPDATE users SET active_team = ? WHERE id = ? AND active_team IS NULL",
+            (team_id, user_id))
+        return Membership(user=user_id, team=team_id, role=role)
+
+    def change_role(self, team_id: str, user_id: str, role: Role | str) -> Membership:
+        """Raises: NotFound (not a member), LastOwner (demoting the only owner), Invalid."""
+        role = _role(role)
+        with self._write() as db:
+            current = self._member_role(team_id, user_id)
+            if current is Role.OWNER and role is not Role.OWNER:
+                self._check_not_last_owner(team_id, user_id)
+            db.execute("UPDATE memberships SET role = ? WHERE user = ? AND team = ?",
+                       (role.value, user_id, team_id))
+        return Membership(user=user_id, team=team_id, role=role)
+
+    def remove_member(self, team_id: str, user_id: str) -> None:
+        """Raises: NotFound (not a member), LastOwner (the only owner)."""
+        with self._write() as db:
+            if self._member_role(team_id, user_id) is Role.OWNER:
+                self._check_not_last_owner(team_id, user_id)
+            db.execute("DELETE FROM memberships WHERE user = ? AND team = ?",
+                       (user_id, team_id))
+            db.execute("UPDATE users SET active_team = NULL WHERE id = ? AND active_team = ?",
+                       (user_id, team_id))
+
+    def list_members(self, team_id: str) -> list[tuple[User, Role]]:
+        """The team's members with their roles, by email. Raises: NotFound (team)."""
+        with self._read() as db:
+            self._team_row(team_id)
+            rows = db.execute(
+                f"SELECT m.role, {', '.join('u.' + c.strip() for c in _USER.split(','))} "
+                "FROM memberships m JOIN users u ON u.id = m.user WHERE m.team = ? "
+                "ORDER BY u.email", (team_id,)).fetchall()
+            return [(_user(row[1:]), Role(row[0])) for row in rows]
+
+    def teams_of(self, user_id: str) -> list[tuple[Team, Role]]:
+        """The user's teams with their role in each, by name."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT t.id, t.name, t.created_at, m.role FROM memberships m "
+                "JOIN teams t ON t.id = m.team WHERE m.user = ? ORDER BY t.name",
+                (user_id,)).fetchall()
+            return [(Team(*row[:3]), Role(row[3])) for row in rows]
+
+    def _member_role(self, team_id: str, user_id: str) -> Role:
+        row = self._one("SELECT role FROM memberships WHERE user = ? AND team = ?",
+                        (user_id, team_id))
+        if row is None:
+            raise NotFound(f"user {user_id} is not a member of team {team_id}")
+        return Role(row[0])
+
+    def _check_not_last_owner(self, team_id: str, user_id: str) -> None:
+        (others,) = self._one(
+            "SELECT COUNT(*) FROM memberships WHERE team = ? AND role = 'owner' AND user != ?",
+            (team_id, user_id))
+        if others == 0:
+            raise LastOwner(f"user {user_id} is the last owner of team {team_id}; "
+                            "make another member an owner first")
+
+    # -- invitations ------------------------------------------------------------------
+
+    def create_invitation(self, *, team: str, email: str, role: Role | str, token_hash: str,
+                          invited_by: str, now: float, expires_at: float) -> Invitation:
+        """Record an invitation whose secret token (hashed here) is emailed to ``email``.
+
+        Raises: NotFound (team), Conflict (token hash reused), Invalid.
+        """
+        role, email = _role(role), _email(email)
+        if not token_hash:
+            raise Invalid("token_hash", "token_hash is empty")
+        if expires_at <= now:
+            raise Invalid("expires_at", "expires_at must be after now")
+        invitation = Invitation(id=_new_id(), team=team, email=email, role=role,
+                                token_hash=token_hash, invited_by=invited_by,
+                                created_at=now, expires_at=expires_at)
+        with self._write() as db:
+            self._team_row(team)
+            if self._one("SELECT 1 FROM invitations WHERE token_hash = ?",
+                         (token_hash,)) is not None:
+                raise Conflict("that invitation token is in use already; make a new one")
+            db.execute(f"INSERT INTO invitations ({_INVITATION}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (invitation.id, team, email, role.value, token_hash, invited_by, now,
+                        expires_at, None, None))
+        return invitation
+
+    def accept_invitation(self, token_hash: str, user_id: str, *, now: float) -> Membership:
+        """Join the invitation's team with its role and mark it used, atomically.
+
+        Raises:
+            NotFound: no such invitation (or revoked), or no such user.
+            Expired: it is past ``expires_at`` or was accepted already.
+            Conflict: the user is a member of that team already.
+        """
+        with self._write() as db:
+            row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
+                            (token_hash,))
+            if row is None:
+                raise NotFound("no such invitation; it may have been revoked, ask for a new one")
+            invitation = _invitation(row)
+            if invitation.accepted_at is not None:
+                raise Expired("this invitation was used already; ask for a new one")
+            if now >= invitation.expires_at:
+                raise Expired("this invitation has expired; ask for a new one")
+            membership = self._insert_member(invitation.team, user_id, invitation.role)
+            db.execute("UPDATE invitations SET accepted_at = ?, accepted_by = ? WHERE id = ?",
+                       (now, user_id, invitation.id))
+        return membership
+
+    def get_invitation(self, invitation_id: str) -> Invitation:
+        """Raises: NotFound."""
+        with self._read():
+            row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE id = ?",
+                            (invitation_id,))
+        if row is None:
+            raise NotFound(f"no invitation {invitation_id}")
+        return _invitation(row)
+
+    def list_invitations(self, team: str, *, pending_at: float | None = None) -> list[Invitation]:
+        """The team's invitations, oldest first; with ``pending_at``, only those neither
+        accepted nor expired at that time."""
+        with self._read() as db:
+            rows = db.execute(f"SELECT {_INVITATION} FROM invitations WHERE team = ? "
+                              "ORDER BY created_at, id", (team,)).fetchall()
+            invitations = [_invitation(row) for row in rows]
+        if pending_at is not None:
+            invitations = [i for i in invitations
+                           if i.accepted_at is None and pending_at < i.expires_at]
+        return invitations
+
+    def revoke_invitation(self, invitation_id: str) -> None:
+        """Withdraw a pending invitation (its token stops working).
+
+        Raises: NotFound; Conflict (it was accepted already: remove the member instead).
+        """
+        with self._write() as db:
+            row = self._one("SELECT accepted_at FROM invitations WHERE id = ?",
+                            (invitation_id,))
+            if row is None:
+                raise NotFound(f"no invitation {invitation_id}")
+            if row[0] is not None:
+                raise Conflict("the invitation was accepted already; remove the member instead")
+            db.execute("DELETE FROM invitations WHERE id = ?", (invitation_id,))
+
+    # -- tokens -----------------------------------------------------------------------
+
+    def add_token(self, *, token_hash: str, user: str, kind: TokenKind | str,
+                  now: float, expires_at: float) -> Token:
+        """Raises: NotFound (user), Conflict (hash reused), Invalid."""
+        try:
+            kind = TokenKind(kind)
+        except ValueError:
+            raise Invalid("kind", f"kind {kind!r} is not session or reset") from None
+        if not token_hash:
+            raise Invalid("token_hash", "token_hash is empty")
+        if expires_at <= now:
+            raise Invalid("expires_at", "expires_at must be after now")
+        token = Token(token_hash=token_hash, user=user, kind=kind, created_at=now,
+                      expires_at=expires_at)
+        with self._write() as db:
+            self._user_row(user)
+            if self._one("SELECT 1 FROM tokens WHERE token_hash = ?", (token_hash,)):
+                raise Conflict("that token is in use already; make a new one")
+            db.execute(f"INSERT INTO tokens ({_TOKEN}) VALUES (?,?,?,?,?,?)",
+                       (token_hash, user, kind.value, now, expires_at, None))
+        return token
+
+    def valid_token(self, token_hash: str, *, now: float,
+                    kind: TokenKind = TokenKind.SESSION) -> Token:
+        """The token of that hash and kind if it works at ``now``.
+
+        Raises: NotFound (no such token), Expired (expired, revoked, or its user disabled).
+        """
+        with self._read():
+            return self._valid_token(token_hash, kind, now)
+
+    def _valid_token(self, token_hash: str, kind: TokenKind, now: float) -> Token:
+        row = self._one(f"SELECT {_TOKEN} FROM tokens WHERE token_hash = ? AND kind = ?",
+                        (token_hash, kind.value))
+        if row is None:
+            raise NotFound("no such token; log in again")
+        token = _token(row)
+        if token.revoked_at is not None:
+            raise Expired("this token was revoked; log in again")
+        if now >= token.expires_at:
+            raise Expired("this token has expired; log in again")
+        if self._user_row(token.user).disabled:
+            raise Expired("this account is disabled; ask an admin")
+        return token
+
+    def revoke_token(self, token_hash: str, *, now: float) -> None:
+        """Revoke one token (logout); revoking it again changes nothing. Raises: NotFound."""
+        with self._write() as db:
+            if self._one("SELECT 1 FROM tokens WHERE token_hash = ?", (token_hash,)) is None:
+                raise NotFound("no such token")
+            db.execute("UPDATE tokens SET revoked_at = ? "
+                       "WHERE token_hash = ? AND revoked_at IS NULL", (now, token_hash))
+
+    def revoke_user_tokens(self, user_id: str, *, now: float) -> int:
+        """Revoke every live token of the user (log out everywhere); returns how many."""
+        with self._write() as db:
+            return db.execute("UPDATE tokens SET revoked_at = ? "
+                              "WHERE user = ? AND revoked_at IS NULL", (now, user_id)).rowcount
+
+    # -- API key records ----------------------------------------------------------------
+
+    def add_api_key(self, *, id: str, team: str, name: str, prefix: str, created_by: str,
+                    now: float) -> ApiKeyRecord:
+        """Record a key app-node created in the shared database (under the same ``id``).
+
+        Raises: NotFound (team), Conflict (id reused), Invalid.
+        """
+        record = ApiKeyRecord(id=_ident("id", id), team=team, name=_text("name", name, 100),
+                              prefix=_text("prefix", prefix, 32), created_by=created_by,
+                              created_at=now)
+        with self._write() as db:
+            self._team_row(team)
+            if self._one("SELECT 1 FROM api_keys WHERE id = ?", (id,)) is not None:
+                raise Conflict(f"an API key {id} exists already")
+            db.execute(f"INSERT INTO api_keys ({_API_KEY}) VALUES (?,?,?,?,?,?,?)",
+                       (record.id, team, record.name, record.prefix, created_by, now, None))
+        return record
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord:
+        """Raises: NotFound."""
+        with self._read():
+            row = self._one(f"SELECT {_API_KEY} FROM api_keys WHERE id = ?", (key_id,))
+        if row is None:
+            raise NotFound(f"no API key {key_id}")
+        return _api_key(row)
+
+    def list_api_keys(self, team: str, *, include_revoked: bool = True) -> list[ApiKeyRecord]:
+        """The team's keys, oldest first."""
+        where = "" if include_revoked else " AND revoked_at IS NULL"
+        with self._read() as db:
+            return [_api_key(row) for row in db.execute(
+                f"SELECT {_API_KEY} FROM api_keys WHERE team = ?{where} "
+                "ORDER BY created_at, id", (team,))]
+
+    def revoke_api_key(self, key_id: str, *, now: float) -> ApiKeyRecord:
+        """Mark it revoked (again: unchanged). Raises: NotFound."""
+        with self._write() as db:
+            if self._one("SELECT 1 FROM api_keys WHERE id = ?", (key_id,)) is None:
+                raise NotFound(f"no API key {key_id}")
+            db.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                       (now, key_id))
+        return self.get_api_key(key_id)
+
+    # -- job records --------------------------------------------------------------------
+
+    def add_job(self, *, id: str, team: str, created_by: str, spec: JobSpec,
+                now: float) -> JobRecord:
+        """Record a job wrk-ork accepted under ``id``.
+
+        Raises: NotFound (team), Conflict (id reused), Invalid (``spec.team`` is another team).
+        """
+        _ident("id", id)
+        if spec.team != team:
+            raise Invalid("team", f"the spec's team {spec.team} is not the job's team {team}")
+        record = JobRecord(id=id, team=team, created_by=created_by, name=spec.name, spec=spec,
+                           created_at=now)
+        with self._write() as db:
+            self._team_row(team)
+            if self._one("SELECT 1 FROM jobs WHERE id = ?", (id,)) is not None:
+                raise Conflict(f"a job {id} exists already")
+            db.execute(f"INSERT INTO jobs ({_JOB}) VALUES (?,?,?,?,?,?,?)",
+                       (id, team, created_by, spec.name, spec.model_dump_json(), now, None))
+        return record
+
+    def get_job(self, job_id: str) -> JobRecord:
+        """The record, deleted or not. Raises: NotFound."""
+        with self._read():
+            row = self._one(f"SELECT {_JOB} FROM jobs WHERE id = ?", (job_id,))
+            if row is None:
+                raise NotFound(f"no job {job_id}")
+            return _job(row)
+
+    def list_jobs(self, team: str, *, limit: int = 50, cursor: str | None = None,
+                  include_deleted: bool = False) -> Page[JobRecord]:
+        """The team's jobs, newest first, ``limit`` at a time."""
+        limit, before = _limit(limit), _cursor(cursor)
+        where = "" if include_deleted else " AND deleted_at IS NULL"
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT seq, {_JOB} FROM jobs WHERE team = ? AND seq < ?{where} "
+                "ORDER BY seq DESC LIMIT ?",
+                (team, before if before is not None else 2**62, limit + 1)).fetchall()
+            return _page(rows, limit, _job)
+
+    def mark_job_deleted(self, job_id: str, *, now: float) -> JobRecord:
+        """Mark the record deleted (again: unchanged); it stays for history. Raises: NotFound."""
+        with self._write() as db:
+            if self._one("SELECT 1 FROM jobs WHERE id = ?", (job_id,)) is None:
+                raise NotFound(f"no job {job_id}")
+            db.execute("UPDATE jobs SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL",
+                       (now, job_id))
+        return self.get_job(job_id)
+
+
+def _page(rows: list, limit: int, make) -> Page:
+    """Rows are (position, *columns), one more than ``limit`` if another page follows."""
+    items = tuple(make(row[1:]) for row in rows[:limit])
+    more = len(rows) > limit
+    return Page(items=items, next=str(rows[limit - 1][0]) if more else None)
