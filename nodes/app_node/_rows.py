@@ -1,0 +1,84 @@
+"""Rows to records, and the paging helpers app-node's store shares (store.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+from contracts.model import JobSpec
+
+from .errors import Invalid
+from .model import ApiKeyRecord, Invitation, JobRecord, Page, Role, Token, TokenKind, User
+
+#: The longest page a listing returns.
+MAX_PAGE = 500
+
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise Invalid("limit", f"limit must be between 1 and {MAX_PAGE}")
+    return limit
+
+
+def _cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    try:
+        return int(cursor)
+    except ValueError:
+        raise Invalid("cursor", "cursor is not one this listing returned; "
+                      "start again without it") from None
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+# -- rows -> records ------------------------------------------------------------------
+
+_USER = "id, email, name, password_hash, created_at, disabled, cli_public_key, active_team"
+_INVITATION = ("id, team, email, role, token_hash, invited_by, created_at, expires_at, "
+               "accepted_at, accepted_by")
+_TOKEN = "token_hash, user, kind, created_at, expires_at, revoked_at"
+_API_KEY = "id, team, name, prefix, created_by, created_at, revoked_at"
+_JOB = "id, team, created_by, name, spec, created_at, deleted_at"
+
+
+def _user(row: tuple) -> User:
+    (id_, email, name, password_hash, created_at, disabled, cli_key, active) = row
+    return User(id=id_, email=email, name=name, password_hash=password_hash,
+                created_at=created_at, disabled=bool(disabled), cli_public_key=cli_key,
+                active_team=active)
+
+
+def _invitation(row: tuple) -> Invitation:
+    (id_, team, email, role, token_hash, invited_by, created_at, expires_at,
+     accepted_at, accepted_by) = row
+    return Invitation(id=id_, team=team, email=email, role=Role(role), token_hash=token_hash,
+                      invited_by=invited_by, created_at=created_at, expires_at=expires_at,
+                      accepted_at=accepted_at, accepted_by=accepted_by)
+
+
+def _token(row: tuple) -> Token:
+    token_hash, user, kind, created_at, expires_at, revoked_at = row
+    return Token(token_hash=token_hash, user=user, kind=TokenKind(kind),
+                 created_at=created_at, expires_at=expires_at, revoked_at=revoked_at)
+
+
+def _api_key(row: tuple) -> ApiKeyRecord:
+    id_, team, name, prefix, created_by, created_at, revoked_at = row
+    return ApiKeyRecord(id=id_, team=team, name=name, prefix=prefix, created_by=created_by,
+                        created_at=created_at, revoked_at=revoked_at)
+
+
+def _job(row: tuple) -> JobRecord:
+    id_, team, created_by, name, spec, created_at, deleted_at = row
+    return JobRecord(id=id_, team=team, created_by=created_by, name=name,
+                     spec=JobSpec.model_validate_json(spec), created_at=created_at,
+                     deleted_at=deleted_at)
+
+
+def _page(rows: list, limit: int, make) -> Page:
+    """Rows are (position, *columns), one more than ``limit`` if another page follows."""
+    items = tuple(make(row[1:]) for row in rows[:limit])
+    more = len(rows) > limit
+    return Page(items=items, next=str(rows[limit - 1][0]) if more else None)
