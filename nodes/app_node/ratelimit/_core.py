@@ -8,7 +8,9 @@ interval); allowing it moves the TAT forward by ``T``. That gives exactly
 ``burst`` requests back to back and then one every ``T`` seconds, with a
 single float of state per key and an exact ``retry_after`` when denied. The
 same arithmetic runs in Redis's Lua script (:mod:`._redis`), so both limiters
-answer alike.
+answer alike. Times are whole microseconds: exact in Python's ints and in
+Lua's doubles (below 2**53 µs, some 285 years of Unix time), so no rounding
+error ever refuses a request that is on time, or lets one through early.
 
 :class:`GcraTable` holds the TATs of at most ``max_keys`` keys, evicting the
 least recently used one at the bound: an evicted key starts afresh with a full
@@ -24,11 +26,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Decision", "GcraTable", "Rate", "gcra"]
+__all__ = ["Decision", "GcraTable", "Rate", "gcra", "to_us"]
 
-# Float slack when comparing times: the TAT is a sum of many ``T``s, and a
-# rounding error must not refuse a request that is exactly on time.
-_EPS_S = 1e-9
+_US_PER_S = 1_000_000
 
 
 class Rate(BaseModel):
@@ -42,9 +42,9 @@ class Rate(BaseModel):
     burst: int = Field(ge=1, le=1_000_000)
 
     @property
-    def interval_s(self) -> float:
-        """GCRA's emission interval ``T``: seconds between two requests at the rate."""
-        return 1.0 / self.per_second
+    def interval_us(self) -> int:
+        """GCRA's emission interval ``T`` in whole microseconds (at least 1)."""
+        return max(1, round(_US_PER_S / self.per_second))
 
 
 @dataclass(frozen=True)
@@ -60,23 +60,30 @@ class Decision:
     @property
     def retry_after_header(self) -> str:
         """``Retry-After`` in whole seconds, rounded up (never 0 for a refusal)."""
-        return str(max(1, math.ceil(self.retry_after_s - _EPS_S)))
+        return str(max(1, math.ceil(self.retry_after_s)))
 
 
-def gcra(tat: float | None, rate: Rate, now: float) -> tuple[Decision, float | None]:
-    """One GCRA step: the decision and the key's new TAT (``None``: unchanged).
+def gcra(tat_us: int | None, rate: Rate, now_us: int) -> tuple[Decision, int | None]:
+    """One GCRA step in microseconds: the decision and the key's new TAT.
 
-    ``tat`` is ``None`` for a key never seen (or expired). A refused request
-    leaves the TAT alone, so refusals cost a client nothing more.
+    ``tat_us`` is ``None`` for a key never seen (or expired); the new TAT is
+    ``None`` when refused: a refusal leaves the TAT alone, so it costs a client
+    nothing more.
     """
-    interval = rate.interval_s
-    base = now if tat is None or tat < now else tat
+    interval = rate.interval_us
+    base = now_us if tat_us is None or tat_us < now_us else tat_us
     new_tat = base + interval
     allow_at = new_tat - rate.burst * interval
-    if now + _EPS_S < allow_at:
-        return Decision(allowed=False, retry_after_s=allow_at - now, remaining=0), None
-    remaining = min(rate.burst - 1, math.floor((now - allow_at) / interval + _EPS_S))
-    return Decision(allowed=True, retry_after_s=0.0, remaining=max(0, remaining)), new_tat
+    if now_us < allow_at:
+        return Decision(allowed=False, retry_after_s=(allow_at - now_us) / _US_PER_S,
+                        remaining=0), None
+    remaining = min(rate.burst - 1, (now_us - allow_at) // interval)
+    return Decision(allowed=True, retry_after_s=0.0, remaining=remaining), new_tat
+
+
+def to_us(seconds: float) -> int:
+    """Seconds (trio's clock, any origin) to whole microseconds."""
+    return round(seconds * _US_PER_S)
 
 
 class GcraTable:
@@ -86,7 +93,7 @@ class GcraTable:
         if max_keys < 1:
             raise ValueError(f"max_keys must be at least 1, got {max_keys}")
         self.max_keys = max_keys
-        self._tats: OrderedDict[str, float] = OrderedDict()
+        self._tats: OrderedDict[str, int] = OrderedDict()
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -94,11 +101,12 @@ class GcraTable:
 
     def check(self, key: str, rate: Rate, now: float) -> Decision:
         """Decide one request of ``key`` at ``now`` (seconds, any monotonic origin)."""
+        now_us = to_us(now)
         tat = self._tats.get(key)
-        if tat is not None and tat <= now:
+        if tat is not None and tat <= now_us:
             # Idle long enough to have a full burst again: the entry says nothing.
             tat = None
-        decision, new_tat = gcra(tat, rate, now)
+        decision, new_tat = gcra(tat, rate, now_us)
         if new_tat is not None:
             self._tats[key] = new_tat
         if key in self._tats:

@@ -40,27 +40,25 @@ __all__ = ["GCRA_LUA", "RedisLimiter"]
 
 log = logging.getLogger(__name__)
 
-#: KEYS[1] = the key; ARGV = interval_s, burst. Returns {allowed, retry_after_s
-#: (a string: Lua numbers become integers in replies), remaining}. Same
-#: arithmetic as :func:`._core.gcra`.
+#: KEYS[1] = the key; ARGV = interval_us, burst. Returns {allowed, retry_after_us,
+#: remaining}, all integers. Same arithmetic, in microseconds, as :func:`._core.gcra`.
 GCRA_LUA = """
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat == nil or tat < now then tat = now end
 local new_tat = tat + interval
 local allow_at = new_tat - burst * interval
-if now + 1e-9 < allow_at then
-  return {0, tostring(allow_at - now), 0}
+if now < allow_at then
+  return {0, allow_at - now, 0}
 end
-redis.call('SET', KEYS[1], string.format('%.6f', new_tat),
-           'PX', math.ceil((new_tat - now) * 1000) + 1)
-local remaining = math.floor((now - allow_at) / interval + 1e-9)
+redis.call('SET', KEYS[1], string.format('%.0f', new_tat),
+           'PX', math.ceil((new_tat - now) / 1000) + 1)
+local remaining = math.floor((now - allow_at) / interval)
 if remaining > burst - 1 then remaining = burst - 1 end
-if remaining < 0 then remaining = 0 end
-return {1, '0', remaining}
+return {1, 0, remaining}
 """
 
 _GCRA_SHA = hashlib.sha1(GCRA_LUA.encode()).hexdigest()
@@ -86,7 +84,7 @@ class RedisLimiter:
         self._fallback_decisions = 0
 
     def _eval(self, key: str, rate: Rate) -> Any:
-        args = (1, self._prefix + key, repr(rate.interval_s), rate.burst)
+        args = (1, self._prefix + key, rate.interval_us, rate.burst)
         try:
             return self._client.evalsha(_GCRA_SHA, *args)
         except redis.exceptions.NoScriptError:
@@ -110,7 +108,8 @@ class RedisLimiter:
                     log.warning("rate limits: Redis answers again; limits are shared again")
                     self._down_until = None
                 allowed, retry_after, remaining = reply
-                decision = Decision(allowed=bool(allowed), retry_after_s=float(retry_after),
+                decision = Decision(allowed=bool(allowed),
+                                    retry_after_s=int(retry_after) / 1_000_000,
                                     remaining=int(remaining))
                 if decision.allowed:
                     self._allowed += 1
