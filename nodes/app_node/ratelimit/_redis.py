@@ -32,6 +32,8 @@ from typing import Any
 
 import redis
 import trio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ._core import Decision, Rate
 from ._embedded import EmbeddedLimiter, LimiterStatistics
@@ -72,7 +74,9 @@ class RedisLimiter:
                  fallback_max_keys: int = 100_000) -> None:
         self._client = redis.Redis.from_url(
             url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-            retry_on_timeout=False)
+            # One immediate retry: a pooled connection gone stale (Redis restarted)
+            # reconnects at once; a dead Redis still costs at most two timeouts.
+            retry=Retry(NoBackoff(), 1))
         self._prefix = key_prefix
         self._retry_interval_s = retry_interval_s
         self._threads = trio.CapacityLimiter(max_threads)
