@@ -10,6 +10,7 @@ down) and an ASGI middleware answering 429 with ``Retry-After``
 from ._core import Decision, GcraTable, Rate, gcra
 from ._embedded import EmbeddedLimiter, Limiter, LimiterStatistics
 from ._middleware import KeyFunc, Limits, RateLimitMiddleware, key_by_token_or_ip, make_limiter
+from ._redis import RedisLimiter
 
 __all__ = [
     "Decision",
@@ -27,11 +28,3 @@ __all__ = [
     "make_limiter",
 ]
 
-
-def __getattr__(name: str) -> object:
-    # RedisLimiter imports the `redis` client; only a Redis deployment pays for it.
-    if name == "RedisLimiter":
-        from ._redis import RedisLimiter
-
-        return RedisLimiter
-    raise AttributeError(name)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ._core import Rate
 from ._embedded import EmbeddedLimiter, Limiter
+from ._redis import RedisLimiter
 
 __all__ = ["KeyFunc", "Limits", "RateLimitMiddleware", "key_by_token_or_ip", "make_limiter"]
 
@@ -45,8 +46,6 @@ class Limits(BaseModel):
 def make_limiter(settings: Limits, redis_url: str | None) -> Limiter:
     """A :class:`RedisLimiter` when ``redis_url`` (``REDIS_URL``) is set, else embedded."""
     if redis_url:
-        from ._redis import RedisLimiter  # only a Redis deployment needs the client
-
         return RedisLimiter(redis_url, fallback_max_keys=settings.max_keys)
     return EmbeddedLimiter(settings.max_keys)
 
