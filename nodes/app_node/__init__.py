@@ -1,1 +1,1 @@
-"""app-node: the HTTP API under /api, its users, teams, tokens and job records."""
+"""app-node (DESIGN.md §4): the HTTP API under /api, its rate limits and auth, its users, teams, tokens and job records."""
