@@ -1,0 +1,1 @@
+"""app-node: the HTTP API under /api, its users, teams, tokens and job records."""
