@@ -35,6 +35,14 @@ __all__ = ["OutboxSender"]
 _BACKEND = "outbox"
 
 
+def _remove(path: Path) -> None:
+    """Remove a temp file if it is there; the error being reported matters more."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 class OutboxSender:
     """Write each message as an RFC 5322 ``.eml`` file into ``folder``.
 
@@ -85,17 +93,14 @@ class OutboxSender:
                 os.fsync(f.fileno())
             os.replace(tmp, self.folder / name)
         except (PermissionError, NotADirectoryError, FileExistsError, IsADirectoryError) as exc:
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             raise EmailRejected(
                 f"cannot write the outbox folder {self.folder}: {exc.strerror or exc}; "
                 "point the outbox folder at a writable directory",
                 backend=_BACKEND,
             ) from exc
         except OSError as exc:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+            _remove(tmp)
             raise EmailUnavailable(
                 f"cannot write to the outbox folder {self.folder}: {exc.strerror or exc} "
                 "(a full disk?); free space and retry",
