@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import UTC, datetime
 from email.message import EmailMessage as MimeMessage
 from email.utils import format_datetime, parseaddr
 from enum import StrEnum
@@ -164,8 +165,6 @@ def to_mime(message: EmailMessage, from_address: str, *, date_s: float) -> MimeM
         from_address: the ``From`` address (checked).
         date_s: the ``Date`` header, in seconds since the epoch (UTC).
     """
-    from datetime import UTC, datetime
-
     sender = check_address(from_address)
     mime = MimeMessage()
     mime["From"] = sender

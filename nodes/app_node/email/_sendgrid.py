@@ -11,12 +11,12 @@ The request, as SendGrid's v3 Mail Send reference documents it::
      "subject": "...",
      "content": [{"type": "text/plain", "value": "..."},     # text/plain first:
                  {"type": "text/html",  "value": "..."}],    # SendGrid requires it
-     "custom_args": {"idempotency_key": "...", "kind": "invitation"},
-     "headers": {"Message-ID": "<digest.kind@domain>"}}
+     "custom_args": {"idempotency_key": "...", "kind": "invitation"}}
 
 One personalization holds every recipient, so they see each other in ``To``,
 as with the other backends. ``custom_args`` come back in SendGrid's event
-webhook, which ties a bounce to the intent that sent it.
+webhook, which ties a bounce to the intent that sent it. No ``headers``: SendGrid
+refuses a list of reserved ones with a 400, and sets its own ``Message-ID``.
 
 The answers::
 
@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import EmailRejected, EmailUnavailable
-from ._message import EmailMessage, SendResult, check_address, message_id_for
+from ._message import EmailMessage, SendResult, check_address
 
 __all__ = ["SendGridSender", "sendgrid_request", "sendgrid_result"]
 
@@ -61,7 +61,6 @@ def sendgrid_request(message: EmailMessage, from_address: str) -> dict[str, Any]
         "subject": message.subject,
         "content": content,
         "custom_args": {"idempotency_key": message.idempotency_key, "kind": message.kind.value},
-        "headers": {"Message-ID": message_id_for(message, from_address)},
     }
 
 
@@ -103,8 +102,9 @@ def sendgrid_result(status: int, headers: Mapping[str, str], body: bytes) -> Sen
         EmailRejected: a 4xx other than 429, with SendGrid's own messages.
         EmailUnavailable: 429 (with ``retry_after_s`` if sent) or 5xx.
     """
-    if status in (200, 202):
-        # 200 only happens in sandbox mode: valid, but not queued.
+    if 200 <= status < 300:
+        # 202 is documented; 200 only in sandbox mode (valid, not queued). Any
+        # other 2xx still means SendGrid took it: resending could deliver twice.
         return SendResult(message_id=headers.get("x-message-id", ""), backend=_BACKEND)
     said = _provider_messages(body)
     if status == 429:
@@ -118,7 +118,9 @@ def sendgrid_result(status: int, headers: Mapping[str, str], body: bytes) -> Sen
         raise EmailUnavailable(
             f"SendGrid failed ({status}): {said}; retry later", backend=_BACKEND, status=status
         )
-    if status in (401, 403):
+    if status < 400:
+        fix = f"check sendgrid_base_url (it should be https://api.sendgrid.com, not {status})"
+    elif status in (401, 403):
         fix = "check the API key (Mail Send permission) and that from_address is a verified sender"
     elif status == 413:
         fix = "shorten the message"

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import jsonschema
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -30,6 +32,7 @@ from nodes.app_node.email import (
     SendGridSender,
     send_with_retry,
     sendgrid_request,
+    sendgrid_result,
 )
 from p2p.http import serve_asgi
 
@@ -265,3 +268,17 @@ async def test_nobody_listening_is_transient():
     with trio.fail_after(10), pytest.raises(EmailUnavailable) as info:
         await sender.send(_message())
     assert "cannot reach SendGrid" in info.value.message
+
+
+@given(st.integers(100, 599), st.binary(max_size=200), st.sampled_from([None, "5", "x", "-1"]))
+def test_any_answer_is_a_result_or_a_typed_error(status, body, retry_after):
+    headers = {"x-message-id": "m"} if retry_after is None else {"retry-after": retry_after}
+    try:
+        result = sendgrid_result(status, headers, body)
+    except EmailRejected:
+        assert (400 <= status < 500 and status != 429) or status < 200 or 300 <= status < 400
+    except EmailUnavailable as exc:
+        assert status == 429 or status >= 500
+        assert exc.retry_after_s in (None, 5.0)
+    else:
+        assert 200 <= status < 300 and result.backend == "sendgrid"
