@@ -97,6 +97,7 @@ class EntryApp:
         if scope["type"] != "http":  # websocket: refused (hypercorn answers 403)
             await send({"type": "websocket.close", "code": 1003})
             return
+        send = _shielded(send)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         forward = route(raw_path.split(b"?", 1)[0], scope.get("query_string", b""))
         started = trio.current_time()
@@ -273,7 +274,10 @@ async def _pump(receive, body: trio.MemorySendChannel[bytes], scope: trio.Cancel
                 return
             chunk = message.get("body", b"")
             if chunk:
-                await body.send(chunk)
+                try:
+                    await body.send(chunk)
+                except trio.BrokenResourceError:
+                    pass  # the forwarder stopped reading (refused, or answered early): drain
             if not message.get("more_body", False):
                 break
     while True:  # the body is complete; only a disconnect can come now
@@ -281,6 +285,21 @@ async def _pump(receive, body: trio.MemorySendChannel[bytes], scope: trio.Cancel
         if message["type"] == "http.disconnect":
             state.disconnected(scope)
             return
+
+
+def _shielded(send):
+    """ASGI ``send``, never interrupted by a cancellation.
+
+    hypercorn updates its stream's state only after its write returns; a
+    ``send`` cancelled half-way leaves that state behind h11's, and the error
+    that follows stops the whole server (hypercorn 0.18). A write does not
+    hang for a client that left: the broken socket ends it.
+    """
+    async def send_shielded(message) -> None:
+        with trio.CancelScope(shield=True):
+            await send(message)
+
+    return send_shielded
 
 
 async def _respond(send, status: int, body: bytes) -> int:
