@@ -168,7 +168,6 @@ class EntryApp:
             request = httpx.Request(scope["method"], url, headers=headers, content=content)
             try:
                 await self._exchange(client, request, send, service, started, state)
-                state.done = True  # also after an error document: it was complete
             finally:
                 nursery.cancel_scope.cancel()  # the pump waits for a disconnect no one sends
         if state.gone:
@@ -195,12 +194,14 @@ class EntryApp:
             # would make upstreams compress for a client that never asked).
             response = await client.send(request, stream=True)
         except BodyTooLarge as exc:
+            state.done = True  # an error document is the whole answer
             state.status = await _respond(send, 413, error_body(
                 "BODY_TOO_LARGE", f"the request body is beyond the entry point's limit of "
                 f"{exc.limit} bytes", service))
             return
         except httpx.TimeoutException as exc:
             self._failed(service, "UPSTREAM_TIMEOUT", request, exc)
+            state.done = True  # an error document is the whole answer
             state.status = await _respond(send, 504, error_body(
                 "UPSTREAM_TIMEOUT", f"{DAEMONS[service]} at {request.url.host}:"
                 f"{request.url.port} did not answer in time ({_kind(exc)}); try again",
@@ -212,6 +213,7 @@ class EntryApp:
                 code, status = "SERVICE_UNAVAILABLE", 503
             else:
                 code, status = "UPSTREAM_UNREACHABLE", 502
+            state.done = True  # an error document is the whole answer
             state.status = await _respond(send, status, error_body(
                 code, f"{DAEMONS[service]} at {request.url.host}:{request.url.port} is not "
                 f"reachable ({_kind(exc)}): is it running?", service))
@@ -223,8 +225,10 @@ class EntryApp:
                         "headers": response_headers(response.headers.raw)})
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # Done before the last send: hypercorn reports http.disconnect as
+            # soon as a response is complete, while this send still runs.
             state.done = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except httpx.TransportError as exc:
             # Too late for an error document: leaving without the last body
             # message makes hypercorn close the connection, so the client sees

@@ -192,3 +192,10 @@ async def test_connections_to_an_upstream_are_pooled_and_kept_alive():
             assert (await client.get("/api/echo")).status_code == 200
         pool = entry.app.clients[Service.API]._transport._pool
         assert len(pool.connections) == 1  # five requests, one upstream connection
+        # Counted as answered, not as clients gone (hypercorn reports a
+        # disconnect as soon as each response is complete).
+        answered = entry.app.metrics.requests.labels("api", "200")
+        with trio.fail_after(5):
+            while answered._value.get() < 5:  # noqa: ASYNC110 - counted on the way out
+                await trio.sleep(0.01)
+        assert entry.app.metrics.requests.labels("api", "0")._value.get() == 0
