@@ -28,16 +28,21 @@ After the status line was sent nothing can be said any more: a broken
 upstream or a read timeout cuts the response (the client sees a truncated
 body, never a clean end) and is logged and counted as ``UPSTREAM_BROKEN``.
 
+Every ``send`` to hypercorn is shielded from cancellation: hypercorn 0.18
+updates its stream state only after a write returns, and a write cancelled
+half-way leaves an h11 error that stops the whole server.
+
 Falls short: no WebSocket proxying (nothing behind the door needs it; SSE
 covers streaming), no retries (a request body is streamed once), no HTTP/2
-to upstreams, and request trailers are dropped.
+to upstreams, request trailers are dropped, and there is no write timeout
+towards a client that stops reading (hypercorn has none either): its request
+waits for it or for its disconnect.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx
@@ -164,19 +169,23 @@ class EntryApp:
         state = _Exchange()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump, receive, body_in, nursery.cancel_scope, state)
-            content: Any = self._body(body_out) if has_body else b""
-            request = httpx.Request(scope["method"], url, headers=headers, content=content)
+            body = self._body(body_out) if has_body else None
+            request = httpx.Request(scope["method"], url, headers=headers,
+                                    content=body if body is not None else b"")
             try:
                 await self._exchange(client, request, send, service, started, state)
             finally:
                 nursery.cancel_scope.cancel()  # the pump waits for a disconnect no one sends
+                if body is not None:  # a body abandoned half-way is closed now, not at GC
+                    with trio.CancelScope(shield=True):
+                        await body.aclose()
         if state.gone:
             log.info("entry.client_gone service=%s path=%s sent=%s", service.value,
                      scope["path"], state.status or "nothing")
             return 0
         return state.status
 
-    async def _body(self, chunks: trio.MemoryReceiveChannel[bytes]) -> AsyncIterator[bytes]:
+    async def _body(self, chunks: trio.MemoryReceiveChannel[bytes]) -> AsyncGenerator[bytes, None]:
         """The client's body, as it arrives, cut short beyond ``max_body_bytes``."""
         total = 0
         async with chunks:
@@ -324,13 +333,10 @@ async def _lifespan(receive, send) -> None:
 
 
 def _content_length(headers) -> int | None:
-    """The declared body length; an unparsable one counts as too large."""
+    """The declared body length (h11 refused the request already if it is not a number)."""
     for name, value in headers:
         if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return math.inf  # type: ignore[return-value]  # h11 already refuses these
+            return int(value)
     return None
 
 
