@@ -199,3 +199,15 @@ async def test_connections_to_an_upstream_are_pooled_and_kept_alive():
             while answered._value.get() < 5:  # noqa: ASYNC110 - counted on the way out
                 await trio.sleep(0.01)
         assert entry.app.metrics.requests.labels("api", "0")._value.get() == 0
+
+
+async def test_a_client_that_leaves_before_the_answer_abandons_the_upstream_request():
+    async with entry_world() as (client, api, _, entry):
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get("/api/v1/slow", timeout=0.3)  # the upstream answers after 5 s
+        gone = entry.app.metrics.requests.labels("api", "0")
+        with trio.fail_after(api.slow_s / 2):  # long before the upstream would answer
+            while gone._value.get() < 1:  # noqa: ASYNC110 - counted on the way out
+                await trio.sleep(0.01)
+        pool = entry.app.clients[Service.API]._transport._pool
+        assert pool.connections == []  # closed, not put back for another request
