@@ -5,7 +5,8 @@
 else from the file ``apply-config`` installed, then from the environment
 (each daemon's prefix: ``K8S_COMMON_CONFIG__`` for the worker, as the seeds
 write it; ``COSMICAC_ORK__`` for wrk-ork; ``COSMICAC_PROXY__`` for
-proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``).
+proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``; ``COSMICAC_ENTRY__`` for
+the entry point on port 5173).
 
 ``apply-config`` is the seeds' ``task apply-wrk-server-k8s-nvidia-common-config``:
 it validates a file exactly as the daemon will read it (environment
@@ -39,6 +40,7 @@ class ServiceName(enum.StrEnum):
     ORK = "wrk-ork"
     WORKER = "wrk-server-k8s-nvidia"
     PROXY = "proxy-inference"
+    ENTRY = "entry"
 
 
 def _settings_class(service: ServiceName) -> type[DaemonSettings]:
@@ -48,6 +50,9 @@ def _settings_class(service: ServiceName) -> type[DaemonSettings]:
     if service is ServiceName.PROXY:
         from nodes.proxy_inference.settings import ProxySettings
         return ProxySettings
+    if service is ServiceName.ENTRY:
+        from nodes.entry.settings import EntrySettings
+        return EntrySettings
     from nodes.k8s_worker.settings import WorkerSettings
     return WorkerSettings
 
@@ -90,6 +95,9 @@ def run(
         from crdt import CrdtError
         from nodes.proxy_inference.daemon import start_proxy
         run_daemon(settings, start_proxy, name="proxy", errors={CrdtError: str})
+    elif service is ServiceName.ENTRY:
+        from nodes.entry.daemon import start_entry
+        run_daemon(settings, start_entry, name="entry")
     else:
         from nodes.k8s_worker.backend import BackendError
         from nodes.k8s_worker.daemon import start_worker
