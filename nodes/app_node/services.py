@@ -1,0 +1,62 @@
+"""What app-node's HTTP routes are given to work with: one object the daemon builds.
+
+The routes (``nodes/app_node/api/``) never open files, sockets or clocks
+themselves: the daemon (``daemon.py``) builds an :class:`AppServices` from its
+settings and hands it to ``create_app``; tests build one from in-memory parts
+(a store on ``:memory:``-like temp files, a database replica, an outbox
+sender, an embedded limiter, a fake clock).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crdt import Database
+    from nodes.ork.client import OrkClient
+
+    from .email import EmailSender
+    from .ratelimit import Limiter, Limits
+    from .store import Store
+
+__all__ = ["AppServices", "Lifetimes"]
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """How long what app-node issues stays valid."""
+
+    session: timedelta = timedelta(days=7)
+    password_reset: timedelta = timedelta(hours=1)
+    invitation: timedelta = timedelta(days=7)
+
+
+@dataclass
+class AppServices:
+    """Everything the routes use.
+
+    Attributes:
+        store: app-node's own SQLite (blocking: call it through ``trio.to_thread``).
+        database: its replica of the shared database (API keys, model masters,
+            usage); app-node created it and is its admin.
+        ork: the client of wrk-ork for job, replica, rack and node operations;
+            None until wrk-ork is configured (those routes answer 503).
+        email: invitations and password resets.
+        limiter / limits: the rate limits per token and per IP.
+        public_url: the URL users reach (the entry point), for links in emails.
+        clock: POSIX seconds (tests pass a fake).
+    """
+
+    store: Store
+    database: Database
+    ork: OrkClient | None
+    email: EmailSender
+    limiter: Limiter
+    limits: Limits
+    public_url: str = "http://127.0.0.1:5173"
+    lifetimes: Lifetimes = field(default_factory=Lifetimes)
+    clock: Callable[[], float] = time.time
