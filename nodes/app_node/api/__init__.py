@@ -1,0 +1,9 @@
+"""app-node's HTTP API under ``/api`` (issue 13): auth, teams and roles, API keys.
+
+``create_app(services)`` gives the ASGI app; see README.md for the routes.
+"""
+
+from ._app import ROUTES, create_app, openapi
+from ._common import STATUS, ApiError
+
+__all__ = ["ROUTES", "STATUS", "ApiError", "create_app", "openapi"]

@@ -1,0 +1,122 @@
+"""``create_app``: the Starlette app under ``/api``, behind the rate limiter.
+
+Every route is one :class:`~._spec.RouteSpec`; the app wraps each handler so
+an :class:`~._common.ApiError` (or a store error) becomes the JSON error body,
+and builds ``/api/openapi.json`` from the same table, so the schema lists
+exactly the routes served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..auth import DEFAULT_PARAMS, ScryptParams
+from ..errors import AppNodeError
+from ..ratelimit import RateLimitMiddleware, key_by_token_or_ip
+from ..services import AppServices
+from . import _apikeys, _auth_routes, _teams
+from ._common import ApiError, Ctx, error_response
+from ._models import ErrorOut
+from ._spec import RouteSpec
+
+__all__ = ["ROUTES", "create_app", "openapi"]
+
+ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_teams.ROUTES, *_apikeys.ROUTES]
+
+_DOCS = """<!doctype html><html><head><meta charset="utf-8"><title>CosmicAC API</title></head>
+<body><h1>CosmicAC API</h1><p>The schema of every route under <code>/api</code> is at
+<a href="/api/openapi.json">/api/openapi.json</a>; load it into any OpenAPI viewer.</p>
+</body></html>"""
+
+
+def _endpoint(ctx: Ctx, spec: RouteSpec):
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await spec.handler(ctx, request)
+        except ApiError as exc:
+            return error_response(exc)
+        except AppNodeError as exc:
+            return error_response(ApiError.of(exc))
+    endpoint.__name__ = spec.handler.__name__
+    return endpoint
+
+
+def openapi(routes: list[RouteSpec] = ROUTES) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes`` (models referenced under ``components``)."""
+    schemas: dict[str, Any] = {}
+
+    def ref(model: type) -> dict[str, str]:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in schema.pop("$defs", {}).items():
+            schemas[name] = sub
+        schemas[model.__name__] = schema
+        return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+    error = {"description": "an error", "content": {"application/json": {"schema": ref(ErrorOut)}}}
+    paths: dict[str, Any] = {}
+    for spec in routes:
+        op: dict[str, Any] = {"summary": spec.summary, "operationId": spec.handler.__name__,
+                              "responses": {"default": error}}
+        if spec.auth:
+            op["security"] = [{"bearer": []}]
+        if spec.body is not None:
+            op["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": ref(spec.body)}}}
+        params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for p in _path_params(spec.path)]
+        params += [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}}
+                   for q in spec.query]
+        if params:
+            op["parameters"] = params
+        answer: dict[str, Any] = {"description": "success"}
+        if spec.answer is not None:
+            answer["content"] = {"application/json": {"schema": ref(spec.answer)}}
+        op["responses"][str(spec.status)] = answer
+        paths.setdefault("/api" + spec.path, {})[spec.method.lower()] = op
+    return {"openapi": "3.1.0", "info": {"title": "CosmicAC app-node API", "version": "1"},
+            "paths": paths, "components": {"schemas": schemas, "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"}}}}
+
+
+def _path_params(path: str) -> list[str]:
+    return [part[1:-1] for part in path.split("/") if part.startswith("{")]
+
+
+def create_app(services: AppServices, *,
+               password_params: ScryptParams = DEFAULT_PARAMS) -> Starlette:
+    """The ASGI app of ``/api``.
+
+    Args:
+        services: what the routes use (store, database, email, limiter, clock).
+        password_params: scrypt's cost for new password hashes (tests lower it).
+    """
+    ctx = Ctx(services, password_params)
+    document = openapi()
+    routes = [Route("/api" + spec.path, _endpoint(ctx, spec), methods=[spec.method])
+              for spec in ROUTES]
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(document)
+
+    async def docs(request: Request) -> Response:
+        return HTMLResponse(_DOCS)
+
+    routes += [Route("/api/openapi.json", openapi_json, methods=["GET"]),
+               Route("/api/docs", docs, methods=["GET"])]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(ApiError(exc.status_code, code, f"{request.method} "
+                                       f"{request.url.path}: {exc.detail}; see /api/docs"))
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                     middleware=[Middleware(RateLimitMiddleware, limiter=services.limiter,
+                                            key_func=key_by_token_or_ip(services.limits))])

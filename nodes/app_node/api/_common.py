@@ -1,0 +1,149 @@
+"""What every route group shares: the error body, request parsing, the session check.
+
+Errors leave as ``{"error": {"code", "message", "field"?}}``. The store's
+:class:`~nodes.app_node.errors.AppNodeError` codes map to statuses in
+:data:`STATUS`; auth failures are ``unauthenticated`` (401) and ``forbidden``
+(403). A team the caller does not belong to answers 404 like a missing one, so
+its existence does not leak.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..auth import ScryptParams, hash_token
+from ..errors import AppNodeError, Expired, Invalid, NotFound
+from ..model import Role, User
+from ..services import AppServices
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+#: HTTP status of each store error code.
+STATUS = {"NOT_FOUND": 404, "CONFLICT": 409, "INVALID": 422, "LAST_OWNER": 409,
+          "EXPIRED": 410, "STORE": 500}
+
+_RANK = {Role.MEMBER: 0, Role.ADMIN: 1, Role.OWNER: 2}
+
+
+class ApiError(Exception):
+    """An answer other than success: ``status`` and the body's code, message and field."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    @classmethod
+    def of(cls, exc: AppNodeError) -> ApiError:
+        return cls(STATUS.get(exc.code, 500), exc.code, exc.message,
+                   getattr(exc, "field", None))
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if exc.field is not None:
+        body["field"] = exc.field
+    return JSONResponse({"error": body}, status_code=exc.status)
+
+
+def unauthenticated(message: str) -> ApiError:
+    return ApiError(401, "unauthenticated", message)
+
+
+def forbidden(message: str) -> ApiError:
+    return ApiError(403, "forbidden", message)
+
+
+def ok(model: BaseModel | None = None, status: int = 200) -> Response:
+    if model is None:
+        return Response(status_code=204)
+    return JSONResponse(model.model_dump(mode="json"), status_code=status)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What the routes close over: the services and the password hashing cost."""
+
+    services: AppServices
+    password_params: ScryptParams
+
+    def now(self) -> float:
+        return self.services.clock()
+
+    async def store(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call a (blocking) store method in a worker thread; store errors become ApiErrors."""
+        try:
+            return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
+        except AppNodeError as exc:
+            raise ApiError.of(exc) from exc
+
+    async def body(self, request: Request, model: type[M]) -> M:
+        """The JSON body as ``model``; 422 naming the first bad field."""
+        raw = await request.body()
+        try:
+            data = json.loads(raw or b"null")
+        except ValueError:
+            raise ApiError(422, "INVALID", "the body is not JSON; send a JSON object") from None
+        return validate(model, data)
+
+    async def session(self, request: Request) -> Session:
+        """The caller's session from ``Authorization: Bearer``; 401 without a valid one."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise unauthenticated("send Authorization: Bearer <token>; log in to get one")
+        token_hash = hash_token(token)
+        try:
+            record = await trio.to_thread.run_sync(functools.partial(
+                self.services.store.valid_token, token_hash, now=self.now()))
+            user = await trio.to_thread.run_sync(self.services.store.get_user, record.user)
+        except (NotFound, Expired) as exc:
+            raise unauthenticated(exc.message) from None
+        except AppNodeError as exc:
+            raise ApiError.of(exc) from exc
+        return Session(user=user, token_hash=token_hash)
+
+    async def require_role(self, session: Session, team_id: str, at_least: Role) -> Role:
+        """The caller's role in ``team_id``: 404 if not a member, 403 if below ``at_least``."""
+        role = await self.store(self.services.store.role_of, session.user.id, team_id)
+        if role is None:
+            raise ApiError(404, "NOT_FOUND", f"no team {team_id} among yours; check the id")
+        if _RANK[role] < _RANK[at_least]:
+            raise forbidden(f"this needs the {at_least.value} role in the team; you are "
+                            f"{role.value}; ask an owner or admin")
+        return role
+
+
+def outranks(role: Role, other: Role) -> bool:
+    """Whether ``role`` may act on a member holding ``other``: owners on anyone, admins
+    on anyone but owners."""
+    return role is Role.OWNER or (role is Role.ADMIN and other is not Role.OWNER)
+
+
+@dataclass(frozen=True)
+class Session:
+    user: User
+    token_hash: str
+
+
+def validate(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        raise ApiError(422, "INVALID", f"{field or 'body'}: {first['msg']}",
+                       field) from None
+
+
+def invalid(field: str, message: str) -> ApiError:
+    return ApiError.of(Invalid(field, message))

@@ -1,0 +1,179 @@
+"""Teams, members and roles, invitations.
+
+Who may do what: any member reads their team's members; owners and admins
+change roles, remove members and invite; only an owner makes or touches an
+owner. Anyone may leave a team (remove themselves) unless they are its last
+owner. Someone outside a team gets 404 for it, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..auth import hash_token, new_token
+from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
+from ..model import Role
+from ._auth_routes import hash_new_password, open_session
+from ._common import ApiError, Ctx, forbidden, ok, outranks
+from ._models import (
+    AcceptIn,
+    AcceptOut,
+    InvitationIn,
+    InvitationOut,
+    MemberOut,
+    MembershipOut,
+    MembersOut,
+    RoleIn,
+    TeamIn,
+    TeamOut,
+    TeamsOut,
+    user_out,
+)
+from ._spec import RouteSpec
+
+
+async def list_teams(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    teams = await ctx.store(ctx.services.store.teams_of, session.user.id)
+    return ok(TeamsOut(teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in teams]))
+
+
+async def create_team(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    body = await ctx.body(request, TeamIn)
+    team = await ctx.store(ctx.services.store.create_team, name=body.name,
+                           owner=session.user.id, now=ctx.now())
+    return ok(TeamOut(id=team.id, name=team.name, role=Role.OWNER), 201)
+
+
+async def list_members(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    team_id = request.path_params["team"]
+    await ctx.require_role(session, team_id, Role.MEMBER)
+    members = await ctx.store(ctx.services.store.list_members, team_id)
+    return ok(MembersOut(members=[MemberOut(user=user_out(u), role=r) for u, r in members]))
+
+
+async def _target_role(ctx: Ctx, team_id: str, user_id: str) -> Role:
+    role = await ctx.store(ctx.services.store.role_of, user_id, team_id)
+    if role is None:
+        raise ApiError(404, "NOT_FOUND", f"user {user_id} is not a member of team {team_id}")
+    return role
+
+
+async def change_role(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    team_id, user_id = request.path_params["team"], request.path_params["user"]
+    mine = await ctx.require_role(session, team_id, Role.ADMIN)
+    body = await ctx.body(request, RoleIn)
+    theirs = await _target_role(ctx, team_id, user_id)
+    if not outranks(mine, theirs) or (body.role is Role.OWNER and mine is not Role.OWNER):
+        raise forbidden("only an owner may make an owner or change an owner's role")
+    membership = await ctx.store(ctx.services.store.change_role, team_id, user_id, body.role)
+    return ok(MembershipOut(user=membership.user, team=membership.team, role=membership.role))
+
+
+async def remove_member(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    team_id, user_id = request.path_params["team"], request.path_params["user"]
+    if user_id != session.user.id:
+        mine = await ctx.require_role(session, team_id, Role.ADMIN)
+        if not outranks(mine, await _target_role(ctx, team_id, user_id)):
+            raise forbidden("only an owner may remove an owner")
+    else:
+        await ctx.require_role(session, team_id, Role.MEMBER)
+    await ctx.store(ctx.services.store.remove_member, team_id, user_id)
+    return ok()
+
+
+async def invite(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    team_id = request.path_params["team"]
+    mine = await ctx.require_role(session, team_id, Role.ADMIN)
+    body = await ctx.body(request, InvitationIn)
+    if body.role is Role.OWNER and mine is not Role.OWNER:
+        raise forbidden("only an owner may invite an owner")
+    store = ctx.services.store
+    team = await ctx.store(store.get_team, team_id)
+    token, token_hash = new_token()
+    now = ctx.now()
+    invitation = await ctx.store(
+        store.create_invitation, team=team_id, email=body.email, role=body.role,
+        token_hash=token_hash, invited_by=session.user.id, now=now,
+        expires_at=now + ctx.services.lifetimes.invitation.total_seconds())
+    link = f"{ctx.services.public_url.rstrip('/')}/accept?token={token}"
+    message = EmailMessage(
+        to=(invitation.email,), kind=EmailKind.INVITATION,
+        subject=f"{session.user.name} invites you to {team.name} on CosmicAC",
+        text=(f"{session.user.name} ({session.user.email}) invites you to join the team "
+              f"{team.name} as {body.role.value}.\n\nAccept: {link}\n\nThe link works "
+              f"until {_day(invitation.expires_at)} UTC and only once.\n"),
+        idempotency_key=f"invitation-{invitation.id}")
+    try:
+        await send_with_retry(ctx.services.email, message)
+    except EmailError as exc:
+        await ctx.store(store.revoke_invitation, invitation.id)
+        raise ApiError(502, "email_failed", f"the invitation email could not be sent "
+                       f"({exc}); nothing was recorded; check the email settings and retry"
+                       ) from None
+    return ok(InvitationOut(id=invitation.id, team=team_id, email=invitation.email,
+                            role=invitation.role, expires_at=invitation.expires_at), 201)
+
+
+def _day(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+async def accept(ctx: Ctx, request: Request) -> Response:
+    """With a session: join as that user. Without: create the account, then join."""
+    body = await ctx.body(request, AcceptIn)
+    store = ctx.services.store
+    token_hash = hash_token(body.token)
+    if request.headers.get("authorization"):
+        session = await ctx.session(request)
+        membership = await ctx.store(store.accept_invitation, token_hash, session.user.id,
+                                     now=ctx.now())
+        return ok(AcceptOut(membership=MembershipOut(
+            user=membership.user, team=membership.team, role=membership.role)))
+    for field in ("email", "name", "password"):
+        if not getattr(body, field):
+            raise ApiError(422, "INVALID", f"{field} is required to create your account "
+                           "(or send your session token to join as yourself)", field)
+    assert body.email and body.name and body.password
+    password_hash = await hash_new_password(ctx, body.password)
+    user = await ctx.store(store.create_user, email=body.email, name=body.name,
+                           password_hash=password_hash, now=ctx.now())
+    try:
+        membership = await ctx.store(store.accept_invitation, token_hash, user.id,
+                                     now=ctx.now())
+    except ApiError:
+        await ctx.store(store.delete_user, user.id)  # the account exists only to join
+        raise
+    user = await ctx.store(store.get_user, user.id)
+    return ok(AcceptOut(membership=MembershipOut(user=membership.user, team=membership.team,
+                                                 role=membership.role),
+                        session=await open_session(ctx, user)))
+
+
+ROUTES = [
+    RouteSpec("GET", "/teams", list_teams, "The caller's teams with their roles",
+              answer=TeamsOut),
+    RouteSpec("POST", "/teams", create_team, "Create a team the caller owns", TeamIn,
+              TeamOut, 201),
+    RouteSpec("GET", "/teams/{team}/members", list_members, "The team's members (members)",
+              answer=MembersOut),
+    RouteSpec("PATCH", "/teams/{team}/members/{user}", change_role,
+              "Change a member's role (owner/admin)", RoleIn, MembershipOut),
+    RouteSpec("DELETE", "/teams/{team}/members/{user}", remove_member,
+              "Remove a member (owner/admin), or leave", status=204),
+    RouteSpec("POST", "/teams/{team}/invitations", invite,
+              "Invite by email (owner/admin)", InvitationIn, InvitationOut, 201),
+    RouteSpec("POST", "/invitations/accept", accept,
+              "Accept an invitation (with a session, or creating the account)", AcceptIn,
+              AcceptOut, auth=False),
+]
+
+__all__ = ["ROUTES"]

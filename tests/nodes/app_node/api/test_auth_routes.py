@@ -1,0 +1,120 @@
+"""Sign-up, login, logout, /me, the active team, errors, the limiter, the docs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodes.app_node.ratelimit import Limits, Rate
+
+from .conftest import PASSWORD, Api, bearer, make_api
+
+
+async def test_signup_then_closed(api: Api) -> None:
+    token = await api.signup()
+    assert token.startswith("cac_")
+    r = await api.client.post("/api/auth/signup", json={
+        "email": "b@example.com", "name": "B", "password": PASSWORD, "team_name": "x"})
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "CONFLICT"
+
+
+async def test_signup_validation_names_the_field(api: Api) -> None:
+    r = await api.client.post("/api/auth/signup", json={
+        "email": "a@example.com", "name": "A", "password": "short", "team_name": "x"})
+    assert r.status_code == 422
+    assert r.json()["error"]["field"] == "password"
+    r = await api.client.post("/api/auth/signup", json={
+        "email": "a@example.com", "password": PASSWORD, "team_name": "x"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "name"
+    r = await api.client.post("/api/auth/signup", json={
+        "email": "not-an-address", "name": "A", "password": PASSWORD, "team_name": "x"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "email"
+    r = await api.client.post("/api/auth/signup", content=b"{nope")
+    assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID"
+
+
+async def test_login_me_logout(api: Api) -> None:
+    await api.signup()
+    key = "ab" * 32
+    r = await api.client.post("/api/auth/login", json={
+        "email": "ADMIN@example.com", "password": PASSWORD, "cli_public_key": key})
+    assert r.status_code == 200, r.text
+    token = r.json()["token"]
+    assert r.json()["expires_at"] == api.clock.now + 7 * 86400
+    r = await api.client.get("/api/me", headers=bearer(token))
+    me = r.json()
+    assert me["user"]["email"] == "admin@example.com"
+    assert me["user"]["cli_public_key"] == key
+    assert [t["role"] for t in me["teams"]] == ["owner"]
+    assert me["active_team"] == me["teams"][0]["id"]
+    r = await api.client.post("/api/auth/logout", headers=bearer(token))
+    assert r.status_code == 204
+    r = await api.client.get("/api/me", headers=bearer(token))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+
+
+async def test_login_refusals(api: Api) -> None:
+    await api.signup()
+    r = await api.client.post("/api/auth/login", json={"email": "admin@example.com",
+                                                       "password": "wrong password!"})
+    assert r.status_code == 401
+    r = await api.client.post("/api/auth/login", json={"email": "nobody@example.com",
+                                                       "password": PASSWORD})
+    assert r.status_code == 401
+    r = await api.client.post("/api/auth/login", json={
+        "email": "admin@example.com", "password": PASSWORD, "cli_public_key": "xyz"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "cli_public_key"
+
+
+async def test_token_expires_on_the_clock(api: Api) -> None:
+    token = await api.signup()
+    assert (await api.client.get("/api/me", headers=bearer(token))).status_code == 200
+    api.clock.now += 7 * 86400
+    r = await api.client.get("/api/me", headers=bearer(token))
+    assert r.status_code == 401
+    assert "expired" in r.json()["error"]["message"]
+
+
+async def test_no_or_bad_token(api: Api) -> None:
+    await api.signup()
+    assert (await api.client.get("/api/me")).status_code == 401
+    r = await api.client.get("/api/me", headers=bearer("cac_made_up"))
+    assert r.status_code == 401
+
+
+async def test_active_team(api: Api) -> None:
+    token = await api.signup()
+    r = await api.client.post("/api/teams", json={"name": "second"}, headers=bearer(token))
+    second = r.json()["id"]
+    r = await api.client.put("/api/me/active-team", json={"team_id": second},
+                             headers=bearer(token))
+    assert r.status_code == 200 and r.json()["active_team"] == second
+    r = await api.client.put("/api/me/active-team", json={"team_id": "nope"},
+                             headers=bearer(token))
+    assert r.status_code == 404 and r.json()["error"]["field"] == "team_id"
+
+
+async def test_rate_limited(tmp_path: Path) -> None:
+    tight = Limits(per_token=Rate(per_second=0.001, burst=2),
+                   per_ip=Rate(per_second=0.001, burst=2))
+    async for api in make_api(tmp_path, tight):
+        statuses = [(await api.client.get("/api/openapi.json")).status_code for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        r = await api.client.get("/api/docs")
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+        assert "retry-after" in r.headers
+
+
+async def test_openapi_lists_every_route(api: Api) -> None:
+    from nodes.app_node.api import ROUTES
+    doc = (await api.client.get("/api/openapi.json")).json()
+    for spec in ROUTES:
+        assert spec.method.lower() in doc["paths"]["/api" + spec.path]
+    assert "SignupIn" in doc["components"]["schemas"]
+    r = await api.client.get("/api/docs")
+    assert r.status_code == 200 and "/api/openapi.json" in r.text
+
+
+async def test_unknown_route_is_json(api: Api) -> None:
+    r = await api.client.get("/api/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
