@@ -8,6 +8,7 @@ exactly the routes served.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,6 +28,8 @@ from ._models import ErrorOut
 from ._spec import RouteSpec
 
 __all__ = ["ROUTES", "create_app", "openapi"]
+
+_log = logging.getLogger(__name__)
 
 ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_teams.ROUTES, *_apikeys.ROUTES]
 
@@ -117,6 +120,12 @@ def create_app(services: AppServices, *,
         return error_response(ApiError(exc.status_code, code, f"{request.method} "
                                        f"{request.url.path}: {exc.detail}; see /api/docs"))
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+    async def crash(request: Request, exc: Exception) -> Response:
+        _log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(ApiError(500, "internal", "app-node failed to answer; the "
+                                       "error is in its log; retry, or report it"))
+
+    return Starlette(routes=routes,
+                     exception_handlers={HTTPException: http_error, Exception: crash},
                      middleware=[Middleware(RateLimitMiddleware, limiter=services.limiter,
                                             key_func=key_by_token_or_ip(services.limits))])

@@ -7,12 +7,16 @@ a closed sign-up costs nothing.
 
 from __future__ import annotations
 
+import functools
+import secrets
+
 import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..auth import (
     PasswordPolicyError,
+    ScryptParams,
     StoredHashError,
     check_password_policy,
     hash_password,
@@ -34,6 +38,12 @@ from ._models import (
 from ._spec import RouteSpec
 
 _WRONG = "the email or password is wrong; check both, or ask an admin to reset the password"
+
+
+@functools.cache
+def _dummy_hash(params: ScryptParams) -> str:
+    """A hash of no one's password, checked when the email is unknown."""
+    return hash_password(secrets.token_urlsafe(24), params=params)
 
 
 async def hash_new_password(ctx: Ctx, password: str) -> str:
@@ -78,6 +88,10 @@ async def login(ctx: Ctx, request: Request) -> Response:
         user = await ctx.store(store.get_user_by_email, body.email)
     except ApiError as exc:
         if exc.status == 404:
+            # as slow as a wrong password, so the answer's timing does not tell which
+            # emails have accounts
+            await trio.to_thread.run_sync(verify_password, body.password,
+                                          _dummy_hash(ctx.password_params))
             raise unauthenticated(_WRONG) from None
         raise
     try:
