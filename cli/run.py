@@ -6,7 +6,8 @@ else from the file ``apply-config`` installed, then from the environment
 (each daemon's prefix: ``K8S_COMMON_CONFIG__`` for the worker, as the seeds
 write it; ``COSMICAC_ORK__`` for wrk-ork; ``COSMICAC_PROXY__`` for
 proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``; ``COSMICAC_ENTRY__`` for
-the entry point on port 5173).
+the entry point on port 5173; ``COSMICAC_APP_NODE__`` for app-node, which also
+reads ``REDIS_URL``).
 
 ``apply-config`` is the seeds' ``task apply-wrk-server-k8s-nvidia-common-config``:
 it validates a file exactly as the daemon will read it (environment
@@ -41,6 +42,7 @@ class ServiceName(enum.StrEnum):
     WORKER = "wrk-server-k8s-nvidia"
     PROXY = "proxy-inference"
     ENTRY = "entry"
+    APP_NODE = "app-node"
 
 
 def _settings_class(service: ServiceName) -> type[DaemonSettings]:
@@ -53,6 +55,9 @@ def _settings_class(service: ServiceName) -> type[DaemonSettings]:
     if service is ServiceName.ENTRY:
         from nodes.entry.settings import EntrySettings
         return EntrySettings
+    if service is ServiceName.APP_NODE:
+        from nodes.app_node.settings import AppNodeSettings
+        return AppNodeSettings
     from nodes.k8s_worker.settings import WorkerSettings
     return WorkerSettings
 
@@ -98,6 +103,12 @@ def run(
     elif service is ServiceName.ENTRY:
         from nodes.entry.daemon import start_entry
         run_daemon(settings, start_entry, name="entry")
+    elif service is ServiceName.APP_NODE:
+        from crdt import CrdtError
+        from nodes.app_node.daemon import start_app_node
+        from nodes.app_node.errors import AppNodeError
+        run_daemon(settings, start_app_node, name="app-node",
+                   errors={CrdtError: str, AppNodeError: str})
     else:
         from nodes.k8s_worker.backend import BackendError
         from nodes.k8s_worker.daemon import start_worker

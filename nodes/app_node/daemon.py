@@ -1,0 +1,141 @@
+"""app-node as a daemon: one peer creating and administering the shared database,
+holding a connection to wrk-ork, and serving the HTTP API under ``/api``.
+
+One swarm, one identity (``<storage>/identity``):
+
+- the shared database (``cosmicac-db/1``): app-node creates it on first start
+  (its bootstrap key is app-node's key: what ``task wire`` writes to
+  ``PROXY_AUTOBASE_KEY``) and is its admin; ``database_writers`` (the proxy's
+  key) are admitted at start;
+- :class:`~nodes.ork.client.OrkClient` to wrk-ork (``cosmicac-ork/1``) for
+  job, replica, rack and node operations;
+- its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
+  job records), called through worker threads;
+- the HTTP API (:func:`nodes.app_node.api.create_app`) on ``http.host:http.port``,
+  behind the entry point's ``/api``.
+
+:func:`serve_app_node` runs it in-process (tests); :func:`start_app_node` is
+``cosmicac run app-node`` on the daemon kit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from crdt import FsyncPolicy, WriteRefused, run_database_service
+from p2p.daemon import Daemon, DaemonError, ProcessMetrics
+from p2p.http import serve_asgi
+from p2p.keys import load_or_create_keypair
+from p2p.swarm import Swarm, SwarmConfig
+
+from .email import make_sender
+from .ratelimit import make_limiter
+from .services import AppServices
+from .settings import AppNodeSettings
+from .store import Store
+
+__all__ = ["ApiBindError", "RunningAppNode", "serve_app_node", "start_app_node"]
+
+log = logging.getLogger(__name__)
+
+
+class ApiBindError(OSError):
+    """The HTTP API cannot listen on its address."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return f"cannot serve the API on {self.host}:{self.port}: {self.strerror}"
+
+
+@dataclass
+class RunningAppNode:
+    """app-node serving in-process: where, and its parts (for tests)."""
+
+    http_address: tuple[str, int]
+    swarm_address: tuple[str, int]
+    swarm: Swarm
+    services: AppServices
+
+    @property
+    def url(self) -> str:
+        host, port = self.http_address
+        return f"http://{host}:{port}/api"
+
+
+async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics | None = None,
+                         task_status: trio.TaskStatus[RunningAppNode] = trio.TASK_STATUS_IGNORED
+                         ) -> None:
+    """Run app-node until cancelled; report a :class:`RunningAppNode` once serving."""
+    from nodes.ork.client import OrkClient
+
+    from .api import create_app
+
+    storage = settings.storage
+    keypair = await trio.to_thread.run_sync(load_or_create_keypair, storage)
+    store = await trio.to_thread.run_sync(Store.open, storage / "app-node.sqlite")
+    swarm = Swarm(keypair, config=SwarmConfig(
+        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
+        relays=settings.relays, announce_addresses=settings.announce_addresses))
+    limiter = make_limiter(settings.limits, settings.redis_url)
+    try:
+        async with trio.open_nursery() as nursery:
+            swarm_address = await nursery.start(swarm.run)
+            service = await nursery.start(functools.partial(
+                run_database_service, storage / "db", swarm=swarm,
+                allow=frozenset(settings.database_writers),
+                fsync=FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER))
+            db = service.db
+            for writer in settings.database_writers:  # again at each start: a no-op then
+                try:
+                    await db.change_writer("add_writer", writer)
+                except WriteRefused as exc:
+                    raise DaemonError(f"cannot admit {writer.hex()[:16]} as a writer of the "
+                                      f"shared database: {exc}") from None
+            ork = None
+            if settings.ork is not None:
+                ork = OrkClient(swarm, settings.ork, addresses=settings.ork_addresses)
+                await nursery.start(ork.run)
+            services = AppServices(store=store, database=db, ork=ork,
+                                   email=make_sender(settings.email, storage),
+                                   limiter=limiter, limits=settings.limits,
+                                   public_url=settings.public_url)
+            if metrics is not None:
+                metrics.add(swarm.metrics.registry, db.metrics.registry)
+            http_address = await nursery.start(functools.partial(
+                serve_asgi, create_app(services), host=settings.http.host,
+                port=settings.http.port, bind_error=ApiBindError))
+            log.info("app_node.serving http=%s:%d swarm=%s:%d key=%s db=%s", *http_address,
+                     *swarm_address, keypair.hex[:12], db.bootstrap.hex()[:16])
+            task_status.started(RunningAppNode(http_address, swarm_address, swarm, services))
+    finally:
+        store.close()
+
+
+async def start_app_node(daemon: Daemon[AppNodeSettings]) -> None:
+    """``cosmicac run app-node``: start in ``daemon.nursery``; return once serving."""
+    settings = daemon.settings
+    if daemon.storage is not None:
+        settings = settings.model_copy(update={"storage": daemon.storage})
+    try:
+        running: RunningAppNode = await daemon.nursery.start(functools.partial(
+            serve_app_node, settings, metrics=daemon.metrics))
+    except (OSError, BaseExceptionGroup) as exc:
+        cause = exc
+        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+            cause = cause.exceptions[0]
+        if not isinstance(cause, OSError):
+            raise
+        raise DaemonError(str(cause) if isinstance(cause, ApiBindError) else
+                          f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{cause.strerror or cause}") from None
+    host, port = running.http_address
+    print(f"app-node {running.swarm.keypair.hex} serving http://{host}:{port}/api "
+          f"(swarm {running.swarm_address[0]}:{running.swarm_address[1]}, shared database "
+          f"{running.services.database.bootstrap.hex()})", flush=True)

@@ -1,0 +1,69 @@
+"""app-node's settings: ``COSMICAC_APP_NODE__<KEY>`` in the environment, or a config file.
+
+``REDIS_URL`` (the platform's name for it) is read through the daemon kit's
+``legacy_env``; the prefixed ``COSMICAC_APP_NODE__REDIS_URL`` wins over it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+from pydantic_settings import SettingsConfigDict
+
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+
+from .email import EmailSettings
+from .ratelimit import Limits
+
+__all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "HttpSettings"]
+
+#: Default port of app-node's swarm (TCP and UDP); 49737 relay, 49739 worker,
+#: 49740 wrk-ork, 49741 proxy-inference.
+APP_NODE_PORT = 49742
+#: Default port of the HTTP API (the entry point's ``api_url``).
+APP_NODE_HTTP_PORT = 49751
+
+
+class HttpSettings(BaseModel):
+    """Where the HTTP API listens (behind the entry point on :5173)."""
+
+    model_config = {"extra": "forbid"}
+
+    host: str = "127.0.0.1"
+    #: 0: any free port (tests).
+    port: Port = APP_NODE_HTTP_PORT
+
+
+class AppNodeSettings(DaemonSettings):
+    """Everything app-node reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_APP_NODE__")
+    legacy_env = {**DaemonSettings.legacy_env, "REDIS_URL": "redis_url"}
+
+    #: app-node's folder: identity, ``app-node.sqlite``, the shared database
+    #: (which it creates and administers), the email outbox.
+    storage: Path
+    #: Address and port of app-node's swarm (TCP and UDP).
+    host: str = "0.0.0.0"
+    port: Port = APP_NODE_PORT
+    announce_addresses: AddressList | None = None
+    #: DHT bootstrap nodes (``host:port``).
+    bootstrap: AddressList = ()
+    relays: PublicKeyList = ()
+    #: wrk-ork (its public key) and where it listens, tried before the DHT;
+    #: without it the job, rack and node routes answer 503.
+    ork: PublicKey | None = None
+    ork_addresses: AddressList = ()
+    #: Writers admitted to the shared database at start (proxy-inference's key;
+    #: ``cosmicac autobase-connect`` admits more later).
+    database_writers: PublicKeyList = ()
+    http: HttpSettings = HttpSettings()
+    #: Shared rate limits when set (``REDIS_URL``); in-process limits otherwise.
+    redis_url: str | None = None
+    limits: Limits = Limits()
+    email: EmailSettings = EmailSettings()
+    #: The URL users reach (the entry point), for links in emails.
+    public_url: str = "http://127.0.0.1:5173"
+    #: fsync the store and the database on every write (False: tests only).
+    fsync: bool = True

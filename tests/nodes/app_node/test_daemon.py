@@ -1,0 +1,74 @@
+"""``cosmicac run app-node`` as a real process: it creates the shared database and
+admits the configured writers, serves the API (the first admin signs up and logs in),
+and stops on SIGTERM; a busy port is one line and exit 1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+
+import httpx
+import pytest
+import trio
+
+from crdt import inspect_storage
+from tests.cli.helpers import process, read_until
+
+pytestmark = pytest.mark.slow
+
+SERVING = re.compile(r"app-node (\w{64}) serving http://([\d.]+):(\d+)/api \(swarm "
+                     r"[\d.]+:\d+, shared database (\w{64})\)")
+PASSWORD = "correct horse battery staple"
+
+
+def clean_env(tmp_path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COSMICAC_", "REDIS_URL"))}
+    env.update({"COSMICAC_APP_NODE__STORAGE": str(tmp_path / "app-node"),
+                "COSMICAC_APP_NODE__HOST": "127.0.0.1", "COSMICAC_APP_NODE__PORT": "0",
+                "COSMICAC_APP_NODE__HTTP__PORT": "0", "COSMICAC_APP_NODE__FSYNC": "false"})
+    env.update(extra)
+    return env
+
+
+async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_path):
+    proxy_key = "ab" * 32
+    env = clean_env(tmp_path, COSMICAC_APP_NODE__DATABASE_WRITERS=f'["{proxy_key}"]')
+    with trio.fail_after(90):
+        async with process("run", "app-node", env=env, stdout=subprocess.PIPE) as proc:
+            match = await read_until(proc.stdout, SERVING)
+            key, host, port, database = match.groups()
+            assert database == key  # app-node created the database: its key is the bootstrap
+            async with httpx.AsyncClient(base_url=f"http://{host}:{port}/api",
+                                         timeout=30) as api:
+                signup = await api.post("/auth/signup", json={
+                    "email": "admin@example.com", "name": "Admin", "password": PASSWORD,
+                    "team_name": "ops"})
+                assert signup.status_code in (200, 201), signup.text
+                login = await api.post("/auth/login", json={
+                    "email": "admin@example.com", "password": PASSWORD})
+                assert login.status_code == 200, login.text
+                token = login.json()["token"]
+                me = await api.get("/me", headers={"authorization": f"Bearer {token}"})
+                assert me.status_code == 200 and me.json()["user"]["email"] == \
+                    "admin@example.com"
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+    report = inspect_storage(tmp_path / "app-node" / "db")
+    assert report.bootstrap.hex() == key
+    admitted = {w.key.hex(): w for w in report.writers if w.admitted}
+    assert admitted[key].admin and proxy_key in admitted  # the proxy may write usage
+
+
+async def test_a_busy_http_port_is_one_line_and_exit_1(tmp_path):
+    with socket.socket() as busy, trio.fail_after(60):
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env = clean_env(tmp_path, COSMICAC_APP_NODE__HTTP__PORT=str(busy.getsockname()[1]))
+        async with process("run", "app-node", env=env) as proc:
+            assert await proc.wait() == 1
+            stderr = await proc.stderr.receive_some()
+    assert b"cannot serve the API on 127.0.0.1" in stderr
