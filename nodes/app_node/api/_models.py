@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.model import JobSpec, JobType, Runtime
+from nodes.ork.service import NodeEntry
+from nodes.ork.views import RackInfo
+
 from ..model import Role, User
 
 
@@ -174,3 +178,90 @@ class ErrorOut(BaseModel):
 def user_out(user: User) -> UserOut:
     return UserOut(id=user.id, email=user.email, name=user.name,
                    cli_public_key=user.cli_public_key, active_team=user.active_team)
+
+
+# -- jobs, replicas, racks, nodes (wrk-ork's, through app-node) -------------------------
+
+
+class JobIn(_In):
+    """A job to create; ``image`` has no default (none is known to exist in every registry)."""
+
+    name: str = Field(min_length=1, max_length=100)
+    type: JobType
+    image: str | None = Field(default=None, max_length=512)
+    gpus: int
+    replicas: int = 1
+    runtime: Runtime | None = None
+    model: str | None = None
+    served_name: str | None = None
+    location: str = "default"
+    #: The team the job runs for; the caller's active team if absent.
+    team_id: str | None = Field(default=None, max_length=64)
+
+
+class ReplicaOut(BaseModel):
+    index: int
+    #: ``running`` for an active replica (as the CLI shows it).
+    status: str
+    generation: int
+    message: str
+    #: The replica's agents' public keys (hex), by node rank.
+    agents: list[str]
+    #: Nodes it runs on (empty until placed).
+    nodes: list[str]
+
+
+class JobOut(BaseModel):
+    id: str
+    team: str
+    name: str
+    type: str
+    #: ``running`` for Active (``contracts.model.api_status``).
+    status: str
+    reason: str
+    created_by: str | None
+    created_at: float
+    deleted_at: float | None = None
+    rack: str | None
+    replicas: list[ReplicaOut]
+    #: What the job was created with (the web UI's Duplicate sends it back).
+    spec: JobSpec
+
+
+class JobsOut(BaseModel):
+    jobs: list[JobOut]
+    #: Pass as ``cursor`` for the next page; None: the last page.
+    next: str | None = None
+
+
+class DeletedJobOut(BaseModel):
+    #: True: wrk-ork says the job is gone (the record is marked deleted).
+    gone: bool
+    #: While wrk-ork still removes it: the job, ``deleting``.
+    job: JobOut | None
+
+
+class RackIn(_In):
+    rack: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    location: str = "default"
+    name: str | None = None
+
+
+class RacksOut(BaseModel):
+    racks: list[RackInfo]
+
+
+class NodesOut(BaseModel):
+    nodes: list[NodeEntry]
+
+
+class ReserveIn(_In):
+    rack: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    nodes: list[str] = Field(min_length=1, max_length=1000)
+    #: The app-node team id the nodes are kept for.
+    team: str = Field(min_length=1, max_length=64)
+
+
+class ReleaseIn(_In):
+    rack: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    nodes: list[str] = Field(min_length=1, max_length=1000)

@@ -1,5 +1,9 @@
 """An app-node API on real parts in tmp_path: the store file, a shared-database
-replica, an outbox folder, an embedded limiter, a fake wall clock; cheap scrypt."""
+replica, an outbox folder, an embedded limiter, a fake wall clock; cheap scrypt.
+
+``ork_api`` adds a real wrk-ork in-process: an ``OrkService`` over the
+orchestrator of ``tests/nodes/ork/world.World`` (one rack of two 8-GPU nodes)
+on its own swarm, reached by a real ``OrkClient`` on a second swarm."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 from crdt import Database, FsyncPolicy
 from nodes.app_node.api import create_app
@@ -17,7 +22,12 @@ from nodes.app_node.email import OutboxSender
 from nodes.app_node.ratelimit import EmbeddedLimiter, Limits, Rate
 from nodes.app_node.services import AppServices
 from nodes.app_node.store import Store
+from nodes.ork.client import OrkClient
+from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
+from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy
+
+from ...ork.world import World
 
 PASSWORD = "correct horse battery"
 CHEAP = ScryptParams(ln=4, r=8, p=1)
@@ -39,6 +49,9 @@ class Api:
     services: AppServices
     clock: FakeClock
     outbox: Path
+    #: With ``ork_api``: wrk-ork's world and the cancel scope that stops its swarm.
+    world: World | None = None
+    ork_scope: trio.CancelScope | None = None
 
     async def signup(self) -> str:
         r = await self.client.post("/api/auth/signup", json={
@@ -65,13 +78,14 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def make_api(tmp_path: Path, limits: Limits = GENEROUS) -> AsyncIterator[Api]:
+async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
+                   ork: OrkClient | None = None) -> AsyncIterator[Api]:
     clock = FakeClock()
     store = Store.open(tmp_path / "app.sqlite")
     database = await Database.open(tmp_path / "db", KeyPair.generate(),
                                    fsync=FsyncPolicy.NEVER)
     outbox = tmp_path / "outbox"
-    services = AppServices(store=store, database=database, ork=None,
+    services = AppServices(store=store, database=database, ork=ork,
                            email=OutboxSender(outbox, clock_ns=lambda: int(clock.now * 1e9)),
                            limiter=EmbeddedLimiter(), limits=limits,
                            public_url="https://cosmic.example", clock=clock)
@@ -89,3 +103,31 @@ async def make_api(tmp_path: Path, limits: Limits = GENEROUS) -> AsyncIterator[A
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     async for value in make_api(tmp_path):
         yield value
+
+
+FAST = UpkeepPolicy(base_s=0.05, max_s=0.2, dial_timeout_s=2.0)
+
+
+@pytest.fixture
+async def ork_api(tmp_path: Path) -> AsyncIterator[Api]:
+    world, ork_key, me = World(nodes=(8, 8)), KeyPair.generate(), KeyPair.generate()
+    service = OrkService(world.orch, allow=lambda key: key == me.public_key,
+                         clock=lambda: world.now)
+    ork_swarm = Swarm(ork_key, config=SwarmConfig(host="127.0.0.1", port=0),
+                      services=[service])
+    scope = trio.CancelScope()
+
+    async def run_ork(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await ork_swarm.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(run_ork)
+        swarm = Swarm(me, config=SwarmConfig(host="127.0.0.1", port=0))
+        await nursery.start(swarm.run)
+        client = OrkClient(swarm, ork_key.public_key, addresses=[address], backoff=FAST)
+        await nursery.start(client.run)
+        async for value in make_api(tmp_path, ork=client):
+            value.world, value.ork_scope = world, scope
+            yield value
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,265 @@
+"""Jobs and replicas: validated here, run by wrk-ork, remembered in the store.
+
+wrk-ork (through ``services.ork``) is the truth of what runs and its status;
+app-node's store keeps who created each job and its spec, so a team's listing
+and the web UI's Duplicate need no call per job. A create goes to wrk-ork first
+and is recorded after: a record never names a job wrk-ork refused.
+
+wrk-ork's refusals map to statuses in :func:`ork_call`: ``NOT_FOUND`` 404,
+``INVALID_STATE`` 409, ``CONFLICT`` 409 (the team already serves that name),
+``BAD_REQUEST`` / ``INVALID_PARAMS`` 422, ``FORBIDDEN`` 503 (wrk-ork does not
+trust app-node's key: a misconfiguration), unreachable 503 ``ork_unavailable``.
+
+A container job's ``authorized_keys`` are the CLI public keys of the team's
+members when it is created (members who never logged in with the CLI have none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from contracts.model import JobSpec, JobType, api_status
+from nodes.ork.client import OrkUnavailable
+from nodes.ork.service import (
+    CREATE_JOB,
+    DELETE_JOB,
+    DELETE_REPLICA,
+    GET_JOB,
+    LIST_JOBS,
+    RESTART_JOB,
+    RESTART_REPLICA,
+    CreateJob,
+    JobRef,
+    ListJobs,
+    ReplicaRef,
+)
+from nodes.ork.views import JobView
+from p2p.rpc import Method, RpcError
+
+from ..model import JobRecord, Role
+from ._common import ApiError, Ctx, Session, ok, validate
+from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut
+from ._spec import RouteSpec
+
+#: wrk-ork's error codes -> (HTTP status, what to tell the caller beyond its message).
+ORK_STATUS = {"NOT_FOUND": 404, "INVALID_STATE": 409, "CONFLICT": 409, "BAD_REQUEST": 422,
+              "INVALID_PARAMS": 422}
+
+
+def ork_unavailable(message: str) -> ApiError:
+    return ApiError(503, "ork_unavailable", message)
+
+
+async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
+    """``method(params)`` on wrk-ork; its refusals and absence become ApiErrors."""
+    ork = ctx.services.ork
+    if ork is None:
+        raise ork_unavailable("wrk-ork is not configured on app-node; set its key and "
+                              "address in app-node's settings")
+    try:
+        return await ork.call(method, params)
+    except OrkUnavailable as exc:
+        raise ork_unavailable(str(exc)) from None
+    except RpcError as exc:
+        if exc.code == "FORBIDDEN":
+            raise ork_unavailable("wrk-ork refuses app-node's key (a misconfiguration): "
+                                  "add app-node's public key to wrk-ork's clients") from None
+        status = ORK_STATUS.get(exc.code)
+        if status is None:
+            raise ApiError(502, "ork_error", f"wrk-ork failed ({exc.code}): {exc.message}; "
+                           "retry, or see wrk-ork's log") from None
+        field = None
+        if exc.code == "INVALID_PARAMS" and isinstance(exc.data, list) and exc.data:
+            field = str(exc.data[0].get("field", "")).removeprefix("spec.") or None
+        elif exc.code == "CONFLICT":
+            field = "served_name"
+        raise ApiError(status, exc.code, exc.message, field) from None
+
+
+def team_of(session: Session, team_id: str | None) -> str:
+    team = team_id or session.user.active_team
+    if team is None:
+        raise ApiError(422, "INVALID", "you have no active team; pass team_id or set "
+                       "one with PUT /api/me/active-team", "team_id")
+    return team
+
+
+def job_out(record: JobRecord, view: JobView) -> JobOut:
+    """A job as the API shows it: the record's who/when with wrk-ork's live status."""
+    replicas = [ReplicaOut(
+        index=r.index, status=r.status.value.replace("active", "running"),
+        generation=r.generation, message=r.message, agents=list(r.agents),
+        nodes=[s.node for s in r.placement.shares] if r.placement else [])
+        for r in view.replicas]
+    return JobOut(id=view.id, team=record.team, name=record.name, type=view.spec.type.value,
+                  status=api_status(view.status), reason=view.reason,
+                  created_by=record.created_by, created_at=record.created_at,
+                  deleted_at=record.deleted_at, rack=view.rack, replicas=replicas,
+                  spec=record.spec)
+
+
+def _spec_of(body: JobIn, team: str, keys: tuple[str, ...]) -> JobSpec:
+    """The JobSpec; 422 naming the field for what JobSpec's whole-model check would not."""
+    if body.image is None:
+        raise ApiError(422, "INVALID", "image: give the job's registry image "
+                       "(docker://host[:port]/repo[:tag])", "image")
+    if body.type is JobType.CONTAINER:
+        for name in ("runtime", "model", "served_name"):
+            if getattr(body, name) is not None:
+                raise ApiError(422, "INVALID", f"{name}: a container job takes none "
+                               "(only inference jobs run a model)", name)
+        if body.replicas != 1:
+            raise ApiError(422, "INVALID", "replicas: a container job has exactly one",
+                           "replicas")
+    else:
+        for name in ("runtime", "model"):
+            if getattr(body, name) is None:
+                raise ApiError(422, "INVALID", f"{name}: an inference job needs one", name)
+    data = body.model_dump(exclude={"team_id"}, exclude_none=True)
+    data.update(team=team, authorized_keys=keys)
+    try:
+        return validate(JobSpec, data)
+    except ApiError as exc:
+        if exc.field is None and "image" in exc.message:
+            exc.field = "image"
+        raise
+
+
+async def create_job(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    body = await ctx.body(request, JobIn)
+    team = team_of(session, body.team_id)
+    await ctx.require_role(session, team, Role.MEMBER)
+    keys: tuple[str, ...] = ()
+    if body.type is JobType.CONTAINER:
+        members = await ctx.store(ctx.services.store.list_members, team)
+        keys = tuple(sorted({u.cli_public_key.lower() for u, _ in members
+                             if u.cli_public_key}))
+    spec = _spec_of(body, team, keys)
+    view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(spec=spec))).job
+    record = await ctx.store(ctx.services.store.add_job, id=view.id, team=team,
+                             created_by=session.user.id, spec=spec, now=ctx.now())
+    return ok(job_out(record, view), 201)
+
+
+async def list_jobs(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    query = request.query_params
+    team = team_of(session, query.get("team_id"))
+    await ctx.require_role(session, team, Role.MEMBER)
+    limit = query.get("limit", "50")
+    if not limit.isdigit():
+        raise ApiError(422, "INVALID", "limit: a whole number", "limit")
+    page = await ctx.store(ctx.services.store.list_jobs, team, limit=int(limit),
+                           cursor=query.get("cursor"))
+    views = {v.id: v for v in (await ork_call(ctx, LIST_JOBS, ListJobs(team=team))).jobs}
+    jobs = []
+    for record in page.items:
+        view = views.get(record.id)
+        if view is None:  # wrk-ork finished deleting it: the record stays as history
+            record = await ctx.store(ctx.services.store.mark_job_deleted, record.id,
+                                     now=ctx.now())
+            continue
+        jobs.append(job_out(record, view))
+    return ok(JobsOut(jobs=jobs, next=page.next))
+
+
+async def _own_job(ctx: Ctx, session: Session, job_id: str) -> JobRecord:
+    """The job's record; 404 for a missing, deleted or another team's job."""
+    missing = ApiError(404, "NOT_FOUND", f"no job {job_id} in your teams", "job")
+    try:
+        record = await ctx.store(ctx.services.store.get_job, job_id)
+    except ApiError as exc:
+        if exc.status == 404:
+            raise missing from None
+        raise
+    role = await ctx.store(ctx.services.store.role_of, session.user.id, record.team)
+    if role is None or record.deleted_at is not None:
+        raise missing
+    return record
+
+
+async def _on_ork(ctx: Ctx, record: JobRecord, method: Method, params: BaseModel) -> Any:
+    """A whole-job call; wrk-ork's NOT_FOUND marks the record deleted (it is gone).
+
+    Replica calls go through :func:`ork_call` alone: their NOT_FOUND may be the replica's.
+    """
+    try:
+        return await ork_call(ctx, method, params)
+    except ApiError as exc:
+        if exc.code == "NOT_FOUND":
+            await ctx.store(ctx.services.store.mark_job_deleted, record.id, now=ctx.now())
+        raise
+
+
+async def get_job(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    record = await _own_job(ctx, session, request.path_params["job"])
+    view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
+    return ok(job_out(record, view))
+
+
+async def restart_job(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    record = await _own_job(ctx, session, request.path_params["job"])
+    view = (await _on_ork(ctx, record, RESTART_JOB, JobRef(job_id=record.id))).job
+    return ok(job_out(record, view))
+
+
+async def delete_job(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    record = await _own_job(ctx, session, request.path_params["job"])
+    try:
+        view = (await ork_call(ctx, DELETE_JOB, JobRef(job_id=record.id))).job
+    except ApiError as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        view = None
+    if view is None:
+        await ctx.store(ctx.services.store.mark_job_deleted, record.id, now=ctx.now())
+        return ok(DeletedJobOut(gone=True, job=None))
+    return ok(DeletedJobOut(gone=False, job=job_out(record, view)), 202)
+
+
+def _replica(request: Request) -> int:
+    raw = request.path_params["replica"]
+    if not raw.isdigit() or int(raw) >= 1024:
+        raise ApiError(422, "INVALID", "replica: a replica index (0, 1, ...)", "replica")
+    return int(raw)
+
+
+async def restart_replica(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    record = await _own_job(ctx, session, request.path_params["job"])
+    ref = ReplicaRef(job_id=record.id, replica=_replica(request))
+    return ok(job_out(record, (await ork_call(ctx, RESTART_REPLICA, ref)).job))
+
+
+async def delete_replica(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    record = await _own_job(ctx, session, request.path_params["job"])
+    ref = ReplicaRef(job_id=record.id, replica=_replica(request))
+    return ok(job_out(record, (await ork_call(ctx, DELETE_REPLICA, ref)).job))
+
+
+ROUTES = [
+    RouteSpec("POST", "/jobs", create_job, "Create a job in the active team (or team_id)",
+              JobIn, JobOut, 201),
+    RouteSpec("GET", "/jobs", list_jobs, "The team's jobs with their live status",
+              answer=JobsOut, query=("team_id", "limit", "cursor")),
+    RouteSpec("GET", "/jobs/{job}", get_job, "A job with its replicas", answer=JobOut),
+    RouteSpec("POST", "/jobs/{job}/restart", restart_job, "Restart every replica",
+              answer=JobOut),
+    RouteSpec("DELETE", "/jobs/{job}", delete_job, "Delete a job (202 while it is removed)",
+              answer=DeletedJobOut),
+    RouteSpec("POST", "/jobs/{job}/replicas/{replica}/restart", restart_replica,
+              "Restart one replica", answer=JobOut),
+    RouteSpec("DELETE", "/jobs/{job}/replicas/{replica}", delete_replica,
+              "Delete one replica (the job keeps the others)", answer=JobOut),
+]
+
+__all__ = ["ROUTES", "job_out", "ork_call", "ork_unavailable", "team_of"]

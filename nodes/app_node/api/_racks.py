@@ -1,0 +1,123 @@
+"""Racks and nodes: the platform's hardware, for platform operators only.
+
+An owner or admin of *a* team is not enough: any user can create a team and
+own it. The platform operators are the owners and admins of the **operators'
+team**: the oldest team, the one the first admin created at sign-up
+(``create_first_admin``). Everyone else gets 403.
+
+Every route calls wrk-ork (:func:`~._jobs.ork_call` maps its errors).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nodes.ork.service import (
+    LIST_NODES,
+    LIST_RACKS,
+    REGISTER_RACK,
+    RELEASE_NODES,
+    REMOVE_RACK,
+    RESERVE_NODES,
+    Empty,
+    RackRef,
+    RegisterRack,
+    ReleaseNodes,
+    ReserveNodes,
+)
+from nodes.ork.views import RackInfo
+
+from ..model import Role
+from ._common import ApiError, Ctx, Session, forbidden, ok, validate
+from ._jobs import ork_call
+from ._models import NodesOut, RackIn, RacksOut, ReleaseIn, ReserveIn
+from ._spec import RouteSpec
+
+
+def _operators_team(ctx: Ctx) -> str | None:
+    teams = ctx.services.store.list_teams()
+    if not teams:
+        return None
+    return min(teams, key=lambda t: (t.created_at, t.id)).id
+
+
+async def require_operator(ctx: Ctx, session: Session) -> None:
+    """403 unless the caller is an owner or admin of the operators' team."""
+    team = await ctx.store(_operators_team, ctx)
+    role = None if team is None else await ctx.store(ctx.services.store.role_of,
+                                                     session.user.id, team)
+    if role not in (Role.OWNER, Role.ADMIN):
+        raise forbidden("racks and nodes are for platform operators (owners and admins of "
+                        "the first admin's team); ask one of them")
+
+
+async def _operator(ctx: Ctx, request: Request) -> None:
+    await require_operator(ctx, await ctx.session(request))
+
+
+async def list_racks(ctx: Ctx, request: Request) -> Response:
+    await _operator(ctx, request)
+    return ok(RacksOut(racks=list((await ork_call(ctx, LIST_RACKS, Empty())).racks)))
+
+
+async def register_rack(ctx: Ctx, request: Request) -> Response:
+    await _operator(ctx, request)
+    body = await ctx.body(request, RackIn)
+    params = validate(RegisterRack, {"rack": body.rack.lower(), "location": body.location,
+                                     "name": body.name})
+    rack: RackInfo = (await ork_call(ctx, REGISTER_RACK, params)).rack
+    return ok(rack, 201)
+
+
+async def remove_rack(ctx: Ctx, request: Request) -> Response:
+    await _operator(ctx, request)
+    params = validate(RackRef, {"rack": request.path_params["rack"].lower()})
+    await ork_call(ctx, REMOVE_RACK, params)
+    return ok()
+
+
+async def list_nodes(ctx: Ctx, request: Request) -> Response:
+    await _operator(ctx, request)
+    return ok(NodesOut(nodes=list((await ork_call(ctx, LIST_NODES, Empty())).nodes)))
+
+
+async def reserve_nodes(ctx: Ctx, request: Request) -> Response:
+    await _operator(ctx, request)
+    body = await ctx.body(request, ReserveIn)
+    try:
+        await ctx.store(ctx.services.store.get_team, body.team)
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ApiError(404, "NOT_FOUND", f"no team {body.team}", "team") from None
+        raise
+    params = validate(ReserveNodes, {"rack": body.rack.lower(), "nodes": body.nodes,
+                                     "team": body.team})
+    await ork_call(ctx, RESERVE_NODES, params)
+    return ok()
+
+
+async def release_nodes(ctx: Ctx, request: Request) -> Response:
+    await _operator(ctx, request)
+    body = await ctx.body(request, ReleaseIn)
+    params = validate(ReleaseNodes, {"rack": body.rack.lower(), "nodes": body.nodes})
+    await ork_call(ctx, RELEASE_NODES, params)
+    return ok()
+
+
+ROUTES = [
+    RouteSpec("GET", "/racks", list_racks, "Registered racks with capacity (operators)",
+              answer=RacksOut),
+    RouteSpec("POST", "/racks", register_rack, "Register a worker's rack (operators)",
+              RackIn, RackInfo, 201),
+    RouteSpec("DELETE", "/racks/{rack}", remove_rack, "Remove a rack (operators)",
+              status=204),
+    RouteSpec("GET", "/nodes", list_nodes, "Every node with free GPUs (operators)",
+              answer=NodesOut),
+    RouteSpec("POST", "/nodes/reserve", reserve_nodes, "Keep nodes for one team (operators)",
+              ReserveIn, status=204),
+    RouteSpec("POST", "/nodes/release", release_nodes, "Release reserved nodes (operators)",
+              ReleaseIn, status=204),
+]
+
+__all__ = ["ROUTES", "require_operator"]

@@ -1,0 +1,174 @@
+"""Jobs and replicas through app-node to a real in-process wrk-ork: create (container
+jobs carry the members' CLI keys), list with live status, get, restart, delete,
+replica routes; 422 naming fields, 409 for a served name in use, another team's
+job 404, wrk-ork absent or unreachable 503."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from ....p2p.helpers import wait_until
+from .conftest import Api, bearer
+
+IMAGE = "docker://registry.local/jobs/app:1"
+KEY_A, KEY_B = "aa" * 32, "bb" * 32
+
+
+async def _team(api: Api, token: str) -> str:
+    return (await api.client.get("/api/me", headers=bearer(token))).json()["active_team"]
+
+
+def _set_key(api: Api, email: str, key: str) -> None:
+    store = api.services.store
+    store.set_cli_key(store.get_user_by_email(email).id, key)
+
+
+def _inference(**extra) -> dict:
+    return {"name": "llm", "type": "inference", "image": IMAGE, "gpus": 1, "replicas": 2,
+            "runtime": "vllm", "model": "demo", **extra}
+
+
+async def test_container_job_carries_the_members_cli_keys(ork_api: Api) -> None:
+    api = ork_api
+    owner = await api.signup()
+    team = await _team(api, owner)
+    member = await api.user("m@example.com", team, "member", owner)
+    _set_key(api, "admin@example.com", KEY_A)
+    _set_key(api, "m@example.com", KEY_B)
+    await api.user("nokey@example.com", team, "member", owner)
+    r = await api.client.post("/api/jobs", headers=bearer(member), json={
+        "name": "shell", "type": "container", "image": IMAGE, "gpus": 2})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["team"] == team and job["type"] == "container"
+    assert job["spec"]["authorized_keys"] == [KEY_A, KEY_B]
+    assert job["status"] in {"queued", "starting"} and len(job["replicas"]) == 1
+    record = api.services.store.get_job(job["id"])
+    assert record.spec.authorized_keys == (KEY_A, KEY_B)
+    assert api.world is not None
+    assert api.world.orch.get_job(job["id"]).spec.authorized_keys == (KEY_A, KEY_B)
+
+    api.world.job_id = job["id"]
+    api.world.say(0, "active")
+    r = await api.client.get(f"/api/jobs/{job['id']}", headers=bearer(owner))
+    assert r.status_code == 200 and r.json()["status"] == "running"
+    assert r.json()["replicas"][0]["status"] == "running"
+    assert r.json()["replicas"][0]["nodes"]
+
+
+async def test_inference_list_restart_replicas_delete(ork_api: Api) -> None:
+    api = ork_api
+    owner = await api.signup()
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["spec"]["authorized_keys"] == [] and len(job["replicas"]) == 2
+    assert job["spec"]["runtime"] == "vllm" and job["created_by"]
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "box", "type": "container", "image": IMAGE, "gpus": 1})
+    other = r.json()["id"]
+
+    r = await api.client.get("/api/jobs", headers=bearer(owner))
+    assert r.status_code == 200, r.text
+    assert [j["id"] for j in r.json()["jobs"]] == [other, job["id"]]
+    assert all(j["status"] for j in r.json()["jobs"])
+
+    r = await api.client.post(f"/api/jobs/{job['id']}/replicas/1/restart",
+                              headers=bearer(owner))
+    assert r.status_code == 200, r.text
+    r = await api.client.post(f"/api/jobs/{job['id']}/replicas/9/restart",
+                              headers=bearer(owner))
+    assert r.status_code == 404, r.text
+    r = await api.client.delete(f"/api/jobs/{job['id']}/replicas/0", headers=bearer(owner))
+    assert r.status_code == 200, r.text
+    r = await api.client.post(f"/api/jobs/{job['id']}/replicas/1/restart",
+                              headers=bearer(owner))
+    assert r.status_code == 409 and r.json()["error"]["code"] == "INVALID_STATE"
+    r = await api.client.post(f"/api/jobs/{other}/restart", headers=bearer(owner))
+    assert r.status_code == 200, r.text
+    r = await api.client.post(f"/api/jobs/{job['id']}/replicas/x/restart",
+                              headers=bearer(owner))
+    assert r.status_code == 422 and r.json()["error"]["field"] == "replica"
+
+    r = await api.client.delete(f"/api/jobs/{other}", headers=bearer(owner))
+    assert r.status_code in (200, 202), r.text
+    if not r.json()["gone"]:
+        assert r.json()["job"]["status"] == "deleting"
+        assert api.world is not None
+        api.world.job_id = other
+        api.world.say(0, "deleted")
+    r = await api.client.get("/api/jobs", headers=bearer(owner))
+    assert [j["id"] for j in r.json()["jobs"]] == [job["id"]]
+    assert api.services.store.get_job(other).deleted_at is not None
+    r = await api.client.get(f"/api/jobs/{other}", headers=bearer(owner))
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"name": "s", "type": "container", "image": IMAGE, "gpus": 0}, "gpus"),
+    ({"name": "s", "type": "container", "image": IMAGE, "gpus": 1, "model": "m"}, "model"),
+    ({"name": "s", "type": "container", "gpus": 1}, "image"),
+    ({"name": "s", "type": "container", "image": "nginx", "gpus": 1}, "image"),
+    ({"name": "s", "type": "inference", "image": IMAGE, "gpus": 1, "model": "m"}, "runtime"),
+    ({"name": "s", "type": "vm", "image": IMAGE, "gpus": 1}, "type"),
+])
+async def test_invalid_bodies_name_the_field(ork_api: Api, body: dict, field: str) -> None:
+    owner = await ork_api.signup()
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == field
+
+
+async def test_served_name_in_use_is_409(ork_api: Api) -> None:
+    owner = await ork_api.signup()
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner),
+                                  json=_inference(served_name="chat"))
+    assert r.status_code == 201, r.text
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner),
+                                  json=_inference(served_name="chat"))
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "CONFLICT"
+    assert r.json()["error"]["field"] == "served_name"
+
+
+async def test_another_teams_job_is_404(ork_api: Api) -> None:
+    api = ork_api
+    owner = await api.signup()
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
+    job = r.json()["id"]
+    r = await api.client.post("/api/teams", json={"name": "other"}, headers=bearer(owner))
+    outsider = await api.user("o@example.com", r.json()["id"], "member", owner)
+    for method, path in [("GET", f"/api/jobs/{job}"), ("POST", f"/api/jobs/{job}/restart"),
+                         ("DELETE", f"/api/jobs/{job}"),
+                         ("DELETE", f"/api/jobs/{job}/replicas/0")]:
+        r = await api.client.request(method, path, headers=bearer(outsider))
+        assert r.status_code == 404, (method, path, r.text)
+    r = await api.client.get("/api/jobs", headers=bearer(outsider))
+    assert r.json()["jobs"] == []
+    team = await _team(api, owner)
+    r = await api.client.get(f"/api/jobs?team_id={team}", headers=bearer(outsider))
+    assert r.status_code == 404
+
+
+async def test_ork_not_configured_is_503(api: Api) -> None:
+    owner = await api.signup()
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
+    assert r.status_code == 503 and r.json()["error"]["code"] == "ork_unavailable"
+    r = await api.client.get("/api/jobs", headers=bearer(owner))
+    assert r.status_code == 503
+
+
+async def test_ork_unreachable_is_503(ork_api: Api, monkeypatch) -> None:
+    api = ork_api
+    owner = await api.signup()
+    assert api.ork_scope is not None and api.services.ork is not None
+    api.ork_scope.cancel()
+    client = api.services.ork
+    monkeypatch.setattr(client, "call", functools.partial(type(client).call, client,
+                                                          timeout_s=0.5))
+    await wait_until(lambda: not client.connected, limit_s=30)
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
+    assert r.status_code == 503, r.text
+    assert "not reachable" in r.json()["error"]["message"]
