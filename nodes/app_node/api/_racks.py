@@ -2,8 +2,10 @@
 
 An owner or admin of *a* team is not enough: any user can create a team and
 own it. The platform operators are the owners and admins of the **operators'
-team**: the oldest team, the one the first admin created at sign-up
-(``create_first_admin``). Everyone else gets 403.
+team**: the team the first admin (the first user) created at sign-up
+(``create_first_admin``), i.e. the oldest of the first user's teams. If that
+team is deleted, the first user's next-oldest team takes its place. Everyone
+else gets 403.
 
 Every route calls wrk-ork (:func:`~._jobs.ork_call` maps its errors).
 """
@@ -36,10 +38,17 @@ from ._spec import RouteSpec
 
 
 def _operators_team(ctx: Ctx) -> str | None:
-    teams = ctx.services.store.list_teams()
+    """The first admin's sign-up team: the oldest team of the first user (by insertion),
+    one they own preferred on a tie (a team they were invited into is not it)."""
+    store = ctx.services.store
+    first = store.list_users(limit=1).items
+    if not first:
+        return None
+    teams = store.teams_of(first[0].id)
     if not teams:
         return None
-    return min(teams, key=lambda t: (t.created_at, t.id)).id
+    team, _ = min(teams, key=lambda tr: (tr[0].created_at, tr[1] is not Role.OWNER, tr[0].id))
+    return team.id
 
 
 async def require_operator(ctx: Ctx, session: Session) -> None:
