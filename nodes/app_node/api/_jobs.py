@@ -3,7 +3,8 @@
 wrk-ork (through ``services.ork``) is the truth of what runs and its status;
 app-node's store keeps who created each job and its spec, so a team's listing
 and the web UI's Duplicate need no call per job. A create goes to wrk-ork first
-and is recorded after: a record never names a job wrk-ork refused.
+and is recorded after: a record never names a job wrk-ork refused, and a job
+the store failed to record is deleted in wrk-ork again.
 
 wrk-ork's refusals map to statuses in :func:`ork_call`: ``NOT_FOUND`` 404,
 ``INVALID_STATE`` 409, ``CONFLICT`` 409 (the team already serves that name),
@@ -16,13 +17,15 @@ members when it is created (members who never logged in with the CLI have none).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import trio
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.model import JobSpec, JobType, api_status
+from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status
 from nodes.ork.client import OrkUnavailable
 from nodes.ork.service import (
     CREATE_JOB,
@@ -104,7 +107,7 @@ def job_out(record: JobRecord, view: JobView) -> JobOut:
 
 def _spec_of(body: JobIn, team: str, keys: tuple[str, ...]) -> JobSpec:
     """The JobSpec; 422 naming the field for what JobSpec's whole-model check would not."""
-    if body.image is None:
+    if body.image is None or not IMAGE_PATTERN.match(body.image):
         raise ApiError(422, "INVALID", "image: give the job's registry image "
                        "(docker://host[:port]/repo[:tag])", "image")
     if body.type is JobType.CONTAINER:
@@ -121,12 +124,7 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...]) -> JobSpec:
                 raise ApiError(422, "INVALID", f"{name}: an inference job needs one", name)
     data = body.model_dump(exclude={"team_id"}, exclude_none=True)
     data.update(team=team, authorized_keys=keys)
-    try:
-        return validate(JobSpec, data)
-    except ApiError as exc:
-        if exc.field is None and "image" in exc.message:
-            exc.field = "image"
-        raise
+    return validate(JobSpec, data)
 
 
 async def create_job(ctx: Ctx, request: Request) -> Response:
@@ -141,8 +139,14 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
                              if u.cli_public_key}))
     spec = _spec_of(body, team, keys)
     view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(spec=spec))).job
-    record = await ctx.store(ctx.services.store.add_job, id=view.id, team=team,
-                             created_by=session.user.id, spec=spec, now=ctx.now())
+    try:
+        record = await ctx.store(ctx.services.store.add_job, id=view.id, team=team,
+                                 created_by=session.user.id, spec=spec, now=ctx.now())
+    except ApiError:
+        # Not left running unlisted: nobody could see, restart or delete it.
+        with trio.CancelScope(shield=True), contextlib.suppress(ApiError):
+            await ork_call(ctx, DELETE_JOB, JobRef(job_id=view.id))
+        raise
     return ok(job_out(record, view), 201)
 
 

@@ -9,6 +9,8 @@ import functools
 
 import pytest
 
+from p2p.rpc import RpcError
+
 from ....p2p.helpers import wait_until
 from .conftest import Api, bearer
 
@@ -172,3 +174,51 @@ async def test_ork_unreachable_is_503(ork_api: Api, monkeypatch) -> None:
     r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
     assert r.status_code == 503, r.text
     assert "not reachable" in r.json()["error"]["message"]
+
+
+class _RefusingOrk:
+    """An ork client whose every call fails with one wrk-ork code."""
+
+    def __init__(self, code: str, data=None) -> None:
+        self.error = RpcError(code, f"refused: {code}", data=data)
+
+    async def call(self, method, params):
+        raise self.error
+
+
+@pytest.mark.parametrize(("code", "data", "status", "field"), [
+    ("FORBIDDEN", None, 503, None),
+    ("BAD_REQUEST", None, 422, None),
+    ("INVALID_PARAMS", [{"field": "spec.gpus", "error": "too many"}], 422, "gpus"),
+    ("STORE", None, 502, None),
+])
+async def test_wrk_ork_codes_map_to_statuses(api: Api, code, data, status, field) -> None:
+    owner = await api.signup()
+    api.services.ork = _RefusingOrk(code, data)  # type: ignore[assignment]
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
+    assert r.status_code == status, r.text
+    assert r.json()["error"].get("field") == field
+    if code == "FORBIDDEN":
+        assert "misconfiguration" in r.json()["error"]["message"]
+
+
+async def test_a_job_the_store_cannot_record_is_deleted_in_wrk_ork(ork_api: Api,
+                                                                    monkeypatch) -> None:
+    api = ork_api
+    owner = await api.signup()
+    from nodes.app_node.errors import Conflict
+
+    def refuse(**kwargs):
+        raise Conflict("the store refuses")
+    monkeypatch.setattr(api.services.store, "add_job", refuse)
+    r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
+    assert r.status_code == 409, r.text
+    assert api.world is not None
+    assert [j.status.value for j in api.world.orch.list_jobs(None)] in ([], ["deleting"])
+
+
+async def test_openapi_lists_the_job_and_rack_routes(api: Api) -> None:
+    paths = (await api.client.get("/api/openapi.json")).json()["paths"]
+    assert {"post", "get"} <= set(paths["/api/jobs"])
+    assert "delete" in paths["/api/jobs/{job}/replicas/{replica}"]
+    assert {"get", "post"} <= set(paths["/api/racks"]) and "post" in paths["/api/nodes/reserve"]
