@@ -1,0 +1,164 @@
+"""The real ``cosmicac`` (subprocesses) against an app-node served in-process:
+login with the password on stdin, whoami, teams, API keys in the shared database,
+usage, revoke, logout; each failure is one line and the documented exit code.
+
+Real scrypt (about a second a hash): the tests log in as few times as they can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from crdt import AddTokenUsage
+from nodes.app_node.daemon import RunningAppNode, serve_app_node
+from nodes.app_node.settings import AppNodeSettings, HttpSettings
+from p2p.keys import load_or_create_keypair
+from tests.cli.helpers import COSMICAC
+
+pytestmark = pytest.mark.slow
+
+EMAIL = "ada@example.com"
+PASSWORD = "correct horse battery staple"
+
+
+@dataclass
+class Served:
+    node: RunningAppNode
+    server: str  # http://H:P (the API is at <server>/api)
+    env: dict[str, str]
+    config: Path
+
+    async def cli(self, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+        return await trio.run_process([*COSMICAC, *args], stdin=stdin, capture_stdout=True,
+                                      capture_stderr=True, check=False, env=self.env)
+
+
+def cli_env(config: Path, server: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
+    env.update({"COSMICAC_CONFIG_DIR": str(config), "COSMICAC_SERVER": server,
+                "NO_COLOR": "1", "COLUMNS": "200"})
+    return env
+
+
+@pytest.fixture
+async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Served]:
+    settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
+                               http=HttpSettings(host="127.0.0.1", port=0), fsync=False)
+    with trio.fail_after(60):
+        node: RunningAppNode = await nursery.start(serve_app_node, settings)
+    host, port = node.http_address
+    server = f"http://{host}:{port}"
+    async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30) as api:
+        signup = await api.post("/auth/signup", json={
+            "email": EMAIL, "name": "Ada", "password": PASSWORD, "team_name": "core"})
+    assert signup.status_code == 201, signup.text
+    config = tmp_path / "config"
+    yield Served(node, server, cli_env(config, server), config)
+    nursery.cancel_scope.cancel()
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+async def test_login_keys_usage_revoke_logout(served: Served) -> None:
+    with trio.fail_after(120):
+        login = await served.cli("login", "--email", EMAIL, "--password-stdin",
+                                 stdin=f"{PASSWORD}\n".encode())
+        assert login.returncode == 0, login.stderr
+        session_file = served.config / "session.json"
+        assert stat.S_IMODE(session_file.stat().st_mode) == 0o600
+        saved = json.loads(session_file.read_text())
+        assert saved["server"] == served.server and saved["email"] == EMAIL
+
+        who = await served.cli("whoami", "-o", "json")
+        assert who.returncode == 0, who.stderr
+        me = json.loads(who.stdout)
+        assert me["user"]["email"] == EMAIL
+        # The CLI's identity is registered, so shells into the team's jobs work.
+        assert me["user"]["cli_public_key"] == \
+            load_or_create_keypair(served.config / "user").hex
+        [team] = me["teams"]
+        assert team["name"] == "core" and team["role"] == "owner"
+
+        teams = await served.cli("teams", "list", "-o", "json")
+        assert json.loads(teams.stdout) == [team]
+        members = await served.cli("teams", "members", "core", "-o", "json")
+        assert [m["user"]["email"] for m in json.loads(members.stdout)] == [EMAIL]
+
+        created = await served.cli("apikeys", "create", "--name", "ci", "-o", "json")
+        assert created.returncode == 0, created.stderr
+        key = json.loads(created.stdout)
+        assert {"id", "key"} <= key.keys() and key["key"].startswith(key["prefix"])
+        database = served.node.services.database
+        stored = await database.api_key_by_secret(key["key"])
+        assert stored is not None and stored.id == key["id"] and not stored.revoked
+        listed = await served.cli("apikeys", "list", "-o", "json")
+        assert [k["id"] for k in json.loads(listed.stdout)] == [key["id"]]
+        table = await served.cli("apikeys", "list")
+        assert table.returncode == 0 and key["id"] in table.stdout.decode()
+        assert key["key"] not in table.stdout.decode()
+
+        await database.append([AddTokenUsage(key["id"], "llama", "2027-01-02", prompt=10,
+                                             completion=5, total=15)])
+        used = await served.cli("apikeys", "usage", "--key", key["id"], "-o", "json")
+        assert used.returncode == 0, used.stderr
+        [row] = json.loads(used.stdout)
+        assert row["day"] == "2027-01-02" and row["model"] == "llama"
+        assert (row["prompt_tokens"], row["completion_tokens"], row["total_tokens"],
+                row["requests"]) == (10, 5, 15, 1)
+        every = await served.cli("apikeys", "usage", "-o", "json")
+        assert json.loads(every.stdout) == [row]
+
+        missing = await served.cli("apikeys", "revoke", "no-such-key")
+        assert missing.returncode == 1 and "no-such-key" in one_error_line(missing)
+        revoked = await served.cli("apikeys", "revoke", key["id"])
+        assert revoked.returncode == 0, revoked.stderr
+        assert (await database.api_key(key["id"])).revoked
+
+        invalid = await served.cli("teams", "invite", "core", "bob@example.com", "--role",
+                                   "king")
+        assert invalid.returncode == 2
+        one_error_line(invalid)
+
+        token = saved["token"]
+        logout = await served.cli("logout")
+        assert logout.returncode == 0, logout.stderr
+        assert not session_file.exists()
+        after = await served.cli("whoami")
+        assert after.returncode == 3
+        one_error_line(after)
+        # The token was revoked on the server too.
+        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+            r = await api.get("/me", headers={"authorization": f"Bearer {token}"})
+        assert r.status_code == 401
+
+
+async def test_wrong_password_and_server_down(served: Served, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        wrong = await served.cli("login", "--email", EMAIL, "--password-stdin",
+                                 stdin=b"not the password\n")
+        assert wrong.returncode == 1
+        one_error_line(wrong)
+        assert not (served.config / "session.json").exists()
+
+        with socket.socket() as closed:  # a port nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        down = await served.cli("login", "--email", EMAIL, "--password-stdin",
+                                "--server", f"http://127.0.0.1:{port}", stdin=b"x\n")
+        assert down.returncode == 4
+        assert "cannot reach" in one_error_line(down)
