@@ -12,8 +12,16 @@ from urllib.parse import quote
 
 import typer
 
-from ._console import err
-from .session import EXIT_CODES_HELP, Api, api_for, emit, output_option, server_option
+from ._console import err, out, print_json
+from .session import (
+    EXIT_CODES_HELP,
+    Api,
+    api_for,
+    check_output,
+    emit,
+    output_option,
+    server_option,
+)
 from .teams import resolve_team
 
 __all__ = ["app"]
@@ -48,14 +56,18 @@ def create(name: str = typer.Option(..., "--name", "-n", help="What the key is f
 
     Example: cosmicac apikeys create --name ci -o json
     """
+    check_output(output)
     api = api_for(server)
     body: dict[str, str] = {"name": name}
     if (team_id := _team_id(api, team)) is not None:
         body["team_id"] = team_id
     key = api.post("/apikeys", body)
-    emit(output, key, ("id", "name", "key"), [(key["id"], key["name"], key["key"])])
-    if output != "json":
-        err.print("keep the key now: it is not shown again")
+    if output == "json":
+        print_json(key)
+        return
+    # Plain lines, not a table: a narrow terminal must not cut the secret.
+    out.print(f"id:   {key['id']}\nname: {key['name']}\nkey:  {key['key']}")
+    err.print("keep the key now: it is not shown again")
 
 
 def _list(api: Api, team: str | None) -> list[dict]:
@@ -109,4 +121,5 @@ def usage(key: str | None = typer.Option(None, "--key", "-k",
             for answer in [api.get("/apikeys/usage", key=key_id, model=model,
                                    day_from=day_from, day_to=day_to)]
             for row in answer["rows"]]
-    emit(output, rows, _USAGE_COLUMNS, [[row[c] for c in _USAGE_COLUMNS] for row in rows])
+    emit(output, rows, ("key", "day", "model", "prompt", "completion", "total", "requests"),
+         [[row[c] for c in _USAGE_COLUMNS] for row in rows])

@@ -32,8 +32,8 @@ from .run import config_dir
 
 __all__ = [
     "EXIT_CODES_HELP", "NOT_LOGGED_IN", "REFUSED", "UNREACHABLE", "USAGE", "Api",
-    "SavedSession", "api_for", "delete_session", "emit", "load_session", "output_option",
-    "save_session", "server_option", "server_url", "session_path",
+    "SavedSession", "api_for", "check_output", "delete_session", "emit", "load_session",
+    "output_option", "save_session", "server_option", "server_url", "session_path",
 ]
 
 DEFAULT_SERVER = "http://127.0.0.1:5173"
@@ -157,7 +157,7 @@ def api_for(server: str | None) -> Api:
     return Api(server_url(server, session), session.token)
 
 
-def _check_output(output: str) -> str:
+def check_output(output: str) -> str:
     if output not in ("table", "json"):
         fail(f"-o takes table or json, not {output!r}", code=USAGE)
     return output
@@ -166,10 +166,13 @@ def _check_output(output: str) -> str:
 def emit(output: str, document: Any, columns: Sequence[str] = (),
          rows: Iterable[Sequence[Any]] = (), *, title: str | None = None) -> None:
     """``document`` as JSON with ``-o json``, else ``rows`` as a rich table."""
-    if _check_output(output) == "json":
+    if check_output(output) == "json":
         print_json(document)
         return
-    table = Table(*columns, title=title, title_justify="left")
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        # fold, never "…": ids and keys are copied from these tables.
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*("" if cell is None else str(cell) for cell in row))
     Console(highlight=False, emoji=False, markup=False).print(table)

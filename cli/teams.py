@@ -11,7 +11,16 @@ from urllib.parse import quote
 import typer
 
 from ._console import err, fail
-from .session import EXIT_CODES_HELP, REFUSED, Api, api_for, emit, output_option, server_option
+from .session import (
+    EXIT_CODES_HELP,
+    REFUSED,
+    Api,
+    api_for,
+    check_output,
+    emit,
+    output_option,
+    server_option,
+)
 
 __all__ = ["app"]
 
@@ -56,6 +65,7 @@ def create(name: str = typer.Argument(..., help="The new team's name."),
 
     Example: cosmicac teams create research
     """
+    check_output(output)
     team = api_for(server).post("/teams", {"name": name})
     emit(output, team, ("id", "name", "role"), [(team["id"], team["name"], team["role"])])
 
@@ -86,6 +96,7 @@ def invite(team: str = typer.Argument(..., help="The team (id or name)."),
     """
     if role not in _ROLES:
         fail(f"--role takes member, admin or owner, not {role!r}", code=2)
+    check_output(output)
     api = api_for(server)
     found = resolve_team(api, team)
     invitation = api.post(f"/teams/{quote(found['id'], safe='')}/invitations",

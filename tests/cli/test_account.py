@@ -1,6 +1,6 @@
 """The real ``cosmicac`` (subprocesses) against an app-node served in-process:
-login with the password on stdin, whoami, teams, API keys in the shared database,
-usage, revoke, logout; each failure is one line and the documented exit code.
+login with the password on stdin, whoami, teams, logout; each failure is one line
+and the documented exit code.
 
 Real scrypt (about a second a hash): the tests log in as few times as they can.
 """
@@ -20,7 +20,6 @@ import httpx
 import pytest
 import trio
 
-from crdt import AddTokenUsage
 from nodes.app_node.daemon import RunningAppNode, serve_app_node
 from nodes.app_node.settings import AppNodeSettings, HttpSettings
 from p2p.keys import load_or_create_keypair
@@ -42,6 +41,11 @@ class Served:
     async def cli(self, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
         return await trio.run_process([*COSMICAC, *args], stdin=stdin, capture_stdout=True,
                                       capture_stderr=True, check=False, env=self.env)
+
+    async def login(self) -> None:
+        result = await self.cli("login", "--email", EMAIL, "--password-stdin",
+                                stdin=f"{PASSWORD}\n".encode())
+        assert result.returncode == 0, result.stderr
 
 
 def cli_env(config: Path, server: str) -> dict[str, str]:
@@ -74,7 +78,7 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-async def test_login_keys_usage_revoke_logout(served: Served) -> None:
+async def test_login_whoami_teams_logout(served: Served) -> None:
     with trio.fail_after(120):
         login = await served.cli("login", "--email", EMAIL, "--password-stdin",
                                  stdin=f"{PASSWORD}\n".encode())
@@ -98,36 +102,6 @@ async def test_login_keys_usage_revoke_logout(served: Served) -> None:
         assert json.loads(teams.stdout) == [team]
         members = await served.cli("teams", "members", "core", "-o", "json")
         assert [m["user"]["email"] for m in json.loads(members.stdout)] == [EMAIL]
-
-        created = await served.cli("apikeys", "create", "--name", "ci", "-o", "json")
-        assert created.returncode == 0, created.stderr
-        key = json.loads(created.stdout)
-        assert {"id", "key"} <= key.keys() and key["key"].startswith(key["prefix"])
-        database = served.node.services.database
-        stored = await database.api_key_by_secret(key["key"])
-        assert stored is not None and stored.id == key["id"] and not stored.revoked
-        listed = await served.cli("apikeys", "list", "-o", "json")
-        assert [k["id"] for k in json.loads(listed.stdout)] == [key["id"]]
-        table = await served.cli("apikeys", "list")
-        assert table.returncode == 0 and key["id"] in table.stdout.decode()
-        assert key["key"] not in table.stdout.decode()
-
-        await database.append([AddTokenUsage(key["id"], "llama", "2027-01-02", prompt=10,
-                                             completion=5, total=15)])
-        used = await served.cli("apikeys", "usage", "--key", key["id"], "-o", "json")
-        assert used.returncode == 0, used.stderr
-        [row] = json.loads(used.stdout)
-        assert row["day"] == "2027-01-02" and row["model"] == "llama"
-        assert (row["prompt_tokens"], row["completion_tokens"], row["total_tokens"],
-                row["requests"]) == (10, 5, 15, 1)
-        every = await served.cli("apikeys", "usage", "-o", "json")
-        assert json.loads(every.stdout) == [row]
-
-        missing = await served.cli("apikeys", "revoke", "no-such-key")
-        assert missing.returncode == 1 and "no-such-key" in one_error_line(missing)
-        revoked = await served.cli("apikeys", "revoke", key["id"])
-        assert revoked.returncode == 0, revoked.stderr
-        assert (await database.api_key(key["id"])).revoked
 
         invalid = await served.cli("teams", "invite", "core", "bob@example.com", "--role",
                                    "king")
