@@ -103,6 +103,18 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         members = await served.cli("teams", "members", "core", "-o", "json")
         assert [m["user"]["email"] for m in json.loads(members.stdout)] == [EMAIL]
 
+        created = await served.cli("teams", "create", "research", "-o", "json")
+        assert created.returncode == 0, created.stderr
+        research = json.loads(created.stdout)
+        assert research["name"] == "research" and research["role"] == "owner"
+        used = await served.cli("teams", "use", "research")
+        assert used.returncode == 0, used.stderr
+        who = await served.cli("whoami", "-o", "json")
+        assert json.loads(who.stdout)["active_team"] == research["id"]
+        unknown = await served.cli("teams", "members", "nope")
+        assert unknown.returncode == 1
+        one_error_line(unknown)
+
         invalid = await served.cli("teams", "invite", "core", "bob@example.com", "--role",
                                    "king")
         assert invalid.returncode == 2
@@ -121,13 +133,18 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         assert r.status_code == 401
 
 
-async def test_wrong_password_and_server_down(served: Served, tmp_path: Path) -> None:
+async def test_wrong_password_expired_session_server_down(served: Served) -> None:
     with trio.fail_after(60):
         wrong = await served.cli("login", "--email", EMAIL, "--password-stdin",
                                  stdin=b"not the password\n")
         assert wrong.returncode == 1
         one_error_line(wrong)
         assert not (served.config / "session.json").exists()
+
+        (served.config / "session.json").write_text(json.dumps({
+            "server": served.server, "token": "t", "expires_at": 1.0, "email": EMAIL}))
+        expired = await served.cli("apikeys", "list")
+        assert expired.returncode == 3 and "expired" in one_error_line(expired)
 
         with socket.socket() as closed:  # a port nothing listens on
             closed.bind(("127.0.0.1", 0))
