@@ -120,8 +120,13 @@ class Api:
             fail(f"cannot reach the server at {self.server}: {exc or type(exc).__name__}",
                  code=UNREACHABLE)
         if response.is_success:
-            return None if response.status_code == 204 or not response.content \
-                else response.json()
+            if response.status_code == 204 or not response.content:
+                return None
+            try:
+                return response.json()
+            except ValueError:
+                fail(f"{self.server} answered {path} with something other than JSON: "
+                     f"is it a CosmicAC server?", code=REFUSED)
         self._fail(response)
 
     def _fail(self, response: httpx.Response) -> NoReturn:
