@@ -25,6 +25,8 @@ _GROUPS: dict[str, str] = {
     "db": "cli.db",
     "agent": "cli.agent",
     "k8s": "cli.k8s",
+    "teams": "cli.teams",
+    "apikeys": "cli.apikeys",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +37,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "ping": ("cli.node", "ping"),
     "relay": ("cli.relay", "relay"),
     "shell": ("cli.shell", "shell"),
+    "login": ("cli.account", "login"),
+    "logout": ("cli.account", "logout"),
+    "whoami": ("cli.account", "whoami"),
 }
 #: Options of the root callback that take a value (so that value is no command).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level"})

@@ -1,0 +1,114 @@
+"""``cosmicac login``, ``logout`` and ``whoami``: the user's session with app-node.
+
+``login`` also registers the CLI's public key (the user identity
+``<config dir>/user``, the one ``cosmicac shell`` dials with) as the user's
+``cli_public_key``, so the team's jobs let this machine's shells in.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from p2p.errors import P2PError
+from p2p.keys import load_or_create_keypair
+
+from ._console import err, fail
+from .run import config_dir
+from .session import (
+    EXIT_CODES_HELP,
+    NOT_LOGGED_IN,
+    USAGE,
+    Api,
+    SavedSession,
+    api_for,
+    delete_session,
+    emit,
+    load_session,
+    output_option,
+    save_session,
+    server_option,
+    server_url,
+)
+
+__all__ = ["login", "logout", "whoami"]
+
+
+def _read_password(password_stdin: bool) -> str:
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        from rich.prompt import Prompt
+        password = Prompt.ask("Password", password=True, console=err)
+    else:
+        fail("no terminal to ask the password on: pass it with --password-stdin", code=USAGE)
+    if not password:
+        fail("the password is empty", code=USAGE)
+    return password
+
+
+def login(
+    email: str | None = typer.Option(None, "--email", "-e", help="Your account's email."),
+    password_stdin: bool = typer.Option(
+        False, "--password-stdin", help="Read the password from stdin's first line."),
+    server: str | None = server_option(),
+) -> None:
+    """Log in and keep the session in <config dir>/session.json (mode 0600).
+
+    Example: echo "$PASSWORD" | cosmicac login --email ada@example.com --password-stdin
+    """
+    url = server_url(server)
+    if not email:
+        if not sys.stdin.isatty() or password_stdin:
+            fail("pass --email (no terminal to ask it on)", code=USAGE)
+        from rich.prompt import Prompt
+        email = Prompt.ask("Email", console=err).strip()
+    password = _read_password(password_stdin)
+    try:
+        keypair = load_or_create_keypair(config_dir(None) / "user")
+    except P2PError as exc:
+        fail(f"cannot load the CLI's identity: {exc}")
+    answer = Api(url, login=True).post("/auth/login", {
+        "email": email, "password": password, "cli_public_key": keypair.hex})
+    save_session(SavedSession(server=url, token=answer["token"],
+                              expires_at=answer["expires_at"], email=answer["user"]["email"]))
+    err.print(f"logged in as {answer['user']['email']} on {url}")
+
+
+def logout(server: str | None = server_option()) -> None:
+    """Revoke the session on the server and forget it here.
+
+    Example: cosmicac logout
+    """
+    session = load_session()
+    if session is None:
+        err.print("not logged in")
+        return
+    try:
+        Api(server_url(server, session), session.token).request("POST", "/auth/logout")
+    except typer.Exit as exit_:
+        # An expired or revoked session is as good as revoked; when the server is
+        # unreachable the token still works there, so it is kept for another try.
+        if exit_.exit_code != NOT_LOGGED_IN:
+            raise
+    delete_session()
+    err.print("logged out")
+
+
+def whoami(server: str | None = server_option(), output: str = output_option()) -> None:
+    """Who the session is: the user, their teams and roles, the active team.
+
+    Example: cosmicac whoami -o json
+    """
+    me = api_for(server).get("/me")
+    user = me["user"]
+    active = me.get("active_team")
+    emit(output, me, ("email", "name", "team", "role", "active"),
+         [(user["email"], user["name"], team["name"], team["role"],
+           "*" if team["id"] == active else "") for team in me["teams"]]
+         or [(user["email"], user["name"], "", "", "")])
+
+
+for _command in (login, logout, whoami):
+    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
