@@ -65,6 +65,9 @@ from .status import (
 from .store import JobRecord, Outbound, RackRecord, ReplicaRecord, Store
 from .views import JobEvent, JobView, RackInfo, ReplicaView
 
+#: "restarted", "deleted": for the messages of single-replica actions.
+_PAST = {"restart": "restarted", "delete": "deleted"}
+
 __all__ = [
     "JobEvent",
     "JobView",
@@ -244,7 +247,7 @@ class Orchestrator(JobBook):
         self._commit()
         return self._view(job)
 
-    def _single_replica(self, job_id: str, replica: int, action: str
+    def _single_replica(self, job_id: str, replica: int, action: Literal["restart", "delete"]
                         ) -> tuple[JobRecord, ReplicaRecord]:
         job = self._job(job_id)
         if job.spec.type is JobType.CONTAINER:
@@ -258,7 +261,7 @@ class Orchestrator(JobBook):
         if record.status not in SINGLE_REPLICA_ACTIONS:
             raise InvalidState(
                 f"replica {replica} of job {job_id} is {record.status.value}; a single replica "
-                f"can be {action}ed only while queued, pending or starting: "
+                f"can be {_PAST[action]} only while queued, pending or starting: "
                 f"{action} the whole job instead")
         return job, record
 
