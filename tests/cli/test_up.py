@@ -110,3 +110,61 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+@pytest.mark.slow
+async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path):
+    """Agents live in sessions of their own (they outlive a worker restart): up
+    must stop them itself. A job is created through wrk-ork with a client key the
+    test adds (the environment's list beats the config file's)."""
+    from nodes.ork.client import OrkClient
+    from nodes.ork.service import CREATE_JOB, CreateJob
+    from p2p.keys import KeyPair, load_or_create_keypair
+    from p2p.swarm import Swarm, SwarmConfig
+
+    from ..nodes.ork.world import container
+    from ..p2p.helpers import wait_until
+
+    storage = tmp_path / "up"
+    base = _free_base()
+    me = KeyPair.generate()
+    clients = [load_or_create_keypair(storage / name).hex
+               for name in ("app-node", "proxy-inference")] + [me.hex]
+    process = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(os.environ, COSMICAC_ORK__CLIENTS=",".join(clients)))
+    try:
+        with trio.fail_after(120):
+            await read_until(process.stdout, UP)
+            ork = load_or_create_keypair(storage / "wrk-ork").public_key
+            async with trio.open_nursery() as nursery:
+                swarm = Swarm(me, config=SwarmConfig(host="127.0.0.1", port=0))
+                await nursery.start(swarm.run)
+                client = OrkClient(swarm, ork, addresses=[("127.0.0.1", base + 3)])
+                await nursery.start(client.run)
+                await client.call(CREATE_JOB, CreateJob(spec=container(gpus=1)))
+                nursery.cancel_scope.cancel()
+            vmis = storage / "wrk-server-k8s-nvidia" / "vmis"
+            await wait_until(lambda: list(vmis.glob("*/process.json")), limit_s=60,
+                             step_s=0.2)
+        agents = [json.loads(path.read_text())["pid"] for path in vmis.glob("*/process.json")]
+        assert all(pid in _pids_using(storage) for pid in agents)
+
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+            said = b""
+            while chunk := await process.stderr.receive_some():
+                said += chunk
+        assert f"stopped {len(agents)} agent processes".encode() in said  # by up, not the worker
+        assert _pids_using(storage) == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        for pid in _pids_using(storage):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
