@@ -259,18 +259,24 @@ async def _show(supervisor: Supervisor, table: bool) -> None:
         from rich.live import Live
         from rich.table import Table
 
-        def render() -> Table:
-            out = Table("service", "state", "pid", "restarts", "uptime", "last line")
+        def render(width: int = 120) -> Table:
+            room = max(10, width - 70)  # what the other columns leave the last line
+            out = Table(title="cosmicac up (Ctrl-C stops everything)")
+            out.add_column("service", no_wrap=True, min_width=21)
+            out.add_column("state", no_wrap=True, min_width=10)
+            for column in ("pid", "restarts", "uptime"):
+                out.add_column(column, no_wrap=True, min_width=len(column))
+            out.add_column("last line", no_wrap=True)
             for row in supervisor.rows():
                 out.add_row(str(row["service"]), str(row["state"]), str(row["pid"] or ""),
                             str(row["restarts"]),
                             "" if row["uptime_s"] is None else f"{row['uptime_s']:.0f}s",
-                            str(row["last"])[:80])
+                            _clip(str(row["last"]), room))
             return out
 
         with Live(render(), auto_refresh=False, transient=False) as live:
             while True:
-                live.update(render(), refresh=True)
+                live.update(render(live.console.width), refresh=True)
                 await trio.sleep(0.5)
     states: dict[str, tuple] = {}
     while True:
@@ -281,6 +287,10 @@ async def _show(supervisor: Supervisor, table: bool) -> None:
                 print(f"{row['service']}: {row['state']} pid {row['pid']} "
                       f"restarts {row['restarts']}", flush=True)
         await trio.sleep(0.2)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 class _SetupError(Exception):
@@ -304,7 +314,8 @@ async def _credentials(storage: Path, ports: Ports) -> None:
           flush=True)
     print(f"  email {creds['email']}  password {creds['password']}", flush=True)
     print(f"  API key {creds['api_key']}", flush=True)
-    print(f"  cosmicac login --url {creds['url']} --email {creds['email']}", flush=True)
+    print(f"  log in: cosmicac login (url {creds['url']}, the email and password above)",
+          flush=True)
     print(f"  OpenAI base URL {creds['url']}/inference/v1 (the API key as bearer)",
           flush=True)
     print("Ctrl-C stops everything.", flush=True)
