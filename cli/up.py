@@ -304,7 +304,8 @@ async def _credentials(storage: Path, ports: Ports) -> None:
         creds = json.loads(path.read_text())
         first = False
     else:
-        creds = await trio.to_thread.run_sync(_sign_up, ports)
+        # Abandoned on Ctrl-C: the stop must not wait out an HTTP timeout.
+        creds = await trio.to_thread.run_sync(_sign_up, ports, abandon_on_cancel=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as file:
             json.dump(creds, file, indent=2)
