@@ -33,7 +33,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("cli.run", "run"),
     "apply-config": ("cli.run", "apply_config"),
     "beam": ("cli.beam", "beam"),
-    "up": ("cli.node", "up"),
+    "up": ("cli.up", "up"),
     "ping": ("cli.node", "ping"),
     "relay": ("cli.relay", "relay"),
     "shell": ("cli.shell", "shell"),

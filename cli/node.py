@@ -1,9 +1,9 @@
-"""``cosmicac up`` (what exists of the system, on this machine) and ``cosmicac ping``.
+"""``cosmicac up --node-only`` (the single node) and ``cosmicac ping``.
 
-Until the control plane lands, ``up`` runs one peer on one swarm: its DHT
-node bootstraps the network, and it serves the node's diagnostics and a
-replica of the shared database (this node creates the database and is its
-first admin, as app-node will be).
+``cosmicac up`` (cli/up.py) runs the whole deployment; with ``--node-only``
+or any of this node's options it calls :func:`up` here, which runs one peer
+on one swarm: its DHT node bootstraps the network, and it serves the node's
+diagnostics and a replica of a shared database it creates and administers.
 """
 
 from __future__ import annotations

@@ -1,0 +1,347 @@
+"""``cosmicac up``: the whole embedded deployment on this machine, until Ctrl-C.
+
+Every daemon runs as its own process (``cosmicac run SERVICE --config FILE``,
+``cosmicac relay``, ``cosmicac dht bootstrap``), as in a multi-host
+deployment, under :class:`cli._supervisor.Supervisor`: started in dependency
+order on their ready lines, restarted with backoff, stopped in reverse order.
+
+Wiring is decided before anything starts: each service's key is created
+first (:func:`p2p.keys.load_or_create_keypair` on its folder), so every
+config can name the keys of the services it talks to. The layout::
+
+    <storage>/.cosmicac-up        marker: --reset deletes only such a folder
+    <storage>/config/<service>.json
+    <storage>/<service>/          each daemon's identity and state
+    <storage>/logs/<service>.log
+    <storage>/credentials.json    the admin and an API key (first start)
+
+On the way out the local backend's agent processes are stopped too: they
+live in sessions of their own so that they outlive a worker restart, as VMIs
+outlive a worker pod, but nothing may outlive ``up``.
+
+``cosmicac up --node-only`` (or any of the old node options) is the previous
+``up``: one peer that is a DHT bootstrap and serves a shared database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+import typer
+
+from ._args import config_option, port_option
+from ._console import err, fail
+from ._supervisor import ServiceSpec, StartFailed, Supervisor
+
+__all__ = ["Ports", "build_specs", "up"]
+
+MARKER = ".cosmicac-up"
+DEFAULT_BASE_PORT = 49737
+DEFAULT_ENTRY_PORT = 5173
+ADMIN_EMAIL = "admin@cosmicac.local"
+HOST = "127.0.0.1"
+COSMICAC = (sys.executable, "-m", "cli.main")
+#: Names of the environment that configure the single node (the old ``up``).
+_NODE_ENV_PREFIX = "COSMICAC_NODE__"
+_NODE_LEGACY_ENV = ("COSMICAC_STORAGE", "COSMICAC_HOST", "COSMICAC_PORT",
+                    "COSMICAC_METRICS_PORT", "COSMICAC_METRICS_HOST", "COSMICAC_DB_ALLOW")
+
+RELAY, DHT, APP, ORK, WORKER, PROXY, ENTRY = (
+    "relay", "dht", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference", "entry")
+KEYED = (RELAY, APP, ORK, WORKER, PROXY)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Every port ``up`` uses, shifted together by ``--base-port``."""
+
+    relay: int
+    dht: int
+    worker: int
+    ork: int
+    proxy: int
+    app: int
+    proxy_http: int
+    app_http: int
+    entry: int
+
+    @classmethod
+    def from_base(cls, base: int) -> Ports:
+        # The defaults are the daemons' own (relay 49737 … app-node 49742, the
+        # HTTP sides 49750/49751); the entry point keeps 5173 unless shifted.
+        entry = DEFAULT_ENTRY_PORT if base == DEFAULT_BASE_PORT else base + 20
+        return cls(relay=base, dht=base + 1, worker=base + 2, ork=base + 3, proxy=base + 4,
+                   app=base + 5, proxy_http=base + 13, app_http=base + 14, entry=entry)
+
+
+def _addr(port: int) -> str:
+    return f"{HOST}:{port}"
+
+
+def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[ServiceSpec]:
+    """Write each service's config under ``<storage>/config`` and return the specs."""
+    config_dir = storage / "config"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    bootstrap = [_addr(ports.dht)]
+    relays = [keys[RELAY]]
+    ork_addresses = [_addr(ports.ork)]
+    entry_url = f"http://{HOST}:{ports.entry}"
+    configs: dict[str, dict] = {
+        APP: {"storage": str(storage / APP), "host": HOST, "port": ports.app,
+              "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
+              "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
+              "http": {"host": HOST, "port": ports.app_http}, "public_url": entry_url},
+        ORK: {"storage": str(storage / ORK), "host": HOST, "port": ports.ork,
+              "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
+              "racks": [{"key": keys[WORKER], "name": "local"}]},
+        WORKER: {"storage": str(storage / WORKER), "host": HOST, "port": ports.worker,
+                 "ork": keys[ORK], "ork_addresses": ork_addresses, "backend": "local",
+                 "interconnect": {"bootstrap": bootstrap, "proxies": [keys[PROXY]],
+                                  "relays": relays},
+                 "local": {"nodes": [{"name": "local-node-1", "gpus": 8},
+                                     {"name": "local-node-2", "gpus": 8}]}},
+        PROXY: {"storage": str(storage / PROXY), "host": HOST, "port": ports.proxy,
+                "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
+                "ork": keys[ORK], "ork_addresses": ork_addresses,
+                "http": {"host": HOST, "port": ports.proxy_http}},
+        ENTRY: {"host": HOST, "port": ports.entry,
+                "api_url": f"http://{HOST}:{ports.app_http}",
+                "inference_url": f"http://{HOST}:{ports.proxy_http}"},
+    }
+    files = {}
+    for name, config in configs.items():
+        path = config_dir / f"{name}.json"
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        files[name] = str(path)
+
+    def run(name: str) -> tuple[str, ...]:
+        return (*COSMICAC, "run", name, "--config", files[name])
+
+    hex64 = r"([0-9a-f]{64})"
+    return [
+        # The DHT bootstrap says it listens on stderr: fold it into stdout,
+        # where the supervisor looks for ready lines (exec: no extra process).
+        ServiceSpec(DHT, ("sh", "-c", 'exec "$@" 2>&1', "sh", *COSMICAC, "dht", "bootstrap",
+                          "--host", HOST, "--port", str(ports.dht)),
+                    ready=re.compile(r"dht bootstrap listening on (\S+)")),
+        ServiceSpec(RELAY, (*COSMICAC, "relay", "--storage", str(storage / RELAY), "--host",
+                            HOST, "--port", str(ports.relay), "--bootstrap", bootstrap[0]),
+                    ready=re.compile(r"Server listening on " + hex64), depends_on=(DHT,)),
+        ServiceSpec(APP, run(APP), ready=re.compile(r"app-node " + hex64 + r" serving"),
+                    depends_on=(DHT, RELAY)),
+        ServiceSpec(ORK, run(ORK), ready=re.compile(r"wrk-ork " + hex64 + r" listening"),
+                    depends_on=(DHT, RELAY, APP)),
+        ServiceSpec(WORKER, run(WORKER),
+                    ready=re.compile(r"wrk-server-k8s-nvidia " + hex64 + r" listening"),
+                    depends_on=(ORK,)),
+        ServiceSpec(PROXY, run(PROXY), ready=re.compile(r"proxy-inference " + hex64),
+                    depends_on=(APP, ORK, WORKER)),
+        ServiceSpec(ENTRY, run(ENTRY), ready=re.compile(r"entry serving (\S+)"),
+                    depends_on=(APP, PROXY)),
+    ]
+
+
+def up(
+    storage: Path | None = typer.Option(
+        None, "--storage", help="The deployment's folder (default: .cosmicac)."),
+    reset: bool = typer.Option(False, "--reset",
+                               help="Delete the storage folder first (only one up made)."),
+    no_table: bool = typer.Option(False, "--no-table",
+                                  help="One line per state change instead of a live table."),
+    base_port: int = port_option(
+        DEFAULT_BASE_PORT, "--base-port",
+        help="Shift every port: relay BASE, DHT BASE+1 … app-node HTTP BASE+14, "
+             "entry BASE+20 (5173 at the default)."),
+    node_only: bool = typer.Option(
+        False, "--node-only", help="Run only the single node of before: a DHT bootstrap "
+                                   "serving a shared database (the options below)."),
+    config: Path | None = config_option(),
+    host: str | None = typer.Option(None, "--host", help="--node-only: (default: 127.0.0.1)"),
+    port: int | None = port_option(None, "--port", help="--node-only: the node's port."),
+    log_level: str | None = typer.Option(None, "--log-level", help="--node-only."),
+    metrics_port: int | None = port_option(None, "--metrics-port", help="--node-only."),
+    metrics_host: str | None = typer.Option(None, "--metrics-host", help="--node-only."),
+    db_allow: list[str] | None = typer.Option(None, "--db-allow", help="--node-only."),
+) -> None:
+    """Run the whole system on this machine until Ctrl-C: DHT bootstrap, relay,
+    app-node, wrk-ork, a local GPU worker, proxy-inference and the entry point on
+    http://127.0.0.1:5173. The first start creates an admin and an API key."""
+    node_options = (config, host, port, log_level, metrics_port, metrics_host, db_allow)
+    node_env = any(name.startswith(_NODE_ENV_PREFIX) or name in _NODE_LEGACY_ENV
+                   for name in os.environ)
+    if node_only or any(option is not None for option in node_options) or node_env:
+        from .node import up as node_up
+        node_up(config=config, storage=storage, host=host, port=port, log_level=log_level,
+                metrics_port=metrics_port, metrics_host=metrics_host, db_allow=db_allow)
+        return
+    storage = (storage or Path(".cosmicac")).absolute()
+    if not 1 <= base_port <= 65535 - 20:
+        fail(f"--base-port {base_port} leaves no room for the 20 ports above it", code=2)
+    if reset and storage.exists():
+        if not (storage / MARKER).exists():
+            fail(f"{storage} was not made by cosmicac up (no {MARKER}); not deleting it",
+                 code=2)
+        shutil.rmtree(storage)
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        (storage / MARKER).touch()
+        from p2p.keys import load_or_create_keypair
+        keys = {name: load_or_create_keypair(storage / name).hex for name in KEYED}
+        specs = build_specs(storage, Ports.from_base(base_port), keys)
+    except OSError as exc:
+        fail(f"cannot prepare {storage}: {exc.strerror or exc}")
+    table = not no_table and sys.stdout.isatty()
+    code = trio.run(_run, storage, Ports.from_base(base_port), specs, table)
+    raise typer.Exit(code)
+
+
+async def _run(storage: Path, ports: Ports, specs: list[ServiceSpec], table: bool) -> int:
+    supervisor = Supervisor(specs, log_dir=storage / "logs", stop_timeout_s=4.0)
+    code = 0
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                async def until_signalled() -> None:
+                    async for signum in signals:
+                        err.print(f"{signal.Signals(signum).name}: stopping", markup=False)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(until_signalled)
+                nursery.start_soon(_show, supervisor, table)
+                try:
+                    await nursery.start(supervisor.run)
+                except StartFailed as exc:
+                    err.print(f"error: {exc}", markup=False)
+                    code = 1
+                    nursery.cancel_scope.cancel()
+                    return code
+                try:
+                    await _credentials(storage, ports)
+                except _SetupError as exc:
+                    err.print(f"error: {exc}", markup=False)
+                    code = 1
+                    nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await _stop_agents(storage)
+    return code
+
+
+async def _stop_agents(storage: Path) -> None:
+    """Stop the local backend's agents, which outlive the worker by design."""
+    from nodes.k8s_worker.backend import BackendError
+    from nodes.k8s_worker.local import LocalBackend, LocalClusterSettings
+
+    backend = LocalBackend(LocalClusterSettings(stop_grace_s=3.0), storage / WORKER / "vmis")
+    with trio.move_on_after(10):
+        try:
+            stopped = await backend.stop_all()
+        except BackendError as exc:
+            err.print(f"error: {exc}", markup=False)
+            return
+        if stopped:
+            err.print(f"stopped {stopped} agent processes", markup=False)
+
+
+async def _show(supervisor: Supervisor, table: bool) -> None:
+    """The live status table, or one line per state change."""
+    if table:
+        from rich.live import Live
+        from rich.table import Table
+
+        def render(width: int = 120) -> Table:
+            room = max(10, width - 70)  # what the other columns leave the last line
+            out = Table(title="cosmicac up (Ctrl-C stops everything)")
+            out.add_column("service", no_wrap=True, min_width=21)
+            out.add_column("state", no_wrap=True, min_width=10)
+            for column in ("pid", "restarts", "uptime"):
+                out.add_column(column, no_wrap=True, min_width=len(column))
+            out.add_column("last line", no_wrap=True)
+            for row in supervisor.rows():
+                out.add_row(str(row["service"]), str(row["state"]), str(row["pid"] or ""),
+                            str(row["restarts"]),
+                            "" if row["uptime_s"] is None else f"{row['uptime_s']:.0f}s",
+                            _clip(str(row["last"]), room))
+            return out
+
+        with Live(render(), auto_refresh=False, transient=False) as live:
+            while True:
+                live.update(render(live.console.width), refresh=True)
+                await trio.sleep(0.5)
+    states: dict[str, tuple] = {}
+    while True:
+        for row in supervisor.rows():
+            now = (row["state"], row["pid"], row["restarts"])
+            if states.get(str(row["service"])) != now:
+                states[str(row["service"])] = now
+                print(f"{row['service']}: {row['state']} pid {row['pid']} "
+                      f"restarts {row['restarts']}", flush=True)
+        await trio.sleep(0.2)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+class _SetupError(Exception):
+    """The admin or its API key could not be created."""
+
+
+async def _credentials(storage: Path, ports: Ports) -> None:
+    """First start: sign the admin up and create an API key; print how to use them."""
+    path = storage / "credentials.json"
+    if path.exists():
+        creds = json.loads(path.read_text())
+        first = False
+    else:
+        # Abandoned on Ctrl-C: the stop must not wait out an HTTP timeout.
+        creds = await trio.to_thread.run_sync(_sign_up, ports, abandon_on_cancel=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            json.dump(creds, file, indent=2)
+            file.write("\n")
+        first = True
+    print(f"cosmicac is up at {creds['url']} ({'created' if first else 'from'} {path})",
+          flush=True)
+    print(f"  email {creds['email']}  password {creds['password']}", flush=True)
+    print(f"  API key {creds['api_key']}", flush=True)
+    print(f"  log in: cosmicac login (url {creds['url']}, the email and password above)",
+          flush=True)
+    print(f"  OpenAI base URL {creds['url']}/inference/v1 (the API key as bearer)",
+          flush=True)
+    print("Ctrl-C stops everything.", flush=True)
+
+
+def _sign_up(ports: Ports) -> dict[str, str]:
+    import httpx
+
+    api = f"http://{HOST}:{ports.app_http}/api"
+    password = secrets.token_urlsafe(18)
+    try:
+        with httpx.Client(timeout=30.0) as client:
+            answer = client.post(f"{api}/auth/signup", json={
+                "email": ADMIN_EMAIL, "name": "admin", "password": password,
+                "team_name": "default"})
+            if answer.status_code == 409:
+                raise _SetupError("app-node already has users but credentials.json is "
+                                  "missing; use --reset to start afresh")
+            answer.raise_for_status()
+            token = answer.json()["token"]
+            answer = client.post(f"{api}/apikeys", json={"name": "cosmicac-up"},
+                                 headers={"authorization": f"Bearer {token}"})
+            answer.raise_for_status()
+            api_key = answer.json()["key"]
+    except httpx.HTTPError as exc:
+        raise _SetupError(f"cannot create the admin through {api}: {exc}") from None
+    return {"url": f"http://{HOST}:{ports.entry}", "email": ADMIN_EMAIL,
+            "password": password, "api_key": api_key}

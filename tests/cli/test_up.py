@@ -1,0 +1,170 @@
+"""`cosmicac up` as a real process: the whole deployment starts, answers, and stops clean."""
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from cli.up import MARKER, Ports
+
+from .helpers import COSMICAC, read_until
+
+UP = re.compile(r"cosmicac is up at (\S+)")
+
+
+def _free_base() -> int:
+    """A base port whose 21 ports are free (TCP and UDP), off the real defaults."""
+    for _ in range(50):
+        base = random.randrange(20000, 40000)
+        try:
+            for port in range(base, base + 21):
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    with socket.socket(socket.AF_INET, kind) as sock:
+                        sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
+def _pids_using(path: Path) -> list[int]:
+    """Processes whose command line names ``path`` (the storage): up's children."""
+    found = []
+    needle = str(path).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_ports_shift_together_and_keep_5173_at_the_default():
+    default = Ports.from_base(49737)
+    assert (default.relay, default.dht, default.app_http, default.proxy_http,
+            default.entry) == (49737, 49738, 49751, 49750, 5173)
+    assert Ports.from_base(30000).entry == 30020
+
+
+def test_reset_refuses_a_folder_up_did_not_make(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    (tmp_path / "precious").write_text("keep me")
+    result = CliRunner().invoke(app, ["up", "--storage", str(tmp_path), "--reset"])
+    assert result.exit_code == 2
+    assert MARKER in result.output
+    assert (tmp_path / "precious").exists()
+
+
+@pytest.mark.slow
+async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(tmp_path):
+    storage = tmp_path / "up"
+    base = _free_base()
+    process = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with trio.fail_after(120):
+            match = await read_until(process.stdout, UP)
+        url = match[1]
+        assert url == f"http://127.0.0.1:{base + 20}"
+        credentials = storage / "credentials.json"
+        assert credentials.stat().st_mode & 0o777 == 0o600
+        creds = json.loads(credentials.read_text())
+        assert creds["url"] == url and creds["email"] == "admin@cosmicac.local"
+
+        def get(path: str, **headers: str) -> httpx.Response:
+            return httpx.get(url + path, headers=headers, timeout=30)
+
+        spec = await trio.to_thread.run_sync(get, "/api/openapi.json")
+        assert spec.status_code == 200, spec.text
+        models = await trio.to_thread.run_sync(
+            lambda: get("/inference/v1/models", authorization=f"Bearer {creds['api_key']}"))
+        assert models.status_code == 200, models.text
+        assert _pids_using(storage)  # the children name their configs under storage
+
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+        assert _pids_using(storage) == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        for pid in _pids_using(storage):  # never leave a failed run's children behind
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.mark.slow
+async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path):
+    """Agents live in sessions of their own (they outlive a worker restart): up
+    must stop them itself. A job is created through wrk-ork with a client key the
+    test adds (the environment's list beats the config file's)."""
+    from nodes.ork.client import OrkClient
+    from nodes.ork.service import CREATE_JOB, CreateJob
+    from p2p.keys import KeyPair, load_or_create_keypair
+    from p2p.swarm import Swarm, SwarmConfig
+
+    from ..nodes.ork.world import container
+    from ..p2p.helpers import wait_until
+
+    storage = tmp_path / "up"
+    base = _free_base()
+    me = KeyPair.generate()
+    clients = [load_or_create_keypair(storage / name).hex
+               for name in ("app-node", "proxy-inference")] + [me.hex]
+    process = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(os.environ, COSMICAC_ORK__CLIENTS=",".join(clients)))
+    try:
+        with trio.fail_after(120):
+            await read_until(process.stdout, UP)
+            ork = load_or_create_keypair(storage / "wrk-ork").public_key
+            async with trio.open_nursery() as nursery:
+                swarm = Swarm(me, config=SwarmConfig(host="127.0.0.1", port=0))
+                await nursery.start(swarm.run)
+                client = OrkClient(swarm, ork, addresses=[("127.0.0.1", base + 3)])
+                await nursery.start(client.run)
+                await client.call(CREATE_JOB, CreateJob(spec=container(gpus=1)))
+                nursery.cancel_scope.cancel()
+            vmis = storage / "wrk-server-k8s-nvidia" / "vmis"
+            await wait_until(lambda: list(vmis.glob("*/process.json")), limit_s=60,
+                             step_s=0.2)
+        agents = [json.loads(path.read_text())["pid"] for path in vmis.glob("*/process.json")]
+        assert all(pid in _pids_using(storage) for pid in agents)
+
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+            said = b""
+            while chunk := await process.stderr.receive_some():
+                said += chunk
+        assert f"stopped {len(agents)} agent processes".encode() in said  # by up, not the worker
+        assert _pids_using(storage) == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        for pid in _pids_using(storage):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
