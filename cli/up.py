@@ -315,8 +315,8 @@ async def _credentials(storage: Path, ports: Ports) -> None:
           flush=True)
     print(f"  email {creds['email']}  password {creds['password']}", flush=True)
     print(f"  API key {creds['api_key']}", flush=True)
-    print(f"  log in: cosmicac login (url {creds['url']}, the email and password above)",
-          flush=True)
+    print(f"  log in: cosmicac login --server {creds['url']} --email {creds['email']} "
+          "(it asks for the password)", flush=True)
     print(f"  OpenAI base URL {creds['url']}/inference/v1 (the API key as bearer)",
           flush=True)
     print("Ctrl-C stops everything.", flush=True)
