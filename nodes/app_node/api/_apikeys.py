@@ -19,7 +19,7 @@ from starlette.responses import Response
 from crdt import PutApiKey, RevokeApiKey
 
 from ..model import ApiKeyRecord, Role
-from ._common import ApiError, Ctx, Session, forbidden, ok
+from ._common import ApiError, Ctx, Session, forbidden, ok, team_of
 from ._models import (
     ApiKeyCreatedOut,
     ApiKeyIn,
@@ -35,18 +35,10 @@ SECRET_PREFIX = "cac_sk_"
 PREFIX_CHARS = 14
 
 
-def _team_of(session: Session, team_id: str | None) -> str:
-    team = team_id or session.user.active_team
-    if team is None:
-        raise ApiError(422, "INVALID", "you have no active team; pass team_id or set "
-                       "one with PUT /api/me/active-team", "team_id")
-    return team
-
-
 async def create_key(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     body = await ctx.body(request, ApiKeyIn)
-    team = _team_of(session, body.team_id)
+    team = team_of(session, body.team_id)
     await ctx.require_role(session, team, Role.MEMBER)
     key_id = secrets.token_hex(12)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
@@ -74,7 +66,7 @@ async def _key_out(ctx: Ctx, record: ApiKeyRecord) -> ApiKeyOut:
 
 async def list_keys(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
-    team = _team_of(session, request.query_params.get("team_id"))
+    team = team_of(session, request.query_params.get("team_id"))
     await ctx.require_role(session, team, Role.MEMBER)
     records = await ctx.store(ctx.services.store.list_api_keys, team)
     return ok(ApiKeysOut(keys=[await _key_out(ctx, r) for r in records]))

@@ -147,3 +147,12 @@ def validate(model: type[M], data: Any) -> M:
 
 def invalid(field: str, message: str) -> ApiError:
     return ApiError.of(Invalid(field, message))
+
+
+def team_of(session: Session, team_id: str | None) -> str:
+    """The team a request acts for: ``team_id`` if given, else the caller's active team."""
+    team = team_id or session.user.active_team
+    if team is None:
+        raise ApiError(422, "INVALID", "you have no active team; pass team_id or set "
+                       "one with PUT /api/me/active-team", "team_id")
+    return team

@@ -44,7 +44,7 @@ from nodes.ork.views import JobView
 from p2p.rpc import Method, RpcError
 
 from ..model import JobRecord, Role
-from ._common import ApiError, Ctx, Session, ok, validate
+from ._common import ApiError, Ctx, Session, ok, team_of, validate
 from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut
 from ._spec import RouteSpec
 
@@ -81,14 +81,6 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
         elif exc.code == "CONFLICT":
             field = "served_name"
         raise ApiError(status, exc.code, exc.message, field) from None
-
-
-def team_of(session: Session, team_id: str | None) -> str:
-    team = team_id or session.user.active_team
-    if team is None:
-        raise ApiError(422, "INVALID", "you have no active team; pass team_id or set "
-                       "one with PUT /api/me/active-team", "team_id")
-    return team
 
 
 def job_out(record: JobRecord, view: JobView) -> JobOut:
@@ -266,4 +258,4 @@ ROUTES = [
               "Delete one replica (the job keeps the others)", answer=JobOut),
 ]
 
-__all__ = ["ROUTES", "job_out", "ork_call", "ork_unavailable", "team_of"]
+__all__ = ["ROUTES", "job_out", "ork_call", "ork_unavailable"]
