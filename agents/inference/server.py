@@ -68,6 +68,7 @@ from agents.inference.engines import (
 from agents.inference.engines._audio import MAX_AUDIO_BYTES
 from p2p.http import serve_asgi
 
+from ._openai_errors import OpenAIError, guarded
 from ._serving import ServerBindError, run_until_signalled
 
 __all__ = [
@@ -159,33 +160,12 @@ class TranscriptionForm(_Request):
 # --- errors ---
 
 
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def response(self) -> JSONResponse:
-        kinds = {400: "BadRequestError", 404: "NotFoundError"}
-        kind = kinds.get(self.status, "InternalServerError")
-        body = {
-            "error": {
-                "message": self.message,
-                "type": kind,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-        return JSONResponse(body, status_code=self.status)
-
-
 async def _parse(request: Request, model: type[_M]) -> _M:
     raw = await request.body()
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _ApiError(400, f"request body is not valid JSON: {exc}") from None
+        raise OpenAIError(400, f"request body is not valid JSON: {exc}") from None
     return _validate(model, data)
 
 
@@ -195,7 +175,7 @@ def _validate(model: type[_M], data: Any) -> _M:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None
-        raise _ApiError(400, f"{param or 'body'}: {first['msg']}", param=param) from None
+        raise OpenAIError(400, f"{param or 'body'}: {first['msg']}", param=param) from None
 
 
 # --- the app ---
@@ -227,10 +207,10 @@ class _Api:
 
     def _check_model(self, model: str) -> None:
         if model != self.served_name:
-            raise _ApiError(404, f"The model `{model}` does not exist.", param="model")
+            raise OpenAIError(404, f"The model `{model}` does not exist.", param="model")
 
-    def _unsupported(self, what: str) -> _ApiError:
-        return _ApiError(
+    def _unsupported(self, what: str) -> OpenAIError:
+        return OpenAIError(
             400,
             f"The model `{self.served_name}` ({self.engine.name}) does not support {what}.",
             param="model",
@@ -244,9 +224,9 @@ class _Api:
 
     def _check_generation(self, body: _Generation, prompt_len: int, max_tokens: int) -> None:
         if body.n != 1:
-            raise _ApiError(400, f"n: only n=1 is supported, not {body.n}", param="n")
+            raise OpenAIError(400, f"n: only n=1 is supported, not {body.n}", param="n")
         if prompt_len + max_tokens > self.max_model_len:
-            raise _ApiError(
+            raise OpenAIError(
                 400,
                 f"This model's maximum context length is {self.max_model_len} tokens; the "
                 f"request has {prompt_len} prompt tokens and max_tokens={max_tokens}.",
@@ -286,11 +266,12 @@ class _Api:
             try:
                 engine.detokenize(prompt)
             except ValueError as exc:
-                raise _ApiError(400, f"prompt: {exc}", param="prompt") from None
+                raise OpenAIError(400, f"prompt: {exc}", param="prompt") from None
         elif len(body.prompt) == 1:
             prompt = engine.tokenize(str(body.prompt[0]))
         else:
-            raise _ApiError(400, "prompt: give one prompt (a string or token ids)", param="prompt")
+            raise OpenAIError(400, "prompt: give one prompt (a string or token ids)",
+                              param="prompt")
         max_tokens = body.max_tokens or _COMPLETION_DEFAULT_MAX_TOKENS
         self._check_generation(body, len(prompt), max_tokens)
         return await self._respond(engine, body, prompt, max_tokens, chat=False)
@@ -306,7 +287,7 @@ class _Api:
         for index, text in enumerate(texts):
             tokens = len(engine.tokenize(text))
             if tokens > self.max_model_len:
-                raise _ApiError(
+                raise OpenAIError(
                     400,
                     f"input {index} has {tokens} tokens, more than this model's maximum "
                     f"context length of {self.max_model_len} tokens.",
@@ -334,19 +315,19 @@ class _Api:
         if self.speech is None:
             raise self._unsupported("audio transcriptions")
         if data is None:
-            raise _ApiError(400, "file: an audio file is required (a form field)", param="file")
+            raise OpenAIError(400, "file: an audio file is required (a form field)", param="file")
         if len(data) > MAX_AUDIO_BYTES:
-            raise _ApiError(
+            raise OpenAIError(
                 400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB", param="file"
             )
         try:
             audio = decode_wav(data)
         except BadAudio as exc:
-            raise _ApiError(400, f"file: {exc}", param="file") from None
+            raise OpenAIError(400, f"file: {exc}", param="file") from None
         language = fields.language.lower().split("-")[0] if fields.language else None
         known = self.speech.languages
         if language is not None and known is not None and language not in known:
-            raise _ApiError(
+            raise OpenAIError(
                 400,
                 f"language: {self.engine.name} transcribes {', '.join(sorted(known))} only, "
                 f"not {fields.language!r}",
@@ -479,12 +460,12 @@ async def _read_form(request: Request) -> tuple[TranscriptionForm, bytes | None]
     """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "multipart/form-data":
-        raise _ApiError(
+        raise OpenAIError(
             400, f"send multipart/form-data with a 'file' field, not {kind or 'no content type'}"
         )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_AUDIO_BYTES + 2**20:
-        raise _ApiError(400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB", param="file")
+        raise OpenAIError(400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB", param="file")
     try:
         async with request.form(max_files=1, max_fields=32) as form:  # closes spooled files
             fields = _validate(
@@ -495,7 +476,7 @@ async def _read_form(request: Request) -> tuple[TranscriptionForm, bytes | None]
                 return fields, None
             return fields, await upload.read(MAX_AUDIO_BYTES + 1)
     except HTTPException as exc:  # Starlette's report of a malformed multipart body
-        raise _ApiError(400, f"bad multipart body: {exc.detail}") from None
+        raise OpenAIError(400, f"bad multipart body: {exc.detail}") from None
 
 
 def _verbose(
@@ -537,15 +518,6 @@ def create_app(
 ) -> Starlette:
     """The ASGI app serving ``engine`` under ``served_name`` (default: the engine's name)."""
     api = _Api(engine, served_name or engine.name, max_model_len)
-
-    def guarded(handler):
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except _ApiError as exc:
-                return exc.response()
-
-        return endpoint
 
     routes = [
         Route("/health", guarded(api.health), methods=["GET"]),

@@ -62,6 +62,7 @@ from starlette.routing import Route
 
 from p2p.http import serve_asgi
 
+from .._openai_errors import OpenAIError, guarded
 from .._serving import ServerBindError, run_until_signalled
 
 __all__ = [
@@ -229,27 +230,11 @@ def load_nemo_transcriber(model: str, device: str = "cuda") -> Transcriber:
 # --- HTTP ---
 
 
-class _ApiError(Exception):
-    _KINDS = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError"}
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def response(self) -> JSONResponse:
-        kind = self._KINDS.get(self.status, "InternalServerError")
-        body = {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.status}}
-        return JSONResponse(body, status_code=self.status)
-
-
 def _field(form: Any, name: str) -> str | None:
     value = form.get(name)
     if value is None or isinstance(value, str):
         return value
-    raise _ApiError(400, f"{name}: must be a form field, not a file", param=name)
+    raise OpenAIError(400, f"{name}: must be a form field, not a file", param=name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,21 +264,21 @@ class _Api:
         # (A chunked body without a length is still read whole first.)
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_upload_bytes + _FORM_OVERHEAD_BYTES:
-            raise _ApiError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
+            raise OpenAIError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
         try:
             # The context closes the spooled upload files when done.
             async with request.form(max_files=1, max_fields=32) as form:
                 data = await self._read_form(form)
         except HTTPException as exc:  # starlette's 400 for a malformed multipart body
-            raise _ApiError(400, f"bad multipart body: {exc.detail}") from None
+            raise OpenAIError(400, f"bad multipart body: {exc.detail}") from None
         if len(data.audio) > self.max_upload_bytes:
-            raise _ApiError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
+            raise OpenAIError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
         try:
             # Off the event loop: 25 MB of WAV takes a second in pure Python,
             # and /health must keep answering meanwhile.
             audio = await trio.to_thread.run_sync(decode_audio, data.audio)
         except AudioError as exc:
-            raise _ApiError(400, f"file: {exc}", param="file") from None
+            raise OpenAIError(400, f"file: {exc}", param="file") from None
         if not audio.samples:  # a valid WAV of no frames: nothing to hear, nothing to bill
             text = ""
         else:
@@ -312,24 +297,24 @@ class _Api:
         except Exception as exc:
             log.exception("transcription.failed model=%s seconds=%.1f",
                           self.served_name, audio.seconds)
-            raise _ApiError(500, f"transcription failed: {exc}") from None
+            raise OpenAIError(500, f"transcription failed: {exc}") from None
 
     async def _read_form(self, form: Any) -> _Form:
         model = _field(form, "model")
         if not model:
-            raise _ApiError(400, "model: required", param="model")
+            raise OpenAIError(400, "model: required", param="model")
         if model != self.served_name:
-            raise _ApiError(404, f"The model `{model}` does not exist.", param="model")
+            raise OpenAIError(404, f"The model `{model}` does not exist.", param="model")
         response_format = _field(form, "response_format") or "json"
         if response_format not in ("json", "text"):
-            raise _ApiError(400, f"response_format: {response_format!r} is not supported "
+            raise OpenAIError(400, f"response_format: {response_format!r} is not supported "
                             "(json or text)", param="response_format")
         if (_field(form, "stream") or "false").lower() in ("true", "1"):
-            raise _ApiError(400, "stream: streaming transcription is not supported",
+            raise OpenAIError(400, "stream: streaming transcription is not supported",
                             param="stream")
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            raise _ApiError(400, "file: required (an audio file)", param="file")
+            raise OpenAIError(400, "file: required (an audio file)", param="file")
         # One byte over the bound is enough to refuse; never read the rest.
         audio = await upload.read(self.max_upload_bytes + 1)
         return _Form(audio=audio, response_format=response_format)
@@ -343,15 +328,6 @@ def create_app(
 ) -> Starlette:
     """The ASGI app serving ``transcribe`` under ``served_name``."""
     api = _Api(transcribe, served_name, max_upload_bytes)
-
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except _ApiError as exc:
-                return exc.response()
-
-        return endpoint
 
     return Starlette(routes=[
         Route("/health", guarded(api.health), methods=["GET"]),
