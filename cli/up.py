@@ -32,6 +32,7 @@ import secrets
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,15 +312,54 @@ async def _credentials(storage: Path, ports: Ports) -> None:
             json.dump(creds, file, indent=2)
             file.write("\n")
         first = True
+    cli_session = await trio.to_thread.run_sync(_log_cli_in, creds, abandon_on_cancel=True)
     print(f"cosmicac is up at {creds['url']} ({'created' if first else 'from'} {path})",
           flush=True)
     print(f"  email {creds['email']}  password {creds['password']}", flush=True)
     print(f"  API key {creds['api_key']}", flush=True)
-    print(f"  log in: cosmicac login --server {creds['url']} --email {creds['email']} "
-          "(it asks for the password)", flush=True)
+    print(f"  {cli_session}", flush=True)
     print(f"  OpenAI base URL {creds['url']}/inference/v1 (the API key as bearer)",
           flush=True)
     print("Ctrl-C stops everything.", flush=True)
+
+
+def _log_cli_in(creds: dict[str, str]) -> str:
+    """Log this machine's CLI in as the admin, unless it has a session elsewhere.
+
+    A session on another server is the user's own choice and is kept; one on
+    this URL is replaced when it is missing, expiring or refused (after
+    ``--reset`` the old token means nothing). Returns a line saying which.
+    """
+    import httpx
+
+    from p2p.errors import P2PError
+    from p2p.keys import load_or_create_keypair
+
+    from .run import config_dir
+    from .session import SavedSession, load_session, save_session
+
+    url = creds["url"]
+    login_hint = f"cosmicac login --server {url} --email {creds['email']}"
+    session = load_session()
+    if session is not None and session.server != url:
+        return f"the CLI stays logged in to {session.server}; to use this one: {login_hint}"
+    try:
+        with httpx.Client(base_url=f"{url}/api", timeout=30.0) as client:
+            if session is not None and session.expires_at > time.time() + 3600:
+                me = client.get("/me", headers={"authorization": f"Bearer {session.token}"})
+                if me.is_success:
+                    return f"the CLI is logged in as {session.email} (cosmicac whoami)"
+            keypair = load_or_create_keypair(config_dir(None) / "user")
+            answer = client.post("/auth/login", json={
+                "email": creds["email"], "password": creds["password"],
+                "cli_public_key": keypair.hex})
+            answer.raise_for_status()
+            body = answer.json()
+        save_session(SavedSession(server=url, token=body["token"],
+                                  expires_at=body["expires_at"], email=creds["email"]))
+    except (httpx.HTTPError, P2PError, OSError, ValueError, KeyError) as exc:
+        return f"the CLI could not be logged in ({exc}); log in with: {login_hint}"
+    return f"the CLI is logged in as {creds['email']} (try: cosmicac whoami)"
 
 
 def _sign_up(ports: Ports) -> dict[str, str]:

@@ -96,6 +96,14 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
             lambda: get("/inference/v1/models", authorization=f"Bearer {creds['api_key']}"))
         assert models.status_code == 200, models.text
         assert _pids_using(storage)  # the children name their configs under storage
+        # The local CLI is logged in at once (its config folder is this test's).
+        who = await trio.run_process([*COSMICAC, "whoami", "-o", "json"], capture_stdout=True,
+                                     capture_stderr=True, check=False)
+        assert who.returncode == 0, who.stderr
+        assert json.loads(who.stdout)["user"]["email"] == creds["email"]
+        session = json.loads((Path(os.environ["COSMICAC_CONFIG_DIR"]) / "session.json")
+                             .read_text())
+        assert session["server"] == url
 
         process.send_signal(signal.SIGINT)
         with trio.fail_after(15):
