@@ -15,8 +15,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
+import typer
 
+from cli import _wait
 from cli._wait import Goal, Outcome, judge, summary
+from cli.session import Api
 
 from ..p2p.helpers import wait_until
 from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)
@@ -173,3 +176,40 @@ def test_judge_and_summary() -> None:
     assert judge(None, Goal.RUNNING)[0] is Outcome.FAILED
     assert judge({**job, "status": "deleting"}, Goal.GONE)[0] is Outcome.WAIT
     assert judge(None, Goal.GONE)[0] is Outcome.DONE
+
+
+def _replay(monkeypatch: pytest.MonkeyPatch, documents: list[dict | None]) -> None:
+    """The poller answers ``documents`` in turn (the last one forever)."""
+    answers = iter(documents)
+    last: list[dict | None] = [None]
+
+    def get(self: _wait._Poller) -> dict | None:
+        last[0] = next(answers, last[0])
+        return last[0]
+
+    monkeypatch.setattr(_wait._Poller, "get", get)
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_wait_for_shows_changes_and_times_out(monkeypatch: pytest.MonkeyPatch, capsys,
+                                              tty: bool) -> None:
+    now = [0.0]
+    starting = {"id": "j", "status": "starting", "reason": "", "replicas": [
+        {"index": 0, "status": "starting", "message": "pulling"}]}
+    running = {**starting, "status": "running",
+               "replicas": [{"index": 0, "status": "running", "message": ""}]}
+    api = Api("http://127.0.0.1:9", "t")
+    fake = {"tty": tty, "clock": lambda: now[0],
+            "sleep": lambda s: now.__setitem__(0, now[0] + s)}
+
+    _replay(monkeypatch, [starting, starting, running])
+    assert _wait.wait_for(api, "j", Goal.RUNNING, 60, **fake) == running
+    if not tty:
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2 and "pulling" in lines[0] and "running" in lines[1]
+
+    _replay(monkeypatch, [starting])
+    with pytest.raises(typer.Exit) as exited:
+        _wait.wait_for(api, "j", Goal.RUNNING, 5, **fake)
+    assert exited.value.exit_code == 1
+    assert "timed out after 5s" in capsys.readouterr().err
