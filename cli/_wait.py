@@ -129,10 +129,10 @@ class _Live:
             return
         self.status.update(Text(f"job {self.job_id} → {self.goal.value} "
                                 f"[{elapsed:.0f}s]: {line}"))
-        if line != self.last and self.last:
-            # Keep the history too: what a replica said may matter afterwards.
-            self.status.console.print(Text(f"  {elapsed:5.1f}s {self.last}", style="dim"))
-        self.last = line
+        if line != self.last:
+            # Kept above the live line: what a replica said may matter afterwards.
+            self.status.console.print(Text(f"[{elapsed:5.1f}s] {line}", style="dim"))
+            self.last = line
 
     def close(self) -> None:
         if self.status is not None:
