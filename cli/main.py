@@ -27,6 +27,9 @@ _GROUPS: dict[str, str] = {
     "k8s": "cli.k8s",
     "teams": "cli.teams",
     "apikeys": "cli.apikeys",
+    "jobs": "cli.jobs",
+    "racks": "cli.racks",
+    "nodes": "cli.nodes",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -55,12 +56,14 @@ def cli_env(config: Path, server: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Served]:
-    settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
-                               http=HttpSettings(host="127.0.0.1", port=0), fsync=False)
+async def serve(tmp_path: Path, nursery: trio.Nursery, **settings: Any) -> Served:
+    """app-node on ``tmp_path / "app-node"`` (``settings`` added, e.g. ``ork``), with
+    the first admin signed up; the CLI's config folder is ``tmp_path / "config"``."""
+    node_settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
+                                    http=HttpSettings(host="127.0.0.1", port=0), fsync=False,
+                                    **settings)
     with trio.fail_after(60):
-        node: RunningAppNode = await nursery.start(serve_app_node, settings)
+        node: RunningAppNode = await nursery.start(serve_app_node, node_settings)
     host, port = node.http_address
     server = f"http://{host}:{port}"
     async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30) as api:
@@ -68,7 +71,12 @@ async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Served]
             "email": EMAIL, "name": "Ada", "password": PASSWORD, "team_name": "core"})
     assert signup.status_code == 201, signup.text
     config = tmp_path / "config"
-    yield Served(node, server, cli_env(config, server), config)
+    return Served(node, server, cli_env(config, server), config)
+
+
+@pytest.fixture
+async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Served]:
+    yield await serve(tmp_path, nursery)
     nursery.cancel_scope.cancel()
 
 

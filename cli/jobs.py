@@ -1,0 +1,292 @@
+"""``cosmicac jobs``: create, list, inspect, restart and delete the team's jobs.
+
+Scripts rely on two forms exactly: ``jobs create ...`` prints the job id alone on
+stdout (``JOB=$(cosmicac jobs create ...)``), with ``-o json`` the job document;
+``jobs get JOB -o json`` prints the API's job document as it is (``status`` is
+``running`` for an Active job). ``--wait`` polls until the job runs (create,
+restart) or is gone (delete), with progress on stderr (:mod:`cli._wait`).
+
+``jobs logs`` belongs to wrk-monitor and comes with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+from urllib.parse import quote
+
+import typer
+
+from ._console import err, fail, print_json
+from ._wait import DEFAULT_TIMEOUT_S, Goal, wait_for
+from .session import (
+    EXIT_CODES_HELP,
+    USAGE,
+    Api,
+    api_for,
+    check_output,
+    emit,
+    output_option,
+    server_option,
+)
+from .teams import resolve_team
+
+__all__ = ["LOCAL_IMAGE", "app"]
+
+_WAIT_HELP = (f"{EXIT_CODES_HELP} With --wait: exit 1 also when the job failed (with its "
+              f"reason) or --timeout passed.")
+app = typer.Typer(help=f"Jobs: list, get, create, restart, delete; replicas. {_WAIT_HELP}",
+                  no_args_is_help=True)
+replicas_app = typer.Typer(help=f"One replica of a job: restart or delete it while it is "
+                                f"queued, pending or starting. {_WAIT_HELP}",
+                           no_args_is_help=True)
+app.add_typer(replicas_app, name="replicas")
+
+_TYPES = ("container", "inference")
+_RUNTIMES = ("vllm", "parakeet", "local")
+#: The image an inference job on the ``local`` runtime is given when --image is
+#: absent. The API requires an image for every job, but the local runtime runs the
+#: model in the agent's own process and never pulls one: this names that, in the
+#: registry form the API checks. Any other job needs a real image (--image).
+LOCAL_IMAGE = "docker://localhost/cosmicac/local-runtime:latest"
+
+
+def _team_option() -> Any:
+    return typer.Option(None, "--team", "-t", help="The team (id or name); default: the "
+                                                   "active team.")
+
+
+def _wait_option(what: str) -> Any:
+    return typer.Option(False, "--wait", "-w", help=f"Wait until the job {what}, showing "
+                                                    f"progress on stderr.")
+
+
+def _timeout_option() -> Any:
+    return typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=0.0,
+                        help="How long --wait waits, in seconds.")
+
+
+def _job_path(job: str) -> str:
+    return f"/jobs/{quote(job, safe='')}"
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _replicas_column(job: dict) -> str:
+    """``2/3 running``: how many replicas run, of how many."""
+    replicas = job["replicas"]
+    running = sum(r["status"] == "running" for r in replicas)
+    return f"{running}/{len(replicas)} running"
+
+
+@app.command("list")
+def list_jobs(team: str | None = _team_option(),
+              limit: int = typer.Option(50, "--limit", min=1, max=500,
+                                        help="Jobs per page (newest first)."),
+              every: bool = typer.Option(False, "--all", "-a",
+                                         help="Every job of the team, not one page."),
+              server: str | None = server_option(), output: str = output_option()) -> None:
+    """The team's jobs with their live status, newest first.
+
+    Example: cosmicac jobs list --all -o json
+    """
+    check_output(output)
+    api = api_for(server)
+    team_id = resolve_team(api, team)["id"] if team else None
+    jobs: list[dict] = []
+    cursor: str | None = None
+    for _ in range(10_000):  # pages; the cursor ends it long before
+        page = api.get("/jobs", team_id=team_id, limit=str(limit), cursor=cursor)
+        jobs.extend(page["jobs"])
+        cursor = page.get("next")
+        if not every or not cursor:
+            break
+    if cursor and not every and output != "json":
+        err.print(f"more jobs: --all lists every one (or --limit {limit * 2})")
+    emit(output, jobs, ("id", "name", "type", "status", "replicas", "gpus", "created"),
+         [(j["id"], j["name"], j["type"], j["status"], _replicas_column(j),
+           j["spec"]["gpus"], _when(j["created_at"])) for j in jobs])
+
+
+def _show(output: str, job: dict) -> None:
+    """The job: its document with -o json; else a job table and a replica table."""
+    if check_output(output) == "json":
+        print_json(job)
+        return
+    spec = job["spec"]
+    what = f"{spec['runtime']}:{spec['model']}" if spec.get("model") else spec["image"]
+    emit(output, job, ("id", "name", "type", "status", "gpus", "runs", "created", "reason"),
+         [(job["id"], job["name"], job["type"], job["status"], spec["gpus"], what,
+           _when(job["created_at"]), job["reason"])])
+    emit(output, job, ("replica", "status", "generation", "nodes", "message"),
+         [(r["index"], r["status"], r["generation"], ", ".join(r["nodes"]), r["message"])
+          for r in job["replicas"]])
+
+
+@app.command("get")
+def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
+        server: str | None = server_option(), output: str = output_option()) -> None:
+    """A job with its replicas; -o json prints the API's document as it is.
+
+    Example: cosmicac jobs get 5d1c... -o json
+    """
+    check_output(output)
+    _show(output, api_for(server).get(_job_path(job)))
+
+
+def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | None,
+                 gpus: int, replicas: int | None, runtime: str | None, model: str | None,
+                 served_name: str | None, location: str | None,
+                 team: str | None) -> dict[str, Any]:
+    """The POST /api/jobs body; one usage line (exit 2) for what is missing or unknown.
+
+    The rest (a container job with a model, replicas > 1...) is the API's to refuse:
+    its 422 names the field, and the CLI prints it as it is.
+    """
+    if not name:
+        fail("--name is required: what to call the job", code=USAGE)
+    if type_ not in _TYPES:
+        fail(f"--type takes container or inference, not {type_!r}" if type_ else
+             "--type is required: container or inference", code=USAGE)
+    if runtime is not None and runtime not in _RUNTIMES:
+        fail(f"--runtime takes vllm, parakeet or local, not {runtime!r}", code=USAGE)
+    if image is None:
+        if type_ == "inference" and runtime == "local":
+            image = LOCAL_IMAGE
+        else:
+            fail("--image is required (docker://host[:port]/repo[:tag]); only an inference "
+                 "job with --runtime local needs none", code=USAGE)
+    body: dict[str, Any] = {"name": name, "type": type_, "image": image, "gpus": gpus}
+    optional = {"replicas": replicas, "runtime": runtime, "model": model,
+                "served_name": served_name, "location": location}
+    body.update({key: value for key, value in optional.items() if value is not None})
+    if team:
+        body["team_id"] = resolve_team(api, team)["id"]
+    return body
+
+
+@app.command("create")
+def create(name: str | None = typer.Option(None, "--name", "-n",
+                                           help="The job's name (required)."),
+           type_: str | None = typer.Option(None, "--type",
+                                            help="container or inference (required)."),
+           image: str | None = typer.Option(
+               None, "--image", help="Registry image, docker://host[:port]/repo[:tag]; "
+                                     "required except for --runtime local."),
+           gpus: int = typer.Option(1, "--gpus", help="GPUs per replica."),
+           replicas: int | None = typer.Option(None, "--replicas",
+                                               help="Replicas (inference jobs; default 1)."),
+           runtime: str | None = typer.Option(None, "--runtime",
+                                              help="vllm, parakeet or local (inference)."),
+           model: str | None = typer.Option(None, "--model",
+                                            help="The model to serve (inference)."),
+           served_name: str | None = typer.Option(
+               None, "--served-name", help="The name clients ask for (inference; default: "
+                                           "the model)."),
+           location: str | None = typer.Option(None, "--location",
+                                               help="Where to run it; default: default."),
+           team: str | None = _team_option(),
+           wait: bool = _wait_option("runs"), timeout: float = _timeout_option(),
+           server: str | None = server_option(), output: str = output_option()) -> None:
+    """Create a job; print its id (with -o json: the job document, with its id).
+
+    With --wait, the id is printed at once and the command returns when the job
+    runs; with --wait -o json, the document is printed then, as it is running.
+
+    Example: JOB=$(cosmicac jobs create --name llm --type inference --runtime local
+    --model demo --wait)
+
+    Example: cosmicac jobs create --name box --type container --image
+    docker://registry.example/ubuntu-cuda:12.4 --gpus 2 -o json
+    """
+    check_output(output)
+    api = api_for(server)
+    body = _create_body(api, name=name, type_=type_, image=image, gpus=gpus,
+                        replicas=replicas, runtime=runtime, model=model,
+                        served_name=served_name, location=location, team=team)
+    job = api.post("/jobs", body)
+    if output == "json":
+        if wait:
+            job = wait_for(api, job["id"], Goal.RUNNING, timeout)
+        print_json(job)
+        return
+    print(job["id"], flush=True)  # before waiting: the caller has it even if we stop
+    if wait:
+        wait_for(api, job["id"], Goal.RUNNING, timeout)
+
+
+@app.command("restart")
+def restart(job: str = typer.Argument(..., help="The job's id."),
+            wait: bool = _wait_option("runs again"), timeout: float = _timeout_option(),
+            server: str | None = server_option()) -> None:
+    """Restart every replica of a job (storage is kept).
+
+    Example: cosmicac jobs restart 5d1c... --wait
+    """
+    api = api_for(server)
+    restarted = api.post(f"{_job_path(job)}/restart")
+    err.print(f"restarting job {restarted['id']}: {restarted['status']}")
+    if wait:
+        wait_for(api, restarted["id"], Goal.RUNNING, timeout)
+
+
+@app.command("delete")
+def delete(job: str = typer.Argument(..., help="The job's id."),
+           wait: bool = _wait_option("is gone"), timeout: float = _timeout_option(),
+           server: str | None = server_option()) -> None:
+    """Delete a job; wrk-ork removes its replicas (--wait: until it is gone).
+
+    Example: cosmicac jobs delete 5d1c... --wait
+    """
+    api = api_for(server)
+    answer = api.request("DELETE", _job_path(job))
+    if answer["gone"]:
+        err.print(f"deleted job {job}")
+        return
+    err.print(f"deleting job {job}" + ("" if wait else "; --wait waits until it is gone"))
+    if wait:
+        wait_for(api, job, Goal.GONE, timeout)
+        err.print(f"deleted job {job}")
+
+
+def _replica_path(job: str, replica: int) -> str:
+    return f"{_job_path(job)}/replicas/{replica}"
+
+
+@replicas_app.command("restart")
+def restart_replica(job: str = typer.Argument(..., help="The job's id."),
+                    replica: int = typer.Argument(..., min=0, help="The replica's index."),
+                    wait: bool = _wait_option("runs"), timeout: float = _timeout_option(),
+                    server: str | None = server_option()) -> None:
+    """Restart one replica (while it is queued, pending or starting).
+
+    Example: cosmicac jobs replicas restart 5d1c... 1 --wait
+    """
+    api = api_for(server)
+    restarted = api.post(f"{_replica_path(job, replica)}/restart")
+    err.print(f"restarting replica {replica} of job {restarted['id']}")
+    if wait:
+        wait_for(api, restarted["id"], Goal.RUNNING, timeout)
+
+
+@replicas_app.command("delete")
+def delete_replica(job: str = typer.Argument(..., help="The job's id."),
+                   replica: int = typer.Argument(..., min=0, help="The replica's index."),
+                   server: str | None = server_option()) -> None:
+    """Delete one replica (while it is queued, pending or starting); the job keeps
+    the others.
+
+    Example: cosmicac jobs replicas delete 5d1c... 1
+    """
+    api_for(server).request("DELETE", _replica_path(job, replica))
+    err.print(f"deleted replica {replica} of job {job}")
+
+
+for _command in (list_jobs, get, delete_replica):
+    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
+for _command in (create, restart, delete, restart_replica):
+    _command.__doc__ = f"{_command.__doc__}\n\n    {_WAIT_HELP}"

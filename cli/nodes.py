@@ -1,0 +1,79 @@
+"""``cosmicac nodes``: every rack's nodes, and keeping some for one team
+(operators only).
+
+A reserved node takes only the jobs of the team it is kept for. ``--team`` is one
+of your teams (id or name) or any team's id; ``--rack`` a rack's key or name.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from ._console import err
+from .racks import resolve_rack
+from .session import EXIT_CODES_HELP, Api, api_for, check_output, emit, output_option, server_option
+
+__all__ = ["app"]
+
+app = typer.Typer(help=f"Nodes of every rack: list, reserve for a team, release; "
+                       f"operators only. {EXIT_CODES_HELP}", no_args_is_help=True)
+
+
+def _rack_option() -> str:
+    return typer.Option(..., "--rack", "-r", help="The rack (key or name).")
+
+
+def _team_id(api: Api, team: str) -> str:
+    """One of the caller's teams by id or name; else ``team`` as it is, an id (an
+    operator may reserve nodes for a team they are not in; the API checks it)."""
+    for candidate in api.get("/teams")["teams"]:
+        if team in (candidate["id"], candidate["name"]):
+            return candidate["id"]
+    return team
+
+
+@app.command("list")
+def list_nodes(server: str | None = server_option(), output: str = output_option()) -> None:
+    """Every node: GPUs, free GPUs, the team it is reserved for, schedulable.
+
+    Example: cosmicac nodes list -o json
+    """
+    check_output(output)
+    nodes = api_for(server).get("/nodes")["nodes"]
+    emit(output, nodes, ("rack", "node", "location", "gpus", "free", "reserved for",
+                         "schedulable", "infiniband"),
+         [(n["rack"][:12], n["name"], n["location"], n["gpus"], n["free"],
+           n["reserved_for"], "yes" if n["schedulable"] else "no",
+           "yes" if n["infiniband"] else "no") for n in nodes])
+
+
+@app.command("reserve")
+def reserve(nodes: list[str] = typer.Argument(..., help="The nodes' names."),
+            rack: str = _rack_option(),
+            team: str = typer.Option(..., "--team", "-t",
+                                     help="The team (one of yours by id or name, or an id)."),
+            server: str | None = server_option()) -> None:
+    """Keep nodes for one team: only its jobs are placed on them.
+
+    Example: cosmicac nodes reserve --rack rack-1 --team research n0 n1
+    """
+    api = api_for(server)
+    body = {"rack": resolve_rack(api, rack), "nodes": nodes, "team": _team_id(api, team)}
+    api.post("/nodes/reserve", body)
+    err.print(f"reserved {', '.join(nodes)} for team {body['team']}")
+
+
+@app.command("release")
+def release(nodes: list[str] = typer.Argument(..., help="The nodes' names."),
+            rack: str = _rack_option(), server: str | None = server_option()) -> None:
+    """Release reserved nodes: every team's jobs may be placed on them again.
+
+    Example: cosmicac nodes release --rack rack-1 n0 n1
+    """
+    api = api_for(server)
+    api.post("/nodes/release", {"rack": resolve_rack(api, rack), "nodes": nodes})
+    err.print(f"released {', '.join(nodes)}")
+
+
+for _command in (list_nodes, reserve, release):
+    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"

@@ -1,0 +1,215 @@
+"""``cosmicac jobs`` as real processes against an in-process app-node and wrk-ork.
+
+The test plays the worker (``served_ork.drive``) while a ``--wait`` process polls:
+create waits until running, restart until running again, delete until gone; a
+failed job exits 1 with its reason, a wait that times out exits 1 saying so.
+stdout holds only what scripts read (the id, the JSON document).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+import typer
+
+from cli import _wait
+from cli._wait import Goal, Outcome, judge, summary
+from cli.session import Api
+
+from ..p2p.helpers import wait_until
+from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)
+from .test_account import one_error_line
+
+pytestmark = pytest.mark.slow
+
+IMAGE = "docker://registry.local/jobs/app:1"
+
+
+async def while_running(served: ServedOrk, args: list[str],
+                        worker: Callable[[], Awaitable[None]]) -> subprocess.CompletedProcess:
+    """Run ``cosmicac *args`` while ``worker`` plays the worker; the process's result."""
+    result: list[subprocess.CompletedProcess] = []
+
+    async def run() -> None:
+        result.append(await served.cli(*args))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await worker()
+    return result[0]
+
+
+def _status(served: ServedOrk, job: str) -> str:
+    assert served.world is not None
+    return served.world.status(job).value
+
+
+async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> None:  # noqa: F811
+    served = served_ork
+    with trio.fail_after(120):
+        await served.login()
+        known = served.job_ids()
+
+        async def start() -> None:
+            served.drive(await served.new_job(known), "active")
+
+        created = await while_running(served, [
+            "jobs", "create", "--name", "llm", "--type", "inference", "--runtime", "local",
+            "--model", "demo", "--replicas", "2", "--wait"], start)
+        assert created.returncode == 0, created.stderr
+        job = created.stdout.decode().strip()
+        assert created.stdout.decode() == f"{job}\n"  # the id alone, for JOB=$(...)
+        assert "running" in created.stderr.decode()  # progress went to stderr
+
+        got = await served.cli("jobs", "get", job, "-o", "json")
+        assert got.returncode == 0, got.stderr
+        document = json.loads(got.stdout)
+        assert document["id"] == job and document["status"] == "running"
+        assert [r["status"] for r in document["replicas"]] == ["running", "running"]
+        assert document["spec"]["runtime"] == "local"
+        table = await served.cli("jobs", "get", job)
+        assert table.returncode == 0 and job in table.stdout.decode()
+
+        second = await served.cli("jobs", "create", "--name", "vllm", "--type", "inference",
+                                  "--runtime", "vllm", "--model", "demo", "--served-name",
+                                  "other", "--image", IMAGE, "--gpus", "2", "--replicas", "2",
+                                  "-o", "json")
+        assert second.returncode == 0, second.stderr
+        other = json.loads(second.stdout)
+        assert other["spec"]["gpus"] == 2 and other["spec"]["image"] == IMAGE
+        listed = await served.cli("jobs", "list", "--all", "-o", "json")
+        assert [j["id"] for j in json.loads(listed.stdout)] == [other["id"], job]
+        assert (await served.cli("jobs", "list")).returncode == 0
+
+        # Its replicas still start: one may be restarted, another deleted.
+        again = await served.cli("jobs", "replicas", "restart", other["id"], "1")
+        assert again.returncode == 0, again.stderr
+        gone = await served.cli("jobs", "replicas", "delete", other["id"], "0")
+        assert gone.returncode == 0, gone.stderr
+        # A running replica may not (wrk-ork's 409, one line).
+        running = await served.cli("jobs", "replicas", "delete", job, "1")
+        assert running.returncode == 1
+        one_error_line(running)
+
+        async def come_back() -> None:
+            await wait_until(lambda: _status(served, job) == "restarting", limit_s=30)
+            served.drive(job, "active")
+
+        restarted = await while_running(served, ["jobs", "restart", job, "--wait"],
+                                        come_back)
+        assert restarted.returncode == 0, restarted.stderr
+        assert _status(served, job) == "active" and not restarted.stdout
+
+        async def remove() -> None:
+            await wait_until(lambda: _status(served, job) == "deleting", limit_s=30)
+            served.drive(job, "deleted")
+
+        deleted = await while_running(served, ["jobs", "delete", job, "--wait"], remove)
+        assert deleted.returncode == 0, deleted.stderr
+        assert f"deleted job {job}" in deleted.stderr.decode()
+        missing = await served.cli("jobs", "get", job)
+        assert missing.returncode == 1 and job in one_error_line(missing)
+
+
+async def test_failed_timeout_usage_login_unreachable(served_ork: ServedOrk) -> None:  # noqa: F811
+    served = served_ork
+    with trio.fail_after(120):
+        anonymous = await served.cli("jobs", "list")
+        assert anonymous.returncode == 3
+        one_error_line(anonymous)
+        await served.login()
+
+        for args, needle in [
+            (["--name", "box", "--type", "container"], "--image"),
+            (["--name", "box", "--type", "vm", "--image", IMAGE], "--type"),
+            (["--type", "container", "--image", IMAGE], "--name"),
+            # The API's 422, naming the field.
+            (["--name", "box", "--type", "container", "--image", IMAGE, "--replicas", "2"],
+             "replicas"),
+        ]:
+            invalid = await served.cli("jobs", "create", *args)
+            assert invalid.returncode == 2, (args, invalid.stderr)
+            assert needle in one_error_line(invalid) and not invalid.stdout
+
+        known = served.job_ids()
+
+        async def crash() -> None:
+            served.drive(await served.new_job(known), "failed", message="out of memory")
+
+        failed = await while_running(served, [
+            "jobs", "create", "--name", "box", "--type", "container", "--image", IMAGE,
+            "--wait", "-o", "json"], crash)
+        assert failed.returncode == 1
+        assert "out of memory" in failed.stderr.decode().splitlines()[-1]
+        assert not failed.stdout  # -o json --wait prints the job once it runs, never here
+
+        slow = await served.cli("jobs", "create", "--name", "slow", "--type", "container",
+                                "--image", IMAGE, "--wait", "--timeout", "0.5")
+        assert slow.returncode == 1
+        assert "timed out" in slow.stderr.decode().splitlines()[-1]
+        assert slow.stdout.decode().strip() in served.job_ids()
+
+        unknown = await served.cli("jobs", "get", "no-such-job")
+        assert unknown.returncode == 1 and "no-such-job" in one_error_line(unknown)
+
+        with socket.socket() as closed:  # a port nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        down = await served.cli("jobs", "list", "--server", f"http://127.0.0.1:{port}")
+        assert down.returncode == 4 and "cannot reach" in one_error_line(down)
+
+
+def test_judge_and_summary() -> None:
+    job = {"id": "j", "status": "starting", "reason": "", "replicas": [
+        {"index": 0, "status": "running", "message": ""},
+        {"index": 1, "status": "failed", "message": "no GPU"}]}
+    assert summary(job) == "starting · replica 0 running · replica 1 failed (no GPU)"
+    assert judge(job, Goal.RUNNING) == (Outcome.WAIT, "")
+    assert judge({**job, "status": "failed"}, Goal.RUNNING) == (
+        Outcome.FAILED, "job j failed: replica 1: no GPU")
+    assert judge({**job, "status": "running"}, Goal.RUNNING)[0] is Outcome.DONE
+    assert judge(None, Goal.RUNNING)[0] is Outcome.FAILED
+    assert judge({**job, "status": "deleting"}, Goal.GONE)[0] is Outcome.WAIT
+    assert judge(None, Goal.GONE)[0] is Outcome.DONE
+
+
+def _replay(monkeypatch: pytest.MonkeyPatch, documents: list[dict | None]) -> None:
+    """The poller answers ``documents`` in turn (the last one forever)."""
+    answers = iter(documents)
+    last: list[dict | None] = [None]
+
+    def get(self: _wait._Poller) -> dict | None:
+        last[0] = next(answers, last[0])
+        return last[0]
+
+    monkeypatch.setattr(_wait._Poller, "get", get)
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_wait_for_shows_changes_and_times_out(monkeypatch: pytest.MonkeyPatch, capsys,
+                                              tty: bool) -> None:
+    now = [0.0]
+    starting = {"id": "j", "status": "starting", "reason": "", "replicas": [
+        {"index": 0, "status": "starting", "message": "pulling"}]}
+    running = {**starting, "status": "running",
+               "replicas": [{"index": 0, "status": "running", "message": ""}]}
+    api = Api("http://127.0.0.1:9", "t")
+    fake = {"tty": tty, "clock": lambda: now[0],
+            "sleep": lambda s: now.__setitem__(0, now[0] + s)}
+
+    _replay(monkeypatch, [starting, starting, running])
+    assert _wait.wait_for(api, "j", Goal.RUNNING, 60, **fake) == running
+    if not tty:
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2 and "pulling" in lines[0] and "running" in lines[1]
+
+    _replay(monkeypatch, [starting])
+    with pytest.raises(typer.Exit) as exited:
+        _wait.wait_for(api, "j", Goal.RUNNING, 5, **fake)
+    assert exited.value.exit_code == 1
+    assert "timed out after 5s" in capsys.readouterr().err
