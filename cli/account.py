@@ -14,8 +14,8 @@ import typer
 from p2p.errors import P2PError
 from p2p.keys import load_or_create_keypair
 
+from ._config import config_dir
 from ._console import err, fail
-from .run import config_dir
 from .session import (
     EXIT_CODES_HELP,
     NOT_LOGGED_IN,

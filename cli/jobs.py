@@ -31,7 +31,7 @@ from .session import (
 )
 from .teams import resolve_team
 
-__all__ = ["LOCAL_IMAGE", "app"]
+__all__ = ["app"]
 
 _WAIT_HELP = (f"{EXIT_CODES_HELP} With --wait: exit 1 also when the job failed (with its "
               f"reason) or --timeout passed.")
@@ -44,11 +44,6 @@ app.add_typer(replicas_app, name="replicas")
 
 _TYPES = ("container", "inference")
 _RUNTIMES = ("vllm", "parakeet", "local")
-#: The image an inference job on the ``local`` runtime is given when --image is
-#: absent. The API requires an image for every job, but the local runtime runs the
-#: model in the agent's own process and never pulls one: this names that, in the
-#: registry form the API checks. Any other job needs a real image (--image).
-LOCAL_IMAGE = "docker://localhost/cosmicac/local-runtime:latest"
 
 
 def _team_option() -> Any:
@@ -154,14 +149,8 @@ def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | 
              "--type is required: container or inference", code=USAGE)
     if runtime is not None and runtime not in _RUNTIMES:
         fail(f"--runtime takes vllm, parakeet or local, not {runtime!r}", code=USAGE)
-    if image is None:
-        if type_ == "inference" and runtime == "local":
-            image = LOCAL_IMAGE
-        else:
-            fail("--image is required (docker://host[:port]/repo[:tag]); only an inference "
-                 "job with --runtime local needs none", code=USAGE)
-    body: dict[str, Any] = {"name": name, "type": type_, "image": image, "gpus": gpus}
-    optional = {"replicas": replicas, "runtime": runtime, "model": model,
+    body: dict[str, Any] = {"name": name, "type": type_, "gpus": gpus}
+    optional = {"image": image, "replicas": replicas, "runtime": runtime, "model": model,
                 "served_name": served_name, "location": location}
     body.update({key: value for key, value in optional.items() if value is not None})
     if team:
@@ -176,7 +165,7 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
                                             help="container or inference (required)."),
            image: str | None = typer.Option(
                None, "--image", help="Registry image, docker://host[:port]/repo[:tag]; "
-                                     "required except for --runtime local."),
+                                     "default: the deployment's default_image, if set."),
            gpus: int = typer.Option(1, "--gpus", help="GPUs per replica."),
            replicas: int | None = typer.Option(None, "--replicas",
                                                help="Replicas (inference jobs; default 1)."),

@@ -30,6 +30,7 @@ import typer
 from p2p.daemon import ConfigError, DaemonSettings, load_settings, run_daemon
 
 from ._args import config_option
+from ._config import config_dir
 from ._console import fail
 
 __all__ = ["apply_config", "run"]
@@ -60,15 +61,6 @@ def _settings_class(service: ServiceName) -> type[DaemonSettings]:
         return AppNodeSettings
     from nodes.k8s_worker.settings import WorkerSettings
     return WorkerSettings
-
-
-def config_dir(option: Path | None) -> Path:
-    if option is not None:
-        return option
-    env = os.environ.get("COSMICAC_CONFIG_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".config" / "cosmicac"
 
 
 def installed_config(service: ServiceName, folder: Path) -> Path | None:

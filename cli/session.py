@@ -27,8 +27,8 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from ._config import config_dir
 from ._console import fail, print_json
-from .run import config_dir
 
 __all__ = [
     "EXIT_CODES_HELP", "NOT_LOGGED_IN", "REFUSED", "UNREACHABLE", "USAGE", "Api",

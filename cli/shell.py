@@ -51,10 +51,10 @@ from p2p.mux import MuxError
 from p2p.swarm import Connection, Swarm, SwarmConfig, SwarmError
 
 from ._args import parse_address, parse_key, wildcard_for
+from ._config import config_dir
 from ._console import err, fail, run_trio
 from ._stdio import StdinSource, StdoutSink
 from .dht import parse_bootstrap
-from .run import config_dir
 
 __all__ = ["shell"]
 

@@ -49,6 +49,9 @@ MARKER = ".cosmicac-up"
 DEFAULT_BASE_PORT = 49737
 DEFAULT_ENTRY_PORT = 5173
 ADMIN_EMAIL = "admin@cosmicac.local"
+#: Jobs' default image here: the local backend runs agents as processes and never
+#: pulls it, but the API wants a registry image for every job.
+LOCAL_IMAGE = "docker://localhost/cosmicac/local:latest"
 HOST = "127.0.0.1"
 COSMICAC = (sys.executable, "-m", "cli.main")
 #: Names of the environment that configure the single node (the old ``up``).
@@ -100,7 +103,8 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[Servi
         APP: {"storage": str(storage / APP), "host": HOST, "port": ports.app,
               "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
               "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
-              "http": {"host": HOST, "port": ports.app_http}, "public_url": entry_url},
+              "http": {"host": HOST, "port": ports.app_http}, "public_url": entry_url,
+              "default_image": LOCAL_IMAGE},
         ORK: {"storage": str(storage / ORK), "host": HOST, "port": ports.ork,
               "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
               "racks": [{"key": keys[WORKER], "name": "local"}]},
@@ -335,7 +339,7 @@ def _log_cli_in(creds: dict[str, str]) -> str:
     from p2p.errors import P2PError
     from p2p.keys import load_or_create_keypair
 
-    from .run import config_dir
+    from ._config import config_dir
     from .session import SavedSession, load_session, save_session
 
     url = creds["url"]

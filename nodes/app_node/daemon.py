@@ -105,7 +105,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             services = AppServices(store=store, database=db, ork=ork,
                                    email=make_sender(settings.email, storage),
                                    limiter=limiter, limits=settings.limits,
-                                   public_url=settings.public_url)
+                                   public_url=settings.public_url,
+                                   default_image=settings.default_image)
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(

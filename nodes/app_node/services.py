@@ -48,6 +48,7 @@ class AppServices:
         email: invitations and password resets.
         limiter / limits: the rate limits per token and per IP.
         public_url: the URL users reach (the entry point), for links in emails.
+        default_image: the image of a job that names none; None: jobs must name one.
         clock: POSIX seconds (tests pass a fake).
     """
 
@@ -58,5 +59,6 @@ class AppServices:
     limiter: Limiter
     limits: Limits
     public_url: str = "http://127.0.0.1:5173"
+    default_image: str | None = None
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     clock: Callable[[], float] = time.time

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
@@ -65,5 +65,18 @@ class AppNodeSettings(DaemonSettings):
     email: EmailSettings = EmailSettings()
     #: The URL users reach (the entry point), for links in emails.
     public_url: str = "http://127.0.0.1:5173"
+    #: The image a job gets when it names none (docker://host[:port]/repo[:tag]):
+    #: your cluster's base image. None: every job must name its image.
+    default_image: str | None = None
+
+    @field_validator("default_image")
+    @classmethod
+    def _registry_image(cls, image: str | None) -> str | None:
+        from contracts.model import IMAGE_PATTERN
+
+        if image is not None and not IMAGE_PATTERN.match(image):
+            raise ValueError(f"{image!r} is not a registry image "
+                             "(docker://host[:port]/repo[:tag])")
+        return image
     #: fsync the store and the database on every write (False: tests only).
     fsync: bool = True

@@ -60,7 +60,7 @@ async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> Non
 
         created = await while_running(served, [
             "jobs", "create", "--name", "llm", "--type", "inference", "--runtime", "local",
-            "--model", "demo", "--replicas", "2", "--wait"], start)
+            "--model", "demo", "--image", IMAGE, "--replicas", "2", "--wait"], start)
         assert created.returncode == 0, created.stderr
         job = created.stdout.decode().strip()
         assert created.stdout.decode() == f"{job}\n"  # the id alone, for JOB=$(...)
@@ -125,7 +125,8 @@ async def test_failed_timeout_usage_login_unreachable(served_ork: ServedOrk) -> 
         await served.login()
 
         for args, needle in [
-            (["--name", "box", "--type", "container"], "--image"),
+            # No --image and no default_image in this deployment: the API's 422.
+            (["--name", "box", "--type", "container"], "default_image"),
             (["--name", "box", "--type", "vm", "--image", IMAGE], "--type"),
             (["--type", "container", "--image", IMAGE], "--name"),
             # The API's 422, naming the field.

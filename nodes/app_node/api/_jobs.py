@@ -97,9 +97,16 @@ def job_out(record: JobRecord, view: JobView) -> JobOut:
                   spec=record.spec)
 
 
-def _spec_of(body: JobIn, team: str, keys: tuple[str, ...]) -> JobSpec:
+def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
+             default_image: str | None) -> JobSpec:
     """The JobSpec; 422 naming the field for what JobSpec's whole-model check would not."""
-    if body.image is None or not IMAGE_PATTERN.match(body.image):
+    if body.image is None:
+        if default_image is None:
+            raise ApiError(422, "INVALID", "image: give the job's registry image "
+                           "(docker://host[:port]/repo[:tag]); this deployment sets no "
+                           "default_image", "image")
+        body = body.model_copy(update={"image": default_image})
+    if not IMAGE_PATTERN.match(body.image):
         raise ApiError(422, "INVALID", "image: give the job's registry image "
                        "(docker://host[:port]/repo[:tag])", "image")
     if body.type is JobType.CONTAINER:
@@ -129,7 +136,7 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
         members = await ctx.store(ctx.services.store.list_members, team)
         keys = tuple(sorted({u.cli_public_key.lower() for u, _ in members
                              if u.cli_public_key}))
-    spec = _spec_of(body, team, keys)
+    spec = _spec_of(body, team, keys, ctx.services.default_image)
     view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(spec=spec))).job
     try:
         record = await ctx.store(ctx.services.store.add_job, id=view.id, team=team,

@@ -184,7 +184,7 @@ def user_out(user: User) -> UserOut:
 
 
 class JobIn(_In):
-    """A job to create; ``image`` has no default (none is known to exist in every registry)."""
+    """A job to create; without ``image``, the deployment's ``default_image`` (if set)."""
 
     name: str = Field(min_length=1, max_length=100)
     type: JobType

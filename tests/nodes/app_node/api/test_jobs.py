@@ -222,3 +222,25 @@ async def test_openapi_lists_the_job_and_rack_routes(api: Api) -> None:
     assert {"post", "get"} <= set(paths["/api/jobs"])
     assert "delete" in paths["/api/jobs/{job}/replicas/{replica}"]
     assert {"get", "post"} <= set(paths["/api/racks"]) and "post" in paths["/api/nodes/reserve"]
+
+
+async def test_a_job_without_image_gets_the_deployments_default_image(ork_api: Api) -> None:
+    owner = await ork_api.signup()
+    default = "docker://registry.example/base/cuda:12"
+    ork_api.services.default_image = default
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "box", "type": "container", "gpus": 1})
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["image"] == default
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "own", "type": "container", "gpus": 1, "image": IMAGE})
+    assert r.status_code == 201 and r.json()["spec"]["image"] == IMAGE  # named beats default
+
+
+def test_default_image_must_be_a_registry_image(tmp_path) -> None:
+    from pydantic import ValidationError
+
+    from nodes.app_node.settings import AppNodeSettings
+
+    with pytest.raises(ValidationError, match="not a registry image"):
+        AppNodeSettings(storage=tmp_path, default_image="nginx")

@@ -1,0 +1,139 @@
+"""The README's quick start, end to end: ``cosmicac up`` as a subprocess, then
+the CLI only (and the official ``openai`` package for inference).
+
+Logs in, creates an inference job on the ``local`` runtime and waits for
+``running``, chats through ``openai`` with a key from ``cosmicac apikeys
+create`` and finds exactly that usage in ``cosmicac apikeys usage``, creates a
+container job and runs ``cosmicac shell JOB -- echo hi``, restarts and deletes
+both jobs, and stops ``up`` with SIGINT with no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from ..cli.helpers import COSMICAC, read_until
+from ..cli.test_up import UP, _free_base, _pids_using
+
+pytestmark = pytest.mark.slow
+
+#: Every CLI call; a --wait is bounded by the CLI's own --timeout below it.
+CLI_LIMIT_S = 240
+
+
+class Cli:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    async def __call__(self, *args: str, stdin: bytes = b"", ok: bool = True,
+                      ) -> subprocess.CompletedProcess:
+        with trio.fail_after(CLI_LIMIT_S):
+            result = await trio.run_process([*COSMICAC, *args], stdin=stdin,
+                                            capture_stdout=True, capture_stderr=True,
+                                            check=False, env=self.env)
+        if ok:
+            assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return result
+
+    async def json(self, *args: str) -> object:
+        return json.loads((await self(*args, "-o", "json")).stdout)
+
+
+def _chat(url: str, key: str, model: str) -> dict:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/inference/v1", api_key=key, timeout=60,
+                           max_retries=0)
+    answer = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8)
+    return answer.model_dump()
+
+
+async def _usage_once_replicated(cli: Cli, key_id: str, want_total: int) -> list[dict]:
+    """``apikeys usage`` once the proxy's write has reached app-node's replica."""
+    rows: list[dict] = []
+    with trio.move_on_after(30):
+        while True:
+            rows = await cli.json("apikeys", "usage", "--key", key_id)
+            if sum(row["total_tokens"] for row in rows) >= want_total:
+                break
+            await trio.sleep(0.2)
+    return rows
+
+
+async def test_quickstart_through_the_cli(tmp_path: Path) -> None:
+    storage = tmp_path / "up"
+    base = _free_base()
+    env = dict(os.environ, COSMICAC_CONFIG_DIR=str(tmp_path / "config"))
+    env.pop("COSMICAC_SERVER", None)
+    process = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        with trio.fail_after(120):
+            url = (await read_until(process.stdout, UP))[1]
+        creds = json.loads((storage / "credentials.json").read_text())
+        env["COSMICAC_SERVER"] = url
+        cli = Cli(env)
+
+        await cli("login", "--email", creds["email"], "--password-stdin",
+                  stdin=f"{creds['password']}\n".encode())
+        assert (await cli.json("whoami"))["user"]["email"] == creds["email"]
+
+        # An inference job on the local runtime, served as "demo".
+        chat_job = (await cli("jobs", "create", "--name", "chat", "--type", "inference",
+                              "--runtime", "local", "--model", "demo", "--gpus", "1",
+                              "--wait", "--timeout", "180")).stdout.decode().strip()
+        assert re.fullmatch(r"\S+", chat_job), chat_job
+        job = await cli.json("jobs", "get", chat_job)
+        assert job["id"] == chat_job and job["status"] == "running"
+
+        key = await cli.json("apikeys", "create", "--name", "e2e")
+        answer = await trio.to_thread.run_sync(_chat, url, key["key"], "demo")
+        assert answer["choices"][0]["message"]["content"]
+        usage = answer["usage"]
+        rows = await _usage_once_replicated(cli, key["id"], usage["total_tokens"])
+        assert [(row["model"], row["prompt_tokens"], row["completion_tokens"],
+                 row["total_tokens"], row["requests"]) for row in rows] == \
+            [("demo", usage["prompt_tokens"], usage["completion_tokens"],
+              usage["total_tokens"], 1)]
+
+        # A container job and a shell into it.
+        box_job = (await cli("jobs", "create", "--name", "box", "--type", "container",
+                             "--gpus", "1", "--wait", "--timeout", "180")
+                   ).stdout.decode().strip()
+        said = await cli("shell", box_job, "--", "echo", "hi")
+        assert said.stdout == b"hi\n", said
+        status = await cli("shell", box_job, "--", "sh", "-c", "exit 7", ok=False)
+        assert status.returncode == 7, status
+
+        for job_id in (chat_job, box_job):
+            await cli("jobs", "restart", job_id, "--wait", "--timeout", "180")
+            assert (await cli.json("jobs", "get", job_id))["status"] == "running"
+        for job_id in (chat_job, box_job):
+            await cli("jobs", "delete", job_id, "--wait", "--timeout", "120")
+            gone = await cli("jobs", "get", job_id, ok=False)
+            assert gone.returncode == 1, gone
+        assert await cli.json("jobs", "list") == []
+
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(20):
+            assert await process.wait() == 0
+        assert _pids_using(storage) == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        for pid in _pids_using(storage):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
