@@ -251,11 +251,19 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     out.print(f"deployment {folder} ({'exists' if existed else 'created'})")
     _write_private(folder / "deployment.json", plan.model_dump_json(indent=2) + "\n")
+    try:  # a service moved to its host may have left only its public key here
+        known = json.loads((folder / "keys.json").read_text())
+    except (OSError, ValueError):
+        known = {}
     keys = {}
     for name in KEYED:
-        had = (folder / name / "identity").exists()
-        keys[name] = load_or_create_keypair(folder / name).hex
-        out.print(f"identity   {name:<22} {keys[name]}  {'kept' if had else 'created'}")
+        if (folder / name / "identity").exists():
+            keys[name], state = load_or_create_keypair(folder / name).hex, "kept"
+        elif isinstance(known, dict) and isinstance(known.get(name), str):
+            keys[name], state = known[name], "kept (keys.json; the identity is on its host)"
+        else:
+            keys[name], state = load_or_create_keypair(folder / name).hex, "created"
+        out.print(f"identity   {name:<22} {keys[name]}  {state}")
     _write_private(folder / "keys.json", json.dumps(keys, indent=2) + "\n", 0o644)
 
     ports = Ports.from_base(plan.base_port)

@@ -160,6 +160,15 @@ def test_bootstrap_again_keeps_identities_and_edited_configs(tmp_path: Path) -> 
     assert rewritten.returncode == 0, rewritten.stderr
     assert f"{edited}  written" in rewritten.stdout and '"rack-1"' in edited.read_text()
 
+    # The worker's folder moved to its host: its key comes from keys.json, no new one.
+    shutil.rmtree(folder / "wrk-server-k8s-nvidia")
+    moved = cli("bootstrap", "--dir", str(folder))
+    assert moved.returncode == 0, moved.stderr
+    assert f"{keys['wrk-server-k8s-nvidia']}  kept (keys.json" in moved.stdout
+    assert not (folder / "wrk-server-k8s-nvidia").exists()
+    assert json.loads((folder / "keys.json").read_text()) == keys
+    assert keys["wrk-server-k8s-nvidia"] in edited.read_text()
+
 
 def test_wire_writes_app_nodes_key_once(tmp_path: Path) -> None:
     folder = tmp_path / "deploy"
