@@ -235,14 +235,21 @@ def bootstrap(
             {**saved.model_dump(), **{k: v for k, v in given.items() if v is not None}})
     except ValidationError as exc:
         fail(" ".join(str(exc).split()), code=2)
+    from p2p.errors import P2PError
+
     try:
-        _bootstrap(folder.absolute(), plan, rewrite_configs)
+        refused = _bootstrap(folder.absolute(), plan, rewrite_configs)
     except OSError as exc:
         fail(f"cannot prepare {folder}: {exc.strerror or exc}"
              + (f" ({exc.filename})" if exc.filename else ""))
+    except P2PError as exc:  # an identity file that cannot be used: say which
+        fail(str(exc))
+    if refused is not None:
+        fail(f"autobase-connect: {refused}")
 
 
-def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> None:
+def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
+    """Every step, printed as it is done; returns why autobase-connect was refused, if it was."""
     from p2p.keys import load_or_create_keypair
 
     from .up import service_configs
@@ -298,15 +305,21 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> None:
     out.print(f"wire       {PROXY_KEY_ENV}={keys[APP]}  {_wire(folder, keys[APP])}")
     out.print(f"rack       {plan.rack_name} (location {plan.location}): worker "
               f"{keys[WORKER]} in {folder / 'config' / (ORK + '.json')}")
+    refused = None
     try:
+        if not (folder / APP / "identity").exists():
+            raise _NotRunning("app-node runs on another host: run cosmicac autobase-connect "
+                              "there")
         status = _connect_or_explain(folder / APP, keys[PROXY])
     except _NotRunning as exc:
         status = (f"not yet: {exc}; app-node admits it when it starts (database_writers in "
                   "its config): run cosmicac autobase-connect once the services run")
     except _Refused as exc:
+        refused = str(exc)
         status = f"failed: {exc}"
     out.print(f"autobase-connect  proxy-inference {keys[PROXY]}: {status}")
     _next_steps(folder, plan)
+    return refused
 
 
 def _next_steps(folder: Path, plan: Deployment) -> None:
