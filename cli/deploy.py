@@ -213,8 +213,10 @@ def bootstrap(
         False, "--rewrite-configs", help="Replace configs that differ from what bootstrap "
                                          "writes (identities are never replaced)."),
 ) -> None:
-    """Prepare a deployment: each service's identity and config, wired to the others'
-    keys; wire; autobase-connect if app-node runs; one rack registered in wrk-ork's config.
+    """Prepare a deployment: identities, wired configs, wire, autobase-connect, a rack.
+
+    Each service's identity and config (wired to the others' keys); wire;
+    autobase-connect if app-node runs; one rack registered in wrk-ork's config.
 
     Safe to run again: it keeps identities and says what already exists; the options
     given last time (deployment.json) are the defaults.
@@ -356,10 +358,12 @@ def wire(
         None, "--key", help="The shared database's bootstrap key (default: app-node's "
                             "public key, from its identity or keys.json)."),
 ) -> None:
-    """Write the shared database's bootstrap key (app-node's public key) as
-    PROXY_AUTOBASE_KEY into proxy-inference's env file, <dir>/env/proxy-inference.env
-    (its unit's EnvironmentFile; it wins over the config's `database`). Safe to run
-    again. Restart proxy-inference if it changed."""
+    """Write the shared database's key as PROXY_AUTOBASE_KEY for proxy-inference.
+
+    The key is app-node's public key (app-node creates the database); the file is
+    <dir>/env/proxy-inference.env, the unit's EnvironmentFile (it wins over the
+    config's `database`). Safe to run again. Restart proxy-inference if it changed.
+    """
     from ._args import parse_key
 
     if key is not None:
@@ -426,9 +430,10 @@ def autobase_connect(
     app_storage: Path | None = typer.Option(
         None, "--app-node-storage", help="app-node's folder (default: <dir>/app-node)."),
 ) -> None:
-    """Admit proxy-inference as a writer of the shared database, through the running
-    app-node (signed with app-node's identity: run it on app-node's host, as its user).
-    Safe to run again ("already a writer").
+    """Admit proxy-inference as a writer of the shared database (through app-node).
+
+    The request goes to the running app-node, signed with app-node's identity: run
+    it on app-node's host, as its user. Safe to run again ("already a writer").
 
     Exit 3 when app-node is not running yet: start the services, then run it again.
     """
