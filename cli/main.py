@@ -43,6 +43,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "login": ("cli.account", "login"),
     "logout": ("cli.account", "logout"),
     "whoami": ("cli.account", "whoami"),
+    "bootstrap": ("cli.deploy", "bootstrap"),
+    "wire": ("cli.deploy", "wire"),
+    "autobase-connect": ("cli.deploy", "autobase_connect"),
+    "restart": ("cli.deploy", "restart"),
 }
 #: Options of the root callback that take a value (so that value is no command).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level"})

@@ -33,6 +33,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from ._args import config_option, port_option
 from ._console import err, fail
 from ._supervisor import ServiceSpec, StartFailed, Supervisor
 
-__all__ = ["Ports", "build_specs", "up"]
+__all__ = ["Ports", "build_specs", "service_configs", "up"]
 
 MARKER = ".cosmicac-up"
 DEFAULT_BASE_PORT = 49737
@@ -91,37 +92,64 @@ def _addr(port: int) -> str:
     return f"{HOST}:{port}"
 
 
+#: The worker's backend in ``up``: agents as local processes on 2 simulated nodes.
+LOCAL_BACKEND: dict = {"backend": "local", "local": {"nodes": [
+    {"name": "local-node-1", "gpus": 8}, {"name": "local-node-2", "gpus": 8}]}}
+
+
+def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
+                    hosts: Mapping[str, str] | None = None, listen: str = HOST,
+                    worker: Mapping[str, object] | None = None,
+                    rack: Mapping[str, str] | None = None,
+                    public_url: str | None = None,
+                    default_image: str | None = None) -> dict[str, dict]:
+    """Each service's config, wired to the others' keys and addresses.
+
+    The one place the wiring is decided, for ``up`` (every default: all on
+    127.0.0.1) and ``cosmicac bootstrap`` (cli/deploy.py, services spread
+    over hosts). ``hosts`` maps a service (or ``dht``) to the address the
+    others reach it at (HTTP servers listen there too); ``listen`` is where
+    the swarms listen; ``worker`` the worker's backend settings; ``rack`` the
+    rack wrk-ork registers for the worker; ``default_image`` the image of
+    jobs that name none (app-node's setting; ``None``: they must name one).
+    """
+    def at(name: str) -> str:
+        return (hosts or {}).get(name, HOST)
+
+    bootstrap = [f"{at(DHT)}:{ports.dht}"]
+    relays = [keys[RELAY]]
+    ork_addresses = [f"{at(ORK)}:{ports.ork}"]
+    return {
+        APP: {"storage": str(storage / APP), "host": listen, "port": ports.app,
+              "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
+              "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
+              "http": {"host": at(APP), "port": ports.app_http},
+              "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
+              **({"default_image": default_image} if default_image else {})},
+        ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
+              "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
+              "racks": [{"key": keys[WORKER], **(rack or {"name": "local"})}]},
+        WORKER: {"storage": str(storage / WORKER), "host": listen, "port": ports.worker,
+                 "ork": keys[ORK], "ork_addresses": ork_addresses,
+                 "interconnect": {"bootstrap": bootstrap, "proxies": [keys[PROXY]],
+                                  "relays": relays},
+                 **(LOCAL_BACKEND if worker is None else worker)},
+        PROXY: {"storage": str(storage / PROXY), "host": listen, "port": ports.proxy,
+                "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
+                "ork": keys[ORK], "ork_addresses": ork_addresses,
+                "http": {"host": at(PROXY), "port": ports.proxy_http}},
+        ENTRY: {"host": at(ENTRY), "port": ports.entry,
+                "api_url": f"http://{at(APP)}:{ports.app_http}",
+                "inference_url": f"http://{at(PROXY)}:{ports.proxy_http}"},
+    }
+
+
 def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[ServiceSpec]:
     """Write each service's config under ``<storage>/config`` and return the specs."""
     config_dir = storage / "config"
     config_dir.mkdir(parents=True, exist_ok=True)
     bootstrap = [_addr(ports.dht)]
-    relays = [keys[RELAY]]
-    ork_addresses = [_addr(ports.ork)]
-    entry_url = f"http://{HOST}:{ports.entry}"
-    configs: dict[str, dict] = {
-        APP: {"storage": str(storage / APP), "host": HOST, "port": ports.app,
-              "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
-              "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
-              "http": {"host": HOST, "port": ports.app_http}, "public_url": entry_url,
-              "default_image": LOCAL_IMAGE},
-        ORK: {"storage": str(storage / ORK), "host": HOST, "port": ports.ork,
-              "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
-              "racks": [{"key": keys[WORKER], "name": "local"}]},
-        WORKER: {"storage": str(storage / WORKER), "host": HOST, "port": ports.worker,
-                 "ork": keys[ORK], "ork_addresses": ork_addresses, "backend": "local",
-                 "interconnect": {"bootstrap": bootstrap, "proxies": [keys[PROXY]],
-                                  "relays": relays},
-                 "local": {"nodes": [{"name": "local-node-1", "gpus": 8},
-                                     {"name": "local-node-2", "gpus": 8}]}},
-        PROXY: {"storage": str(storage / PROXY), "host": HOST, "port": ports.proxy,
-                "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
-                "ork": keys[ORK], "ork_addresses": ork_addresses,
-                "http": {"host": HOST, "port": ports.proxy_http}},
-        ENTRY: {"host": HOST, "port": ports.entry,
-                "api_url": f"http://{HOST}:{ports.app_http}",
-                "inference_url": f"http://{HOST}:{ports.proxy_http}"},
-    }
+    configs = service_configs(storage, ports, keys, default_image=LOCAL_IMAGE)
     files = {}
     for name, config in configs.items():
         path = config_dir / f"{name}.json"

@@ -4,6 +4,12 @@ With a daemon running on the storage folder (its status file says where it
 listens), the request goes to it over an ordinary connection, signed with the
 replica's own identity (only whoever can read the storage folder can sign
 it); with none, the replica is opened and changed directly.
+
+A daemon that embeds its replica keeps the database in a subfolder next to
+its identity (app-node: identity in ``<storage>``, database in
+``<storage>/db``): ``identity`` names that folder. ``require_daemon`` is for
+callers that must not open the replica themselves (``cosmicac
+autobase-connect``: the daemon owns the files, and may be about to start).
 """
 
 from __future__ import annotations
@@ -40,23 +46,34 @@ class OperatorResult:
 
 
 async def change_writer(storage: str | os.PathLike[str], action: str, writer: bytes, *,
-                        admin: bool = False) -> OperatorResult:
+                        admin: bool = False, identity: str | os.PathLike[str] | None = None,
+                        require_daemon: bool = False) -> OperatorResult:
     """Add (``add_writer``) or remove (``remove_writer``) ``writer`` as the replica in ``storage``.
+
+    ``identity``: the folder of the replica's identity, if not ``storage``.
+    ``require_daemon``: never open the replica here; without a daemon
+    running on it, raise ``DAEMON_NOT_RUNNING``.
 
     Raises:
         WriteRefused: the replica refused (``NOT_AN_ADMIN``, ``REMOVED``,
             ``UNKNOWN_WRITER``, ``NOT_ALLOWED``...).
-        CrdtError: no database or identity in ``storage``, or the daemon
-            could not be reached (``DAEMON_UNREACHABLE``).
+        CrdtError: no database (``NO_DATABASE``) or identity (``NO_IDENTITY``),
+            the daemon could not be reached (``DAEMON_UNREACHABLE``), or none
+            runs and ``require_daemon`` (``DAEMON_NOT_RUNNING``).
         LogInUse: a daemon holds the replica but left no status file.
     """
+    identity = storage if identity is None else identity
     try:
-        keypair = load_keypair(storage)
+        keypair = load_keypair(identity)
     except Exception as exc:  # IdentityError and OSError alike: name the folder
-        raise CrdtError(f"no usable identity in {storage}: {exc}", code="NO_IDENTITY") from None
+        raise CrdtError(f"no usable identity in {identity}: {exc}", code="NO_IDENTITY") from None
     bootstrap = Layout.of(storage).read_bootstrap()  # never create a database by accident
     daemon = read_daemon_status(storage)
     if daemon is None or "address" not in daemon:
+        if require_daemon:
+            raise CrdtError(f"no daemon is running on {storage} (no fresh "
+                            f"{Layout.of(storage).status})", code="DAEMON_NOT_RUNNING")
+
         def offline() -> OperatorResult:
             with Base.open(storage, keypair, bootstrap=bootstrap) as base:
                 change = base.change_writer(action, writer, admin=admin)
