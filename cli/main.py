@@ -27,6 +27,8 @@ _GROUPS: dict[str, str] = {
     "k8s": "cli.k8s",
     "teams": "cli.teams",
     "apikeys": "cli.apikeys",
+    "models": "cli.models",
+    "users": "cli.users",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {
