@@ -98,7 +98,13 @@ async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None
 
         asked = await served.cli("users", "reset-password", EMAIL)
         assert asked.returncode == 0, asked.stderr
-        [mail] = (tmp_path / "app-node" / "outbox").glob("*.eml")
+        # the email leaves after the answer (a background task): wait for it, bounded
+        outbox = tmp_path / "app-node" / "outbox"
+        for _ in range(200):
+            if mails := list(outbox.glob("*.eml")):
+                break
+            await trio.sleep(0.05)
+        [mail] = mails
         message = email.message_from_bytes(mail.read_bytes(), policy=policy.default)
         token = re.search(r"reset\?token=([A-Za-z0-9_\-]+)",
                           message.get_body(("plain",)).get_content()).group(1)

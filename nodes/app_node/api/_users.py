@@ -26,7 +26,10 @@ user is revoked, and a fresh session is returned so the caller stays logged in.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from starlette.background import BackgroundTask
@@ -54,6 +57,10 @@ from ._models import (
 from ._racks import require_operator
 from ._spec import RouteSpec
 
+if TYPE_CHECKING:
+    from ..store import Store
+
+T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 _BAD_LINK = ("this reset link is not valid (mistyped or not a reset link); request a new "
@@ -75,7 +82,18 @@ async def request_reset(ctx: Ctx, request: Request) -> Response:
 
 
 async def send_reset(ctx: Ctx, email: str) -> None:
-    """The background half of a reset request: token and email if the account exists."""
+    """The background half of a reset request: token and email if the account exists.
+
+    It runs after the answer was sent, so nothing it meets can reach the requester:
+    every failure is logged here.
+    """
+    try:
+        await _send_reset(ctx, email)
+    except Exception:
+        _log.exception("password reset: sending the link failed")
+
+
+async def _send_reset(ctx: Ctx, email: str) -> None:
     store = ctx.services.store
     try:
         user = await ctx.store(store.get_user_by_email, email)
@@ -109,18 +127,15 @@ async def send_reset(ctx: Ctx, email: str) -> None:
         _log.warning("the password reset email to user %s could not be sent: %s", user.id, exc)
 
 
-def _check_reset_token(store, token_hash: str, now: float) -> None:
-    store.valid_token(token_hash, now=now, kind=TokenKind.RESET)
-
-
 async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, PasswordResetConfirmIn)
     store = ctx.services.store
     token_hash = hash_token(body.token)
 
-    async def with_token(method, *args, **kwargs):
+    async def with_token(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``method`` in a worker thread; the token's refusals name the ``token`` field."""
         try:
-            return await trio.to_thread.run_sync(lambda: method(*args, **kwargs))
+            return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
         except NotFound:
             raise ApiError(404, "NOT_FOUND", _BAD_LINK, "token") from None
         except Expired:
@@ -129,7 +144,7 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
             raise ApiError.of(exc) from exc
 
     # the token first: a wrong link costs no scrypt hash
-    await with_token(_check_reset_token, store, token_hash, ctx.now())
+    await with_token(store.valid_token, token_hash, now=ctx.now(), kind=TokenKind.RESET)
     password_hash = await hash_new_password(ctx, body.password)
     await with_token(store.reset_password, token_hash, password_hash, now=ctx.now())
     return ok()
@@ -166,7 +181,7 @@ async def update_me(ctx: Ctx, request: Request) -> Response:
 # -- every user (operators) ------------------------------------------------------------
 
 
-def _users_page(store, limit: int, cursor: str | None) -> UsersOut:
+def _users_page(store: Store, limit: int, cursor: str | None) -> UsersOut:
     page = store.list_users(limit=limit, cursor=cursor)
     return UsersOut(users=[UserListedOut(
         user=user_out(u), created_at=u.created_at, disabled=u.disabled,
