@@ -30,6 +30,8 @@ _GROUPS: dict[str, str] = {
     "jobs": "cli.jobs",
     "racks": "cli.racks",
     "nodes": "cli.nodes",
+    "models": "cli.models",
+    "users": "cli.users",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {

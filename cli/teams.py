@@ -6,6 +6,7 @@ a name two of them share must be given by id).
 
 from __future__ import annotations
 
+import datetime
 from urllib.parse import quote
 
 import typer
@@ -24,7 +25,8 @@ from .session import (
 
 __all__ = ["app"]
 
-app = typer.Typer(help=f"Teams: list, create, members, invite, use (the active team). "
+app = typer.Typer(help=f"Teams: list, create, members, invite, invitations, revoke-invite, "
+                       f"use (the active team). "
                        f"{EXIT_CODES_HELP}", no_args_is_help=True)
 
 _ROLES = ("member", "admin", "owner")
@@ -116,3 +118,38 @@ def use(team: str = typer.Argument(..., help="The team (id or name)."),
     found = resolve_team(api, team)
     api.request("PUT", "/me/active-team", json_body={"team_id": found["id"]})
     err.print(f"active team: {found['name']} ({found['id']})")
+
+
+@app.command("invitations")
+def invitations(team: str = typer.Argument(..., help="The team (id or name)."),
+                server: str | None = server_option(), output: str = output_option()) -> None:
+    """The team's pending invitations (admins and owners).
+
+    Example: cosmicac teams invitations research -o json
+    """
+    check_output(output)
+    api = api_for(server)
+    found = resolve_team(api, team)
+    pending = api.get(f"/teams/{quote(found['id'], safe='')}/invitations")["invitations"]
+    emit(output, pending, ("invitation", "email", "role", "expires"),
+         [(i["id"], i["email"], i["role"], _when(i["expires_at"])) for i in pending])
+
+
+@app.command("revoke-invite")
+def revoke_invite(team: str = typer.Argument(..., help="The team (id or name)."),
+                  invitation: str = typer.Argument(..., help="The invitation's id (see "
+                                                              "`teams invitations`)."),
+                  server: str | None = server_option()) -> None:
+    """Revoke a pending invitation: its link stops working (admins and owners).
+
+    Example: cosmicac teams revoke-invite research 5c1e...
+    """
+    api = api_for(server)
+    found = resolve_team(api, team)
+    api.request("DELETE", f"/teams/{quote(found['id'], safe='')}/invitations/"
+                          f"{quote(invitation, safe='')}")
+    err.print(f"revoked invitation {invitation}")
+
+
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M")

@@ -20,7 +20,7 @@ from ._rows import (
     _page,
     _token,
 )
-from .errors import Conflict, Expired, Invalid, NotFound
+from .errors import Conflict, Expired, Invalid, NotFound, WrongAccount
 from .model import ApiKeyRecord, Invitation, JobRecord, Membership, Page, Role, Token, TokenKind
 from .model import check_id as _ident
 from .model import check_text as _text
@@ -57,13 +57,18 @@ class RecordsMixin:
                         expires_at, None, None))
         return invitation
 
-    def accept_invitation(self, token_hash: str, user_id: str, *, now: float) -> Membership:
+    def accept_invitation(self, token_hash: str, user_id: str, *, now: float,
+                          email: str | None = None) -> Membership:
         """Join the invitation's team with its role and mark it used, atomically.
+
+        ``email``: the accepting account's address; if given it must be the invited
+        one (checked after expiry and use, so a used link says so whoever holds it).
 
         Raises:
             NotFound: no such invitation (or revoked), or no such user.
             Expired: it is past ``expires_at`` or was accepted already.
             Conflict: the user is a member of that team already.
+            WrongAccount: ``email`` is not the address the invitation was sent to.
         """
         with self._write() as db:
             row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
@@ -75,6 +80,10 @@ class RecordsMixin:
                 raise Expired("this invitation was used already; ask for a new one")
             if now >= invitation.expires_at:
                 raise Expired("this invitation has expired; ask for a new one")
+            if email is not None and email.strip().lower() != invitation.email:
+                raise WrongAccount("this invitation was sent to another email address; "
+                                   "accept it as the account with that address (or create "
+                                   "the account with that address)")
             membership = self._insert_member(invitation.team, user_id, invitation.role)
             db.execute("UPDATE invitations SET accepted_at = ?, accepted_by = ? WHERE id = ?",
                        (now, user_id, invitation.id))

@@ -12,6 +12,8 @@
     │                              without an owner
     ├── Expired                    EXPIRED: the invitation or token is past its
     │                              expiry (or already used)
+    ├── WrongAccount               WRONG_ACCOUNT: an invitation accepted by an
+    │                              account whose email is not the one invited
     └── StoreError                 STORE: the SQLite file cannot be used (a newer
                                    schema, a corrupt row); app-node stops
 
@@ -23,7 +25,7 @@ says what to do next.
 from __future__ import annotations
 
 __all__ = ["AppNodeError", "Conflict", "Expired", "Invalid", "LastOwner", "NotFound",
-           "StoreError"]
+           "StoreError", "WrongAccount"]
 
 
 class AppNodeError(Exception):
@@ -68,6 +70,14 @@ class Expired(AppNodeError):
     """The invitation or token is past its expiry, or was already used or revoked."""
 
     code = "EXPIRED"
+
+
+class WrongAccount(AppNodeError):
+    """An invitation was accepted as (or to create) an account of another email than
+    the one it was sent to: holding the link is not enough, the address must match,
+    so a forwarded or leaked link does not let someone else in."""
+
+    code = "WRONG_ACCOUNT"
 
 
 class StoreError(AppNodeError):

@@ -1,4 +1,5 @@
-"""app-node's HTTP API under ``/api`` (issue 13): auth, teams and roles, API keys.
+"""app-node's HTTP API under ``/api`` (issue 13): auth and passwords, users, teams and
+roles, invitations, API keys, model masters, jobs, racks and nodes.
 
 ``create_app(services)`` gives the ASGI app; see README.md for the routes.
 """

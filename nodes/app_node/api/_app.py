@@ -9,6 +9,7 @@ exactly the routes served.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from starlette.applications import Starlette
@@ -22,7 +23,7 @@ from ..auth import DEFAULT_PARAMS, ScryptParams
 from ..errors import AppNodeError
 from ..ratelimit import RateLimitMiddleware, key_by_token_or_ip
 from ..services import AppServices
-from . import _apikeys, _auth_routes, _jobs, _racks, _teams
+from . import _apikeys, _auth_routes, _jobs, _model_masters, _racks, _teams, _users
 from ._common import ApiError, Ctx, error_response
 from ._models import ErrorOut
 from ._spec import RouteSpec
@@ -31,7 +32,8 @@ __all__ = ["ROUTES", "create_app", "openapi"]
 
 _log = logging.getLogger(__name__)
 
-ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_teams.ROUTES, *_apikeys.ROUTES,
+ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_users.ROUTES, *_teams.ROUTES,
+                           *_apikeys.ROUTES, *_model_masters.ROUTES,
                            *_jobs.ROUTES, *_racks.ROUTES]
 
 _DOCS = """<!doctype html><html><head><meta charset="utf-8"><title>CosmicAC API</title></head>
@@ -83,14 +85,19 @@ def openapi(routes: list[RouteSpec] = ROUTES) -> dict[str, Any]:
         if spec.answer is not None:
             answer["content"] = {"application/json": {"schema": ref(spec.answer)}}
         op["responses"][str(spec.status)] = answer
-        paths.setdefault("/api" + spec.path, {})[spec.method.lower()] = op
+        paths.setdefault("/api" + _CONVERTOR.sub(r"{\1}", spec.path),
+                         {})[spec.method.lower()] = op
     return {"openapi": "3.1.0", "info": {"title": "CosmicAC app-node API", "version": "1"},
             "paths": paths, "components": {"schemas": schemas, "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"}}}}
 
 
+#: Starlette's ``{name:path}`` (a parameter that may hold ``/``) is ``{name}`` in OpenAPI.
+_CONVERTOR = re.compile(r"\{(\w+):\w+\}")
+
+
 def _path_params(path: str) -> list[str]:
-    return [part[1:-1] for part in path.split("/") if part.startswith("{")]
+    return [part[1:-1].partition(":")[0] for part in path.split("/") if part.startswith("{")]
 
 
 def create_app(services: AppServices, *,

@@ -30,7 +30,7 @@ M = TypeVar("M", bound=BaseModel)
 
 #: HTTP status of each store error code.
 STATUS = {"NOT_FOUND": 404, "CONFLICT": 409, "INVALID": 422, "LAST_OWNER": 409,
-          "EXPIRED": 410, "STORE": 500}
+          "EXPIRED": 410, "WRONG_ACCOUNT": 403, "STORE": 500}
 
 _RANK = {Role.MEMBER: 0, Role.ADMIN: 1, Role.OWNER: 2}
 

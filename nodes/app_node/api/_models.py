@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
-from contracts.model import JobSpec, JobType, Runtime
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from contracts.model import (
+    IMAGE_PATTERN,
+    MAX_GPUS_PER_REPLICA,
+    MAX_REPLICAS,
+    JobSpec,
+    JobType,
+    Runtime,
+)
 from nodes.ork.service import NodeEntry
 from nodes.ork.views import RackInfo
 
@@ -111,6 +120,37 @@ class MembershipOut(BaseModel):
     role: Role
 
 
+class MeIn(_In):
+    name: str = Field(min_length=1, max_length=100)
+
+
+class PasswordChangeIn(_In):
+    current_password: str = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class PasswordResetIn(_In):
+    email: str = Field(min_length=3, max_length=254)
+
+
+class PasswordResetConfirmIn(_In):
+    token: str = Field(min_length=1, max_length=200)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class UserListedOut(BaseModel):
+    user: UserOut
+    created_at: float
+    disabled: bool
+    teams: list[TeamOut]
+
+
+class UsersOut(BaseModel):
+    users: list[UserListedOut]
+    #: Pass as ``cursor`` for the next page; None: the last page.
+    next: str | None = None
+
+
 class InvitationOut(BaseModel):
     id: str
     team: str
@@ -123,6 +163,16 @@ class AcceptOut(BaseModel):
     membership: MembershipOut
     #: A session for the account created by accepting (absent when a session was sent).
     session: SessionOut | None = None
+
+
+class InvitationListedOut(InvitationOut):
+    invited_by: str
+    created_at: float
+
+
+class InvitationsOut(BaseModel):
+    #: Pending ones only (neither accepted nor expired), oldest first.
+    invitations: list[InvitationListedOut]
 
 
 class ApiKeyCreatedOut(BaseModel):
@@ -265,3 +315,52 @@ class ReserveIn(_In):
 class ReleaseIn(_In):
     rack: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
     nodes: list[str] = Field(min_length=1, max_length=1000)
+
+
+# -- model masters (the shared database's, through app-node) ----------------------------
+
+#: A model master's name is what jobs and requests call the model, so it looks like a
+#: served name (``JobSpec.served_name``): ``meta-llama/Llama-3.1-8B``, ``demo``.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]*$"
+
+
+class ModelDefaultsIn(_In):
+    """What a job of this model gets when its request leaves the field out: the
+    fields of :class:`~contracts.model.JobSpec` that belong to a model, checked as
+    JobSpec checks them. Nothing else is accepted (a typo is an error, not a no-op)."""
+
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_REPLICA)
+    replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    image: str | None = Field(default=None, max_length=512)
+    served_name: str | None = Field(default=None, min_length=1, max_length=200,
+                                    pattern=MODEL_NAME_PATTERN)
+    location: str | None = Field(default=None, min_length=1, max_length=64,
+                                 pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and not IMAGE_PATTERN.match(value):
+            raise ValueError(f"image {value!r} is not a registry image "
+                             "(docker://host[:port]/repo[:tag])")
+        return value
+
+
+class ModelNameIn(_In):
+    name: str = Field(min_length=1, max_length=200, pattern=MODEL_NAME_PATTERN)
+
+
+class ModelMasterIn(ModelNameIn):
+    runtime: Runtime
+    defaults: ModelDefaultsIn = Field(default_factory=ModelDefaultsIn)
+
+
+class ModelMasterOut(BaseModel):
+    name: str
+    runtime: str
+    #: The defaults it was put with (only the fields set).
+    defaults: dict[str, Any]
+
+
+class ModelMastersOut(BaseModel):
+    models: list[ModelMasterOut]

@@ -57,8 +57,9 @@ async def require_operator(ctx: Ctx, session: Session) -> None:
     role = None if team is None else await ctx.store(ctx.services.store.role_of,
                                                      session.user.id, team)
     if role not in (Role.OWNER, Role.ADMIN):
-        raise forbidden("racks and nodes are for platform operators (owners and admins of "
-                        "the first admin's team); ask one of them")
+        raise forbidden("this is for platform operators (owners and admins of the first "
+                        "admin's team): racks, nodes, model masters, the list of users; "
+                        "ask one of them")
 
 
 async def _operator(ctx: Ctx, request: Request) -> None:

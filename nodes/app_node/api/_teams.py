@@ -4,6 +4,11 @@ Who may do what: any member reads their team's members; owners and admins
 change roles, remove members and invite; only an owner makes or touches an
 owner. Anyone may leave a team (remove themselves) unless they are its last
 owner. Someone outside a team gets 404 for it, as if it did not exist.
+
+Owners and admins list the pending invitations and revoke them. An invitation
+is accepted only by the address it was sent to: with a session, the session's
+account must have that email; without one, the account created must (403
+``WRONG_ACCOUNT`` otherwise), so a forwarded or leaked link lets no one else in.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from ._models import (
     AcceptIn,
     AcceptOut,
     InvitationIn,
+    InvitationListedOut,
     InvitationOut,
+    InvitationsOut,
     MemberOut,
     MembershipOut,
     MembersOut,
@@ -123,6 +130,35 @@ async def invite(ctx: Ctx, request: Request) -> Response:
                             role=invitation.role, expires_at=invitation.expires_at), 201)
 
 
+async def list_invitations(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    team_id = request.path_params["team"]
+    await ctx.require_role(session, team_id, Role.ADMIN)
+    pending = await ctx.store(ctx.services.store.list_invitations, team_id,
+                              pending_at=ctx.now())
+    return ok(InvitationsOut(invitations=[InvitationListedOut(
+        id=i.id, team=i.team, email=i.email, role=i.role, expires_at=i.expires_at,
+        invited_by=i.invited_by, created_at=i.created_at) for i in pending]))
+
+
+async def revoke_invitation(ctx: Ctx, request: Request) -> Response:
+    session = await ctx.session(request)
+    team_id, invitation_id = request.path_params["team"], request.path_params["invitation"]
+    await ctx.require_role(session, team_id, Role.ADMIN)
+    store = ctx.services.store
+    try:
+        invitation = await ctx.store(store.get_invitation, invitation_id)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        invitation = None
+    if invitation is None or invitation.team != team_id:
+        raise ApiError(404, "NOT_FOUND", f"no invitation {invitation_id} in team {team_id}; "
+                       "see GET /api/teams/{team}/invitations", "invitation")
+    await ctx.store(store.revoke_invitation, invitation_id)
+    return ok()
+
+
 def _day(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
@@ -135,7 +171,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
     if request.headers.get("authorization"):
         session = await ctx.session(request)
         membership = await ctx.store(store.accept_invitation, token_hash, session.user.id,
-                                     now=ctx.now())
+                                     now=ctx.now(), email=session.user.email)
         return ok(AcceptOut(membership=MembershipOut(
             user=membership.user, team=membership.team, role=membership.role)))
     for field in ("email", "name", "password"):
@@ -148,7 +184,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
                            password_hash=password_hash, now=ctx.now())
     try:
         membership = await ctx.store(store.accept_invitation, token_hash, user.id,
-                                     now=ctx.now())
+                                     now=ctx.now(), email=user.email)
     except ApiError:
         await ctx.store(store.delete_user, user.id)  # the account exists only to join
         raise
@@ -171,6 +207,10 @@ ROUTES = [
               "Remove a member (owner/admin), or leave", status=204),
     RouteSpec("POST", "/teams/{team}/invitations", invite,
               "Invite by email (owner/admin)", InvitationIn, InvitationOut, 201),
+    RouteSpec("GET", "/teams/{team}/invitations", list_invitations,
+              "Pending invitations (owner/admin)", answer=InvitationsOut),
+    RouteSpec("DELETE", "/teams/{team}/invitations/{invitation}", revoke_invitation,
+              "Revoke a pending invitation (owner/admin)", status=204),
     RouteSpec("POST", "/invitations/accept", accept,
               "Accept an invitation (with a session, or creating the account)", AcceptIn,
               AcceptOut, auth=False),

@@ -16,6 +16,7 @@ from nodes.app_node.errors import (
     LastOwner,
     NotFound,
     StoreError,
+    WrongAccount,
 )
 from nodes.app_node.model import Role, TokenKind
 from nodes.app_node.store import SCHEMA_VERSION, Store
@@ -295,6 +296,19 @@ def test_invitation_refusals(store):
         store.revoke_invitation(revoked.id)
     with pytest.raises(NotFound):
         store.get_invitation(revoked.id)
+
+
+def test_invitation_only_for_the_invited_address(store):
+    owner, team = admin(store)
+    new = store.create_user(email="new@x", name="N", password_hash="h", now=T0)
+    invite(store, team, owner)
+    with pytest.raises(WrongAccount):
+        store.accept_invitation("t1", owner.id, now=T0, email=owner.email)
+    assert store.role_of(new.id, team.id) is None
+    membership = store.accept_invitation("t1", new.id, now=T0, email=" NEW@x ")
+    assert membership.user == new.id
+    with pytest.raises(Expired):  # used: said before the address is compared
+        store.accept_invitation("t1", owner.id, now=T0, email=owner.email)
 
 
 def test_accepting_is_atomic(store):
