@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
         with start_daemons(workdir, seeded) as daemons:
             samples = Samples()
-            for route in ROUTES:  # warm-up: connections, caches, the JIT-less paths
+            for route in ROUTES:  # warm-up: connections opened, caches and the OS page cache filled
                 run_wrk(daemons.api + route.path, route.body, api_key=None,
                         method=route.method, bearers=seeded.tokens, connections=4,
                         duration_s=1)
