@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,8 @@ def ensure_wrk() -> str:
 
 # The request is fixed at load time; ``done`` prints one JSON line that we parse.
 _LUA = """
-wrk.method = "POST"
-wrk.body = {body}
-wrk.headers["Content-Type"] = "application/json"
+wrk.method = {method}
+{body}
 {auth}
 function done(summary, latency, requests)
   local e = summary.errors
@@ -149,20 +149,44 @@ class WrkResult:
         return self.requests / self.duration_s if self.duration_s else 0.0
 
 
+# Bearer tokens taken in turn, one per request (many users' sessions).
+_ROTATE = """
+local tokens = {{{tokens}}}
+local turn = 0
+request = function()
+  turn = turn + 1
+  wrk.headers["Authorization"] = "Bearer " .. tokens[(turn % #tokens) + 1]
+  return wrk.format()
+end
+"""
+
+
 def run_wrk(
     url: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | None,
     *,
     api_key: str | None,
     connections: int,
     duration_s: float,
     threads: int = 1,
+    method: str = "POST",
+    bearers: Sequence[str] = (),
 ) -> WrkResult:
-    """POST ``body`` to ``url`` for ``duration_s`` over ``connections`` kept-alive
-    connections (each one request at a time: closed loop)."""
+    """Send ``method`` (``body`` as JSON, None: no body) to ``url`` for
+    ``duration_s`` over ``connections`` kept-alive connections (each one request
+    at a time: closed loop). ``bearers``: tokens sent in turn, one per request,
+    instead of the one ``api_key``."""
     wrk = ensure_wrk()
-    auth = f'wrk.headers["Authorization"] = {_lua_string("Bearer " + api_key)}' if api_key else ""
-    script = _LUA.format(body=_lua_string(json.dumps(body, separators=(",", ":"))), auth=auth)
+    if bearers:
+        auth = _ROTATE.format(tokens=", ".join(_lua_string(t) for t in bearers))
+    elif api_key:
+        auth = f'wrk.headers["Authorization"] = {_lua_string("Bearer " + api_key)}'
+    else:
+        auth = ""
+    lua_body = "" if body is None else (
+        f"wrk.body = {_lua_string(json.dumps(body, separators=(',', ':')))}\n"
+        'wrk.headers["Content-Type"] = "application/json"')
+    script = _LUA.format(method=_lua_string(method), body=lua_body, auth=auth)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
         path = handle.name

@@ -43,6 +43,7 @@ every matching job's current status, with ``previous`` equal to ``status``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -97,6 +98,8 @@ __all__ = [
 ]
 
 PROTOCOL = "cosmicac-ork/1"
+
+log = logging.getLogger(__name__)
 
 #: Events queued for one watcher; beyond it the watch ends with LAGGED (the
 #: watcher re-reads the jobs and watches again) instead of stalling wrk-ork.
@@ -286,6 +289,10 @@ class OrkService(RpcService):
         waits for a slow watcher.
         """
         for event in self.orch.drain_events():
+            # When each status was reached (``at``: wrk-ork's wall clock): what
+            # bench/job_start.py times the ork and health steps by.
+            log.info("ork.job_status job=%s status=%s previous=%s at=%.6f", event.job_id,
+                     event.status, event.previous, event.at)
             for watcher in list(self._watchers):
                 if not watcher.wants(event):
                     continue

@@ -1,0 +1,391 @@
+"""Job create -> ``running`` on the ``local`` backend with the ``demo`` model, step
+by step (issue 13, item 7b).
+
+The whole embedded system runs as users run it: ``cosmicac up --storage
+<temp> --base-port <free> --no-table`` as a subprocess (DHT, relay, app-node,
+wrk-ork, the local GPU worker, proxy-inference, the entry point; each its own
+process). The bench logs in as the admin ``up`` created, then, ``--jobs``
+times one after the other (after ``--warm-up`` jobs not counted): POST
+``/api/jobs`` ``{type: inference, runtime: local, model: demo, gpus: 1}``,
+polls ``GET /api/jobs/{id}`` every ``--poll-ms`` until ``running``, deletes
+the job and waits until it is gone (so each job starts on a quiet machine).
+
+Where the step times come from: what the system already writes, read after
+the run, all on this machine's wall clock (milliseconds in the logs):
+
+==================  ===========================================================
+post sent / 201     the bench's own clock around the POST
+creating, placed,   ``ork.job_status`` lines of ``logs/wrk-ork.log`` (the one
+active              line this bench added to wrk-ork, nodes/ork/service.py:
+                    the orchestrator's own timestamp of each status change)
+op published        ``ork.published`` (wrk-ork: the op is durably on the rack's
+                    queue)
+op received         ``worker.create job=`` (``logs/wrk-server-k8s-nvidia.log``)
+process launched    ``local.started vmi=`` (the local backend spawned the agent)
+agent started       ``agent.started`` in the VMI's ``agent.log`` (interpreter,
+                    imports, identity, swarm up)
+agent hello         ``agent.hello vmi=`` (the worker heard the agent)
+model server        ``model_server.step_started``, the server's ``listening
+                    http://`` and ``model_server.healthy`` in ``agent.log``
+                    (the demo server is a process of its own)
+agent ready         ``agent.ready vmi=`` (the worker's side)
+running             the first poll that answers ``running``
+==================  ===========================================================
+
+Steps (consecutive, so they add up to the total; medians over the jobs):
+``ork`` post sent -> placed in wrk-ork (app-node's auth and validation, the
+RPC, placement); ``queue`` placed -> the worker received the op (wrk-ork's
+durable publish, replication to the worker); ``worker`` received -> agent
+process launched; ``agent_start`` launched -> agent hello; ``health`` hello
+-> Active in wrk-ork (the model server's boot and first health check, agent
+ready, the worker's report applied); ``api_poll`` Active -> the API shows
+running (at most one poll interval plus a GET). ``api`` (the POST's answer
+time) overlaps ``ork`` and ``queue``. Sub-marks are printed as ``at_<mark>``
+(ms after the POST was sent). jobs.watch (``nodes/ork/client.py``) would give
+the status times too, but wrk-ork serves it to app-node's key only.
+
+app-node's per-token rate limit (10/s) would throttle the polls: the bench
+raises it for this ``up`` through ``COSMICAC_APP_NODE__LIMITS__PER_TOKEN__*``.
+On the way out: SIGINT to ``up``, wait for it, and check that no process of
+the deployment is left (``leftover_processes``, which must be 0).
+
+usage: python bench/job_start.py [--quick] [--jobs 5] [--warm-up 1] [--poll-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from _common import emit, machine
+
+BENCH = "job_start"
+HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parent.parent
+WORKER_LOG = "wrk-server-k8s-nvidia"
+UP_TIMEOUT_S = 180.0
+JOB_TIMEOUT_S = 120.0
+IMAGE = "docker://registry.local/demo:latest"
+
+#: (step, from mark, to mark, what it covers), in order; they add up to ``total``.
+STEPS = (
+    ("ork", "post_sent", "placed", "app-node + RPC + placement in wrk-ork"),
+    ("queue", "placed", "op_received", "durable publish + replication to the worker"),
+    ("worker", "op_received", "process_launched", "worker: folders, spawn the agent"),
+    ("agent_start", "process_launched", "agent_hello", "agent boot until it says hello"),
+    ("health", "agent_hello", "active", "model server up and healthy, reported Active"),
+    ("api_poll", "active", "running", "Active -> a GET shows running"),
+)
+#: Marks printed as offsets from the POST (ms), beside the steps.
+MARKS = ("api_answered", "creating", "placed", "op_published", "op_received",
+         "process_launched", "agent_started", "agent_hello", "model_server_started",
+         "model_server_listening", "model_server_healthy", "agent_ready", "active", "running")
+
+
+class BenchError(RuntimeError):
+    """The deployment did not come up, or a job did not start."""
+
+
+# --- the deployment ----------------------------------------------------------------
+
+
+def _port_free(port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as probe:
+            try:
+                probe.bind((HOST, port))
+            except OSError:
+                return False
+    return True
+
+
+def free_base_port() -> int:
+    """A base with the 21 ports ``up`` uses (base .. base+20) free, TCP and UDP."""
+    for base in range(23000 + os.getpid() % 500 * 20, 60000, 97):
+        if all(_port_free(base + i) for i in range(21)):
+            return base
+    raise BenchError("no 21 free ports in a row on 127.0.0.1")
+
+
+@dataclass
+class Up:
+    storage: Path
+    process: subprocess.Popen
+    output: Path
+    api: str
+    token: str = ""
+
+
+def start_up(storage: Path, base: int) -> Up:
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__PER_SECOND": "1000",
+           "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__BURST": "1000"}
+    output = storage.parent / "up.out"
+    with output.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "up", "--storage", str(storage),
+             "--base-port", str(base), "--no-table"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+    up = Up(storage, process, output, api=f"http://{HOST}:{base + 14}/api")
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while "cosmicac is up at" not in output.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_up(up)
+            raise BenchError("cosmicac up did not come up: "
+                             + output.read_text(errors="replace")[-2000:])
+        time.sleep(0.2)
+    return up
+
+
+def _ours(storage: Path) -> list[int]:
+    """Processes whose command line or working folder is under ``storage``."""
+    found = []
+    needle = str(storage)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if needle in argv or cwd.startswith(needle):
+            found.append(int(entry.name))
+    return found
+
+
+def stop_up(up: Up) -> int:
+    """SIGINT ``up`` and wait; returns how many of its processes were left after it."""
+    if up.process.poll() is None:
+        up.process.send_signal(signal.SIGINT)
+        try:
+            up.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.process.pid, signal.SIGKILL)  # its own session: ours to end
+            up.process.wait(timeout=10)
+    time.sleep(0.5)  # let the reaped children vanish from /proc
+    left = _ours(up.storage)
+    for pid in left:  # report them, then leave nothing behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return len(left)
+
+
+# --- one job -----------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    job_id: str
+    post_sent: float
+    api_answered: float
+    running: float
+    marks: dict[str, float] = field(default_factory=dict)
+    #: The agent's log, read before the delete removes its VMI folder.
+    agent_log: list[tuple[float, str]] = field(default_factory=list)
+
+
+def login(client: Any, up: Up) -> None:
+    creds = json.loads((up.storage / "credentials.json").read_text())
+    answer = client.post(f"{up.api}/auth/login",
+                         json={"email": creds["email"], "password": creds["password"]})
+    answer.raise_for_status()
+    up.token = answer.json()["token"]
+    client.headers["authorization"] = f"Bearer {up.token}"
+
+
+def start_job(client: Any, up: Up, index: int, poll_s: float) -> Run:
+    body = {"name": f"bench-start-{index}", "type": "inference", "image": IMAGE, "gpus": 1,
+            "runtime": "local", "model": "demo", "served_name": f"bench-start-{index}"}
+    sent = time.time()
+    answer = client.post(f"{up.api}/jobs", json=body)
+    answered = time.time()
+    if answer.status_code != 201:
+        raise BenchError(f"POST /api/jobs answered {answer.status_code}: {answer.text}")
+    job_id = answer.json()["id"]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        got = client.get(f"{up.api}/jobs/{job_id}")
+        seen = time.time()
+        if got.status_code == 200:
+            status = got.json()["status"]
+            if status == "running":
+                return Run(job_id, sent, answered, seen)
+            if status in ("failed", "unknown"):
+                raise BenchError(f"job {job_id} is {status}: {got.json().get('reason')}")
+        time.sleep(poll_s)
+    raise BenchError(f"job {job_id} not running after {JOB_TIMEOUT_S:.0f} s")
+
+
+def delete_job(client: Any, up: Up, job_id: str) -> None:
+    client.delete(f"{up.api}/jobs/{job_id}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if client.get(f"{up.api}/jobs/{job_id}").status_code == 404:
+            return
+        time.sleep(0.2)
+    raise BenchError(f"job {job_id} was not gone 60 s after its delete")
+
+
+# --- the logs ----------------------------------------------------------------------
+
+
+def _lines(path: Path) -> list[tuple[float, str]]:
+    """(POSIX seconds, message) of a daemon's JSON-lines log."""
+    out = []
+    if not path.exists():
+        return out
+    for raw in path.read_text(errors="replace").splitlines():
+        if not raw.startswith("{"):
+            continue
+        try:
+            record = json.loads(raw)
+            when = datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError):
+            continue
+        out.append((when, str(record.get("message", ""))))
+    return out
+
+
+def _first(lines: list[tuple[float, str]], *needles: str, after: float = 0.0) -> float | None:
+    for when, message in lines:
+        if when >= after and all(n in message for n in needles):
+            return when
+    return None
+
+
+def _status_at(lines: list[tuple[float, str]], job_id: str, status: str) -> float | None:
+    for _, message in lines:
+        if f"ork.job_status job={job_id} status={status} " in message:
+            return float(message.rpartition("at=")[2])
+    return None
+
+
+def _vmi(job_id: str) -> str:
+    return "cac-" + job_id.removeprefix("j-") + "-r0-n0"
+
+
+def agent_log(up: Up, job_id: str) -> Path:
+    return up.storage / WORKER_LOG / "vmis" / f"{_vmi(job_id)}-root" / "agent.log"
+
+
+def read_marks(up: Up, run: Run) -> None:
+    logs = up.storage / "logs"
+    ork, worker = _lines(logs / "wrk-ork.log"), _lines(logs / f"{WORKER_LOG}.log")
+    vmi, agent = _vmi(run.job_id), run.agent_log
+    marks: dict[str, float | None] = {
+        "post_sent": run.post_sent, "api_answered": run.api_answered, "running": run.running,
+        "creating": _status_at(ork, run.job_id, "creating"),
+        "placed": _status_at(ork, run.job_id, "starting"),
+        "active": _status_at(ork, run.job_id, "active"),
+        "op_received": _first(worker, f"worker.create job={run.job_id} "),
+        "process_launched": _first(worker, f"local.started vmi={vmi} "),
+        "agent_hello": _first(worker, f"agent.hello vmi={vmi} "),
+        "agent_ready": _first(worker, f"agent.ready vmi={vmi} "),
+        "agent_started": _first(agent, f"agent.started job={run.job_id} "),
+        "model_server_started": _first(agent, "model_server.step_started", run.job_id),
+        "model_server_listening": _first(agent, "listening http://"),
+        "model_server_healthy": _first(agent, "model_server.healthy", run.job_id),
+    }
+    placed = marks["placed"]
+    if placed is not None:  # one job at a time: the first publish after its placement
+        marks["op_published"] = _first(ork, "ork.published", after=placed - 0.002)
+    missing = [name for name, value in marks.items() if value is None]
+    if missing:
+        raise BenchError(f"job {run.job_id}: no log line for {', '.join(missing)} "
+                         f"(see {logs})")
+    run.marks = {name: value for name, value in marks.items() if value is not None}
+
+
+# --- the run -----------------------------------------------------------------------
+
+
+def report(runs: list[Run], leftover: int, args: argparse.Namespace) -> None:
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        m = run.marks
+        for step, start, end, _ in STEPS:
+            values.setdefault(f"step_{step}", []).append((m[end] - m[start]) * 1000)
+        values.setdefault("step_api", []).append((m["api_answered"] - m["post_sent"]) * 1000)
+        values.setdefault("total", []).append((m["running"] - m["post_sent"]) * 1000)
+        for mark in MARKS:
+            values.setdefault(f"at_{mark}", []).append((m[mark] - m["post_sent"]) * 1000)
+    first = True
+    for metric, got in values.items():
+        extra: dict[str, Any] = {"reps": [round(v, 1) for v in got]}
+        if first:
+            first = False
+            extra.update(machine=machine(), jobs=len(runs), poll_ms=args.poll_ms,
+                         backend="local", model="demo", load_average=args.load_average)
+        emit(BENCH, metric, statistics.median(got), "ms", **extra)
+    emit(BENCH, "leftover_processes", leftover, "count")
+    out = sys.stderr
+    print(f"{'step':<12}{'median ms':>10}{'min':>9}{'max':>9}  covers", file=out)
+    rows = [(s, d) for s, _, _, d in STEPS] + [("api", "POST answered (overlaps ork, queue)"),
+                                                ("total", "POST sent -> running seen")]
+    for step, covers in rows:
+        got = values["total" if step == "total" else f"step_{step}"]
+        print(f"{step:<12}{statistics.median(got):>10.1f}{min(got):>9.1f}{max(got):>9.1f}  "
+              f"{covers}", file=out)
+    print("marks, ms after the POST (median): " + ", ".join(
+        f"{mark} {statistics.median(values[f'at_{mark}']):.0f}" for mark in MARKS), file=out)
+    print(f"({len(runs)} jobs, one at a time; leftover processes after up stopped: "
+          f"{leftover})", file=out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 job, no warm-up")
+    parser.add_argument("--jobs", type=int, default=None, help="(default 5; 1 quick)")
+    parser.add_argument("--warm-up", type=int, default=None,
+                        help="jobs started first and not counted (default 1; 0 quick)")
+    parser.add_argument("--poll-ms", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    for name, quick, full in (("jobs", 1, 5), ("warm_up", 0, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    args.load_average = [round(x, 2) for x in os.getloadavg()]
+    import httpx
+
+    with tempfile.TemporaryDirectory(prefix="bench-job-start-") as tmp:
+        up = start_up(Path(tmp) / "storage", free_base_port())
+        runs: list[Run] = []
+        failure: BaseException | None = None
+        try:
+            with httpx.Client(timeout=30.0) as client:
+                login(client, up)
+                for index in range(args.warm_up + args.jobs):
+                    run = start_job(client, up, index, args.poll_ms / 1000)
+                    run.agent_log = _lines(agent_log(up, run.job_id))
+                    delete_job(client, up, run.job_id)
+                    if index >= args.warm_up:
+                        runs.append(run)
+        except (BenchError, httpx.HTTPError) as exc:
+            failure = exc
+        finally:
+            leftover = stop_up(up)
+        if failure is not None:
+            raise BenchError(f"{failure}; up's output: "
+                             + up.output.read_text(errors="replace")[-1500:]) from failure
+        for run in runs:  # the logs are complete once up has stopped
+            read_marks(up, run)
+        report(runs, leftover, args)
+    return 0 if leftover == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
