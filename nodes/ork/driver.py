@@ -77,6 +77,14 @@ class OrkDriver:
         finally:
             self._changed.set()
 
+    async def read(self, function: Callable[..., T], *args: Any) -> T:
+        """Run one orchestrator read in a thread, serialised; wakes nobody.
+
+        The publisher's own reads go through here: through :meth:`call` they
+        would wake it again at once, a busy loop walking every job.
+        """
+        return await trio.to_thread.run_sync(lambda: function(*args), limiter=self.limiter)
+
     def changed(self) -> None:
         """Something may have queued operations or status changes: publish them."""
         self._changed.set()
@@ -100,7 +108,7 @@ class OrkDriver:
 
     async def _sync_racks(self) -> None:
         """Open a queue for every registered rack; close those of removed racks."""
-        racks = {info.key for info in await self.call(self.orchestrator.racks)}
+        racks = {info.key for info in await self.read(self.orchestrator.racks)}
         for rack in racks - set(self._open):
             await self._open_queue(rack)
         for rack in set(self._open) - racks:
@@ -123,7 +131,7 @@ class OrkDriver:
 
     async def _consume(self, rack: str, queue: DurableQueue, scope: trio.CancelScope) -> None:
         with scope:
-            applied = await self.call(self.orchestrator.report_position, rack)
+            applied = await self.read(self.orchestrator.report_position, rack)
             async with queue.deliveries() as deliveries:
                 async for delivery in deliveries:
                     if applied is None or delivery.position > applied:
@@ -143,7 +151,7 @@ class OrkDriver:
             await self._changed.wait()
             self._changed = trio.Event()
             await self._sync_racks()
-            outbox = await self.call(self.orchestrator.outbox)
+            outbox = await self.read(self.orchestrator.outbox)
             published = []
             for outbound in outbox:
                 entry = self._open.get(outbound.rack)

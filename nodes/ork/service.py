@@ -265,15 +265,18 @@ class OrkService(RpcService):
         self._watchers: set[_Watcher] = set()
         router = Router()
         for method, handler in [
-            (CREATE_JOB, self._create_job), (GET_JOB, self._get_job),
-            (LIST_JOBS, self._list_jobs), (RESTART_JOB, self._restart_job),
+            (CREATE_JOB, self._create_job), (RESTART_JOB, self._restart_job),
             (DELETE_JOB, self._delete_job), (RESTART_REPLICA, self._restart_replica),
             (DELETE_REPLICA, self._delete_replica), (REGISTER_RACK, self._register_rack),
-            (LIST_RACKS, self._list_racks), (REMOVE_RACK, self._remove_rack),
-            (LIST_NODES, self._list_nodes), (RESERVE_NODES, self._reserve_nodes),
+            (REMOVE_RACK, self._remove_rack), (RESERVE_NODES, self._reserve_nodes),
             (RELEASE_NODES, self._release_nodes),
         ]:
-            router.add(method, self._unary(handler))
+            router.add(method, self._unary(handler, changes=True))
+        for method, handler in [
+            (GET_JOB, self._get_job), (LIST_JOBS, self._list_jobs),
+            (LIST_RACKS, self._list_racks), (LIST_NODES, self._list_nodes),
+        ]:
+            router.add(method, self._unary(handler, changes=False))
         router.add(WATCH_JOBS, self._watch)
         super().__init__(PROTOCOL, router, config=config)
 
@@ -320,8 +323,11 @@ class OrkService(RpcService):
             raise RpcError("FORBIDDEN", "only app-node may call wrk-ork; "
                                         "check the key wrk-ork is configured to trust")
 
-    def _unary(self, handler: Callable[[Any], BaseModel]
+    def _unary(self, handler: Callable[[Any], BaseModel], *, changes: bool
                ) -> Callable[[Any, CallContext], Any]:
+        """``handler`` as an RPC method; after one that ``changes`` state, the
+        watchers are pumped and the daemon told (it publishes the outbox).
+        Reads do neither: a busy listing must not cost a publishing round each."""
         async def serve(params: Any, ctx: CallContext) -> BaseModel:
             self._authorise(ctx)
             try:
@@ -333,9 +339,9 @@ class OrkService(RpcService):
             except OrkError as exc:
                 raise RpcError(exc.code, exc.message) from exc
             finally:
-                # Even a refused call may have changed nothing; pumping is cheap.
-                await self._pump_alone()
-            if self._on_change is not None:
+                if changes:  # even a refused change may have changed something
+                    await self._pump_alone()
+            if changes and self._on_change is not None:
                 self._on_change()
             return result
 
