@@ -22,7 +22,7 @@ from ..auth import DEFAULT_PARAMS, ScryptParams
 from ..errors import AppNodeError
 from ..ratelimit import RateLimitMiddleware, key_by_token_or_ip
 from ..services import AppServices
-from . import _apikeys, _auth_routes, _jobs, _racks, _teams
+from . import _apikeys, _auth_routes, _jobs, _racks, _swarm, _teams
 from ._common import ApiError, Ctx, error_response
 from ._models import ErrorOut
 from ._spec import RouteSpec
@@ -32,7 +32,7 @@ __all__ = ["ROUTES", "create_app", "openapi"]
 _log = logging.getLogger(__name__)
 
 ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_teams.ROUTES, *_apikeys.ROUTES,
-                           *_jobs.ROUTES, *_racks.ROUTES]
+                           *_jobs.ROUTES, *_racks.ROUTES, *_swarm.ROUTES]
 
 _DOCS = """<!doctype html><html><head><meta charset="utf-8"><title>CosmicAC API</title></head>
 <body><h1>CosmicAC API</h1><p>The schema of every route under <code>/api</code> is at
