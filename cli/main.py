@@ -27,6 +27,7 @@ _GROUPS: dict[str, str] = {
     "k8s": "cli.k8s",
     "teams": "cli.teams",
     "apikeys": "cli.apikeys",
+    "inference": "cli.inference",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {
