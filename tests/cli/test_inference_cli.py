@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cli.inference import sse_data
 from nodes.entry.daemon import serve_entry
@@ -204,6 +206,17 @@ def test_sse_data_joins_data_lines_and_skips_comments_and_other_fields() -> None
     assert list(sse_data(lines)) == ["a\nb", "[DONE]"]
 
 
+_LINE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"))
+
+
+@given(st.lists(st.lists(_LINE, min_size=1, max_size=3), max_size=5))
+def test_sse_data_gives_back_every_event_it_is_sent(events: list[list[str]]) -> None:
+    lines: list[str] = []
+    for event in events:
+        lines += [": comment"] + [f"data: {line}" for line in event] + [""]
+    assert list(sse_data(lines)) == ["\n".join(event) for event in events]
+
+
 # -- against the fake -------------------------------------------------------------
 
 
@@ -307,6 +320,19 @@ async def test_a_refused_key_an_unreachable_server_and_no_key_at_all(tmp_path, f
     empty = await run(env_for(tmp_path, fake.url), "chat", "--model", "demo", "-", stdin=b"")
     assert empty.returncode == 2
     assert fake.requests == []
+
+
+async def test_proxy_inference_down_behind_the_entry_point_is_unreachable(
+        tmp_path, nursery: trio.Nursery) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    entry = await nursery.start(serve_entry, EntrySettings(
+        host="127.0.0.1", port=0, api_url=dead, inference_url=dead))
+    result = await run(env_for(tmp_path, entry.url), "chat", "--model", "demo", "hi")
+    assert result.returncode == 4
+    line = one_error_line(result)
+    assert "unreachable" in line and "UPSTREAM_UNREACHABLE" in line
 
 
 async def test_ctrl_c_during_a_stream_exits_130_and_closes_the_request(tmp_path, fake: Fake
