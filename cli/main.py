@@ -32,6 +32,7 @@ _GROUPS: dict[str, str] = {
     "nodes": "cli.nodes",
     "models": "cli.models",
     "users": "cli.users",
+    "inference": "cli.inference",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {

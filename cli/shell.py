@@ -1,9 +1,17 @@
 """``cosmicac shell``: a shell (or one command) on a GPU Container Job's agent.
 
-The ssh of CosmicAC. The user's identity (``--identity``, the key the job's
-team lists in its ``authorized_keys``) dials the agent's key over a swarm, at
-``--address`` if given, else through the DHT (``--bootstrap``), else through
-``--relay``; then one ``cosmicac-shell/1`` session runs on that connection:
+The ssh of CosmicAC. ``cosmicac shell JOB [-- CMD]`` asks app-node (the
+logged-in session, ``GET /api/jobs/JOB``) for the job's agent: the first
+agent of replica ``--replica`` (0), which must be a running container job;
+and, unless ``--address`` or ``--bootstrap`` says where to look,
+``GET /api/swarm`` for the DHT bootstrap and the relays' keys. ``--agent KEY``
+instead of JOB names the agent directly (no app-node involved).
+
+The user's identity (``--identity``, by default the CLI's ``<config
+dir>/user``, which ``cosmicac login`` registers so the team's container jobs
+list it in their ``authorized_keys``) dials the agent's key over a swarm, at
+``--address`` if given, else through the DHT, else through the relays; then
+one ``cosmicac-shell/1`` session runs on that connection:
 
 * interactive (no command and stdin is a terminal, or ``-t``): the local
   terminal goes raw (restored on every way out), the agent gets ``$TERM`` and
@@ -12,8 +20,10 @@ team lists in its ``authorized_keys``) dials the agent's key over a swarm, at
   pipes, its stdout and stderr arrive apart, stdin's end is its end of input.
 
 Either way the exit status is the remote one (128+N for a signal N), as ssh's
-is. Our own failures (the agent unreachable, our key refused, the session
-broken) print one line and exit 255, as ssh does; usage errors exit 2.
+is. Our own failures (not logged in, no such job, a job not running or not a
+container job, the agent unreachable, our key refused, the session broken)
+print one line and exit 255, as ssh does, so a script can tell them from the
+command's own status; usage errors exit 2.
 
 Backpressure: the next chunk of stdin is read only once the agent took the
 last (the mux's credit), and the next output frame only once the terminal or
@@ -32,7 +42,9 @@ import struct
 import termios
 import tty
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import trio
 import typer
@@ -46,7 +58,7 @@ from agents.instance import (
     open_shell,
 )
 from p2p.errors import P2PError
-from p2p.keys import KeyPair, format_key, load_or_create_keypair
+from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_public_key
 from p2p.mux import MuxError
 from p2p.swarm import Connection, Swarm, SwarmConfig, SwarmError
 
@@ -55,8 +67,9 @@ from ._config import config_dir
 from ._console import err, fail, run_trio
 from ._stdio import StdinSource, StdoutSink
 from .dht import parse_bootstrap
+from .session import api_for, server_option
 
-__all__ = ["shell"]
+__all__ = ["JobTarget", "resolve_job", "shell"]
 
 #: ssh's status for its own failures (unreachable, refused, broken session).
 FAILED = 255
@@ -69,12 +82,18 @@ _TERM_FALLBACK = "xterm-256color"
 
 
 def shell(
+    job: str | None = typer.Argument(
+        None, metavar="JOB", show_default=False,
+        help="The container job's id (`cosmicac jobs list`); not with --agent."),
     arguments: list[str] | None = typer.Argument(
         None, metavar="[-- CMD ARGS...]",
         help="A command to run instead of an interactive shell (put it after --)."),
     agent: str | None = typer.Option(
         None, "--agent", "-k", envvar="COSMICAC_AGENT",
-        help="The agent's public key (64 hex characters), as the job lists it."),
+        help="The agent's public key (64 hex characters) instead of a JOB."),
+    replica: int = typer.Option(
+        0, "--replica", min=0, help="Which replica of JOB (its index); default 0."),
+    server: str | None = server_option(),
     address: list[str] | None = typer.Option(
         None, "--address", "-a", help="The agent's HOST:PORT (repeatable); skips the DHT."),
     bootstrap: list[str] | None = typer.Option(
@@ -97,21 +116,26 @@ def shell(
     """Open a shell on a GPU Container Job's agent, or run one command there.
 
     \b
-      cosmicac shell --agent KEY --address HOST:PORT
-      cosmicac shell --agent KEY --bootstrap HOST:PORT -- nvidia-smi -L
+      cosmicac shell JOB
+      cosmicac shell JOB -- nvidia-smi -L
+      cosmicac shell --agent KEY --address HOST:PORT -- echo hi
+
+    JOB's agent and the swarm's bootstrap come from app-node (log in first);
+    with --agent every argument is the command.
 
     Exits with the remote status (128+N if a signal N ended it; 127 if the
-    command could not start); 255 if the agent cannot be reached or refuses
-    your key.
-
-    Later, `cosmicac shell JOB [-- CMD]` will find the agent of job JOB through
-    app-node's API: without --agent, the first argument will name the job.
+    command could not start); 255 if the job cannot be used (not logged in,
+    unknown, not running, not a container job), or the agent cannot be
+    reached or refuses your key; 2 for usage errors.
     """
     argv = list(arguments or [])
-    if agent is None:
-        fail("give the agent's key with --agent KEY (finding a JOB's agent by its id "
-             "through app-node's API comes later)", code=2)
-    agent_key = parse_key(agent, what="agent key")
+    if agent is not None and job is not None:
+        argv, job = [job, *argv], None  # with --agent, the command starts at once
+    if agent is None and job is None:
+        fail("name the job: cosmicac shell JOB [-- CMD] (or give an agent's key with "
+             "--agent KEY)", code=2)
+    if force_tty and no_tty:
+        fail("--tty and --no-tty exclude each other", code=2)
     try:
         addresses = [parse_address(item.strip()) for text in address or ()
                      for item in text.split(",") if item.strip()]
@@ -120,13 +144,17 @@ def shell(
     dht = [a for text in bootstrap or () for a in parse_bootstrap(text)]
     relays = [parse_key(item.strip(), what="relay key") for text in relay or ()
               for item in text.split(",") if item.strip()]
-    if not addresses and not dht:
-        fail("give the agent's --address HOST:PORT, or --bootstrap to find it by key",
-             code=2)
+    if job is not None:
+        target = resolve_job(server, job, replica, swarm=not addresses and not dht)
+        agent_key, dht, relays = target.agent, dht or target.bootstrap, relays or target.relays
+    else:
+        assert agent is not None
+        agent_key = parse_key(agent, what="agent key")
+        if not addresses and not dht:
+            fail("give the agent's --address HOST:PORT, or --bootstrap to find it by key",
+                 code=2)
     if relays and not dht:
         fail("--relay needs --bootstrap (relays are found on the DHT)", code=2)
-    if force_tty and no_tty:
-        fail("--tty and --no-tty exclude each other", code=2)
     folder = identity or config_dir(None) / "user"
     try:
         keypair = load_or_create_keypair(folder)
@@ -141,6 +169,81 @@ def shell(
                  raw=pty and stdin_tty)
     code = _run(plan)
     raise typer.Exit(code)
+
+
+# -- JOB -> its agent, through app-node ------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobTarget:
+    """Where a job's shell is: its agent's key, and how to find it on the swarm."""
+
+    agent: bytes
+    #: From ``GET /api/swarm`` (empty when not asked for).
+    bootstrap: list[tuple[str, int]]
+    relays: list[bytes]
+
+
+@contextlib.contextmanager
+def _ssh_failure() -> Iterator[None]:
+    """A failure of the API client (its line already printed, exit 1, 2, 3 or 4)
+    exits 255 instead: ``cosmicac shell`` exits with the command's status, so its
+    own failures must not look like one."""
+    try:
+        yield
+    except typer.Exit as exc:
+        if exc.exit_code:
+            raise typer.Exit(FAILED) from None
+        raise
+
+
+def resolve_job(server: str | None, job: str, replica: int = 0, *,
+                swarm: bool = True) -> JobTarget:
+    """The agent of ``replica`` of container job ``job``, as app-node reports it.
+
+    Args:
+        server: ``--server`` (else the session's).
+        job: the job's id.
+        replica: the replica's index.
+        swarm: also ask ``GET /api/swarm`` for the bootstrap and relays.
+
+    Raises:
+        typer.Exit: 255 after one line on stderr: not logged in, no such job,
+            not a container job, not running, no such replica, no agent yet,
+            no bootstrap advertised; or app-node unreachable.
+    """
+    with _ssh_failure():
+        api = api_for(server)
+        view = api.get(f"/jobs/{quote(job, safe='')}")
+    if view.get("type") != "container":
+        fail(f"job {job} is an {view.get('type')} job: it serves a model, it has no shell "
+             f"(use `cosmicac inference chat --model NAME`)", code=FAILED)
+    if view.get("status") != "running":
+        fail(f"job {job} is {view.get('status')}, not running: a shell needs a running "
+             f"job (watch it with `cosmicac jobs get {job}`)", code=FAILED)
+    found = [r for r in view.get("replicas") or () if r.get("index") == replica]
+    if not found:
+        fail(f"job {job} has no replica {replica}", code=FAILED)
+    agents = found[0].get("agents") or []
+    if not agents:
+        fail(f"replica {replica} of job {job} has no agent yet (it has not said hello); "
+             f"try again in a moment", code=FAILED)
+    try:
+        agent = parse_public_key(agents[0], what="agent key")
+    except P2PError as exc:
+        fail(f"app-node lists a bad agent key for job {job}: {exc}", code=FAILED)
+    if not swarm:
+        return JobTarget(agent, [], [])
+    with _ssh_failure():
+        advert = api.get("/swarm")
+        bootstrap = [a for item in advert.get("bootstrap") or ()
+                     for a in parse_bootstrap(item)]
+        relays = [parse_key(item, what="relay key") for item in advert.get("relays") or ()]
+    if not bootstrap:
+        fail("app-node advertises no DHT bootstrap (its cli_bootstrap or bootstrap "
+             "setting): give --bootstrap HOST:PORT or the agent's --address HOST:PORT",
+             code=FAILED)
+    return JobTarget(agent, bootstrap, relays)
 
 
 class _Plan:

@@ -76,6 +76,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
     from nodes.ork.client import OrkClient
 
     from .api import create_app
+    from .api._swarm import swarm_advert
 
     storage = settings.storage
     keypair = await trio.to_thread.run_sync(load_or_create_keypair, storage)
@@ -106,7 +107,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                                    email=make_sender(settings.email, storage),
                                    limiter=limiter, limits=settings.limits,
                                    public_url=settings.public_url,
-                                   default_image=settings.default_image)
+                                   default_image=settings.default_image,
+                                   swarm=swarm_advert(settings))
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .ratelimit import Limiter, Limits
     from .store import Store
 
-__all__ = ["AppServices", "Lifetimes"]
+__all__ = ["AppServices", "Lifetimes", "SwarmAdvert"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,15 @@ class Lifetimes:
     session: timedelta = timedelta(days=7)
     password_reset: timedelta = timedelta(hours=1)
     invitation: timedelta = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class SwarmAdvert:
+    """How a user's machine joins the swarm (``GET /api/swarm``, for ``cosmicac shell``):
+    DHT bootstrap ``host:port`` and relay keys (hex), from app-node's settings."""
+
+    bootstrap: tuple[str, ...] = ()
+    relays: tuple[str, ...] = ()
 
 
 @dataclass
@@ -49,6 +58,7 @@ class AppServices:
         limiter / limits: the rate limits per token and per IP.
         public_url: the URL users reach (the entry point), for links in emails.
         default_image: the image of a job that names none; None: jobs must name one.
+        swarm: what ``GET /api/swarm`` advertises.
         clock: POSIX seconds (tests pass a fake).
     """
 
@@ -60,5 +70,6 @@ class AppServices:
     limits: Limits
     public_url: str = "http://127.0.0.1:5173"
     default_image: str | None = None
+    swarm: SwarmAdvert = field(default_factory=SwarmAdvert)
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     clock: Callable[[], float] = time.time

@@ -51,6 +51,10 @@ class AppNodeSettings(DaemonSettings):
     #: DHT bootstrap nodes (``host:port``).
     bootstrap: AddressList = ()
     relays: PublicKeyList = ()
+    #: The DHT bootstrap advertised to users' CLIs (``GET /api/swarm``, for
+    #: ``cosmicac shell``) when app-node itself reaches the DHT on an address
+    #: users cannot (an internal network); None: advertise ``bootstrap``.
+    cli_bootstrap: AddressList | None = None
     #: wrk-ork (its public key) and where it listens, tried before the DHT;
     #: without it the job, rack and node routes answer 503.
     ork: PublicKey | None = None

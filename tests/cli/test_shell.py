@@ -3,11 +3,18 @@
 The agent side runs in the test process (a swarm on 127.0.0.1 serving
 :class:`ShellService`); the CLI is a subprocess, its stdin and stdout pipes or a
 PTY the test holds. Real time: every wait is on a condition, bounded.
+
+``cosmicac shell JOB`` runs against a real app-node API (``create_app`` on a
+socket) over a real in-process wrk-ork (the ``ork_api`` fixture of the API
+tests): the job's replica reports its agent's key as a worker would, and the
+agent is a swarm on a real-UDP DHT whose bootstrap app-node advertises at
+``GET /api/swarm``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import struct
@@ -19,8 +26,16 @@ import pytest
 import trio
 
 from agents.instance import ShellService
+from nodes.app_node.api import create_app
+from nodes.app_node.services import SwarmAdvert
+from nodes.control import ReplicaReport
+from p2p.http import serve_asgi
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
+from tests.cli.test_account import cli_env
+from tests.nodes.app_node.api.conftest import CHEAP, Api, bearer, ork_api  # noqa: F401
+from tests.nodes.ork.world import RACK
+from tests.p2p.swarm.helpers import swarm_net
 
 from .helpers import COSMICAC
 
@@ -207,3 +222,112 @@ def unused_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# -- cosmicac shell JOB: the agent found through app-node -------------------------
+
+
+IMAGE = "docker://registry.local/jobs/app:1"
+
+
+async def logged_in(tmp_path, api: Api, nursery) -> tuple[dict[str, str], str]:
+    """Serve ``api`` on a socket, sign up, save the CLI's session; (the CLI's env, token)."""
+    host, port = await nursery.start(lambda task_status: serve_asgi(
+        create_app(api.services, password_params=CHEAP), host="127.0.0.1", port=0,
+        bind_error=lambda h, p, c: c, task_status=task_status))
+    server = f"http://{host}:{port}"
+    token = await api.signup()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "session.json").write_text(json.dumps({
+        "server": server, "token": token, "expires_at": 4e9, "email": "admin@example.com"}))
+    return cli_env(config, server), token
+
+
+async def make_job(api: Api, token: str, kind: str = "container") -> str:
+    body = {"name": kind, "type": kind, "image": IMAGE, "gpus": 1}
+    if kind == "inference":
+        body.update(runtime="vllm", model="demo", replicas=1)
+    r = await api.client.post("/api/jobs", headers=bearer(token), json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def report_active(api: Api, job: str, agents: tuple[str, ...]) -> None:
+    """The worker's report: replica 0 is active with these agents."""
+    world = api.world
+    assert world is not None
+    generation = world.orch.get_job(job).replicas[0].generation
+    world.now += 1
+    world.orch.on_report(RACK, ReplicaReport(job_id=job, replica=0, state="active",
+                                             generation=generation, agents=agents,
+                                             at=world.now), world.now)
+
+
+async def cli(env, *args):
+    with trio.fail_after(LIMIT_S):
+        return await trio.run_process([*COSMICAC, "shell", *args], env=env, stdin=b"",
+                                      capture_stdout=True, capture_stderr=True, check=False)
+
+
+def one_line(result) -> str:
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+async def test_shell_job_reaches_the_agent_app_node_lists_through_the_advertised_dht(
+        tmp_path, ork_api: Api, nursery) -> None:  # noqa: F811
+    api = ork_api
+    env, token = await logged_in(tmp_path, api, nursery)
+    user = load_or_create_keypair(tmp_path / "config" / "user")  # what login registers
+    api.services.store.set_cli_key(api.services.store.get_user_by_email(
+        "admin@example.com").id, user.hex)
+    job = await make_job(api, token)
+    with trio.fail_after(LIMIT_S * 2):
+        async with swarm_net(dht_nodes=3) as net:
+            agent = await net.start(services=[ShellService({user.public_key}.__contains__,
+                                                           shell="/bin/sh")])
+            report_active(api, job, (agent.public_key.hex(),))
+
+            nothing = await cli(env, job, "--", "true")
+            assert nothing.returncode == 255
+            assert "advertises no DHT bootstrap" in one_line(nothing)
+
+            api.services.swarm = SwarmAdvert(
+                bootstrap=tuple(f"{h}:{p}" for h, p in net.bootstrap))
+            result = await cli(env, job, "--", "sh", "-c", "echo hi; exit 3")
+            assert result.stdout == b"hi\n", result.stderr
+            assert result.returncode == 3  # the command's own status
+
+            other = await cli(env, job, "--replica", "1", "--", "true")
+            assert other.returncode == 255 and "no replica 1" in one_line(other)
+
+
+@pytest.mark.slow
+async def test_shell_job_failures_are_one_line_and_exit_255(
+        tmp_path, ork_api: Api, nursery) -> None:  # noqa: F811
+    api = ork_api
+    env, token = await logged_in(tmp_path, api, nursery)
+    queued = await make_job(api, token)
+    model = await make_job(api, token, "inference")
+    report_active(api, model, ("cd" * 32,))
+
+    unknown = await cli(env, "no-such-job", "--", "true")
+    assert unknown.returncode == 255 and "no-such-job" in one_line(unknown)
+    waiting = await cli(env, queued, "--", "true")
+    assert waiting.returncode == 255
+    assert "not running" in one_line(waiting) and f"cosmicac jobs get {queued}" in \
+        one_line(waiting)
+    inference = await cli(env, model, "--", "true")
+    assert inference.returncode == 255 and "inference job" in one_line(inference)
+    report_active(api, queued, ())  # active, but its agent did not say hello yet
+    hello = await cli(env, queued, "--", "true")
+    assert hello.returncode == 255 and "no agent yet" in one_line(hello)
+
+    (tmp_path / "config" / "session.json").unlink()
+    logged_out = await cli(env, queued, "--", "true")
+    assert logged_out.returncode == 255 and "cosmicac login" in one_line(logged_out)
+    usage = await cli(env)
+    assert usage.returncode == 2 and "cosmicac shell JOB" in one_line(usage)
