@@ -43,6 +43,7 @@ ahead of the file: the daemon must stop and reopen (it reloads the file).
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -316,6 +317,29 @@ class Orchestrator(JobBook):
         """Every job (of ``team``), oldest first."""
         return [self._view(job) for job in self._jobs.values()
                 if team is None or job.spec.team == team]
+
+    def jobs_by_id(self, ids: Iterable[str], team: str | None = None) -> list[JobView]:
+        """The jobs of ``ids`` that exist (and are ``team``'s), in the order asked."""
+        found = (self._jobs.get(job_id) for job_id in dict.fromkeys(ids))
+        return [self._view(job) for job in found
+                if job is not None and (team is None or job.spec.team == team)]
+
+    def page_jobs(self, team: str | None = None, *, after: tuple[float, str] | None = None,
+                  limit: int) -> tuple[list[JobView], bool]:
+        """Up to ``limit`` jobs (of ``team``) after ``after``, oldest first by
+        (created_at, id); and whether more follow.
+
+        A cursor of (created_at, id), not a position: it stays right while
+        jobs are created and deleted between pages.
+        """
+        def key(job: JobRecord) -> tuple[float, str]:
+            return (job.created_at, job.id)
+
+        candidates = (job for job in self._jobs.values()
+                      if (team is None or job.spec.team == team)
+                      and (after is None or key(job) > after))
+        page = heapq.nsmallest(limit + 1, candidates, key=key)
+        return [self._view(job) for job in page[:limit]], len(page) > limit
 
     # -- placement --------------------------------------------------------------------
 

@@ -135,9 +135,27 @@ class ReplicaRef(_Model):
     replica: int = Field(ge=0, lt=1024)
 
 
+#: Jobs in one ``jobs.list`` answer: a 1,000-job answer (about 580 KB) was
+#: over what a channel carries; a page of 200 is about 120 KB.
+MAX_LIST_PAGE = 200
+
+
+class JobCursor(_Model):
+    """Where a page of ``jobs.list`` ended: jobs come oldest first, by (created_at, id)."""
+
+    created_at: float
+    id: JobId
+
+
 class ListJobs(_Model):
     #: Only this team's jobs; None: every job.
     team: Team | None = None
+    #: Only these jobs (those that exist, of ``team`` if given), e.g. a page of
+    #: app-node's records; then ``after`` and ``limit`` do not apply.
+    ids: list[JobId] | None = Field(default=None, max_length=MAX_LIST_PAGE)
+    #: The page after this cursor (a previous answer's ``next``).
+    after: JobCursor | None = None
+    limit: int = Field(default=MAX_LIST_PAGE, ge=1, le=MAX_LIST_PAGE)
 
 
 class JobResult(_Model):
@@ -146,6 +164,8 @@ class JobResult(_Model):
 
 class JobList(_Model):
     jobs: list[JobView]
+    #: More jobs follow: ask again with ``after=next``.
+    next: JobCursor | None = None
 
 
 class DeleteResult(_Model):
@@ -357,7 +377,13 @@ class OrkService(RpcService):
         return JobResult(job=self.orch.get_job(params.job_id))
 
     def _list_jobs(self, params: ListJobs) -> JobList:
-        return JobList(jobs=self.orch.list_jobs(params.team))
+        if params.ids is not None:
+            return JobList(jobs=self.orch.jobs_by_id(params.ids, params.team))
+        after = None if params.after is None else (params.after.created_at, params.after.id)
+        jobs, more = self.orch.page_jobs(params.team, after=after, limit=params.limit)
+        last = jobs[-1] if more else None
+        return JobList(jobs=jobs, next=None if last is None else
+                       JobCursor(created_at=last.created_at, id=last.id))
 
     def _restart_job(self, params: JobRef) -> JobResult:
         return JobResult(job=self.orch.restart_job(params.job_id, self._clock()))

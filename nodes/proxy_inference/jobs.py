@@ -115,8 +115,7 @@ class OrkJobSource:
                 nursery.start_soon(self._watch, client, label)
                 while True:
                     try:
-                        jobs = (await client.call(LIST_JOBS, ListJobs(),
-                                                  timeout_s=CALL_TIMEOUT_S)).jobs
+                        jobs = await _every_job(client)
                     except RpcError as exc:
                         if exc.code == "CHANNEL_CLOSED":
                             return
@@ -151,3 +150,21 @@ class OrkJobSource:
                     continue
             self._changed.set()  # LAGGED or ended: read the list again at once
             await trio.sleep(1.0)
+
+
+#: Pages of ``jobs.list`` read in one refresh (200 jobs each): a bound, not a limit
+#: anyone should meet.
+MAX_LIST_PAGES = 1000
+
+
+async def _every_job(client: RpcClient) -> list[JobView]:
+    """Every job wrk-ork has, a page at a time (one answer cannot hold thousands)."""
+    jobs: list[JobView] = []
+    after = None
+    for _ in range(MAX_LIST_PAGES):
+        page = await client.call(LIST_JOBS, ListJobs(after=after), timeout_s=CALL_TIMEOUT_S)
+        jobs.extend(page.jobs)
+        if page.next is None:
+            break
+        after = page.next
+    return jobs

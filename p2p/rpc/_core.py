@@ -289,6 +289,11 @@ class _ServerCall:
         self.cancelled = False
 
 
+def _too_large(what: str, message: bytes, limit: int) -> str:
+    return (f"the {what} is {len(message)} bytes encoded, over the channel's limit of "
+            f"{limit}: ask for less (a page, a filter)")
+
+
 class RpcServerCore:
     """The server side of one RPC channel: admitted calls, cancels, stream credit.
 
@@ -391,14 +396,24 @@ class RpcServerCore:
             raise RpcUsageError("NOT_RUNNING", f"call {rid} is not running")
         return call
 
-    def send_response(self, rid: int, result: dict[str, Any]) -> None:
+    def send_response(self, rid: int, result: dict[str, Any], *,
+                      max_bytes: int | None = None) -> None:
         """Queue the RESPONSE of unary call ``rid`` (nothing if it was cancelled); it ends.
+
+        A response over ``max_bytes`` (what the channel can carry) becomes the
+        error ``RESULT_TOO_LARGE`` for that call alone: sending it would fail,
+        and a failed send ends the channel and every other call on it.
 
         Raises:
             RpcUsageError: ``NOT_RUNNING`` if ``rid`` is not running.
         """
-        if not self._finish(rid).cancelled:
-            self._out.append(_fields((1, rid, result)))
+        if self._finish(rid).cancelled:
+            return
+        message = _fields((1, rid, result))
+        if max_bytes is not None and len(message) > max_bytes:
+            message = _pack(Error(rid, "RESULT_TOO_LARGE", _too_large("result", message,
+                                                                       max_bytes)))
+        self._out.append(message)
 
     def send_error(self, rid: int, code: str, message: str, data: Any = None) -> None:
         """Queue an ERROR ending call or stream ``rid`` (nothing if it was cancelled).
@@ -409,10 +424,13 @@ class RpcServerCore:
         if not self._finish(rid).cancelled:
             self._out.append(_pack(Error(rid, code, message, data)))
 
-    def send_item(self, rid: int, item: dict[str, Any]) -> None:
+    def send_item(self, rid: int, item: dict[str, Any], *,
+                  max_bytes: int | None = None) -> bool:
         """Queue one STREAM_ITEM of stream ``rid``, using one item of credit.
 
-        Dropped (the credit still used) if the client cancelled the stream.
+        Dropped (the credit still used) if the client cancelled the stream. An
+        item over ``max_bytes`` ends the stream with ``RESULT_TOO_LARGE``: then
+        False is returned (send nothing more on it), else True.
 
         Raises:
             RpcUsageError: ``NOT_RUNNING`` if ``rid`` is not a running stream,
@@ -424,8 +442,17 @@ class RpcServerCore:
         if call.credit <= 0:
             raise RpcUsageError("NO_CREDIT", f"stream {rid} has no item credit")
         call.credit -= 1  # also when dropped: the credit rule does not depend on it
-        if not call.cancelled:
-            self._out.append(_fields((5, rid, item)))
+        if call.cancelled:
+            return True
+        message = _fields((5, rid, item))
+        if max_bytes is not None and len(message) > max_bytes:
+            # Ends this stream alone (as send_response does a call).
+            self._finish(rid)
+            self._out.append(_pack(Error(rid, "RESULT_TOO_LARGE", _too_large(
+                "stream item", message, max_bytes))))
+            return False
+        self._out.append(message)
+        return True
 
     def send_end(self, rid: int) -> None:
         """Queue STREAM_END: stream ``rid`` ended normally (nothing if cancelled).

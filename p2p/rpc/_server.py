@@ -339,6 +339,10 @@ class RpcServer:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    def _max_message_bytes(self) -> int | None:
+        """The largest message the channel takes now (None: no known limit)."""
+        return getattr(self._channel, "max_message_bytes", None)
+
     def _error_reply(self, rid: int, exc: Exception, ctx: CallContext) -> None:
         self._calls_failed += 1
         if isinstance(exc, RpcError):
@@ -399,7 +403,8 @@ class RpcServer:
             call.scope = scope
             try:
                 result = await call.handler(call.params, ctx)
-                core.send_response(rid, _dump(call.method.result, result))  # type: ignore[union-attr]
+                core.send_response(rid, _dump(call.method.result, result),  # type: ignore[union-attr]
+                                   max_bytes=self._max_message_bytes())
             except Exception as exc:
                 self._error_reply(rid, exc, ctx)
         except BaseException:
@@ -426,6 +431,7 @@ class RpcServer:
         try:
             with scope:
                 try:
+                    ended = False
                     async with aclosing(call.handler(call.params, ctx)) as items:
                         async for item in items:
                             # Our sends below only checkpoint shielded: let a
@@ -434,12 +440,16 @@ class RpcServer:
                             payload = _dump(item_cls, item)
                             while core.item_credit(rid) <= 0:
                                 await lot.park()
-                            core.send_item(rid, payload)
+                            if not core.send_item(rid, payload,
+                                                  max_bytes=self._max_message_bytes()):
+                                ended = True  # too large: the core ended the stream
+                                break
                             # more=True: queued for the mux writer, never
                             # written from here, so a CANCEL arriving now cannot
                             # cut a write short (that would end the mux).
                             await self._send_out(more=True)
-                    core.send_end(rid)
+                    if not ended:
+                        core.send_end(rid)
                 except Exception as exc:
                     self._error_reply(rid, exc, ctx)
         finally:

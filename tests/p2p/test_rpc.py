@@ -73,6 +73,9 @@ BAD_RESULT = Method("bad_result", params=EchoParams, result=EchoResult)
 MISSING = Method("missing", params=EchoParams, result=EchoResult)
 TICKS = StreamMethod("ticks", params=TickParams, item=Tick)
 TICKS_THEN_FAIL = StreamMethod("ticks_then_fail", params=TickParams, item=Tick)
+#: A result (or stream items) of ``count`` bytes of text.
+BIG = Method("big", params=TickParams, result=EchoResult)
+BIG_ITEMS = StreamMethod("big_items", params=TickParams, item=EchoResult)
 
 
 class Recorder:
@@ -124,7 +127,17 @@ def make_router(rec: Recorder) -> Router:
             yield Tick(n=n)
         raise RpcError("STREAM_BROKE", "gave up")
 
+    async def big(params: TickParams, ctx: CallContext) -> EchoResult:
+        return EchoResult(text="x" * params.count)
+
+    async def big_items(params: TickParams, ctx: CallContext):
+        yield EchoResult(text="small")
+        yield EchoResult(text="x" * params.count)
+        rec.stream_finished.append("big_items")  # never: the stream ended at the big one
+
     router.add(ECHO, echo)
+    router.add(BIG, big)
+    router.add(BIG_ITEMS, big_items)
     router.add(FAIL, fail)
     router.add(CRASH, crash)
     router.add(BAD_RESULT, bad_result)
@@ -155,6 +168,36 @@ async def test_a_call_returns_the_validated_result(nursery, autojump_clock):
             assert result == EchoResult(text="hi")
             # a dict is validated into the params model
             assert await client.call(ECHO, {"text": "dict"}) == EchoResult(text="dict")
+
+
+async def test_a_result_too_large_for_the_channel_fails_that_call_alone(nursery, autojump_clock):
+    # Sending it would fail and end the channel with every call on it (a
+    # 1,000-job listing did that to app-node's only channel to wrk-ork).
+    async with rpc_pair(nursery) as (client, _server, rec):
+        with trio.fail_after(5):
+            slow = trio.Event()
+            answers: list[EchoResult] = []
+
+            async def slow_call() -> None:
+                answers.append(await client.call(ECHO, EchoParams(text="slow", delay_s=1)))
+                slow.set()
+
+            nursery.start_soon(slow_call)
+            await rec.started.wait()
+            with pytest.raises(RpcError) as caught:
+                await client.call(BIG, TickParams(count=4 * 1024 * 1024))
+            assert caught.value.code == "RESULT_TOO_LARGE"
+            assert "ask for less" in caught.value.message
+            await slow.wait()  # the call in flight got its answer
+            assert answers == [EchoResult(text="slow")]
+            items = []
+            with pytest.raises(RpcError) as caught:
+                async with client.stream(BIG_ITEMS, TickParams(count=4 * 1024 * 1024)) as got:
+                    async for item in got:
+                        items.append(item)
+            assert caught.value.code == "RESULT_TOO_LARGE"
+            assert items == [EchoResult(text="small")] and rec.stream_finished == []
+            assert await client.call(ECHO, EchoParams(text="after")) == EchoResult(text="after")
 
 
 async def test_two_hundred_concurrent_calls_all_get_their_own_answers(nursery, autojump_clock):

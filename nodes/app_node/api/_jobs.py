@@ -33,6 +33,7 @@ from nodes.ork.service import (
     DELETE_REPLICA,
     GET_JOB,
     LIST_JOBS,
+    MAX_LIST_PAGE,
     RESTART_JOB,
     RESTART_REPLICA,
     CreateJob,
@@ -159,7 +160,14 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
         raise ApiError(422, "INVALID", "limit: a whole number", "limit")
     page = await ctx.store(ctx.services.store.list_jobs, team, limit=int(limit),
                            cursor=query.get("cursor"))
-    views = {v.id: v for v in (await ork_call(ctx, LIST_JOBS, ListJobs(team=team))).jobs}
+    # Only the page's jobs: the team's whole list cost wrk-ork a view of every
+    # job per request, and past ~900 jobs did not fit in one answer.
+    ids = [record.id for record in page.items]
+    views = {}
+    for start in range(0, len(ids), MAX_LIST_PAGE):
+        answer = await ork_call(ctx, LIST_JOBS,
+                                ListJobs(team=team, ids=ids[start:start + MAX_LIST_PAGE]))
+        views.update((view.id, view) for view in answer.jobs)
     jobs = []
     for record in page.items:
         view = views.get(record.id)

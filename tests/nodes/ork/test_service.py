@@ -110,11 +110,42 @@ async def test_jobs_are_created_read_listed_restarted_and_deleted(nursery, autoj
             listed = (await client.call(LIST_JOBS, ListJobs(team="team-a"))).jobs
             assert [j.id for j in listed] == [created.id]
             assert (await client.call(LIST_JOBS, ListJobs(team="team-z"))).jobs == []
+            assert harness.changes == 1  # reads change nothing and wake nobody
             harness.report(created.id, 0, "active")
             restarted = (await client.call(RESTART_JOB, JobRef(job_id=created.id))).job
             assert restarted.status is J.RESTARTING
             deleted = (await client.call(DELETE_JOB, JobRef(job_id=created.id))).job
             assert deleted is not None and deleted.status is J.DELETING
+
+
+async def test_jobs_list_pages_by_cursor_and_answers_ids(nursery, autojump_clock):
+    harness = Harness()
+    async with connect(nursery, harness) as client:
+        with trio.fail_after(10):
+            made = []
+            for _ in range(5):
+                harness.world.now += 1
+                made.append((await client.call(CREATE_JOB, CreateJob(
+                    spec=container(gpus=1)))).job.id)
+            seen, after, pages = [], None, 0
+            while True:
+                page = await client.call(LIST_JOBS, ListJobs(after=after, limit=2))
+                seen += [job.id for job in page.jobs]
+                pages += 1
+                if page.next is None:
+                    break
+                after = page.next
+                # A job deleted between pages does not move the cursor.
+                if pages == 1:
+                    await client.call(DELETE_JOB, JobRef(job_id=made[0]))
+            assert seen == made and pages == 3
+            picked = await client.call(LIST_JOBS, ListJobs(ids=[made[3], "j-nope", made[1]]))
+            assert [job.id for job in picked.jobs] == [made[3], made[1]] and picked.next is None
+            other = await client.call(LIST_JOBS, ListJobs(team="team-z", ids=[made[3]]))
+            assert other.jobs == []
+            with pytest.raises(RpcError) as caught:
+                await client.call(LIST_JOBS, {"limit": 10_000})
+            assert caught.value.code == "BAD_PARAMS"
 
 
 async def test_a_pending_job_is_gone_at_once_on_delete(nursery, autojump_clock):
