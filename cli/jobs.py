@@ -134,7 +134,7 @@ def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
 
 
 def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | None,
-                 gpus: int, replicas: int | None, runtime: str | None, model: str | None,
+                 gpus: int | None, replicas: int | None, runtime: str | None, model: str | None,
                  served_name: str | None, location: str | None,
                  team: str | None) -> dict[str, Any]:
     """The POST /api/jobs body; one usage line (exit 2) for what is missing or unknown.
@@ -149,9 +149,9 @@ def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | 
              "--type is required: container or inference", code=USAGE)
     if runtime is not None and runtime not in _RUNTIMES:
         fail(f"--runtime takes vllm, parakeet or local, not {runtime!r}", code=USAGE)
-    body: dict[str, Any] = {"name": name, "type": type_, "gpus": gpus}
-    optional = {"image": image, "replicas": replicas, "runtime": runtime, "model": model,
-                "served_name": served_name, "location": location}
+    body: dict[str, Any] = {"name": name, "type": type_}
+    optional = {"image": image, "gpus": gpus, "replicas": replicas, "runtime": runtime,
+                "model": model, "served_name": served_name, "location": location}
     body.update({key: value for key, value in optional.items() if value is not None})
     if team:
         body["team_id"] = resolve_team(api, team)["id"]
@@ -166,9 +166,11 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
            image: str | None = typer.Option(
                None, "--image", help="Registry image, docker://host[:port]/repo[:tag]; "
                                      "default: the deployment's default_image, if set."),
-           gpus: int = typer.Option(1, "--gpus", help="GPUs per replica."),
-           replicas: int | None = typer.Option(None, "--replicas",
-                                               help="Replicas (inference jobs; default 1)."),
+           gpus: int | None = typer.Option(
+               None, "--gpus", help="GPUs per replica; default: the model master's, else 1."),
+           replicas: int | None = typer.Option(
+               None, "--replicas", help="Replicas (inference jobs); default: the model "
+                                        "master's, else 1."),
            runtime: str | None = typer.Option(None, "--runtime",
                                               help="vllm, parakeet or local (inference)."),
            model: str | None = typer.Option(None, "--model",

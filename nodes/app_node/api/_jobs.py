@@ -115,7 +115,7 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
             if getattr(body, name) is not None:
                 raise ApiError(422, "INVALID", f"{name}: a container job takes none "
                                "(only inference jobs run a model)", name)
-        if body.replicas != 1:
+        if body.replicas not in (None, 1):
             raise ApiError(422, "INVALID", "replicas: a container job has exactly one",
                            "replicas")
     else:
@@ -123,13 +123,28 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
             if getattr(body, name) is None:
                 raise ApiError(422, "INVALID", f"{name}: an inference job needs one", name)
     data = body.model_dump(exclude={"team_id"}, exclude_none=True)
+    data.setdefault("gpus", 1)
     data.update(team=team, authorized_keys=keys)
     return validate(JobSpec, data)
 
 
+async def _with_model_defaults(ctx: Ctx, body: JobIn) -> JobIn:
+    """An inference job of a model that has a master takes the master's runtime
+    and defaults for what it leaves out (the request's own values win)."""
+    if body.type is not JobType.INFERENCE or body.model is None:
+        return body
+    master = await ctx.services.database.model_master(body.model)
+    if master is None:
+        return body
+    given = body.model_dump(exclude_none=True)
+    fill = {"runtime": master.runtime, **master.defaults}
+    return validate(JobIn, {**{k: v for k, v in fill.items() if k in JobIn.model_fields},
+                            **given})
+
+
 async def create_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
-    body = await ctx.body(request, JobIn)
+    body = await _with_model_defaults(ctx, await ctx.body(request, JobIn))
     team = team_of(session, body.team_id)
     await ctx.require_role(session, team, Role.MEMBER)
     keys: tuple[str, ...] = ()

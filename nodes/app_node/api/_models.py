@@ -234,17 +234,22 @@ def user_out(user: User) -> UserOut:
 
 
 class JobIn(_In):
-    """A job to create; without ``image``, the deployment's ``default_image`` (if set)."""
+    """A job to create.
+
+    What an inference job leaves out comes from its model's master (``runtime``,
+    ``gpus``, ``replicas``, ``image``, ``served_name``, ``location``), then: the
+    deployment's ``default_image``, 1 GPU, 1 replica, location ``default``.
+    """
 
     name: str = Field(min_length=1, max_length=100)
     type: JobType
     image: str | None = Field(default=None, max_length=512)
-    gpus: int
-    replicas: int = 1
+    gpus: int | None = None
+    replicas: int | None = None
     runtime: Runtime | None = None
     model: str | None = None
     served_name: str | None = None
-    location: str = "default"
+    location: str | None = None
     #: The team the job runs for; the caller's active team if absent.
     team_id: str | None = Field(default=None, max_length=64)
 

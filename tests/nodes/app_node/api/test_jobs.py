@@ -245,3 +245,28 @@ def test_default_image_must_be_a_registry_image(tmp_path) -> None:
 
     with pytest.raises(ValidationError, match="not a registry image"):
         AppNodeSettings(storage=tmp_path, default_image="nginx")
+
+
+async def test_an_inference_job_takes_what_it_leaves_out_from_its_model_master(
+        ork_api: Api) -> None:
+    owner = await ork_api.signup()
+    r = await ork_api.client.post("/api/models", headers=bearer(owner), json={
+        "name": "llama-8b", "runtime": "vllm",
+        "defaults": {"gpus": 2, "replicas": 2, "served_name": "llama"}})
+    assert r.status_code == 201, r.text
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "m", "type": "inference", "model": "llama-8b", "image": IMAGE})
+    assert r.status_code == 201, r.text
+    spec = r.json()["spec"]
+    assert (spec["runtime"], spec["gpus"], spec["replicas"], spec["served_name"]) == \
+        ("vllm", 2, 2, "llama")
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "n", "type": "inference", "model": "llama-8b", "image": IMAGE, "gpus": 1,
+        "replicas": 1, "served_name": "mine"})
+    assert r.status_code == 201, r.text
+    spec = r.json()["spec"]
+    assert (spec["gpus"], spec["replicas"], spec["served_name"]) == (1, 1, "mine")
+    # No master, no runtime: still the runtime's 422.
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "o", "type": "inference", "model": "unknown", "image": IMAGE})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "runtime"
