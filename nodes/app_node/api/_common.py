@@ -66,7 +66,10 @@ def forbidden(message: str) -> ApiError:
 def ok(model: BaseModel | None = None, status: int = 200) -> Response:
     if model is None:
         return Response(status_code=204)
-    return JSONResponse(model.model_dump(mode="json"), status_code=status)
+    # pydantic's own serialiser: a page of jobs through model_dump and json.dumps
+    # was a fifth of a listing's CPU.
+    return Response(model.model_dump_json(), status_code=status,
+                    media_type="application/json")
 
 
 @dataclass(frozen=True)
