@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import sys
+from urllib.parse import quote
 
 import typer
 
@@ -19,6 +20,7 @@ from ._console import err, fail
 from .session import (
     EXIT_CODES_HELP,
     NOT_LOGGED_IN,
+    UNREACHABLE,
     USAGE,
     Api,
     SavedSession,
@@ -77,7 +79,8 @@ def login(
 
 
 def logout(server: str | None = server_option()) -> None:
-    """Revoke the session on the server and forget it here.
+    """Revoke the session on the server and forget it here, with the API key the
+    CLI made for itself (`cosmicac inference`).
 
     Example: cosmicac logout
     """
@@ -85,8 +88,10 @@ def logout(server: str | None = server_option()) -> None:
     if session is None:
         err.print("not logged in")
         return
+    api = Api(server_url(server, session), session.token)
+    _revoke_cli_key(api)
     try:
-        Api(server_url(server, session), session.token).request("POST", "/auth/logout")
+        api.request("POST", "/auth/logout")
     except typer.Exit as exit_:
         # An expired or revoked session is as good as revoked; when the server is
         # unreachable the token still works there, so it is kept for another try.
@@ -94,6 +99,26 @@ def logout(server: str | None = server_option()) -> None:
             raise
     delete_session()
     err.print("logged out")
+
+
+def _revoke_cli_key(api: Api) -> None:
+    """Revoke the inference key the CLI made for itself: logging out cuts this
+    machine off, and that key would otherwise go on working."""
+    from .inference import cli_key_id, forget_cli_key
+
+    key_id = cli_key_id(api.server)
+    if key_id is None:
+        return
+    try:
+        api.request("DELETE", f"/apikeys/{quote(key_id, safe='')}")
+    except typer.Exit as exit_:
+        if exit_.exit_code == UNREACHABLE:
+            raise  # nothing forgotten: run logout again when the server answers
+        if exit_.exit_code == NOT_LOGGED_IN:
+            err.print(f"the CLI's API key {key_id} could not be revoked (the session "
+                      f"expired): log in and run `cosmicac apikeys revoke {key_id}`")
+        # REFUSED: revoked or removed already.
+    forget_cli_key(api.server)
 
 
 def whoami(server: str | None = server_option(), output: str = output_option()) -> None:

@@ -77,7 +77,8 @@ from .session import (
     server_url,
 )
 
-__all__ = ["FRESH_KEY_WAIT_S", "KEY_FILE", "ProxyError", "app", "sse_data"]
+__all__ = ["FRESH_KEY_WAIT_S", "KEY_FILE", "ProxyError", "app", "cli_key_id", "forget_cli_key",
+           "sse_data"]
 
 KEY_FILE = "inference-key.json"
 #: How long a key the CLI just created may be refused before it is believed:
@@ -150,6 +151,19 @@ def _write_keys(keys: _KeyFile) -> None:
         file.write(keys.model_dump_json())
     os.chmod(temp, 0o600)
     os.replace(temp, path)
+
+
+def cli_key_id(server: str) -> str | None:
+    """The id of the key the CLI made for itself on ``server``, if it keeps one."""
+    saved = _read_keys().keys.get(server)
+    return None if saved is None else saved.id
+
+
+def forget_cli_key(server: str) -> None:
+    """Drop the CLI's own key for ``server`` from the key file (logout)."""
+    keys = _read_keys()
+    if keys.keys.pop(server, None) is not None:
+        _write_keys(keys)
 
 
 @dataclass

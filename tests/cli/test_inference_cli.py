@@ -407,3 +407,10 @@ async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Se
         assert given.returncode == 1
         assert "revoked" in one_error_line(given)
         assert json.loads(path.read_text())["keys"][entry.url]["id"] == new["id"]
+
+        # Logging out revokes the CLI's own key and forgets it.
+        logout = await trio.run_process([*COSMICAC, "logout"], env=env, capture_stderr=True,
+                                        check=False)
+        assert logout.returncode == 0, logout.stderr
+        assert json.loads(path.read_text())["keys"] == {}
+        assert (await db.api_key(new["id"])).revoked
