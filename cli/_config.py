@@ -7,9 +7,10 @@ command about half a second.)
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["config_dir"]
+__all__ = ["config_dir", "write_private"]
 
 
 def config_dir(option: Path | None) -> Path:
@@ -22,3 +23,23 @@ def config_dir(option: Path | None) -> Path:
         return Path(env)
     base = os.environ.get("XDG_CONFIG_HOME")
     return (Path(base) if base else Path.home() / ".config") / "cosmicac"
+
+
+def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``path`` atomically, readable by its owner alone (the default mode):
+    sessions, API keys, passwords and daemon configs go through here.
+
+    The temporary file is created 0600, so the secret is never readable by
+    others even for a moment; a crash leaves the old file whole.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
+                                     prefix=f".{path.name}.") as tmp:
+        tmp.write(text)
+        tmp.flush()
+        os.fsync(tmp.fileno())
+    try:
+        os.chmod(tmp.name, mode)
+        os.replace(tmp.name, path)
+    finally:
+        Path(tmp.name).unlink(missing_ok=True)

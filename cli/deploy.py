@@ -29,11 +29,9 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +40,7 @@ import typer
 from pydantic import BaseModel, Field, ValidationError
 
 from ._args import port_option
+from ._config import write_private
 from ._console import fail, out
 from .up import (
     APP,
@@ -97,21 +96,6 @@ class Deployment(BaseModel):
 # -- files -----------------------------------------------------------------------------
 
 
-def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write ``path`` atomically, mode 0600 (as ``apply-config`` installs a config)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
-                                     prefix=f".{path.name}.") as tmp:
-        tmp.write(text)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    try:
-        os.chmod(tmp.name, mode)
-        os.replace(tmp.name, path)
-    finally:
-        Path(tmp.name).unlink(missing_ok=True)
-
-
 def _env_line(key: str) -> re.Pattern[str]:
     return re.compile(rf"^\s*(export\s+)?{re.escape(key)}\s*=(.*)$")
 
@@ -142,7 +126,7 @@ def update_env(path: Path, values: dict[str, str], *, replace: bool, header: str
         lines[found[-1] - (len(found) - 1)] = f"{key}={value}"
         changed = True
     if changed or not path.exists():
-        _write_private(path, "\n".join(lines) + "\n")
+        write_private(path, "\n".join(lines) + "\n")
         return "written"
     return "kept" if kept else "unchanged"
 
@@ -271,7 +255,7 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
     existed = folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     out.print(f"deployment {folder} ({'exists' if existed else 'created'})")
-    _write_private(folder / "deployment.json", plan.model_dump_json(indent=2) + "\n")
+    write_private(folder / "deployment.json", plan.model_dump_json(indent=2) + "\n")
     try:  # a service moved to its host may have left only its public key here
         known = json.loads((folder / "keys.json").read_text())
     except (OSError, ValueError):
@@ -285,7 +269,7 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
         else:
             keys[name], state = load_or_create_keypair(folder / name).hex, "created"
         out.print(f"identity   {name:<22} {keys[name]}  {state}")
-    _write_private(folder / "keys.json", json.dumps(keys, indent=2) + "\n", 0o644)
+    write_private(folder / "keys.json", json.dumps(keys, indent=2) + "\n", 0o644)
 
     ports = Ports.from_base(plan.base_port)
     worker: dict | None = None if plan.backend == "local" else {  # None: up's 2 x 8 GPUs
@@ -308,7 +292,7 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
             elif not rewrite:
                 state = "kept (differs from bootstrap's; --rewrite-configs replaces it)"
         if state == "written":
-            _write_private(path, text)
+            write_private(path, text)
         out.print(f"config     {name:<22} {path}  {state}")
     for name in SERVICES:
         path = folder / "env" / f"{name}.env"

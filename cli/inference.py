@@ -61,7 +61,7 @@ import httpx
 import typer
 from pydantic import BaseModel, ValidationError
 
-from ._config import config_dir
+from ._config import config_dir, write_private
 from ._console import err, fail, print_json
 from .session import (
     NOT_LOGGED_IN,
@@ -142,15 +142,7 @@ def _read_keys() -> _KeyFile:
 
 
 def _write_keys(keys: _KeyFile) -> None:
-    """Atomically, mode 0600 (it holds secrets), as ``save_session`` writes."""
-    path = _key_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{KEY_FILE}.{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(keys.model_dump_json())
-    os.chmod(temp, 0o600)
-    os.replace(temp, path)
+    write_private(_key_path(), keys.model_dump_json())
 
 
 def cli_key_id(server: str) -> str | None:

@@ -14,7 +14,6 @@ command's ``--help``): 0 done, 1 refused or not found, 2 usage or validation,
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from ._config import config_dir
+from ._config import config_dir, write_private
 from ._console import fail, print_json
 
 __all__ = [
@@ -78,14 +77,7 @@ def load_session() -> SavedSession | None:
 
 def save_session(session: SavedSession) -> None:
     """Write ``session.json`` atomically with mode 0600 (it holds a bearer token)."""
-    path = session_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{SESSION_FILE}.{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(session.model_dump_json())
-    os.chmod(temp, 0o600)
-    os.replace(temp, path)
+    write_private(session_path(), session.model_dump_json())
 
 
 def delete_session() -> None:

@@ -41,6 +41,7 @@ import trio
 import typer
 
 from ._args import config_option, port_option
+from ._config import write_private
 from ._console import err, fail
 from ._supervisor import ServiceSpec, StartFailed, Supervisor
 
@@ -339,10 +340,7 @@ async def _credentials(storage: Path, ports: Ports) -> None:
     else:
         # Abandoned on Ctrl-C: the stop must not wait out an HTTP timeout.
         creds = await trio.to_thread.run_sync(_sign_up, ports, abandon_on_cancel=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as file:
-            json.dump(creds, file, indent=2)
-            file.write("\n")
+        write_private(path, json.dumps(creds, indent=2) + "\n")
         first = True
     cli_session = await trio.to_thread.run_sync(_log_cli_in, creds, abandon_on_cancel=True)
     print(f"cosmicac is up at {creds['url']} ({'created' if first else 'from'} {path})",

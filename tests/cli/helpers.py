@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import random
 import re
+import signal
+import socket
 import subprocess
 import sys
 import weakref
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -47,3 +52,58 @@ async def process(*args, stdout=subprocess.DEVNULL, env=None):
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+#: What ``cosmicac up`` prints once everything runs.
+UP = re.compile(r"cosmicac is up at (\S+)")
+
+
+def free_base_port() -> int:
+    """A base port whose 21 ports are free (TCP and UDP), off the real defaults."""
+    for _ in range(50):
+        base = random.randrange(20000, 40000)
+        try:
+            for port in range(base, base + 21):
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    with socket.socket(socket.AF_INET, kind) as sock:
+                        sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
+def pids_using(path: Path) -> list[int]:
+    """Processes whose command line names ``path`` (the storage): up's children."""
+    found = []
+    needle = str(path).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@asynccontextmanager
+async def running_up(storage: Path, base: int, env: dict[str, str] | None = None):
+    """``cosmicac up`` on ``storage`` (stdout and stderr piped); on the way out it
+    and every process naming ``storage`` are killed, so a failed test leaves none."""
+    proc = await trio.lowlevel.open_process(
+        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in pids_using(storage):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass

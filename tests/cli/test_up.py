@@ -2,11 +2,7 @@
 
 import json
 import os
-import random
-import re
 import signal
-import socket
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -15,40 +11,7 @@ import trio
 
 from cli.up import MARKER, Ports
 
-from .helpers import COSMICAC, read_until
-
-UP = re.compile(r"cosmicac is up at (\S+)")
-
-
-def _free_base() -> int:
-    """A base port whose 21 ports are free (TCP and UDP), off the real defaults."""
-    for _ in range(50):
-        base = random.randrange(20000, 40000)
-        try:
-            for port in range(base, base + 21):
-                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
-                    with socket.socket(socket.AF_INET, kind) as sock:
-                        sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
-
-
-def _pids_using(path: Path) -> list[int]:
-    """Processes whose command line names ``path`` (the storage): up's children."""
-    found = []
-    needle = str(path).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if needle in cmdline:
-            found.append(int(entry.name))
-    return found
+from .helpers import COSMICAC, UP, free_base_port, pids_using, read_until, running_up
 
 
 def test_ports_shift_together_and_keep_5173_at_the_default():
@@ -73,11 +36,8 @@ def test_reset_refuses_a_folder_up_did_not_make(tmp_path):
 @pytest.mark.slow
 async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(tmp_path):
     storage = tmp_path / "up"
-    base = _free_base()
-    process = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    base = free_base_port()
+    async with running_up(storage, base) as process:
         with trio.fail_after(120):
             match = await read_until(process.stdout, UP)
         url = match[1]
@@ -95,7 +55,7 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         models = await trio.to_thread.run_sync(
             lambda: get("/inference/v1/models", authorization=f"Bearer {creds['api_key']}"))
         assert models.status_code == 200, models.text
-        assert _pids_using(storage)  # the children name their configs under storage
+        assert pids_using(storage)  # the children name their configs under storage
         # The local CLI is logged in at once (its config folder is this test's).
         who = await trio.run_process([*COSMICAC, "whoami", "-o", "json"], capture_stdout=True,
                                      capture_stderr=True, check=False)
@@ -108,16 +68,7 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         process.send_signal(signal.SIGINT)
         with trio.fail_after(15):
             assert await process.wait() == 0
-        assert _pids_using(storage) == []
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        for pid in _pids_using(storage):  # never leave a failed run's children behind
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        assert pids_using(storage) == []
 
 
 @pytest.mark.slow
@@ -134,15 +85,12 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
     from ..p2p.helpers import wait_until
 
     storage = tmp_path / "up"
-    base = _free_base()
+    base = free_base_port()
     me = KeyPair.generate()
     clients = [load_or_create_keypair(storage / name).hex
                for name in ("app-node", "proxy-inference")] + [me.hex]
-    process = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=dict(os.environ, COSMICAC_ORK__CLIENTS=",".join(clients)))
-    try:
+    async with running_up(storage, base,
+                          dict(os.environ, COSMICAC_ORK__CLIENTS=",".join(clients))) as process:
         with trio.fail_after(120):
             await read_until(process.stdout, UP)
             ork = load_or_create_keypair(storage / "wrk-ork").public_key
@@ -157,7 +105,7 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
             await wait_until(lambda: list(vmis.glob("*/process.json")), limit_s=60,
                              step_s=0.2)
         agents = [json.loads(path.read_text())["pid"] for path in vmis.glob("*/process.json")]
-        assert all(pid in _pids_using(storage) for pid in agents)
+        assert all(pid in pids_using(storage) for pid in agents)
 
         process.send_signal(signal.SIGINT)
         with trio.fail_after(15):
@@ -166,13 +114,4 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
             while chunk := await process.stderr.receive_some():
                 said += chunk
         assert f"stopped {len(agents)} agent processes".encode() in said  # by up, not the worker
-        assert _pids_using(storage) == []
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        for pid in _pids_using(storage):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        assert pids_using(storage) == []

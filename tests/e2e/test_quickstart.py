@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ..cli.helpers import COSMICAC, read_until
-from ..cli.test_up import UP, _free_base, _pids_using
+from ..cli.helpers import COSMICAC, UP, free_base_port, pids_using, read_until, running_up
 
 pytestmark = pytest.mark.slow
 
@@ -71,13 +70,10 @@ async def _usage_once_replicated(cli: Cli, key_id: str, want_total: int) -> list
 
 async def test_quickstart_through_the_cli(tmp_path: Path) -> None:
     storage = tmp_path / "up"
-    base = _free_base()
+    base = free_base_port()
     env = dict(os.environ, COSMICAC_CONFIG_DIR=str(tmp_path / "config"))
     env.pop("COSMICAC_SERVER", None)
-    process = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
+    async with running_up(storage, base, env) as process:
         with trio.fail_after(120):
             url = (await read_until(process.stdout, UP))[1]
         creds = json.loads((storage / "credentials.json").read_text())
@@ -127,13 +123,4 @@ async def test_quickstart_through_the_cli(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         with trio.fail_after(20):
             assert await process.wait() == 0
-        assert _pids_using(storage) == []
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        for pid in _pids_using(storage):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        assert pids_using(storage) == []
