@@ -79,8 +79,9 @@ def login(
 
 
 def logout(server: str | None = server_option()) -> None:
-    """Revoke the session on the server and forget it here, with the API key the
-    CLI made for itself (`cosmicac inference`).
+    """Revoke the session on the server and forget it here.
+
+    The API key the CLI made for itself (`cosmicac inference`) is revoked too.
 
     Example: cosmicac logout
     """

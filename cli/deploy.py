@@ -360,6 +360,8 @@ def wire(
     The key is app-node's public key (app-node creates the database); the file is
     <dir>/env/proxy-inference.env, the unit's EnvironmentFile (it wins over the
     config's `database`). Safe to run again. Restart proxy-inference if it changed.
+
+    Example: cosmicac wire --dir /var/lib/cosmicac && cosmicac restart proxy-inference
     """
     from ._args import parse_key
 
@@ -433,6 +435,8 @@ def autobase_connect(
     it on app-node's host, as its user. Safe to run again ("already a writer").
 
     Exit 3 when app-node is not running yet: start the services, then run it again.
+
+    Example: sudo -u cosmicac cosmicac autobase-connect --dir /var/lib/cosmicac
     """
     from ._args import parse_key
 

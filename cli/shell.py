@@ -115,6 +115,8 @@ def shell(
 ) -> None:
     """Open a shell on a GPU Container Job's agent, or run one command there.
 
+    Examples:
+
     \b
       cosmicac shell JOB
       cosmicac shell JOB -- nvidia-smi -L

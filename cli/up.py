@@ -206,9 +206,18 @@ def up(
     metrics_host: str | None = typer.Option(None, "--metrics-host", help="--node-only."),
     db_allow: list[str] | None = typer.Option(None, "--db-allow", help="--node-only."),
 ) -> None:
-    """Run the whole system on this machine until Ctrl-C: DHT bootstrap, relay,
-    app-node, wrk-ork, a local GPU worker, proxy-inference and the entry point on
-    http://127.0.0.1:5173. The first start creates an admin and an API key."""
+    """Run the whole system on this machine until Ctrl-C.
+
+    DHT bootstrap, relay, app-node, wrk-ork, a local GPU worker (2 simulated
+    nodes of 8 GPUs), proxy-inference and the entry point on
+    http://127.0.0.1:5173, each its own process, restarted if it exits. The first
+    start creates an admin and an API key (in <storage>/credentials.json); every
+    start logs this machine's CLI in.
+
+    Example: cosmicac up --storage .cosmicac
+
+    Example: cosmicac up --reset --base-port 30000 --no-table
+    """
     node_options = (config, host, port, log_level, metrics_port, metrics_host, db_allow)
     node_env = any(name.startswith(_NODE_ENV_PREFIX) or name in _NODE_LEGACY_ENV
                    for name in os.environ)
