@@ -201,15 +201,22 @@ async def _announce_admission(db) -> None:
     print(f"Admitted as a writer of {format_key(db.bootstrap)}", flush=True)
 
 
+def _identity_option() -> Path | None:
+    return typer.Option(None, "--identity", help="The folder of the replica's identity, if "
+                                                 "not --storage (app-node's: its storage, "
+                                                 "with the database in <storage>/db).")
+
+
 @app.command("add-writer")
 def add_writer_command(
     key: str = typer.Argument(..., help="Public key (64 hex) of the replica to admit."),
     storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE",
                                  help="Storage folder of an admin replica."),
     admin: bool = typer.Option(False, "--admin", help="Let it add and remove writers too."),
+    identity: Path | None = _identity_option(),
 ) -> None:
     """Admit a replica as a writer (what `task autobase-connect` does), as an admin replica."""
-    _change_writer(storage, "add_writer", key, admin)
+    _change_writer(storage, "add_writer", key, admin, identity)
 
 
 @app.command("remove-writer")
@@ -217,15 +224,18 @@ def remove_writer_command(
     key: str = typer.Argument(..., help="Public key (64 hex) of the writer to remove."),
     storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE",
                                  help="Storage folder of an admin replica."),
+    identity: Path | None = _identity_option(),
 ) -> None:
     """Remove a writer: only the entries this replica has of it go on counting, everywhere."""
-    _change_writer(storage, "remove_writer", key, False)
+    _change_writer(storage, "remove_writer", key, False, identity)
 
 
-def _change_writer(storage: Path, action: str, key: str, admin: bool) -> None:
+def _change_writer(storage: Path, action: str, key: str, admin: bool,
+                   identity: Path | None) -> None:
     writer = parse_key(key, what="writer key")
     try:
-        result = trio.run(functools.partial(change_writer, storage, action, writer, admin=admin))
+        result = trio.run(functools.partial(change_writer, storage, action, writer, admin=admin,
+                                            identity=identity))
     except CrdtError as exc:
         fail(f"{exc.code}: {exc.message}")
     if result.status == "added":

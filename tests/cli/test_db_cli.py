@@ -246,3 +246,17 @@ async def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_lis
     assert err.strip().splitlines()[-1] == (
         f"error: cannot use {tmp_path / 'db' / 'logs'}: Not a directory")
     assert "cannot listen" not in err and "Traceback" not in err
+
+
+async def test_add_writer_takes_the_identity_from_another_folder(tmp_path):
+    # app-node keeps its identity in its storage and the database in <storage>/db.
+    seed_creator(tmp_path / "app")
+    (tmp_path / "id").mkdir()
+    (tmp_path / "app" / "identity").rename(tmp_path / "id" / "identity")
+    other = load_or_create_keypair(tmp_path / "other").hex
+    storage = ("--storage", str(tmp_path / "app"))
+    code, _, err = await cosmicac("db", "add-writer", other, *storage)
+    assert code == 1 and "no usable identity" in err
+    code, out, _ = await cosmicac("db", "add-writer", other, *storage,
+                                  "--identity", str(tmp_path / "id"))
+    assert code == 0 and f"added {other} as a writer" in out
