@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any, NoReturn
 
-import trio
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -55,6 +54,8 @@ def first_leaf(group: BaseException) -> Any:
 def run_trio(async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
     """``trio.run`` for commands: a :func:`fail` from inside a nursery exits
     cleanly with its code, not with an exception-group traceback."""
+    import trio  # here: the API commands never need it, and it costs ~0.2 s to import
+
     try:
         trio.run(async_fn, *args)
     except BaseExceptionGroup as group:
