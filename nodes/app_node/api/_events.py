@@ -89,8 +89,13 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, produce: Produce, finally_: ExitStack) -> None:
-        super().__init__(status_code=200, media_type=self.media_type, headers={
-            "cache-control": "no-cache", "x-accel-buffering": "no"})
+        # Not Response.__init__: it would add ``content-length: 0`` for the empty body.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache"),
+                            # nginx-style proxies: pass each event on at once
+                            (b"x-accel-buffering", b"no")]
         self._produce, self._finally = produce, finally_
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
