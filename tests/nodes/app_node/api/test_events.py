@@ -177,6 +177,11 @@ async def test_the_team_stream(ork_api: Api) -> None:
             hub.resync()  # a new watch of wrk-ork: changes may have been missed
             assert (await stream.next()) == ("lagged", {"team": job["team"]})
             assert await stream.ended()
+            # A client that goes away ends its stream (and its subscription).
+            async with events(client, "/jobs/events", owner) as stream:
+                assert (await stream.next())[0] == "ready"
+                assert hub.subscribers == 1
+        await wait_until(lambda: hub.subscribers == 0)
 
 
 def test_openapi_lists_the_streams() -> None:
