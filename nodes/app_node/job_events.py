@@ -11,7 +11,8 @@ wrk-ork streams every job status change on ``jobs.watch`` (a
 (``api/_events.py``), however many clients follow them.
 
 Nothing here ever waits for a slow reader. Each subscriber has a bounded queue
-(``capacity`` items); :meth:`JobHub.publish` puts without waiting, and a
+(``capacity`` items, plus the one a reader already waiting takes at once);
+:meth:`JobHub.publish` puts without waiting, and a
 subscriber whose queue is full is dropped: its queue is closed and
 :attr:`Subscription.lagged` set, so its stream says ``lagged`` and ends (the
 client re-reads and subscribes again). The hub holds at most ``max_subscribers``
