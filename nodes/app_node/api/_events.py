@@ -25,7 +25,10 @@ gone`` (``{id, team}``) per removed job, keep-alives, and ``event: lagged`` then
 the end when it fell behind or app-node's watch of wrk-ork restarted (changes
 may have been missed: list again and subscribe again).
 
-A stream ends when the client disconnects. The rate limiter counts the
+A stream ends when the client disconnects. Who may follow is checked when it
+starts (a member who leaves the team keeps an open stream until it ends). An
+error after the answer began (the store failing) ends the stream, logged. The
+rate limiter counts the
 connection as one request (it is asked once, before the route runs; a long
 answer costs nothing more); app-node holds at most ``JobHub.max_subscribers``
 streams (503 ``too_many_streams`` beyond). Without wrk-ork (or its watch) the
@@ -35,6 +38,7 @@ routes answer 503 ``ork_unavailable``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import ExitStack
 from typing import Any
@@ -56,6 +60,8 @@ from ._models import JobOut
 from ._spec import RouteSpec
 
 __all__ = ["KEEPALIVE_S", "ROUTES", "EventStream", "JobStatusOut", "sse"]
+
+_log = logging.getLogger(__name__)
 
 #: Seconds of silence before a keep-alive comment.
 KEEPALIVE_S = 15.0
@@ -117,7 +123,10 @@ class EventStream(Response):
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(until_disconnect)
-                await self._produce(write)
+                try:
+                    await self._produce(write)
+                except Exception:  # the status is sent: all that is left is to end
+                    _log.exception("%s: the event stream failed", scope.get("path"))
                 nursery.cancel_scope.cancel()
             if not gone:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
