@@ -1,21 +1,30 @@
-"""``--wait`` for job commands: poll ``GET /api/jobs/{id}`` until the job is running
-(or gone), showing progress on stderr, never on stdout.
+"""``--wait`` for job commands: follow the job's events (``GET /api/jobs/{id}/events``,
+server-sent events), or poll ``GET /api/jobs/{id}`` where the server does not offer
+them, until the job is running (or gone), showing progress on stderr, never on stdout.
 
 stdout stays what the command printed (a job id, a JSON document) so that
 ``JOB=$(cosmicac jobs create ... --wait)`` works; progress goes to stderr: a live
 status line (job status, each replica's status and message, elapsed) when stderr
 is a terminal, else one line per change, which reads well in CI logs.
 
-The decisions are a small pure core (:func:`judge`, :func:`summary`) and a thin
-synchronous driver (:func:`wait_for`): the CLI is synchronous httpx, one request
-at a time, and polling needs no concurrency.
+The decisions are a small pure core (:func:`judge`, :func:`summary`,
+:func:`sse_events`) and a thin synchronous driver (:func:`wait_for`): the CLI is
+synchronous httpx, one request at a time, and neither following nor polling needs
+concurrency. The stream's reads are bounded by what is left of ``--timeout`` (and
+by :data:`STREAM_SILENCE_S`: no keep-alive that long means a broken stream), so
+the timeout holds as when polling. The stream falls back to polling on any answer
+but a 200 event stream (404/405 from a server without it, 503 without wrk-ork;
+the poll then reports a real error as before), on a broken connection, or on an
+end without ``gone``/``lagged``; ``lagged`` subscribes again (the stream starts
+with the current document, so nothing is missed).
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -27,7 +36,8 @@ from rich.text import Text
 from ._console import err, fail
 from .session import REFUSED, UNREACHABLE, Api
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Goal", "Outcome", "judge", "summary", "wait_for"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Goal", "Outcome", "judge", "sse_events", "summary",
+           "wait_for"]
 
 #: How long ``--wait`` waits unless ``--timeout`` says otherwise: a model's first
 #: download and load can take minutes.
@@ -163,44 +173,154 @@ class _Poller:
         return response.json()
 
 
+class _NoStream(Exception):
+    """The job's event stream is not offered (an older server, an error answer) or
+    broke: poll instead."""
+
+
+#: Longest silence on the event stream before it counts as broken: the server
+#: sends a keep-alive every 15 s.
+STREAM_SILENCE_S = 25.0
+#: Times the stream is subscribed again after the server said ``lagged``.
+MAX_RESUBSCRIBES = 20
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """``(event, data)`` per server-sent event; ``("", "")`` per comment (a keep-alive).
+
+    Only what app-node sends is understood: ``event:``, ``data:`` (joined with
+    newlines), comments; other fields are ignored.
+    """
+    event, data = "message", []
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith(":"):
+            yield "", ""
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+
+
+@dataclass
+class _Wait:
+    """One wait's state and its decisions, shared by following and polling."""
+
+    job_id: str
+    goal: Goal
+    timeout_s: float
+    display: _Display
+    clock: Callable[[], float]
+    start: float
+    line: str = ""
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.timeout_s
+
+    def see(self, job: dict[str, Any] | None) -> bool:
+        """Show ``job``; True when the goal is reached; exits 1 when it never will be."""
+        self.line = summary(job)
+        self.display.show(self.line, self.clock() - self.start)
+        outcome, why = judge(job, self.goal)
+        if outcome is Outcome.FAILED:
+            self.display.close()
+            fail(why, code=REFUSED)
+        return outcome is Outcome.DONE
+
+    def check_time(self) -> None:
+        """Exit 1 (saying the job goes on) once the timeout has passed."""
+        if self.clock() >= self.deadline:
+            self.display.close()
+            fail(f"timed out after {self.timeout_s:g}s waiting for job {self.job_id} to be "
+                 f"{self.goal.value} (it is {self.line}); the job goes on: see "
+                 f"`cosmicac jobs get {self.job_id}`, or wait longer with --timeout",
+                 code=REFUSED)
+
+
+def _follow(api: Api, client: httpx.Client, wait: _Wait) -> dict[str, Any] | None:
+    """Follow ``GET /api/jobs/{id}/events`` until the goal; the last document.
+
+    Raises:
+        _NoStream: not offered, or broken: the caller polls.
+    """
+    headers = {"authorization": f"Bearer {api.token}"} if api.token else {}
+    path = f"/jobs/{quote(wait.job_id, safe='')}/events"
+    for _ in range(MAX_RESUBSCRIBES + 1):
+        # Reads wait at most until the deadline: a timeout is never overshot by
+        # more than a keep-alive's interval, and reopening (below) removes that too.
+        read_s = max(0.01, min(STREAM_SILENCE_S, wait.deadline - wait.clock()))
+        timeout = httpx.Timeout(30.0, connect=5.0, read=read_s)
+        try:
+            with client.stream("GET", path, headers=headers, timeout=timeout) as response:
+                kind = response.headers.get("content-type", "")
+                if response.status_code != 200 or not kind.startswith("text/event-stream"):
+                    raise _NoStream
+                reopen = False
+                for event, data in sse_events(response.iter_lines()):
+                    if event == "job":
+                        job = json.loads(data)
+                        if wait.see(job):
+                            return job
+                    elif event == "gone":
+                        if wait.see(None):
+                            return None
+                    elif event == "lagged":
+                        reopen = True
+                        break
+                    wait.check_time()
+                    if not event and wait.clock() + read_s > wait.deadline + 0.5:
+                        reopen = True  # again with reads bounded by what is left
+                        break
+                if not reopen:
+                    raise _NoStream  # ended without saying why
+        except httpx.ReadTimeout:
+            wait.check_time()
+            raise _NoStream from None
+        except (httpx.TransportError, ValueError):
+            raise _NoStream from None
+    raise _NoStream
+
+
 def wait_for(api: Api, job_id: str, goal: Goal, timeout_s: float, *,
              tty: bool | None = None, sleep: Callable[[float], None] = time.sleep,
-             clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
-    """Poll the job until ``goal``; return its last document (None when gone).
+             clock: Callable[[], float] = time.monotonic,
+             follow: bool = True) -> dict[str, Any] | None:
+    """Wait until ``goal``; return the job's last document (None when gone).
 
+    Follows the job's event stream (``follow``) where the server offers it, else
+    (an older server, an error answer, a broken stream) polls the job.
     Exits 1 when the job failed (with its reason) or when ``timeout_s`` passed
     (saying so, and that the job itself goes on), 130 on Ctrl-C.
     """
-    start = clock()
-    deadline = start + timeout_s
     interactive = err.is_terminal if tty is None else tty
     display: _Display = _Live(job_id, goal) if interactive else _Lines(job_id)
+    wait = _Wait(job_id, goal, timeout_s, display, clock, clock())
     interval, last = FIRST_INTERVAL_S, None
     try:
         with httpx.Client(base_url=f"{api.server}/api",
                           timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+            if follow:
+                try:
+                    return _follow(api, client, wait)
+                except _NoStream:
+                    pass
             poller = _Poller(api, client, job_id)
             while True:
                 job = poller.get()
-                line = summary(job)
-                display.show(line, clock() - start)
-                outcome, why = judge(job, goal)
-                if outcome is Outcome.DONE:
+                if wait.see(job):
                     return job
-                if outcome is Outcome.FAILED:
-                    display.close()
-                    fail(why, code=REFUSED)
-                now = clock()
-                if now >= deadline:
-                    display.close()
-                    fail(f"timed out after {timeout_s:g}s waiting for job {job_id} to be "
-                         f"{goal.value} (it is {line}); the job goes on: see "
-                         f"`cosmicac jobs get {job_id}`, or wait longer with --timeout",
-                         code=REFUSED)
-                interval = FIRST_INTERVAL_S if line != last else min(interval * 1.5,
-                                                                      MAX_INTERVAL_S)
-                last = line
-                sleep(min(interval, deadline - now))
+                wait.check_time()
+                interval = FIRST_INTERVAL_S if wait.line != last else min(interval * 1.5,
+                                                                           MAX_INTERVAL_S)
+                last = wait.line
+                sleep(min(interval, wait.deadline - clock()))
     except KeyboardInterrupt:
         display.close()
         fail(f"stopped waiting; job {job_id} goes on (see `cosmicac jobs get {job_id}`)",

@@ -3,8 +3,9 @@
 Scripts rely on two forms exactly: ``jobs create ...`` prints the job id alone on
 stdout (``JOB=$(cosmicac jobs create ...)``), with ``-o json`` the job document;
 ``jobs get JOB -o json`` prints the API's job document as it is (``status`` is
-``running`` for an Active job). ``--wait`` polls until the job runs (create,
-restart) or is gone (delete), with progress on stderr (:mod:`cli._wait`).
+``running`` for an Active job). ``--wait`` follows the job's events (polling a
+server that offers none) until the job runs (create, restart) or is gone
+(delete), with progress on stderr (:mod:`cli._wait`).
 
 ``jobs logs`` belongs to wrk-monitor and comes with it.
 """

@@ -8,7 +8,9 @@ One swarm, one identity (``<storage>/identity``):
   ``PROXY_AUTOBASE_KEY``) and is its admin; ``database_writers`` (the proxy's
   key) are admitted at start;
 - :class:`~nodes.ork.client.OrkClient` to wrk-ork (``cosmicac-ork/1``) for
-  job, replica, rack and node operations;
+  job, replica, rack and node operations, and one ``jobs.watch`` on it
+  (:func:`~.job_events.follow_ork`) whose status changes a
+  :class:`~.job_events.JobHub` fans out to the API's event streams;
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
   job records), called through worker threads;
 - the HTTP API (:func:`nodes.app_node.api.create_app`) on ``http.host:http.port``,
@@ -33,6 +35,7 @@ from p2p.keys import load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 
 from .email import make_sender
+from .job_events import JobHub, follow_ork
 from .ratelimit import make_limiter
 from .services import AppServices
 from .settings import AppNodeSettings
@@ -99,16 +102,18 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 except WriteRefused as exc:
                     raise DaemonError(f"cannot admit {writer.hex()[:16]} as a writer of the "
                                       f"shared database: {exc}") from None
-            ork = None
+            ork, events = None, None
             if settings.ork is not None:
                 ork = OrkClient(swarm, settings.ork, addresses=settings.ork_addresses)
                 await nursery.start(ork.run)
+                events = JobHub()
+                await nursery.start(follow_ork, ork, events)
             services = AppServices(store=store, database=db, ork=ork,
                                    email=make_sender(settings.email, storage),
                                    limiter=limiter, limits=settings.limits,
                                    public_url=settings.public_url,
                                    default_image=settings.default_image,
-                                   swarm=swarm_advert(settings))
+                                   swarm=swarm_advert(settings), events=events)
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(

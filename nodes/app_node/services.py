@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from nodes.ork.client import OrkClient
 
     from .email import EmailSender
+    from .job_events import JobHub
     from .ratelimit import Limiter, Limits
     from .store import Store
 
@@ -60,6 +61,9 @@ class AppServices:
         default_image: the image of a job that names none; None: jobs must name one.
         swarm: what ``GET /api/swarm`` advertises.
         clock: POSIX seconds (tests pass a fake).
+        events: wrk-ork's job status changes, fanned out to the event streams
+            (``GET /api/jobs/{job}/events``); the daemon follows wrk-ork into it
+            (:func:`~.job_events.follow_ork`). None: those routes answer 503.
     """
 
     store: Store
@@ -73,3 +77,4 @@ class AppServices:
     swarm: SwarmAdvert = field(default_factory=SwarmAdvert)
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     clock: Callable[[], float] = time.time
+    events: JobHub | None = None

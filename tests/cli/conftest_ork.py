@@ -5,7 +5,9 @@ wrk-ork is an ``OrkService`` over the orchestrator of ``tests/nodes/ork/world.Wo
 (rack ``rack-1``: two 8-GPU nodes, n0 and n1) on its own swarm on 127.0.0.1; it
 trusts app-node's key only, and app-node reaches it by its address through its
 real ``OrkClient``. Nothing runs the jobs: a test plays the worker with
-``world.say(replica, state)`` (and :meth:`ServedOrk.drive`) while the CLI waits.
+:meth:`ServedOrk.drive` while the CLI waits (it also pumps the service, as
+wrk-ork's daemon does after each report, so app-node's watch sees the change and
+``--wait`` following the job's events with it).
 
 Import the fixture into a test module: ``from .conftest_ork import served_ork``.
 """
@@ -36,6 +38,7 @@ __all__ = ["ServedOrk", "served_ork"]
 @dataclass
 class ServedOrk(Served):
     world: World | None = None
+    service: OrkService | None = None
 
     def job_ids(self) -> set[str]:
         assert self.world is not None
@@ -55,6 +58,8 @@ class ServedOrk(Served):
             [r.index for r in self.world.orch.get_job(job).replicas]
         for index in indexes:
             self.world.say(index, state, job=job, message=message)
+        if self.service is not None:
+            self.service.pump()
 
     async def login_as(self, email: str, password: str, config: Path) -> dict[str, str]:
         """The CLI environment of a session of ``email`` kept in ``config`` (logged
@@ -82,6 +87,6 @@ async def served_ork(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Ser
     with trio.fail_after(30):
         address = await nursery.start(ork_swarm.run)
     served = await serve(tmp_path, nursery, ork=ork_key.public_key, ork_addresses=(address,))
-    yield ServedOrk(served.node, served.server, served.env, served.config, world)
+    yield ServedOrk(served.node, served.server, served.env, served.config, world, service)
     nursery.cancel_scope.cancel()
 

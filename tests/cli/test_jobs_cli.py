@@ -1,9 +1,10 @@
 """``cosmicac jobs`` as real processes against an in-process app-node and wrk-ork.
 
-The test plays the worker (``served_ork.drive``) while a ``--wait`` process polls:
-create waits until running, restart until running again, delete until gone; a
-failed job exits 1 with its reason, a wait that times out exits 1 saying so.
-stdout holds only what scripts read (the id, the JSON document).
+The test plays the worker (``served_ork.drive``) while a ``--wait`` process follows
+the job's events (or polls, where app-node offers none): create waits until
+running, restart until running again, delete until gone; a failed job exits 1
+with its reason, a wait that times out exits 1 saying so; a lagged stream is
+subscribed again. stdout holds only what scripts read (the id, the JSON document).
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 import typer
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cli import _wait
-from cli._wait import Goal, Outcome, judge, summary
+from cli._wait import Goal, Outcome, judge, sse_events, summary
 from cli.session import Api
+from contracts.model import JobStatus
+from nodes.ork.views import JobEvent
 
 from ..p2p.helpers import wait_until
 from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)
@@ -65,6 +70,8 @@ async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> Non
         job = created.stdout.decode().strip()
         assert created.stdout.decode() == f"{job}\n"  # the id alone, for JOB=$(...)
         assert "running" in created.stderr.decode()  # progress went to stderr
+        hub = served.node.services.events
+        assert hub is not None and hub.subscriptions == 1  # it followed the job's events
 
         got = await served.cli("jobs", "get", job, "-o", "json")
         assert got.returncode == 0, got.stderr
@@ -112,6 +119,7 @@ async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> Non
         deleted = await while_running(served, ["jobs", "delete", job, "--wait"], remove)
         assert deleted.returncode == 0, deleted.stderr
         assert f"deleted job {job}" in deleted.stderr.decode()
+        assert hub.subscriptions == 3 and hub.subscribers == 0
         missing = await served.cli("jobs", "get", job)
         assert missing.returncode == 1 and job in one_error_line(missing)
 
@@ -163,6 +171,63 @@ async def test_failed_timeout_usage_login_unreachable(served_ork: ServedOrk) -> 
             port = closed.getsockname()[1]
         down = await served.cli("jobs", "list", "--server", f"http://127.0.0.1:{port}")
         assert down.returncode == 4 and "cannot reach" in one_error_line(down)
+
+
+async def test_wait_subscribes_again_after_lagged_and_polls_without_events(
+        served_ork: ServedOrk) -> None:  # noqa: F811
+    served = served_ork
+    hub = served.node.services.events
+    assert hub is not None
+    with trio.fail_after(120):
+        await served.login()
+        known = served.job_ids()
+
+        async def lag_then_start() -> None:
+            job = await served.new_job(known)
+            await wait_until(lambda: hub.subscribers == 1, limit_s=30)
+            flood = JobEvent(job_id=job, team="t", status=JobStatus.STARTING,
+                             previous=JobStatus.QUEUED, reason="", at=1.0)
+            for _ in range(hub.capacity + 2):  # faster than any reader: dropped
+                hub.publish(flood)
+            await wait_until(lambda: hub.subscriptions == 2 and hub.subscribers == 1,
+                             limit_s=30)  # it came back
+            served.drive(job, "active")
+
+        create = ["jobs", "create", "--type", "container", "--image", IMAGE, "--wait"]
+        lagged = await while_running(served, [*create, "--name", "lag"], lag_then_start)
+        assert lagged.returncode == 0, lagged.stderr
+        assert hub.dropped == 1 and hub.subscriptions == 2
+
+        # An app-node without event streams (here: 503): --wait polls, as before.
+        served.node.services.events = None
+        known = served.job_ids()
+
+        async def start() -> None:
+            served.drive(await served.new_job(known), "active")
+
+        polled = await while_running(served, [*create, "--name", "poll"], start)
+        assert polled.returncode == 0, polled.stderr
+        assert "running" in polled.stderr.decode() and hub.subscriptions == 2
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20)
+
+
+@given(st.lists(st.tuples(st.from_regex(r"[a-z]{1,8}", fullmatch=True), _TEXT), max_size=6),
+       st.booleans())
+def test_sse_events_reads_what_app_node_writes(events: list[tuple[str, str]],
+                                               comments: bool) -> None:
+    wire = ""
+    for event, text in events:
+        wire += (": keep-alive\n\n" if comments else "") + \
+            f"event: {event}\ndata: {json.dumps(text)}\n\n"
+    read = [(e, json.loads(d)) for e, d in sse_events(wire.split("\n")) if e]
+    assert read == events
+    assert sum(1 for e, _ in sse_events(wire.split("\n")) if not e) == \
+        (len(events) if comments else 0)
+    # Lines split across data fields join with newlines; unknown fields are ignored.
+    assert list(sse_events(["id: 1", "data: a", "data: b", "retry: 5", ""])) == [
+        ("message", "a\nb")]
 
 
 def test_judge_and_summary() -> None:

@@ -27,3 +27,5 @@ class RouteSpec:
     status: int = 200
     auth: bool = True
     query: tuple[str, ...] = field(default=())
+    #: The answer's media type: ``text/event-stream`` for a stream of ``answer``s.
+    media_type: str = "application/json"

@@ -3,7 +3,11 @@ replica, an outbox folder, an embedded limiter, a fake wall clock; cheap scrypt.
 
 ``ork_api`` adds a real wrk-ork in-process: an ``OrkService`` over the
 orchestrator of ``tests/nodes/ork/world.World`` (one rack of two 8-GPU nodes)
-on its own swarm, reached by a real ``OrkClient`` on a second swarm."""
+on its own swarm, reached by a real ``OrkClient`` on a second swarm, and
+app-node's ``JobHub`` following its ``jobs.watch`` as the daemon's does. A test
+that plays the worker (``world.say``) calls :meth:`Api.say` so the change also
+reaches the watch (wrk-ork's daemon pumps after every report; here the service
+pumps after every RPC call only)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from crdt import Database, FsyncPolicy
 from nodes.app_node.api import create_app
 from nodes.app_node.auth import ScryptParams
 from nodes.app_node.email import OutboxSender
+from nodes.app_node.job_events import JobHub, follow_ork
 from nodes.app_node.ratelimit import EmbeddedLimiter, Limits, Rate
 from nodes.app_node.services import AppServices
 from nodes.app_node.store import Store
@@ -52,6 +57,13 @@ class Api:
     #: With ``ork_api``: wrk-ork's world and the cancel scope that stops its swarm.
     world: World | None = None
     ork_scope: trio.CancelScope | None = None
+    ork_service: OrkService | None = None
+
+    def say(self, replica: int, state: str, **kwargs) -> None:
+        """The worker reports ``state`` (``World.say``), and wrk-ork streams the change."""
+        assert self.world is not None and self.ork_service is not None
+        self.world.say(replica, state, **kwargs)
+        self.ork_service.pump()
 
     async def signup(self) -> str:
         r = await self.client.post("/api/auth/signup", json={
@@ -79,7 +91,8 @@ def bearer(token: str) -> dict[str, str]:
 
 
 async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
-                   ork: OrkClient | None = None) -> AsyncIterator[Api]:
+                   ork: OrkClient | None = None,
+                   events: JobHub | None = None) -> AsyncIterator[Api]:
     clock = FakeClock()
     store = Store.open(tmp_path / "app.sqlite")
     database = await Database.open(tmp_path / "db", KeyPair.generate(),
@@ -88,7 +101,8 @@ async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
     services = AppServices(store=store, database=database, ork=ork,
                            email=OutboxSender(outbox, clock_ns=lambda: int(clock.now * 1e9)),
                            limiter=EmbeddedLimiter(), limits=limits,
-                           public_url="https://cosmic.example", clock=clock)
+                           public_url="https://cosmic.example", clock=clock,
+                           events=events)
     app = create_app(services, password_params=CHEAP)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -127,7 +141,9 @@ async def ork_api(tmp_path: Path) -> AsyncIterator[Api]:
         await nursery.start(swarm.run)
         client = OrkClient(swarm, ork_key.public_key, addresses=[address], backoff=FAST)
         await nursery.start(client.run)
-        async for value in make_api(tmp_path, ork=client):
-            value.world, value.ork_scope = world, scope
+        hub = JobHub()
+        await nursery.start(follow_ork, client, hub)
+        async for value in make_api(tmp_path, ork=client, events=hub):
+            value.world, value.ork_scope, value.ork_service = world, scope, service
             yield value
         nursery.cancel_scope.cancel()

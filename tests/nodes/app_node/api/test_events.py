@@ -1,0 +1,193 @@
+"""Job status changes as server-sent events, through app-node served by Hypercorn on
+127.0.0.1 (httpx's ASGI transport would buffer a stream whole) to a real
+in-process wrk-ork: one job's stream (its document first, ``running`` after the
+worker says active, ``gone`` after delete, keep-alives, ``lagged`` when it falls
+behind), the team's stream (``ready``, ``status``, ``gone``, ``lagged`` after a
+resync), 404 for another team's member, and the OpenAPI rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+import trio
+
+from contracts.model import JobStatus
+from nodes.app_node.api import _events, create_app
+from nodes.app_node.api._app import openapi
+from nodes.ork.views import JobEvent
+from p2p.http import serve_asgi
+
+from ....p2p.helpers import wait_until
+from .conftest import CHEAP, Api, bearer
+
+IMAGE = "docker://registry.local/jobs/app:1"
+BOX = {"name": "box", "type": "container", "image": IMAGE, "gpus": 1}
+
+
+@asynccontextmanager
+async def served(api: Api) -> AsyncIterator[httpx.AsyncClient]:
+    """The API on a real socket; a client of it."""
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(lambda task_status: serve_asgi(
+            create_app(api.services, password_params=CHEAP), host="127.0.0.1", port=0,
+            bind_error=lambda h, p, exc: exc, task_status=task_status))
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}/api",
+                                     timeout=httpx.Timeout(10.0)) as client:
+            yield client
+        nursery.cancel_scope.cancel()
+
+
+class Events:
+    """An SSE reader: ``await next()`` is ``(event, data)``; comments are counted."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.lines = response.aiter_lines()
+        self.comments = 0
+
+    async def next(self) -> tuple[str, dict]:
+        event, data = "message", ""
+        with trio.fail_after(10):
+            async for line in self.lines:
+                if line.startswith(":"):
+                    self.comments += 1
+                elif line.startswith("event:"):
+                    event = line.partition(":")[2].strip()
+                elif line.startswith("data:"):
+                    data += line.partition(":")[2].strip()
+                elif not line and data:
+                    return event, json.loads(data)
+        raise AssertionError("the stream ended")
+
+    async def ended(self) -> bool:
+        with trio.fail_after(10):
+            async for line in self.lines:
+                assert not line or line.startswith(":"), line
+        return True
+
+
+@asynccontextmanager
+async def events(client: httpx.AsyncClient, path: str, token: str) -> AsyncIterator[Events]:
+    async with client.stream("GET", path, headers=bearer(token)) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        yield Events(response)
+
+
+async def _create(api: Api, token: str) -> dict:
+    r = await api.client.post("/api/jobs", headers=bearer(token), json=BOX)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def test_a_job_stream_runs_from_document_to_gone(ork_api: Api,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ork_api
+    monkeypatch.setattr(_events, "KEEPALIVE_S", 0.05)
+    owner = await api.signup()
+    job = await _create(api, owner)
+    hub = api.services.events
+    assert hub is not None
+    with trio.fail_after(60):
+        await wait_until(lambda: hub.watching)
+        async with served(api) as client, \
+                events(client, f"/jobs/{job['id']}/events", owner) as stream:
+            kind, first = await stream.next()
+            got = await api.client.get(f"/api/jobs/{job['id']}", headers=bearer(owner))
+            assert kind == "job" and first == got.json()
+            await trio.sleep(0.2)  # keep-alives while nothing changes
+            api.say(0, "active", job=job["id"])
+            kind, now = await stream.next()
+            assert stream.comments >= 1
+            assert kind == "job" and now["status"] == "running"
+            assert now["replicas"][0]["status"] == "running"
+
+            r = await api.client.delete(f"/api/jobs/{job['id']}", headers=bearer(owner))
+            assert r.status_code == 202
+            assert (await stream.next()) == ("job", r.json()["job"])  # deleting
+            api.say(0, "deleted", job=job["id"])
+            assert (await stream.next()) == ("gone", {"id": job["id"]})
+            assert await stream.ended()
+        await wait_until(lambda: hub.subscribers == 0)
+    assert api.services.store.get_job(job["id"]).deleted_at is not None
+
+
+async def test_another_team_gets_404_and_a_lagging_stream_ends(ork_api: Api) -> None:
+    api = ork_api
+    owner = await api.signup()
+    job = await _create(api, owner)
+    r = await api.client.post("/api/teams", headers=bearer(owner), json={"name": "other"})
+    stranger = await api.user("s@example.com", r.json()["id"], "owner", owner)
+    hub = api.services.events
+    assert hub is not None
+    with trio.fail_after(60):
+        for path in (f"/api/jobs/{job['id']}/events", "/api/jobs/no-such-job/events"):
+            r = await api.client.get(path, headers=bearer(stranger))
+            assert r.status_code == 404 and r.json()["error"]["field"] == "job"
+        r = await api.client.get("/api/jobs/events", headers=bearer(stranger),
+                                 params={"team_id": job["team"]})
+        assert r.status_code == 404
+        r = await api.client.get(f"/api/jobs/{job['id']}/events")
+        assert r.status_code == 401
+
+        async with served(api) as client, \
+                events(client, f"/jobs/{job['id']}/events", owner) as stream:
+            assert (await stream.next())[0] == "job"
+            flood = JobEvent(job_id=job["id"], team=job["team"], status=JobStatus.STARTING,
+                             previous=JobStatus.QUEUED, reason="", at=1.0)
+            for _ in range(hub.capacity + 2):  # faster than any reader (one may be taken): dropped
+                hub.publish(flood)
+            assert hub.dropped == 1
+            kind, data = await stream.next()
+            while kind == "job":  # what it had queued, re-read, then the news
+                kind, data = await stream.next()
+            assert (kind, data) == ("lagged", {"id": job["id"]})
+            assert await stream.ended()
+
+
+async def test_the_team_stream(ork_api: Api) -> None:
+    api = ork_api
+    owner = await api.signup()
+    hub = api.services.events
+    assert hub is not None
+    with trio.fail_after(60):
+        await wait_until(lambda: hub.watching)
+        async with served(api) as client, events(client, "/jobs/events", owner) as stream:
+            kind, ready = await stream.next()
+            assert kind == "ready"
+            job = await _create(api, owner)
+            assert ready == {"team": job["team"]}
+            kind, change = await stream.next()
+            assert kind == "status" and change["id"] == job["id"]
+            assert change["team"] == job["team"]
+            api.say(0, "active", job=job["id"])
+            while change["status"] != "running":
+                kind, change = await stream.next()
+                assert kind == "status"
+            r = await api.client.delete(f"/api/jobs/{job['id']}", headers=bearer(owner))
+            assert r.status_code == 202
+            api.say(0, "deleted", job=job["id"])
+            while kind != "gone":
+                kind, change = await stream.next()
+            assert change == {"id": job["id"], "team": job["team"]}
+            hub.resync()  # a new watch of wrk-ork: changes may have been missed
+            assert (await stream.next()) == ("lagged", {"team": job["team"]})
+            assert await stream.ended()
+            # A client that goes away ends its stream (and its subscription).
+            async with events(client, "/jobs/events", owner) as stream:
+                assert (await stream.next())[0] == "ready"
+                assert hub.subscribers == 1
+        await wait_until(lambda: hub.subscribers == 0)
+
+
+def test_openapi_lists_the_streams() -> None:
+    paths = openapi()["paths"]
+    job = paths["/api/jobs/{job}/events"]["get"]["responses"]["200"]["content"]
+    assert job["text/event-stream"]["schema"] == {"$ref": "#/components/schemas/JobOut"}
+    team = paths["/api/jobs/events"]["get"]
+    assert "text/event-stream" in team["responses"]["200"]["content"]
+    assert team["parameters"][0]["name"] == "team_id"
