@@ -419,18 +419,22 @@ class LokiReader:
         for _ in range(max_pages):
             if lo >= hi or len(out) >= limit:
                 break
-            page = await self._page(query, lo, hi, page_limit, direction)
+            # The boundary entries come first again: ask for that many more, so every page
+            # can bring page_limit new ones even when thousands share one nanosecond.
+            # ``seen`` holds only returned records, so it is bounded by ``limit``.
+            want = page_limit + len(seen)
+            page = await self._page(query, lo, hi, want, direction)
             fresh = [e for e in page if e not in seen]
             out.extend(_record(*e) for e in fresh[:limit - len(out)])
-            if len(page) < page_limit:
+            if len(page) < want:
                 break  # Loki had no more in the range
             last_ts = page[-1][0]
             at_last = {e for e in page if e[0] == last_ts}
             seen = seen | at_last if last_ts == boundary_ts else at_last
             boundary_ts = last_ts
             if not fresh:
-                # A whole page of repeats: more than page_limit entries share one
-                # nanosecond. Step past it rather than loop; the rest there are skipped.
+                # A whole page of repeats: Loki did not order equal timestamps the same
+                # way twice. Step past that nanosecond rather than loop (entries skipped).
                 logger.warning("loki.query.skipped_timestamp job_id=%s ts=%d page_limit=%d",
                                job_id, last_ts, page_limit)
                 seen, boundary_ts = set(), None
