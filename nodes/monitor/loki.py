@@ -206,6 +206,8 @@ class LokiPusher:
             raise ValueError("need flush_interval_s >= 0, 0 < backoff_initial_s <= backoff_max_s")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if httpx.URL(url).scheme not in ("http", "https"):
+            raise ValueError(f"Loki URL must be http(s)://host:port, not {url!r}")
         self.url = url.rstrip("/")
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if tenant is not None:
@@ -306,7 +308,7 @@ class LokiPusher:
             retry_after_s: float | None = None
             try:
                 response = await self._client.post(url, content=body, headers=self._headers)
-            except httpx.TransportError as exc:
+            except httpx.HTTPError as exc:  # transport errors, and an answer that fails to decode
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 status = response.status_code
