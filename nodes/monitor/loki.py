@@ -254,6 +254,12 @@ class LokiPusher:
         if self._owns_client:
             await self._client.aclose()
 
+    async def __aenter__(self) -> LokiPusher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def run(self) -> None:
         """Push batches until cancelled (start it in a nursery). Drains nothing on cancel."""
         while True:
@@ -384,6 +390,12 @@ class LokiReader:
         """Close the HTTP client if this reader opened it."""
         if self._owns_client:
             await self._client.aclose()
+
+    async def __aenter__(self) -> LokiReader:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     async def ready(self) -> bool:
         """Whether ``GET /ready`` answers 200 (a transport error is "not ready")."""
