@@ -30,7 +30,8 @@ Cancellation drains nothing. The pusher runs until wrk-monitor stops; on stop,
 Loki may be the very thing that is down, and a flush with a deadline would
 delay every shutdown by that deadline for records that still exist in the
 monitor's local buffer and its senders' logs. What is buffered when the task
-is cancelled is lost, and ``statistics().buffered`` says how much.
+is cancelled is lost (``statistics().buffered`` says how much), and so is a
+batch in flight: Loki may or may not have stored it.
 
 Labels are ``service``, ``source`` and ``job_id`` (issue 14). The reference
 (§6) warns that an unbounded label such as a job id multiplies streams; the
@@ -113,7 +114,9 @@ class LokiError(Exception):
     """
 
     def __init__(self, status: int, message: str, *, url: str = "") -> None:
-        super().__init__(f"Loki {url or ''} answered {status}: {message}".replace("  ", " "))
+        where = f"Loki at {url}" if url else "Loki"
+        super().__init__(f"{where} answered {status}: {message}" if status
+                         else f"{where} unreachable: {message}")
         self.status = status
         self.message = message
         self.url = url
@@ -414,7 +417,9 @@ class LokiReader:
         ``direction`` picks which end ``limit`` keeps: ``backward`` the newest
         ``limit`` records, ``forward`` the oldest. Pages of ``page_limit`` are
         fetched until ``limit`` records, an empty or short page, or
-        ``max_pages``.
+        ``max_pages``. A page after a boundary asks for ``page_limit`` plus
+        the entries it repeats; keep that under Loki's
+        ``max_entries_limit_per_query`` (5000 by default).
 
         Raises:
             LokiError: Loki answered with a non-2xx status (with its message),
@@ -447,8 +452,9 @@ class LokiReader:
             seen = seen | at_last if last_ts == boundary_ts else at_last
             boundary_ts = last_ts
             if not fresh:
-                # A whole page of repeats: Loki did not order equal timestamps the same
-                # way twice. Step past that nanosecond rather than loop (entries skipped).
+                # A full page of repeats cannot happen (it holds page_limit more entries
+                # than ``seen``) unless Loki repeats entries within a page. Step past that
+                # nanosecond rather than loop.
                 logger.warning("loki.query.skipped_timestamp job_id=%s ts=%d page_limit=%d",
                                job_id, last_ts, page_limit)
                 seen, boundary_ts = set(), None
