@@ -273,3 +273,13 @@ def test_encode_push_groups_by_label_set_and_sorts_each_stream() -> None:
     streams = {s["stream"]["source"]: s["values"] for s in body["streams"]}
     assert streams == {"System": [["2", "line 2"], ["3", "line 3"]],
                        "Application": [["1", "line 1"]]}
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap_and_honours_retry_after() -> None:
+    pusher = LokiPusher("http://127.0.0.1:9", backoff_initial_s=0.2, backoff_max_s=30,
+                        rng=random.Random(3))
+    for attempt in range(12):
+        nominal = min(30, 0.2 * 2 ** attempt)
+        assert nominal / 2 <= pusher._backoff_s(attempt, None) <= nominal
+    assert pusher._backoff_s(0, 5.0) == 5.0
+    assert pusher._backoff_s(0, 3600.0) == 30  # a Retry-After beyond the cap is capped
