@@ -161,12 +161,16 @@ class LogShipper:
             self.connected = False
 
     async def run(self, swarm: object, monitor: bytes, *, addresses: Sequence = (),
+                  backoff: object | None = None,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep a connection to wrk-monitor (key ``monitor``) and ship over it until cancelled."""
+        """Keep a connection to wrk-monitor (key ``monitor``; ``addresses`` tried before
+        the DHT) and ship over it until cancelled; ``backoff``: a ``UpkeepPolicy``."""
         from p2p.swarm import stay_connected  # the swarm only where it runs
 
+        extra = {} if backoff is None else {"backoff": backoff}
         await stay_connected(swarm, monitor, addresses=tuple(addresses) or None,
-                             on_connection=self._on_connection, task_status=task_status)
+                             on_connection=self._on_connection, task_status=task_status,
+                             **extra)
 
     async def _on_connection(self, connection) -> None:
         while True:

@@ -118,3 +118,32 @@ def test_the_logging_handler_makes_system_records_with_the_job():
         (None, None, logging.INFO, "System", "wrk-ork"),
         (None, None, logging.INFO, "System", "wrk-ork")]
     assert got[0].text == "placed job=j-9" and got[1].text.endswith("[cut]")
+
+
+async def test_run_keeps_shipping_across_a_monitor_restart_over_a_swarm(autojump_clock):
+    from p2p.keys import KeyPair
+    from p2p.swarm import UpkeepPolicy
+    from tests.p2p.swarm.helpers import FAST_STREAMS, memory_swarm_net
+
+    monitor_key = KeyPair.generate()
+    service = MonitorService(LogBuffer(), allow_any_pusher=True)
+    shipper = LogShipper(max_records=1000, retry_s=0.2)
+    quick = UpkeepPolicy(base_s=0.1, max_s=1.0, proven_after_s=2.0, dial_timeout_s=3.0)
+    with trio.fail_after(60):
+        async with memory_swarm_net() as net:
+            monitor = await net.start(monitor_key, connection=FAST_STREAMS, services=[service])
+            daemon = await net.start(connection=FAST_STREAMS)
+            await net.nursery.start(lambda task_status: shipper.run(
+                daemon, monitor_key.public_key, backoff=quick, task_status=task_status))
+            for i in range(10):
+                shipper.offer(rec(i))
+            await until(lambda: shipper.sent >= 10)
+            net.stop(monitor)
+            await until(lambda: monitor_key.public_key not in daemon.connections)
+            for i in range(10, 1500):  # down: the oldest beyond 1,000 go
+                shipper.offer(rec(i))
+            await trio.sleep(3.0)
+            assert shipper.pending == 1000 and shipper.dropped == 490
+            await net.start(monitor_key, connection=FAST_STREAMS, services=[service])
+            await until(lambda: shipper.sent >= 1010)
+            assert times(service) == [*range(10), *range(500, 1500)]
