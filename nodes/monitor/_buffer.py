@@ -1,0 +1,181 @@
+"""The sans-IO core of wrk-monitor: a bounded ring of recent records and followers.
+
+No trio, no clock: :meth:`LogBuffer.append` is called with each pushed batch and
+does everything at once (number, keep, hand to followers, evict), so ingestion
+costs the same whether zero or fifty followers are slow. Each record gets a
+sequence number one above the previous record's (from 1), so a follower can
+say where it is and a test can check order.
+
+A follower (:class:`Follower`) gets the matching records still in the ring when
+it starts (its snapshot: references, not copies), then live ones through a
+queue of at most ``queue_records``. One that falls further behind is cut off:
+``lagged`` is set, it is removed from the buffer (it gets nothing more), and it
+may drain what it already holds; the driver then ends its stream with
+``LAGGED``. A slow follower never slows ingestion or the other followers.
+
+The driver learns that a follower has something by its ``notify`` callback,
+called after records were queued to it (or it was cut off), once per append.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from contracts.telemetry import LogRecord, record_size
+
+__all__ = ["BufferStats", "Follower", "LogBuffer"]
+
+#: Records kept by default: a few seconds at the target rate, enough for a
+#: follower that starts just after a job failed to see why.
+DEFAULT_MAX_RECORDS = 200_000
+#: Estimated bytes kept by default (``record_size``).
+DEFAULT_MAX_BYTES = 64 << 20
+#: Records queued for one follower beyond its snapshot before it is cut off
+#: (about a second at the target rate).
+DEFAULT_QUEUE_RECORDS = 50_000
+
+
+@dataclass
+class BufferStats:
+    """Counters since start (what ``/metrics`` will export)."""
+
+    #: Records appended.
+    received: int = 0
+    #: Records evicted from the ring by its bounds (oldest first).
+    evicted: int = 0
+    #: Followers cut off for falling behind.
+    followers_lagged: int = 0
+    #: Records in the ring now and their estimated bytes.
+    records: int = 0
+    bytes: int = 0
+
+
+class Follower:
+    """One follower's filter, snapshot and queue; made by :meth:`LogBuffer.follow`."""
+
+    __slots__ = ("_queue", "_snapshot", "job_id", "lagged", "limit", "notify", "since_ns",
+                 "source")
+
+    def __init__(self, *, job_id: str | None, source: str | None, since_ns: int | None,
+                 limit: int, notify: Callable[[], object] | None) -> None:
+        self.job_id, self.source, self.since_ns = job_id, source, since_ns
+        self.limit = limit
+        self.notify = notify
+        #: Cut off: nothing more will be queued; drain, then end with LAGGED.
+        self.lagged = False
+        self._snapshot: deque[tuple[int, LogRecord]] = deque()
+        self._queue: deque[tuple[int, LogRecord]] = deque()
+
+    def wants(self, record: LogRecord) -> bool:
+        """Whether ``record`` passes this follower's filter."""
+        return ((self.job_id is None or record.job_id == self.job_id)
+                and (self.source is None or record.source == self.source)
+                and (self.since_ns is None or record.time_ns >= self.since_ns))
+
+    @property
+    def pending(self) -> int:
+        """Records waiting to be taken (snapshot and live)."""
+        return len(self._snapshot) + len(self._queue)
+
+    def take(self, max_records: int) -> list[tuple[int, LogRecord]]:
+        """Up to ``max_records`` (sequence, record) pairs, snapshot first, oldest first."""
+        out: list[tuple[int, LogRecord]] = []
+        for source in (self._snapshot, self._queue):
+            while source and len(out) < max_records:
+                out.append(source.popleft())
+        return out
+
+    def _offer(self, items: list[tuple[int, LogRecord]]) -> bool:
+        """Queue ``items``; False (and cut off) when that would exceed the limit."""
+        if len(self._queue) + len(items) > self.limit:
+            self.lagged = True
+            return False
+        self._queue.extend(items)
+        return True
+
+
+class LogBuffer:
+    """A ring of recent records bounded by count and bytes, and its followers.
+
+    Args:
+        max_records / max_bytes: the ring's bounds (the oldest records go first).
+        queue_records: live records queued per follower before it is cut off.
+    """
+
+    def __init__(self, *, max_records: int = DEFAULT_MAX_RECORDS,
+                 max_bytes: int = DEFAULT_MAX_BYTES,
+                 queue_records: int = DEFAULT_QUEUE_RECORDS) -> None:
+        if max_records < 1 or max_bytes < 1 or queue_records < 1:
+            raise ValueError("bounds must be positive")
+        self.max_records, self.max_bytes = max_records, max_bytes
+        self.queue_records = queue_records
+        self.stats = BufferStats()
+        #: The last sequence number given (0: none yet).
+        self.seq = 0
+        self._ring: deque[tuple[int, LogRecord, int]] = deque()
+        self._followers: set[Follower] = set()
+
+    @property
+    def followers(self) -> int:
+        """Followers attached now (not cut off, not closed)."""
+        return len(self._followers)
+
+    def records(self) -> list[tuple[int, LogRecord]]:
+        """What the ring holds, oldest first (for tests and a history read)."""
+        return [(seq, rec) for seq, rec, _ in self._ring]
+
+    def append(self, records: list[LogRecord]) -> int:
+        """Number ``records``, keep them, hand them to followers; the last sequence number."""
+        if not records:
+            return self.seq
+        stats = self.stats
+        ring = self._ring
+        seq = self.seq
+        numbered: list[tuple[int, LogRecord]] = []
+        added = 0
+        for record in records:
+            seq += 1
+            size = record_size(record)
+            ring.append((seq, record, size))
+            numbered.append((seq, record))
+            added += size
+        self.seq = seq
+        stats.received += len(records)
+        stats.records += len(records)
+        stats.bytes += added
+        while stats.records > self.max_records or (stats.bytes > self.max_bytes
+                                                    and stats.records > 1):
+            _, _, size = ring.popleft()
+            stats.records -= 1
+            stats.bytes -= size
+            stats.evicted += 1
+        for follower in list(self._followers):
+            wanted = [item for item in numbered if follower.wants(item[1])]
+            if not wanted:
+                continue
+            if not follower._offer(wanted):
+                self._followers.discard(follower)
+                stats.followers_lagged += 1
+            if follower.notify is not None:
+                follower.notify()
+        return seq
+
+    def follow(self, *, job_id: str | None = None, source: str | None = None,
+               since_ns: int | None = None, snapshot: bool = True,
+               notify: Callable[[], object] | None = None,
+               queue_records: int | None = None) -> Follower:
+        """A new follower: the matching records in the ring now (when ``snapshot``),
+        then every matching record appended after this call."""
+        follower = Follower(job_id=job_id, source=source, since_ns=since_ns,
+                            limit=queue_records or self.queue_records, notify=notify)
+        if snapshot:
+            wants = follower.wants
+            follower._snapshot.extend((seq, rec) for seq, rec, _ in self._ring if wants(rec))
+        self._followers.add(follower)
+        return follower
+
+    def unfollow(self, follower: Follower) -> None:
+        """Detach ``follower`` (its stream ended); idempotent."""
+        self._followers.discard(follower)
