@@ -149,7 +149,7 @@ class MonitorService(RpcService):
         follower = self.buffer.follow(job_id=params.job_id, source=params.source,
                                       since_ns=params.since_ns, snapshot=True)
         try:
-            matching = [record for _, record in follower.take(follower.pending())]
+            matching = [record for _, record in follower.take(follower.pending)]
         finally:
             self.buffer.unfollow(follower)
         tail = matching[-params.limit:]
