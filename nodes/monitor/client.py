@@ -51,10 +51,13 @@ class MonitorClient:
         monitor: wrk-monitor's public key.
         addresses: where it listens, tried before the DHT.
         backoff: the waits between failed dials.
+        timeout_s: a call's default bound (a user waits on app-node meanwhile).
     """
 
     def __init__(self, swarm: Swarm, monitor: bytes, *, addresses: Iterable[Address] = (),
-                 backoff: UpkeepPolicy = UpkeepPolicy()) -> None:
+                 backoff: UpkeepPolicy = UpkeepPolicy(),
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
         self.swarm = swarm
         self.monitor = monitor
         self.addresses = tuple(addresses)
@@ -93,12 +96,13 @@ class MonitorClient:
                 log.info("monitor_client.disconnected monitor=%s",
                          format_key(self.monitor)[:12])
 
-    async def ready(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> RpcClient:
+    async def ready(self, timeout_s: float | None = None) -> RpcClient:
         """The RPC client once connected.
 
         Raises:
-            MonitorUnavailable: no connection within ``timeout_s``.
+            MonitorUnavailable: no connection within ``timeout_s`` (default: the client's).
         """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = trio.current_time() + timeout_s
         while self._client is None:
             with trio.move_on_at(deadline):
@@ -111,13 +115,14 @@ class MonitorClient:
         return self._client
 
     async def call(self, method: Method, params: Any, *,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+                   timeout_s: float | None = None) -> Any:
         """``method(params)`` on wrk-monitor.
 
         Raises:
             MonitorUnavailable: no connection within ``timeout_s``.
             RpcError: wrk-monitor refused (its code), or the connection broke mid-call.
         """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = trio.current_time() + timeout_s
         client = await self.ready(timeout_s)
         remaining = max(0.001, deadline - trio.current_time())
@@ -125,7 +130,7 @@ class MonitorClient:
 
     @asynccontextmanager
     async def stream(self, method: StreamMethod, params: Any, *,
-                     connect_timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncIterator[Any]:
+                     connect_timeout_s: float | None = None) -> AsyncIterator[Any]:
         """A server-streamed call (``logs.follow``); it ends with the connection.
 
         Raises:

@@ -67,6 +67,7 @@ class Api:
     ork_service: OrkService | None = None
     #: With ``logs_api``: wrk-monitor's buffer (append records to it).
     log_buffer: LogBuffer | None = None
+    monitor_scope: trio.CancelScope | None = None
 
     def say(self, replica: int, state: str, **kwargs) -> None:
         """The worker reports ``state`` (``World.say``), and wrk-ork streams the change."""
@@ -164,20 +165,26 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
         await nursery.start(client.run)
         hub = JobHub()
         await nursery.start(follow_ork, client, hub)
-        buffer, monitor_client = None, None
+        buffer, monitor_client, monitor_scope = None, None, trio.CancelScope()
         if monitor:
             buffer = LogBuffer()
             monitor_swarm = Swarm(KeyPair.generate(),
                                   config=SwarmConfig(host="127.0.0.1", port=0),
                                   services=[MonitorService(buffer,
                                                            followers={me.public_key})])
-            monitor_address = await nursery.start(monitor_swarm.run)
+
+            async def run_monitor(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                with monitor_scope:
+                    await monitor_swarm.run(task_status=task_status)
+
+            monitor_address = await nursery.start(run_monitor)
             monitor_client = MonitorClient(swarm, monitor_swarm.keypair.public_key,
-                                           addresses=[monitor_address], backoff=FAST)
+                                           addresses=[monitor_address], backoff=FAST,
+                                           timeout_s=1.0)
             await nursery.start(monitor_client.run)
         async for value in make_api(tmp_path, ork=client, events=hub,
                                     monitor=monitor_client):
             value.world, value.ork_scope, value.ork_service = world, scope, service
-            value.log_buffer = buffer
+            value.log_buffer, value.monitor_scope = buffer, monitor_scope
             yield value
         nursery.cancel_scope.cancel()

@@ -2,7 +2,8 @@
 records come back filtered by job, source and since, newest ``limit``; follow
 (over Hypercorn on 127.0.0.1: httpx's ASGI transport would buffer a stream)
 sends the buffer's records then one appended after it connected; another team's
-member 404; bad query 422; without wrk-monitor 503 ``monitor_unavailable``."""
+member 404; bad query 422; without wrk-monitor 503 ``monitor_unavailable``; a
+follow whose wrk-monitor stops ends with ``lagged``, and then 503 (unreachable)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,27 @@ async def test_follow_sends_the_buffer_then_live_records(logs_api: Api,
             kind, data = await stream.next()
             assert kind == "records" and [x["text"] for x in data["records"]] == ["after"]
             assert stream.comments >= 2
+
+
+async def test_a_stopped_wrk_monitor_ends_the_follow_then_is_503(logs_api: Api) -> None:
+    api = logs_api
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    _append(api, job, ["before"])
+    assert api.monitor_scope is not None
+    with trio.fail_after(30):
+        async with served(api) as client, \
+                events(client, f"/jobs/{job}/logs?follow=1", owner) as stream:
+            assert (await stream.next())[0] == "records"
+            api.monitor_scope.cancel()
+            kind, data = await stream.next()
+            assert kind == "lagged" and data["id"] == job and data["message"]
+            assert await stream.ended()
+        for query in ("", "?follow=1"):
+            r = await api.client.get(f"/api/jobs/{job}/logs{query}", headers=bearer(owner))
+            assert r.status_code == 503
+            error = r.json()["error"]
+            assert error["code"] == "monitor_unavailable" and "not reachable" in error["message"]
 
 
 def test_the_schema_lists_the_route() -> None:
