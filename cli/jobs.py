@@ -7,21 +7,30 @@ stdout (``JOB=$(cosmicac jobs create ...)``), with ``-o json`` the job document;
 server that offers none) until the job runs (create, restart) or is gone
 (delete), with progress on stderr (:mod:`cli._wait`).
 
-``jobs logs`` belongs to wrk-monitor and comes with it.
+``jobs logs`` prints a job's log records from wrk-monitor through app-node
+(``GET /api/jobs/{job}/logs``): one line each, ``time  source  service  [replica]
+text`` with the server's UTC time (RFC 3339: the same on every machine, sorts as
+text), or JSON lines with ``-o json``; ``-f`` follows the event stream until
+Ctrl-C (exit 130), subscribing again (from the last record's time) when the
+server says ``lagged``.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import sys
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import typer
 
 from ._console import err, fail, print_json
-from ._wait import DEFAULT_TIMEOUT_S, Goal, wait_for
+from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, sse_events, wait_for
 from .session import (
     EXIT_CODES_HELP,
+    UNREACHABLE,
     USAGE,
     Api,
     api_for,
@@ -278,7 +287,91 @@ def delete_replica(job: str = typer.Argument(..., help="The job's id."),
     err.print(f"deleted replica {replica} of job {job}")
 
 
-for _command in (list_jobs, get, delete_replica):
+#: Longest silence on a followed stream before it counts as broken (keep-alives come
+#: every 15 s).
+_LOGS_SILENCE_S = 60.0
+#: Times ``-f`` subscribes again after ``lagged``.
+_LOGS_RESUBSCRIBES = 100
+
+
+def _log_line(output: str, record: dict[str, Any]) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(record) + "\n")
+    else:
+        replica = "-" if record.get("replica") is None else record["replica"]
+        sys.stdout.write(f"{record['time']}  {record['source']:<11}  {record['service']}  "
+                         f"[{replica}]  {record['text']}\n")
+    sys.stdout.flush()
+
+
+def _follow_logs(api: Api, path: str, params: dict[str, str], output: str) -> None:
+    """Print the followed records until Ctrl-C; resubscribe after ``lagged``."""
+    headers = {"authorization": f"Bearer {api.token}"} if api.token else {}
+    timeout = httpx.Timeout(30.0, connect=5.0, read=_LOGS_SILENCE_S)
+    last: str | None = None
+    with httpx.Client(base_url=f"{api.server}/api", timeout=timeout) as client:
+        for _ in range(_LOGS_RESUBSCRIBES + 1):
+            query = {**params, "follow": "1", **({"since": last} if last else {})}
+            lagged = None
+            try:
+                with client.stream("GET", path, params=query, headers=headers) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        api._fail(response)
+                    for event, data in sse_events(response.iter_lines()):
+                        if event == "records":
+                            for record in json.loads(data)["records"]:
+                                if last is None or record["time"] >= last:
+                                    _log_line(output, record)
+                                    last = record["time"]
+                        elif event == "lagged":
+                            lagged = json.loads(data).get("message", "")
+                            break
+            except httpx.TransportError as exc:
+                fail(f"lost the log stream from {api.server}: {exc or type(exc).__name__}",
+                     code=UNREACHABLE)
+            if lagged is None:
+                fail("the server ended the log stream", code=UNREACHABLE)
+            err.print(f"following again ({lagged})")
+        fail("the log stream kept falling behind; narrow it with --source", code=1)
+
+
+@app.command("logs")
+def logs(job: str = typer.Argument(..., help="The job's id."),
+         follow: bool = typer.Option(False, "--follow", "-f",
+                                     help="Keep printing new records until Ctrl-C."),
+         source: str | None = typer.Option(None, "--source", help="system (the platform's "
+                                           "steps) or application (the model server)."),
+         since: str | None = typer.Option(None, "--since", help="Only records since a "
+                                          "duration ago (90, 10m, 2h, 1d) or an RFC 3339 "
+                                          "time."),
+         limit: int = typer.Option(1000, "--limit", min=1, max=1000,
+                                   help="The newest this many records (without -f)."),
+         server: str | None = server_option(), output: str = output_option()) -> None:
+    """A job's log records (what wrk-monitor still holds: the last ones, then live).
+
+    Example: cosmicac jobs logs 5d1c... -f --source application --since 10m
+    """
+    check_output(output)
+    if source is not None and source not in ("system", "application"):
+        fail(f"--source takes system or application, not {source!r}", code=USAGE)
+    api = api_for(server)
+    path = f"{_job_path(job)}/logs"
+    params = {k: v for k, v in (("source", source), ("since", since)) if v}
+    try:
+        if follow:
+            _follow_logs(api, path, params, output)  # ends only by exiting
+            return
+        body = api.get(path, **params, limit=str(limit))
+        for record in body["records"]:
+            _log_line(output, record)
+        if body.get("more") and output != "json":
+            err.print("older records left out: --since or --limit to see others")
+    except KeyboardInterrupt:
+        raise typer.Exit(INTERRUPTED) from None
+
+
+for _command in (list_jobs, get, delete_replica, logs):
     _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
 for _command in (create, restart, delete, restart_replica):
     _command.__doc__ = f"{_command.__doc__}\n\n    {_WAIT_HELP}"

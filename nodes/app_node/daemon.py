@@ -11,6 +11,8 @@ One swarm, one identity (``<storage>/identity``):
   job, replica, rack and node operations, and one ``jobs.watch`` on it
   (:func:`~.job_events.follow_ork`) whose status changes a
   :class:`~.job_events.JobHub` fans out to the API's event streams;
+- :class:`~nodes.monitor.client.MonitorClient` to wrk-monitor
+  (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs;
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
   job records), called through worker threads;
 - the HTTP API (:func:`nodes.app_node.api.create_app`) on ``http.host:http.port``,
@@ -76,6 +78,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                          task_status: trio.TaskStatus[RunningAppNode] = trio.TASK_STATUS_IGNORED
                          ) -> None:
     """Run app-node until cancelled; report a :class:`RunningAppNode` once serving."""
+    from nodes.monitor.client import MonitorClient
     from nodes.ork.client import OrkClient
 
     from .api import create_app
@@ -108,12 +111,18 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 await nursery.start(ork.run)
                 events = JobHub()
                 await nursery.start(follow_ork, ork, events)
+            monitor = None
+            if settings.monitor is not None:
+                monitor = MonitorClient(swarm, settings.monitor,
+                                        addresses=settings.monitor_addresses)
+                await nursery.start(monitor.run)
             services = AppServices(store=store, database=db, ork=ork,
                                    email=make_sender(settings.email, storage),
                                    limiter=limiter, limits=settings.limits,
                                    public_url=settings.public_url,
                                    default_image=settings.default_image,
-                                   swarm=swarm_advert(settings), events=events)
+                                   swarm=swarm_advert(settings), events=events,
+                                   monitor=monitor)
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from crdt import Database
+    from nodes.monitor.client import MonitorClient
     from nodes.ork.client import OrkClient
 
     from .email import EmailSender
@@ -64,6 +65,8 @@ class AppServices:
         events: wrk-ork's job status changes, fanned out to the event streams
             (``GET /api/jobs/{job}/events``); the daemon follows wrk-ork into it
             (:func:`~.job_events.follow_ork`). None: those routes answer 503.
+        monitor: the client of wrk-monitor for job logs (``GET /api/jobs/{job}/logs``);
+            None until wrk-monitor is configured (that route answers 503).
     """
 
     store: Store
@@ -78,3 +81,4 @@ class AppServices:
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     clock: Callable[[], float] = time.time
     events: JobHub | None = None
+    monitor: MonitorClient | None = None

@@ -59,6 +59,11 @@ class AppNodeSettings(DaemonSettings):
     #: without it the job, rack and node routes answer 503.
     ork: PublicKey | None = None
     ork_addresses: AddressList = ()
+    #: wrk-monitor (its public key) and where it listens, tried before the DHT;
+    #: without it ``GET /api/jobs/{job}/logs`` answers 503 ``monitor_unavailable``.
+    #: wrk-monitor must list app-node's key among its followers.
+    monitor: PublicKey | None = None
+    monitor_addresses: AddressList = ()
     #: Writers admitted to the shared database at start (proxy-inference's key;
     #: ``cosmicac autobase-connect`` admits more later).
     database_writers: PublicKeyList = ()

@@ -31,6 +31,12 @@ claims; the ``service`` field is not proven (a later version may prefix it
 with the caller's key). Who may follow: the keys in ``followers`` (app-node,
 the CLI's key through app-node), since logs may hold secrets.
 
+``logs.query`` (:data:`QUERY`) is the same filter without the stream: the newest
+``limit`` matching records still in the buffer, in one answer (app-node's
+``GET /api/jobs/{job}/logs`` without ``follow``); same followers only. A
+stream's snapshot could serve it too, but a reader could not tell where the
+snapshot ends and live records begin.
+
 Error codes: ``FORBIDDEN``, ``BAD_BATCH`` (the batch is not valid records; the
 message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``.
 """
@@ -41,9 +47,11 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 
 import trio
+from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.telemetry import (
     FOLLOW,
+    MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,
     PROTOCOL,
     PUSH,
@@ -57,16 +65,36 @@ from contracts.telemetry import (
     split_batches,
 )
 from p2p.host import RpcService
-from p2p.rpc import CallContext, Router, RpcConfig, RpcError
+from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError
 
 from ._buffer import LogBuffer
 
-__all__ = ["MAX_FOLLOWERS", "MonitorService"]
+__all__ = ["MAX_FOLLOWERS", "QUERY", "MonitorService", "Query", "QueryResult"]
 
 log = logging.getLogger(__name__)
 
 #: Follow streams at once; more get TOO_MANY_FOLLOWERS.
 MAX_FOLLOWERS = 256
+
+
+class Query(Follow):
+    """``logs.query``: :class:`Follow`'s filter (``snapshot`` is ignored) and how many."""
+
+    #: The newest this many matching records.
+    limit: int = Field(default=MAX_BATCH_RECORDS, ge=1, le=MAX_BATCH_RECORDS)
+
+
+class QueryResult(BaseModel):
+    """The matching records, oldest first (a batch's bytes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    records: bytes = Field(max_length=MAX_BATCH_BYTES)
+    #: Older matching records were left out (over ``limit`` or a batch's bytes).
+    more: bool
+
+
+QUERY = Method("logs.query", params=Query, result=QueryResult)
 
 
 class MonitorService(RpcService):
@@ -94,6 +122,7 @@ class MonitorService(RpcService):
         router = Router()
         router.add(PUSH, self._push)
         router.add(FOLLOW, self._follow)
+        router.add(QUERY, self._query)
         super().__init__(PROTOCOL, router, config=config)
 
     async def _push(self, params: PushBatch, ctx: CallContext) -> PushResult:
@@ -109,10 +138,28 @@ class MonitorService(RpcService):
         self.buffer.append(records)
         return PushResult(accepted=len(records))
 
-    async def _follow(self, params: Follow, ctx: CallContext) -> AsyncIterator[RecordBatch]:
+    def _check_follower(self, ctx: CallContext) -> None:
         key = ctx.remote_public_key
         if key is None or key not in self.followers:
             raise RpcError("FORBIDDEN", "this key may not follow wrk-monitor's logs")
+
+    async def _query(self, params: Query, ctx: CallContext) -> QueryResult:
+        self._check_follower(ctx)
+        # A follower without notify, emptied at once: the buffer's own filter.
+        follower = self.buffer.follow(job_id=params.job_id, source=params.source,
+                                      since_ns=params.since_ns, snapshot=True)
+        try:
+            matching = [record for _, record in follower.take(follower.pending)]
+        finally:
+            self.buffer.unfollow(follower)
+        tail = matching[-params.limit:]
+        # The newest records that fit one batch's bytes.
+        chunks = list(split_batches(tail))
+        newest = chunks[-1] if chunks else []
+        return QueryResult(records=encode_batch(newest), more=len(newest) < len(matching))
+
+    async def _follow(self, params: Follow, ctx: CallContext) -> AsyncIterator[RecordBatch]:
+        self._check_follower(ctx)
         if self._streams >= MAX_FOLLOWERS:
             raise RpcError("TOO_MANY_FOLLOWERS", f"wrk-monitor serves at most {MAX_FOLLOWERS} "
                                                  "follow streams; close one first")

@@ -9,6 +9,10 @@ real ``OrkClient``. Nothing runs the jobs: a test plays the worker with
 wrk-ork's daemon does after each report, so app-node's watch sees the change and
 ``--wait`` following the job's events with it).
 
+``served_logs`` adds a real wrk-monitor: a ``MonitorService`` over a ``LogBuffer``
+on a third swarm that lets app-node's key follow, in app-node's settings
+(``monitor``, ``monitor_addresses``); tests append records to ``log_buffer``.
+
 Import the fixture into a test module: ``from .conftest_ork import served_ork``.
 """
 
@@ -24,6 +28,8 @@ import httpx
 import pytest
 import trio
 
+from nodes.monitor._buffer import LogBuffer
+from nodes.monitor.service import MonitorService
 from nodes.ork.service import OrkService
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
@@ -32,13 +38,15 @@ from tests.p2p.helpers import wait_until
 
 from .test_account import Served, cli_env, serve
 
-__all__ = ["ServedOrk", "served_ork"]
+__all__ = ["ServedOrk", "served_logs", "served_ork"]
 
 
 @dataclass
 class ServedOrk(Served):
     world: World | None = None
     service: OrkService | None = None
+    #: With ``served_logs``: wrk-monitor's buffer.
+    log_buffer: LogBuffer | None = None
 
     def job_ids(self) -> set[str]:
         assert self.world is not None
@@ -76,6 +84,17 @@ class ServedOrk(Served):
 
 @pytest.fixture
 async def served_ork(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[ServedOrk]:
+    yield await _serve_ork(tmp_path, nursery, monitor=False)
+    nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def served_logs(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[ServedOrk]:
+    yield await _serve_ork(tmp_path, nursery, monitor=True)
+    nursery.cancel_scope.cancel()
+
+
+async def _serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool) -> ServedOrk:
     world = World(nodes=(8, 8))
     # app-node's identity made first, so wrk-ork can trust exactly that key.
     app_key = await trio.to_thread.run_sync(load_or_create_keypair, tmp_path / "app-node")
@@ -86,7 +105,19 @@ async def served_ork(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Ser
                       services=[service])
     with trio.fail_after(30):
         address = await nursery.start(ork_swarm.run)
-    served = await serve(tmp_path, nursery, ork=ork_key.public_key, ork_addresses=(address,))
-    yield ServedOrk(served.node, served.server, served.env, served.config, world, service)
-    nursery.cancel_scope.cancel()
+    extra: dict = {}
+    buffer = None
+    if monitor:
+        buffer = LogBuffer()
+        monitor_swarm = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", port=0),
+                              services=[MonitorService(buffer,
+                                                       followers={app_key.public_key})])
+        with trio.fail_after(30):
+            monitor_address = await nursery.start(monitor_swarm.run)
+        extra = {"monitor": monitor_swarm.keypair.public_key,
+                 "monitor_addresses": (monitor_address,)}
+    served = await serve(tmp_path, nursery, ork=ork_key.public_key, ork_addresses=(address,),
+                         **extra)
+    return ServedOrk(served.node, served.server, served.env, served.config, world, service,
+                     buffer)
 

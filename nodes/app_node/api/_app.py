@@ -23,7 +23,18 @@ from ..auth import DEFAULT_PARAMS, ScryptParams
 from ..errors import AppNodeError
 from ..ratelimit import RateLimitMiddleware, key_by_token_or_ip
 from ..services import AppServices
-from . import _apikeys, _auth_routes, _events, _jobs, _model_masters, _racks, _swarm, _teams, _users
+from . import (
+    _apikeys,
+    _auth_routes,
+    _events,
+    _jobs,
+    _logs,
+    _model_masters,
+    _racks,
+    _swarm,
+    _teams,
+    _users,
+)
 from ._common import ApiError, Ctx, error_response
 from ._models import ErrorOut
 from ._spec import RouteSpec
@@ -34,8 +45,10 @@ _log = logging.getLogger(__name__)
 
 ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_users.ROUTES, *_teams.ROUTES,
                            *_apikeys.ROUTES, *_model_masters.ROUTES,
-                           # before _jobs: /jobs/events is not the job "events"
-                           *_events.ROUTES, *_jobs.ROUTES, *_racks.ROUTES, *_swarm.ROUTES]
+                           # before _jobs: /jobs/events is not the job "events";
+                           # /jobs/{job}/logs before any catch-all of _jobs'
+                           *_events.ROUTES, *_logs.ROUTES, *_jobs.ROUTES,
+                           *_racks.ROUTES, *_swarm.ROUTES]
 
 _DOCS = """<!doctype html><html><head><meta charset="utf-8"><title>CosmicAC API</title></head>
 <body><h1>CosmicAC API</h1><p>The schema of every route under <code>/api</code> is at

@@ -7,7 +7,11 @@ on its own swarm, reached by a real ``OrkClient`` on a second swarm, and
 app-node's ``JobHub`` following its ``jobs.watch`` as the daemon's does. A test
 that plays the worker (``world.say``) calls :meth:`Api.say` so the change also
 reaches the watch (wrk-ork's daemon pumps after every report; here the service
-pumps after every RPC call only)."""
+pumps after every RPC call only).
+
+``logs_api`` is ``ork_api`` plus a real wrk-monitor: a ``MonitorService`` over a
+``LogBuffer`` on a third swarm that lets app-node's key follow, reached by a
+real ``MonitorClient``; tests append records to ``Api.log_buffer``."""
 
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from nodes.app_node.job_events import JobHub, follow_ork
 from nodes.app_node.ratelimit import EmbeddedLimiter, Limits, Rate
 from nodes.app_node.services import AppServices
 from nodes.app_node.store import Store
+from nodes.monitor._buffer import LogBuffer
+from nodes.monitor.client import MonitorClient
+from nodes.monitor.service import MonitorService
 from nodes.ork.client import OrkClient
 from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
@@ -58,6 +65,9 @@ class Api:
     world: World | None = None
     ork_scope: trio.CancelScope | None = None
     ork_service: OrkService | None = None
+    #: With ``logs_api``: wrk-monitor's buffer (append records to it).
+    log_buffer: LogBuffer | None = None
+    monitor_scope: trio.CancelScope | None = None
 
     def say(self, replica: int, state: str, **kwargs) -> None:
         """The worker reports ``state`` (``World.say``), and wrk-ork streams the change."""
@@ -92,7 +102,8 @@ def bearer(token: str) -> dict[str, str]:
 
 async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
                    ork: OrkClient | None = None,
-                   events: JobHub | None = None) -> AsyncIterator[Api]:
+                   events: JobHub | None = None,
+                   monitor: MonitorClient | None = None) -> AsyncIterator[Api]:
     clock = FakeClock()
     store = Store.open(tmp_path / "app.sqlite")
     database = await Database.open(tmp_path / "db", KeyPair.generate(),
@@ -102,7 +113,7 @@ async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
                            email=OutboxSender(outbox, clock_ns=lambda: int(clock.now * 1e9)),
                            limiter=EmbeddedLimiter(), limits=limits,
                            public_url="https://cosmic.example", clock=clock,
-                           events=events)
+                           events=events, monitor=monitor)
     app = create_app(services, password_params=CHEAP)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -124,6 +135,17 @@ FAST = UpkeepPolicy(base_s=0.05, max_s=0.2, dial_timeout_s=2.0)
 
 @pytest.fixture
 async def ork_api(tmp_path: Path) -> AsyncIterator[Api]:
+    async for value in _with_ork(tmp_path, monitor=False):
+        yield value
+
+
+@pytest.fixture
+async def logs_api(tmp_path: Path) -> AsyncIterator[Api]:
+    async for value in _with_ork(tmp_path, monitor=True):
+        yield value
+
+
+async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
     world, ork_key, me = World(nodes=(8, 8)), KeyPair.generate(), KeyPair.generate()
     service = OrkService(world.orch, allow=lambda key: key == me.public_key,
                          clock=lambda: world.now)
@@ -143,7 +165,26 @@ async def ork_api(tmp_path: Path) -> AsyncIterator[Api]:
         await nursery.start(client.run)
         hub = JobHub()
         await nursery.start(follow_ork, client, hub)
-        async for value in make_api(tmp_path, ork=client, events=hub):
+        buffer, monitor_client, monitor_scope = None, None, trio.CancelScope()
+        if monitor:
+            buffer = LogBuffer()
+            monitor_swarm = Swarm(KeyPair.generate(),
+                                  config=SwarmConfig(host="127.0.0.1", port=0),
+                                  services=[MonitorService(buffer,
+                                                           followers={me.public_key})])
+
+            async def run_monitor(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                with monitor_scope:
+                    await monitor_swarm.run(task_status=task_status)
+
+            monitor_address = await nursery.start(run_monitor)
+            monitor_client = MonitorClient(swarm, monitor_swarm.keypair.public_key,
+                                           addresses=[monitor_address], backoff=FAST,
+                                           timeout_s=1.0)
+            await nursery.start(monitor_client.run)
+        async for value in make_api(tmp_path, ork=client, events=hub,
+                                    monitor=monitor_client):
             value.world, value.ork_scope, value.ork_service = world, scope, service
+            value.log_buffer, value.monitor_scope = buffer, monitor_scope
             yield value
         nursery.cancel_scope.cancel()

@@ -1,0 +1,146 @@
+"""A job's logs through app-node from a real in-process wrk-monitor (``logs_api``):
+records come back filtered by job, source and since, newest ``limit``; follow
+(over Hypercorn on 127.0.0.1: httpx's ASGI transport would buffer a stream)
+sends the buffer's records then one appended after it connected; another team's
+member 404; bad query 422; without wrk-monitor 503 ``monitor_unavailable``; a
+follow whose wrk-monitor stops ends with ``lagged``, and then 503 (unreachable)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from contracts.telemetry import APPLICATION, SYSTEM, make_record
+from nodes.app_node.api import _events, _logs
+from nodes.app_node.api._app import openapi
+
+from .conftest import Api, bearer
+from .test_events import _create, events, served
+
+NS = 1_000_000_000
+
+
+def _append(api: Api, job: str, texts: list[str], *, source: str = SYSTEM,
+            at: float | None = None) -> None:
+    assert api.log_buffer is not None
+    at = api.clock.now if at is None else at
+    api.log_buffer.append([make_record(t, service="agent-inference", source=source, job_id=job,
+                                       replica=0, time_ns=int(at * NS) + i)
+                           for i, t in enumerate(texts)])
+
+
+async def test_logs_are_filtered_by_job_source_since_and_limit(logs_api: Api) -> None:
+    api = logs_api
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    _append(api, job, ["old"], at=api.clock.now - 3600)
+    _append(api, job, ["booting", "pulled"])
+    _append(api, job, ["GET /v1/models 200"], source=APPLICATION)
+    _append(api, "someone-else", ["not mine"])
+    path = f"/api/jobs/{job}/logs"
+    with trio.fail_after(30):
+        r = await api.client.get(path, headers=bearer(owner))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [x["text"] for x in body["records"]] == ["old", "booting", "pulled",
+                                                         "GET /v1/models 200"]
+        assert body["more"] is False
+        first = body["records"][1]
+        assert first["job_id"] == job and first["replica"] == 0
+        assert first["source"] == "system" and first["level"] == "INFO"
+        assert first["service"] == "agent-inference" and first["time"].endswith("Z")
+
+        r = await api.client.get(path, headers=bearer(owner),
+                                 params={"source": "application"})
+        assert [x["text"] for x in r.json()["records"]] == ["GET /v1/models 200"]
+        r = await api.client.get(path, headers=bearer(owner), params={"since": "10m"})
+        assert [x["text"] for x in r.json()["records"]] == ["booting", "pulled",
+                                                            "GET /v1/models 200"]
+        r = await api.client.get(path, headers=bearer(owner), params={"limit": "2"})
+        assert [x["text"] for x in r.json()["records"]] == ["pulled", "GET /v1/models 200"]
+        assert r.json()["more"] is True
+
+        for bad in ({"source": "kernel"}, {"since": "yesterday"}, {"limit": "0"},
+                    {"follow": "2"}, {"since": "2026-01-01T00:00:00"}):
+            r = await api.client.get(path, headers=bearer(owner), params=bad)
+            assert r.status_code == 422, bad
+
+
+def test_since_takes_durations_and_rfc3339() -> None:
+    assert _logs.parse_since("90", 1000.0) == 910 * NS
+    assert _logs.parse_since("10m", 1000.0) == 400 * NS
+    assert _logs.parse_since("1d", 10.0) == 0
+    assert _logs.parse_since("1970-01-01T00:01:00Z", 0.0) == 60 * NS
+    assert _logs.parse_since("1970-01-01T01:01:00+01:00", 0.0) == 60 * NS
+
+
+async def test_another_team_gets_404(logs_api: Api) -> None:
+    api = logs_api
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    r = await api.client.post("/api/teams", headers=bearer(owner), json={"name": "other"})
+    stranger = await api.user("s@example.com", r.json()["id"], "owner", owner)
+    for path in (f"/api/jobs/{job}/logs", "/api/jobs/no-such-job/logs",
+                 f"/api/jobs/{job}/logs?follow=1"):
+        r = await api.client.get(path, headers=bearer(stranger))
+        assert r.status_code == 404 and r.json()["error"]["field"] == "job"
+    assert (await api.client.get(f"/api/jobs/{job}/logs")).status_code == 401
+
+
+async def test_without_wrk_monitor_it_is_503(ork_api: Api) -> None:
+    api = ork_api
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    for query in ("", "?follow=1"):
+        r = await api.client.get(f"/api/jobs/{job}/logs{query}", headers=bearer(owner))
+        assert r.status_code == 503
+        error = r.json()["error"]
+        assert error["code"] == "monitor_unavailable" and "not configured" in error["message"]
+
+
+async def test_follow_sends_the_buffer_then_live_records(logs_api: Api,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    api = logs_api
+    monkeypatch.setattr(_logs, "KEEPALIVE_S", 0.05)
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    _append(api, job, ["before"])
+    _append(api, job, ["app line"], source=APPLICATION)
+    with trio.fail_after(30):
+        async with served(api) as client, \
+                events(client, f"/jobs/{job}/logs?follow=1&source=system", owner) as stream:
+            kind, data = await stream.next()
+            assert kind == "records" and [x["text"] for x in data["records"]] == ["before"]
+            await trio.sleep(0.2)  # keep-alives while nothing comes
+            _append(api, "other-job", ["not mine"])
+            _append(api, job, ["after"])
+            kind, data = await stream.next()
+            assert kind == "records" and [x["text"] for x in data["records"]] == ["after"]
+            assert stream.comments >= 2
+
+
+async def test_a_stopped_wrk_monitor_ends_the_follow_then_is_503(logs_api: Api) -> None:
+    api = logs_api
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    _append(api, job, ["before"])
+    assert api.monitor_scope is not None
+    with trio.fail_after(30):
+        async with served(api) as client, \
+                events(client, f"/jobs/{job}/logs?follow=1", owner) as stream:
+            assert (await stream.next())[0] == "records"
+            api.monitor_scope.cancel()
+            kind, data = await stream.next()
+            assert kind == "lagged" and data["id"] == job and data["message"]
+            assert await stream.ended()
+        for query in ("", "?follow=1"):
+            r = await api.client.get(f"/api/jobs/{job}/logs{query}", headers=bearer(owner))
+            assert r.status_code == 503
+            error = r.json()["error"]
+            assert error["code"] == "monitor_unavailable" and "not reachable" in error["message"]
+
+
+def test_the_schema_lists_the_route() -> None:
+    paths = openapi()["paths"]
+    assert "/api/jobs/{job}/logs" in paths
+    assert _events.KEEPALIVE_S == _logs.KEEPALIVE_S
