@@ -187,9 +187,14 @@ async def test_records_reach_loki_and_history_older_than_the_buffer_comes_back(t
                 body = (await w.http.get("/jobs/j-1/logs", params={
                     "limit": 100, "source": APPLICATION})).json()
                 assert texts(body) == [f"line {i}" for i in range(1, 20, 2)]
+                # A late record (older than the ring's first) is in both: served once.
+                await ship(w, [rec(-5)])
+                await wait_until(lambda: len(loki.entries()) == 21, limit_s=20)
+                body = (await w.http.get("/jobs/j-1/logs", params={"limit": 100})).json()
+                assert texts(body) == [f"line {i}" for i in [*range(20), -5]]
                 text = (await w.http.get("/metrics")).text
-                assert metric(text, "monitor_loki_pushed_total") == 20
-                assert metric(text, "monitor_records_evicted_total") == 15
+                assert metric(text, "monitor_loki_pushed_total") == 21
+                assert metric(text, "monitor_records_evicted_total") == 16
             nursery.cancel_scope.cancel()
 
 
@@ -208,3 +213,16 @@ async def test_the_token_guards_the_logs_routes_but_not_metrics(tmp_path):
                                     headers={"Authorization": f"Bearer {TOKEN}"})
             assert texts(good.json()) == ["line 0"]
             assert (await w.http.get("/metrics")).status_code == 200
+
+
+def test_newest_scans_from_the_newest_end_and_keeps_arrival_order():
+    from nodes.monitor._buffer import LogBuffer
+
+    buffer = LogBuffer(max_records=6)
+    assert buffer.first is None and buffer.newest(lambda r: True, 3) == []
+    buffer.append([rec(i, job="j-1" if i % 2 else "j-2") for i in range(8)])
+    assert buffer.first == rec(2, job="j-2")
+    newest = buffer.newest(lambda r: r.job_id == "j-1", 2)
+    assert [(seq, r.text) for seq, r in newest] == [(6, "line 5"), (8, "line 7")]
+    assert [r.text for _, r in buffer.newest(lambda r: r.job_id == "j-1", 10)] == [
+        "line 3", "line 5", "line 7"]
