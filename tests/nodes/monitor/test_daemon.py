@@ -226,3 +226,25 @@ def test_newest_scans_from_the_newest_end_and_keeps_arrival_order():
     assert [(seq, r.text) for seq, r in newest] == [(6, "line 5"), (8, "line 7")]
     assert [r.text for _, r in buffer.newest(lambda r: r.job_id == "j-1", 10)] == [
         "line 3", "line 5", "line 7"]
+
+
+async def test_a_busy_http_port_is_named(tmp_path):
+    import socket
+
+    from nodes.monitor.daemon import HttpBindError
+
+    (tmp_path / "m").mkdir()
+    with socket.socket() as busy, trio.fail_after(30):
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = MonitorSettings(storage=tmp_path / "m", host="127.0.0.1", port=0,
+                                 http={"host": "127.0.0.1", "port": port})
+        with pytest.raises(BaseException) as caught:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_monitor, config)
+    leaf = caught.value
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, HttpBindError)
+    assert str(leaf) == f"cannot serve HTTP on 127.0.0.1:{port}: Address already in use"
