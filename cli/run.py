@@ -7,7 +7,7 @@ else from the file ``apply-config`` installed, then from the environment
 write it; ``COSMICAC_ORK__`` for wrk-ork; ``COSMICAC_PROXY__`` for
 proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``; ``COSMICAC_ENTRY__`` for
 the entry point on port 5173; ``COSMICAC_APP_NODE__`` for app-node, which also
-reads ``REDIS_URL``).
+reads ``REDIS_URL``; ``COSMICAC_MONITOR__`` for wrk-monitor).
 
 ``apply-config`` is the seeds' ``task apply-wrk-server-k8s-nvidia-common-config``:
 it validates a file exactly as the daemon will read it (environment
@@ -44,6 +44,7 @@ class ServiceName(enum.StrEnum):
     PROXY = "proxy-inference"
     ENTRY = "entry"
     APP_NODE = "app-node"
+    MONITOR = "wrk-monitor"
 
 
 def _settings_class(service: ServiceName) -> type[DaemonSettings]:
@@ -59,6 +60,9 @@ def _settings_class(service: ServiceName) -> type[DaemonSettings]:
     if service is ServiceName.APP_NODE:
         from nodes.app_node.settings import AppNodeSettings
         return AppNodeSettings
+    if service is ServiceName.MONITOR:
+        from nodes.monitor.settings import MonitorSettings
+        return MonitorSettings
     from nodes.k8s_worker.settings import WorkerSettings
     return WorkerSettings
 
@@ -101,6 +105,9 @@ def run(
         from nodes.app_node.errors import AppNodeError
         run_daemon(settings, start_app_node, name="app-node",
                    errors={CrdtError: str, AppNodeError: str})
+    elif service is ServiceName.MONITOR:
+        from nodes.monitor.daemon import start_monitor
+        run_daemon(settings, start_monitor, name="monitor")
     else:
         from nodes.k8s_worker.backend import BackendError
         from nodes.k8s_worker.daemon import start_worker

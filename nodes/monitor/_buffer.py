@@ -126,6 +126,24 @@ class LogBuffer:
         """What the ring holds, oldest first (for tests and a history read)."""
         return [(seq, rec) for seq, rec, _ in self._ring]
 
+    def newest(self, wants: Callable[[LogRecord], bool],
+               limit: int) -> list[tuple[int, LogRecord]]:
+        """The newest ``limit`` records ``wants`` accepts, oldest first: scanned from
+        the newest end, so a read of a busy job's tail stops early."""
+        out: list[tuple[int, LogRecord]] = []
+        for seq, rec, _ in reversed(self._ring):
+            if wants(rec):
+                out.append((seq, rec))
+                if len(out) >= limit:
+                    break
+        out.reverse()
+        return out
+
+    @property
+    def first(self) -> LogRecord | None:
+        """The oldest record held (by arrival), or None when empty."""
+        return self._ring[0][1] if self._ring else None
+
     def append(self, records: list[LogRecord]) -> int:
         """Number ``records``, keep them, hand them to followers; the last sequence number."""
         if not records:

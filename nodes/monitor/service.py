@@ -44,7 +44,7 @@ message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +57,7 @@ from contracts.telemetry import (
     PUSH,
     BadBatch,
     Follow,
+    LogRecord,
     PushBatch,
     PushResult,
     RecordBatch,
@@ -107,12 +108,17 @@ class MonitorService(RpcService):
             while running.
         followers: keys allowed to follow.
         config: the RPC server's limits.
+        on_records: called with every accepted batch once it is in the buffer
+            (the daemon hands them to Loki's pusher); synchronous, so it must
+            be O(batch) and never block: ingestion waits for it.
     """
 
     def __init__(self, buffer: LogBuffer, *, pushers: Iterable[bytes] = (),
                  allow_any_pusher: bool = False, followers: Iterable[bytes] = (),
-                 config: RpcConfig | None = None) -> None:
+                 config: RpcConfig | None = None,
+                 on_records: Callable[[list[LogRecord]], object] | None = None) -> None:
         self.buffer = buffer
+        self.on_records = on_records
         self.pushers = set(pushers)
         self.allow_any_pusher = allow_any_pusher
         self.followers = set(followers)
@@ -136,6 +142,8 @@ class MonitorService(RpcService):
             self.bad_batches += 1
             raise RpcError("BAD_BATCH", str(exc)) from None
         self.buffer.append(records)
+        if self.on_records is not None and records:
+            self.on_records(records)
         return PushResult(accepted=len(records))
 
     def _check_follower(self, ctx: CallContext) -> None:

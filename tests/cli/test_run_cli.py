@@ -83,3 +83,34 @@ def test_run_refuses_a_bad_setting_before_starting_anything(tmp_path, service, c
                             "--config-dir", str(tmp_path / "none"))
     assert result.exit_code == 2
     assert key in output and "Traceback" not in output
+
+
+@pytest.mark.slow
+async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(tmp_path):
+    import os
+    import re
+    import signal
+    import subprocess
+
+    import httpx
+    import trio
+
+    from tests.cli.helpers import process, read_until
+
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"storage": str(tmp_path / "m"), "host": "127.0.0.1",
+                                  "port": 0, "http": {"host": "127.0.0.1", "port": 0}}))
+    (tmp_path / "m").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
+    ready = re.compile(r"wrk-monitor (\w{64}) listening on 127\.0\.0\.1:(\d+) "
+                       r"\(http://([\d.]+):(\d+), loki off\)")
+    with trio.fail_after(60):
+        async with process("run", "wrk-monitor", "--config", str(config),
+                           "--config-dir", str(tmp_path / "none"),
+                           stdout=subprocess.PIPE, env=env) as proc:
+            match = await read_until(proc.stdout, ready)
+            async with httpx.AsyncClient(timeout=10) as http:
+                metrics = await http.get(f"http://{match[3]}:{match[4]}/metrics")
+            assert "monitor_records_received_total 0.0" in metrics.text
+            proc.send_signal(signal.SIGINT)
+            assert await proc.wait() == 0

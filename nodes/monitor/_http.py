@@ -1,0 +1,216 @@
+"""wrk-monitor's HTTP side: ``/metrics`` and a job's logs, as JSON or live (SSE).
+
+Routes (each also under ``/monitor``: the entry point strips that prefix
+today, nodes/entry/routes.py, but a deployment behind another proxy may not)::
+
+    GET /metrics                                   Prometheus text (open)
+    GET /jobs/{job_id}/logs?source=&since=&limit=  JSON {"job_id", "records", "history"}
+    GET /jobs/{job_id}/logs?follow=1&source=&since= text/event-stream
+
+``since`` is nanoseconds since the epoch (records at or after it); ``limit``
+keeps the newest ``limit`` records (default 1000, at most 5000). A JSON read
+takes the buffer's matching records; when Loki is configured and the buffer
+gave fewer than ``limit``, the older part comes from Loki: records strictly
+older than the buffer's oldest record (its first by arrival), less any the
+buffer still holds (a record that arrived late), so none is repeated. The
+buffer is scanned from its newest end until ``limit`` records match: a job's
+tail is quick, a read that reaches Loki scans it whole (~15 ms per 100,000
+records on the ingestion thread; an operator's route, not a hot path).
+``history`` says where the older part came from: ``"buffer"`` (no Loki),
+``"loki"``, or ``"loki-error: …"`` (the buffer's records are still returned).
+
+Follow: the buffer's matching records, then live ones, each an SSE event
+``id: <seq>`` / ``data: <record JSON>``; a comment (``: keep-alive``) every
+:data:`KEEPALIVE_S` when idle (proxies close silent streams); a follower
+that falls behind gets ``event: lagged`` and the stream ends (follow again
+with ``since``). At most :data:`MAX_HTTP_FOLLOWERS` at once (503 beyond).
+
+Authentication: with ``http.token`` set, the logs routes want ``Authorization:
+Bearer <token>`` (401 otherwise; compared in constant time). ``/metrics``
+is never protected: Prometheus scrapes it on a private address. Until
+app-node's ``/api/jobs/{id}/logs`` (per-user access, over RPC) exists, this
+token is the only guard of the logs routes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from contracts.telemetry import SOURCES, LogRecord
+
+from ._buffer import LogBuffer
+from .loki import LokiError, LokiReader, LokiRecord
+
+__all__ = ["KEEPALIVE_S", "MAX_HTTP_FOLLOWERS", "MAX_LIMIT", "LogsFront", "create_app"]
+
+#: An idle follow stream sends a comment this often.
+KEEPALIVE_S = 15.0
+#: Follow streams over HTTP at once.
+MAX_HTTP_FOLLOWERS = 256
+DEFAULT_LIMIT = 1000
+MAX_LIMIT = 5000
+#: How far back a history read without ``since`` asks Loki.
+DEFAULT_HISTORY_S = 7 * 24 * 3600
+#: Records per SSE write (one chunk).
+SSE_BATCH = 500
+
+
+@dataclass
+class LogsFront:
+    """What the routes read: the buffer, Loki's reader (optional), the metrics."""
+
+    buffer: LogBuffer
+    registry: CollectorRegistry
+    reader: LokiReader | None = None
+    token: str | None = None
+    keepalive_s: float = KEEPALIVE_S
+    #: HTTP follow streams now.
+    streams: int = 0
+
+
+def record_json(record: LogRecord | LokiRecord, seq: int | None = None) -> dict[str, Any]:
+    """One record as the routes answer it (a Loki record has no level or replica)."""
+    if isinstance(record, LokiRecord):
+        return {"time_ns": record.time_ns, "job_id": record.job_id, "replica": None,
+                "source": record.source, "level": None, "service": record.service,
+                "text": record.line, "seq": None}
+    return {"time_ns": record.time_ns, "job_id": record.job_id, "replica": record.replica,
+            "source": record.source, "level": record.level, "service": record.service,
+            "text": record.text, "seq": seq}
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status,
+                        headers=headers)
+
+
+def _authorised(front: LogsFront, request: Request) -> bool:
+    if front.token is None:
+        return True
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(),
+                                                                  front.token.encode())
+
+
+def _int_param(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    value = int(raw)  # ValueError: the caller answers 400
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be {lo}..{hi}")
+    return value
+
+
+def create_app(front: LogsFront) -> Starlette:
+    """The ASGI app over ``front``."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(front.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def logs(request: Request) -> Response:
+        if not _authorised(front, request):
+            return _error(401, "UNAUTHORIZED", "send Authorization: Bearer <http.token>")
+        job_id = request.path_params["job_id"]
+        source = request.query_params.get("source") or None
+        if source is not None and source not in SOURCES:
+            return _error(400, "BAD_REQUEST", f"source must be one of {sorted(SOURCES)}")
+        try:
+            since = _int_param(request, "since", None, 0, 2**63 - 1)
+            limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        except ValueError as exc:
+            return _error(400, "BAD_REQUEST", str(exc))
+        assert limit is not None
+        if request.query_params.get("follow") in ("1", "true", "yes"):
+            if front.streams >= MAX_HTTP_FOLLOWERS:
+                return _error(503, "TOO_MANY_FOLLOWERS",
+                              f"at most {MAX_HTTP_FOLLOWERS} follow streams; close one first")
+            return StreamingResponse(_follow(front, job_id, source, since),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
+        return JSONResponse(await _read(front, job_id, source, since, limit))
+
+    routes = []
+    for prefix in ("", "/monitor"):
+        routes += [Route(prefix + "/metrics", metrics, methods=["GET"]),
+                   Route(prefix + "/jobs/{job_id}/logs", logs, methods=["GET"])]
+    return Starlette(routes=routes)
+
+
+async def _read(front: LogsFront, job_id: str, source: str | None, since: int | None,
+                limit: int) -> dict[str, Any]:
+    """The newest ``limit`` matching records: the buffer's, older ones from Loki."""
+    def wants(r: LogRecord) -> bool:
+        return (r.job_id == job_id and (source is None or r.source == source)
+                and (since is None or r.time_ns >= since))
+
+    recent = front.buffer.newest(wants, limit)
+    out: list[dict[str, Any]] = []
+    history = "buffer"
+    if front.reader is not None and len(recent) < limit:
+        first = front.buffer.first
+        end_ns = first.time_ns if first is not None else time.time_ns() + 1
+        start_ns = since if since is not None else end_ns - DEFAULT_HISTORY_S * 10**9
+        history = "loki"
+        if start_ns < end_ns:
+            try:
+                older = await front.reader.query_range(
+                    job_id, source=source, start_ns=start_ns, end_ns=end_ns,
+                    limit=limit - len(recent), direction="backward")
+            except LokiError as exc:
+                history = f"loki-error: {exc}"
+            else:
+                # A record that arrived late (older than the ring's first) is in both.
+                held = {(r.time_ns, r.source, r.service, r.text) for _, r in recent}
+                out = [record_json(r) for r in older
+                       if (r.time_ns, r.source, r.service, r.line) not in held]
+    out += [record_json(r, seq) for seq, r in recent]
+    return {"job_id": job_id, "records": out, "history": history}
+
+
+async def _follow(front: LogsFront, job_id: str, source: str | None,
+                  since: int | None) -> AsyncIterator[bytes]:
+    """The SSE stream of one follower; ends when it lags or the client goes."""
+    wake = trio.Event()
+
+    def notify() -> None:
+        wake.set()
+
+    front.streams += 1
+    follower = front.buffer.follow(job_id=job_id, source=source, since_ns=since,
+                                   snapshot=True, notify=notify)
+    try:
+        yield b": following\n\n"  # the headers and a first byte at once
+        while True:
+            items = follower.take(SSE_BATCH)
+            if items:
+                yield "".join(f"id: {seq}\ndata: {json.dumps(record_json(r, seq))}\n\n"
+                              for seq, r in items).encode()
+                continue
+            if follower.lagged:
+                yield (b"event: lagged\ndata: {\"message\": \"this follow fell behind; "
+                       b"follow again with since\"}\n\n")
+                return
+            with trio.move_on_after(front.keepalive_s):
+                await wake.wait()
+            if not wake.is_set():
+                yield b": keep-alive\n\n"
+            wake = trio.Event()
+    finally:
+        front.streams -= 1
+        front.buffer.unfollow(follower)
+

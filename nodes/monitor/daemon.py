@@ -1,0 +1,214 @@
+"""wrk-monitor as a daemon: one swarm serving ``cosmicac-monitor/1``, an HTTP side beside it.
+
+One swarm, one identity (``<storage>/identity``), serving
+:class:`~nodes.monitor.service.MonitorService` over one
+:class:`~nodes.monitor._buffer.LogBuffer`. With ``loki.url`` set, every
+accepted record is also offered to a :class:`~nodes.monitor.loki.LokiPusher`
+(the service's ``on_records`` hook: a sync, bounded append, so Loki being
+slow or down never slows a push; its own task sends batches) and the HTTP
+side reads history older than the buffer with a
+:class:`~nodes.monitor.loki.LokiReader`. The HTTP side (:mod:`._http`) serves
+``/metrics`` and ``/jobs/{id}/logs``.
+
+:func:`serve_monitor` runs it in-process (tests); :func:`start_monitor` is
+``cosmicac run wrk-monitor`` on the daemon kit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import trio
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from contracts.telemetry import LogRecord
+from nodes.metrics import Family, Snapshot, snapshot_registry
+from p2p.daemon import Daemon, DaemonError, ProcessMetrics
+from p2p.http import serve_asgi
+from p2p.keys import format_key, load_or_create_keypair
+from p2p.metrics import combined_registry
+from p2p.net import Network
+from p2p.swarm import Swarm, SwarmConfig
+
+from ._buffer import LogBuffer
+from ._http import LogsFront, create_app
+from .loki import LokiPusher, LokiReader, LokiRecord
+from .service import MonitorService
+from .settings import MonitorSettings
+
+__all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor"]
+
+log = logging.getLogger(__name__)
+
+
+class HttpBindError(OSError):
+    """The HTTP side cannot listen on its address."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return f"cannot serve HTTP on {self.host}:{self.port}: {self.strerror}"
+
+
+@dataclass
+class RunningMonitor:
+    """A monitor serving in-process: where, and its parts (for tests)."""
+
+    http_address: tuple[str, int]
+    swarm_address: tuple[str, int]
+    swarm: Swarm
+    service: MonitorService
+    front: LogsFront
+    pusher: LokiPusher | None
+
+    @property
+    def url(self) -> str:
+        host, port = self.http_address
+        return f"http://{host}:{port}"
+
+
+def to_loki(record: LogRecord) -> LokiRecord:
+    """The Loki form of ``record``: a record of no job is labelled ``job_id=""``
+    (Loki drops empty labels: it is then selected by ``service`` alone)."""
+    return LokiRecord(time_ns=record.time_ns, service=record.service, source=record.source,
+                      job_id=record.job_id or "", line=record.text)
+
+
+def monitor_snapshot(service: MonitorService, pusher: LokiPusher | None) -> Snapshot:
+    """The counters ``/metrics`` shows (read on each scrape: plain integers)."""
+    stats = service.buffer.stats
+    families = {
+        "monitor_records_received": Family("Records accepted into the buffer",
+                                           stats.received, counter=True),
+        "monitor_records_evicted": Family("Records evicted from the buffer by its bounds",
+                                          stats.evicted, counter=True),
+        "monitor_followers_lagged": Family("Followers cut off for falling behind",
+                                           stats.followers_lagged, counter=True),
+        "monitor_bad_batches": Family("Pushed batches refused as malformed",
+                                      service.bad_batches, counter=True),
+        "monitor_buffer_records": Family("Records in the buffer", stats.records),
+        "monitor_buffer_bytes": Family("Estimated bytes in the buffer", stats.bytes),
+        "monitor_followers": Family("Followers attached (RPC and HTTP)",
+                                    service.buffer.followers),
+    }
+    if pusher is not None:
+        loki = pusher.statistics()
+        families.update({
+            "monitor_loki_pushed": Family("Records Loki accepted", loki.pushed, counter=True),
+            "monitor_loki_failed": Family("Records given up after retries", loki.failed,
+                                          counter=True),
+            "monitor_loki_dropped": Family("Records dropped while Loki was behind",
+                                           loki.dropped, counter=True),
+            "monitor_loki_rejected": Family("Records Loki refused (4xx)", loki.rejected,
+                                            counter=True),
+            "monitor_loki_retries": Family("Pushes retried", loki.retries, counter=True),
+            "monitor_loki_buffered": Family("Records waiting for Loki", loki.buffered),
+        })
+    return Snapshot(families=families)
+
+
+async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | None = None,
+                        network: Network | None = None,
+                        task_status: trio.TaskStatus[RunningMonitor] = trio.TASK_STATUS_IGNORED
+                        ) -> None:
+    """Run wrk-monitor until cancelled; report a :class:`RunningMonitor` once serving.
+
+    Args:
+        settings: the daemon's settings (``storage`` must exist and be this
+            monitor's alone).
+        metrics: the process's endpoint (the kit's), to which the monitor adds
+            its registries; ``/metrics`` then shows all of the process.
+        network: sockets (real by default).
+
+    Raises:
+        HttpBindError, OSError: a port cannot be bound.
+    """
+    keypair = await trio.to_thread.run_sync(load_or_create_keypair, settings.storage)
+    swarm = Swarm(keypair, config=SwarmConfig(
+        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
+        relays=settings.relays, announce_addresses=settings.announce_addresses),
+        network=network)
+    b = settings.buffer
+    buffer = LogBuffer(max_records=b.max_records, max_bytes=b.max_bytes,
+                       queue_records=b.queue_records)
+    async with AsyncExitStack() as stack:
+        pusher = reader = None
+        if settings.loki.url is not None:
+            pusher = await stack.enter_async_context(LokiPusher(
+                settings.loki.url, tenant=settings.loki.tenant,
+                max_buffered=settings.loki.max_buffered,
+                flush_interval_s=settings.loki.flush_interval_s))
+            reader = await stack.enter_async_context(
+                LokiReader(settings.loki.url, tenant=settings.loki.tenant))
+        offer = None if pusher is None else pusher.offer
+
+        def on_records(records: list[LogRecord]) -> None:
+            assert offer is not None
+            for record in records:
+                offer(to_loki(record))
+
+        service = MonitorService(buffer, pushers=settings.pushers,
+                                 allow_any_pusher=settings.allow_any_pusher,
+                                 followers=settings.followers,
+                                 on_records=None if pusher is None else on_records)
+        own = snapshot_registry(functools.partial(monitor_snapshot, service, pusher))
+        process = CollectorRegistry()
+        ProcessCollector(registry=process)  # process_cpu_seconds_total, memory, open fds
+        if metrics is not None:
+            metrics.add(own, process, swarm.metrics.registry)
+            registry = metrics.registry
+        else:
+            registry = combined_registry(own, process, swarm.metrics.registry)
+        front = LogsFront(buffer=buffer, registry=registry, reader=reader,
+                          token=settings.http.token)
+        swarm.add_service(service)
+        async with trio.open_nursery() as nursery:
+            swarm_address = await nursery.start(swarm.run)
+            if pusher is not None:
+                nursery.start_soon(pusher.run)
+            http_address = await nursery.start(functools.partial(
+                serve_asgi, create_app(front), host=settings.http.host,
+                port=settings.http.port, bind_error=HttpBindError))
+            log.info("monitor.serving http=%s:%d swarm=%s:%d key=%s loki=%s",
+                     *http_address, *swarm_address, format_key(keypair.public_key)[:12],
+                     settings.loki.url or "off")
+            task_status.started(RunningMonitor(
+                http_address=http_address, swarm_address=swarm_address, swarm=swarm,
+                service=service, front=front, pusher=pusher))
+            await trio.sleep_forever()
+
+
+async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
+    """``cosmicac run wrk-monitor``: start in ``daemon.nursery``; return once serving."""
+    settings = daemon.settings
+    if daemon.storage is not None:
+        settings = settings.model_copy(update={"storage": daemon.storage})
+    try:
+        running: RunningMonitor = await daemon.nursery.start(functools.partial(
+            serve_monitor, settings, metrics=daemon.metrics))
+    except (OSError, BaseExceptionGroup) as exc:
+        cause = _os_error(exc)  # a failed bind comes wrapped in nurseries' groups
+        if cause is None:
+            raise
+        if isinstance(cause, HttpBindError):
+            raise DaemonError(str(cause)) from None
+        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
+                          f"{cause.strerror or cause}") from None
+    host, port = running.http_address
+    print(f"wrk-monitor {running.swarm.keypair.hex} listening on "
+          f"{running.swarm_address[0]}:{running.swarm_address[1]} "
+          f"(http://{host}:{port}, loki {settings.loki.url or 'off'})", flush=True)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed start, if that is all ``exc`` holds."""
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None

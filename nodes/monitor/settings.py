@@ -1,0 +1,90 @@
+"""wrk-monitor's settings: ``COSMICAC_MONITOR__<KEY>`` in the environment, or a config file.
+
+Ports: the swarm on 49743 and the HTTP side on 49752 (after app-node's 49742
+and 49751; 49737 relay … 49741 proxy, 49750 proxy HTTP, 5173 entry).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import SettingsConfigDict
+
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
+
+from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS
+
+__all__ = ["MONITOR_HTTP_PORT", "MONITOR_PORT", "BufferSettings", "HttpSettings",
+           "LokiSettings", "MonitorSettings"]
+
+#: Default port of wrk-monitor's swarm (TCP and UDP).
+MONITOR_PORT = 49743
+#: Default port of its HTTP side (``/metrics``, ``/jobs/{id}/logs``).
+MONITOR_HTTP_PORT = 49752
+
+
+class HttpSettings(BaseModel):
+    """Where the HTTP side listens and who may read logs there."""
+
+    model_config = {"extra": "forbid"}
+
+    host: str = "127.0.0.1"
+    #: 0: any free port (tests).
+    port: Port = MONITOR_HTTP_PORT
+    #: When set, the logs routes want ``Authorization: Bearer <token>`` (401
+    #: otherwise). ``/metrics`` stays open: keep ``host`` private.
+    token: str | None = Field(default=None, min_length=16)
+
+
+class BufferSettings(BaseModel):
+    """The in-memory ring of recent records (nodes/monitor/_buffer.py)."""
+
+    model_config = {"extra": "forbid"}
+
+    max_records: int = Field(default=DEFAULT_MAX_RECORDS, ge=1, le=10_000_000)
+    max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1, le=16 << 30)
+    #: Live records queued per follower before it is cut off (``LAGGED``).
+    queue_records: int = Field(default=DEFAULT_QUEUE_RECORDS, ge=1, le=10_000_000)
+
+
+class LokiSettings(BaseModel):
+    """The operator's Loki: every accepted record is pushed there, history read back."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Loki's base URL (``http://loki:3100``); None: no Loki (the ring only).
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    #: ``X-Scope-OrgID`` for a multi-tenant Loki.
+    tenant: str | None = None
+    #: Records waiting for Loki; beyond it the oldest are dropped (counted).
+    max_buffered: int = Field(default=100_000, ge=1, le=10_000_000)
+    flush_interval_s: float = Field(default=0.5, ge=0, le=60)
+
+
+class MonitorSettings(DaemonSettings):
+    """Everything wrk-monitor reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_MONITOR__")
+
+    #: wrk-monitor's folder: its identity.
+    storage: Path
+    #: Address and port of its swarm (TCP and UDP).
+    host: str = "0.0.0.0"
+    port: Port = MONITOR_PORT
+    #: Addresses to announce instead of the listener's.
+    announce_addresses: AddressList | None = None
+    #: DHT bootstrap nodes (``host:port``).
+    bootstrap: AddressList = ()
+    #: Blind relays to stay reachable through.
+    relays: PublicKeyList = ()
+    #: Keys allowed to push records (the platform's daemons).
+    pushers: PublicKeyList = ()
+    #: Anyone may push (config ``telemetry.open``): agents' keys are not known
+    #: in advance. Off by default.
+    allow_any_pusher: bool = False
+    #: Keys allowed to follow over RPC (app-node's).
+    followers: PublicKeyList = ()
+    buffer: BufferSettings = BufferSettings()
+    http: HttpSettings = HttpSettings()
+    loki: LokiSettings = LokiSettings()

@@ -1,0 +1,250 @@
+"""wrk-monitor as a daemon on real sockets: a LogShipper on another swarm ships
+records, the HTTP side serves them as JSON and live over SSE, Loki gets them with
+their labels and serves the history older than the buffer, /metrics counts them,
+and the bearer token guards the logs routes (not /metrics)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from contracts.telemetry import APPLICATION, make_record
+from nodes.monitor.daemon import RunningMonitor, serve_monitor
+from nodes.monitor.settings import MonitorSettings
+from nodes.monitor.shipper import LogShipper
+from p2p.keys import KeyPair
+from p2p.swarm import Swarm, SwarmConfig
+from tests.p2p.helpers import wait_until
+
+from .loki_server import start_loki
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "t" * 32
+#: A base far enough in the past that "now" never falls inside the test's records.
+BASE_NS = time.time_ns() - 3600 * 10**9
+
+
+@dataclass
+class World:
+    monitor: RunningMonitor
+    shipper: LogShipper
+    http: httpx.AsyncClient
+
+
+@asynccontextmanager
+async def world(tmp_path, **settings):
+    """wrk-monitor serving, a shipper on its own swarm connected to it, an HTTP client."""
+    shipper_key = KeyPair.generate()
+    (tmp_path / "monitor").mkdir()
+    config = MonitorSettings(storage=tmp_path / "monitor", host="127.0.0.1", port=0,
+                             pushers=[shipper_key.public_key.hex()],
+                             http={"host": "127.0.0.1", "port": 0, **settings.pop("http", {})},
+                             **settings)
+    async with trio.open_nursery() as nursery:
+        monitor: RunningMonitor = await nursery.start(serve_monitor, config)
+        swarm = Swarm(shipper_key, config=SwarmConfig(host="127.0.0.1"))
+        await nursery.start(swarm.run)
+        shipper = LogShipper(flush_interval_s=0.01, retry_s=0.1)
+        nursery.start_soon(functools.partial(shipper.run, swarm,
+                                             monitor.swarm.keypair.public_key,
+                                             addresses=[monitor.swarm_address]))
+        async with httpx.AsyncClient(base_url=monitor.url, timeout=10) as http:
+            yield World(monitor, shipper, http)
+        nursery.cancel_scope.cancel()
+
+
+def rec(i: int, *, job: str = "j-1", source: str = "System"):
+    return make_record(f"line {i}", service="wrk-ork", job_id=job, source=source,
+                       time_ns=BASE_NS + i)
+
+
+async def ship(w: World, records) -> None:
+    before = w.monitor.service.buffer.stats.received
+    for record in records:
+        w.shipper.offer(record)
+    await wait_until(lambda: w.monitor.service.buffer.stats.received >= before + len(records),
+                     limit_s=20)
+
+
+def texts(body) -> list[str]:
+    return [r["text"] for r in body["records"]]
+
+
+def metric(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_shipped_records_are_served_as_json_and_counted(tmp_path):
+    with trio.fail_after(60):
+        async with world(tmp_path) as w:
+            await ship(w, [rec(0), rec(1, source=APPLICATION), rec(2, job="j-2"), rec(3)])
+            body = (await w.http.get("/jobs/j-1/logs")).json()
+            assert texts(body) == ["line 0", "line 1", "line 3"]
+            assert body["history"] == "buffer"
+            assert body["records"][1] | {"seq": 0} == {
+                "time_ns": BASE_NS + 1, "job_id": "j-1", "replica": None,
+                "source": APPLICATION, "level": 20, "service": "wrk-ork", "text": "line 1",
+                "seq": 0}
+            # Behind the entry point or not: the /monitor prefix serves the same.
+            body = (await w.http.get("/monitor/jobs/j-1/logs",
+                                     params={"source": "System", "limit": 1})).json()
+            assert texts(body) == ["line 3"]
+            body = (await w.http.get("/jobs/j-1/logs", params={"since": BASE_NS + 1})).json()
+            assert texts(body) == ["line 1", "line 3"]
+            assert (await w.http.get("/jobs/j-1/logs", params={"limit": 0})).status_code == 400
+            assert (await w.http.get("/jobs/j-1/logs",
+                                     params={"source": "x"})).status_code == 400
+            text = (await w.http.get("/metrics")).text
+            assert metric(text, "monitor_records_received_total") == 4
+            assert metric(text, "monitor_buffer_records") == 4
+            assert metric(text, "process_cpu_seconds_total") > 0
+            assert "swarm_connections" in text
+            assert (await w.http.get("/monitor/metrics")).status_code == 200
+
+
+async def _events(response: httpx.Response):
+    """(kind, payload) of each SSE event or comment, as they come."""
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            yield "comment", line[1:].strip()
+        elif line.startswith("event: "):
+            yield "event", line[7:]
+        elif line.startswith("data: "):
+            yield "data", json.loads(line[6:])
+
+
+async def test_follow_sees_the_snapshot_then_a_record_pushed_after_it_connected(tmp_path):
+    with trio.fail_after(60):
+        async with world(tmp_path) as w:
+            w.monitor.front.keepalive_s = 0.2
+            await ship(w, [rec(0), rec(1, job="j-2")])
+            seen: list[str] = []
+            comments: list[str] = []
+            async with w.http.stream("GET", "/jobs/j-1/logs",
+                                     params={"follow": "1"}) as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                async for kind, payload in _events(response):
+                    if kind == "comment":
+                        comments.append(payload)
+                        if "keep-alive" in payload and not seen[1:]:
+                            w.shipper.offer(rec(2))  # after a keep-alive: live, not snapshot
+                    elif kind == "data":
+                        seen.append(payload["text"])
+                        if len(seen) == 2:
+                            break
+            assert seen == ["line 0", "line 2"]
+            assert "keep-alive" in comments
+            await wait_until(lambda: w.monitor.front.streams == 0
+                             and w.monitor.service.buffer.followers == 0)
+
+
+async def test_a_follower_that_falls_behind_gets_lagged_and_the_end(tmp_path):
+    with trio.fail_after(60):
+        async with world(tmp_path, buffer={"queue_records": 3}) as w:
+            buffer = w.monitor.service.buffer
+            async with w.http.stream("GET", "/jobs/j-1/logs",
+                                     params={"follow": "1"}) as response:
+                lines = response.aiter_lines()
+                assert (await lines.__anext__()).startswith(":")  # attached
+                await wait_until(lambda: buffer.followers == 1)
+                buffer.append([rec(i) for i in range(10)])  # more than its queue at once
+                rest = [line async for line in lines]
+            assert "event: lagged" in rest
+            assert buffer.stats.followers_lagged == 1
+
+
+async def test_records_reach_loki_and_history_older_than_the_buffer_comes_back(tmp_path):
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            loki = await start_loki(nursery)
+            async with world(tmp_path, buffer={"max_records": 5},
+                             loki={"url": loki.url, "flush_interval_s": 0.01}) as w:
+                await ship(w, [rec(i, source=APPLICATION if i % 2 else "System")
+                               for i in range(20)])
+                await wait_until(lambda: len(loki.entries()) == 20, limit_s=20)
+                labels = {dict(labels)["source"]: dict(labels) for labels, _, _ in
+                          loki.entries()}
+                assert labels["System"] == {"service": "wrk-ork", "source": "System",
+                                            "job_id": "j-1"}
+                assert labels[APPLICATION]["job_id"] == "j-1"
+                body = (await w.http.get("/jobs/j-1/logs", params={"limit": 100})).json()
+                assert body["history"] == "loki"
+                assert texts(body) == [f"line {i}" for i in range(20)]
+                assert [r["seq"] is None for r in body["records"]] == [True] * 15 + [False] * 5
+                body = (await w.http.get("/jobs/j-1/logs", params={
+                    "limit": 100, "source": APPLICATION})).json()
+                assert texts(body) == [f"line {i}" for i in range(1, 20, 2)]
+                # A late record (older than the ring's first) is in both: served once.
+                await ship(w, [rec(-5)])
+                await wait_until(lambda: len(loki.entries()) == 21, limit_s=20)
+                body = (await w.http.get("/jobs/j-1/logs", params={"limit": 100})).json()
+                assert texts(body) == [f"line {i}" for i in [*range(20), -5]]
+                text = (await w.http.get("/metrics")).text
+                assert metric(text, "monitor_loki_pushed_total") == 21
+                assert metric(text, "monitor_records_evicted_total") == 16
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_token_guards_the_logs_routes_but_not_metrics(tmp_path):
+    with trio.fail_after(60):
+        async with world(tmp_path, http={"token": TOKEN}) as w:
+            await ship(w, [rec(0)])
+            for params in ({}, {"follow": "1"}):
+                refused = await w.http.get("/jobs/j-1/logs", params=params)
+                assert refused.status_code == 401
+                assert refused.headers["www-authenticate"] == "Bearer"
+            wrong = await w.http.get("/jobs/j-1/logs",
+                                     headers={"Authorization": "Bearer " + "x" * 32})
+            assert wrong.status_code == 401
+            good = await w.http.get("/monitor/jobs/j-1/logs",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})
+            assert texts(good.json()) == ["line 0"]
+            assert (await w.http.get("/metrics")).status_code == 200
+
+
+def test_newest_scans_from_the_newest_end_and_keeps_arrival_order():
+    from nodes.monitor._buffer import LogBuffer
+
+    buffer = LogBuffer(max_records=6)
+    assert buffer.first is None and buffer.newest(lambda r: True, 3) == []
+    buffer.append([rec(i, job="j-1" if i % 2 else "j-2") for i in range(8)])
+    assert buffer.first == rec(2, job="j-2")
+    newest = buffer.newest(lambda r: r.job_id == "j-1", 2)
+    assert [(seq, r.text) for seq, r in newest] == [(6, "line 5"), (8, "line 7")]
+    assert [r.text for _, r in buffer.newest(lambda r: r.job_id == "j-1", 10)] == [
+        "line 3", "line 5", "line 7"]
+
+
+async def test_a_busy_http_port_is_named(tmp_path):
+    import socket
+
+    from nodes.monitor.daemon import HttpBindError
+
+    (tmp_path / "m").mkdir()
+    with socket.socket() as busy, trio.fail_after(30):
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = MonitorSettings(storage=tmp_path / "m", host="127.0.0.1", port=0,
+                                 http={"host": "127.0.0.1", "port": port})
+        with pytest.raises(BaseException) as caught:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_monitor, config)
+    leaf = caught.value
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, HttpBindError)
+    assert str(leaf) == f"cannot serve HTTP on 127.0.0.1:{port}: Address already in use"
