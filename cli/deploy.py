@@ -49,6 +49,7 @@ from .up import (
     ENTRY,
     KEYED,
     LOCAL_IMAGE,
+    MONITOR,
     ORK,
     PROXY,
     RELAY,
@@ -59,7 +60,7 @@ from .up import (
 __all__ = ["SERVICES", "Deployment", "autobase_connect", "bootstrap", "restart", "wire"]
 
 #: Every daemon of a deployment, in start order; the unit of each is cosmicac-<name>.
-SERVICES = (DHT, RELAY, APP, ORK, WORKER, PROXY, ENTRY)
+SERVICES = (DHT, RELAY, MONITOR, APP, ORK, WORKER, PROXY, ENTRY)
 DEFAULT_DIR = Path("/var/lib/cosmicac")
 DEFAULT_HOST = "127.0.0.1"
 #: Where the swarms listen: every address (the DHT learns the interfaces').

@@ -61,9 +61,10 @@ _NODE_ENV_PREFIX = "COSMICAC_NODE__"
 _NODE_LEGACY_ENV = ("COSMICAC_STORAGE", "COSMICAC_HOST", "COSMICAC_PORT",
                     "COSMICAC_METRICS_PORT", "COSMICAC_METRICS_HOST", "COSMICAC_DB_ALLOW")
 
-RELAY, DHT, APP, ORK, WORKER, PROXY, ENTRY = (
-    "relay", "dht", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference", "entry")
-KEYED = (RELAY, APP, ORK, WORKER, PROXY)
+RELAY, DHT, APP, ORK, WORKER, PROXY, MONITOR, ENTRY = (
+    "relay", "dht", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference",
+    "wrk-monitor", "entry")
+KEYED = (RELAY, APP, ORK, WORKER, PROXY, MONITOR)
 
 
 @dataclass(frozen=True)
@@ -76,17 +77,20 @@ class Ports:
     ork: int
     proxy: int
     app: int
+    monitor: int
     proxy_http: int
     app_http: int
+    monitor_http: int
     entry: int
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
-        # The defaults are the daemons' own (relay 49737 … app-node 49742, the
-        # HTTP sides 49750/49751); the entry point keeps 5173 unless shifted.
+        # The defaults are the daemons' own (relay 49737 … wrk-monitor 49743, the
+        # HTTP sides 49750-49752); the entry point keeps 5173 unless shifted.
         entry = DEFAULT_ENTRY_PORT if base == DEFAULT_BASE_PORT else base + 20
         return cls(relay=base, dht=base + 1, worker=base + 2, ork=base + 3, proxy=base + 4,
-                   app=base + 5, proxy_http=base + 13, app_http=base + 14, entry=entry)
+                   app=base + 5, monitor=base + 6, proxy_http=base + 13, app_http=base + 14,
+                   monitor_http=base + 15, entry=entry)
 
 
 def _addr(port: int) -> str:
@@ -124,6 +128,7 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
         APP: {"storage": str(storage / APP), "host": listen, "port": ports.app,
               "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
               "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
+              "monitor": keys[MONITOR], "monitor_addresses": [f"{at(MONITOR)}:{ports.monitor}"],
               "http": {"host": at(APP), "port": ports.app_http},
               "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
               **({"default_image": default_image} if default_image else {})},
@@ -139,9 +144,16 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
                 "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
                 "ork": keys[ORK], "ork_addresses": ork_addresses,
                 "http": {"host": at(PROXY), "port": ports.proxy_http}},
+        # Nothing ships logs to it yet (issue 14); app-node follows it for
+        # `cosmicac jobs logs`, and only the daemons' keys may push.
+        MONITOR: {"storage": str(storage / MONITOR), "host": listen, "port": ports.monitor,
+                  "bootstrap": bootstrap, "relays": relays, "followers": [keys[APP]],
+                  "pushers": [keys[name] for name in (APP, ORK, WORKER, PROXY)],
+                  "http": {"host": at(MONITOR), "port": ports.monitor_http}},
         ENTRY: {"host": at(ENTRY), "port": ports.entry,
                 "api_url": f"http://{at(APP)}:{ports.app_http}",
-                "inference_url": f"http://{at(PROXY)}:{ports.proxy_http}"},
+                "inference_url": f"http://{at(PROXY)}:{ports.proxy_http}",
+                "monitor_url": f"http://{at(MONITOR)}:{ports.monitor_http}"},
     }
 
 
@@ -170,8 +182,11 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[Servi
         ServiceSpec(RELAY, (*COSMICAC, "relay", "--storage", str(storage / RELAY), "--host",
                             HOST, "--port", str(ports.relay), "--bootstrap", bootstrap[0]),
                     ready=re.compile(r"Server listening on " + hex64), depends_on=(DHT,)),
-        ServiceSpec(APP, run(APP), ready=re.compile(r"app-node " + hex64 + r" serving"),
+        ServiceSpec(MONITOR, run(MONITOR), ready=re.compile(r"wrk-monitor " + hex64 +
+                                                             r" listening"),
                     depends_on=(DHT, RELAY)),
+        ServiceSpec(APP, run(APP), ready=re.compile(r"app-node " + hex64 + r" serving"),
+                    depends_on=(DHT, RELAY, MONITOR)),
         ServiceSpec(ORK, run(ORK), ready=re.compile(r"wrk-ork " + hex64 + r" listening"),
                     depends_on=(DHT, RELAY, APP)),
         ServiceSpec(WORKER, run(WORKER),
@@ -180,7 +195,7 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[Servi
         ServiceSpec(PROXY, run(PROXY), ready=re.compile(r"proxy-inference " + hex64),
                     depends_on=(APP, ORK, WORKER)),
         ServiceSpec(ENTRY, run(ENTRY), ready=re.compile(r"entry serving (\S+)"),
-                    depends_on=(APP, PROXY)),
+                    depends_on=(APP, PROXY, MONITOR)),
     ]
 
 

@@ -31,7 +31,8 @@ from relay import RelaySettings
 from tests.cli.helpers import COSMICAC
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
-KEYED = ("relay", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference")
+KEYED = ("relay", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference",
+         "wrk-monitor")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -97,6 +98,10 @@ def test_bootstrap_writes_what_each_daemon_accepts(tmp_path: Path,
     assert proxy.database.hex() == keys["app-node"]
     entry = load(folder, "entry", monkeypatch)
     assert str(entry.api_url).startswith("http://127.0.0.1:49751")
+    assert str(entry.monitor_url).startswith("http://127.0.0.1:49752")
+    monitor = load(folder, "wrk-monitor", monkeypatch)
+    assert [k.hex() for k in monitor.followers] == [keys["app-node"]]
+    assert app.monitor.hex() == keys["wrk-monitor"]
     relay = load(folder, "relay", monkeypatch)
     assert relay.storage == folder / "relay" and relay.port == 49737
     assert env_file(folder / "env" / "dht.env") == {
@@ -301,7 +306,8 @@ def test_units_match_the_layout_bootstrap_writes() -> None:
         unit.read(UNITS / f"cosmicac-{name}.service")
         service = unit["Service"]
         start = service["ExecStart"].split()
-        if name in ("app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference", "entry"):
+        if name in ("app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference", "entry",
+                    "wrk-monitor"):
             assert start[1:] == ["run", name, "--config-dir", "/var/lib/cosmicac/config"]
         assert Path(start[0]).name == "cosmicac"
         assert service["EnvironmentFile"].lstrip("-") == f"/var/lib/cosmicac/env/{name}.env"

@@ -55,6 +55,8 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         models = await trio.to_thread.run_sync(
             lambda: get("/inference/v1/models", authorization=f"Bearer {creds['api_key']}"))
         assert models.status_code == 200, models.text
+        metrics = await trio.to_thread.run_sync(get, "/monitor/metrics")  # wrk-monitor's
+        assert metrics.status_code == 200 and "monitor" in metrics.text, metrics.text
         assert pids_using(storage)  # the children name their configs under storage
         # The local CLI is logged in at once (its config folder is this test's).
         who = await trio.run_process([*COSMICAC, "whoami", "-o", "json"], capture_stdout=True,

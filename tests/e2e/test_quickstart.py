@@ -92,6 +92,10 @@ async def test_quickstart_through_the_cli(tmp_path: Path) -> None:
         job = await cli.json("jobs", "get", chat_job)
         assert job["id"] == chat_job and job["status"] == "running"
 
+        # app-node reaches wrk-monitor for the job's logs (no daemon ships any yet).
+        logs = await cli("jobs", "logs", chat_job, "-o", "json")
+        assert all(json.loads(line)["job_id"] == chat_job for line in logs.stdout.splitlines())
+
         key = await cli.json("apikeys", "create", "--name", "e2e")
         answer = await trio.to_thread.run_sync(_chat, url, key["key"], "demo")
         assert answer["choices"][0]["message"]["content"]
