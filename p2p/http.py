@@ -16,10 +16,37 @@ from typing import Any
 
 import trio
 
-__all__ = ["bound_socket", "serve_asgi"]
+__all__ = ["ServerBindError", "bound_socket", "join_address", "serve_asgi"]
 
 #: Builds the error a failed bind raises: ``(host, port, os_error) -> OSError``.
 BindError = Callable[[str, int, OSError], OSError]
+
+
+def join_address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ServerBindError(OSError):
+    """A server cannot listen on its address (busy port, bad host).
+
+    A plain :class:`OSError` (``errno``, ``strerror`` set) whose ``str`` is one
+    line naming the address, raised bare rather than inside hypercorn's
+    exception groups. Each server subclasses it to name what it serves
+    (``what``); the class itself is a :data:`BindError` for :func:`serve_asgi`.
+    """
+
+    #: What the server serves, for the message ("the API", "metrics").
+    what = "HTTP"
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:
+        return f"cannot serve {self.what} on {join_address(self.host, self.port)}: " \
+               f"{self.strerror}"
 
 
 def bound_socket(host: str, port: int) -> socket.socket:

@@ -19,7 +19,7 @@ import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
-from .http import serve_asgi
+from .http import ServerBindError, serve_asgi
 
 __all__ = [
     "CollectorRegistry",
@@ -32,21 +32,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class MetricsBindError(OSError):
-    """The metrics endpoint cannot listen on its address (busy port, bad host).
+class MetricsBindError(ServerBindError):
+    """The metrics endpoint cannot listen on its address (busy port, bad host)."""
 
-    A plain :class:`OSError` (``errno``, ``strerror`` set) whose ``str`` is one
-    line naming the address, raised bare rather than inside hypercorn's
-    exception groups.
-    """
-
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host = host
-        self.port = port
-
-    def __str__(self) -> str:
-        return f"cannot serve metrics on {_join(self.host, self.port)}: {self.strerror}"
+    what = "metrics"
 
 
 class _Union(Collector):
@@ -87,12 +76,6 @@ class ProcessMetrics:
     def remove(self, registry: CollectorRegistry) -> None:
         """Stop showing ``registry`` (a component that stopped)."""
         self._registries[:] = [known for known in self._registries if known is not registry]
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 
 
 async def serve_metrics(

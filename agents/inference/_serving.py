@@ -1,5 +1,5 @@
-"""What both model servers' command lines share: the bind error, the address
-form, and running until SIGTERM (``python -m agents.inference.server`` and
+"""What both model servers' command lines share: the bind error and the address
+form (from :mod:`p2p.http`), and running until SIGTERM (``python -m agents.inference.server`` and
 ``python -m agents.inference.runtimes.parakeet_server``).
 
 The agent starts a model server, reads ``listening http://HOST:PORT`` from its
@@ -16,30 +16,11 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from p2p.http import ServerBindError, join_address
+
 __all__ = ["ServerBindError", "join_address", "run_until_signalled"]
 
 Serve = Callable[..., Awaitable[None]]
-
-
-def join_address(host: str, port: int) -> str:
-    """``host:port``, an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class ServerBindError(OSError):
-    """A server cannot listen on its address (busy port, bad host)."""
-
-    #: What the server serves, for the message ("the model").
-    what = "HTTP"
-
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host = host
-        self.port = port
-
-    def __str__(self) -> str:
-        return f"cannot serve {self.what} on {join_address(self.host, self.port)}: " \
-               f"{self.strerror}"
 
 
 def run_until_signalled(serve: Serve, *, log: logging.Logger, event: str) -> int:

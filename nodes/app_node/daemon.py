@@ -32,7 +32,7 @@ import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import serve_asgi
+from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 
@@ -48,15 +48,10 @@ __all__ = ["ApiBindError", "RunningAppNode", "serve_app_node", "start_app_node"]
 log = logging.getLogger(__name__)
 
 
-class ApiBindError(OSError):
+class ApiBindError(ServerBindError):
     """The HTTP API cannot listen on its address."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host, self.port = host, port
-
-    def __str__(self) -> str:
-        return f"cannot serve the API on {self.host}:{self.port}: {self.strerror}"
+    what = "the API"
 
 
 @dataclass

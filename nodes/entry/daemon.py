@@ -21,7 +21,7 @@ import httpx
 import trio
 
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import serve_asgi
+from p2p.http import ServerBindError, serve_asgi
 
 from .app import EntryApp
 from .metrics import EntryMetrics
@@ -33,15 +33,10 @@ __all__ = ["EntryBindError", "RunningEntry", "open_client", "serve_entry", "star
 log = logging.getLogger(__name__)
 
 
-class EntryBindError(OSError):
+class EntryBindError(ServerBindError):
     """The entry point cannot listen on its address."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host, self.port = host, port
-
-    def __str__(self) -> str:
-        return f"cannot serve the entry point on {self.host}:{self.port}: {self.strerror}"
+    what = "the entry point"
 
 
 @dataclass

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from contracts.telemetry import LogRecord
 from nodes.metrics import Family, Snapshot, snapshot_registry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import serve_asgi
+from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.metrics import combined_registry
 from p2p.net import Network
@@ -44,15 +44,10 @@ __all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor"]
 log = logging.getLogger(__name__)
 
 
-class HttpBindError(OSError):
+class HttpBindError(ServerBindError):
     """The HTTP side cannot listen on its address."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host, self.port = host, port
-
-    def __str__(self) -> str:
-        return f"cannot serve HTTP on {self.host}:{self.port}: {self.strerror}"
+    what = "HTTP"
 
 
 @dataclass

@@ -27,7 +27,7 @@ import trio
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.metrics import Snapshot
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import serve_asgi
+from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.net import Network
 from p2p.swarm import Swarm, SwarmConfig
@@ -47,15 +47,10 @@ __all__ = ["HttpBindError", "RunningProxy", "serve_proxy", "start_proxy"]
 log = logging.getLogger(__name__)
 
 
-class HttpBindError(OSError):
+class HttpBindError(ServerBindError):
     """The HTTP front cannot listen on its address."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host, self.port = host, port
-
-    def __str__(self) -> str:
-        return f"cannot serve HTTP on {self.host}:{self.port}: {self.strerror}"
+    what = "HTTP"
 
 
 @dataclass

@@ -26,14 +26,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from p2p.http import serve_asgi
+from p2p.http import ServerBindError, serve_asgi
 
 ALL = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-
-
-class UpstreamBindError(OSError):
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror)
 
 
 @dataclass
@@ -112,7 +107,7 @@ async def serving(*upstreams: Upstream):
         for upstream in upstreams:
             host, port = await nursery.start(functools.partial(
                 serve_asgi, upstream.app(), host="127.0.0.1", port=0,
-                bind_error=UpstreamBindError))
+                bind_error=ServerBindError))
             upstream.url = f"http://{host}:{port}"
         yield upstreams
         nursery.cancel_scope.cancel()
