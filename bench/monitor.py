@@ -63,9 +63,9 @@ async def _client(nursery, port: int, seed: bytes | None):
 
 
 async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: float):
+    from contracts.log_shipper import LogShipper
     from contracts.telemetry import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
     from contracts.telemetry import LogRecord as R
-    from nodes.monitor.shipper import LogShipper
 
     text = "GET /v1/completions 200 12.3 ms " * 3
     results: dict[str, float] = {}

@@ -9,5 +9,7 @@ the other: ``p2p`` ← ``contracts`` ← ``nodes``, ``agents`` ← ``cli``.
 - :mod:`.model`: jobs, racks, nodes, placements, statuses;
 - :mod:`.agent_config`: the agent's config (cloud-init user data / a file);
 - :mod:`.agent_report`: the ``cosmicac-agent/1`` protocol (hello, ready,
-  failed, heartbeat).
+  failed, heartbeat);
+- :mod:`.telemetry`: the ``cosmicac-monitor/1`` protocol (log records);
+- :mod:`.log_shipper`: its sender side, which every daemon and agent runs.
 """

@@ -16,10 +16,10 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.log_shipper import LogShipper
 from contracts.telemetry import APPLICATION, make_record
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.settings import MonitorSettings
-from nodes.monitor.shipper import LogShipper
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig
 from tests.p2p.helpers import wait_until

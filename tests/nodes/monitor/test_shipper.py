@@ -9,10 +9,10 @@ import logging
 import trio
 import trio.testing
 
+from contracts.log_shipper import LogShipper, ShipperHandler
 from contracts.telemetry import make_record
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
-from nodes.monitor.shipper import LogShipper, ShipperHandler
 
 from .test_service import DAEMON, STRANGER, connect
 

@@ -195,7 +195,7 @@ class ShipperHandler(logging.Handler):
     """``logging`` records as System :class:`LogRecord` s offered to ``shipper``.
 
     ``job_id`` and ``replica`` come from the log call's ``extra`` (``log.info(...,
-    extra={"job_id": "j-1", "replica": 0})``); records of ``nodes.monitor.shipper``
+    extra={"job_id": "j-1", "replica": 0})``); records of ``contracts.log_shipper``
     itself are skipped (a failing push must not feed the queue it failed to send).
     """
 
