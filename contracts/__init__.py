@@ -11,5 +11,6 @@ the other: ``p2p`` ← ``contracts`` ← ``nodes``, ``agents`` ← ``cli``.
 - :mod:`.agent_report`: the ``cosmicac-agent/1`` protocol (hello, ready,
   failed, heartbeat);
 - :mod:`.telemetry`: the ``cosmicac-monitor/1`` protocol (log records);
-- :mod:`.log_shipper`: its sender side, which every daemon and agent runs.
+- :mod:`.log_shipper`: its sender side, which every daemon and agent runs;
+- :mod:`.health`: the ``service.status`` method app-node probes services with.
 """
