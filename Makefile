@@ -41,8 +41,12 @@ lint: $(STAMP)
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
+# One worker per core (TEST_WORKERS=0: in this process, e.g. to use a debugger).
+# A module's tests stay on one worker (--dist loadfile): their module fixtures
+# start once, and the order within a file is the file's.
+TEST_WORKERS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	@set -e; for script in bench/[!_]*.py; do \
