@@ -247,11 +247,6 @@ class AgentTable:
     def names(self) -> list[str]:
         return list(self._entries)
 
-    def bound(self, key: bytes) -> str | None:
-        """The VMI ``key`` is bound to, or None."""
-        entry = self._by_key.get(key)
-        return None if entry is None else entry.name
-
     # -- what the agents say -------------------------------------------------------------
 
     def hello(self, key: bytes, hello: Hello, now: float) -> tuple[str, list[AgentEvent]]:
@@ -314,18 +309,24 @@ class AgentTable:
         kind = AgentEventKind.READY if entry.ready else AgentEventKind.HELLO
         return [AgentEvent(entry.name, kind, "agent reports again", now)]
 
-    def logs(self, key: bytes, records: Sequence[LogRecord]) -> list[LogRecord]:
-        """``records`` from the agent bound to ``key``, re-stamped with its VMI's job
-        id, replica and service (time, source, level and text kept). Not a report:
-        the silence deadline does not move.
+    def logs(self, key: bytes, batch: bytes) -> list[LogRecord]:
+        """The records of ``batch`` (``agent.logs``) from the agent bound to ``key``,
+        re-stamped with its VMI's job id, replica and service (time, source, level
+        and text kept). Not a report: the silence deadline does not move.
 
         Raises:
-            AgentRefused: ``NOT_INTRODUCED`` if ``key`` is bound to no VMI.
+            AgentRefused: ``NOT_INTRODUCED`` if ``key`` is bound to no VMI (checked
+                first: a stranger's batch is not worth decoding); ``BAD_BATCH``
+                if ``batch`` is not valid records (never another exception).
         """
         entry = self._by_key.get(key)
         if entry is None:
             raise AgentRefused(ReportCode.NOT_INTRODUCED,
                                "say hello first: this key is bound to no VMI")
+        try:
+            records = decode_batch(batch)
+        except BadBatch as exc:
+            raise AgentRefused(ReportCode.BAD_BATCH, str(exc)) from None
         job_id, replica, service = entry.job_id, entry.replica, entry.service
         return [LogRecord(r.time_ns, job_id, replica, r.source, r.level, service, r.text)
                 for r in records]
@@ -492,19 +493,14 @@ class AgentRegistry:
 
     async def _logs(self, params: PushBatch, ctx: CallContext) -> PushResult:
         key = self._caller(ctx)
-        # Who first: a stranger's batch is not worth decoding.
-        if self.table.bound(key) is None:
-            log.info("agent.refused method=logs key=%s code=%s", format_key(key)[:12],
-                     ReportCode.NOT_INTRODUCED)
-            raise RpcError(ReportCode.NOT_INTRODUCED,
-                           "say hello first: this key is bound to no VMI")
         try:
-            records = decode_batch(params.records)
-        except BadBatch as exc:
-            self.bad_log_batches += 1
-            log.warning("agent.bad_log_batch key=%s reason=%s", format_key(key)[:12], exc)
-            raise RpcError(ReportCode.BAD_BATCH, str(exc)) from None
-        stamped = self.table.logs(key, records)
+            stamped = self.table.logs(key, params.records)
+        except AgentRefused as exc:
+            if exc.code is ReportCode.BAD_BATCH:
+                self.bad_log_batches += 1
+            log.info("agent.refused method=logs key=%s code=%s reason=%s",
+                     format_key(key)[:12], exc.code, exc.message)
+            raise RpcError(exc.code, exc.message) from None
         self.log_records += len(stamped)
         if self.on_logs is not None and stamped:
             self.on_logs(stamped)
