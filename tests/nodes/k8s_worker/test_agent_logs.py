@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.agent_report import HELLO, LOGS, ReportCode
-from contracts.model import JobType, Runtime
+from contracts.model import JobSpec, JobType, NodeShare, ReplicaPlacement, Runtime
 from contracts.telemetry import (
     APPLICATION,
     MAX_BATCH_BYTES,
@@ -22,6 +22,7 @@ from contracts.telemetry import (
     make_record,
 )
 from nodes.k8s_worker.agents import AgentRefused, AgentTable
+from nodes.k8s_worker.backend import replica_unit
 from p2p.rpc import RpcError
 from tests.agents.helpers import agent_config, vmi_of
 
@@ -213,3 +214,15 @@ def test_any_bytes_give_restamped_records_or_bad_batch_never_another_error(data:
                                                                    "agent-instance")
         assert record.source in (SYSTEM, APPLICATION) and 0 <= record.level <= 100
     assert encode_batch(records)  # what the worker's shipper will send encodes
+
+
+@pytest.mark.parametrize("telemetry", [False, True])
+def test_the_worker_renders_telemetry_into_every_agents_config(telemetry):
+    spec = JobSpec(name="llama", team="t1", type="inference", image="docker://r/i:1", gpus=16,
+                   runtime="vllm", model="meta-llama/Llama-3.1-70B")
+    placement = ReplicaPlacement(rack="ab" * 32, shares=(NodeShare(node="n1", gpus=8),
+                                                        NodeShare(node="n2", gpus=8)))
+    unit = replica_unit("j-1", 0, spec, placement, telemetry=telemetry,
+                        agent={"worker": WORKER.hex(), "report_token": "ef" * 32})
+    assert [vmi.agent.telemetry for vmi in unit.vmis] == [telemetry, telemetry]
+    assert f'"telemetry": {str(telemetry).lower()}' in unit.vmis[0].agent.to_json()
