@@ -181,3 +181,27 @@ def test_shipping_is_installed_only_when_the_config_says_telemetry():
         assert shipper.method is LOGS and shipper.max_records == AGENT_MAX_RECORDS
     finally:
         logger.removeHandler(handler)
+
+
+async def test_an_agent_process_with_telemetry_ships_its_logs_to_the_worker(nursery, tmp_path):
+    from .test_agent_process import start_agent, stop
+
+    collected = Collected()
+    async with running_worker(nursery, on_logs=collected) as worker:
+        config = agent_config(worker.keypair.public_key, address=worker.address,
+                              storage=str(tmp_path / "storage")).model_copy(
+                                  update={"telemetry": True})
+        worker.registry.expect(vmi_of(config))
+        (tmp_path / "agent.json").write_text(config.to_json())
+        proc = await start_agent(tmp_path / "agent.json", tmp_path / "agent.log")
+        try:
+            await wait_until(lambda: any("agent.ready" in t for t in collected.texts()),
+                             limit_s=20)
+        finally:
+            code = await stop(proc)
+        assert code == 0, (tmp_path / "agent.log").read_text()
+    texts = collected.texts()
+    assert any("agent.started" in t for t in texts), texts  # logged before the hello
+    assert {(r.job_id, r.replica, r.service, r.source) for r in collected.records} == {
+        (config.job_id, 0, "agent-instance", SYSTEM)}
+    nursery.cancel_scope.cancel()
