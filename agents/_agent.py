@@ -13,6 +13,8 @@ process). Its life, as a tree of tasks::
             connect to the worker by key (config.worker_addresses first, then DHT)
             agent.hello  ─ agent.ready (or agent.failed) ─ agent.heartbeat every
             heartbeat_interval_s, until the connection or a call fails
+            └── log shipping    with a shipper (telemetry on): after hello,
+                                agent.logs batches on the same channel (_logs.py)
 
 Each session starts with ``hello`` (a worker that restarted has forgotten us)
 and then repeats ``ready`` if the workload is ready, and later ``unready`` and
@@ -25,6 +27,11 @@ outages and its replica should come back when the worker does. A refusal
 that can never succeed (``FORBIDDEN``, ``STALE_GENERATION``) ends the agent
 with :class:`AgentRefused`. A workload (or readiness hook) that raises is
 reported with ``agent.failed`` and ends the agent with :class:`AgentGaveUp`.
+
+Log shipping never holds a session up: the shipper's queue is bounded (the
+oldest records go, counted) and filled without blocking, a push that fails
+leaves its records queued for the next try or session, and a refused batch
+(``BAD_BATCH``) is dropped. A session ends only for the reports' reasons.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from contracts.agent_report import (
     Hello,
     Report,
 )
+from contracts.log_shipper import LogShipper
 from contracts.model import JobType
 from p2p.errors import P2PError
 from p2p.host import Service
@@ -160,6 +168,8 @@ class Agent:
         network: sockets (tests may give an in-memory network).
         policy: backoff and timeouts.
         rng: jitter (seeded in tests).
+        shipper: the agent's log records (:func:`agents._logs.install_log_shipping`),
+            shipped to the worker during each session; None: no shipping.
 
     Run it with ``await nursery.start(agent.run)``; it reports the swarm's address.
     """
@@ -169,7 +179,7 @@ class Agent:
                  readiness: Readiness | None = None, workload: Workload | None = None,
                  network: Network | None = None,
                  policy: ReportPolicy | None = None, rng: random.Random | None = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, shipper: LogShipper | None = None) -> None:
         self.config = config
         self.keypair = keypair
         self.worker = bytes.fromhex(config.worker)
@@ -178,6 +188,7 @@ class Agent:
         self.rng = rng or random.Random()
         self.readiness = readiness
         self.workload = workload
+        self.shipper = shipper
         swarm_config = SwarmConfig(
             host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
             bootstrap=tuple(bootstrap),
@@ -337,7 +348,7 @@ class Agent:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(client.run)
                     try:
-                        await self._reports(client)
+                        await self._reports(client, nursery)
                     finally:
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
@@ -352,7 +363,15 @@ class Agent:
     async def _call(self, client: RpcClient, method: Method, params):
         return await client.call(method, params, timeout_s=self._call_timeout_s)
 
-    async def _reports(self, client: RpcClient) -> None:
+    async def _ship_logs(self, client: RpcClient) -> None:
+        """Ship the log records over this session's client until it ends."""
+        shipper = self.shipper
+        assert shipper is not None
+        while True:
+            await shipper.ship(client)  # returned: a push failed, its records kept
+            await trio.sleep(shipper.retry_s)
+
+    async def _reports(self, client: RpcClient, nursery: trio.Nursery) -> None:
         c = self.config
         result = await self._call(client, HELLO, Hello(
             job_id=c.job_id, replica=c.replica, generation=c.generation,
@@ -362,6 +381,8 @@ class Agent:
         self.sessions += 1
         log.info("agent.hello %s vmi=%s worker=%s session=%d", self.label, self.vmi,
                  format_key(self.worker)[:12], self.sessions)
+        if self.shipper is not None:
+            nursery.start_soon(self._ship_logs, client)
         reported_ready = False
         interval = c.heartbeat_interval_s
         next_beat = trio.current_time() + interval

@@ -10,7 +10,9 @@ Boot order, each step refusing with one line and an exit code:
    whose disk is kept, comes back with the same key;
 3. run :class:`agents._agent.Agent` until SIGTERM or SIGINT (exit 0); a
    Managed Inference Job's agent runs its model server
-   (:class:`agents.inference.InferenceWorkload`).
+   (:class:`agents.inference.InferenceWorkload`). With ``telemetry`` in the
+   config, the process's log records (its own as System, the model server's
+   output as Application) are shipped to the worker (``agents/_logs.py``).
 
 Exit 1: the worker refused the agent for good (:class:`AgentRefused`), the
 workload failed (:class:`AgentGaveUp`), the identity or storage is unusable.
@@ -41,6 +43,7 @@ from p2p.errors import P2PError
 from p2p.keys import load_or_create_keypair
 
 from ._agent import Address, Agent, AgentGaveUp, AgentRefused, Readiness
+from ._logs import install_log_shipping
 
 __all__ = ["AgentProcessSettings", "main", "parse_addresses"]
 
@@ -119,7 +122,11 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
         from agents.inference import InferenceWorkload
 
         workload = InferenceWorkload(config)
+    # After the kit configured logging (it replaces the root's handlers); the
+    # handler stays for the process's life.
+    shipping = install_log_shipping(config)
     agent = Agent(config, keypair, bootstrap=bootstrap, worker_addresses=worker_addresses,
-                  readiness=readiness, workload=workload)
+                  readiness=readiness, workload=workload,
+                  shipper=shipping[0] if shipping is not None else None)
     daemon.metrics.add(agent.swarm.metrics.registry)
     await daemon.nursery.start(agent.run)

@@ -72,6 +72,10 @@ class AgentConfig(BaseModel):
     #: The agent's folder: identity and state. Inside a VMI a fixed path.
     storage: str = "/var/lib/cosmicac-agent"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Ship the agent's log records (its own as System, its model server's
+    #: output as Application) to the worker with ``agent.logs``, which forwards
+    #: them to wrk-monitor. The worker sets it when its own telemetry is on.
+    telemetry: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:

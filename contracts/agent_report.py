@@ -9,6 +9,8 @@ connection and calls, in order::
                                     server restarts); ready follows when it is back
     agent.heartbeat()               every heartbeat_interval_s
     agent.failed(message)           the agent gave up (its workload cannot start)
+    agent.logs(records)             the agent's log records (only when its config's
+                                    ``telemetry`` is on), at any time after hello
 
 ``hello`` proves which VMI the caller is: the token is the VMI's
 ``AgentConfig.report_token`` (only the worker and that VMI's cloud-init know
@@ -29,10 +31,24 @@ method             params                                                 result
 ``agent.failed``   ``message: str (≤ 1,000)``                             ``{}``
 ``agent.unready``  ``message: str (≤ 1,000)``                             ``{}``
 ``agent.heartbeat`` ``{}``                                                ``{}``
+``agent.logs``     ``records: bytes`` (:class:`~contracts.telemetry.PushBatch`)  ``accepted: int``
 =================  =====================================================  ==========
+
+``agent.logs`` carries a record batch in wrk-monitor's wire format
+(:mod:`contracts.telemetry`, "Wire format of a record batch"). Agents never
+dial wrk-monitor (they run in VMs with keys it does not know): their worker
+checks the batch, re-stamps every record's ``job_id`` and ``replica`` with
+those of the VMI the caller's key is bound to (so an agent can never write
+another job's logs) and its ``service`` with :func:`agent_service` of the
+VMI's job type, keeps ``time_ns``, ``source`` (System or Application),
+``level`` and ``text``, and forwards the records with its own log shipper. A
+batch that does not decode is refused whole with ``BAD_BATCH``; the worker
+whose telemetry is off accepts and discards. ``agent.logs`` is not a report:
+it neither feeds nor ends an agent's silence (heartbeats do).
 
 Errors carry a stable code (:class:`ReportCode`); an agent branches on it:
 ``FORBIDDEN`` and ``STALE_GENERATION`` will never succeed (the agent stops),
+``BAD_BATCH`` refuses one log batch (the agent drops it, it goes on),
 ``UNKNOWN_REPLICA`` and ``NOT_INTRODUCED`` may (the worker has not re-learnt
 its VMIs yet after a restart, or the VMI was re-expected): hello again later.
 """
@@ -45,11 +61,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from p2p.rpc import Method
 
+from .model import JobType
+from .telemetry import PushBatch, PushResult
+
 __all__ = [
     "FAILED",
     "FATAL_CODES",
     "HEARTBEAT",
     "HELLO",
+    "LOGS",
     "PROTOCOL",
     "READY",
     "UNREADY",
@@ -59,6 +79,7 @@ __all__ = [
     "HelloResult",
     "Report",
     "ReportCode",
+    "agent_service",
 ]
 
 #: The channel protocol the worker serves for its agents.
@@ -78,10 +99,19 @@ class ReportCode(enum.StrEnum):
     STALE_GENERATION = "STALE_GENERATION"
     #: A report from a key no hello has bound (or whose binding was reset).
     NOT_INTRODUCED = "NOT_INTRODUCED"
+    #: An ``agent.logs`` batch that is not valid records (refused whole; the
+    #: same code as wrk-monitor's ``logs.push``, so a log shipper drops it).
+    BAD_BATCH = "BAD_BATCH"
 
 
 #: Codes after which hello can never succeed for this agent: it stops.
 FATAL_CODES = frozenset({ReportCode.FORBIDDEN, ReportCode.STALE_GENERATION})
+
+
+def agent_service(job_type: JobType) -> str:
+    """The ``service`` of an agent's log records: ``agent-inference`` (a Managed
+    Inference Job's agent) or ``agent-instance`` (a GPU Container Job's)."""
+    return "agent-inference" if job_type is JobType.INFERENCE else "agent-instance"
 
 
 class Hello(BaseModel):
@@ -130,3 +160,4 @@ READY = Method("agent.ready", params=Report, result=Ack)
 FAILED = Method("agent.failed", params=Report, result=Ack)
 UNREADY = Method("agent.unready", params=Report, result=Ack)
 HEARTBEAT = Method("agent.heartbeat", params=Heartbeat, result=Ack)
+LOGS = Method("agent.logs", params=PushBatch, result=PushResult)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import trio
 
@@ -51,7 +51,7 @@ from contracts.telemetry import (
     make_record,
     split_batches,
 )
-from p2p.rpc import RpcClient, RpcError
+from p2p.rpc import Method, RpcClient, RpcError
 
 __all__ = ["LogShipper", "ShipperHandler"]
 
@@ -75,12 +75,16 @@ class LogShipper:
         flush_interval_s: how often a partial batch is sent.
         push_timeout_s: a push not answered by then is retried on a new channel.
         retry_s: the wait before a channel is opened again on the same connection.
+        method: the push method, params ``PushBatch``, result ``PushResult``:
+            wrk-monitor's ``logs.push`` (default), or ``agent.logs`` for an agent
+            that ships to its worker (``ship`` over the agent's client; ``run``
+            dials wrk-monitor and only makes sense with ``logs.push``).
     """
 
     def __init__(self, *, max_records: int = DEFAULT_MAX_RECORDS,
                  batch_records: int = DEFAULT_BATCH_RECORDS,
                  flush_interval_s: float = 0.02, push_timeout_s: float = 10.0,
-                 retry_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, method: Method = PUSH) -> None:
         if max_records < 1 or not 1 <= batch_records <= MAX_BATCH_RECORDS:
             raise ValueError("max_records must be positive and batch_records 1-1000")
         self.max_records = max_records
@@ -88,6 +92,7 @@ class LogShipper:
         self.flush_interval_s = flush_interval_s
         self.push_timeout_s = push_timeout_s
         self.retry_s = retry_s
+        self.method = method
         self._queue: deque[LogRecord] = deque(maxlen=max_records)
         #: Records dropped because the queue was full (oldest first).
         self.dropped = 0
@@ -109,6 +114,17 @@ class LogShipper:
         if len(queue) >= self.max_records:
             self.dropped += 1  # the deque's maxlen drops the oldest on append
         queue.append(record)
+
+    def offer_many(self, records: Iterable[LogRecord]) -> None:
+        """Queue ``records`` in order, as :meth:`offer` each would: never blocks,
+        never raises; beyond the bound the oldest (queued ones first) are dropped
+        and counted. Thread-safe as :meth:`offer` is."""
+        records = records if isinstance(records, (list, tuple)) else list(records)
+        queue = self._queue
+        over = len(queue) + len(records) - self.max_records
+        if over > 0:
+            self.dropped += over
+        queue.extend(records)  # the deque's maxlen drops the oldest
 
     def _take(self) -> list[LogRecord]:
         queue = self._queue
@@ -142,7 +158,8 @@ class LogShipper:
                 done = 0
                 for chunk in split_batches(batch):
                     try:
-                        result = await client.call(PUSH, PushBatch(records=encode_batch(chunk)),
+                        params = PushBatch(records=encode_batch(chunk))
+                        result = await client.call(self.method, params,
                                                    timeout_s=self.push_timeout_s)
                     except RpcError as exc:
                         if exc.code in _REFUSED:

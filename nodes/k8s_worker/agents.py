@@ -24,6 +24,21 @@ other call is authorised by the bound key alone. The table holds one entry
 per VMI the worker expects (the worker's own bound), and nothing for callers
 that fail hello, so a stranger cannot grow it.
 
+Logs (issue 14): ``agent.logs`` carries the agent's log records. The
+registry authorises the call by the bound key (``NOT_INTRODUCED`` otherwise),
+decodes the batch (``BAD_BATCH`` for one that does not decode: refused
+whole, counted, never a crash), re-stamps every record with the bound VMI's
+job id and replica and ``service`` with the agent's kind
+(:func:`contracts.agent_report.agent_service`), so an agent can only ever
+write its own replica's logs, and hands the records to ``on_logs`` (the
+worker's log shipper's ``offer_many``: synchronous, never blocks). Without
+``on_logs`` (the worker's telemetry is off) batches are checked, answered and
+discarded. A log batch is not a report: it does not move the silence deadline,
+so an agent whose reports stopped is silent even while its logs still arrive.
+Falls short: an introduced agent may flood its worker's shipper, whose bound
+then drops the oldest records, the worker's own among them; there is no
+per-agent rate limit.
+
 State is in memory: after a worker restart the worker calls :meth:`expect`
 again for every VMI it knows (the persisted replicas), and the agents, whose
 connections broke, say hello again on their next connection.
@@ -35,6 +50,7 @@ import enum
 import hmac
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -43,6 +59,7 @@ from contracts.agent_report import (
     FAILED,
     HEARTBEAT,
     HELLO,
+    LOGS,
     PROTOCOL,
     READY,
     UNREADY,
@@ -52,7 +69,9 @@ from contracts.agent_report import (
     HelloResult,
     Report,
     ReportCode,
+    agent_service,
 )
+from contracts.telemetry import BadBatch, LogRecord, PushBatch, PushResult, decode_batch
 from p2p.host import RpcService
 from p2p.keys import format_key
 from p2p.rpc import CallContext, Router, RpcError
@@ -66,6 +85,7 @@ __all__ = [
     "AgentRegistry",
     "AgentState",
     "AgentTable",
+    "OnLogs",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,6 +93,10 @@ log = logging.getLogger(__name__)
 #: Heartbeats an agent may miss before it is reported silent. Kubernetes
 #: marks a node NotReady after 40 s of 10 s leases (4); 3 keeps Unknown quick.
 DEFAULT_SILENT_HEARTBEATS = 3
+
+#: Where an agent's re-stamped log records go: synchronous, must never block
+#: (the worker's ``LogShipper.offer_many``).
+OnLogs = Callable[[Sequence[LogRecord]], None]
 
 
 class AgentEventKind(enum.StrEnum):
@@ -135,6 +159,8 @@ class _Entry:
     generation: int
     token: bytes
     silent_after_s: float
+    #: The ``service`` of this agent's log records (``agent-inference``...).
+    service: str = "agent"
     key: bytes | None = None
     ready: bool = False
     failed: bool = False
@@ -197,7 +223,8 @@ class AgentTable:
         silent_after = (self.silent_after_s if self.silent_after_s is not None
                         else self.silent_heartbeats * config.heartbeat_interval_s)
         entry = _Entry(vmi.name, config.job_id, config.replica, config.node_rank,
-                       config.generation, token, silent_after)
+                       config.generation, token, silent_after,
+                       agent_service(config.job_type))
         self._entries[vmi.name] = entry
         self._by_slot[entry.slot] = entry
 
@@ -282,6 +309,28 @@ class AgentTable:
         kind = AgentEventKind.READY if entry.ready else AgentEventKind.HELLO
         return [AgentEvent(entry.name, kind, "agent reports again", now)]
 
+    def logs(self, key: bytes, batch: bytes) -> list[LogRecord]:
+        """The records of ``batch`` (``agent.logs``) from the agent bound to ``key``,
+        re-stamped with its VMI's job id, replica and service (time, source, level
+        and text kept). Not a report: the silence deadline does not move.
+
+        Raises:
+            AgentRefused: ``NOT_INTRODUCED`` if ``key`` is bound to no VMI (checked
+                first: a stranger's batch is not worth decoding); ``BAD_BATCH``
+                if ``batch`` is not valid records (never another exception).
+        """
+        entry = self._by_key.get(key)
+        if entry is None:
+            raise AgentRefused(ReportCode.NOT_INTRODUCED,
+                               "say hello first: this key is bound to no VMI")
+        try:
+            records = decode_batch(batch)
+        except BadBatch as exc:
+            raise AgentRefused(ReportCode.BAD_BATCH, str(exc)) from None
+        job_id, replica, service = entry.job_id, entry.replica, entry.service
+        return [LogRecord(r.time_ns, job_id, replica, r.source, r.level, service, r.text)
+                for r in records]
+
     def _reporting(self, key: bytes, now: float) -> _Entry:
         entry = self._by_key.get(key)
         if entry is None:
@@ -320,6 +369,8 @@ class AgentRegistry:
             their side, to be retried), it does not grow memory.
         silent_after_s: see :class:`AgentTable`.
         silent_heartbeats: see :class:`AgentTable`.
+        on_logs: where the agents' re-stamped log records go (see the module
+            doc); None: telemetry is off, batches are checked and discarded.
 
     Add :attr:`service` to the worker's swarm, start :meth:`run` in a nursery,
     and call :meth:`expect` for each VMI before (or as) it is created::
@@ -331,10 +382,16 @@ class AgentRegistry:
 
     def __init__(self, events: trio.MemorySendChannel[AgentEvent], *,
                  silent_after_s: float | None = None,
-                 silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS) -> None:
+                 silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS,
+                 on_logs: OnLogs | None = None) -> None:
         self.table = AgentTable(silent_after_s=silent_after_s,
                                 silent_heartbeats=silent_heartbeats)
         self._events = events
+        self.on_logs = on_logs
+        #: Log records taken from agents (handed to ``on_logs`` or discarded).
+        self.log_records = 0
+        #: ``agent.logs`` batches refused with ``BAD_BATCH``.
+        self.bad_log_batches = 0
         self._changed = trio.Event()
         router = Router()
         router.add(HELLO, self._hello)
@@ -342,6 +399,7 @@ class AgentRegistry:
         router.add(FAILED, self._failed)
         router.add(UNREADY, self._unready)
         router.add(HEARTBEAT, self._heartbeat)
+        router.add(LOGS, self._logs)
         #: Serve this on the worker's swarm.
         self.service = RpcService(PROTOCOL, router)
 
@@ -432,3 +490,18 @@ class AgentRegistry:
         # No wake-up: a heartbeat only moves a deadline later, and run() finds
         # nothing to expire at the old one and sleeps again.
         return await self._report(ctx, "heartbeat", self.table.heartbeat)
+
+    async def _logs(self, params: PushBatch, ctx: CallContext) -> PushResult:
+        key = self._caller(ctx)
+        try:
+            stamped = self.table.logs(key, params.records)
+        except AgentRefused as exc:
+            if exc.code is ReportCode.BAD_BATCH:
+                self.bad_log_batches += 1
+            log.info("agent.refused method=logs key=%s code=%s reason=%s",
+                     format_key(key)[:12], exc.code, exc.message)
+            raise RpcError(exc.code, exc.message) from None
+        self.log_records += len(stamped)
+        if self.on_logs is not None and stamped:
+            self.on_logs(stamped)
+        return PushResult(accepted=len(stamped))

@@ -129,7 +129,7 @@ class VmiEvent:
 
 def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPlacement, *,
                  generation: int = 0, agent: Mapping[str, Any],
-                 tokens: Sequence[str] | None = None) -> ReplicaUnit:
+                 tokens: Sequence[str] | None = None, telemetry: bool = False) -> ReplicaUnit:
     """The :class:`ReplicaUnit` of one placed replica: one VMI per node share.
 
     Args:
@@ -139,6 +139,8 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
             runtime, model, GPUs) are filled in here.
         tokens: a report token per VMI (node rank), overriding
             ``agent["report_token"]``: each agent proves its own VMI.
+        telemetry: the agents ship their logs to the worker (``agent.logs``):
+            the worker's own telemetry is on. An ``agent["telemetry"]`` wins.
 
     Raises:
         pydantic.ValidationError: an ``agent`` field is invalid.
@@ -158,7 +160,8 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
                               served_name=spec.serves_as,
                               head_address=(vmi_name(job_id, replica, 0)
                                             if placement.multi_node else None),
-                              **{**agent, **({"report_token": tokens[rank]} if tokens else {})}),
+                              **{"telemetry": telemetry, **agent,
+                                 **({"report_token": tokens[rank]} if tokens else {})}),
         )
         for rank, share in enumerate(placement.shares))
     return ReplicaUnit(job_id=job_id, replica=replica, generation=generation, spec=spec,

@@ -50,11 +50,11 @@ class Worker:
 
 @asynccontextmanager
 async def running_worker(nursery: trio.Nursery, *, port: int = 0, keypair: KeyPair | None = None,
-                         silent_after_s: float | None = None):
+                         silent_after_s: float | None = None, on_logs=None):
     """The worker's side: a swarm on 127.0.0.1 serving an :class:`AgentRegistry`."""
     keypair = keypair or KeyPair.generate()
     send, receive = trio.open_memory_channel[AgentEvent](64)
-    registry = AgentRegistry(send, silent_after_s=silent_after_s)
+    registry = AgentRegistry(send, silent_after_s=silent_after_s, on_logs=on_logs)
     swarm = Swarm(keypair, config=SwarmConfig(host="127.0.0.1", port=port),
                   services=[registry.service])
     async with trio.open_nursery() as inner:

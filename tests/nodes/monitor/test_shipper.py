@@ -54,6 +54,20 @@ def test_put_back_keeps_the_newest_within_the_bound():
     assert [r.time_ns for r in shipper._take() + shipper._take()] == [3, 4, *range(5, 13)]
 
 
+def test_offer_many_keeps_order_and_drops_the_oldest_beyond_the_bound():
+    shipper = LogShipper(max_records=10)
+    shipper.offer_many([rec(i) for i in range(4)])
+    shipper.offer_many(rec(i) for i in range(4, 8))  # any iterable
+    assert shipper.pending == 8 and shipper.dropped == 0
+    shipper.offer_many([rec(i) for i in range(8, 13)])  # 0..2 go
+    assert shipper.dropped == 3
+    shipper.offer_many([rec(i) for i in range(13, 40)])  # more than the bound at once
+    assert shipper.pending == 10 and shipper.dropped == 30
+    assert [r.time_ns for r in shipper._take()] == list(range(30, 40))
+    shipper.offer_many([])
+    assert shipper.pending == 0 and shipper.dropped == 30
+
+
 async def test_records_wait_while_the_monitor_is_down_then_arrive_in_order(nursery,
                                                                       autojump_clock):
     service = MonitorService(LogBuffer(), pushers=[DAEMON])
