@@ -85,7 +85,12 @@ class AgentConfig(BaseModel):
 
     def to_json(self) -> str:
         """The config as the worker writes it (indented, keys sorted)."""
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        data = self.model_dump(mode="json")
+        if not data["telemetry"]:
+            # Added after version 1 shipped: left out when off, so that an agent
+            # image older than its worker still reads the config it is given.
+            del data["telemetry"]
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

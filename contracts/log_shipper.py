@@ -156,24 +156,31 @@ class LogShipper:
                         continue
                 batch = self._take()
                 done = 0
-                for chunk in split_batches(batch):
-                    try:
-                        params = PushBatch(records=encode_batch(chunk))
-                        result = await client.call(self.method, params,
-                                                   timeout_s=self.push_timeout_s)
-                    except RpcError as exc:
-                        if exc.code in _REFUSED:
+                try:
+                    for chunk in split_batches(batch):
+                        try:
+                            params = PushBatch(records=encode_batch(chunk))
+                            result = await client.call(self.method, params,
+                                                       timeout_s=self.push_timeout_s)
+                        except RpcError as exc:
+                            if exc.code not in _REFUSED:
+                                log.info("shipper.push_failed code=%s reason=%s",
+                                         exc.code, exc)
+                                return
                             self.refused += len(chunk)
                             log.warning("shipper.refused records=%d code=%s reason=%s",
                                         len(chunk), exc.code, exc)
-                            done += len(chunk)
-                            continue
+                        else:
+                            self.sent += result.accepted
+                            self.connected = True
+                        done += len(chunk)
+                finally:
+                    # Failed, or cancelled mid-push (an agent's session ends on a
+                    # missed heartbeat): what was not acknowledged goes back to be
+                    # sent on the next channel. The receiver may see it twice, as
+                    # after a timeout; it never silently loses it.
+                    if done < len(batch):
                         self._put_back(batch[done:])
-                        log.info("shipper.push_failed code=%s reason=%s", exc.code, exc)
-                        return
-                    done += len(chunk)
-                    self.sent += result.accepted
-                    self.connected = True
         finally:
             self.connected = False
 

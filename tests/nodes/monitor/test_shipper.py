@@ -99,6 +99,30 @@ async def test_records_wait_while_the_monitor_is_down_then_arrive_in_order(nurse
         assert shipper.dropped == 50
 
 
+class _HangingClient:
+    """An RPC client whose push is never answered (a monitor that went quiet)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def call(self, method, params, *, timeout_s=None):
+        self.calls += 1
+        await trio.sleep_forever()
+
+
+async def test_a_push_cancelled_in_flight_keeps_its_records(autojump_clock):
+    shipper = LogShipper(max_records=100, batch_records=10)
+    for i in range(25):
+        shipper.offer(rec(i))
+    client = _HangingClient()
+    with trio.move_on_after(5):  # the session ends while the first push is in flight
+        await shipper.ship(client)
+    assert client.calls == 1
+    assert shipper.pending == 25 and shipper.dropped == 0 and not shipper.connected
+    assert [r.time_ns for r in shipper._take() + shipper._take() + shipper._take()] \
+        == list(range(25))
+
+
 async def test_a_refused_batch_is_dropped_and_counted_not_retried(nursery, autojump_clock):
     service = MonitorService(LogBuffer(), pushers=[DAEMON])
     shipper = LogShipper()
