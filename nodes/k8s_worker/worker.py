@@ -122,8 +122,8 @@ class _Replica:
     message: str = ""
     last_report_at: float = -math.inf
     last_agents: tuple[str, ...] = ()
-    #: The 10 % step of the disk import last logged (-1: none yet).
-    import_step: int = -1
+    #: Per node rank, the 10 % step of its disk import last logged.
+    import_steps: dict[int, int] = field(default_factory=dict)
 
 
 class Worker:
@@ -289,7 +289,7 @@ class Worker:
                 await trio.sleep(wait)
 
     def _expect(self, state: _Replica, unit: ReplicaUnit) -> None:
-        state.import_step = -1
+        state.import_steps.clear()
         for vmi in unit.vmis:
             state.views[vmi.node_rank] = VmiView()
             self.registry.expect(vmi)
@@ -347,20 +347,20 @@ class Worker:
             if event.message:
                 line = event.message if len(state.views) == 1 else f"{event.name}: {event.message}"
                 self._system(state, line, level=_PHASE_LEVELS.get(event.phase, logging.INFO),
-                             logged=self._import_step_changed(state, event.message))
+                             logged=self._import_step_changed(state, rank, event.message))
             await self._update(state)
 
     @staticmethod
-    def _import_step_changed(state: _Replica, message: str) -> bool:
-        """False for a disk progress line within the 10 % step already logged
-        (it still becomes the replica's message)."""
+    def _import_step_changed(state: _Replica, rank: int, message: str) -> bool:
+        """False for a disk progress line within the 10 % step already logged for
+        that VMI (it still becomes the replica's message)."""
         found = _IMPORTING.search(message)
         if found is None:
             return True
         step = min(int(float(found[1])) // 10, 10)
-        if step == state.import_step:
+        if state.import_steps.get(rank) == step:
             return False
-        state.import_step = step
+        state.import_steps[rank] = step
         return True
 
     async def _follow_agents(self) -> None:

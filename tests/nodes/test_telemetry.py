@@ -19,7 +19,6 @@ from nodes.proxy_inference.settings import ProxySettings
 from nodes.telemetry import TelemetrySettings, start_telemetry, telemetry_host
 from p2p.daemon import ConfigError, ProcessMetrics, load_settings
 from p2p.keys import KeyPair
-from p2p.swarm import UpkeepPolicy
 
 MONITOR = KeyPair.generate()
 STEPS = logging.getLogger("nodes.ork.service")
