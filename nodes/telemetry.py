@@ -79,8 +79,11 @@ class TelemetrySettings(ShipperSettings):
 class TelemetryHost(Protocol):
     """What :func:`start_telemetry` needs of a daemon (the kit's ``Daemon`` has it)."""
 
-    nursery: trio.Nursery
-    metrics: ProcessMetrics | None
+    @property
+    def nursery(self) -> trio.Nursery: ...
+
+    @property
+    def metrics(self) -> ProcessMetrics | None: ...
 
 
 @dataclass
