@@ -85,6 +85,7 @@ async def test_records_reach_the_monitor_with_their_job_and_the_handler_goes_at_
                 assert sample(metrics, "telemetry_records_dropped_total") == 0
                 daemon.cancel_scope.cancel()
             assert shipper_handlers() == []
+            assert sample(metrics, "telemetry_records_pending") is None
             STEPS.info("after the stop", extra={"job_id": "j-1"})
             assert shipper.pending == 0
 
