@@ -24,7 +24,6 @@ from pathlib import Path
 
 import trio
 
-from contracts.log_shipper import LogShipper
 from nodes.control import BadMessage, decode_operation
 from nodes.metrics import Family, Snapshot, snapshot_registry
 from nodes.telemetry import start_telemetry
@@ -71,10 +70,6 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                                     config=QueueConfig(fsync=fsync))
     queues = QueueService()
     queues.attach(queue)
-    # The worker's LogShipper once telemetry runs (None: off, or not yet): set
-    # here first so a callback made before it starts (the agents' log records
-    # for wrk-monitor) may read it at any time: ``if shipper: shipper.offer(r)``.
-    shipper: LogShipper | None = None
     agent_send, agent_events = trio.open_memory_channel[AgentEvent](1024)
     registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s)
     backend = backend or make_backend(settings, storage)
@@ -89,10 +84,13 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     measured = Snapshot()
     daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: measured))
     # The worker's own records (every job's System steps) go to wrk-monitor when
-    # telemetry is on; ``shipper.offer(record)`` also takes ready-made records
-    # (contracts.telemetry.LogRecord), e.g. the agents' that the registry receives.
+    # telemetry is on, and so do its agents': they send them to the worker
+    # (``agent.logs``, re-stamped with their replica) and new agents are told
+    # to (``AgentConfig.telemetry``). Until then (or with telemetry off) the
+    # registry answers their batches and discards them.
     shipper = await start_telemetry(daemon, swarm, settings.telemetry,
                                     service="wrk-server-k8s-nvidia")
+    registry.on_logs = None if shipper is None else shipper.offer_many
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
     if not worker_addresses and settings.backend == "local":
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
@@ -103,7 +101,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         relays=relays_hex(settings),
         proxies=tuple(key.hex() for key in settings.interconnect.proxies),
         heartbeat_interval_s=settings.agents.heartbeat_interval_s,
-        report_interval_s=settings.report_interval_s)
+        report_interval_s=settings.report_interval_s, telemetry=shipper is not None)
     worker = Worker(store=store, backend=backend, registry=registry, agent_events=agent_events,
                     publish=queue.publish,
                     runtime=runtime)
@@ -133,6 +131,10 @@ def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> S
         "worker_bad_operations": Family("Queue entries that were no operation (skipped)",
                                         worker.bad_operations, counter=True),
         "worker_agents": Family("Agents expected (one per VMI)", len(registry.table)),
+        "worker_agent_log_records": Family("Log records received from agents",
+                                           registry.log_records, counter=True),
+        "worker_agent_bad_log_batches": Family("Agents' log batches refused as malformed",
+                                               registry.bad_log_batches, counter=True),
         "worker_queue_unacked": Family("Reports wrk-ork has not applied yet", queued.pending),
         "worker_queue_applied": Family("Operations applied (queue position acked)",
                                        queued.acked),

@@ -107,6 +107,8 @@ class WorkerRuntime:
     #: The agent's storage folder inside the VMI; None: the agent's default.
     agent_storage: str | None = None
     report_interval_s: float = 15.0
+    #: Agents send their log records to the worker, for wrk-monitor.
+    telemetry: bool = False
 
 
 @dataclass
@@ -317,7 +319,8 @@ class Worker:
         if runtime.agent_storage is not None:
             agent["storage"] = runtime.agent_storage
         return replica_unit(record.job_id, record.replica, record.spec, record.placement,
-                            generation=record.generation, agent=agent, tokens=record.tokens)
+                            generation=record.generation, agent=agent, tokens=record.tokens,
+                            telemetry=runtime.telemetry)
 
     # -- events ----------------------------------------------------------------
 

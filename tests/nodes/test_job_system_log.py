@@ -103,3 +103,8 @@ async def test_a_job_whose_agent_fails_at_start_shows_each_step_and_the_reason(t
             order = [next(i for i, line in enumerate(got) if needle in line) for needle in (
                 "placed on", "create received", "agent hello", "agent failed")]
             assert order == sorted(order)
+            # The agent's own words came too, through its worker, stamped with
+            # its replica by the worker whatever the agent wrote.
+            records = await wait_logs(path, job.id, has("agent-inference: "))
+            agent = [r for r in records if r.service == "agent-inference"]
+            assert all(r.job_id == job.id and r.replica == 0 for r in agent)
