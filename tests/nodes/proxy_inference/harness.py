@@ -97,12 +97,13 @@ class ProxyWorld:
                           metrics: ProcessMetrics | None = None, **settings) -> RunningProxy:
         """Start the proxy; ``job_source`` None follows wrk-ork (``ork`` in ``settings``);
         ``metrics``: the process endpoint the proxy adds its registries to, as the daemon
-        kit's (serve it with ``p2p.metrics.serve_metrics`` to scrape it)."""
-        config = ProxySettings(
-            storage=self.root / "proxy", database=self.admin.db.bootstrap, host="127.0.0.1",
-            port=0, bootstrap=self.bootstrap, fsync=False,
-            http={"host": "127.0.0.1", "port": 0},
-            usage={"flush_interval_s": 0.05}, replica_backoff_s=0.5, **settings)
+        kit's (serve it with ``p2p.metrics.serve_metrics`` to scrape it). ``settings``
+        win over the defaults here (e.g. ``replica_backoff_s``)."""
+        config = ProxySettings(**{
+            "storage": self.root / "proxy", "database": self.admin.db.bootstrap,
+            "host": "127.0.0.1", "port": 0, "bootstrap": self.bootstrap, "fsync": False,
+            "http": {"host": "127.0.0.1", "port": 0},
+            "usage": {"flush_interval_s": 0.05}, "replica_backoff_s": 0.5, **settings})
         (self.root / "proxy").mkdir(exist_ok=True)
         scope = self._proxy_scope = trio.CancelScope()
 
