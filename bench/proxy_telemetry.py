@@ -38,7 +38,11 @@ more figure does not come from the load runs: ``record_cost_us``, the CPU one lo
 costs with telemetry on (``ShipperHandler`` and its share of the batch encoding,
 timed in this process, best of 5), and ``estimated_cost_<s>`` = records shipped per
 request x that / ``off``'s CPU per request: the fraction of the proxy's CPU telemetry
-takes (the push itself, one RPC per up to 500 records, is left out).
+takes. Falls short: the push itself is left out, and at this bench's rates it is
+most of the cost (a flush every 20 ms carries a record or two, so each line pays a
+whole encrypted RPC): a py-spy profile of ``on`` under ``retrying`` (2026-12-02,
+load average 13 on 2 cores) put 2.4 % of its samples under the shipper, mostly
+``SecretStream.send_nowait``; under ``quiet`` there is nothing to push.
 
 usage: python bench/proxy_telemetry.py [--reps 5] [--duration 5] [--warm-up 2]
                                        [--connections 32] [--scenarios quiet retrying]
