@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes our daemons: ``cosmicac run
 wrk-monitor`` as a process (its HTTP side's ``/metrics``) and proxy-inference on the
 daemon kit's metrics endpoint; a PromQL query over Prometheus's HTTP API then returns
-the proxy's request count, and both targets are ``up``.
+the proxy's request count, both targets are ``up``, and the proxy's log records shipped
+to the monitor (telemetry on) are counted alike on both sides.
 
 Prometheus runs with a configuration, a ``127.0.0.1`` port and a TSDB folder of the
 test's own, so the service Debian's package may have started (``:9090``,
@@ -13,6 +14,7 @@ then it fails.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +29,7 @@ import httpx
 import pytest
 import trio
 
+from p2p.keys import load_or_create_keypair
 from p2p.metrics import ProcessMetrics, serve_metrics
 from tests.cli.helpers import process, read_until
 from tests.nodes.control_path import free_port
@@ -36,7 +39,7 @@ from tests.nodes.proxy_inference.test_paths import CHAT, client, two_agents
 pytestmark = pytest.mark.slow
 
 #: What ``cosmicac run wrk-monitor`` prints once serving.
-MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on [\d.]+:\d+ "
+MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+) "
                            r"\(http://([\d.]+):(\d+), loki off\)")
 #: Requests answered through the proxy, then counted by Prometheus.
 REQUESTS = 7
@@ -138,11 +141,16 @@ async def running_prometheus(binary: str, folder: Path,
 
 
 async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_requests(
-        tmp_path, prometheus_binary):
+        tmp_path, prometheus_binary, caplog):
+    # The proxy ships its log records to the monitor (telemetry on, its key a pusher):
+    # Prometheus then sees both ends of that flow agree.
+    caplog.set_level(logging.INFO)  # the daemon kit's default: the proxy's lines are made
+    caplog.set_level(logging.WARNING, logger="httpx")  # the test's client: not the proxy's
+    proxy_key = load_or_create_keypair(tmp_path / "world" / "proxy")  # proxy_world's
     monitor_config = tmp_path / "monitor.json"
     monitor_config.write_text(json.dumps({
         "storage": str(tmp_path / "monitor"), "host": "127.0.0.1", "port": 0,
-        "http": {"host": "127.0.0.1", "port": 0}}))
+        "http": {"host": "127.0.0.1", "port": 0}, "pushers": [proxy_key.hex]}))
     (tmp_path / "monitor").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
     with trio.fail_after(150):
@@ -151,12 +159,13 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
                            stdout=subprocess.PIPE, env=env) as monitor, \
                 proxy_world(tmp_path / "world") as world:
             ready = await read_until(monitor.stdout, MONITOR_READY)
-            monitor_address = (ready[2], int(ready[3]))
+            monitor_http = (ready[4], int(ready[5]))
             # The proxy in-process, its registries on an endpoint as the daemon kit serves it.
             metrics = ProcessMetrics()
             proxy_metrics = await world.nursery.start(serve_metrics, metrics.registry)
             _, secret = await world.add_key()
-            await world.start_proxy(metrics=metrics)
+            await world.start_proxy(metrics=metrics, telemetry={
+                "monitor": ready[1], "monitor_addresses": [f"{ready[2]}:{ready[3]}"]})
             await world.wait_replicated()
             await two_agents(world)
             async with client(world, secret) as http:
@@ -164,16 +173,21 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
                     response = await http.post("/chat/completions", json=CHAT)
                     assert response.status_code == 200, response.text
             async with running_prometheus(prometheus_binary, tmp_path / "prometheus", {
-                    "wrk-monitor": monitor_address,
+                    "wrk-monitor": monitor_http,
                     "proxy-inference": proxy_metrics}) as prometheus:
                 await prometheus.wait_value(
                     'sum(proxy_requests_total{job="proxy-inference",code="200"})', REQUESTS)
                 await prometheus.wait_value('up{job="wrk-monitor"}', 1)
                 await prometheus.wait_value('up{job="proxy-inference"}', 1)
-                # Scraped, not just up: the monitor's own counter is there too.
-                await prometheus.wait_value('monitor_records_received_total', 0)
                 by_code = await prometheus.query('proxy_requests_total{job="proxy-inference"}')
                 assert [(s["metric"]["model"], s["metric"]["code"]) for s in by_code] == [
                     ("chat", "200")]
+                # The proxy's shipped records arrived: what it counts as sent is what
+                # the monitor counts as received (once the proxy's start-up lines settled).
+                await prometheus.wait_value(
+                    'telemetry_records_sent_total{job="proxy-inference"} > bool 0', 1)
+                await prometheus.wait_value(
+                    'monitor_records_received_total{job="wrk-monitor"} - ignoring(job, instance)'
+                    ' telemetry_records_sent_total{job="proxy-inference"}', 0)
             monitor.send_signal(signal.SIGINT)
             assert await monitor.wait() == 0

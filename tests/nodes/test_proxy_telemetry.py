@@ -161,11 +161,12 @@ async def test_a_monitor_that_holds_its_pushes_does_not_slow_the_proxy(tmp_path,
                 # the queue's bound; a push timed out is taken again on a new channel).
                 assert shipper.dropped >= retries - MAX_RECORDS * (1 + held.started)
                 assert sample(metrics, "telemetry_records_dropped_total") == shipper.dropped
-                # Let the monitor answer: what was kept arrives, the newest retries among it.
+                # Let the monitor answer: what was kept arrives and the queue drains.
                 held.gate.set()
                 await wait_until(lambda: shipper.sent >= 1 and shipper.pending == 0,
                                  limit_s=30)
-                texts = [r.text for _, r in held.buffer.records()]
-                assert any("proxy.retry" in text for text in texts)
-                assert all(r.service == "proxy-inference" for _, r in held.buffer.records())
+                arrived = [r for _, r in held.buffer.records()]
+                # (more only if a held push timed out and its batch was sent again)
+                assert len(arrived) >= shipper.sent
+                assert {r.service for r in arrived} == {"proxy-inference"}
             nursery.cancel_scope.cancel()
