@@ -30,6 +30,7 @@ from nodes.proxy_inference.jobs import JobSource
 from p2p.dht.testnet import Testnet, udp_testnet
 from p2p.host import Service
 from p2p.keys import KeyPair, load_or_create_keypair
+from p2p.metrics import ProcessMetrics
 from p2p.swarm import Swarm, SwarmConfig
 from tests.p2p.helpers import wait_until
 
@@ -93,13 +94,16 @@ class ProxyWorld:
                          >= self.admin.db.lengths.get(want, 0), limit_s=limit_s)
 
     async def start_proxy(self, *, job_source: JobSource | str | None = "static",
-                          **settings) -> RunningProxy:
-        """Start the proxy; ``job_source`` None follows wrk-ork (``ork`` in ``settings``)."""
-        config = ProxySettings(
-            storage=self.root / "proxy", database=self.admin.db.bootstrap, host="127.0.0.1",
-            port=0, bootstrap=self.bootstrap, fsync=False,
-            http={"host": "127.0.0.1", "port": 0},
-            usage={"flush_interval_s": 0.05}, replica_backoff_s=0.5, **settings)
+                          metrics: ProcessMetrics | None = None, **settings) -> RunningProxy:
+        """Start the proxy; ``job_source`` None follows wrk-ork (``ork`` in ``settings``);
+        ``metrics``: the process endpoint the proxy adds its registries to, as the daemon
+        kit's (serve it with ``p2p.metrics.serve_metrics`` to scrape it). ``settings``
+        win over the defaults here (e.g. ``replica_backoff_s``)."""
+        config = ProxySettings(**{
+            "storage": self.root / "proxy", "database": self.admin.db.bootstrap,
+            "host": "127.0.0.1", "port": 0, "bootstrap": self.bootstrap, "fsync": False,
+            "http": {"host": "127.0.0.1", "port": 0},
+            "usage": {"flush_interval_s": 0.05}, "replica_backoff_s": 0.5, **settings})
         (self.root / "proxy").mkdir(exist_ok=True)
         scope = self._proxy_scope = trio.CancelScope()
 
@@ -107,7 +111,7 @@ class ProxyWorld:
             with scope:
                 source = self.jobs if job_source == "static" else job_source
                 await serve_proxy(config, job_source=source,  # type: ignore[arg-type]
-                                  task_status=task_status)
+                                  metrics=metrics, task_status=task_status)
 
         self.proxy = await self.nursery.start(run)
         return self.proxy
