@@ -9,13 +9,22 @@ connection kept open, calls wait for it up to their timeout, then
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import trio
+
 from contracts.telemetry import PROTOCOL
 from nodes.peer_client import PeerClient
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MonitorClient", "MonitorUnavailable"]
+from .health import HEALTH_JOBS, MAX_HEALTH_QUERY, HealthQuery, JobHealth
+
+__all__ = ["DEFAULT_TIMEOUT_S", "HEALTH_TIMEOUT_S", "MonitorClient", "MonitorUnavailable"]
 
 #: A call's default bound: waiting for the connection plus wrk-monitor's answer.
 DEFAULT_TIMEOUT_S = 10.0
+#: ``job_health``'s bound: it decorates app-node's job routes, which must not
+#: stall on wrk-monitor (an answer over the swarm takes a few milliseconds).
+HEALTH_TIMEOUT_S = 0.5
 
 
 class MonitorUnavailable(Exception):
@@ -35,3 +44,31 @@ class MonitorClient(PeerClient):
     def monitor(self) -> bytes:
         """wrk-monitor's public key."""
         return self.key
+
+    async def job_health(self, job_ids: Iterable[str], *,
+                         timeout_s: float = HEALTH_TIMEOUT_S) -> dict[str, JobHealth]:
+        """Each known job's model health (``health.jobs``), by job id.
+
+        Never waits for a connection: while wrk-monitor is not connected it
+        fails at once, so a caller that only decorates its answer with model
+        health loses nothing but the health.
+
+        Raises:
+            MonitorUnavailable: not connected, or no answer within ``timeout_s``.
+            RpcError: wrk-monitor refused (``FORBIDDEN``: not among its followers).
+        """
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        if not self.connected:
+            raise MonitorUnavailable("wrk-monitor is not connected now")
+        out: dict[str, JobHealth] = {}
+        with trio.move_on_after(timeout_s) as scope:
+            for start in range(0, len(ids), MAX_HEALTH_QUERY):
+                chunk = tuple(ids[start:start + MAX_HEALTH_QUERY])
+                result = await self.call(HEALTH_JOBS, HealthQuery(job_ids=chunk),
+                                         timeout_s=timeout_s)
+                out.update((job.job_id, job) for job in result.jobs if job.health is not None)
+        if scope.cancelled_caught:
+            raise MonitorUnavailable(f"wrk-monitor did not answer within {timeout_s} s")
+        return out
