@@ -263,7 +263,7 @@ MAX_STATUS_CODES = 16
 _COUNT = 2**53  # a JSON-safe count
 
 
-class ModelHealth(enum.Enum):
+class ModelHealth(enum.StrEnum):
     """How a job's model answers, apart from the job's status (seeds/jobs.txt)."""
 
     #: Answers within the thresholds (or too few requests to judge).
