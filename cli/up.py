@@ -124,28 +124,35 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
     bootstrap = [f"{at(DHT)}:{ports.dht}"]
     relays = [keys[RELAY]]
     ork_addresses = [f"{at(ORK)}:{ports.ork}"]
+    monitor_addresses = [f"{at(MONITOR)}:{ports.monitor}"]
+    # Every daemon ships its log records to wrk-monitor (nodes/telemetry.py);
+    # app-node ships to the monitor it already reads logs from.
+    telemetry = {"monitor": keys[MONITOR], "monitor_addresses": monitor_addresses}
     return {
         APP: {"storage": str(storage / APP), "host": listen, "port": ports.app,
               "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
               "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
-              "monitor": keys[MONITOR], "monitor_addresses": [f"{at(MONITOR)}:{ports.monitor}"],
+              "monitor": keys[MONITOR], "monitor_addresses": monitor_addresses,
               "http": {"host": at(APP), "port": ports.app_http},
               "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
               **({"default_image": default_image} if default_image else {})},
         ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
               "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
-              "racks": [{"key": keys[WORKER], **(rack or {"name": "local"})}]},
+              "racks": [{"key": keys[WORKER], **(rack or {"name": "local"})}],
+              "telemetry": telemetry},
         WORKER: {"storage": str(storage / WORKER), "host": listen, "port": ports.worker,
                  "ork": keys[ORK], "ork_addresses": ork_addresses,
                  "interconnect": {"bootstrap": bootstrap, "proxies": [keys[PROXY]],
                                   "relays": relays},
+                 "telemetry": telemetry,
                  **(LOCAL_BACKEND if worker is None else worker)},
         PROXY: {"storage": str(storage / PROXY), "host": listen, "port": ports.proxy,
                 "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
                 "ork": keys[ORK], "ork_addresses": ork_addresses,
-                "http": {"host": at(PROXY), "port": ports.proxy_http}},
-        # Nothing ships logs to it yet (issue 14); app-node follows it for
-        # `cosmicac jobs logs`, and only the daemons' keys may push.
+                "http": {"host": at(PROXY), "port": ports.proxy_http},
+                "telemetry": telemetry},
+        # The daemons above ship their logs to it; app-node follows it for
+        # `cosmicac jobs logs`. Only the daemons' keys may push.
         MONITOR: {"storage": str(storage / MONITOR), "host": listen, "port": ports.monitor,
                   "bootstrap": bootstrap, "relays": relays, "followers": [keys[APP]],
                   "pushers": [keys[name] for name in (APP, ORK, WORKER, PROXY)],

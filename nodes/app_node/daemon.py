@@ -12,7 +12,9 @@ One swarm, one identity (``<storage>/identity``):
   (:func:`~.job_events.follow_ork`) whose status changes a
   :class:`~.job_events.JobHub` fans out to the API's event streams;
 - :class:`~nodes.monitor.client.MonitorClient` to wrk-monitor
-  (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs;
+  (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs; and
+  app-node's own log records shipped to the same wrk-monitor
+  (:mod:`nodes.telemetry`, unless ``telemetry.ship`` is false);
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
   job records), called through worker threads;
 - the HTTP API (:func:`nodes.app_node.api.create_app`) on ``http.host:http.port``,
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
+from nodes.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import load_or_create_keypair
@@ -89,6 +92,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
     try:
         async with trio.open_nursery() as nursery:
             swarm_address = await nursery.start(swarm.run)
+            await start_telemetry(telemetry_host(nursery, metrics), swarm,
+                                  settings.telemetry_settings(), service="app-node")
             service = await nursery.start(functools.partial(
                 run_database_service, storage / "db", swarm=swarm,
                 allow=frozenset(settings.database_writers),

@@ -11,12 +11,14 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from nodes.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 from .email import EmailSettings
 from .ratelimit import Limits
 
-__all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "HttpSettings"]
+__all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "AppTelemetrySettings",
+           "HttpSettings"]
 
 #: Default port of app-node's swarm (TCP and UDP); 49737 relay, 49739 worker,
 #: 49740 wrk-ork, 49741 proxy-inference.
@@ -33,6 +35,18 @@ class HttpSettings(BaseModel):
     host: str = "127.0.0.1"
     #: 0: any free port (tests).
     port: Port = APP_NODE_HTTP_PORT
+
+
+class AppTelemetrySettings(ShipperSettings):
+    """app-node's ``telemetry``: it ships to the wrk-monitor it reads logs from.
+
+    There is no second monitor key: ``monitor``/``monitor_addresses`` (above)
+    name wrk-monitor for both, so the two cannot disagree. wrk-monitor must
+    list app-node's key among its pushers as well as its followers.
+    """
+
+    #: False: read logs from wrk-monitor but ship none of app-node's own.
+    ship: bool = True
 
 
 class AppNodeSettings(DaemonSettings):
@@ -61,9 +75,13 @@ class AppNodeSettings(DaemonSettings):
     ork_addresses: AddressList = ()
     #: wrk-monitor (its public key) and where it listens, tried before the DHT;
     #: without it ``GET /api/jobs/{job}/logs`` answers 503 ``monitor_unavailable``.
-    #: wrk-monitor must list app-node's key among its followers.
+    #: wrk-monitor must list app-node's key among its followers. app-node also
+    #: ships its own log records there (``telemetry``; its key among the pushers).
     monitor: PublicKey | None = None
     monitor_addresses: AddressList = ()
+    #: How app-node's records are shipped to ``monitor``
+    #: (``COSMICAC_APP_NODE__TELEMETRY__SHIP=false``: not at all).
+    telemetry: AppTelemetrySettings = AppTelemetrySettings()
     #: Writers admitted to the shared database at start (proxy-inference's key;
     #: ``cosmicac autobase-connect`` admits more later).
     database_writers: PublicKeyList = ()
@@ -89,3 +107,11 @@ class AppNodeSettings(DaemonSettings):
         return image
     #: fsync the store and the database on every write (False: tests only).
     fsync: bool = True
+
+    def telemetry_settings(self) -> TelemetrySettings:
+        """The shipper's settings: ``monitor`` unless ``telemetry.ship`` is off."""
+        shipping = self.telemetry
+        return TelemetrySettings(
+            monitor=self.monitor if shipping.ship else None,
+            monitor_addresses=self.monitor_addresses, max_records=shipping.max_records,
+            level=shipping.level)

@@ -6,6 +6,11 @@ One swarm, one identity (``<storage>/identity``), services plugged into it:
   out), kept connected by dialling wrk-ork's key;
 - ``cosmicac-agent/1``: the agents' hello, readiness and heartbeats.
 
+With ``telemetry.monitor`` set, its log records (every job's System steps:
+operation received, VMIs created, disk import progress, VMI scheduled and
+running, agent hello/ready/failed, restart, delete, each failure and why) are
+shipped to wrk-monitor (:mod:`nodes.telemetry`).
+
 Files under ``--storage``: ``identity``, ``queue/`` (both logs and the
 cursor), ``worker.sqlite`` (replica intents, applied op ids), ``vmis/`` (the
 ``local`` backend's agent folders).
@@ -21,6 +26,7 @@ import trio
 
 from nodes.control import BadMessage, decode_operation
 from nodes.metrics import Family, Snapshot, snapshot_registry
+from nodes.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
@@ -77,6 +83,11 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                           f"{exc.strerror or exc}") from None
     measured = Snapshot()
     daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: measured))
+    # The worker's own records (every job's System steps) go to wrk-monitor when
+    # telemetry is on. ``shipper.offer(record)`` also takes ready-made records:
+    # the agents' log records the registry receives are handed to it here.
+    shipper = await start_telemetry(daemon, swarm, settings.telemetry,
+                                    service="wrk-server-k8s-nvidia")
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
     if not worker_addresses and settings.backend == "local":
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
@@ -105,7 +116,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     daemon.nursery.start_soon(functools.partial(
         stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
     print(f"wrk-server-k8s-nvidia {keypair.hex} listening on {address[0]}:{address[1]} "
-          f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…)", flush=True)
+          f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
+          f"telemetry {'on' if shipper is not None else 'off'})", flush=True)
 
 
 def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.telemetry import TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 from .kubevirt.settings import KubevirtSettings
@@ -86,6 +87,9 @@ class WorkerSettings(DaemonSettings):
     report_interval_s: float = Field(default=15.0, gt=0, le=3600)
     #: fsync the queue and the state file on every write (False: tests only).
     fsync: bool = True
+    #: Ship the worker's log records (the jobs' System steps) to wrk-monitor
+    #: (``K8S_COMMON_CONFIG__TELEMETRY__MONITOR=<hex>``); off without a monitor.
+    telemetry: TelemetrySettings = TelemetrySettings()
 
 
 def relays_hex(settings: WorkerSettings) -> tuple[str, ...]:

@@ -20,13 +20,19 @@ Theory of operation:
   ``report_interval_s``; it doubles as the worker's heartbeat, by which wrk-ork
   tells a silent worker (Unknown) from a quiet one.
 
-Every System step is logged as ``system job=<id> replica=<n> <line>``.
+Every System step is logged as ``<line> | system job=<id> replica=<n>``, with
+``extra={"job_id", "replica"}`` so that, with telemetry on, wrk-monitor files
+it under the job (nodes/telemetry.py): operation received, VMIs created, disk
+import progress (one line per 10 %), VMI scheduled and running, agent hello,
+ready or failed, restart, delete, and every failure with its reason (failures
+as warnings or errors). The lines follow state changes, never requests.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -72,6 +78,17 @@ MAX_RETRY_WAIT_S = 30.0
 
 Publish = Callable[[str, bytes], Awaitable[Any]]
 
+#: A DataVolume's progress line (kubevirt/status.py): logged once per 10 % step.
+_IMPORTING = re.compile(r"DataVolume importing (\d+(?:\.\d+)?)%")
+#: Log levels of the VMI phases and agent reports that need a human.
+_PHASE_LEVELS = {VmiPhase.FAILED: logging.ERROR, VmiPhase.UNKNOWN: logging.WARNING}
+_AGENT_LEVELS = {"failed": logging.ERROR, "silent": logging.WARNING}
+
+
+def _where(job_id: str, replica: int) -> dict[str, Any]:
+    """The log call's ``extra``: which job's System log a line belongs to."""
+    return {"job_id": job_id, "replica": replica}
+
 
 @dataclass(frozen=True)
 class WorkerRuntime:
@@ -105,6 +122,8 @@ class _Replica:
     message: str = ""
     last_report_at: float = -math.inf
     last_agents: tuple[str, ...] = ()
+    #: Per node rank, the 10 % step of its disk import last logged.
+    import_steps: dict[int, int] = field(default_factory=dict)
 
 
 class Worker:
@@ -145,8 +164,11 @@ class Worker:
                 tokens=tuple(secrets.token_hex(32) for _ in op.placement.shares),
                 reported_state=None, reported_message="", created_at=now)
             if await trio.to_thread.run_sync(self.store.apply_create, op.op_id, record, now):
-                log.info("worker.create job=%s replica=%d generation=%d op=%s", op.job_id,
-                         op.replica, op.generation, op.op_id)
+                shares = ", ".join(f"{share.gpus} on node {share.node}"
+                                   for share in op.placement.shares)
+                log.info("create received: GPUs claimed (%s) | worker.create job=%s replica=%d "
+                         "generation=%d op=%s", shares, op.job_id, op.replica, op.generation,
+                         op.op_id, extra=_where(op.job_id, op.replica))
                 self._track(record)
             return
         key = (op.job_id, op.replica)
@@ -160,15 +182,17 @@ class Worker:
             verb = "delete"
         record = await trio.to_thread.run_sync(self.store.replica, op.job_id, op.replica)
         if record is None:
-            log.warning("worker.%s_unknown job=%s replica=%d op=%s", verb, op.job_id,
-                        op.replica, op.op_id)
+            log.warning("%s received for a replica this worker does not have | "
+                        "worker.%s_unknown job=%s replica=%d op=%s", verb, verb, op.job_id,
+                        op.replica, op.op_id, extra=_where(op.job_id, op.replica))
             if verb == "delete":  # nothing of it exists: say so, so wrk-ork frees the GPUs
                 await self._send(ReplicaReport(job_id=op.job_id, replica=op.replica,
                                                state=ReplicaState.DELETED,
                                                message="nothing to delete", at=now))
             return
         if changed:
-            log.info("worker.%s job=%s replica=%d op=%s", verb, op.job_id, op.replica, op.op_id)
+            log.info("%s received | worker.%s job=%s replica=%d op=%s", verb, verb, op.job_id,
+                     op.replica, op.op_id, extra=_where(op.job_id, op.replica))
             state = self._replicas.get(key)
             if state is None:
                 self._track(record)
@@ -254,16 +278,18 @@ class Worker:
                 state.restarting = False
                 if not exc.retryable:
                     state.broken = str(exc)
-                    self._system(state, f"failed: {exc}")
+                    self._system(state, f"failed: {exc}", level=logging.ERROR)
                     await self._update(state)
                     continue
                 failures += 1
                 wait = min(MAX_RETRY_WAIT_S, 0.5 * 2 ** min(failures, 10))
-                self._system(state, f"backend call failed (retrying in {wait:.0f} s): {exc}")
+                self._system(state, f"backend call failed (retrying in {wait:.0f} s): {exc}",
+                             level=logging.WARNING)
                 await self._update(state)
                 await trio.sleep(wait)
 
     def _expect(self, state: _Replica, unit: ReplicaUnit) -> None:
+        state.import_steps.clear()
         for vmi in unit.vmis:
             state.views[vmi.node_rank] = VmiView()
             self.registry.expect(vmi)
@@ -319,8 +345,23 @@ class Worker:
             view = state.views.get(rank, VmiView())
             state.views[rank] = VmiView(phase=event.phase, agent=view.agent)
             if event.message:
-                self._system(state, event.message)
+                line = event.message if len(state.views) == 1 else f"{event.name}: {event.message}"
+                self._system(state, line, level=_PHASE_LEVELS.get(event.phase, logging.INFO),
+                             logged=self._import_step_changed(state, rank, event.message))
             await self._update(state)
+
+    @staticmethod
+    def _import_step_changed(state: _Replica, rank: int, message: str) -> bool:
+        """False for a disk progress line within the 10 % step already logged for
+        that VMI (it still becomes the replica's message)."""
+        found = _IMPORTING.search(message)
+        if found is None:
+            return True
+        step = min(int(float(found[1])) // 10, 10)
+        if state.import_steps.get(rank) == step:
+            return False
+        state.import_steps[rank] = step
+        return True
 
     async def _follow_agents(self) -> None:
         async for event in self._agent_events:
@@ -334,12 +375,18 @@ class Worker:
             view = state.views.get(rank, VmiView())
             state.views[rank] = VmiView(phase=view.phase, agent=status)
             message = getattr(event, "message", "") or ""
-            self._system(state, f"agent {event.kind}" + (f": {message}" if message else ""))
+            self._system(state, f"agent {event.kind}" + (f": {message}" if message else ""),
+                         level=_AGENT_LEVELS.get(str(event.kind), logging.INFO))
             await self._update(state)
 
-    def _system(self, state: _Replica, line: str) -> None:
+    def _system(self, state: _Replica, line: str, *, level: int = logging.INFO,
+                logged: bool = True) -> None:
+        """``line`` becomes the replica's message (reported to wrk-ork) and, when
+        ``logged``, a System log line of its job."""
         record = state.record
-        log.info("system job=%s replica=%d %s", record.job_id, record.replica, line)
+        if logged:
+            log.log(level, "%s | system job=%s replica=%d", line, record.job_id,
+                    record.replica, extra=_where(record.job_id, record.replica))
         state.message = line[:MAX_MESSAGE_CHARS]
 
     async def _update(self, state: _Replica) -> None:

@@ -8,6 +8,10 @@ One swarm, one identity (``<storage>/identity``), two services:
   reports in); a worker dials wrk-ork and the queue replicates over that
   connection.
 
+With ``telemetry.monitor`` set, its log records (every job's System steps:
+created, queued, pending and why, placed, restart, delete, Unknown, Failed and
+why) are shipped to wrk-monitor (:mod:`nodes.telemetry`).
+
 Files under ``--storage``: ``identity``, ``ork.sqlite`` (jobs, racks,
 reservations, the outbox, applied report positions), ``queues/<rack-key>/``.
 """
@@ -20,6 +24,7 @@ import time
 import trio
 
 from nodes.metrics import snapshot_registry
+from nodes.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.keys import load_or_create_keypair
 from p2p.queue import QueueService
@@ -76,6 +81,8 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
                           f"{exc.strerror or exc}") from None
     daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: driver.snapshot))
+    # Before the driver: the System steps of jobs it resumes are shipped too.
+    await start_telemetry(daemon, swarm, settings.telemetry, service="wrk-ork")
     await daemon.nursery.start(driver.run)
     print(f"wrk-ork {keypair.hex} listening on {address[0]}:{address[1]} "
           f"({len(orchestrator.racks())} racks)", flush=True)

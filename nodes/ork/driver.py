@@ -37,10 +37,14 @@ from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
 
 from .orchestrator import Orchestrator
+from .steps import placement_text
 
 __all__ = ["OrkDriver"]
 
 log = logging.getLogger(__name__)
+
+#: An operation as its System line names it.
+_VERB = {"create_replica": "create", "restart_replica": "restart", "delete_replica": "delete"}
 
 T = TypeVar("T")
 
@@ -155,12 +159,19 @@ class OrkDriver:
             published = []
             for outbound in outbox:
                 entry = self._open.get(outbound.rack)
+                op = outbound.op
+                where = {"job_id": op.job_id, "replica": op.replica}
                 if entry is None:
-                    log.warning("ork.no_queue rack=%s op=%s", outbound.rack[:12],
-                                outbound.op.op_id)
+                    log.warning("replica %d: no queue to rack %s… yet: %s waits | ork.no_queue "
+                                "rack=%s op=%s", op.replica, outbound.rack[:12], op.kind,
+                                outbound.rack[:12], op.op_id, extra=where)
                     continue
-                await entry[0].publish(outbound.op.job_id, encode(outbound.op))
-                published.append(outbound.op.op_id)
+                await entry[0].publish(op.job_id, encode(op))
+                published.append(op.op_id)
+                log.info("replica %d: %s sent to rack %s…%s | ork.op op=%s", op.replica,
+                         _VERB[op.kind], outbound.rack[:12],
+                         f" ({placement_text(op.placement)})" if op.kind == "create_replica"
+                         else "", op.op_id, extra=where)
             if published:
                 await trio.to_thread.run_sync(self.orchestrator.mark_published, published,
                                               limiter=self.limiter)

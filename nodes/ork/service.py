@@ -51,12 +51,13 @@ from typing import Annotated, Any
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.model import JobSpec, KeyHex
+from contracts.model import JobSpec, JobStatus, KeyHex
 from p2p.host import RpcService
 from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
 
 from .errors import OrkError
 from .orchestrator import Orchestrator
+from .steps import step_line
 from .views import JobEvent, JobView, RackInfo
 
 __all__ = [
@@ -312,10 +313,17 @@ class OrkService(RpcService):
         waits for a slow watcher.
         """
         for event in self.orch.drain_events():
-            # When each status was reached (``at``: wrk-ork's wall clock): what
+            # The job's System step (nodes/ork/steps.py), ending in when the
+            # status was reached (``at``: wrk-ork's wall clock): what
             # bench/job_start.py times the ork and health steps by.
-            log.info("ork.job_status job=%s status=%s previous=%s at=%.6f", event.job_id,
-                     event.status, event.previous, event.at)
+            job = None
+            if event.status in (JobStatus.CREATING, JobStatus.STARTING):
+                try:  # for what it is and where it was placed
+                    job = self.orch.get_job(event.job_id)
+                except OrkError:
+                    job = None  # already gone again
+            level, line = step_line(event, job)
+            log.log(level, "%s", line, extra={"job_id": event.job_id})
             for watcher in list(self._watchers):
                 if not watcher.wants(event):
                     continue
@@ -386,18 +394,29 @@ class OrkService(RpcService):
                        JobCursor(created_at=last.created_at, id=last.id))
 
     def _restart_job(self, params: JobRef) -> JobResult:
-        return JobResult(job=self.orch.restart_job(params.job_id, self._clock()))
+        job = self.orch.restart_job(params.job_id, self._clock())
+        log.info("restart asked (status %s%s) | ork.restart job=%s", job.status,
+                 f": {job.reason}" if job.reason else "", job.id, extra={"job_id": job.id})
+        return JobResult(job=job)
 
     def _delete_job(self, params: JobRef) -> DeleteResult:
-        return DeleteResult(job=self.orch.delete_job(params.job_id, self._clock()))
+        job = self.orch.delete_job(params.job_id, self._clock())
+        log.info("delete asked (%s) | ork.delete job=%s",
+                 "nothing placed: gone at once" if job is None else f"status {job.status}",
+                 params.job_id, extra={"job_id": params.job_id})
+        return DeleteResult(job=job)
 
     def _restart_replica(self, params: ReplicaRef) -> JobResult:
-        return JobResult(job=self.orch.restart_replica(params.job_id, params.replica,
-                                                       self._clock()))
+        job = self.orch.restart_replica(params.job_id, params.replica, self._clock())
+        log.info("replica %d restart asked | ork.restart job=%s replica=%d", params.replica,
+                 job.id, params.replica, extra={"job_id": job.id, "replica": params.replica})
+        return JobResult(job=job)
 
     def _delete_replica(self, params: ReplicaRef) -> JobResult:
-        return JobResult(job=self.orch.delete_replica(params.job_id, params.replica,
-                                                      self._clock()))
+        job = self.orch.delete_replica(params.job_id, params.replica, self._clock())
+        log.info("replica %d delete asked | ork.delete job=%s replica=%d", params.replica,
+                 job.id, params.replica, extra={"job_id": job.id, "replica": params.replica})
+        return JobResult(job=job)
 
     def _register_rack(self, params: RegisterRack) -> RackResult:
         return RackResult(rack=self.orch.register_rack(params.rack, params.location,

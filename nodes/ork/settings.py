@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.telemetry import TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 __all__ = ["ORK_PORT", "OrkSettings", "RackSetting"]
@@ -53,3 +54,6 @@ class OrkSettings(DaemonSettings):
     tick_interval_s: float = Field(default=1.0, gt=0, le=60)
     #: fsync the queues and the state file on every write (False: tests only).
     fsync: bool = True
+    #: Ship wrk-ork's log records (the jobs' System steps) to wrk-monitor
+    #: (``COSMICAC_ORK__TELEMETRY__MONITOR=<hex>``); off without a monitor.
+    telemetry: TelemetrySettings = TelemetrySettings()

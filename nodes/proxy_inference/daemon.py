@@ -9,7 +9,9 @@ One swarm, one identity (``<storage>/identity``):
   for the routing table;
 - connections to the routed jobs' agents (``cosmicac-inference/1``), found on
   the jobs' DHT topics and by key;
-- the OpenAI-compatible HTTP front (:mod:`.app`) on ``http.host:http.port``.
+- the OpenAI-compatible HTTP front (:mod:`.app`) on ``http.host:http.port``;
+- with ``telemetry.monitor`` set, its log records shipped to wrk-monitor
+  (:mod:`nodes.telemetry`; no line per request).
 
 :func:`serve_proxy` starts all of it in-process (tests, benchmarks);
 :func:`start_proxy` is the ``cosmicac run proxy-inference`` entry on the
@@ -26,6 +28,7 @@ import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.metrics import Snapshot
+from nodes.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
@@ -132,6 +135,8 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
 
     async with trio.open_nursery() as nursery:
         swarm_address = await nursery.start(swarm.run)
+        await start_telemetry(telemetry_host(nursery, metrics), swarm, settings.telemetry,
+                              service="proxy-inference")
         service = await nursery.start(run_database)
         try:
             await _serve(settings, swarm, swarm_address, service.db, pool, balancer,

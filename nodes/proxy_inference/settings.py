@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.telemetry import TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 __all__ = ["HTTP_PORT", "PROXY_PORT", "HttpSettings", "ProxySettings", "UsageSettings"]
@@ -87,3 +88,6 @@ class ProxySettings(DaemonSettings):
     jobs_refresh_s: float = Field(default=10.0, gt=0, le=3600)
     #: fsync the database's log on every append (False: tests and benchmarks only).
     fsync: bool = True
+    #: Ship the proxy's log records to wrk-monitor
+    #: (``COSMICAC_PROXY__TELEMETRY__MONITOR=<hex>``); off without a monitor.
+    telemetry: TelemetrySettings = TelemetrySettings()

@@ -102,6 +102,13 @@ def test_bootstrap_writes_what_each_daemon_accepts(tmp_path: Path,
     monitor = load(folder, "wrk-monitor", monkeypatch)
     assert [k.hex() for k in monitor.followers] == [keys["app-node"]]
     assert app.monitor.hex() == keys["wrk-monitor"]
+    # Every daemon ships its logs to wrk-monitor, which lets exactly them push.
+    shippers = {"wrk-ork": ork.telemetry, "wrk-server-k8s-nvidia": worker.telemetry,
+                "proxy-inference": proxy.telemetry, "app-node": app.telemetry_settings()}
+    for telemetry in shippers.values():
+        assert telemetry.monitor.hex() == keys["wrk-monitor"]
+        assert telemetry.monitor_addresses == (("127.0.0.1", 49743),)
+    assert {k.hex() for k in monitor.pushers} == {keys[name] for name in shippers}
     relay = load(folder, "relay", monkeypatch)
     assert relay.storage == folder / "relay" and relay.port == 49737
     assert env_file(folder / "env" / "dht.env") == {
