@@ -23,15 +23,19 @@ from collections.abc import Callable, Iterable, Sequence
 import trio
 
 from contracts.telemetry import METRICS_PUSH, PROTOCOL
+from nodes.metrics import Family, Snapshot
 from p2p.rpc import RpcChannelClosed, RpcClient, RpcError
 from p2p.swarm import UpkeepPolicy, stay_connected
 
 from .health import HealthWindow
 
-__all__ = ["DEFAULT_INTERVAL_S", "HealthReporter"]
+__all__ = ["DEFAULT_INTERVAL_S", "HealthReporter", "health_snapshot"]
 
 log = logging.getLogger(__name__)
 
+#: The channel's id: the log shipper holds ``cosmicac-monitor/1`` with the
+#: empty id on the same connection, and a mux keeps one channel per (protocol, id).
+CHANNEL_ID = b"metrics"
 #: Seconds between reports: the window's bucket, so each report sees it move.
 DEFAULT_INTERVAL_S = 5.0
 
@@ -97,7 +101,7 @@ class HealthReporter:
         async def on_connection(connection) -> None:
             while True:
                 try:
-                    channel = await connection.open_channel(PROTOCOL)
+                    channel = await connection.open_channel(PROTOCOL, CHANNEL_ID)
                 except Exception as exc:  # no such service (yet), or the connection went
                     log.info("health_reporter.open_failed reason=%s", exc)
                 else:
@@ -115,3 +119,17 @@ class HealthReporter:
         extra = {} if backoff is None else {"backoff": backoff}
         await stay_connected(swarm, monitor, addresses=tuple(addresses) or None,
                              on_connection=on_connection, task_status=task_status, **extra)
+
+
+def health_snapshot(reporter: HealthReporter) -> Snapshot:
+    """The reporter's and its window's counters, for the proxy's ``/metrics``."""
+    stats = reporter.window.statistics()
+    return Snapshot({
+        "proxy_health_reports_sent": Family("Metrics reports wrk-monitor took",
+                                            reporter.sent, counter=True),
+        "proxy_health_reports_failed": Family("Metrics reports not taken (down, refused)",
+                                              reporter.failed, counter=True),
+        "proxy_health_jobs": Family("Jobs in the health window", stats.jobs),
+        "proxy_health_dropped": Family("Requests not in the window (past its job bound)",
+                                       stats.dropped, counter=True),
+    })
