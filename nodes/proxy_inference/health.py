@@ -16,8 +16,11 @@ No clock, no I/O: :meth:`record` and :meth:`report` take ``now`` (any
 monotonic seconds; the app passes the ``time.perf_counter()`` it already read
 for its latency histogram). :meth:`record` is the proxy's hot path, called
 once per finished request: a dict lookup, a modulo, a few integer increments
-and two ``bisect`` over 18 bounds, O(1) and about a microsecond (the issue:
-proxy throughput with telemetry within 5% of without).
+and two ``bisect`` over 18 bounds, O(1). Measured (2026-12-02, this shared
+2-core machine): 4.5 µs a call, less than one ``prometheus_client`` histogram
+``observe`` there (7 µs), of which the proxy already makes three a request,
+itself a millisecond or more of CPU: well inside the issue's 5% (proxy
+throughput with telemetry within 5% of without).
 
 What counts as an error: the proxy's or the model server's failure: a 5xx
 answer (502 broken upstream, 503 no replica, the model server's own 5xx) and
