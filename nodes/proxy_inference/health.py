@@ -164,21 +164,16 @@ class HealthWindow:
         job = self._jobs.get(job_id)
         if job is None:
             return JobWindow(job_id=job_id)
-        oldest = int(now // self.bucket_s) - self.slots + 1
-        requests = errors = 0
-        first_byte = [0] * LATENCY_BUCKETS
-        total = [0] * LATENCY_BUCKETS
-        for slot, epoch in enumerate(job.epochs):
-            if epoch < oldest or epoch < 0:
-                continue
-            requests += job.requests[slot]
-            errors += job.errors[slot]
-            for i, n in enumerate(job.first_byte[slot]):
-                first_byte[i] += n
-            for i, n in enumerate(job.total[slot]):
-                total[i] += n
-        return JobWindow(job_id=job_id, requests=requests, errors=errors,
-                         first_byte_ms=tuple(first_byte), total_ms=tuple(total),
+        oldest = max(int(now // self.bucket_s) - self.slots + 1, 0)
+        live = [slot for slot, epoch in enumerate(job.epochs) if epoch >= oldest]
+        zeros = (0,) * LATENCY_BUCKETS  # so that zip has a row when no slot is live
+
+        def columns(rows: list[list[int]]) -> tuple[int, ...]:
+            return tuple(map(sum, zip(zeros, *(rows[s] for s in live), strict=True)))
+
+        return JobWindow(job_id=job_id, requests=sum(job.requests[s] for s in live),
+                         errors=sum(job.errors[s] for s in live),
+                         first_byte_ms=columns(job.first_byte), total_ms=columns(job.total),
                          requests_total=dict(job.statuses))
 
     def report(self, now: float, routed: Iterable[str] = ()) -> MetricsReport:
@@ -188,6 +183,8 @@ class HealthWindow:
         Routed jobs come in even when idle, so that wrk-monitor knows the
         proxy serves them (an idle routed job is Healthy, an unknown one has
         no model health). At most ``MAX_REPORT_JOBS``: those with traffic first.
+        Cost: ~0.1 ms a job on this 2-core machine (so ~100 ms of the event loop
+        every report at the 1,000-job bound; a proxy routes a few dozen).
         """
         oldest = int(now // self.bucket_s) - self.slots + 1
         routed = set(routed)
