@@ -46,7 +46,7 @@ from p2p.daemon import AddressList, LogLevel, ProcessMetrics, PublicKey
 from p2p.keys import format_key
 
 __all__ = ["DROP_CHECK_INTERVAL_S", "ShipperSettings", "TelemetryHost", "TelemetrySettings",
-           "shipper_snapshot", "start_telemetry"]
+           "shipper_snapshot", "start_telemetry", "telemetry_host"]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,11 @@ class TelemetrySettings(ShipperSettings):
 class TelemetryHost(Protocol):
     """What :func:`start_telemetry` needs of a daemon (the kit's ``Daemon`` has it)."""
 
-    nursery: trio.Nursery
-    metrics: ProcessMetrics | None
+    @property
+    def nursery(self) -> trio.Nursery: ...
+
+    @property
+    def metrics(self) -> ProcessMetrics | None: ...
 
 
 @dataclass
@@ -92,9 +95,6 @@ class _Host:
 def telemetry_host(nursery: trio.Nursery, metrics: ProcessMetrics | None) -> TelemetryHost:
     """A :class:`TelemetryHost` for a daemon served in-process (``serve_proxy`` …)."""
     return _Host(nursery, metrics)
-
-
-__all__ += ["telemetry_host"]
 
 
 def shipper_snapshot(shipper: LogShipper) -> Snapshot:
@@ -120,8 +120,8 @@ async def start_telemetry(daemon: TelemetryHost, swarm: object, telemetry: Telem
 
     Args:
         daemon: its nursery (the shipper's task runs there until the daemon
-            stops; the handler is removed then) and metrics endpoint (None: no
-            metrics added).
+            stops; the handler and the metrics are removed then) and metrics
+            endpoint (None: no metrics).
         swarm: the daemon's running swarm.
         telemetry: the daemon's ``telemetry`` settings.
         service: the records' ``service`` (``wrk-ork``, ``wrk-server-k8s-nvidia`` …).
@@ -136,9 +136,7 @@ async def start_telemetry(daemon: TelemetryHost, swarm: object, telemetry: Telem
     handler = ShipperHandler(shipper, service=service,
                              level=getattr(logging, telemetry.level.upper()))
     await daemon.nursery.start(_ship, swarm, shipper, handler, telemetry.monitor,
-                               telemetry.monitor_addresses)
-    if daemon.metrics is not None:
-        daemon.metrics.add(snapshot_registry(lambda: shipper_snapshot(shipper)))
+                               telemetry.monitor_addresses, daemon.metrics)
     log.info("telemetry.started monitor=%s addresses=%d service=%s level=%s max_records=%d",
              format_key(telemetry.monitor)[:12], len(telemetry.monitor_addresses), service,
              telemetry.level, telemetry.max_records)
@@ -146,9 +144,13 @@ async def start_telemetry(daemon: TelemetryHost, swarm: object, telemetry: Telem
 
 
 async def _ship(swarm: object, shipper: LogShipper, handler: logging.Handler, monitor: bytes,
-                addresses: Sequence, *,
+                addresses: Sequence, metrics: ProcessMetrics | None, *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Attach ``handler``, ship until cancelled, detach it (every record after is not shipped)."""
+    """Attach ``handler`` and the metrics, ship until cancelled, detach both
+    (a record logged after is not shipped)."""
+    registry = snapshot_registry(lambda: shipper_snapshot(shipper))
+    if metrics is not None:
+        metrics.add(registry)
     root = logging.getLogger()
     root.addHandler(handler)
     try:
@@ -159,6 +161,8 @@ async def _ship(swarm: object, shipper: LogShipper, handler: logging.Handler, mo
             task_status.started()
     finally:
         root.removeHandler(handler)
+        if metrics is not None:
+            metrics.remove(registry)
 
 
 async def _watch_drops(shipper: LogShipper, monitor: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import trio
 
+from contracts.log_shipper import LogShipper
 from nodes.control import BadMessage, decode_operation
 from nodes.metrics import Family, Snapshot, snapshot_registry
 from nodes.telemetry import start_telemetry
@@ -70,6 +71,10 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                                     config=QueueConfig(fsync=fsync))
     queues = QueueService()
     queues.attach(queue)
+    # The worker's LogShipper once telemetry runs (None: off, or not yet): set
+    # here first so a callback made before it starts (the agents' log records
+    # for wrk-monitor) may read it at any time: ``if shipper: shipper.offer(r)``.
+    shipper: LogShipper | None = None
     agent_send, agent_events = trio.open_memory_channel[AgentEvent](1024)
     registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s)
     backend = backend or make_backend(settings, storage)
@@ -84,8 +89,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     measured = Snapshot()
     daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: measured))
     # The worker's own records (every job's System steps) go to wrk-monitor when
-    # telemetry is on. ``shipper.offer(record)`` also takes ready-made records:
-    # the agents' log records the registry receives are handed to it here.
+    # telemetry is on; ``shipper.offer(record)`` also takes ready-made records
+    # (contracts.telemetry.LogRecord), e.g. the agents' that the registry receives.
     shipper = await start_telemetry(daemon, swarm, settings.telemetry,
                                     service="wrk-server-k8s-nvidia")
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)

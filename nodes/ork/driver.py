@@ -37,7 +37,7 @@ from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
 
 from .orchestrator import Orchestrator
-from .steps import placement_text
+from .steps import nodes_text
 
 __all__ = ["OrkDriver"]
 
@@ -170,7 +170,7 @@ class OrkDriver:
                 published.append(op.op_id)
                 log.info("replica %d: %s sent to rack %s…%s | ork.op op=%s", op.replica,
                          _VERB[op.kind], outbound.rack[:12],
-                         f" ({placement_text(op.placement)})" if op.kind == "create_replica"
+                         f" for {nodes_text(op.placement)}" if op.kind == "create_replica"
                          else "", op.op_id, extra=where)
             if published:
                 await trio.to_thread.run_sync(self.orchestrator.mark_published, published,

@@ -21,18 +21,22 @@ from contracts.model import JobStatus, ReplicaPlacement
 
 from .views import JobEvent, JobView
 
-__all__ = ["placement_text", "step_line"]
+__all__ = ["nodes_text", "placement_text", "step_line"]
 
 #: Statuses a user must look at: their lines are warnings (Failed: an error).
 _LEVELS = {JobStatus.FAILED: logging.ERROR, JobStatus.UNKNOWN: logging.WARNING,
            JobStatus.DEGRADED: logging.WARNING}
 
 
+def nodes_text(placement: ReplicaPlacement) -> str:
+    """``node n1 (2 GPUs)``; every node of a multi-node replica, comma-separated."""
+    return ", ".join(f"node {share.node} ({share.gpus} GPU{'s' if share.gpus != 1 else ''})"
+                     for share in placement.shares)
+
+
 def placement_text(placement: ReplicaPlacement) -> str:
-    """``rack 1a2b3c4d5e6f… node n1 (2 GPUs)``; every node of a multi-node replica."""
-    nodes = ", ".join(f"node {share.node} ({share.gpus} GPU{'s' if share.gpus != 1 else ''})"
-                      for share in placement.shares)
-    return f"rack {placement.rack[:12]}… {nodes}"
+    """``rack 1a2b3c4d5e6f… node n1 (2 GPUs)``."""
+    return f"rack {placement.rack[:12]}… {nodes_text(placement)}"
 
 
 def _created(job: JobView | None) -> str:
@@ -64,7 +68,7 @@ def _detail(event: JobEvent, job: JobView | None) -> str:
             return f"queued again: {reason or 'capacity freed'}; placing it"
         return "queued: looking for free GPUs"
     if status is JobStatus.PENDING:
-        return f"pending: {reason or 'no capacity'}; it is placed when GPUs free up"
+        return f"pending: {reason}" if reason else "pending: no free GPUs; placed when some are"
     if status is JobStatus.STARTING and previous in (JobStatus.QUEUED, JobStatus.PENDING):
         return _placed(job)
     text = status.value

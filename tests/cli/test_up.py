@@ -101,11 +101,29 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
                 await nursery.start(swarm.run)
                 client = OrkClient(swarm, ork, addresses=[("127.0.0.1", base + 3)])
                 await nursery.start(client.run)
-                await client.call(CREATE_JOB, CreateJob(spec=container(gpus=1)))
+                job = (await client.call(CREATE_JOB, CreateJob(spec=container(gpus=1)))).job
                 nursery.cancel_scope.cancel()
             vmis = storage / "wrk-server-k8s-nvidia" / "vmis"
             await wait_until(lambda: list(vmis.glob("*/process.json")), limit_s=60,
                              step_s=0.2)
+            # wrk-ork and the worker ship the job's System steps to wrk-monitor.
+            logs_url = f"http://127.0.0.1:{base + 15}/jobs/{job.id}/logs"
+
+            def services() -> set[str]:
+                body = httpx.get(logs_url, timeout=10).json()
+                return {r["service"] for r in body["records"] if r["source"] == "System"}
+
+            seen: set[str] = set()
+
+            async def shipped() -> bool:
+                seen.update(await trio.to_thread.run_sync(services))
+                return {"wrk-ork", "wrk-server-k8s-nvidia"} <= seen
+
+            for _ in range(300):
+                if await shipped():
+                    break
+                await trio.sleep(0.2)
+            assert {"wrk-ork", "wrk-server-k8s-nvidia"} <= seen, seen
         agents = [json.loads(path.read_text())["pid"] for path in vmis.glob("*/process.json")]
         assert all(pid in pids_using(storage) for pid in agents)
 

@@ -6,6 +6,11 @@ the swarm on 127.0.0.1, and gives the test an RPC client of wrk-ork's
 ``cosmicac-ork/1`` service, as app-node would hold. The worker can be killed
 (SIGKILL) and started again on the same port and storage; its agents, as
 VMIs outlive a worker, keep running and are stopped at the end.
+
+With ``monitor=True`` it first starts ``cosmicac run wrk-monitor`` (any key may
+push; the test's key may follow), turns telemetry on in wrk-ork's and the
+worker's configs, and :meth:`ControlPath.logs` reads a job's records back
+with ``logs.query``, as app-node does.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from pathlib import Path
 import trio
 
 from contracts.model import JobSpec
+from contracts.telemetry import PROTOCOL as MONITOR_PROTOCOL
+from contracts.telemetry import LogRecord, decode_batch
+from nodes.monitor.service import QUERY, Query
 from nodes.ork.service import (
     CREATE_JOB,
     DELETE_JOB,
@@ -44,6 +52,7 @@ from tests.cli.helpers import COSMICAC, read_until
 
 ORK_READY = re.compile(r"wrk-ork (\w{64}) listening on ([\d.]+):(\d+)")
 WORKER_READY = re.compile(r"wrk-server-k8s-nvidia (\w{64}) listening on ([\d.]+):(\d+)")
+MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+)")
 IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
 
 
@@ -78,6 +87,62 @@ class ControlPath:
     _client_scope: trio.CancelScope | None = None
     #: proxy-inference keys: wrk-ork's clients too, and the inference agents' callers.
     proxy_keys: tuple[str, ...] = ()
+    #: wrk-monitor, when started (:meth:`start_monitor`): its key, port and a client.
+    monitor_key: str = ""
+    monitor_port: int = 0
+    monitor_client: RpcClient | None = None
+
+    @property
+    def telemetry(self) -> dict:
+        """The ``telemetry`` section of a daemon's config: on once wrk-monitor runs."""
+        if not self.monitor_key:
+            return {}
+        return {"monitor": self.monitor_key,
+                "monitor_addresses": [f"127.0.0.1:{self.monitor_port}"]}
+
+    async def start_monitor(self) -> trio.Process:
+        """Start wrk-monitor (any key may push, the test's may follow) and connect to it."""
+        self.monitor_port = free_port()
+        config = self.root / "monitor.json"
+        config.write_text(json.dumps({
+            "storage": str(self.root / "monitor"), "host": "127.0.0.1",
+            "port": self.monitor_port, "allow_any_pusher": True,
+            "followers": [self.client_key.hex], "http": {"host": "127.0.0.1", "port": 0},
+            "log_format": "json"}))
+        (self.root / "monitor").mkdir(exist_ok=True)
+        proc = await self._spawn("run", "wrk-monitor", "--config", str(config))
+        match = await read_until(proc.stdout, MONITOR_READY)
+        self.monitor_key = match[1]
+        self.monitor_client, _ = await self._connect(self.monitor_port, self.monitor_key,
+                                                     MONITOR_PROTOCOL, "test-monitor")
+        return proc
+
+    async def logs(self, job_id: str, *, source: str | None = None) -> list[LogRecord]:
+        """The job's records wrk-monitor holds (``logs.query``), oldest first."""
+        assert self.monitor_client is not None, "wrk-monitor is not running"
+        result = await self.monitor_client.call(QUERY, Query(job_id=job_id, source=source),
+                                                timeout_s=10.0)
+        return decode_batch(result.records)
+
+    async def _connect(self, port: int, key: str, protocol: str, name: str
+                       ) -> tuple[RpcClient, trio.CancelScope]:
+        """An RPC client of ``protocol`` on a connection to 127.0.0.1:``port``, held in
+        the nursery until the returned scope is cancelled."""
+        connection = await dial_tcp("127.0.0.1", port, self.client_key, parse_public_key(key))
+        scope = trio.CancelScope()
+        clients: list[RpcClient] = []
+
+        async def hold(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                async with trio.open_nursery() as inner:
+                    await inner.start(connection.run)
+                    channel = await connection.open_channel(protocol)
+                    clients.append(RpcClient(channel, name=name))
+                    await inner.start(clients[0].run)
+                    task_status.started()
+
+        await self.nursery.start(hold)
+        return clients[0], scope
 
     @property
     def ork_address(self) -> str:
@@ -89,24 +154,13 @@ class ControlPath:
         config.write_text(json.dumps({
             "storage": str(self.root / "ork"), "host": "127.0.0.1", "port": self.ork_port,
             "clients": [self.client_key.hex, *self.proxy_keys], "tick_interval_s": 0.2,
-            "unknown_after_s": 5.0, "fsync": False, "log_format": "json"}))
+            "unknown_after_s": 5.0, "fsync": False, "log_format": "json",
+            "telemetry": self.telemetry}))
         proc = await self._spawn("run", "wrk-ork", "--config", str(config))
         match = await read_until(proc.stdout, ORK_READY)
         self.ork_key, self.ork = match[1], proc
-        connection = await dial_tcp("127.0.0.1", self.ork_port, self.client_key,
-                                    parse_public_key(self.ork_key))
-        self._client_scope = scope = trio.CancelScope()
-
-        async def hold(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                async with trio.open_nursery() as inner:
-                    await inner.start(connection.run)
-                    channel = await connection.open_channel(PROTOCOL)
-                    self.client = RpcClient(channel, name="test-app-node")
-                    await inner.start(self.client.run)
-                    task_status.started()
-
-        await self.nursery.start(hold)
+        self.client, self._client_scope = await self._connect(
+            self.ork_port, self.ork_key, PROTOCOL, "test-app-node")
         return proc
 
     async def kill_ork(self) -> None:
@@ -138,6 +192,7 @@ class ControlPath:
             "report_interval_s": 1.0,
             "fsync": False,
             "log_format": "json",
+            "telemetry": self.telemetry,
         }
         config.update(changes)
         path = self.root / "worker.json"
@@ -219,15 +274,18 @@ def status(name: str) -> Callable[[JobView | None], bool]:
 
 
 @asynccontextmanager
-async def control_path(root: Path, *, proxy_keys: tuple[str, ...] = ()
+async def control_path(root: Path, *, proxy_keys: tuple[str, ...] = (), monitor: bool = False
                        ) -> AsyncIterator[ControlPath]:
     """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered;
-    ``proxy_keys`` may call wrk-ork and the inference agents."""
+    ``proxy_keys`` may call wrk-ork and the inference agents; ``monitor``: wrk-monitor
+    too, with wrk-ork and the worker shipping their logs to it."""
     path = None
     try:
         async with trio.open_nursery() as nursery:
             path = ControlPath(root, nursery, KeyPair.generate(), free_port(), free_port(),
                                proxy_keys=proxy_keys)
+            if monitor:
+                await path.start_monitor()
             await path.start_ork()
             await path.start_worker()
             await path.call(REGISTER_RACK, RegisterRack(rack=path.worker_key,

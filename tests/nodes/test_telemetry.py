@@ -85,6 +85,7 @@ async def test_records_reach_the_monitor_with_their_job_and_the_handler_goes_at_
                 assert sample(metrics, "telemetry_records_dropped_total") == 0
                 daemon.cancel_scope.cancel()
             assert shipper_handlers() == []
+            assert sample(metrics, "telemetry_records_pending") is None
             STEPS.info("after the stop", extra={"job_id": "j-1"})
             assert shipper.pending == 0
 
@@ -175,7 +176,7 @@ def test_telemetry_settings_come_from_the_environment(tmp_path, cls, prefix, req
     ("TELEMETRY__MONTOR", KEY, "telemetry"),
     ("TELEMETRY__MONITOR", "not-a-key", "telemetry.monitor"),
     ("TELEMETRY__MAX_RECORDS", "0", "telemetry.max_records"),
-])
+], ids=["misspelt", "not-a-key", "zero-records"])
 def test_a_bad_telemetry_setting_names_its_key(tmp_path, name, value, key) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(OrkSettings, environ={"COSMICAC_ORK__STORAGE": str(tmp_path),

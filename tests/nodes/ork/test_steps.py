@@ -27,8 +27,8 @@ def event(status, previous, reason="") -> JobEvent:
 
 @pytest.mark.parametrize("status, previous, reason, level, head", [
     (S.QUEUED, S.CREATING, "", logging.INFO, "queued: looking for free GPUs"),
-    (S.PENDING, S.QUEUED, "no free GPUs", logging.INFO,
-     "pending: no free GPUs; it is placed when GPUs free up"),
+    (S.PENDING, S.QUEUED, "no room now for 2 GPUs", logging.INFO,
+     "pending: no room now for 2 GPUs"),
     (S.QUEUED, S.PENDING, "capacity freed", logging.INFO, "queued again: capacity freed"),
     (S.FAILED, S.STARTING, "agent failed: exit 1", logging.ERROR,
      "failed: agent failed: exit 1"),

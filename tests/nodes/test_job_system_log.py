@@ -1,0 +1,105 @@
+"""A job's System log in wrk-monitor shows how far a job that never became Active got.
+
+wrk-monitor, wrk-ork and a local-backend worker run as ``cosmicac run``
+processes (tests/nodes/control_path.py) with telemetry on: wrk-ork and the
+worker ship their log records over the swarm, and the test reads a job's
+records back with ``logs.query`` as app-node would. Real time, conditions
+polled, every wait bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import trio
+
+from contracts.telemetry import SYSTEM, LogRecord
+
+from .control_path import IMAGE, ControlPath, container, control_path, status
+
+pytestmark = pytest.mark.slow
+
+ORK, WORKER = "wrk-ork", "wrk-server-k8s-nvidia"
+
+
+async def wait_logs(path: ControlPath, job_id: str,
+                    done: Callable[[list[LogRecord]], bool], limit_s: float = 30.0
+                    ) -> list[LogRecord]:
+    """Poll wrk-monitor until the job's records satisfy ``done``."""
+    records: list[LogRecord] = []
+    with trio.move_on_after(limit_s):
+        while True:
+            records = await path.logs(job_id)
+            if done(records):
+                return records
+            await trio.sleep(0.2)
+    raise AssertionError(f"job {job_id}'s logs never got there: {lines(records)}")
+
+
+def lines(records: list[LogRecord]) -> list[str]:
+    return [f"{r.service}: {r.text.partition(' | ')[0]}" for r in records]
+
+
+def has(*needles: str) -> Callable[[list[LogRecord]], bool]:
+    return lambda records: all(any(n in line for line in lines(records)) for n in needles)
+
+
+async def test_a_job_that_never_fits_or_waits_for_gpus_says_so_in_its_system_log(tmp_path):
+    with trio.fail_after(120):
+        async with control_path(tmp_path, monitor=True) as path:
+            too_big = await path.create(container("too-big", gpus=9))
+            assert too_big.status.value == "failed"
+            records = await wait_logs(path, too_big.id, has(f"{ORK}: failed: "))
+            assert all(r.job_id == too_big.id and r.source == SYSTEM for r in records)
+            got = lines(records)
+            # How far it got: created and queued, never placed; and why it failed.
+            assert got[0].startswith(f"{ORK}: created: container job 'too-big'")
+            assert got[1] == f"{ORK}: queued: looking for free GPUs"
+            failed = next(r for r in records if "failed: " in r.text)
+            assert failed.level >= 40 and too_big.reason in failed.text
+            assert not any("placed on" in line for line in got)
+
+            first = await path.create(container("first", gpus=8))
+            second = await path.create(container("second", gpus=8))
+            waiting = await path.create(container("waiting", gpus=8))
+            assert waiting.status.value == "pending"
+            records = await wait_logs(path, waiting.id, has(f"{ORK}: pending: "))
+            assert not any("placed on" in line for line in lines(records))
+            # The jobs that fit were placed, and their worker's steps are theirs too.
+            await path.wait_job(first.id, status("active"))
+            placed = await wait_logs(path, first.id, has(
+                f"{ORK}: starting: replica 0 placed on rack {path.worker_key[:12]}… node ",
+                f"{WORKER}: create received: GPUs claimed (8 on node ",
+                f"{WORKER}: agent ready", f"{ORK}: active"))
+            assert all(r.job_id == first.id for r in placed)
+            assert any(r.replica == 0 and r.service == WORKER for r in placed)
+            await path.delete(second.id)
+            await wait_logs(path, second.id, has(f"{ORK}: delete asked", f"{WORKER}: deleted"))
+
+
+async def test_a_job_whose_agent_fails_at_start_shows_each_step_and_the_reason(tmp_path):
+    from contracts.model import JobSpec
+
+    # vLLM is not installed here: the agent starts, says hello, and its model
+    # server cannot start; after its retries the agent reports failed.
+    broken = JobSpec(name="broken", team="t1", type="inference", image=IMAGE, gpus=1,
+                     runtime="vllm", model="org/model", served_name="broken")
+    with trio.fail_after(150):
+        async with control_path(tmp_path, monitor=True) as path:
+            job = await path.create(broken)
+            failed = await path.wait_job(job.id, status("failed"), limit_s=120)
+            records = await wait_logs(path, job.id, has(
+                f"{ORK}: starting: replica 0 placed on ", f"{WORKER}: create received",
+                f"{WORKER}: creating VMIs", f"{WORKER}: agent hello", f"{WORKER}: agent failed",
+                f"{ORK}: failed: "))
+            got = lines(records)
+            assert not any(f"{ORK}: active" in line for line in got)
+            agent_failed = next(r for r in records if r.text.startswith("agent failed"))
+            assert agent_failed.level >= 40 and agent_failed.replica == 0
+            assert failed.reason and failed.reason in next(
+                r.text for r in records if r.service == ORK and r.text.startswith("failed: "))
+            # In order: placed before created on the worker before the agent's words.
+            order = [next(i for i, line in enumerate(got) if needle in line) for needle in (
+                "placed on", "create received", "agent hello", "agent failed")]
+            assert order == sorted(order)
