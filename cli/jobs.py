@@ -3,9 +3,11 @@
 Scripts rely on two forms exactly: ``jobs create ...`` prints the job id alone on
 stdout (``JOB=$(cosmicac jobs create ...)``), with ``-o json`` the job document;
 ``jobs get JOB -o json`` prints the API's job document as it is (``status`` is
-``running`` for an Active job). ``--wait`` follows the job's events (polling a
-server that offers none) until the job runs (create, restart) or is gone
-(delete), with progress on stderr (:mod:`cli._wait`).
+``running`` for an Active job; ``model_health`` an inference job's model health,
+apart from its status, or null when unknown). ``jobs list`` and ``jobs get`` show
+it as the ``health`` column beside ``status`` (``-`` when unknown). ``--wait``
+follows the job's events (polling a server that offers none) until the job runs
+(create, restart) or is gone (delete), with progress on stderr (:mod:`cli._wait`).
 
 ``jobs logs`` prints a job's log records from wrk-monitor through app-node
 (``GET /api/jobs/{job}/logs``): one line each, ``time  source  service  [replica]
@@ -88,6 +90,12 @@ def _replicas_column(job: dict) -> str:
     return f"{running}/{len(replicas)} running"
 
 
+def _health(job: dict) -> str:
+    """The model health column: ``Healthy``, ``Degraded``, ``Unhealthy``, or ``-`` when
+    unknown (a container job, no wrk-monitor, no proxy reporting it; an older server)."""
+    return job.get("model_health") or "-"
+
+
 @app.command("list")
 def list_jobs(team: str | None = _team_option(),
               limit: int = typer.Option(50, "--limit", min=1, max=500,
@@ -112,8 +120,9 @@ def list_jobs(team: str | None = _team_option(),
             break
     if cursor and not every and output != "json":
         err.print(f"more jobs: --all lists every one (or --limit {limit * 2})")
-    emit(output, jobs, ("id", "name", "type", "status", "replicas", "gpus", "created"),
-         [(j["id"], j["name"], j["type"], j["status"], _replicas_column(j),
+    emit(output, jobs, ("id", "name", "type", "status", "health", "replicas", "gpus",
+                        "created"),
+         [(j["id"], j["name"], j["type"], j["status"], _health(j), _replicas_column(j),
            j["spec"]["gpus"], _when(j["created_at"])) for j in jobs])
 
 
@@ -124,9 +133,10 @@ def _show(output: str, job: dict) -> None:
         return
     spec = job["spec"]
     what = f"{spec['runtime']}:{spec['model']}" if spec.get("model") else spec["image"]
-    emit(output, job, ("id", "name", "type", "status", "gpus", "runs", "created", "reason"),
-         [(job["id"], job["name"], job["type"], job["status"], spec["gpus"], what,
-           _when(job["created_at"]), job["reason"])])
+    emit(output, job, ("id", "name", "type", "status", "health", "gpus", "runs", "created",
+                       "reason"),
+         [(job["id"], job["name"], job["type"], job["status"], _health(job), spec["gpus"],
+           what, _when(job["created_at"]), job["reason"])])
     emit(output, job, ("replica", "status", "generation", "nodes", "message"),
          [(r["index"], r["status"], r["generation"], ", ".join(r["nodes"]), r["message"])
           for r in job["replicas"]])

@@ -5,6 +5,9 @@ Every daemon and job agent ships its log records to wrk-monitor
 
     logs.push    PushBatch(records: bytes)                    -> PushResult(accepted)
     logs.follow  Follow(job_id?, source?, since_ns?, snapshot) => RecordBatch(records: bytes), ...
+    metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
+
+(``metrics.push``: see "Metrics from proxy-inference" below.)
 
 Wire format of a record batch
 -----------------------------
@@ -32,12 +35,13 @@ skipped the cut is broken, not chatty).
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from p2p.rpc import Method, StreamMethod
 
@@ -226,3 +230,104 @@ class RecordBatch(_Model):
 
 PUSH = Method("logs.push", params=PushBatch, result=PushResult)
 FOLLOW = StreamMethod("logs.follow", params=Follow, item=RecordBatch)
+
+
+# ---------------------------------------------------------------------------
+# Metrics from proxy-inference: ``metrics.push`` (issue 14, model health)
+# ---------------------------------------------------------------------------
+#
+# Every few seconds each proxy sends wrk-monitor the latest snapshot of its
+# per-job sliding window (nodes/proxy_inference/health.py); wrk-monitor keeps
+# the newest report per sender, merges the senders' windows and classifies
+# each job's model health (nodes/monitor/health.py)::
+#
+#     metrics.push  MetricsReport(window_s, jobs[JobWindow]) -> MetricsResult(accepted)
+#
+# A report is a snapshot, not a delta: a lost or refused one costs nothing but
+# its few seconds of freshness, so a sender never queues or retries one.
+# Latency is a fixed-bucket histogram (counts per bucket of
+# :data:`LATENCY_BOUNDS_MS`, the last bucket +Inf) rather than a percentile:
+# histograms of several proxies add up exactly, percentiles do not.
+
+#: Upper bounds (milliseconds, inclusive) of the latency buckets a proxy counts
+#: in; one more bucket holds everything slower. Fine below 2 s (a chat model's
+#: first token), coarse up to a minute (a long transcription's whole answer).
+LATENCY_BOUNDS_MS = (10, 25, 50, 100, 250, 500, 750, 1_000, 1_500, 2_000, 3_000, 5_000,
+                     7_500, 10_000, 15_000, 20_000, 30_000, 60_000)
+LATENCY_BUCKETS = len(LATENCY_BOUNDS_MS) + 1
+#: Jobs in one report: ~120 bytes each on the wire, so a full report stays
+#: near 128 KiB, a quarter of a mux message.
+MAX_REPORT_JOBS = 1_000
+#: HTTP statuses counted per job; a proxy lumps any beyond into ``"Nxx"``.
+MAX_STATUS_CODES = 16
+_COUNT = 2**53  # a JSON-safe count
+
+
+class ModelHealth(enum.StrEnum):
+    """How a job's model answers, apart from the job's status (seeds/jobs.txt)."""
+
+    #: Answers within the thresholds (or too few requests to judge).
+    HEALTHY = "Healthy"
+    #: Error rate or first-byte p95 over the degraded threshold.
+    DEGRADED = "Degraded"
+    #: Error rate or first-byte p95 over the unhealthy threshold.
+    UNHEALTHY = "Unhealthy"
+
+
+Count = Annotated[int, Field(ge=0, le=_COUNT)]
+StatusKey = Annotated[str, Field(pattern=r"^[1-5](\d\d|xx)$")]
+
+
+class JobWindow(_Model):
+    """One job's figures over the sender's window (``window_s`` up to the report)."""
+
+    job_id: str = Field(min_length=1, max_length=MAX_JOB_ID_CHARS)
+    #: Requests the proxy finished (answered or failed) for the job.
+    requests: Count = 0
+    #: Of them, the proxy's or the model server's failures: 5xx answers, a
+    #: stream broken midway, no replica. A client's 4xx is not one.
+    errors: Count = 0
+    #: Counts per :data:`LATENCY_BOUNDS_MS` bucket of request start to the
+    #: model server's first frame (requests that got one).
+    first_byte_ms: tuple[Count, ...] = Field(default=(0,) * LATENCY_BUCKETS,
+                                             min_length=LATENCY_BUCKETS,
+                                             max_length=LATENCY_BUCKETS)
+    #: The same for request start to the last byte sent.
+    total_ms: tuple[Count, ...] = Field(default=(0,) * LATENCY_BUCKETS,
+                                        min_length=LATENCY_BUCKETS, max_length=LATENCY_BUCKETS)
+    #: Requests since the sender started, by HTTP status (a counter, not windowed).
+    requests_total: dict[StatusKey, Count] = Field(default_factory=dict,
+                                                   max_length=MAX_STATUS_CODES)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobWindow:
+        if self.errors > self.requests:
+            raise ValueError("errors exceed requests")
+        if sum(self.first_byte_ms) > self.requests or sum(self.total_ms) > self.requests:
+            raise ValueError("a latency histogram counts more than the requests")
+        return self
+
+
+class MetricsReport(_Model):
+    """A proxy's latest snapshot: its window's length and each job's figures."""
+
+    #: The sliding window's length, seconds.
+    window_s: float = Field(gt=0, le=3600)
+    jobs: tuple[JobWindow, ...] = Field(default=(), max_length=MAX_REPORT_JOBS)
+
+    @model_validator(mode="after")
+    def _unique(self) -> MetricsReport:
+        if len({job.job_id for job in self.jobs}) != len(self.jobs):
+            raise ValueError("a job is reported twice")
+        return self
+
+
+class MetricsResult(_Model):
+    #: Jobs taken (all of them: a report is taken whole or refused whole).
+    accepted: int
+
+
+METRICS_PUSH = Method("metrics.push", params=MetricsReport, result=MetricsResult)
+
+__all__ += ["LATENCY_BOUNDS_MS", "LATENCY_BUCKETS", "MAX_REPORT_JOBS", "MAX_STATUS_CODES",
+            "METRICS_PUSH", "JobWindow", "MetricsReport", "MetricsResult", "ModelHealth"]

@@ -5,17 +5,37 @@ app-node reads a job's logs from wrk-monitor over the swarm through one
 connection kept open, calls wait for it up to their timeout, then
 :class:`MonitorUnavailable`). wrk-monitor's refusals keep their codes
 (:class:`~p2p.rpc.RpcError`: ``FORBIDDEN``, ``LAGGED``, ``TOO_MANY_FOLLOWERS``).
+
+Its channel has an id of its own (:data:`CHANNEL_ID`): app-node also ships its
+own log records to the same wrk-monitor (``nodes/telemetry.py``), whose
+:class:`~contracts.log_shipper.LogShipper` holds ``cosmicac-monitor/1`` with the
+empty id on the same connection, and a mux keeps one channel per (protocol, id):
+the second to open would be refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+
 from contracts.telemetry import PROTOCOL
 from nodes.peer_client import PeerClient
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MonitorClient", "MonitorUnavailable"]
+from .health import HEALTH_JOBS, MAX_HEALTH_QUERY, HealthQuery, JobHealth
+
+__all__ = ["CHANNEL_ID", "DEFAULT_TIMEOUT_S", "HEALTH_TIMEOUT_S", "MonitorClient",
+           "MonitorUnavailable"]
+
+#: The id of the reader's ``cosmicac-monitor/1`` channel (see the module doc).
+CHANNEL_ID = b"reader"
 
 #: A call's default bound: waiting for the connection plus wrk-monitor's answer.
 DEFAULT_TIMEOUT_S = 10.0
+#: ``job_health``'s bound: it decorates app-node's job routes, which must not
+#: stall on wrk-monitor (an answer over the swarm takes a few milliseconds).
+HEALTH_TIMEOUT_S = 0.5
 
 
 class MonitorUnavailable(Exception):
@@ -31,7 +51,56 @@ class MonitorClient(PeerClient):
     hint = "that it lists this daemon's key in its followers"
     default_timeout_s = DEFAULT_TIMEOUT_S
 
+    async def _hold(self, connection: Any) -> None:
+        await super()._hold(_WithChannelId(connection, CHANNEL_ID))
+
     @property
     def monitor(self) -> bytes:
         """wrk-monitor's public key."""
         return self.key
+
+    async def job_health(self, job_ids: Iterable[str], *,
+                         timeout_s: float = HEALTH_TIMEOUT_S) -> dict[str, JobHealth]:
+        """Each known job's model health (``health.jobs``), by job id.
+
+        Never waits for a connection: while wrk-monitor is not connected it
+        fails at once, so a caller that only decorates its answer with model
+        health loses nothing but the health.
+
+        Raises:
+            MonitorUnavailable: not connected, or no answer within ``timeout_s``.
+            RpcError: wrk-monitor refused (``FORBIDDEN``: not among its followers).
+        """
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        if not self.connected:
+            raise MonitorUnavailable("wrk-monitor is not connected now")
+        out: dict[str, JobHealth] = {}
+        with trio.move_on_after(timeout_s) as scope:
+            for start in range(0, len(ids), MAX_HEALTH_QUERY):
+                chunk = tuple(ids[start:start + MAX_HEALTH_QUERY])
+                result = await self.call(HEALTH_JOBS, HealthQuery(job_ids=chunk),
+                                         timeout_s=timeout_s)
+                out.update((job.job_id, job) for job in result.jobs if job.health is not None)
+        if scope.cancelled_caught:
+            raise MonitorUnavailable(f"wrk-monitor did not answer within {timeout_s} s")
+        return out
+
+
+class _WithChannelId:
+    """``connection``, whose channels open with ``channel_id`` unless given one.
+
+    Falls short: a :class:`PeerClient` option (``channel_id``) would say this
+    without a wrapper; ``nodes/peer_client.py`` is shared with wrk-ork's client.
+    """
+
+    def __init__(self, connection: Any, channel_id: bytes) -> None:
+        self._connection = connection
+        self._channel_id = channel_id
+
+    async def open_channel(self, protocol: str, id: bytes = b"") -> Any:
+        return await self._connection.open_channel(protocol, id or self._channel_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)

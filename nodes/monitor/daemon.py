@@ -8,7 +8,10 @@ accepted record is also offered to a :class:`~nodes.monitor.loki.LokiPusher`
 slow or down never slows a push; its own task sends batches) and the HTTP
 side reads history older than the buffer with a
 :class:`~nodes.monitor.loki.LokiReader`. The HTTP side (:mod:`._http`) serves
-``/metrics`` and ``/jobs/{id}/logs``.
+``/metrics`` (its own counters, the process's, and what the proxies forward:
+:mod:`._health_metrics`) and ``/jobs/{id}/logs``. The proxies' ``metrics.push``
+reports go to a :class:`~nodes.monitor.health.HealthBook` judged with
+``settings.health``.
 
 :func:`serve_monitor` runs it in-process (tests); :func:`start_monitor` is
 ``cosmicac run wrk-monitor`` on the daemon kit.
@@ -34,7 +37,9 @@ from p2p.net import Network
 from p2p.swarm import Swarm, SwarmConfig
 
 from ._buffer import LogBuffer
+from ._health_metrics import health_registry
 from ._http import LogsFront, create_app
+from .health import HealthBook, Thresholds
 from .loki import LokiPusher, LokiReader, LokiRecord
 from .service import MonitorService
 from .settings import MonitorSettings
@@ -147,18 +152,21 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
             for record in records:
                 offer(to_loki(record))
 
+        book = HealthBook(Thresholds(**settings.health.model_dump()))
         service = MonitorService(buffer, pushers=settings.pushers,
                                  allow_any_pusher=settings.allow_any_pusher,
                                  followers=settings.followers,
-                                 on_records=None if pusher is None else on_records)
+                                 on_records=None if pusher is None else on_records,
+                                 health=book, loki=pusher)
         own = snapshot_registry(functools.partial(monitor_snapshot, service, pusher))
+        forwarded = health_registry(book, service.clock)
         process = CollectorRegistry()
         ProcessCollector(registry=process)  # process_cpu_seconds_total, memory, open fds
         if metrics is not None:
-            metrics.add(own, process, swarm.metrics.registry)
+            metrics.add(own, forwarded, process, swarm.metrics.registry)
             registry = metrics.registry
         else:
-            registry = combined_registry(own, process, swarm.metrics.registry)
+            registry = combined_registry(own, forwarded, process, swarm.metrics.registry)
         front = LogsFront(buffer=buffer, registry=registry, reader=reader,
                           token=settings.http.token)
         swarm.add_service(service)

@@ -37,27 +37,46 @@ the CLI's key through app-node), since logs may hold secrets.
 stream's snapshot could serve it too, but a reader could not tell where the
 snapshot ends and live records begin.
 
+``metrics.push`` (``contracts.telemetry.METRICS_PUSH``, pushers only): a
+proxy's latest per-job window; kept as that sender's newest report in the
+:class:`~nodes.monitor.health.HealthBook` (wrk-monitor's clock, bounded senders),
+answered with the jobs taken. ``health.jobs`` (:data:`~nodes.monitor.health.HEALTH_JOBS`,
+followers only): each asked job's model health and figures. ``service.status``
+(``contracts.health.STATUS``, followers only): ``queue_depth`` the records
+waiting for Loki (0 without Loki), ``last_report_at`` the newest push of logs
+or metrics (wall clock), ``details`` the metrics senders, buffered records and
+drop counts.
+
 Error codes: ``FORBIDDEN``, ``BAD_BATCH`` (the batch is not valid records; the
-message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``.
+message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``,
+``TOO_MANY_SENDERS`` (a new metrics sender past ``health.max_senders``); a
+report that breaks the contract's bounds is ``INVALID_PARAMS`` (the RPC's own
+validation).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Protocol
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
 from contracts.telemetry import (
     FOLLOW,
     MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,
+    METRICS_PUSH,
     PROTOCOL,
     PUSH,
     BadBatch,
     Follow,
     LogRecord,
+    MetricsReport,
+    MetricsResult,
     PushBatch,
     PushResult,
     RecordBatch,
@@ -69,6 +88,7 @@ from p2p.host import RpcService
 from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError
 
 from ._buffer import LogBuffer
+from .health import HEALTH_JOBS, HealthBook, HealthQuery, HealthResult, TooManySenders
 
 __all__ = ["MAX_FOLLOWERS", "QUERY", "MonitorService", "Query", "QueryResult"]
 
@@ -98,6 +118,18 @@ class QueryResult(BaseModel):
 QUERY = Method("logs.query", params=Query, result=QueryResult)
 
 
+class _LokiCounters(Protocol):
+    buffered: int
+    dropped: int
+    failed: int
+
+
+class LokiStats(Protocol):
+    """What the service reads of Loki's pusher (``LokiPusher.statistics``)."""
+
+    def statistics(self) -> _LokiCounters: ...
+
+
 class MonitorService(RpcService):
     """The ``cosmicac-monitor/1`` service over ``buffer``.
 
@@ -111,14 +143,32 @@ class MonitorService(RpcService):
         on_records: called with every accepted batch once it is in the buffer
             (the daemon hands them to Loki's pusher); synchronous, so it must
             be O(batch) and never block: ingestion waits for it.
+        health: the proxies' metrics reports (a fresh book by default).
+        loki: Loki's pusher, whose backlog ``service.status`` reports (None: no Loki).
+        clock: monotonic seconds, for the reports' staleness.
+        wall_clock: seconds since the epoch, for ``last_report_at``.
+        started_at: when the daemon started (wall clock).
     """
 
     def __init__(self, buffer: LogBuffer, *, pushers: Iterable[bytes] = (),
                  allow_any_pusher: bool = False, followers: Iterable[bytes] = (),
                  config: RpcConfig | None = None,
-                 on_records: Callable[[list[LogRecord]], object] | None = None) -> None:
+                 on_records: Callable[[list[LogRecord]], object] | None = None,
+                 health: HealthBook | None = None, loki: LokiStats | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time,
+                 started_at: float | None = None) -> None:
         self.buffer = buffer
         self.on_records = on_records
+        self.health = health if health is not None else HealthBook()
+        self.loki = loki
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.started_at = wall_clock() if started_at is None else started_at
+        #: The newest accepted push of logs or metrics (wall clock), or None.
+        self.last_report_at: float | None = None
+        #: Metrics reports refused (``TOO_MANY_SENDERS``).
+        self.refused_reports = 0
         self.pushers = set(pushers)
         self.allow_any_pusher = allow_any_pusher
         self.followers = set(followers)
@@ -129,13 +179,19 @@ class MonitorService(RpcService):
         router.add(PUSH, self._push)
         router.add(FOLLOW, self._follow)
         router.add(QUERY, self._query)
+        router.add(METRICS_PUSH, self._metrics_push)
+        router.add(HEALTH_JOBS, self._health_jobs)
+        router.add(STATUS, self._status)
         super().__init__(PROTOCOL, router, config=config)
 
-    async def _push(self, params: PushBatch, ctx: CallContext) -> PushResult:
+    def _check_pusher(self, ctx: CallContext, what: str) -> None:
         key = ctx.remote_public_key
         if not self.allow_any_pusher and (key is None or key not in self.pushers):
-            raise RpcError("FORBIDDEN", "this key may not push logs to wrk-monitor; "
+            raise RpcError("FORBIDDEN", f"this key may not push {what} to wrk-monitor; "
                                         "add it to its pushers or open telemetry")
+
+    async def _push(self, params: PushBatch, ctx: CallContext) -> PushResult:
+        self._check_pusher(ctx, "logs")
         try:
             records = decode_batch(params.records)
         except BadBatch as exc:
@@ -144,7 +200,51 @@ class MonitorService(RpcService):
         self.buffer.append(records)
         if self.on_records is not None and records:
             self.on_records(records)
+        self.last_report_at = self.wall_clock()
         return PushResult(accepted=len(records))
+
+    async def _metrics_push(self, params: MetricsReport, ctx: CallContext) -> MetricsResult:
+        # Only the platform's proxies report metrics: an agent (allow_any_pusher
+        # admits any key for logs) could otherwise paint any job Unhealthy.
+        key = ctx.remote_public_key
+        if key is None or key not in self.pushers:
+            raise RpcError("FORBIDDEN", "this key may not push metrics to wrk-monitor; "
+                                        "add it to its pushers")
+        try:
+            self.health.accept(key, params, self.clock())
+        except TooManySenders as exc:
+            self.refused_reports += 1
+            raise RpcError("TOO_MANY_SENDERS", f"{exc}; raise health.max_senders") from None
+        self.last_report_at = self.wall_clock()
+        return MetricsResult(accepted=len(params.jobs))
+
+    async def _health_jobs(self, params: HealthQuery, ctx: CallContext) -> HealthResult:
+        self._check_follower(ctx)
+        return HealthResult(jobs=tuple(self.health.health(params.job_ids, self.clock())))
+
+    def status(self) -> ServiceStatus:
+        """What ``service.status`` answers (also read by tests)."""
+        stats = self.buffer.stats
+        details: dict[str, int | float | str | bool | None] = {
+            "metrics_senders": self.health.senders(self.clock()),
+            "metrics_reports": self.health.accepted,
+            "buffered_records": stats.records,
+            "evicted_records": stats.evicted,
+            "followers": self.buffer.followers,
+            "bad_batches": self.bad_batches,
+        }
+        queue_depth = 0
+        if self.loki is not None:
+            loki = self.loki.statistics()
+            queue_depth = loki.buffered
+            details.update(loki_dropped=loki.dropped, loki_failed=loki.failed)
+        return service_status("wrk-monitor", started_at=self.started_at,
+                              queue_depth=queue_depth, last_report_at=self.last_report_at,
+                              details=details)
+
+    async def _status(self, params: StatusRequest, ctx: CallContext) -> ServiceStatus:
+        self._check_follower(ctx)
+        return self.status()
 
     def _check_follower(self, ctx: CallContext) -> None:
         key = ctx.remote_public_key

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 
 from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS
 
-__all__ = ["MONITOR_HTTP_PORT", "MONITOR_PORT", "BufferSettings", "HttpSettings",
-           "LokiSettings", "MonitorSettings"]
+__all__ = ["MONITOR_HTTP_PORT", "MONITOR_PORT", "BufferSettings", "HealthSettings",
+           "HttpSettings", "LokiSettings", "MonitorSettings"]
 
 #: Default port of wrk-monitor's swarm (TCP and UDP).
 MONITOR_PORT = 49743
@@ -62,6 +62,40 @@ class LokiSettings(BaseModel):
     flush_interval_s: float = Field(default=0.5, ge=0, le=60)
 
 
+class HealthSettings(BaseModel):
+    """When a job's model health is Degraded or Unhealthy (nodes/monitor/health.py).
+
+    Judged on the proxies' sliding window (60 s): the error rate (5xx answers,
+    broken streams, no replica; a client's 4xx is not an error) and the p95 of
+    request start to the model server's first byte. Defaults: 5% errors is
+    where an SLO of 95% success is burnt (Degraded), 25% means one request in
+    four fails (Unhealthy); a first byte past 5 s is slow even for a CPU
+    model's prefill (Degraded), past 20 s most clients have given up
+    (Unhealthy). Under ``min_requests`` in the window a job is Healthy: too
+    few requests to judge. ``COSMICAC_MONITOR__HEALTH__<KEY>``.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    degraded_error_rate: float = Field(default=0.05, gt=0, le=1)
+    unhealthy_error_rate: float = Field(default=0.25, gt=0, le=1)
+    degraded_p95_ms: float = Field(default=5_000.0, gt=0)
+    unhealthy_p95_ms: float = Field(default=20_000.0, gt=0)
+    min_requests: int = Field(default=5, ge=1)
+    #: A proxy silent this long no longer counts (it reports every 5 s).
+    stale_after_s: float = Field(default=30.0, gt=0, le=3600)
+    #: Proxies whose latest report is kept at once.
+    max_senders: int = Field(default=64, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HealthSettings:
+        if self.degraded_error_rate > self.unhealthy_error_rate:
+            raise ValueError("degraded_error_rate must not exceed unhealthy_error_rate")
+        if self.degraded_p95_ms > self.unhealthy_p95_ms:
+            raise ValueError("degraded_p95_ms must not exceed unhealthy_p95_ms")
+        return self
+
+
 class MonitorSettings(DaemonSettings):
     """Everything wrk-monitor reads at start."""
 
@@ -88,3 +122,4 @@ class MonitorSettings(DaemonSettings):
     buffer: BufferSettings = BufferSettings()
     http: HttpSettings = HttpSettings()
     loki: LokiSettings = LokiSettings()
+    health: HealthSettings = HealthSettings()

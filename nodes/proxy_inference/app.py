@@ -53,6 +53,7 @@ from starlette.routing import Route
 from contracts.inference import FORWARDED_PATHS, MAX_BODY, Usage
 from crdt import ApiKey
 
+from .health import HealthWindow
 from .keys import KeyCache
 from .metrics import ProxyMetrics
 from .router import Route as JobRoute
@@ -94,6 +95,8 @@ class Front:
     pool: AgentPool
     recorder: UsageRecorder
     metrics: ProxyMetrics
+    #: The per-job window wrk-monitor judges model health from (None: not kept).
+    health: HealthWindow | None = None
 
     async def authenticate(self, header: str) -> ApiKey:
         """The key of an ``Authorization`` header's bearer secret.
@@ -204,6 +207,8 @@ class _Forwarded:
         self.request_content_type = content_type
         self.request_body = body
         self.started = started
+        #: Request start to the agent's first frame, once it came.
+        self.first_byte_s: float | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         front, route = self.front, self.route
@@ -214,7 +219,8 @@ class _Forwarded:
                                         content_type=self.request_content_type,
                                         body=self.request_body,
                                         request_id=request_id) as answer:
-                front.metrics.of(model).first_byte.observe(time.perf_counter() - self.started)
+                self.first_byte_s = time.perf_counter() - self.started
+                front.metrics.of(model).first_byte.observe(self.first_byte_s)
                 first = answer.first
                 status = first.status or 200
                 content_type = first.content_type or "application/json"
@@ -223,15 +229,27 @@ class _Forwarded:
                 else:
                     await self._whole(answer, status, content_type, request_id, send)
         except RequestRefused as exc:
+            self._health(400, error=False)
             await _fail(front, send, HttpError(400, str(exc), "invalid_request_error",
                                                "invalid_request"), model)
         except UpstreamFailed as exc:  # non-streamed: nothing was sent yet
+            self._health(502, error=True)
             await _fail(front, send, HttpError(502, f"The model server failed: {exc}",
                                                "server_error", "upstream_error"), model)
         except UpstreamError as exc:
+            self._health(503, error=True)
             await _fail(front, send, HttpError(
                 503, f"The model {model!r} has no replica that can answer now ({exc}).",
                 "server_error", "model_unavailable"), model)
+
+    def _health(self, status: int, *, error: bool, total_s: float | None = None,
+                now: float | None = None) -> None:
+        """One finished request in the job's health window (O(1); see ``health.py``)."""
+        window = self.front.health
+        if window is not None:
+            window.record(self.route.job_id, status,
+                          time.perf_counter() if now is None else now, error=error,
+                          first_byte_s=self.first_byte_s, total_s=total_s)
 
     def _headers(self, content_type: str, request_id: str,
                  length: int | None = None) -> list[tuple[bytes, bytes]]:
@@ -251,7 +269,9 @@ class _Forwarded:
             front.recorder.record(self.key.id, model, usage)
         metrics = front.metrics.of(model)
         metrics.count(status, usage)
-        metrics.latency.observe(time.perf_counter() - self.started)
+        now = time.perf_counter()
+        metrics.latency.observe(now - self.started)
+        self._health(status, error=status >= 500, total_s=now - self.started, now=now)
 
     async def _whole(self, answer: Answer, status: int, content_type: str, request_id: str,
                      send: Any) -> None:
@@ -285,6 +305,7 @@ class _Forwarded:
                         await client.send(send, frame.data)
             except UpstreamFailed as exc:
                 self.front.metrics.errors.labels("upstream_error").inc()
+                self._health(status, error=True)
                 log.warning("proxy.stream_broken job=%s request=%s code=%s reason=%s",
                             self.route.job_id, request_id, exc.code, exc)
                 event = error_body(f"The model server failed midway: {exc}", "server_error",

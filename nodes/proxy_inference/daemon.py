@@ -11,7 +11,9 @@ One swarm, one identity (``<storage>/identity``):
   the jobs' DHT topics and by key;
 - the OpenAI-compatible HTTP front (:mod:`.app`) on ``http.host:http.port``;
 - with ``telemetry.monitor`` set, its log records shipped to wrk-monitor
-  (:mod:`nodes.telemetry`; no line per request).
+  (:mod:`nodes.telemetry`; no line per request), and its per-job window of
+  requests, errors and latency (:mod:`.health`) pushed there every few seconds
+  (:mod:`.reporter`, ``metrics.push``) for wrk-monitor's model health.
 
 :func:`serve_proxy` starts all of it in-process (tests, benchmarks);
 :func:`start_proxy` is the ``cosmicac run proxy-inference`` entry on the
@@ -36,10 +38,12 @@ from p2p.net import Network
 from p2p.swarm import Swarm, SwarmConfig
 
 from .app import Front, create_app
+from .health import HealthWindow
 from .jobs import JobSource, OrkJobSource
 from .keys import KeyCache
 from .metrics import ProxyMetrics, state_snapshot
 from .replicas import Balancer
+from .reporter import HealthReporter, health_snapshot
 from .router import RoutingTable
 from .settings import ProxySettings
 from .upstream import AgentPool
@@ -70,6 +74,8 @@ class RunningProxy:
     recorder: UsageRecorder
     metrics: ProxyMetrics
     job_source: JobSource
+    #: With ``telemetry.monitor``: the per-job window and its reporter.
+    reporter: HealthReporter | None = None
 
     @property
     def url(self) -> str:
@@ -170,6 +176,13 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
             await inner.start(pool.run)
             front = Front(keys=keys, table=lambda: pool.table, pool=pool,
                           recorder=recorder, metrics=proxy_metrics)
+            reporter = None
+            telemetry = settings.telemetry
+            if telemetry.monitor is not None:
+                front.health = HealthWindow()
+                reporter = HealthReporter(front.health, routed=lambda: pool.table.jobs.keys())
+                inner.start_soon(functools.partial(
+                    reporter.run, swarm, telemetry.monitor, telemetry.monitor_addresses))
 
             def publish(jobs) -> None:
                 pool.apply(RoutingTable.from_jobs(jobs))
@@ -185,10 +198,13 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
                 for job_id, route in pool.table.jobs.items():  # a name may serve many teams
                     replicas[route.served_name] = (replicas.get(route.served_name, 0.0)
                                                    + balancer.healthy(job_id, now))
-                return state_snapshot(
+                snap = state_snapshot(
                     replicas=replicas,
                     pending_ops=len(recorder.book), written_ops=recorder.ops_written,
                     dropped=recorder.book.dropped, keys_cached=len(keys))
+                if reporter is not None:
+                    snap.families.update(health_snapshot(reporter).families)
+                return snap
 
             proxy_metrics.set_snapshot(snapshot)
             if metrics is not None:
@@ -203,7 +219,7 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
             task_status.started(RunningProxy(
                 http_address=http_address, swarm_address=swarm_address, swarm=swarm,
                 front=front, pool=pool, recorder=recorder, metrics=proxy_metrics,
-                job_source=source))
+                job_source=source, reporter=reporter))
             await trio.sleep_forever()
 
 

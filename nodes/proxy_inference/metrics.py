@@ -18,6 +18,15 @@ through :mod:`nodes.metrics`' snapshot collector, so a scrape never races.
 | ``proxy_usage_written_ops_total`` | | usage operations appended |
 | ``proxy_usage_dropped_total`` | | requests whose usage was dropped (book full) |
 | ``proxy_keys_cached`` | | API key answers in memory |
+
+With ``telemetry.monitor`` set, also:
+
+| metric | labels | what |
+| --- | --- | --- |
+| ``proxy_health_reports_sent_total`` | | health reports wrk-monitor took (reporter.py) |
+| ``proxy_health_reports_failed_total`` | | health reports not taken (down, refused) |
+| ``proxy_health_jobs`` | | jobs in the health window (health.py) |
+| ``proxy_health_dropped_total`` | | requests left out of the window (past its job bound) |
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ class ServedOrk(Served):
     service: OrkService | None = None
     #: With ``served_logs``: wrk-monitor's buffer.
     log_buffer: LogBuffer | None = None
+    #: With ``served_logs``: wrk-monitor's service (its ``health`` book takes reports).
+    monitor_service: MonitorService | None = None
 
     def job_ids(self) -> set[str]:
         assert self.world is not None
@@ -106,12 +108,12 @@ async def _serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool) ->
     with trio.fail_after(30):
         address = await nursery.start(ork_swarm.run)
     extra: dict = {}
-    buffer = None
+    buffer = monitor_service = None
     if monitor:
         buffer = LogBuffer()
+        monitor_service = MonitorService(buffer, followers={app_key.public_key})
         monitor_swarm = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", port=0),
-                              services=[MonitorService(buffer,
-                                                       followers={app_key.public_key})])
+                              services=[monitor_service])
         with trio.fail_after(30):
             monitor_address = await nursery.start(monitor_swarm.run)
         extra = {"monitor": monitor_swarm.keypair.public_key,
@@ -119,5 +121,5 @@ async def _serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool) ->
     served = await serve(tmp_path, nursery, ork=ork_key.public_key, ork_addresses=(address,),
                          **extra)
     return ServedOrk(served.node, served.server, served.env, served.config, world, service,
-                     buffer)
+                     buffer, monitor_service)
 

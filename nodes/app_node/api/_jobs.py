@@ -13,11 +13,19 @@ trust app-node's key: a misconfiguration), unreachable 503 ``ork_unavailable``.
 
 A container job's ``authorized_keys`` are the CLI public keys of the team's
 members when it is created (members who never logged in with the CLI have none).
+
+``GET /api/jobs`` and ``GET /api/jobs/{job}`` add each inference job's
+``model_health`` (Healthy, Degraded, Unhealthy: wrk-monitor's ``health.jobs``,
+judged on the proxies' latency and errors, apart from the job's status). It is
+None when unknown: a container job, no wrk-monitor configured or connected,
+wrk-monitor slow (``HEALTH_TIMEOUT_S``) or refusing, or no proxy reporting the
+job. Those routes never fail or wait on wrk-monitor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import trio
@@ -26,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status
+from nodes.monitor.client import MonitorUnavailable
 from nodes.ork.client import OrkUnavailable
 from nodes.ork.service import (
     CREATE_JOB,
@@ -48,6 +57,8 @@ from ..model import JobRecord, Role
 from ._common import ApiError, Ctx, Session, ok, team_of, validate
 from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut
 from ._spec import RouteSpec
+
+_log = logging.getLogger(__name__)
 
 #: wrk-ork's error codes -> (HTTP status, what to tell the caller beyond its message).
 ORK_STATUS = {"NOT_FOUND": 404, "INVALID_STATE": 409, "CONFLICT": 409, "BAD_REQUEST": 422,
@@ -84,8 +95,9 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
         raise ApiError(status, exc.code, exc.message, field) from None
 
 
-def job_out(record: JobRecord, view: JobView) -> JobOut:
-    """A job as the API shows it: the record's who/when with wrk-ork's live status."""
+def job_out(record: JobRecord, view: JobView, model_health: str | None = None) -> JobOut:
+    """A job as the API shows it: the record's who/when with wrk-ork's live status
+    (and, where known, wrk-monitor's model health)."""
     replicas = [ReplicaOut(
         index=r.index, status=r.status.value.replace("active", "running"),
         generation=r.generation, message=r.message, agents=list(r.agents),
@@ -95,7 +107,26 @@ def job_out(record: JobRecord, view: JobView) -> JobOut:
                   status=api_status(view.status), reason=view.reason,
                   created_by=record.created_by, created_at=record.created_at,
                   deleted_at=record.deleted_at, rack=view.rack, replicas=replicas,
-                  spec=record.spec)
+                  spec=record.spec, model_health=model_health)
+
+
+async def model_health(ctx: Ctx, views: list[JobView]) -> dict[str, str]:
+    """The known model health (``Healthy``...) of ``views``' inference jobs, by id.
+
+    Empty when wrk-monitor is not configured, not connected, slow or refusing:
+    model health decorates a job, it never fails or stalls a route.
+    """
+    monitor = ctx.services.monitor
+    ids = [view.id for view in views if view.spec.type is JobType.INFERENCE]
+    if monitor is None or not ids:
+        return {}
+    try:
+        found = await monitor.job_health(ids)
+    except (MonitorUnavailable, RpcError) as exc:
+        _log.debug("jobs.model_health_unknown reason=%s", exc)
+        return {}
+    return {job_id: job.health.value for job_id, job in found.items()
+            if job.health is not None}
 
 
 def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
@@ -191,6 +222,8 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
                                      now=ctx.now())
             continue
         jobs.append(job_out(record, view))
+    health = await model_health(ctx, list(views.values()))
+    jobs = [job.model_copy(update={"model_health": health.get(job.id)}) for job in jobs]
     return ok(JobsOut(jobs=jobs, next=page.next))
 
 
@@ -226,7 +259,8 @@ async def get_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
     view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
-    return ok(job_out(record, view))
+    health = await model_health(ctx, [view])
+    return ok(job_out(record, view, health.get(view.id)))
 
 
 async def restart_job(ctx: Ctx, request: Request) -> Response:
@@ -288,4 +322,4 @@ ROUTES = [
               "Delete one replica (the job keeps the others)", answer=JobOut),
 ]
 
-__all__ = ["ROUTES", "job_out", "ork_call", "ork_unavailable"]
+__all__ = ["ROUTES", "job_out", "model_health", "ork_call", "ork_unavailable"]

@@ -281,6 +281,12 @@ class JobOut(BaseModel):
     replicas: list[ReplicaOut]
     #: What the job was created with (the web UI's Duplicate sends it back).
     spec: JobSpec
+    #: An inference job's model health, apart from its status: ``Healthy``,
+    #: ``Degraded`` or ``Unhealthy`` (wrk-monitor's, from the proxies' latency
+    #: and errors); None when unknown (not an inference job, no wrk-monitor or
+    #: not reachable, no proxy reporting it). Only ``GET /api/jobs`` and
+    #: ``GET /api/jobs/{job}`` fill it in.
+    model_health: str | None = None
 
 
 class JobsOut(BaseModel):

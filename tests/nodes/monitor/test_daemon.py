@@ -1,7 +1,8 @@
 """wrk-monitor as a daemon on real sockets: a LogShipper on another swarm ships
 records, the HTTP side serves them as JSON and live over SSE, Loki gets them with
 their labels and serves the history older than the buffer, /metrics counts them,
-and the bearer token guards the logs routes (not /metrics)."""
+and the bearer token guards the logs routes (not /metrics); a proxy's health reports
+are judged with the settings' thresholds and forwarded on /metrics."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from contracts.log_shipper import LogShipper
 from contracts.telemetry import APPLICATION, make_record
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.settings import MonitorSettings
+from nodes.proxy_inference.health import HealthWindow
+from nodes.proxy_inference.reporter import HealthReporter
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig
 from tests.p2p.helpers import wait_until
@@ -248,3 +251,35 @@ async def test_a_busy_http_port_is_named(tmp_path):
         leaf = leaf.exceptions[0]
     assert isinstance(leaf, HttpBindError)
     assert str(leaf) == f"cannot serve HTTP on 127.0.0.1:{port}: Address already in use"
+
+
+async def test_a_proxys_reports_are_judged_with_the_settings_and_shown_on_metrics(tmp_path):
+    with trio.fail_after(60):
+        # Strict thresholds from settings: one failure in ten is Unhealthy.
+        async with world(tmp_path, health={"unhealthy_error_rate": 0.1,
+                                           "degraded_error_rate": 0.05}) as w:
+            window = HealthWindow()
+            reporter = HealthReporter(window, routed=lambda: ["j-idle"], interval_s=0.05)
+            now = time.perf_counter()
+            for i in range(10):
+                window.record("j-1", 502 if i == 0 else 200, now, error=i == 0,
+                              first_byte_s=0.03, total_s=0.4)
+            proxy = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1"))
+            w.monitor.service.pushers.add(proxy.keypair.public_key)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(proxy.run)
+                nursery.start_soon(reporter.run, proxy, w.monitor.swarm.keypair.public_key,
+                                   [w.monitor.swarm_address])
+                await wait_until(lambda: w.monitor.service.health.accepted >= 1, limit_s=20)
+                text = (await w.http.get("/metrics")).text
+                nursery.cancel_scope.cancel()
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for f in text_string_to_metric_families(text) for s in f.samples}
+            assert samples[("cosmicac_model_health",
+                            (("health", "Unhealthy"), ("job_id", "j-1")))] == 1
+            assert samples[("cosmicac_model_health",
+                            (("health", "Healthy"), ("job_id", "j-idle")))] == 1
+            assert samples[("cosmicac_proxy_requests_total",
+                            (("job_id", "j-1"), ("status", "200")))] == 9
+            assert samples[("cosmicac_monitor_metrics_senders", ())] == 1
+            assert "monitor_buffer_records" in text  # its own, alongside

@@ -68,6 +68,8 @@ class Api:
     #: With ``logs_api``: wrk-monitor's buffer (append records to it).
     log_buffer: LogBuffer | None = None
     monitor_scope: trio.CancelScope | None = None
+    #: With ``logs_api``: wrk-monitor's service (its ``health`` book takes reports).
+    monitor_service: MonitorService | None = None
 
     def say(self, replica: int, state: str, **kwargs) -> None:
         """The worker reports ``state`` (``World.say``), and wrk-ork streams the change."""
@@ -166,12 +168,13 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
         hub = JobHub()
         await nursery.start(follow_ork, client, hub)
         buffer, monitor_client, monitor_scope = None, None, trio.CancelScope()
+        monitor_service = None
         if monitor:
             buffer = LogBuffer()
+            monitor_service = MonitorService(buffer, followers={me.public_key})
             monitor_swarm = Swarm(KeyPair.generate(),
                                   config=SwarmConfig(host="127.0.0.1", port=0),
-                                  services=[MonitorService(buffer,
-                                                           followers={me.public_key})])
+                                  services=[monitor_service])
 
             async def run_monitor(task_status=trio.TASK_STATUS_IGNORED) -> None:
                 with monitor_scope:
@@ -186,5 +189,6 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
                                     monitor=monitor_client):
             value.world, value.ork_scope, value.ork_service = world, scope, service
             value.log_buffer, value.monitor_scope = buffer, monitor_scope
+            value.monitor_service = monitor_service
             yield value
         nursery.cancel_scope.cancel()
