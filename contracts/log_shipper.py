@@ -53,9 +53,15 @@ from contracts.telemetry import (
 )
 from p2p.rpc import Method, RpcClient, RpcError
 
-__all__ = ["LogShipper", "ShipperHandler"]
+__all__ = ["CHANNEL_ID", "LogShipper", "ShipperHandler"]
 
 log = logging.getLogger(__name__)
+
+#: The shipper's ``cosmicac-monitor/1`` channel id: a daemon that also reads
+#: from wrk-monitor (app-node) or reports metrics to it (proxy-inference) opens
+#: the same protocol on the same connection, and a mux keeps one channel per
+#: (protocol, id).
+CHANNEL_ID = b"logs"
 
 #: Records held while wrk-monitor is slow or down: ~100 s of a busy daemon's
 #: logs, a few tens of MB at most.
@@ -199,7 +205,7 @@ class LogShipper:
     async def _on_connection(self, connection) -> None:
         while True:
             try:
-                channel = await connection.open_channel(PROTOCOL)
+                channel = await connection.open_channel(PROTOCOL, CHANNEL_ID)
             except Exception as exc:  # refused (no such service yet) or the connection went
                 log.info("shipper.open_failed reason=%s", exc)
             else:

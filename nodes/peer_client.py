@@ -37,7 +37,10 @@ class PeerClient:
     """Calls one daemon over a connection kept open (see the module doc).
 
     Subclasses name the peer (``peer``, e.g. ``wrk-ork``), its ``protocol``,
-    the error raised when it cannot be reached and what to check then (``hint``).
+    the error raised when it cannot be reached and what to check then (``hint``),
+    and, when another part of the same daemon opens the same protocol to the
+    same peer (app-node reads from and ships logs to wrk-monitor), a
+    ``channel_id`` of its own: a mux keeps one channel per (protocol, id).
 
     Args:
         swarm: the daemon's running swarm.
@@ -53,6 +56,7 @@ class PeerClient:
     unavailable: ClassVar[type[Exception]]
     hint: ClassVar[str]
     default_timeout_s: ClassVar[float] = 15.0
+    channel_id: ClassVar[bytes] = b""
 
     def __init__(self, swarm: Swarm, key: bytes, *, addresses: Iterable[Address] = (),
                  backoff: UpkeepPolicy = UpkeepPolicy(), timeout_s: float | None = None) -> None:
@@ -79,7 +83,7 @@ class PeerClient:
 
     async def _hold(self, connection: Connection) -> None:
         label = format_key(self.key)[:12]
-        channel = await connection.open_channel(self.protocol)
+        channel = await connection.open_channel(self.protocol, self.channel_id)
         client = RpcClient(channel, name=f"{self.peer}-{label}")
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)

@@ -7,16 +7,13 @@ connection kept open, calls wait for it up to their timeout, then
 (:class:`~p2p.rpc.RpcError`: ``FORBIDDEN``, ``LAGGED``, ``TOO_MANY_FOLLOWERS``).
 
 Its channel has an id of its own (:data:`CHANNEL_ID`): app-node also ships its
-own log records to the same wrk-monitor (``nodes/telemetry.py``), whose
-:class:`~contracts.log_shipper.LogShipper` holds ``cosmicac-monitor/1`` with the
-empty id on the same connection, and a mux keeps one channel per (protocol, id):
-the second to open would be refused.
+own log records to the same wrk-monitor (``nodes/telemetry.py``) on the same
+connection, and a mux keeps one channel per (protocol, id).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import trio
 
@@ -51,8 +48,7 @@ class MonitorClient(PeerClient):
     hint = "that it lists this daemon's key in its followers"
     default_timeout_s = DEFAULT_TIMEOUT_S
 
-    async def _hold(self, connection: Any) -> None:
-        await super()._hold(_WithChannelId(connection, CHANNEL_ID))
+    channel_id = CHANNEL_ID
 
     @property
     def monitor(self) -> bytes:
@@ -86,21 +82,3 @@ class MonitorClient(PeerClient):
         if scope.cancelled_caught:
             raise MonitorUnavailable(f"wrk-monitor did not answer within {timeout_s} s")
         return out
-
-
-class _WithChannelId:
-    """``connection``, whose channels open with ``channel_id`` unless given one.
-
-    Falls short: a :class:`PeerClient` option (``channel_id``) would say this
-    without a wrapper; ``nodes/peer_client.py`` is shared with wrk-ork's client.
-    """
-
-    def __init__(self, connection: Any, channel_id: bytes) -> None:
-        self._connection = connection
-        self._channel_id = channel_id
-
-    async def open_channel(self, protocol: str, id: bytes = b"") -> Any:
-        return await self._connection.open_channel(protocol, id or self._channel_id)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._connection, name)
