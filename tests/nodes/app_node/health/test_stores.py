@@ -105,7 +105,7 @@ async def test_a_closed_sqlite_store_raises_its_own_error(tmp_path: Path) -> Non
 
 async def test_an_unopenable_sqlite_file_says_which(tmp_path: Path) -> None:
     (tmp_path / "h.sqlite").write_bytes(b"not a database" * 100)
-    with pytest.raises(HealthStoreError, match="h.sqlite"):
+    with pytest.raises(HealthStoreError, match=r"h\.sqlite"):
         SqliteHealthStore.open(tmp_path / "h.sqlite")
 
 
