@@ -6,6 +6,7 @@ interface with two backends (:mod:`._store` SQLite, :mod:`._redis` Redis) and
 the trio prober (:mod:`._prober`). See README.md.
 """
 
+from ._build import build_prober
 from ._model import (
     DEFAULT_INTERVAL_S,
     DEFAULT_TIMEOUT_S,
@@ -61,6 +62,7 @@ __all__ = [
     "WindowSummary",
     "answered",
     "app_node_target",
+    "build_prober",
     "clamp_window",
     "database_status",
     "database_target",
