@@ -50,6 +50,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "wire": ("cli.deploy", "wire"),
     "autobase-connect": ("cli.deploy", "autobase_connect"),
     "restart": ("cli.deploy", "restart"),
+    "status": ("cli.status", "status"),
 }
 #: Options of the root callback that take a value (so that value is no command).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level"})

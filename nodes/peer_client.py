@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from contracts.health import STATUS, ServiceStatus, StatusRequest
 from p2p.connection import Address, Connection
 from p2p.keys import format_key
 from p2p.rpc import Method, RpcClient, StreamMethod
@@ -129,6 +130,16 @@ class PeerClient:
         client = await self.ready(timeout_s)
         remaining = max(0.001, deadline - trio.current_time())
         return await client.call(method, params, timeout_s=remaining)
+
+    async def status(self, *, timeout_s: float | None = None) -> ServiceStatus:
+        """The peer's ``service.status`` (:mod:`contracts.health`): every daemon
+        app-node watches answers it on its own protocol.
+
+        Raises:
+            unavailable: no connection within ``timeout_s``.
+            RpcError: as :meth:`call` (``UNKNOWN_METHOD``: a peer too old to answer it).
+        """
+        return await self.call(STATUS, StatusRequest(), timeout_s=timeout_s)
 
     @asynccontextmanager
     async def stream(self, method: StreamMethod, params: Any, *,

@@ -17,6 +17,9 @@ One swarm, one identity (``<storage>/identity``):
   (:mod:`nodes.telemetry`, unless ``telemetry.ship`` is false);
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
   job records), called through worker threads;
+- the health prober (:mod:`.health`): wrk-ork, wrk-monitor, the database, itself
+  and its email every ``health.interval_s``, into ``<storage>/health.sqlite``
+  or Redis (``redis_url``);
 - the HTTP API (:func:`nodes.app_node.api.create_app`) on ``http.host:http.port``,
   behind the entry point's ``/api``.
 
@@ -40,6 +43,7 @@ from p2p.keys import load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 
 from .email import make_sender
+from .health import HealthProber, build_prober
 from .job_events import JobHub, follow_ork
 from .ratelimit import make_limiter
 from .services import AppServices
@@ -89,6 +93,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
         relays=settings.relays, announce_addresses=settings.announce_addresses))
     limiter = make_limiter(settings.limits, settings.redis_url)
+    health: HealthProber | None = None
     try:
         async with trio.open_nursery() as nursery:
             swarm_address = await nursery.start(swarm.run)
@@ -116,13 +121,19 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 monitor = MonitorClient(swarm, settings.monitor,
                                         addresses=settings.monitor_addresses)
                 await nursery.start(monitor.run)
-            services = AppServices(store=store, database=db, ork=ork,
-                                   email=make_sender(settings.email, storage),
+            email = make_sender(settings.email, storage)
+            # The health history (issue 14): its own store, one task.
+            health = await trio.to_thread.run_sync(functools.partial(
+                build_prober, settings.health, storage, settings.redis_url, ork=ork,
+                monitor=monitor, database=service, email=email, limiter=limiter))
+            if health is not None:
+                await nursery.start(health.run)
+            services = AppServices(store=store, database=db, ork=ork, email=email,
                                    limiter=limiter, limits=settings.limits,
                                    public_url=settings.public_url,
                                    default_image=settings.default_image,
                                    swarm=swarm_advert(settings), events=events,
-                                   monitor=monitor)
+                                   monitor=monitor, health=health)
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(
@@ -133,6 +144,9 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             task_status.started(RunningAppNode(http_address, swarm_address, swarm, services))
     finally:
         store.close()
+        if health is not None:
+            with trio.CancelScope(shield=True):
+                await health.store.aclose()
 
 
 async def start_app_node(daemon: Daemon[AppNodeSettings]) -> None:

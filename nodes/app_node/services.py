@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from nodes.ork.client import OrkClient
 
     from .email import EmailSender
+    from .health import HealthProber
     from .job_events import JobHub
     from .ratelimit import Limiter, Limits
     from .store import Store
@@ -67,6 +68,8 @@ class AppServices:
             (:func:`~.job_events.follow_ork`). None: those routes answer 503.
         monitor: the client of wrk-monitor for job logs (``GET /api/jobs/{job}/logs``);
             None until wrk-monitor is configured (that route answers 503).
+        health: the control plane's health prober, whose store ``GET /api/health``
+            reads; None when disabled (those routes answer 503).
     """
 
     store: Store
@@ -82,3 +85,4 @@ class AppServices:
     clock: Callable[[], float] = time.time
     events: JobHub | None = None
     monitor: MonitorClient | None = None
+    health: HealthProber | None = None

@@ -15,6 +15,7 @@ from nodes.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 from .email import EmailSettings
+from .health import HealthSettings
 from .ratelimit import Limits
 
 __all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "AppTelemetrySettings",
@@ -90,6 +91,10 @@ class AppNodeSettings(DaemonSettings):
     redis_url: str | None = None
     limits: Limits = Limits()
     email: EmailSettings = EmailSettings()
+    #: The control plane's health history (``/api/health``, ``cosmicac status``):
+    #: ``health.interval_s`` (15), ``timeout_s`` (5), ``retention_s`` (86400), kept
+    #: in Redis at ``redis_url`` when set, else ``<storage>/health.sqlite``.
+    health: HealthSettings = HealthSettings()
     #: The URL users reach (the entry point), for links in emails.
     public_url: str = "http://127.0.0.1:5173"
     #: The image a job gets when it names none (docker://host[:port]/repo[:tag]):

@@ -29,6 +29,12 @@ Methods (params -> result; every model below, msgpack maps on the wire)::
     nodes.reserve    ReserveNodes(rack, nodes, team) -> Empty
     nodes.release    ReleaseNodes(rack, nodes)      -> Empty
     jobs.watch       WatchJobs(job_id?, team?, snapshot) => JobEvent, JobEvent, ...
+    service.status   StatusRequest                  -> ServiceStatus  (contracts.health)
+
+``service.status`` is what app-node's health prober asks every interval:
+``queue_depth`` is the outbox (operations recorded, not yet on their rack's
+queue), ``last_report_at`` the newest report heard from any rack, ``details``
+the racks (registered, silent) and the jobs per status.
 
 Error codes (``RpcError.code``): ``FORBIDDEN`` (not app-node's key),
 ``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``STORE`` (wrk-ork's file
@@ -51,6 +57,7 @@ from typing import Annotated, Any
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
 from contracts.model import JobSpec, JobStatus, KeyHex
 from p2p.host import RpcService
 from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
@@ -284,6 +291,8 @@ class OrkService(RpcService):
         self._clock = clock
         self._on_change = on_change
         self._watchers: set[_Watcher] = set()
+        #: ``service.status``'s ``started_at``: when this service was built.
+        self.started_at = clock()
         router = Router()
         for method, handler in [
             (CREATE_JOB, self._create_job), (RESTART_JOB, self._restart_job),
@@ -296,6 +305,7 @@ class OrkService(RpcService):
         for method, handler in [
             (GET_JOB, self._get_job), (LIST_JOBS, self._list_jobs),
             (LIST_RACKS, self._list_racks), (LIST_NODES, self._list_nodes),
+            (STATUS, self._status),
         ]:
             router.add(method, self._unary(handler, changes=False))
         router.add(WATCH_JOBS, self._watch)
@@ -442,6 +452,23 @@ class OrkService(RpcService):
     def _release_nodes(self, params: ReleaseNodes) -> Empty:
         self.orch.release_nodes(params.rack, params.nodes)
         return Empty()
+
+    def _status(self, params: StatusRequest) -> ServiceStatus:
+        orch = self.orch
+        racks = orch.racks()
+        counts = orch.status_counts()
+        # The newest time any rack was heard (a report of any kind). The book
+        # keeps it per rack but also seeds it at registration and at the first
+        # tick after wrk-ork starts, so only racks that have reported count.
+        heard = getattr(orch, "_heard", {})
+        reported = [heard[r.key] for r in racks if r.reported and r.key in heard]
+        details: dict[str, int | float | str | bool | None] = {
+            "racks": len(racks), "racks_silent": sum(r.silent for r in racks),
+            "watchers": len(self._watchers)}
+        details.update({f"jobs_{status}": n for status, n in sorted(counts.items())})
+        return service_status("wrk-ork", started_at=self.started_at,
+                              queue_depth=orch.statistics().outbox,
+                              last_report_at=max(reported, default=None), details=details)
 
     async def _watch(self, params: WatchJobs, ctx: CallContext) -> AsyncIterator[JobEvent]:
         self._authorise(ctx)

@@ -27,6 +27,7 @@ from . import (
     _apikeys,
     _auth_routes,
     _events,
+    _health,
     _jobs,
     _logs,
     _model_masters,
@@ -48,7 +49,7 @@ ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_users.ROUTES, *_teams.ROUTES,
                            # before _jobs: /jobs/events is not the job "events";
                            # /jobs/{job}/logs before any catch-all of _jobs'
                            *_events.ROUTES, *_logs.ROUTES, *_jobs.ROUTES,
-                           *_racks.ROUTES, *_swarm.ROUTES]
+                           *_racks.ROUTES, *_swarm.ROUTES, *_health.ROUTES]
 
 _DOCS = """<!doctype html><html><head><meta charset="utf-8"><title>CosmicAC API</title></head>
 <body><h1>CosmicAC API</h1><p>The schema of every route under <code>/api</code> is at

@@ -1,0 +1,275 @@
+"""The trio side of the health history: ask every service on an interval, keep the rows.
+
+A :class:`Target` is a service's name and how to ask it for its
+:class:`~contracts.health.ServiceStatus`: over the swarm for wrk-ork and
+wrk-monitor (:func:`peer_target`: ``service.status`` through their
+:class:`~nodes.peer_client.PeerClient`), or read in process for what app-node
+holds itself (:func:`database_target`, :func:`app_node_target`,
+:func:`email_target`).
+
+:class:`HealthProber` runs one round every ``interval_s``: every target at
+once, each under ``timeout_s``, one row each (:func:`probe`), all added to the
+store together; about every ``prune_every_s`` it forgets rows older than
+``retention_s``. A target that fails in any way (no connection, a timeout, a
+refusal, a bug in a local probe) is a row saying so, never a crash of the
+prober; a store that fails is logged (once per outage) and that round's rows
+are lost. Rounds keep their schedule; after one that overran (it cannot by
+much: every probe is bounded by ``timeout_s`` ≤ ``interval_s``) the next
+starts at once and the schedule goes on from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from contracts.health import PROCESS_STARTED_AT, ServiceStatus, service_status
+from p2p.rpc import RpcError
+
+from ._model import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_TIMEOUT_S,
+    RETENTION_S,
+    HealthRow,
+    answered,
+    not_answered,
+)
+from ._store import HealthStore, HealthStoreError
+
+if TYPE_CHECKING:
+    from crdt import Database
+    from crdt._replication import Replicator
+    from nodes.peer_client import PeerClient
+
+__all__ = [
+    "HealthProber",
+    "ProberStatistics",
+    "Target",
+    "app_node_target",
+    "database_status",
+    "database_target",
+    "email_target",
+    "peer_target",
+    "probe",
+]
+
+log = logging.getLogger(__name__)
+
+#: RPC failures that mean no answer came, not that the peer refused.
+_NO_ANSWER = frozenset({"TIMEOUT", "CHANNEL_CLOSED"})
+#: Outbox files counted at most (the folder is never pruned; listing it has a cost).
+MAX_OUTBOX_COUNT = 100_000
+
+
+@dataclass(frozen=True)
+class Target:
+    """A service to probe: its name in the history, and ``ask(timeout_s)``."""
+
+    service: str
+    ask: Callable[[float], Awaitable[ServiceStatus]]
+
+
+async def probe(target: Target, *, timeout_s: float,
+                clock: Callable[[], float] = time.time) -> HealthRow:
+    """Ask ``target`` once, bounded by ``timeout_s``; its row whatever happens."""
+    at = clock()
+    start = trio.current_time()
+
+    def elapsed_ms() -> float:
+        return (trio.current_time() - start) * 1000.0
+
+    try:
+        with trio.fail_after(timeout_s):
+            status = await target.ask(timeout_s)
+    except trio.TooSlowError:
+        return not_answered(target.service, at=at, latency_ms=elapsed_ms(),
+                            error=f"no answer within {timeout_s:g} s")
+    except RpcError as exc:
+        return not_answered(target.service, at=at, latency_ms=elapsed_ms(),
+                            error=f"{exc.code}: {exc}", reachable=exc.code not in _NO_ANSWER)
+    except Exception as exc:  # an unreachable peer, or a local probe's bug: a row, not a crash
+        return not_answered(target.service, at=at, latency_ms=elapsed_ms(),
+                            error=f"{type(exc).__name__}: {exc}")
+    return answered(status, service=target.service, at=at, latency_ms=elapsed_ms())
+
+
+def peer_target(client: PeerClient) -> Target:
+    """A daemon reached over the swarm (``client.peer``: ``wrk-ork``, ``wrk-monitor``)."""
+    return Target(client.peer, lambda timeout_s: client.status(timeout_s=timeout_s))
+
+
+def database_status(db: Database, replicator: Replicator | None = None) -> ServiceStatus:
+    """app-node's replica of the shared database.
+
+    ``queue_depth`` is how far it is behind: entries its peers have said they
+    hold and it has not (per writer, the most any peer holds minus ours), plus
+    entries held back waiting for what they depend on. ``details``: writers
+    admitted, peers connected, entries held.
+    """
+    lengths, wanted = db.lengths, db.wanted
+    behind = 0
+    if replicator is not None:
+        most: dict[bytes, int] = {}
+        for peer in list(replicator.peers.values()):
+            for writer, length in peer.lengths.items():
+                if writer in wanted:
+                    most[writer] = max(most.get(writer, 0), length)
+        behind = sum(max(0, n - lengths.get(w, 0)) for w, n in most.items())
+    waiting = db.base.gate.waiting
+    return service_status("database", started_at=PROCESS_STARTED_AT,
+                          queue_depth=behind + waiting, details={
+                              "writers": sum(w.admitted for w in db.writers()),
+                              "peers": db.peer_count, "entries": sum(lengths.values()),
+                              "behind": behind, "waiting": waiting,
+                              "writer": db.is_writer, "admin": db.is_admin})
+
+
+def database_target(db: Database, replicator: Replicator | None = None) -> Target:
+    async def ask(timeout_s: float) -> ServiceStatus:
+        return database_status(db, replicator)
+
+    return Target("database", ask)
+
+
+def app_node_target(details: Callable[[], dict] = dict,
+                    started_at: float = PROCESS_STARTED_AT) -> Target:
+    """app-node itself: answering proves it runs; ``details()`` adds what it knows."""
+    async def ask(timeout_s: float) -> ServiceStatus:
+        return service_status("app-node", started_at=started_at, details=details())
+
+    return Target("app-node", ask)
+
+
+def _outbox(folder: Path) -> tuple[int, float | None]:
+    """Messages in the outbox folder (up to MAX_OUTBOX_COUNT) and the newest's time."""
+    count, newest = 0, None
+    try:
+        entries = folder.iterdir()
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(".eml"):
+                continue
+            count += 1
+            mtime = entry.stat().st_mtime
+            newest = mtime if newest is None else max(newest, mtime)
+            if count >= MAX_OUTBOX_COUNT:
+                break
+    except FileNotFoundError:  # nothing sent yet: the folder is made on the first send
+        pass
+    return count, newest
+
+
+def email_target(sender: object) -> Target:
+    """app-node's email: with the outbox backend, ``queue_depth`` is the messages
+    waiting in its folder for an operator to read or forward and
+    ``last_report_at`` the newest; SMTP and SendGrid send at once (no queue)."""
+    from ..email import OutboxSender
+
+    async def ask(timeout_s: float) -> ServiceStatus:
+        if isinstance(sender, OutboxSender):
+            count, newest = await trio.to_thread.run_sync(_outbox, sender.folder)
+            return service_status("email", started_at=PROCESS_STARTED_AT, queue_depth=count,
+                                  last_report_at=newest, details={"backend": "outbox"})
+        backend = type(sender).__name__.removesuffix("Sender").lower() or "custom"
+        return service_status("email", started_at=PROCESS_STARTED_AT,
+                              details={"backend": backend})
+
+    return Target("email", ask)
+
+
+@dataclass(frozen=True)
+class ProberStatistics:
+    rounds: int
+    rows: int
+    store_errors: int
+
+
+class HealthProber:
+    """Probes ``targets`` every ``interval_s`` into ``store``; what the routes read.
+
+    Args:
+        store: where rows go (and where the routes read them).
+        targets: the services, in the order the API shows them.
+        interval_s / timeout_s: a round's period and each probe's bound (< period).
+        retention_s: rows older than this are pruned about every ``prune_every_s``.
+        clock: the wall clock rows are stamped with (tests pass a fake).
+    """
+
+    def __init__(self, store: HealthStore, targets: Sequence[Target], *,
+                 interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 retention_s: float = RETENTION_S, prune_every_s: float = 600.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        if not 0 < timeout_s <= interval_s:
+            raise ValueError("a probe's timeout_s must be positive and at most interval_s")
+        self.store = store
+        self.targets = tuple(targets)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.retention_s = retention_s
+        self.prune_every_s = prune_every_s
+        self.clock = clock
+        self._rounds = self._rows = self._store_errors = 0
+        self._store_down = False
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        return tuple(target.service for target in self.targets)
+
+    def statistics(self) -> ProberStatistics:
+        return ProberStatistics(self._rounds, self._rows, self._store_errors)
+
+    async def probe_all(self) -> list[HealthRow]:
+        """One round: every target at once; their rows in the targets' order."""
+        rows: list[HealthRow | None] = [None] * len(self.targets)
+
+        async def one(index: int, target: Target) -> None:
+            rows[index] = await probe(target, timeout_s=self.timeout_s, clock=self.clock)
+
+        async with trio.open_nursery() as nursery:
+            for index, target in enumerate(self.targets):
+                nursery.start_soon(one, index, target)
+        return [row for row in rows if row is not None]
+
+    async def run_once(self, *, prune: bool = False) -> list[HealthRow]:
+        """Probe every target, keep the rows (and prune when asked); the rows."""
+        rows = await self.probe_all()
+        self._rounds += 1
+        try:
+            await self.store.add(rows)
+            if prune:
+                await self.store.prune(self.clock() - self.retention_s)
+        except HealthStoreError as exc:
+            self._store_errors += 1
+            if not self._store_down:
+                log.warning("health.store_failed reason=%s; rows are lost until it works", exc)
+            self._store_down = True
+        else:
+            self._rows += len(rows)
+            if self._store_down:
+                log.warning("health.store_recovered")
+            self._store_down = False
+        for row in rows:
+            if not row.up:
+                log.info("health.not_up service=%s reachable=%s error=%s", row.service,
+                         row.reachable, row.error)
+        return rows
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Probe until cancelled; ``started`` at once (the first round follows)."""
+        task_status.started()
+        next_at = trio.current_time()
+        last_prune = -math.inf
+        while True:
+            prune = trio.current_time() - last_prune >= self.prune_every_s
+            if prune:
+                last_prune = trio.current_time()
+            await self.run_once(prune=prune)
+            next_at = max(next_at + self.interval_s, trio.current_time())
+            await trio.sleep_until(next_at)
