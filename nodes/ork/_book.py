@@ -77,6 +77,8 @@ class JobBook:
         #: Per rack, when we last heard from it (set at registration, on any
         #: report, and for every rack at the first tick after opening).
         self._heard: dict[str, float] = {}
+        #: When the newest report came from any rack since opening (None: none yet).
+        self._last_report_at: float | None = None
         self._positions: dict[str, int] = {}
         self._events: deque[JobEvent] = deque()
         self._seq = 0

@@ -622,8 +622,13 @@ class Orchestrator(JobBook):
                  if k in self._heard and not rack.silent]
         return min(times, default=None)
 
+    def last_report_at(self) -> float | None:
+        """When a rack last reported since wrk-ork opened, or None (for health)."""
+        return self._last_report_at
+
     def _hear(self, key: str, now: float) -> None:
         self._heard[key] = now
+        self._last_report_at = now
         rack = self._racks[key]
         if rack.silent:
             rack.silent = False

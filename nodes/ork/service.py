@@ -457,18 +457,13 @@ class OrkService(RpcService):
         orch = self.orch
         racks = orch.racks()
         counts = orch.status_counts()
-        # The newest time any rack was heard (a report of any kind). The book
-        # keeps it per rack but also seeds it at registration and at the first
-        # tick after wrk-ork starts, so only racks that have reported count.
-        heard = getattr(orch, "_heard", {})
-        reported = [heard[r.key] for r in racks if r.reported and r.key in heard]
         details: dict[str, int | float | str | bool | None] = {
             "racks": len(racks), "racks_silent": sum(r.silent for r in racks),
             "watchers": len(self._watchers)}
         details.update({f"jobs_{status}": n for status, n in sorted(counts.items())})
         return service_status("wrk-ork", started_at=self.started_at,
                               queue_depth=orch.statistics().outbox,
-                              last_report_at=max(reported, default=None), details=details)
+                              last_report_at=orch.last_report_at(), details=details)
 
     async def _watch(self, params: WatchJobs, ctx: CallContext) -> AsyncIterator[JobEvent]:
         self._authorise(ctx)
