@@ -231,7 +231,7 @@ def up(
     """Run the whole system on this machine until Ctrl-C.
 
     DHT bootstrap, relay, app-node, wrk-ork, a local GPU worker (2 simulated
-    nodes of 8 GPUs), proxy-inference and the entry point on
+    nodes of 8 GPUs), proxy-inference, wrk-monitor and the entry point on
     http://127.0.0.1:5173, each its own process, restarted if it exits. The first
     start creates an admin and an API key (in <storage>/credentials.json); every
     start logs this machine's CLI in.

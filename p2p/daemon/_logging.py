@@ -13,7 +13,10 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["QUIET_BELOW_DEBUG", "JsonFormatter", "configure_logging"]
+
+#: Libraries whose INFO lines are one per request: shown only at ``debug``.
+QUIET_BELOW_DEBUG = ("httpx",)
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s %(message)s"
 
@@ -59,3 +62,9 @@ def configure_logging(level: str = "info", *, stream: TextIO | None = None,
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # httpx logs every request at INFO: an agent's health check every 2 s, a
+    # Loki push every flush. Their failures still show (WARNING); ``debug``
+    # shows everything.
+    chatty = logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING
+    for name in QUIET_BELOW_DEBUG:
+        logging.getLogger(name).setLevel(chatty)
