@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,11 +73,17 @@ class LogsFront:
 
     buffer: LogBuffer
     registry: CollectorRegistry
+    #: A fixed reader (tests); the daemon passes ``readers`` instead.
     reader: LokiReader | None = None
+    #: The reader of the Loki in force now (it is swapped at runtime: read per request).
+    readers: Callable[[], LokiReader | None] | None = None
     token: str | None = None
     keepalive_s: float = KEEPALIVE_S
     #: HTTP follow streams now.
     streams: int = 0
+
+    def current_reader(self) -> LokiReader | None:
+        return self.readers() if self.readers is not None else self.reader
 
 
 def record_json(record: LogRecord | LokiRecord, seq: int | None = None) -> dict[str, Any]:
@@ -161,14 +167,15 @@ async def _read(front: LogsFront, job_id: str, source: str | None, since: int | 
     recent = front.buffer.newest(wants, limit)
     out: list[dict[str, Any]] = []
     history = "buffer"
-    if front.reader is not None and len(recent) < limit:
+    reader = front.current_reader()
+    if reader is not None and len(recent) < limit:
         first = front.buffer.first
         end_ns = first.time_ns if first is not None else time.time_ns() + 1
         start_ns = since if since is not None else end_ns - DEFAULT_HISTORY_S * 10**9
         history = "loki"
         if start_ns < end_ns:
             try:
-                older = await front.reader.query_range(
+                older = await reader.query_range(
                     job_id, source=source, start_ns=start_ns, end_ns=end_ns,
                     limit=limit - len(recent), direction="backward")
             except LokiError as exc:
