@@ -256,8 +256,6 @@ class ObservabilityHolder:
             RuntimeError: :meth:`run` is not running.
         """
         async with self._lock:
-            if self._nursery is None:
-                raise RuntimeError("the observability holder is not running")
             persisted = False
             if self.storage is not None:
                 try:
@@ -266,6 +264,8 @@ class ObservabilityHolder:
                 except OSError as exc:
                     log.warning("monitor.observability.not_persisted path=%s error=%s (in force "
                                 "until a restart)", self.storage / OBSERVABILITY_FILE, exc)
+            if self._nursery is None:  # checked after the write: run() may have ended meanwhile
+                raise RuntimeError("the observability holder is not running")
             old = self.value
             same_loki = (old.loki_url, old.loki_tenant) == (value.loki_url, value.loki_tenant)
             if old != value or self.origin != origin:
