@@ -48,6 +48,7 @@ import gzip
 import json
 import logging
 import random
+import urllib.parse
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ __all__ = [
     "LokiRecord",
     "encode_push",
     "logql_string",
+    "split_credentials",
     "stream_selector",
 ]
 
@@ -160,6 +162,20 @@ def _entry_bytes(record: LokiRecord) -> int:
     return len(record.line.encode()) + ENTRY_OVERHEAD_BYTES
 
 
+def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without ``user:password@``, and those as basic auth (None without them).
+
+    The credentials never travel inside the URL: httpx logs every request's URL
+    (``HTTP Request: POST http://user:password@…``) at INFO.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url.rstrip("/"), None
+    auth = httpx.BasicAuth(urllib.parse.unquote(parts.username or ""),
+                           urllib.parse.unquote(parts.password or ""))
+    return (redact_url(url) or "").rstrip("/"), auth
+
+
 def _open_client(timeout_s: float) -> httpx.AsyncClient:
     """A client with ``trust_env=False``: an ``HTTP_PROXY`` must not capture Loki traffic."""
     return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout_s)
@@ -213,9 +229,9 @@ class LokiPusher:
             raise ValueError("max_retries must be >= 0")
         if httpx.URL(url).scheme not in ("http", "https"):
             raise ValueError(f"Loki URL must be http(s)://host:port, not {url!r}")
-        self.url = url.rstrip("/")
-        #: ``url`` without credentials: what log lines name.
-        self.safe_url = redact_url(self.url)
+        #: Loki's URL without credentials (sent as basic auth): what log lines name.
+        self.url, self._auth = split_credentials(url)
+        self.safe_url = self.url
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if tenant is not None:
             self._headers["X-Scope-OrgID"] = tenant
@@ -349,7 +365,8 @@ class LokiPusher:
         for attempt in range(self._max_retries + 1):
             retry_after_s: float | None = None
             try:
-                response = await self._client.post(url, content=body, headers=self._headers)
+                response = await self._client.post(url, content=body, headers=self._headers,
+                                                   auth=self._auth or httpx.USE_CLIENT_DEFAULT)
             except httpx.HTTPError as exc:  # transport errors, and an answer that fails to decode
                 reason = f"{type(exc).__name__}: {exc}"
             else:
@@ -417,9 +434,9 @@ class LokiReader:
 
     def __init__(self, url: str, *, tenant: str | None = None, timeout_s: float = 30.0,
                  client: httpx.AsyncClient | None = None) -> None:
-        self.url = url.rstrip("/")
-        #: ``url`` without credentials: what errors name.
-        self.safe_url = redact_url(self.url) or ""
+        #: Loki's URL without credentials (sent as basic auth): what errors name.
+        self.url, self._auth = split_credentials(url)
+        self.safe_url = self.url
         self._headers = {} if tenant is None else {"X-Scope-OrgID": tenant}
         self._owns_client = client is None
         self._client = client if client is not None else _open_client(timeout_s)
@@ -438,7 +455,8 @@ class LokiReader:
     async def ready(self) -> bool:
         """Whether ``GET /ready`` answers 200 (a transport error is "not ready")."""
         try:
-            response = await self._client.get(self.url + READY_PATH, headers=self._headers)
+            response = await self._client.get(self.url + READY_PATH, headers=self._headers,
+                                              auth=self._auth or httpx.USE_CLIENT_DEFAULT)
         except httpx.TransportError:
             return False
         return response.status_code == 200
@@ -509,7 +527,8 @@ class LokiReader:
                   "limit": str(limit), "direction": direction}
         url = self.url + QUERY_RANGE_PATH
         try:
-            response = await self._client.get(url, params=params, headers=self._headers)
+            response = await self._client.get(url, params=params, headers=self._headers,
+                                              auth=self._auth or httpx.USE_CLIENT_DEFAULT)
         except httpx.TransportError as exc:
             raise LokiError(0, f"{type(exc).__name__}: {exc}", url=self.safe_url) from exc
         if response.status_code != 200:
