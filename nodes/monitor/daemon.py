@@ -159,7 +159,8 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
     else:
         registry = combined_registry(own, forwarded, process, swarm.metrics.registry)
     front = LogsFront(buffer=buffer, registry=registry,
-                      readers=lambda: observability.reader, token=settings.http.token)
+                      readers=lambda: observability.reader,
+                      prometheus=lambda: observability.prometheus, token=settings.http.token)
     swarm.add_service(service)
     async with trio.open_nursery() as nursery:
         await nursery.start(observability.run)

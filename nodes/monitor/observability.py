@@ -40,7 +40,9 @@ answer says ``loki-error``). Counters are cumulative across swaps (retired
 pushers' figures are folded in), so ``monitor_loki_*_total`` never goes back.
 
 The Prometheus URL is kept, persisted and reported (``service.status`` and
-``observability.get``); wrk-monitor does not call Prometheus yet.
+``observability.get``); :attr:`~ObservabilityHolder.prometheus` reads a job's
+metrics back from it (:mod:`.prometheus`, the HTTP side's ``/jobs/{id}/metrics``),
+over one HTTP client the holder owns, so a new URL needs nothing closed.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pydantic
 import trio
 
@@ -64,6 +67,7 @@ from contracts.telemetry import (
 )
 
 from .loki import LokiPusher, LokiPusherStatistics, LokiReader, LokiRecord
+from .prometheus import PrometheusReader
 
 __all__ = ["DEFAULT_GRACE_S", "OBSERVABILITY_FILE", "ObservabilityHolder", "load_persisted",
            "save_persisted", "to_loki"]
@@ -170,6 +174,9 @@ class ObservabilityHolder:
         self._retired = LokiPusherStatistics(0, 0, 0, 0, 0, 0)
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()
+        # trust_env=False: an HTTP_PROXY must not capture the operator's Prometheus.
+        self._prometheus_http = httpx.AsyncClient(trust_env=False, follow_redirects=False,
+                                                  timeout=10.0)
         #: Swaps applied (tests and the status line).
         self.swaps = 0
 
@@ -198,6 +205,12 @@ class ObservabilityHolder:
     def reader(self) -> LokiReader | None:
         """The reader of the Loki in force (None: no Loki). Read it per use."""
         return None if self._current is None else self._current.reader
+
+    @property
+    def prometheus(self) -> PrometheusReader | None:
+        """A reader of the Prometheus in force (None: none). Read it per use."""
+        url = self.value.prometheus_url
+        return None if url is None else PrometheusReader(url, self._prometheus_http)
 
     def offer(self, records: Iterable[LogRecord]) -> None:
         """Queue ``records`` for the Loki in force; nothing without one. Never blocks."""
@@ -248,6 +261,7 @@ class ObservabilityHolder:
                 for pair in pairs:
                     await pair.pusher.aclose()
                     await pair.reader.aclose()
+                await self._prometheus_http.aclose()
 
     async def set(self, value: Observability, *, origin: str = "app-node") -> ObservabilityState:
         """Put ``value`` in force (persisted first); answer what is in force then.
