@@ -24,6 +24,7 @@ from contracts.telemetry import (
     OBSERVABILITY_SET,
     Observability,
     ObservabilityQuery,
+    decode_batch,
     make_record,
 )
 from nodes.monitor._buffer import LogBuffer
@@ -32,7 +33,7 @@ from nodes.monitor.observability import (
     ObservabilityHolder,
     load_persisted,
 )
-from nodes.monitor.service import MonitorService
+from nodes.monitor.service import QUERY, MonitorService, Query
 from p2p.rpc import RpcError
 from tests.p2p.helpers import wait_until
 
@@ -249,3 +250,19 @@ async def test_a_follower_sets_and_reads_it_and_credentials_are_never_shown(
     assert status.details["loki"] is True
     assert status.details["loki_url"] == "https://loki.example:3100/sub"
     assert status.details["observability_from"] == "app-node"
+
+
+async def test_logs_query_answers_the_buffer_when_loki_cannot_be_reached(tmp_path):
+    # Real time: the reader's connection is refused at once by a closed local port.
+    holder = ObservabilityHolder(Observability(loki_url="http://127.0.0.1:9"),
+                                 origin="settings")
+    service = MonitorService(LogBuffer(), followers=[READER], observability=holder)
+    service.buffer.append(recs(0, 3))
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(holder.run)
+            async with connect(nursery, service, READER) as reader:
+                result = await reader.call(QUERY, Query(job_id="j-1"))
+            nursery.cancel_scope.cancel()
+    assert result.history.startswith("loki-error: Loki at http://127.0.0.1:9 unreachable")
+    assert [r.text for r in decode_batch(result.records)] == ["line 0", "line 1", "line 2"]
