@@ -6,8 +6,11 @@ Every daemon and job agent ships its log records to wrk-monitor
     logs.push    PushBatch(records: bytes)                    -> PushResult(accepted)
     logs.follow  Follow(job_id?, source?, since_ns?, snapshot) => RecordBatch(records: bytes), ...
     metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
+    observability.set Observability(loki_url?, loki_tenant?, prometheus_url?) -> ObservabilityState
+    observability.get ObservabilityQuery()                    -> ObservabilityState
 
-(``metrics.push``: see "Metrics from proxy-inference" below.)
+(``metrics.push``: see "Metrics from proxy-inference" below; ``observability.*``:
+"Where wrk-monitor sends logs and metrics" at the end.)
 
 Wire format of a record batch
 -----------------------------
@@ -37,11 +40,12 @@ from __future__ import annotations
 
 import enum
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
-from typing import Annotated, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from p2p.rpc import Method, StreamMethod
 
@@ -331,3 +335,118 @@ METRICS_PUSH = Method("metrics.push", params=MetricsReport, result=MetricsResult
 
 __all__ += ["LATENCY_BOUNDS_MS", "LATENCY_BUCKETS", "MAX_REPORT_JOBS", "MAX_STATUS_CODES",
             "METRICS_PUSH", "JobWindow", "MetricsReport", "MetricsResult", "ModelHealth"]
+
+
+# ---------------------------------------------------------------------------
+# Where wrk-monitor sends logs and metrics: ``observability.*`` (issue 14)
+# ---------------------------------------------------------------------------
+#
+# "cosmicac-app-node sends cosmicac-wrk-monitor the URLs of your Loki and
+# Prometheus" (seeds/architecture.txt, Observability). app-node calls, on each
+# connection to wrk-monitor (followers only)::
+#
+#     observability.set  Observability(loki_url?, loki_tenant?, prometheus_url?)
+#                        -> ObservabilityState(loki, loki_url?, loki_tenant?,
+#                                              prometheus_url?, origin, persisted)
+#     observability.get  ObservabilityQuery() -> ObservabilityState
+#
+# ``set`` replaces all three at once: a None clears that one (no Loki: live
+# logs and wrk-monitor's buffer only). A URL may carry credentials
+# (``https://user:token@loki.example``, sent as HTTP basic auth); what comes
+# back, what is logged and what ``service.status`` shows has them stripped
+# (:func:`redact_url`).
+
+#: A URL's length bound: far above any real base URL, far below a mux message.
+MAX_URL_CHARS = 2048
+#: Loki's own bound on a tenant id (``X-Scope-OrgID``), and its characters
+#: (alphanumerics and ``!-_.*'()``; ``|`` joins tenants for a multi-tenant query).
+MAX_TENANT_CHARS = 150
+TENANT_PATTERN = r"^[A-Za-z0-9!\-_.*'()|]+$"
+
+
+def check_base_url(url: str) -> str:
+    """``url`` if it is an http(s) base URL with a host, no query and no fragment.
+
+    Raises:
+        ValueError: naming what is wrong (pydantic turns it into the field's error).
+    """
+    if len(url) > MAX_URL_CHARS:
+        raise ValueError(f"longer than {MAX_URL_CHARS} characters")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise ValueError("contains whitespace or control characters")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError("has no host")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ValueError("a base URL has no query or fragment")
+    return url
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` without its user and password (what may be logged or reported)."""
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query,
+                                    parts.fragment))
+
+
+class Observability(_Model):
+    """The operator's Loki and Prometheus, as app-node sends them to wrk-monitor."""
+
+    #: Loki's base URL (``http://loki:3100``); None: no Loki.
+    loki_url: str | None = None
+    #: ``X-Scope-OrgID`` for a multi-tenant Loki; None: no header.
+    loki_tenant: str | None = Field(default=None, min_length=1, max_length=MAX_TENANT_CHARS,
+                                    pattern=TENANT_PATTERN)
+    #: Prometheus's base URL (kept and reported; wrk-monitor is scraped by it).
+    prometheus_url: str | None = None
+
+    @field_validator("loki_url", "prometheus_url")
+    @classmethod
+    def _url(cls, url: str | None) -> str | None:
+        return None if url is None else check_base_url(url)
+
+    def redacted(self) -> Observability:
+        """The same without credentials in the URLs."""
+        return Observability.model_construct(loki_url=redact_url(self.loki_url),
+                                             loki_tenant=self.loki_tenant,
+                                             prometheus_url=redact_url(self.prometheus_url))
+
+
+class ObservabilityQuery(_Model):
+    """``observability.get`` takes nothing."""
+
+
+class ObservabilityState(_Model):
+    """What is in force on wrk-monitor (URLs without credentials)."""
+
+    #: Records are pushed to a Loki now.
+    loki: bool
+    loki_url: str | None = None
+    loki_tenant: str | None = None
+    prometheus_url: str | None = None
+    #: Where it came from: ``settings`` (wrk-monitor's own ``loki``), ``app-node``
+    #: (an ``observability.set``), ``file`` (what app-node last sent, read back
+    #: at start from ``<storage>/observability.json``), or ``none``.
+    origin: Literal["settings", "app-node", "file", "none"]
+    #: What app-node sent is on disk (a restart keeps it); False after a failed write.
+    persisted: bool = False
+
+
+OBSERVABILITY_SET = Method("observability.set", params=Observability, result=ObservabilityState)
+OBSERVABILITY_GET = Method("observability.get", params=ObservabilityQuery,
+                           result=ObservabilityState)
+
+__all__ += ["MAX_TENANT_CHARS", "MAX_URL_CHARS", "OBSERVABILITY_GET", "OBSERVABILITY_SET",
+            "TENANT_PATTERN", "Observability", "ObservabilityQuery", "ObservabilityState",
+            "check_base_url", "redact_url"]

@@ -12,6 +12,12 @@ refusals keep their codes (:class:`~p2p.rpc.RpcError`).
 
 A call cut by a lost connection is not retried here: a create that may have
 reached the peer is the caller's to look up, not to send twice.
+
+Each time the connection comes up, :meth:`PeerClient.on_connected` runs in a
+task of its own (cancelled when the connection goes); subclasses override it
+to tell the peer something it must know on every connection (app-node's
+:class:`~nodes.monitor.client.MonitorClient` sends its Loki and Prometheus
+URLs). What it raises is logged, never fatal: the next connection runs it again.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class PeerClient:
             self.connections += 1
             self._connected.set()
             log.info("peer_client.connected peer=%s key=%s", self.peer, label)
+            nursery.start_soon(self._run_on_connected, client, label)
             try:
                 await trio.sleep_forever()
             finally:
@@ -99,6 +106,21 @@ class PeerClient:
                 self._connected = trio.Event()
                 nursery.cancel_scope.cancel()
                 log.info("peer_client.disconnected peer=%s key=%s", self.peer, label)
+
+    async def on_connected(self, client: RpcClient) -> None:
+        """Called in its own task each time the connection comes up; nothing by default.
+
+        Args:
+            client: the RPC client on the new connection (calls may be made on
+                it at once; the task is cancelled when the connection goes).
+        """
+
+    async def _run_on_connected(self, client: RpcClient, label: str) -> None:
+        try:
+            await self.on_connected(client)
+        except Exception as exc:  # a hook's failure never costs the connection
+            log.warning("peer_client.on_connected_failed peer=%s key=%s error=%s: %s",
+                        self.peer, label, type(exc).__name__, exc)
 
     async def ready(self, timeout_s: float | None = None) -> RpcClient:
         """The RPC client once connected.

@@ -12,7 +12,9 @@ One swarm, one identity (``<storage>/identity``):
   (:func:`~.job_events.follow_ork`) whose status changes a
   :class:`~.job_events.JobHub` fans out to the API's event streams;
 - :class:`~nodes.monitor.client.MonitorClient` to wrk-monitor
-  (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs; and
+  (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs, and
+  telling wrk-monitor the operator's Loki and Prometheus (``observability``)
+  each time it connects; and
   app-node's own log records shipped to the same wrk-monitor
   (:mod:`nodes.telemetry`, unless ``telemetry.ship`` is false);
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
@@ -110,6 +112,9 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 except WriteRefused as exc:
                     raise DaemonError(f"cannot admit {writer.hex()[:16]} as a writer of the "
                                       f"shared database: {exc}") from None
+            if settings.monitor is None and settings.observability.to_send() is not None:
+                log.warning("app_node.observability_unused: observability is set but monitor "
+                            "is not; no wrk-monitor gets the Loki and Prometheus URLs")
             ork, events = None, None
             if settings.ork is not None:
                 ork = OrkClient(swarm, settings.ork, addresses=settings.ork_addresses)
@@ -119,7 +124,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             monitor = None
             if settings.monitor is not None:
                 monitor = MonitorClient(swarm, settings.monitor,
-                                        addresses=settings.monitor_addresses)
+                                        addresses=settings.monitor_addresses,
+                                        observability=settings.observability.to_send())
                 await nursery.start(monitor.run)
             email = make_sender(settings.email, storage)
             # The health history (issue 14): its own store, one task.

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from contracts.telemetry import Observability
 from nodes.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
@@ -19,7 +20,7 @@ from .health import HealthSettings
 from .ratelimit import Limits
 
 __all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "AppTelemetrySettings",
-           "HttpSettings"]
+           "HttpSettings", "ObservabilitySettings"]
 
 #: Default port of app-node's swarm (TCP and UDP); 49737 relay, 49739 worker,
 #: 49740 wrk-ork, 49741 proxy-inference.
@@ -48,6 +49,26 @@ class AppTelemetrySettings(ShipperSettings):
 
     #: False: read logs from wrk-monitor but ship none of app-node's own.
     ship: bool = True
+
+
+class ObservabilitySettings(Observability):
+    """The operator's Loki and Prometheus, which app-node sends to wrk-monitor
+    (seeds/architecture.txt: "cosmicac-app-node sends cosmicac-wrk-monitor the
+    URLs of your Loki and Prometheus") each time it connects to it.
+
+    ``COSMICAC_APP_NODE__OBSERVABILITY__LOKI_URL``, ``…__LOKI_TENANT``,
+    ``…__PROMETHEUS_URL``. A URL may hold ``user:password@`` (sent to Loki as
+    basic auth; never logged). All unset: app-node sends nothing, and
+    wrk-monitor keeps its own ``loki`` settings (or what app-node sent last).
+    """
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    def to_send(self) -> Observability | None:
+        """What to send to wrk-monitor, or None when nothing is configured."""
+        value = Observability(loki_url=self.loki_url, loki_tenant=self.loki_tenant,
+                              prometheus_url=self.prometheus_url)
+        return None if value == Observability() else value
 
 
 class AppNodeSettings(DaemonSettings):
@@ -83,6 +104,8 @@ class AppNodeSettings(DaemonSettings):
     #: How app-node's records are shipped to ``monitor``
     #: (``COSMICAC_APP_NODE__TELEMETRY__SHIP=false``: not at all).
     telemetry: AppTelemetrySettings = AppTelemetrySettings()
+    #: Loki and Prometheus, sent to ``monitor`` on each connection (ignored without it).
+    observability: ObservabilitySettings = ObservabilitySettings()
     #: Writers admitted to the shared database at start (proxy-inference's key;
     #: ``cosmicac autobase-connect`` admits more later).
     database_writers: PublicKeyList = ()

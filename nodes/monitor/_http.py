@@ -6,6 +6,13 @@ today, nodes/entry/routes.py, but a deployment behind another proxy may not)::
     GET /metrics                                   Prometheus text (open)
     GET /jobs/{job_id}/logs?source=&since=&limit=  JSON {"job_id", "records", "history"}
     GET /jobs/{job_id}/logs?follow=1&source=&since= text/event-stream
+    GET /jobs/{job_id}/metrics?minutes=60          JSON {"job_id", "minutes", "step_s",
+                                                   "start", "end", "series": {name: [[t, v]]}}
+
+``/metrics`` of a job: its request rate, error rate and first-byte p95 over the
+last ``minutes`` (1-1440, default 60), read from the Prometheus app-node named
+(:mod:`.prometheus`); 503 ``PROMETHEUS_UNAVAILABLE`` without one, 502
+``PROMETHEUS_ERROR`` when it fails (its message).
 
 ``since`` is nanoseconds since the epoch (records at or after it); ``limit``
 keeps the newest ``limit`` records (default 1000, at most 5000). A JSON read
@@ -37,7 +44,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +59,7 @@ from contracts.telemetry import SOURCES, LogRecord
 
 from ._buffer import LogBuffer
 from .loki import LokiError, LokiReader, LokiRecord
+from .prometheus import MAX_MINUTES, PrometheusError, PrometheusReader
 
 __all__ = ["KEEPALIVE_S", "MAX_HTTP_FOLLOWERS", "MAX_LIMIT", "LogsFront", "create_app"]
 
@@ -73,11 +81,19 @@ class LogsFront:
 
     buffer: LogBuffer
     registry: CollectorRegistry
+    #: A fixed reader (tests); the daemon passes ``readers`` instead.
     reader: LokiReader | None = None
+    #: The reader of the Loki in force now (it is swapped at runtime: read per request).
+    readers: Callable[[], LokiReader | None] | None = None
+    #: The reader of the Prometheus in force now (None: no metrics history).
+    prometheus: Callable[[], PrometheusReader | None] | None = None
     token: str | None = None
     keepalive_s: float = KEEPALIVE_S
     #: HTTP follow streams now.
     streams: int = 0
+
+    def current_reader(self) -> LokiReader | None:
+        return self.readers() if self.readers is not None else self.reader
 
 
 def record_json(record: LogRecord | LokiRecord, seq: int | None = None) -> dict[str, Any]:
@@ -144,10 +160,30 @@ def create_app(front: LogsFront) -> Starlette:
                                               "X-Accel-Buffering": "no"})
         return JSONResponse(await _read(front, job_id, source, since, limit))
 
+    async def job_metrics(request: Request) -> Response:
+        if not _authorised(front, request):
+            return _error(401, "UNAUTHORIZED", "send Authorization: Bearer <http.token>")
+        try:
+            minutes = _int_param(request, "minutes", 60, 1, MAX_MINUTES)
+        except ValueError as exc:
+            return _error(400, "BAD_REQUEST", str(exc))
+        assert minutes is not None
+        reader = front.prometheus() if front.prometheus is not None else None
+        if reader is None:
+            return _error(503, "PROMETHEUS_UNAVAILABLE", "no Prometheus is known: set "
+                          "app-node's observability.prometheus_url")
+        try:
+            body = await reader.job_metrics(request.path_params["job_id"], minutes=minutes,
+                                            now_s=time.time())
+        except PrometheusError as exc:
+            return _error(502, "PROMETHEUS_ERROR", str(exc))
+        return JSONResponse(body)
+
     routes = []
     for prefix in ("", "/monitor"):
         routes += [Route(prefix + "/metrics", metrics, methods=["GET"]),
-                   Route(prefix + "/jobs/{job_id}/logs", logs, methods=["GET"])]
+                   Route(prefix + "/jobs/{job_id}/logs", logs, methods=["GET"]),
+                   Route(prefix + "/jobs/{job_id}/metrics", job_metrics, methods=["GET"])]
     return Starlette(routes=routes)
 
 
@@ -161,14 +197,15 @@ async def _read(front: LogsFront, job_id: str, source: str | None, since: int | 
     recent = front.buffer.newest(wants, limit)
     out: list[dict[str, Any]] = []
     history = "buffer"
-    if front.reader is not None and len(recent) < limit:
+    reader = front.current_reader()
+    if reader is not None and len(recent) < limit:
         first = front.buffer.first
         end_ns = first.time_ns if first is not None else time.time_ns() + 1
         start_ns = since if since is not None else end_ns - DEFAULT_HISTORY_S * 10**9
         history = "loki"
         if start_ns < end_ns:
             try:
-                older = await front.reader.query_range(
+                older = await reader.query_range(
                     job_id, source=source, start_ns=start_ns, end_ns=end_ns,
                     limit=limit - len(recent), direction="backward")
             except LokiError as exc:

@@ -9,21 +9,33 @@ connection kept open, calls wait for it up to their timeout, then
 Its channel has an id of its own (:data:`CHANNEL_ID`): app-node also ships its
 own log records to the same wrk-monitor (``nodes/telemetry.py``) on the same
 connection, and a mux keeps one channel per (protocol, id).
+
+Given ``observability`` (app-node's Loki and Prometheus URLs), it sends them
+(``observability.set``) each time the connection comes up: at start, and again
+after wrk-monitor restarts or the link drops, so wrk-monitor always holds
+app-node's value. The first success is logged at INFO, repeats of the same
+value at DEBUG; a failure (``FORBIDDEN``: app-node's key not among the
+followers) is logged and tried again on the next connection, never fatal.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
 import trio
 
-from contracts.telemetry import PROTOCOL
+from contracts.telemetry import OBSERVABILITY_SET, PROTOCOL, Observability, ObservabilityState
 from nodes.peer_client import PeerClient
+from p2p.rpc import RpcClient, RpcError
 
 from .health import HEALTH_JOBS, MAX_HEALTH_QUERY, HealthQuery, JobHealth
 
 __all__ = ["CHANNEL_ID", "DEFAULT_TIMEOUT_S", "HEALTH_TIMEOUT_S", "MonitorClient",
            "MonitorUnavailable"]
+
+log = logging.getLogger(__name__)
 
 #: The id of the reader's ``cosmicac-monitor/1`` channel (see the module doc).
 CHANNEL_ID = b"reader"
@@ -49,6 +61,35 @@ class MonitorClient(PeerClient):
     default_timeout_s = DEFAULT_TIMEOUT_S
 
     channel_id = CHANNEL_ID
+
+    def __init__(self, *args: Any, observability: Observability | None = None,
+                 **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        #: What is sent on each connection (None: nothing; wrk-monitor's own settings rule).
+        self.observability = observability
+        #: wrk-monitor's answer to the latest send (None before the first success).
+        self.observability_state: ObservabilityState | None = None
+        self._sent: Observability | None = None
+
+    async def on_connected(self, client: RpcClient) -> None:
+        """Send ``observability`` to wrk-monitor (see the module doc)."""
+        value = self.observability
+        if value is None:
+            return
+        try:
+            state = await client.call(OBSERVABILITY_SET, value, timeout_s=self.timeout_s)
+        except RpcError as exc:
+            log.warning("monitor_client.observability_refused code=%s message=%s (tried "
+                        "again on the next connection; check %s)", exc.code, exc.message,
+                        self.hint)
+            return
+        self.observability_state = state
+        shown = value.redacted()
+        level = logging.DEBUG if self._sent == value else logging.INFO
+        log.log(level, "monitor_client.observability_sent loki=%s tenant=%s prometheus=%s",
+                shown.loki_url or "off", shown.loki_tenant or "-",
+                shown.prometheus_url or "off")
+        self._sent = value
 
     @property
     def monitor(self) -> bytes:

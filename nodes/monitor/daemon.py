@@ -2,11 +2,14 @@
 
 One swarm, one identity (``<storage>/identity``), serving
 :class:`~nodes.monitor.service.MonitorService` over one
-:class:`~nodes.monitor._buffer.LogBuffer`. With ``loki.url`` set, every
-accepted record is also offered to a :class:`~nodes.monitor.loki.LokiPusher`
+:class:`~nodes.monitor._buffer.LogBuffer`. The Loki in force is held by an
+:class:`~nodes.monitor.observability.ObservabilityHolder`: at start what
+app-node last sent (``<storage>/observability.json``), else ``loki.url``;
+app-node's ``observability.set`` swaps it at runtime. With a Loki, every
+accepted record is also offered to its :class:`~nodes.monitor.loki.LokiPusher`
 (the service's ``on_records`` hook: a sync, bounded append, so Loki being
-slow or down never slows a push; its own task sends batches) and the HTTP
-side reads history older than the buffer with a
+slow or down never slows a push; its own task sends batches), and
+``logs.query`` and the HTTP side read history older than the buffer with its
 :class:`~nodes.monitor.loki.LokiReader`. The HTTP side (:mod:`._http`) serves
 ``/metrics`` (its own counters, the process's, and what the proxies forward:
 :mod:`._health_metrics`) and ``/jobs/{id}/logs``. The proxies' ``metrics.push``
@@ -21,13 +24,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from contracts.telemetry import LogRecord
 from nodes.metrics import Family, Snapshot, snapshot_registry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
@@ -40,11 +41,12 @@ from ._buffer import LogBuffer
 from ._health_metrics import health_registry
 from ._http import LogsFront, create_app
 from .health import HealthBook, Thresholds
-from .loki import LokiPusher, LokiReader, LokiRecord
+from .loki import LokiPusherStatistics
+from .observability import ObservabilityHolder, to_loki
 from .service import MonitorService
 from .settings import MonitorSettings
 
-__all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor"]
+__all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor", "to_loki"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ class RunningMonitor:
     swarm: Swarm
     service: MonitorService
     front: LogsFront
-    pusher: LokiPusher | None
+    observability: ObservabilityHolder
 
     @property
     def url(self) -> str:
@@ -72,15 +74,13 @@ class RunningMonitor:
         return f"http://{host}:{port}"
 
 
-def to_loki(record: LogRecord) -> LokiRecord:
-    """The Loki form of ``record``: a record of no job is labelled ``job_id=""``
-    (Loki drops empty labels: it is then selected by ``service`` alone)."""
-    return LokiRecord(time_ns=record.time_ns, service=record.service, source=record.source,
-                      job_id=record.job_id or "", line=record.text)
+def monitor_snapshot(service: MonitorService,
+                     loki: ObservabilityHolder | LokiPusherStatistics | None) -> Snapshot:
+    """The counters ``/metrics`` shows (read on each scrape: plain integers).
 
-
-def monitor_snapshot(service: MonitorService, pusher: LokiPusher | None) -> Snapshot:
-    """The counters ``/metrics`` shows (read on each scrape: plain integers)."""
+    The Loki counters are summed over every Loki in force so far (they never go
+    back on a swap) and shown whenever a holder is given, at 0 before any Loki.
+    """
     stats = service.buffer.stats
     families = {
         "monitor_records_received": Family("Records accepted into the buffer",
@@ -96,18 +96,19 @@ def monitor_snapshot(service: MonitorService, pusher: LokiPusher | None) -> Snap
         "monitor_followers": Family("Followers attached (RPC and HTTP)",
                                     service.buffer.followers),
     }
-    if pusher is not None:
-        loki = pusher.statistics()
+    if loki is not None:
+        stats_loki = loki if isinstance(loki, LokiPusherStatistics) else loki.statistics()
         families.update({
-            "monitor_loki_pushed": Family("Records Loki accepted", loki.pushed, counter=True),
-            "monitor_loki_failed": Family("Records given up after retries", loki.failed,
+            "monitor_loki_pushed": Family("Records Loki accepted", stats_loki.pushed, counter=True),
+            "monitor_loki_failed": Family("Records given up after retries", stats_loki.failed,
                                           counter=True),
-            "monitor_loki_dropped": Family("Records dropped while Loki was behind",
-                                           loki.dropped, counter=True),
-            "monitor_loki_rejected": Family("Records Loki refused (4xx)", loki.rejected,
+            "monitor_loki_dropped": Family("Records dropped while Loki was behind (or cut "
+                                           "when a replaced Loki's grace ran out)",
+                                           stats_loki.dropped, counter=True),
+            "monitor_loki_rejected": Family("Records Loki refused (4xx)", stats_loki.rejected,
                                             counter=True),
-            "monitor_loki_retries": Family("Pushes retried", loki.retries, counter=True),
-            "monitor_loki_buffered": Family("Records waiting for Loki", loki.buffered),
+            "monitor_loki_retries": Family("Pushes retried", stats_loki.retries, counter=True),
+            "monitor_loki_buffered": Family("Records waiting for Loki", stats_loki.buffered),
         })
     return Snapshot(families=families)
 
@@ -136,54 +137,45 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
     b = settings.buffer
     buffer = LogBuffer(max_records=b.max_records, max_bytes=b.max_bytes,
                        queue_records=b.queue_records)
-    async with AsyncExitStack() as stack:
-        pusher = reader = None
-        if settings.loki.url is not None:
-            pusher = await stack.enter_async_context(LokiPusher(
-                settings.loki.url, tenant=settings.loki.tenant,
-                max_buffered=settings.loki.max_buffered,
-                flush_interval_s=settings.loki.flush_interval_s))
-            reader = await stack.enter_async_context(
-                LokiReader(settings.loki.url, tenant=settings.loki.tenant))
-        offer = None if pusher is None else pusher.offer
-
-        def on_records(records: list[LogRecord]) -> None:
-            assert offer is not None
-            for record in records:
-                offer(to_loki(record))
-
-        book = HealthBook(Thresholds(**settings.health.model_dump()))
-        service = MonitorService(buffer, pushers=settings.pushers,
-                                 allow_any_pusher=settings.allow_any_pusher,
-                                 followers=settings.followers,
-                                 on_records=None if pusher is None else on_records,
-                                 health=book, loki=pusher)
-        own = snapshot_registry(functools.partial(monitor_snapshot, service, pusher))
-        forwarded = health_registry(book, service.clock)
-        process = CollectorRegistry()
-        ProcessCollector(registry=process)  # process_cpu_seconds_total, memory, open fds
-        if metrics is not None:
-            metrics.add(own, forwarded, process, swarm.metrics.registry)
-            registry = metrics.registry
-        else:
-            registry = combined_registry(own, forwarded, process, swarm.metrics.registry)
-        front = LogsFront(buffer=buffer, registry=registry, reader=reader,
-                          token=settings.http.token)
-        swarm.add_service(service)
-        async with trio.open_nursery() as nursery:
-            swarm_address = await nursery.start(swarm.run)
-            if pusher is not None:
-                nursery.start_soon(pusher.run)
-            http_address = await nursery.start(functools.partial(
-                serve_asgi, create_app(front), host=settings.http.host,
-                port=settings.http.port, bind_error=HttpBindError))
-            log.info("monitor.serving http=%s:%d swarm=%s:%d key=%s loki=%s",
-                     *http_address, *swarm_address, format_key(keypair.public_key)[:12],
-                     settings.loki.url or "off")
-            task_status.started(RunningMonitor(
-                http_address=http_address, swarm_address=swarm_address, swarm=swarm,
-                service=service, front=front, pusher=pusher))
-            await trio.sleep_forever()
+    observability = await trio.to_thread.run_sync(functools.partial(
+        ObservabilityHolder.from_storage, settings.storage, settings_url=settings.loki.url,
+        settings_tenant=settings.loki.tenant,
+        pusher_options={"max_buffered": settings.loki.max_buffered,
+                        "flush_interval_s": settings.loki.flush_interval_s},
+        grace_s=settings.loki.grace_s))
+    book = HealthBook(Thresholds(**settings.health.model_dump()))
+    service = MonitorService(buffer, pushers=settings.pushers,
+                             allow_any_pusher=settings.allow_any_pusher,
+                             followers=settings.followers,
+                             on_records=observability.offer,
+                             health=book, observability=observability)
+    own = snapshot_registry(functools.partial(monitor_snapshot, service, observability))
+    forwarded = health_registry(book, service.clock)
+    process = CollectorRegistry()
+    ProcessCollector(registry=process)  # process_cpu_seconds_total, memory, open fds
+    if metrics is not None:
+        metrics.add(own, forwarded, process, swarm.metrics.registry)
+        registry = metrics.registry
+    else:
+        registry = combined_registry(own, forwarded, process, swarm.metrics.registry)
+    front = LogsFront(buffer=buffer, registry=registry,
+                      readers=lambda: observability.reader,
+                      prometheus=lambda: observability.prometheus, token=settings.http.token)
+    swarm.add_service(service)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(observability.run)
+        swarm_address = await nursery.start(swarm.run)
+        http_address = await nursery.start(functools.partial(
+            serve_asgi, create_app(front), host=settings.http.host,
+            port=settings.http.port, bind_error=HttpBindError))
+        state = observability.state()
+        log.info("monitor.serving http=%s:%d swarm=%s:%d key=%s loki=%s from=%s",
+                 *http_address, *swarm_address, format_key(keypair.public_key)[:12],
+                 state.loki_url or "off", state.origin)
+        task_status.started(RunningMonitor(
+            http_address=http_address, swarm_address=swarm_address, swarm=swarm,
+            service=service, front=front, observability=observability))
+        await trio.sleep_forever()
 
 
 async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
@@ -205,7 +197,8 @@ async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
     host, port = running.http_address
     print(f"wrk-monitor {running.swarm.keypair.hex} listening on "
           f"{running.swarm_address[0]}:{running.swarm_address[1]} "
-          f"(http://{host}:{port}, loki {settings.loki.url or 'off'})", flush=True)
+          f"(http://{host}:{port}, loki {running.observability.state().loki_url or 'off'})",
+          flush=True)
 
 
 def _os_error(exc: BaseException) -> OSError | None:

@@ -48,6 +48,7 @@ import gzip
 import json
 import logging
 import random
+import urllib.parse
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ import httpx
 import pydantic
 import trio
 
+from contracts.telemetry import redact_url
+
 __all__ = [
     "LokiError",
     "LokiPusher",
@@ -65,6 +68,7 @@ __all__ = [
     "LokiRecord",
     "encode_push",
     "logql_string",
+    "split_credentials",
     "stream_selector",
 ]
 
@@ -158,6 +162,20 @@ def _entry_bytes(record: LokiRecord) -> int:
     return len(record.line.encode()) + ENTRY_OVERHEAD_BYTES
 
 
+def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without ``user:password@``, and those as basic auth (None without them).
+
+    The credentials never travel inside the URL: httpx logs every request's URL
+    (``HTTP Request: POST http://user:password@…``) at INFO.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url.rstrip("/"), None
+    auth = httpx.BasicAuth(urllib.parse.unquote(parts.username or ""),
+                           urllib.parse.unquote(parts.password or ""))
+    return (redact_url(url) or "").rstrip("/"), auth
+
+
 def _open_client(timeout_s: float) -> httpx.AsyncClient:
     """A client with ``trust_env=False``: an ``HTTP_PROXY`` must not capture Loki traffic."""
     return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout_s)
@@ -211,7 +229,9 @@ class LokiPusher:
             raise ValueError("max_retries must be >= 0")
         if httpx.URL(url).scheme not in ("http", "https"):
             raise ValueError(f"Loki URL must be http(s)://host:port, not {url!r}")
-        self.url = url.rstrip("/")
+        #: Loki's URL without credentials (sent as basic auth): what log lines name.
+        self.url, self._auth = split_credentials(url)
+        self.safe_url = self.url
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if tenant is not None:
             self._headers["X-Scope-OrgID"] = tenant
@@ -231,6 +251,10 @@ class LokiPusher:
         self._wakeup = trio.Event()
         self._pushed = self._failed = self._dropped = self._rejected = self._retries = 0
         self._logged_rejections: set[int] = set()
+        #: Records of the batch being sent (0 between batches).
+        self.in_flight = 0
+        # Set when the batch in flight ends (sent, given up or rejected), then replaced.
+        self._batch_done = trio.Event()
 
     def offer(self, record: LokiRecord) -> None:
         """Queue ``record`` for Loki; never blocks, never raises on a full buffer.
@@ -252,6 +276,25 @@ class LokiPusher:
                                     rejected=self._rejected, retries=self._retries,
                                     buffered=len(self._buffer))
 
+    def take_buffered(self) -> list[LokiRecord]:
+        """Empty the buffer and return what it held, oldest first (not the batch in
+        flight): a pusher being replaced hands these to its successor."""
+        records = [record for record, _ in self._buffer]
+        self._buffer.clear()
+        self._buffered_bytes = 0
+        return records
+
+    async def wait_idle(self) -> None:
+        """Until no batch is in flight (returns at once between batches)."""
+        while self.in_flight:
+            await self._batch_done.wait()
+
+    async def wait_drained(self) -> None:
+        """Until the buffer is empty and no batch is in flight (bound it with a timeout:
+        while Loki is down this can take up to ``max_retries`` backoffs per batch)."""
+        while self._buffer or self.in_flight:
+            await self._batch_done.wait()  # run() takes and ends the next batch
+
     async def aclose(self) -> None:
         """Close the HTTP client if this pusher opened it. Buffered records are not flushed."""
         if self._owns_client:
@@ -268,7 +311,13 @@ class LokiPusher:
         while True:
             await self._wait_for_batch()
             batch = self._take_batch()
-            await self._send(batch)
+            self.in_flight = len(batch)
+            try:
+                await self._send(batch)
+            finally:
+                self.in_flight = 0
+                done, self._batch_done = self._batch_done, trio.Event()
+                done.set()
 
     def _batch_full(self) -> bool:
         return (len(self._buffer) >= self._batch_max_records
@@ -316,7 +365,8 @@ class LokiPusher:
         for attempt in range(self._max_retries + 1):
             retry_after_s: float | None = None
             try:
-                response = await self._client.post(url, content=body, headers=self._headers)
+                response = await self._client.post(url, content=body, headers=self._headers,
+                                                   auth=self._auth or httpx.USE_CLIENT_DEFAULT)
             except httpx.HTTPError as exc:  # transport errors, and an answer that fails to decode
                 reason = f"{type(exc).__name__}: {exc}"
             else:
@@ -329,8 +379,8 @@ class LokiPusher:
                     if status not in self._logged_rejections:
                         self._logged_rejections.add(status)
                         logger.warning("loki.push.rejected url=%s status=%d records=%d message=%r"
-                                       " (logged once per status)", self.url, status, len(batch),
-                                       response.text[:500])
+                                       " (logged once per status)", self.safe_url, status,
+                                       len(batch), response.text[:500])
                     return
                 reason = f"status {status}: {response.text[:200]!r}"
                 retry_after_s = _retry_after_s(response.headers.get("Retry-After"))
@@ -339,11 +389,11 @@ class LokiPusher:
             self._retries += 1
             delay = self._backoff_s(attempt, retry_after_s)
             logger.debug("loki.push.retry url=%s attempt=%d delay_s=%.3f reason=%s",
-                         self.url, attempt + 1, delay, reason)
+                         self.safe_url, attempt + 1, delay, reason)
             await trio.sleep(delay)
         self._failed += len(batch)
         logger.warning("loki.push.failed url=%s records=%d after=%d retries reason=%s",
-                       self.url, len(batch), self._max_retries, reason)
+                       self.safe_url, len(batch), self._max_retries, reason)
 
 
 def _retry_after_s(value: str | None) -> float | None:
@@ -384,7 +434,9 @@ class LokiReader:
 
     def __init__(self, url: str, *, tenant: str | None = None, timeout_s: float = 30.0,
                  client: httpx.AsyncClient | None = None) -> None:
-        self.url = url.rstrip("/")
+        #: Loki's URL without credentials (sent as basic auth): what errors name.
+        self.url, self._auth = split_credentials(url)
+        self.safe_url = self.url
         self._headers = {} if tenant is None else {"X-Scope-OrgID": tenant}
         self._owns_client = client is None
         self._client = client if client is not None else _open_client(timeout_s)
@@ -403,7 +455,8 @@ class LokiReader:
     async def ready(self) -> bool:
         """Whether ``GET /ready`` answers 200 (a transport error is "not ready")."""
         try:
-            response = await self._client.get(self.url + READY_PATH, headers=self._headers)
+            response = await self._client.get(self.url + READY_PATH, headers=self._headers,
+                                              auth=self._auth or httpx.USE_CLIENT_DEFAULT)
         except httpx.TransportError:
             return False
         return response.status_code == 200
@@ -474,16 +527,17 @@ class LokiReader:
                   "limit": str(limit), "direction": direction}
         url = self.url + QUERY_RANGE_PATH
         try:
-            response = await self._client.get(url, params=params, headers=self._headers)
+            response = await self._client.get(url, params=params, headers=self._headers,
+                                              auth=self._auth or httpx.USE_CLIENT_DEFAULT)
         except httpx.TransportError as exc:
-            raise LokiError(0, f"{type(exc).__name__}: {exc}", url=self.url) from exc
+            raise LokiError(0, f"{type(exc).__name__}: {exc}", url=self.safe_url) from exc
         if response.status_code != 200:
-            raise LokiError(response.status_code, response.text.strip()[:1000], url=self.url)
+            raise LokiError(response.status_code, response.text.strip()[:1000], url=self.safe_url)
         try:
             parsed = _QueryResponse.model_validate_json(response.content)
         except pydantic.ValidationError as exc:
             raise LokiError(response.status_code, f"undocumented query_range answer: {exc}",
-                            url=self.url) from exc
+                            url=self.safe_url) from exc
         entries = []
         for stream in parsed.data.result:
             labels = tuple(sorted(stream.stream.items()))
@@ -492,7 +546,7 @@ class LokiReader:
                     ts = int(value[0])
                 except ValueError as exc:
                     raise LokiError(response.status_code, f"bad timestamp {value[0]!r}",
-                                    url=self.url) from exc
+                                    url=self.safe_url) from exc
                 entries.append((ts, labels, value[1]))
         entries.sort(key=lambda e: e[0], reverse=direction == "backward")
         return entries

@@ -35,7 +35,16 @@ the CLI's key through app-node), since logs may hold secrets.
 ``limit`` matching records still in the buffer, in one answer (app-node's
 ``GET /api/jobs/{job}/logs`` without ``follow``); same followers only. A
 stream's snapshot could serve it too, but a reader could not tell where the
-snapshot ends and live records begin.
+snapshot ends and live records begin. With a Loki in force and a ``job_id``
+asked, when the buffer holds fewer than ``limit`` the older part comes from
+Loki (``query_range``, records strictly older than the buffer's first, within
+:data:`LOKI_QUERY_TIMEOUT_S`), as the HTTP side does; ``history`` says where
+(``buffer``, ``loki``, ``loki-error: …``). A record read back from Loki has no
+level or replica: ``level`` 0 (``NOTSET``: unknown) and ``replica`` nil.
+
+``observability.set`` / ``observability.get`` (``contracts.telemetry``,
+followers only: app-node): the Loki and Prometheus URLs in force, swapped at
+runtime by :class:`~nodes.monitor.observability.ObservabilityHolder`.
 
 ``metrics.push`` (``contracts.telemetry.METRICS_PUSH``, pushers only): a
 proxy's latest per-job window; kept as that sender's newest report in the
@@ -49,9 +58,10 @@ drop counts.
 
 Error codes: ``FORBIDDEN``, ``BAD_BATCH`` (the batch is not valid records; the
 message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``,
-``TOO_MANY_SENDERS`` (a new metrics sender past ``health.max_senders``); a
-report that breaks the contract's bounds is ``INVALID_PARAMS`` (the RPC's own
-validation).
+``TOO_MANY_SENDERS`` (a new metrics sender past ``health.max_senders``),
+``UNAVAILABLE`` (``observability.*`` on a service built without a holder); a
+report or URL that breaks the contract's bounds is ``INVALID_PARAMS`` (the
+RPC's own validation).
 """
 
 from __future__ import annotations
@@ -70,6 +80,8 @@ from contracts.telemetry import (
     MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,
     METRICS_PUSH,
+    OBSERVABILITY_GET,
+    OBSERVABILITY_SET,
     PROTOCOL,
     PUSH,
     BadBatch,
@@ -77,11 +89,15 @@ from contracts.telemetry import (
     LogRecord,
     MetricsReport,
     MetricsResult,
+    Observability,
+    ObservabilityQuery,
+    ObservabilityState,
     PushBatch,
     PushResult,
     RecordBatch,
     decode_batch,
     encode_batch,
+    make_record,
     split_batches,
 )
 from p2p.host import RpcService
@@ -89,13 +105,20 @@ from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError
 
 from ._buffer import LogBuffer
 from .health import HEALTH_JOBS, HealthBook, HealthQuery, HealthResult, TooManySenders
+from .loki import LokiError, LokiReader
 
-__all__ = ["MAX_FOLLOWERS", "QUERY", "MonitorService", "Query", "QueryResult"]
+__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "QUERY", "MonitorService", "Query",
+           "QueryResult"]
 
 log = logging.getLogger(__name__)
 
 #: Follow streams at once; more get TOO_MANY_FOLLOWERS.
 MAX_FOLLOWERS = 256
+#: How long ``logs.query`` waits for Loki's history: under app-node's call
+#: bound (10 s), so a slow Loki costs the history, not the answer.
+LOKI_QUERY_TIMEOUT_S = 5.0
+#: How far back ``logs.query`` asks Loki when no ``since_ns`` is given.
+HISTORY_S = 7 * 24 * 3600
 
 
 class Query(Follow):
@@ -113,6 +136,9 @@ class QueryResult(BaseModel):
     records: bytes = Field(max_length=MAX_BATCH_BYTES)
     #: Older matching records were left out (over ``limit`` or a batch's bytes).
     more: bool
+    #: Where records older than the buffer came from: ``buffer`` (no Loki asked),
+    #: ``loki``, or ``loki-error: <why>`` (the buffer's records are still answered).
+    history: str = Field(default="buffer", max_length=1200)
 
 
 QUERY = Method("logs.query", params=Query, result=QueryResult)
@@ -130,6 +156,20 @@ class LokiStats(Protocol):
     def statistics(self) -> _LokiCounters: ...
 
 
+class Observer(Protocol):
+    """What the service reads of the Loki in force and asks to swap it
+    (:class:`~nodes.monitor.observability.ObservabilityHolder`)."""
+
+    @property
+    def reader(self) -> LokiReader | None: ...
+
+    def statistics(self) -> _LokiCounters: ...
+
+    def state(self) -> ObservabilityState: ...
+
+    async def set(self, value: Observability) -> ObservabilityState: ...
+
+
 class MonitorService(RpcService):
     """The ``cosmicac-monitor/1`` service over ``buffer``.
 
@@ -145,6 +185,8 @@ class MonitorService(RpcService):
             be O(batch) and never block: ingestion waits for it.
         health: the proxies' metrics reports (a fresh book by default).
         loki: Loki's pusher, whose backlog ``service.status`` reports (None: no Loki).
+        observability: the Loki and Prometheus in force (``observability.*``,
+            ``logs.query``'s history, and ``service.status`` when ``loki`` is None).
         clock: monotonic seconds, for the reports' staleness.
         wall_clock: seconds since the epoch, for ``last_report_at``.
         started_at: when the daemon started (wall clock).
@@ -155,13 +197,15 @@ class MonitorService(RpcService):
                  config: RpcConfig | None = None,
                  on_records: Callable[[list[LogRecord]], object] | None = None,
                  health: HealthBook | None = None, loki: LokiStats | None = None,
+                 observability: Observer | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  started_at: float | None = None) -> None:
         self.buffer = buffer
         self.on_records = on_records
         self.health = health if health is not None else HealthBook()
-        self.loki = loki
+        self.observability = observability
+        self.loki = loki if loki is not None else observability
         self.clock = clock
         self.wall_clock = wall_clock
         self.started_at = wall_clock() if started_at is None else started_at
@@ -182,6 +226,8 @@ class MonitorService(RpcService):
         router.add(METRICS_PUSH, self._metrics_push)
         router.add(HEALTH_JOBS, self._health_jobs)
         router.add(STATUS, self._status)
+        router.add(OBSERVABILITY_SET, self._observability_set)
+        router.add(OBSERVABILITY_GET, self._observability_get)
         super().__init__(PROTOCOL, router, config=config)
 
     def _check_pusher(self, ctx: CallContext, what: str) -> None:
@@ -238,6 +284,10 @@ class MonitorService(RpcService):
             loki = self.loki.statistics()
             queue_depth = loki.buffered
             details.update(loki_dropped=loki.dropped, loki_failed=loki.failed)
+        if self.observability is not None:
+            state = self.observability.state()  # URLs without credentials
+            details.update(loki=state.loki, loki_url=state.loki_url,
+                           prometheus_url=state.prometheus_url, observability_from=state.origin)
         return service_status("wrk-monitor", started_at=self.started_at,
                               queue_depth=queue_depth, last_report_at=self.last_report_at,
                               details=details)
@@ -245,6 +295,21 @@ class MonitorService(RpcService):
     async def _status(self, params: StatusRequest, ctx: CallContext) -> ServiceStatus:
         self._check_follower(ctx)
         return self.status()
+
+    def _observer(self) -> Observer:
+        if self.observability is None:
+            raise RpcError("UNAVAILABLE", "this wrk-monitor takes no observability settings")
+        return self.observability
+
+    async def _observability_set(self, params: Observability, ctx: CallContext
+                                 ) -> ObservabilityState:
+        self._check_follower(ctx)
+        return await self._observer().set(params)
+
+    async def _observability_get(self, params: ObservabilityQuery, ctx: CallContext
+                                 ) -> ObservabilityState:
+        self._check_follower(ctx)
+        return self._observer().state()
 
     def _check_follower(self, ctx: CallContext) -> None:
         key = ctx.remote_public_key
@@ -261,10 +326,45 @@ class MonitorService(RpcService):
         finally:
             self.buffer.unfollow(follower)
         tail = matching[-params.limit:]
+        older: list[LogRecord] = []
+        history = "buffer"
+        more = len(tail) < len(matching)
+        reader = None if self.observability is None else self.observability.reader
+        if reader is not None and params.job_id is not None and len(tail) < params.limit:
+            want = params.limit - len(tail)
+            older, history = await self._history(reader, params, want, tail)
+            more = more or len(older) >= want
+        records = older + tail
         # The newest records that fit one batch's bytes.
-        chunks = list(split_batches(tail))
+        chunks = list(split_batches(records))
         newest = chunks[-1] if chunks else []
-        return QueryResult(records=encode_batch(newest), more=len(newest) < len(matching))
+        return QueryResult(records=encode_batch(newest),
+                           more=more or len(newest) < len(records), history=history)
+
+    async def _history(self, reader: LokiReader, params: Query, want: int,
+                       held: list[LogRecord]) -> tuple[list[LogRecord], str]:
+        """Up to ``want`` matching records older than the buffer, from Loki."""
+        assert params.job_id is not None
+        first = self.buffer.first
+        end_ns = first.time_ns if first is not None else int(self.wall_clock() * 1e9) + 1
+        start_ns = (params.since_ns if params.since_ns is not None
+                    else end_ns - HISTORY_S * 10**9)
+        if start_ns >= end_ns:
+            return [], "loki"
+        with trio.move_on_after(LOKI_QUERY_TIMEOUT_S):
+            try:
+                found = await reader.query_range(params.job_id, source=params.source,
+                                                 start_ns=max(0, start_ns), end_ns=end_ns,
+                                                 limit=want, direction="backward")
+            except LokiError as exc:
+                return [], f"loki-error: {str(exc)[:1000]}"
+            # A record that arrived late (older than the ring's first) is in both.
+            seen = {(r.time_ns, r.source, r.service, r.text) for r in held}
+            return [make_record(r.line, service=r.service, source=r.source, level=0,
+                                job_id=r.job_id or None, time_ns=r.time_ns)
+                    for r in found
+                    if (r.time_ns, r.source, r.service, r.line) not in seen], "loki"
+        return [], f"loki-error: no answer within {LOKI_QUERY_TIMEOUT_S} s"
 
     async def _follow(self, params: Follow, ctx: CallContext) -> AsyncIterator[RecordBatch]:
         self._check_follower(ctx)

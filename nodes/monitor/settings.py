@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from contracts.telemetry import MAX_TENANT_CHARS, TENANT_PATTERN, check_base_url
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 
 from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS
@@ -49,17 +50,32 @@ class BufferSettings(BaseModel):
 
 
 class LokiSettings(BaseModel):
-    """The operator's Loki: every accepted record is pushed there, history read back."""
+    """The operator's Loki: every accepted record is pushed there, history read back.
+
+    ``url`` and ``tenant`` are the start value only: what app-node sends
+    (``observability.set``, kept in ``<storage>/observability.json``) replaces
+    them. The bounds below apply to every Loki in force.
+    """
 
     model_config = {"extra": "forbid"}
 
-    #: Loki's base URL (``http://loki:3100``); None: no Loki (the ring only).
-    url: str | None = Field(default=None, pattern=r"^https?://")
+    #: Loki's base URL (``http://loki:3100``); None: no Loki (the ring only)
+    #: until app-node sends one.
+    url: str | None = None
     #: ``X-Scope-OrgID`` for a multi-tenant Loki.
-    tenant: str | None = None
+    tenant: str | None = Field(default=None, min_length=1, max_length=MAX_TENANT_CHARS,
+                               pattern=TENANT_PATTERN)
     #: Records waiting for Loki; beyond it the oldest are dropped (counted).
     max_buffered: int = Field(default=100_000, ge=1, le=10_000_000)
     flush_interval_s: float = Field(default=0.5, ge=0, le=60)
+    #: How long a replaced Loki's pusher may finish its batch (or flush, when
+    #: Loki is cleared) before it is cut (nodes/monitor/observability.py).
+    grace_s: float = Field(default=5.0, ge=0, le=300)
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_base_url(url)
 
 
 class HealthSettings(BaseModel):
