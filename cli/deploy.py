@@ -39,6 +39,9 @@ import trio
 import typer
 from pydantic import BaseModel, Field, ValidationError
 
+from contracts.model import first_error
+from contracts.telemetry import Observability
+
 from ._args import port_option
 from ._config import write_private
 from ._console import fail, out
@@ -89,6 +92,8 @@ class Deployment(BaseModel):
     rack_name: str = Field(default="rack-1", min_length=1, max_length=64)
     location: str = Field(default="default", min_length=1, max_length=64)
     public_url: str | None = None
+    #: The operator's Loki and Prometheus: app-node sends them to wrk-monitor.
+    observability: Observability = Observability()
 
     def host(self, service: str) -> str:
         return self.hosts.get(service, self.default_host)
@@ -206,6 +211,14 @@ def bootstrap(
     base_port: int | None = port_option(
         None, "--base-port", help="Shift every port as cosmicac up does (default 49737: "
                                   "the daemons' own defaults)."),
+    loki_url: str | None = typer.Option(
+        None, "--loki-url", help="Your Loki (http://loki:3100): app-node gives it to "
+                                 "wrk-monitor, which pushes every log record there."),
+    loki_tenant: str | None = typer.Option(None, "--loki-tenant",
+                                           help="X-Scope-OrgID of a multi-tenant Loki."),
+    prometheus_url: str | None = typer.Option(
+        None, "--prometheus-url", help="Your Prometheus (it scrapes wrk-monitor's /metrics); "
+                                       "wrk-monitor reads job metrics history from it."),
     rewrite_configs: bool = typer.Option(
         False, "--rewrite-configs", help="Replace configs that differ from what bootstrap "
                                          "writes (identities are never replaced)."),
@@ -229,11 +242,15 @@ def bootstrap(
              "default_host": _parse_ip(default_host, "--default-host") if default_host
              else None, "backend": backend, "kubeconfig": kubeconfig, "rack_name": rack_name,
              "location": location, "public_url": public_url, "base_port": base_port}
+    observability = {k: v for k, v in (("loki_url", loki_url), ("loki_tenant", loki_tenant),
+                                       ("prometheus_url", prometheus_url)) if v is not None}
+    if observability:
+        given["observability"] = {**saved.observability.model_dump(), **observability}
     try:
         plan = Deployment.model_validate(
             {**saved.model_dump(), **{k: v for k, v in given.items() if v is not None}})
     except ValidationError as exc:
-        fail(" ".join(str(exc).split()), code=2)
+        fail(f"bad option: {first_error(exc, 'deployment')}", code=2)
     from p2p.errors import P2PError
 
     try:
@@ -281,6 +298,9 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
         listen=LISTEN, worker=worker, rack={"name": plan.rack_name, "location": plan.location},
         public_url=plan.public_url,
         default_image=LOCAL_IMAGE if plan.backend == "local" else None)
+    wanted = plan.observability.model_dump(exclude_none=True)
+    if wanted:
+        configs[APP]["observability"] = wanted
     configs[RELAY] = {"storage": str(folder / RELAY), "host": LISTEN, "port": ports.relay,
                       "bootstrap": [f"{plan.host(DHT)}:{ports.dht}"]}
     for name in SERVICES[1:]:

@@ -143,6 +143,27 @@ def test_bootstrap_over_hosts_on_kubevirt(tmp_path: Path, monkeypatch: pytest.Mo
     assert bad.returncode == 2 and "not an IP address" in one_error(bad)
 
 
+def test_bootstrap_gives_app_node_the_operators_loki_and_prometheus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "deploy"
+    result = cli("bootstrap", "--dir", str(folder), "--backend", "local",
+                 "--loki-url", "http://ops:s3cret@10.0.0.20:3100", "--loki-tenant", "cac")
+    assert result.returncode == 0, result.stderr
+    app = load(folder, "app-node", monkeypatch)
+    assert app.observability.loki_url == "http://ops:s3cret@10.0.0.20:3100"
+    assert app.observability.loki_tenant == "cac" and app.observability.prometheus_url is None
+    # The next run adds Prometheus and keeps what it was told before.
+    again = cli("bootstrap", "--dir", str(folder), "--rewrite-configs",
+                "--prometheus-url", "http://10.0.0.21:9090")
+    assert again.returncode == 0, again.stderr
+    app = load(folder, "app-node", monkeypatch)
+    assert app.observability.loki_url == "http://ops:s3cret@10.0.0.20:3100"
+    assert app.observability.prometheus_url == "http://10.0.0.21:9090"
+
+    bad = cli("bootstrap", "--dir", str(folder), "--loki-url", "loki:3100")
+    assert bad.returncode == 2 and "loki_url" in one_error(bad)
+
+
 def test_bootstrap_again_keeps_identities_and_edited_configs(tmp_path: Path) -> None:
     folder = tmp_path / "deploy"
     assert cli("bootstrap", "--dir", str(folder), "--backend", "local").returncode == 0
