@@ -7,7 +7,9 @@ With ``follow=1``: server-sent events: ``records`` ``{records: [...]}`` per batc
 comments while none come, and ``lagged`` ``{message}`` then the end when the
 stream fell behind or wrk-monitor went away (follow again with ``since``).
 
-Only what wrk-monitor still holds in memory: without Loki (history, later) the
+Without ``follow``, records older than wrk-monitor's buffer come from the
+operator's Loki when it has one (``history``: ``buffer``, ``loki`` or
+``loki-error: <why>``, the buffer's records still answered); without Loki the
 logs tab shows live logs and the last records only. Who may read: the job's team
 (404 otherwise, as ``GET /api/jobs/{job}``). Without wrk-monitor configured, or
 unreachable, 503 ``monitor_unavailable``.
@@ -77,6 +79,8 @@ class LogsOut(BaseModel):
     records: list[LogRecordOut]
     #: Older matching records were left out (over ``limit``).
     more: bool
+    #: Where records older than wrk-monitor's buffer came from (see the module doc).
+    history: str = "buffer"
 
 
 def record_out(record: LogRecord) -> dict[str, Any]:
@@ -156,7 +160,8 @@ async def job_logs(ctx: Ctx, request: Request) -> Response:
         except BadBatch as exc:
             raise ApiError(502, "monitor_error", f"wrk-monitor sent a bad batch: {exc}") from None
         return ok(LogsOut.model_validate({"records": [record_out(r) for r in records],
-                                          "more": result.more}))
+                                          "more": result.more,
+                                          "history": result.history}))
     try:  # reachable now, or 503 before the stream's 200
         await monitor.ready()
     except MonitorUnavailable as exc:
