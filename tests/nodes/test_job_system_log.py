@@ -100,6 +100,9 @@ async def test_a_job_whose_agent_fails_at_start_shows_each_step_and_the_reason(t
             assert failed.reason and failed.reason in next(
                 r.text for r in records if r.service == ORK and r.text.startswith("failed: "))
             # In order: placed before created on the worker before the agent's words.
+            # wrk-ork and the worker ship apart, so wrk-monitor holds their records
+            # in arrival order; their time stamps (one machine's clock) give the order.
+            got = lines(sorted(records, key=lambda r: r.time_ns))
             order = [next(i for i, line in enumerate(got) if needle in line) for needle in (
                 "placed on", "create received", "agent hello", "agent failed")]
             assert order == sorted(order)
