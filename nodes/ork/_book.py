@@ -77,6 +77,9 @@ class JobBook:
         #: Per rack, when we last heard from it (set at registration, on any
         #: report, and for every rack at the first tick after opening).
         self._heard: dict[str, float] = {}
+        #: When each rack last reported since opening (unlike ``_heard``, never
+        #: seeded): what the control-plane health shows of each worker.
+        self._reported_at: dict[str, float] = {}
         #: When the newest report came from any rack since opening (None: none yet).
         self._last_report_at: float | None = None
         self._positions: dict[str, int] = {}
@@ -277,4 +280,5 @@ class JobBook:
             nodes=capacity.nodes if capacity else 0, gpus=capacity.gpus if capacity else 0,
             free=capacity.free if capacity else 0,
             overlay_network=capacity.overlay_network if capacity else False,
-            jobs=sum(self._on_rack(job, rack.key) for job in self._jobs.values()))
+            jobs=sum(self._on_rack(job, rack.key) for job in self._jobs.values()),
+            last_report_at=self._reported_at.get(rack.key))

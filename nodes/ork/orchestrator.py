@@ -453,6 +453,7 @@ class Orchestrator(JobBook):
             raise InvalidState(str(exc)) from exc
         del self._racks[key]
         self._heard.pop(key, None)
+        self._reported_at.pop(key, None)
         self._capacity_changed = True  # Pending jobs of its location may never fit now
         self._positions.pop(key, None)
         try:
@@ -628,6 +629,7 @@ class Orchestrator(JobBook):
 
     def _hear(self, key: str, now: float) -> None:
         self._heard[key] = now
+        self._reported_at[key] = now
         self._last_report_at = now
         rack = self._racks[key]
         if rack.silent:

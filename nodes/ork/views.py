@@ -74,3 +74,5 @@ class RackInfo(_View):
     overlay_network: bool
     #: Jobs with replicas placed on it.
     jobs: int
+    #: When its worker last reported since wrk-ork started (None: not yet).
+    last_report_at: float | None = None

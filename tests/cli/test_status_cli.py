@@ -65,7 +65,10 @@ async def test_status_shows_the_control_plane_and_a_service_going_down(
         assert listed.returncode == 0, listed.stderr
         health = json.loads(listed.stdout)
         by = {s["service"]: s for s in health["services"]}
-        assert list(by) == ["wrk-ork", "database", "app-node", "email"]
+        assert list(by) == ["wrk-ork", "database", "app-node", "email", "worker rack-1"]
+        # The worker as wrk-ork hears it (the test's world has reported its nodes).
+        worker = by["worker rack-1"]
+        assert worker["state"] == "up" and worker["last"]["details"]["gpus"] == 16
         assert by["wrk-ork"]["state"] == "up" and by["wrk-ork"]["last"]["version"]
         assert by["wrk-ork"]["last"]["details"]["racks"] == 1
         assert by["database"]["last"]["details"]["admin"] is True

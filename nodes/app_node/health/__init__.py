@@ -29,6 +29,7 @@ from ._model import (
 from ._prober import (
     HealthProber,
     ProberStatistics,
+    RowSource,
     Target,
     app_node_target,
     database_status,
@@ -36,6 +37,8 @@ from ._prober import (
     email_target,
     peer_target,
     probe,
+    worker_row,
+    workers_source,
 )
 from ._redis import RedisHealthStore
 from ._settings import HEALTH_FILE, HealthSettings, open_health_store
@@ -56,6 +59,7 @@ __all__ = [
     "Overall",
     "ProberStatistics",
     "RedisHealthStore",
+    "RowSource",
     "ServiceState",
     "SqliteHealthStore",
     "Target",
@@ -76,4 +80,6 @@ __all__ = [
     "probe",
     "service_state",
     "summarise",
+    "worker_row",
+    "workers_source",
 ]

@@ -13,6 +13,7 @@ from ._prober import (
     database_target,
     email_target,
     peer_target,
+    workers_source,
 )
 from ._settings import HealthSettings, open_health_store
 from ._store import HealthStoreError
@@ -30,9 +31,10 @@ def build_prober(settings: HealthSettings, storage: Path, redis_url: str | None,
                  ork: PeerClient | None, monitor: PeerClient | None,
                  database: DatabaseService, email: object, limiter: Any = None
                  ) -> HealthProber | None:
-    """The prober of wrk-ork and wrk-monitor (when configured), the database replica,
-    app-node itself and its email; None when disabled or its store cannot be opened
-    (logged: app-node serves on, ``/api/health`` answers 503). Blocking: call it in
+    """The prober of wrk-ork and wrk-monitor (when configured), each worker (as
+    wrk-ork hears it), the database replica, app-node itself and its email; None
+    when disabled or its store cannot be opened (logged: app-node serves on,
+    ``/api/health`` answers 503). Blocking: call it in
     a thread (it opens the SQLite file)."""
     if not settings.enabled:
         return None
@@ -54,5 +56,6 @@ def build_prober(settings: HealthSettings, storage: Path, redis_url: str | None,
     targets: list[Target] = [peer_target(c) for c in (ork, monitor) if c is not None]
     targets += [database_target(database.db, database.replicator), app_node_target(details),
                 email_target(email)]
-    return HealthProber(store, targets, interval_s=settings.interval_s,
+    sources = [workers_source(ork)] if ork is not None else []
+    return HealthProber(store, targets, sources=sources, interval_s=settings.interval_s,
                         timeout_s=settings.timeout_s, retention_s=settings.retention_s)

@@ -5,7 +5,9 @@ A :class:`Target` is a service's name and how to ask it for its
 wrk-monitor (:func:`peer_target`: ``service.status`` through their
 :class:`~nodes.peer_client.PeerClient`), or read in process for what app-node
 holds itself (:func:`database_target`, :func:`app_node_target`,
-:func:`email_target`).
+:func:`email_target`). A :class:`RowSource` gives the rows of services
+app-node learns of through another: each worker from wrk-ork's rack list
+(:func:`workers_source`), reachable while wrk-ork hears from it.
 
 :class:`HealthProber` runs one round every ``interval_s``: every target at
 once, each under ``timeout_s``, one row each (:func:`probe`), all added to the
@@ -46,11 +48,14 @@ from ._store import HealthStore, HealthStoreError
 if TYPE_CHECKING:
     from crdt import Database
     from crdt._replication import Replicator
+    from nodes.ork.views import RackInfo
     from nodes.peer_client import PeerClient
 
 __all__ = [
+    "MAX_WORKER_ROWS",
     "HealthProber",
     "ProberStatistics",
+    "RowSource",
     "Target",
     "app_node_target",
     "database_status",
@@ -58,6 +63,8 @@ __all__ = [
     "email_target",
     "peer_target",
     "probe",
+    "worker_row",
+    "workers_source",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,16 @@ class Target:
 
     service: str
     ask: Callable[[float], Awaitable[ServiceStatus]]
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Services app-node does not reach itself but learns of through another:
+    each worker, as wrk-ork hears from it. ``rows(at, timeout_s)`` gives one
+    row per such service; which ones exist may change from round to round."""
+
+    name: str
+    rows: Callable[[float, float], Awaitable[list[HealthRow]]]
 
 
 async def probe(target: Target, *, timeout_s: float,
@@ -103,6 +120,34 @@ async def probe(target: Target, *, timeout_s: float,
 def peer_target(client: PeerClient) -> Target:
     """A daemon reached over the swarm (``client.peer``: ``wrk-ork``, ``wrk-monitor``)."""
     return Target(client.peer, lambda timeout_s: client.status(timeout_s=timeout_s))
+
+
+#: Workers shown at most (one row each per round).
+MAX_WORKER_ROWS = 256
+
+
+def worker_row(rack: RackInfo, at: float) -> HealthRow:
+    """A worker as wrk-ork hears it: up while it reports, down once wrk-ork
+    found it silent (its jobs are then Unknown) or before its first report."""
+    name = f"worker {rack.name or rack.key[:12]}"[:64]
+    up = rack.reported and not rack.silent
+    error = None if up else ("never reported to wrk-ork" if not rack.reported
+                             else "silent: wrk-ork has marked its jobs Unknown")
+    return HealthRow(at=at, service=name, reachable=up, last_report_at=rack.last_report_at,
+                     error=error, details={"key": rack.key[:16], "location": rack.location,
+                                           "nodes": rack.nodes, "gpus": rack.gpus,
+                                           "free": rack.free, "jobs": rack.jobs})
+
+
+def workers_source(ork: PeerClient) -> RowSource:
+    """Each registered worker's row, from wrk-ork's ``racks.list``."""
+    from nodes.ork.service import LIST_RACKS, Empty
+
+    async def rows(at: float, timeout_s: float) -> list[HealthRow]:
+        result = await ork.call(LIST_RACKS, Empty(), timeout_s=timeout_s)
+        return [worker_row(rack, at) for rack in result.racks[:MAX_WORKER_ROWS]]
+
+    return RowSource("workers", rows)
 
 
 def database_status(db: Database, replicator: Replicator | None = None) -> ServiceStatus:
@@ -202,6 +247,7 @@ class HealthProber:
     """
 
     def __init__(self, store: HealthStore, targets: Sequence[Target], *,
+                 sources: Sequence[RowSource] = (),
                  interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float = DEFAULT_TIMEOUT_S,
                  retention_s: float = RETENTION_S, prune_every_s: float = 600.0,
                  clock: Callable[[], float] = time.time) -> None:
@@ -209,6 +255,10 @@ class HealthProber:
             raise ValueError("a probe's timeout_s must be positive and at most interval_s")
         self.store = store
         self.targets = tuple(targets)
+        self.sources = tuple(sources)
+        #: Per source, the services its last answer named (kept while it fails:
+        #: they then go stale, which is what is known of them).
+        self._sourced: dict[str, tuple[str, ...]] = {}
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.retention_s = retention_s
@@ -219,7 +269,11 @@ class HealthProber:
 
     @property
     def services(self) -> tuple[str, ...]:
-        return tuple(target.service for target in self.targets)
+        """The watched services: the targets', then those the sources named last."""
+        named = [target.service for target in self.targets]
+        for source in self.sources:
+            named += [n for n in self._sourced.get(source.name, ()) if n not in named]
+        return tuple(named)
 
     def statistics(self) -> ProberStatistics:
         return ProberStatistics(self._rounds, self._rows, self._store_errors)
@@ -231,10 +285,27 @@ class HealthProber:
         async def one(index: int, target: Target) -> None:
             rows[index] = await probe(target, timeout_s=self.timeout_s, clock=self.clock)
 
+        sourced: dict[str, list[HealthRow]] = {}
+
+        async def many(source: RowSource) -> None:
+            at = self.clock()
+            try:
+                with trio.fail_after(self.timeout_s):
+                    got = await source.rows(at, self.timeout_s)
+            except Exception as exc:  # like a probe: a failing source is no crash
+                log.info("health.source_failed source=%s reason=%s", source.name,
+                         f"{type(exc).__name__}: {exc}")
+                return
+            sourced[source.name] = got
+            self._sourced[source.name] = tuple(dict.fromkeys(row.service for row in got))
+
         async with trio.open_nursery() as nursery:
             for index, target in enumerate(self.targets):
                 nursery.start_soon(one, index, target)
-        return [row for row in rows if row is not None]
+            for source in self.sources:
+                nursery.start_soon(many, source)
+        extra = [row for source in self.sources for row in sourced.get(source.name, ())]
+        return [row for row in rows if row is not None] + extra
 
     async def run_once(self, *, prune: bool = False) -> list[HealthRow]:
         """Probe every target, keep the rows (and prune when asked); the rows."""

@@ -19,7 +19,9 @@ J = JobStatus
 
 def snapshot(world: World):
     orch = world.orch
-    return (orch.list_jobs(), orch.outbox(), orch.nodes(), orch.racks(),
+    # When a rack last reported is what this wrk-ork heard since it started: not kept.
+    racks = [rack.model_copy(update={"last_report_at": None}) for rack in orch.racks()]
+    return (orch.list_jobs(), orch.outbox(), orch.nodes(), racks,
             {rack.key: orch.report_position(rack.key) for rack in orch.racks()})
 
 

@@ -158,3 +158,56 @@ async def test_the_email_probe_counts_the_outbox(tmp_path: Path) -> None:
 
     other = await email_target(SmtpSender()).ask(1.0)
     assert other.queue_depth == 0 and other.details == {"backend": "smtp"}
+
+
+class FakeOrkRacks:
+    """wrk-ork's ``racks.list`` as the workers source calls it (a PeerClient's ``call``)."""
+
+    def __init__(self, racks) -> None:
+        self.racks = racks
+        self.down = False
+
+    async def call(self, method, params, *, timeout_s=None):
+        from nodes.ork.service import RackList
+
+        assert method.name == "racks.list"
+        if self.down:
+            await trio.sleep_forever()
+        return RackList(racks=self.racks)
+
+
+def rack(name: str, *, reported=True, silent=False, last=None):
+    from nodes.ork.views import RackInfo
+
+    return RackInfo(key=name.encode().hex().ljust(64, "0"), location="eu-1", name=name,
+                    registered_at=1.0, reported=reported, silent=silent, nodes=2, gpus=16,
+                    free=8, overlay_network=False, jobs=1, last_report_at=last)
+
+
+async def test_each_worker_is_a_row_as_wrk_ork_hears_it(autojump_clock) -> None:
+    from nodes.app_node.health import workers_source
+
+    store = MemoryHealthStore()
+    ork = FakeOrkRacks([rack("h100-a", last=1_799_999_990.0), rack("h100-b", silent=True),
+                        rack("new", reported=False)])
+    prober = HealthProber(store, [app_node_target()], sources=[workers_source(ork)],
+                          interval_s=15.0, timeout_s=5.0, clock=WallClock())
+    with trio.fail_after(600):
+        await prober.run_once()
+        rows = {r.service: r for r in store.rows}
+        assert prober.services == ("app-node", "worker h100-a", "worker h100-b", "worker new")
+        a, b, new = rows["worker h100-a"], rows["worker h100-b"], rows["worker new"]
+        assert a.up and a.last_report_at == 1_799_999_990.0 and a.details["gpus"] == 16
+        assert not b.reachable and "silent" in b.error
+        assert not new.reachable and new.error == "never reported to wrk-ork"
+        # A rack removed from wrk-ork is no longer watched (its rows stay history).
+        ork.racks = ork.racks[:1]
+        await prober.run_once()
+        assert prober.services == ("app-node", "worker h100-a")
+        # wrk-ork not answering: no worker rows this round, the last ones kept
+        # watched (they go stale: nothing is known of them now), app-node's row still.
+        ork.down = True
+        before = len(store.rows)
+        await prober.run_once()
+        assert [r.service for r in store.rows[before:]] == ["app-node"]
+        assert prober.services == ("app-node", "worker h100-a")
