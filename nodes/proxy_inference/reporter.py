@@ -4,7 +4,9 @@ One connection to wrk-monitor (``p2p.swarm.stay_connected``: its addresses,
 then the DHT, redialled with backoff), one ``cosmicac-monitor/1`` channel of
 its own on it (not the log shipper's: a slow log push never delays a report,
 nor the reverse), and on it, every ``interval_s``, one ``metrics.push`` of
-:meth:`~.health.HealthWindow.report` as it is then.
+:meth:`~.health.HealthWindow.report` as it is then: the loop is
+:class:`nodes.monitor.reporter.PeriodicReporter`, shared with the workers'
+agent metrics reporter.
 
 Latest snapshot only: a report is built when it is sent, never queued; one
 that fails (wrk-monitor down, slow, refusing) is simply not sent, and the next
