@@ -16,6 +16,12 @@ process). Its life, as a tree of tasks::
             └── log shipping    with a shipper (telemetry on): after hello,
                                 agent.logs batches on the same channel (_logs.py)
 
+With telemetry on, each heartbeat also carries the agent's figures
+(:mod:`._metrics`: its process, its sessions, and the workload's own through
+an optional ``Workload.metrics()``), built when the beat is sent. With it
+off the heartbeat stays empty: an older worker refuses the field, and only a
+worker that knows it turns telemetry on.
+
 Each session starts with ``hello`` (a worker that restarted has forgotten us)
 and then repeats ``ready`` if the workload is ready, and later ``unready`` and
 ``ready`` again as the workload's health changes. A session that fails for
@@ -66,6 +72,8 @@ from p2p.keys import KeyPair, format_key
 from p2p.net import Network
 from p2p.rpc import Method, RpcClient, RpcError
 from p2p.swarm import Connection, Swarm, SwarmConfig
+
+from ._metrics import clean, process_metrics
 
 __all__ = ["Agent", "AgentGaveUp", "AgentRefused", "ReportPolicy", "Workload", "WorkloadStatus",
            "listen_host"]
@@ -194,6 +202,8 @@ class Agent:
             bootstrap=tuple(bootstrap),
             relays=tuple(bytes.fromhex(key) for key in config.relays))
         services = list(self._services(config))
+        #: The container job's shell service (its sessions are figures), or None.
+        self.shells = next((s for s in services if hasattr(s, "sessions_total")), None)
         if workload is not None:
             services.extend(workload.services)
         self.swarm = Swarm(keypair, config=swarm_config, network=network, services=services)
@@ -214,6 +224,23 @@ class Agent:
         self._reached_hello = False
         self._call_timeout_s = (self.policy.call_timeout_s if self.policy.call_timeout_s
                                 else max(5.0, config.heartbeat_interval_s))
+
+    def metrics(self) -> dict[str, float]:
+        """The figures a heartbeat carries now (see :mod:`._metrics`): cheap
+        reads of counters kept anyway; a workload's ``metrics()`` that raises
+        costs its own figures only."""
+        values: dict[str, float] = process_metrics()
+        values["report_sessions_total"] = float(self.sessions)
+        if self.shells is not None:
+            values["shell_sessions_open"] = float(self.shells.sessions)
+            values["shell_sessions_total"] = float(self.shells.sessions_total)
+        source = getattr(self.workload, "metrics", None)
+        if callable(source):
+            try:
+                values.update(source())
+            except Exception as exc:  # a figure is never worth a heartbeat
+                log.debug("agent.metrics_failed %s reason=%s", self.label, exc)
+        return clean(values)
 
     @staticmethod
     def _services(config: AgentConfig) -> list:
@@ -402,6 +429,7 @@ class Agent:
             with trio.move_on_at(next_beat):
                 await changed.wait()
             if trio.current_time() >= next_beat:
-                await self._call(client, HEARTBEAT, Heartbeat())
+                beat = (Heartbeat(metrics=self.metrics()) if c.telemetry else Heartbeat())
+                await self._call(client, HEARTBEAT, beat)
                 log.debug("agent.heartbeat %s vmi=%s", self.label, self.vmi)
                 next_beat = max(next_beat + interval, trio.current_time())

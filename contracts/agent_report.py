@@ -30,7 +30,7 @@ method             params                                                 result
 ``agent.ready``    ``message: str (≤ 1,000)``                             ``{}``
 ``agent.failed``   ``message: str (≤ 1,000)``                             ``{}``
 ``agent.unready``  ``message: str (≤ 1,000)``                             ``{}``
-``agent.heartbeat`` ``{}``                                                ``{}``
+``agent.heartbeat`` ``metrics: {str: float}`` (optional, ≤ 32)               ``{}``
 ``agent.logs``     ``records: bytes`` (:class:`~contracts.telemetry.PushBatch`)  ``accepted: int``
 =================  =====================================================  ==========
 
@@ -46,6 +46,17 @@ batch that does not decode is refused whole with ``BAD_BATCH``; the worker
 whose telemetry is off accepts and discards. ``agent.logs`` is not a report:
 it neither feeds nor ends an agent's silence (heartbeats do).
 
+``agent.heartbeat`` may carry the agent's own figures (issue 14): at most
+:data:`MAX_AGENT_METRICS` values named ``^[a-z][a-z0-9_]{0,47}$``, each finite
+and non-negative (a name ending in ``_total`` is a counter, any other a gauge).
+The worker keeps the latest per VMI, labelled with the VMI's job id, replica
+and node rank (never with anything the agent claims), and forwards them to
+wrk-monitor. The field was added after version 1 shipped and ``Heartbeat`` is
+``extra="forbid"``: an older worker refuses a heartbeat that carries it, so an
+agent sends metrics only when its config's ``telemetry`` is on (which only a
+worker that knows this field sets); an older agent's empty heartbeat is still
+valid.
+
 Errors carry a stable code (:class:`ReportCode`); an agent branches on it:
 ``FORBIDDEN`` and ``STALE_GENERATION`` will never succeed (the agent stops),
 ``BAD_BATCH`` refuses one log batch (the agent drops it, it goes on),
@@ -57,12 +68,18 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from p2p.rpc import Method
 
 from .model import JobType
-from .telemetry import PushBatch, PushResult
+from .telemetry import (
+    MAX_AGENT_VALUES,
+    AgentMetricName,
+    AgentMetricValue,
+    PushBatch,
+    PushResult,
+)
 
 __all__ = [
     "FAILED",
@@ -70,6 +87,7 @@ __all__ = [
     "HEARTBEAT",
     "HELLO",
     "LOGS",
+    "MAX_AGENT_METRICS",
     "PROTOCOL",
     "READY",
     "UNREADY",
@@ -77,6 +95,8 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "HelloResult",
+    "MetricName",
+    "MetricValue",
     "Report",
     "ReportCode",
     "agent_service",
@@ -86,6 +106,14 @@ __all__ = [
 PROTOCOL = "cosmicac-agent/1"
 #: A status line is for a human reading the job's System log, not a transcript.
 MAX_MESSAGE_CHARS = 1_000
+#: Figures in one heartbeat: a handful is what an agent has; the bound keeps
+#: wrk-monitor's series per agent (and a hostile agent's) small.
+MAX_AGENT_METRICS = MAX_AGENT_VALUES
+#: A metric's name as an agent sends it (wrk-monitor exposes it as
+#: ``cosmicac_agent_<name>``): a Prometheus-safe, short, lower-case name.
+MetricName = AgentMetricName
+#: A figure: finite, non-negative, at most 2**63 (counters and gauges alike).
+MetricValue = AgentMetricValue
 
 
 class ReportCode(enum.StrEnum):
@@ -144,9 +172,23 @@ class Report(BaseModel):
 
 
 class Heartbeat(BaseModel):
-    """Nothing but "still here"; the caller's key says who."""
+    """"Still here" (the caller's key says who), with the agent's latest figures."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The agent's figures now (see the module doc); empty from an older agent
+    #: or with telemetry off.
+    metrics: dict[MetricName, MetricValue] = Field(default_factory=dict,
+                                                   max_length=MAX_AGENT_METRICS)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_metrics(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # An empty heartbeat stays ``{}`` on the wire, as version 1 sent it, so
+        # an older worker (``extra="forbid"``) still takes a new agent's beat.
+        data = handler(self)
+        if not data.get("metrics"):
+            data.pop("metrics", None)
+        return data
 
 
 class Ack(BaseModel):

@@ -450,3 +450,60 @@ OBSERVABILITY_GET = Method("observability.get", params=ObservabilityQuery,
 __all__ += ["MAX_TENANT_CHARS", "MAX_URL_CHARS", "OBSERVABILITY_GET", "OBSERVABILITY_SET",
             "TENANT_PATTERN", "Observability", "ObservabilityQuery", "ObservabilityState",
             "check_base_url", "redact_url"]
+
+
+# ---------------------------------------------------------------------------
+# Metrics of the job agents, forwarded by their workers: ``metrics.agents``
+# ---------------------------------------------------------------------------
+#
+# Agents never dial wrk-monitor: each sends its figures to its worker with
+# its heartbeat (``contracts/agent_report.py``, ``Heartbeat.metrics``). Every
+# few seconds each worker sends wrk-monitor the latest figures of the agents
+# it knows, labelled with what the worker knows of each VMI (job id, replica,
+# node rank, service), never with what an agent claims::
+#
+#     metrics.agents  AgentMetricsReport(agents[AgentMetrics]) -> MetricsResult(accepted)
+#
+# A snapshot again: wrk-monitor keeps the newest report per worker and drops
+# a worker's whole report once it is stale. A name ending in ``_total`` is a
+# counter, any other a gauge (wrk-monitor exposes ``cosmicac_agent_<name>``).
+
+#: Agents in one report: a worker's VMIs (~200 bytes each with a dozen
+#: figures; 4,096 of them stay under a mux message).
+MAX_REPORT_AGENTS = 4_096
+#: Figures per agent (``contracts.agent_report`` bounds a heartbeat's alike).
+MAX_AGENT_VALUES = 32
+
+AgentMetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
+AgentMetricValue = Annotated[float, Field(ge=0, le=2.0**63, allow_inf_nan=False)]
+
+
+class AgentMetrics(_Model):
+    """One agent's latest figures, labelled by its worker."""
+
+    job_id: str = Field(min_length=1, max_length=MAX_JOB_ID_CHARS)
+    replica: int = Field(ge=0, lt=1 << 16)
+    node_rank: int = Field(ge=0, le=64)
+    #: ``agent-inference`` or ``agent-instance`` (``agent_service``).
+    service: str = Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")
+    values: dict[AgentMetricName, AgentMetricValue] = Field(default_factory=dict,
+                                                           max_length=MAX_AGENT_VALUES)
+
+
+class AgentMetricsReport(_Model):
+    """A worker's latest snapshot of its agents' figures."""
+
+    agents: tuple[AgentMetrics, ...] = Field(default=(), max_length=MAX_REPORT_AGENTS)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AgentMetricsReport:
+        slots = {(a.job_id, a.replica, a.node_rank) for a in self.agents}
+        if len(slots) != len(self.agents):
+            raise ValueError("an agent (job_id, replica, node_rank) is reported twice")
+        return self
+
+
+METRICS_AGENTS = Method("metrics.agents", params=AgentMetricsReport, result=MetricsResult)
+
+__all__ += ["MAX_AGENT_VALUES", "MAX_REPORT_AGENTS", "METRICS_AGENTS", "AgentMetrics",
+            "AgentMetricsReport"]

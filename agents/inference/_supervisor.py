@@ -38,6 +38,7 @@ import math
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -115,6 +116,11 @@ class ModelSupervisor:
         #: Starts of the plan so far, and failures in a row.
         self.starts = 0
         self.crashes = 0
+        #: Health checks failed in a row (startup probes included), and how long
+        #: the last one took (milliseconds; None before the first): figures of
+        #: the agent's heartbeat.
+        self.probe_failures = 0
+        self.last_probe_ms: float | None = None
         #: pids of the running steps (tests kill them to prove restarts).
         self.pids: dict[str, int] = {}
         #: Each step's last line on stderr: why it exited, usually.
@@ -282,11 +288,15 @@ class ModelSupervisor:
                         raise _PlanFailed(f"unhealthy for {now - unhealthy_since:.0f} s")
 
     async def _probe(self, http: httpx.AsyncClient) -> bool:
+        started = time.perf_counter()
         try:
             response = await http.get(self.plan.health_path or "/health")
+            ok = response.status_code == 200
         except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+            ok = False
+        self.last_probe_ms = (time.perf_counter() - started) * 1000
+        self.probe_failures = 0 if ok else self.probe_failures + 1
+        return ok
 
     async def _deep_check(self, http: httpx.AsyncClient) -> None:
         check = self.plan.deep_check

@@ -102,6 +102,22 @@ class InferenceWorkload:
                         extra_args=self.extra_args)
         return adapter_for(c.runtime).plan(launch)
 
+    def metrics(self) -> dict[str, float]:
+        """This workload's figures for the agent's heartbeat (reads of counters
+        the supervisor and the service keep; nothing is measured here)."""
+        service = self.service
+        values = {"model_server_up": float(self.healthy),
+                  "inference_calls_total": float(service.requests),
+                  "inference_calls_in_flight": float(service.in_flight)}
+        supervisor = self.supervisor
+        if supervisor is not None:
+            values["model_server_restarts_total"] = float(max(0, supervisor.starts - 1))
+            values["model_server_consecutive_failures"] = float(supervisor.probe_failures)
+            values["model_server_consecutive_crashes"] = float(supervisor.crashes)
+            if supervisor.last_probe_ms is not None:
+                values["model_server_health_check_ms"] = supervisor.last_probe_ms
+        return values
+
     async def run(self, status, swarm: Swarm) -> None:
         """Supervise the model server until cancelled (see the module doc).
 

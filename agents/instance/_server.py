@@ -151,6 +151,8 @@ class ShellService(Service):
         self._system_log = system_log
         #: Sessions running now.
         self.sessions = 0
+        #: Sessions opened since the agent started (a figure of its heartbeat).
+        self.sessions_total = 0
 
     def allows(self, remote_public_key: bytes, how: str) -> bool:
         return bool(self._authorized(remote_public_key) or self._peers(remote_public_key))
@@ -175,6 +177,7 @@ class ShellService(Service):
             await _send_error(channel, "busy", f"{self.max_sessions} sessions already")
             return
         self.sessions += 1
+        self.sessions_total += 1
         try:
             await _Session(self, channel, opened, key).run()
         finally:

@@ -39,6 +39,14 @@ Falls short: an introduced agent may flood its worker's shipper, whose bound
 then drops the oldest records, the worker's own among them; there is no
 per-agent rate limit.
 
+Metrics (issue 14): a heartbeat may carry the agent's figures
+(``Heartbeat.metrics``, bounded by the contract). The table keeps the latest
+per VMI and :meth:`AgentTable.agent_metrics` lists them labelled with the
+entry's job id, replica, node rank and service (the trust model of logs: the
+bound key says which VMI, the agent's claims say nothing); a new hello, a
+silence and :meth:`AgentTable.forget` drop them. The worker's
+:mod:`.agent_metrics` reporter forwards them to wrk-monitor.
+
 State is in memory: after a worker restart the worker calls :meth:`expect`
 again for every VMI it knows (the persisted replicas), and the agents, whose
 connections broke, say hello again on their next connection.
@@ -71,7 +79,14 @@ from contracts.agent_report import (
     ReportCode,
     agent_service,
 )
-from contracts.telemetry import BadBatch, LogRecord, PushBatch, PushResult, decode_batch
+from contracts.telemetry import (
+    AgentMetrics,
+    BadBatch,
+    LogRecord,
+    PushBatch,
+    PushResult,
+    decode_batch,
+)
 from p2p.host import RpcService
 from p2p.keys import format_key
 from p2p.rpc import CallContext, Router, RpcError
@@ -166,6 +181,8 @@ class _Entry:
     failed: bool = False
     silent: bool = False
     last_report: float | None = None
+    #: The figures of the agent's latest heartbeat (validated by the contract).
+    metrics: dict[str, float] | None = None
 
     @property
     def slot(self) -> tuple[str, int, int]:
@@ -282,6 +299,7 @@ class AgentTable:
         self._by_key[key] = entry
         entry.ready = entry.failed = entry.silent = False
         entry.last_report = now
+        entry.metrics = None  # maybe another agent process: its figures start afresh
         return entry.name, [AgentEvent(entry.name, AgentEventKind.HELLO,
                                        f"agent {format_key(key)[:12]} connected", now)]
 
@@ -301,9 +319,14 @@ class AgentTable:
         entry.ready, entry.failed = False, True
         return [AgentEvent(entry.name, AgentEventKind.FAILED, message, now)]
 
-    def heartbeat(self, key: bytes, now: float) -> list[AgentEvent]:
+    def heartbeat(self, key: bytes, now: float,
+                  metrics: dict[str, float] | None = None) -> list[AgentEvent]:
+        """A heartbeat; ``metrics`` (``Heartbeat.metrics``, non-empty) replace the
+        VMI's figures, an empty beat keeps the previous ones."""
         was_silent = self._by_key[key].silent if key in self._by_key else False
         entry = self._reporting(key, now)
+        if metrics:
+            entry.metrics = dict(metrics)
         if not was_silent or entry.failed:
             return []
         kind = AgentEventKind.READY if entry.ready else AgentEventKind.HELLO
@@ -331,6 +354,15 @@ class AgentTable:
         return [LogRecord(r.time_ns, job_id, replica, r.source, r.level, service, r.text)
                 for r in records]
 
+    def agent_metrics(self) -> list[AgentMetrics]:
+        """The latest figures of every bound, reporting agent, labelled with its
+        VMI's job id, replica, node rank and service (silent ones left out: their
+        figures are stale)."""
+        return [AgentMetrics(job_id=e.job_id, replica=e.replica, node_rank=e.node_rank,
+                             service=e.service, values=e.metrics)
+                for e in self._entries.values()
+                if e.metrics and e.key is not None and not e.silent]
+
     def _reporting(self, key: bytes, now: float) -> _Entry:
         entry = self._by_key.get(key)
         if entry is None:
@@ -349,6 +381,7 @@ class AgentTable:
             deadline = entry.deadline
             if deadline is not None and deadline <= now:
                 entry.silent = True
+                entry.metrics = None
                 events.append(AgentEvent(
                     entry.name, AgentEventKind.SILENT,
                     f"no report from the agent for {now - entry.last_report:.1f} s", now))
@@ -489,7 +522,9 @@ class AgentRegistry:
     async def _heartbeat(self, params: Heartbeat, ctx: CallContext) -> Ack:
         # No wake-up: a heartbeat only moves a deadline later, and run() finds
         # nothing to expire at the old one and sleeps again.
-        return await self._report(ctx, "heartbeat", self.table.heartbeat)
+        metrics = params.metrics or None
+        return await self._report(ctx, "heartbeat", lambda key, now: self.table.heartbeat(
+            key, now, metrics))
 
     async def _logs(self, params: PushBatch, ctx: CallContext) -> PushResult:
         key = self._caller(ctx)

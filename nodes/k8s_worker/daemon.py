@@ -9,7 +9,8 @@ One swarm, one identity (``<storage>/identity``), services plugged into it:
 With ``telemetry.monitor`` set, its log records (every job's System steps:
 operation received, VMIs created, disk import progress, VMI scheduled and
 running, agent hello/ready/failed, restart, delete, each failure and why) are
-shipped to wrk-monitor (:mod:`nodes.telemetry`).
+shipped to wrk-monitor (:mod:`nodes.telemetry`), and so are its agents'
+figures (``metrics.agents`` every 5 s: :mod:`.agent_metrics`).
 
 Files under ``--storage``: ``identity``, ``queue/`` (both logs and the
 cursor), ``worker.sqlite`` (replica intents, applied op ids), ``vmis/`` (the
@@ -33,6 +34,7 @@ from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
 from p2p.swarm import Swarm, SwarmConfig, stay_connected
 
+from .agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
 from .agents import AgentEvent, AgentRegistry
 from .backend import Backend
 from .settings import WorkerSettings, relays_hex
@@ -91,6 +93,12 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     shipper = await start_telemetry(daemon, swarm, settings.telemetry,
                                     service="wrk-server-k8s-nvidia")
     registry.on_logs = None if shipper is None else shipper.offer_many
+    reporter = None
+    if shipper is not None and settings.telemetry.monitor is not None:
+        reporter = AgentMetricsReporter(registry.table.agent_metrics)
+        daemon.nursery.start_soon(functools.partial(
+            reporter.run, swarm, settings.telemetry.monitor,
+            settings.telemetry.monitor_addresses))
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
     if not worker_addresses and settings.backend == "local":
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
@@ -113,6 +121,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         nonlocal measured
         while True:
             measured = _snapshot(worker, queue, registry)
+            if reporter is not None:
+                measured.families.update(agent_metrics_snapshot(reporter).families)
             await trio.sleep(METRICS_INTERVAL_S)
 
     daemon.nursery.start_soon(measure)

@@ -40,6 +40,7 @@ from p2p.swarm import Swarm, SwarmConfig
 from ._buffer import LogBuffer
 from ._health_metrics import health_registry
 from ._http import LogsFront, create_app
+from .agent_metrics import AgentMetricsBook, agent_metrics_registry, install
 from .health import HealthBook, Thresholds
 from .loki import LokiPusherStatistics
 from .observability import ObservabilityHolder, to_loki
@@ -151,13 +152,17 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
                              health=book, observability=observability)
     own = snapshot_registry(functools.partial(monitor_snapshot, service, observability))
     forwarded = health_registry(book, service.clock)
+    agent_book = AgentMetricsBook(stale_after_s=settings.health.stale_after_s)
+    install(service, agent_book)  # metrics.agents from the workers (agent_metrics.py)
+    agents = agent_metrics_registry(agent_book, service.clock)
     process = CollectorRegistry()
     ProcessCollector(registry=process)  # process_cpu_seconds_total, memory, open fds
     if metrics is not None:
-        metrics.add(own, forwarded, process, swarm.metrics.registry)
+        metrics.add(own, forwarded, agents, process, swarm.metrics.registry)
         registry = metrics.registry
     else:
-        registry = combined_registry(own, forwarded, process, swarm.metrics.registry)
+        registry = combined_registry(own, forwarded, agents, process,
+                                     swarm.metrics.registry)
     front = LogsFront(buffer=buffer, registry=registry,
                       readers=lambda: observability.reader,
                       prometheus=lambda: observability.prometheus, token=settings.http.token)

@@ -46,13 +46,14 @@ from nodes.ork.service import (
 )
 from nodes.ork.views import JobView
 from p2p.connection import dial_tcp
-from p2p.keys import KeyPair, parse_public_key
+from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
 from p2p.rpc import RpcClient, RpcError
 from tests.cli.helpers import COSMICAC, read_until
 
 ORK_READY = re.compile(r"wrk-ork (\w{64}) listening on ([\d.]+):(\d+)")
 WORKER_READY = re.compile(r"wrk-server-k8s-nvidia (\w{64}) listening on ([\d.]+):(\d+)")
-MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+)")
+MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+) "
+                           r"\(http://[\d.]+:(\d+)")
 IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
 
 
@@ -91,6 +92,8 @@ class ControlPath:
     monitor_key: str = ""
     monitor_port: int = 0
     monitor_client: RpcClient | None = None
+    #: wrk-monitor's HTTP port (``/metrics``).
+    monitor_http_port: int = 0
 
     @property
     def telemetry(self) -> dict:
@@ -101,18 +104,23 @@ class ControlPath:
                 "monitor_addresses": [f"127.0.0.1:{self.monitor_port}"]}
 
     async def start_monitor(self) -> trio.Process:
-        """Start wrk-monitor (any key may push, the test's may follow) and connect to it."""
+        """Start wrk-monitor (any key may push logs, the worker metrics too; the test's
+        key may follow) and connect to it."""
         self.monitor_port = free_port()
+        # The worker's identity made now (its daemon loads the same file), so that
+        # wrk-monitor can list it among its pushers (metrics.agents needs that).
+        self.worker_storage.mkdir(parents=True, exist_ok=True)
+        worker = load_or_create_keypair(self.worker_storage)
         config = self.root / "monitor.json"
         config.write_text(json.dumps({
             "storage": str(self.root / "monitor"), "host": "127.0.0.1",
-            "port": self.monitor_port, "allow_any_pusher": True,
+            "port": self.monitor_port, "allow_any_pusher": True, "pushers": [worker.hex],
             "followers": [self.client_key.hex], "http": {"host": "127.0.0.1", "port": 0},
             "log_format": "json"}))
         (self.root / "monitor").mkdir(exist_ok=True)
         proc = await self._spawn("run", "wrk-monitor", "--config", str(config))
         match = await read_until(proc.stdout, MONITOR_READY)
-        self.monitor_key = match[1]
+        self.monitor_key, self.monitor_http_port = match[1], int(match[4])
         self.monitor_client, _ = await self._connect(self.monitor_port, self.monitor_key,
                                                      MONITOR_PROTOCOL, "test-monitor")
         return proc
