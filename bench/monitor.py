@@ -1,4 +1,5 @@
-"""wrk-monitor benchmark: log records/s into one monitor, live delivery delay p50/p99.
+"""wrk-monitor benchmark: log records/s into one monitor, live delivery delay
+p50/p99, and the same paced run pushing every record to a Loki.
 
 The monitor (``MonitorService`` over a ``LogBuffer``, as the daemon will serve
 it) runs in a spawned process behind ``serve_tcp`` on 127.0.0.1 (secret stream
@@ -13,6 +14,19 @@ all records), each on its own connection:
   records offered to a ``LogShipper`` in steps of 1 ms, shipped as a daemon
   will; the delay is from each record's ``time_ns`` (set when it is offered) to
   its decoding by the follower, on one clock (same process).
+* The same paced run (after ``--warmup`` flat-out records) into a second
+  monitor process that also hands every accepted record to a ``LokiPusher``
+  (default settings, which are the daemon's defaults) through the service's
+  ``on_records`` hook with ``to_loki``, as ``serve_monitor`` wires it. Loki is
+  the tests' Loki-compatible server (tests/nodes/monitor/loki_server.py,
+  hypercorn + starlette; it counts and time-stamps each push and stores
+  nothing) in a third process, so that its JSON decoding is not charged to the
+  monitor. Printed: ``*_with_loki`` live delivery (to compare with the run
+  without Loki), ``loki_records_per_s`` (paced records Loki decoded / paced
+  start to Loki's decoding of the last one), ``loki_delay_ms_p50`` / ``_p99``
+  (a record's ``time_ns`` to Loki's decoding of its push; the machine's one
+  wall clock), and the pusher's counters ``loki_dropped`` / ``loki_failed`` /
+  ``loki_rejected`` (0 when Loki keeps up).
 
 Issue 14's target: >= 50,000 records/s into one wrk-monitor, p99 <= 100 ms.
 """
@@ -20,7 +34,9 @@ Issue 14's target: >= 50,000 records/s into one wrk-monitor, p99 <= 100 ms.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import multiprocessing
 import time
 
 import trio
@@ -28,24 +44,80 @@ from _common import ChildServer, emit, machine, percentile
 
 MONITOR_SEED = b"m" * 32
 FOLLOWER_SEED = b"f" * 32
+#: Bound on every wait for the children (follower catching up, Loki settling, a reply).
+WAIT_S = 60.0
 
 
-def _serve(port_queue) -> None:
+def _serve(port_queue, control, replies, loki_url: str | None) -> None:
+    """The monitor process; with ``loki_url``, every accepted record also goes to Loki.
+
+    ``control`` takes ``"stats"``: the pusher's counters (a dict, or None
+    without Loki) are put on ``replies``."""
     from nodes.monitor._buffer import LogBuffer
+    from nodes.monitor.daemon import to_loki
+    from nodes.monitor.loki import LokiPusher
     from nodes.monitor.service import MonitorService
     from p2p.host import serve_tcp
     from p2p.keys import KeyPair
 
-    service = MonitorService(LogBuffer(), allow_any_pusher=True,
-                             followers=[KeyPair.from_seed(FOLLOWER_SEED).public_key])
-
-    async def main() -> None:
+    async def serve() -> None:
         async with trio.open_nursery() as nursery:
+            pusher = None if loki_url is None else LokiPusher(loki_url)
+            on_records = None
+            if pusher is not None:
+                offer = pusher.offer
+
+                def on_records(records) -> None:  # serve_monitor's hook (inline there)
+                    for record in records:
+                        offer(to_loki(record))
+
+                nursery.start_soon(pusher.run)
+            service = MonitorService(LogBuffer(), allow_any_pusher=True,
+                                     followers=[KeyPair.from_seed(FOLLOWER_SEED).public_key],
+                                     on_records=on_records, loki=pusher)
             _host, port = await nursery.start(functools.partial(
                 serve_tcp, KeyPair.from_seed(MONITOR_SEED), services=[service]))
             port_queue.put(port)
+            while await trio.to_thread.run_sync(control.get) == "stats":
+                replies.put(None if pusher is None else dataclasses.asdict(pusher.statistics()))
+            nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    trio.run(serve)
+
+
+def _serve_loki(port_queue, control, replies) -> None:
+    """The Loki process: counts and time-stamps pushes; ``control`` takes
+    ``"arrivals"``: the [(arrival_ns, [ts_ns, ...])] list is put on ``replies``."""
+    from tests.nodes.monitor.loki_server import LokiServer, start_loki
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            server = await start_loki(nursery, LokiServer(arrivals=[], keep=False))
+            port_queue.put(server.url)
+            while await trio.to_thread.run_sync(control.get) == "arrivals":
+                replies.put(server.arrivals)
+            nursery.cancel_scope.cancel()
+
+    trio.run(serve)
+
+
+class _Child:
+    """A spawned process (``ChildServer``) with a command queue and a reply queue."""
+
+    def __init__(self, target, *args) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.control, self.replies = context.Queue(), context.Queue()
+        self._server = ChildServer(target, self.control, self.replies, *args)
+
+    def __enter__(self):
+        return self._server.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.__exit__(*exc)
+
+    async def ask(self, command: str):
+        self.control.put(command)
+        return await trio.to_thread.run_sync(functools.partial(self.replies.get, timeout=WAIT_S))
 
 
 async def _client(nursery, port: int, seed: bytes | None):
@@ -63,6 +135,7 @@ async def _client(nursery, port: int, seed: bytes | None):
 
 
 async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: float):
+    """Flat out (``total`` records, the warm-up too), then paced at ``rate`` for ``seconds``."""
     from contracts.log_shipper import LogShipper
     from contracts.telemetry import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
     from contracts.telemetry import LogRecord as R
@@ -101,8 +174,8 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
         async with trio.open_nursery() as senders:
             for _ in range(in_flight):
                 senders.start_soon(push_loop, total // 500 // in_flight)
-        results["flat_out"] = total // 500 // in_flight * in_flight * 500 / (
-            time.perf_counter() - began)
+        results["flat_out_records"] = total // 500 // in_flight * in_flight * 500
+        results["flat_out"] = results["flat_out_records"] / (time.perf_counter() - began)
         nursery.start_soon(follow)
 
         # Paced through a LogShipper at ``rate``.
@@ -121,6 +194,7 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
 
         nursery.start_soon(ship)
         start = time.perf_counter()
+        results["start_ns"] = time.time_ns()
         offered = 0
         while offered < paced:
             due = min(paced, int((time.perf_counter() - start) * rate))
@@ -128,8 +202,9 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
                 shipper.offer(R(time.time_ns(), "j-1", 0, "Application", 20, "bench", text))
             offered = due
             await trio.sleep(0.001)
-        with trio.fail_after(60):
+        with trio.fail_after(WAIT_S):
             await done.wait()
+        results["paced"] = paced
         results["paced_rate"] = paced / (state["last"] - start)
         results["p50"] = percentile(delays, 0.5)
         results["p99"] = percentile(delays, 0.99)
@@ -139,14 +214,46 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
     return results
 
 
+async def _loki_figures(monitor: _Child, loki: _Child, r: dict[str, float]) -> dict[str, float]:
+    """Wait (bounded) until the pusher has settled every record, then Loki's figures
+    for the paced records (those with ``time_ns >= start_ns``)."""
+    expected = r["flat_out_records"] + r["paced"]
+    with trio.move_on_after(WAIT_S):
+        while True:
+            stats = await monitor.ask("stats")
+            settled = stats["pushed"] + stats["failed"] + stats["dropped"] + stats["rejected"]
+            if settled >= expected:
+                break
+            await trio.sleep(0.1)
+    stats = await monitor.ask("stats")
+    start_ns = r["start_ns"]
+    delays: list[float] = []
+    last_ns = start_ns
+    for arrival_ns, stamps in await loki.ask("arrivals"):
+        paced = [ts for ts in stamps if ts >= start_ns]
+        if paced:
+            last_ns = max(last_ns, arrival_ns)
+            delays.extend((arrival_ns - ts) / 1e6 for ts in paced)
+    return {
+        "received": len(delays),
+        "rate": len(delays) / max(1e-9, (last_ns - start_ns) / 1e9),
+        "p50": percentile(delays, 0.5) if delays else float("nan"),
+        "p99": percentile(delays, 0.99) if delays else float("nan"),
+        **{key: stats[key] for key in ("failed", "dropped", "rejected", "retries", "buffered")},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000, help="flat-out records")
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--rate", type=int, default=50_000, help="paced records/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="paced duration")
+    parser.add_argument("--warmup", type=int, default=20_000,
+                        help="flat-out records into the Loki run's monitor before its paced run")
+    parser.add_argument("--no-loki", action="store_true", help="skip the run with Loki")
     args = parser.parse_args()
-    with ChildServer(_serve) as port:
+    with _Child(_serve, None) as port:
         r = trio.run(_measure, port, args.records, args.in_flight, args.rate, args.seconds)
     how = ("monitor in a spawned process, serve_tcp on 127.0.0.1; senders and one follower "
            "in this process; 500-record pushes, ~100-char texts")
@@ -156,6 +263,29 @@ def main() -> None:
     emit("monitor", "delivery_ms_p50", r["p50"], "ms", rate=args.rate)
     emit("monitor", "delivery_ms_p99", r["p99"], "ms", rate=args.rate)
     emit("monitor", "shipper_dropped", r["shipper_dropped"], "records")
+    if args.no_loki:
+        return
+    loki = _Child(_serve_loki)
+    with loki as url:
+        monitor = _Child(_serve, url)
+        with monitor as port:
+            r = trio.run(_measure, port, args.warmup, args.in_flight, args.rate, args.seconds)
+            k = trio.run(_loki_figures, monitor, loki, r)
+    how = ("a second monitor process also pushing every accepted record to Loki (LokiPusher "
+           "defaults, to_loki in on_records, as serve_monitor); Loki: "
+           "tests/nodes/monitor/loki_server.py in a third process, counting only")
+    emit("monitor", "records_per_s_paced_with_loki", r["paced_rate"], "records/s",
+         target=args.rate, how=how)
+    emit("monitor", "delivery_ms_p50_with_loki", r["p50"], "ms", rate=args.rate)
+    emit("monitor", "delivery_ms_p99_with_loki", r["p99"], "ms", rate=args.rate)
+    emit("monitor", "shipper_dropped_with_loki", r["shipper_dropped"], "records")
+    emit("monitor", "loki_records_per_s", k["rate"], "records/s", target=args.rate,
+         received=k["received"], paced=r["paced"])
+    emit("monitor", "loki_delay_ms_p50", k["p50"], "ms", rate=args.rate)
+    emit("monitor", "loki_delay_ms_p99", k["p99"], "ms", rate=args.rate)
+    for key in ("dropped", "failed", "rejected", "buffered"):
+        emit("monitor", f"loki_{key}", k[key], "records")
+    emit("monitor", "loki_retries", k["retries"], "pushes")
 
 
 if __name__ == "__main__":
