@@ -14,8 +14,14 @@ all records), each on its own connection:
   records offered to a ``LogShipper`` in steps of 1 ms, shipped as a daemon
   will; the delay is from each record's ``time_ns`` (set when it is offered) to
   its decoding by the follower, on one clock (same process).
-* The same paced run (after ``--warmup`` flat-out records) into a second
-  monitor process that also hands every accepted record to a ``LokiPusher``
+* ``monitor_cpu_us_per_record`` / ``monitor_gc_s``: the monitor process's CPU
+  (user + system) per accepted record over the paced run, and its garbage
+  collector's seconds then (a fuller ring makes each full collection longer);
+  CPU per record moves less with the machine's load than the rates do.
+* The same paced run into a second monitor process (after ``--warmup``
+  flat-out records with Loki off: its ring then holds as much as the first
+  one's, and the Loki figures are of the paced records alone) that also
+  hands every accepted record to a ``LokiPusher``
   (default settings, which are the daemon's defaults) through the service's
   ``on_records`` hook with ``to_loki``, as ``serve_monitor`` wires it. Loki is
   the tests' Loki-compatible server (tests/nodes/monitor/loki_server.py,
@@ -36,7 +42,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import multiprocessing
+import resource
 import time
 
 import trio
@@ -51,14 +59,37 @@ WAIT_S = 60.0
 def _serve(port_queue, control, replies, loki_url: str | None) -> None:
     """The monitor process; with ``loki_url``, every accepted record also goes to Loki.
 
-    ``control`` takes ``"stats"``: the pusher's counters (a dict, or None
-    without Loki) are put on ``replies``."""
+    ``control`` takes ``"stats"``: the pusher's counters (none without Loki),
+    the process's CPU seconds and its garbage collector's seconds so far are
+    put on ``replies`` as a dict; ``"loki on"`` sets the service's hook (then
+    answers as ``"stats"``)."""
     from nodes.monitor._buffer import LogBuffer
     from nodes.monitor.daemon import to_loki
     from nodes.monitor.loki import LokiPusher
     from nodes.monitor.service import MonitorService
     from p2p.host import serve_tcp
     from p2p.keys import KeyPair
+
+    gc_time = {"s": 0.0, "started": 0.0, "gen2": 0, "gen2_s": 0.0}
+
+    def gc_timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_time["started"] = time.perf_counter()
+        else:
+            took = time.perf_counter() - gc_time["started"]
+            gc_time["s"] += took
+            if info["generation"] == 2:
+                gc_time["gen2"] += 1
+                gc_time["gen2_s"] += took
+
+    gc.callbacks.append(gc_timer)
+
+    def stats(pusher: LokiPusher | None) -> dict:
+        counters = {} if pusher is None else dataclasses.asdict(pusher.statistics())
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {**counters, "gc_s": gc_time["s"], "gc_gen2": gc_time["gen2"],
+                "gc_gen2_s": gc_time["gen2_s"], "tracked": len(gc.get_objects()),
+                "cpu_s": usage.ru_utime + usage.ru_stime}
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
@@ -72,14 +103,17 @@ def _serve(port_queue, control, replies, loki_url: str | None) -> None:
                         offer(to_loki(record))
 
                 nursery.start_soon(pusher.run)
+            # The hook is set by "loki on", after the warm-up has filled the ring.
             service = MonitorService(LogBuffer(), allow_any_pusher=True,
                                      followers=[KeyPair.from_seed(FOLLOWER_SEED).public_key],
-                                     on_records=on_records, loki=pusher)
+                                     loki=pusher)
             _host, port = await nursery.start(functools.partial(
                 serve_tcp, KeyPair.from_seed(MONITOR_SEED), services=[service]))
             port_queue.put(port)
-            while await trio.to_thread.run_sync(control.get) == "stats":
-                replies.put(None if pusher is None else dataclasses.asdict(pusher.statistics()))
+            while (command := await trio.to_thread.run_sync(control.get)) in ("stats", "loki on"):
+                if command == "loki on":
+                    service.on_records = on_records
+                replies.put(stats(pusher))
             nursery.cancel_scope.cancel()
 
     trio.run(serve)
@@ -134,8 +168,10 @@ async def _client(nursery, port: int, seed: bytes | None):
     return client
 
 
-async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: float):
-    """Flat out (``total`` records, the warm-up too), then paced at ``rate`` for ``seconds``."""
+async def _measure(monitor: _Child, port: int, total: int, in_flight: int, rate: int,
+                   seconds: float):
+    """Flat out (``total`` records, the warm-up too), then paced at ``rate`` for ``seconds``;
+    ``monitor``'s CPU and GC seconds over the paced run."""
     from contracts.log_shipper import LogShipper
     from contracts.telemetry import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
     from contracts.telemetry import LogRecord as R
@@ -207,6 +243,7 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
                     results["ship_restarts"] += 1
                     await trio.sleep(0.01)
 
+        before = await monitor.ask("loki on")
         nursery.start_soon(ship)
         start = time.perf_counter()
         results["start_ns"] = time.time_ns()
@@ -230,6 +267,12 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
             if shipper.sent + shipper.dropped >= paced:
                 break
             await trio.sleep(0.01)
+        after = await monitor.ask("stats")
+        results["cpu_s"] = after["cpu_s"] - before["cpu_s"]
+        results["gc_s"] = after["gc_s"] - before["gc_s"]
+        results["gc_gen2"] = after["gc_gen2"] - before["gc_gen2"]
+        results["gc_gen2_s"] = after["gc_gen2_s"] - before["gc_gen2_s"]
+        results["tracked"] = after["tracked"]
         results["paced"] = paced
         results["accepted"] = results["flat_out_records"] + shipper.sent
         results["paced_rate"] = state["got"] / (state["last"] - start)
@@ -246,7 +289,7 @@ async def _measure(port: int, total: int, in_flight: int, rate: int, seconds: fl
 async def _loki_figures(monitor: _Child, loki: _Child, r: dict[str, float]) -> dict[str, float]:
     """Wait (bounded) until the pusher has settled every record, then Loki's figures
     for the paced records (those with ``time_ns >= start_ns``)."""
-    expected = r["accepted"]
+    expected = r["accepted"] - r["flat_out_records"]  # Loki is on from the paced run
     with trio.move_on_after(WAIT_S):
         while True:
             stats = await monitor.ask("stats")
@@ -272,18 +315,32 @@ async def _loki_figures(monitor: _Child, loki: _Child, r: dict[str, float]) -> d
     }
 
 
+def _emit_cpu(r: dict[str, float], suffix: str) -> None:
+    """The monitor process's CPU per record over the paced run (what load does not
+    change much, unlike the rates), and its garbage collector's share of it."""
+    accepted = max(1.0, r["accepted"] - r["flat_out_records"])
+    emit("monitor", f"monitor_cpu_us_per_record{suffix}", r["cpu_s"] / accepted * 1e6, "us",
+         cpu_s=round(r["cpu_s"], 3), records=int(accepted))
+    emit("monitor", f"monitor_gc_s{suffix}", r["gc_s"], "s", gen2_collections=r["gc_gen2"],
+         gen2_s=round(r["gc_gen2_s"], 3), tracked_objects_after=r["tracked"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000, help="flat-out records")
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--rate", type=int, default=50_000, help="paced records/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="paced duration")
-    parser.add_argument("--warmup", type=int, default=20_000,
-                        help="flat-out records into the Loki run's monitor before its paced run")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="flat-out records into the Loki run's monitor, Loki off, before "
+                             "its paced run (default --records: the ring then holds as much "
+                             "as in the run without Loki)")
     parser.add_argument("--no-loki", action="store_true", help="skip the run with Loki")
     args = parser.parse_args()
-    with _Child(_serve, None) as port:
-        r = trio.run(_measure, port, args.records, args.in_flight, args.rate, args.seconds)
+    monitor = _Child(_serve, None)
+    with monitor as port:
+        r = trio.run(_measure, monitor, port, args.records, args.in_flight, args.rate,
+                     args.seconds)
     how = ("monitor in a spawned process, serve_tcp on 127.0.0.1; senders and one follower "
            "in this process; 500-record pushes, ~100-char texts")
     emit("monitor", "records_per_s_flat_out", r["flat_out"], "records/s",
@@ -295,13 +352,16 @@ def main() -> None:
     emit("monitor", "follower_lagged", r["lagged"], "runs")
     emit("monitor", "follower_missing", r["missing"], "records")
     emit("monitor", "shipper_restarts", r["ship_restarts"], "pushes failed")
+    _emit_cpu(r, "")
     if args.no_loki:
         return
     loki = _Child(_serve_loki)
     with loki as url:
         monitor = _Child(_serve, url)
         with monitor as port:
-            r = trio.run(_measure, port, args.warmup, args.in_flight, args.rate, args.seconds)
+            warmup = args.records if args.warmup is None else args.warmup
+            r = trio.run(_measure, monitor, port, warmup, args.in_flight, args.rate,
+                         args.seconds)
             k = trio.run(_loki_figures, monitor, loki, r)
     how = ("a second monitor process also pushing every accepted record to Loki (LokiPusher "
            "defaults, to_loki in on_records, as serve_monitor); Loki: "
@@ -314,6 +374,7 @@ def main() -> None:
     emit("monitor", "follower_lagged_with_loki", r["lagged"], "runs")
     emit("monitor", "follower_missing_with_loki", r["missing"], "records")
     emit("monitor", "shipper_restarts_with_loki", r["ship_restarts"], "pushes failed")
+    _emit_cpu(r, "_with_loki")
     emit("monitor", "loki_records_per_s", k["rate"], "records/s", target=args.rate,
          received=k["received"], paced=r["paced"])
     emit("monitor", "loki_delay_ms_p50", k["p50"], "ms", rate=args.rate)

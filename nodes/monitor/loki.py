@@ -156,7 +156,7 @@ def encode_push(records: Iterable[LokiRecord]) -> bytes:
         streams.setdefault((record.service, record.source, record.job_id), []).append(record)
     body = {"streams": [
         {"stream": {"service": service, "source": source, "job_id": job_id},
-         "values": [[str(r.time_ns), r.line] for r in _in_time_order(entries)]}
+         "values": [(str(r.time_ns), r.line) for r in _in_time_order(entries)]}
         for (service, source, job_id), entries in streams.items()]}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
