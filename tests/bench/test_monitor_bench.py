@@ -1,5 +1,7 @@
 """Smoke test of bench/monitor.py: a tiny run prints every figure (as ``make bench``
-runs it: a subprocess, JSON lines on stdout), and the shipper dropped nothing."""
+runs it: a subprocess, JSON lines on stdout), the shipper dropped nothing, and
+in the run with Loki every paced record reached the Loki server, none dropped
+or given up by the pusher."""
 
 from __future__ import annotations
 
@@ -18,15 +20,23 @@ pytestmark = pytest.mark.slow
 def test_every_figure_is_printed() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "monitor.py"), "--records", "5000",
-         "--rate", "2000", "--seconds", "1"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+         "--rate", "2000", "--seconds", "1", "--warmup", "1000"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = {}
+    extras = {}
     for line in done.stdout.splitlines():
         record = json.loads(line)
         assert record["bench"] == "monitor", record
         figures[record["metric"]] = record["value"]
+        extras[record["metric"]] = record
     for metric in ("records_per_s_flat_out", "records_per_s_paced", "delivery_ms_p50",
-                   "delivery_ms_p99"):
+                   "delivery_ms_p99", "records_per_s_paced_with_loki",
+                   "delivery_ms_p50_with_loki", "delivery_ms_p99_with_loki",
+                   "loki_records_per_s", "loki_delay_ms_p50", "loki_delay_ms_p99"):
         assert figures[metric] > 0, metric
-    assert figures["shipper_dropped"] == 0
+    for metric in ("shipper_dropped", "shipper_dropped_with_loki", "follower_missing",
+                   "follower_missing_with_loki", "loki_dropped", "loki_failed",
+                   "loki_rejected", "loki_buffered"):
+        assert figures[metric] == 0, metric
+    assert extras["loki_records_per_s"]["received"] == extras["loki_records_per_s"]["paced"] == 2000

@@ -22,6 +22,11 @@ HTTP API documents (shared/reference/kubevirt-cdi-vllm.md §6):
 
 ``fail_next(n, status)`` makes the next ``n`` pushes fail (nothing stored);
 ``pushes`` records every push received, failed or not.
+
+For benchmarks (bench/monitor.py): ``arrivals=[]`` records, per accepted push,
+the wall-clock time it was decoded and its entries' timestamps (the delay from
+a record's ``time_ns`` to Loki); ``keep=False`` stores neither pushes nor
+entries, so a long run costs no memory (``received`` still counts entries).
 """
 
 from __future__ import annotations
@@ -159,6 +164,12 @@ class LokiServer:
     streams: dict[str, dict[Labels, list[tuple[int, str]]]] = field(default_factory=dict)
     pushes: list[Push] = field(default_factory=list)
     url: str = ""
+    #: None, or per accepted push: (time.time_ns() once decoded, its entries' ts_ns).
+    arrivals: list[tuple[int, list[int]]] | None = None
+    #: False: store no pushes and no entries (a benchmark's counter mode).
+    keep: bool = True
+    #: Entries accepted (2xx), in either mode.
+    received: int = 0
     _fail: list[int] = field(default_factory=list)
 
     def fail_next(self, n: int, status: int = 500) -> None:
@@ -180,7 +191,8 @@ class LokiServer:
     async def _push(self, request: Request) -> Response:
         tenant = request.headers.get("x-scope-orgid", DEFAULT_TENANT)
         push = Push(tenant, dict(request.headers), None, 204)
-        self.pushes.append(push)
+        if self.keep:
+            self.pushes.append(push)
         raw = await request.body()
         if request.headers.get("content-encoding", "") == "gzip":
             try:
@@ -193,7 +205,8 @@ class LokiServer:
             body = json.loads(raw)
         except ValueError as exc:
             return self._answer(push, 400, f"loghttp.PushRequest: {exc}")
-        push.body = body
+        if self.keep:
+            push.body = body
         if self._fail:
             status = self._fail.pop(0)
             return self._answer(push, status, "injected failure")
@@ -201,9 +214,14 @@ class LokiServer:
             decoded = _decode_push(body)
         except ValueError as exc:
             return self._answer(push, 400, str(exc))
-        store = self.streams.setdefault(tenant, {})
-        for labels, values in decoded:
-            store.setdefault(labels, []).extend(values)
+        if self.arrivals is not None:
+            stamps = [ts for _, values in decoded for ts, _ in values]
+            self.arrivals.append((time.time_ns(), stamps))
+        self.received += sum(len(values) for _, values in decoded)
+        if self.keep:
+            store = self.streams.setdefault(tenant, {})
+            for labels, values in decoded:
+                store.setdefault(labels, []).extend(values)
         return self._answer(push, 204, "")
 
     @staticmethod
@@ -275,9 +293,10 @@ def _decode_push(body: Any) -> list[tuple[Labels, list[tuple[int, str]]]]:
     return out
 
 
-async def start_loki(nursery: trio.Nursery) -> LokiServer:
-    """A :class:`LokiServer` listening on ``127.0.0.1`` (a free port), until the nursery ends."""
-    server = LokiServer()
+async def start_loki(nursery: trio.Nursery, server: LokiServer | None = None) -> LokiServer:
+    """``server`` (a new :class:`LokiServer` by default) listening on ``127.0.0.1``
+    (a free port), until the nursery ends."""
+    server = server if server is not None else LokiServer()
     host, port = await nursery.start(lambda task_status: serve_asgi(
         server.app(), host="127.0.0.1", port=0, bind_error=lambda h, p, c: c,
         task_status=task_status))
