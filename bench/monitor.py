@@ -64,7 +64,7 @@ def _serve(port_queue, control, replies, loki_url: str | None) -> None:
     put on ``replies`` as a dict; ``"loki on"`` sets the service's hook (then
     answers as ``"stats"``)."""
     from nodes.monitor._buffer import LogBuffer
-    from nodes.monitor.daemon import to_loki
+    from nodes.monitor.daemon import to_loki, tune_gc
     from nodes.monitor.loki import LokiPusher
     from nodes.monitor.service import MonitorService
     from p2p.host import serve_tcp
@@ -83,6 +83,7 @@ def _serve(port_queue, control, replies, loki_url: str | None) -> None:
                 gc_time["gen2_s"] += took
 
     gc.callbacks.append(gc_timer)
+    tune_gc()  # as the daemon's start does
 
     def stats(pusher: LokiPusher | None) -> dict:
         counters = {} if pusher is None else dataclasses.asdict(pusher.statistics())
@@ -96,11 +97,10 @@ def _serve(port_queue, control, replies, loki_url: str | None) -> None:
             pusher = None if loki_url is None else LokiPusher(loki_url)
             on_records = None
             if pusher is not None:
-                offer = pusher.offer
+                offer_many = pusher.offer_many
 
-                def on_records(records) -> None:  # serve_monitor's hook (inline there)
-                    for record in records:
-                        offer(to_loki(record))
+                def on_records(records) -> None:  # ObservabilityHolder.offer's work
+                    offer_many(map(to_loki, records))
 
                 nursery.start_soon(pusher.run)
             # The hook is set by "loki on", after the warm-up has filled the ring.

@@ -166,6 +166,15 @@ class LogShipper:
                     for chunk in split_batches(batch):
                         try:
                             params = PushBatch(records=encode_batch(chunk))
+                        except (ValueError, TypeError) as exc:
+                            # A record not made by make_record (it makes them encodable):
+                            # that chunk is lost and counted, never the shipper.
+                            self.refused += len(chunk)
+                            done += len(chunk)
+                            log.warning("shipper.unencodable records=%d reason=%s",
+                                        len(chunk), exc)
+                            continue
+                        try:
                             result = await client.call(self.method, params,
                                                        timeout_s=self.push_timeout_s)
                         except RpcError as exc:

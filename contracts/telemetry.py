@@ -72,6 +72,7 @@ __all__ = [
     "make_record",
     "record_size",
     "split_batches",
+    "utf8_safe",
 ]
 
 #: The channel protocol wrk-monitor serves.
@@ -116,15 +117,34 @@ def record_size(record: LogRecord) -> int:
 def make_record(text: str, *, service: str, source: str = SYSTEM, level: int = 20,
                 job_id: str | None = None, replica: int | None = None,
                 time_ns: int | None = None) -> LogRecord:
-    """A record within bounds: the text cut with :data:`CUT_MARKER`, the rest clamped."""
+    """A record within bounds: the text cut with :data:`CUT_MARKER`, the rest clamped,
+    and every string encodable as UTF-8 (see :func:`utf8_safe`)."""
+    text = utf8_safe(text)
     if len(text) > MAX_TEXT_CHARS:
         text = text[:MAX_TEXT_CHARS - len(CUT_MARKER)] + CUT_MARKER
     if source not in SOURCES:
         source = SYSTEM
     return LogRecord(time.time_ns() if time_ns is None else time_ns,
-                     None if job_id is None else job_id[:MAX_JOB_ID_CHARS],
+                     None if job_id is None else utf8_safe(job_id)[:MAX_JOB_ID_CHARS],
                      replica, source, min(max(level, 0), 100),
-                     service[:MAX_SERVICE_CHARS], text)
+                     utf8_safe(service)[:MAX_SERVICE_CHARS], text)
+
+
+def utf8_safe(text: str) -> str:
+    """``text``, with lone surrogates written as ``\\udcff`` escapes.
+
+    A log line may hold them (a file name or a process's output decoded with
+    ``surrogateescape``); msgpack cannot encode them, and one such line would
+    otherwise fail its whole batch. ASCII text (``isascii`` reads a flag, O(1))
+    is returned as it is.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 class BadBatch(ValueError):

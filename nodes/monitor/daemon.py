@@ -23,6 +23,7 @@ reports go to a :class:`~nodes.monitor.health.HealthBook` judged with
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -47,9 +48,13 @@ from .observability import ObservabilityHolder, to_loki
 from .service import MonitorService
 from .settings import MonitorSettings
 
-__all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor", "to_loki"]
+__all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor", "to_loki",
+           "tune_gc"]
 
 log = logging.getLogger(__name__)
+
+#: Allocations between young collections in the wrk-monitor process (see start_monitor).
+GC_YOUNG_THRESHOLD = 10_000
 
 
 class HttpBindError(ServerBindError):
@@ -183,11 +188,24 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
         await trio.sleep_forever()
 
 
+def tune_gc() -> None:
+    """The wrk-monitor process's garbage collector, set for its allocation rate.
+
+    wrk-monitor allocates a few tuples per record, tens of thousands a second:
+    at CPython's default (700) a young collection runs every few pushes and the
+    full ones pause the event loop for 100+ ms (bench/monitor.py with Loki on).
+    What exists at start-up (modules, settings) is frozen out of collections.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
+
+
 async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
     """``cosmicac run wrk-monitor``: start in ``daemon.nursery``; return once serving."""
     settings = daemon.settings
     if daemon.storage is not None:
         settings = settings.model_copy(update={"storage": daemon.storage})
+    tune_gc()
     try:
         running: RunningMonitor = await daemon.nursery.start(functools.partial(
             serve_monitor, settings, metrics=daemon.metrics))

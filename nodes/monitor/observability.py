@@ -85,8 +85,9 @@ DEFAULT_GRACE_S = 5.0
 def to_loki(record: LogRecord) -> LokiRecord:
     """The Loki form of ``record``: a record of no job is labelled ``job_id=""``
     (Loki drops empty labels: it is then selected by ``service`` alone)."""
-    return LokiRecord(time_ns=record.time_ns, service=record.service, source=record.source,
-                      job_id=record.job_id or "", line=record.text)
+    # Positional: built for every record accepted while Loki is on.
+    return LokiRecord(record.time_ns, record.service, record.source, record.job_id or "",
+                      record.text)
 
 
 def load_persisted(storage: Path) -> Observability | None:
@@ -217,9 +218,7 @@ class ObservabilityHolder:
         current = self._current
         if current is None:
             return
-        offer = current.pusher.offer
-        for record in records:
-            offer(to_loki(record))
+        current.pusher.offer_many(map(to_loki, records))
 
     def statistics(self) -> LokiPusherStatistics:
         """Counters summed over every pusher so far; ``buffered`` the live ones' backlog."""

@@ -15,10 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodes.monitor.loki import (
+    ENTRY_OVERHEAD_BYTES,
     LokiError,
     LokiPusher,
     LokiReader,
     LokiRecord,
+    _entry_bytes,
     encode_push,
     logql_string,
     stream_selector,
@@ -211,6 +213,21 @@ def test_offer_never_blocks_and_drops_the_oldest_beyond_the_bound() -> None:
     stats = pusher.statistics()
     assert (stats.dropped, stats.buffered) == (3, 5)
     assert [r.time_ns for r in pusher._take_batch()] == [3, 4, 5, 6, 7]
+
+
+def test_offer_many_is_offer_in_order_with_the_same_bounds() -> None:
+    one, many = (LokiPusher("http://127.0.0.1:9", max_buffered=5) for _ in range(2))
+    records = [rec(i) for i in range(4)] + [rec(4)._replace(line="é" * 10)] + \
+        [rec(i) for i in range(5, 9)]
+    for record in records:
+        one.offer(record)
+    many.offer_many(iter(records[:2]))
+    many.offer_many(records[2:])
+    assert one.statistics() == many.statistics()  # 4 dropped, 5 buffered
+    assert one._buffered_bytes == many._buffered_bytes
+    assert [r.time_ns for r in many._take_batch()] == [4, 5, 6, 7, 8]
+    # A line's bytes are counted, not its characters.
+    assert _entry_bytes(records[4]) == 20 + ENTRY_OVERHEAD_BYTES
 
 
 async def test_the_newest_records_survive_an_outage_and_go_out_after_it(loki: LokiServer) -> None:

@@ -123,6 +123,33 @@ async def test_a_push_cancelled_in_flight_keeps_its_records(autojump_clock):
         == list(range(25))
 
 
+class _AcceptingClient:
+    """An RPC client whose pushes are all accepted (the records they carried kept)."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytes] = []
+
+    async def call(self, method, params, *, timeout_s=None):
+        from contracts.telemetry import PushResult, decode_batch
+
+        self.batches.append(params.records)
+        return PushResult(accepted=len(decode_batch(params.records)))
+
+
+async def test_a_record_msgpack_cannot_encode_costs_its_batch_not_the_shipper(autojump_clock):
+    from contracts.telemetry import LogRecord
+
+    shipper = LogShipper(batch_records=2)
+    bad = LogRecord(1, None, None, "System", 20, "x", "lone \udcff surrogate")  # not make_record's
+    for record in (rec(0), bad, rec(2), rec(3)):
+        shipper.offer(record)
+    client = _AcceptingClient()
+    with trio.move_on_after(1):
+        await shipper.ship(client)
+    assert shipper.refused == 2 and shipper.sent == 2 and shipper.pending == 0
+    assert len(client.batches) == 1
+
+
 async def test_a_refused_batch_is_dropped_and_counted_not_retried(nursery, autojump_clock):
     service = MonitorService(LogBuffer(), pushers=[DAEMON])
     shipper = LogShipper()

@@ -29,6 +29,25 @@ def test_long_text_is_cut_with_a_marker_never_refused():
     assert decode_batch(encode_batch([r])) == [r]
 
 
+#: Any Python string, lone surrogates included (hypothesis's text() leaves them out).
+any_str = st.lists(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)),
+                   max_size=80).map("".join)
+
+
+@given(any_str, any_str, st.one_of(st.none(), any_str))
+@settings(max_examples=300)
+def test_any_python_string_makes_a_record_that_encodes(text, service, job_id):
+    # Lone surrogates included (a file name decoded with surrogateescape): one
+    # such line must not fail its whole batch.
+    r = make_record(text, service=service, job_id=job_id)
+    assert decode_batch(encode_batch([r])) == [r]
+
+
+def test_a_lone_surrogate_is_escaped_and_ordinary_text_kept():
+    assert make_record("bad \udcff byte", service="x").text == "bad \\udcff byte"
+    assert make_record("été ✓", service="x").text == "été ✓"
+
+
 def test_batches_round_trip():
     records = [make_record(f"line {i}", service="wrk-ork", job_id="j-1", replica=i % 3,
                            source="Application", level=30, time_ns=i) for i in range(500)]
