@@ -495,7 +495,8 @@ MAX_REPORT_AGENTS = 4_096
 MAX_AGENT_VALUES = 32
 
 AgentMetricName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
-AgentMetricValue = Annotated[float, Field(ge=0, le=2.0**63, allow_inf_nan=False)]
+#: Strict: a number on the wire, never a string or a bool pydantic would coerce.
+AgentMetricValue = Annotated[float, Field(ge=0, le=2.0**63, allow_inf_nan=False, strict=True)]
 
 
 class AgentMetrics(_Model):

@@ -82,6 +82,8 @@ async def test_after_a_swap_records_reach_the_new_loki_and_the_old_one_stops(tmp
             await wait_until(lambda: len(new.entries()) == 5, limit_s=10)
             assert lines(old) == ["line 0", "line 1", "line 2"]
             assert lines(new) == [f"line {i}" for i in range(3, 8)]
+            # Loki stored the last push before the pusher read its answer: wait for it.
+            await wait_until(lambda: holder.statistics().pushed == 8, limit_s=10)
             stats = holder.statistics()
             assert (stats.pushed, stats.dropped, stats.buffered) == (8, 0, 0)
             # The history reader follows the swap.
@@ -105,6 +107,7 @@ async def test_buffered_records_are_handed_over_and_the_batch_in_flight_is_cut(t
             await wait_until(lambda: len(new.entries()) == 5, limit_s=10)
             assert lines(new) == [f"line {i}" for i in range(1, 6)]
             await wait_until(lambda: not holder._retiring, limit_s=10)
+            await wait_until(lambda: holder.statistics().pushed == 5, limit_s=10)
             pushes = len(old.pushes)
             stats = holder.statistics()
             assert (stats.pushed, stats.dropped, stats.buffered) == (5, 1, 0)
