@@ -51,7 +51,7 @@ from contracts.telemetry import (
     make_record,
     split_batches,
 )
-from p2p.rpc import Method, RpcClient, RpcError
+from p2p.rpc import Method, RpcClient, RpcError, keep_client_channel
 
 __all__ = ["CHANNEL_ID", "LogShipper", "ShipperHandler"]
 
@@ -212,22 +212,8 @@ class LogShipper:
                              **extra)
 
     async def _on_connection(self, connection) -> None:
-        while True:
-            try:
-                channel = await connection.open_channel(PROTOCOL, CHANNEL_ID)
-            except Exception as exc:  # refused (no such service yet) or the connection went
-                log.info("shipper.open_failed reason=%s", exc)
-            else:
-                client = RpcClient(channel, name="log-shipper")
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(client.run)
-                    try:
-                        await self.ship(client)
-                    finally:
-                        nursery.cancel_scope.cancel()
-                        with trio.CancelScope(shield=True):
-                            await client.aclose()
-            await trio.sleep(self.retry_s)
+        await keep_client_channel(connection, PROTOCOL, self.ship, channel_id=CHANNEL_ID,
+                                  name="log_shipper", retry_s=self.retry_s)
 
 
 class ShipperHandler(logging.Handler):

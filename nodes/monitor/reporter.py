@@ -24,7 +24,7 @@ import trio
 from pydantic import BaseModel
 
 from contracts.telemetry import PROTOCOL
-from p2p.rpc import Method, RpcChannelClosed, RpcClient, RpcError
+from p2p.rpc import Method, RpcChannelClosed, RpcClient, RpcError, keep_client_channel
 from p2p.swarm import UpkeepPolicy, stay_connected
 
 __all__ = ["DEFAULT_INTERVAL_S", "PeriodicReporter"]
@@ -96,22 +96,9 @@ class PeriodicReporter:
         """Keep a connection to wrk-monitor (key ``monitor``; ``addresses`` tried
         before the DHT) and report over it until cancelled."""
         async def on_connection(connection) -> None:
-            while True:
-                try:
-                    channel = await connection.open_channel(PROTOCOL, self.channel_id)
-                except Exception as exc:  # no such service (yet), or the connection went
-                    log.info("%s.open_failed reason=%s", self.name, exc)
-                else:
-                    client = RpcClient(channel, name=self.name.replace("_", "-"))
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(client.run)
-                        try:
-                            await self.report(client)
-                        finally:
-                            nursery.cancel_scope.cancel()
-                            with trio.CancelScope(shield=True):
-                                await client.aclose()
-                await trio.sleep(retry_s)
+            await keep_client_channel(connection, PROTOCOL, self.report,
+                                      channel_id=self.channel_id, name=self.name,
+                                      retry_s=retry_s)
 
         extra = {} if backoff is None else {"backoff": backoff}
         await stay_connected(swarm, monitor, addresses=tuple(addresses) or None,

@@ -4,6 +4,7 @@ cancellation and server-streamed responses (a hyperswarm-rpc/HRPC analogue).
 See ``README.md`` in this folder for the wire format.
 """
 
+from p2p.rpc._channels import keep_client_channel
 from p2p.rpc._client import ClientStatistics, ItemStream, RpcClient
 from p2p.rpc._config import RpcConfig
 from p2p.rpc._core import ProtocolViolation, RpcClientCore, RpcServerCore
@@ -44,5 +45,6 @@ __all__ = [
     "RpcUsageError",
     "ServerStatistics",
     "StreamMethod",
+    "keep_client_channel",
     "serve_rpc",
 ]
