@@ -62,6 +62,8 @@ async def test_an_agents_own_logging_reaches_the_worker_as_its_system_records(nu
             await nursery.start(agent.run)
             logger.info("after hello")
             await wait_until(lambda: len(collected.records) >= 2, limit_s=10)
+            # The worker holds the records before the agent reads its acknowledgement.
+            await wait_until(lambda: shipper.sent >= 2, limit_s=10)
         finally:
             logger.removeHandler(handler)
         assert collected.texts() == ["disk vda is slow", "after hello"]
