@@ -12,10 +12,13 @@ deque, whose ``append``/``popleft`` are atomic in CPython, and the counter
 (an increment that two threads may race on: ``dropped`` is approximate under
 that, never low by more than the racing threads).
 
-Because ``offer`` cannot wake a trio task from another thread, the shipping
-task polls: it sends as soon as a full batch waits and otherwise every
+The shipping task sleeps while the deque is empty and costs nothing then (a
+proxy that logs nothing per request pays no timer): the first ``offer`` after
+it went idle wakes it, directly from the trio thread or through the run's
+``TrioToken`` from any other, once per idle spell (a flag read per offer, no
+call). Awake, it sends as soon as a full batch waits and otherwise after
 ``flush_interval_s`` (20 ms by default, well inside the 100 ms delivery
-target, and about 50 cheap wake-ups a second when idle). One push is in flight
+target) to gather a batch. One push is in flight
 at a time (records stay in order); a batch not acknowledged (the connection
 went, the call timed out, the monitor was busy) goes back to the front of the
 deque, still bounded, and is sent again on the next connection; a refused batch
@@ -35,6 +38,7 @@ records into System records (``job_id`` and ``replica`` from the log call's
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -108,6 +112,12 @@ class LogShipper:
         self.sent = 0
         #: A push is acknowledged on the current connection (for health).
         self.connected = False
+        #: Set while the shipping task waits for a first record (see the module doc).
+        self._idle = False
+        self._wakeup = trio.Event()
+        self._wake_sent = False
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._trio_thread = 0
 
     @property
     def pending(self) -> int:
@@ -120,6 +130,8 @@ class LogShipper:
         if len(queue) >= self.max_records:
             self.dropped += 1  # the deque's maxlen drops the oldest on append
         queue.append(record)
+        if self._idle:
+            self._wake()
 
     def offer_many(self, records: Iterable[LogRecord]) -> None:
         """Queue ``records`` in order, as :meth:`offer` each would: never blocks,
@@ -131,6 +143,38 @@ class LogShipper:
         if over > 0:
             self.dropped += over
         queue.extend(records)  # the deque's maxlen drops the oldest
+        if self._idle and records:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the idle shipping task, once per idle spell, from any thread."""
+        if self._wake_sent:
+            return
+        self._wake_sent = True
+        if threading.get_ident() == self._trio_thread:
+            self._wakeup.set()
+            return
+        token = self._token
+        if token is not None:
+            try:
+                token.run_sync_soon(self._wakeup.set)
+            except trio.RunFinishedError:  # the shipper's run has ended: nobody to wake
+                pass
+
+    async def _wait_for_records(self) -> None:
+        """Return once the deque holds a record; no timer runs meanwhile."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
+        self._wakeup = trio.Event()
+        self._wake_sent = False
+        # The flag goes up before the deque is looked at: an offer that comes
+        # after this look sees it and wakes us; one before it is seen here.
+        self._idle = True
+        try:
+            if not self._queue:
+                await self._wakeup.wait()
+        finally:
+            self._idle = False
 
     def _take(self) -> list[LogRecord]:
         queue = self._queue
@@ -156,10 +200,10 @@ class LogShipper:
         acknowledged stays queued. Returns (never raises an ``RpcError``)."""
         try:
             while True:
+                if not self._queue:
+                    await self._wait_for_records()
                 if len(self._queue) < self.batch_records:
-                    await trio.sleep(self.flush_interval_s)
-                    if not self._queue:
-                        continue
+                    await trio.sleep(self.flush_interval_s)  # let a batch gather
                 batch = self._take()
                 done = 0
                 try:

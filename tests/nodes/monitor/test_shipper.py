@@ -150,6 +150,26 @@ async def test_a_record_msgpack_cannot_encode_costs_its_batch_not_the_shipper(au
     assert len(client.batches) == 1
 
 
+async def test_an_idle_shipper_runs_no_timer_and_a_record_from_any_thread_wakes_it(nursery):
+    # Real clock: the wake from another thread goes through the run's TrioToken.
+    shipper = LogShipper(flush_interval_s=0.01)
+    client = _AcceptingClient()
+    nursery.start_soon(shipper.ship, client)
+    await until(lambda: shipper._idle, 0.001)  # bounded by its step count
+    await trio.testing.wait_all_tasks_blocked()
+    # Nothing queued: the shipper waits with no deadline at all in the run.
+    assert trio.lowlevel.current_statistics().seconds_to_next_deadline == float("inf")
+    with trio.fail_after(30):
+        await trio.to_thread.run_sync(shipper.offer, rec(0))
+        await until(lambda: shipper.sent == 1, 0.001)
+        shipper.offer(rec(1))  # from the trio thread
+        await until(lambda: shipper.sent == 2, 0.001)
+        await trio.to_thread.run_sync(shipper.offer_many, [rec(2), rec(3)])
+        await until(lambda: shipper.sent == 4, 0.001)
+    assert shipper.pending == 0 and len(client.batches) == 3
+    nursery.cancel_scope.cancel()
+
+
 async def test_a_refused_batch_is_dropped_and_counted_not_retried(nursery, autojump_clock):
     service = MonitorService(LogBuffer(), pushers=[DAEMON])
     shipper = LogShipper()
