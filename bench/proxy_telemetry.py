@@ -321,9 +321,9 @@ def measure(legs: dict[str, Leg], args: argparse.Namespace) -> tuple[Samples, di
                 if name == "off":
                     run(legs[name], scenario, args, samples)
                     continue
-                before = scrape(legs["on"].metrics_port)["telemetry_records_sent_total"]
+                before = scrape(legs["on"].metrics_port).get("telemetry_records_sent_total", 0)
                 run(legs[name], scenario, args, samples)
-                after = scrape(legs["on"].metrics_port)["telemetry_records_sent_total"]
+                after = scrape(legs["on"].metrics_port).get("telemetry_records_sent_total", 0)
                 shipped[scenario] += after - before
             for metric, ratio in ((f"rps_{scenario}", f"rps_ratio_{scenario}"),
                                   (f"cpu_ms_per_req_{scenario}", f"cpu_ms_ratio_{scenario}")):
@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--warm-up", type=float, default=2.0, metavar="SECONDS")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--control", action="store_true",
+                        help="an A/A run: the 'on' leg without telemetry too, so the "
+                             "ratios show what the machine and the process alone give")
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS),
                         choices=list(SCENARIOS))
     args = parser.parse_args(argv)
@@ -402,9 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         monitor_key, monitor_port, monitor_http = stack.enter_context(
             start_monitor(workdir, [keys["on"]]))
         legs = {"off": stack.enter_context(start_proxy(workdir, "off", world, None)),
-                "on": stack.enter_context(start_proxy(workdir, "on", world, {
-                    "monitor": monitor_key,
-                    "monitor_addresses": [f"{HOST}:{monitor_port}"]}))}
+                "on": stack.enter_context(start_proxy(workdir, "on", world, None if args.control
+                                                      else {"monitor": monitor_key,
+                                                            "monitor_addresses": [
+                                                                f"{HOST}:{monitor_port}"]}))}
         if args.warm_up > 0:
             for leg in legs.values():
                 for scenario in args.scenarios:
