@@ -43,7 +43,10 @@ another job's logs) and its ``service`` with :func:`agent_service` of the
 VMI's job type, keeps ``time_ns``, ``source`` (System or Application),
 ``level`` and ``text``, and forwards the records with its own log shipper. A
 batch that does not decode is refused whole with ``BAD_BATCH``; the worker
-whose telemetry is off accepts and discards. ``agent.logs`` is not a report:
+whose telemetry is off accepts and discards. The worker limits each agent's
+records (a token bucket per VMI): over budget, it keeps a batch's first
+``accepted`` records and drops the rest, and still answers (not an error: the
+agent neither re-sends nor stops). ``agent.logs`` is not a report:
 it neither feeds nor ends an agent's silence (heartbeats do).
 
 ``agent.heartbeat`` may carry the agent's own figures (issue 14): at most

@@ -35,9 +35,15 @@ worker's log shipper's ``offer_many``: synchronous, never blocks). Without
 ``on_logs`` (the worker's telemetry is off) batches are checked, answered and
 discarded. A log batch is not a report: it does not move the silence deadline,
 so an agent whose reports stopped is silent even while its logs still arrive.
-Falls short: an introduced agent may flood its worker's shipper, whose bound
-then drops the oldest records, the worker's own among them; there is no
-per-agent rate limit.
+Each agent's records are limited (:mod:`.log_limit`): a token bucket per VMI
+(``agents.log_rate_per_s``, ``agents.log_burst``), so a chatty agent cannot push
+the worker's own System records and the other agents' out of the shipper's
+drop-oldest queue. Records over the budget are dropped here (the first ones of a
+cut batch are kept), counted per job and said in one warning line per agent a
+minute at most; the call is still answered (``accepted`` = the records kept),
+never refused, so the agent's session goes on. A new hello from the same VMI
+keeps its bucket (a restarting agent gets no fresh burst); forgetting the VMI
+drops it.
 
 Metrics (issue 14): a heartbeat may carry the agent's figures
 (``Heartbeat.metrics``, bounded by the contract). The table keeps the latest
@@ -92,6 +98,7 @@ from p2p.keys import format_key
 from p2p.rpc import CallContext, Router, RpcError
 
 from .backend import VmiSpec
+from .log_limit import DEFAULT_LOG_LIMIT, LogLimit, LogLimiter
 
 __all__ = [
     "AgentEvent",
@@ -101,6 +108,7 @@ __all__ = [
     "AgentState",
     "AgentTable",
     "OnLogs",
+    "TakenLogs",
 ]
 
 log = logging.getLogger(__name__)
@@ -156,6 +164,21 @@ class AgentState:
     last_report_at: float | None
 
 
+@dataclass(frozen=True)
+class TakenLogs:
+    """One ``agent.logs`` batch after the agent's budget (:meth:`AgentTable.take_logs`)."""
+
+    vmi_name: str
+    job_id: str
+    replica: int
+    #: The records kept (the batch's first ones), re-stamped.
+    records: list[LogRecord]
+    #: Records of the batch dropped by the budget.
+    dropped: int = 0
+    #: A warning line to log now (at most one per agent a minute), or None.
+    warning: str | None = None
+
+
 class AgentRefused(Exception):
     """A report was refused; ``code`` is a :class:`ReportCode` (crosses the wire)."""
 
@@ -204,10 +227,12 @@ class AgentTable:
             ``silent_heartbeats`` times the VMI's ``heartbeat_interval_s``.
         silent_heartbeats: heartbeats missed before silence, when
             ``silent_after_s`` is None.
+        log_limit: each agent's log budget for :meth:`take_logs`; None: unlimited.
     """
 
     def __init__(self, *, silent_after_s: float | None = None,
-                 silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS) -> None:
+                 silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS,
+                 log_limit: LogLimit | None = None) -> None:
         if silent_after_s is not None and not silent_after_s > 0:
             raise ValueError("silent_after_s must be positive")
         if silent_heartbeats < 1:
@@ -217,6 +242,8 @@ class AgentTable:
         self._entries: dict[str, _Entry] = {}
         self._by_slot: dict[tuple[str, int, int], _Entry] = {}
         self._by_key: dict[bytes, _Entry] = {}
+        #: The agents' log buckets and drop counts; None: no limit.
+        self.log_limiter = LogLimiter(log_limit) if log_limit is not None else None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -253,6 +280,8 @@ class AgentTable:
         self._by_slot.pop(entry.slot, None)
         if entry.key is not None and self._by_key.get(entry.key) is entry:
             del self._by_key[entry.key]
+        if self.log_limiter is not None:
+            self.log_limiter.forget(name)
 
     def state(self, name: str) -> AgentState | None:
         entry = self._entries.get(name)
@@ -342,10 +371,33 @@ class AgentTable:
                 first: a stranger's batch is not worth decoding); ``BAD_BATCH``
                 if ``batch`` is not valid records (never another exception).
         """
+        return self._stamped(self._logging(key), batch)
+
+    def take_logs(self, key: bytes, batch: bytes, now: float) -> TakenLogs:
+        """:meth:`logs`, then the agent's budget at ``now``: the batch's first
+        records within it are kept, the rest dropped and counted (see
+        :mod:`.log_limit`). Without a ``log_limit`` every record is kept.
+
+        Raises:
+            AgentRefused: as :meth:`logs` (a refused batch spends no budget).
+        """
+        entry = self._logging(key)
+        records = self._stamped(entry, batch)
+        if self.log_limiter is None or not records:
+            return TakenLogs(entry.name, entry.job_id, entry.replica, records)
+        admission = self.log_limiter.admit(entry.name, entry.job_id, len(records), now)
+        return TakenLogs(entry.name, entry.job_id, entry.replica, records[:admission.kept],
+                         admission.dropped, admission.warning)
+
+    def _logging(self, key: bytes) -> _Entry:
         entry = self._by_key.get(key)
         if entry is None:
             raise AgentRefused(ReportCode.NOT_INTRODUCED,
                                "say hello first: this key is bound to no VMI")
+        return entry
+
+    @staticmethod
+    def _stamped(entry: _Entry, batch: bytes) -> list[LogRecord]:
         try:
             records = decode_batch(batch)
         except BadBatch as exc:
@@ -404,6 +456,8 @@ class AgentRegistry:
         silent_heartbeats: see :class:`AgentTable`.
         on_logs: where the agents' re-stamped log records go (see the module
             doc); None: telemetry is off, batches are checked and discarded.
+        log_limit: each agent's log budget (:mod:`.log_limit`; the defaults
+            unless given); None: unlimited.
 
     Add :attr:`service` to the worker's swarm, start :meth:`run` in a nursery,
     and call :meth:`expect` for each VMI before (or as) it is created::
@@ -416,12 +470,14 @@ class AgentRegistry:
     def __init__(self, events: trio.MemorySendChannel[AgentEvent], *,
                  silent_after_s: float | None = None,
                  silent_heartbeats: int = DEFAULT_SILENT_HEARTBEATS,
-                 on_logs: OnLogs | None = None) -> None:
+                 on_logs: OnLogs | None = None,
+                 log_limit: LogLimit | None = DEFAULT_LOG_LIMIT) -> None:
         self.table = AgentTable(silent_after_s=silent_after_s,
-                                silent_heartbeats=silent_heartbeats)
+                                silent_heartbeats=silent_heartbeats, log_limit=log_limit)
         self._events = events
         self.on_logs = on_logs
-        #: Log records taken from agents (handed to ``on_logs`` or discarded).
+        #: Log records taken from agents within their budget (handed to
+        #: ``on_logs`` or discarded); those over it: :attr:`limited_log_records`.
         self.log_records = 0
         #: ``agent.logs`` batches refused with ``BAD_BATCH``.
         self.bad_log_batches = 0
@@ -448,6 +504,12 @@ class AgentRegistry:
     def state(self, name: str) -> AgentState | None:
         """What is known of VMI ``name``'s agent now, or None if not expected."""
         return self.table.state(name)
+
+    @property
+    def limited_log_records(self) -> dict[str, int]:
+        """Agents' log records dropped by their budget, per job id (a copy)."""
+        limiter = self.table.log_limiter
+        return {} if limiter is None else limiter.dropped_by_job
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Report agents that fall silent; until cancelled.
@@ -529,14 +591,24 @@ class AgentRegistry:
     async def _logs(self, params: PushBatch, ctx: CallContext) -> PushResult:
         key = self._caller(ctx)
         try:
-            stamped = self.table.logs(key, params.records)
+            taken = self.table.take_logs(key, params.records, trio.current_time())
         except AgentRefused as exc:
             if exc.code is ReportCode.BAD_BATCH:
                 self.bad_log_batches += 1
             log.info("agent.refused method=logs key=%s code=%s reason=%s",
                      format_key(key)[:12], exc.code, exc.message)
             raise RpcError(exc.code, exc.message) from None
+        if taken.warning is not None:
+            # The worker's own record, under the job: the job's owner learns that
+            # lines are missing and why. It is offered to the shipper directly
+            # (its logging handler), never through an agent's budget.
+            log.warning("agent logs cut on %s: %s | system job=%s replica=%d",
+                        taken.vmi_name, taken.warning, taken.job_id, taken.replica,
+                        extra={"job_id": taken.job_id, "replica": taken.replica})
+        stamped = taken.records
         self.log_records += len(stamped)
         if self.on_logs is not None and stamped:
             self.on_logs(stamped)
+        # Fewer than sent when the budget cut the batch: the first ``accepted``
+        # were kept. Not an error, so the agent neither re-sends nor stops.
         return PushResult(accepted=len(stamped))

@@ -73,7 +73,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     queues = QueueService()
     queues.attach(queue)
     agent_send, agent_events = trio.open_memory_channel[AgentEvent](1024)
-    registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s)
+    registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s,
+                             log_limit=settings.agents.log_limit())
     backend = backend or make_backend(settings, storage)
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
@@ -141,8 +142,11 @@ def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> S
         "worker_bad_operations": Family("Queue entries that were no operation (skipped)",
                                         worker.bad_operations, counter=True),
         "worker_agents": Family("Agents expected (one per VMI)", len(registry.table)),
-        "worker_agent_log_records": Family("Log records received from agents",
-                                           registry.log_records, counter=True),
+        "worker_agent_log_records": Family("Log records taken from agents (within their "
+                                           "rate limit)", registry.log_records, counter=True),
+        "worker_agent_log_records_limited": Family(
+            "Agents' log records dropped by the per-agent rate limit, by job",
+            registry.limited_log_records, "job", counter=True),
         "worker_agent_bad_log_batches": Family("Agents' log batches refused as malformed",
                                                registry.bad_log_batches, counter=True),
         "worker_queue_unacked": Family("Reports wrk-ork has not applied yet", queued.pending),

@@ -25,6 +25,7 @@ from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyLi
 
 from .kubevirt.settings import KubevirtSettings
 from .local import LocalClusterSettings
+from .log_limit import DEFAULT_LOG_BURST, DEFAULT_LOG_RATE_PER_S, LogLimit
 
 __all__ = ["AgentsSettings", "InterconnectSettings", "WorkerSettings"]
 
@@ -58,6 +59,20 @@ class AgentsSettings(BaseModel):
     #: Addresses (``host:port``) agents dial before asking the DHT; empty:
     #: the worker's listening address on the local backend, none on kubevirt.
     worker_addresses: AddressList = ()
+    #: Log records a second each agent may send through ``agent.logs`` on
+    #: average; beyond it and ``log_burst`` they are dropped at the worker and
+    #: counted (``worker_agent_log_records_limited_total{job}``), so one chatty
+    #: model server cannot push the worker's own System records and the other
+    #: agents' out of its shipper's queue. 200/s: a replica answering ~100
+    #: requests a second with a line or two each (see ``log_limit.py``).
+    log_rate_per_s: float = Field(default=DEFAULT_LOG_RATE_PER_S, gt=0, le=1_000_000)
+    #: Records an agent may send at once after a quiet spell: a start-up or a
+    #: traceback, and one whole ``agent.logs`` batch (at most 1,000 records).
+    log_burst: int = Field(default=DEFAULT_LOG_BURST, ge=1, le=10_000_000)
+
+    def log_limit(self) -> LogLimit:
+        """The budget of each agent's log records (:mod:`.log_limit`)."""
+        return LogLimit(rate=self.log_rate_per_s, burst=self.log_burst)
 
 
 class WorkerSettings(DaemonSettings):
