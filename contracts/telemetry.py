@@ -230,7 +230,9 @@ class PushBatch(_Model):
 
 
 class PushResult(_Model):
-    #: Records taken (all of them: a batch is taken whole or refused whole).
+    #: Records taken: wrk-monitor takes a batch whole or refuses it whole; a worker
+    #: answering ``agent.logs`` keeps the first ``accepted`` within the agent's log
+    #: budget and drops the rest, counted (not an error: nothing is re-sent).
     accepted: int
 
 
