@@ -112,7 +112,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 except WriteRefused as exc:
                     raise DaemonError(f"cannot admit {writer.hex()[:16]} as a writer of the "
                                       f"shared database: {exc}") from None
-            if settings.monitor is None and settings.observability.to_send() is not None:
+            if settings.monitor is None and settings.observability.configured:
                 log.warning("app_node.observability_unused: observability is set but monitor "
                             "is not; no wrk-monitor gets the Loki and Prometheus URLs")
             ork, events = None, None
