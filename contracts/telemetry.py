@@ -8,6 +8,7 @@ Every daemon and job agent ships its log records to wrk-monitor
     metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
     observability.set Observability(loki_url?, loki_tenant?, prometheus_url?) -> ObservabilityState
     observability.get ObservabilityQuery()                    -> ObservabilityState
+    observability.clear ObservabilityClear()                  -> ObservabilityState
 
 (``metrics.push``: see "Metrics from proxy-inference" below; ``observability.*``:
 "Where wrk-monitor sends logs and metrics" at the end.)
@@ -467,9 +468,10 @@ class ObservabilityState(_Model):
     loki_url: str | None = None
     loki_tenant: str | None = None
     prometheus_url: str | None = None
-    #: Where it came from: ``settings`` (wrk-monitor's own ``loki``), ``app-node``
-    #: (an ``observability.set``), ``file`` (what app-node last sent, read back
-    #: at start from ``<storage>/observability.json``), or ``none``.
+    #: Where it came from: ``settings`` (wrk-monitor's own ``loki``: at start
+    #: without a file, or after an ``observability.clear``), ``app-node`` (an
+    #: ``observability.set``), ``file`` (what app-node last sent, read back at
+    #: start from ``<storage>/observability.json``), or ``none``.
     origin: Literal["settings", "app-node", "file", "none"]
     #: What app-node sent is on disk (a restart keeps it); False after a failed write.
     persisted: bool = False
