@@ -8,6 +8,7 @@ Every daemon and job agent ships its log records to wrk-monitor
     metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
     observability.set Observability(loki_url?, loki_tenant?, prometheus_url?) -> ObservabilityState
     observability.get ObservabilityQuery()                    -> ObservabilityState
+    observability.clear ObservabilityClear()                  -> ObservabilityState
 
 (``metrics.push``: see "Metrics from proxy-inference" below; ``observability.*``:
 "Where wrk-monitor sends logs and metrics" at the end.)
@@ -371,9 +372,17 @@ __all__ += ["LATENCY_BOUNDS_MS", "LATENCY_BUCKETS", "MAX_REPORT_JOBS", "MAX_STAT
 #                        -> ObservabilityState(loki, loki_url?, loki_tenant?,
 #                                              prometheus_url?, origin, persisted)
 #     observability.get  ObservabilityQuery() -> ObservabilityState
+#     observability.clear  ObservabilityClear() -> ObservabilityState
 #
 # ``set`` replaces all three at once: a None clears that one (no Loki: live
-# logs and wrk-monitor's buffer only). A URL may carry credentials
+# logs and wrk-monitor's buffer only). ``clear`` (app-node sends it on each
+# connection when none of its ``observability`` settings is set) forgets what
+# app-node sent: wrk-monitor goes back to its own ``loki`` settings, else no
+# Loki, and deletes what it persisted. A method of its own, not a field of
+# ``set``: every model here forbids unknown fields, so an older wrk-monitor
+# would refuse every ``set`` carrying one; it answers ``UNKNOWN_METHOD`` to
+# ``clear`` instead, which costs app-node nothing but the clear (logged, with
+# the workaround: delete its ``observability.json``). A URL may carry credentials
 # (``https://user:token@loki.example``, sent as HTTP basic auth); what comes
 # back, what is logged and what ``service.status`` shows has them stripped
 # (:func:`redact_url`).
@@ -449,6 +458,10 @@ class ObservabilityQuery(_Model):
     """``observability.get`` takes nothing."""
 
 
+class ObservabilityClear(_Model):
+    """``observability.clear`` takes nothing (a model so a later version may add some)."""
+
+
 class ObservabilityState(_Model):
     """What is in force on wrk-monitor (URLs without credentials)."""
 
@@ -457,9 +470,10 @@ class ObservabilityState(_Model):
     loki_url: str | None = None
     loki_tenant: str | None = None
     prometheus_url: str | None = None
-    #: Where it came from: ``settings`` (wrk-monitor's own ``loki``), ``app-node``
-    #: (an ``observability.set``), ``file`` (what app-node last sent, read back
-    #: at start from ``<storage>/observability.json``), or ``none``.
+    #: Where it came from: ``settings`` (wrk-monitor's own ``loki``: at start
+    #: without a file, or after an ``observability.clear``), ``app-node`` (an
+    #: ``observability.set``), ``file`` (what app-node last sent, read back at
+    #: start from ``<storage>/observability.json``), or ``none``.
     origin: Literal["settings", "app-node", "file", "none"]
     #: What app-node sent is on disk (a restart keeps it); False after a failed write.
     persisted: bool = False
@@ -468,10 +482,12 @@ class ObservabilityState(_Model):
 OBSERVABILITY_SET = Method("observability.set", params=Observability, result=ObservabilityState)
 OBSERVABILITY_GET = Method("observability.get", params=ObservabilityQuery,
                            result=ObservabilityState)
+OBSERVABILITY_CLEAR = Method("observability.clear", params=ObservabilityClear,
+                             result=ObservabilityState)
 
-__all__ += ["MAX_TENANT_CHARS", "MAX_URL_CHARS", "OBSERVABILITY_GET", "OBSERVABILITY_SET",
-            "TENANT_PATTERN", "Observability", "ObservabilityQuery", "ObservabilityState",
-            "check_base_url", "redact_url"]
+__all__ += ["MAX_TENANT_CHARS", "MAX_URL_CHARS", "OBSERVABILITY_CLEAR", "OBSERVABILITY_GET",
+            "OBSERVABILITY_SET", "TENANT_PATTERN", "Observability", "ObservabilityClear",
+            "ObservabilityQuery", "ObservabilityState", "check_base_url", "redact_url"]
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,8 @@ One swarm, one identity (``<storage>/identity``):
 - :class:`~nodes.monitor.client.MonitorClient` to wrk-monitor
   (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs, and
   telling wrk-monitor the operator's Loki and Prometheus (``observability``)
-  each time it connects; and
+  each time it connects, or to forget the ones it sent before when none is
+  set; and
   app-node's own log records shipped to the same wrk-monitor
   (:mod:`nodes.telemetry`, unless ``telemetry.ship`` is false);
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
@@ -112,7 +113,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 except WriteRefused as exc:
                     raise DaemonError(f"cannot admit {writer.hex()[:16]} as a writer of the "
                                       f"shared database: {exc}") from None
-            if settings.monitor is None and settings.observability.to_send() is not None:
+            if settings.monitor is None and settings.observability.configured:
                 log.warning("app_node.observability_unused: observability is set but monitor "
                             "is not; no wrk-monitor gets the Loki and Prometheus URLs")
             ork, events = None, None

@@ -58,17 +58,30 @@ class ObservabilitySettings(Observability):
 
     ``COSMICAC_APP_NODE__OBSERVABILITY__LOKI_URL``, ``…__LOKI_TENANT``,
     ``…__PROMETHEUS_URL``. A URL may hold ``user:password@`` (sent to Loki as
-    basic auth; never logged). All unset: app-node sends nothing, and
-    wrk-monitor keeps its own ``loki`` settings (or what app-node sent last).
+    basic auth; never logged). Some set: wrk-monitor uses them
+    (``observability.set``), over its own ``loki`` settings. All unset:
+    app-node clears what it sent before (``observability.clear``), and
+    wrk-monitor goes back to its own ``loki`` settings, else no Loki. To stop
+    wrk-monitor pushing to a Loki app-node gave it, remove
+    ``observability.loki_url`` (or the whole ``observability`` section) and
+    restart app-node; to keep a Prometheus but drop Loki, leave only
+    ``prometheus_url`` (a ``set`` without Loki: no Loki at all, whatever
+    wrk-monitor's settings say). A wrk-monitor older than ``observability.clear``
+    keeps the old value: delete its ``<storage>/observability.json``.
     """
 
     model_config = {"extra": "forbid", "frozen": True}
 
-    def to_send(self) -> Observability | None:
-        """What to send to wrk-monitor, or None when nothing is configured."""
-        value = Observability(loki_url=self.loki_url, loki_tenant=self.loki_tenant,
-                              prometheus_url=self.prometheus_url)
-        return None if value == Observability() else value
+    def to_send(self) -> Observability:
+        """What to send to wrk-monitor on each connection: empty (all None) when
+        nothing is configured, which makes app-node's client clear it."""
+        return Observability(loki_url=self.loki_url, loki_tenant=self.loki_tenant,
+                             prometheus_url=self.prometheus_url)
+
+    @property
+    def configured(self) -> bool:
+        """Some URL is set (app-node then replaces wrk-monitor's own settings)."""
+        return self.to_send() != Observability()
 
 
 class AppNodeSettings(DaemonSettings):
@@ -104,7 +117,8 @@ class AppNodeSettings(DaemonSettings):
     #: How app-node's records are shipped to ``monitor``
     #: (``COSMICAC_APP_NODE__TELEMETRY__SHIP=false``: not at all).
     telemetry: AppTelemetrySettings = AppTelemetrySettings()
-    #: Loki and Prometheus, sent to ``monitor`` on each connection (ignored without it).
+    #: Loki and Prometheus, sent to ``monitor`` on each connection (ignored without it);
+    #: all unset: app-node clears what it sent before (see ObservabilitySettings).
     observability: ObservabilitySettings = ObservabilitySettings()
     #: Writers admitted to the shared database at start (proxy-inference's key;
     #: ``cosmicac autobase-connect`` admits more later).
@@ -115,8 +129,9 @@ class AppNodeSettings(DaemonSettings):
     limits: Limits = Limits()
     email: EmailSettings = EmailSettings()
     #: The control plane's health history (``/api/health``, ``cosmicac status``):
-    #: ``health.interval_s`` (15), ``timeout_s`` (5), ``retention_s`` (86400), kept
-    #: in Redis at ``redis_url`` when set, else ``<storage>/health.sqlite``.
+    #: ``health.interval_s`` (15), ``timeout_s`` (5), ``retention_s`` (86400),
+    #: ``proxy_fresh_s`` (15), ``proxy_forget_s`` (3600), kept in Redis at
+    #: ``redis_url`` when set, else ``<storage>/health.sqlite``.
     health: HealthSettings = HealthSettings()
     #: The URL users reach (the entry point), for links in emails.
     public_url: str = "http://127.0.0.1:5173"

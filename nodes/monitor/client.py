@@ -13,9 +13,14 @@ connection, and a mux keeps one channel per (protocol, id).
 Given ``observability`` (app-node's Loki and Prometheus URLs), it sends them
 (``observability.set``) each time the connection comes up: at start, and again
 after wrk-monitor restarts or the link drops, so wrk-monitor always holds
-app-node's value. The first success is logged at INFO, repeats of the same
-value at DEBUG; a failure (``FORBIDDEN``: app-node's key not among the
-followers) is logged and tried again on the next connection, never fatal.
+app-node's value. Given an empty one (app-node has none configured), it sends
+``observability.clear`` instead, so what app-node sent before is forgotten and
+wrk-monitor's own ``loki`` settings rule again; None (another daemon's client)
+sends nothing. The first success is logged at INFO, repeats of the same value
+at DEBUG; a failure (``FORBIDDEN``: app-node's key not among the followers) is
+logged and tried again on the next connection, never fatal. A wrk-monitor older
+than ``observability.clear`` answers ``UNKNOWN_METHOD``: logged with the
+workaround (delete its ``observability.json``), the connection serves on.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from typing import Any
 
 import trio
 
-from contracts.telemetry import OBSERVABILITY_SET, PROTOCOL, Observability, ObservabilityState
+from contracts.telemetry import (
+    OBSERVABILITY_CLEAR,
+    OBSERVABILITY_SET,
+    PROTOCOL,
+    Observability,
+    ObservabilityClear,
+    ObservabilityState,
+)
 from nodes.peer_client import PeerClient
 from p2p.rpc import RpcClient, RpcError
 
@@ -65,7 +77,8 @@ class MonitorClient(PeerClient):
     def __init__(self, *args: Any, observability: Observability | None = None,
                  **kw: Any) -> None:
         super().__init__(*args, **kw)
-        #: What is sent on each connection (None: nothing; wrk-monitor's own settings rule).
+        #: What is sent on each connection: ``set`` it, or ``clear`` when it is
+        #: empty (all None); None: nothing is sent.
         self.observability = observability
         #: wrk-monitor's answer to the latest send (None before the first success).
         self.observability_state: ObservabilityState | None = None
@@ -76,19 +89,34 @@ class MonitorClient(PeerClient):
         value = self.observability
         if value is None:
             return
+        clear = value == Observability()
         try:
-            state = await client.call(OBSERVABILITY_SET, value, timeout_s=self.timeout_s)
+            if clear:
+                state = await client.call(OBSERVABILITY_CLEAR, ObservabilityClear(),
+                                          timeout_s=self.timeout_s)
+            else:
+                state = await client.call(OBSERVABILITY_SET, value, timeout_s=self.timeout_s)
         except RpcError as exc:
+            if clear and exc.code == "UNKNOWN_METHOD":
+                log.warning("monitor_client.observability_not_cleared (wrk-monitor is older "
+                            "than observability.clear: it keeps what app-node sent before, "
+                            "if anything; delete its <storage>/observability.json and "
+                            "restart it, or upgrade it)")
+                return
             log.warning("monitor_client.observability_refused code=%s message=%s (tried "
                         "again on the next connection; check %s)", exc.code, exc.message,
                         self.hint)
             return
         self.observability_state = state
-        shown = value.redacted()
         level = logging.DEBUG if self._sent == value else logging.INFO
-        log.log(level, "monitor_client.observability_sent loki=%s tenant=%s prometheus=%s",
-                shown.loki_url or "off", shown.loki_tenant or "-",
-                shown.prometheus_url or "off")
+        if clear:
+            log.log(level, "monitor_client.observability_cleared loki=%s from=%s",
+                    state.loki_url or "off", state.origin)
+        else:
+            shown = value.redacted()
+            log.log(level, "monitor_client.observability_sent loki=%s tenant=%s prometheus=%s",
+                    shown.loki_url or "off", shown.loki_tenant or "-",
+                    shown.prometheus_url or "off")
         self._sent = value
 
     @property

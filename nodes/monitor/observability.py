@@ -21,6 +21,16 @@ first (atomically: a temporary file, fsync, rename, mode 0600 since a URL may
 hold a password); a failed write is logged, the new value still applies until
 a restart, and ``persisted`` says so.
 
+Clearing (:meth:`~ObservabilityHolder.clear`, ``observability.clear``): app-node
+sends it on each connection when none of its ``observability`` settings is
+set, so an operator who removes them stops wrk-monitor using the old Loki. What
+app-node sent is forgotten: the file is deleted and wrk-monitor's own ``loki``
+settings come back in force (origin ``settings``), or no Loki (``none``). The
+settings stay the operator's per-monitor value: app-node only replaces them
+while it has one of its own. Clearing what is already in force (app-node never
+sent anything) changes nothing and logs nothing. A file that cannot be deleted is
+logged: the clear applies until a restart, which would read the old value back.
+
 Swap semantics (:meth:`~ObservabilityHolder.set`):
 
 - the same Loki URL and tenant again (app-node sends on every connection):
@@ -70,7 +80,7 @@ from .loki import LokiPusher, LokiPusherStatistics, LokiReader, LokiRecord
 from .prometheus import PrometheusReader
 
 __all__ = ["DEFAULT_GRACE_S", "OBSERVABILITY_FILE", "ObservabilityHolder", "load_persisted",
-           "save_persisted", "to_loki"]
+           "remove_persisted", "save_persisted", "to_loki"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +146,24 @@ def save_persisted(storage: Path, value: Observability) -> None:
         os.close(dir_fd)
 
 
+def remove_persisted(storage: Path) -> bool:
+    """Delete ``<storage>/observability.json``; whether there was one.
+
+    Blocking: call it in a thread. Raises OSError (other than a missing file).
+    """
+    path = storage / OBSERVABILITY_FILE
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    dir_fd = os.open(storage, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the deletion survives a crash
+    finally:
+        os.close(dir_fd)
+    return True
+
+
 @dataclass
 class _Pair:
     """One Loki's pusher and reader, and the scope its pusher task runs in."""
@@ -152,6 +180,8 @@ class ObservabilityHolder:
     Args:
         start: the value in force at start (see :meth:`from_storage`).
         origin: where ``start`` came from (``settings``, ``file``, ``none``).
+        settings: wrk-monitor's own ``loki`` settings (None: no Loki), what
+            :meth:`clear` goes back to.
         storage: where :meth:`set` persists what it is given (None: nowhere; tests).
         pusher_options: keyword arguments of every :class:`LokiPusher` (its bounds,
             flush interval, backoff), from wrk-monitor's ``loki`` settings.
@@ -159,11 +189,15 @@ class ObservabilityHolder:
     """
 
     def __init__(self, start: Observability | None = None, *, origin: str = "none",
+                 settings: Observability | None = None,
                  storage: Path | None = None, pusher_options: dict[str, Any] | None = None,
                  grace_s: float = DEFAULT_GRACE_S,
                  make_reader: Callable[..., LokiReader] = LokiReader) -> None:
         self.value = start if start is not None else Observability()
         self.origin = origin
+        if settings is None and origin == "settings":
+            settings = self.value
+        self.settings = settings
         self.persisted = origin == "file"
         self.storage = storage
         self.grace_s = grace_s
@@ -185,16 +219,17 @@ class ObservabilityHolder:
     def from_storage(cls, storage: Path, *, settings_url: str | None,
                      settings_tenant: str | None, **kw: Any) -> ObservabilityHolder:
         """The holder a starting wrk-monitor uses: the file, else its settings (blocking read)."""
+        own = None if settings_url is None else Observability(loki_url=settings_url,
+                                                               loki_tenant=settings_tenant)
         saved = load_persisted(storage)
         if saved is not None:
             if settings_url is not None and saved.loki_url != settings_url:
                 log.info("monitor.observability.from_file loki=%s (over the settings' %s)",
                          redact_url(saved.loki_url) or "off", redact_url(settings_url))
-            return cls(saved, origin="file", storage=storage, **kw)
-        if settings_url is None:
+            return cls(saved, origin="file", settings=own, storage=storage, **kw)
+        if own is None:
             return cls(origin="none", storage=storage, **kw)
-        return cls(Observability(loki_url=settings_url, loki_tenant=settings_tenant),
-                   origin="settings", storage=storage, **kw)
+        return cls(own, origin="settings", settings=own, storage=storage, **kw)
 
     # -- what the rest of wrk-monitor reads --------------------------------------------
 
@@ -277,21 +312,46 @@ class ObservabilityHolder:
                 except OSError as exc:
                     log.warning("monitor.observability.not_persisted path=%s error=%s (in force "
                                 "until a restart)", self.storage / OBSERVABILITY_FILE, exc)
-            if self._nursery is None:  # checked after the write: run() may have ended meanwhile
-                raise RuntimeError("the observability holder is not running")
-            old = self.value
-            same_loki = (old.loki_url, old.loki_tenant) == (value.loki_url, value.loki_tenant)
-            if old != value or self.origin != origin:
-                shown, was = value.redacted(), old.redacted()
-                log.info("monitor.observability.set by=%s loki=%s tenant=%s prometheus=%s "
-                         "(was loki=%s prometheus=%s from %s)", origin,
-                         shown.loki_url or "off", shown.loki_tenant or "-",
-                         shown.prometheus_url or "off", was.loki_url or "off",
-                         was.prometheus_url or "off", self.origin)
-            self.value, self.origin, self.persisted = value, origin, persisted
-            if not same_loki:
-                self._swap(value)
-            return self.state()
+            return self._apply(value, origin, persisted, "set")
+
+    async def clear(self) -> ObservabilityState:
+        """Forget what app-node sent: wrk-monitor's own settings, else no Loki
+        (the file deleted first); answer what is in force then.
+
+        Raises:
+            RuntimeError: :meth:`run` is not running.
+        """
+        async with self._lock:
+            if self.storage is not None:
+                try:
+                    await trio.to_thread.run_sync(remove_persisted, self.storage)
+                except OSError as exc:
+                    log.warning("monitor.observability.not_removed path=%s error=%s (cleared "
+                                "until a restart, which reads it back: delete it)",
+                                self.storage / OBSERVABILITY_FILE, exc)
+            if self.settings is None:
+                return self._apply(Observability(), "none", False, "cleared")
+            return self._apply(self.settings, "settings", False, "cleared")
+
+    def _apply(self, value: Observability, origin: str, persisted: bool, how: str
+               ) -> ObservabilityState:
+        """Put ``value`` in force (swapping the pusher if Loki changed), logged if it changed."""
+        if self._nursery is None:  # checked after the file: run() may have ended meanwhile
+            raise RuntimeError("the observability holder is not running")
+        old = self.value
+        same_loki = (old.loki_url, old.loki_tenant) == (value.loki_url, value.loki_tenant)
+        if old != value or self.origin != origin:
+            shown, was = value.redacted(), old.redacted()
+            log.info("monitor.observability.%s by=%s loki=%s tenant=%s prometheus=%s "
+                     "(was loki=%s prometheus=%s from %s)", how,
+                     "app-node" if how == "cleared" else origin,
+                     shown.loki_url or "off", shown.loki_tenant or "-",
+                     shown.prometheus_url or "off", was.loki_url or "off",
+                     was.prometheus_url or "off", self.origin)
+        self.value, self.origin, self.persisted = value, origin, persisted
+        if not same_loki:
+            self._swap(value)
+        return self.state()
 
     def _open(self, value: Observability) -> _Pair | None:
         if value.loki_url is None:

@@ -42,9 +42,11 @@ Loki (``query_range``, records strictly older than the buffer's first, within
 (``buffer``, ``loki``, ``loki-error: …``). A record read back from Loki has no
 level or replica: ``level`` 0 (``NOTSET``: unknown) and ``replica`` nil.
 
-``observability.set`` / ``observability.get`` (``contracts.telemetry``,
-followers only: app-node): the Loki and Prometheus URLs in force, swapped at
-runtime by :class:`~nodes.monitor.observability.ObservabilityHolder`.
+``observability.set`` / ``observability.get`` / ``observability.clear``
+(``contracts.telemetry``, followers only: app-node): the Loki and Prometheus URLs
+in force, swapped at runtime by
+:class:`~nodes.monitor.observability.ObservabilityHolder`; ``clear`` forgets what
+app-node sent (back to wrk-monitor's own ``loki`` settings, else none).
 
 ``metrics.push`` (``contracts.telemetry.METRICS_PUSH``, pushers only): a
 proxy's latest per-job window; kept as that sender's newest report in the
@@ -54,7 +56,12 @@ followers only): each asked job's model health and figures. ``service.status``
 (``contracts.health.STATUS``, followers only): ``queue_depth`` the records
 waiting for Loki (0 without Loki), ``last_report_at`` the newest push of logs
 or metrics (wall clock), ``details`` the metrics senders, buffered records and
-drop counts.
+drop counts. Among them ``metrics_sender_ages`` (:func:`sender_ages_detail`): every
+key whose ``metrics.push`` was taken since wrk-monitor started (fresh or not, at
+most :data:`MAX_LISTED_SENDERS`, the newest first) with the seconds since its
+last report, on wrk-monitor's monotonic clock (an age, so no clock skew between
+hosts): app-node's health history makes a row of each proxy from it
+(:func:`parse_sender_ages`). ``metrics_senders`` stays the count of fresh ones.
 
 Error codes: ``FORBIDDEN``, ``BAD_BATCH`` (the batch is not valid records; the
 message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``,
@@ -80,6 +87,7 @@ from contracts.telemetry import (
     MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,
     METRICS_PUSH,
+    OBSERVABILITY_CLEAR,
     OBSERVABILITY_GET,
     OBSERVABILITY_SET,
     PROTOCOL,
@@ -90,6 +98,7 @@ from contracts.telemetry import (
     MetricsReport,
     MetricsResult,
     Observability,
+    ObservabilityClear,
     ObservabilityQuery,
     ObservabilityState,
     PushBatch,
@@ -107,8 +116,9 @@ from ._buffer import LogBuffer
 from .health import HEALTH_JOBS, HealthBook, HealthQuery, HealthResult, TooManySenders
 from .loki import LokiError, LokiReader
 
-__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "QUERY", "MonitorService", "Query",
-           "QueryResult"]
+__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "MAX_LISTED_SENDERS", "QUERY",
+           "SENDER_AGES", "MonitorService", "Query", "QueryResult", "parse_sender_ages",
+           "sender_ages_detail"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +129,56 @@ MAX_FOLLOWERS = 256
 LOKI_QUERY_TIMEOUT_S = 5.0
 #: How far back ``logs.query`` asks Loki when no ``since_ns`` is given.
 HISTORY_S = 7 * 24 * 3600
+
+
+#: Metrics senders listed in ``service.status`` (the newest first); a listing is
+#: then at most ~1.5 KB (16 hex digits, ``:``, an age, ``,`` each).
+MAX_LISTED_SENDERS = 64
+#: Senders whose last report is remembered (keys are pushers only, so few; the
+#: bound only keeps a reconfigured monitor's memory finite).
+MAX_REMEMBERED_SENDERS = 256
+#: The ``service.status`` detail listing the metrics senders.
+SENDER_AGES = "metrics_sender_ages"
+#: Hex digits of a sender's key in the listing (64 bits: enough to tell proxies apart).
+SENDER_KEY_HEX = 16
+
+
+def sender_ages_detail(ages: Iterable[tuple[bytes, float]]) -> str:
+    """``ages`` (key, seconds since its last report) as the ``metrics_sender_ages``
+    detail: ``<16 hex digits>:<seconds, 1 decimal>`` joined by ``,``, in the
+    order given, at most :data:`MAX_LISTED_SENDERS`. A flat string because a
+    status detail is a scalar and their number is bounded (``MAX_DETAILS``)."""
+    items = []
+    for key, age in ages:
+        if len(items) >= MAX_LISTED_SENDERS:
+            break
+        items.append(f"{key.hex()[:SENDER_KEY_HEX]}:{max(age, 0.0):.1f}")
+    return ",".join(items)
+
+
+def parse_sender_ages(text: str) -> list[tuple[str, float]]:
+    """The ``(key hex prefix, age seconds)`` pairs of a ``metrics_sender_ages`` detail.
+
+    Raises:
+        ValueError: ``text`` is not such a listing (naming the first bad entry).
+    """
+    if not text:
+        return []
+    out = []
+    for entry in text.split(",")[:MAX_LISTED_SENDERS + 1]:
+        key, sep, age = entry.partition(":")
+        try:
+            if not sep or len(key) != SENDER_KEY_HEX or bytes.fromhex(key).hex() != key:
+                raise ValueError
+            seconds = float(age)
+        except ValueError:
+            raise ValueError(f"not a metrics sender's key and age: {entry[:40]!r}") from None
+        if not 0.0 <= seconds < 1e12:  # also refuses nan and inf
+            raise ValueError(f"a metrics sender's age out of range: {entry[:40]!r}")
+        out.append((key, seconds))
+    if len(out) > MAX_LISTED_SENDERS:
+        raise ValueError(f"more than {MAX_LISTED_SENDERS} metrics senders listed")
+    return out
 
 
 class Query(Follow):
@@ -169,6 +229,8 @@ class Observer(Protocol):
 
     async def set(self, value: Observability) -> ObservabilityState: ...
 
+    async def clear(self) -> ObservabilityState: ...
+
 
 class MonitorService(RpcService):
     """The ``cosmicac-monitor/1`` service over ``buffer``.
@@ -213,6 +275,9 @@ class MonitorService(RpcService):
         self.last_report_at: float | None = None
         #: Metrics reports refused (``TOO_MANY_SENDERS``).
         self.refused_reports = 0
+        #: Each metrics sender's last taken report (``clock``), oldest first: what
+        #: ``service.status`` lists (the book forgets stale senders; this does not).
+        self._sender_seen: dict[bytes, float] = {}
         self.pushers = set(pushers)
         self.allow_any_pusher = allow_any_pusher
         self.followers = set(followers)
@@ -228,6 +293,7 @@ class MonitorService(RpcService):
         router.add(STATUS, self._status)
         router.add(OBSERVABILITY_SET, self._observability_set)
         router.add(OBSERVABILITY_GET, self._observability_get)
+        router.add(OBSERVABILITY_CLEAR, self._observability_clear)
         super().__init__(PROTOCOL, router, config=config)
 
     def _check_pusher(self, ctx: CallContext, what: str) -> None:
@@ -261,6 +327,11 @@ class MonitorService(RpcService):
         except TooManySenders as exc:
             self.refused_reports += 1
             raise RpcError("TOO_MANY_SENDERS", f"{exc}; raise health.max_senders") from None
+        seen = self._sender_seen
+        seen.pop(key, None)  # re-inserted last: the dict stays oldest first
+        seen[key] = self.clock()
+        if len(seen) > MAX_REMEMBERED_SENDERS:
+            del seen[next(iter(seen))]
         self.last_report_at = self.wall_clock()
         return MetricsResult(accepted=len(params.jobs))
 
@@ -279,6 +350,9 @@ class MonitorService(RpcService):
             "followers": self.buffer.followers,
             "bad_batches": self.bad_batches,
         }
+        now = self.clock()
+        details[SENDER_AGES] = sender_ages_detail(
+            (key, now - at) for key, at in reversed(self._sender_seen.items()))
         queue_depth = 0
         if self.loki is not None:
             loki = self.loki.statistics()
@@ -305,6 +379,11 @@ class MonitorService(RpcService):
                                  ) -> ObservabilityState:
         self._check_follower(ctx)
         return await self._observer().set(params)
+
+    async def _observability_clear(self, params: ObservabilityClear, ctx: CallContext
+                                   ) -> ObservabilityState:
+        self._check_follower(ctx)
+        return await self._observer().clear()
 
     async def _observability_get(self, params: ObservabilityQuery, ctx: CallContext
                                  ) -> ObservabilityState:

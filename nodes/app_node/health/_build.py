@@ -13,6 +13,7 @@ from ._prober import (
     database_target,
     email_target,
     peer_target,
+    proxies_source,
     workers_source,
 )
 from ._settings import HealthSettings, open_health_store
@@ -32,7 +33,8 @@ def build_prober(settings: HealthSettings, storage: Path, redis_url: str | None,
                  database: DatabaseService, email: object, limiter: Any = None
                  ) -> HealthProber | None:
     """The prober of wrk-ork and wrk-monitor (when configured), each worker (as
-    wrk-ork hears it), the database replica, app-node itself and its email; None
+    wrk-ork hears it), each proxy (as wrk-monitor hears it), the database
+    replica, app-node itself and its email; None
     when disabled or its store cannot be opened (logged: app-node serves on,
     ``/api/health`` answers 503). Blocking: call it in
     a thread (it opens the SQLite file)."""
@@ -57,5 +59,8 @@ def build_prober(settings: HealthSettings, storage: Path, redis_url: str | None,
     targets += [database_target(database.db, database.replicator), app_node_target(details),
                 email_target(email)]
     sources = [workers_source(ork)] if ork is not None else []
+    if monitor is not None:
+        sources.append(proxies_source(monitor, fresh_s=settings.proxy_fresh_s,
+                                      forget_s=settings.proxy_forget_s))
     return HealthProber(store, targets, sources=sources, interval_s=settings.interval_s,
                         timeout_s=settings.timeout_s, retention_s=settings.retention_s)

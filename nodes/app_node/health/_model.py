@@ -47,6 +47,9 @@ __all__ = [
     "DEFAULT_WINDOW_S",
     "MAX_ERROR_CHARS",
     "MAX_ROWS",
+    "PROXY_FORGET_S",
+    "PROXY_FRESH_S",
+    "PROXY_REPORT_INTERVAL_S",
     "RETENTION_S",
     "STALE_INTERVALS",
     "HealthRow",
@@ -78,6 +81,13 @@ MAX_ROWS = 5000
 MAX_ERROR_CHARS = 300
 #: A newest row older than this many intervals: the prober has stopped.
 STALE_INTERVALS = 3
+#: A proxy reports to wrk-monitor every 5 s (``nodes.monitor.reporter``'s
+#: default, not configurable on the proxy); up while its last report is at most
+#: three reports old.
+PROXY_REPORT_INTERVAL_S = 5.0
+PROXY_FRESH_S = 3 * PROXY_REPORT_INTERVAL_S
+#: A proxy silent this long is no longer watched (scaled down, or its key changed).
+PROXY_FORGET_S = 3600.0
 
 Scalar = int | float | str | bool | None
 

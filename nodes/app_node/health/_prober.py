@@ -6,8 +6,12 @@ wrk-monitor (:func:`peer_target`: ``service.status`` through their
 :class:`~nodes.peer_client.PeerClient`), or read in process for what app-node
 holds itself (:func:`database_target`, :func:`app_node_target`,
 :func:`email_target`). A :class:`RowSource` gives the rows of services
-app-node learns of through another: each worker from wrk-ork's rack list
-(:func:`workers_source`), reachable while wrk-ork hears from it.
+app-node learns of through another (:func:`listed_source`: one row per listed
+item, at most a bound): each worker from wrk-ork's rack list
+(:func:`workers_source`), reachable while wrk-ork hears from it; each proxy
+from wrk-monitor's metrics senders (:func:`proxies_source`), reachable while
+its last report is at most ``fresh_s`` old, no longer listed once silent for
+``forget_s``.
 
 :class:`HealthProber` runs one round every ``interval_s``: every target at
 once, each under ``timeout_s``, one row each (:func:`probe`), all added to the
@@ -25,10 +29,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -38,6 +42,8 @@ from p2p.rpc import RpcError
 from ._model import (
     DEFAULT_INTERVAL_S,
     DEFAULT_TIMEOUT_S,
+    PROXY_FORGET_S,
+    PROXY_FRESH_S,
     RETENTION_S,
     HealthRow,
     answered,
@@ -52,6 +58,7 @@ if TYPE_CHECKING:
     from nodes.peer_client import PeerClient
 
 __all__ = [
+    "MAX_PROXY_ROWS",
     "MAX_WORKER_ROWS",
     "HealthProber",
     "ProberStatistics",
@@ -61,13 +68,18 @@ __all__ = [
     "database_status",
     "database_target",
     "email_target",
+    "listed_source",
     "peer_target",
     "probe",
+    "proxies_source",
+    "proxy_row",
     "worker_row",
     "workers_source",
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: RPC failures that mean no answer came, not that the peer refused.
 _NO_ANSWER = frozenset({"TIMEOUT", "CHANNEL_CLOSED"})
@@ -139,15 +151,81 @@ def worker_row(rack: RackInfo, at: float) -> HealthRow:
                                            "free": rack.free, "jobs": rack.jobs})
 
 
+def listed_source(name: str, fetch: Callable[[float], Awaitable[Iterable[T]]],
+                  to_row: Callable[[T, float], HealthRow | None], limit: int) -> RowSource:
+    """A :class:`RowSource` of the items another service lists: ``fetch(timeout_s)``
+    them, one ``to_row(item, at)`` each (None: not shown), at most ``limit`` rows.
+    Whatever ``fetch`` raises fails the round's source (the prober logs it and
+    keeps the last set watched: they go stale)."""
+    async def rows(at: float, timeout_s: float) -> list[HealthRow]:
+        out: list[HealthRow] = []
+        for item in await fetch(timeout_s):
+            row = to_row(item, at)
+            if row is not None:
+                out.append(row)
+                if len(out) >= limit:
+                    break
+        return out
+
+    return RowSource(name, rows)
+
+
 def workers_source(ork: PeerClient) -> RowSource:
     """Each registered worker's row, from wrk-ork's ``racks.list``."""
     from nodes.ork.service import LIST_RACKS, Empty
 
-    async def rows(at: float, timeout_s: float) -> list[HealthRow]:
-        result = await ork.call(LIST_RACKS, Empty(), timeout_s=timeout_s)
-        return [worker_row(rack, at) for rack in result.racks[:MAX_WORKER_ROWS]]
+    async def racks(timeout_s: float) -> list[RackInfo]:
+        return (await ork.call(LIST_RACKS, Empty(), timeout_s=timeout_s)).racks
 
-    return RowSource("workers", rows)
+    return listed_source("workers", racks, worker_row, MAX_WORKER_ROWS)
+
+
+#: Proxies shown at most (wrk-monitor lists at most 64 metrics senders).
+MAX_PROXY_ROWS = 64
+
+
+def proxy_row(sender: tuple[str, float], at: float, *, fresh_s: float = PROXY_FRESH_S,
+              forget_s: float = PROXY_FORGET_S) -> HealthRow | None:
+    """A proxy as wrk-monitor hears it (``sender``: its key's first hex digits
+    and the seconds since its last ``metrics.push``, on wrk-monitor's clock):
+    up while that is at most ``fresh_s``, down after, None (no row) once
+    it is over ``forget_s``. No version: a metrics report carries none."""
+    key, age = sender
+    if age > forget_s:
+        return None
+    up = age <= fresh_s
+    return HealthRow(at=at, service=f"proxy-inference {key[:12]}", reachable=up,
+                     last_report_at=max(at - age, 0.0),
+                     error=None if up else (f"silent for {age:.0f} s: no metrics report to "
+                                            f"wrk-monitor within {fresh_s:g} s"),
+                     details={"key": key[:16], "age_s": round(age, 1)})
+
+
+def proxies_source(monitor: PeerClient, *, fresh_s: float = PROXY_FRESH_S,
+                   forget_s: float = PROXY_FORGET_S) -> RowSource:
+    """Each proxy's row, from the metrics senders in wrk-monitor's ``service.status``
+    (its ``metrics_sender_ages`` detail), in key order. A wrk-monitor too old to
+    list them gives no rows (logged once)."""
+    from nodes.monitor.service import SENDER_AGES, parse_sender_ages
+
+    warned = False
+
+    async def senders(timeout_s: float) -> list[tuple[str, float]]:
+        nonlocal warned
+        status = await monitor.status(timeout_s=timeout_s)
+        listing = status.details.get(SENDER_AGES)
+        if not isinstance(listing, str):
+            if not warned:
+                log.info("health.no_proxy_rows reason=wrk-monitor %s lists no metrics senders "
+                         "(older than %s)", status.version, SENDER_AGES)
+                warned = True
+            return []
+        return sorted(parse_sender_ages(listing))
+
+    def row(sender: tuple[str, float], at: float) -> HealthRow | None:
+        return proxy_row(sender, at, fresh_s=fresh_s, forget_s=forget_s)
+
+    return listed_source("proxies", senders, row, MAX_PROXY_ROWS)
 
 
 def database_status(db: Database, replicator: Replicator | None = None) -> ServiceStatus:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
-from ._model import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, RETENTION_S
+from ._model import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_TIMEOUT_S,
+    PROXY_FORGET_S,
+    PROXY_FRESH_S,
+    RETENTION_S,
+)
 from ._store import HealthStore, SqliteHealthStore
 
 __all__ = ["HEALTH_FILE", "HealthSettings", "open_health_store"]
@@ -30,12 +36,22 @@ class HealthSettings(BaseModel):
     retention_s: float = Field(default=RETENTION_S, ge=60.0, le=7 * 24 * 3600.0)
     #: Keys of the Redis history (with ``redis_url``), so platforms can share a Redis.
     redis_prefix: str = "cac:health:"
+    #: A proxy (a ``proxy-inference <key>`` row, from wrk-monitor's metrics
+    #: senders) is up while its last report is at most this old: three of its
+    #: reports (one every 5 s).
+    proxy_fresh_s: float = Field(default=PROXY_FRESH_S, gt=0.0, le=3600.0)
+    #: A proxy silent for longer gets no more rows (its old ones stay history
+    #: until ``retention_s``); at least ``proxy_fresh_s``.
+    proxy_forget_s: float = Field(default=PROXY_FORGET_S, ge=60.0, le=7 * 24 * 3600.0)
 
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> HealthSettings:
         if self.timeout_s > self.interval_s:
             raise ValueError(f"health.timeout_s ({self.timeout_s:g}) must be at most "
                              f"health.interval_s ({self.interval_s:g})")
+        if self.proxy_forget_s < self.proxy_fresh_s:
+            raise ValueError(f"health.proxy_forget_s ({self.proxy_forget_s:g}) must be at "
+                             f"least health.proxy_fresh_s ({self.proxy_fresh_s:g})")
         return self
 
 

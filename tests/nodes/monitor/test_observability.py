@@ -2,8 +2,10 @@
 offered after a swap reach the new Loki and the old one gets no more; what the old
 pusher buffered is handed over, its batch in flight cut after the grace and counted;
 a clear flushes to the old Loki; the same value again changes nothing; what app-node
-sent is persisted and read back at start, a corrupt file ignored. The RPC side:
-observability.set/get for followers only, bad URLs refused, credentials never shown.
+sent is persisted and read back at start, a corrupt file ignored; app-node's clear
+deletes the file and puts wrk-monitor's own settings (or no Loki) back. The RPC side:
+observability.set/get/clear for followers only, bad URLs refused, credentials never
+shown.
 
 The holder's tests push to local Loki servers over real sockets (real time,
 bounded waits); the RPC tests run in memory on the autojump clock."""
@@ -20,9 +22,11 @@ import trio
 
 from contracts.health import STATUS, StatusRequest
 from contracts.telemetry import (
+    OBSERVABILITY_CLEAR,
     OBSERVABILITY_GET,
     OBSERVABILITY_SET,
     Observability,
+    ObservabilityClear,
     ObservabilityQuery,
     decode_batch,
     make_record,
@@ -172,6 +176,64 @@ async def test_what_app_node_sent_is_read_back_at_start_over_the_settings(tmp_pa
             nursery.cancel_scope.cancel()
 
 
+async def test_app_nodes_clear_puts_the_settings_back_and_deletes_the_file(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="nodes.monitor.observability")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            own, sent = await start_loki(nursery), await start_loki(nursery)
+            path = tmp_path / OBSERVABILITY_FILE
+            holder = ObservabilityHolder.from_storage(tmp_path, settings_url=own.url,
+                                                      settings_tenant="ops",
+                                                      pusher_options=FAST)
+            await nursery.start(holder.run)
+            # Nothing sent yet: a clear changes nothing and says nothing.
+            state = await holder.clear()
+            assert (state.loki_url, state.loki_tenant, state.origin) == (own.url, "ops",
+                                                                         "settings")
+            assert holder.swaps == 0 and "monitor.observability" not in caplog.text
+            await holder.set(Observability(loki_url=sent.url, prometheus_url="http://p:9090"))
+            assert path.exists()
+            holder.offer(recs(0, 2))
+            state = await holder.clear()
+            assert (state.loki, state.loki_url, state.loki_tenant, state.prometheus_url,
+                    state.origin, state.persisted) == (True, own.url, "ops", None,
+                                                       "settings", False)
+            assert not path.exists()
+            holder.offer(recs(2, 1))
+            own_lines = lambda: [line for _, _, line in own.entries("ops")]  # noqa: E731
+            await wait_until(lambda: "line 2" in own_lines(), limit_s=10)
+            await wait_until(lambda: not holder._retiring, limit_s=10)
+            # What the app-node Loki still buffered went over to the settings' one
+            # (a swap's hand-over); each record once, the newest only there.
+            assert sorted(lines(sent) + own_lines()) == ["line 0", "line 1", "line 2"]
+            assert "monitor.observability.cleared by=app-node" in caplog.text
+            # A restart reads no file: the settings again.
+            again = ObservabilityHolder.from_storage(tmp_path, settings_url=own.url,
+                                                     settings_tenant="ops")
+            assert (again.state().origin, again.state().loki_url) == ("settings", own.url)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_clear_without_settings_stops_pushing(tmp_path):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            loki = await start_loki(nursery)
+            await _holder(nursery, tmp_path, None)  # persists nothing itself
+            holder = ObservabilityHolder.from_storage(tmp_path, settings_url=None,
+                                                      settings_tenant=None, pusher_options=FAST)
+            await nursery.start(holder.run)
+            await holder.set(Observability(loki_url=loki.url))
+            holder.offer(recs(0, 3))
+            state = await holder.clear()
+            assert (state.loki, state.loki_url, state.origin, holder.pusher) == (
+                False, None, "none", None)
+            assert not (tmp_path / OBSERVABILITY_FILE).exists()
+            holder.offer(recs(3, 2))  # no Loki now: not taken
+            await wait_until(lambda: not holder._retiring, limit_s=10)
+            assert lines(loki) == ["line 0", "line 1", "line 2"]
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"version": 2}',
                                   b'{"version": 1, "loki_url": "ftp://x"}',
                                   b'{"version": 1, "surprise": 1}'])
@@ -210,7 +272,8 @@ async def test_observability_set_is_for_followers_only(nursery, autojump_clock, 
     async with connect(nursery, service, STRANGER) as stranger:
         with trio.fail_after(10):
             for method, params in [(OBSERVABILITY_SET, Observability(loki_url="http://l:3100")),
-                                   (OBSERVABILITY_GET, ObservabilityQuery())]:
+                                   (OBSERVABILITY_GET, ObservabilityQuery()),
+                                   (OBSERVABILITY_CLEAR, ObservabilityClear())]:
                 with pytest.raises(RpcError) as caught:
                     await stranger.call(method, params)
                 assert caught.value.code == "FORBIDDEN"
@@ -253,6 +316,13 @@ async def test_a_follower_sets_and_reads_it_and_credentials_are_never_shown(
     assert status.details["loki"] is True
     assert status.details["loki_url"] == "https://loki.example:3100/sub"
     assert status.details["observability_from"] == "app-node"
+    async with connect(nursery, service, READER) as reader:
+        with trio.fail_after(10):
+            cleared = await reader.call(OBSERVABILITY_CLEAR, ObservabilityClear())
+            status = await reader.call(STATUS, StatusRequest())
+    assert (cleared.loki, cleared.loki_url, cleared.prometheus_url, cleared.origin) == (
+        False, None, None, "none")
+    assert (status.details["loki"], status.details["observability_from"]) == (False, "none")
 
 
 async def test_logs_query_answers_the_buffer_when_loki_cannot_be_reached(tmp_path):
