@@ -219,6 +219,10 @@ def bootstrap(
     prometheus_url: str | None = typer.Option(
         None, "--prometheus-url", help="Your Prometheus (it scrapes wrk-monitor's /metrics); "
                                        "wrk-monitor reads job metrics history from it."),
+    no_observability: bool = typer.Option(
+        False, "--no-observability", help="Forget the Loki and Prometheus given before: "
+                                          "app-node then tells wrk-monitor to stop pushing "
+                                          "(with --rewrite-configs for an existing config)."),
     rewrite_configs: bool = typer.Option(
         False, "--rewrite-configs", help="Replace configs that differ from what bootstrap "
                                          "writes (identities are never replaced)."),
@@ -244,7 +248,12 @@ def bootstrap(
              "location": location, "public_url": public_url, "base_port": base_port}
     observability = {k: v for k, v in (("loki_url", loki_url), ("loki_tenant", loki_tenant),
                                        ("prometheus_url", prometheus_url)) if v is not None}
-    if observability:
+    if no_observability and observability:
+        fail("--no-observability forgets Loki and Prometheus: give it without "
+             "--loki-url, --loki-tenant or --prometheus-url", code=2)
+    if no_observability:
+        saved = saved.model_copy(update={"observability": Observability()})
+    elif observability:
         given["observability"] = {**saved.observability.model_dump(), **observability}
     try:
         plan = Deployment.model_validate(

@@ -5,7 +5,8 @@ One swarm, one identity (``<storage>/identity``), serving
 :class:`~nodes.monitor._buffer.LogBuffer`. The Loki in force is held by an
 :class:`~nodes.monitor.observability.ObservabilityHolder`: at start what
 app-node last sent (``<storage>/observability.json``), else ``loki.url``;
-app-node's ``observability.set`` swaps it at runtime. With a Loki, every
+app-node's ``observability.set`` swaps it at runtime and ``observability.clear``
+forgets it (back to ``loki.url``, or none). With a Loki, every
 accepted record is also offered to its :class:`~nodes.monitor.loki.LokiPusher`
 (the service's ``on_records`` hook: a sync, bounded append, so Loki being
 slow or down never slows a push; its own task sends batches), and

@@ -162,6 +162,19 @@ def test_bootstrap_gives_app_node_the_operators_loki_and_prometheus(
 
     bad = cli("bootstrap", "--dir", str(folder), "--loki-url", "loki:3100")
     assert bad.returncode == 2 and "loki_url" in one_error(bad)
+    both = cli("bootstrap", "--dir", str(folder), "--no-observability",
+               "--loki-url", "http://10.0.0.20:3100")
+    assert both.returncode == 2 and "--no-observability" in one_error(both)
+    # Forgotten: app-node's config has none, so it clears what wrk-monitor holds.
+    cleared = cli("bootstrap", "--dir", str(folder), "--rewrite-configs", "--no-observability")
+    assert cleared.returncode == 0, cleared.stderr
+    app = load(folder, "app-node", monkeypatch)
+    assert not app.observability.configured
+    saved = json.loads((folder / "deployment.json").read_text()).get("observability") or {}
+    assert not any(saved.values()), saved
+    # And a later run without options does not bring them back.
+    assert cli("bootstrap", "--dir", str(folder), "--rewrite-configs").returncode == 0
+    assert not load(folder, "app-node", monkeypatch).observability.configured
 
 
 def test_bootstrap_again_keeps_identities_and_edited_configs(tmp_path: Path) -> None:
