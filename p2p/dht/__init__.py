@@ -6,12 +6,14 @@ Built so far (all sans-IO but the transports): address-derived node ids
 (:mod:`._storage`), the routing table on the ``kademlia`` package
 (:mod:`._routing`), the iterative lookup (:mod:`._lookup`), the node core that
 serves and matches requests (:mod:`._node`), and UDP / in-memory transports
-(:mod:`._transport`), and the trio driver :class:`DhtNode` (announce, lookup,
-find_peer) with :mod:`.testnet` to start whole networks in one process.
+(:mod:`._transport`), and the trio driver: datagram I/O and awaitable
+requests (:mod:`._endpoint`) under :class:`DhtNode` (:mod:`._driver`: announce,
+lookup, find_peer), with :mod:`.testnet` to start whole networks in one process.
 """
 
 from ._contact import Contact, canonical_address, node_id_for
-from ._driver import DhtNode, DhtTimeout
+from ._driver import DhtNode
+from ._endpoint import DhtTimeout
 from ._errors import DhtDecodeError, DhtError, DhtProtocolError, DhtUsageError, RecordRejected
 from ._lookup import IterativeLookup, LookupConfig
 from ._messages import Command, Request, Response, decode, encode

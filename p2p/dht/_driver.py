@@ -1,14 +1,9 @@
-"""The trio driver of a DHT node: sockets, timers and iterative queries.
+"""What a DHT node does with its requests: join, stay reachable, look up, announce.
 
-:class:`DhtNode` feeds every datagram from its transport to the sans-IO
-:class:`~._node.NodeCore`, sends what the core returns, and turns the core's
-request ids into awaitable requests. Lookups walk the key space with
-:class:`~._lookup.IterativeLookup`, α queries at a time.
-
-Time: the core works in unix seconds (records carry unix ``expires``). The
-driver derives them from trio's clock (``origin + trio.current_time()``), so
-under the autojump clock a whole network's TTLs and refreshes run in virtual
-time.
+:class:`DhtNode` is the trio driver of a node: on the datagram I/O and request
+matching of :class:`~._endpoint.DhtEndpoint` it bootstraps, checks that it is
+reachable, and walks the key space with :class:`~._lookup.IterativeLookup`, α
+queries at a time, for lookups, announces and bucket refreshes.
 
 Announcing (:meth:`DhtNode.announce`) looks the topic up to find its k closest
 nodes and collect their write tokens, then sends each a signed record; it
@@ -33,19 +28,18 @@ import contextlib
 import logging
 import math
 import random
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import trio
 
 from .. import addresses as _addresses
 from ..keys import KeyPair, format_key
 from ._contact import Contact, canonical_address
+from ._endpoint import Address, DhtEndpoint
 from ._errors import DhtError, DhtProtocolError, DhtUsageError
 from ._lookup import IterativeLookup, LookupConfig, LookupStatistics
 from ._messages import Command, Response
-from ._node import NodeConfig, NodeCore, Outgoing
+from ._node import NodeConfig
 from ._records import (
     MAX_RECORD_TTL_S,
     PeerRecord,
@@ -57,14 +51,10 @@ from ._records import (
 from ._routing import target_id
 from ._transport import DatagramTransport
 
-__all__ = ["DhtNode", "DhtTimeout"]
+__all__ = ["DhtNode"]
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
-
-#: How often the timer loop runs housekeeping (record expiry, bucket-head pings).
-MAINTENANCE_EVERY_S = 5.0
 #: Re-announce between these bounds (HyperDHT: 10 min + 0-2 min; our records
 #: live 20 min, so two refreshes fit in one life even if one is lost).
 REANNOUNCE_MIN_S = 300.0
@@ -84,37 +74,7 @@ RECHECK_MIN_S = 30.0
 RECHECK_MAX_S = 600.0
 
 
-# Every node of one trio run shares one mapping from trio's clock to unix time.
-# Per-node origins drift apart when nodes are built over a long wall-clock span
-# under a virtual clock (a 10,000-node testnet took 24 minutes to build): a
-# node whose origin was taken later then signs records that expire "too far"
-# ahead for nodes built earlier, and they refuse them (EXPIRES_TOO_FAR).
-_ORIGIN = trio.lowlevel.RunVar("p2p_dht_clock_origin")
-
-
-def _clock_origin() -> float:
-    try:
-        return _ORIGIN.get()
-    except LookupError:
-        origin = time.time() - trio.current_time()
-        _ORIGIN.set(origin)
-        return origin
-
-
-class DhtTimeout(DhtError):
-    """A request got no answer in time."""
-
-    code = "TIMEOUT"
-
-
-@dataclass
-class _Waiter:
-    event: trio.Event
-    response: Response | None = None
-    contact: Contact | None = None
-
-
-class DhtNode:
+class DhtNode(DhtEndpoint):
     """A DHT node over one datagram transport.
 
     Args:
@@ -146,58 +106,22 @@ class DhtNode:
         rng: random.Random | None = None,
         interfaces: Callable[[], Sequence[str]] | None = None,
     ) -> None:
-        self.transport = transport
-        self._interfaces = interfaces
-        self._probe_transport: DatagramTransport | None = None
-        self._probe_lock = trio.Lock()
-        self.config = config or NodeConfig()
-        self.bootstrap_addresses = [canonical_address(*a) for a in bootstrap]
-        self._rng = rng or random.Random()
-        self._origin = _clock_origin()
-        self._nursery: trio.Nursery | None = None
-        # A persistent node bound to a wildcard address learns its address from
-        # replies first and stays ephemeral (sends no id) until then.
-        bound = transport.local_address
-        address = bound if persistent and bound[0] not in ("0.0.0.0", "::") else None
-        self.core = NodeCore(
-            now=self.now(),
-            config=self.config,
-            persistent=persistent,
-            address=address,
-            reachable=reachable,
-            rng=self._rng,
-            token_seed=self._rng.randbytes(32),
+        bootstrap_addresses = [canonical_address(*a) for a in bootstrap]
+        super().__init__(
+            transport, persistent=persistent, reachable=reachable, config=config, rng=rng
         )
-        self._waiters: dict[int, _Waiter] = {}
+        self._interfaces = interfaces
+        self.bootstrap_addresses = bootstrap_addresses
+        self._nursery: trio.Nursery | None = None
         #: Statistics of the most recent iterative query (hops, messages).
         self.last_lookup: LookupStatistics | None = None
         #: Iterative queries started (lookups, announces, bootstrap, refreshes).
         self.walks = 0
-        #: Set (and replaced) whenever the address others see us at changes.
-        self._address_changed = trio.Event()
-        #: Set (and replaced) whenever the node turns reachable.
-        self._became_reachable = trio.Event()
-        #: The timer loop's next wake-up (trio time) and the event that cuts it short.
-        self._timer_wake_at = math.inf
-        self._timer_poke = trio.Event()
         self.lookup_config = LookupConfig(
             k=self.config.k, request_timeout_s=self.config.request_timeout_s
         )
 
     # -- lifetime --------------------------------------------------------------
-
-    def now(self) -> float:
-        """Unix seconds on trio's clock."""
-        return self._origin + trio.current_time()
-
-    @property
-    def address(self) -> Address | None:
-        return self.core.address
-
-    @property
-    def persistent(self) -> bool:
-        """True while others may store us: persistent, address known, reachable."""
-        return self.core.advertised_id is not None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: receive loop, timers, then bootstrap."""
@@ -214,9 +138,7 @@ class DhtNode:
         finally:
             self._nursery = None
             with trio.CancelScope(shield=True):
-                await self.transport.aclose()
-                if self._probe_transport is not None:
-                    await self._probe_transport.aclose()
+                await self._close_transports()
 
     async def bootstrap(self) -> None:
         """Join through the bootstrap addresses: ask them, check that we are
@@ -267,21 +189,6 @@ class DhtNode:
         log.info("dht.reachability address=%s reachable=%s", core.address, core.reachable)
         return core.reachable
 
-    async def _ask_for_probe(self, address: Address) -> None:
-        try:
-            tid, datagram = self.core.make_reach_check(address, self.now())
-        except DhtUsageError:
-            return
-        self._wake_timer_by(self.now() + self.config.request_timeout_s)
-        waiter = _Waiter(trio.Event())
-        self._waiters[tid] = waiter
-        try:
-            await self._send(datagram)
-            await waiter.event.wait()  # the answer or its timeout; the probe matters
-        finally:
-            if self._waiters.pop(tid, None) is not None:
-                self.core.cancel(tid)
-
     async def _reachability_loop(self) -> None:
         """Keep a persistent node checking until it is reachable, and again after
         its address changes; once it is, walk to our own id so the nodes near us
@@ -299,114 +206,6 @@ class DhtNode:
                 delay = min(2 * delay, RECHECK_MAX_S)
             else:
                 await changed.wait()
-
-    # -- loops ---------------------------------------------------------------
-
-    async def _receive_loop(self) -> None:
-        while True:
-            try:
-                data, source = await self.transport.receive()
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return
-            address_before, reachable_before = self.core.address, self.core.reachable
-            outgoing, event = self.core.receive_datagram(data, source, self.now())
-            if self.core.address != address_before:
-                log.info("dht.address_changed old=%s new=%s", address_before, self.core.address)
-                changed, self._address_changed = self._address_changed, trio.Event()
-                changed.set()
-            if self.core.reachable and not reachable_before:
-                became, self._became_reachable = self._became_reachable, trio.Event()
-                became.set()
-            for datagram in outgoing:
-                await self._send(datagram)
-            if event is not None:
-                waiter = self._waiters.pop(event.tid, None)
-                if waiter is not None:
-                    waiter.response = event.response
-                    waiter.contact = event.contact
-                    waiter.event.set()
-
-    async def _timer_loop(self) -> None:
-        next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
-        while True:
-            deadline = self.core.next_deadline()
-            wake = next_maintenance
-            if deadline is not None:
-                wake = min(wake, deadline - self._origin)
-            # A request made while we sleep may expire sooner than `wake`:
-            # request() pokes us then, so timeouts fire on time, not at the
-            # next maintenance.
-            self._timer_wake_at = wake
-            with trio.move_on_at(wake):
-                await self._timer_poke.wait()
-            self._timer_poke = trio.Event()
-            for tid in self.core.expire(self.now()):
-                waiter = self._waiters.pop(tid, None)
-                if waiter is not None:
-                    waiter.event.set()  # no response: the requester times out
-            if trio.current_time() >= next_maintenance:
-                next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
-                for datagram in self.core.maintenance(self.now()):
-                    await self._send(datagram)
-                # Kademlia §2.3: refresh buckets nobody looked into for a while
-                # with a lookup of a random id in their range.
-                for key in self.core.routing.stale_buckets(self.now()):
-                    self._running_nursery().start_soon(self._refresh_bucket, key)
-
-    # -- requests ------------------------------------------------------------
-
-    def _wake_timer_by(self, unix_deadline: float) -> None:
-        if unix_deadline - self._origin < self._timer_wake_at:
-            self._timer_wake_at = unix_deadline - self._origin
-            self._timer_poke.set()
-
-    async def _send(self, datagram: Outgoing) -> None:
-        if not datagram.from_probe_socket:
-            await self.transport.send(datagram.data, datagram.address)
-            return
-        async with self._probe_lock:  # opened on first use, by one task
-            if self._probe_transport is None:
-                try:
-                    self._probe_transport = await self.transport.open_sibling()
-                except OSError as exc:
-                    log.warning("dht.probe_socket_failed error=%s", exc)
-                    return
-        await self._probe_transport.send(datagram.data, datagram.address)
-
-    async def request(
-        self,
-        command: Command,
-        address: Address,
-        *,
-        target: bytes | None = None,
-        token: bytes | None = None,
-        value: object = None,
-        retries: int = 0,
-    ) -> tuple[Contact, Response]:
-        """Send one request and wait for its answer, resending up to ``retries`` times.
-
-        Lookups use no retries (a silent node is simply skipped, and α others
-        are asked meanwhile); single requests to a known node may use a few.
-
-        Raises:
-            DhtTimeout: no answer within the request timeout, on every try.
-        """
-        for _attempt in range(retries + 1):
-            tid, datagram = self.core.make_request(
-                command, address, self.now(), target=target, token=token, value=value
-            )
-            self._wake_timer_by(self.now() + self.config.request_timeout_s)
-            waiter = _Waiter(trio.Event())
-            self._waiters[tid] = waiter
-            try:
-                await self._send(datagram)
-                await waiter.event.wait()
-            finally:
-                if self._waiters.pop(tid, None) is not None:
-                    self.core.cancel(tid)
-            if waiter.response is not None and waiter.contact is not None:
-                return waiter.contact, waiter.response
-        raise DhtTimeout(f"no answer from {address[0]}:{address[1]} after {retries + 1} tries")
 
     # -- iterative queries -----------------------------------------------------
 
@@ -469,6 +268,10 @@ class DhtNode:
             await self.find_node(key)
         except DhtError as exc:
             log.debug("dht.refresh_failed code=%s", exc.code)
+
+    def _bucket_stale(self, key: bytes) -> None:
+        """The timer loop found a stale bucket: walk to ``key``, in its range."""
+        self._running_nursery().start_soon(self._refresh_bucket, key)
 
     async def find_node(self, node_id: bytes) -> list[Contact]:
         """The k closest nodes to ``node_id`` that answered."""

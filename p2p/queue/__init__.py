@@ -14,8 +14,9 @@ from ._errors import (
     QueueError,
     QueueInUse,
 )
+from ._inbox import Delivery
 from ._messages import PROTOCOL, head_namespace
-from ._queue import Delivery, DurableQueue, QueueStatistics
+from ._queue import DurableQueue, QueueStatistics
 from ._service import QueueService
 
 __all__ = [

@@ -35,11 +35,13 @@ since the last durable ack. It saves an fsync on the path from publish to
 applied.
 
 Blocking file I/O: out.log only on its writer thread (:mod:`._writer`;
-appends and the sender's reads from disk, in order); in.log and the cursor in
-``trio.to_thread`` under a trio lock per file, except that a small run of the
-peer's entries is verified and written (no fsync) on the trio thread (see
-:meth:`DurableQueue.ingest`). The cursor flush's ``fdatasync`` of in.log may
-run beside an append to it, which the kernel orders.
+appends and the sender's reads from disk, in order); in.log and the cursor as
+:mod:`._inbox` says.
+
+This module is the end itself and its publishing half: it opens the files,
+publishes into out.log, serves the sender and the replication channels, and
+exposes the consuming half, :class:`~._inbox.Inbox` (the peer's log to us:
+ingest, deliveries, acks), as its own methods.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ import outcome
 import trio
 
 from p2p.keys import KeyPair, format_key
-from p2p.log import FsyncPolicy, Head, InvalidBatch, PreparedBatch, WriterLog
+from p2p.log import FsyncPolicy, Head, PreparedBatch, WriterLog
 
 from ._config import QueueConfig
 from ._cursor import PositionFile
@@ -67,29 +69,15 @@ from ._errors import (
     PayloadTooLarge,
     PublishFailed,
     QueueClosed,
-    QueueError,
     QueueInUse,
 )
-from ._messages import decode_entry, encode_entry, head_namespace
+from ._inbox import Inbox, _Deliveries, _event_set_and_renew
+from ._messages import encode_entry, head_namespace
 from ._writer import FileThread
 
-__all__ = ["Delivery", "DurableQueue", "QueueStatistics"]
+__all__ = ["DurableQueue", "QueueStatistics"]
 
 log = logging.getLogger(__name__)
-
-#: Runs of the peer's entries up to this long are verified and stored on the
-#: trio thread (see DurableQueue.ingest).
-_INLINE_ENTRIES = 256
-_INLINE_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One operation from the peer: apply it, then ``ack(position)``."""
-
-    position: int
-    key: str
-    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +100,6 @@ class QueueStatistics:
     last_heard: float | None
 
 
-def _event_set_and_renew(event: trio.Event) -> trio.Event:
-    event.set()
-    return trio.Event()
-
-
 class DurableQueue:
     """One end of the queue between ``keypair`` and ``peer``; build with :meth:`open`."""
 
@@ -129,8 +112,6 @@ class DurableQueue:
         self.config = config
         self._lock_fd = lock_fd
         self._out = out
-        self._in = inbound
-        self._cursor = cursor
         self._peer_acked_file = peer_acked
         self.closed = False
         # publishing (group commit)
@@ -153,23 +134,8 @@ class DurableQueue:
         # the peer's acks of our log
         self._peer_acked = min(peer_acked.position, out.length)
         self._peer_event = trio.Event()
-        # the peer's log to us
-        self._in_lock = trio.Lock()
-        self._received = inbound.length
-        self._in_grew = trio.Event()
-        self._in_cache: collections.deque[tuple[str, bytes]] = collections.deque()
-        self._in_cache_first = 0  # position of _in_cache[0]
-        self._in_cache_bytes = 0
-        # consuming
-        self._acked = min(cursor.position, inbound.length)
-        self._ack_target = self._acked
-        self._ack_lock = trio.Lock()
-        self._ack_flushing = False
-        self._ack_lot = trio.lowlevel.ParkingLot()
-        self._acked_event = trio.Event()
-        self._ack_wanted = trio.Event()
-        self._consuming = False
-        self._delivered = self._acked
+        # the peer's log to us, and consuming it
+        self._inbox = Inbox(peer, config, inbound, cursor)
         # replication channels: role -> (cancel scope, done event)
         self._channels: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
         self._last_heard: float | None = None
@@ -239,6 +205,7 @@ class DurableQueue:
         if self.closed:
             return
         self.closed = True
+        self._inbox.close()
         for scope, _ in list(self._channels.values()):
             scope.cancel()
         with trio.CancelScope(shield=True):
@@ -249,22 +216,17 @@ class DurableQueue:
             for _, done in list(self._channels.values()):
                 await done.wait()
             await self._writer.aclose()
-            async with self._in_lock, self._ack_lock:
-                self._out.close()
-                self._in.close()
-                self._cursor.close()
-                self._peer_acked_file.close()
-                os.close(self._lock_fd)
+            self._out.close()
+            await self._inbox.aclose()  # once an ingest or a cursor flush under way is done
+            self._peer_acked_file.close()
+            os.close(self._lock_fd)
 
     def _wake_all(self) -> None:
         self._wake_publishers(None)
         self._room_lot.unpark_all()
-        self._ack_lot.unpark_all()
         self._out_grew = _event_set_and_renew(self._out_grew)
-        self._in_grew = _event_set_and_renew(self._in_grew)
         self._peer_event = _event_set_and_renew(self._peer_event)
-        self._acked_event = _event_set_and_renew(self._acked_event)
-        self._ack_wanted = _event_set_and_renew(self._ack_wanted)
+        self._inbox.wake_all()
 
     def _check_open(self) -> None:
         if self.closed:
@@ -453,50 +415,7 @@ class DurableQueue:
         Raises:
             BadQueueMessage: the chain or signature does not verify (nothing stored).
         """
-        self._check_open()
-        try:
-            # A small run (a publisher's batch at a rate it keeps up with) is
-            # verified and written (to the page cache: in.log is fsynced with
-            # the cursor) right here: a hop to a thread and back costs more.
-            # Big runs (a consumer catching up) go to a thread.
-            if (len(entries) <= _INLINE_ENTRIES and not self._in_lock.locked()
-                    and sum(map(len, entries)) <= _INLINE_BYTES):
-                self._in_lock.acquire_nowait()
-                try:
-                    start = self._in.length
-                    length = self._in.append_verified(entries, head)
-                finally:
-                    self._in_lock.release()
-            else:
-                async with self._in_lock:
-                    self._check_open()
-                    start = self._in.length
-                    length = await trio.to_thread.run_sync(self._in.append_verified, entries,
-                                                           head)
-        except InvalidBatch as exc:
-            raise BadQueueMessage(f"entries refused: {exc.message}", code=exc.code) from None
-        size = 0
-        if self._in_cache and self._in_cache_first + len(self._in_cache) != start + 1:
-            self._in_cache.clear()
-            self._in_cache_bytes = 0
-        if not self._in_cache:
-            self._in_cache_first = start + 1
-        for entry in entries:
-            key, payload = decode_entry(entry)
-            self._in_cache.append((key, payload))
-            size += len(payload) + len(key)
-        self._in_cache_bytes += size
-        self._trim_in_cache()
-        self._received = length
-        self._in_grew = _event_set_and_renew(self._in_grew)
-        return length
-
-    def _trim_in_cache(self) -> None:
-        while self._in_cache and (self._in_cache_bytes > self.config.cache_bytes
-                                  or self._in_cache_first <= self._acked):
-            key, payload = self._in_cache.popleft()
-            self._in_cache_bytes -= len(payload) + len(key)
-            self._in_cache_first += 1
+        return await self._inbox.ingest(entries, head)
 
     def heard(self) -> None:
         self._last_heard = trio.current_time()
@@ -525,56 +444,15 @@ class DurableQueue:
         for scope, _ in list(self._channels.values()):
             scope.cancel()
 
-    # -- consuming ---------------------------------------------------------------------
+    # -- consuming (see _inbox) ---------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def deliveries(self) -> AsyncIterator[_Deliveries]:
+    def deliveries(self) -> contextlib.AbstractAsyncContextManager[_Deliveries]:
         """The peer's operations in log order, from the one after our last ack.
 
         One consumer at a time. Leaving the block and entering again starts
         over from the last ack (what was delivered but not acked comes again).
         """
-        self._check_open()
-        if self._consuming:
-            raise QueueError("the queue already has a consumer", code="CONSUMER_BUSY")
-        self._consuming = True
-        self._delivered = self._acked
-        try:
-            yield _Deliveries(self)
-        finally:
-            self._consuming = False
-
-    async def _next_delivery(self, buffer: collections.deque[Delivery]) -> Delivery:
-        while True:
-            self._check_open()
-            position = self._delivered + 1
-            if buffer and buffer[0].position == position:
-                delivery = buffer.popleft()
-            elif position <= self._received:
-                buffer.clear()
-                delivery = self._from_cache(position)
-                if delivery is None:
-                    buffer.extend(await self._read_in(position))
-                    continue
-            else:
-                await self._in_grew.wait()
-                continue
-            self._delivered = position
-            return delivery
-
-    def _from_cache(self, position: int) -> Delivery | None:
-        offset = position - self._in_cache_first
-        if 0 <= offset < len(self._in_cache):
-            key, payload = self._in_cache[offset]
-            return Delivery(position, key, payload)
-        return None
-
-    async def _read_in(self, position: int) -> list[Delivery]:
-        end = min(self._received, position - 1 + self.config.read_batch_entries)
-        async with self._in_lock:
-            self._check_open()
-            payloads = await trio.to_thread.run_sync(self._in.read_range, position - 1, end)
-        return [Delivery(position + k, *decode_entry(entry)) for k, entry in enumerate(payloads)]
+        return self._inbox.deliveries()
 
     async def ack(self, position: int) -> None:
         """Ack every delivery up to ``position``; returns once the cursor is durable.
@@ -583,25 +461,13 @@ class DurableQueue:
         delivered raises QueueError (ACK_AHEAD); acking less than before is a
         no-op.
         """
-        self.ack_nowait(position)
-        while self._acked < position:
-            self._check_open()
-            if self._ack_flushing:
-                await self._ack_lot.park()
-            else:
-                await self._flush_ack()
+        await self._inbox.ack(position)
 
     def ack_nowait(self, position: int) -> None:
         """Note an ack; it becomes durable (and is told to the peer) with the next
         flush: by :meth:`run_acks`, or the next :meth:`ack`. A crash before the
         flush redelivers what it acked."""
-        self._check_open()
-        if position > self._delivered:
-            raise QueueError(f"cannot ack {position}: only {self._delivered} were delivered",
-                             code="ACK_AHEAD")
-        if position > self._ack_target:
-            self._ack_target = position
-            self._ack_wanted = _event_set_and_renew(self._ack_wanted)
+        self._inbox.ack_nowait(position)
 
     async def run_acks(self) -> None:
         """Make every :meth:`ack_nowait` durable (and known to the peer) as soon
@@ -610,47 +476,22 @@ class DurableQueue:
         With it, a consumer acks with ``ack_nowait`` and goes straight on to the
         next delivery: the cursor's fsync never sits between two deliveries.
         """
-        while not self.closed:
-            if self._ack_target > self._acked and not self._ack_flushing:
-                await self._flush_ack()
-            else:
-                await self._ack_wanted.wait()
-
-    async def _flush_ack(self) -> None:
-        self._ack_flushing = True
-        try:
-            async with self._ack_lock:
-                self._check_open()
-                target = self._ack_target
-                if target <= self._acked:
-                    return
-                await trio.to_thread.run_sync(self._write_cursor, target)
-                self._acked = target
-                self._trim_in_cache()
-                self._acked_event = _event_set_and_renew(self._acked_event)
-        finally:
-            self._ack_flushing = False
-            self._ack_lot.unpark_all()
-
-    def _write_cursor(self, target: int) -> None:
-        if self.config.fsync is FsyncPolicy.ALWAYS:
-            self._in.sync()  # the copy first, so the cursor never points past it
-        self._cursor.write(target)
+        await self._inbox.run_acks()
 
     # -- the receiver's needs ----------------------------------------------------------
 
     @property
     def received(self) -> int:
-        return self._received
+        return self._inbox.received
 
     @property
     def acked(self) -> int:
-        return self._acked
+        return self._inbox.acked
 
     @property
     def acked_changed(self) -> trio.Event:
         """Set at the next durable ack (a new event each time)."""
-        return self._acked_event
+        return self._inbox.acked_changed
 
     @property
     def published(self) -> int:
@@ -664,37 +505,11 @@ class DurableQueue:
     def statistics(self) -> QueueStatistics:
         return QueueStatistics(
             published=self._published, peer_acked=self._peer_acked,
-            pending=self._published - self._peer_acked, received=self._received,
-            delivered=self._delivered, acked=self._acked, connected=bool(self._channels),
+            pending=self._published - self._peer_acked, received=self._inbox.received,
+            delivered=self._inbox.delivered, acked=self._inbox.acked,
+            connected=bool(self._channels),
             last_heard=self._last_heard)
 
     def __repr__(self) -> str:
         return (f"<DurableQueue peer={format_key(self.peer)[:12]} published={self._published} "
-                f"received={self._received}>")
-
-
-class _Deliveries:
-    """The async iterator :meth:`DurableQueue.deliveries` yields."""
-
-    def __init__(self, queue: DurableQueue) -> None:
-        self._queue = queue
-        self._buffer: collections.deque[Delivery] = collections.deque()
-
-    def __aiter__(self) -> _Deliveries:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        return await self._queue._next_delivery(self._buffer)
-
-    async def receive(self) -> Delivery:
-        """The next delivery (waits for one)."""
-        return await self._queue._next_delivery(self._buffer)
-
-    @property
-    def available(self) -> int:
-        """Deliveries that are here now (``receive`` returns them without waiting
-        for the peer). A consumer that acks each delivery with ``ack_nowait``
-        and awaits ``ack`` only when this is 0 gets one cursor fsync per burst."""
-        queue = self._queue
-        return queue._received - queue._delivered
-
+                f"received={self._inbox.received}>")
