@@ -94,13 +94,18 @@ async def test_the_queue_is_bounded_while_the_worker_is_away_and_shipping_resume
             worker.registry.expect(vmi_of(config))
             await wait_until(lambda: len(collected.records) >= 50, limit_s=10)
             assert collected.texts() == [f"away {i}" for i in range(150, 200)]
+            # The worker holds them before the agent reads the acknowledgement: a
+            # session cut before that would send them again (as it should).
+            await wait_until(lambda: shipper.sent >= 50, limit_s=10)
             # The worker forgets the VMI (as after its restart): logs and reports are
             # refused, the records wait, the next session's hello resumes shipping.
             worker.registry.forget(vmi_of(config).name)
-            sessions = agent.sessions
+            sessions, failed = agent.sessions, agent.failed_sessions
             for i in range(10):
                 logger.info("between %d", i)
-            await wait_until(lambda: agent.failed_sessions >= 4, limit_s=10)
+            # This session's next heartbeat is refused, then the next session's hello
+            # (counted from now: more sessions may have failed while the worker was away).
+            await wait_until(lambda: agent.failed_sessions >= failed + 2, limit_s=10)
             worker.registry.expect(vmi_of(config))
             await wait_until(lambda: len(collected.records) >= 60, limit_s=10)
             assert agent.sessions > sessions

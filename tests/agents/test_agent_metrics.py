@@ -105,7 +105,10 @@ async def test_an_inference_agent_reports_its_model_server_and_calls():
                     path="/v1/chat/completions", content_type="application/json",
                     body=chat()))
         assert frames
+        # The worker holds the latest heartbeat's figures, maybe made while the call
+        # still ran (total 1, one in flight): wait for a heartbeat made after it ended.
         await wait_until(lambda: figures_of(worker).get("inference_calls_total") == 1
+                         and figures_of(worker).get("inference_calls_in_flight") == 0
                          and "model_server_health_check_ms" in figures_of(worker),
                          limit_s=20)
         figures = figures_of(worker)

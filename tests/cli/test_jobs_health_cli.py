@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from contracts.telemetry import LATENCY_BUCKETS, JobWindow, MetricsReport
+from tests.p2p.helpers import wait_until
 
 from .conftest_ork import ServedOrk, served_logs, served_ork  # noqa: F401  (the fixtures)
 
@@ -64,6 +65,11 @@ async def test_list_and_get_show_model_health_beside_status(served_logs: ServedO
                             "local", "--model", "demo")
         box = await _create(served, "--name", "box", "--type", "container")
         _report(served, llm, errors=10)
+        # The jobs routes never wait for wrk-monitor's connection (no health, at once):
+        # the table shows health only once app-node's client is connected.
+        monitor = served.node.services.monitor
+        assert monitor is not None
+        await wait_until(lambda: monitor.connected, limit_s=30)
 
         listed = await served.cli("jobs", "list")
         assert listed.returncode == 0, listed.stderr

@@ -120,14 +120,28 @@ async def test_a_live_follower_sees_a_daemons_record_within_a_second_of_its_send
     shipper flushes every 20 ms; the target is the issue's)."""
     import time
 
+    from contracts.health import STATUS, StatusRequest
     from contracts.telemetry import FOLLOW, Follow, decode_batch
 
     with trio.fail_after(90):
         async with control_path(tmp_path, monitor=True) as path:
             assert path.monitor_client is not None
+            monitor = path.monitor_client
+            # Only the live path is timed: wrk-ork's shipper is connected (a job's
+            # records already came through it), not dialling wrk-monitor for the first time.
+            warm = await path.create(container("warm-up", gpus=9))
+            await wait_logs(path, warm.id, has(f"{ORK}: failed: "))
             arrivals: list[tuple[LogRecord, int]] = []
-            async with path.monitor_client.stream(
-                    FOLLOW, Follow(source=SYSTEM, snapshot=False)) as items:
+            async with monitor.stream(FOLLOW, Follow(source=SYSTEM, snapshot=False)) as items:
+                # ...and the follower is attached before the records are made: the
+                # request was only sent, and a busy wrk-monitor may not have read it yet
+                # (without a snapshot, what came before is not sent).
+                with trio.fail_after(20):
+                    while True:
+                        status_now = await monitor.call(STATUS, StatusRequest(), timeout_s=10)
+                        if status_now.details["followers"] >= 1:
+                            break
+                        await trio.sleep(0.02)
                 job = await path.create(container("followed", gpus=9))  # fails at once
                 async for item in items:
                     now = time.time_ns()

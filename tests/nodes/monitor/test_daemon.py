@@ -195,6 +195,10 @@ async def test_records_reach_loki_and_history_older_than_the_buffer_comes_back(t
                 await wait_until(lambda: len(loki.entries()) == 21, limit_s=20)
                 body = (await w.http.get("/jobs/j-1/logs", params={"limit": 100})).json()
                 assert texts(body) == [f"line {i}" for i in [*range(20), -5]]
+                # Loki stores the last push before the pusher reads its answer and
+                # counts it: wait for the pusher's side, not only Loki's copy.
+                await wait_until(lambda: w.monitor.observability.statistics().pushed >= 21,
+                                 limit_s=20)
                 text = (await w.http.get("/metrics")).text
                 assert metric(text, "monitor_loki_pushed_total") == 21
                 assert metric(text, "monitor_records_evicted_total") == 16

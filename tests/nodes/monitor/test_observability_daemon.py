@@ -108,6 +108,9 @@ async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restar
             async with httpx.AsyncClient(base_url=monitor.url, timeout=10) as http:
                 body = (await http.get("/jobs/j-1/logs", params={"limit": 100})).json()
                 assert body["history"] == "loki" and len(body["records"]) == 20
+                # Loki stores a push before the pusher reads its answer and counts it.
+                await wait_until(lambda: monitor.observability.statistics().pushed >= 20,
+                                 limit_s=20)
                 assert metric((await http.get("/metrics")).text,
                               "monitor_loki_pushed_total") == 20
             assert "s3cret" not in caplog.text

@@ -67,4 +67,6 @@ async def test_every_path_lands_in_the_window_and_reaches_wrk_monitor(tmp_path):
             assert got.requests_total == {"200": 6, "502": 1, "503": 1}
             [judged] = service.health.health(["j-chat"], service.clock())
             assert judged.health is ModelHealth.UNHEALTHY  # 3 of 8 failed
-            assert proxy.reporter.sent >= 1 and service.last_report_at is not None
+            # wrk-monitor takes a report before the proxy reads its answer and counts it.
+            await wait_until(lambda: proxy.reporter.sent >= 1, limit_s=20)
+            assert service.last_report_at is not None

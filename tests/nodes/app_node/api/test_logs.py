@@ -15,7 +15,7 @@ from nodes.app_node.api import _events, _logs
 from nodes.app_node.api._app import openapi
 
 from .conftest import Api, bearer
-from .test_events import _create, events, served
+from .test_events import Events, _create, events, served
 
 NS = 1_000_000_000
 
@@ -98,6 +98,24 @@ async def test_without_wrk_monitor_it_is_503(ork_api: Api) -> None:
         assert error["code"] == "monitor_unavailable" and "not configured" in error["message"]
 
 
+async def keepalives(stream: Events, n: int) -> None:
+    """Read ``stream`` until ``n`` more keep-alive comments came, and nothing else.
+
+    Waits for them rather than sleeping a fixed time: on a busy machine a 0.2 s
+    sleep may see one 0.05 s keep-alive only (each is re-armed after the last).
+    """
+    wanted = stream.comments + n
+    with trio.fail_after(10):
+        async for line in stream.lines:
+            if line.startswith(":"):
+                stream.comments += 1
+                if stream.comments >= wanted:
+                    return
+            else:
+                assert not line, line  # no event while nothing was appended
+    raise AssertionError("the stream ended")
+
+
 async def test_follow_sends_the_buffer_then_live_records(logs_api: Api,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     api = logs_api
@@ -111,7 +129,7 @@ async def test_follow_sends_the_buffer_then_live_records(logs_api: Api,
                 events(client, f"/jobs/{job}/logs?follow=1&source=system", owner) as stream:
             kind, data = await stream.next()
             assert kind == "records" and [x["text"] for x in data["records"]] == ["before"]
-            await trio.sleep(0.2)  # keep-alives while nothing comes
+            await keepalives(stream, 2)  # keep-alives while nothing comes
             _append(api, "other-job", ["not mine"])
             _append(api, job, ["after"])
             kind, data = await stream.next()
