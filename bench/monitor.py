@@ -172,6 +172,7 @@ async def _measure(monitor: _Child, port: int, total: int, in_flight: int, rate:
                    seconds: float):
     """Flat out (``total`` records, the warm-up too), then paced at ``rate`` for ``seconds``;
     ``monitor``'s CPU and GC seconds over the paced run."""
+    from contracts.health import STATUS, StatusRequest
     from contracts.log_shipper import LogShipper
     from contracts.telemetry import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
     from contracts.telemetry import LogRecord as R
@@ -222,8 +223,15 @@ async def _measure(monitor: _Child, port: int, total: int, in_flight: int, rate:
         results["flat_out"] = results["flat_out_records"] / (time.perf_counter() - began)
         nursery.start_soon(follow)
 
-        # Paced through a LogShipper at ``rate``.
-        await trio.sleep(0.5)
+        # Paced through a LogShipper at ``rate``, once the follower is attached
+        # (a fixed pause could end before it is on a starved machine).
+        for _ in range(int(WAIT_S / 0.05)):
+            status = await follower.call(STATUS, StatusRequest())
+            if status.details.get("followers", 0) >= 1:
+                break
+            await trio.sleep(0.05)
+        else:
+            raise RuntimeError(f"the follower did not attach within {WAIT_S} s")
         delays.clear()
         state["got"] = 0
         state["last"] = 0.0
