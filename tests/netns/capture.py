@@ -55,6 +55,8 @@ UDP = 17
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_SECONDS = 300.0
 BUFFER = 256 * 1024  # above the largest GSO packet a veth hands the socket
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+RCVBUF = 64 * 1024 * 1024  # the kernel's queue for the capture socket (see _capture)
 
 
 # -- the capture process ---------------------------------------------------------------
@@ -74,8 +76,15 @@ def _capture(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+    # SO_RCVBUF is capped by net.core.rmem_max (a few hundred KiB by default), which a
+    # relayed transfer on a busy machine overruns while this process waits for a core;
+    # as root, SO_RCVBUFFORCE gets past the cap. Either may be refused: keep the default.
+    for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, RCVBUF)
+            break
+        except OSError:
+            continue
     if args.iface != "any":
         sock.bind((args.iface, ETH_P_ALL))
     sock.setblocking(False)

@@ -146,7 +146,8 @@ def test_through_the_relay_16_mib_each_way_and_the_relay_sees_no_plaintext(
     assert sha256(tmp_path / "worker.out") == to_worker_sum
     assert sha256(tmp_path / "agent.out") == to_agent_sum
     # The relay host carried both directions (in and out of the relay: 4 x 16 MiB)...
-    assert seen.summary["bytes"] > 60 << 20 and not seen.summary.get("truncated")
+    assert seen.summary["bytes"] > 60 << 20 and not seen.summary.get("truncated"), \
+        seen.summary  # kernel_drops > 0: the capture fell behind
     # ...and never a byte of plaintext.
     assert not seen.contains(MARKER)
 

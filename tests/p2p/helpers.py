@@ -47,6 +47,34 @@ async def wait_until(condition, *, limit_s: float = 10.0, step_s: float = 0.02) 
             await trio.sleep(step_s)
 
 
+class Stoppable:
+    """A service task the test stops in the middle and starts again on the same
+    storage or port: :meth:`stop` returns once its cleanup has run (its lock
+    released, its socket closed), which cancelling a scope alone does not wait for.
+    """
+
+    def __init__(self) -> None:
+        self._scope = trio.CancelScope()
+        self._done = trio.Event()
+
+    async def start(self, nursery: trio.Nursery, serve, *args, **kwargs):
+        """``nursery.start(serve, *args, **kwargs)``, stoppable; what it started with."""
+
+        async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                with self._scope:
+                    await serve(*args, task_status=task_status, **kwargs)
+            finally:
+                self._done.set()
+
+        return await nursery.start(run)
+
+    async def stop(self, limit_s: float = 30.0) -> None:
+        self._scope.cancel()
+        with trio.fail_after(limit_s):
+            await self._done.wait()
+
+
 async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
     """GET ``path`` over a real TCP connection; return (status, the whole response)."""
     stream = await trio.open_tcp_stream(*address)

@@ -97,19 +97,16 @@ async def test_app_node_restarted_without_loki_makes_wrk_monitor_forget_it(tmp_p
                     monitor_addresses=[f"127.0.0.1:{monitor.swarm_address[1]}"],
                     telemetry={"ship": False}, observability=observability)
 
-            first = trio.CancelScope()
-
-            async def first_app_node(task_status=trio.TASK_STATUS_IGNORED):
-                with first:
-                    await serve_app_node(app_settings(loki_url="http://127.0.0.1:9/sent"),
-                                         task_status=task_status)
-
-            await nursery.start(first_app_node)
-            await wait_until(lambda: monitor.observability.state().origin == "app-node",
-                             limit_s=30)
-            assert monitor.observability.state().loki_url == "http://127.0.0.1:9/sent"
-            assert path.exists()
-            first.cancel()
+            # Its own nursery: leaving it waits until the first app-node has closed
+            # its storage (a cancel alone returns while it still unwinds).
+            async with trio.open_nursery() as first:
+                await first.start(serve_app_node,
+                                  app_settings(loki_url="http://127.0.0.1:9/sent"))
+                await wait_until(lambda: monitor.observability.state().origin == "app-node",
+                                 limit_s=30)
+                assert monitor.observability.state().loki_url == "http://127.0.0.1:9/sent"
+                assert path.exists()
+                first.cancel_scope.cancel()
             # The operator removed observability.loki_url: app-node clears it.
             await nursery.start(serve_app_node, app_settings())
             expected = "settings" if own_loki else "none"

@@ -30,7 +30,7 @@ from nodes.monitor.service import QUERY, Query
 from nodes.monitor.settings import MonitorSettings
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy
-from tests.p2p.helpers import wait_until
+from tests.p2p.helpers import Stoppable, wait_until
 
 from .loki_server import start_loki
 
@@ -72,13 +72,8 @@ async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restar
             secret_url = loki.url.replace("http://", "http://ops:s3cret@")
             sent = Observability(loki_url=secret_url, prometheus_url="http://prom:9090")
 
-            scope = trio.CancelScope()
-
-            async def first_monitor(task_status=trio.TASK_STATUS_IGNORED):
-                with scope:
-                    await serve_monitor(settings(0), task_status=task_status)
-
-            monitor: RunningMonitor = await nursery.start(first_monitor)
+            first = Stoppable()
+            monitor: RunningMonitor = await first.start(nursery, serve_monitor, settings(0))
             assert monitor.observability.state().loki is False  # nothing configured yet
             swarm = Swarm(app_key, config=SwarmConfig(host="127.0.0.1"))
             await nursery.start(swarm.run)
@@ -118,7 +113,7 @@ async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restar
             # wrk-monitor restarts on the same port: the file puts Loki back at once,
             # and app-node sends it again on its new connection.
             port = monitor.swarm_address[1]
-            scope.cancel()
+            await first.stop()  # its storage lock and port released
             await wait_until(lambda: not client.connected, limit_s=20)
             connections = client.connections
             monitor = await nursery.start(serve_monitor, settings(port))

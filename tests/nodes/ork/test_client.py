@@ -23,24 +23,19 @@ from p2p.keys import KeyPair
 from p2p.rpc import RpcError
 from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy
 
-from ...p2p.helpers import wait_until
+from ...p2p.helpers import Stoppable, wait_until
 from .world import World, container
 
 FAST = UpkeepPolicy(base_s=0.05, max_s=0.2, dial_timeout_s=2.0)
 
 
 async def start_ork(nursery: trio.Nursery, world: World, keypair: KeyPair, allowed: set[bytes],
-                    port: int = 0) -> tuple[trio.CancelScope, tuple[str, int]]:
+                    port: int = 0) -> tuple[Stoppable, tuple[str, int]]:
     service = OrkService(world.orch, allow=lambda key: key in allowed, clock=lambda: world.now)
     swarm = Swarm(keypair, config=SwarmConfig(host="127.0.0.1", port=port), services=[service])
-    scope = trio.CancelScope()
-
-    async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
-        with scope:
-            await swarm.run(task_status=task_status)
-
-    address = await nursery.start(run)
-    return scope, address
+    task = Stoppable()
+    address = await task.start(nursery, swarm.run)
+    return task, address
 
 
 async def test_calls_reach_wrk_ork_and_keep_its_error_codes():
@@ -69,13 +64,13 @@ async def test_a_restarted_wrk_ork_is_reached_again_and_a_dead_one_is_unavailabl
     world, ork_key, me = World(nodes=(8,)), KeyPair.generate(), KeyPair.generate()
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            scope, address = await start_ork(nursery, world, ork_key, {me.public_key})
+            ork, address = await start_ork(nursery, world, ork_key, {me.public_key})
             swarm = Swarm(me, config=SwarmConfig(host="127.0.0.1", port=0))
             await nursery.start(swarm.run)
             client = OrkClient(swarm, ork_key.public_key, addresses=[address], backoff=FAST)
             await nursery.start(client.run)
             await client.call(LIST_JOBS, ListJobs())
-            scope.cancel()
+            await ork.stop()  # its port closed: the restart binds it again
             await wait_until(lambda: not client.connected, limit_s=30)
             with pytest.raises(OrkUnavailable, match="is not reachable"):
                 await client.call(LIST_JOBS, ListJobs(), timeout_s=0.5)

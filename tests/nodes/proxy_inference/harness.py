@@ -32,7 +32,7 @@ from p2p.host import Service
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.metrics import ProcessMetrics
 from p2p.swarm import Swarm, SwarmConfig
-from tests.p2p.helpers import wait_until
+from tests.p2p.helpers import Stoppable, wait_until
 
 IMAGE = "docker://registry.example/cosmicac/vllm:1"
 
@@ -64,7 +64,7 @@ class ProxyWorld:
     jobs: StaticJobSource
     proxy: RunningProxy | None = None
     agents: dict[bytes, trio.CancelScope] = field(default_factory=dict)
-    _proxy_scope: trio.CancelScope | None = None
+    _proxy_task: Stoppable | None = None
 
     @property
     def bootstrap(self) -> tuple[tuple[str, int], ...]:
@@ -105,20 +105,16 @@ class ProxyWorld:
             "http": {"host": "127.0.0.1", "port": 0},
             "usage": {"flush_interval_s": 0.05}, "replica_backoff_s": 0.5, **settings})
         (self.root / "proxy").mkdir(exist_ok=True)
-        scope = self._proxy_scope = trio.CancelScope()
-
-        async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                source = self.jobs if job_source == "static" else job_source
-                await serve_proxy(config, job_source=source,  # type: ignore[arg-type]
-                                  metrics=metrics, task_status=task_status)
-
-        self.proxy = await self.nursery.start(run)
+        self._proxy_task = Stoppable()
+        source = self.jobs if job_source == "static" else job_source
+        self.proxy = await self._proxy_task.start(self.nursery, serve_proxy, config,
+                                                  job_source=source, metrics=metrics)
         return self.proxy
 
     async def stop_proxy(self) -> None:
-        assert self._proxy_scope is not None
-        self._proxy_scope.cancel()
+        """Stop the proxy and wait for its cleanup (a restart reuses its storage)."""
+        assert self._proxy_task is not None
+        await self._proxy_task.stop()
         self.proxy = None
 
     async def start_agent(self, keypair: KeyPair, services: Sequence[Service],
