@@ -15,20 +15,24 @@ database (with the bench's API key, both proxies admitted), wrk-ork's service
 Scenarios, one job each:
 
 * ``quiet``: one answering replica. A successful request logs nothing, so what
-  ``on`` pays is the shipper's polling task and its connection.
+  ``on`` pays is its idle connection (the shipper sleeps while it has nothing).
 * ``retrying``: a refusing and an answering replica, the proxy's replica back-off
   at 1 ms: about every other request logs ``proxy.retry`` (INFO) on its path and
   is shipped. The worst case the proxy's own logging makes.
 
 Load: ``wrk -t1 -c{--connections}`` for ``--duration`` s per run, a non-streaming
 chat. Every rep runs each scenario on both legs back to back, the order swapped each
-rep (the machine drifts); the median over ``--reps`` is printed, and
+rep (the machine drifts). The proxies are started twice, ``off`` first for half the
+reps and ``on`` first for the other half: in A/A runs (``--control``: neither leg
+ships) the process started first served ~8 % more, whatever its telemetry. The
+median over ``--reps`` is printed, and
 ``rps_ratio_<scenario>`` is the median of the reps' on/off ratios (each pair ran
 seconds apart); ``cpu_ms_ratio_<scenario>`` the same of the proxy's CPU per request
 (what other load on a shared machine moves least). JSON lines ``{"bench":
 "proxy_telemetry", "leg": "off"|"on"|"both", "metric": ...}``: ``rps_<s>`` (req/s),
 ``latency_p50_<s>`` / ``latency_p99_<s>`` (ms),
 ``cpu_ms_per_req_<s>`` (the proxy process's user + system CPU per request, ``/proc``),
+for ``on`` ``monitor_cpu_ms_per_req_<s>`` (wrk-monitor's, on the same cores here),
 ``errors_<s>``, ``requests_<s>``; for ``on``, ``records_shipped_<s>`` (records
 wrk-monitor acknowledged during that scenario's runs) and ``records_dropped``; and
 ``rps_ratio_<s>`` with the target (issue 14): on within 5 % of off (ratio >= 0.95).
@@ -197,8 +201,8 @@ def _cosmicac(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int, int]]:
-    """``cosmicac run wrk-monitor``; yields (its key, swarm port, HTTP port)."""
+def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int, int, int]]:
+    """``cosmicac run wrk-monitor``; yields (its key, swarm port, HTTP port, pid)."""
     storage = workdir / "monitor"
     storage.mkdir()
     http_port = _free_port()
@@ -215,7 +219,7 @@ def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int,
                 raise RuntimeError("wrk-monitor did not start: "
                                    + log.read_text(errors="replace")[-1500:])
             time.sleep(0.1)
-        yield match[1], int(match[3]), http_port
+        yield match[1], int(match[3]), http_port, proc.pid
 
 
 @contextlib.contextmanager
@@ -311,10 +315,10 @@ def run(leg: Leg, scenario: str, args: argparse.Namespace, samples: Samples) -> 
         samples.add(leg.name, f"cpu_ms_per_req_{scenario}", cpu * 1000 / got.requests)
 
 
-def measure(legs: dict[str, Leg], args: argparse.Namespace) -> tuple[Samples, dict[str, float]]:
-    samples = Samples()
-    shipped = dict.fromkeys(args.scenarios, 0.0)
-    for rep in range(args.reps):
+def measure(legs: dict[str, Leg], args: argparse.Namespace, reps: int, samples: Samples,
+            shipped: dict[str, float], monitor_pid: int) -> None:
+    """``reps`` rounds of every scenario on both legs into ``samples`` and ``shipped``."""
+    for rep in range(reps):
         for scenario in args.scenarios:
             order = ["off", "on"] if rep % 2 == 0 else ["on", "off"]
             for name in order:
@@ -322,15 +326,22 @@ def measure(legs: dict[str, Leg], args: argparse.Namespace) -> tuple[Samples, di
                     run(legs[name], scenario, args, samples)
                     continue
                 before = scrape(legs["on"].metrics_port).get("telemetry_records_sent_total", 0)
+                monitor_cpu = cpu_seconds([monitor_pid])
                 run(legs[name], scenario, args, samples)
+                monitor_cpu = cpu_seconds([monitor_pid]) - monitor_cpu
                 after = scrape(legs["on"].metrics_port).get("telemetry_records_sent_total", 0)
                 shipped[scenario] += after - before
+                # wrk-monitor shares this machine's cores with the proxy under test
+                # (in production it has a host of its own): what it took meanwhile.
+                requests = samples.values.get(("on", f"requests_{scenario}"), [0])[-1]
+                if requests:
+                    samples.add("on", f"monitor_cpu_ms_per_req_{scenario}",
+                                monitor_cpu * 1000 / requests)
             for metric, ratio in ((f"rps_{scenario}", f"rps_ratio_{scenario}"),
                                   (f"cpu_ms_per_req_{scenario}", f"cpu_ms_ratio_{scenario}")):
                 off = samples.values.get(("off", metric), [0.0])[-1]
                 on = samples.values.get(("on", metric), [0.0])[-1]
                 samples.add("both", ratio, on / off if off else 0.0)
-    return samples, shipped
 
 
 def report(samples: Samples, shipped: dict[str, float], final: dict[str, float],
@@ -402,22 +413,32 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         keys = {name: load_or_create_keypair(workdir / name).hex for name in ("off", "on")}
         world = stack.enter_context(start_world(workdir, list(keys.values())))
-        monitor_key, monitor_port, monitor_http = stack.enter_context(
+        monitor_key, monitor_port, monitor_http, monitor_pid = stack.enter_context(
             start_monitor(workdir, [keys["on"]]))
-        legs = {"off": stack.enter_context(start_proxy(workdir, "off", world, None)),
-                "on": stack.enter_context(start_proxy(workdir, "on", world, None if args.control
-                                                      else {"monitor": monitor_key,
-                                                            "monitor_addresses": [
-                                                                f"{HOST}:{monitor_port}"]}))}
-        if args.warm_up > 0:
-            for leg in legs.values():
-                for scenario in args.scenarios:
-                    run_wrk(leg.url, chat(scenario), api_key=SECRET,
-                            connections=args.connections, duration_s=args.warm_up)
-        samples, shipped = measure(legs, args)
-        final = scrape(legs["on"].metrics_port)
-        received = scrape(monitor_http).get("monitor_records_received_total", 0)
+        telemetry = {"off": None, "on": None if args.control else {
+            "monitor": monitor_key, "monitor_addresses": [f"{HOST}:{monitor_port}"]}}
+        samples, shipped = Samples(), dict.fromkeys(args.scenarios, 0.0)
+        final: dict[str, float] = {}
+        # Two sittings, the proxies started in one order and then the other: the
+        # process started first ran ~8 % faster in A/A runs (--control), whatever
+        # its telemetry, which one fixed order would book to telemetry.
+        for sitting, started in enumerate((("off", "on"), ("on", "off"))):
+            reps = args.reps // 2 + (args.reps % 2 if sitting == 0 else 0)
+            if reps == 0:
+                continue
+            with contextlib.ExitStack() as proxies:
+                legs = {name: proxies.enter_context(
+                    start_proxy(workdir, name, world, telemetry[name])) for name in started}
+                if args.warm_up > 0:
+                    for leg in legs.values():
+                        for scenario in args.scenarios:
+                            run_wrk(leg.url, chat(scenario), api_key=SECRET,
+                                    connections=args.connections, duration_s=args.warm_up)
+                measure(legs, args, reps, samples, shipped, monitor_pid)
+                for key, value in scrape(legs["on"].metrics_port).items():
+                    final[key] = final.get(key, 0.0) + value
         report(samples, shipped, final, args)
+        received = scrape(monitor_http).get("monitor_records_received_total", 0)
         print(f"wrk-monitor received {received:.0f} records in all", file=sys.stderr)
     return 0
 
