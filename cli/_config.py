@@ -7,7 +7,6 @@ command about half a second.)
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 __all__ = ["config_dir", "write_private"]
@@ -32,14 +31,7 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
     The temporary file is created 0600, so the secret is never readable by
     others even for a moment; a crash leaves the old file whole.
     """
+    from p2p.daemon import write_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
-                                     prefix=f".{path.name}.") as tmp:
-        tmp.write(text)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    try:
-        os.chmod(tmp.name, mode)
-        os.replace(tmp.name, path)
-    finally:
-        Path(tmp.name).unlink(missing_ok=True)
+    write_atomically(path, text.encode(), mode=mode)

@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import NodeInfo, RackReport
+from p2p.daemon import write_atomically
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 
@@ -210,14 +211,7 @@ def _last_line(path: Path, max_bytes: int = 2048) -> str:
 
 
 def _write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomically(path, text.encode(), mode=mode)
 
 
 class LocalBackend:

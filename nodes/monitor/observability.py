@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +74,7 @@ from contracts.telemetry import (
     ObservabilityState,
     redact_url,
 )
+from p2p.daemon import sync_directory, write_atomically
 
 from .loki import LokiPusher, LokiPusherStatistics, LokiReader, LokiRecord
 from .prometheus import PrometheusReader
@@ -129,21 +129,8 @@ def save_persisted(storage: Path, value: Observability) -> None:
 
     Blocking: call it in a thread. Raises OSError.
     """
-    path = storage / OBSERVABILITY_FILE
-    tmp = path.with_name(path.name + ".tmp")
     body = json.dumps({"version": 1, **value.model_dump()}, indent=2).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(storage, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
+    write_atomically(storage / OBSERVABILITY_FILE, body, durable=True)
 
 
 def remove_persisted(storage: Path) -> bool:
@@ -156,11 +143,7 @@ def remove_persisted(storage: Path) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    dir_fd = os.open(storage, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the deletion survives a crash
-    finally:
-        os.close(dir_fd)
+    sync_directory(storage)  # the deletion survives a crash
     return True
 
 

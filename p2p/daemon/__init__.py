@@ -13,6 +13,7 @@ See ``p2p/daemon/README.md`` for a daemon written on it.
 """
 
 from ..metrics import MetricsBindError, ProcessMetrics
+from ._files import sync_directory, write_atomically
 from ._lock import LOCK_FILE, StorageInUse, StorageLock, StorageUnusable, lock_storage
 from ._logging import JsonFormatter, configure_logging
 from ._run import Daemon, DaemonError, fatal, run_daemon, run_until_signalled
@@ -59,4 +60,6 @@ __all__ = [
     "run_daemon",
     "run_until_signalled",
     "split_list",
+    "sync_directory",
+    "write_atomically",
 ]

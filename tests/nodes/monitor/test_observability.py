@@ -167,7 +167,9 @@ async def test_what_app_node_sent_is_read_back_at_start_over_the_settings(tmp_pa
             await holder.set(sent)
             path = tmp_path / OBSERVABILITY_FILE
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-            assert not (tmp_path / (OBSERVABILITY_FILE + ".tmp")).exists()
+            # No temporary file is left beside it.
+            assert [p.name for p in tmp_path.iterdir() if OBSERVABILITY_FILE in p.name] == [
+                OBSERVABILITY_FILE]
             # A restart: the file wins over the settings' Loki.
             again = ObservabilityHolder.from_storage(
                 tmp_path, settings_url="http://other:3100", settings_tenant=None,
