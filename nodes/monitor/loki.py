@@ -62,6 +62,8 @@ import trio
 
 from contracts.telemetry import redact_url
 
+from .errors import BackendError
+
 __all__ = [
     "LokiError",
     "LokiPusher",
@@ -117,20 +119,14 @@ class LokiRecord(NamedTuple):
         return (("service", self.service), ("source", self.source), ("job_id", self.job_id))
 
 
-class LokiError(Exception):
+class LokiError(BackendError):
     """Loki answered with an error, or with something that is not its documented shape.
 
     ``status`` is the HTTP status (0 when no answer came); ``message`` is
     Loki's own text (its error bodies are plain text).
     """
 
-    def __init__(self, status: int, message: str, *, url: str = "") -> None:
-        where = f"Loki at {url}" if url else "Loki"
-        super().__init__(f"{where} answered {status}: {message}" if status
-                         else f"{where} unreachable: {message}")
-        self.status = status
-        self.message = message
-        self.url = url
+    backend = "Loki"
 
 
 def logql_string(value: str) -> str:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx
 import pydantic
 
+from .errors import BackendError
 from .loki import logql_string, split_credentials
 
 __all__ = ["MAX_MINUTES", "MAX_POINTS", "PrometheusError", "PrometheusReader", "job_queries"]
@@ -43,15 +44,10 @@ MAX_POINTS = 120
 MAX_MINUTES = 24 * 60
 
 
-class PrometheusError(Exception):
+class PrometheusError(BackendError):
     """Prometheus answered with an error, an undocumented body, or not at all (status 0)."""
 
-    def __init__(self, status: int, message: str, *, url: str = "") -> None:
-        where = f"Prometheus at {url}" if url else "Prometheus"
-        super().__init__(f"{where} answered {status}: {message}" if status
-                         else f"{where} unreachable: {message}")
-        self.status = status
-        self.message = message
+    backend = "Prometheus"
 
 
 class _Series(pydantic.BaseModel):
