@@ -14,7 +14,6 @@ import time
 import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.telemetry import (
     PUSH,
@@ -33,6 +32,7 @@ from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy
 from tests.p2p.helpers import Stoppable, wait_until
 
 from .loki_server import start_loki
+from .test_daemon import metric
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +41,6 @@ BASE_NS = time.time_ns() - 3600 * 10**9
 
 def rec(i: int):
     return make_record(f"line {i}", service="wrk-ork", job_id="j-1", time_ns=BASE_NS + i)
-
-
-def metric(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    raise AssertionError(f"{name} not in /metrics")
 
 
 async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restart(
