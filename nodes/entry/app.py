@@ -156,7 +156,7 @@ class EntryApp:
         if length is not None and length > self.max_body_bytes:
             return await _respond(send, 413, error_body(
                 "BODY_TOO_LARGE", f"the request body ({length} bytes) is beyond the "
-                f"entry point's limit of {self.max_body_bytes} bytes", service))
+                f"entry point's limit of {self.max_body_bytes} bytes", service), close=True)
         has_body = length is not None or any(k == b"transfer-encoding"
                                              for k, _ in scope["headers"])
         client_host = scope["client"][0] if scope.get("client") else None
@@ -206,7 +206,7 @@ class EntryApp:
             state.done = True  # an error document is the whole answer
             state.status = await _respond(send, 413, error_body(
                 "BODY_TOO_LARGE", f"the request body is beyond the entry point's limit of "
-                f"{exc.limit} bytes", service))
+                f"{exc.limit} bytes", service), close=True)
             return
         except httpx.TimeoutException as exc:
             self._failed(service, "UPSTREAM_TIMEOUT", request, exc)
@@ -315,9 +315,14 @@ def _shielded(send):
     return send_shielded
 
 
-async def _respond(send, status: int, body: bytes) -> int:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+async def _respond(send, status: int, body: bytes, *, close: bool = False) -> int:
+    """Send a whole JSON answer; ``close``: say ``Connection: close`` (the rest of
+    the request body is never read, so the connection cannot carry another request,
+    and a client that pooled it would send its next request into a closing socket)."""
+    headers = [*_JSON, (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return status
 

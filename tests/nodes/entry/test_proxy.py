@@ -113,12 +113,15 @@ async def test_a_body_beyond_the_limit_is_refused_with_413():
         declared = await client.post("/api/echo", content=b"x" * (2 * 1024 * 1024))
         assert declared.status_code == 413
         assert declared.json()["error"]["code"] == "BODY_TOO_LARGE"
+        # The rest of the body is never read: the connection is not pooled again.
+        assert declared.headers.get("connection") == "close"
         try:
             streamed = await client.post("/api/echo", content=chunks())
         except httpx.TransportError:  # the door may close while the client still sends
             pass
         else:
             assert streamed.status_code == 413
+            assert streamed.headers.get("connection") == "close"
         assert (await client.post("/api/echo", content=b"x" * 1024)).status_code == 200
 
 
