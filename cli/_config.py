@@ -31,7 +31,7 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
     The temporary file is created 0600, so the secret is never readable by
     others even for a moment; a crash leaves the old file whole.
     """
-    from p2p.daemon import write_atomically
+    from p2p.files import private_folder, write_atomically
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     write_atomically(path, text.encode(), mode=mode)

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import trio
 
+from p2p.files import private_file, private_folder
+
 __all__ = ["ServiceSpec", "ServiceState", "StartFailed", "Supervisor"]
 
 #: Longest line kept for the status table.
@@ -127,7 +129,7 @@ class Supervisor:
             StartFailed: a service did not become ready within ``start_timeout_s``
                 (everything started is stopped first).
         """
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self.log_dir)  # logs name jobs, users and their shell commands
         failure: StartFailed | None = None
         try:
             async with trio.open_nursery() as nursery:
@@ -175,6 +177,7 @@ class Supervisor:
     async def _run_once(self, service: _Service) -> None:
         spec = service.spec
         log_path = self.log_dir / f"{spec.name}.log"
+        private_file(log_path)
         with log_path.open("ab") as log_file:
             try:
                 process = await trio.lowlevel.open_process(

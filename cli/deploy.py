@@ -41,6 +41,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from contracts.model import first_error
 from contracts.telemetry import Observability
+from p2p.files import private_folder
 
 from ._args import port_option
 from ._config import write_private
@@ -280,7 +281,7 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
     from .up import service_configs
 
     existed = folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)  # identities, configs with tokens, the deployment plan
     out.print(f"deployment {folder} ({'exists' if existed else 'created'})")
     write_private(folder / "deployment.json", plan.model_dump_json(indent=2) + "\n")
     try:  # a service moved to its host may have left only its public key here

@@ -28,6 +28,7 @@ from pathlib import Path
 import typer
 
 from p2p.daemon import ConfigError, DaemonSettings, load_settings, run_daemon
+from p2p.files import private_folder
 
 from ._args import config_option
 from ._config import config_dir
@@ -132,7 +133,7 @@ def apply_config(
     target = folder / f"{service.value}{suffix}"
     tmp_name = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        private_folder(folder)
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
                                          prefix=f".{service.value}.") as tmp:
             tmp_name = tmp.name

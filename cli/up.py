@@ -40,6 +40,8 @@ from pathlib import Path
 import trio
 import typer
 
+from p2p.files import private_file, private_folder
+
 from ._args import config_option, port_option
 from ._config import write_private
 from ._console import err, fail
@@ -167,13 +169,13 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
 def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[ServiceSpec]:
     """Write each service's config under ``<storage>/config`` and return the specs."""
     config_dir = storage / "config"
-    config_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(config_dir)  # configs carry tokens and keys
     bootstrap = [_addr(ports.dht)]
     configs = service_configs(storage, ports, keys, default_image=LOCAL_IMAGE)
     files = {}
     for name, config in configs.items():
         path = config_dir / f"{name}.json"
-        path.write_text(json.dumps(config, indent=2) + "\n")
+        write_private(path, json.dumps(config, indent=2) + "\n")
         files[name] = str(path)
 
     def run(name: str) -> tuple[str, ...]:
@@ -257,8 +259,8 @@ def up(
                  code=2)
         shutil.rmtree(storage)
     try:
-        storage.mkdir(parents=True, exist_ok=True)
-        (storage / MARKER).touch()
+        private_folder(storage)  # every daemon's storage, configs, logs and credentials
+        private_file(storage / MARKER)
         from p2p.keys import load_or_create_keypair
         keys = {name: load_or_create_keypair(storage / name).hex for name in KEYED}
         specs = build_specs(storage, Ports.from_base(base_port), keys)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from p2p.files import write_atomically
 from p2p.keys import format_key
 from p2p.log import FsyncPolicy
 from p2p.swarm import Swarm
@@ -109,11 +110,7 @@ async def _keep_status_file(path: Path, db: Database, replicator: Replicator,
                             address: tuple[str, int]) -> None:
     while True:
         document = status_document(db, replicator, address)
-        await trio.to_thread.run_sync(_write_atomically, path, json.dumps(document, indent=1))
+        await trio.to_thread.run_sync(write_atomically, path,
+                                      (json.dumps(document, indent=1) + "\n").encode())
         await trio.sleep(STATUS_INTERVAL_S)
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text + "\n")
-    os.replace(temporary, path)

@@ -16,7 +16,6 @@ back to the full replay.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from array import array
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import msgpack
 
+from p2p.files import write_atomically
 from p2p.keys import format_key
 from p2p.log import WriterLog
 
@@ -87,9 +87,7 @@ def save_snapshot(path: Path, snapshot: Snapshot) -> None:
           list(w.stop) if w.stop else None] for w in snapshot.writers.values()],
         [list(item) for item in snapshot.admin_entries],
     ]
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(msgpack.packb(document, use_bin_type=True))
-    os.replace(temporary, path)
+    write_atomically(path, msgpack.packb(document, use_bin_type=True))
 
 
 def load_snapshot(path: Path, db: bytes) -> Snapshot | None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2p.files import private_folder, write_atomically
 from p2p.keys import format_key
 
 from ._errors import CrdtError, DatabaseMismatch
@@ -99,7 +100,8 @@ class Layout:
         Raises:
             DatabaseMismatch: ``explicit`` and the folder holds another database.
         """
-        self.logs.mkdir(parents=True, exist_ok=True)
+        private_folder(self.storage)
+        private_folder(self.logs)
         if self.meta.exists():
             stored = self.read_bootstrap()
             if explicit and stored != bootstrap:
@@ -107,7 +109,6 @@ class Layout:
                     f"{self.storage} holds database {format_key(stored)}, not "
                     f"{format_key(bootstrap)}; use another --storage folder")
             return stored
-        temporary = self.meta.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"format": FORMAT, "bootstrap": bootstrap.hex()}) + "\n")
-        os.replace(temporary, self.meta)
+        write_atomically(self.meta, (json.dumps({"format": FORMAT, "bootstrap": bootstrap.hex()})
+                                     + "\n").encode())
         return bootstrap

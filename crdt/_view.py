@@ -57,6 +57,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2p.files import private_file
+
 from ._entries import Entry, EntryId
 from ._errors import BadEntry, CrdtError
 from ._ops import ADMIN_OPS, hash_secret, validate_op
@@ -287,6 +289,8 @@ class View:
         if db is not None and not (isinstance(db, bytes) and len(db) == _KEY_BYTES):
             raise ValueError("db must be the 32-byte bootstrap key")
         path = os.fspath(path)
+        if path != ":memory:" and not path.startswith("file:"):
+            private_file(path)  # every team's key inventory and usage; -wal/-shm follow
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         with _closed_on_failure(conn, path):
             conn.execute("PRAGMA journal_mode=WAL")

@@ -31,6 +31,7 @@ import nacl.exceptions
 import nacl.signing
 
 from .errors import IdentityError, KeyFormatError
+from .files import private_folder
 
 __all__ = [
     "IDENTITY_FILE",
@@ -209,7 +210,7 @@ def load_or_create_keypair(storage: str | os.PathLike[str]) -> KeyPair:
     folder = Path(storage)
     path = folder / IDENTITY_FILE
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        private_folder(folder)
     except OSError as exc:
         raise IdentityError(f"cannot create storage folder {folder}: {exc.strerror}") from exc
     if path.exists():

@@ -49,6 +49,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contracts.model import key_hex
+from p2p.files import private_file
 
 from ._rows import (
     _USER,
@@ -170,8 +171,10 @@ class Store(RecordsMixin):
         path = None if path is None else Path(path)
         where = ":memory:" if path is None else str(path)
         try:
+            if path is not None:
+                private_file(path)  # password hashes; -wal/-shm inherit its mode
             conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open app-node's store {where}: {exc}; "
                              "check the path and its permissions") from exc
         try:

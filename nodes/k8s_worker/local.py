@@ -64,6 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import NodeInfo, RackReport
 from p2p.daemon import write_atomically
+from p2p.files import private_folder
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 
@@ -386,7 +387,7 @@ class LocalBackend:
         folder = self._folder(vmi)
         config_path = folder / "agent.json"
         try:
-            (folder / "storage").mkdir(parents=True, exist_ok=True)
+            private_folder(folder / "storage")  # the agent's identity and job tokens
             config = vmi.agent.model_copy(update={"storage": str(folder / "storage")})
             _write_atomically(config_path, config.to_json())
         except OSError as exc:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.model import JobSpec, ReplicaPlacement, ReplicaState
+from p2p.files import private_file
 
 __all__ = ["ReplicaRecord", "StoreError", "WorkerStore"]
 
@@ -111,6 +112,8 @@ class WorkerStore:
         """
         name = ":memory:" if path is None else str(path)
         try:
+            if path is not None:
+                private_file(path)  # report tokens and job specs; -wal/-shm inherit its mode
             db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
@@ -121,7 +124,7 @@ class WorkerStore:
             elif int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"{name} has schema {row[0]}, newer than this worker's "
                                  f"{SCHEMA_VERSION}: upgrade the worker")
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             raise StoreError(f"cannot use worker state {name}: {exc}") from None
         return cls(db, name)
 

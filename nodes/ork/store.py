@@ -48,6 +48,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from contracts.model import JobSpec, JobStatus, RackReport, ReplicaPlacement
 from nodes.control import CreateReplica, DeleteReplica, Operation, RestartReplica
+from p2p.files import private_file
 
 from .errors import StoreError
 from .status import ReplicaStatus
@@ -201,6 +202,8 @@ class Store:
         """
         where = ":memory:" if path is None else str(path)
         try:
+            if path is not None:
+                private_file(path)  # job specs and team ids; -wal/-shm inherit its mode
             conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA foreign_keys = ON")
             if path is not None:
@@ -208,7 +211,7 @@ class Store:
                 conn.execute("PRAGMA synchronous = FULL")
             store = cls(conn, path)
             store._migrate()
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             raise StoreError(f"cannot open wrk-ork's store {where}: {exc}; "
                              "check the path and its permissions") from exc
         return store

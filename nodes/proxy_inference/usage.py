@@ -39,6 +39,7 @@ import trio
 
 from contracts.inference import Usage
 from crdt import AddAudioUsage, AddTokenUsage, CrdtError, Database, MarkKeyUsed, Op
+from p2p.files import write_atomically
 
 __all__ = ["PENDING_FILE", "Bucket", "UsageBook", "UsageRecorder", "utc_day"]
 
@@ -310,15 +311,7 @@ class UsageRecorder:
             return
         text = json.dumps(self.book.to_json())
 
-        def write() -> None:
-            temporary = path.with_name(path.name + ".tmp")
-            with open(temporary, "w", encoding="utf-8") as file:
-                file.write(text)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-
-        await trio.to_thread.run_sync(write)
+        await trio.to_thread.run_sync(write_atomically, path, text.encode())
         log.warning("proxy.usage_saved path=%s buckets=%d reason=not written to the database "
                     "yet; it will be at the next start", path, len(self.book.buckets))
 

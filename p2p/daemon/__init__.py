@@ -12,8 +12,15 @@
 See ``p2p/daemon/README.md`` for a daemon written on it.
 """
 
+from ..files import (
+    PRIVATE_FILE_MODE,
+    PRIVATE_FOLDER_MODE,
+    private_file,
+    private_folder,
+    sync_directory,
+    write_atomically,
+)
 from ..metrics import MetricsBindError, ProcessMetrics
-from ._files import sync_directory, write_atomically
 from ._lock import LOCK_FILE, StorageInUse, StorageLock, StorageUnusable, lock_storage
 from ._logging import JsonFormatter, configure_logging
 from ._run import Daemon, DaemonError, fatal, run_daemon, run_until_signalled
@@ -33,6 +40,8 @@ from ._types import (
 
 __all__ = [
     "LOCK_FILE",
+    "PRIVATE_FILE_MODE",
+    "PRIVATE_FOLDER_MODE",
     "Address",
     "AddressList",
     "ConfigError",
@@ -57,6 +66,8 @@ __all__ = [
     "load_settings",
     "lock_storage",
     "parse_address",
+    "private_file",
+    "private_folder",
     "run_daemon",
     "run_until_signalled",
     "split_list",

@@ -15,6 +15,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from ..files import private_folder
+
 __all__ = ["LOCK_FILE", "StorageInUse", "StorageLock", "StorageUnusable", "lock_storage"]
 
 LOCK_FILE = "LOCK"
@@ -78,7 +80,7 @@ def _read_pid(fd: int) -> int | None:
 
 
 def lock_storage(storage: str | os.PathLike[str]) -> StorageLock:
-    """Create ``storage`` if needed and take its lock, or refuse.
+    """Create ``storage`` if needed (0700; an existing one is tightened) and lock it, or refuse.
 
     Returns:
         The held :class:`StorageLock` (a context manager).
@@ -90,8 +92,8 @@ def lock_storage(storage: str | os.PathLike[str]) -> StorageLock:
     """
     folder = Path(storage).resolve()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_folder(folder)  # every daemon's storage: owner only (p2p.files)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise StorageUnusable(folder, exc) from None
     try:

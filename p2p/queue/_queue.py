@@ -59,6 +59,7 @@ from pathlib import Path
 import outcome
 import trio
 
+from p2p.files import private_folder
 from p2p.keys import KeyPair, format_key
 from p2p.log import FsyncPolicy, Head, PreparedBatch, WriterLog
 
@@ -162,7 +163,7 @@ class DurableQueue:
     @classmethod
     def _open_blocking(cls, directory: Path, keypair: KeyPair, peer: bytes,
                        config: QueueConfig) -> DurableQueue:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_folder(directory)
         lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         opened: list[WriterLog | PositionFile] = []
         try:

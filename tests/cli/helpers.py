@@ -90,12 +90,15 @@ def pids_using(path: Path) -> list[int]:
 
 
 @asynccontextmanager
-async def running_up(storage: Path, base: int, env: dict[str, str] | None = None):
-    """``cosmicac up`` on ``storage`` (stdout and stderr piped); on the way out it
-    and every process naming ``storage`` are killed, so a failed test leaves none."""
+async def running_up(storage: Path, base: int, env: dict[str, str] | None = None, *,
+                     umask: int | None = None):
+    """``cosmicac up`` on ``storage`` (stdout and stderr piped), under ``umask`` if
+    given; on the way out it and every process naming ``storage`` are killed, so a
+    failed test leaves none."""
     proc = await trio.lowlevel.open_process(
         [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=None if umask is None else (lambda: os.umask(umask)))
     try:
         yield proc
     finally:

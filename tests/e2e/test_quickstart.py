@@ -6,6 +6,11 @@ Logs in, creates an inference job on the ``local`` runtime and waits for
 create`` and finds exactly that usage in ``cosmicac apikeys usage``, creates a
 container job and runs ``cosmicac shell JOB -- echo hi``, restarts and deletes
 both jobs, and stops ``up`` with SIGINT with no process left behind.
+
+``up`` runs under umask 000 in a folder every local user may enter, and
+afterwards a local user (``nobody``) tries to read what it kept there: the
+identities, configs, credentials, databases, logs and outboxes must be owner-only
+whatever the operator's umask.
 """
 
 from __future__ import annotations
@@ -13,14 +18,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import trio
 
 from ..cli.helpers import COSMICAC, UP, free_base_port, pids_using, read_until, running_up
+from ..p2p.helpers import exposed_paths
 
 pytestmark = pytest.mark.slow
 
@@ -68,12 +77,40 @@ async def _usage_once_replicated(cli: Cli, key_id: str, want_total: int) -> list
     return rows
 
 
-async def test_quickstart_through_the_cli(tmp_path: Path) -> None:
-    storage = tmp_path / "up"
+def _read_as_nobody(root: Path) -> list[str]:
+    """What user ``nobody`` can open or list under ``root`` (a real non-root process)."""
+    probe = (
+        "import os, sys\n"
+        "root = sys.argv[1]\n"
+        "for folder, folders, files in os.walk(root, onerror=lambda e: None):\n"
+        "    print('listed', folder)\n"
+        "    for name in files:\n"
+        "        try:\n"
+        "            open(os.path.join(folder, name), 'rb').close()\n"
+        "            print('read', os.path.join(folder, name))\n"
+        "        except OSError:\n"
+        "            pass\n")
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+         "-I", "-c", probe, str(root)], capture_output=True, check=True, timeout=60)
+    return result.stdout.decode().splitlines()
+
+
+@pytest.fixture
+def shared_folder() -> Path:
+    """A folder under /tmp that every local user may enter, as a careless /srv would be."""
+    folder = Path(tempfile.mkdtemp(prefix="cosmicac-e2e-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -> None:
+    storage = shared_folder / "up"
     base = free_base_port()
     env = dict(os.environ, COSMICAC_CONFIG_DIR=str(tmp_path / "config"))
     env.pop("COSMICAC_SERVER", None)
-    async with running_up(storage, base, env) as process:
+    async with running_up(storage, base, env, umask=0) as process:
         with trio.fail_after(120):
             url = (await read_until(process.stdout, UP))[1]
         creds = json.loads((storage / "credentials.json").read_text())
@@ -124,7 +161,12 @@ async def test_quickstart_through_the_cli(tmp_path: Path) -> None:
             assert gone.returncode == 1, gone
         assert await cli.json("jobs", "list") == []
 
+        # What it kept, while it runs (the databases' WAL files exist now).
+        assert exposed_paths(storage) == []
+        assert await trio.to_thread.run_sync(_read_as_nobody, storage) == []
+
         process.send_signal(signal.SIGINT)
         with trio.fail_after(20):
             assert await process.wait() == 0
         assert pids_using(storage) == []
+    assert exposed_paths(storage) == []

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 import trio
 import trio.testing
 
@@ -87,3 +91,19 @@ async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
                 data += chunk
     status = int(data.split(b" ", 2)[1])
     return status, data
+
+
+def exposed_paths(root: Path) -> list[str]:
+    """Every file or folder under ``root`` (itself included) whose mode lets a
+    group or others read, write or enter it: ``"<path> 0o644"`` each, sorted."""
+    found = set()
+    for folder, folders, files in os.walk(root):
+        for name in (".", *folders, *files):
+            path = Path(folder) / name
+            try:
+                mode = stat.S_IMODE(os.lstat(path).st_mode)
+            except FileNotFoundError:
+                continue  # a temporary renamed away while we walked
+            if mode & 0o077 and not stat.S_ISLNK(os.lstat(path).st_mode):
+                found.add(f"{path.resolve().relative_to(root.resolve().parent)} {oct(mode)}")
+    return sorted(found)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import trio
 
+from p2p.files import PRIVATE_FILE_MODE, private_folder
+
 from ._errors import EmailRejected, EmailUnavailable
 from ._message import EmailMessage, SendResult, key_digest, to_mime
 
@@ -83,11 +85,12 @@ class OutboxSender:
         name = f"{now_ns:020d}-{message.kind.value}{suffix}"
         tmp = self.folder / f".tmp-{name}"
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            private_folder(self.folder)  # live reset and invitation links: owner only
             for existing in self.folder.iterdir():
                 if existing.name.endswith(suffix) and not existing.name.startswith("."):
                     return SendResult(message_id=existing.name, backend=_BACKEND, duplicate=True)
-            with open(tmp, "wb") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                              PRIVATE_FILE_MODE), "wb") as f:
                 f.write(raw)
                 f.flush()
                 os.fsync(f.fileno())

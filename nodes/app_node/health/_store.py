@@ -27,6 +27,8 @@ from typing import Protocol
 
 import trio
 
+from p2p.files import private_file
+
 from ._model import MAX_ROWS, HealthRow
 
 __all__ = ["HealthStore", "HealthStoreError", "SqliteHealthStore"]
@@ -89,6 +91,7 @@ class SqliteHealthStore:
             HealthStoreError: it cannot be opened or is not such a store.
         """
         try:
+            private_file(path)
             conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
