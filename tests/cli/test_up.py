@@ -116,9 +116,11 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
                              step_s=0.2)
             # wrk-ork and the worker ship the job's System steps to wrk-monitor.
             logs_url = f"http://127.0.0.1:{base + 15}/jobs/{job.id}/logs"
+            token = (storage / "wrk-monitor" / "http-token").read_text().strip()
 
             def services() -> set[str]:
-                body = httpx.get(logs_url, timeout=10).json()
+                body = httpx.get(logs_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {token}"}).json()
                 return {r["service"] for r in body["records"] if r["source"] == "System"}
 
             seen: set[str] = set()
