@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
@@ -282,3 +284,40 @@ def test_follow_slots_are_bounded_per_client_and_in_total():
     for client in ("a", "b", "b", "c", "d"):
         f.release_stream(client)
     assert f.streams == 0 and f.client_streams == {}
+
+
+ADDRESSES = st.one_of(st.ip_addresses(v=4).map(str), st.sampled_from(
+    ["10.0.0.1", "10.0.0.77", "::1", "198.51.100.1", "garbage", ""]))
+
+
+@given(peer=ADDRESSES, hops=st.lists(ADDRESSES, max_size=6), trusting=st.booleans())
+def test_no_forwarded_header_names_a_client_the_peer_is_not_trusted_to_name(peer, hops,
+                                                                              trusting):
+    trusted = PROXY_NET if trusting else []
+    headers = {"X-Forwarded-For": ", ".join(hops)} if hops else {}
+    client = client_address(scope("/metrics", headers, (peer, 1)), trusted)
+    if not any(ipaddress.ip_address(peer) in net for net in trusted
+               if peer and peer != "garbage"):
+        assert client == peer  # an untrusted peer is the client, whatever it claims
+    else:
+        # One of the hops (or the peer when there are none), never past an untrusted one.
+        named = [h.strip() for h in ", ".join(hops).split(",") if h.strip()]
+        untrusted = [i for i, h in enumerate(named)
+                     if h == "garbage" or not any(ipaddress.ip_address(h) in n
+                                                  for n in trusted)]
+        if untrusted:
+            assert client == str(named[untrusted[-1]])[:64]
+        assert len(client) <= 64
+
+
+@given(header=st.text(max_size=80))
+def test_only_the_exact_token_as_a_bearer_passes(header):
+    guard = Guard(lambda *a: None, front())
+    try:
+        header.encode("latin-1")
+    except UnicodeEncodeError:
+        return  # not a header value
+    refusal = guard.refusal(scope("/metrics", {"Authorization": header}))
+    scheme, _, given = header.encode("latin-1").partition(b" ")
+    allowed = scheme.lower() == b"bearer" and given.strip() == TOKEN.encode()
+    assert (refusal is None) == allowed
