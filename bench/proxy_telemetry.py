@@ -214,7 +214,9 @@ def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int,
     config.write_text(json.dumps({"storage": str(storage), "host": HOST, "port": 0,
                                   "http": {"host": HOST, "port": http_port,
                                            "token": MONITOR_TOKEN},
-                                  "pushers": pushers, "log_format": "json"}))
+                                  # The proxies ship logs and report health, as in up.
+                                  "pushers": pushers, "proxies": pushers,
+                                  "log_format": "json"}))
     log = workdir / "monitor.log"
     with _process(_cosmicac("wrk-monitor", "--config", str(config)), log,
                   _project_env()) as proc:
