@@ -163,7 +163,7 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
     monitor_config.write_text(json.dumps({
         "storage": str(tmp_path / "monitor"), "host": "127.0.0.1", "port": 0,
         "http": {"host": "127.0.0.1", "port": 0, "token_file": str(token_file)},
-        "pushers": [proxy_key.hex]}))
+        "pushers": [proxy_key.hex], "proxies": [proxy_key.hex]}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
     with trio.fail_after(150):
         async with process("run", "wrk-monitor", "--config", str(monitor_config),
