@@ -196,6 +196,10 @@ def start_world(workdir: Path, proxy_keys: list[str]) -> Iterator[dict[str, str]
 # --- the daemons ---
 
 
+#: wrk-monitor's HTTP bearer token here (every route wants one).
+MONITOR_TOKEN = "bench-proxy-telemetry-monitor"
+
+
 def _cosmicac(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", "run", *args]
 
@@ -208,8 +212,11 @@ def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int,
     http_port = _free_port()
     config = workdir / "monitor.json"
     config.write_text(json.dumps({"storage": str(storage), "host": HOST, "port": 0,
-                                  "http": {"host": HOST, "port": http_port},
-                                  "pushers": pushers, "log_format": "json"}))
+                                  "http": {"host": HOST, "port": http_port,
+                                           "token": MONITOR_TOKEN},
+                                  # The proxies ship logs and report health, as in up.
+                                  "pushers": pushers, "proxies": pushers,
+                                  "log_format": "json"}))
     log = workdir / "monitor.log"
     with _process(_cosmicac("wrk-monitor", "--config", str(config)), log,
                   _project_env()) as proc:
@@ -252,11 +259,13 @@ def start_proxy(workdir: Path, name: str, world: dict[str, str],
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The unlabelled samples of ``http://HOST:port/metrics``."""
+    """The unlabelled samples of ``http://HOST:port/metrics`` (wrk-monitor's wants
+    :data:`MONITOR_TOKEN`; the daemon kit's endpoint ignores it)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"http://{HOST}:{port}/metrics", timeout=10).text
+    text = httpx.get(f"http://{HOST}:{port}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {MONITOR_TOKEN}"}).text
     return {sample.name: sample.value for family in text_string_to_metric_families(text)
             for sample in family.samples if not sample.labels}
 

@@ -13,6 +13,7 @@ The deployment folder (``--dir``, ``COSMICAC_DEPLOY_DIR``, default
     <dir>/env/<service>.env       each unit's EnvironmentFile (``wire`` writes
                                   PROXY_AUTOBASE_KEY into proxy-inference's)
     <dir>/<service>/              each daemon's identity and state
+    <dir>/wrk-monitor/http-token  wrk-monitor's HTTP bearer token (0600; kept across runs)
 
 Which key each config names is decided in one place for ``up`` and here:
 :func:`cli.up.service_configs`. Every step is safe to run again: identities are
@@ -54,11 +55,13 @@ from .up import (
     KEYED,
     LOCAL_IMAGE,
     MONITOR,
+    MONITOR_TOKEN_FILE,
     ORK,
     PROXY,
     RELAY,
     WORKER,
     Ports,
+    ensure_monitor_token,
 )
 
 __all__ = ["SERVICES", "Deployment", "autobase_connect", "bootstrap", "restart", "wire"]
@@ -298,6 +301,12 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
             keys[name], state = load_or_create_keypair(folder / name).hex, "created"
         out.print(f"identity   {name:<22} {keys[name]}  {state}")
     write_private(folder / "keys.json", json.dumps(keys, indent=2) + "\n", 0o644)
+    token_file = folder / MONITOR / MONITOR_TOKEN_FILE
+    if (folder / MONITOR / "identity").exists():
+        state = ensure_monitor_token(folder / MONITOR)
+    else:  # kept on wrk-monitor's host with its identity
+        state = "not here (on wrk-monitor's host, beside its identity)"
+    out.print(f"token      {MONITOR + ' http':<22} {token_file}  {state}")
 
     ports = Ports.from_base(plan.base_port)
     worker: dict | None = None if plan.backend == "local" else {  # None: up's 2 x 8 GPUs
@@ -366,6 +375,10 @@ def _next_steps(folder: Path, plan: Deployment) -> None:
     out.print(f"  - start them (each host its own): sudo systemctl enable --now {units}")
     out.print(f"  - on app-node's host, as the user that runs it: cosmicac autobase-connect"
               f"{dir_flag}")
+    out.print(f"  - give Prometheus wrk-monitor's token (every route of its HTTP side wants "
+              f"it): a copy of {folder / MONITOR / MONITOR_TOKEN_FILE} readable by "
+              "Prometheus, named by the scrape's authorization.credentials_file "
+              "(deploy/prometheus.yml)")
     out.print("  - sign up the first admin: POST http://"
               f"{plan.host(ENTRY)}:{Ports.from_base(plan.base_port).entry}/api/auth/signup, "
               f"then cosmicac login --server http://{plan.host(ENTRY)}:"

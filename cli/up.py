@@ -14,6 +14,7 @@ config can name the keys of the services it talks to. The layout::
     <storage>/<service>/          each daemon's identity and state
     <storage>/logs/<service>.log
     <storage>/credentials.json    the admin and an API key (first start)
+    <storage>/wrk-monitor/http-token  wrk-monitor's HTTP bearer token (0600; first start)
 
 On the way out the local backend's agent processes are stopped too: they
 live in sessions of their own so that they outlive a worker restart, as VMIs
@@ -47,7 +48,8 @@ from ._config import write_private
 from ._console import err, fail
 from ._supervisor import ServiceSpec, StartFailed, Supervisor
 
-__all__ = ["Ports", "build_specs", "service_configs", "up"]
+__all__ = ["MONITOR_TOKEN_FILE", "Ports", "build_specs", "ensure_monitor_token",
+           "service_configs", "up"]
 
 MARKER = ".cosmicac-up"
 DEFAULT_BASE_PORT = 49737
@@ -67,6 +69,24 @@ RELAY, DHT, APP, ORK, WORKER, PROXY, MONITOR, ENTRY = (
     "relay", "dht", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference",
     "wrk-monitor", "entry")
 KEYED = (RELAY, APP, ORK, WORKER, PROXY, MONITOR)
+#: wrk-monitor's HTTP bearer token, in its folder (``http.token_file``).
+MONITOR_TOKEN_FILE = "http-token"
+
+
+def ensure_monitor_token(folder: Path) -> str:
+    """wrk-monitor's HTTP token file in ``folder``: kept when there, else a new random
+    token written 0600 (whatever the umask). Returns ``created`` or ``kept``.
+
+    Every route of wrk-monitor's HTTP side wants it (nodes/monitor/_http.py): the
+    operator's and Prometheus' (``credentials_file``); users read logs through app-node.
+    """
+    path = folder / MONITOR_TOKEN_FILE
+    if path.exists():
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        return "kept"
+    write_private(path, secrets.token_urlsafe(32) + "\n")
+    return "created"
 
 
 @dataclass(frozen=True)
@@ -153,12 +173,19 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
                 "ork": keys[ORK], "ork_addresses": ork_addresses,
                 "http": {"host": at(PROXY), "port": ports.proxy_http},
                 "telemetry": telemetry},
-        # The daemons above ship their logs to it; app-node follows it for
-        # `cosmicac jobs logs`. Only the daemons' keys may push.
+        # The daemons above ship their logs to it (pushers); the proxy pushes its
+        # per-job windows (proxies), the worker its agents' figures (workers);
+        # app-node reads for `cosmicac jobs logs` and sets Loki (followers). Each
+        # list is exactly who needs it (nodes/monitor/service.py, METHOD_ROLES).
+        # Its HTTP side wants the token in its folder (ensure_monitor_token); the
+        # entry point in front of it names the client in X-Forwarded-For.
         MONITOR: {"storage": str(storage / MONITOR), "host": listen, "port": ports.monitor,
                   "bootstrap": bootstrap, "relays": relays, "followers": [keys[APP]],
                   "pushers": [keys[name] for name in (APP, ORK, WORKER, PROXY)],
-                  "http": {"host": at(MONITOR), "port": ports.monitor_http}},
+                  "proxies": [keys[PROXY]], "workers": [keys[WORKER]],
+                  "http": {"host": at(MONITOR), "port": ports.monitor_http,
+                           "token_file": str(storage / MONITOR / MONITOR_TOKEN_FILE),
+                           "trusted_proxies": [at(ENTRY)]}},
         ENTRY: {"host": at(ENTRY), "port": ports.entry,
                 "api_url": f"http://{at(APP)}:{ports.app_http}",
                 "inference_url": f"http://{at(PROXY)}:{ports.proxy_http}",
@@ -263,6 +290,7 @@ def up(
         private_file(storage / MARKER)
         from p2p.keys import load_or_create_keypair
         keys = {name: load_or_create_keypair(storage / name).hex for name in KEYED}
+        ensure_monitor_token(storage / MONITOR)
         specs = build_specs(storage, Ports.from_base(base_port), keys)
     except OSError as exc:
         fail(f"cannot prepare {storage}: {exc.strerror or exc}")
@@ -383,6 +411,9 @@ async def _credentials(storage: Path, ports: Ports) -> None:
     print(f"  {cli_session}", flush=True)
     print(f"  OpenAI base URL {creds['url']}/inference/v1 (the API key as bearer)",
           flush=True)
+    token = storage / MONITOR / MONITOR_TOKEN_FILE
+    print(f"  wrk-monitor {creds['url']}/monitor/metrics (operators, Prometheus): "
+          f"Authorization: Bearer $(cat {token})", flush=True)
     print("Ctrl-C stops everything.", flush=True)
 
 

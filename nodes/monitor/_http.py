@@ -3,11 +3,29 @@
 Routes (each also under ``/monitor``: the entry point strips that prefix
 today, nodes/entry/routes.py, but a deployment behind another proxy may not)::
 
-    GET /metrics                                   Prometheus text (open)
+    GET /metrics                                   Prometheus text
     GET /jobs/{job_id}/logs?source=&since=&limit=  JSON {"job_id", "records", "history"}
     GET /jobs/{job_id}/logs?follow=1&source=&since= text/event-stream
     GET /jobs/{job_id}/metrics?minutes=60          JSON {"job_id", "minutes", "step_s",
                                                    "start", "end", "series": {name: [[t, v]]}}
+
+Authentication (every route: each reveals a team's data, ``/metrics`` too,
+whose labels name every team's jobs): ``Authorization: Bearer <token>``, the
+operator's ``http.token`` (or ``http.token_file``), compared in constant time.
+Checked by :class:`Guard`, in front of every route, before anything is read:
+
+=====  =====================  ==========================================================
+403    ``HTTP_TOKEN_NOT_SET``   wrk-monitor has no token: it serves nothing over HTTP
+                                (fail closed); the message names the setting
+401    ``UNAUTHORIZED``         no bearer, or not the token (``WWW-Authenticate: Bearer``)
+413    ``BODY_NOT_ALLOWED``     the request has a body: no route reads one, so none is
+                                read (``Connection: close``)
+=====  =====================  ==========================================================
+
+The token is the operator's and Prometheus' (a scrape's ``authorization``
+with ``credentials_file``); users read their jobs' logs through app-node
+(``GET /api/jobs/{id}/logs``, which checks their team and calls ``logs.query``
+/ ``logs.follow`` over the swarm). Nothing in the platform reads this side.
 
 ``/metrics`` of a job: its request rate, error rate and first-byte p95 over the
 last ``minutes`` (1-1440, default 60), read from the Prometheus app-node named
@@ -30,22 +48,22 @@ Follow: the buffer's matching records, then live ones, each an SSE event
 ``id: <seq>`` / ``data: <record JSON>``; a comment (``: keep-alive``) every
 :data:`KEEPALIVE_S` when idle (proxies close silent streams); a follower
 that falls behind gets ``event: lagged`` and the stream ends (follow again
-with ``since``). At most :data:`MAX_HTTP_FOLLOWERS` at once (503 beyond).
-
-Authentication: with ``http.token`` set, the logs routes want ``Authorization:
-Bearer <token>`` (401 otherwise; compared in constant time). ``/metrics``
-is never protected: Prometheus scrapes it on a private address. Until
-app-node's ``/api/jobs/{id}/logs`` (per-user access, over RPC) exists, this
-token is the only guard of the logs routes.
+with ``since``). At most ``http.max_followers`` at once, and
+``http.max_followers_per_client`` per client (503 ``TOO_MANY_FOLLOWERS``
+beyond either), so one client cannot take them all. The client is its
+address: the TCP peer's, or, when the peer is one of ``http.trusted_proxies``
+(the entry point, Caddy), the ``X-Forwarded-For`` address nearest to it that
+is not a trusted proxy (:func:`client_address`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -54,6 +72,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.telemetry import SOURCES, LogRecord
 
@@ -61,12 +80,20 @@ from ._buffer import LogBuffer
 from .loki import LokiError, LokiReader, LokiRecord
 from .prometheus import MAX_MINUTES, PrometheusError, PrometheusReader
 
-__all__ = ["KEEPALIVE_S", "MAX_HTTP_FOLLOWERS", "MAX_LIMIT", "LogsFront", "create_app"]
+__all__ = ["KEEPALIVE_S", "MAX_HTTP_FOLLOWERS", "MAX_HTTP_FOLLOWERS_PER_CLIENT", "MAX_LIMIT",
+           "TOKEN_SETTING", "Guard", "LogsFront", "client_address", "create_app"]
 
 #: An idle follow stream sends a comment this often.
 KEEPALIVE_S = 15.0
-#: Follow streams over HTTP at once.
+#: Follow streams over HTTP at once (``http.max_followers``).
 MAX_HTTP_FOLLOWERS = 256
+#: … of one client (``http.max_followers_per_client``).
+MAX_HTTP_FOLLOWERS_PER_CLIENT = 16
+#: What an operator sets to open the HTTP side (in the 403 without a token).
+TOKEN_SETTING = ("http.token_file (or http.token; COSMICAC_MONITOR__HTTP__TOKEN_FILE); "
+                 "cosmicac up and bootstrap write <storage>/http-token")
+#: Characters of a client's identity kept (an X-Forwarded-For hop is the client's text).
+MAX_CLIENT_CHARS = 64
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 5000
 #: How far back a history read without ``since`` asks Loki.
@@ -87,13 +114,82 @@ class LogsFront:
     readers: Callable[[], LokiReader | None] | None = None
     #: The reader of the Prometheus in force now (None: no metrics history).
     prometheus: Callable[[], PrometheusReader | None] | None = None
+    #: The bearer token every route wants; None: every route is refused (403).
     token: str | None = None
     keepalive_s: float = KEEPALIVE_S
-    #: HTTP follow streams now.
+    max_followers: int = MAX_HTTP_FOLLOWERS
+    max_followers_per_client: int = MAX_HTTP_FOLLOWERS_PER_CLIENT
+    #: Reverse proxies whose ``X-Forwarded-For`` names the client (``http.trusted_proxies``).
+    trusted_proxies: Sequence[str] = ()
+    #: HTTP follow streams now, and per client.
     streams: int = 0
+    client_streams: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._trusted = tuple(ipaddress.ip_network(n, strict=False)
+                              for n in self.trusted_proxies)
 
     def current_reader(self) -> LokiReader | None:
         return self.readers() if self.readers is not None else self.reader
+
+    def client(self, scope: Scope) -> str:
+        """The client of a request, for the per-client bound (:func:`client_address`)."""
+        return client_address(scope, self._trusted)
+
+    def take_stream(self, client: str) -> str | None:
+        """Count a new follow stream of ``client``; None, or why it is refused."""
+        if self.streams >= self.max_followers:
+            return (f"wrk-monitor serves at most {self.max_followers} follow streams "
+                    "(http.max_followers); close one first")
+        if self.client_streams.get(client, 0) >= self.max_followers_per_client:
+            return (f"at most {self.max_followers_per_client} follow streams per client "
+                    "(http.max_followers_per_client); close one first")
+        self.streams += 1
+        self.client_streams[client] = self.client_streams.get(client, 0) + 1
+        return None
+
+    def release_stream(self, client: str) -> None:
+        self.streams -= 1
+        left = self.client_streams.get(client, 1) - 1
+        if left > 0:
+            self.client_streams[client] = left
+        else:
+            self.client_streams.pop(client, None)
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+
+
+def _trusted(address: str, trusted: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
+             ) -> bool:
+    ip = _ip(address)
+    return ip is not None and any(ip in network for network in trusted)
+
+
+def client_address(scope: Scope,
+                   trusted: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
+                   ) -> str:
+    """Who sent a request: the TCP peer's address, unless the peer is a trusted
+    proxy; then the ``X-Forwarded-For`` hop nearest to it that is not trusted
+    (each proxy appends the address it heard from, so hops further left are
+    the client's own claim and never believed past an untrusted one). A hop
+    that is not an IP address is the client (cut to :data:`MAX_CLIENT_CHARS`)."""
+    client = scope.get("client")
+    peer = str(client[0]) if client else "unknown"
+    if not trusted or not _trusted(peer, trusted):
+        return peer
+    hops = [hop.strip()
+            for name, value in scope.get("headers", ()) if name == b"x-forwarded-for"
+            for hop in value.decode("latin-1").split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop, trusted):
+            ip = _ip(hop)
+            return str(ip) if ip is not None else hop[:MAX_CLIENT_CHARS]
+    return str(_ip(hops[0])) if hops else peer
 
 
 def record_json(record: LogRecord | LokiRecord, seq: int | None = None) -> dict[str, Any]:
@@ -113,12 +209,71 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
                         headers=headers)
 
 
-def _authorised(front: LogsFront, request: Request) -> bool:
-    if front.token is None:
-        return True
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(),
-                                                                  front.token.encode())
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+class Guard:
+    """In front of every route (ASGI): no body, and the operator's bearer token.
+
+    Refuses before the app runs (the table in the module docstring): a route
+    added later is guarded without doing anything.
+    """
+
+    def __init__(self, app: ASGIApp, front: LogsFront) -> None:
+        self.app = app
+        self.front = front
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> Response | None:
+        """The answer that refuses this request, or None to serve it."""
+        length = _header(scope, b"content-length")
+        if _header(scope, b"transfer-encoding") is not None or (
+                length is not None and length.strip() != b"0"):
+            response = _error(413, "BODY_NOT_ALLOWED", "wrk-monitor's routes take no "
+                              "request body; send none")
+            response.headers["connection"] = "close"  # the body is never read
+            return response
+        token = self.front.token
+        if token is None:
+            return _error(403, "HTTP_TOKEN_NOT_SET", "wrk-monitor serves nothing over HTTP "
+                          f"until its operator sets {TOKEN_SETTING}; users read their "
+                          "jobs' logs at /api/jobs/{id}/logs")
+        scheme, _, given = (_header(scope, b"authorization") or b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(),
+                                                                       token.encode()):
+            return _error(401, "UNAUTHORIZED", "send Authorization: Bearer <wrk-monitor's "
+                          "http.token>; users read their jobs' logs at /api/jobs/{id}/logs")
+        return None
+
+
+class _FollowResponse(StreamingResponse):
+    """A follow stream whose slot is given back however the response ends
+    (even when its body is never started: the client left first)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            release, self._release = self._release, lambda: None
+            release()
 
 
 def _int_param(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -131,15 +286,13 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
     return value
 
 
-def create_app(front: LogsFront) -> Starlette:
-    """The ASGI app over ``front``."""
+def create_app(front: LogsFront) -> ASGIApp:
+    """The ASGI app over ``front``, every route behind :class:`Guard`."""
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(front.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def logs(request: Request) -> Response:
-        if not _authorised(front, request):
-            return _error(401, "UNAUTHORIZED", "send Authorization: Bearer <http.token>")
         job_id = request.path_params["job_id"]
         source = request.query_params.get("source") or None
         if source is not None and source not in SOURCES:
@@ -151,18 +304,15 @@ def create_app(front: LogsFront) -> Starlette:
             return _error(400, "BAD_REQUEST", str(exc))
         assert limit is not None
         if request.query_params.get("follow") in ("1", "true", "yes"):
-            if front.streams >= MAX_HTTP_FOLLOWERS:
-                return _error(503, "TOO_MANY_FOLLOWERS",
-                              f"at most {MAX_HTTP_FOLLOWERS} follow streams; close one first")
-            return StreamingResponse(_follow(front, job_id, source, since),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
+            client = front.client(request.scope)
+            refused = front.take_stream(client)
+            if refused is not None:
+                return _error(503, "TOO_MANY_FOLLOWERS", refused)
+            return _FollowResponse(_follow(front, job_id, source, since),
+                                   lambda: front.release_stream(client))
         return JSONResponse(await _read(front, job_id, source, since, limit))
 
     async def job_metrics(request: Request) -> Response:
-        if not _authorised(front, request):
-            return _error(401, "UNAUTHORIZED", "send Authorization: Bearer <http.token>")
         try:
             minutes = _int_param(request, "minutes", 60, 1, MAX_MINUTES)
         except ValueError as exc:
@@ -184,7 +334,7 @@ def create_app(front: LogsFront) -> Starlette:
         routes += [Route(prefix + "/metrics", metrics, methods=["GET"]),
                    Route(prefix + "/jobs/{job_id}/logs", logs, methods=["GET"]),
                    Route(prefix + "/jobs/{job_id}/metrics", job_metrics, methods=["GET"])]
-    return Starlette(routes=routes)
+    return Guard(Starlette(routes=routes), front)
 
 
 async def _read(front: LogsFront, job_id: str, source: str | None, since: int | None,
@@ -227,7 +377,6 @@ async def _follow(front: LogsFront, job_id: str, source: str | None,
     def notify() -> None:
         wake.set()
 
-    front.streams += 1
     follower = front.buffer.follow(job_id=job_id, source=source, since_ns=since,
                                    snapshot=True, notify=notify)
     try:
@@ -248,6 +397,5 @@ async def _follow(front: LogsFront, job_id: str, source: str | None,
                 yield b": keep-alive\n\n"
             wake = trio.Event()
     finally:
-        front.streams -= 1
         front.buffer.unfollow(follower)
 

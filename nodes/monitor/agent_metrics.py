@@ -7,9 +7,10 @@ seconds each worker pushes the latest of all its agents
 (:class:`~contracts.telemetry.AgentMetricsReport`, ``metrics.agents``; sender:
 ``nodes/k8s_worker/agent_metrics.py``). Each agent is labelled by the worker
 from the VMI its key is bound to, so an agent can only ever speak for its own
-replica; the worker, in turn, must be one of wrk-monitor's ``pushers``
+replica; the worker, in turn, must be one of wrk-monitor's ``workers``
 (``allow_any_pusher`` never admits this method: it opens logs to agents, and
-an agent must not forge other agents' figures).
+an agent must not forge other agents' figures; nor may a proxy or another
+pusher, whose keys are on other lists).
 
 :class:`AgentMetricsBook` (sans-IO) keeps the newest report of each worker
 with the time it came (wrk-monitor's clock) and nothing older; a worker silent
@@ -27,20 +28,20 @@ replica moved), the newer report wins. Plus ``cosmicac_monitor_agent_metrics_sen
 and ``cosmicac_monitor_agent_metrics_reports_total``.
 
 :func:`install` adds the handler to a running
-:class:`~nodes.monitor.service.MonitorService`'s router (its ``pushers`` and
-clock are read at each call, so a reload of the pushers applies).
+:class:`~nodes.monitor.service.MonitorService` (``add_method``: its ``workers``
+are checked at each call, so a reload of them applies).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from contracts.telemetry import METRICS_AGENTS, AgentMetrics, AgentMetricsReport, MetricsResult
-from p2p.rpc import CallContext, Router, RpcError
+from p2p.rpc import CallContext, Method, RpcError
 
 __all__ = ["AgentMetricsBook", "TooManyAgents", "agent_metrics_registry", "install"]
 
@@ -174,23 +175,19 @@ def agent_metrics_registry(book: AgentMetricsBook, clock: Callable[[], float]
 
 
 class _Service(Protocol):
-    router: Router
-    pushers: set[bytes]
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
     last_report_at: float | None
 
+    def add_method(self, method: Method, handler: Callable[..., Any]) -> None: ...
+
 
 def install(service: _Service, book: AgentMetricsBook) -> None:
-    """Serve ``metrics.agents`` on ``service`` into ``book`` (pushers only)."""
+    """Serve ``metrics.agents`` on ``service`` into ``book`` (its ``workers`` only)."""
 
     async def metrics_agents(params: AgentMetricsReport, ctx: CallContext) -> MetricsResult:
-        # Workers only (pushers from config): never allow_any_pusher, which may
-        # admit agents, who must not speak for other agents.
         key = ctx.remote_public_key
-        if key is None or key not in service.pushers:
-            raise RpcError("FORBIDDEN", "this key may not push agent metrics to wrk-monitor; "
-                                        "add the worker's key to its pushers")
+        assert key is not None  # add_method checked it is a worker's
         try:
             book.accept(key, params, service.clock())
         except TooManyAgents as exc:
@@ -198,4 +195,4 @@ def install(service: _Service, book: AgentMetricsBook) -> None:
         service.last_report_at = service.wall_clock()
         return MetricsResult(accepted=len(params.agents))
 
-    service.router.add(METRICS_AGENTS, metrics_agents)
+    service.add_method(METRICS_AGENTS, metrics_agents)

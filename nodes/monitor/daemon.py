@@ -46,8 +46,8 @@ from .agent_metrics import AgentMetricsBook, agent_metrics_registry, install
 from .health import HealthBook, Thresholds
 from .loki import LokiPusherStatistics
 from .observability import ObservabilityHolder, to_loki
-from .service import MonitorService
-from .settings import MonitorSettings
+from .service import ROLES, MonitorService
+from .settings import HttpTokenError, MonitorSettings
 
 __all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor", "to_loki",
            "tune_gc"]
@@ -136,6 +136,7 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
     Raises:
         HttpBindError, OSError: a port cannot be bound.
     """
+    token = await trio.to_thread.run_sync(settings.http.resolved_token)  # HttpTokenError
     keypair = await trio.to_thread.run_sync(load_or_create_keypair, settings.storage)
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
@@ -153,6 +154,7 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
     book = HealthBook(Thresholds(**settings.health.model_dump()))
     service = MonitorService(buffer, pushers=settings.pushers,
                              allow_any_pusher=settings.allow_any_pusher,
+                             proxies=settings.proxies, workers=settings.workers,
                              followers=settings.followers,
                              on_records=observability.offer,
                              health=book, observability=observability)
@@ -171,7 +173,11 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
                                      swarm.metrics.registry)
     front = LogsFront(buffer=buffer, registry=registry,
                       readers=lambda: observability.reader,
-                      prometheus=lambda: observability.prometheus, token=settings.http.token)
+                      prometheus=lambda: observability.prometheus, token=token,
+                      max_followers=settings.http.max_followers,
+                      max_followers_per_client=settings.http.max_followers_per_client,
+                      trusted_proxies=settings.http.trusted_proxies)
+    _log_access(settings, token)
     swarm.add_service(service)
     async with trio.open_nursery() as nursery:
         await nursery.start(observability.run)
@@ -187,6 +193,23 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
             http_address=http_address, swarm_address=swarm_address, swarm=swarm,
             service=service, front=front, observability=observability))
         await trio.sleep_forever()
+
+
+def _log_access(settings: MonitorSettings, token: str | None) -> None:
+    """Say at start who may call what, and what is closed for want of a setting."""
+    empty = [role for role in ROLES if not getattr(settings, role)
+             and not (role == "pushers" and settings.allow_any_pusher)]
+    log.info("monitor.access pushers=%s proxies=%d workers=%d followers=%d http_token=%s",
+             "any" if settings.allow_any_pusher else len(settings.pushers),
+             len(settings.proxies), len(settings.workers), len(settings.followers),
+             "set" if token else "unset")
+    if empty:
+        log.warning("monitor.access.empty lists=%s: their methods are refused to every key "
+                    "(service.py METHOD_ROLES); add the peers' keys to these settings",
+                    ",".join(empty))
+    if token is None:
+        log.warning("monitor.http.closed: no http.token or http.token_file, so every HTTP "
+                    "route (/metrics and the logs) answers 403 HTTP_TOKEN_NOT_SET")
 
 
 def tune_gc() -> None:
@@ -210,9 +233,11 @@ async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
     try:
         running: RunningMonitor = await daemon.nursery.start(functools.partial(
             serve_monitor, settings, metrics=daemon.metrics))
-    except (OSError, BaseExceptionGroup) as exc:
-        cause = _os_error(exc)  # a failed bind comes wrapped in nurseries' groups
-        if cause is None:
+    except (OSError, HttpTokenError, BaseExceptionGroup) as exc:
+        cause = _leaf(exc)  # a failed bind comes wrapped in nurseries' groups
+        if isinstance(cause, HttpTokenError):
+            raise DaemonError(str(cause)) from None
+        if not isinstance(cause, OSError):
             raise
         if isinstance(cause, HttpBindError):
             raise DaemonError(str(cause)) from None
@@ -225,10 +250,10 @@ async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
           flush=True)
 
 
-def _os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind a failed start, if that is all ``exc`` holds."""
+def _leaf(exc: BaseException) -> BaseException | None:
+    """The one error behind a failed start, if that is all ``exc`` holds."""
     while isinstance(exc, BaseExceptionGroup):
         if len(exc.exceptions) != 1:
             return None
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
+    return exc

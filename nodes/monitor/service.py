@@ -21,19 +21,40 @@ what one RPC channel carries (p2p/rpc README: ~2,000 calls/s one at a time),
 and the answer is the shipper's acknowledgement (it keeps a batch until it is
 answered). A shipper may keep a few pushes in flight.
 
-Who may push: the keys in ``pushers`` (the platform's daemons, known from
-config), or anyone while ``allow_any_pusher`` is set. Agents' keys are not known
-in advance; the proposal (to be decided with the daemon's wiring) is that the
-daemon sets ``allow_any_pusher`` while config ``telemetry.open`` is on, and
-otherwise adds each agent's key when its worker learns it (``agent.hello``
-binds it). A pusher can only add records, which are labelled by what it
-claims; the ``service`` field is not proven (a later version may prefix it
-with the caller's key). Who may follow: the keys in ``followers`` (app-node,
-the CLI's key through app-node), since logs may hold secrets.
+Who may call what (:data:`METHOD_ROLES`, least privilege): every method names
+the one allow-list whose keys may call it, and the check is made for every
+call before its handler runs (:meth:`MonitorService.add_method`; a method
+without a row cannot be added, and a name no handler serves is
+``UNKNOWN_METHOD``). The lists are the daemon's settings, each naming exactly
+the peers that need it (``cosmicac up``/``bootstrap`` write them):
+
+==================  =============  =======================================================
+method              allow-list     who is in it
+==================  =============  =======================================================
+logs.push           ``pushers``    the daemons that ship their logs (app-node, wrk-ork,
+                                   the workers, the proxies), or anyone while
+                                   ``allow_any_pusher`` is set (see below)
+metrics.push        ``proxies``    proxy-inference (its per-job windows: model health)
+metrics.agents      ``workers``    the workers (their agents' figures)
+logs.follow,        ``followers``  app-node (it checks the user's team, then reads for
+logs.query,                        them: ``GET /api/jobs/{id}/logs``)
+health.jobs,
+service.status,
+observability.*
+==================  =============  =======================================================
+
+An empty list admits nobody (a wrk-monitor started with no ``followers`` serves
+no logs; it never opens up). ``allow_any_pusher`` admits any key to
+``logs.push`` only: agents' keys are not known in advance (today agents ship
+through their worker, so it stays off); a pusher can only add records, which
+are labelled by what it claims (the ``service`` field is not proven). It never
+admits ``metrics.push`` (an agent could paint any job Unhealthy) or
+``metrics.agents`` (an agent could speak for other agents). Refusals are
+``FORBIDDEN`` naming the setting to add the key to.
 
 ``logs.query`` (:data:`QUERY`) is the same filter without the stream: the newest
 ``limit`` matching records still in the buffer, in one answer (app-node's
-``GET /api/jobs/{job}/logs`` without ``follow``); same followers only. A
+``GET /api/jobs/{job}/logs`` without ``follow``). A
 stream's snapshot could serve it too, but a reader could not tell where the
 snapshot ends and live records begin. With a Loki in force and a ``job_id``
 asked, when the buffer holds fewer than ``limit`` the older part comes from
@@ -43,17 +64,17 @@ Loki (``query_range``, records strictly older than the buffer's first, within
 level or replica: ``level`` 0 (``NOTSET``: unknown) and ``replica`` nil.
 
 ``observability.set`` / ``observability.get`` / ``observability.clear``
-(``contracts.telemetry``, followers only: app-node): the Loki and Prometheus URLs
+(``contracts.telemetry``; app-node): the Loki and Prometheus URLs
 in force, swapped at runtime by
 :class:`~nodes.monitor.observability.ObservabilityHolder`; ``clear`` forgets what
 app-node sent (back to wrk-monitor's own ``loki`` settings, else none).
 
-``metrics.push`` (``contracts.telemetry.METRICS_PUSH``, pushers only): a
+``metrics.push`` (``contracts.telemetry.METRICS_PUSH``, proxies): a
 proxy's latest per-job window; kept as that sender's newest report in the
 :class:`~nodes.monitor.health.HealthBook` (wrk-monitor's clock, bounded senders),
-answered with the jobs taken. ``health.jobs`` (:data:`~nodes.monitor.health.HEALTH_JOBS`,
-followers only): each asked job's model health and figures. ``service.status``
-(``contracts.health.STATUS``, followers only): ``queue_depth`` the records
+answered with the jobs taken. ``health.jobs`` (:data:`~nodes.monitor.health.HEALTH_JOBS`):
+each asked job's model health and figures. ``service.status``
+(``contracts.health.STATUS``): ``queue_depth`` the records
 waiting for Loki (0 without Loki), ``last_report_at`` the newest push of logs
 or metrics (wall clock), ``details`` the metrics senders, buffered records and
 drop counts. Among them ``metrics_sender_ages`` (:func:`sender_ages_detail`): every
@@ -76,7 +97,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,17 +131,37 @@ from contracts.telemetry import (
     split_batches,
 )
 from p2p.host import RpcService
-from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError
+from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
 
 from ._buffer import LogBuffer
 from .health import HEALTH_JOBS, HealthBook, HealthQuery, HealthResult, TooManySenders
 from .loki import LokiError, LokiReader
 
-__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "MAX_LISTED_SENDERS", "QUERY",
-           "SENDER_AGES", "MonitorService", "Query", "QueryResult", "parse_sender_ages",
-           "sender_ages_detail"]
+__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "MAX_LISTED_SENDERS", "METHOD_ROLES",
+           "QUERY", "ROLES", "SENDER_AGES", "MonitorService", "Query", "QueryResult",
+           "parse_sender_ages", "sender_ages_detail"]
 
 log = logging.getLogger(__name__)
+
+#: The allow-lists (settings of the same names), each the keys of one kind of peer.
+ROLES = ("pushers", "proxies", "workers", "followers")
+#: Who may call each method (the module docstring's table). A method not here
+#: cannot be added to the service.
+METHOD_ROLES: dict[str, str] = {
+    "logs.push": "pushers",
+    "metrics.push": "proxies",
+    "metrics.agents": "workers",
+    "logs.follow": "followers",
+    "logs.query": "followers",
+    "health.jobs": "followers",
+    "service.status": "followers",
+    "observability.set": "followers",
+    "observability.get": "followers",
+    "observability.clear": "followers",
+}
+#: Who each allow-list is for, in a refusal's message.
+_ROLE_PEERS = {"pushers": "the daemons that ship their logs", "proxies": "proxy-inference",
+               "workers": "the workers", "followers": "app-node"}
 
 #: Follow streams at once; more get TOO_MANY_FOLLOWERS.
 MAX_FOLLOWERS = 256
@@ -237,10 +278,13 @@ class MonitorService(RpcService):
 
     Args:
         buffer: the ring and followers (the daemon also hands it to Loki's pusher).
-        pushers: keys allowed to push.
-        allow_any_pusher: anyone may push (see the module docstring); may be changed
-            while running.
-        followers: keys allowed to follow.
+        pushers: keys allowed to push logs (``logs.push``).
+        allow_any_pusher: anyone may push logs (see the module docstring); may be
+            changed while running.
+        proxies: keys allowed to push the proxies' metrics (``metrics.push``).
+        workers: keys allowed to push the agents' metrics (``metrics.agents``).
+        followers: keys allowed to read (``logs.*``, ``health.jobs``,
+            ``service.status``, ``observability.*``): app-node's.
         config: the RPC server's limits.
         on_records: called with every accepted batch once it is in the buffer
             (the daemon hands them to Loki's pusher); synchronous, so it must
@@ -255,7 +299,8 @@ class MonitorService(RpcService):
     """
 
     def __init__(self, buffer: LogBuffer, *, pushers: Iterable[bytes] = (),
-                 allow_any_pusher: bool = False, followers: Iterable[bytes] = (),
+                 allow_any_pusher: bool = False, proxies: Iterable[bytes] = (),
+                 workers: Iterable[bytes] = (), followers: Iterable[bytes] = (),
                  config: RpcConfig | None = None,
                  on_records: Callable[[list[LogRecord]], object] | None = None,
                  health: HealthBook | None = None, loki: LokiStats | None = None,
@@ -278,32 +323,70 @@ class MonitorService(RpcService):
         #: Each metrics sender's last taken report (``clock``), oldest first: what
         #: ``service.status`` lists (the book forgets stale senders; this does not).
         self._sender_seen: dict[bytes, float] = {}
+        #: The allow-lists (sets: a reload may change them while running).
         self.pushers = set(pushers)
         self.allow_any_pusher = allow_any_pusher
+        self.proxies = set(proxies)
+        self.workers = set(workers)
         self.followers = set(followers)
         #: Batches refused as malformed (``BAD_BATCH``).
         self.bad_batches = 0
         self._streams = 0
-        router = Router()
-        router.add(PUSH, self._push)
-        router.add(FOLLOW, self._follow)
-        router.add(QUERY, self._query)
-        router.add(METRICS_PUSH, self._metrics_push)
-        router.add(HEALTH_JOBS, self._health_jobs)
-        router.add(STATUS, self._status)
-        router.add(OBSERVABILITY_SET, self._observability_set)
-        router.add(OBSERVABILITY_GET, self._observability_get)
-        router.add(OBSERVABILITY_CLEAR, self._observability_clear)
-        super().__init__(PROTOCOL, router, config=config)
+        super().__init__(PROTOCOL, Router(), config=config)
+        self.add_method(PUSH, self._push)
+        self.add_method(FOLLOW, self._follow)
+        self.add_method(QUERY, self._query)
+        self.add_method(METRICS_PUSH, self._metrics_push)
+        self.add_method(HEALTH_JOBS, self._health_jobs)
+        self.add_method(STATUS, self._status)
+        self.add_method(OBSERVABILITY_SET, self._observability_set)
+        self.add_method(OBSERVABILITY_GET, self._observability_get)
+        self.add_method(OBSERVABILITY_CLEAR, self._observability_clear)
 
-    def _check_pusher(self, ctx: CallContext, what: str) -> None:
-        key = ctx.remote_public_key
-        if not self.allow_any_pusher and (key is None or key not in self.pushers):
-            raise RpcError("FORBIDDEN", f"this key may not push {what} to wrk-monitor; "
-                                        "add it to its pushers or open telemetry")
+    def allowed(self, method: str, key: bytes | None) -> bool:
+        """May ``key`` call ``method``? (:data:`METHOD_ROLES`; an unknown method: no.)"""
+        role = METHOD_ROLES.get(method)
+        if role is None or key is None:
+            return False
+        if role == "pushers" and self.allow_any_pusher:
+            return True
+        return key in getattr(self, role)
+
+    def check(self, ctx: CallContext) -> None:
+        """Refuse the call unless its key is on its method's allow-list.
+
+        Raises:
+            RpcError: ``FORBIDDEN``, naming the setting that admits the key.
+        """
+        if not self.allowed(ctx.method, ctx.remote_public_key):
+            role = METHOD_ROLES.get(ctx.method)
+            if role is None:
+                raise RpcError("FORBIDDEN", f"wrk-monitor serves {ctx.method!r} to nobody")
+            raise RpcError("FORBIDDEN", f"this key may not call {ctx.method} on wrk-monitor; "
+                                        f"only its {role} may ({_ROLE_PEERS[role]}): add the "
+                                        f"key to wrk-monitor's {role} setting")
+
+    def add_method(self, method: Method | StreamMethod, handler: Callable[..., Any]) -> None:
+        """Serve ``method`` with ``handler``, for the keys of its allow-list only.
+
+        Raises:
+            ValueError: ``method`` has no row in :data:`METHOD_ROLES`.
+        """
+        if method.name not in METHOD_ROLES:
+            raise ValueError(f"{method.name!r} names no allow-list in METHOD_ROLES")
+        if isinstance(method, StreamMethod):
+            def stream(params: Any, ctx: CallContext) -> Any:
+                self.check(ctx)  # raised at the call: the stream never starts
+                return handler(params, ctx)
+            self.router.add(method, stream)
+            return
+
+        async def unary(params: Any, ctx: CallContext) -> Any:
+            self.check(ctx)
+            return await handler(params, ctx)
+        self.router.add(method, unary)
 
     async def _push(self, params: PushBatch, ctx: CallContext) -> PushResult:
-        self._check_pusher(ctx, "logs")
         try:
             records = decode_batch(params.records)
         except BadBatch as exc:
@@ -316,12 +399,8 @@ class MonitorService(RpcService):
         return PushResult(accepted=len(records))
 
     async def _metrics_push(self, params: MetricsReport, ctx: CallContext) -> MetricsResult:
-        # Only the platform's proxies report metrics: an agent (allow_any_pusher
-        # admits any key for logs) could otherwise paint any job Unhealthy.
         key = ctx.remote_public_key
-        if key is None or key not in self.pushers:
-            raise RpcError("FORBIDDEN", "this key may not push metrics to wrk-monitor; "
-                                        "add it to its pushers")
+        assert key is not None  # add_method checked it is a proxy's
         try:
             self.health.accept(key, params, self.clock())
         except TooManySenders as exc:
@@ -336,7 +415,6 @@ class MonitorService(RpcService):
         return MetricsResult(accepted=len(params.jobs))
 
     async def _health_jobs(self, params: HealthQuery, ctx: CallContext) -> HealthResult:
-        self._check_follower(ctx)
         return HealthResult(jobs=tuple(self.health.health(params.job_ids, self.clock())))
 
     def status(self) -> ServiceStatus:
@@ -367,7 +445,6 @@ class MonitorService(RpcService):
                               details=details)
 
     async def _status(self, params: StatusRequest, ctx: CallContext) -> ServiceStatus:
-        self._check_follower(ctx)
         return self.status()
 
     def _observer(self) -> Observer:
@@ -377,26 +454,17 @@ class MonitorService(RpcService):
 
     async def _observability_set(self, params: Observability, ctx: CallContext
                                  ) -> ObservabilityState:
-        self._check_follower(ctx)
         return await self._observer().set(params)
 
     async def _observability_clear(self, params: ObservabilityClear, ctx: CallContext
                                    ) -> ObservabilityState:
-        self._check_follower(ctx)
         return await self._observer().clear()
 
     async def _observability_get(self, params: ObservabilityQuery, ctx: CallContext
                                  ) -> ObservabilityState:
-        self._check_follower(ctx)
         return self._observer().state()
 
-    def _check_follower(self, ctx: CallContext) -> None:
-        key = ctx.remote_public_key
-        if key is None or key not in self.followers:
-            raise RpcError("FORBIDDEN", "this key may not follow wrk-monitor's logs")
-
     async def _query(self, params: Query, ctx: CallContext) -> QueryResult:
-        self._check_follower(ctx)
         # A follower without notify, emptied at once: the buffer's own filter.
         follower = self.buffer.follow(job_id=params.job_id, source=params.source,
                                       since_ns=params.since_ns, snapshot=True)
@@ -446,7 +514,6 @@ class MonitorService(RpcService):
         return [], f"loki-error: no answer within {LOKI_QUERY_TIMEOUT_S} s"
 
     async def _follow(self, params: Follow, ctx: CallContext) -> AsyncIterator[RecordBatch]:
-        self._check_follower(ctx)
         if self._streams >= MAX_FOLLOWERS:
             raise RpcError("TOO_MANY_FOLLOWERS", f"wrk-monitor serves at most {MAX_FOLLOWERS} "
                                                  "follow streams; close one first")

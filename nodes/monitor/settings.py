@@ -6,6 +6,8 @@ and 49751; 49737 relay … 49741 proxy, 49750 proxy HTTP, 5173 entry).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -17,7 +19,7 @@ from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS
 
 __all__ = ["MONITOR_HTTP_PORT", "MONITOR_PORT", "BufferSettings", "HealthSettings",
-           "HttpSettings", "LokiSettings", "MonitorSettings"]
+           "HttpSettings", "HttpTokenError", "LokiSettings", "MonitorSettings"]
 
 #: Default port of wrk-monitor's swarm (TCP and UDP).
 MONITOR_PORT = 49743
@@ -25,17 +27,79 @@ MONITOR_PORT = 49743
 MONITOR_HTTP_PORT = 49752
 
 
+class HttpTokenError(Exception):
+    """``http.token_file`` cannot be read, or holds no usable token."""
+
+
+#: What a bearer token may hold: visible ASCII (it travels in a header).
+TOKEN_PATTERN = r"^[\x21-\x7e]+$"
+MIN_TOKEN_CHARS = 16
+
+
 class HttpSettings(BaseModel):
-    """Where the HTTP side listens and who may read logs there."""
+    """Where the HTTP side listens and who may read there.
+
+    Every route (``/metrics`` included: its labels name every team's jobs)
+    wants ``Authorization: Bearer <token>``, the token being ``token`` or the
+    content of ``token_file``. With neither set, every route answers 403
+    ``HTTP_TOKEN_NOT_SET``: the HTTP side is closed, not open.
+    """
 
     model_config = {"extra": "forbid"}
 
     host: str = "127.0.0.1"
     #: 0: any free port (tests).
     port: Port = MONITOR_HTTP_PORT
-    #: When set, the logs routes want ``Authorization: Bearer <token>`` (401
-    #: otherwise). ``/metrics`` stays open: keep ``host`` private.
-    token: str | None = Field(default=None, min_length=16)
+    #: The bearer token (at least 16 visible ASCII characters).
+    token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=4096,
+                              pattern=TOKEN_PATTERN)
+    #: A file holding the token (``cosmicac up``/``bootstrap`` write
+    #: ``<storage>/http-token``, 0600); read at start. Not with ``token``.
+    token_file: Path | None = None
+    #: Addresses (or networks) of the reverse proxies in front (the entry point,
+    #: Caddy): from their connections the client is the ``X-Forwarded-For``
+    #: address they set; from anyone else it is the TCP peer.
+    trusted_proxies: tuple[str, ...] = ()
+    #: Follow streams over HTTP at once, and per client (its address): one
+    #: client cannot take them all.
+    max_followers: int = Field(default=256, ge=1, le=100_000)
+    max_followers_per_client: int = Field(default=16, ge=1, le=100_000)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for value in values:
+            try:
+                out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(f"{value!r} is not an IP address or network") from None
+        return tuple(out)
+
+    @model_validator(mode="after")
+    def _one_token(self) -> HttpSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set http.token or http.token_file, not both")
+        return self
+
+    def resolved_token(self) -> str | None:
+        """``token``, or the content of ``token_file`` (surrounding blanks stripped).
+
+        Raises:
+            HttpTokenError: the file cannot be read or holds no usable token.
+        """
+        if self.token_file is None:
+            return self.token
+        try:
+            text = self.token_file.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise HttpTokenError(f"cannot read http.token_file {self.token_file}: "
+                                 f"{reason}") from None
+        if len(text) < MIN_TOKEN_CHARS or len(text) > 4096 or not re.match(TOKEN_PATTERN, text):
+            raise HttpTokenError(f"http.token_file {self.token_file} must hold one token of "
+                                 f"{MIN_TOKEN_CHARS}-4096 visible ASCII characters")
+        return text
 
 
 class BufferSettings(BaseModel):
@@ -128,12 +192,18 @@ class MonitorSettings(DaemonSettings):
     bootstrap: AddressList = ()
     #: Blind relays to stay reachable through.
     relays: PublicKeyList = ()
-    #: Keys allowed to push records (the platform's daemons).
+    # Who may call what (service.py, METHOD_ROLES); each empty list admits nobody.
+    #: Keys allowed to push log records, ``logs.push`` (the platform's daemons).
     pushers: PublicKeyList = ()
-    #: Anyone may push (config ``telemetry.open``): agents' keys are not known
+    #: Anyone may push log records (never metrics): agents' keys are not known
     #: in advance. Off by default.
     allow_any_pusher: bool = False
-    #: Keys allowed to follow over RPC (app-node's).
+    #: Keys allowed to push the proxies' metrics, ``metrics.push`` (proxy-inference's).
+    proxies: PublicKeyList = ()
+    #: Keys allowed to push the agents' metrics, ``metrics.agents`` (the workers').
+    workers: PublicKeyList = ()
+    #: Keys allowed to read logs, health and status and to set the Loki and
+    #: Prometheus in force (app-node's).
     followers: PublicKeyList = ()
     buffer: BufferSettings = BufferSettings()
     http: HttpSettings = HttpSettings()

@@ -109,6 +109,17 @@ def test_bootstrap_writes_what_each_daemon_accepts(tmp_path: Path,
         assert telemetry.monitor.hex() == keys["wrk-monitor"]
         assert telemetry.monitor_addresses == (("127.0.0.1", 49743),)
     assert {k.hex() for k in monitor.pushers} == {keys[name] for name in shippers}
+    # Least privilege: each of wrk-monitor's lists names exactly the peers that need it.
+    assert [k.hex() for k in monitor.proxies] == [keys["proxy-inference"]]
+    assert [k.hex() for k in monitor.workers] == [keys["wrk-server-k8s-nvidia"]]
+    assert not monitor.allow_any_pusher
+    # Its HTTP side wants a token bootstrap made (0600), which it reads at start.
+    token_file = folder / "wrk-monitor" / "http-token"
+    assert monitor.http.token_file == token_file and monitor.http.token is None
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert len(monitor.http.resolved_token()) >= 32
+    assert monitor.http.trusted_proxies == ("127.0.0.1/32",)  # the entry point
+    assert f"token      {'wrk-monitor http':<22} {token_file}  created" in result.stdout
     relay = load(folder, "relay", monkeypatch)
     assert relay.storage == folder / "relay" and relay.port == 49737
     assert env_file(folder / "env" / "dht.env") == {
@@ -181,6 +192,9 @@ def test_bootstrap_again_keeps_identities_and_edited_configs(tmp_path: Path) -> 
     folder = tmp_path / "deploy"
     assert cli("bootstrap", "--dir", str(folder), "--backend", "local").returncode == 0
     keys = json.loads((folder / "keys.json").read_text())
+    token_file = folder / "wrk-monitor" / "http-token"
+    token = token_file.read_text()
+    token_file.chmod(0o644)  # loosened by hand: put back, not replaced
     (folder / "env" / "wrk-server-k8s-nvidia.env").write_text(
         "K8S_COMMON_CONFIG__interconnect__relays='[]'\n")
     edited = folder / "config" / "wrk-ork.json"
@@ -194,6 +208,8 @@ def test_bootstrap_again_keeps_identities_and_edited_configs(tmp_path: Path) -> 
         assert load_keypair(folder / name).hex == keys[name]
     assert "config     app-node               " in again.stdout
     assert f"{folder / 'config' / 'app-node.json'}  unchanged" in again.stdout
+    assert f"{token_file}  kept" in again.stdout and token_file.read_text() == token
+    assert token_file.stat().st_mode & 0o777 == 0o600
     assert f"{edited}  kept (differs" in again.stdout
     assert '"mine"' in edited.read_text()
     assert "K8S_COMMON_CONFIG__interconnect__relays='[]'" in \
@@ -365,3 +381,29 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         result = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True,
                                 text=True, timeout=60, check=False)
         assert result.returncode == 0, result.stderr
+
+
+def test_bootstrap_makes_the_monitor_token_private_whatever_the_umask(tmp_path: Path) -> None:
+    folder = tmp_path / "deploy"
+    result = subprocess.run(["sh", "-c", 'umask 0; exec "$@"', "sh", *COSMICAC, "bootstrap",
+                             "--dir", str(folder), "--backend", "local"],
+                            capture_output=True, text=True, timeout=60, env=clean_env(),
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert (folder / "wrk-monitor" / "http-token").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_prometheus_example_is_valid_and_sends_the_token(tmp_path: Path) -> None:
+    """deploy/prometheus.yml as promtool reads it, with its token file in place."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found (Debian's prometheus package)")
+    example = (UNITS.parent / "prometheus.yml").read_text()
+    token = tmp_path / "token"
+    token.write_text("x" * 43 + "\n")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(example.replace("/etc/prometheus/cosmicac-wrk-monitor.token", str(token)))
+    assert str(token) in config.read_text()
+    checked = subprocess.run([promtool, "check", "config", str(config)], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -85,6 +85,28 @@ def test_run_refuses_a_bad_setting_before_starting_anything(tmp_path, service, c
     assert key in output and "Traceback" not in output
 
 
+def test_run_wrk_monitor_with_an_unreadable_token_file_says_so_in_one_line(tmp_path):
+    import os
+    import subprocess
+
+    from tests.cli.helpers import COSMICAC
+
+    config = tmp_path / "monitor.json"
+    (tmp_path / "m").mkdir()
+    missing = tmp_path / "m" / "http-token"
+    config.write_text(json.dumps({"storage": str(tmp_path / "m"), "host": "127.0.0.1",
+                                  "port": 0, "http": {"host": "127.0.0.1", "port": 0,
+                                                      "token_file": str(missing)}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
+    result = subprocess.run([*COSMICAC, "run", "wrk-monitor", "--config", str(config),
+                             "--config-dir", str(tmp_path / "none")], capture_output=True,
+                            text=True, timeout=60, env=env, check=False)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot read http.token_file {missing}: No such file or directory")
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(tmp_path):
     import os
@@ -98,9 +120,12 @@ async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(
     from tests.cli.helpers import process, read_until
 
     config = tmp_path / "monitor.json"
-    config.write_text(json.dumps({"storage": str(tmp_path / "m"), "host": "127.0.0.1",
-                                  "port": 0, "http": {"host": "127.0.0.1", "port": 0}}))
     (tmp_path / "m").mkdir()
+    token = tmp_path / "m" / "http-token"
+    token.write_text("k" * 43 + "\n")
+    config.write_text(json.dumps({"storage": str(tmp_path / "m"), "host": "127.0.0.1",
+                                  "port": 0, "http": {"host": "127.0.0.1", "port": 0,
+                                                      "token_file": str(token)}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
     ready = re.compile(r"wrk-monitor (\w{64}) listening on 127\.0\.0\.1:(\d+) "
                        r"\(http://([\d.]+):(\d+), loki off\)")
@@ -110,7 +135,9 @@ async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(
                            stdout=subprocess.PIPE, env=env) as proc:
             match = await read_until(proc.stdout, ready)
             async with httpx.AsyncClient(timeout=10) as http:
-                metrics = await http.get(f"http://{match[3]}:{match[4]}/metrics")
+                url = f"http://{match[3]}:{match[4]}/metrics"
+                assert (await http.get(url)).status_code == 401
+                metrics = await http.get(url, headers={"Authorization": f"Bearer {'k' * 43}"})
             assert "monitor_records_received_total 0.0" in metrics.text
             proc.send_signal(signal.SIGINT)
             assert await proc.wait() == 0

@@ -55,7 +55,15 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         models = await trio.to_thread.run_sync(
             lambda: get("/inference/v1/models", authorization=f"Bearer {creds['api_key']}"))
         assert models.status_code == 200, models.text
-        metrics = await trio.to_thread.run_sync(get, "/monitor/metrics")  # wrk-monitor's
+        # wrk-monitor behind the door: its token (0600, made by up) or nothing.
+        token_file = storage / "wrk-monitor" / "http-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        for path in ("/monitor/metrics", "/monitor/jobs/any-job/logs"):
+            refused = await trio.to_thread.run_sync(get, path)
+            assert refused.status_code == 401, refused.text
+        token = token_file.read_text().strip()
+        metrics = await trio.to_thread.run_sync(
+            lambda: get("/monitor/metrics", authorization=f"Bearer {token}"))
         assert metrics.status_code == 200 and "monitor" in metrics.text, metrics.text
         assert pids_using(storage)  # the children name their configs under storage
         # The local CLI is logged in at once (its config folder is this test's).
@@ -108,9 +116,11 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
                              step_s=0.2)
             # wrk-ork and the worker ship the job's System steps to wrk-monitor.
             logs_url = f"http://127.0.0.1:{base + 15}/jobs/{job.id}/logs"
+            token = (storage / "wrk-monitor" / "http-token").read_text().strip()
 
             def services() -> set[str]:
-                body = httpx.get(logs_url, timeout=10).json()
+                body = httpx.get(logs_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {token}"}).json()
                 return {r["service"] for r in body["records"] if r["source"] == "System"}
 
             seen: set[str] = set()

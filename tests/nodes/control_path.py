@@ -52,6 +52,8 @@ from tests.cli.helpers import COSMICAC, read_until
 
 ORK_READY = re.compile(r"wrk-ork (\w{64}) listening on ([\d.]+):(\d+)")
 WORKER_READY = re.compile(r"wrk-server-k8s-nvidia (\w{64}) listening on ([\d.]+):(\d+)")
+#: wrk-monitor's HTTP bearer token in :meth:`ControlPath.start_monitor`.
+MONITOR_TOKEN = "control-path-monitor-token"
 MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+) "
                            r"\(http://[\d.]+:(\d+)")
 IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
@@ -104,18 +106,19 @@ class ControlPath:
                 "monitor_addresses": [f"127.0.0.1:{self.monitor_port}"]}
 
     async def start_monitor(self) -> trio.Process:
-        """Start wrk-monitor (any key may push logs, the worker metrics too; the test's
-        key may follow) and connect to it."""
+        """Start wrk-monitor (any key may push logs, the worker its agents' metrics; the
+        test's key may follow; HTTP with :data:`MONITOR_TOKEN`) and connect to it."""
         self.monitor_port = free_port()
         # The worker's identity made now (its daemon loads the same file), so that
-        # wrk-monitor can list it among its pushers (metrics.agents needs that).
+        # wrk-monitor can list it among its workers (metrics.agents needs that).
         self.worker_storage.mkdir(parents=True, exist_ok=True)
         worker = load_or_create_keypair(self.worker_storage)
         config = self.root / "monitor.json"
         config.write_text(json.dumps({
             "storage": str(self.root / "monitor"), "host": "127.0.0.1",
-            "port": self.monitor_port, "allow_any_pusher": True, "pushers": [worker.hex],
-            "followers": [self.client_key.hex], "http": {"host": "127.0.0.1", "port": 0},
+            "port": self.monitor_port, "allow_any_pusher": True, "workers": [worker.hex],
+            "followers": [self.client_key.hex],
+            "http": {"host": "127.0.0.1", "port": 0, "token": MONITOR_TOKEN},
             "log_format": "json"}))
         (self.root / "monitor").mkdir(exist_ok=True)
         proc = await self._spawn("run", "wrk-monitor", "--config", str(config))

@@ -1,5 +1,7 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes our daemons: ``cosmicac run
-wrk-monitor`` as a process (its HTTP side's ``/metrics``) and proxy-inference on the
+wrk-monitor`` as a process (its HTTP side's ``/metrics``, with the bearer token from
+a ``credentials_file`` as deploy/prometheus.yml does it; a scrape without it is refused)
+and proxy-inference on the
 daemon kit's metrics endpoint; a PromQL query over Prometheus's HTTP API then returns
 the proxy's request count, both targets are ``up``, and the proxy's log records shipped
 to the monitor (telemetry on) are counted alike on both sides.
@@ -89,15 +91,20 @@ class Prometheus:
         raise AssertionError(f"{promql} never became {want} within {limit_s} s: {seen}")
 
 
-def write_config(folder: Path, targets: Mapping[str, tuple[str, int]]) -> Path:
-    """``folder/prometheus.yml``: one scrape job per target, every second (JSON is YAML)."""
+def write_config(folder: Path, targets: Mapping[str, tuple[str, int]],
+                 credentials: Mapping[str, Path] | None = None) -> Path:
+    """``folder/prometheus.yml``: one scrape job per target, every second (JSON is YAML);
+    a job named in ``credentials`` sends that file's token as its bearer."""
     folder.mkdir()
     config = folder / "prometheus.yml"
     config.write_text(json.dumps({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                    "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
-                            "static_configs": [{"targets": [f"{host}:{port}"]}]}
+                            "static_configs": [{"targets": [f"{host}:{port}"]}],
+                            **({"authorization": {"type": "Bearer", "credentials_file":
+                                                  str((credentials or {})[job])}}
+                               if job in (credentials or {}) else {})}
                            for job, (host, port) in targets.items()],
     }, indent=1))
     return config
@@ -105,11 +112,13 @@ def write_config(folder: Path, targets: Mapping[str, tuple[str, int]]) -> Path:
 
 @asynccontextmanager
 async def running_prometheus(binary: str, folder: Path,
-                             targets: Mapping[str, tuple[str, int]]
+                             targets: Mapping[str, tuple[str, int]],
+                             credentials: Mapping[str, Path] | None = None
                              ) -> AsyncIterator[Prometheus]:
-    """Prometheus scraping ``targets`` (job name -> address), its files in ``folder``;
-    ready when yielded, stopped with SIGTERM (and waited for) on the way out."""
-    config = write_config(folder, targets)
+    """Prometheus scraping ``targets`` (job name -> address; ``credentials``: job name ->
+    bearer token file), its files in ``folder``; ready when yielded, stopped with
+    SIGTERM (and waited for) on the way out."""
+    config = write_config(folder, targets, credentials)
     port = free_port()
     log = (folder / "prometheus.log").open("wb")
     proc = await trio.lowlevel.open_process(
@@ -148,10 +157,13 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
     caplog.set_level(logging.WARNING, logger="httpx")  # the test's client: not the proxy's
     proxy_key = load_or_create_keypair(tmp_path / "world" / "proxy")  # proxy_world's
     monitor_config = tmp_path / "monitor.json"
+    (tmp_path / "monitor").mkdir()
+    token_file = tmp_path / "monitor" / "http-token"  # as cosmicac up writes it
+    token_file.write_text("p" * 40 + "\n")
     monitor_config.write_text(json.dumps({
         "storage": str(tmp_path / "monitor"), "host": "127.0.0.1", "port": 0,
-        "http": {"host": "127.0.0.1", "port": 0}, "pushers": [proxy_key.hex]}))
-    (tmp_path / "monitor").mkdir()
+        "http": {"host": "127.0.0.1", "port": 0, "token_file": str(token_file)},
+        "pushers": [proxy_key.hex], "proxies": [proxy_key.hex]}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
     with trio.fail_after(150):
         async with process("run", "wrk-monitor", "--config", str(monitor_config),
@@ -173,11 +185,14 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
                     response = await http.post("/chat/completions", json=CHAT)
                     assert response.status_code == 200, response.text
             async with running_prometheus(prometheus_binary, tmp_path / "prometheus", {
-                    "wrk-monitor": monitor_http,
-                    "proxy-inference": proxy_metrics}) as prometheus:
+                    "wrk-monitor": monitor_http, "wrk-monitor-no-token": monitor_http,
+                    "proxy-inference": proxy_metrics},
+                    credentials={"wrk-monitor": token_file}) as prometheus:
                 await prometheus.wait_value(
                     'sum(proxy_requests_total{job="proxy-inference",code="200"})', REQUESTS)
                 await prometheus.wait_value('up{job="wrk-monitor"}', 1)
+                # wrk-monitor's series name every team's jobs: no token, no scrape.
+                await prometheus.wait_value('up{job="wrk-monitor-no-token"}', 0)
                 await prometheus.wait_value('up{job="proxy-inference"}', 1)
                 by_code = await prometheus.query('proxy_requests_total{job="proxy-inference"}')
                 assert [(s["metric"]["model"], s["metric"]["code"]) for s in by_code] == [

@@ -123,7 +123,7 @@ async def test_figures_arrive_over_the_rpc_and_cannot_claim_another_job(nursery,
 
 
 async def test_the_reporter_pushes_the_tables_latest_figures(nursery, autojump_clock):
-    service = MonitorService(LogBuffer(), pushers=[WORKER], clock=trio.current_time)
+    service = MonitorService(LogBuffer(), workers=[WORKER], clock=trio.current_time)
     book = AgentMetricsBook(stale_after_s=30)
     install(service, book)
     figures = {"uptime_seconds": 1.0}

@@ -10,14 +10,15 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..control_path import container, control_path, status
+from ..control_path import MONITOR_TOKEN, container, control_path, status
 
 pytestmark = pytest.mark.slow
 
 
 async def scrape(port: int) -> dict:
     async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
-        response = await http.get(f"http://127.0.0.1:{port}/metrics")
+        response = await http.get(f"http://127.0.0.1:{port}/metrics",
+                                  headers={"Authorization": f"Bearer {MONITOR_TOKEN}"})
     response.raise_for_status()
     return {f.name: f for f in text_string_to_metric_families(response.text)}
 

@@ -1,7 +1,7 @@
-"""wrk-monitor's ``metrics.agents``: workers in ``pushers`` only (never ``allow_any_pusher``),
-hostile reports refused whole, the newest report per worker with staleness and bounds, and
-``cosmicac_agent_<name>`` on ``/metrics`` as Prometheus' own parser reads it (counters by
-the ``_total`` suffix)."""
+"""wrk-monitor's ``metrics.agents``: its ``workers`` only (never ``allow_any_pusher`` or a
+log pusher), hostile reports refused whole, the newest report per worker with staleness
+and bounds, and ``cosmicac_agent_<name>`` on ``/metrics`` as Prometheus' own parser
+reads it (counters by the ``_total`` suffix)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ from .test_service import connect
 WORKER = b"\x11" * 32
 OTHER_WORKER = b"\x12" * 32
 AGENT = b"\x13" * 32
+#: A daemon that may push logs (``pushers``), not agents' figures.
+PUSHER = b"\x14" * 32
 
 
 def agent(job_id: str = "j-1", replica: int = 0, node_rank: int = 0, **values: float
@@ -49,7 +51,8 @@ def report(*agents: AgentMetrics) -> AgentMetricsReport:
 
 
 def served(**kw) -> tuple[MonitorService, AgentMetricsBook]:
-    service = MonitorService(LogBuffer(), pushers=[WORKER], clock=trio.current_time, **kw)
+    service = MonitorService(LogBuffer(), pushers=[WORKER, PUSHER], workers=[WORKER],
+                             clock=trio.current_time, **kw)
     book = AgentMetricsBook(stale_after_s=30)
     install(service, book)
     return service, book
@@ -59,11 +62,12 @@ async def test_a_workers_report_is_taken_and_others_are_forbidden(nursery, autoj
     service, book = served(allow_any_pusher=True)
     async with connect(nursery, service, WORKER) as worker, \
             connect(nursery, service, AGENT) as stranger, \
+            connect(nursery, service, PUSHER) as pusher, \
             connect(nursery, service, None) as anonymous:
         with trio.fail_after(10):
             ok = await worker.call(METRICS_AGENTS, report(agent(up=1), agent("j-2", up=0)))
             assert ok.accepted == 2 and service.last_report_at is not None
-            for client in (stranger, anonymous):
+            for client in (stranger, pusher, anonymous):
                 with pytest.raises(RpcError) as refused:
                     await client.call(METRICS_AGENTS, report(agent("j-1", up=0)))
                 assert refused.value.code == "FORBIDDEN"

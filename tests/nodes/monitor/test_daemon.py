@@ -1,8 +1,9 @@
 """wrk-monitor as a daemon on real sockets: a LogShipper on another swarm ships
 records, the HTTP side serves them as JSON and live over SSE, Loki gets them with
 their labels and serves the history older than the buffer, /metrics counts them,
-and the bearer token guards the logs routes (not /metrics); a proxy's health reports
-are judged with the settings' thresholds and forwarded on /metrics."""
+and the bearer token guards every route (/metrics too: wrk-monitor without one
+serves nothing); a proxy's health reports are judged with the settings' thresholds
+and forwarded on /metrics."""
 
 from __future__ import annotations
 
@@ -45,12 +46,14 @@ class World:
 
 @asynccontextmanager
 async def world(tmp_path, **settings):
-    """wrk-monitor serving, a shipper on its own swarm connected to it, an HTTP client."""
+    """wrk-monitor serving, a shipper on its own swarm connected to it, an HTTP client
+    (sending the operator's token, unless ``http`` says otherwise)."""
     shipper_key = KeyPair.generate()
     (tmp_path / "monitor").mkdir()
+    http = {"host": "127.0.0.1", "port": 0, "token": TOKEN, **settings.pop("http", {})}
     config = MonitorSettings(storage=tmp_path / "monitor", host="127.0.0.1", port=0,
                              pushers=[shipper_key.public_key.hex()],
-                             http={"host": "127.0.0.1", "port": 0, **settings.pop("http", {})},
+                             http={k: v for k, v in http.items() if v is not None},
                              **settings)
     async with trio.open_nursery() as nursery:
         monitor: RunningMonitor = await nursery.start(serve_monitor, config)
@@ -60,8 +63,9 @@ async def world(tmp_path, **settings):
         nursery.start_soon(functools.partial(shipper.run, swarm,
                                              monitor.swarm.keypair.public_key,
                                              addresses=[monitor.swarm_address]))
-        async with httpx.AsyncClient(base_url=monitor.url, timeout=10) as http:
-            yield World(monitor, shipper, http)
+        headers = {"Authorization": f"Bearer {TOKEN}"} if config.http.token else {}
+        async with httpx.AsyncClient(base_url=monitor.url, timeout=10, headers=headers) as client:
+            yield World(monitor, shipper, client)
         nursery.cancel_scope.cancel()
 
 
@@ -205,21 +209,40 @@ async def test_records_reach_loki_and_history_older_than_the_buffer_comes_back(t
             nursery.cancel_scope.cancel()
 
 
-async def test_the_token_guards_the_logs_routes_but_not_metrics(tmp_path):
+async def test_the_token_guards_every_route_metrics_too(tmp_path):
     with trio.fail_after(60):
-        async with world(tmp_path, http={"token": TOKEN}) as w:
+        async with world(tmp_path) as w:
             await ship(w, [rec(0)])
-            for params in ({}, {"follow": "1"}):
-                refused = await w.http.get("/jobs/j-1/logs", params=params)
-                assert refused.status_code == 401
-                assert refused.headers["www-authenticate"] == "Bearer"
-            wrong = await w.http.get("/jobs/j-1/logs",
-                                     headers={"Authorization": "Bearer " + "x" * 32})
-            assert wrong.status_code == 401
-            good = await w.http.get("/monitor/jobs/j-1/logs",
-                                    headers={"Authorization": f"Bearer {TOKEN}"})
+            stranger = httpx.AsyncClient(base_url=w.monitor.url, timeout=10)
+            for path in ("/jobs/j-1/logs", "/jobs/j-1/logs?follow=1", "/metrics",
+                         "/monitor/metrics", "/jobs/j-1/metrics"):
+                for auth in (None, "Bearer " + "x" * 32, f"Basic {TOKEN}", TOKEN,
+                             f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}"):
+                    refused = await stranger.get(path, headers={"Authorization": auth}
+                                                 if auth else {})
+                    assert refused.status_code == 401, (path, auth)
+                    assert refused.headers["www-authenticate"] == "Bearer"
+                    assert refused.json()["error"]["code"] == "UNAUTHORIZED"
+            await stranger.aclose()
+            good = await w.http.get("/monitor/jobs/j-1/logs")
             assert texts(good.json()) == ["line 0"]
             assert (await w.http.get("/metrics")).status_code == 200
+
+
+async def test_a_monitor_without_a_token_serves_nothing_over_http(tmp_path):
+    """Fail closed: no ``http.token`` is not an open HTTP side (issue 21, defect 1)."""
+    with trio.fail_after(60):
+        async with world(tmp_path, http={"token": None}) as w:
+            await ship(w, [rec(0)])
+            for path in ("/metrics", "/monitor/metrics", "/jobs/j-1/logs",
+                         "/monitor/jobs/j-1/logs?follow=1", "/jobs/j-1/metrics"):
+                for headers in ({}, {"Authorization": "Bearer " + "t" * 32}):
+                    refused = await w.http.get(path, headers=headers)
+                    assert refused.status_code == 403, path
+                    error = refused.json()["error"]
+                    assert error["code"] == "HTTP_TOKEN_NOT_SET"
+                    assert "http.token_file" in error["message"]
+                    assert "line 0" not in refused.text and "j-1" not in refused.text
 
 
 def test_newest_scans_from_the_newest_end_and_keeps_arrival_order():
@@ -269,7 +292,7 @@ async def test_a_proxys_reports_are_judged_with_the_settings_and_shown_on_metric
                 window.record("j-1", 502 if i == 0 else 200, now, error=i == 0,
                               first_byte_s=0.03, total_s=0.4)
             proxy = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1"))
-            w.monitor.service.pushers.add(proxy.keypair.public_key)
+            w.monitor.service.proxies.add(proxy.keypair.public_key)
             async with trio.open_nursery() as nursery:
                 await nursery.start(proxy.run)
                 nursery.start_soon(reporter.run, proxy, w.monitor.swarm.keypair.public_key,
@@ -287,3 +310,115 @@ async def test_a_proxys_reports_are_judged_with_the_settings_and_shown_on_metric
                             (("job_id", "j-1"), ("status", "200")))] == 9
             assert samples[("cosmicac_monitor_metrics_senders", ())] == 1
             assert "monitor_buffer_records" in text  # its own, alongside
+
+
+@asynccontextmanager
+async def door(monitor: RunningMonitor):
+    """The entry point in front of ``monitor`` (as `cosmicac up` puts it), and a stranger's
+    HTTP client to it (no credentials)."""
+    from nodes.entry import EntrySettings, serve_entry
+
+    async with trio.open_nursery() as nursery:
+        entry = await nursery.start(serve_entry, EntrySettings(
+            port=0, api_url="http://127.0.0.1:9", inference_url="http://127.0.0.1:9",
+            monitor_url=monitor.url))
+        async with httpx.AsyncClient(base_url=entry.url, trust_env=False,
+                                     timeout=10) as stranger:
+            yield stranger
+        nursery.cancel_scope.cancel()
+
+
+async def test_nobody_reads_logs_or_metrics_through_the_door_without_the_token(tmp_path):
+    """Issue 21, defect 1: /monitor/metrics named every team's jobs and
+    /monitor/jobs/{id}/logs served their records (shell commands included) to anyone."""
+    with trio.fail_after(60):
+        async with world(tmp_path) as w, door(w.monitor) as stranger:
+            await ship(w, [rec(0, job="team-a-job")])
+            for path in ("/monitor/metrics", "/monitor/jobs/team-a-job/logs",
+                         "/monitor/jobs/team-a-job/logs?follow=1",
+                         "/monitor/jobs/team-a-job/metrics"):
+                refused = await stranger.get(path)
+                assert refused.status_code == 401, path
+                assert "team-a-job" not in refused.text and "line 0" not in refused.text
+            # The operator's token passes the door (the entry forwards Authorization).
+            good = await stranger.get("/monitor/jobs/team-a-job/logs",
+                                      headers={"Authorization": f"Bearer {TOKEN}"})
+            assert texts(good.json()) == ["line 0"]
+
+
+async def test_a_monitor_without_a_token_refuses_through_the_door_too(tmp_path):
+    with trio.fail_after(60):
+        async with world(tmp_path, http={"token": None}) as w, door(w.monitor) as stranger:
+            await ship(w, [rec(0)])
+            for path in ("/monitor/metrics", "/monitor/jobs/j-1/logs"):
+                refused = await stranger.get(path)
+                assert refused.status_code == 403
+                assert refused.json()["error"]["code"] == "HTTP_TOKEN_NOT_SET"
+
+
+async def test_one_client_cannot_take_every_follow_stream(tmp_path):
+    """Per client (the address a trusted proxy forwards), with room left for others."""
+    http = {"max_followers": 4, "max_followers_per_client": 2,
+            "trusted_proxies": ["127.0.0.1"]}
+    with trio.fail_after(60):
+        async with world(tmp_path, http=http) as w, trio.open_nursery() as nursery:
+            front = w.monitor.front
+            opened = trio.Semaphore(0)
+
+            async def hold(client: str) -> None:
+                async with w.http.stream("GET", "/jobs/j-1/logs", params={"follow": "1"},
+                                         headers={"X-Forwarded-For": client}) as response:
+                    assert response.status_code == 200
+                    lines = response.aiter_lines()  # kept: a dropped one closes the stream
+                    await lines.__anext__()  # attached
+                    opened.release()
+                    await trio.sleep_forever()
+
+            for _ in range(2):
+                nursery.start_soon(hold, "198.51.100.1")
+            for _ in range(2):
+                await opened.acquire()
+            refused = await w.http.get("/jobs/j-1/logs", params={"follow": "1"},
+                                       headers={"X-Forwarded-For": "198.51.100.1"})
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "TOO_MANY_FOLLOWERS"
+            assert "max_followers_per_client" in refused.json()["error"]["message"]
+            nursery.start_soon(hold, "203.0.113.5")  # another client still gets one
+            await opened.acquire()
+            assert front.client_streams == {"198.51.100.1": 2, "203.0.113.5": 1}
+            nursery.cancel_scope.cancel()
+        await wait_until(lambda: front.streams == 0 and front.client_streams == {}
+                         and w.monitor.service.buffer.followers == 0)
+
+
+async def test_a_forged_forwarded_for_from_an_untrusted_peer_is_ignored(tmp_path):
+    http = {"max_followers": 4, "max_followers_per_client": 1}
+    with trio.fail_after(60):
+        async with (world(tmp_path, http=http) as w,
+                    w.http.stream("GET", "/jobs/j-1/logs", params={"follow": "1"},
+                                  headers={"X-Forwarded-For": "198.51.100.1"}) as held):
+            lines = held.aiter_lines()  # kept: a dropped one closes the stream
+            await lines.__anext__()
+            again = await w.http.get("/jobs/j-1/logs", params={"follow": "1"},
+                                     headers={"X-Forwarded-For": "198.51.100.2"})
+            assert again.status_code == 503  # the peer is the client: 127.0.0.1
+
+
+async def test_a_request_body_is_refused_unread(tmp_path):
+    """The headers announce 64 MiB that are never sent: the answer comes at once."""
+    with trio.fail_after(60):
+        async with world(tmp_path) as w:
+            host, port = w.monitor.http_address
+            for framing in (b"Content-Length: 67108864", b"Transfer-Encoding: chunked"):
+                stream = await trio.open_tcp_stream(host, port)
+                async with stream:
+                    await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\n"
+                                          b"Authorization: Bearer " + TOKEN.encode() +
+                                          b"\r\n" + framing + b"\r\n\r\n")
+                    answer = b""
+                    while b"\r\n\r\n" not in answer:
+                        chunk = await stream.receive_some(65536)
+                        assert chunk, answer
+                        answer += chunk
+                assert answer.startswith(b"HTTP/1.1 413"), answer
+                assert b"BODY_NOT_ALLOWED" in answer or b"content-length" in answer.lower()

@@ -1,7 +1,8 @@
 """Model health in wrk-monitor: thresholds table-tested, percentiles from histograms,
 the newest report per sender with staleness and a sender bound; ``metrics.push`` from
-pushers only and hostile reports refused; ``health.jobs`` and ``service.status`` for
-followers; the forwarded figures on ``/metrics`` as Prometheus' own parser reads them."""
+proxies only (not a log pusher) and hostile reports refused; ``health.jobs`` and
+``service.status`` for followers; the forwarded figures on ``/metrics`` as Prometheus'
+own parser reads them."""
 
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ GOOD_JOB = window().model_dump()
     {"jobs": "not a list"},
 ])
 async def test_hostile_reports_are_refused_and_change_nothing(nursery, autojump_clock, hostile):
-    service = MonitorService(LogBuffer(), pushers=[PROXY], clock=trio.current_time)
+    service = MonitorService(LogBuffer(), proxies=[PROXY], clock=trio.current_time)
     async with connect(nursery, service, PROXY) as proxy:
         with trio.fail_after(10):
             with pytest.raises(RpcError) as refused:
@@ -185,9 +186,10 @@ async def test_hostile_reports_are_refused_and_change_nothing(nursery, autojump_
             assert ok.accepted == 1
 
 
-async def test_only_pushers_report_metrics_and_only_followers_read_health(nursery,
+async def test_only_proxies_report_metrics_and_only_followers_read_health(nursery,
                                                                           autojump_clock):
-    service = MonitorService(LogBuffer(), pushers=[PROXY], followers=[READER],
+    service = MonitorService(LogBuffer(), pushers=[PROXY, READER], proxies=[PROXY],
+                             followers=[READER],
                              allow_any_pusher=True, clock=trio.current_time,
                              wall_clock=lambda: 1_700_000_000.0, started_at=1_699_999_000.0)
     report = MetricsReport(window_s=60, jobs=(window(requests=100, errors=30),))
@@ -224,7 +226,7 @@ async def test_only_pushers_report_metrics_and_only_followers_read_health(nurser
 
 
 async def test_a_sender_past_the_bound_gets_too_many_senders(nursery, autojump_clock):
-    service = MonitorService(LogBuffer(), pushers=[PROXY, OTHER_PROXY],
+    service = MonitorService(LogBuffer(), proxies=[PROXY, OTHER_PROXY],
                              health=HealthBook(Thresholds(max_senders=1)),
                              clock=trio.current_time)
     async with (connect(nursery, service, PROXY) as first,

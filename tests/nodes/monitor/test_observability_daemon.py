@@ -38,6 +38,8 @@ pytestmark = pytest.mark.slow
 
 BASE_NS = time.time_ns() - 3600 * 10**9
 
+TOKEN = "o" * 32
+
 
 def rec(i: int):
     return make_record(f"line {i}", service="wrk-ork", job_id="j-1", time_ns=BASE_NS + i)
@@ -55,7 +57,7 @@ async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restar
                                pushers=[app_key.public_key.hex()],
                                followers=[app_key.public_key.hex()],
                                buffer={"max_records": 5},
-                               http={"host": "127.0.0.1", "port": 0},
+                               http={"host": "127.0.0.1", "port": 0, "token": TOKEN},
                                loki={"flush_interval_s": 0.01})
 
     with trio.fail_after(90):
@@ -92,7 +94,8 @@ async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restar
             assert result.history == "loki" and not result.more
             assert [r.text for r in got] == [f"line {i}" for i in range(20)]
             assert [r.level for r in got] == [0] * 15 + [20] * 5  # Loki keeps no level
-            async with httpx.AsyncClient(base_url=monitor.url, timeout=10) as http:
+            async with httpx.AsyncClient(base_url=monitor.url, timeout=10,
+                                         headers={"Authorization": f"Bearer {TOKEN}"}) as http:
                 body = (await http.get("/jobs/j-1/logs", params={"limit": 100})).json()
                 assert body["history"] == "loki" and len(body["records"]) == 20
                 # Loki stores a push before the pusher reads its answer and counts it.

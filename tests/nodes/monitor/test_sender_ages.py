@@ -29,7 +29,7 @@ READER = b"\x03" * 32
 
 
 async def test_status_lists_every_sender_with_its_age_newest_first(nursery, autojump_clock):
-    service = MonitorService(LogBuffer(), pushers=[PROXY, OTHER_PROXY], followers=[READER],
+    service = MonitorService(LogBuffer(), proxies=[PROXY, OTHER_PROXY], followers=[READER],
                              clock=trio.current_time)
     async with (connect(nursery, service, PROXY) as proxy,
                 connect(nursery, service, OTHER_PROXY) as other,

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 async def test_every_path_lands_in_the_window_and_reaches_wrk_monitor(tmp_path):
     with trio.fail_after(90):
         async with proxy_world(tmp_path) as world:
-            service = MonitorService(LogBuffer(), pushers={world.proxy_key.public_key})
+            service = MonitorService(LogBuffer(), proxies={world.proxy_key.public_key})
             monitor = Swarm(KeyPair.generate(), config=world.swarm_config(), services=[service])
             monitor_address = await world.nursery.start(monitor.run)
             _, secret = await world.add_key()

@@ -162,7 +162,7 @@ async def monitor_channel(nursery, service: MonitorService, key: bytes):
 
 async def test_the_reporter_pushes_the_latest_snapshot_every_interval(nursery, autojump_clock):
     window = HealthWindow()
-    service = MonitorService(LogBuffer(), pushers=[PROXY], clock=trio.current_time)
+    service = MonitorService(LogBuffer(), proxies=[PROXY], clock=trio.current_time)
     reporter = HealthReporter(window, routed=lambda: ["idle"], interval_s=5,
                               clock=trio.current_time)
     async with monitor_channel(nursery, service, PROXY) as client:

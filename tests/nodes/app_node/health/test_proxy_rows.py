@@ -77,7 +77,7 @@ def test_a_proxy_row_is_up_while_fresh_down_after_and_gone_past_the_bound():
 
 
 async def test_each_proxy_is_a_row_as_wrk_monitor_hears_it(nursery, autojump_clock):
-    monitor = MonitorService(LogBuffer(), pushers=[PROXY, OTHER_PROXY], followers=[APP_NODE],
+    monitor = MonitorService(LogBuffer(), proxies=[PROXY, OTHER_PROXY], followers=[APP_NODE],
                              clock=trio.current_time)
     store = MemoryHealthStore()
     async with (connect(nursery, monitor, PROXY) as proxy,
