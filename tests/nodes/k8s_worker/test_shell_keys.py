@@ -171,6 +171,11 @@ async def test_a_stale_set_is_ignored_at_the_worker_and_the_agent(nursery, tmp_p
             assert not await agent.apply_shell_keys(set_keys(3, alice).keys)
             assert agent.access.version == 5 and alice.public_key not in agent.access
             assert await refused(agent, alice, nursery)
+            # The long poll runs beside the heartbeats: the agent never went silent.
+            await trio.sleep(1.0)  # > silent_after_s (3 heartbeats of 0.2 s)
+            state = side.registry.state("cac-1-r0-n0")
+            assert state is not None and state.key == agent.keypair.public_key
+            assert not state.silent
 
 
 async def test_the_newest_set_survives_a_worker_restart_and_keeps_flowing(nursery, tmp_path):
