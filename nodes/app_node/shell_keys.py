@@ -109,7 +109,12 @@ class ShellKeySync:
             if last is not None and last.keys == keys:
                 continue
             version = max(self._clock_ns(), 0 if last is None else last.version + 1)
-            update = ShellKeys(team=team, keys=keys, version=version)
+            try:
+                update = ShellKeys(team=team, keys=keys, version=version)
+            except ValueError as exc:  # over MAX_SHELL_KEYS: say so, keep the others going
+                log.error("app_node.shell_keys_invalid team=%s keys=%d reason=%s", team,
+                          len(keys), str(exc).splitlines()[0])
+                continue
             ack = await self.ork.call(SET_SHELL_KEYS, update)
             if not ack.applied:
                 # wrk-ork holds this version or a newer one; app-node is the truth.

@@ -14,7 +14,7 @@ import itertools
 
 import trio
 
-from contracts.shell_access import ShellKeys, ShellKeysAck
+from contracts.shell_access import MAX_SHELL_KEYS, ShellKeys, ShellKeysAck
 from nodes.app_node.model import Role
 from nodes.app_node.shell_keys import ShellKeySync
 from nodes.app_node.store import Store
@@ -124,3 +124,18 @@ async def test_a_pass_that_fails_is_tried_again(thread_clock):
         # A nudge does not wait for the interval.
         await wait_until(lambda: ork.held(team) == (A,), limit_s=0.5, step_s=0.01)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_team_over_the_key_bound_is_logged_and_the_others_still_sent(caplog):
+    store, ork = Store.open(None), Ork()
+    _, team = people(store)
+    big = store.create_team(name="Big", owner=store.create_user(
+        email="o@x", name="o", password_hash="h", now=T0).id, now=T0).id
+    for i in range(MAX_SHELL_KEYS + 1):
+        user = store.create_user(email=f"m{i}@x", name="m", password_hash="h", now=T0)
+        store.add_member(big, user.id, Role.MEMBER)
+        store.set_cli_key(user.id, f"{i:064x}")
+    sync = ShellKeySync(store, ork)
+    assert await sync.sync_once() == 1
+    assert ork.held(team) == (A, B) and ork.held(big) is None
+    assert "app_node.shell_keys_invalid" in caplog.text
