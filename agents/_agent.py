@@ -256,6 +256,7 @@ class Agent:
         if self.shells is not None:
             values["shell_sessions_open"] = float(self.shells.sessions)
             values["shell_sessions_total"] = float(self.shells.sessions_total)
+            values["shell_sessions_revoked_total"] = float(self.shells.sessions_revoked)
         source = getattr(self.workload, "metrics", None)
         if callable(source):
             try:

@@ -147,6 +147,7 @@ async def test_a_removed_member_loses_an_open_shell_and_a_new_key_gets_one(
                 assert await refused(agent, alice, nursery)
                 _, carols = await shell(agent, carol, nursery, argv=("sh", "-c", "exit 7"))
                 assert (await carols.wait_exit()).code == 7
+            assert agent.metrics()["shell_sessions_revoked_total"] == 1
     revoked = [r for r in caplog.records if getattr(r, "event", "") == "shell.session_revoked"]
     assert len(revoked) == 1 and revoked[0].user_key == alice.hex
     assert revoked[0].job_id == "j-1" and revoked[0].source == "System"
