@@ -114,7 +114,9 @@ class ShellService(Service):
 
     Args:
         authorized: ``authorized(public_key)``: may this key open shells (for an
-            agent: its config's ``authorized_keys``, the job's team's CLI keys).
+            agent: its :class:`~._access.ShellAccess`, the job's team's CLI keys as
+            they are now). Asked on every connection and channel; after it starts
+            refusing a key, call :meth:`close_unauthorized` to end its sessions.
         peers: other keys this host must still connect with (the worker, its
             relays); allowed on the connection, never given a shell.
         shell: what ``pty`` mode runs without ``argv`` ($SHELL, else /bin/sh).
