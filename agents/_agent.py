@@ -13,8 +13,18 @@ process). Its life, as a tree of tasks::
             connect to the worker by key (config.worker_addresses first, then DHT)
             agent.hello  ─ agent.ready (or agent.failed) ─ agent.heartbeat every
             heartbeat_interval_s, until the connection or a call fails
-            └── log shipping    with a shipper (telemetry on): after hello,
+            ├── log shipping    with a shipper (telemetry on): after hello,
                                 agent.logs batches on the same channel (_logs.py)
+            └── shell keys      a container job's agent: agent.shell_keys, a long
+                                poll for its team's newer shell keys (issue 21)
+
+Shell keys (a GPU Container Job): who may open shells follows the team's
+membership while the job runs (:mod:`contracts.shell_access`). The agent starts
+with its config's ``authorized_keys`` at ``shell_keys_version``, or the newer
+set it saved in its storage, and asks its worker on every session (at once,
+then a long poll) for a newer set; each one taken is saved, and the shell
+sessions of keys that lost access are closed. A worker that does not know the
+method (older) leaves the agent with the keys it has.
 
 With telemetry on, each heartbeat also carries the agent's figures
 (:mod:`._metrics`: its process, its sessions, and the workload's own through
@@ -47,6 +57,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import trio
@@ -66,6 +77,7 @@ from contracts.agent_report import (
 )
 from contracts.log_shipper import LogShipper
 from contracts.model import JobType
+from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
 from p2p.errors import P2PError
 from p2p.host import Service
 from p2p.keys import KeyPair, format_key
@@ -134,6 +146,10 @@ class ReportPolicy:
     call_timeout_s: float | None = None
     #: After a failed readiness, how long we try to tell the worker before exiting.
     failure_report_s: float = 30.0
+    #: How long the worker may hold an ``agent.shell_keys`` long poll.
+    shell_keys_wait_s: float = 20.0
+    #: After a refused ``agent.shell_keys`` (not UNKNOWN_METHOD): wait, ask again.
+    shell_keys_retry_s: float = 5.0
 
 
 def listen_host(addresses: Sequence[Address]) -> str:
@@ -178,6 +194,8 @@ class Agent:
         rng: jitter (seeded in tests).
         shipper: the agent's log records (:func:`agents._logs.install_log_shipping`),
             shipped to the worker during each session; None: no shipping.
+        state_dir: where the newest shell keys are kept across restarts (the
+            agent's storage); None: not kept.
 
     Run it with ``await nursery.start(agent.run)``; it reports the swarm's address.
     """
@@ -187,8 +205,12 @@ class Agent:
                  readiness: Readiness | None = None, workload: Workload | None = None,
                  network: Network | None = None,
                  policy: ReportPolicy | None = None, rng: random.Random | None = None,
-                 host: str | None = None, shipper: LogShipper | None = None) -> None:
+                 host: str | None = None, shipper: LogShipper | None = None,
+                 state_dir: Path | None = None) -> None:
         self.config = config
+        self.state_dir = state_dir
+        #: Who may open shells (a container job's agent); see the module doc.
+        self.access = self._initial_access(config, state_dir)
         self.keypair = keypair
         self.worker = bytes.fromhex(config.worker)
         self.worker_addresses = tuple(worker_addresses)
@@ -201,7 +223,7 @@ class Agent:
             host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
             bootstrap=tuple(bootstrap),
             relays=tuple(bytes.fromhex(key) for key in config.relays))
-        services = list(self._services(config))
+        services = list(self._services(config, self.access))
         #: The container job's shell service (its sessions are figures), or None.
         self.shells = next((s for s in services if hasattr(s, "sessions_total")), None)
         if workload is not None:
@@ -234,6 +256,7 @@ class Agent:
         if self.shells is not None:
             values["shell_sessions_open"] = float(self.shells.sessions)
             values["shell_sessions_total"] = float(self.shells.sessions_total)
+            values["shell_sessions_revoked_total"] = float(self.shells.sessions_revoked)
         source = getattr(self.workload, "metrics", None)
         if callable(source):
             try:
@@ -243,22 +266,61 @@ class Agent:
         return clean(values)
 
     @staticmethod
-    def _services(config: AgentConfig) -> list:
+    def _initial_access(config: AgentConfig, state_dir: Path | None):
+        """The shell keys to start with: the config's, or the newer saved set."""
+        if config.job_type is not JobType.CONTAINER:
+            return None
+        from .instance import ShellAccess, load_saved
+
+        access = ShellAccess(config.authorized_keys, config.shell_keys_version)
+        saved = load_saved(state_dir) if state_dir is not None else None
+        if saved is not None and saved[1] > access.version:
+            access = ShellAccess(*saved)
+        return access
+
+    @staticmethod
+    def _services(config: AgentConfig, access) -> list:
         """What the agent serves on its swarm: a GPU Container Job's shells.
 
-        The shell service's firewall admits the job's authorised user keys, and
-        the worker and relays this agent itself dials (a firewall is asked on
-        outgoing dials too); nobody else gets a connection at all.
+        The shell service's firewall admits the job's authorised user keys (as
+        they are now: :attr:`access`), and the worker and relays this agent
+        itself dials (a firewall is asked on outgoing dials too); nobody else
+        gets a connection at all.
         """
         if config.job_type is not JobType.CONTAINER:
             return []
         from .instance import ShellService
 
-        users = frozenset(bytes.fromhex(key) for key in config.authorized_keys)
         peers = frozenset([bytes.fromhex(config.worker),
                            *(bytes.fromhex(key) for key in config.relays)])
-        return [ShellService(users.__contains__, peers=peers.__contains__,
+        return [ShellService(access.__contains__, peers=peers.__contains__,
                              job_id=config.job_id)]
+
+    async def apply_shell_keys(self, update: ShellKeys) -> bool:
+        """Take a newer set of shell keys: save it, close the sessions of keys
+        that lost access. Returns False (nothing done) for a set not newer."""
+        if self.access is None:
+            return False
+        old_version = self.access.version
+        try:
+            removed = self.access.update(update.keys, update.version)
+        except ValueError as exc:  # the contract checked them; a bug if it happens
+            log.error("agent.shell_keys_refused %s reason=%s", self.label, exc)
+            return False
+        if removed is None:
+            return False
+        log.info("agent.shell_keys %s version=%d previous=%d keys=%d removed=%d", self.label,
+                 update.version, old_version, len(self.access.keys), len(removed))
+        if removed and self.shells is not None:
+            self.shells.close_unauthorized(
+                "your access to this job was removed (you are no longer a member of its "
+                "team, or your CLI key changed): the session is closed")
+        if self.state_dir is not None:
+            try:
+                await trio.to_thread.run_sync(self.access.save, self.state_dir)
+            except OSError as exc:
+                log.warning("agent.shell_keys_not_saved %s reason=%s", self.label, exc)
+        return True
 
     @property
     def label(self) -> str:
@@ -398,6 +460,33 @@ class Agent:
             await shipper.ship(client)  # returned: a push failed, its records kept
             await trio.sleep(shipper.retry_s)
 
+    async def _follow_shell_keys(self, client: RpcClient) -> None:
+        """Ask the worker for newer shell keys, at once and then in a long poll,
+        for as long as the session lasts (a broken call ends the session)."""
+        assert self.access is not None
+        wait_s = self.policy.shell_keys_wait_s
+        while True:
+            try:
+                update = await client.call(
+                    SHELL_KEYS, ShellKeysWait(version=self.access.version, wait_s=wait_s),
+                    timeout_s=wait_s + self._call_timeout_s)
+            except RpcError as exc:
+                if exc.code == "UNKNOWN_METHOD":
+                    log.info("agent.shell_keys_unsupported %s worker=%s: keeping the "
+                             "config's keys", self.label, self.config.worker[:12])
+                    return
+                log.warning("agent.shell_keys_failed %s code=%s reason=%s", self.label,
+                            exc.code, exc.message)
+                await trio.sleep(self.policy.shell_keys_retry_s)
+                continue
+            applied = await self.apply_shell_keys(update)
+            if not applied and update.version < self.access.version:
+                log.debug("agent.shell_keys_stale %s version=%d held=%d", self.label,
+                          update.version, self.access.version)
+                # Not newer and not the same: the worker is behind us (its
+                # state was restored); do not spin on its instant answers.
+                await trio.sleep(wait_s)
+
     async def _reports(self, client: RpcClient, nursery: trio.Nursery) -> None:
         c = self.config
         result = await self._call(client, HELLO, Hello(
@@ -410,6 +499,8 @@ class Agent:
                  format_key(self.worker)[:12], self.sessions)
         if self.shipper is not None:
             nursery.start_soon(self._ship_logs, client)
+        if self.access is not None:
+            nursery.start_soon(self._follow_shell_keys, client)
         reported_ready = False
         interval = c.heartbeat_interval_s
         next_beat = trio.current_time() + interval

@@ -127,6 +127,7 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
     shipping = install_log_shipping(config)
     agent = Agent(config, keypair, bootstrap=bootstrap, worker_addresses=worker_addresses,
                   readiness=readiness, workload=workload,
-                  shipper=shipping[0] if shipping is not None else None)
+                  shipper=shipping[0] if shipping is not None else None,
+                  state_dir=daemon.storage)
     daemon.metrics.add(agent.swarm.metrics.registry)
     await daemon.nursery.start(agent.run)

@@ -67,6 +67,10 @@ class AgentConfig(BaseModel):
     #: Container Job), or the proxy-inference keys allowed to send requests
     #: (a Managed Inference Job).
     authorized_keys: tuple[KeyHex, ...] = Field(default=(), max_length=1024)
+    #: The version of ``authorized_keys`` for a GPU Container Job: the team's
+    #: shell keys as the worker last heard them (contracts/shell_access.py); the
+    #: agent takes only newer sets after it. 0: as the job was created.
+    shell_keys_version: int = Field(default=0, ge=0, lt=2**63)
     #: How often the agent tells the worker it is alive.
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=3600)
     #: The agent's folder: identity and state. Inside a VMI a fixed path.
@@ -90,6 +94,8 @@ class AgentConfig(BaseModel):
             # Added after version 1 shipped: left out when off, so that an agent
             # image older than its worker still reads the config it is given.
             del data["telemetry"]
+        if not data["shell_keys_version"]:
+            del data["shell_keys_version"]  # likewise (issue 21)
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -11,6 +11,8 @@ connection and calls, in order::
     agent.failed(message)           the agent gave up (its workload cannot start)
     agent.logs(records)             the agent's log records (only when its config's
                                     ``telemetry`` is on), at any time after hello
+    agent.shell_keys(version, wait_s)  a container agent's long poll for its team's
+                                    shell keys (contracts/shell_access.py), after hello
 
 ``hello`` proves which VMI the caller is: the token is the VMI's
 ``AgentConfig.report_token`` (only the worker and that VMI's cloud-init know
@@ -133,6 +135,8 @@ class ReportCode(enum.StrEnum):
     #: An ``agent.logs`` batch that is not valid records (refused whole; the
     #: same code as wrk-monitor's ``logs.push``, so a log shipper drops it).
     BAD_BATCH = "BAD_BATCH"
+    #: ``agent.shell_keys`` from an agent whose VMI is no container job's.
+    NO_SHELL = "NO_SHELL"
 
 
 #: Codes after which hello can never succeed for this agent: it stops.

@@ -121,7 +121,8 @@ class JobSpec(BaseModel):
     served_name: str | None = Field(default=None, min_length=1, max_length=200,
                                     pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]*$")
     #: Users' public keys allowed to open shells (a GPU Container Job): the team
-    #: members' CLI keys, as app-node resolves them when the job is created.
+    #: members' CLI keys, as app-node resolves them when the job is created; the
+    #: team's newer sets follow while it runs (contracts/shell_access.py).
     authorized_keys: tuple[KeyHex, ...] = Field(default=(), max_length=1024)
     location: str = Field(default="default", min_length=1, max_length=64,
                           pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")

@@ -14,11 +14,18 @@ Wire form (msgpack map, string keys)::
     {"kind": "restart_replica", "op_id": str, "job_id": str, "replica": int,
      "generation": int}
     {"kind": "delete_replica", "op_id": str, "job_id": str, "replica": int}
+    {"kind": "set_shell_keys", "op_id": str,
+     "keys": {"team": str, "keys": [key hex, ...], "version": int}}
 
     {"kind": "replica_report", "job_id": str, "replica": int,
      "state": ReplicaState, "generation": int, "message": str,
      "agents": [key hex, ...], "at": float}
     {"kind": "rack_report", "rack": {RackReport}, "at": float}
+
+``set_shell_keys`` carries a team's shell keys (:mod:`contracts.shell_access`)
+to a rack that runs (or is about to run) the team's container jobs; the worker
+keeps the newest version per team and ignores older ones, so its ``op_id``
+only needs to be unique in wrk-ork's outbox. Its queue key is ``team:<team>``.
 
 ``generation`` counts restarts of a replica: a report about an older
 generation than wrk-ork's is stale (it describes the VMI a restart replaced)
@@ -40,6 +47,7 @@ from contracts.model import (
     ReplicaState,
     first_error,
 )
+from contracts.shell_access import ShellKeys
 
 __all__ = [
     "BadMessage",
@@ -50,6 +58,7 @@ __all__ = [
     "ReplicaReport",
     "Report",
     "RestartReplica",
+    "SetShellKeys",
     "decode_operation",
     "decode_report",
     "encode",
@@ -105,7 +114,19 @@ class DeleteReplica(_Message):
     replica: ReplicaIndex
 
 
-Operation = Annotated[CreateReplica | RestartReplica | DeleteReplica,
+class SetShellKeys(_Message):
+    """The team's shell keys changed: the worker hands them to the team's agents."""
+
+    kind: Literal["set_shell_keys"] = "set_shell_keys"
+    op_id: OpId
+    keys: ShellKeys
+
+    @property
+    def queue_key(self) -> str:
+        return f"team:{self.keys.team}"
+
+
+Operation = Annotated[CreateReplica | RestartReplica | DeleteReplica | SetShellKeys,
                       Field(discriminator="kind")]
 
 
@@ -133,7 +154,8 @@ class RackUpdate(_Message):
 
 Report = Annotated[ReplicaReport | RackUpdate, Field(discriminator="kind")]
 
-_OPERATION: TypeAdapter[CreateReplica | RestartReplica | DeleteReplica] = TypeAdapter(Operation)
+_OPERATION: TypeAdapter[CreateReplica | RestartReplica | DeleteReplica | SetShellKeys] = \
+    TypeAdapter(Operation)
 _REPORT: TypeAdapter[ReplicaReport | RackUpdate] = TypeAdapter(Report)
 
 
@@ -153,7 +175,8 @@ def _decode(adapter: TypeAdapter, payload: bytes, side: str):
         raise BadMessage(f"bad {side}: {first_error(exc, 'message')}") from None
 
 
-def decode_operation(payload: bytes) -> CreateReplica | RestartReplica | DeleteReplica:
+def decode_operation(payload: bytes
+                     ) -> CreateReplica | RestartReplica | DeleteReplica | SetShellKeys:
     """Parse an operation from wrk-ork's queue.
 
     Raises:

@@ -5,6 +5,7 @@ The agent adds a :class:`ShellService` to its swarm; ``cosmicac shell`` calls
 format of ``cosmicac-shell/1``.
 """
 
+from ._access import ShellAccess, load_saved
 from ._client import ShellSession, open_shell
 from ._malloc import keep_large_buffers
 from ._protocol import (
@@ -21,7 +22,8 @@ from ._protocol import (
 from ._server import ShellService
 
 __all__ = [
-    "PROTOCOL", "Exit", "RemoteProtocolError", "ShellError", "ShellService", "ShellSession",
+    "PROTOCOL", "Exit", "RemoteProtocolError", "ShellAccess", "ShellError", "ShellService",
+    "ShellSession",
     "Stderr", "Stdout", "decode_client", "decode_server", "encode", "keep_large_buffers",
-    "open_shell",
+    "load_saved", "open_shell",
 ]

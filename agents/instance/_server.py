@@ -114,7 +114,9 @@ class ShellService(Service):
 
     Args:
         authorized: ``authorized(public_key)``: may this key open shells (for an
-            agent: its config's ``authorized_keys``, the job's team's CLI keys).
+            agent: its :class:`~._access.ShellAccess`, the job's team's CLI keys as
+            they are now). Asked on every connection and channel; after it starts
+            refusing a key, call :meth:`close_unauthorized` to end its sessions.
         peers: other keys this host must still connect with (the worker, its
             relays); allowed on the connection, never given a shell.
         shell: what ``pty`` mode runs without ``argv`` ($SHELL, else /bin/sh).
@@ -153,9 +155,31 @@ class ShellService(Service):
         self.sessions = 0
         #: Sessions opened since the agent started (a figure of its heartbeat).
         self.sessions_total = 0
+        #: Sessions closed because their key lost access (:meth:`close_unauthorized`).
+        self.sessions_revoked = 0
+        self._open: set[_Session] = set()
 
     def allows(self, remote_public_key: bytes, how: str) -> bool:
         return bool(self._authorized(remote_public_key) or self._peers(remote_public_key))
+
+    def close_unauthorized(self, reason: str) -> int:
+        """Close every open session whose key ``authorized`` refuses now.
+
+        Call it after the authorised set shrank (a member left the team). Each
+        such session's client gets ERROR ``revoked`` with ``reason``, its
+        process group is hung up, and the job's System log says
+        ``shell.session_revoked``. New channels from those keys are refused by
+        the check every channel makes.
+
+        Returns:
+            How many sessions are being closed (they end in their own tasks).
+        """
+        closing = [s for s in self._open
+                   if s.revoked is None and not self._authorized(s.key)]
+        for session in closing:
+            session.revoke(reason)
+        self.sessions_revoked += len(closing)
+        return len(closing)
 
     async def serve_channel(self, channel: Channel, connection: Connection) -> None:
         key = connection.remote_public_key
@@ -172,6 +196,10 @@ class ShellService(Service):
             return
         if not isinstance(opened, Open):
             await _send_error(channel, "protocol", "the first frame must be OPEN")
+            return
+        if not self._authorized(key):  # access may have been removed while we waited
+            self._log.warning("shell.refused key=%s reason=revoked", label)
+            await _send_error(channel, "unauthorized", "this key may not open shells here")
             return
         if self.sessions >= self.max_sessions:
             await _send_error(channel, "busy", f"{self.max_sessions} sessions already")
@@ -212,6 +240,15 @@ class _Session:
         #: The process has exited: reads that stay quiet for _DRAIN_S end.
         self._exited = False
         self._reads: set[trio.CancelScope] = set()
+        #: The session's body; cancelled by :meth:`revoke`.
+        self._scope = trio.CancelScope()
+        #: Why the key lost access (:meth:`revoke`), or None.
+        self.revoked: str | None = None
+
+    def revoke(self, reason: str) -> None:
+        """End the session: its key may no longer open shells here."""
+        self.revoked = reason
+        self._scope.cancel()
 
     def _argv_env(self) -> tuple[list[str], dict[str, str]]:
         opened = self.opened
@@ -247,9 +284,11 @@ class _Session:
 
     async def run(self) -> None:
         service, opened = self.service, self.opened
+        service._open.add(self)  # from here a revoke reaches it (its scope stays cancelled)
         try:
             self.process = await self._spawn()
         except OSError as exc:
+            service._open.discard(self)
             await _send_error(self.channel, "spawn_failed", f"{exc.strerror or exc}")
             service._log.info("shell.session_failed key=%s mode=%s error=%s",
                               self.label, opened.mode, exc)
@@ -262,29 +301,34 @@ class _Session:
         self._system("shell.session_started", pid=process.pid)
         exit_: Exit | None = None
         try:
-            await self.channel.send(encode(Started(process.pid)))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._input, nursery.cancel_scope)
-                async with trio.open_nursery() as outputs:
-                    if self.master is not None:
-                        outputs.start_soon(self._pump, self.master, Stdout)
-                    else:
-                        outputs.start_soon(self._pump, process.stdout, Stdout)
-                        outputs.start_soon(self._pump, process.stderr, Stderr)
-                    await process.wait()
-                    # Output still in flight drains at the client's pace; a
-                    # background job that keeps the terminal or a pipe open but
-                    # quiet does not hold the session.
-                    self._exited = True
-                    for scope in self._reads:
-                        scope.deadline = trio.current_time() + _DRAIN_S
-                exit_ = _exit_of(process.returncode)
-                await self.channel.send(encode(exit_))
-                nursery.cancel_scope.cancel()
+            with self._scope:
+                await self.channel.send(encode(Started(process.pid)))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._input, nursery.cancel_scope)
+                    async with trio.open_nursery() as outputs:
+                        if self.master is not None:
+                            outputs.start_soon(self._pump, self.master, Stdout)
+                        else:
+                            outputs.start_soon(self._pump, process.stdout, Stdout)
+                            outputs.start_soon(self._pump, process.stderr, Stderr)
+                        await process.wait()
+                        # Output still in flight drains at the client's pace; a
+                        # background job that keeps the terminal or a pipe open but
+                        # quiet does not hold the session.
+                        self._exited = True
+                        for scope in self._reads:
+                            scope.deadline = trio.current_time() + _DRAIN_S
+                    exit_ = _exit_of(process.returncode)
+                    await self.channel.send(encode(exit_))
+                    nursery.cancel_scope.cancel()
         except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client is gone: hang up below
         finally:
+            service._open.discard(self)
             with trio.CancelScope(shield=True):
+                if self.revoked is not None and exit_ is None:
+                    self._system("shell.session_revoked", pid=process.pid, reason=self.revoked)
+                    await _send_error(self.channel, "revoked", self.revoked)
                 await self._hang_up()
             service._log.info(
                 "shell.session_ended key=%s mode=%s pid=%d exit=%s", self.label, opened.mode,

@@ -88,6 +88,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
 
     from .api import create_app
     from .api._swarm import swarm_advert
+    from .shell_keys import ShellKeySync
 
     storage = settings.storage
     keypair = await trio.to_thread.run_sync(load_or_create_keypair, storage)
@@ -122,6 +123,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 await nursery.start(ork.run)
                 events = JobHub()
                 await nursery.start(follow_ork, ork, events)
+                # Shell access follows team membership on running jobs (issue 21).
+                await nursery.start(ShellKeySync(store, ork).run)
             monitor = None
             if settings.monitor is not None:
                 monitor = MonitorClient(swarm, settings.monitor,

@@ -557,6 +557,22 @@ class Store(RecordsMixin):
                 (user_id,)).fetchall()
             return [(Team(*row[:3]), Role(row[3])) for row in rows]
 
+    def shell_keys_by_team(self) -> dict[str, tuple[str, ...]]:
+        """Every team's shell keys: its members' CLI keys (sorted, unique), leaving
+        out disabled users; a team whose members have none maps to ``()``."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT t.id, u.cli_public_key FROM teams t "
+                "LEFT JOIN memberships m ON m.team = t.id "
+                "LEFT JOIN users u ON u.id = m.user AND u.disabled = 0 "
+                "AND u.cli_public_key IS NOT NULL").fetchall()
+        keys: dict[str, set[str]] = {}
+        for team, key in rows:
+            found = keys.setdefault(team, set())
+            if key:
+                found.add(key.lower())
+        return {team: tuple(sorted(found)) for team, found in keys.items()}
+
     def _member_role(self, team_id: str, user_id: str) -> Role:
         row = self._one("SELECT role FROM memberships WHERE user = ? AND team = ?",
                         (user_id, team_id))

@@ -53,6 +53,13 @@ bound key says which VMI, the agent's claims say nothing); a new hello, a
 silence and :meth:`AgentTable.forget` drop them. The worker's
 :mod:`.agent_metrics` reporter forwards them to wrk-monitor.
 
+Shell keys (issue 21): ``agent.shell_keys`` is a container agent's long poll
+for its team's shell keys (:mod:`contracts.shell_access`). The registry
+authorises it by the bound key (``NOT_INTRODUCED`` otherwise), so an agent
+only ever learns its own job's team's keys, and asks :attr:`AgentRegistry.shell_keys`
+(the worker's ``wait_shell_keys``) for the VMI the key is bound to; a VMI of
+no container job gets ``NO_SHELL``. Not a report: it moves no deadline.
+
 State is in memory: after a worker restart the worker calls :meth:`expect`
 again for every VMI it knows (the persisted replicas), and the agents, whose
 connections broke, say hello again on their next connection.
@@ -64,7 +71,7 @@ import enum
 import hmac
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -85,6 +92,7 @@ from contracts.agent_report import (
     ReportCode,
     agent_service,
 )
+from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
 from contracts.telemetry import (
     AgentMetrics,
     BadBatch,
@@ -120,6 +128,9 @@ DEFAULT_SILENT_HEARTBEATS = 3
 #: Where an agent's re-stamped log records go: synchronous, must never block
 #: (the worker's ``LogShipper.offer_many``).
 OnLogs = Callable[[Sequence[LogRecord]], None]
+#: ``await shell_keys(vmi, version, wait_s)``: the VMI's team's shell keys once
+#: their version is not ``version`` (or after ``wait_s``); None: not a container VMI.
+ShellKeysSource = Callable[[str, int, float], Awaitable[ShellKeys | None]]
 
 
 class AgentEventKind(enum.StrEnum):
@@ -389,6 +400,11 @@ class AgentTable:
         return TakenLogs(entry.name, entry.job_id, entry.replica, records[:admission.kept],
                          admission.dropped, admission.warning)
 
+    def bound(self, key: bytes) -> str | None:
+        """The name of the VMI ``key`` is bound to, or None."""
+        entry = self._by_key.get(key)
+        return None if entry is None else entry.name
+
     def _logging(self, key: bytes) -> _Entry:
         entry = self._by_key.get(key)
         if entry is None:
@@ -482,6 +498,8 @@ class AgentRegistry:
         #: ``agent.logs`` batches refused with ``BAD_BATCH``.
         self.bad_log_batches = 0
         self._changed = trio.Event()
+        #: Answers ``agent.shell_keys`` (the worker sets it); None: ``NO_SHELL``.
+        self.shell_keys: ShellKeysSource | None = None
         router = Router()
         router.add(HELLO, self._hello)
         router.add(READY, self._ready)
@@ -489,6 +507,7 @@ class AgentRegistry:
         router.add(UNREADY, self._unready)
         router.add(HEARTBEAT, self._heartbeat)
         router.add(LOGS, self._logs)
+        router.add(SHELL_KEYS, self._shell_keys)
         #: Serve this on the worker's swarm.
         self.service = RpcService(PROTOCOL, router)
 
@@ -612,3 +631,16 @@ class AgentRegistry:
         # Fewer than sent when the budget cut the batch: the first ``accepted``
         # were kept. Not an error, so the agent neither re-sends nor stops.
         return PushResult(accepted=len(stamped))
+
+    async def _shell_keys(self, params: ShellKeysWait, ctx: CallContext) -> ShellKeys:
+        key = self._caller(ctx)
+        name = self.table.bound(key)
+        if name is None:
+            raise RpcError(ReportCode.NOT_INTRODUCED,
+                           "say hello first: this key is bound to no VMI")
+        found = None
+        if self.shell_keys is not None:
+            found = await self.shell_keys(name, params.version, params.wait_s)
+        if found is None:
+            raise RpcError(ReportCode.NO_SHELL, f"{name} is no container job's VMI here")
+        return found

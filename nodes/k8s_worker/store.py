@@ -15,6 +15,8 @@ Rows:
   created after a worker restart get new relay keys), the per-VMI report
   tokens, and the last state reported to wrk-ork.
 - ``applied_ops``: op ids already applied.
+- ``shell_keys``: per team, the newest shell keys wrk-ork sent (issue 21);
+  an older version never replaces a newer one.
 
 Blocking calls: the daemon runs them through ``trio.to_thread``.
 """
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.model import JobSpec, ReplicaPlacement, ReplicaState
+from contracts.shell_access import ShellKeys
 from p2p.files import private_file
 
 __all__ = ["ReplicaRecord", "StoreError", "WorkerStore"]
@@ -53,6 +56,11 @@ CREATE TABLE IF NOT EXISTS replicas (
     PRIMARY KEY (job_id, replica)
 );
 CREATE TABLE IF NOT EXISTS applied_ops (op_id TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS shell_keys (
+    team TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    keys TEXT NOT NULL
+);
 """
 
 
@@ -215,6 +223,23 @@ class WorkerStore:
             self._db.execute("UPDATE replicas SET reported_state=?, reported_message=? "
                              "WHERE job_id=? AND replica=?",
                              (state.value, message, job_id, replica))
+
+    def set_shell_keys(self, keys: ShellKeys) -> bool:
+        """Keep the team's shell keys; False (nothing written) unless newer."""
+        with self._lock, self._db:
+            cursor = self._db.execute(
+                "INSERT INTO shell_keys VALUES (?,?,?) ON CONFLICT(team) DO UPDATE SET "
+                "version=excluded.version, keys=excluded.keys "
+                "WHERE excluded.version > shell_keys.version",
+                (keys.team, keys.version, json.dumps(list(keys.keys))))
+            return cursor.rowcount == 1
+
+    def shell_keys(self) -> dict[str, ShellKeys]:
+        """Every team's newest shell keys."""
+        with self._lock:
+            rows = self._db.execute("SELECT team, version, keys FROM shell_keys").fetchall()
+        return {team: ShellKeys(team=team, version=version, keys=tuple(json.loads(keys)))
+                for team, version, keys in rows}
 
     def _seen(self, op_id: str, now: float) -> bool:
         try:

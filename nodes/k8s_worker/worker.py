@@ -16,6 +16,12 @@ Theory of operation:
   view per VMI; :func:`~.replica_state.replica_state` turns the views into the
   replica's state, and a change is published to wrk-ork. Events about an older
   generation (the VMI a restart replaced) are ignored.
+* **Shell keys.** ``set_shell_keys`` operations carry a team's shell keys
+  (:mod:`contracts.shell_access`); the newest version per team is kept in the
+  file, rendered into every (re)created container agent's config, and handed
+  to the team's running agents, which long-poll for it
+  (:meth:`Worker.wait_shell_keys`, ``agent.shell_keys``). Older versions
+  are ignored; each change is a System line of each of the team's jobs.
 * **Rack.** The cluster's capacity is published at start and every
   ``report_interval_s``; it doubles as the worker's heartbeat, by which wrk-ork
   tells a silent worker (Unknown) from a quiet one.
@@ -42,6 +48,7 @@ from typing import Any
 import trio
 
 from contracts.model import JobType, ReplicaState
+from contracts.shell_access import ShellKeys
 from nodes.control import (
     MAX_MESSAGE_CHARS,
     CreateReplica,
@@ -49,6 +56,7 @@ from nodes.control import (
     RackUpdate,
     ReplicaReport,
     RestartReplica,
+    SetShellKeys,
     encode,
 )
 
@@ -152,11 +160,20 @@ class Worker:
         self._nursery: trio.Nursery | None = None
         self._capacity_changed = trio.Event()
         self.bad_operations = 0
+        #: Per team, the newest shell keys wrk-ork sent (loaded from the file by run()).
+        self._shell_keys: dict[str, ShellKeys] = {}
+        self._shell_keys_changed = trio.Event()
+        # The registry answers its agents' ``agent.shell_keys`` from here.
+        registry.shell_keys = self.wait_shell_keys
 
     # -- operations ----------------------------------------------------------
 
-    async def apply(self, op: CreateReplica | RestartReplica | DeleteReplica) -> None:
+    async def apply(self, op: CreateReplica | RestartReplica | DeleteReplica | SetShellKeys
+                    ) -> None:
         """Record the operation's intent durably; the reconciler does the rest."""
+        if isinstance(op, SetShellKeys):
+            await self.set_shell_keys(op.keys)
+            return
         now = self._clock()
         if isinstance(op, CreateReplica):
             record = ReplicaRecord(
@@ -203,11 +220,61 @@ class Worker:
                 state.broken = None
                 state.wake.set()
 
+    async def set_shell_keys(self, keys: ShellKeys) -> bool:
+        """Keep the team's newer shell keys (in the file first) and wake the
+        agents' long polls. Returns False, changing nothing, for a version not
+        above the one held (a redelivery, or an older update)."""
+        keys = keys.normalised()
+        current = self._shell_keys.get(keys.team)
+        if current is not None and keys.version <= current.version:
+            log.debug("worker.shell_keys_stale team=%s version=%d held=%d", keys.team,
+                      keys.version, current.version)
+            return False
+        if not await trio.to_thread.run_sync(self.store.set_shell_keys, keys):
+            return False
+        self._shell_keys[keys.team] = keys
+        jobs = sorted({state.record.job_id for state in self._replicas.values()
+                       if state.record.spec.team == keys.team
+                       and state.record.spec.type is JobType.CONTAINER})
+        for job_id in jobs:
+            log.info("shell access changed: %d keys may open shells (version %d) | "
+                     "worker.shell_keys job=%s team=%s", len(keys.keys), keys.version, job_id,
+                     keys.team, extra=_where(job_id, 0))
+        self._shell_keys_changed.set()
+        self._shell_keys_changed = trio.Event()
+        return True
+
+    def shell_keys_of(self, vmi: str) -> ShellKeys | None:
+        """The shell keys VMI ``vmi``'s agent should hold now; None: not a
+        container job's VMI of this worker."""
+        found = self._by_vmi.get(vmi)
+        state = None if found is None else self._replicas.get(found[0])
+        if state is None or state.record.spec.type is not JobType.CONTAINER:
+            return None
+        spec = state.record.spec
+        return self._shell_keys.get(spec.team) or ShellKeys(
+            team=spec.team, keys=spec.authorized_keys, version=0)
+
+    async def wait_shell_keys(self, vmi: str, version: int, wait_s: float) -> ShellKeys | None:
+        """``agent.shell_keys``: VMI ``vmi``'s shell keys once their version is not
+        ``version`` (at once if it is not now), or after ``wait_s`` as they are."""
+        deadline = trio.current_time() + wait_s
+        while True:
+            current = self.shell_keys_of(vmi)
+            if current is None or current.version != version:
+                return current
+            changed = self._shell_keys_changed
+            with trio.move_on_at(deadline):
+                await changed.wait()
+            if trio.current_time() >= deadline:
+                return self.shell_keys_of(vmi)
+
     # -- running -------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Adopt what the file holds, then watch, reconcile and report until cancelled."""
         records = await trio.to_thread.run_sync(self.store.replicas)
+        self._shell_keys = await trio.to_thread.run_sync(self.store.shell_keys)
         send, receive = trio.open_memory_channel[VmiEvent](256)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -314,8 +381,13 @@ class Worker:
             "heartbeat_interval_s": runtime.heartbeat_interval_s,
             "report_token": record.tokens[0],
             # Who may use the workload: the team's shell users, or the proxies.
-            "authorized_keys": (record.spec.authorized_keys
-                                if record.spec.type is JobType.CONTAINER else runtime.proxies)}
+            "authorized_keys": runtime.proxies}
+        if record.spec.type is JobType.CONTAINER:
+            # The newest shell keys wrk-ork sent for the team, else the job's own.
+            shell = self._shell_keys.get(record.spec.team)
+            agent["authorized_keys"] = (record.spec.authorized_keys if shell is None
+                                        else shell.keys)
+            agent["shell_keys_version"] = 0 if shell is None else shell.version
         if runtime.agent_storage is not None:
             agent["storage"] = runtime.agent_storage
         return replica_unit(record.job_id, record.replica, record.spec, record.placement,

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from nodes.control import BadMessage, decode_report, encode
+from nodes.control import BadMessage, SetShellKeys, decode_report, encode
 from nodes.metrics import Family, Snapshot
 from p2p.keys import KeyPair
 from p2p.log import FsyncPolicy
@@ -160,6 +160,17 @@ class OrkDriver:
             for outbound in outbox:
                 entry = self._open.get(outbound.rack)
                 op = outbound.op
+                if isinstance(op, SetShellKeys):
+                    if entry is None:
+                        log.warning("ork.no_queue rack=%s op=%s team=%s", outbound.rack[:12],
+                                    op.op_id, op.keys.team)
+                        continue
+                    await entry[0].publish(op.queue_key, encode(op))
+                    published.append(op.op_id)
+                    log.info("ork.shell_keys_sent rack=%s team=%s version=%d keys=%d",
+                             outbound.rack[:12], op.keys.team, op.keys.version,
+                             len(op.keys.keys))
+                    continue
                 where = {"job_id": op.job_id, "replica": op.replica}
                 if entry is None:
                     log.warning("replica %d: no queue to rack %s… yet: %s waits | ork.no_queue "

@@ -16,6 +16,13 @@ users), and what must go out is collected for the daemon to take:
   published again after a crash is recognised by the worker;
 - status changes for ``jobs.watch``: :meth:`~Orchestrator.drain_events`.
 
+Shell keys (issue 21): app-node sends each team's shell keys with a version
+that only grows (:meth:`~Orchestrator.set_shell_keys`); the newest per team is
+saved, and a changed set becomes a ``set_shell_keys`` operation to every rack
+holding the team's container jobs, and to a rack before the first
+CreateReplica of such a job, so the worker always has the newest set before
+it renders an agent's config.
+
 Statuses follow :mod:`nodes.ork.status`: a replica's status changes only by its
 table, and a job's status is derived from its replicas after every change;
 each job status change is checked against ``JOB_TRANSITIONS`` and sent as a
@@ -43,6 +50,7 @@ ahead of the file: the daemon must stop and reopen (it reloads the file).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import re
 from collections.abc import Callable, Iterable
@@ -50,7 +58,15 @@ from pathlib import Path
 from typing import Literal
 
 from contracts.model import JobSpec, JobStatus, JobType, RackReport
-from nodes.control import CreateReplica, DeleteReplica, RackUpdate, ReplicaReport, RestartReplica
+from contracts.shell_access import ShellKeys
+from nodes.control import (
+    CreateReplica,
+    DeleteReplica,
+    RackUpdate,
+    ReplicaReport,
+    RestartReplica,
+    SetShellKeys,
+)
 
 from ._book import JobBook, OrchestratorStatistics, _new_job_id
 from .errors import BadRequest, Conflict, InvalidState, NotFound, StoreError
@@ -90,6 +106,14 @@ def op_id(job_id: str, replica: int, kind: Literal["create", "restart", "delete"
     return f"{job_id}/{replica}/{kind}/{generation}"
 
 
+def _shell_op(rack: str, keys: ShellKeys) -> SetShellKeys:
+    """The ``set_shell_keys`` operation of ``keys`` for ``rack``: its id is unique
+    per (team, version, rack) in the outbox (the worker orders by version)."""
+    digest = hashlib.blake2b(f"{keys.team}\0{keys.version}\0{rack}".encode(),
+                             digest_size=16).hexdigest()
+    return SetShellKeys(op_id=f"shell/{digest}", keys=keys)
+
+
 class Orchestrator(JobBook):
     """The job status machine, racks and placement, persisted in its own store.
 
@@ -97,6 +121,15 @@ class Orchestrator(JobBook):
     shares by all its calls (records, status refresh, events, the transaction
     of each call) is :class:`~nodes.ork._book.JobBook`.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        #: Per team, the newest shell keys app-node sent.
+        self._shell_keys: dict[str, ShellKeys] = {}
+
+    def _load(self) -> None:
+        super()._load()
+        self._shell_keys = self._store.load_shell_keys()
 
     # -- opening ------------------------------------------------------------------------
 
@@ -341,6 +374,48 @@ class Orchestrator(JobBook):
         page = heapq.nsmallest(limit + 1, candidates, key=key)
         return [self._view(job) for job in page[:limit]], len(page) > limit
 
+    # -- shell keys -------------------------------------------------------------------
+
+    def set_shell_keys(self, keys: ShellKeys) -> tuple[int, bool]:
+        """Keep the team's shell keys if their version is above the one held.
+
+        A changed set is queued as ``set_shell_keys`` to every rack holding the
+        team's container jobs (the caller then publishes :meth:`outbox`); the
+        same keys at a higher version only move the version.
+
+        Returns:
+            The version held now, and whether ``keys`` was taken.
+
+        Raises:
+            StoreError: it could not be saved (nothing changed in memory).
+        """
+        keys = keys.normalised()
+        current = self._shell_keys.get(keys.team)
+        if current is not None and keys.version <= current.version:
+            return current.version, False
+        racks = ([] if current is not None and current.keys == keys.keys
+                 else self._team_racks(keys.team))
+        try:
+            with self._store.transaction():
+                self._store.save_shell_keys(keys)
+                for rack in racks:
+                    self._store.add_outbound(Outbound(rack=rack, op=_shell_op(rack, keys)))
+        except Exception as exc:
+            raise StoreError(f"could not save team {keys.team}'s shell keys: {exc}; "
+                             "restart wrk-ork (it reloads its last saved state)") from exc
+        self._shell_keys[keys.team] = keys
+        return keys.version, True
+
+    def shell_keys(self, team: str) -> ShellKeys | None:
+        """The newest shell keys app-node sent for ``team``, or None."""
+        return self._shell_keys.get(team)
+
+    def _team_racks(self, team: str) -> list[str]:
+        """Racks that hold (or are creating) the team's container jobs."""
+        return sorted({r.placement.rack for job in self._jobs.values()
+                       if job.spec.team == team and job.spec.type is JobType.CONTAINER
+                       for r in job.replicas.values() if r.claimed and r.placement is not None})
+
     # -- placement --------------------------------------------------------------------
 
     def _place(self, job: JobRecord, now: float) -> bool:
@@ -374,6 +449,12 @@ class Orchestrator(JobBook):
         if was_pending:
             self._set_status(job, JobStatus.QUEUED, "capacity freed", now)
         if event is ReplicaEvent.PLACED:
+            shell = (self._shell_keys.get(spec.team) if spec.type is JobType.CONTAINER
+                     else None)
+            if shell is not None:
+                # Before the create: the worker renders the newest keys into the
+                # agent's config (a repeat for a rack that has them: ignored).
+                self._queue(placements[0].rack, _shell_op(placements[0].rack, shell))
             for replica, placement in zip(waiting, placements, strict=True):
                 replica.status = next_replica_status(replica.status, event)
                 replica.placement, replica.claimed = placement, True

@@ -29,6 +29,7 @@ Methods (params -> result; every model below, msgpack maps on the wire)::
     nodes.reserve    ReserveNodes(rack, nodes, team) -> Empty
     nodes.release    ReleaseNodes(rack, nodes)      -> Empty
     jobs.watch       WatchJobs(job_id?, team?, snapshot) => JobEvent, JobEvent, ...
+    teams.set_shell_keys ShellKeys(team, keys, version) -> ShellKeysAck(version, applied)
     service.status   StatusRequest                  -> ServiceStatus  (contracts.health)
 
 ``service.status`` is what app-node's health prober asks every interval:
@@ -42,6 +43,12 @@ failed; it needs a restart), ``LAGGED`` (a watcher fell more than
 ``WATCH_BUFFER`` events behind: get the jobs and watch again),
 ``TOO_MANY_WATCHERS``; and the RPC layer's own (``INVALID_PARAMS`` for params
 that fail validation, e.g. a bad JobSpec, with the fields named).
+
+``teams.set_shell_keys`` (issue 21; app-node only: it is the truth of a
+team's members and their CLI keys) keeps a team's shell keys if their version
+is above wrk-ork's and sends a changed set to the racks running the team's
+container jobs (:mod:`contracts.shell_access`); ``applied`` False: wrk-ork
+holds that version or a newer one (``version`` says which).
 
 A watch sees the changes made after it started (``snapshot=True`` first sends
 every matching job's current status, with ``previous`` equal to ``status``).
@@ -59,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
 from contracts.model import JobSpec, JobStatus, KeyHex
+from contracts.shell_access import ShellKeys, ShellKeysAck
 from p2p.host import RpcService
 from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
 
@@ -83,6 +91,7 @@ __all__ = [
     "RESERVE_NODES",
     "RESTART_JOB",
     "RESTART_REPLICA",
+    "SET_SHELL_KEYS",
     "WATCH_BUFFER",
     "WATCH_JOBS",
     "CreateJob",
@@ -251,6 +260,7 @@ LIST_NODES = Method("nodes.list", params=Empty, result=NodeList)
 RESERVE_NODES = Method("nodes.reserve", params=ReserveNodes, result=Empty)
 RELEASE_NODES = Method("nodes.release", params=ReleaseNodes, result=Empty)
 WATCH_JOBS = StreamMethod("jobs.watch", params=WatchJobs, item=JobEvent)
+SET_SHELL_KEYS = Method("teams.set_shell_keys", params=ShellKeys, result=ShellKeysAck)
 
 
 class _Watcher:
@@ -299,7 +309,7 @@ class OrkService(RpcService):
             (DELETE_JOB, self._delete_job), (RESTART_REPLICA, self._restart_replica),
             (DELETE_REPLICA, self._delete_replica), (REGISTER_RACK, self._register_rack),
             (REMOVE_RACK, self._remove_rack), (RESERVE_NODES, self._reserve_nodes),
-            (RELEASE_NODES, self._release_nodes),
+            (RELEASE_NODES, self._release_nodes), (SET_SHELL_KEYS, self._set_shell_keys),
         ]:
             router.add(method, self._unary(handler, changes=True))
         for method, handler in [
@@ -452,6 +462,13 @@ class OrkService(RpcService):
     def _release_nodes(self, params: ReleaseNodes) -> Empty:
         self.orch.release_nodes(params.rack, params.nodes)
         return Empty()
+
+    def _set_shell_keys(self, params: ShellKeys) -> ShellKeysAck:
+        version, applied = self.orch.set_shell_keys(params)
+        if applied:
+            log.info("ork.shell_keys team=%s version=%d keys=%d", params.team, version,
+                     len(params.keys))
+        return ShellKeysAck(version=version, applied=applied)
 
     def _status(self, params: StatusRequest) -> ServiceStatus:
         orch = self.orch

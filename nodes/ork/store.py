@@ -29,6 +29,7 @@ Tables (JSON columns hold the pydantic models of :mod:`contracts.model` and
     reservations(rack, node, team; PK(rack, node))
     outbox(seq PK AUTOINCREMENT, op_id UNIQUE, rack, op JSON)
     positions(rack PK, position)
+    shell_keys(team PK, version, keys JSON)          (issue 21; added to any file)
 
 Blocking: every call is a small local write; the daemon may run the
 orchestrator in a worker thread (SQLite connections here allow it, one thread
@@ -47,7 +48,8 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.model import JobSpec, JobStatus, RackReport, ReplicaPlacement
-from nodes.control import CreateReplica, DeleteReplica, Operation, RestartReplica
+from contracts.shell_access import ShellKeys
+from nodes.control import CreateReplica, DeleteReplica, Operation, RestartReplica, SetShellKeys
 from p2p.files import private_file
 
 from .errors import StoreError
@@ -116,7 +118,15 @@ CREATE TABLE positions (
 );
 """
 
-_OPERATION: TypeAdapter[CreateReplica | RestartReplica | DeleteReplica] = TypeAdapter(Operation)
+_OPERATION: TypeAdapter[CreateReplica | RestartReplica | DeleteReplica | SetShellKeys] = \
+    TypeAdapter(Operation)
+
+#: Added without a schema bump: created on open when missing (older files too).
+_SHELL_KEYS_TABLE = """CREATE TABLE IF NOT EXISTS shell_keys (
+    team TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    keys TEXT NOT NULL
+)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +135,7 @@ class Outbound:
 
     #: The worker's public key (hex).
     rack: str
-    op: CreateReplica | RestartReplica | DeleteReplica
+    op: CreateReplica | RestartReplica | DeleteReplica | SetShellKeys
 
     @property
     def op_id(self) -> str:
@@ -211,6 +221,7 @@ class Store:
                 conn.execute("PRAGMA synchronous = FULL")
             store = cls(conn, path)
             store._migrate()
+            conn.execute(_SHELL_KEYS_TABLE)
         except (sqlite3.DatabaseError, OSError) as exc:
             raise StoreError(f"cannot open wrk-ork's store {where}: {exc}; "
                              "check the path and its permissions") from exc
@@ -331,6 +342,21 @@ class Store:
         """(rack, node, team) of every reservation."""
         return [tuple(row) for row in self._conn.execute(
             "SELECT rack, node, team FROM reservations ORDER BY rack, node")]
+
+    # -- shell keys -------------------------------------------------------------------
+
+    def save_shell_keys(self, keys: ShellKeys) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO shell_keys VALUES (?,?,?)",
+                           (keys.team, keys.version, json.dumps(list(keys.keys))))
+
+    def load_shell_keys(self) -> dict[str, ShellKeys]:
+        try:
+            return {team: ShellKeys(team=team, version=version, keys=tuple(json.loads(keys)))
+                    for team, version, keys in self._conn.execute(
+                        "SELECT team, version, keys FROM shell_keys")}
+        except (ValidationError, ValueError) as exc:
+            raise StoreError(f"a shell_keys row in {self.path} cannot be read ({exc}); "
+                             "app-node sends every team's keys again after it restarts") from exc
 
     # -- outbox and report positions ---------------------------------------------------
 

@@ -66,6 +66,7 @@ async def test_a_container_agent_with_telemetry_sends_its_figures(nursery):
             "j-shell", 1, "agent-instance")
         figures = labelled.values
         assert figures["shell_sessions_open"] == 0 and figures["shell_sessions_total"] == 0
+        assert figures["shell_sessions_revoked_total"] == 0
         assert figures["process_resident_memory_bytes"] > 0
         assert figures["report_sessions_total"] == 1
         nursery.cancel_scope.cancel()

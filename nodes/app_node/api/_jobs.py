@@ -12,7 +12,8 @@ wrk-ork's refusals map to statuses in :func:`ork_call`: ``NOT_FOUND`` 404,
 trust app-node's key: a misconfiguration), unreachable 503 ``ork_unavailable``.
 
 A container job's ``authorized_keys`` are the CLI public keys of the team's
-members when it is created (members who never logged in with the CLI have none).
+members when it is created (members who never logged in with the CLI have none);
+from then on :mod:`..shell_keys` keeps the job's agent following the team.
 
 ``GET /api/jobs`` and ``GET /api/jobs/{job}`` add each inference job's
 ``model_health`` (Healthy, Degraded, Unhealthy: wrk-monitor's ``health.jobs``,
