@@ -5,7 +5,6 @@ and a hypothesis run: whatever happens, a team never holds more than its quota."
 
 from __future__ import annotations
 
-import functools
 import sqlite3
 
 import pytest
@@ -15,12 +14,12 @@ from hypothesis import strategies as st
 
 from nodes.ork.errors import OrkError, QuotaExceeded
 from nodes.ork.quota import gpus_counted
-from nodes.ork.service import CREATE_JOB, PROTOCOL, CreateJob, GpuQuota, OrkService
+from nodes.ork.service import CREATE_JOB, CreateJob, GpuQuota, OrkService
 from nodes.ork.store import SCHEMA_VERSION, Store
-from p2p.rpc import RpcClient, RpcError, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from p2p.rpc import RpcError
 
 from .test_orchestrator import SETUPS
+from .test_service import APP_NODE, Harness, connect
 from .world import World, container, inference
 
 #: GPUs each setup's last job counts: its replicas (1 GPU each) that hold GPUs or
@@ -133,22 +132,13 @@ def test_a_version_2_store_is_migrated_and_its_jobs_have_no_owner(tmp_path) -> N
 
 # -- over RPC: two creates racing at the edge --------------------------------------
 
-APP_NODE = b"\x01" * 32
-
-
 async def test_two_creates_racing_at_the_edge_one_passes(nursery) -> None:
-    world = World(nodes=(8, 8))
+    harness = Harness()  # one rack of two 4-GPU nodes
+    world = harness.world
     # as the daemon runs it: each call in a worker thread, one at a time
-    service = OrkService(world.orch, allow=lambda key: key == APP_NODE,
-                         clock=lambda: world.now, limiter=trio.CapacityLimiter(1))
-    async with running_mux_pair(nursery) as (left, right):
-        listener = right.listen(PROTOCOL)
-        channel = await left.open_channel(PROTOCOL)
-        server_channel = await listener.accept()
-        await nursery.start(functools.partial(serve_rpc, server_channel, service.router,
-                                              remote_public_key=APP_NODE))
-        client = RpcClient(channel)
-        await nursery.start(client.run)
+    harness.service = OrkService(world.orch, allow=lambda key: key == APP_NODE,
+                                 clock=lambda: world.now, limiter=trio.CapacityLimiter(1))
+    async with connect(nursery, harness) as client:
         params = CreateJob(spec=container(gpus=3), created_by="u-1",
                            quota=GpuQuota(team_gpus=4))
         outcomes: list[str] = []
@@ -168,7 +158,6 @@ async def test_two_creates_racing_at_the_edge_one_passes(nursery) -> None:
                 race.start_soon(create)
         assert sorted(outcomes) == ["QUOTA_EXCEEDED", "created"]
         assert [job.spec.gpus for job in world.orch.list_jobs()] == [3]
-        await client.aclose()
 
 
 # -- hypothesis: whatever happens, the team holds at most its quota -----------------
