@@ -33,6 +33,7 @@ async def _core(api: Api, token: str) -> str:
 def _team_of(api: Api, owner_email: str, name: str) -> str:
     """A team made straight in the store (as if it was made before the setting)."""
     store = api.services.store
+    api.clock.now += 1  # later than core, the operators' team
     owner = store.get_user_by_email(owner_email)
     return store.create_team(name=name, owner=owner.id, now=api.clock.now).id
 
@@ -72,6 +73,8 @@ async def test_a_plain_member_cannot_create_a_team_by_default(people: dict) -> N
         assert "operator" in error["message"]
     assert {t.name for t in api.services.store.list_teams()} == {"core", "lab", "third"}
     for who in ("operator", "core-admin"):
+        # later than core: the operators' team is the first admin's oldest
+        api.clock.now += 1
         r = await api.client.post("/api/teams", json={"name": f"ops-{who}"},
                                   headers=bearer(tokens[who]))
         assert r.status_code == 201, (who, r.text)
@@ -86,6 +89,7 @@ async def test_a_plain_member_cannot_create_a_team_by_default(people: dict) -> N
 async def test_a_new_team_gets_the_default_quota(people: dict) -> None:
     api, tokens = people["api"], people["tokens"]
     api.services.teams = TeamsSettings(default_gpus=4, default_per_user_gpus=2)
+    api.clock.now += 1
     r = await api.client.post("/api/teams", json={"name": "new"},
                               headers=bearer(tokens["operator"]))
     assert r.status_code == 201, r.text
