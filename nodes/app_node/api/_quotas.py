@@ -25,7 +25,7 @@ from ._models import QuotaIn, QuotaOut, TeamInfoOut
 from ._racks import require_operator
 from ._spec import RouteSpec
 
-__all__ = ["ROUTES", "quota_out", "team_info"]
+__all__ = ["ROUTES", "is_operator", "quota_out", "team_info"]
 
 _log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ def team_info(team: Team, role: Role, quota: TeamQuota | None) -> TeamInfoOut:
                        quota=quota_out(team.id, quota or TeamQuota()))
 
 
-async def _is_operator(ctx: Ctx, session: Session) -> bool:
+async def is_operator(ctx: Ctx, session: Session) -> bool:
+    """Whether the caller is a platform operator (:func:`~._racks.require_operator`)."""
     try:
         await require_operator(ctx, session)
     except ApiError as exc:
@@ -54,7 +55,7 @@ async def _is_operator(ctx: Ctx, session: Session) -> bool:
 async def _readable(ctx: Ctx, session: Session, team_id: str) -> None:
     """A member of the team, or an operator; else 404 (the team's existence does not leak)."""
     role = await ctx.store(ctx.services.store.role_of, session.user.id, team_id)
-    if role is None and not await _is_operator(ctx, session):
+    if role is None and not await is_operator(ctx, session):
         raise ApiError(404, "NOT_FOUND", f"no team {team_id} among yours; check the id")
 
 
@@ -77,7 +78,7 @@ async def get_quota(ctx: Ctx, request: Request) -> Response:
 async def set_quota(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team_id = request.path_params["team"]
-    if not await _is_operator(ctx, session):
+    if not await is_operator(ctx, session):
         role = await ctx.store(ctx.services.store.role_of, session.user.id, team_id)
         if role is None:
             raise ApiError(404, "NOT_FOUND", f"no team {team_id} among yours; check the id")

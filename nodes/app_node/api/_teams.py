@@ -45,8 +45,7 @@ from ._models import (
     TeamsOut,
     user_out,
 )
-from ._quotas import team_info
-from ._racks import require_operator
+from ._quotas import is_operator, team_info
 from ._spec import RouteSpec
 
 
@@ -61,16 +60,11 @@ async def list_teams(ctx: Ctx, request: Request) -> Response:
 async def create_team(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     rules = ctx.services.teams
-    if rules.creators is TeamCreators.OPERATORS:
-        try:
-            await require_operator(ctx, session)
-        except ApiError as exc:
-            if exc.status != 403:
-                raise
-            raise ApiError(403, "TEAM_CREATION_FORBIDDEN", "on this platform only operators "
-                           "create teams; ask a platform operator to create one for you "
-                           "and invite you (operators: setting teams.creators=everyone "
-                           "lets every user create teams)") from None
+    if rules.creators is TeamCreators.OPERATORS and not await is_operator(ctx, session):
+        raise ApiError(403, "TEAM_CREATION_FORBIDDEN", "on this platform only operators "
+                       "create teams; ask a platform operator to create one for you and "
+                       "invite you (operators: setting teams.creators=everyone lets every "
+                       "user create teams)")
     body = await ctx.body(request, TeamIn)
     quota = rules.default_quota()
     team = await ctx.store(ctx.services.store.create_team, name=body.name,
