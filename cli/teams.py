@@ -1,7 +1,9 @@
-"""``cosmicac teams``: the caller's teams, their members, invitations, the active team.
+"""``cosmicac teams``: the caller's teams, their members, invitations, the active team,
+and GPU quotas (``teams quota get/set``; operators set them).
 
 A TEAM is given by id or by name (the caller's teams are looked up to find it;
-a name two of them share must be given by id).
+a name two of them share must be given by id). ``teams quota`` also takes the
+id of a team the caller is not in (an operator's case).
 """
 
 from __future__ import annotations
@@ -25,15 +27,24 @@ from .session import (
 
 __all__ = ["app"]
 
-app = typer.Typer(help=f"Teams: list, create, members, invite, invitations, revoke-invite, "
-                       f"use (the active team). "
+app = typer.Typer(help=f"Teams: list, get, create, members, invite, invitations, "
+                       f"revoke-invite, use (the active team), quota (GPU quotas). "
                        f"{EXIT_CODES_HELP}", no_args_is_help=True)
+quota_app = typer.Typer(help=f"A team's GPU quotas: get (members, operators), set "
+                             f"(operators). A job that would take the team, or the member "
+                             f"creating it, past a quota is refused (exit 1). "
+                             f"{EXIT_CODES_HELP}", no_args_is_help=True)
+app.add_typer(quota_app, name="quota")
 
 _ROLES = ("member", "admin", "owner")
 
 
-def resolve_team(api: Api, team: str) -> dict:
-    """The caller's team whose id, or else whose name, is ``team``; exit 1 if none or many."""
+def resolve_team(api: Api, team: str, *, any_id: bool = False) -> dict:
+    """The caller's team whose id, or else whose name, is ``team``; exit 1 if none or many.
+
+    ``any_id``: a ``team`` that is none of the caller's is taken as a team id
+    (``{"id": team, "name": team}``), for the server to judge (operators).
+    """
     teams = api.get("/teams")["teams"]
     for candidate in teams:
         if candidate["id"] == team:
@@ -44,26 +55,49 @@ def resolve_team(api: Api, team: str) -> dict:
     if named:
         fail(f"{len(named)} of your teams are named {team!r}: give its id "
              f"({', '.join(t['id'] for t in named)})", code=REFUSED)
+    if any_id:
+        return {"id": team, "name": team}
     fail(f"you are in no team {team!r} (see `cosmicac teams list`)", code=REFUSED)
+
+
+def _gpus(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)
 
 
 @app.command("list")
 def list_teams(server: str | None = server_option(), output: str = output_option()) -> None:
-    """The teams you are in, with your role; * marks the active one.
+    """The teams you are in, with your role and their GPU quotas; * marks the active one.
 
     Example: cosmicac teams list -o json
     """
     api = api_for(server)
     teams = api.get("/teams")["teams"]
     active = api.get("/me").get("active_team") if output != "json" else None
-    emit(output, teams, ("id", "name", "role", "active"),
-         [(t["id"], t["name"], t["role"], "*" if t["id"] == active else "") for t in teams])
+    emit(output, teams, ("id", "name", "role", "active", "GPU quota", "per user"),
+         [(t["id"], t["name"], t["role"], "*" if t["id"] == active else "",
+           _gpus(t["quota"]["gpus"]), _gpus(t["quota"]["per_user_gpus"])) for t in teams])
+
+
+@app.command("get")
+def get(team: str = typer.Argument(..., help="The team (id or name)."),
+        server: str | None = server_option(), output: str = output_option()) -> None:
+    """One of your teams: your role and its GPU quotas.
+
+    Example: cosmicac teams get research -o json
+    """
+    check_output(output)
+    api = api_for(server)
+    found = api.get(f"/teams/{quote(resolve_team(api, team)['id'], safe='')}")
+    quota = found["quota"]
+    emit(output, found, ("id", "name", "role", "GPU quota", "per user"),
+         [(found["id"], found["name"], found["role"], _gpus(quota["gpus"]),
+           _gpus(quota["per_user_gpus"]))])
 
 
 @app.command("create")
 def create(name: str = typer.Argument(..., help="The new team's name."),
            server: str | None = server_option(), output: str = output_option()) -> None:
-    """Create a team; you own it.
+    """Create a team; you own it. Operators only, unless the platform lets every user.
 
     Example: cosmicac teams create research
     """
@@ -149,6 +183,67 @@ def revoke_invite(team: str = typer.Argument(..., help="The team (id or name).")
     api.request("DELETE", f"/teams/{quote(found['id'], safe='')}/invitations/"
                           f"{quote(invitation, safe='')}")
     err.print(f"revoked invitation {invitation}")
+
+
+def _quota_limit(option: str, value: str | None) -> int | None:
+    """``--gpus``/``--per-user``: a whole number of GPUs, or ``unlimited``."""
+    assert value is not None
+    if value.strip().lower() in ("unlimited", "none"):
+        return None
+    if not value.strip().isdigit():
+        fail(f"{option} takes a whole number of GPUs or 'unlimited', not {value!r}", code=2)
+    return int(value)
+
+
+def _emit_quota(output: str, team: dict, quota: dict) -> None:
+    emit(output, quota, ("team", "GPU quota", "per user"),
+         [(team["name"], _gpus(quota["gpus"]), _gpus(quota["per_user_gpus"]))])
+
+
+@quota_app.command("get")
+def quota_get(team: str = typer.Argument(..., help="The team (id or name; operators: any "
+                                                   "team's id)."),
+              server: str | None = server_option(), output: str = output_option()) -> None:
+    """The team's GPU quotas: GPUs its jobs may hold or wait for (every replica), and
+    per member (their own jobs in it); unlimited when unset.
+
+    Example: cosmicac teams quota get research -o json
+    """
+    check_output(output)
+    api = api_for(server)
+    found = resolve_team(api, team, any_id=True)
+    _emit_quota(output, found, api.get(f"/teams/{quote(found['id'], safe='')}/quota"))
+
+
+@quota_app.command("set")
+def quota_set(team: str = typer.Argument(..., help="The team (id or name; operators: any "
+                                                   "team's id)."),
+              gpus: str | None = typer.Option(
+                  None, "--gpus", help="GPUs the team's jobs may hold or wait for, every "
+                                       "replica counted; 'unlimited' removes it."),
+              per_user: str | None = typer.Option(
+                  None, "--per-user", help="GPUs each member's own jobs in the team may "
+                                           "hold or wait for; 'unlimited' removes it."),
+              server: str | None = server_option(), output: str = output_option()) -> None:
+    """Set the team's GPU quotas (platform operators); an option left out keeps its value.
+
+    Jobs already running are not stopped; new ones over the quota are refused.
+
+    Example: cosmicac teams quota set research --gpus 8 --per-user 2
+    """
+    check_output(output)
+    body: dict[str, int | None] = {}
+    if gpus is not None:
+        body["gpus"] = _quota_limit("--gpus", gpus)
+    if per_user is not None:
+        body["per_user_gpus"] = _quota_limit("--per-user", per_user)
+    if not body:
+        fail("give --gpus N and/or --per-user N ('unlimited' removes a quota)", code=2)
+    api = api_for(server)
+    found = resolve_team(api, team, any_id=True)
+    quota = api.request("PATCH", f"/teams/{quote(found['id'], safe='')}/quota",
+                        json_body=body)
+    _emit_quota(output, found, quota)
 
 
 def _when(seconds: float) -> str:

@@ -143,7 +143,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                                    public_url=settings.public_url,
                                    default_image=settings.default_image,
                                    swarm=swarm_advert(settings), events=events,
-                                   monitor=monitor, health=health)
+                                   monitor=monitor, health=health,
+                                   teams=settings.teams)
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(

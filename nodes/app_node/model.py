@@ -22,8 +22,8 @@ from contracts.model import JobSpec
 from .errors import Invalid
 
 __all__ = ["ApiKeyRecord", "Invitation", "JobRecord", "Membership", "Page", "Role", "Team",
-           "Token", "TokenKind", "User", "check_id", "check_text", "normal_email",
-           "parse_role"]
+           "TeamQuota", "Token", "TokenKind", "User", "check_id", "check_text",
+           "normal_email", "parse_role"]
 
 
 class Role(StrEnum):
@@ -62,6 +62,18 @@ class Team:
     #: Unique, case-insensitively.
     name: str
     created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TeamQuota:
+    """A team's GPU quotas (operators set them); None: unlimited."""
+
+    #: GPUs the team's jobs may hold or wait for, every replica counted.
+    gpus: int | None = None
+    #: The same for the jobs each member created in the team.
+    per_user_gpus: int | None = None
+    #: When an operator last set them (None: never; the team's creation default).
+    updated_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from .team_rules import TeamsSettings
+
 if TYPE_CHECKING:
     from crdt import Database
     from nodes.monitor.client import MonitorClient
@@ -70,6 +72,8 @@ class AppServices:
             None until wrk-monitor is configured (that route answers 503).
         health: the control plane's health prober, whose store ``GET /api/health``
             reads; None when disabled (those routes answer 503).
+        teams: who may create teams and the quotas a new team gets (settings
+            ``teams.*``; default: operators only, no quota).
     """
 
     store: Store
@@ -86,3 +90,4 @@ class AppServices:
     events: JobHub | None = None
     monitor: MonitorClient | None = None
     health: HealthProber | None = None
+    teams: TeamsSettings = field(default_factory=TeamsSettings)

@@ -18,6 +18,7 @@ from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyLi
 from .email import EmailSettings
 from .health import HealthSettings
 from .ratelimit import Limits
+from .team_rules import TeamsSettings
 
 __all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "AppTelemetrySettings",
            "HttpSettings", "ObservabilitySettings"]
@@ -133,6 +134,10 @@ class AppNodeSettings(DaemonSettings):
     #: ``proxy_fresh_s`` (15), ``proxy_forget_s`` (3600), kept in Redis at
     #: ``redis_url`` when set, else ``<storage>/health.sqlite``.
     health: HealthSettings = HealthSettings()
+    #: Who may create teams and the GPU quotas a new team gets:
+    #: ``teams.creators`` (``operators``, the default, or ``everyone``),
+    #: ``teams.default_gpus`` and ``teams.default_per_user_gpus`` (unset: unlimited).
+    teams: TeamsSettings = TeamsSettings()
     #: The URL users reach (the entry point), for links in emails.
     public_url: str = "http://127.0.0.1:5173"
     #: The image a job gets when it names none (docker://host[:port]/repo[:tag]):

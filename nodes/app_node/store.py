@@ -33,6 +33,8 @@ Tables::
     api_keys(id PK, team → teams, name, prefix, created_by, created_at, revoked_at)
     jobs(seq PK AUTOINCREMENT, id UNIQUE, team → teams, created_by, name,
          spec JSON, created_at, deleted_at)
+    team_quotas(team PK → teams, gpus|NULL, per_user_gpus|NULL, updated_at|NULL)
+                                                                   (cascade; v2)
 
 Listings of jobs and users are keyset-paginated (:class:`Page`): the cursor is
 the last row's position, so rows added while a client pages never shift it.
@@ -60,6 +62,7 @@ from ._rows import (
     _page,
     _user,
 )
+from ._store_quotas import _QUOTAS_SCHEMA, QuotasMixin
 from ._store_records import RecordsMixin
 from .errors import Conflict, Invalid, LastOwner, NotFound, StoreError
 from .model import (
@@ -67,6 +70,7 @@ from .model import (
     Page,
     Role,
     Team,
+    TeamQuota,
     TokenKind,
     User,
 )
@@ -77,7 +81,7 @@ from .model import parse_role as _role
 __all__ = ["MAX_PAGE", "SCHEMA_VERSION", "Page", "Store"]
 
 #: Bumped whenever a table changes; older files are migrated in :meth:`Store._migrate`.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: The largest page a listing returns; bounds one request's work.
 
@@ -147,9 +151,9 @@ CREATE TABLE jobs (
     deleted_at REAL
 );
 CREATE INDEX jobs_team ON jobs(team, seq);
-"""
+""" + _QUOTAS_SCHEMA
 
-class Store(RecordsMixin):
+class Store(RecordsMixin, QuotasMixin):
     """The SQLite file (or an in-memory database) behind one app-node.
 
     Use :meth:`open`. Every method is blocking and thread-safe (one lock);
@@ -206,6 +210,13 @@ class Store(RecordsMixin):
                                  "(it has tables and no schema version); choose another path")
             with self._write():
                 for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version == 1:
+            # Version 2 keeps the teams' GPU quotas (none yet: unlimited).
+            with self._write():
+                for statement in _QUOTAS_SCHEMA.split(";"):
                     if statement.strip():
                         self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -416,14 +427,19 @@ class Store(RecordsMixin):
 
     # -- teams ------------------------------------------------------------------------
 
-    def create_team(self, *, name: str, owner: str, now: float) -> Team:
-        """A team with ``owner`` as its first owner (made their active team if they had none).
+    def create_team(self, *, name: str, owner: str, now: float,
+                    quota: TeamQuota | None = None) -> Team:
+        """A team with ``owner`` as its first owner (made their active team if they had none),
+        with ``quota`` (None: unlimited) set in the same transaction.
 
         Raises: NotFound (owner), Conflict (the name is taken), Invalid.
         """
         with self._write():
             self._user_row(owner)
-            return self._insert_team(name, owner, now)
+            team = self._insert_team(name, owner, now)
+            if quota is not None:
+                self._put_quota(team.id, quota)
+            return team
 
     def _insert_team(self, name: str, owner: str, now: float) -> Team:
         name = _text("name", name, 64)

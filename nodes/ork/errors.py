@@ -11,6 +11,8 @@
     │                              (a container job's replica, a duplicate rack)
     ├── Conflict                   CONFLICT: it clashes with another job (a
     │                              served name the team already uses)
+    ├── QuotaExceeded              QUOTA_EXCEEDED: the job would take the team
+    │                              (or its creator) past a GPU quota
     └── StoreError                 STORE: the SQLite file cannot be used (a newer
                                    schema, a corrupt row); the daemon stops
 
@@ -21,7 +23,8 @@ The message says what to do next.
 
 from __future__ import annotations
 
-__all__ = ["BadRequest", "Conflict", "InvalidState", "NotFound", "OrkError", "StoreError"]
+__all__ = ["BadRequest", "Conflict", "InvalidState", "NotFound", "OrkError", "QuotaExceeded",
+           "StoreError"]
 
 
 class OrkError(Exception):
@@ -56,6 +59,23 @@ class Conflict(OrkError):
     """The request clashes with another live job (two jobs of a team, one served name)."""
 
     code = "CONFLICT"
+
+
+class QuotaExceeded(OrkError):
+    """The job would take its team's (or its creator's) GPUs past the quota app-node sent.
+
+    ``data`` is what the refusal names, for callers that show it: ``scope``
+    (``team`` or ``user``), ``quota``, ``in_use`` (GPUs the team's, or the
+    user's, jobs hold or may hold) and ``requested`` (the new job's GPUs, all
+    replicas).
+    """
+
+    code = "QUOTA_EXCEEDED"
+
+    def __init__(self, message: str, *, scope: str, quota: int, in_use: int,
+                 requested: int) -> None:
+        super().__init__(message)
+        self.data = {"scope": scope, "quota": quota, "in_use": in_use, "requested": requested}
 
 
 class StoreError(OrkError):

@@ -71,6 +71,7 @@ from nodes.control import (
 from ._book import JobBook, OrchestratorStatistics, _new_job_id
 from .errors import BadRequest, Conflict, InvalidState, NotFound, StoreError
 from .placement import Cluster, NoCapacity, NodeView, PlacementError, Unplaceable
+from .quota import check_gpu_quota
 from .status import (
     PLACED_STATUSES,
     SINGLE_REPLICA_ACTIONS,
@@ -154,16 +155,22 @@ class Orchestrator(JobBook):
 
     # -- jobs ---------------------------------------------------------------------------
 
-    def create_job(self, spec: JobSpec, now: float) -> JobView:
+    def create_job(self, spec: JobSpec, now: float, *, owner: str | None = None,
+                   team_gpus: int | None = None, user_gpus: int | None = None) -> JobView:
         """Create a job: Creating, Queued, then Starting (GPUs claimed, its
         CreateReplica operations in the outbox), Pending (no free GPUs now) or
         Failed (it can never fit; ``reason`` says why).
+
+        ``owner`` (app-node's user id) is kept with the job; ``team_gpus`` and
+        ``user_gpus`` are the team's GPU quotas (None: none), checked against
+        the team's jobs here, in the call that adds the job (:mod:`.quota`).
 
         The caller then publishes :meth:`outbox` and sends :meth:`drain_events`.
 
         Raises:
             Conflict: an inference job of the team that is not being deleted
                 already serves the same name (proxy-inference routes by it).
+            QuotaExceeded: the job would take the team, or ``owner``, past a quota.
         """
         served = spec.serves_as
         if served is not None:
@@ -173,12 +180,14 @@ class Orchestrator(JobBook):
                     raise Conflict(f"team {spec.team!r} already serves {served!r} with job "
                                    f"{other.id}; give this job another served_name or "
                                    "delete that job first")
+        check_gpu_quota(self._jobs.values(), spec, owner=owner, team_gpus=team_gpus,
+                        user_gpus=user_gpus)
         job_id = self._new_job_id()
         while job_id in self._jobs:
             job_id = self._new_job_id()
         self._seq += 1
         job = JobRecord(id=job_id, seq=self._seq, spec=spec, status=JobStatus.CREATING,
-                        reason="", created_at=now, updated_at=now,
+                        reason="", created_at=now, updated_at=now, owner=owner,
                         replicas={i: ReplicaRecord(index=i, status=ReplicaStatus.QUEUED)
                                   for i in range(spec.replicas)})
         self._jobs[job_id] = job

@@ -15,7 +15,7 @@ orchestrator reports and ticks.
 
 Methods (params -> result; every model below, msgpack maps on the wire)::
 
-    jobs.create      CreateJob(spec)                -> JobResult(job)
+    jobs.create      CreateJob(spec, created_by?, quota?) -> JobResult(job)
     jobs.get         JobRef(job_id)                 -> JobResult(job)
     jobs.list        ListJobs(team?)                -> JobList(jobs)
     jobs.restart     JobRef(job_id)                 -> JobResult(job)
@@ -37,8 +37,14 @@ Methods (params -> result; every model below, msgpack maps on the wire)::
 queue), ``last_report_at`` the newest report heard from any rack, ``details``
 the racks (registered, silent) and the jobs per status.
 
+``jobs.create``'s ``created_by`` (app-node's user id) and ``quota`` (the
+team's GPU quotas, :class:`GpuQuota`) are app-node's: wrk-ork checks the quota
+against the team's jobs in the same call that adds the job (:mod:`.quota`),
+so two racing creates cannot both pass it; over it: ``QUOTA_EXCEEDED`` with
+``data`` ``{scope: team|user, quota, in_use, requested}``.
+
 Error codes (``RpcError.code``): ``FORBIDDEN`` (not app-node's key),
-``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``STORE`` (wrk-ork's file
+``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``QUOTA_EXCEEDED``, ``STORE`` (wrk-ork's file
 failed; it needs a restart), ``LAGGED`` (a watcher fell more than
 ``WATCH_BUFFER`` events behind: get the jobs and watch again),
 ``TOO_MANY_WATCHERS``; and the RPC layer's own (``INVALID_PARAMS`` for params
@@ -97,6 +103,7 @@ __all__ = [
     "CreateJob",
     "DeleteResult",
     "Empty",
+    "GpuQuota",
     "JobList",
     "JobRef",
     "JobResult",
@@ -139,8 +146,21 @@ class Empty(_Model):
     """No parameters, or nothing to return."""
 
 
+class GpuQuota(_Model):
+    """A team's GPU quotas, as app-node keeps them (None: no such quota)."""
+
+    #: GPUs the team's jobs may hold or wait for, all replicas.
+    team_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    #: The same for the jobs one member (``created_by``) created in the team.
+    user_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
 class CreateJob(_Model):
     spec: JobSpec
+    #: Who asks (app-node's user id): kept with the job for per-user quotas.
+    created_by: str | None = Field(default=None, min_length=1, max_length=64)
+    #: Checked against the team's jobs before the job is added; None: no quota.
+    quota: GpuQuota | None = None
 
 
 class JobRef(_Model):
@@ -385,7 +405,7 @@ class OrkService(RpcService):
                     result = await trio.to_thread.run_sync(handler, params,
                                                            limiter=self._limiter)
             except OrkError as exc:
-                raise RpcError(exc.code, exc.message) from exc
+                raise RpcError(exc.code, exc.message, getattr(exc, "data", None)) from exc
             finally:
                 if changes:  # even a refused change may have changed something
                     await self._pump_alone()
@@ -399,7 +419,10 @@ class OrkService(RpcService):
     # -- handlers (synchronous: the orchestrator never waits) ------------------------------
 
     def _create_job(self, params: CreateJob) -> JobResult:
-        return JobResult(job=self.orch.create_job(params.spec, self._clock()))
+        quota = params.quota or GpuQuota()
+        return JobResult(job=self.orch.create_job(
+            params.spec, self._clock(), owner=params.created_by,
+            team_gpus=quota.team_gpus, user_gpus=quota.user_gpus))
 
     def _get_job(self, params: JobRef) -> JobResult:
         return JobResult(job=self.orch.get_job(params.job_id))

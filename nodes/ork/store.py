@@ -22,7 +22,7 @@ Tables (JSON columns hold the pydantic models of :mod:`contracts.model` and
 :mod:`nodes.control`)::
 
     jobs(id PK, seq, spec JSON, status, reason, created_at, updated_at, rack,
-         restarting, deleting, unplaceable)
+         restarting, deleting, unplaceable, owner)
     replicas(job_id, idx, status, generation, placement JSON|NULL, claimed,
              message; PK(job_id, idx))
     racks(key PK, location, name, registered_at, report JSON|NULL, silent)
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 #: Bumped whenever a table changes; older files are migrated in :meth:`Store._migrate`.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE jobs (
@@ -79,7 +79,8 @@ CREATE TABLE jobs (
     rack TEXT,
     restarting INTEGER NOT NULL,
     deleting INTEGER NOT NULL,
-    unplaceable INTEGER NOT NULL
+    unplaceable INTEGER NOT NULL,
+    owner TEXT
 );
 CREATE TABLE replicas (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -177,6 +178,8 @@ class JobRecord:
     deleting: bool = False
     unplaceable: bool = False
     replicas: dict[int, ReplicaRecord] = field(default_factory=dict)
+    #: Who created it (app-node's user id), for per-user GPU quotas; None: not said.
+    owner: str | None = None
 
 
 @dataclass(slots=True)
@@ -238,12 +241,19 @@ class Store:
                     if statement.strip():
                         self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        elif version == 1:
-            # Version 2 records the replicas' agent keys (proxy-inference trusts them).
-            with self.transaction():
+            return
+        if version == SCHEMA_VERSION:
+            return
+        with self.transaction():
+            if version < 2:
+                # Version 2 records the replicas' agent keys (proxy-inference trusts them).
                 self._conn.execute(
                     "ALTER TABLE replicas ADD COLUMN agents TEXT NOT NULL DEFAULT ''")
-                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if version < 3:
+                # Version 3 records who created each job (per-user GPU quotas);
+                # older jobs have no owner and count for their team only.
+                self._conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._conn.close()
@@ -264,10 +274,10 @@ class Store:
     def save_job(self, job: JobRecord) -> None:
         """Write the job and replace its replica rows."""
         self._conn.execute(
-            "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (job.id, job.seq, job.spec.model_dump_json(), job.status.value, job.reason,
              job.created_at, job.updated_at, job.rack, int(job.restarting),
-             int(job.deleting), int(job.unplaceable)))
+             int(job.deleting), int(job.unplaceable), job.owner))
         self._conn.execute("DELETE FROM replicas WHERE job_id = ?", (job.id,))
         self._conn.executemany(
             "INSERT INTO replicas VALUES (?,?,?,?,?,?,?,?)",
@@ -286,12 +296,12 @@ class Store:
             jobs: dict[str, JobRecord] = {}
             for row in self._conn.execute("SELECT * FROM jobs ORDER BY seq"):
                 (job_id, seq, spec, status, reason, created_at, updated_at, rack,
-                 restarting, deleting, unplaceable) = row
+                 restarting, deleting, unplaceable, owner) = row
                 jobs[job_id] = JobRecord(
                     id=job_id, seq=seq, spec=JobSpec.model_validate_json(spec),
                     status=JobStatus(status), reason=reason, created_at=created_at,
                     updated_at=updated_at, rack=rack, restarting=bool(restarting),
-                    deleting=bool(deleting), unplaceable=bool(unplaceable))
+                    deleting=bool(deleting), unplaceable=bool(unplaceable), owner=owner)
             for row in self._conn.execute("SELECT * FROM replicas ORDER BY job_id, idx"):
                 job_id, idx, status, generation, placement, claimed, message, agents = row
                 jobs[job_id].replicas[idx] = ReplicaRecord(

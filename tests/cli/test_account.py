@@ -107,7 +107,9 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         assert team["name"] == "core" and team["role"] == "owner"
 
         teams = await served.cli("teams", "list", "-o", "json")
-        assert json.loads(teams.stdout) == [team]
+        [listed] = json.loads(teams.stdout)
+        assert {key: listed[key] for key in team} == team
+        assert listed["quota"]["gpus"] is None  # the first admin's team: no quota
         members = await served.cli("teams", "members", "core", "-o", "json")
         assert [m["user"]["email"] for m in json.loads(members.stdout)] == [EMAIL]
 

@@ -74,6 +74,12 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         session = json.loads((Path(os.environ["COSMICAC_CONFIG_DIR"]) / "session.json")
                              .read_text())
         assert session["server"] == url
+        # up's admin is an operator: creates teams and sets their GPU quotas
+        for args in (["teams", "create", "research"],
+                     ["teams", "quota", "set", "research", "--gpus", "4"]):
+            done = await trio.run_process([*COSMICAC, *args], capture_stdout=True,
+                                          capture_stderr=True, check=False)
+            assert done.returncode == 0, (args, done.stderr)
 
         process.send_signal(signal.SIGINT)
         with trio.fail_after(15):

@@ -31,6 +31,7 @@ from . import (
     _jobs,
     _logs,
     _model_masters,
+    _quotas,
     _racks,
     _swarm,
     _teams,
@@ -45,6 +46,7 @@ __all__ = ["ROUTES", "create_app", "openapi"]
 _log = logging.getLogger(__name__)
 
 ROUTES: list[RouteSpec] = [*_auth_routes.ROUTES, *_users.ROUTES, *_teams.ROUTES,
+                           *_quotas.ROUTES,
                            *_apikeys.ROUTES, *_model_masters.ROUTES,
                            # before _jobs: /jobs/events is not the job "events";
                            # /jobs/{job}/logs before any catch-all of _jobs'

@@ -8,6 +8,9 @@ the store failed to record is deleted in wrk-ork again.
 
 wrk-ork's refusals map to statuses in :func:`ork_call`: ``NOT_FOUND`` 404,
 ``INVALID_STATE`` 409, ``CONFLICT`` 409 (the team already serves that name),
+``QUOTA_EXCEEDED`` 409 (``field: gpus``; the job would take the team, or the
+caller, past a GPU quota: app-node sends the team's quotas and the caller's id
+with the create, and wrk-ork checks them in the call that adds the job),
 ``BAD_REQUEST`` / ``INVALID_PARAMS`` 422, ``FORBIDDEN`` 503 (wrk-ork does not
 trust app-node's key: a misconfiguration), unreachable 503 ``ork_unavailable``.
 
@@ -47,6 +50,7 @@ from nodes.ork.service import (
     RESTART_JOB,
     RESTART_REPLICA,
     CreateJob,
+    GpuQuota,
     JobRef,
     ListJobs,
     ReplicaRef,
@@ -63,7 +67,7 @@ _log = logging.getLogger(__name__)
 
 #: wrk-ork's error codes -> (HTTP status, what to tell the caller beyond its message).
 ORK_STATUS = {"NOT_FOUND": 404, "INVALID_STATE": 409, "CONFLICT": 409, "BAD_REQUEST": 422,
-              "INVALID_PARAMS": 422}
+              "INVALID_PARAMS": 422, "QUOTA_EXCEEDED": 409}
 
 
 def ork_unavailable(message: str) -> ApiError:
@@ -93,7 +97,25 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
             field = str(exc.data[0].get("field", "")).removeprefix("spec.") or None
         elif exc.code == "CONFLICT":
             field = "served_name"
+        elif exc.code == "QUOTA_EXCEEDED":
+            raise ApiError(status, exc.code, _over_quota(exc), "gpus") from None
         raise ApiError(status, exc.code, exc.message, field) from None
+
+
+def _over_quota(exc: RpcError) -> str:
+    """The 409's message from wrk-ork's QUOTA_EXCEEDED data: the quota, the use, the ask."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    try:
+        scope, quota = str(data["scope"]), int(data["quota"])
+        in_use, requested = int(data["in_use"]), int(data["requested"])
+    except (KeyError, TypeError, ValueError):
+        return exc.message
+    whose = "the team's jobs" if scope == "team" else "your jobs in the team"
+    which = "GPU quota" if scope == "team" else "per-user GPU quota"
+    return (f"over the team's {which} of {quota}: {whose} hold or may hold {in_use} GPUs "
+            f"and this job asks for {requested} (gpus x replicas); delete a job (Pending "
+            "and Failed ones count until deleted) or ask a platform operator to raise it "
+            "(cosmicac teams quota set)")
 
 
 def job_out(record: JobRecord, view: JobView, model_health: str | None = None) -> JobOut:
@@ -185,7 +207,10 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
         keys = tuple(sorted({u.cli_public_key.lower() for u, _ in members
                              if u.cli_public_key}))
     spec = _spec_of(body, team, keys, ctx.services.default_image)
-    view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(spec=spec))).job
+    quota = await ctx.store(ctx.services.store.get_quota, team)
+    view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(
+        spec=spec, created_by=session.user.id,
+        quota=GpuQuota(team_gpus=quota.gpus, user_gpus=quota.per_user_gpus)))).job
     try:
         record = await ctx.store(ctx.services.store.add_job, id=view.id, team=team,
                                  created_by=session.user.id, spec=spec, now=ctx.now())

@@ -84,6 +84,31 @@ class TeamOut(BaseModel):
     role: Role
 
 
+class QuotaIn(_In):
+    """Fields left out keep their value; ``null`` removes that quota (unlimited)."""
+
+    #: GPUs the team's jobs may hold or wait for, every replica counted.
+    gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    #: The same for the jobs each member created in the team.
+    per_user_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+class QuotaOut(BaseModel):
+    """A team's GPU quotas; ``null``: unlimited."""
+
+    team: str
+    gpus: int | None = None
+    per_user_gpus: int | None = None
+    #: When an operator last set them (POSIX seconds); null: never.
+    updated_at: float | None = None
+
+
+class TeamInfoOut(TeamOut):
+    """A team with its GPU quotas (``GET /api/teams``, ``GET /api/teams/{team}``)."""
+
+    quota: QuotaOut
+
+
 class MemberOut(BaseModel):
     user: UserOut
     role: Role
@@ -94,7 +119,7 @@ class MembersOut(BaseModel):
 
 
 class TeamsOut(BaseModel):
-    teams: list[TeamOut]
+    teams: list[TeamInfoOut]
 
 
 class SessionOut(BaseModel):

@@ -1,5 +1,10 @@
 """Teams, members and roles, invitations.
 
+Who may create a team is the operators' setting ``teams.creators``: platform
+operators only (the default; anyone else gets 403 ``TEAM_CREATION_FORBIDDEN``),
+or every user. A new team gets the GPU quotas of ``teams.default_gpus`` and
+``teams.default_per_user_gpus`` (unset: unlimited); see ``_quotas.py``.
+
 Who may do what: any member reads their team's members; owners and admins
 change roles, remove members and invite; only an owner makes or touches an
 owner. Anyone may leave a team (remove themselves) unless they are its last
@@ -21,6 +26,7 @@ from starlette.responses import Response
 from ..auth import hash_token, new_token
 from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
 from ..model import Role
+from ..team_rules import TeamCreators
 from ._auth_routes import hash_new_password, open_session
 from ._common import ApiError, Ctx, forbidden, ok, outranks
 from ._models import (
@@ -35,25 +41,35 @@ from ._models import (
     MembersOut,
     RoleIn,
     TeamIn,
-    TeamOut,
+    TeamInfoOut,
     TeamsOut,
     user_out,
 )
+from ._quotas import is_operator, team_info
 from ._spec import RouteSpec
 
 
 async def list_teams(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
-    teams = await ctx.store(ctx.services.store.teams_of, session.user.id)
-    return ok(TeamsOut(teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in teams]))
+    store = ctx.services.store
+    teams = await ctx.store(store.teams_of, session.user.id)
+    quotas = await ctx.store(store.quotas_of, [t.id for t, _ in teams])
+    return ok(TeamsOut(teams=[team_info(t, r, quotas.get(t.id)) for t, r in teams]))
 
 
 async def create_team(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
+    rules = ctx.services.teams
+    if rules.creators is TeamCreators.OPERATORS and not await is_operator(ctx, session):
+        raise ApiError(403, "TEAM_CREATION_FORBIDDEN", "on this platform only operators "
+                       "create teams; ask a platform operator to create one for you and "
+                       "invite you (operators: setting teams.creators=everyone lets every "
+                       "user create teams)")
     body = await ctx.body(request, TeamIn)
+    quota = rules.default_quota()
     team = await ctx.store(ctx.services.store.create_team, name=body.name,
-                           owner=session.user.id, now=ctx.now())
-    return ok(TeamOut(id=team.id, name=team.name, role=Role.OWNER), 201)
+                           owner=session.user.id, now=ctx.now(), quota=quota)
+    return ok(team_info(team, Role.OWNER, quota), 201)
 
 
 async def list_members(ctx: Ctx, request: Request) -> Response:
@@ -197,8 +213,8 @@ async def accept(ctx: Ctx, request: Request) -> Response:
 ROUTES = [
     RouteSpec("GET", "/teams", list_teams, "The caller's teams with their roles",
               answer=TeamsOut),
-    RouteSpec("POST", "/teams", create_team, "Create a team the caller owns", TeamIn,
-              TeamOut, 201),
+    RouteSpec("POST", "/teams", create_team, "Create a team the caller owns (operators, "
+              "unless teams.creators=everyone)", TeamIn, TeamInfoOut, 201),
     RouteSpec("GET", "/teams/{team}/members", list_members, "The team's members (members)",
               answer=MembersOut),
     RouteSpec("PATCH", "/teams/{team}/members/{user}", change_role,

@@ -31,6 +31,7 @@ from nodes.app_node.job_events import JobHub, follow_ork
 from nodes.app_node.ratelimit import EmbeddedLimiter, Limits, Rate
 from nodes.app_node.services import AppServices
 from nodes.app_node.store import Store
+from nodes.app_node.team_rules import TeamCreators, TeamsSettings
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.client import MonitorClient
 from nodes.monitor.service import MonitorService
@@ -43,6 +44,9 @@ from ...ork.world import World
 
 PASSWORD = "correct horse battery"
 CHEAP = ScryptParams(ln=4, r=8, p=1)
+#: ``services.teams`` for a test where a user who is not an operator makes a team
+#: (the default lets operators only).
+EVERYONE_CREATES = TeamsSettings(creators=TeamCreators.EVERYONE)
 GENEROUS = Limits(per_token=Rate(per_second=1000.0, burst=10_000),
                   per_ip=Rate(per_second=1000.0, burst=10_000))
 

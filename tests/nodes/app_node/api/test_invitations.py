@@ -10,7 +10,7 @@ from email import policy
 
 from nodes.app_node.services import Lifetimes
 
-from .conftest import PASSWORD, Api, bearer
+from .conftest import EVERYONE_CREATES, PASSWORD, Api, bearer
 
 
 async def _team(api: Api, token: str) -> str:
@@ -36,6 +36,7 @@ async def test_list_and_revoke(api: Api) -> None:
     team = await _team(api, owner)
     member = await api.user("m@example.com", team, "member", owner)
     admin = await api.user("a@example.com", team, "admin", owner)
+    api.services.teams = EVERYONE_CREATES  # the member makes a team of their own
     r = await api.client.post("/api/teams", json={"name": "other"}, headers=bearer(member))
     other = r.json()["id"]
     outsider = await api.user("o@example.com", other, "admin", member)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from crdt import PutModelMaster
 
-from .conftest import Api, bearer
+from .conftest import EVERYONE_CREATES, Api, bearer
 
 
 async def _team(api: Api, token: str) -> str:
@@ -55,6 +55,7 @@ async def test_who_may_change_them(api: Api) -> None:
     core = await _team(api, operator)
     member = await api.user("m@example.com", core, "member", operator)
     admin = await api.user("a@example.com", core, "admin", operator)
+    api.services.teams = EVERYONE_CREATES  # the member makes a team of their own
     # owning another team does not make an operator
     r = await api.client.post("/api/teams", json={"name": "other"}, headers=bearer(member))
     other = r.json()["id"]

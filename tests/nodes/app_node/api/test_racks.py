@@ -4,7 +4,7 @@ another team, get 403."""
 
 from __future__ import annotations
 
-from .conftest import Api, bearer
+from .conftest import EVERYONE_CREATES, Api, bearer
 
 RACK = "ab" * 32  # the one tests/nodes/ork/world.World registers
 NEW_RACK = "ef" * 32
@@ -58,6 +58,7 @@ async def test_members_and_other_teams_owners_are_403(ork_api: Api) -> None:
     owner = await api.signup()
     team = (await api.client.get("/api/me", headers=bearer(owner))).json()["active_team"]
     member = await api.user("m@example.com", team, "member", owner)
+    api.services.teams = EVERYONE_CREATES  # the member makes a team of their own
     r = await api.client.post("/api/teams", json={"name": "other"}, headers=bearer(member))
     assert r.status_code == 201, r.text  # the member owns a team of their own now
     for method, path, body in [

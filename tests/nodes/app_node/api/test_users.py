@@ -10,7 +10,7 @@ from pathlib import Path
 from nodes.app_node.auth import hash_token
 from nodes.app_node.model import TokenKind
 
-from .conftest import PASSWORD, Api, bearer
+from .conftest import EVERYONE_CREATES, PASSWORD, Api, bearer
 
 NEW = "a brand new passphrase"
 
@@ -152,6 +152,7 @@ async def test_users_for_operators_only(api: Api) -> None:
     core = (await api.client.get("/api/me", headers=bearer(operator))).json()["active_team"]
     member = await api.user("m@example.com", core, "member", operator)
     admin = await api.user("a@example.com", core, "admin", operator)
+    api.services.teams = EVERYONE_CREATES  # the member makes a team of their own
     r = await api.client.post("/api/teams", json={"name": "other"}, headers=bearer(member))
     other = r.json()["id"]
     outsider = await api.user("o@example.com", other, "admin", member)
