@@ -133,6 +133,7 @@ def test_sse_events_survive_any_split_and_the_usage_chunk_is_kept_or_dropped(cut
     expected = b"".join(e for i, e in enumerate(EVENTS) if not (strip and i == 2))
     assert out == expected
     assert splitter.usage == Usage(prompt_tokens=2, completion_tokens=2, total_tokens=4)
+    assert splitter.pieces == 2  # what a stream without usage would be billed
 
 
 @given(st.binary(max_size=2000))
