@@ -81,6 +81,8 @@ log = logging.getLogger(__name__)
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 _NO_USAGE = Usage()
 SSE = "text/event-stream"
+#: OpenAI's error types of the statuses a refused body gets (else ``invalid_request_error``).
+_ERROR_TYPES = {429: "rate_limit_error", 503: "server_error"}
 #: A JSON body larger than this is parsed on a worker thread.
 _THREAD_PARSE_BYTES = 1 << 20
 
@@ -437,8 +439,9 @@ async def _forward(front: Front, scope: Any, receive: Any, send: Any) -> None:
                 ticket = front.bodies.open(key.id, limit=MAX_BODY, declared=declared)
                 body = await read_body(_chunks(receive), ticket, timeout_s=front.body_timeout_s)
             except BodyRefused as exc:
-                raise HttpError(exc.status, str(exc), "invalid_request_error", exc.code
-                                ) from None
+                raise HttpError(exc.status, str(exc), _ERROR_TYPES.get(exc.status,
+                                                                       "invalid_request_error"),
+                                exc.code) from None
             if path == TRANSCRIPTIONS:
                 model = _model_of_form(body, content_type)
             elif len(body) > _THREAD_PARSE_BYTES:
