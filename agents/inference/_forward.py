@@ -218,10 +218,10 @@ def audio_usage(content_type: str, body: bytes) -> Usage | None:
 
 
 def usage_of(body: bytes) -> Usage | None:
-    """The usage a whole JSON answer reports, or None."""
+    """The usage a whole JSON answer reports, or None (also for JSON nested too deeply)."""
     try:
-        answer = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        answer = loads_bounded(body)
+    except JsonBodyError:
         return None
     return _usage(answer.get("usage")) if isinstance(answer, dict) else None
 
@@ -267,8 +267,8 @@ class SseSplitter:
         if not event.startswith(b"data:") or event[5:].strip() == b"[DONE]":
             return False
         try:
-            chunk = json.loads(event[5:])
-        except (ValueError, RecursionError):
+            chunk = loads_bounded(event[5:])
+        except JsonBodyError:
             return False
         if not isinstance(chunk, dict):
             return False

@@ -136,12 +136,15 @@ def test_sse_events_survive_any_split_and_the_usage_chunk_is_kept_or_dropped(cut
     assert splitter.pieces == 2  # what a stream without usage would be billed
 
 
-@given(st.binary(max_size=2000))
-def test_any_bytes_from_a_server_are_passed_on_or_ignored_never_raise(data):
+@given(st.binary(max_size=2000), st.integers(0, 100_000))
+def test_any_bytes_from_a_server_are_passed_on_or_ignored_never_raise(data, depth):
+    nested = b"[" * depth + data + b"]" * depth
     splitter = SseSplitter(strip_usage=True)
     splitter.feed(data)
+    splitter.feed(b"data: " + nested + b"\n\n")
     splitter.flush()
     usage_of(data)
+    usage_of(nested)
 
 
 def wav_bytes(seconds: float, rate: int = 16000) -> bytes:
