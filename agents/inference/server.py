@@ -25,8 +25,7 @@ Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
 fields or audio, and for an endpoint the engine does not offer (chat on a
 speech model, transcription or embeddings on a model without them); 404 for
 a model name that is not served; 413, 408 and 503 for a body too large, too
-slow, or one too many at once (``p2p.bodies``: ``MAX_BODY``, ``BODY_TIMEOUT_S``,
-``MAX_BODY_READS`` and ``MAX_BODY_BYTES_HELD``). A JSON body is read whatever
+slow, or one too many at once (:mod:`._request_body`). A JSON body is read whatever
 its content type; ``stream`` is read as :mod:`._streaming` reads it, the rules
 the agent decides by before it forwards.
 
@@ -53,7 +52,6 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -72,10 +70,11 @@ from agents.inference.engines import (
 )
 from agents.inference.engines._audio import MAX_AUDIO_BYTES
 from contracts.inference import MAX_BODY
-from p2p.bodies import BodyBudget, BodyRefused, JsonBodyError, loads_bounded, read_body
+from p2p.bodies import JsonBodyError, loads_bounded
 from p2p.http import serve_asgi
 
 from ._openai_errors import OpenAIError, guarded
+from ._request_body import install_budget, read_bounded, read_form_bounded
 from ._serving import ServerBindError, run_until_signalled
 from ._streaming import StreamFields
 
@@ -94,12 +93,6 @@ _M = TypeVar("_M", bound=BaseModel)
 DEFAULT_MAX_MODEL_LEN = 4096
 _CHAT_DEFAULT_MAX_TOKENS = 256
 _COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
-#: Request bodies being read at once, and their bytes held at once: the agent
-#: sends at most a few bodies of ``MAX_BODY``; anything beyond is a 503.
-MAX_BODY_READS = 64
-MAX_BODY_BYTES_HELD = 8 * MAX_BODY
-#: A body must arrive within this long (408 otherwise).
-BODY_TIMEOUT_S = 60.0
 
 
 # --- request models (pydantic at the boundary; unknown OpenAI fields are ignored) ---
@@ -172,31 +165,12 @@ class TranscriptionForm(_Request):
 
 async def _parse(request: Request, model: type[_M]) -> _M:
     """The JSON body as ``model``: any content type, nesting bounded (``MAX_JSON_DEPTH``)."""
-    raw = await _read(request, MAX_BODY)
+    raw = await read_bounded(request, MAX_BODY)
     try:
         data = loads_bounded(raw)
     except JsonBodyError as exc:
         raise OpenAIError(400, str(exc)) from None
     return _validate(model, data)
-
-
-async def _read(request: Request, limit: int) -> bytes:
-    """The request's body, at most ``limit`` bytes, counted on the app's :class:`BodyBudget`.
-
-    Raises:
-        OpenAIError: 413 past ``limit``, 503 past the budget, 408 too slow.
-    """
-    budget: BodyBudget = request.app.state.bodies
-    declared = request.headers.get("content-length", "")
-    try:
-        ticket = budget.open(None, limit=limit,
-                             declared=int(declared) if declared.isdigit() else None)
-        try:
-            return await read_body(request.stream(), ticket, timeout_s=BODY_TIMEOUT_S)
-        finally:
-            ticket.close()
-    except BodyRefused as exc:
-        raise OpenAIError(exc.status, str(exc)) from None
 
 
 def _validate(model: type[_M], data: Any) -> _M:
@@ -492,44 +466,19 @@ async def _read_form(request: Request) -> tuple[TranscriptionForm, bytes | None]
         raise OpenAIError(
             400, f"send multipart/form-data with a 'file' field, not {kind or 'no content type'}"
         )
-    limit = MAX_AUDIO_BYTES + 2**20
     too_large = OpenAIError(400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB",
                             param="file")
-    declared = request.headers.get("content-length", "")
-    try:
-        ticket = request.app.state.bodies.open(
-            None, limit=limit, declared=int(declared) if declared.isdigit() else None)
-    except BodyRefused as exc:
-        raise too_large if exc.status == 413 else OpenAIError(exc.status, str(exc)) from None
-
-    async def counted() -> AsyncGenerator[bytes, None]:
-        async for chunk in request.stream():
-            ticket.received_bytes(len(chunk))
-            yield chunk
-        ticket.finished_reading()
-
-    try:
-        with trio.fail_after(BODY_TIMEOUT_S):
-            form = await MultiPartParser(request.headers, counted(), max_files=1,
-                                         max_fields=32).parse()
-        try:  # closes spooled files
-            fields = _validate(
-                TranscriptionForm, {k: v for k, v in form.multi_items() if isinstance(v, str)}
-            )
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                return fields, None
-            return fields, await upload.read(MAX_AUDIO_BYTES + 1)
-        finally:
-            await form.close()
-    except MultiPartException as exc:  # a malformed multipart body
-        raise OpenAIError(400, f"bad multipart body: {exc.message}") from None
-    except BodyRefused as exc:
-        raise too_large if exc.status == 413 else OpenAIError(exc.status, str(exc)) from None
-    except trio.TooSlowError:
-        raise OpenAIError(408, f"the body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+    form = await read_form_bounded(request, MAX_AUDIO_BYTES + 2**20, too_large=too_large)
+    try:  # closes spooled files
+        fields = _validate(
+            TranscriptionForm, {k: v for k, v in form.multi_items() if isinstance(v, str)}
+        )
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            return fields, None
+        return fields, await upload.read(MAX_AUDIO_BYTES + 1)
     finally:
-        ticket.close()
+        await form.close()
 
 
 def _verbose(
@@ -581,7 +530,7 @@ def create_app(
         Route("/v1/audio/transcriptions", guarded(api.transcriptions), methods=["POST"]),
     ]
     app = Starlette(routes=routes)
-    app.state.bodies = BodyBudget(max_bytes=MAX_BODY_BYTES_HELD, max_reads=MAX_BODY_READS)
+    install_budget(app)
     return app
 
 
