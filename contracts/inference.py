@@ -22,7 +22,9 @@ Every message is a msgpack map (p2p/rpc README, "Wire format")::
     status(Empty)        -> AgentStatus
 
 ``infer`` carries one OpenAI request: its path, content type and body (the
-bytes the client sent; the agent passes them to the model server). A body
+bytes the client sent; the agent passes them to the model server, a chat's or
+a completion's as a canonical body it builds: agents/inference/README.md,
+"What is billed"). A body
 larger than :data:`MAX_INLINE_BODY` (an audio file) is sent first in
 ``upload`` chunks of at most :data:`MAX_INLINE_BODY` bytes under an
 ``upload_id`` the proxy picks, and ``infer`` names that id with an empty body;
@@ -33,8 +35,9 @@ The answer is a stream of frames. The first frame has the model server's
 ``status`` and ``content_type``; frames carry ``data`` (the response body, or
 for a streamed response whole SSE events, ``data: {...}\\n\\n``, as the model
 server sent them); the last frame has ``usage`` (the token counts or audio
-duration the model server reported; all zero when it reported none) and
-``done``. A request that failed before the first frame was sent has done
+duration the model server reported; for a stream that reported none, the
+completion pieces the agent counted; all zero when nothing could be counted)
+and ``done``. A request that failed before the first frame was sent has done
 nothing the client could see: the proxy may retry it on another replica.
 
 Error codes (``RpcError.code``): ``FORBIDDEN`` (not an authorised proxy),

@@ -21,7 +21,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 class OpenAIError(Exception):
     """A request the server refuses: the status and the message its client sees."""
 
-    _KINDS = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError"}
+    _KINDS = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeoutError",
+              413: "RequestTooLargeError", 503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
         super().__init__(message)

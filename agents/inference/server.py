@@ -21,9 +21,13 @@ vLLM. So it speaks vLLM's shapes (../shared/reference §4):
   in the ``x-audio-seconds`` header.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``:
-400 for bad JSON, fields or audio, and for an endpoint the engine does not
-offer (chat on a speech model, transcription or embeddings on a model
-without them); 404 for a model name that is not served.
+400 for bad JSON (nested deeper than ``p2p.bodies.MAX_JSON_DEPTH`` too),
+fields or audio, and for an endpoint the engine does not offer (chat on a
+speech model, transcription or embeddings on a model without them); 404 for
+a model name that is not served; 413, 408 and 503 for a body too large, too
+slow, or one too many at once (:mod:`._request_body`). A JSON body is read whatever
+its content type; ``stream`` is read as :mod:`._streaming` reads it, the rules
+the agent decides by before it forwards.
 
 The ASGI app (:func:`create_app`) is Starlette; :func:`serve_model` runs it on
 hypercorn's trio worker, as DESIGN.md §2 decides for HTTP services.
@@ -48,7 +52,6 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -66,10 +69,14 @@ from agents.inference.engines import (
     load_engine,
 )
 from agents.inference.engines._audio import MAX_AUDIO_BYTES
+from contracts.inference import MAX_BODY
+from p2p.bodies import JsonBodyError, loads_bounded
 from p2p.http import serve_asgi
 
 from ._openai_errors import OpenAIError, guarded
+from ._request_body import install_budget, read_bounded, read_form_bounded
 from ._serving import ServerBindError, run_until_signalled
+from ._streaming import StreamFields
 
 __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
@@ -95,10 +102,6 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Request):
-    include_usage: bool = False
-
-
 class ContentPart(_Request):
     type: str
     text: str = ""
@@ -116,15 +119,15 @@ class Message(_Request):
         return "".join(part.text for part in self.content if part.type == "text")
 
 
-class _Generation(_Request):
+class _Generation(StreamFields):
+    """A chat's or a completion's fields (``stream`` read as the agent reads it)."""
+
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -161,11 +164,12 @@ class TranscriptionForm(_Request):
 
 
 async def _parse(request: Request, model: type[_M]) -> _M:
-    raw = await request.body()
+    """The JSON body as ``model``: any content type, nesting bounded (``MAX_JSON_DEPTH``)."""
+    raw = await read_bounded(request, MAX_BODY)
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OpenAIError(400, f"request body is not valid JSON: {exc}") from None
+        data = loads_bounded(raw)
+    except JsonBodyError as exc:
+        raise OpenAIError(400, str(exc)) from None
     return _validate(model, data)
 
 
@@ -367,9 +371,8 @@ class _Api:
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         created = int(time.time())
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = self._stream(
-                steps, ident, created, len(prompt), chat=chat, include_usage=include_usage
+                steps, ident, created, len(prompt), chat=chat, include_usage=body.usage_asked
             )
             return StreamingResponse(
                 stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -463,20 +466,19 @@ async def _read_form(request: Request) -> tuple[TranscriptionForm, bytes | None]
         raise OpenAIError(
             400, f"send multipart/form-data with a 'file' field, not {kind or 'no content type'}"
         )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_AUDIO_BYTES + 2**20:
-        raise OpenAIError(400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB", param="file")
-    try:
-        async with request.form(max_files=1, max_fields=32) as form:  # closes spooled files
-            fields = _validate(
-                TranscriptionForm, {k: v for k, v in form.multi_items() if isinstance(v, str)}
-            )
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                return fields, None
-            return fields, await upload.read(MAX_AUDIO_BYTES + 1)
-    except HTTPException as exc:  # Starlette's report of a malformed multipart body
-        raise OpenAIError(400, f"bad multipart body: {exc.detail}") from None
+    too_large = OpenAIError(400, f"file: larger than {MAX_AUDIO_BYTES // 2**20} MB",
+                            param="file")
+    form = await read_form_bounded(request, MAX_AUDIO_BYTES + 2**20, too_large=too_large)
+    try:  # closes spooled files
+        fields = _validate(
+            TranscriptionForm, {k: v for k, v in form.multi_items() if isinstance(v, str)}
+        )
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            return fields, None
+        return fields, await upload.read(MAX_AUDIO_BYTES + 1)
+    finally:
+        await form.close()
 
 
 def _verbose(
@@ -527,7 +529,9 @@ def create_app(
         Route("/v1/embeddings", guarded(api.embeddings), methods=["POST"]),
         Route("/v1/audio/transcriptions", guarded(api.transcriptions), methods=["POST"]),
     ]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    install_budget(app)
+    return app
 
 
 # --- serving ---

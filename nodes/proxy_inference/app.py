@@ -18,20 +18,31 @@ once seen. Errors are OpenAI's shape, ``{"error": {"message", "type",
 | --- | --- | --- |
 | 401 | ``invalid_api_key`` | no bearer, an unknown secret, a revoked key |
 | 400 | ``invalid_request`` | a body that is not a JSON object (or a form) naming a ``model`` |
+| 400 | ``json_too_deep`` | JSON nested deeper than ``p2p.bodies.MAX_JSON_DEPTH`` (64) |
 | 404 | ``model_not_found`` | no job of the key's team that takes requests serves that name |
-| 413 | ``request_too_large`` | a body over ``MAX_BODY`` (32 MiB) |
+| 408 | ``body_timeout`` | the body did not arrive within ``http.body_timeout_s`` |
+| 413 | ``request_too_large`` | a body over ``MAX_BODY`` (32 MiB; a declared length at once) |
+| 429 | ``too_many_bodies`` | the key's share of the bodies held or being read is taken |
+| 503 | ``server_busy`` | all the room for bodies held or being read is taken |
 | 503 | ``model_unavailable`` | no replica connected, or both tries failed before answering |
 | 502 | ``upstream_error`` | the answer broke off (a stream gets an SSE error event) |
 
-The forwarded POSTs are plain ASGI (the hot path needs two headers and the
-body, no request object); ``/v1/models`` is a Starlette app behind them.
-Only ``model`` and ``stream`` are read from a JSON body (``json.loads``, no
-model of the whole OpenAI body); the agent passes the bytes on unchanged.
+The forwarded POSTs are plain ASGI (the hot path needs three headers and the
+body, no request object); ``/v1/models`` is a Starlette app behind them. The
+key is checked before any byte of the body is read; the body is read within
+the key's share of :class:`~p2p.bodies.BodyBudget` and counted there until
+the answer ends; an answer given before the body was read whole closes the
+connection. Only ``model`` is read from a JSON body (``loads_bounded``: its
+nesting bounded, no model of the whole OpenAI body); the agent decides the
+rest (whether it is a stream, see agents/inference/README.md, "What is billed").
 The agent's status and content type become the response's; an SSE answer is
 passed through frame by frame as it arrives (the first byte leaves when the
 agent's first frame does), a non-streamed one is collected first so that a
 failure midway is a clean 502. The last frame's ``usage`` is counted
-(:class:`~.usage.UsageRecorder`) under the key, the served name and the UTC day.
+(:class:`~.usage.UsageRecorder`) under the key, the served name and the UTC
+day; a successful answer whose usage is missing or partial
+(:func:`usage_missing`) is billed as counted, and also counted in
+``proxy_usage_missing_total`` and logged (``proxy.usage_missing``).
 """
 
 from __future__ import annotations
@@ -40,8 +51,8 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -52,12 +63,14 @@ from starlette.routing import Route
 
 from contracts.inference import FORWARDED_PATHS, MAX_BODY, Usage
 from crdt import ApiKey
+from p2p.bodies import BodyBudget, BodyRefused, JsonBodyError, loads_bounded, read_body
 
 from .health import HealthWindow
 from .keys import KeyCache
 from .metrics import ProxyMetrics
 from .router import Route as JobRoute
 from .router import RoutingTable
+from .settings import HttpSettings
 from .upstream import AgentPool, Answer, RequestRefused, UpstreamError, UpstreamFailed
 from .usage import UsageRecorder
 
@@ -68,6 +81,10 @@ log = logging.getLogger(__name__)
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 _NO_USAGE = Usage()
 SSE = "text/event-stream"
+#: OpenAI's error types of the statuses a refused body gets (else ``invalid_request_error``).
+_ERROR_TYPES = {429: "rate_limit_error", 503: "server_error"}
+#: A JSON body larger than this is parsed on a worker thread.
+_THREAD_PARSE_BYTES = 1 << 20
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
@@ -97,6 +114,10 @@ class Front:
     metrics: ProxyMetrics
     #: The per-job window wrk-monitor judges model health from (None: not kept).
     health: HealthWindow | None = None
+    #: Request bodies being read and held at once, in all and per API key.
+    bodies: BodyBudget = field(default_factory=lambda: HttpSettings().body_budget())
+    #: A request body must arrive within this long (408).
+    body_timeout_s: float = HttpSettings.model_fields["body_timeout_s"].default
 
     async def authenticate(self, header: str) -> ApiKey:
         """The key of an ``Authorization`` header's bearer secret.
@@ -123,20 +144,24 @@ class Front:
         return key
 
 
-async def _send_json(send: Any, status: int, document: Any) -> None:
+async def _send_json(send: Any, status: int, document: Any, *, close: bool = False) -> None:
     body = json.dumps(document).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _fail(front: Front, send: Any, error: HttpError, model: str = "-") -> None:
+async def _fail(front: Front, send: Any, error: HttpError, model: str = "-", *,
+                close: bool = False) -> None:
     """Answer ``error``; ``model`` is a served name, or ``-`` (never a client's free text,
-    which would make the metrics' labels unbounded)."""
+    which would make the metrics' labels unbounded). ``close``: the request's body
+    was not read to its end, so the connection is not kept for another request."""
     front.metrics.of(model).count(error.status, None)
     front.metrics.errors.labels(error.code).inc()
-    await _send_json(send, error.status, error.body)
+    await _send_json(send, error.status, error.body, close=close)
 
 
 def _failed(front: Front, error: HttpError) -> JSONResponse:
@@ -146,10 +171,18 @@ def _failed(front: Front, error: HttpError) -> JSONResponse:
     return JSONResponse(error.body, status_code=error.status)
 
 
-def _model_of_json(body: bytes) -> tuple[str, bool]:
+def _model_of_json(body: bytes) -> str:
+    """The ``model`` of a JSON body (the rest is the agent's business).
+
+    Raises:
+        HttpError: 400 ``invalid_request`` (not JSON, not an object, no model),
+            400 ``json_too_deep`` (nested deeper than ``MAX_JSON_DEPTH``).
+    """
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        document = loads_bounded(body)
+    except JsonBodyError as exc:
+        if exc.code == "json_too_deep":
+            raise HttpError(400, str(exc), "invalid_request_error", exc.code) from None
         raise HttpError(400, "The body is not valid JSON.", "invalid_request_error",
                         "invalid_request") from None
     if not isinstance(document, dict):
@@ -159,7 +192,7 @@ def _model_of_json(body: bytes) -> tuple[str, bool]:
     if not isinstance(model, str) or not model:
         raise HttpError(400, "You must provide a model parameter.", "invalid_request_error",
                         "invalid_request", "model")
-    return model, document.get("stream") is True
+    return model
 
 
 def _form_field(body: bytes, content_type: str, name: str) -> str | None:
@@ -261,12 +294,22 @@ class _Forwarded:
             headers.append((b"cache-control", b"no-cache"))
         return headers
 
-    def _done(self, answer: Answer, status: int, usage: Usage | None) -> None:
+    def _done(self, answer: Answer, status: int, usage: Usage | None,
+              request_id: str) -> None:
         front, model = self.front, self.route.served_name
         # The model server's refusals (4xx, 5xx) are not billed as requests unless
         # they report usage (a server that spent tokens before failing says so).
         if status < 400 or (usage is not None and usage != _NO_USAGE):
             front.recorder.record(self.key.id, model, usage)
+        if status < 300 and usage_missing(self.path, usage):
+            # Billed as it came (the agent's count of a stream without usage is a
+            # lower bound), but never silently: counted and logged for the operator.
+            front.metrics.usage_missing.labels(model).inc()
+            log.warning("proxy.usage_missing job=%s model=%s key=%s request=%s path=%s "
+                        "prompt=%d completion=%d audio_ms=%d", self.route.job_id, model,
+                        self.key.id, request_id, self.path,
+                        *((usage.prompt_tokens, usage.completion_tokens, usage.audio_ms)
+                          if usage is not None else (0, 0, 0)))
         metrics = front.metrics.of(model)
         metrics.count(status, usage)
         now = time.perf_counter()
@@ -282,7 +325,7 @@ class _Forwarded:
             parts.append(frame.data)
             last = frame
         body = b"".join(parts)
-        self._done(answer, status, last.usage)
+        self._done(answer, status, last.usage, request_id)
         await send({"type": "http.response.start", "status": status,
                     "headers": self._headers(content_type, request_id, len(body))})
         await send({"type": "http.response.body", "body": body})
@@ -312,10 +355,23 @@ class _Forwarded:
                                    "upstream_error")
                 await client.send(send, b"data: " + json.dumps(event).encode() + b"\n\n")
             else:
-                self._done(answer, status, last.usage)
+                self._done(answer, status, last.usage, request_id)
             if not client.gone:
                 await send({"type": "http.response.body", "body": b""})
             nursery.cancel_scope.cancel()
+
+
+def usage_missing(path: str, usage: Usage | None) -> bool:
+    """A successful answer whose usage cannot be the whole of it: a chat or completion
+    without prompt tokens (every prompt has some) or without any token, embeddings
+    without tokens, a transcription without audio."""
+    if usage is None:
+        return True
+    if path == TRANSCRIPTIONS:
+        return not usage.audio_ms
+    if path == "/v1/embeddings":
+        return not usage.total_tokens
+    return not (usage.prompt_tokens and usage.total_tokens)
 
 
 #: After the client left a stream, its answer is still read this long for the
@@ -343,63 +399,69 @@ class _Client:
         scope.cancel()
 
 
-async def _read_body(receive: Any) -> bytes:
-    """The request's body (at most ``MAX_BODY`` bytes).
-
-    Raises:
-        HttpError: 413 beyond ``MAX_BODY``, before reading the rest.
-    """
-    message = await receive()
-    body = message.get("body", b"")
-    if not message.get("more_body"):
-        return body
-    parts = [body]
-    size = len(body)
-    while message.get("more_body"):
+async def _chunks(receive: Any) -> AsyncIterator[bytes]:
+    """The request body's chunks as the ASGI server delivers them."""
+    while True:
         message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise HttpError(413, f"The body is larger than {MAX_BODY} bytes.",
-                            "invalid_request_error", "request_too_large")
-        parts.append(chunk)
-    return b"".join(parts)
+        yield message.get("body", b"")
+        if not message.get("more_body"):
+            return
 
 
 async def _forward(front: Front, scope: Any, receive: Any, send: Any) -> None:
     """A POST to a forwarded path: checked here, then answered by an agent.
 
     Plain ASGI, not a Starlette endpoint: this is the hot path, and it needs
-    two headers and the body, nothing of a request object.
+    three headers and the body, nothing of a request object. The key is
+    checked before a byte of the body is read; the body is then read within
+    the key's share of ``front.bodies`` and held there until the answer ends.
     """
     started = time.perf_counter()
     path = scope["path"]
     authorization = ""
     content_type = "application/json"
+    declared: int | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             authorization = value.decode("latin-1")
         elif name == b"content-type":
             content_type = value.decode("latin-1")
+        elif name == b"content-length" and value.isdigit():
+            declared = int(value)
+    ticket = None
     try:
-        if scope["method"] != "POST":
-            raise HttpError(405, f"Use POST for {path}.", "invalid_request_error",
-                            "method_not_allowed")
-        key = await front.authenticate(authorization)
-        body = await _read_body(receive)
-        if path == TRANSCRIPTIONS:
-            model = _model_of_form(body, content_type)
-        else:
-            model, _stream = _model_of_json(body)
-        route = front.table().lookup(key.team, model)
-        if route is None:
-            raise HttpError(404, f"The model {model!r} does not exist or you do not "
-                                 "have access to it.", "invalid_request_error",
-                            "model_not_found", "model")
-    except HttpError as exc:
-        await _fail(front, send, exc)
-        return
-    await _Forwarded(front, key, route, path, content_type, body, started)(scope, receive, send)
+        try:
+            if scope["method"] != "POST":
+                raise HttpError(405, f"Use POST for {path}.", "invalid_request_error",
+                                "method_not_allowed")
+            key = await front.authenticate(authorization)
+            try:
+                ticket = front.bodies.open(key.id, limit=MAX_BODY, declared=declared)
+                body = await read_body(_chunks(receive), ticket, timeout_s=front.body_timeout_s)
+            except BodyRefused as exc:
+                raise HttpError(exc.status, str(exc), _ERROR_TYPES.get(exc.status,
+                                                                       "invalid_request_error"),
+                                exc.code) from None
+            if path == TRANSCRIPTIONS:
+                model = _model_of_form(body, content_type)
+            elif len(body) > _THREAD_PARSE_BYTES:
+                model = await trio.to_thread.run_sync(_model_of_json, body)
+            else:
+                model = _model_of_json(body)
+            route = front.table().lookup(key.team, model)
+            if route is None:
+                raise HttpError(404, f"The model {model!r} does not exist or you do not "
+                                     "have access to it.", "invalid_request_error",
+                                "model_not_found", "model")
+        except HttpError as exc:
+            # Refused before the body was read whole: the rest of it is never read.
+            await _fail(front, send, exc, close=ticket is None or ticket.reading)
+            return
+        await _Forwarded(front, key, route, path, content_type, body, started)(
+            scope, receive, send)
+    finally:
+        if ticket is not None:
+            ticket.close()
 
 
 def create_app(front: Front) -> Any:

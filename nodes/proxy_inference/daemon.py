@@ -175,7 +175,9 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
             await inner.start(keys.run)
             await inner.start(pool.run)
             front = Front(keys=keys, table=lambda: pool.table, pool=pool,
-                          recorder=recorder, metrics=proxy_metrics)
+                          recorder=recorder, metrics=proxy_metrics,
+                          bodies=settings.http.body_budget(),
+                          body_timeout_s=settings.http.body_timeout_s)
             reporter = None
             telemetry = settings.telemetry
             if telemetry.monitor is not None:
@@ -201,7 +203,9 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
                 snap = state_snapshot(
                     replicas=replicas,
                     pending_ops=len(recorder.book), written_ops=recorder.ops_written,
-                    dropped=recorder.book.dropped, keys_cached=len(keys))
+                    dropped=recorder.book.dropped, keys_cached=len(keys),
+                    bodies_held=front.bodies.held, bodies_reading=front.bodies.reading,
+                    bodies_refused=front.bodies.refused)
                 if reporter is not None:
                     snap.families.update(health_snapshot(reporter).families)
                 return snap

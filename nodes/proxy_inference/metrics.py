@@ -12,6 +12,10 @@ through :mod:`nodes.metrics`' snapshot collector, so a scrape never races.
 | ``proxy_first_byte_seconds`` | model | request start to the first frame of the agent |
 | ``proxy_tokens_total`` | model, kind | ``prompt``, ``completion``, ``total``; ``audio_ms`` |
 | ``proxy_errors_total`` | code | errors answered or met mid-stream, by stable code |
+| ``proxy_usage_missing_total`` | model | 2xx answers without (whole) usage: billed as counted |
+| ``proxy_bodies_refused_total`` | code | request bodies refused, by code (413, 503, 429, 408) |
+| ``proxy_bodies_held_bytes`` | | bytes of request bodies held now |
+| ``proxy_bodies_reading`` | | request bodies being received now |
 | ``proxy_upstream_retries_total`` | model | tries again on another replica |
 | ``proxy_replicas`` | model | healthy replicas (connected, not in back-off) |
 | ``proxy_usage_pending_ops`` | | usage operations not yet written |
@@ -67,6 +71,10 @@ class ProxyMetrics:
                               ["model", "kind"], registry=self.registry)
         self.errors = Counter("proxy_errors", "Errors by stable code", ["code"],
                               registry=self.registry)
+        self.usage_missing = Counter("proxy_usage_missing",
+                                     "Successful answers whose usage was missing or partial "
+                                     "(billed as counted), by model", ["model"],
+                                     registry=self.registry)
         self.retries = Counter("proxy_upstream_retries",
                                "Requests tried again on another replica", ["model"],
                                registry=self.registry)
@@ -126,7 +134,8 @@ class ModelMetrics:
 
 
 def state_snapshot(*, replicas: dict[str, float], pending_ops: int, written_ops: int,
-                   dropped: int, keys_cached: int) -> Snapshot:
+                   dropped: int, keys_cached: int, bodies_held: int = 0, bodies_reading: int = 0,
+                   bodies_refused: dict[str, int] | None = None) -> Snapshot:
     """The state gauges, as the daemon's snapshot function builds them."""
     return Snapshot({
         "proxy_replicas": Family("Healthy replicas (connected, not in back-off) by model",
@@ -137,6 +146,10 @@ def state_snapshot(*, replicas: dict[str, float], pending_ops: int, written_ops:
         "proxy_usage_dropped": Family("Requests whose usage was dropped (book full)",
                                       dropped, counter=True),
         "proxy_keys_cached": Family("API key answers held in memory", keys_cached),
+        "proxy_bodies_held_bytes": Family("Bytes of request bodies held now", bodies_held),
+        "proxy_bodies_reading": Family("Request bodies being received now", bodies_reading),
+        "proxy_bodies_refused": Family("Request bodies refused, by stable code",
+                                       dict(bodies_refused or {}), "code", counter=True),
     })
 
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
+from contracts.inference import MAX_BODY
 from nodes.telemetry import TelemetrySettings
+from p2p.bodies import BodyBudget
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 __all__ = ["HTTP_PORT", "PROXY_PORT", "HttpSettings", "ProxySettings", "UsageSettings"]
@@ -33,6 +35,23 @@ class HttpSettings(BaseModel):
     host: str = "127.0.0.1"
     #: 0: any free port (tests, benchmarks).
     port: Port = HTTP_PORT
+    #: Bytes of request bodies held at once (read, or being read, for requests
+    #: not yet answered), all keys together; beyond it a 503 ``server_busy``.
+    bodies_held_bytes: int = Field(default=512 << 20, ge=MAX_BODY, le=1 << 40)
+    #: Request bodies being received at once; beyond it a 503 ``server_busy``.
+    bodies_reading: int = Field(default=256, ge=1, le=1_000_000)
+    #: The same for one API key (429 ``too_many_bodies`` beyond): no key takes
+    #: the room of all the others.
+    key_bodies_held_bytes: int = Field(default=128 << 20, ge=MAX_BODY, le=1 << 40)
+    key_bodies_reading: int = Field(default=64, ge=1, le=1_000_000)
+    #: A request body must arrive whole within this long (408 ``body_timeout``).
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+    def body_budget(self) -> BodyBudget:
+        """A fresh :class:`~p2p.bodies.BodyBudget` with these bounds."""
+        return BodyBudget(max_bytes=self.bodies_held_bytes, max_reads=self.bodies_reading,
+                          owner_bytes=self.key_bodies_held_bytes,
+                          owner_reads=self.key_bodies_reading)
 
 
 class UsageSettings(BaseModel):

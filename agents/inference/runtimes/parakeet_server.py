@@ -25,7 +25,8 @@ The model loads before the socket opens, so a server that answers
 Errors are OpenAI-shaped ``{"error": {"message", "type", "param", "code"}}``:
 400 bad form or audio, 404 a model name not served, 413 a file over
 ``--max-upload-mb`` (25 MB, vLLM's ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB``
-default), 500 the model failed.
+default; refused as soon as the body passes it), 408 and 503 a body too slow
+or one too many at once (``.._request_body``), 500 the model failed.
 
 Audio: WAV (PCM 8/16/24/32-bit, any rate, channels averaged to mono) is
 decoded with the standard library. Other containers (FLAC, OGG, MP3) need
@@ -55,7 +56,6 @@ from typing import Any
 import trio
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -63,6 +63,7 @@ from starlette.routing import Route
 from p2p.http import serve_asgi
 
 from .._openai_errors import OpenAIError, guarded
+from .._request_body import install_budget, read_form_bounded
 from .._serving import ServerBindError, run_until_signalled
 
 __all__ = [
@@ -260,17 +261,16 @@ class _Api:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def transcriptions(self, request: Request) -> Response:
-        # Refuse a declared oversize body before starlette spools it to disk.
-        # (A chunked body without a length is still read whole first.)
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_upload_bytes + _FORM_OVERHEAD_BYTES:
-            raise OpenAIError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
+        # An oversize body is refused from its declared length before starlette
+        # spools it to disk, and a chunked one as soon as it passes the bound.
+        too_large = OpenAIError(413, f"file: larger than {self.max_upload_bytes} bytes",
+                                param="file")
+        form = await read_form_bounded(request, self.max_upload_bytes + _FORM_OVERHEAD_BYTES,
+                                       too_large=too_large)
         try:
-            # The context closes the spooled upload files when done.
-            async with request.form(max_files=1, max_fields=32) as form:
-                data = await self._read_form(form)
-        except HTTPException as exc:  # starlette's 400 for a malformed multipart body
-            raise OpenAIError(400, f"bad multipart body: {exc.detail}") from None
+            data = await self._read_form(form)
+        finally:
+            await form.close()  # the spooled upload files
         if len(data.audio) > self.max_upload_bytes:
             raise OpenAIError(413, f"file: larger than {self.max_upload_bytes} bytes", param="file")
         try:
@@ -329,11 +329,13 @@ def create_app(
     """The ASGI app serving ``transcribe`` under ``served_name``."""
     api = _Api(transcribe, served_name, max_upload_bytes)
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/health", guarded(api.health), methods=["GET"]),
         Route("/v1/models", guarded(api.models), methods=["GET"]),
         Route("/v1/audio/transcriptions", guarded(api.transcriptions), methods=["POST"]),
     ])
+    install_budget(app)
+    return app
 
 
 class TranscriptionServerBindError(ServerBindError):

@@ -13,6 +13,7 @@ import trio
 
 from agents.inference._forward import ModelClient
 from agents.inference._http import HttpError, HttpPool
+from contracts.inference import Usage
 from p2p.rpc import RpcError
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -150,3 +151,47 @@ async def test_a_silent_server_times_out(autojump_clock):
         with pytest.raises(HttpError, match="no answer for 30 s"):
             await fetch(pool)
         await pool.aclose()
+
+
+def sse_answer(*events: bytes) -> bytes:
+    body = b"".join(b"data: " + event + b"\n\n" for event in (*events, b"[DONE]"))
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"content-length: %d\r\n\r\n" % len(body)) + body
+
+
+PIECES = (b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+          b'{"choices":[{"index":0,"delta":{"content":"a"}}]}',
+          b'{"choices":[{"index":0,"delta":{"content":"b c"}}]}',
+          b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}')
+CHAT = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+
+
+async def test_a_stream_without_a_usage_chunk_is_billed_what_it_carried(caplog):
+    """A server that ignores include_usage: the stream is not free (issue 21, defect 2)."""
+    async def answer(stream, index):
+        await stream.send_all(sse_answer(*PIECES))
+
+    async with raw_server(answer) as (port, _stats):
+        client = ModelClient("127.0.0.1", port)
+        frames = [frame async for frame in client.forward("/v1/chat/completions",
+                                                          "application/json", CHAT)]
+        await client.aclose()
+    assert frames[-1].done and frames[-1].usage == Usage(completion_tokens=2, total_tokens=2)
+    assert client.usage_missing == 1
+    assert any(r.getMessage().startswith("inference.usage_missing") for r in caplog.records)
+
+
+async def test_a_stream_nobody_asked_for_is_still_billed_by_its_usage_chunk():
+    usage = b'{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}'
+
+    async def answer(stream, index):
+        await stream.send_all(sse_answer(*PIECES, usage))
+
+    async with raw_server(answer) as (port, _stats):
+        client = ModelClient("127.0.0.1", port)
+        frames = [frame async for frame in client.forward(
+            "/v1/chat/completions", "application/json", CHAT.replace(b"true", b"false"))]
+        await client.aclose()
+    assert frames[-1].usage == Usage(prompt_tokens=4, completion_tokens=2, total_tokens=6)
+    assert b'"choices":[]' in b"".join(f.data for f in frames)  # not ours to strip
+    assert client.usage_missing == 0

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from agents.inference.engines import ChatMessage
 from agents.inference.engines._demo import DemoEngine
 from agents.inference.server import create_app
+from contracts.inference import MAX_BODY
+from p2p.bodies import BodyBudget
 
 ENGINE = DemoEngine()
 NAME = "demo-served"
@@ -191,6 +193,39 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
 async def test_bad_json_is_400(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/chat/completions", content=b"{not json")
     assert "not valid JSON" in assert_error(response, 400)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+async def test_json_nested_100000_deep_is_a_400_not_a_500(client: httpx.AsyncClient,
+                                                          path: str) -> None:
+    """Issue 21, defect 15: ``json.loads`` raised RecursionError, answered as a 500."""
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"model":' + b"[" * 100_000):
+        response = await client.post(path, content=body)
+        assert "nests more than 64 levels" in assert_error(response, 400)
+
+
+async def test_a_body_past_the_limit_is_a_413_before_it_is_read() -> None:
+    app = create_app(ENGINE, served_name=NAME)
+    app.state.bodies = BodyBudget(max_bytes=1 << 20, max_reads=2)
+    sent = 0
+
+    async def endless():
+        nonlocal sent
+        while True:
+            sent += 1
+            yield b" " * 65536
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://model") as http:
+        response = await http.post("/v1/chat/completions", content=b"{}",
+                                   headers={"content-length": str(MAX_BODY + 1)})
+        assert_error(response, 413)
+        response = await http.post("/v1/completions", content=endless())
+        assert_error(response, 503)  # past the 1 MiB held at once, long before MAX_BODY
+        assert sent <= 20
+        response = await http.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200  # everything was given back
+    assert (app.state.bodies.held, app.state.bodies.reading) == (0, 0)
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,19 @@ def form(*fields: tuple[str, bytes, str | None]) -> bytes:
     return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
 
 
-def test_the_model_and_stream_flag_of_a_json_body():
-    assert _model_of_json(b'{"model": "chat", "stream": true}') == ("chat", True)
-    assert _model_of_json(b'{"model": "chat", "stream": "yes"}') == ("chat", False)
+def test_the_model_of_a_json_body():
+    assert _model_of_json(b'{"model": "chat", "stream": true}') == "chat"
+    assert _model_of_json(b'{"\\u006dodel": "chat"}') == "chat"
+    assert _model_of_json('{"model": "chat"}'.encode("utf-16")) == "chat"
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b"{" * 100_000,
+                                  b'{"model": "m", "x": ' + b"[" * 65 + b"]" * 65 + b"}"])
+def test_json_nested_too_deep_is_a_400_with_a_code(body):
+    """Issue 21, defect 15: a body nested 100,000 deep was a RecursionError (a 500)."""
+    with pytest.raises(HttpError) as info:
+        _model_of_json(body)
+    assert info.value.status == 400 and info.value.body["error"]["code"] == "json_too_deep"
 
 
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'"chat"', b'{"model": 3}', b'{"model": ""}',
@@ -58,7 +68,8 @@ def test_a_form_without_a_model_or_not_a_form_is_a_400():
 @given(st.binary(max_size=512), st.sampled_from([FORM, "multipart/form-data; boundary=a",
                                                   "application/json"]))
 def test_any_bytes_give_a_model_or_a_400(body, content_type):
-    for parse in (lambda: _model_of_json(body), lambda: _model_of_form(body, content_type)):
+    for parse in (lambda: _model_of_json(body), lambda: _model_of_form(body, content_type),
+                  lambda: _model_of_json(b"[" * len(body) + body)):
         try:
             parse()
         except HttpError as exc:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from contracts.inference import MAX_INLINE_BODY, job_topic
+from contracts.inference import MAX_BODY, MAX_INLINE_BODY, job_topic
 from contracts.model import JobStatus
 from p2p.keys import KeyPair
 from tests.p2p.helpers import wait_until
@@ -226,3 +226,109 @@ async def test_a_client_that_leaves_at_done_is_still_billed(tmp_path):
                              and proxy.recorder.ops_written > 0, limit_s=10)
             rows = await proxy.recorder.db.usage(key_id)
             assert [(r.requests, r.total) for r in rows] == [(1, 5)]
+
+
+async def send_head(stream: trio.SocketStream, secret: str, length: int,
+                    path: str = "/v1/chat/completions") -> None:
+    await stream.send_all(f"POST {path} HTTP/1.1\r\nHost: proxy\r\n"
+                          f"Authorization: Bearer {secret}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {length}\r\n\r\n".encode())
+
+
+async def read_answer(stream: trio.SocketStream) -> tuple[int, dict[str, str], dict]:
+    """Status, headers and JSON body of one response (Content-Length framed)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        assert chunk, "the proxy closed the connection without an answer"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(body) < int(headers["content-length"]):
+        body += await stream.receive_some(65536)
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+async def test_bodies_are_bounded_in_size_in_time_and_in_how_many_a_key_sends_at_once(tmp_path):
+    """Issue 21, defect 11 for the proxy: a body's size is refused from its declared
+    length, one key cannot hold more bodies than its share while other keys go on, and
+    a body trickled too slowly is dropped."""
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key("team-a")
+            _, other = await world.add_key("team-a")
+            proxy = await world.start_proxy(http={"host": "127.0.0.1", "port": 0,
+                                                  "key_bodies_reading": 1,
+                                                  "body_timeout_s": 2.0})
+            await world.wait_replicated()
+            await two_agents(world, modes=("ok",))
+            host, port = proxy.http_address
+            # Declared beyond MAX_BODY: refused before a byte of it is read; the
+            # connection is not kept for another request.
+            async with await trio.open_tcp_stream(host, port) as stream:
+                await send_head(stream, secret, MAX_BODY + 1)
+                status, headers, body = await read_answer(stream)
+                assert (status, body["error"]["code"]) == (413, "request_too_large")
+                assert headers["connection"] == "close"
+                assert await stream.receive_some(1) == b""
+            async with await trio.open_tcp_stream(host, port) as slow, \
+                    client(world, secret) as mine, client(world, other) as theirs:
+                await send_head(slow, secret, 1000)
+                await slow.send_all(b'{"model": "chat", ')
+                await wait_until(lambda: proxy.front.bodies.reading == 1, limit_s=10)
+                # The key's one body being read is taken; another key is served.
+                response = await mine.post("/chat/completions", json=CHAT)
+                assert response.status_code == 429
+                assert response.json()["error"]["code"] == "too_many_bodies"
+                assert (await theirs.post("/chat/completions", json=CHAT)).status_code == 200
+                # The slow body ends with a 408 at body_timeout_s; its room comes back.
+                status, _, body = await read_answer(slow)
+                assert (status, body["error"]["code"]) == (408, "body_timeout")
+                assert (await mine.post("/chat/completions", json=CHAT)).status_code == 200
+            bodies = proxy.front.bodies  # given back once each answer has ended
+            await wait_until(lambda: (bodies.held, bodies.reading) == (0, 0), limit_s=10)
+            assert proxy.front.bodies.refused == {"request_too_large": 1,
+                                                  "too_many_bodies": 1, "body_timeout": 1}
+
+
+async def test_json_nested_100000_deep_is_a_400_with_a_code_and_no_traceback(tmp_path, caplog):
+    """Issue 21, defect 15, at the proxy: it was a RecursionError, a 500."""
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key()
+            await world.start_proxy()
+            await world.wait_replicated()
+            _, agents = await two_agents(world, modes=("ok",))
+            caplog.set_level(logging.DEBUG)
+            async with client(world, secret) as http:
+                for body in (b"[" * 100_000 + b"]" * 100_000,
+                             b'{"model": "chat", "messages": ' + b"[" * 100_000 + b"}"):
+                    response = await http.post("/chat/completions", content=body)
+                    assert response.status_code == 400
+                    assert response.json()["error"]["code"] == "json_too_deep"
+                assert (await http.post("/chat/completions", json=CHAT)).status_code == 200
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+            assert len(agents[0].requests) == 1
+
+
+async def test_an_answer_without_usage_is_billed_as_counted_counted_and_logged(tmp_path, caplog):
+    """A 200 without usage is never recorded as free in silence (issue 21, defect 2)."""
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            key_id, secret = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            await two_agents(world, modes=("nousage",))
+            caplog.set_level(logging.WARNING, "nodes.proxy_inference.app")
+            async with client(world, secret) as http:
+                response = await http.post("/chat/completions", json={**CHAT, "stream": True})
+                assert response.status_code == 200
+                assert (await http.post("/chat/completions", json=CHAT)).status_code == 200
+            assert proxy.metrics.usage_missing.labels("chat")._value.get() == 2
+            warned = [r.getMessage() for r in caplog.records
+                      if r.getMessage().startswith("proxy.usage_missing")]
+            assert len(warned) == 2 and f"key={key_id}" in warned[0]
+            await wait_until(lambda: proxy.recorder.settled, limit_s=10)
+            rows = await proxy.recorder.db.usage(key_id)
+            assert [(r.requests, r.total) for r in rows] == [(2, 0)]

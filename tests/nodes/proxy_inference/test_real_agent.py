@@ -125,6 +125,54 @@ async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path)
             assert await proxy.recorder.db.usage(key_id) == []  # refusals are not billed
 
 
+#: Issue 21, defect 2: each of these streamed the whole answer and was billed 0 tokens.
+STREAM_SHAPES = [
+    ("application/json", '{"model":"chat","\\u0073tream":true,%s}'),
+    ("application/json", '{"model":"chat","stream":1,%s}'),
+    ("application/json", '{"model":"chat","stream":"true",%s}'),
+    ("text/plain", '{"model":"chat","stream":true,%s}'),
+    ("Application/JSON", '{"model":"chat","stream":true,%s}'),
+    ("application/json", '{"model":"chat","stream":false,"stream":"YES",%s}'),
+]
+PROMPTS = {"/v1/chat/completions": '"messages":[{"role":"user","content":"Tell me a story"}]',
+           "/v1/completions": '"prompt":"Once upon a time","max_tokens":20'}
+
+
+async def test_every_shape_of_a_stream_is_billed_what_the_whole_answer_reports(tmp_path):
+    with trio.fail_after(120):
+        async with demo_server("chat") as (host, port), proxy_world(tmp_path) as world:
+            keys = {}
+            for path in PROMPTS:
+                for shape in STREAM_SHAPES:
+                    keys[path, shape] = await world.add_key()
+            proxy = await world.start_proxy()
+            await world.wait_replicated()
+            await start_agent(world, (host, port), "chat")
+            async with httpx.AsyncClient(timeout=30) as http:
+                for (path, (kind, template)), (_, secret) in keys.items():
+                    body = (template % PROMPTS[path]).encode()
+                    response = await http.post(
+                        proxy.url.removesuffix("/v1") + path, content=body,
+                        headers={"authorization": f"Bearer {secret}", "content-type": kind})
+                    assert response.status_code == 200
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    assert response.text.endswith("data: [DONE]\n\n")
+                    assert '"choices":[]' not in response.text  # it did not ask for usage
+                wholes = {}
+                for path, fields in PROMPTS.items():
+                    whole = await http.post(f"http://{host}:{port}{path}",
+                                            content=f'{{"model":"chat",{fields}}}'.encode())
+                    wholes[path] = whole.json()["usage"]
+            await wait_until(lambda: proxy.recorder.settled, limit_s=10)
+            for (path, shape), (key_id, _) in keys.items():
+                usage = wholes[path]
+                rows = await proxy.recorder.db.usage(key_id)
+                assert [(r.requests, r.prompt, r.completion, r.total) for r in rows] == [
+                    (1, usage["prompt_tokens"], usage["completion_tokens"],
+                     usage["total_tokens"])], (path, shape)
+                assert usage["total_tokens"] > 0
+
+
 async def test_a_chat_with_the_real_gemma_model_through_the_proxy(tmp_path):
     """The issue's one end-to-end chat with a real LLM (the extra 'models')."""
     from tests.agents.inference.extras import need

@@ -30,7 +30,8 @@ from p2p.rpc import CallContext, Router, RpcError
 @dataclass
 class TinyAgent:
     """``mode``: ``ok`` (a JSON answer, or SSE when the body asks to stream),
-    ``unavailable`` (refuse before the first frame), ``break`` (first frame, then fail)."""
+    ``unavailable`` (refuse before the first frame), ``break`` (first frame, then fail),
+    ``nousage`` (as ``ok``, with no usage on the last frame)."""
 
     name: str
     mode: str = "ok"
@@ -55,7 +56,8 @@ class TinyAgent:
         if self.mode == "unavailable":
             raise RpcError("UNAVAILABLE", "the model server is not healthy")
         body = request.body or bytes(self.uploads.pop(request.upload_id or "", b""))
-        usage = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+        usage = Usage() if self.mode == "nousage" else \
+            Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
         if b'"stream": true' in body or b'"stream":true' in body:
             yield InferFrame(status=200, content_type="text/event-stream",
                              data=b'data: {"agent": "%s"}\n\n' % self.name.encode())

@@ -149,6 +149,25 @@ async def test_a_file_over_the_limit_is_a_413() -> None:
         assert response.status_code == 413 and response.json()["error"]["param"] == "file"
 
 
+async def test_a_chunked_body_over_the_limit_is_a_413_before_it_is_read_whole() -> None:
+    """No length declared: it used to be spooled whole before the file was measured."""
+    sent = 0
+
+    async def endless():
+        nonlocal sent
+        yield (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+               b"Content-Type: audio/wav\r\n\r\n")
+        while True:
+            sent += 1
+            yield b"\0" * 65536
+
+    async with client_for(Recorder(), max_upload_bytes=100_000) as client:
+        response = await client.post("/v1/audio/transcriptions", content=endless(),
+                                     headers={"content-type": "multipart/form-data; boundary=b"})
+    assert response.status_code == 413 and response.json()["error"]["param"] == "file"
+    assert sent <= 4  # 100 kB plus the form's 64 KiB of slack, not the stream's end
+
+
 async def test_a_failing_model_is_a_500_and_the_server_stays_up() -> None:
     def broken(audio: Audio) -> str:
         raise ValueError("CUDA out of memory")
