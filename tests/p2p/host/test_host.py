@@ -173,7 +173,7 @@ async def test_a_newcomer_is_refused_only_while_every_handshake_is_young_and_mov
         assert await late.receive_some() == b""
         assert refused(host, "busy") == 1
         await trio.sleep(1.5)  # past the grace: the stalled one may now be evicted
-        later, later_theirs = trio.testing.memory_stream_pair()
+        _later, later_theirs = trio.testing.memory_stream_pair()
         nursery.start_soon(host.accept, later_theirs, None)
         assert await talking.receive_some() == b""
         await trio.testing.wait_all_tasks_blocked()
