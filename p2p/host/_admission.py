@@ -22,7 +22,11 @@ and a stranger's sockets and keys are cheap. Two tables, both pure (they take
   dialled itself) may use every slot; **strangers** share
   ``max_total - reserve`` of them, at most ``max_per_group`` from one source
   group and ``max_per_key`` per key. When every slot is taken, a reserved
-  newcomer evicts a stranger (the newest one of the group holding the most).
+  newcomer evicts a stranger (the newest one of the group holding the most);
+  a stranger finding the strangers' slots (or its address's) taken evicts the
+  oldest stranger that has held one for ``evict_after_s``, so a client that
+  holds on cannot keep a newcomer (a new job's agent, say, before its hello
+  makes it a reserved peer: :meth:`ConnectionSlots.promote`) out for long.
 """
 
 from __future__ import annotations
@@ -187,6 +191,7 @@ class ConnectionSlots:
     reserve: int = 0
     max_per_group: int | None = None
     max_per_key: int | None = None
+    evict_after_s: float = 10.0
     _held: dict[object, _Held] = field(default_factory=dict)
     _strangers: int = 0
     _stranger_groups: Counter[str] = field(default_factory=Counter)
@@ -199,24 +204,50 @@ class ConnectionSlots:
     def strangers(self) -> int:
         return self._strangers
 
-    def decide(self, key: bytes, group: str, *, reserved: bool) -> ConnectionDecision:
-        """May ``key`` from ``group`` take a slot now?"""
+    def decide(self, key: bytes, group: str, *, reserved: bool,
+               now: float) -> ConnectionDecision:
+        """May ``key`` from ``group`` take a slot now? A reserved peer evicts
+        the newest stranger of the group holding the most if every slot is
+        taken; a stranger evicts the oldest stranger connected for at least
+        ``evict_after_s`` (of its own group if that is the limit it hit), so
+        one client holding on cannot keep a newcomer out for long."""
         if reserved:
             if len(self._held) < self.max_total:
                 return ConnectionDecision(True)
-            victim = self._stranger_victim()
+            victim = self._stranger_victim(newest=True, group=None, now=now)
             if victim is None:
                 return ConnectionDecision(False, "full")
             return ConnectionDecision(True, evict=victim)
-        if (len(self._held) >= self.max_total
-                or self._strangers >= self.max_total - self.reserve):
-            return ConnectionDecision(False, "full")
-        if (self.max_per_group is not None and group != NO_ADDRESS_GROUP
-                and self._stranger_groups[group] >= self.max_per_group):
-            return ConnectionDecision(False, "address_full")
         if self.max_per_key is not None and self._keys[key] >= self.max_per_key:
             return ConnectionDecision(False, "key_full")
-        return ConnectionDecision(True)
+        if (len(self._held) >= self.max_total
+                or self._strangers >= self.max_total - self.reserve):
+            reason, only = "full", None
+        elif (self.max_per_group is not None and group != NO_ADDRESS_GROUP
+                and self._stranger_groups[group] >= self.max_per_group):
+            reason, only = "address_full", group
+        else:
+            return ConnectionDecision(True)
+        victim = self._stranger_victim(newest=False, group=only, now=now)
+        if victim is None:
+            return ConnectionDecision(False, reason)
+        return ConnectionDecision(True, evict=victim)
+
+    def strangers_held(self) -> list[tuple[object, bytes]]:
+        """``(handle, key)`` of every stranger's connection."""
+        return [(handle, held.key) for handle, held in self._held.items() if not held.reserved]
+
+    def promote(self, handle: object) -> None:
+        """A stranger proved to be a reserved peer (e.g. an agent's hello
+        bound its key): it no longer counts against the strangers' limits."""
+        held = self._held.get(handle)
+        if held is None or held.reserved:
+            return
+        self._strangers -= 1
+        self._stranger_groups[held.group] -= 1
+        if not self._stranger_groups[held.group]:
+            del self._stranger_groups[held.group]
+        held.reserved = True
 
     def take(self, handle: object, key: bytes, group: str, *, reserved: bool,
              now: float) -> None:
@@ -247,14 +278,22 @@ class ConnectionSlots:
         held = self._held.get(handle)
         return None if held is None else held.reserved
 
-    def _stranger_victim(self) -> object | None:
-        """The newest stranger of the group holding the most strangers."""
+    def _stranger_victim(self, *, newest: bool, group: str | None,
+                         now: float) -> object | None:
+        """A stranger to evict: of ``group``, or of the group holding the most
+        strangers; the newest one (for a reserved peer), or the oldest one
+        connected for at least ``evict_after_s`` (for another stranger)."""
         best: tuple[int, float] | None = None
         victim = None
         for handle, held in self._held.items():
-            if held.reserved:
+            if held.reserved or (group is not None and held.group != group):
                 continue
-            rank = (self._stranger_groups[held.group], held.since)
+            if newest:
+                rank = (self._stranger_groups[held.group], held.since)
+            elif now - held.since >= self.evict_after_s:
+                rank = (self._stranger_groups[held.group], -held.since)
+            else:
+                continue
             if best is None or rank > best:
                 best, victim = rank, handle
         return victim

@@ -130,6 +130,11 @@ class HostConfig:
     """Strangers' connections from one source (``address_full``); reserved peers
     are not counted. None: half of the strangers' slots (at least 1)."""
 
+    stranger_evict_after_s: float = 10.0
+    """A stranger that finds the strangers' slots (or its address's) taken
+    evicts the oldest stranger connected at least this long (``preempted``),
+    so one client holding on keeps no newcomer out for long."""
+
     max_connections_per_key: int | None = None
     """Connections one key may hold when ``one_per_peer`` is off (``key_full``);
     None: no limit. With ``one_per_peer`` a key holds one anyway."""
@@ -161,7 +166,7 @@ class HostConfig:
             raise LocalProtocolError(
                 f"reserved_connections must be from 0 to {self.max_connections - 1} "
                 "(strangers need a slot too)", code="BAD_CONFIG")
-        for name in ("drain_timeout_s", "handshake_grace_s"):
+        for name in ("drain_timeout_s", "handshake_grace_s", "stranger_evict_after_s"):
             if getattr(self, name) < 0:
                 raise LocalProtocolError(f"{name} must not be negative", code="BAD_CONFIG")
 
@@ -230,7 +235,8 @@ class PeerHost:
         self._evicted: set[int] = set()
         self._slots = ConnectionSlots(max_total=self.config.max_connections, reserve=0,
                                       max_per_group=self.config.connections_per_address,
-                                      max_per_key=self.config.max_connections_per_key)
+                                      max_per_key=self.config.max_connections_per_key,
+                                      evict_after_s=self.config.stranger_evict_after_s)
         self._log_limiter = LogLimiter()
         self._nursery: trio.Nursery | None = None
 
@@ -566,7 +572,13 @@ class PeerHost:
             return connection
         reserved = self._counts_as_reserved(connection)
         group = _group(connection)
-        decision = self._slots.decide(key, group, reserved=reserved)
+        now = trio.current_time()
+        decision = self._slots.decide(key, group, reserved=reserved, now=now)
+        if not decision.ok or decision.evict is not None:
+            # Strangers may have proved since to be reserved peers (an agent's
+            # hello): count them as such before refusing or evicting anyone.
+            self.promote_reserved()
+            decision = self._slots.decide(key, group, reserved=reserved, now=now)
         if not decision.ok:
             self._refuse(decision.reason, peer=connection.peer_label, source=group)
             return None
@@ -578,8 +590,15 @@ class PeerHost:
                 self._nursery.start_soon(victim.aclose)
         self.connections[key] = connection
         self._live.add(connection)
-        self._slots.take(connection, key, group, reserved=reserved, now=trio.current_time())
+        self._slots.take(connection, key, group, reserved=reserved, now=now)
         return connection
+
+    def promote_reserved(self) -> None:
+        """Count strangers' connections whose keys are now reserved (an agent
+        bound by its hello, a rack registered since) as reserved peers'."""
+        for handle, key in self._slots.strangers_held():
+            if self.is_reserved(key):
+                self._slots.promote(handle)
 
     def _counts_as_reserved(self, connection: Connection) -> bool:
         """A peer we dialled ourselves, or one the daemon is configured to serve."""

@@ -158,12 +158,12 @@ def key(n: int) -> bytes:
 def test_strangers_take_only_what_the_reserve_leaves():
     slots = ConnectionSlots(max_total=4, reserve=2)
     for n in range(2):
-        assert slots.decide(key(n), f"10.0.0.{n}", reserved=False).ok
+        assert slots.decide(key(n), f"10.0.0.{n}", reserved=False, now=5).ok
         slots.take(n, key(n), f"10.0.0.{n}", reserved=False, now=n)
-    refused = slots.decide(key(9), "10.0.0.9", reserved=False)
+    refused = slots.decide(key(9), "10.0.0.9", reserved=False, now=5)
     assert not refused.ok and refused.reason == "full"
     for n in (10, 11):
-        decision = slots.decide(key(n), "loopback", reserved=True)
+        decision = slots.decide(key(n), "loopback", reserved=True, now=5)
         assert decision.ok and decision.evict is None
         slots.take(n, key(n), "loopback", reserved=True, now=n)
     assert len(slots) == 4 and slots.strangers == 2
@@ -173,16 +173,16 @@ def test_a_reserved_peer_finding_every_slot_taken_evicts_the_newest_stranger_of_
     slots = ConnectionSlots(max_total=4, reserve=0)
     for n, group in enumerate(["flood", "flood", "other", "flood"]):
         slots.take(n, key(n), group, reserved=False, now=float(n))
-    decision = slots.decide(PEER, "loopback", reserved=True)
+    decision = slots.decide(PEER, "loopback", reserved=True, now=5)
     assert decision.ok and decision.evict == 3
-    assert not slots.decide(key(7), "x", reserved=False).ok
+    assert not slots.decide(key(7), "x", reserved=False, now=5).ok
 
 
 def test_with_only_reserved_peers_holding_every_slot_a_reserved_newcomer_is_refused():
     slots = ConnectionSlots(max_total=2, reserve=1)
     for n in range(2):
         slots.take(n, key(n), "loopback", reserved=True, now=n)
-    decision = slots.decide(PEER, "loopback", reserved=True)
+    decision = slots.decide(PEER, "loopback", reserved=True, now=99)
     assert not decision.ok and decision.reason == "full"
 
 
@@ -196,14 +196,45 @@ def test_strangers_are_capped_per_address_and_per_key(held, newcomer_group, newc
     slots = ConnectionSlots(max_total=10, reserve=2, max_per_group=2, max_per_key=2)
     for handle, (group, n) in enumerate(held):
         slots.take(handle, key(n), group, reserved=False, now=handle)
-    decision = slots.decide(key(newcomer_key), newcomer_group, reserved=False)
+    decision = slots.decide(key(newcomer_key), newcomer_group, reserved=False, now=5)
     assert decision.ok == (not reason) and decision.reason == reason
 
 
 def test_reserved_peers_do_not_count_against_an_address():
     slots = ConnectionSlots(max_total=10, reserve=2, max_per_group=1)
     slots.take("worker", key(1), "loopback", reserved=True, now=0)
-    assert slots.decide(key(2), "loopback", reserved=False).ok
+    assert slots.decide(key(2), "loopback", reserved=False, now=0).ok
+
+
+def test_a_stranger_holding_on_gives_way_to_a_newcomer_after_a_while():
+    """The strangers' slots are full of one client's connections: a newcomer
+    (a new job's agent before its hello) is refused while they are fresh,
+    then evicts the oldest one; of its own address if that is the limit."""
+    slots = ConnectionSlots(max_total=6, reserve=2, max_per_group=3, evict_after_s=10)
+    for n in range(3):
+        slots.take(n, key(n), "loopback", reserved=False, now=float(n))
+    assert slots.decide(PEER, "loopback", reserved=False, now=5).reason == "address_full"
+    decision = slots.decide(PEER, "loopback", reserved=False, now=10.5)
+    assert decision.ok and decision.evict == 0
+    slots.release(0)
+    slots.take("agent", PEER, "loopback", reserved=False, now=10.5)
+    slots.take(3, key(3), "10.0.0.1", reserved=False, now=10.6)
+    full = slots.decide(key(4), "10.0.0.2", reserved=False, now=10.9)
+    assert not full.ok and full.reason == "full"  # 4 strangers: 6 - 2 reserved
+    assert slots.decide(key(4), "10.0.0.2", reserved=False, now=11).evict == 1
+
+
+def test_a_stranger_promoted_to_reserved_frees_the_strangers_slots():
+    slots = ConnectionSlots(max_total=3, reserve=1, max_per_group=2)
+    slots.take("agent", key(1), "loopback", reserved=False, now=0)
+    slots.take("other", key(2), "loopback", reserved=False, now=0)
+    assert slots.decide(key(3), "10.0.0.1", reserved=False, now=1).reason == "full"
+    slots.promote("agent")  # its hello bound its key
+    slots.promote("agent")  # idempotent
+    assert slots.strangers == 1 and [h for h, _ in slots.strangers_held()] == ["other"]
+    assert slots.decide(key(3), "10.0.0.1", reserved=False, now=1).ok
+    slots.release("agent")
+    assert len(slots) == 1 and slots.strangers == 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -212,9 +243,11 @@ def test_reserved_peers_do_not_count_against_an_address():
               st.integers(0, 20)), max_size=60))
 def test_no_stranger_ever_holds_the_reserve_and_peers_always_get_in(reserve, steps):
     total = 8
-    slots = ConnectionSlots(max_total=total, reserve=reserve, max_per_group=5)
+    slots = ConnectionSlots(max_total=total, reserve=reserve, max_per_group=5, evict_after_s=3)
     held: dict[int, bool] = {}  # handle -> reserved
+    since: dict[int, float] = {}
     for handle, (who, group, n) in enumerate(steps):
+        now = float(handle)
         if who == "close":
             if held:
                 victim = sorted(held)[n % len(held)]
@@ -222,15 +255,18 @@ def test_no_stranger_ever_holds_the_reserve_and_peers_always_get_in(reserve, ste
                 del held[victim]
             continue
         reserved = who == "peer"
-        decision = slots.decide(key(handle), group, reserved=reserved)
+        decision = slots.decide(key(handle), group, reserved=reserved, now=now)
         if reserved and sum(held.values()) < total:
             assert decision.ok  # a stranger is evicted if need be
         if decision.ok:
             if decision.evict is not None:
                 assert held.pop(decision.evict) is False  # only strangers give way
+                # to another stranger, only after holding on for evict_after_s
+                assert reserved or now - since[decision.evict] >= 3
                 slots.release(decision.evict)
-            slots.take(handle, key(handle), group, reserved=reserved, now=handle)
+            slots.take(handle, key(handle), group, reserved=reserved, now=now)
             held[handle] = reserved
+            since[handle] = now
         assert len(slots) == len(held) <= total
         assert slots.strangers == sum(not r for r in held.values()) <= total - reserve
 
