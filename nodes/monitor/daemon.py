@@ -173,6 +173,7 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
                       readers=lambda: observability.reader,
                       prometheus=lambda: observability.prometheus, token=settings.http.token)
     swarm.add_service(service)
+    swarm.add_reserved({*settings.pushers, *settings.followers})
     async with trio.open_nursery() as nursery:
         await nursery.start(observability.run)
         swarm_address = await nursery.start(swarm.run)
