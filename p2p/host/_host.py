@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import select
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -412,9 +413,14 @@ class PeerHost:
                 self._handshakes.progress(ticket)
                 scope.deadline = now + config.handshake_timeout_s
 
+        if _has_bytes(raw):  # its first message came with the connect: a real peer
+            received(0)
         failure: str | None = None
         try:
             with scope:
+                if not progressed and isinstance(raw, trio.SocketStream):
+                    # A silent socket costs a wait, not a handshake's set-up.
+                    await trio.lowlevel.wait_readable(raw.socket)
                 stream = await SecretStream.responder(raw, self.keypair,
                                                       config=config.connection.stream,
                                                       on_receive=received)
@@ -718,6 +724,18 @@ async def serve_channels(listener: ChannelListener, service: Service,
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return
             nursery.start_soon(run_one, channel)
+
+
+def _has_bytes(raw: trio.abc.Stream) -> bool:
+    """Are bytes waiting on this socket already (without reading them)?"""
+    if not isinstance(raw, trio.SocketStream):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(raw.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _group(connection: Connection) -> str:
