@@ -5,31 +5,47 @@ daemon runs (64 handshakes, 64 connections, 16 of them reserved), on
 127.0.0.1, with one reserved key: the configured peer. In this process a
 stranger first connects ``--keys`` fresh keys (1,000) and keeps every
 connection the daemon lets it keep, then opens ``--sockets`` silent TCP
-sockets (10,000) from 50 loopback addresses and holds them: each one the
-daemon closes is opened again at once (after ``--reopen-ms``), so the flood
-goes on while the peer connects. The peer then connects ``--tries`` times,
-one after another (TCP connect, handshake, a channel's round trip, close).
+sockets (10,000) from 50 loopback addresses and holds them. Two legs, each
+against a fresh daemon:
+
+* ``hold``: the stranger keeps every socket it opened (those the daemon
+  closed stay closed on its side);
+* ``churn``: ``--churn-sockets`` (1,000) sockets, each opened again
+  ``--reopen-ms`` (100 ms) after the daemon closes it, so the flood goes on
+  while the peer connects (a connect flood: its rate, not its count, is
+  what costs the daemon; the peer waits behind what the accept queue holds).
+
+As soon as the stranger's sockets are open (the daemon may still be taking
+them from its accept queue), the peer (a process of its own) connects
+``--tries`` times, one after another (TCP connect, handshake, a channel's
+round trip, close).
 
 Figures (JSON lines, ``bench: admission``):
-* ``peer_connect_ms_p50`` / ``_max``: the peer's connects under the flood;
+* ``peer_connect_ms_first`` / ``_p50`` / ``_max``: the peer's connects under
+  the flood (the first one waits behind what is left of the burst);
   ``peer_connects_within_1s``: how many of ``--tries`` took at most 1 s, and
   ``peer_connect_failures`` (refused or over 10 s);
-* ``stranger_sockets_open``, ``stranger_keys_held``: what the stranger held
-  on its side when the peer started; ``stranger_reopens_per_s``: the flood's
-  rate of new sockets meanwhile;
+* ``stranger_sockets_opened``; ``stranger_sockets_still_open`` and
+  ``stranger_keys_held``: those the daemon had not closed when the peer
+  started; ``stranger_reopens_per_s``: the flood's rate of new sockets meanwhile;
 * ``refused_<reason>``: the daemon's ``swarm_connections_refused_total`` by
   reason at the end (``evicted``, ``full``, ``address_full``, …).
 
-Everything is bounded: counts by the arguments, time by ``--limit-s`` (120 s);
+Everything is bounded: counts by the arguments, time by ``--limit-s`` (120 s
+per leg);
 only 127.0.0.0/8 is used. RLIMIT_NOFILE is raised in both processes.
 
 usage: python bench/admission.py [--sockets 10000] [--keys 1000] [--tries 20]
+                                 [--legs hold churn] [--reopen-ms 100]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import multiprocessing
 import resource
 import time
 
@@ -69,8 +85,9 @@ async def _serve(port_queue) -> None:
     peer = KeyPair.from_seed(PEER_SEED).public_key
 
     async def echo(channel, connection):
-        async for message in channel:
-            await channel.send(message)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async for message in channel:
+                await channel.send(message)
 
     async def stats(channel, connection):
         if connection.remote_public_key != peer:
@@ -196,47 +213,76 @@ async def daemon_stats(port: int, daemon_key: bytes) -> dict:
     from p2p.connection import dial_tcp
     from p2p.keys import KeyPair
 
-    with trio.fail_after(10):
-        connection = await dial_tcp("127.0.0.1", port, KeyPair.from_seed(PEER_SEED),
-                                    daemon_key)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(connection.run)
-            channel = await connection.open_channel(STATS)
-            stats = json.loads(await channel.receive())
-            await connection.aclose()
-            nursery.cancel_scope.cancel()
-    return stats
+    for _ in range(5):
+        try:
+            with trio.fail_after(10):
+                connection = await dial_tcp("127.0.0.1", port, KeyPair.from_seed(PEER_SEED),
+                                            daemon_key)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(connection.run)
+                    channel = await connection.open_channel(STATS)
+                    stats = json.loads(await channel.receive())
+                    await connection.aclose()
+                    nursery.cancel_scope.cancel()
+            return stats
+        except Exception:
+            await trio.sleep(0.1)
+    return {"refused": {}, "connections": -1}
 
 
-async def run(args: argparse.Namespace, port: int) -> None:
+def peer(result_queue, port: int, tries: int) -> None:
+    """The configured peer, a process of its own (as a real one would be: the
+    stranger's flood must not slow its own writes): its connects, then the
+    daemon's counters."""
     from p2p.keys import KeyPair
 
     daemon_key = KeyPair.from_seed(DAEMON_SEED).public_key
-    stranger = Stranger(port, daemon_key,
-                        None if args.reopen_ms < 0 else args.reopen_ms / 1000)
-    extra = {"sockets": args.sockets, "keys": args.keys, **machine()}
+
+    async def main() -> None:
+        took, failures = await peer_connects(port, daemon_key, tries)
+        stats = await daemon_stats(port, daemon_key)
+        result_queue.put((took, failures, stats))
+
+    trio.run(main)
+
+
+async def run(args: argparse.Namespace, port: int, leg: str) -> None:
+    from p2p.keys import KeyPair
+
+    daemon_key = KeyPair.from_seed(DAEMON_SEED).public_key
+    stranger = Stranger(port, daemon_key, None if leg == "hold" else args.reopen_ms / 1000)
+    sockets = args.sockets if leg == "hold" else args.churn_sockets
+    extra = {"leg": leg, "sockets": sockets, "keys": args.keys, **machine()}
     with trio.fail_after(args.limit_s):
         async with trio.open_nursery() as flood:
             began = time.perf_counter()
             await start_in_batches(flood, args.keys, 20, lambda i: stranger.hold_key)
             keys_s = time.perf_counter() - began
             await start_in_batches(
-                flood, args.sockets, 500,
+                flood, sockets, 500,
                 lambda i: lambda task_status: stranger.hold_socket(
                     f"127.0.0.{2 + i % SOURCES}", task_status=task_status))
             sockets_open, keys_held = stranger.sockets_open, stranger.keys_held
             opens_before, measure_began = stranger.opens, time.perf_counter()
-            took, failures = await peer_connects(port, daemon_key, args.tries)
+            context = multiprocessing.get_context("spawn")
+            results = context.Queue()
+            process = context.Process(target=peer, args=(results, port, args.tries),
+                                      daemon=True)
+            process.start()
+            took, failures, stats = await trio.to_thread.run_sync(
+                functools.partial(results.get, timeout=args.limit_s), abandon_on_cancel=True)
+            process.join(timeout=10)
             reopen_rate = (stranger.opens - opens_before) / (time.perf_counter() - measure_began)
-            stats = await daemon_stats(port, daemon_key)
             flood.cancel_scope.cancel()
     ms = [t * 1000 for t in took] or [float("nan")]
+    emit("admission", "peer_connect_ms_first", ms[0], "ms", **extra)
     emit("admission", "peer_connect_ms_p50", percentile(ms, 0.5), "ms", **extra)
     emit("admission", "peer_connect_ms_max", max(ms), "ms", **extra)
     emit("admission", "peer_connects_within_1s", sum(t <= 1.0 for t in took), "count",
          tries=args.tries, **extra)
     emit("admission", "peer_connect_failures", failures, "count", tries=args.tries, **extra)
-    emit("admission", "stranger_sockets_open", sockets_open, "count", **extra)
+    emit("admission", "stranger_sockets_opened", stranger.opens, "count", **extra)
+    emit("admission", "stranger_sockets_still_open", sockets_open, "count", **extra)
     emit("admission", "stranger_keys_held", keys_held, "count", **extra)
     emit("admission", "stranger_keys_s", keys_s, "s", **extra)
     emit("admission", "stranger_reopens_per_s", reopen_rate, "1/s", **extra)
@@ -251,12 +297,18 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--tries", type=int, default=20)
     parser.add_argument("--reopen-ms", type=float, default=100.0,
-                        help="pause before the stranger reopens a socket the daemon closed")
+                        help="churn leg: pause before the stranger reopens a socket the "
+                             "daemon closed")
+    parser.add_argument("--churn-sockets", type=int, default=1_000,
+                        help="churn leg: sockets the stranger keeps reopening")
+    parser.add_argument("--legs", nargs="+", choices=("hold", "churn"),
+                        default=["hold", "churn"])
     parser.add_argument("--limit-s", type=float, default=120.0)
     args = parser.parse_args()
     raise_fd_limit(args.sockets + args.keys + 1024)
-    with ChildServer(serve) as port:
-        trio.run(run, args, port)
+    for leg in args.legs:
+        with ChildServer(serve) as port:  # a fresh daemon per leg
+            trio.run(run, args, port, leg)
 
 
 if __name__ == "__main__":

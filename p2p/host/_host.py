@@ -45,11 +45,15 @@ caller of :meth:`accept` (a listener's handler owns the connection it took).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import logging
+import math
 import select
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -239,6 +243,7 @@ class PeerHost:
                                       max_per_key=self.config.max_connections_per_key,
                                       evict_after_s=self.config.stranger_evict_after_s)
         self._log_limiter = LogLimiter()
+        self._parking: _Parking | None = None
         self._nursery: trio.Nursery | None = None
 
     @property
@@ -366,8 +371,14 @@ class PeerHost:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept from ``listener`` until cancelled; each stream is handled by
-        :meth:`accept` in a task of the host's nursery."""
+        :meth:`accept` in a task of the host's nursery. A socket that has sent
+        nothing yet waits parked, with no task of its own, until it speaks
+        (then it gets one), is evicted or times out: a flood of silent sockets
+        costs the daemon an accept and a close each."""
         nursery = self._running_nursery()
+        if self._parking is None and _Parking.available():
+            self._parking = _Parking(self)
+            nursery.start_soon(self._parking.run)
         task_status.started()
         while True:
             try:
@@ -377,6 +388,18 @@ class PeerHost:
                     raise
                 log.warning("host.accept_paused reason=%s", exc.strerror or exc)
                 await trio.sleep(_ACCEPT_PAUSE_S)
+                continue
+            if self._parking is not None:
+                # Parked sockets that spoke since are taken first: they are
+                # progressing, and no newcomer may evict them as silent.
+                self._parking.take_ready()
+            if (self._parking is not None and isinstance(raw, trio.SocketStream)
+                    and not _has_bytes(raw)):
+                admitted = self._admit(address)
+                if admitted is None:
+                    raw.socket.close()
+                else:
+                    self._parking.park(raw, address, admitted)
                 continue
             nursery.start_soon(self.accept, raw, address)
 
@@ -388,18 +411,35 @@ class PeerHost:
         Never raises for anything the peer did: a failure is counted, logged
         and closes ``raw``. The caller's task owns the connection meanwhile.
         """
-        where = _label(remote_address)
+        admitted = self._admit(remote_address)
+        if admitted is None:
+            await trio.aclose_forcefully(raw)
+            return
+        await self._handshake(raw, remote_address, how, admitted, spoke=_has_bytes(raw))
+
+    def _admit(self, remote_address: Address | None) -> _Admitted | None:
+        """A handshake slot for a newcomer (evicting another if the policy says
+        so), or None (refused and counted)."""
         now = trio.current_time()
         group = address_group(remote_address[0] if remote_address is not None else None)
         decision = self._handshakes.arrive(group, now)
         if decision.evict is not None:
-            self._evicted.add(decision.evict)
-            self._handshake_scopes[decision.evict].cancel()
-        ticket = decision.ticket
-        if ticket is None:
-            self._refuse(decision.reason, source=group, to=where)
-            await trio.aclose_forcefully(raw)
-            return
+            victim = decision.evict
+            if self._parking is not None and self._parking.drop(victim):
+                self._handshakes.leave(victim)
+                self._refuse("evicted", source=group)
+            else:
+                self._evicted.add(victim)
+                self._handshake_scopes[victim].cancel()
+        if decision.ticket is None:
+            self._refuse(decision.reason, source=group, to=_label(remote_address))
+            return None
+        return _Admitted(decision.ticket, group, now)
+
+    async def _handshake(self, raw: trio.abc.Stream, remote_address: Address | None, how: str,
+                         admitted: _Admitted, *, spoke: bool) -> None:
+        where = _label(remote_address)
+        ticket, group, now = admitted
         config = self.config
         scope = self._handshake_scopes[ticket] = trio.CancelScope(
             deadline=now + config.first_bytes_timeout_s)
@@ -413,7 +453,7 @@ class PeerHost:
                 self._handshakes.progress(ticket)
                 scope.deadline = now + config.handshake_timeout_s
 
-        if _has_bytes(raw):  # its first message came with the connect: a real peer
+        if spoke:  # its first message came with the connect, or woke it when parked
             received(0)
         failure: str | None = None
         try:
@@ -724,6 +764,104 @@ async def serve_channels(listener: ChannelListener, service: Service,
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return
             nursery.start_soon(run_one, channel)
+
+
+class _Admitted(NamedTuple):
+    ticket: int
+    group: str
+    started: float
+
+
+class _Parking:
+    """Silent accepted sockets, with no task each: one epoll set watched by
+    one task. A socket that speaks gets a handshake task; one that is evicted
+    or stays silent past ``first_bytes_timeout_s`` is closed where it sits."""
+
+    def __init__(self, host: PeerHost) -> None:
+        self._host = host
+        self._epoll = select.epoll()
+        #: ticket -> (socket, address, admission), in order of arrival.
+        self._parked: dict[int, tuple[trio.SocketStream, Address | None, _Admitted]] = {}
+        self._by_fd: dict[int, int] = {}
+        self._changed = trio.Event()
+
+    @staticmethod
+    def available() -> bool:
+        return hasattr(select, "epoll")
+
+    def park(self, raw: trio.SocketStream, address: Address | None,
+             admitted: _Admitted) -> None:
+        fd = raw.socket.fileno()
+        try:
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        except OSError:
+            raw.socket.close()
+            self._host._handshakes.leave(admitted.ticket)
+            return
+        self._parked[admitted.ticket] = (raw, address, admitted)
+        self._by_fd[fd] = admitted.ticket
+        if len(self._parked) == 1:
+            self._changed.set()  # the watcher's deadline changed
+
+    def _unpark(self, ticket: int) -> tuple[trio.SocketStream, Address | None,
+                                            _Admitted] | None:
+        parked = self._parked.pop(ticket, None)
+        if parked is None:
+            return None
+        fd = parked[0].socket.fileno()
+        self._by_fd.pop(fd, None)
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(fd)
+        return parked
+
+    def drop(self, ticket: int) -> bool:
+        """Close a parked socket (evicted); False if it is not parked."""
+        parked = self._unpark(ticket)
+        if parked is None:
+            return False
+        parked[0].socket.close()
+        return True
+
+    def take_ready(self) -> None:
+        """Give every parked socket that spoke (or hung up) a handshake task."""
+        if not self._parked:
+            return
+        host = self._host
+        for fd, _mask in self._epoll.poll(0):
+            ticket = self._by_fd.get(fd)
+            parked = None if ticket is None else self._unpark(ticket)
+            if parked is not None:
+                raw, address, admitted = parked
+                host._handshakes.progress(admitted.ticket)  # spared from now on
+                host._running_nursery().start_soon(functools.partial(
+                    host._handshake, raw, address, "incoming", admitted, spoke=True))
+
+    async def run(self) -> None:
+        host = self._host
+        timeout = host.config.first_bytes_timeout_s
+        try:
+            while True:
+                oldest = next(iter(self._parked.values()), None)
+                deadline = math.inf if oldest is None else oldest[2].started + timeout
+                with trio.move_on_at(deadline):
+                    if oldest is None:
+                        await self._changed.wait()
+                        self._changed = trio.Event()
+                    else:
+                        await trio.lowlevel.wait_readable(self._epoll.fileno())
+                self.take_ready()
+                now = trio.current_time()
+                for ticket, (_raw, _address, admitted) in list(self._parked.items()):
+                    if now < admitted.started + timeout:
+                        break
+                    self.drop(ticket)
+                    host._handshakes.leave(ticket)
+                    host._refuse("first_bytes_timeout", source=admitted.group)
+        finally:
+            for ticket in list(self._parked):
+                self.drop(ticket)
+                host._handshakes.leave(ticket)
+            self._epoll.close()
 
 
 def _has_bytes(raw: trio.abc.Stream) -> bool:
