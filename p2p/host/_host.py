@@ -425,9 +425,10 @@ class PeerHost:
         decision = self._handshakes.arrive(group, now)
         if decision.evict is not None:
             victim = decision.evict
-            if self._parking is not None and self._parking.drop(victim):
+            dropped = self._parking.drop(victim) if self._parking is not None else None
+            if dropped is not None:
                 self._handshakes.leave(victim)
-                self._refuse("evicted", source=group)
+                self._refuse("evicted", source=dropped.group)
             else:
                 self._evicted.add(victim)
                 self._handshake_scopes[victim].cancel()
@@ -814,13 +815,13 @@ class _Parking:
             self._epoll.unregister(fd)
         return parked
 
-    def drop(self, ticket: int) -> bool:
-        """Close a parked socket (evicted); False if it is not parked."""
+    def drop(self, ticket: int) -> _Admitted | None:
+        """Close a parked socket (evicted); None if it is not parked."""
         parked = self._unpark(ticket)
         if parked is None:
-            return False
+            return None
         parked[0].socket.close()
-        return True
+        return parked[2]
 
     def take_ready(self) -> None:
         """Give every parked socket that spoke (or hung up) a handshake task."""
