@@ -15,6 +15,7 @@ import trio.testing
 from p2p.connection import Connection, dial_tcp
 from p2p.host import ChannelService
 from p2p.keys import KeyPair
+from p2p.noise import SecretStream
 from p2p.swarm import Swarm, SwarmConfig
 
 from ..helpers import ALICE, BOB, wait_until
@@ -102,3 +103,19 @@ async def test_sixty_four_self_made_keys_do_not_take_a_configured_peers_slot(nur
     assert refused(swarm, "full") + refused(swarm, "address_full") > 0
     for connection in strangers:
         await connection.aclose()
+
+
+async def test_a_socket_that_waits_before_speaking_is_still_served(nursery):
+    """Parked while silent, it gets its handshake as soon as it speaks."""
+    swarm, port = await start_daemon(nursery)
+    with trio.fail_after(20):
+        raw = await open_silent(port, "127.0.0.1")
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the daemon accepted and parked it
+        stream = await SecretStream.initiator(raw, PEER, DAEMON.public_key)
+        connection = Connection(stream)
+        await nursery.start(connection.run)
+        channel = await connection.open_channel("echo/1")
+        await channel.send(b"late")
+        assert await channel.receive() == b"late"
+        await connection.aclose()
+    assert refused(swarm, "first_bytes_timeout") == 0
