@@ -13,7 +13,9 @@ connection serves.
   least advanced handshake of the source holding the most rather than refuse
   a newcomer, a socket silent for ``first_bytes_timeout_s`` or unproven after
   ``handshake_timeout_s`` is closed (a flood of half-open handshakes costs a
-  counter, not memory, and never a configured peer's slot). *Any* failure
+  counter, not memory, and never a configured peer's slot). From a
+  listener, a socket that has sent nothing waits parked in one epoll set
+  (:class:`_Parking`), with no task of its own, until it speaks. *Any* failure
   of the peer's bytes (a bad handshake, a broken socket, an exception the
   handshake did not foresee) ends that socket only, is counted in
   ``<prefix>_connections_refused{reason}`` and logged; it never reaches the
