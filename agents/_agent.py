@@ -229,6 +229,8 @@ class Agent:
         if workload is not None:
             services.extend(workload.services)
         self.swarm = Swarm(keypair, config=swarm_config, network=network, services=services)
+        self.swarm.add_reserved({bytes.fromhex(key) for key in (
+            config.worker, *config.relays, *config.authorized_keys)})
         #: Where the swarm listens, once it runs.
         self.swarm_address: Address | None = None
         #: The VMI the worker bound us to, once a hello succeeded.

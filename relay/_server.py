@@ -157,6 +157,8 @@ class RelayServer:
                                        one_per_peer=False),
             metrics_prefix="relay_control")
         self.host.add_service(RpcService(PROTOCOL, router))
+        if self.config.allow is not None:  # the peers it serves keep room under a flood
+            self.host.add_reserved(self.config.allow)
 
     # -- counters ----------------------------------------------------------------
 

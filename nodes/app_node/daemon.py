@@ -96,6 +96,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
         relays=settings.relays, announce_addresses=settings.announce_addresses))
+    swarm.add_reserved(frozenset(settings.database_writers))
     limiter = make_limiter(settings.limits, settings.redis_url)
     health: HealthProber | None = None
     try:

@@ -179,6 +179,7 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
                       trusted_proxies=settings.http.trusted_proxies)
     _log_access(settings, token)
     swarm.add_service(service)
+    swarm.add_reserved({*settings.pushers, *settings.followers})
     async with trio.open_nursery() as nursery:
         await nursery.start(observability.run)
         swarm_address = await nursery.start(swarm.run)

@@ -75,6 +75,7 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
         relays=settings.relays, announce_addresses=settings.announce_addresses),
         services=[queues, service])
+    swarm.add_reserved(lambda key: key in clients or queues.queue(key) is not None)  # racks too
     try:
         address = await daemon.nursery.start(swarm.run)
     except OSError as exc:

@@ -126,6 +126,8 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
     pool = AgentPool(swarm, balancer,
                      on_retry=lambda route: proxy_metrics.retries.labels(route.served_name).inc())
     swarm.add_firewall(pool.allows)
+    swarm.add_reserved(lambda key: key in (settings.ork, settings.database)
+                       or key in pool.table.connect_keys())
 
     # The database closes last: on a stop the usage recorder's final flush
     # must still find it open (its scope is shielded and cancelled only once

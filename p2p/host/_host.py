@@ -8,17 +8,26 @@ one; nothing else accepts a secret stream or decides which protocols a
 connection serves.
 
 * **Accepting** (:meth:`PeerHost.accept`): a raw stream from a listener is
-  handshaken as the Noise responder. At most ``max_handshakes`` run at once
-  (beyond, the socket is closed at once: a flood of half-open handshakes costs
-  a counter, not memory). *Any* failure of the peer's bytes (a bad handshake,
-  a broken socket, an exception the handshake did not foresee) ends that
-  socket only, is counted in ``<prefix>_connections_refused{reason}`` and
-  logged; it never reaches the host's nursery. Then every firewall must allow
+  handshaken as the Noise responder. Admission (:mod:`._admission`) bounds
+  handshakes in flight in all and per source address: a full table evicts the
+  least advanced handshake of the source holding the most rather than refuse
+  a newcomer, a socket silent for ``first_bytes_timeout_s`` or unproven after
+  ``handshake_timeout_s`` is closed (a flood of half-open handshakes costs a
+  counter, not memory, and never a configured peer's slot). From a
+  listener, a socket that has sent nothing waits parked in one epoll set
+  (:class:`_Parking`), with no task of its own, until it speaks. *Any* failure
+  of the peer's bytes (a bad handshake, a broken socket, an exception the
+  handshake did not foresee) ends that socket only, is counted in
+  ``<prefix>_connections_refused{reason}`` and logged; it never reaches the
+  host's nursery. Then every firewall must allow
   the peer's proven key: those the owner added and every service's.
 * **Owning** (:meth:`PeerHost.serve_connection`): one connection per remote
   key. When a second one to the same key arrives (both sides dialled at once,
   or the peer reconnected), both sides keep the same one (:mod:`._duplicates`).
-  A connection beyond ``max_connections`` is refused and counted (``full``).
+  Connection slots: reserved peers (:meth:`PeerHost.add_reserved`, and peers
+  we dialled) may use all ``max_connections``; strangers share what the
+  reserve leaves, a few per source address (``full``, ``address_full``,
+  ``key_full``); a reserved peer finding every slot taken evicts a stranger.
   Each service listens on the connection *before* it starts, so a peer's first
   open is never refused for arriving early; each channel a peer opens runs the
   service's ``serve_channel(channel, connection)`` in a task of its own, and
@@ -38,10 +47,15 @@ caller of :meth:`accept` (a listener's handler owns the connection it took).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import logging
+import math
+import select
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -52,18 +66,29 @@ from ..keys import KeyPair, format_key
 from ..mux import Channel, ChannelListener
 from ..net import StreamListener
 from ..noise import SecretStream
+from ._admission import (
+    NO_ADDRESS_GROUP,
+    ConnectionSlots,
+    HandshakeSlots,
+    LogLimiter,
+    address_group,
+)
 from ._duplicates import keep_new_connection
 from ._errors import HostError
 from ._metrics import HostMetrics
 from ._service import Service
 
-__all__ = ["Firewall", "HostConfig", "PeerHost", "StreamListener"]
+__all__ = ["Firewall", "HostConfig", "PeerHost", "Reserved", "StreamListener"]
 
 log = logging.getLogger(__name__)
 
 #: ``firewall(remote_key, how) -> allowed``; ``how`` is "incoming", "relayed",
 #: "connect", "reconnect" or "topic:<hex>" (the topic whose lookup found the peer).
 Firewall = Callable[[bytes, str], bool]
+
+#: ``reserved(remote_key) -> bool``: a peer the daemon is configured to serve,
+#: which may use the connection slots kept from strangers.
+Reserved = Callable[[bytes], bool]
 
 #: accept() errors that mean "out of resources for now", as trio's
 #: serve_listeners treats them: pause and retry instead of stopping.
@@ -79,12 +104,47 @@ class HostConfig:
     """Each connection's layers (stream timeouts, mux windows)."""
 
     max_connections: int = 1024
-    """Live connections at once; one more is refused and counted (``full``).
-    Each costs about 30 KB plus what its channels buffer."""
+    """Live connections at once. Each costs about 30 KB plus what its channels
+    buffer. Reserved peers (:meth:`PeerHost.add_reserved`) may use every slot;
+    strangers only ``max_connections - reserved_connections`` of them."""
 
     max_handshakes: int = 64
-    """Handshakes in flight at once; a socket beyond it is closed at once and
-    counted (``busy``). Each is bounded by the stream's handshake timeout."""
+    """Handshakes in flight at once. When they are all taken a newcomer evicts
+    the least advanced handshake of the source holding the most (``evicted``);
+    see :mod:`._admission`."""
+
+    max_handshakes_per_address: int | None = None
+    """Handshakes in flight from one source (an IPv4 address, an IPv6 /64, all
+    of loopback); one more evicts that source's least advanced one. None: a
+    quarter of ``max_handshakes`` (at least 1)."""
+
+    handshake_grace_s: float = 1.0
+    """A handshake whose peer has sent bytes is not evicted for this long."""
+
+    first_bytes_timeout_s: float = 2.0
+    """A socket that sends nothing for this long after it was accepted is
+    closed (``first_bytes_timeout``): a real peer speaks first, at once."""
+
+    handshake_timeout_s: float = 5.0
+    """The whole handshake, from accept to the peer's proof
+    (``handshake_timeout``); the stream's own timeout also applies."""
+
+    reserved_connections: int | None = None
+    """Slots strangers may not take, kept for reserved peers, once the host has
+    any (:meth:`PeerHost.add_reserved`). None: a quarter of ``max_connections``."""
+
+    max_connections_per_address: int | None = None
+    """Strangers' connections from one source (``address_full``); reserved peers
+    are not counted. None: half of the strangers' slots (at least 1)."""
+
+    stranger_evict_after_s: float = 10.0
+    """A stranger that finds the strangers' slots (or its address's) taken
+    evicts the oldest stranger connected at least this long (``preempted``),
+    so one client holding on keeps no newcomer out for long."""
+
+    max_connections_per_key: int | None = None
+    """Connections one key may hold when ``one_per_peer`` is off (``key_full``);
+    None: no limit. With ``one_per_peer`` a key holds one anyway."""
 
     drain_timeout_s: float = 10.0
     """After a connection ends, how long its channel handlers may go on reading
@@ -97,11 +157,43 @@ class HostConfig:
     newest one."""
 
     def __post_init__(self) -> None:
-        for name in ("max_connections", "max_handshakes"):
-            if getattr(self, name) < 1:
+        for name in ("max_connections", "max_handshakes", "max_handshakes_per_address",
+                     "max_connections_per_address", "max_connections_per_key"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise LocalProtocolError(f"{name} must be at least 1", code="BAD_CONFIG")
-        if self.drain_timeout_s < 0:
-            raise LocalProtocolError("drain_timeout_s must not be negative", code="BAD_CONFIG")
+        for name in ("first_bytes_timeout_s", "handshake_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise LocalProtocolError(f"{name} must be positive", code="BAD_CONFIG")
+        if self.first_bytes_timeout_s > self.handshake_timeout_s:
+            raise LocalProtocolError("first_bytes_timeout_s must not exceed handshake_timeout_s",
+                                     code="BAD_CONFIG")
+        if self.reserved_connections is not None and not (
+                0 <= self.reserved_connections < self.max_connections):
+            raise LocalProtocolError(
+                f"reserved_connections must be from 0 to {self.max_connections - 1} "
+                "(strangers need a slot too)", code="BAD_CONFIG")
+        for name in ("drain_timeout_s", "handshake_grace_s", "stranger_evict_after_s"):
+            if getattr(self, name) < 0:
+                raise LocalProtocolError(f"{name} must not be negative", code="BAD_CONFIG")
+
+    @property
+    def handshakes_per_address(self) -> int:
+        if self.max_handshakes_per_address is not None:
+            return min(self.max_handshakes_per_address, self.max_handshakes)
+        return max(1, self.max_handshakes // 4)
+
+    @property
+    def reserve(self) -> int:
+        if self.reserved_connections is not None:
+            return self.reserved_connections
+        return self.max_connections // 4
+
+    @property
+    def connections_per_address(self) -> int:
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        return max(1, (self.max_connections - self.reserve) // 2)
 
 
 class PeerHost:
@@ -141,7 +233,19 @@ class PeerHost:
         self._services: dict[str, Service] = {}
         self._firewalls: list[Firewall] = []
         self._served: dict[Connection, _Served] = {}
-        self._handshakes = 0
+        self._reserved: list[Reserved] = []
+        self._handshakes = HandshakeSlots(max_total=self.config.max_handshakes,
+                                          max_per_group=self.config.handshakes_per_address,
+                                          grace_s=self.config.handshake_grace_s)
+        #: The cancel scope of each handshake in flight, by ticket (to evict it).
+        self._handshake_scopes: dict[int, trio.CancelScope] = {}
+        self._evicted: set[int] = set()
+        self._slots = ConnectionSlots(max_total=self.config.max_connections, reserve=0,
+                                      max_per_group=self.config.connections_per_address,
+                                      max_per_key=self.config.max_connections_per_key,
+                                      evict_after_s=self.config.stranger_evict_after_s)
+        self._log_limiter = LogLimiter()
+        self._parking: _Parking | None = None
         self._nursery: trio.Nursery | None = None
 
     @property
@@ -208,6 +312,46 @@ class PeerHost:
 
         return remove
 
+    def add_reserved(self, reserved: Reserved | Iterable[bytes]) -> Callable[[], None]:
+        """Keep connection slots for the peers ``reserved`` names (a predicate
+        on the key, or a set of keys): the keys this daemon is configured to
+        serve. Strangers may then take only ``max_connections -
+        reserved_connections`` slots, and a reserved peer that finds every slot
+        taken evicts a stranger. Returns a function that removes it."""
+        if not callable(reserved):
+            keys = frozenset(reserved)
+            reserved = keys.__contains__
+        check: Reserved = reserved
+        self._reserved.append(check)
+        self._slots.reserve = self.config.reserve
+
+        def remove() -> None:
+            if check in self._reserved:
+                self._reserved.remove(check)
+            if not self._reserved:
+                self._slots.reserve = 0
+
+        return remove
+
+    def is_reserved(self, remote_public_key: bytes) -> bool:
+        """Is this one of the peers the host keeps slots for? A predicate that
+        raises says no (and is logged)."""
+        for check in list(self._reserved):
+            try:
+                if check(remote_public_key):
+                    return True
+            except Exception:
+                log.exception("host.reserved_failed peer=%s", format_key(remote_public_key)[:12])
+        return False
+
+    def _refuse(self, reason: str, **fields: object) -> None:
+        """Count a refusal; log it, at most once per reason every 10 s."""
+        self.metrics.refused.labels(reason).inc()
+        held = self._log_limiter.admit(reason, trio.current_time())
+        if held is not None:
+            details = " ".join(f"{name}={value}" for name, value in fields.items())
+            log.info("host.refused reason=%s %s suppressed=%d", reason, details, held)
+
     def allows(self, remote_public_key: bytes, how: str) -> bool:
         """Do every firewall and every service allow this peer? A firewall that
         raises refuses (and is logged): a bug must not open the door."""
@@ -229,8 +373,14 @@ class PeerHost:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept from ``listener`` until cancelled; each stream is handled by
-        :meth:`accept` in a task of the host's nursery."""
+        :meth:`accept` in a task of the host's nursery. A socket that has sent
+        nothing yet waits parked, with no task of its own, until it speaks
+        (then it gets one), is evicted or times out: a flood of silent sockets
+        costs the daemon an accept and a close each."""
         nursery = self._running_nursery()
+        if self._parking is None and _Parking.available():
+            self._parking = _Parking(self)
+            nursery.start_soon(self._parking.run)
         task_status.started()
         while True:
             try:
@@ -240,6 +390,18 @@ class PeerHost:
                     raise
                 log.warning("host.accept_paused reason=%s", exc.strerror or exc)
                 await trio.sleep(_ACCEPT_PAUSE_S)
+                continue
+            if self._parking is not None:
+                # Parked sockets that spoke since are taken first: they are
+                # progressing, and no newcomer may evict them as silent.
+                self._parking.take_ready()
+            if (self._parking is not None and isinstance(raw, trio.SocketStream)
+                    and not _has_bytes(raw)):
+                admitted = self._admit(address)
+                if admitted is None:
+                    raw.socket.close()
+                else:
+                    self._parking.park(raw, address, admitted)
                 continue
             nursery.start_soon(self.accept, raw, address)
 
@@ -251,31 +413,87 @@ class PeerHost:
         Never raises for anything the peer did: a failure is counted, logged
         and closes ``raw``. The caller's task owns the connection meanwhile.
         """
+        admitted = self._admit(remote_address)
+        if admitted is None:
+            await trio.aclose_forcefully(raw)
+            return
+        await self._handshake(raw, remote_address, how, admitted, spoke=_has_bytes(raw))
+
+    def _admit(self, remote_address: Address | None) -> _Admitted | None:
+        """A handshake slot for a newcomer (evicting another if the policy says
+        so), or None (refused and counted)."""
+        now = trio.current_time()
+        group = address_group(remote_address[0] if remote_address is not None else None)
+        decision = self._handshakes.arrive(group, now)
+        if decision.evict is not None:
+            victim = decision.evict
+            dropped = self._parking.drop(victim) if self._parking is not None else None
+            if dropped is not None:
+                self._handshakes.leave(victim)
+                self._refuse("evicted", source=dropped.group)
+            else:
+                self._evicted.add(victim)
+                self._handshake_scopes[victim].cancel()
+        if decision.ticket is None:
+            self._refuse(decision.reason, source=group, to=_label(remote_address))
+            return None
+        return _Admitted(decision.ticket, group, now)
+
+    async def _handshake(self, raw: trio.abc.Stream, remote_address: Address | None, how: str,
+                         admitted: _Admitted, *, spoke: bool) -> None:
         where = _label(remote_address)
-        if self._handshakes >= self.config.max_handshakes:
-            self.metrics.refused.labels("busy").inc()
-            log.info("host.refused from=%s reason=busy", where)
-            await trio.aclose_forcefully(raw)
-            return
-        self._handshakes += 1
+        ticket, group, now = admitted
+        config = self.config
+        scope = self._handshake_scopes[ticket] = trio.CancelScope(
+            deadline=now + config.first_bytes_timeout_s)
+
+        progressed = False
+
+        def received(_count: int) -> None:
+            nonlocal progressed
+            if not progressed:
+                progressed = True
+                self._handshakes.progress(ticket)
+                scope.deadline = now + config.handshake_timeout_s
+
+        if spoke:  # its first message came with the connect, or woke it when parked
+            received(0)
+        failure: str | None = None
         try:
-            stream = await SecretStream.responder(raw, self.keypair,
-                                                  config=self.config.connection.stream)
+            with scope:
+                if not progressed and isinstance(raw, trio.SocketStream):
+                    # A silent socket costs a wait, not a handshake's set-up.
+                    await trio.lowlevel.wait_readable(raw.socket)
+                stream = await SecretStream.responder(raw, self.keypair,
+                                                      config=config.connection.stream,
+                                                      on_receive=received)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self.metrics.refused.labels("handshake").inc()
-            log.info("host.handshake_failed from=%s reason=%s", where, exc)
-            await trio.aclose_forcefully(raw)
-            return
+            failure = f"reason={exc}"
         except Exception as exc:
             # HandshakeError and anything else the peer's bytes could provoke:
             # that peer's socket ends, never the process.
-            self.metrics.refused.labels("handshake").inc()
             code = getattr(exc, "code", type(exc).__name__)
-            log.info("host.handshake_failed from=%s code=%s reason=%s", where, code, exc)
+            failure = f"code={code} reason={exc}"
+        finally:
+            self._handshakes.leave(ticket)
+            del self._handshake_scopes[ticket]
+        if failure is not None:
+            self.metrics.refused.labels("handshake").inc()
+            log.info("host.handshake_failed from=%s %s", where, failure)
             await trio.aclose_forcefully(raw)
             return
-        finally:
-            self._handshakes -= 1
+        if scope.cancelled_caught:
+            if ticket in self._evicted:
+                self._evicted.discard(ticket)
+                reason = "evicted"
+            elif progressed:
+                reason = "handshake_timeout"
+            else:
+                reason = "first_bytes_timeout"
+            self._refuse(reason, source=group, to=where)
+            await trio.aclose_forcefully(raw)
+            return
+        self._evicted.discard(ticket)
         if not self.allows(stream.remote_public_key, how):
             self.metrics.refused.labels("firewall").inc()
             log.info("host.refused peer=%s from=%s reason=firewall",
@@ -394,17 +612,46 @@ class PeerHost:
             # owner's hooks never see the peer as gone.
             self.connections[key] = connection
             self._live.add(connection)
+            self._slots.take(connection, key, _group(connection),
+                             reserved=self._counts_as_reserved(connection),
+                             now=trio.current_time())
             self._forget(existing)
             if self._nursery is not None:
                 self._nursery.start_soon(existing.aclose)
             return connection
-        if len(self._live) >= self.config.max_connections:
-            self.metrics.refused.labels("full").inc()
-            log.info("host.refused peer=%s reason=full", connection.peer_label)
+        reserved = self._counts_as_reserved(connection)
+        group = _group(connection)
+        now = trio.current_time()
+        decision = self._slots.decide(key, group, reserved=reserved, now=now)
+        if not decision.ok or decision.evict is not None:
+            # Strangers may have proved since to be reserved peers (an agent's
+            # hello): count them as such before refusing or evicting anyone.
+            self.promote_reserved()
+            decision = self._slots.decide(key, group, reserved=reserved, now=now)
+        if not decision.ok:
+            self._refuse(decision.reason, peer=connection.peer_label, source=group)
             return None
+        if isinstance(decision.evict, Connection):
+            victim = decision.evict
+            self._refuse("preempted", peer=victim.peer_label, source=_group(victim))
+            self._forget(victim)
+            if self._nursery is not None:
+                self._nursery.start_soon(victim.aclose)
         self.connections[key] = connection
         self._live.add(connection)
+        self._slots.take(connection, key, group, reserved=reserved, now=now)
         return connection
+
+    def promote_reserved(self) -> None:
+        """Count strangers' connections whose keys are now reserved (an agent
+        bound by its hello, a rack registered since) as reserved peers'."""
+        for handle, key in self._slots.strangers_held():
+            if self.is_reserved(key):
+                self._slots.promote(handle)
+
+    def _counts_as_reserved(self, connection: Connection) -> bool:
+        """A peer we dialled ourselves, or one the daemon is configured to serve."""
+        return connection.is_initiator or self.is_reserved(connection.remote_public_key)
 
     def _forget(self, connection: Connection) -> None:
         """The connection ended: free its slot at once (idempotent)."""
@@ -412,6 +659,7 @@ class PeerHost:
             return
         connection.closed.set()
         self._live.discard(connection)
+        self._slots.release(connection)
         key = connection.remote_public_key
         if self.connections.get(key) is connection:
             del self.connections[key]
@@ -519,6 +767,122 @@ async def serve_channels(listener: ChannelListener, service: Service,
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return
             nursery.start_soon(run_one, channel)
+
+
+class _Admitted(NamedTuple):
+    ticket: int
+    group: str
+    started: float
+
+
+class _Parking:
+    """Silent accepted sockets, with no task each: one epoll set watched by
+    one task. A socket that speaks gets a handshake task; one that is evicted
+    or stays silent past ``first_bytes_timeout_s`` is closed where it sits."""
+
+    def __init__(self, host: PeerHost) -> None:
+        self._host = host
+        self._epoll = select.epoll()
+        #: ticket -> (socket, address, admission), in order of arrival.
+        self._parked: dict[int, tuple[trio.SocketStream, Address | None, _Admitted]] = {}
+        self._by_fd: dict[int, int] = {}
+        self._changed = trio.Event()
+
+    @staticmethod
+    def available() -> bool:
+        return hasattr(select, "epoll")
+
+    def park(self, raw: trio.SocketStream, address: Address | None,
+             admitted: _Admitted) -> None:
+        fd = raw.socket.fileno()
+        try:
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        except OSError:
+            raw.socket.close()
+            self._host._handshakes.leave(admitted.ticket)
+            return
+        self._parked[admitted.ticket] = (raw, address, admitted)
+        self._by_fd[fd] = admitted.ticket
+        if len(self._parked) == 1:
+            self._changed.set()  # the watcher's deadline changed
+
+    def _unpark(self, ticket: int) -> tuple[trio.SocketStream, Address | None,
+                                            _Admitted] | None:
+        parked = self._parked.pop(ticket, None)
+        if parked is None:
+            return None
+        fd = parked[0].socket.fileno()
+        self._by_fd.pop(fd, None)
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(fd)
+        return parked
+
+    def drop(self, ticket: int) -> _Admitted | None:
+        """Close a parked socket (evicted); None if it is not parked."""
+        parked = self._unpark(ticket)
+        if parked is None:
+            return None
+        parked[0].socket.close()
+        return parked[2]
+
+    def take_ready(self) -> None:
+        """Give every parked socket that spoke (or hung up) a handshake task."""
+        if not self._parked:
+            return
+        host = self._host
+        for fd, _mask in self._epoll.poll(0):
+            ticket = self._by_fd.get(fd)
+            parked = None if ticket is None else self._unpark(ticket)
+            if parked is not None:
+                raw, address, admitted = parked
+                host._handshakes.progress(admitted.ticket)  # spared from now on
+                host._running_nursery().start_soon(functools.partial(
+                    host._handshake, raw, address, "incoming", admitted, spoke=True))
+
+    async def run(self) -> None:
+        host = self._host
+        timeout = host.config.first_bytes_timeout_s
+        try:
+            while True:
+                oldest = next(iter(self._parked.values()), None)
+                deadline = math.inf if oldest is None else oldest[2].started + timeout
+                with trio.move_on_at(deadline):
+                    if oldest is None:
+                        await self._changed.wait()
+                        self._changed = trio.Event()
+                    else:
+                        await trio.lowlevel.wait_readable(self._epoll.fileno())
+                self.take_ready()
+                now = trio.current_time()
+                for ticket, (_raw, _address, admitted) in list(self._parked.items()):
+                    if now < admitted.started + timeout:
+                        break
+                    self.drop(ticket)
+                    host._handshakes.leave(ticket)
+                    host._refuse("first_bytes_timeout", source=admitted.group)
+        finally:
+            for ticket in list(self._parked):
+                self.drop(ticket)
+                host._handshakes.leave(ticket)
+            self._epoll.close()
+
+
+def _has_bytes(raw: trio.abc.Stream) -> bool:
+    """Are bytes waiting on this socket already (without reading them)?"""
+    if not isinstance(raw, trio.SocketStream):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(raw.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _group(connection: Connection) -> str:
+    """The source a connection counts against (a relayed one: its relay's)."""
+    address = connection.remote_address
+    return address_group(address[0]) if address is not None else NO_ADDRESS_GROUP
 
 
 def _label(address: Address | None) -> str:

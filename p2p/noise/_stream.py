@@ -30,6 +30,7 @@ import errno
 import logging
 import operator
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -174,10 +175,15 @@ class SecretStream(trio.abc.HalfCloseableStream):
         keypair: KeyPair,
         *,
         config: SecretStreamConfig = _DEFAULT_CONFIG,
+        on_receive: Callable[[int], None] | None = None,
     ) -> SecretStream:
-        """Run the handshake as the accepting side; see :meth:`initiator`."""
+        """Run the handshake as the accepting side; see :meth:`initiator`.
+
+        ``on_receive(n)`` is called after each read of ``n`` handshake bytes
+        (the host's admission tells a silent socket from a slow one with it).
+        """
         handshake = Handshake(keypair, initiator=False, prologue=config.prologue)
-        return await cls._establish(transport_stream, handshake, keypair, config)
+        return await cls._establish(transport_stream, handshake, keypair, config, on_receive)
 
     @classmethod
     async def _establish(
@@ -186,6 +192,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         handshake: Handshake,
         keypair: KeyPair,
         config: SecretStreamConfig,
+        on_receive: Callable[[int], None] | None = None,
     ) -> SecretStream:
         role = "initiator" if handshake.initiator else "responder"
         log.debug("handshake.started role=%s", role)
@@ -199,6 +206,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
                         raise HandshakeError(
                             "the peer closed the connection during the handshake", code="CLOSED"
                         )
+                    if on_receive is not None:
+                        on_receive(len(data))
                     reply = handshake.receive_data(data)
                     if reply:
                         await transport_stream.send_all(reply)

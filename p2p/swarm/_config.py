@@ -40,9 +40,30 @@ class SwarmConfig:
     max_connections: int = 64
     """Connections at once; dials beyond it fail and incoming ones are closed."""
 
+    reserved_connections: int = 16
+    """Connection slots kept for the peers the daemon serves
+    (:meth:`Swarm.add_reserved`) and those it dials: strangers share the other
+    ``max_connections - reserved_connections``."""
+
+    max_connections_per_address: int | None = None
+    """Strangers' connections from one source (an IPv4 address, an IPv6 /64,
+    all of loopback); reserved peers are not counted. None: half the
+    strangers' slots (24 by default)."""
+
     max_handshakes: int = 64
-    """Incoming handshakes in flight at once; a socket beyond it is closed at
-    once and counted (``swarm_connections_refused{reason="busy"}``)."""
+    """Incoming handshakes in flight at once; when all are taken a newcomer
+    evicts the least advanced one of the source holding the most
+    (``swarm_connections_refused{reason="evicted"}``)."""
+
+    max_handshakes_per_address: int = 16
+    """Incoming handshakes in flight from one source; one more evicts that
+    source's least advanced handshake."""
+
+    first_bytes_timeout_s: float = 2.0
+    """An accepted socket that sends nothing for this long is closed."""
+
+    handshake_timeout_s: float = 5.0
+    """An accepted socket must finish its handshake within this long."""
 
     max_parallel_dials: int = 8
     """Dials in flight at once."""

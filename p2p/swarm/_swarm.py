@@ -28,14 +28,14 @@ from __future__ import annotations
 import errno
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import trio
 
 from ..connection import Address, Connection
 from ..dht import DhtNode, record_topic_for_key
-from ..host import Firewall, HostConfig, PeerHost, Service
+from ..host import Firewall, HostConfig, PeerHost, Reserved, Service
 from ..keys import KeyPair, format_key
 from ..net import Network, SocketNetwork
 from ._config import SwarmConfig
@@ -97,6 +97,12 @@ class Swarm:
             config=HostConfig(connection=self.config.connection,
                               max_connections=self.config.max_connections,
                               max_handshakes=self.config.max_handshakes,
+                              max_handshakes_per_address=self.config.max_handshakes_per_address,
+                              first_bytes_timeout_s=self.config.first_bytes_timeout_s,
+                              handshake_timeout_s=self.config.handshake_timeout_s,
+                              reserved_connections=min(self.config.reserved_connections,
+                                                       self.config.max_connections - 1),
+                              max_connections_per_address=self.config.max_connections_per_address,
                               drain_timeout_s=self.config.drain_timeout_s),
             metrics_prefix="swarm", registry=self.metrics.registry,
             on_connected=self._connected, on_disconnected=self._disconnected,
@@ -146,6 +152,12 @@ class Swarm:
     def add_firewall(self, firewall: Firewall) -> object:
         """Add a firewall every peer must pass; returns a function that removes it."""
         return self.host.add_firewall(firewall)
+
+    def add_reserved(self, reserved: Reserved | Iterable[bytes]) -> Callable[[], None]:
+        """Keep connection slots for the peers ``reserved`` names (a predicate on
+        the key or a set of keys: the keys this daemon is configured to serve);
+        see :meth:`p2p.host.PeerHost.add_reserved`. Returns its remover."""
+        return self.host.add_reserved(reserved)
 
     # -- lifetime --------------------------------------------------------------
 

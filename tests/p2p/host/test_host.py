@@ -128,7 +128,7 @@ async def test_a_firewall_that_raises_refuses(host, nursery, autojump_clock):
 
 
 async def test_connections_beyond_the_cap_are_refused_and_counted(nursery, autojump_clock):
-    host = PeerHost(SERVER, config=HostConfig(max_connections=2))
+    host = PeerHost(SERVER, config=HostConfig(max_connections=2, max_connections_per_address=2))
     await nursery.start(host.run)
     host.add_service(ChannelService("echo/1", echo))
     with trio.fail_after(30):
@@ -143,17 +143,41 @@ async def test_connections_beyond_the_cap_are_refused_and_counted(nursery, autoj
         assert await echo_once(again, "echo/1", b"x") == b"x"
 
 
-async def test_handshakes_beyond_the_cap_are_closed_at_once(nursery, autojump_clock):
+async def test_a_silent_socket_holding_the_last_handshake_slot_gives_way_to_a_peer(
+        nursery, autojump_clock):
     host = PeerHost(SERVER, config=HostConfig(max_handshakes=1))
     await nursery.start(host.run)
+    host.add_service(ChannelService("echo/1", echo))
     with trio.fail_after(30):
-        _silent, silent_theirs = trio.testing.memory_stream_pair()
+        silent, silent_theirs = trio.testing.memory_stream_pair()
         nursery.start_soon(host.accept, silent_theirs, None)  # says nothing: holds the slot
+        await trio.testing.wait_all_tasks_blocked()
+        peer = await dial(nursery, host, ALICE)
+        assert await echo_once(peer, "echo/1", b"x") == b"x"
+        assert await silent.receive_some() == b""  # closed without a word
+        await trio.testing.wait_all_tasks_blocked()
+        assert refused(host, "evicted") == 1
+
+
+async def test_a_newcomer_is_refused_only_while_every_handshake_is_young_and_moving(
+        nursery, autojump_clock):
+    host = PeerHost(SERVER, config=HostConfig(max_handshakes=1, handshake_grace_s=1.0))
+    await nursery.start(host.run)
+    with trio.fail_after(30):
+        talking, talking_theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(host.accept, talking_theirs, None)
+        await talking.send_all(b"\x20\x00")  # the start of message 1, then nothing
         await trio.testing.wait_all_tasks_blocked()
         late, late_theirs = trio.testing.memory_stream_pair()
         await host.accept(late_theirs, None)
-        assert await late.receive_some() == b""  # closed without a word
+        assert await late.receive_some() == b""
         assert refused(host, "busy") == 1
+        await trio.sleep(1.5)  # past the grace: the stalled one may now be evicted
+        _later, later_theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(host.accept, later_theirs, None)
+        assert await talking.receive_some() == b""
+        await trio.testing.wait_all_tasks_blocked()
+        assert refused(host, "evicted") == 1
 
 
 @pytest.mark.parametrize("first_bytes", [
@@ -266,7 +290,11 @@ async def test_adopt_needs_a_running_host():
 
 
 def test_host_limits_are_checked():
-    for bad in ({"max_connections": 0}, {"max_handshakes": 0}, {"drain_timeout_s": -1}):
+    for bad in ({"max_connections": 0}, {"max_handshakes": 0}, {"drain_timeout_s": -1},
+                {"max_handshakes_per_address": 0}, {"first_bytes_timeout_s": 0},
+                {"first_bytes_timeout_s": 6, "handshake_timeout_s": 5},
+                {"max_connections": 4, "reserved_connections": 4},
+                {"max_connections_per_address": 0}, {"handshake_grace_s": -1}):
         with pytest.raises(Exception) as info:
             HostConfig(**bad)
         assert info.value.code == "BAD_CONFIG"
@@ -283,7 +311,8 @@ def test_live_connections_never_exceed_the_cap_whatever_the_order(cap, steps):
 
     async def scenario() -> None:
         async with trio.open_nursery() as nursery:
-            host = PeerHost(SERVER, config=HostConfig(max_connections=cap))
+            host = PeerHost(SERVER, config=HostConfig(max_connections=cap,
+                                                      max_connections_per_address=cap))
             await nursery.start(host.run)
             host.add_service(ChannelService("echo/1", echo))
             ours: list[Connection] = []

@@ -1,0 +1,322 @@
+"""Admission: who gets a handshake slot and who gets a connection slot (sans-IO).
+
+Theory of operation
+-------------------
+A daemon's slots are few (a swarm's default: 64 handshakes, 64 connections)
+and a stranger's sockets and keys are cheap. Two tables, both pure (they take
+``now`` and return decisions; :class:`~._host.PeerHost` acts on them):
+
+* :class:`HandshakeSlots` — sockets still handshaking, grouped by source
+  (:func:`address_group`: an IPv4 address, an IPv6 /64, *all* of loopback as
+  one, since anyone on the host can bind 127.0.0.2, 127.0.0.3…). A newcomer is
+  never turned away because another address is greedy: when its group holds
+  ``max_per_group``, or every slot is taken, the **least advanced** handshake
+  of its group (or of the group holding the most) is evicted instead: a socket
+  that has sent nothing before one that has, the oldest first. A handshake
+  that has sent bytes is spared for ``grace_s`` (a real peer finishes within
+  a round trip or two); only if nothing may be evicted is the newcomer refused
+  (``busy``). A peer's handshake therefore always gets a slot, whatever one
+  address (or all of loopback) floods.
+* :class:`ConnectionSlots` — live connections. Keys a daemon is configured to
+  serve (``reserved``: its racks, clients, pushers, workers… and the peers it
+  dialled itself) may use every slot; **strangers** share
+  ``max_total - reserve`` of them, at most ``max_per_group`` from one source
+  group and ``max_per_key`` per key. When every slot is taken, a reserved
+  newcomer evicts a stranger (the newest one of the group holding the most);
+  a stranger finding the strangers' slots (or its address's) taken evicts the
+  oldest stranger that has held one for ``evict_after_s``, so a client that
+  holds on cannot keep a newcomer (a new job's agent, say, before its hello
+  makes it a reserved peer: :meth:`ConnectionSlots.promote`) out for long.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import count
+
+__all__ = [
+    "ConnectionDecision",
+    "ConnectionSlots",
+    "HandshakeDecision",
+    "HandshakeSlots",
+    "LogLimiter",
+    "address_group",
+]
+
+#: Every loopback address is one source: a local user may bind any of 127/8.
+LOOPBACK_GROUP = "loopback"
+#: Streams with no address (in-memory pairs in tests, relayed attaches).
+NO_ADDRESS_GROUP = "unknown"
+#: The prefix of an IPv6 address that counts as one source (one subscriber's /64).
+IPV6_GROUP_PREFIX = 64
+
+
+def address_group(host: str | None) -> str:
+    """The source an address counts against: an IPv4 address, an IPv6 /64,
+    ``loopback`` for any loopback address (v4, v6 or v4-mapped), the text
+    itself for a name that is not an IP address."""
+    if host is None:
+        return NO_ADDRESS_GROUP
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return LOOPBACK_GROUP
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip)
+    return str(ipaddress.IPv6Network((ip, IPV6_GROUP_PREFIX), strict=False))
+
+
+# -- handshakes ----------------------------------------------------------------
+
+
+@dataclass
+class _Handshake:
+    group: str
+    started: float
+    progressed: bool = False
+
+
+@dataclass(frozen=True)
+class HandshakeDecision:
+    """What to do with a newcomer: ``ticket`` is its slot (None: refused,
+    ``reason`` says why); ``evict`` is a handshake to end to make room."""
+
+    ticket: int | None
+    evict: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class HandshakeSlots:
+    """Handshakes in flight, by source group; see the module's docstring."""
+
+    max_total: int
+    max_per_group: int
+    grace_s: float = 1.0
+    _entries: dict[int, _Handshake] = field(default_factory=dict)
+    _per_group: Counter[str] = field(default_factory=Counter)
+    _tickets: count = field(default_factory=count)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def count(self, group: str) -> int:
+        return self._per_group[group]
+
+    def arrive(self, group: str, now: float) -> HandshakeDecision:
+        """A socket from ``group`` wants to handshake: admit it, evicting one
+        if need be, or refuse it (``busy``)."""
+        evict = None
+        if self._per_group[group] >= self.max_per_group:
+            evict = self._victim(now, only=group)
+            if evict is None:
+                return HandshakeDecision(None, reason="busy")
+        elif len(self._entries) >= self.max_total:
+            evict = self._victim(now, only=None)
+            if evict is None:
+                return HandshakeDecision(None, reason="busy")
+        if evict is not None:
+            self.leave(evict)
+        ticket = next(self._tickets)
+        self._entries[ticket] = _Handshake(group, now)
+        self._per_group[group] += 1
+        return HandshakeDecision(ticket, evict=evict)
+
+    def progress(self, ticket: int) -> bool:
+        """The socket sent its first bytes; True the first time."""
+        entry = self._entries.get(ticket)
+        if entry is None or entry.progressed:
+            return False
+        entry.progressed = True
+        return True
+
+    def leave(self, ticket: int) -> None:
+        """The handshake ended (done, failed or evicted); idempotent."""
+        entry = self._entries.pop(ticket, None)
+        if entry is None:
+            return
+        self._per_group[entry.group] -= 1
+        if not self._per_group[entry.group]:
+            del self._per_group[entry.group]
+
+    def _victim(self, now: float, *, only: str | None) -> int | None:
+        """The least advanced evictable handshake: of ``only``'s group, or
+        else of the group holding the most (ties: the one with the worst)."""
+        best: tuple[int, bool, float] | None = None
+        victim = None
+        for ticket, entry in self._entries.items():
+            if only is not None and entry.group != only:
+                continue
+            if entry.progressed and now - entry.started < self.grace_s:
+                continue  # a real peer finishes within a round trip or two
+            rank = (-self._per_group[entry.group], entry.progressed, entry.started)
+            if best is None or rank < best:
+                best, victim = rank, ticket
+        return victim
+
+
+# -- connections ---------------------------------------------------------------
+
+
+@dataclass
+class _Held:
+    key: bytes
+    group: str
+    reserved: bool
+    since: float
+
+
+@dataclass(frozen=True)
+class ConnectionDecision:
+    """``ok``: take the slot; else ``reason`` (``full``, ``address_full``,
+    ``key_full``). ``evict``: a stranger's connection to end first."""
+
+    ok: bool
+    reason: str = ""
+    evict: object | None = None
+
+
+@dataclass
+class ConnectionSlots:
+    """Live connections, split into reserved peers and strangers; see the
+    module's docstring. Handles are whatever the owner tracks (connections)."""
+
+    max_total: int
+    reserve: int = 0
+    max_per_group: int | None = None
+    max_per_key: int | None = None
+    evict_after_s: float = 10.0
+    _held: dict[object, _Held] = field(default_factory=dict)
+    _strangers: int = 0
+    _stranger_groups: Counter[str] = field(default_factory=Counter)
+    _keys: Counter[bytes] = field(default_factory=Counter)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def strangers(self) -> int:
+        return self._strangers
+
+    def decide(self, key: bytes, group: str, *, reserved: bool,
+               now: float) -> ConnectionDecision:
+        """May ``key`` from ``group`` take a slot now? A reserved peer evicts
+        the newest stranger of the group holding the most if every slot is
+        taken; a stranger evicts the oldest stranger connected for at least
+        ``evict_after_s`` (of its own group if that is the limit it hit), so
+        one client holding on cannot keep a newcomer out for long."""
+        if reserved:
+            if len(self._held) < self.max_total:
+                return ConnectionDecision(True)
+            victim = self._stranger_victim(newest=True, group=None, now=now)
+            if victim is None:
+                return ConnectionDecision(False, "full")
+            return ConnectionDecision(True, evict=victim)
+        if self.max_per_key is not None and self._keys[key] >= self.max_per_key:
+            return ConnectionDecision(False, "key_full")
+        if (len(self._held) >= self.max_total
+                or self._strangers >= self.max_total - self.reserve):
+            reason, only = "full", None
+        elif (self.max_per_group is not None and group != NO_ADDRESS_GROUP
+                and self._stranger_groups[group] >= self.max_per_group):
+            reason, only = "address_full", group
+        else:
+            return ConnectionDecision(True)
+        victim = self._stranger_victim(newest=False, group=only, now=now)
+        if victim is None:
+            return ConnectionDecision(False, reason)
+        return ConnectionDecision(True, evict=victim)
+
+    def strangers_held(self) -> list[tuple[object, bytes]]:
+        """``(handle, key)`` of every stranger's connection."""
+        return [(handle, held.key) for handle, held in self._held.items() if not held.reserved]
+
+    def promote(self, handle: object) -> None:
+        """A stranger proved to be a reserved peer (e.g. an agent's hello
+        bound its key): it no longer counts against the strangers' limits."""
+        held = self._held.get(handle)
+        if held is None or held.reserved:
+            return
+        self._strangers -= 1
+        self._stranger_groups[held.group] -= 1
+        if not self._stranger_groups[held.group]:
+            del self._stranger_groups[held.group]
+        held.reserved = True
+
+    def take(self, handle: object, key: bytes, group: str, *, reserved: bool,
+             now: float) -> None:
+        """Record ``handle`` in a slot (after a decision said ok, or to replace
+        a duplicate of the same key)."""
+        self.release(handle)
+        self._held[handle] = _Held(key, group, reserved, now)
+        self._keys[key] += 1
+        if not reserved:
+            self._strangers += 1
+            self._stranger_groups[group] += 1
+
+    def release(self, handle: object) -> None:
+        """Free ``handle``'s slot; idempotent."""
+        held = self._held.pop(handle, None)
+        if held is None:
+            return
+        self._keys[held.key] -= 1
+        if not self._keys[held.key]:
+            del self._keys[held.key]
+        if not held.reserved:
+            self._strangers -= 1
+            self._stranger_groups[held.group] -= 1
+            if not self._stranger_groups[held.group]:
+                del self._stranger_groups[held.group]
+
+    def is_reserved(self, handle: object) -> bool | None:
+        held = self._held.get(handle)
+        return None if held is None else held.reserved
+
+    def _stranger_victim(self, *, newest: bool, group: str | None,
+                         now: float) -> object | None:
+        """A stranger to evict: of ``group``, or of the group holding the most
+        strangers; the newest one (for a reserved peer), or the oldest one
+        connected for at least ``evict_after_s`` (for another stranger)."""
+        best: tuple[int, float] | None = None
+        victim = None
+        for handle, held in self._held.items():
+            if held.reserved or (group is not None and held.group != group):
+                continue
+            if newest:
+                rank = (self._stranger_groups[held.group], held.since)
+            elif now - held.since >= self.evict_after_s:
+                rank = (self._stranger_groups[held.group], -held.since)
+            else:
+                continue
+            if best is None or rank > best:
+                best, victim = rank, handle
+        return victim
+
+
+# -- logging -------------------------------------------------------------------
+
+
+@dataclass
+class LogLimiter:
+    """At most one log line per reason per ``interval_s``: a flood costs a
+    counter, not a disk. :meth:`admit` says whether to log now and how many
+    lines of that reason were held back since the last one."""
+
+    interval_s: float = 10.0
+    _last: dict[str, float] = field(default_factory=dict)
+    _held: Counter[str] = field(default_factory=Counter)
+
+    def admit(self, reason: str, now: float) -> int | None:
+        """None: do not log; else the number of lines suppressed before this one."""
+        last = self._last.get(reason)
+        if last is not None and now - last < self.interval_s:
+            self._held[reason] += 1
+            return None
+        self._last[reason] = now
+        return self._held.pop(reason, 0)

@@ -1,0 +1,121 @@
+"""Admission over real sockets on 127.0.0.1 (issue 21, defect 5).
+
+A stranger floods a swarm with its default limits, as every daemon runs it:
+silent TCP sockets (from 127.0.0.1 and from other loopback addresses), or
+self-made keys that finish their handshakes and hold on. A peer the daemon is
+configured to serve (``add_reserved``) must still connect and be served at
+once. Real time, bounded waits, no timed asserts (speed is bench/admission.py's).
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from p2p.connection import Connection, dial_tcp
+from p2p.host import ChannelService
+from p2p.keys import KeyPair
+from p2p.noise import SecretStream
+from p2p.swarm import Swarm, SwarmConfig
+
+from ..helpers import ALICE, BOB, wait_until
+
+PEER = ALICE
+DAEMON = BOB
+
+
+async def echo(channel, connection):
+    async for message in channel:
+        await channel.send(message)
+
+
+def refused(swarm: Swarm, reason: str) -> float:
+    return swarm.metrics.registry.get_sample_value(
+        "swarm_connections_refused_total", {"reason": reason}) or 0
+
+
+async def start_daemon(nursery: trio.Nursery, **config) -> tuple[Swarm, int]:
+    swarm = Swarm(DAEMON, config=SwarmConfig(host="127.0.0.1", announce_key=False, **config),
+                  services=[ChannelService("echo/1", echo)])
+    _host, port = await nursery.start(swarm.run)
+    swarm.add_reserved({PEER.public_key})
+    return swarm, port
+
+
+async def open_silent(port: int, source: str) -> trio.SocketStream:
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    return trio.SocketStream(sock)
+
+
+async def peer_is_served(nursery: trio.Nursery, port: int) -> None:
+    connection = await dial_tcp("127.0.0.1", port, PEER, DAEMON.public_key)
+    await nursery.start(connection.run)
+    channel = await connection.open_channel("echo/1")
+    await channel.send(b"hello")
+    assert await channel.receive() == b"hello"
+    await connection.aclose()
+
+
+async def test_seventy_silent_sockets_from_loopback_do_not_keep_a_configured_peer_out(nursery):
+    swarm, port = await start_daemon(nursery)
+    sockets = []
+    with trio.fail_after(20):
+        for n in range(70):
+            # 127.0.0.1 and other loopback addresses: all of loopback is one source.
+            sockets.append(await open_silent(port, f"127.0.0.{1 + n % 7}"))
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the daemon took them all
+        await peer_is_served(nursery, port)
+    assert refused(swarm, "evicted") > 0
+    for sock in sockets:
+        await trio.aclose_forcefully(sock)
+
+
+async def test_silent_sockets_are_closed_after_the_first_bytes_timeout(nursery):
+    swarm, port = await start_daemon(nursery, first_bytes_timeout_s=0.2,
+                                     handshake_timeout_s=0.5)
+    with trio.fail_after(20):
+        silent = await open_silent(port, "127.0.0.1")
+        assert await silent.receive_some(10) == b""  # closed by the daemon, not by us
+        talker = await open_silent(port, "127.0.0.1")
+        await talker.send_all(b"\x20\x00")  # the start of message 1, then nothing
+        assert await talker.receive_some(10) == b""
+        await wait_until(lambda: refused(swarm, "handshake_timeout") == 1)
+    assert refused(swarm, "first_bytes_timeout") == 1
+
+
+async def test_sixty_four_self_made_keys_do_not_take_a_configured_peers_slot(nursery):
+    swarm, port = await start_daemon(nursery)
+    strangers: list[Connection] = []
+    with trio.fail_after(60):
+        for _ in range(64):
+            try:
+                connection = await dial_tcp("127.0.0.1", port, KeyPair.generate(),
+                                            DAEMON.public_key)
+            except Exception:
+                continue
+            await nursery.start(connection.run)
+            strangers.append(connection)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert len(swarm.connections) <= 64 - 16  # the reserve is no stranger's
+        await peer_is_served(nursery, port)
+    assert refused(swarm, "full") + refused(swarm, "address_full") > 0
+    for connection in strangers:
+        await connection.aclose()
+
+
+async def test_a_socket_that_waits_before_speaking_is_still_served(nursery):
+    """Parked while silent, it gets its handshake as soon as it speaks."""
+    swarm, port = await start_daemon(nursery)
+    with trio.fail_after(20):
+        raw = await open_silent(port, "127.0.0.1")
+        await trio.testing.wait_all_tasks_blocked(0.05)  # the daemon accepted and parked it
+        stream = await SecretStream.initiator(raw, PEER, DAEMON.public_key)
+        connection = Connection(stream)
+        await nursery.start(connection.run)
+        channel = await connection.open_channel("echo/1")
+        await channel.send(b"late")
+        assert await channel.receive() == b"late"
+        await connection.aclose()
+    assert refused(swarm, "first_bytes_timeout") == 0
