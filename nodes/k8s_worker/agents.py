@@ -304,10 +304,6 @@ class AgentTable:
     def names(self) -> list[str]:
         return list(self._entries)
 
-    def bound(self, key: bytes) -> bool:
-        """Is ``key`` an agent bound to one of the VMIs (by its hello)?"""
-        return key in self._by_key
-
     # -- what the agents say -------------------------------------------------------------
 
     def hello(self, key: bytes, hello: Hello, now: float) -> tuple[str, list[AgentEvent]]:

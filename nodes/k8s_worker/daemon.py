@@ -79,7 +79,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
         announce_addresses=settings.announce_addresses), services=[queues, registry.service])
-    swarm.add_reserved(lambda key: key == settings.ork or registry.table.bound(key))  # + agents
+    # wrk-ork and every agent bound by its hello keep their room under a flood.
+    swarm.add_reserved(lambda key: key == settings.ork or registry.table.bound(key) is not None)
     try:
         address = await daemon.nursery.start(swarm.run)
     except OSError as exc:
