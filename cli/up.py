@@ -137,7 +137,11 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
               "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
               **({"default_image": default_image} if default_image else {})},
         ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
-              "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
+              "bootstrap": bootstrap, "relays": relays,
+              # Each caller exactly its role (nodes/ork/access.py): app-node every
+              # method, the proxy reading and following jobs; the worker speaks
+              # only the queue of its rack, below.
+              "app_nodes": [keys[APP]], "proxies": [keys[PROXY]],
               "racks": [{"key": keys[WORKER], **(rack or {"name": "local"})}],
               "telemetry": telemetry},
         WORKER: {"storage": str(storage / WORKER), "host": listen, "port": ports.worker,

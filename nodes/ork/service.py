@@ -5,8 +5,10 @@ Theory of operation
 -------------------
 :class:`OrkService` is a :class:`~p2p.host.RpcService` the daemon adds to its
 swarm. Every call is authorised by the caller's Noise-proven key
-(``ctx.remote_public_key``; DESIGN.md §4: app-node is the only client), through
-the ``allow`` predicate the daemon gives (``FORBIDDEN`` otherwise). A handler
+(``ctx.remote_public_key``) before anything else is done with it: the key's
+roles (:mod:`.access`: app-node, proxy, worker) must include one that
+:data:`ACCESS` lists for the method, else ``FORBIDDEN``; a method
+:data:`ACCESS` does not list is refused to everyone. A handler
 calls the orchestrator synchronously (no await between the change and what
 follows it), then :meth:`OrkService.pump` hands the status changes it made to
 the ``jobs.watch`` streams, and ``on_change`` tells the daemon there are
@@ -31,12 +33,20 @@ Methods (params -> result; every model below, msgpack maps on the wire)::
     jobs.watch       WatchJobs(job_id?, team?, snapshot) => JobEvent, JobEvent, ...
     service.status   StatusRequest                  -> ServiceStatus  (contracts.health)
 
+Who may call what (:data:`ACCESS`; DESIGN.md §5, least privilege)::
+
+    app-node         every method
+    proxy            jobs.get, jobs.list, jobs.watch   (routing inference; it changes nothing)
+    worker           none (it speaks cosmicac-mq/1, the queue of its rack)
+    any other key    none
+
 ``service.status`` is what app-node's health prober asks every interval:
 ``queue_depth`` is the outbox (operations recorded, not yet on their rack's
 queue), ``last_report_at`` the newest report heard from any rack, ``details``
 the racks (registered, silent) and the jobs per status.
 
-Error codes (``RpcError.code``): ``FORBIDDEN`` (not app-node's key),
+Error codes (``RpcError.code``): ``FORBIDDEN`` (the caller's key has no role
+the method is open to; the message says which role it needs and what the key is),
 ``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``STORE`` (wrk-ork's file
 failed; it needs a restart), ``LAGGED`` (a watcher fell more than
 ``WATCH_BUFFER`` events behind: get the jobs and watch again),
@@ -51,7 +61,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from types import MappingProxyType
 from typing import Annotated, Any
 
 import trio
@@ -59,15 +70,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
 from contracts.model import JobSpec, JobStatus, KeyHex
+from nodes.metrics import Family, Snapshot
 from p2p.host import RpcService
-from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
+from p2p.rpc import (
+    AccessTable,
+    CallContext,
+    Method,
+    Router,
+    RpcConfig,
+    RpcError,
+    StreamMethod,
+)
 
+from .access import Role
 from .errors import OrkError
 from .orchestrator import Orchestrator
 from .steps import step_line
 from .views import JobEvent, JobView, RackInfo
 
 __all__ = [
+    "ACCESS",
     "CREATE_JOB",
     "DELETE_JOB",
     "DELETE_REPLICA",
@@ -252,6 +274,32 @@ RESERVE_NODES = Method("nodes.reserve", params=ReserveNodes, result=Empty)
 RELEASE_NODES = Method("nodes.release", params=ReleaseNodes, result=Empty)
 WATCH_JOBS = StreamMethod("jobs.watch", params=WatchJobs, item=JobEvent)
 
+_APP_NODE = frozenset({Role.APP_NODE})
+#: Reading and following jobs: all proxy-inference needs to route inference.
+_READ_JOBS = frozenset({Role.APP_NODE, Role.PROXY})
+
+#: Who may call each method: method name -> roles (:mod:`.access`). A method
+#: not listed here is refused to everyone (FORBIDDEN), so a new method is
+#: closed until it gets its line. Workers call none: they speak only
+#: ``cosmicac-mq/1``, whose queues exist for registered racks' keys only.
+ACCESS: Mapping[str, frozenset[Role]] = MappingProxyType({
+    CREATE_JOB.name: _APP_NODE,
+    GET_JOB.name: _READ_JOBS,
+    LIST_JOBS.name: _READ_JOBS,
+    WATCH_JOBS.name: _READ_JOBS,
+    RESTART_JOB.name: _APP_NODE,
+    DELETE_JOB.name: _APP_NODE,
+    RESTART_REPLICA.name: _APP_NODE,
+    DELETE_REPLICA.name: _APP_NODE,
+    REGISTER_RACK.name: _APP_NODE,
+    LIST_RACKS.name: _APP_NODE,
+    REMOVE_RACK.name: _APP_NODE,
+    LIST_NODES.name: _APP_NODE,
+    RESERVE_NODES.name: _APP_NODE,
+    RELEASE_NODES.name: _APP_NODE,
+    STATUS.name: _APP_NODE,
+})
+
 
 class _Watcher:
     """One ``jobs.watch`` stream: its filter and its bounded queue of events."""
@@ -271,14 +319,20 @@ class OrkService(RpcService):
 
     Args:
         orch: the orchestrator (driven from the same trio thread as the daemon).
-        allow: ``allow(caller_key) -> bool``; app-node's key, nobody else.
+        roles: ``roles(caller_key) -> roles`` (:class:`~.access.OrkAccess`'s
+            ``roles_of``); what each role may call is :data:`ACCESS`.
+        allow: instead of ``roles``: ``allow(caller_key) -> bool``, the keys
+            given the app-node role (every method), nobody else. Neither
+            given: every call is refused.
         clock: the ``now`` given to the orchestrator (wall-clock seconds).
         on_change: called after every call (it may have queued operations),
             so the daemon publishes :meth:`Orchestrator.outbox`.
         config: the RPC server's limits.
     """
 
-    def __init__(self, orch: Orchestrator, *, allow: Callable[[bytes], bool],
+    def __init__(self, orch: Orchestrator, *,
+                 roles: Callable[[bytes], Collection[str]] | None = None,
+                 allow: Callable[[bytes], bool] | None = None,
                  clock: Callable[[], float] = time.time,
                  on_change: Callable[[], object] | None = None,
                  config: RpcConfig | None = None,
@@ -287,13 +341,18 @@ class OrkService(RpcService):
         #: Given: every orchestrator call runs in a thread holding it (its
         #: SQLite commits fsync), one at a time with the daemon's own calls.
         self._limiter = limiter
-        self._allow = allow
+        if roles is None:
+            roles = ((lambda key: _APP_NODE if allow(key) else frozenset())
+                     if allow is not None else (lambda key: frozenset()))
+        #: Every call passes it before it is routed (the router's guard).
+        self.access = AccessTable("wrk-ork", ACCESS, roles,
+                                  hint="list it in wrk-ork's app_nodes or proxies")
         self._clock = clock
         self._on_change = on_change
         self._watchers: set[_Watcher] = set()
         #: ``service.status``'s ``started_at``: when this service was built.
         self.started_at = clock()
-        router = Router()
+        router = Router(guard=self.access.check)
         for method, handler in [
             (CREATE_JOB, self._create_job), (RESTART_JOB, self._restart_job),
             (DELETE_JOB, self._delete_job), (RESTART_REPLICA, self._restart_replica),
@@ -310,6 +369,13 @@ class OrkService(RpcService):
             router.add(method, self._unary(handler, changes=False))
         router.add(WATCH_JOBS, self._watch)
         super().__init__(PROTOCOL, router, config=config)
+
+    def metrics(self) -> Snapshot:
+        """Calls refused by :data:`ACCESS`, by method, for the daemon's ``/metrics``."""
+        return Snapshot({"ork_calls_refused": Family(
+            "cosmicac-ork/1 calls refused (FORBIDDEN) by method; (unlisted): a method "
+            "the access table does not name", self.access.statistics().refused, "method",
+            counter=True)})
 
     @property
     def watchers(self) -> int:
@@ -355,19 +421,12 @@ class OrkService(RpcService):
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _authorise(self, ctx: CallContext) -> None:
-        key = ctx.remote_public_key
-        if key is None or not self._allow(key):
-            raise RpcError("FORBIDDEN", "only app-node may call wrk-ork; "
-                                        "check the key wrk-ork is configured to trust")
-
     def _unary(self, handler: Callable[[Any], BaseModel], *, changes: bool
                ) -> Callable[[Any, CallContext], Any]:
         """``handler`` as an RPC method; after one that ``changes`` state, the
         watchers are pumped and the daemon told (it publishes the outbox).
         Reads do neither: a busy listing must not cost a publishing round each."""
         async def serve(params: Any, ctx: CallContext) -> BaseModel:
-            self._authorise(ctx)
             try:
                 if self._limiter is None:
                     result = handler(params)
@@ -466,7 +525,6 @@ class OrkService(RpcService):
                               last_report_at=orch.last_report_at(), details=details)
 
     async def _watch(self, params: WatchJobs, ctx: CallContext) -> AsyncIterator[JobEvent]:
-        self._authorise(ctx)
         if len(self._watchers) >= MAX_WATCHERS:
             raise RpcError("TOO_MANY_WATCHERS", f"wrk-ork serves at most {MAX_WATCHERS} "
                                                 "watch streams; close one first")

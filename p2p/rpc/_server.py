@@ -108,10 +108,26 @@ StreamHandler = Callable[[Any, CallContext], AsyncIterator[Any]]
 
 
 class Router:
-    """Maps method names to (declaration, handler); shared by any number of servers."""
+    """Maps method names to (declaration, handler); shared by any number of servers.
 
-    def __init__(self) -> None:
+    Args:
+        guard: ``guard(method, remote_public_key)``, run on every request
+            before anything else (before the method is looked up and its
+            params read): it returns to admit the call, or raises
+            :class:`RpcError` (e.g. ``FORBIDDEN``), which is the answer. A
+            guard that raises anything else refuses too (``INTERNAL``,
+            logged): it fails closed. :class:`~p2p.rpc.AccessTable`'s
+            ``check`` is one.
+    """
+
+    def __init__(self, *, guard: Callable[[str, bytes | None], None] | None = None) -> None:
         self._routes: dict[str, tuple[Method | StreamMethod, Callable[..., Any]]] = {}
+        self.guard = guard
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every method's wire name."""
+        return frozenset(self._routes)
 
     def add(self, method: Method | StreamMethod, handler: Callable[..., Any]) -> None:
         """Register ``handler`` for ``method``.
@@ -143,6 +159,8 @@ class ServerStatistics:
     bad_messages: int
     #: Immediate error answers dropped because the client was not reading.
     replies_dropped: int = 0
+    #: Requests the router's guard refused.
+    calls_refused: int = 0
 
 
 class _Call:
@@ -232,6 +250,7 @@ class RpcServer:
         self._calls: dict[int, _Call] = {}
         self._nursery: trio.Nursery | None = None
         self._calls_failed = 0
+        self._calls_refused = 0
         #: Idle unary workers, parked in _next_call (bounded: see _start).
         self._idle: list[_Worker] = []
         self._outbox = Outbox(channel, limit=self.config.max_concurrent_calls)
@@ -246,6 +265,7 @@ class RpcServer:
             busy_replies=core.busy_replies,
             bad_messages=core.bad_messages,
             replies_dropped=self._outbox.dropped,
+            calls_refused=self._calls_refused,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -294,6 +314,20 @@ class RpcServer:
         """Route an admitted call to a task; False if it was answered at once."""
         rid = msg.id
         core = self._core
+        guard = self._router.guard
+        if guard is not None:
+            try:
+                guard(msg.method, self.remote_public_key)
+            except RpcError as exc:
+                self._calls_refused += 1
+                core.send_error(rid, exc.code, exc.message, exc.data)
+                return False
+            except Exception:  # a bug in the guard: refuse, never admit
+                logger.exception("rpc.guard_failed server=%s method=%.64r", self.name,
+                                 msg.method)
+                self._calls_refused += 1
+                core.send_error(rid, "INTERNAL", "the server could not authorise this call")
+                return False
         route = self._router.get(msg.method)
         is_stream = type(msg) is StreamRequest
         if route is None or isinstance(route[0], StreamMethod) != is_stream:
