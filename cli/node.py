@@ -171,7 +171,12 @@ def up(
 
 
 class DiagnosticsService(RpcService):
-    """The node's diagnostics (ping, identify), counted per channel."""
+    """The node's diagnostics (ping, identify), counted per channel.
+
+    Open to any key, on purpose (``cosmicac ping`` dials with a fresh key each
+    time): it answers only what the node announces anyway (its key, agent
+    string and protocol names) and echoes at most 1 KiB, nothing of a team.
+    """
 
     def __init__(self, keypair: KeyPair, registry: CollectorRegistry) -> None:
         super().__init__(PROTOCOL, diagnostics_router(keypair.public_key, agent=AGENT))

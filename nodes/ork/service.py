@@ -274,30 +274,32 @@ RESERVE_NODES = Method("nodes.reserve", params=ReserveNodes, result=Empty)
 RELEASE_NODES = Method("nodes.release", params=ReleaseNodes, result=Empty)
 WATCH_JOBS = StreamMethod("jobs.watch", params=WatchJobs, item=JobEvent)
 
-_APP_NODE = frozenset({Role.APP_NODE})
+#: app-node only: every method that changes something, and the control views.
+APP_NODE_ONLY = frozenset({Role.APP_NODE})
 #: Reading and following jobs: all proxy-inference needs to route inference.
-_READ_JOBS = frozenset({Role.APP_NODE, Role.PROXY})
+JOB_READERS = frozenset({Role.APP_NODE, Role.PROXY})
 
 #: Who may call each method: method name -> roles (:mod:`.access`). A method
 #: not listed here is refused to everyone (FORBIDDEN), so a new method is
-#: closed until it gets its line. Workers call none: they speak only
+#: closed until it gets its line (``NEW_METHOD.name: APP_NODE_ONLY,``).
+#: Workers call none: they speak only
 #: ``cosmicac-mq/1``, whose queues exist for registered racks' keys only.
 ACCESS: Mapping[str, frozenset[Role]] = MappingProxyType({
-    CREATE_JOB.name: _APP_NODE,
-    GET_JOB.name: _READ_JOBS,
-    LIST_JOBS.name: _READ_JOBS,
-    WATCH_JOBS.name: _READ_JOBS,
-    RESTART_JOB.name: _APP_NODE,
-    DELETE_JOB.name: _APP_NODE,
-    RESTART_REPLICA.name: _APP_NODE,
-    DELETE_REPLICA.name: _APP_NODE,
-    REGISTER_RACK.name: _APP_NODE,
-    LIST_RACKS.name: _APP_NODE,
-    REMOVE_RACK.name: _APP_NODE,
-    LIST_NODES.name: _APP_NODE,
-    RESERVE_NODES.name: _APP_NODE,
-    RELEASE_NODES.name: _APP_NODE,
-    STATUS.name: _APP_NODE,
+    CREATE_JOB.name: APP_NODE_ONLY,
+    GET_JOB.name: JOB_READERS,
+    LIST_JOBS.name: JOB_READERS,
+    WATCH_JOBS.name: JOB_READERS,
+    RESTART_JOB.name: APP_NODE_ONLY,
+    DELETE_JOB.name: APP_NODE_ONLY,
+    RESTART_REPLICA.name: APP_NODE_ONLY,
+    DELETE_REPLICA.name: APP_NODE_ONLY,
+    REGISTER_RACK.name: APP_NODE_ONLY,
+    LIST_RACKS.name: APP_NODE_ONLY,
+    REMOVE_RACK.name: APP_NODE_ONLY,
+    LIST_NODES.name: APP_NODE_ONLY,
+    RESERVE_NODES.name: APP_NODE_ONLY,
+    RELEASE_NODES.name: APP_NODE_ONLY,
+    STATUS.name: APP_NODE_ONLY,
 })
 
 
@@ -342,7 +344,7 @@ class OrkService(RpcService):
         #: SQLite commits fsync), one at a time with the daemon's own calls.
         self._limiter = limiter
         if roles is None:
-            roles = ((lambda key: _APP_NODE if allow(key) else frozenset())
+            roles = ((lambda key: APP_NODE_ONLY if allow(key) else frozenset())
                      if allow is not None else (lambda key: frozenset()))
         #: Every call passes it before it is routed (the router's guard).
         self.access = AccessTable("wrk-ork", ACCESS, roles,
