@@ -19,8 +19,13 @@ call, hence the reuse. A STREAM_REQUEST gets its own task and scope; its items
 wait for the core's item credit. A worker sends its call's reply from its own
 task (the mux writes it at once when nothing else is being written).
 
-Immediate answers (``BUSY`` from the core; ``UNKNOWN_METHOD`` and
-``INVALID_PARAMS`` from routing) are handed to the channel without waiting
+A router may have a guard (``Router(guard=...)``, e.g.
+:class:`~p2p.rpc.AccessTable`'s ``check``): it sees every request's method and
+the caller's key before the method is looked up, and its ``RpcError`` is the
+answer (``FORBIDDEN``); nothing else is done with a refused request.
+
+Immediate answers (``BUSY`` from the core; the guard's refusals,
+``UNKNOWN_METHOD`` and ``INVALID_PARAMS`` from routing) are handed to the channel without waiting
 (:class:`~p2p.rpc._sending.Outbox`). If the channel cannot take one now (the
 client is not reading its replies) it waits for the outbox task; at most
 ``max_concurrent_calls`` answers wait, and beyond that the answer is dropped and
