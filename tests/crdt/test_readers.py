@@ -10,7 +10,6 @@ method nobody lists is refused.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import pytest
@@ -31,9 +30,9 @@ from crdt._messages import (
 )
 from crdt._replication import METHOD_ACCESS, Replicator
 from p2p.keys import KeyPair
-from p2p.rpc import Method, RpcClient, RpcError, serve_rpc
+from p2p.rpc import Method, RpcClient, RpcError
 from tests.crdt.helpers import usage_ops
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.conftest import rpc_client_of
 
 KEYS = {name: KeyPair.generate().public_key
         for name in ("admin", "writer", "pending", "reader", "removed", "stranger")}
@@ -63,15 +62,9 @@ async def admin_replica(storage) -> tuple[Database, Replicator]:
 
 
 async def connect(nursery, replicator: Replicator, key: bytes | None) -> RpcClient:
+    """A client of the replicator's methods as ``key``, open until the nursery ends."""
     async def run(task_status=trio.TASK_STATUS_IGNORED):
-        async with running_mux_pair(nursery) as (left, right):
-            listener = right.listen(PROTOCOL)
-            client_channel = await left.open_channel(PROTOCOL)
-            server_channel = await listener.accept()
-            await nursery.start(functools.partial(serve_rpc, server_channel,
-                                                  replicator.router, remote_public_key=key))
-            client = RpcClient(client_channel)
-            await nursery.start(client.run)
+        async with rpc_client_of(nursery, replicator.router, key, protocol=PROTOCOL) as client:
             task_status.started(client)
             await trio.sleep_forever()
 

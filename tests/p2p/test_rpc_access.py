@@ -7,7 +7,6 @@ refused like one the caller lacks the role for.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import pytest
@@ -16,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from p2p.rpc import AccessTable, Method, Router, RpcClient, RpcError, StreamMethod, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from p2p.rpc import AccessTable, Method, Router, RpcClient, RpcError, StreamMethod
+from tests.p2p.conftest import rpc_client_of
 
 
 class Params(BaseModel):
@@ -67,15 +66,9 @@ def make_router(ran: list[str]) -> tuple[Router, AccessTable]:
 
 
 async def serve(nursery, router: Router, key: bytes | None) -> RpcClient:
+    """A client of ``router`` as ``key``, open until the test's nursery ends."""
     async def run(task_status=trio.TASK_STATUS_IGNORED):
-        async with running_mux_pair(nursery) as (left, right):
-            listener = right.listen("things/1")
-            client_channel = await left.open_channel("things/1")
-            server_channel = await listener.accept()
-            await nursery.start(functools.partial(serve_rpc, server_channel, router,
-                                                  remote_public_key=key))
-            client = RpcClient(client_channel)
-            await nursery.start(client.run)
+        async with rpc_client_of(nursery, router, key) as client:
             task_status.started(client)
             await trio.sleep_forever()
 

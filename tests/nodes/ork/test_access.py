@@ -9,9 +9,7 @@ refused to everyone; an empty allow-list refuses everything.
 
 from __future__ import annotations
 
-import functools
 import logging
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -52,8 +50,8 @@ from nodes.ork.service import (
     WatchJobs,
 )
 from nodes.ork.settings import OrkSettings
-from p2p.rpc import Method, RpcClient, RpcError, StreamMethod, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from p2p.rpc import Method, RpcClient, RpcError, StreamMethod
+from tests.p2p.conftest import rpc_client_of
 
 from .world import OTHER_RACK, RACK, World, container, inference
 
@@ -102,20 +100,8 @@ def access_for_test() -> OrkAccess:
                                    is_rack=lambda key: key == WORKER_KEY)
 
 
-@asynccontextmanager
-async def connect(nursery, service: OrkService, key: bytes | None):
-    async with running_mux_pair(nursery) as (left, right):
-        listener = right.listen(PROTOCOL)
-        client_channel = await left.open_channel(PROTOCOL)
-        server_channel = await listener.accept()
-        await nursery.start(functools.partial(serve_rpc, server_channel, service.router,
-                                              remote_public_key=key))
-        client = RpcClient(client_channel)
-        await nursery.start(client.run)
-        try:
-            yield client
-        finally:
-            await client.aclose()
+def connect(nursery, service: OrkService, key: bytes | None):
+    return rpc_client_of(nursery, service.router, key, protocol=PROTOCOL)
 
 
 def example_call(method: str, harness: Harness) -> tuple[Method | StreamMethod, BaseModel]:
