@@ -50,8 +50,9 @@ the method is open to; the message says which role it needs and what the key is)
 ``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``STORE`` (wrk-ork's file
 failed; it needs a restart), ``LAGGED`` (a watcher fell more than
 ``WATCH_BUFFER`` events behind: get the jobs and watch again),
-``TOO_MANY_WATCHERS``; and the RPC layer's own (``INVALID_PARAMS`` for params
-that fail validation, e.g. a bad JobSpec, with the fields named).
+``TOO_MANY_WATCHERS`` (64 streams, 8 of one key); and the RPC layer's own
+(``INVALID_PARAMS`` for params that fail validation, e.g. a bad JobSpec, with
+the fields named).
 
 A watch sees the changes made after it started (``snapshot=True`` first sends
 every matching job's current status, with ``previous`` equal to ``status``).
@@ -98,6 +99,7 @@ __all__ = [
     "LIST_NODES",
     "LIST_RACKS",
     "MAX_WATCHERS",
+    "MAX_WATCHERS_PER_KEY",
     "PROTOCOL",
     "REGISTER_RACK",
     "RELEASE_NODES",
@@ -136,6 +138,10 @@ log = logging.getLogger(__name__)
 WATCH_BUFFER = 1024
 #: Watch streams at once (app-node needs one or two); more get TOO_MANY_WATCHERS.
 MAX_WATCHERS = 64
+#: Watch streams one caller key holds at once (app-node needs one or two, the
+#: proxy one): the internet-facing proxy's key cannot take every slot and
+#: leave app-node without its job events.
+MAX_WATCHERS_PER_KEY = 8
 #: Nodes named in one reserve/release call.
 MAX_NODES_PER_CALL = 1000
 
@@ -282,8 +288,8 @@ JOB_READERS = frozenset({Role.APP_NODE, Role.PROXY})
 #: Who may call each method: method name -> roles (:mod:`.access`). A method
 #: not listed here is refused to everyone (FORBIDDEN), so a new method is
 #: closed until it gets its line (``NEW_METHOD.name: APP_NODE_ONLY,``).
-#: Workers call none: they speak only
-#: ``cosmicac-mq/1``, whose queues exist for registered racks' keys only.
+#: Workers call none: they speak only ``cosmicac-mq/1``, whose queues exist
+#: for registered racks' keys only.
 ACCESS: Mapping[str, frozenset[Role]] = MappingProxyType({
     CREATE_JOB.name: APP_NODE_ONLY,
     GET_JOB.name: JOB_READERS,
@@ -306,8 +312,9 @@ ACCESS: Mapping[str, frozenset[Role]] = MappingProxyType({
 class _Watcher:
     """One ``jobs.watch`` stream: its filter and its bounded queue of events."""
 
-    def __init__(self, params: WatchJobs) -> None:
+    def __init__(self, params: WatchJobs, caller: bytes | None) -> None:
         self.job_id, self.team = params.job_id, params.team
+        self.caller = caller
         self.send, self.receive = trio.open_memory_channel[JobEvent](WATCH_BUFFER)
         self.lagged = False
 
@@ -530,8 +537,13 @@ class OrkService(RpcService):
         if len(self._watchers) >= MAX_WATCHERS:
             raise RpcError("TOO_MANY_WATCHERS", f"wrk-ork serves at most {MAX_WATCHERS} "
                                                 "watch streams; close one first")
+        caller = ctx.remote_public_key
+        if sum(w.caller == caller for w in self._watchers) >= MAX_WATCHERS_PER_KEY:
+            raise RpcError("TOO_MANY_WATCHERS", f"this key holds {MAX_WATCHERS_PER_KEY} watch "
+                                                "streams already, the most one key may; "
+                                                "close one first")
         await self._pump_alone()  # what happened before this watch is not its business
-        watcher = _Watcher(params)
+        watcher = _Watcher(params, caller)
         self._watchers.add(watcher)
         try:
             if params.snapshot:

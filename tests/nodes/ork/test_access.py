@@ -28,6 +28,7 @@ from nodes.ork.service import (
     LIST_JOBS,
     LIST_NODES,
     LIST_RACKS,
+    MAX_WATCHERS_PER_KEY,
     PROTOCOL,
     REGISTER_RACK,
     RELEASE_NODES,
@@ -295,3 +296,24 @@ async def test_the_daemon_started_with_empty_allow_lists_refuses_and_says_so(
     messages = [record.getMessage() for record in caplog.records]
     assert sum("ork.no_callers" in m for m in messages) == 1
     assert sum("ork.clients_deprecated" in m for m in messages) == 1
+
+
+async def test_the_proxy_cannot_take_every_watch_slot_from_app_node(nursery, autojump_clock):
+    """Following jobs is the proxy's right, but one key holds at most
+    MAX_WATCHERS_PER_KEY streams: app-node keeps getting its job events."""
+    harness = Harness(access_for_test())
+    with trio.fail_after(10):
+        async with connect(nursery, harness.service, PROXY_KEY) as proxy:
+            streams = []
+            for _ in range(MAX_WATCHERS_PER_KEY):
+                stream = proxy.stream(WATCH_JOBS, WatchJobs(snapshot=True))
+                items = await stream.__aenter__()
+                streams.append(stream)
+                await items.__anext__()  # served: it holds a slot now
+            assert harness.service.watchers == MAX_WATCHERS_PER_KEY
+            assert await attempt(proxy, WATCH_JOBS, WatchJobs(snapshot=True)) == \
+                "TOO_MANY_WATCHERS"
+            async with connect(nursery, harness.service, APP_KEY) as app:
+                assert await attempt(app, WATCH_JOBS, WatchJobs(snapshot=True)) is None
+            for stream in streams:
+                await stream.__aexit__(None, None, None)
