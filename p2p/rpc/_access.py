@@ -106,7 +106,8 @@ class AccessTable:
         else:
             why = (f"{caller} has no role at {self.service}"
                    + (f" ({self._hint})" if self._hint else ""))
-        self._log(key, method if wanted is not None else method[:64], roles)
+        # A name the table does not know is the caller's text: quoted and cut.
+        self._log(key, method if wanted is not None else repr(method[:64]), roles)
         raise RpcError(FORBIDDEN, why)
 
     def statistics(self) -> AccessStatistics:
