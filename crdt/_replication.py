@@ -244,7 +244,7 @@ class Replicator(Service):
             if len(self._refusals_logged) >= MAX_WRITERS:
                 self._refusals_logged.clear()
             self._refusals_logged.add(key)  # type: ignore[arg-type]
-            log.warning("crdt.read_refused peer=%s method=%.64s reason=not a writer or reader",
+            log.warning("crdt.read_refused peer=%s method=%.66r reason=not a writer or reader",
                         "-" if key is None else format_key(key)[:16], method)
         raise RpcError("NOT_ALLOWED", f"{peer} may not read database "
                                       f"{format_key(self.db.bootstrap)[:16]}…: only its writers "
