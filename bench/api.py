@@ -196,7 +196,7 @@ def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
     unlimited = {"per_second": 1e6, "burst": 1_000_000}
     configs = {
         "wrk-ork": {"storage": str(workdir / "wrk-ork"), "host": HOST, "port": ork_port,
-                    "clients": [seeded.app_key]},
+                    "app_nodes": [seeded.app_key]},
         "app-node": {"storage": str(workdir / "app-node"), "host": HOST, "port": app_port,
                      "ork": seeded.ork_key, "ork_addresses": [f"{HOST}:{ork_port}"],
                      "http": {"host": HOST, "port": http_port},

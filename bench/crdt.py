@@ -144,14 +144,15 @@ def _catch_up_child(queue, folder: str, bootstrap, db_key: bytes, expected: int)
 
     async def main() -> None:
         from crdt import FsyncPolicy, ReplicationConfig
-        from p2p.keys import KeyPair
+        from p2p.keys import load_or_create_keypair
         from p2p.swarm import SwarmConfig
 
         config = SwarmConfig(host="127.0.0.1", bootstrap=tuple(bootstrap), lookup_max_s=1.0)
         async with trio.open_nursery() as nursery:
             started = time.perf_counter()
             service = await nursery.start(functools.partial(
-                replica_on_swarm, folder, KeyPair.generate(), config, bootstrap=db_key,
+                replica_on_swarm, folder, load_or_create_keypair(folder), config,
+                bootstrap=db_key,
                 fsync=FsyncPolicy.ALWAYS, replication=ReplicationConfig(request_admission=False)))
             db = service.db
             await until(lambda: sum(db.lengths.values()) >= expected, db, 600)
@@ -173,9 +174,11 @@ async def bench_catch_up(folder: Path, total: int) -> None:
     expected = total + 1  # the add_writer entry
     async with udp_testnet(3) as dht, trio.open_nursery() as nursery:
         config = SwarmConfig(host="127.0.0.1", bootstrap=tuple(dht.bootstrap))
+        # The catching-up replica is a reader the first one is configured to serve.
+        reader = load_or_create_keypair(folder / "c").public_key
         await nursery.start(functools.partial(
             replica_on_swarm, folder / "a", load_or_create_keypair(folder / "a"), config,
-            fsync=FsyncPolicy.NEVER))
+            fsync=FsyncPolicy.NEVER, readers=frozenset({reader})))
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
         child = context.Process(target=_catch_up_child, daemon=True, args=(

@@ -98,6 +98,9 @@ class DbSettings(DaemonSettings):
     relays: PublicKeyList = ()
     #: Keys admitted as writers when they ask (this replica must be an admin).
     allow: PublicKeyList = ()
+    #: Read-only replicas served. Only they, ``allow`` and the admitted writers
+    #: may read this replica (the logs hold every team's keys and usage).
+    readers: PublicKeyList = ()
     #: ``always``: an append returns once on disk; ``never``: tests and benchmarks only.
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
 
@@ -123,6 +126,10 @@ def serve(
         None, "--allow",
         help="Key admitted as a writer when it asks (repeatable or comma-separated); "
              "this replica must be an admin."),
+    readers: list[str] | None = typer.Option(
+        None, "--reader",
+        help="Key of a read-only replica this one serves (repeatable or comma-separated). "
+             "Only readers, --allow keys and admitted writers may read this replica."),
     fsync: FsyncPolicy | None = typer.Option(
         None, "--fsync",
         help="always: an append returns once on disk; never: tests and benchmarks only. "
@@ -139,6 +146,7 @@ def serve(
     variable COSMICAC_DB__<KEY> (README.md lists the keys).
     """
     allowed = parse_allow(allow)
+    reader_keys = parse_allow(readers, what="--reader key")
     relay_keys = parse_keys(relays, what="--relay key") if relays else []
     settings = load_settings_or_exit(DbSettings, config, {
         "storage": storage,
@@ -148,6 +156,7 @@ def serve(
         "port": port,
         "relays": tuple(relay_keys) or None,
         "allow": tuple(allowed) if allowed else None,
+        "readers": tuple(reader_keys) if reader_keys else None,
         "fsync": fsync,
         "metrics.port": metrics_port,
         "metrics.host": metrics_host,
@@ -182,7 +191,8 @@ async def _start(swarm_config: SwarmConfig, daemon: Daemon[DbSettings]) -> None:
     address = await daemon.nursery.start(swarm.run)
     service = await daemon.nursery.start(functools.partial(
         run_database_service, daemon.storage, swarm=swarm, bootstrap=settings.key,
-        allow=frozenset(settings.allow), fsync=settings.fsync,
+        allow=frozenset(settings.allow), readers=frozenset(settings.readers),
+        fsync=settings.fsync,
         replication=ReplicationConfig()))
     daemon.metrics.add(service.db.metrics.registry, swarm.metrics.registry)
     db = service.db

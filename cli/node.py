@@ -94,6 +94,9 @@ class NodeSettings(DaemonSettings):
     port: Port = DEFAULT_NODE_PORT
     #: Replica keys admitted as writers of the shared database when they ask.
     db_allow: PublicKeyList = ()
+    #: Read-only replicas of the shared database this node serves. Only they,
+    #: ``db_allow`` and the admitted writers may read it.
+    db_readers: PublicKeyList = ()
 
 
 def up(
@@ -114,6 +117,10 @@ def up(
     db_allow: list[str] | None = typer.Option(
         None, "--db-allow",
         help="Replica key admitted as a writer of the shared database when it asks."),
+    db_readers: list[str] | None = typer.Option(
+        None, "--db-reader",
+        help="Key of a read-only replica of the shared database this node serves; only "
+             "these, --db-allow keys and admitted writers may read it."),
 ) -> None:
     """Run what exists of the system on this machine, until Ctrl-C.
 
@@ -126,10 +133,12 @@ def up(
     in the --config file or as COSMICAC_NODE__<KEY>.
     """
     allowed = parse_allow(db_allow)
+    readers = parse_allow(db_readers, what="--db-reader key")
     settings = load_settings_or_exit(NodeSettings, config, {
         "storage": storage, "host": host, "port": port, "log_level": log_level,
         "metrics.port": metrics_port, "metrics.host": metrics_host,
         "db_allow": tuple(allowed) if allowed else None,
+        "db_readers": tuple(readers) if readers else None,
     })
     storage, host = settings.storage, settings.host
     port = settings.port
@@ -146,7 +155,8 @@ def up(
     try:
         trio.run(_run_node, keypair, storage.resolve(), host, port,
                  frozenset(settings.db_allow) or None,
-                 (metrics.host, metrics.port) if metrics.port else None)
+                 (metrics.host, metrics.port) if metrics.port else None,
+                 frozenset(settings.db_readers))
     except* CrdtError as group:
         fail(str(first_leaf(group)))
     except* OSError as group:
@@ -161,7 +171,12 @@ def up(
 
 
 class DiagnosticsService(RpcService):
-    """The node's diagnostics (ping, identify), counted per channel."""
+    """The node's diagnostics (ping, identify), counted per channel.
+
+    Open to any key, on purpose (``cosmicac ping`` dials with a fresh key each
+    time): it answers only what the node announces anyway (its key, agent
+    string and protocol names) and echoes at most 1 KiB, nothing of a team.
+    """
 
     def __init__(self, keypair: KeyPair, registry: CollectorRegistry) -> None:
         super().__init__(PROTOCOL, diagnostics_router(keypair.public_key, agent=AGENT))
@@ -178,7 +193,8 @@ class DiagnosticsService(RpcService):
 
 async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int,
                     db_allow: frozenset[bytes] | None,
-                    metrics: tuple[str, int] | None) -> None:
+                    metrics: tuple[str, int] | None,
+                    db_readers: frozenset[bytes] = frozenset()) -> None:
     registry = CollectorRegistry()
     Info("node", "This node", registry=registry).info({"key": keypair.hex, "agent": AGENT})
     # The network's first node: nobody can probe it, and we vouch for it.
@@ -188,7 +204,8 @@ async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int,
     async def start(nursery: trio.Nursery) -> None:
         bound_host, bound_port = await nursery.start(swarm.run)
         database = await nursery.start(functools.partial(
-            run_database_service, storage, swarm=swarm, allow=db_allow or frozenset()))
+            run_database_service, storage, swarm=swarm, allow=db_allow or frozenset(),
+            readers=db_readers))
         if metrics is not None:
             assert swarm.dht is not None
             everything = combined_registry(registry, dht_registry(swarm.dht),
@@ -208,8 +225,9 @@ async def _run_node(keypair: KeyPair, storage: Path, host: str, port: int,
                   markup=False)
         err.print(f"a replica joins with: PROXY_AUTOBASE_KEY={format_key(database.db.bootstrap)}"
                   f" cosmicac db serve --storage DIR --bootstrap {where}", markup=False)
-        err.print(f"and writes once admitted: cosmicac db add-writer <its key> --storage "
-                  f"{storage}", markup=False)
+        err.print(f"and replicates once admitted: cosmicac db add-writer <its key> --storage "
+                  f"{storage} (or start this node with --db-allow <its key>; --db-reader "
+                  "<its key> for a read-only replica)", markup=False)
 
     stopped_by = await run_until_signalled(start)
     log.info("node.stopping signal=%s", stopped_by)

@@ -53,9 +53,10 @@ __all__ = ["main", "parse_allow", "relay"]
 log = logging.getLogger("cosmicac.relay")
 
 
-def parse_allow(values: list[str] | None) -> frozenset[bytes] | None:
+def parse_allow(values: list[str] | None, *, what: str = "--allow key"
+                ) -> frozenset[bytes] | None:
     """Read ``--allow`` values (each may be comma-separated); none means no allow-list."""
-    keys = {key for value in values or () for key in parse_keys(value, what="--allow key")}
+    keys = {key for value in values or () for key in parse_keys(value, what=what)}
     return frozenset(keys) if keys else None
 
 

@@ -159,7 +159,11 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
               "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
               **({"default_image": default_image} if default_image else {})},
         ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
-              "bootstrap": bootstrap, "relays": relays, "clients": [keys[APP], keys[PROXY]],
+              "bootstrap": bootstrap, "relays": relays,
+              # Each caller exactly its role (nodes/ork/access.py): app-node every
+              # method, the proxy reading and following jobs; the worker speaks
+              # only the queue of its rack, below.
+              "app_nodes": [keys[APP]], "proxies": [keys[PROXY]],
               "racks": [{"key": keys[WORKER], **(rack or {"name": "local"})}],
               "telemetry": telemetry},
         WORKER: {"storage": str(storage / WORKER), "host": listen, "port": ports.worker,
@@ -256,6 +260,7 @@ def up(
     metrics_port: int | None = port_option(None, "--metrics-port", help="--node-only."),
     metrics_host: str | None = typer.Option(None, "--metrics-host", help="--node-only."),
     db_allow: list[str] | None = typer.Option(None, "--db-allow", help="--node-only."),
+    db_readers: list[str] | None = typer.Option(None, "--db-reader", help="--node-only."),
 ) -> None:
     """Run the whole system on this machine until Ctrl-C.
 
@@ -269,13 +274,15 @@ def up(
 
     Example: cosmicac up --reset --base-port 30000 --no-table
     """
-    node_options = (config, host, port, log_level, metrics_port, metrics_host, db_allow)
+    node_options = (config, host, port, log_level, metrics_port, metrics_host, db_allow,
+                    db_readers)
     node_env = any(name.startswith(_NODE_ENV_PREFIX) or name in _NODE_LEGACY_ENV
                    for name in os.environ)
     if node_only or any(option is not None for option in node_options) or node_env:
         from .node import up as node_up
         node_up(config=config, storage=storage, host=host, port=port, log_level=log_level,
-                metrics_port=metrics_port, metrics_host=metrics_host, db_allow=db_allow)
+                metrics_port=metrics_port, metrics_host=metrics_host, db_allow=db_allow,
+                db_readers=db_readers)
         return
     storage = (storage or Path(".cosmicac")).absolute()
     if not 1 <= base_port <= 65535 - 20:

@@ -38,6 +38,10 @@ class DatabaseMetrics:
             registry=self.registry)
         self.rebuilds = Counter("crdt_view_rebuilds",
                                 "Times the view was rebuilt from the logs", registry=self.registry)
+        self.reads_refused = Counter(
+            "crdt_reads_refused",
+            "heads/fetch calls refused: the caller is neither a writer nor a configured reader",
+            ["method"], registry=self.registry)
         self.admissions = Counter(
             "crdt_admission_requests", "Requests to be admitted as a writer, by outcome",
             ["outcome"], registry=self.registry)

@@ -18,6 +18,18 @@ writer: two peers ahead on the same log do not both send it.
 
 A replica that is not yet a writer asks each peer to ``join`` it until an
 admin whose allow-list holds its key appends ``add_writer`` for it.
+
+Who may read (DESIGN.md §5): the logs hold every team's key ids, names,
+scopes, secret hashes and usage, so ``heads`` and ``fetch`` answer only
+:meth:`Replicator.may_read` keys: the writers admitted and not removed (in
+this replica's view), the keys this replica admits when they ``join``
+(``allow``: they are about to be writers; not once removed) and the
+read-only replicas it is configured to serve (``readers``). Anyone else
+gets ``NOT_ALLOWED`` (counted in ``crdt_reads_refused_total{method}``,
+logged once per key). A replica pulls only from peers that may read its own
+copy, and a ``NOT_ALLOWED`` answer to its own pull is waited out (it may be
+admitted later), not treated as a broken peer. ``join`` and ``admin`` reveal
+nothing of the data and keep their own checks (:data:`METHOD_ACCESS`).
 """
 
 from __future__ import annotations
@@ -68,7 +80,8 @@ from ._messages import (
     admin_message,
 )
 
-__all__ = ["PeerState", "ReplicationConfig", "Replicator", "replication_topic"]
+__all__ = ["METHOD_ACCESS", "PeerState", "ReplicationConfig", "Replicator",
+           "replication_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +91,19 @@ MAX_PENDING_BYTES = 8 * 1024 * 1024
 #: logs that depend on each other then arrive side by side, so few entries
 #: wait in the causal gate for another log's entries.
 ROUND_BYTES = 1024 * 1024
+
+
+#: Who may call each method of ``cosmicac-db/1``. ``reader``: only the keys
+#: that may read (:meth:`Replicator.may_read`); ``anyone``: the handler checks
+#: the caller itself (``join``: the admin's allow-list; ``admin``: the
+#: replica's own signature) and answers nothing of the data. A method not
+#: listed is refused (``NOT_ALLOWED``) to everyone.
+METHOD_ACCESS: dict[str, str] = {
+    HEADS.name: "reader",
+    FETCH.name: "reader",
+    JOIN.name: "anyone",
+    ADMIN.name: "anyone",
+}
 
 
 def replication_topic(bootstrap: bytes) -> bytes:
@@ -122,25 +148,33 @@ class Replicator(Service):
 
     A :class:`~p2p.host.Service` on the daemon's one swarm::
 
-        replicator = Replicator(db, allow={proxy_key})
+        replicator = Replicator(db, allow={proxy_key}, readers={backup_key})
         swarm.add_service(replicator)
         swarm.join(replicator.topic)
 
-    It serves ``cosmicac-db/1`` to any peer that opens it, refuses peers it
-    banned, and pulls from a peer that the replication topic led us to, or
-    that opened the protocol to us (so the daemon's other peers, a CLI or an
+    It serves ``cosmicac-db/1`` to the peers that may read it (see the module
+    doc; others get ``NOT_ALLOWED``), refuses peers it banned, and pulls from
+    a peer that may read, once the replication topic led us to it or it
+    opened the protocol to us (so the daemon's other peers, a CLI or an
     agent, are not asked for a database they do not have).
 
     Args:
         db: the replica.
         allow: keys this replica admits as writers when they ``join`` (it
-            must itself be an admin).
+            must itself be an admin); they may read too.
+        readers: keys of read-only replicas this replica serves (e.g. a
+            backup); with the admitted writers and ``allow``, the only keys
+            that may read (``heads``, ``fetch``).
     """
 
     def __init__(self, db: Database, *, allow: Iterable[bytes] = (),
+                 readers: Iterable[bytes] = (),
                  config: ReplicationConfig | None = None) -> None:
         self.db = db
         self.allow = frozenset(allow)
+        self.readers = frozenset(readers)
+        #: Keys whose refused read was logged (bounded: cleared when full).
+        self._refusals_logged: set[bytes] = set()
         self.config = config or ReplicationConfig()
         self.topic = replication_topic(db.bootstrap)
         self.peers: dict[bytes, PeerState] = {}
@@ -149,7 +183,7 @@ class Replicator(Service):
         self._unknown_offers: dict[tuple[bytes, bytes], int] = {}
         self.changed = trio.Event()  # replaced whenever ``peers`` changes
         self.protocol = PROTOCOL
-        self._router = Router()
+        self._router = Router(guard=self._guard)
         self._router.add(HEADS, self._heads)
         self._router.add(FETCH, self._fetch)
         self._router.add(JOIN, self._join)
@@ -157,6 +191,11 @@ class Replicator(Service):
         #: Connections whose peer opened our protocol to us: set once it does.
         self._spoke: weakref.WeakKeyDictionary[Connection, trio.Event] = (
             weakref.WeakKeyDictionary())
+
+    @property
+    def router(self) -> Router:
+        """The methods served to every peer (guarded by :data:`METHOD_ACCESS`)."""
+        return self._router
 
     def allows(self, remote_public_key: bytes, how: str) -> bool:
         return self.firewall(remote_public_key, how)
@@ -183,6 +222,35 @@ class Replicator(Service):
         if event is None:
             event = self._spoke[connection] = trio.Event()
         return event
+
+    def may_read(self, key: bytes) -> bool:
+        """May ``key`` read this replica (``heads``, ``fetch``)? A configured reader,
+        an admitted writer (not removed), or a key this admin admits on ``join``
+        (unless it was removed: a removed key is never readmitted, so its place
+        on the allow-list reads nothing either)."""
+        if key in self.readers:
+            return True
+        admission = self.db.base.admission
+        return admission.is_writer(key) or (key in self.allow and not admission.knows(key))
+
+    def _guard(self, method: str, key: bytes | None) -> None:
+        """The router's guard: every call passes it before it is routed."""
+        need = METHOD_ACCESS.get(method)
+        if need == "anyone" or (need == "reader" and key is not None and self.may_read(key)):
+            return
+        self.db.metrics.reads_refused.labels(method if need else "(unlisted)").inc()
+        peer = "a caller with no proven key" if key is None else format_key(key)
+        if key not in self._refusals_logged:
+            if len(self._refusals_logged) >= MAX_WRITERS:
+                self._refusals_logged.clear()
+            self._refusals_logged.add(key)  # type: ignore[arg-type]
+            log.warning("crdt.read_refused peer=%s method=%.66r reason=not a writer or reader",
+                        "-" if key is None else format_key(key)[:16], method)
+        raise RpcError("NOT_ALLOWED", f"{peer} may not read database "
+                                      f"{format_key(self.db.bootstrap)[:16]}…: only its writers "
+                                      "and the readers its replicas are configured with may; "
+                                      f"ask its admin to add {peer} (add-writer, --allow or "
+                                      "--reader)")
 
     def _check_db(self, db: bytes) -> None:
         if db != self.db.bootstrap:
@@ -267,6 +335,11 @@ class Replicator(Service):
             async with trio.open_nursery() as nursery:
                 for wait in (spoke.wait, connection.wait_topics_changed):
                     nursery.start_soon(_then_cancel, wait, nursery.cancel_scope)
+        # A peer that may not read our copy is not pulled from either: what a
+        # stranger offers is not ours to store. It may be admitted later (its
+        # add_writer arrives with a log): look again on every change.
+        while not self.may_read(key):
+            await self.db.wait_changed(self.db.lengths, math.inf)
         try:
             # Both ends open this protocol at once; a fresh id keeps the two
             # channels apart (same protocol and id would pair them up as one).
@@ -319,6 +392,7 @@ class Replicator(Service):
         db = self.db
         known: list[tuple[bytes, int]] | None = None
         stalled = 0.0
+        refused_wait = 0.0
         while True:
             wait_s = self.config.poll_s if known is not None else 0.0
             try:
@@ -328,7 +402,19 @@ class Replicator(Service):
             except RpcError as exc:
                 if exc.code == "INVALID_RESULT":
                     raise BadPeer(f"bad heads answer: {exc}", code="BAD_ANSWER") from None
+                if exc.code == "NOT_ALLOWED":
+                    # Not a reader there (yet): an admin may admit us (join, or
+                    # an operator's add-writer), so ask again, slower each time.
+                    refused_wait = (min(refused_wait * 2, 60.0) if refused_wait
+                                    else self.config.join_retry_s)
+                    log.log(logging.WARNING if refused_wait >= 60.0 else logging.INFO,
+                            "crdt.read_refused_by_peer peer=%s retry_s=%.0f reason=%s",
+                            format_key(state.key)[:12], refused_wait, exc.message)
+                    await trio.sleep(refused_wait)
+                    known = None
+                    continue
                 raise
+            refused_wait = 0.0
             state.lengths = dict(heads.lengths)
             await self._catch_up(client, state)
             known = heads.lengths

@@ -46,6 +46,7 @@ async def run_database_service(
     swarm: Swarm,
     bootstrap: bytes | None = None,
     allow: frozenset[bytes] = frozenset(),
+    readers: frozenset[bytes] = frozenset(),
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
     replication: ReplicationConfig | None = None,
     task_status: trio.TaskStatus[DatabaseService] = trio.TASK_STATUS_IGNORED,
@@ -60,13 +61,17 @@ async def run_database_service(
     out the service is removed from the swarm, the topic left and the
     database closed (after any write in progress).
 
+    ``allow``: keys admitted as writers when they ask (this replica must be an
+    admin); ``readers``: read-only replicas served. Only they and the admitted
+    writers may read this replica (:meth:`Replicator.may_read`).
+
     Raises:
         DatabaseMismatch, LogCorrupted, LogInUse: opening failed (see :meth:`Base.open`).
     """
     db = await Database.open(storage, swarm.keypair, bootstrap=bootstrap, fsync=fsync)
     replicator: Replicator | None = None
     try:
-        replicator = Replicator(db, allow=allow, config=replication)
+        replicator = Replicator(db, allow=allow, readers=readers, config=replication)
         swarm.add_service(replicator)
         swarm.join(replicator.topic, server=True, client=True)
         assert swarm.address is not None

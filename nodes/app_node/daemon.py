@@ -107,6 +107,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             service = await nursery.start(functools.partial(
                 run_database_service, storage / "db", swarm=swarm,
                 allow=frozenset(settings.database_writers),
+                readers=frozenset(settings.database_readers),
                 fsync=FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER))
             db = service.db
             for writer in settings.database_writers:  # again at each start: a no-op then

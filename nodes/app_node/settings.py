@@ -124,6 +124,10 @@ class AppNodeSettings(DaemonSettings):
     #: Writers admitted to the shared database at start (proxy-inference's key;
     #: ``cosmicac autobase-connect`` admits more later).
     database_writers: PublicKeyList = ()
+    #: Read-only replicas of the shared database app-node serves (e.g. a
+    #: backup's ``cosmicac db serve``). Only they, the writers and the keys
+    #: above may read it: the logs hold every team's keys and usage.
+    database_readers: PublicKeyList = ()
     http: HttpSettings = HttpSettings()
     #: Shared rate limits when set (``REDIS_URL``); in-process limits otherwise.
     redis_url: str | None = None

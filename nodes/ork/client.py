@@ -30,7 +30,7 @@ class OrkClient(PeerClient):
     peer = "wrk-ork"
     protocol = PROTOCOL
     unavailable = OrkUnavailable
-    hint = "that it lists this daemon's key in its clients"
+    hint = "that it lists this daemon's key in its app_nodes"
     default_timeout_s = DEFAULT_TIMEOUT_S
 
     @property

@@ -2,8 +2,10 @@
 
 One swarm, one identity (``<storage>/identity``), two services:
 
-- ``cosmicac-ork/1``: jobs, replicas, racks, nodes and ``jobs.watch`` for
-  app-node (callers limited to ``clients``);
+- ``cosmicac-ork/1``: jobs, replicas, racks, nodes and ``jobs.watch``, each
+  method open to the roles :data:`~.service.ACCESS` names: app-node
+  (``app_nodes``) every method, proxy-inference (``proxies``) reading and
+  following jobs; nobody else (an empty allow-list refuses every call);
 - ``cosmicac-mq/1``: one durable queue per registered rack (operations out,
   reports in); a worker dials wrk-ork and the queue replicates over that
   connection.
@@ -30,6 +32,7 @@ from p2p.keys import load_or_create_keypair
 from p2p.queue import QueueService
 from p2p.swarm import Swarm, SwarmConfig
 
+from .access import OrkAccess
 from .driver import OrkDriver
 from .errors import OrkError
 from .orchestrator import Orchestrator
@@ -62,26 +65,36 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
             except OrkError as exc:
                 raise DaemonError(f"cannot register rack {rack.key.hex()[:16]}…: {exc}") \
                     from None
-    clients = frozenset(settings.clients)
-    if not clients:
-        log.warning("ork.open_to_all reason=no clients configured; any key may manage jobs")
     queues = QueueService()
     driver = OrkDriver(orchestrator, queues, keypair, storage, fsync=settings.fsync,
                        tick_interval_s=settings.tick_interval_s)
-    service = OrkService(orchestrator, allow=lambda key: not clients or key in clients,
+    access = OrkAccess.from_settings(app_nodes=settings.app_nodes, proxies=settings.proxies,
+                                     clients=settings.clients,
+                                     is_rack=lambda key: queues.queue(key) is not None)
+    if settings.clients:
+        log.warning("ork.clients_deprecated keys=%d: 'clients' gives every key in it the "
+                    "app-node role (every method); list app-node's key in app_nodes and "
+                    "proxy-inference's in proxies instead (cosmicac bootstrap "
+                    "--rewrite-configs writes them)", len(settings.clients))
+    if access.empty:
+        log.warning("ork.no_callers: app_nodes and proxies are empty, so every call to "
+                    "cosmicac-ork/1 is refused (FORBIDDEN); set app_nodes to app-node's key")
+    service = OrkService(orchestrator, roles=access.roles_of,
                          on_change=driver.changed, limiter=driver.limiter)
     driver.set_pump(service.pump)
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
         relays=settings.relays, announce_addresses=settings.announce_addresses),
         services=[queues, service])
-    swarm.add_reserved(lambda key: key in clients or queues.queue(key) is not None)  # racks too
+    # Its callers and its racks keep their room under a flood of strangers.
+    swarm.add_reserved(lambda key: bool(access.roles_of(key)))
     try:
         address = await daemon.nursery.start(swarm.run)
     except OSError as exc:
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
                           f"{exc.strerror or exc}") from None
-    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: driver.snapshot))
+    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: driver.snapshot),
+                       snapshot_registry(service.metrics))
     # Before the driver: the System steps of jobs it resumes are shipped too.
     await start_telemetry(daemon, swarm, settings.telemetry, service="wrk-ork")
     await daemon.nursery.start(driver.run)

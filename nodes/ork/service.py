@@ -5,8 +5,10 @@ Theory of operation
 -------------------
 :class:`OrkService` is a :class:`~p2p.host.RpcService` the daemon adds to its
 swarm. Every call is authorised by the caller's Noise-proven key
-(``ctx.remote_public_key``; DESIGN.md §4: app-node is the only client), through
-the ``allow`` predicate the daemon gives (``FORBIDDEN`` otherwise). A handler
+(``ctx.remote_public_key``) before anything else is done with it: the key's
+roles (:mod:`.access`: app-node, proxy, worker) must include one that
+:data:`ACCESS` lists for the method, else ``FORBIDDEN``; a method
+:data:`ACCESS` does not list is refused to everyone. A handler
 calls the orchestrator synchronously (no await between the change and what
 follows it), then :meth:`OrkService.pump` hands the status changes it made to
 the ``jobs.watch`` streams, and ``on_change`` tells the daemon there are
@@ -32,6 +34,13 @@ Methods (params -> result; every model below, msgpack maps on the wire)::
     teams.set_shell_keys ShellKeys(team, keys, version) -> ShellKeysAck(version, applied)
     service.status   StatusRequest                  -> ServiceStatus  (contracts.health)
 
+Who may call what (:data:`ACCESS`; DESIGN.md §5, least privilege)::
+
+    app-node         every method
+    proxy            jobs.get, jobs.list, jobs.watch   (routing inference; it changes nothing)
+    worker           none (it speaks cosmicac-mq/1, the queue of its rack)
+    any other key    none
+
 ``service.status`` is what app-node's health prober asks every interval:
 ``queue_depth`` is the outbox (operations recorded, not yet on their rack's
 queue), ``last_report_at`` the newest report heard from any rack, ``details``
@@ -43,14 +52,16 @@ against the team's jobs in the same call that adds the job (:mod:`.quota`),
 so two racing creates cannot both pass it; over it: ``QUOTA_EXCEEDED`` with
 ``data`` ``{scope: team|user, quota, in_use, requested}``.
 
-Error codes (``RpcError.code``): ``FORBIDDEN`` (not app-node's key),
+Error codes (``RpcError.code``): ``FORBIDDEN`` (the caller's key has no role
+the method is open to; the message says which role it needs and what the key is),
 ``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``QUOTA_EXCEEDED``, ``STORE`` (wrk-ork's file
 failed; it needs a restart), ``LAGGED`` (a watcher fell more than
 ``WATCH_BUFFER`` events behind: get the jobs and watch again),
-``TOO_MANY_WATCHERS``; and the RPC layer's own (``INVALID_PARAMS`` for params
-that fail validation, e.g. a bad JobSpec, with the fields named).
+``TOO_MANY_WATCHERS`` (64 streams, 8 of one key); and the RPC layer's own
+(``INVALID_PARAMS`` for params that fail validation, e.g. a bad JobSpec, with
+the fields named).
 
-``teams.set_shell_keys`` (issue 21; app-node only: it is the truth of a
+``teams.set_shell_keys`` (app-node only: it is the truth of a
 team's members and their CLI keys) keeps a team's shell keys if their version
 is above wrk-ork's and sends a changed set to the racks running the team's
 container jobs (:mod:`contracts.shell_access`); ``applied`` False: wrk-ork
@@ -64,7 +75,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from types import MappingProxyType
 from typing import Annotated, Any
 
 import trio
@@ -73,15 +85,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
 from contracts.model import JobSpec, JobStatus, KeyHex
 from contracts.shell_access import ShellKeys, ShellKeysAck
+from nodes.metrics import Family, Snapshot
 from p2p.host import RpcService
-from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
+from p2p.rpc import (
+    AccessTable,
+    CallContext,
+    Method,
+    Router,
+    RpcConfig,
+    RpcError,
+    StreamMethod,
+)
 
+from .access import Role
 from .errors import OrkError
 from .orchestrator import Orchestrator
 from .steps import step_line
 from .views import JobEvent, JobView, RackInfo
 
 __all__ = [
+    "ACCESS",
     "CREATE_JOB",
     "DELETE_JOB",
     "DELETE_REPLICA",
@@ -90,6 +113,7 @@ __all__ = [
     "LIST_NODES",
     "LIST_RACKS",
     "MAX_WATCHERS",
+    "MAX_WATCHERS_PER_KEY",
     "PROTOCOL",
     "REGISTER_RACK",
     "RELEASE_NODES",
@@ -130,6 +154,10 @@ log = logging.getLogger(__name__)
 WATCH_BUFFER = 1024
 #: Watch streams at once (app-node needs one or two); more get TOO_MANY_WATCHERS.
 MAX_WATCHERS = 64
+#: Watch streams one caller key holds at once (app-node needs one or two, the
+#: proxy one): the internet-facing proxy's key cannot take every slot and
+#: leave app-node without its job events.
+MAX_WATCHERS_PER_KEY = 8
 #: Nodes named in one reserve/release call.
 MAX_NODES_PER_CALL = 1000
 
@@ -282,12 +310,42 @@ RELEASE_NODES = Method("nodes.release", params=ReleaseNodes, result=Empty)
 WATCH_JOBS = StreamMethod("jobs.watch", params=WatchJobs, item=JobEvent)
 SET_SHELL_KEYS = Method("teams.set_shell_keys", params=ShellKeys, result=ShellKeysAck)
 
+#: app-node only: every method that changes something, and the control views.
+APP_NODE_ONLY = frozenset({Role.APP_NODE})
+#: Reading and following jobs: all proxy-inference needs to route inference.
+JOB_READERS = frozenset({Role.APP_NODE, Role.PROXY})
+
+#: Who may call each method: method name -> roles (:mod:`.access`). A method
+#: not listed here is refused to everyone (FORBIDDEN), so a new method is
+#: closed until it gets its line (``NEW_METHOD.name: APP_NODE_ONLY,``).
+#: Workers call none: they speak only ``cosmicac-mq/1``, whose queues exist
+#: for registered racks' keys only.
+ACCESS: Mapping[str, frozenset[Role]] = MappingProxyType({
+    CREATE_JOB.name: APP_NODE_ONLY,
+    GET_JOB.name: JOB_READERS,
+    LIST_JOBS.name: JOB_READERS,
+    WATCH_JOBS.name: JOB_READERS,
+    RESTART_JOB.name: APP_NODE_ONLY,
+    DELETE_JOB.name: APP_NODE_ONLY,
+    RESTART_REPLICA.name: APP_NODE_ONLY,
+    DELETE_REPLICA.name: APP_NODE_ONLY,
+    REGISTER_RACK.name: APP_NODE_ONLY,
+    LIST_RACKS.name: APP_NODE_ONLY,
+    REMOVE_RACK.name: APP_NODE_ONLY,
+    LIST_NODES.name: APP_NODE_ONLY,
+    RESERVE_NODES.name: APP_NODE_ONLY,
+    RELEASE_NODES.name: APP_NODE_ONLY,
+    STATUS.name: APP_NODE_ONLY,
+    SET_SHELL_KEYS.name: APP_NODE_ONLY,
+})
+
 
 class _Watcher:
     """One ``jobs.watch`` stream: its filter and its bounded queue of events."""
 
-    def __init__(self, params: WatchJobs) -> None:
+    def __init__(self, params: WatchJobs, caller: bytes | None) -> None:
         self.job_id, self.team = params.job_id, params.team
+        self.caller = caller
         self.send, self.receive = trio.open_memory_channel[JobEvent](WATCH_BUFFER)
         self.lagged = False
 
@@ -301,14 +359,20 @@ class OrkService(RpcService):
 
     Args:
         orch: the orchestrator (driven from the same trio thread as the daemon).
-        allow: ``allow(caller_key) -> bool``; app-node's key, nobody else.
+        roles: ``roles(caller_key) -> roles`` (:class:`~.access.OrkAccess`'s
+            ``roles_of``); what each role may call is :data:`ACCESS`.
+        allow: instead of ``roles``: ``allow(caller_key) -> bool``, the keys
+            given the app-node role (every method), nobody else. Neither
+            given: every call is refused.
         clock: the ``now`` given to the orchestrator (wall-clock seconds).
         on_change: called after every call (it may have queued operations),
             so the daemon publishes :meth:`Orchestrator.outbox`.
         config: the RPC server's limits.
     """
 
-    def __init__(self, orch: Orchestrator, *, allow: Callable[[bytes], bool],
+    def __init__(self, orch: Orchestrator, *,
+                 roles: Callable[[bytes], Collection[str]] | None = None,
+                 allow: Callable[[bytes], bool] | None = None,
                  clock: Callable[[], float] = time.time,
                  on_change: Callable[[], object] | None = None,
                  config: RpcConfig | None = None,
@@ -317,13 +381,18 @@ class OrkService(RpcService):
         #: Given: every orchestrator call runs in a thread holding it (its
         #: SQLite commits fsync), one at a time with the daemon's own calls.
         self._limiter = limiter
-        self._allow = allow
+        if roles is None:
+            roles = ((lambda key: APP_NODE_ONLY if allow(key) else frozenset())
+                     if allow is not None else (lambda key: frozenset()))
+        #: Every call passes it before it is routed (the router's guard).
+        self.access = AccessTable("wrk-ork", ACCESS, roles,
+                                  hint="list it in wrk-ork's app_nodes or proxies")
         self._clock = clock
         self._on_change = on_change
         self._watchers: set[_Watcher] = set()
         #: ``service.status``'s ``started_at``: when this service was built.
         self.started_at = clock()
-        router = Router()
+        router = Router(guard=self.access.check)
         for method, handler in [
             (CREATE_JOB, self._create_job), (RESTART_JOB, self._restart_job),
             (DELETE_JOB, self._delete_job), (RESTART_REPLICA, self._restart_replica),
@@ -340,6 +409,13 @@ class OrkService(RpcService):
             router.add(method, self._unary(handler, changes=False))
         router.add(WATCH_JOBS, self._watch)
         super().__init__(PROTOCOL, router, config=config)
+
+    def metrics(self) -> Snapshot:
+        """Calls refused by :data:`ACCESS`, by method, for the daemon's ``/metrics``."""
+        return Snapshot({"ork_calls_refused": Family(
+            "cosmicac-ork/1 calls refused (FORBIDDEN) by method; (unlisted): a method "
+            "the access table does not name", self.access.statistics().refused, "method",
+            counter=True)})
 
     @property
     def watchers(self) -> int:
@@ -385,19 +461,12 @@ class OrkService(RpcService):
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _authorise(self, ctx: CallContext) -> None:
-        key = ctx.remote_public_key
-        if key is None or not self._allow(key):
-            raise RpcError("FORBIDDEN", "only app-node may call wrk-ork; "
-                                        "check the key wrk-ork is configured to trust")
-
     def _unary(self, handler: Callable[[Any], BaseModel], *, changes: bool
                ) -> Callable[[Any, CallContext], Any]:
         """``handler`` as an RPC method; after one that ``changes`` state, the
         watchers are pumped and the daemon told (it publishes the outbox).
         Reads do neither: a busy listing must not cost a publishing round each."""
         async def serve(params: Any, ctx: CallContext) -> BaseModel:
-            self._authorise(ctx)
             try:
                 if self._limiter is None:
                     result = handler(params)
@@ -506,12 +575,16 @@ class OrkService(RpcService):
                               last_report_at=orch.last_report_at(), details=details)
 
     async def _watch(self, params: WatchJobs, ctx: CallContext) -> AsyncIterator[JobEvent]:
-        self._authorise(ctx)
         if len(self._watchers) >= MAX_WATCHERS:
             raise RpcError("TOO_MANY_WATCHERS", f"wrk-ork serves at most {MAX_WATCHERS} "
                                                 "watch streams; close one first")
+        caller = ctx.remote_public_key
+        if sum(w.caller == caller for w in self._watchers) >= MAX_WATCHERS_PER_KEY:
+            raise RpcError("TOO_MANY_WATCHERS", f"this key holds {MAX_WATCHERS_PER_KEY} watch "
+                                                "streams already, the most one key may; "
+                                                "close one first")
         await self._pump_alone()  # what happened before this watch is not its business
-        watcher = _Watcher(params)
+        watcher = _Watcher(params, caller)
         self._watchers.add(watcher)
         try:
             if params.snapshot:

@@ -42,9 +42,14 @@ class OrkSettings(DaemonSettings):
     relays: PublicKeyList = ()
     #: Addresses to announce instead of the listener's.
     announce_addresses: AddressList | None = None
-    #: Keys allowed to call the job/rack RPC service (app-node, operators'
-    #: CLIs). Empty: any key (the embedded ``make up`` deployment only; the
-    #: daemon warns).
+    #: app-node's key(s): may call every method of ``cosmicac-ork/1``.
+    app_nodes: PublicKeyList = ()
+    #: proxy-inference's key(s): may read and follow jobs (``jobs.get``,
+    #: ``jobs.list``, ``jobs.watch``), nothing else.
+    proxies: PublicKeyList = ()
+    #: Deprecated (the single allow-list before roles): its keys get the
+    #: app-node role, with a warning at start. Use ``app_nodes`` and ``proxies``.
+    #: With no key in any of the three, every call is refused (never: anyone).
     clients: PublicKeyList = ()
     #: Racks registered at start, in addition to those registered over RPC.
     racks: tuple[RackSetting, ...] = ()

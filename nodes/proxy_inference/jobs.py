@@ -9,7 +9,8 @@ rebuilds its :class:`~.router.RoutingTable` from it. Two sources:
   ``jobs.watch`` (status changes) and reads ``jobs.list`` once at the start,
   after every burst of changes, and every ``refresh_s`` (an agent key can
   change without a job status changing, e.g. a replica restarted within an
-  Active job). wrk-ork admits the proxy's key by its ``clients`` setting; a
+  Active job). wrk-ork gives the proxy's key the proxy role by its ``proxies``
+  setting (reading and following jobs, nothing else); a
   ``FORBIDDEN`` answer is logged once per connection and tried again later.
 - :class:`StaticJobSource`: jobs a test or a benchmark sets by hand.
 

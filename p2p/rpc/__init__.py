@@ -4,6 +4,7 @@ cancellation and server-streamed responses (a hyperswarm-rpc/HRPC analogue).
 See ``README.md`` in this folder for the wire format.
 """
 
+from p2p.rpc._access import FORBIDDEN, AccessStatistics, AccessTable, Guard
 from p2p.rpc._channels import keep_client_channel
 from p2p.rpc._client import ClientStatistics, ItemStream, RpcClient
 from p2p.rpc._config import RpcConfig
@@ -26,8 +27,12 @@ from p2p.rpc._server import (
 )
 
 __all__ = [
+    "FORBIDDEN",
+    "AccessStatistics",
+    "AccessTable",
     "CallContext",
     "ClientStatistics",
+    "Guard",
     "ItemStream",
     "Method",
     "PeerConnection",

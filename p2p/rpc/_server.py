@@ -19,8 +19,13 @@ call, hence the reuse. A STREAM_REQUEST gets its own task and scope; its items
 wait for the core's item credit. A worker sends its call's reply from its own
 task (the mux writes it at once when nothing else is being written).
 
-Immediate answers (``BUSY`` from the core; ``UNKNOWN_METHOD`` and
-``INVALID_PARAMS`` from routing) are handed to the channel without waiting
+A router may have a guard (``Router(guard=...)``, e.g.
+:class:`~p2p.rpc.AccessTable`'s ``check``): it sees every request's method and
+the caller's key before the method is looked up, and its ``RpcError`` is the
+answer (``FORBIDDEN``); nothing else is done with a refused request.
+
+Immediate answers (``BUSY`` from the core; the guard's refusals,
+``UNKNOWN_METHOD`` and ``INVALID_PARAMS`` from routing) are handed to the channel without waiting
 (:class:`~p2p.rpc._sending.Outbox`). If the channel cannot take one now (the
 client is not reading its replies) it waits for the outbox task; at most
 ``max_concurrent_calls`` answers wait, and beyond that the answer is dropped and
@@ -108,10 +113,26 @@ StreamHandler = Callable[[Any, CallContext], AsyncIterator[Any]]
 
 
 class Router:
-    """Maps method names to (declaration, handler); shared by any number of servers."""
+    """Maps method names to (declaration, handler); shared by any number of servers.
 
-    def __init__(self) -> None:
+    Args:
+        guard: ``guard(method, remote_public_key)``, run on every request
+            before anything else (before the method is looked up and its
+            params read): it returns to admit the call, or raises
+            :class:`RpcError` (e.g. ``FORBIDDEN``), which is the answer. A
+            guard that raises anything else refuses too (``INTERNAL``,
+            logged): it fails closed. :class:`~p2p.rpc.AccessTable`'s
+            ``check`` is one.
+    """
+
+    def __init__(self, *, guard: Callable[[str, bytes | None], None] | None = None) -> None:
         self._routes: dict[str, tuple[Method | StreamMethod, Callable[..., Any]]] = {}
+        self.guard = guard
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every method's wire name."""
+        return frozenset(self._routes)
 
     def add(self, method: Method | StreamMethod, handler: Callable[..., Any]) -> None:
         """Register ``handler`` for ``method``.
@@ -143,6 +164,8 @@ class ServerStatistics:
     bad_messages: int
     #: Immediate error answers dropped because the client was not reading.
     replies_dropped: int = 0
+    #: Requests the router's guard refused.
+    calls_refused: int = 0
 
 
 class _Call:
@@ -232,6 +255,7 @@ class RpcServer:
         self._calls: dict[int, _Call] = {}
         self._nursery: trio.Nursery | None = None
         self._calls_failed = 0
+        self._calls_refused = 0
         #: Idle unary workers, parked in _next_call (bounded: see _start).
         self._idle: list[_Worker] = []
         self._outbox = Outbox(channel, limit=self.config.max_concurrent_calls)
@@ -246,6 +270,7 @@ class RpcServer:
             busy_replies=core.busy_replies,
             bad_messages=core.bad_messages,
             replies_dropped=self._outbox.dropped,
+            calls_refused=self._calls_refused,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -294,6 +319,20 @@ class RpcServer:
         """Route an admitted call to a task; False if it was answered at once."""
         rid = msg.id
         core = self._core
+        guard = self._router.guard
+        if guard is not None:
+            try:
+                guard(msg.method, self.remote_public_key)
+            except RpcError as exc:
+                self._calls_refused += 1
+                core.send_error(rid, exc.code, exc.message, exc.data)
+                return False
+            except Exception:  # a bug in the guard: refuse, never admit
+                logger.exception("rpc.guard_failed server=%s method=%.64r", self.name,
+                                 msg.method)
+                self._calls_refused += 1
+                core.send_error(rid, "INTERNAL", "the server could not authorise this call")
+                return False
         route = self._router.get(msg.method)
         is_stream = type(msg) is StreamRequest
         if route is None or isinstance(route[0], StreamMethod) != is_stream:

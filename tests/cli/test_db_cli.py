@@ -91,14 +91,47 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
             assert code == 0, err
             assert re.search(r"removed [0-9a-f]{64}: its first 0 entries go on counting "
                              r"\(via daemon pid \d+\)", out)
-            while True:  # bounded by fail_after
-                proxy_status = await status(proxy_storage)
-                if any(w["key"] == proxy_key and w["cap"] == 0 for w in proxy_status["writers"]):
-                    break
-                await trio.sleep(0.2)
+            app_status = await status(app_storage)
+            assert any(w["key"] == proxy_key and w["cap"] == 0 for w in app_status["writers"])
+            # A removed writer reads no more (issue 21): the creator refuses its pulls.
+            await read_until(proxy.stderr, re.compile(r"crdt\.read_refused_by_peer"))
             for replica in (app, proxy):
                 replica.send_signal(signal.SIGINT)
                 assert await replica.wait() == 0
+
+
+async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing(tmp_path):
+    """Issue 21, defect 14, as an operator runs it: the creator serves its --reader
+    (a backup) and nobody else; the other replica's status shows none of the data."""
+    creator_storage, reader_storage, other_storage = (tmp_path / n for n in ("a", "r", "o"))
+    creator = seed_creator(creator_storage)
+    reader_key = load_or_create_keypair(reader_storage).hex
+    with trio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
+            match = await read_until(boot.stderr, LISTENING)
+            bootstrap = f"{match[1]}:{match[2]}"
+            await stack.enter_async_context(process(
+                "db", "serve", "--storage", str(creator_storage), "--bootstrap", bootstrap,
+                "--host", "127.0.0.1", "--reader", reader_key))
+            env = dict(os.environ, PROXY_AUTOBASE_KEY=creator)
+            other = await stack.enter_async_context(process(
+                "db", "serve", "--storage", str(other_storage), "--bootstrap", bootstrap,
+                "--host", "127.0.0.1", env=env))
+            await stack.enter_async_context(process(
+                "db", "serve", "--storage", str(reader_storage), "--bootstrap", bootstrap,
+                "--host", "127.0.0.1", env=env))
+            while True:  # bounded by fail_after
+                reader_status = await status(reader_storage)
+                if reader_status["rows"]["token_usage"] == 1:
+                    break
+                await trio.sleep(0.2)
+            assert reader_status["rows"]["api_keys"] == 1  # the key inventory arrived
+            # The other replica was refused: its pulls say so, and it holds nothing.
+            await read_until(other.stderr, re.compile(r"crdt\.read_refused_by_peer"))
+            other_status = await status(other_storage)
+            assert other_status["rows"]["api_keys"] == other_status["rows"]["token_usage"] == 0
+            assert all(w["length"] == 0 for w in other_status["writers"])
 
 
 async def test_verify_names_the_damaged_file_and_offset_and_exits_1(tmp_path):

@@ -89,7 +89,10 @@ def test_bootstrap_writes_what_each_daemon_accepts(tmp_path: Path,
     ork = load(folder, "wrk-ork", monkeypatch)
     [rack] = ork.racks
     assert rack.key.hex() == keys["wrk-server-k8s-nvidia"] and rack.name == "rack-1"
-    assert {k.hex() for k in ork.clients} == {keys["app-node"], keys["proxy-inference"]}
+    # Each caller its own role: app-node every method, the proxy reads jobs only.
+    assert [k.hex() for k in ork.app_nodes] == [keys["app-node"]]
+    assert [k.hex() for k in ork.proxies] == [keys["proxy-inference"]]
+    assert ork.clients == ()
     worker = load(folder, "wrk-server-k8s-nvidia", monkeypatch)
     assert worker.backend == "local" and worker.ork.hex() == keys["wrk-ork"]
     assert [k.hex() for k in worker.interconnect.relays] == [keys["relay"]]

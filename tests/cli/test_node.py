@@ -160,3 +160,11 @@ def test_up_bad_settings_name_their_key_and_exit_2(tmp_path):
                            env={"COSMICAC_PORT": "http"})  # the name from before the kit
     assert result.exit_code == 2
     assert result.output.startswith("error: bad setting port (from COSMICAC_PORT): ")
+    result = runner.invoke(app, ["up", "--storage", str(tmp_path), "--db-reader", "nope"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: a --db-reader key is 64 hex characters, got 4: 'nope'"
+    result = runner.invoke(app, ["up", "--storage", str(tmp_path)],
+                           env={"COSMICAC_NODE__DB_READERS": "nope"})
+    assert result.exit_code == 2
+    assert result.output.startswith("error: bad setting db_readers[0] (from "
+                                    "COSMICAC_NODE__DB_READERS): ")

@@ -90,8 +90,8 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
 @pytest.mark.slow
 async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path):
     """Agents live in sessions of their own (they outlive a worker restart): up
-    must stop them itself. A job is created through wrk-ork with a client key the
-    test adds (the environment's list beats the config file's)."""
+    must stop them itself. A job is created through wrk-ork with an app-node key
+    the test adds (the environment's list beats the config file's)."""
     from nodes.ork.client import OrkClient
     from nodes.ork.service import CREATE_JOB, CreateJob
     from p2p.keys import KeyPair, load_or_create_keypair
@@ -103,10 +103,9 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
     storage = tmp_path / "up"
     base = free_base_port()
     me = KeyPair.generate()
-    clients = [load_or_create_keypair(storage / name).hex
-               for name in ("app-node", "proxy-inference")] + [me.hex]
+    app_nodes = [load_or_create_keypair(storage / "app-node").hex, me.hex]
     async with running_up(storage, base,
-                          dict(os.environ, COSMICAC_ORK__CLIENTS=",".join(clients))) as process:
+                          dict(os.environ, COSMICAC_ORK__APP_NODES=",".join(app_nodes))) as process:
         with trio.fail_after(120):
             await read_until(process.stdout, UP)
             ork = load_or_create_keypair(storage / "wrk-ork").public_key

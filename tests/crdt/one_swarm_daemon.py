@@ -54,7 +54,8 @@ async def main(storage: str, allowed: bytes) -> None:
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(swarm.run)
         service = await nursery.start(functools.partial(
-            run_database_service, storage, swarm=swarm, fsync=FsyncPolicy.NEVER))
+            run_database_service, storage, swarm=swarm, fsync=FsyncPolicy.NEVER,
+            readers=frozenset({allowed})))  # a read-only replica it serves
         await service.db.append_many(usage_ops("k1", 25))
         print(f"ready {keypair.hex} {host}:{port} {format_key(service.db.bootstrap)}",
               flush=True)

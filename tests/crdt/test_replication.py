@@ -69,8 +69,8 @@ class Replica:
         await self.stopped.wait()
 
 
-async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), firewall=None,
-                        replicator_class=None):
+async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), readers=(),
+                        firewall=None, replicator_class=None):
     """A daemon's shape: one swarm (on a host of its own), the database one service on it.
 
     ``replicator_class`` plugs a misbehaving replicator into the same swarm
@@ -88,13 +88,15 @@ async def start_replica(net, storage, keypair, *, bootstrap=None, allow=(), fire
                     if replicator_class is None:
                         task_status.started(await nursery.start(functools.partial(
                             run_database_service, storage, swarm=swarm, bootstrap=bootstrap,
-                            allow=frozenset(allow), fsync=FsyncPolicy.NEVER,
+                            allow=frozenset(allow), readers=frozenset(readers),
+                            fsync=FsyncPolicy.NEVER,
                             replication=FAST)))
                         return
                     db = await Database.open(storage, keypair, bootstrap=bootstrap,
                                              fsync=FsyncPolicy.NEVER)
                     try:
-                        replicator = replicator_class(db, allow=allow, config=FAST)
+                        replicator = replicator_class(db, allow=allow, readers=readers,
+                                                      config=FAST)
                         swarm.add_service(replicator)
                         swarm.join(replicator.topic)
                         task_status.started(DatabaseService(db, replicator, swarm))
@@ -143,23 +145,52 @@ async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
             assert b"crdt_replication_peers 1.0" in body
 
 
-async def test_a_key_off_the_allow_list_reads_but_cannot_write(tmp_path, clock):
+async def test_a_reader_reads_but_cannot_write_and_a_key_on_no_list_gets_nothing(
+        tmp_path, clock):
+    """Issue 21, defect 14: the logs hold every team's key inventory and usage,
+    so a replica that is neither a writer nor a configured reader receives none
+    of it (it used to receive everything)."""
+    a_key, c_key, r_key = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    with trio.fail_after(120):
+        async with memory_swarm_net() as net:
+            a = await start_replica(net, tmp_path / "a", a_key, allow=[],
+                                    readers=[r_key.public_key])
+            await a.db.append_many(usage_ops("k1", 5))
+            c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a.db.bootstrap)
+            r = await start_replica(net, tmp_path / "r", r_key, bootstrap=a.db.bootstrap)
+            await wait_until(lambda: r.db.lengths.get(a_key.public_key) == 5, limit_s=15)
+            assert await total_prompt(r.db) == 5
+
+            def sample(name, labels):
+                return a.db.metrics.registry.get_sample_value(name, labels) or 0
+            await wait_until(lambda: sample("crdt_reads_refused_total",
+                                            {"method": "crdt.heads"}) >= 1, limit_s=15)
+            await wait_until(lambda: sample("crdt_admission_requests_total",
+                                            {"outcome": "not_allowed"}) >= 2, limit_s=15)
+            assert c.db.lengths.get(a_key.public_key, 0) == 0
+            assert await total_prompt(c.db) == 0
+            for replica in (c, r):
+                with pytest.raises(WriteRefused) as refused:
+                    await replica.db.append([AddTokenUsage("k1", "m", "2026-11-29", prompt=1)])
+                assert refused.value.code == "NOT_A_WRITER"
+
+
+async def test_a_replica_refused_at_first_reads_once_an_operator_admits_it(tmp_path, clock):
+    """`cosmicac db add-writer` on the admin, with the replica already connected:
+    it was refused, waited, and now replicates (no restart, no new connection)."""
     a_key, c_key = KeyPair.generate(), KeyPair.generate()
     with trio.fail_after(120):
         async with memory_swarm_net() as net:
-            a = await start_replica(net, tmp_path / "a", a_key, allow=[])
+            a = await start_replica(net, tmp_path / "a", a_key)
             await a.db.append_many(usage_ops("k1", 5))
             c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a.db.bootstrap)
-            await wait_until(lambda: c.db.lengths.get(a_key.public_key) == 5, limit_s=15)
-            assert await total_prompt(c.db) == 5
-
-            def refusals():
-                return a.db.metrics.registry.get_sample_value(
-                    "crdt_admission_requests_total", {"outcome": "not_allowed"}) or 0
-            await wait_until(lambda: refusals() >= 1, limit_s=15)
-            with pytest.raises(WriteRefused) as refused:
-                await c.db.append([AddTokenUsage("k1", "m", "2026-11-29", prompt=1)])
-            assert refused.value.code == "NOT_A_WRITER"
+            await wait_until(lambda: (a.db.metrics.registry.get_sample_value(
+                "crdt_reads_refused_total", {"method": "crdt.heads"}) or 0) >= 1, limit_s=15)
+            await a.db.change_writer("add_writer", c_key.public_key)
+            await wait_until(lambda: c.db.is_writer, limit_s=60)
+            await wait_until(lambda: c.db.lengths.get(a_key.public_key, 0) >= 5, limit_s=60)
+            await c.db.append([AddTokenUsage("k1", "m", "2026-11-29", prompt=1)])
+            await wait_until(lambda: a.db.lengths.get(c_key.public_key) == 1, limit_s=60)
 
 
 class _Tampering(Replicator):
@@ -176,15 +207,20 @@ class _Tampering(Replicator):
 
 async def test_a_peer_that_sends_a_bad_entry_is_dropped_and_replication_goes_on(tmp_path, clock):
     a_key, m_key, c_key = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    # M and C are read-only replicas that A serves and that serve each other
+    # (each replica serves only the readers it is configured with).
+    readers = {"a": [m_key.public_key, c_key.public_key], "m": [c_key.public_key],
+               "c": [m_key.public_key]}
     with trio.fail_after(120):
         async with memory_swarm_net() as net:
-            a = await start_replica(net, tmp_path / "a", a_key)
+            a = await start_replica(net, tmp_path / "a", a_key, readers=readers["a"])
             await a.db.append_many(usage_ops("k1", 30))
             m = await start_replica(net, tmp_path / "m", m_key, bootstrap=a.db.bootstrap,
-                                    replicator_class=_Tampering)
+                                    readers=readers["m"], replicator_class=_Tampering)
             await wait_until(lambda: m.db.lengths.get(a_key.public_key) == 30, limit_s=15)
             await a.stop()  # C can only reach the tampering peer at first
-            c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a_key.public_key)
+            c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a_key.public_key,
+                                    readers=readers["c"])
 
             def bad_peers():
                 return c.db.metrics.registry.get_sample_value(
@@ -193,7 +229,8 @@ async def test_a_peer_that_sends_a_bad_entry_is_dropped_and_replication_goes_on(
             assert c.db.lengths.get(a_key.public_key, 0) == 0  # nothing from it was stored
             assert not c.service.replicator.firewall(m_key.public_key, "incoming")
             await wait_until(lambda: m_key.public_key not in c.service.swarm.connections, limit_s=5)
-            a = await start_replica(net, tmp_path / "a", a_key)  # the honest peer comes back
+            a = await start_replica(net, tmp_path / "a", a_key,  # the honest peer comes back
+                                    readers=readers["a"])
             await wait_until(lambda: c.db.lengths.get(a_key.public_key) == 30, limit_s=20)
             assert await total_prompt(c.db) == 30
 
@@ -284,7 +321,8 @@ async def test_a_peer_that_lists_entries_it_never_sends_is_asked_again_slowly(tm
     _Boasting.heads_times = []
     with trio.fail_after(120):
         async with memory_swarm_net() as net:
-            a = await start_replica(net, tmp_path / "a", a_key, replicator_class=_Boasting)
+            a = await start_replica(net, tmp_path / "a", a_key, replicator_class=_Boasting,
+                                    readers=[c_key.public_key])
             await a.db.append_many(usage_ops("k1", 3))
             c = await start_replica(net, tmp_path / "c", c_key, bootstrap=a_key.public_key)
             await wait_until(lambda: len(_Boasting.heads_times) >= 6, limit_s=30)

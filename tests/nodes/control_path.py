@@ -88,7 +88,7 @@ class ControlPath:
     worker: trio.Process | None = None
     processes: list[trio.Process] = field(default_factory=list)
     _client_scope: trio.CancelScope | None = None
-    #: proxy-inference keys: wrk-ork's clients too, and the inference agents' callers.
+    #: proxy-inference keys: wrk-ork's proxies (reading jobs), and the inference agents' callers.
     proxy_keys: tuple[str, ...] = ()
     #: wrk-monitor, when started (:meth:`start_monitor`): its key, port and a client.
     monitor_key: str = ""
@@ -164,7 +164,8 @@ class ControlPath:
         config = self.root / "ork.json"
         config.write_text(json.dumps({
             "storage": str(self.root / "ork"), "host": "127.0.0.1", "port": self.ork_port,
-            "clients": [self.client_key.hex, *self.proxy_keys], "tick_interval_s": 0.2,
+            "app_nodes": [self.client_key.hex], "proxies": list(self.proxy_keys),
+            "tick_interval_s": 0.2,
             "unknown_after_s": 5.0, "fsync": False, "log_format": "json",
             "telemetry": self.telemetry}))
         proc = await self._spawn("run", "wrk-ork", "--config", str(config))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -10,6 +11,7 @@ import trio
 import trio.testing
 
 from p2p.mux import Mux, MuxConfig
+from p2p.rpc import Router, RpcClient, serve_rpc
 
 
 @asynccontextmanager
@@ -33,6 +35,25 @@ async def running_mux_pair(
         with trio.CancelScope(shield=True):
             await left.aclose()
             await right.aclose()
+
+
+@asynccontextmanager
+async def rpc_client_of(nursery: trio.Nursery, router: Router, key: bytes | None, *,
+                        protocol: str = "test/1") -> AsyncIterator[RpcClient]:
+    """A client of ``router`` served over an in-memory mux pair as the caller
+    ``key`` (what ``ctx.remote_public_key`` and a router's guard see)."""
+    async with running_mux_pair(nursery) as (left, right):
+        listener = right.listen(protocol)
+        client_channel = await left.open_channel(protocol)
+        server_channel = await listener.accept()
+        await nursery.start(functools.partial(serve_rpc, server_channel, router,
+                                              remote_public_key=key))
+        client = RpcClient(client_channel)
+        await nursery.start(client.run)
+        try:
+            yield client
+        finally:
+            await client.aclose()
 
 
 @pytest.fixture

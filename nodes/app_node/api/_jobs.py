@@ -87,7 +87,7 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
     except RpcError as exc:
         if exc.code == "FORBIDDEN":
             raise ork_unavailable("wrk-ork refuses app-node's key (a misconfiguration): "
-                                  "add app-node's public key to wrk-ork's clients") from None
+                                  "add app-node's public key to wrk-ork's app_nodes") from None
         status = ORK_STATUS.get(exc.code)
         if status is None:
             raise ApiError(502, "ork_error", f"wrk-ork failed ({exc.code}): {exc.message}; "

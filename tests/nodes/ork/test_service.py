@@ -3,9 +3,6 @@ error codes, authorisation by the caller's key, and the jobs.watch stream."""
 
 from __future__ import annotations
 
-import functools
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
 import trio.testing
@@ -43,8 +40,8 @@ from nodes.ork.service import (
     ReserveNodes,
     WatchJobs,
 )
-from p2p.rpc import Method, RpcClient, RpcError, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from p2p.rpc import Method, RpcError
+from tests.p2p.conftest import rpc_client_of
 
 from .world import RACK, World, container, inference
 
@@ -81,20 +78,8 @@ class Harness:
         self.service.pump()
 
 
-@asynccontextmanager
-async def connect(nursery, harness: Harness, key: bytes | None = APP_NODE):
-    async with running_mux_pair(nursery) as (left, right):
-        listener = right.listen(PROTOCOL)
-        client_channel = await left.open_channel(PROTOCOL)
-        server_channel = await listener.accept()
-        await nursery.start(functools.partial(serve_rpc, server_channel,
-                                              harness.service.router, remote_public_key=key))
-        client = RpcClient(client_channel)
-        await nursery.start(client.run)
-        try:
-            yield client
-        finally:
-            await client.aclose()
+def connect(nursery, harness: Harness, key: bytes | None = APP_NODE):
+    return rpc_client_of(nursery, harness.service.router, key, protocol=PROTOCOL)
 
 
 async def test_jobs_are_created_read_listed_restarted_and_deleted(nursery, autojump_clock):

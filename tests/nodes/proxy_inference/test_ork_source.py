@@ -10,6 +10,7 @@ import trio
 
 from contracts.model import ReplicaState
 from nodes.control import ReplicaReport
+from nodes.ork.access import OrkAccess
 from nodes.ork.service import OrkService
 from nodes.proxy_inference.jobs import OrkJobSource
 from p2p.keys import KeyPair
@@ -28,9 +29,12 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 class Ork:
     """wrk-ork's service on a swarm, its orchestrator driven by the test as reports arrive."""
 
-    def __init__(self, clients: set[bytes]) -> None:
+    def __init__(self, proxies: set[bytes]) -> None:
         self.world = World(nodes=(8,))
-        self.service = OrkService(self.world.orch, allow=lambda key: key in clients,
+        # The proxy role, as wrk-ork's ``proxies`` setting gives it: the
+        # proxy reads and follows jobs with nothing more.
+        access = OrkAccess(proxies=frozenset(proxies))
+        self.service = OrkService(self.world.orch, roles=access.roles_of,
                                   clock=lambda: self.world.now)
         self.keypair = KeyPair.generate()
 
@@ -97,7 +101,7 @@ async def test_the_proxy_routes_what_wrk_ork_reports_active(tmp_path):
 async def test_a_proxy_wrk_ork_does_not_list_routes_nothing(tmp_path, caplog):
     with trio.fail_after(60):
         async with proxy_world(tmp_path) as world:
-            ork = Ork({KeyPair.generate().public_key})  # clients set, without the proxy
+            ork = Ork({KeyPair.generate().public_key})  # proxies set, without this proxy
             ork_swarm = Swarm(ork.keypair, config=world.swarm_config(), services=[ork.service])
             ork_address = await world.nursery.start(ork_swarm.run)
             ork.world.create(inference_spec("chat"))
