@@ -79,6 +79,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
         announce_addresses=settings.announce_addresses), services=[queues, registry.service])
+    # A hello from a new key for a VMI whose agent is connected is a takeover.
+    registry.connected = lambda key: key in swarm.connections
     try:
         address = await daemon.nursery.start(swarm.run)
     except OSError as exc:
