@@ -604,7 +604,9 @@ class LocalBackend:
         and the config is created anew (``O_EXCL``) and renamed into place."""
         owner = self._owner(home)
         folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o711 if home.parent == folder and owner else 0o700)
+        inside = home.parent == folder and owner is not None  # the agent passes through
+        os.chmod(self.state_dir, 0o711 if inside else 0o700)
+        os.chmod(folder, 0o711 if inside else 0o700)
         home.parent.mkdir(parents=True, exist_ok=True)
         legacy = folder / "storage"  # before issue 21, the agent's storage was here
         if legacy.is_dir() and not legacy.is_symlink() and not home.exists():

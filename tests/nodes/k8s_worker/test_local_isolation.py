@@ -217,3 +217,39 @@ def test_a_folder_is_reachable_by_others_only_through_o_x_folders(outer, inner, 
         assert (_unreachable(base / "a" / "b") is None) is reachable
     finally:
         shutil.rmtree(base)
+
+
+async def test_every_folder_and_file_of_a_vmi_is_private_whatever_the_umask(nursery, tmp_path):
+    """Issue 21, defect 9: the agent's config holds its report token, its storage its
+    identity; with a umask of 0 they are still the owner's only."""
+    fake = [sys.executable, str(Path(__file__).with_name("fake_agent.py"))]
+    settings = LocalClusterSettings(stop_grace_s=0.5, poll_interval_s=0.05, isolation="off",
+                                    agents_dir=tmp_path / "agents")
+    old = os.umask(0)
+    try:
+        for agents_dir in (None, tmp_path / "agents"):
+            state = tmp_path / f"vmis-{agents_dir is None}"
+            backend = LocalBackend(settings.model_copy(update={"agents_dir": agents_dir}),
+                                   state, fake, env={**os.environ, "FAKE_AGENT": "sleep"})
+            send, _events = trio.open_memory_channel(64)
+            scope = trio.CancelScope()
+
+            async def run(task_status=trio.TASK_STATUS_IGNORED, backend=backend, send=send,
+                          scope=scope):
+                with scope:
+                    await backend.run(send, task_status=task_status)
+
+            await nursery.start(run)
+            unit = unit_of(agent_config(b"\x01" * 32))
+            await backend.create(unit)
+            vmi = unit.vmis[0]
+            home = backend.agent_folder(vmi)
+            paths = [state, backend.folder(vmi), home, home / "storage",
+                     home / "agent.json", backend.folder(vmi) / "agent.log",
+                     backend.folder(vmi) / "process.json"]
+            modes = {str(p): stat.S_IMODE(p.stat().st_mode) for p in paths}
+            assert all(mode & 0o077 == 0 for mode in modes.values()), modes
+            await backend.delete(unit)
+            scope.cancel()
+    finally:
+        os.umask(old)
