@@ -138,7 +138,11 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
 
 def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:
     queued = queue.statistics()
-    return Snapshot({
+    isolated = getattr(worker.backend, "isolated", None)  # the local backend's
+    extra = {} if isolated is None else {"worker_agents_isolated": Family(
+        "1 when the local backend runs each agent (and its shells) as a user of its own; "
+        "0: as the worker's user (see local.isolation)", float(isolated))}
+    return Snapshot({**extra,
         "worker_replicas": Family("Replicas by the state last reported to wrk-ork",
                                   worker.statistics(), "state"),
         "worker_bad_operations": Family("Queue entries that were no operation (skipped)",
