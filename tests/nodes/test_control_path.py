@@ -29,7 +29,7 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             assert job.status.value in ("starting", "queued")
             await path.wait_job(job.id, status("active"))
             (folder,) = path.vmi_folders()
-            identity = (folder / "storage" / "identity").read_bytes()
+            identity = (folder / "agent" / "storage" / "identity").read_bytes()
             first_pid = path.agent_pid(folder)
 
             await path.call(RESTART_JOB, JobRef(job_id=job.id))
@@ -38,7 +38,7 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
                 and j.replicas[0].generation == 1)
             assert restarted.replicas[0].generation == 1
             assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
-            assert (folder / "storage" / "identity").read_bytes() == identity  # ... same disk
+            assert (folder / "agent" / "storage" / "identity").read_bytes() == identity  # ... same disk
 
             await path.delete(job.id)
             await path.wait_job(job.id, lambda j: j is None)
