@@ -81,6 +81,7 @@ flags in the rack report, nothing more; Linux only (``/proc``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -541,6 +542,12 @@ class LocalBackend:
             shared = (account.pw_uid, account.pw_gid)
         command = shutil.which(self.agent_command[0]) or self.agent_command[0]
         why = _unreachable(Path(command), execute=True)
+        if why is None and self.agent_command == DEFAULT_AGENT_COMMAND:
+            # This very interpreter: its environment and CosmicAC's code too.
+            spec = importlib.util.find_spec("cli")
+            code = [Path(spec.origin).parent] if spec and spec.origin else []
+            for path in (Path(sys.prefix), *code):
+                why = why or _unreachable(path)
         if why is not None:
             return f"the agent's program is not reachable by another user: {why}"
         root = self._agents_root()
@@ -607,7 +614,9 @@ class LocalBackend:
         inside = home.parent == folder and owner is not None  # the agent passes through
         os.chmod(self.state_dir, 0o711 if inside else 0o700)
         os.chmod(folder, 0o711 if inside else 0o700)
-        home.parent.mkdir(parents=True, exist_ok=True)
+        if home.parent != folder:
+            home.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(home.parent, 0o711 if owner else 0o700)
         legacy = folder / "storage"  # before issue 21, the agent's storage was here
         if legacy.is_dir() and not legacy.is_symlink() and not home.exists():
             home.mkdir(mode=0o700)

@@ -29,7 +29,8 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             assert job.status.value in ("starting", "queued")
             await path.wait_job(job.id, status("active"))
             (folder,) = path.vmi_folders()
-            identity = (folder / "agent" / "storage" / "identity").read_bytes()
+            disk = folder / "agent" / "storage"  # the agent's own folder in the VMI's
+            identity = (disk / "identity").read_bytes()
             first_pid = path.agent_pid(folder)
 
             await path.call(RESTART_JOB, JobRef(job_id=job.id))
@@ -38,7 +39,7 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
                 and j.replicas[0].generation == 1)
             assert restarted.replicas[0].generation == 1
             assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
-            assert (folder / "agent" / "storage" / "identity").read_bytes() == identity  # ... same disk
+            assert (disk / "identity").read_bytes() == identity  # ... same disk
 
             await path.delete(job.id)
             await path.wait_job(job.id, lambda j: j is None)
