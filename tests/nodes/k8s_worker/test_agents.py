@@ -238,19 +238,27 @@ def test_decide_binds_renews_refuses_or_rebinds_by_the_bound_agents_life(
     assert decide(BoundAgent(key, connected, last_report, WINDOW), caller, now) is outcome
 
 
+@asynccontextmanager
+async def bound_and_another(nursery, connected: set[bytes]):
+    """A VMI whose agent (``AGENT``) said hello, a client as ``STRANGER`` holding the
+    same token, and the registry's view of connections (``connected``)."""
+    config = agent_config(WORKER, heartbeat_interval_s=5)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, AGENT) as bound, \
+            client_as(nursery, registry, STRANGER) as other:
+        registry.connected = connected.__contains__
+        registry.expect(vmi_of(config))
+        await bound.call(HELLO, hello_of(config))
+        yield config, registry, events, bound, other
+
+
 async def test_a_stolen_token_does_not_take_a_live_vmi_over(nursery, autojump_clock, caplog):
     """Issue 21, the regression: a second key with the VMI's (stolen) token is refused
     while the bound agent lives; the victim keeps its binding and its reports count,
     the worker logs a warning naming the VMI and both keys."""
-    config = agent_config(WORKER, heartbeat_interval_s=5)
-    vmi = vmi_of(config)
-    connected = {AGENT}
-    async with registry_and_events(nursery) as (registry, events), \
-            client_as(nursery, registry, AGENT) as victim, \
-            client_as(nursery, registry, STRANGER) as thief:
-        registry.connected = connected.__contains__
-        registry.expect(vmi)
-        await victim.call(HELLO, hello_of(config))
+    async with bound_and_another(nursery, {AGENT}) as (config, registry, events, victim,
+                                                       thief):
+        vmi = vmi_of(config)
         await victim.call(READY, Report(message="serving"))
         caplog.set_level(logging.WARNING, logger="nodes.k8s_worker.agents")
         for wait in (0, 30):  # fresh, then silent but still connected
@@ -280,15 +288,9 @@ async def test_once_the_bound_agent_is_gone_a_new_key_rebinds_and_it_is_logged(
         nursery, autojump_clock, caplog):
     """An agent whose storage was lost comes back with a new key: it binds once the old
     one is neither connected nor heard from within the window."""
-    config = agent_config(WORKER, heartbeat_interval_s=5)
-    vmi = vmi_of(config)
     connected = {AGENT}
-    async with registry_and_events(nursery) as (registry, _events), \
-            client_as(nursery, registry, AGENT) as old, \
-            client_as(nursery, registry, STRANGER) as new:
-        registry.connected = connected.__contains__
-        registry.expect(vmi)
-        await old.call(HELLO, hello_of(config))
+    async with bound_and_another(nursery, connected) as (config, registry, _events, old, new):
+        vmi = vmi_of(config)
         connected.clear()  # its connection broke
         with pytest.raises(RpcError) as info:  # but it reported a moment ago
             await new.call(HELLO, hello_of(config))
