@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 import trio
@@ -64,6 +65,10 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     storage = daemon.storage
     assert storage is not None
     keypair = load_or_create_keypair(storage)
+    # The worker's folder is its own: identity, queue, state, the VMIs' logs. The
+    # local backend's agents, run as users of their own, live elsewhere
+    # (local.agents_dir), so nothing in here needs to be reachable by others.
+    await trio.to_thread.run_sync(os.chmod, storage, 0o700)
     if settings.ork == keypair.public_key:
         raise DaemonError("ork is this worker's own key: give wrk-ork's public key")
     fsync = FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER

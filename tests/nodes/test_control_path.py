@@ -8,8 +8,10 @@ app-node would hold. Real time, conditions polled, every wait bounded.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 
 import pytest
 import trio
@@ -40,6 +42,15 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             assert restarted.replicas[0].generation == 1
             assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
             assert (disk / "identity").read_bytes() == identity  # ... same disk
+            # Issue 21: the worker's folder is its own, and no file of the worker
+            # holds the agent's report token (only the agent's own config does).
+            token = json.loads((folder / "agent" / "agent.json").read_text())["report_token"]
+            assert stat.S_IMODE(path.worker_storage.stat().st_mode) == 0o700
+            for file in path.worker_storage.rglob("*"):
+                if file.is_file() and "agent" not in file.relative_to(folder.parent.parent).parts:
+                    assert token.encode() not in file.read_bytes(), file
+                if file.name.startswith("worker.sqlite"):
+                    assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
 
             await path.delete(job.id)
             await path.wait_job(job.id, lambda j: j is None)
