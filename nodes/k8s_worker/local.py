@@ -226,24 +226,25 @@ def _unreachable(path: Path, *, execute: bool = False) -> str | None:
     return None
 
 
+def _proc_uid(pid: int) -> int | None:
+    """The real uid of ``pid``, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as file:
+            for line in file:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _processes_of(uid: int) -> list[int]:
     """Live processes whose real uid is ``uid`` (one pass over /proc)."""
-    found = []
     try:
-        entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+        entries = [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
     except OSError:
-        return found
-    for name in entries:
-        try:
-            with open(f"/proc/{name}/status", "rb") as file:
-                for line in file:
-                    if line.startswith(b"Uid:"):
-                        if int(line.split()[1]) == uid:
-                            found.append(int(name))
-                        break
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
+        return []
+    return [pid for pid in entries if _proc_uid(pid) == uid]
 
 
 @dataclass
@@ -297,15 +298,17 @@ def _cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _find_by_cmdline(argument: str) -> int | None:
-    """A live process with ``argument`` in its command line (one pass over /proc)."""
+def _find_by_cmdline(argument: str, uids: frozenset[int] | None = None) -> int | None:
+    """A live process with ``argument`` in its command line (one pass over /proc),
+    run by one of ``uids`` (None: anyone)."""
     try:
         entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
     except OSError:
         return None
     for name in entries:
         pid = int(name)
-        if argument in _cmdline(pid) and _alive(pid, None):
+        if argument in _cmdline(pid) and _alive(pid, None) and (
+                uids is None or _proc_uid(pid) in uids):
             return pid
     return None
 
@@ -850,11 +853,18 @@ class LocalBackend:
             pid, ticks = int(doc["pid"]), doc.get("start_ticks")
         except (OSError, ValueError, KeyError, TypeError):
             doc, pid, ticks = {}, None, None
-        if pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid):
+        # Only the worker's user or the agent's own started it: anyone can put a
+        # path in a command line (a shell of another job, to be "adopted").
+        try:
+            uids = frozenset({os.geteuid(), os.stat(self._home(folder)).st_uid})
+        except OSError:
+            uids = frozenset({os.geteuid()})
+        if (pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid)
+                or _proc_uid(pid) not in uids):
             # A worker killed between starting a process and recording it leaves
             # an agent no process.json names: find it by its command line, or a
             # second agent would be started on the same storage.
-            pid = _find_by_cmdline(config_path) if folder.is_dir() else None
+            pid = _find_by_cmdline(config_path, uids) if folder.is_dir() else None
             if pid is None:
                 return None
             stat = _proc_stat(pid)

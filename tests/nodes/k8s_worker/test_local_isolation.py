@@ -253,3 +253,34 @@ async def test_every_folder_and_file_of_a_vmi_is_private_whatever_the_umask(nurs
             scope.cancel()
     finally:
         os.umask(old)
+
+
+@as_root
+async def test_a_process_of_another_user_naming_a_vmis_config_is_not_adopted(tmp_path):
+    """Anyone can put a VMI's config path in a command line (a shell of another job):
+    only a process of the worker's user or of the VMI's own is taken for its agent."""
+    backend = LocalBackend(LocalClusterSettings(isolation="off"), tmp_path / "vmis")
+    vmi = vmi_of(agent_config(b"\x01" * 32))
+    home = backend.agent_folder(vmi)
+    home.mkdir(parents=True)
+    config = home / "agent.json"
+    config.write_text(vmi.agent.to_json())
+    backend.folder(vmi).mkdir(exist_ok=True)  # the worker's, holding the agent's
+    argv = ["sh", "-c", "sleep 30; :", "sh", "--config", str(config)]
+    stranger = await trio.lowlevel.open_process(argv, user=1_900_999_999, group=1_900_999_999,
+                                                extra_groups=[])
+    try:
+        await trio.sleep(0.2)  # started: its command line names the config
+        assert backend._record_in(backend.folder(vmi)) is None
+        ours = await trio.lowlevel.open_process(argv)
+        try:
+            with trio.fail_after(5):
+                while (found := backend._record_in(backend.folder(vmi))) is None:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            assert found.pid == ours.pid
+        finally:
+            ours.kill()
+            await ours.wait()
+    finally:
+        stranger.kill()
+        await stranger.wait()

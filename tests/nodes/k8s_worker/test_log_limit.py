@@ -277,7 +277,7 @@ async def test_the_dropped_records_are_a_counter_by_job_on_the_workers_metrics(
         registry.expect(vmi_of(config))
         await client.call(HELLO, hello_of(config))
         await client.call(LOGS, batch(records("x", 250)))
-        worker = SimpleNamespace(statistics=lambda: {}, bad_operations=0)
+        worker = SimpleNamespace(statistics=lambda: {}, bad_operations=0, backend=None)
         queue = SimpleNamespace(statistics=lambda: SimpleNamespace(pending=0, acked=0,
                                                                    connected=True))
         snapshot = _snapshot(worker, queue, registry)
