@@ -16,7 +16,10 @@ import stat
 import pytest
 import trio
 
+from contracts.agent_report import HELLO, Hello
+from contracts.agent_report import PROTOCOL as AGENT_PROTOCOL
 from nodes.ork.service import RESTART_JOB, JobRef
+from p2p.rpc import RpcError
 
 from .control_path import container, control_path, inference, status
 
@@ -44,7 +47,18 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             assert (disk / "identity").read_bytes() == identity  # ... same disk
             # Issue 21: the worker's folder is its own, and no file of the worker
             # holds the agent's report token (only the agent's own config does).
-            token = json.loads((folder / "agent" / "agent.json").read_text())["report_token"]
+            config = json.loads((folder / "agent" / "agent.json").read_text())
+            token = config["report_token"]
+            # A stolen token does not take the live VMI over (the real worker: the
+            # agent's connection says it is alive).
+            thief, scope = await path._connect(path.worker_port, path.worker_key,
+                                               AGENT_PROTOCOL, "thief")
+            with pytest.raises(RpcError) as info:
+                await thief.call(HELLO, Hello(job_id=config["job_id"], replica=0,
+                                              generation=config["generation"],
+                                              node_rank=0, token=token))
+            assert info.value.code == "ALREADY_BOUND"
+            scope.cancel()
             assert stat.S_IMODE(path.worker_storage.stat().st_mode) == 0o700
             for file in path.worker_storage.rglob("*"):
                 if file.is_file() and "agent" not in file.relative_to(folder.parent.parent).parts:
