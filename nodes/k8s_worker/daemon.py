@@ -136,9 +136,12 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     daemon.nursery.start_soon(measure)
     daemon.nursery.start_soon(functools.partial(
         stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
+    isolated = getattr(backend, "isolated", None)  # the local backend's (see local.py)
+    agents = ("" if isolated is None else ", agents isolated" if isolated
+              else ", agents NOT isolated: shells run as this user")
     print(f"wrk-server-k8s-nvidia {keypair.hex} listening on {address[0]}:{address[1]} "
           f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
-          f"telemetry {'on' if shipper is not None else 'off'})", flush=True)
+          f"telemetry {'on' if shipper is not None else 'off'}{agents})", flush=True)
 
 
 def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:
