@@ -624,6 +624,7 @@ class LocalBackend:
         if legacy.is_dir() and not legacy.is_symlink() and not home.exists():
             home.mkdir(mode=0o700)
             shutil.move(legacy, home / "storage")
+            (folder / "agent.json").unlink(missing_ok=True)  # the old config, its token
         try:
             home.mkdir(mode=0o700)
         except FileExistsError:

@@ -284,3 +284,31 @@ async def test_a_process_of_another_user_naming_a_vmis_config_is_not_adopted(tmp
     finally:
         stranger.kill()
         await stranger.wait()
+
+
+async def test_a_vmi_folder_of_the_old_layout_keeps_its_storage_on_restart(nursery, tmp_path):
+    """Before issue 21 the agent's config and storage were in the worker's VMI folder:
+    a restart moves the storage (its identity) into the agent's own folder."""
+    fake = [sys.executable, str(Path(__file__).with_name("fake_agent.py"))]
+    backend = LocalBackend(LocalClusterSettings(stop_grace_s=0.5, poll_interval_s=0.05,
+                                                isolation="off"), tmp_path / "vmis", fake,
+                           env={**os.environ, "FAKE_AGENT": "sleep"})
+    unit = unit_of(agent_config(b"\x01" * 32))
+    old = backend.folder(unit.vmis[0])
+    (old / "storage").mkdir(parents=True)
+    (old / "storage" / "first-boot").write_text("kept")
+    (old / "agent.json").write_text(unit.vmis[0].agent.to_json())
+    send, _events = trio.open_memory_channel(64)
+    scope = trio.CancelScope()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED):
+        with scope:
+            await backend.run(send, task_status=task_status)
+
+    await nursery.start(run)
+    await backend.restart(unit)
+    home = backend.agent_folder(unit.vmis[0])
+    assert (home / "storage" / "first-boot").read_text() == "kept"
+    assert not (old / "storage").exists() and not (old / "agent.json").exists()
+    await backend.delete(unit)
+    scope.cancel()
