@@ -30,9 +30,10 @@ bound agent's state: refused with ``ALREADY_BOUND`` while the bound agent is
 alive (its key connected to the worker, or a report within its silence window),
 and logged as a warning naming the VMI and both keys; accepted once it is gone
 (not connected and silent past the window), and that rebind is logged too. The
-victim keeps its binding, so its requests and answers stay its own. The table holds one entry
-per VMI the worker expects (the worker's own bound), and nothing for callers
-that fail hello, so a stranger cannot grow it.
+victim keeps its binding, so its requests and answers stay its own.
+
+The table holds one entry per VMI the worker expects (the worker's own bound),
+and nothing for callers that fail hello, so a stranger cannot grow it.
 
 Logs (issue 14): ``agent.logs`` carries the agent's log records. The
 registry authorises the call by the bound key (``NOT_INTRODUCED`` otherwise),
