@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contracts.agent_report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Hello, Report
 from nodes.k8s_worker.agents import (
@@ -320,3 +322,19 @@ def test_a_refused_takeover_leaves_the_callers_other_binding_alone():
     assert info.value.code == "ALREADY_BOUND"
     assert table.state(vmi_of(mine).name).key == STRANGER
     assert table.state(vmi_of(theirs).name).key == AGENT
+
+
+@given(bound=st.sampled_from([None, AGENT, STRANGER]), caller=st.sampled_from([AGENT, STRANGER]),
+       connected=st.booleans(), last_report=st.none() | st.floats(0, 1_000),
+       now=st.floats(0, 2_000), window=st.floats(0.1, 100))
+def test_decide_never_hands_a_live_vmi_to_another_key_nor_refuses_its_own(
+        bound, caller, connected, last_report, now, window):
+    state = BoundAgent(bound, connected, last_report, window)
+    outcome = decide(state, caller, now)
+    if bound is None:
+        assert outcome is HelloDecision.BIND
+    elif bound == caller:
+        assert outcome is HelloDecision.RENEW
+    else:
+        alive = connected or (last_report is not None and now - last_report < window)
+        assert outcome is (HelloDecision.REFUSE if alive else HelloDecision.REBIND)
