@@ -285,6 +285,7 @@ def _bootstrap(folder: Path, plan: Deployment, rewrite: bool) -> str | None:
 
     existed = folder.exists()
     private_folder(folder)  # identities, configs with tokens, the deployment plan
+    folder.chmod(0o711)  # the local backend's agents pass through to ./agents, nobody lists
     out.print(f"deployment {folder} ({'exists' if existed else 'created'})")
     write_private(folder / "deployment.json", plan.model_dump_json(indent=2) + "\n")
     try:  # a service moved to its host may have left only its public key here

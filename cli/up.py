@@ -15,6 +15,12 @@ config can name the keys of the services it talks to. The layout::
     <storage>/logs/<service>.log
     <storage>/credentials.json    the admin and an API key (first start)
     <storage>/wrk-monitor/http-token  wrk-monitor's HTTP bearer token (0600; first start)
+    <storage>/agents/<vmi-disk>/  each local agent's own folder (config, storage),
+                                  0700 and its own user's (see nodes/k8s_worker/local.py)
+
+The storage folder is 0711: others may pass through it (an agent running as a
+user of its own reaches its folder) but not list it; every daemon's folder in it
+is its own business (0700).
 
 On the way out the local backend's agent processes are stopped too: they
 live in sessions of their own so that they outlive a worker restart, as VMIs
@@ -119,9 +125,19 @@ def _addr(port: int) -> str:
     return f"{HOST}:{port}"
 
 
+#: The folder (in the deployment's) of the local backend's agents: 0711, each
+#: agent's own folder in it 0700 and owned by the agent's user.
+AGENTS = "agents"
 #: The worker's backend in ``up``: agents as local processes on 2 simulated nodes.
 LOCAL_BACKEND: dict = {"backend": "local", "local": {"nodes": [
     {"name": "local-node-1", "gpus": 8}, {"name": "local-node-2", "gpus": 8}]}}
+
+
+def local_backend(storage: Path) -> dict:
+    """:data:`LOCAL_BACKEND` with the agents' own folders beside the daemons' (not in
+    the worker's storage, so that stays 0700 while each agent reaches its own)."""
+    return {**LOCAL_BACKEND, "local": {**LOCAL_BACKEND["local"],
+                                       "agents_dir": str(storage / AGENTS)}}
 
 
 def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
@@ -171,7 +187,7 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
                  "interconnect": {"bootstrap": bootstrap, "proxies": [keys[PROXY]],
                                   "relays": relays},
                  "telemetry": telemetry,
-                 **(LOCAL_BACKEND if worker is None else worker)},
+                 **(local_backend(storage) if worker is None else worker)},
         PROXY: {"storage": str(storage / PROXY), "host": listen, "port": ports.proxy,
                 "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
                 "ork": keys[ORK], "ork_addresses": ork_addresses,
@@ -294,6 +310,7 @@ def up(
         shutil.rmtree(storage)
     try:
         private_folder(storage)  # every daemon's storage, configs, logs and credentials
+        storage.chmod(0o711)  # agents of their own users pass through to ./agents
         private_file(storage / MARKER)
         from p2p.keys import load_or_create_keypair
         keys = {name: load_or_create_keypair(storage / name).hex for name in KEYED}
@@ -344,7 +361,8 @@ async def _stop_agents(storage: Path) -> None:
     from nodes.k8s_worker.backend import BackendError
     from nodes.k8s_worker.local import LocalBackend, LocalClusterSettings
 
-    backend = LocalBackend(LocalClusterSettings(stop_grace_s=3.0), storage / WORKER / "vmis")
+    backend = LocalBackend(LocalClusterSettings(stop_grace_s=3.0, agents_dir=storage / AGENTS),
+                           storage / WORKER / "vmis")
     with trio.move_on_after(10):
         try:
             stopped = await backend.stop_all()

@@ -16,8 +16,11 @@ connection and calls, in order::
 
 ``hello`` proves which VMI the caller is: the token is the VMI's
 ``AgentConfig.report_token`` (only the worker and that VMI's cloud-init know
-it). On success the worker binds the caller's public key, as proven by the
-Noise handshake of its connection, to that VMI; every later call is
+it; the worker keeps only its SHA-256). On success the worker binds the
+caller's public key, as proven by the Noise handshake of its connection, to
+that VMI, unless another key is bound to it whose agent is still alive
+(``ALREADY_BOUND``: a token read somewhere does not take a live VMI over);
+every later call is
 authorised by that key alone, never by anything in the message
 (seeds/architecture.txt: authorise by the caller's key). A new connection
 (after the worker or the network went away) starts with ``hello`` again.
@@ -132,6 +135,12 @@ class ReportCode(enum.StrEnum):
     STALE_GENERATION = "STALE_GENERATION"
     #: A report from a key no hello has bound (or whose binding was reset).
     NOT_INTRODUCED = "NOT_INTRODUCED"
+    #: The token is right, but another key is bound to the VMI and its agent is
+    #: alive (connected, or reported within its silence window): a second agent
+    #: cannot take a live VMI over. Not fatal: an agent that replaced a dead one
+    #: (its storage, and so its key, lost) retries, and binds once the old one
+    #: is gone.
+    ALREADY_BOUND = "ALREADY_BOUND"
     #: An ``agent.logs`` batch that is not valid records (refused whole; the
     #: same code as wrk-monitor's ``logs.push``, so a log shipper drops it).
     BAD_BATCH = "BAD_BATCH"

@@ -19,10 +19,21 @@ Two layers, as everywhere in the house (STYLE.md):
   channel and the task that wakes at the next deadline.
 
 Invariants: a key is bound to at most one VMI and a VMI to at most one key;
-only a hello with the VMI's token binds (compared in constant time); every
-other call is authorised by the bound key alone. The table holds one entry
-per VMI the worker expects (the worker's own bound), and nothing for callers
-that fail hello, so a stranger cannot grow it.
+only a hello with the VMI's token binds (its SHA-256 compared in constant time:
+the worker keeps no token, see :mod:`.store`); every other call is authorised
+by the bound key alone.
+
+Takeover (issue 21): a token proves the VMI, not that the caller is its only
+agent, and a token can leak (read from a VMI's disk or an old config). So a
+hello with the right token from a *new* key is decided by :func:`decide` on the
+bound agent's state: refused with ``ALREADY_BOUND`` while the bound agent is
+alive (its key connected to the worker, or a report within its silence window),
+and logged as a warning naming the VMI and both keys; accepted once it is gone
+(not connected and silent past the window), and that rebind is logged too. The
+victim keeps its binding, so its requests and answers stay its own.
+
+The table holds one entry per VMI the worker expects (the worker's own bound),
+and nothing for callers that fail hello, so a stranger cannot grow it.
 
 Logs (issue 14): ``agent.logs`` carries the agent's log records. The
 registry authorises the call by the bound key (``NOT_INTRODUCED`` otherwise),
@@ -73,6 +84,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -105,7 +117,7 @@ from p2p.host import RpcService
 from p2p.keys import format_key
 from p2p.rpc import CallContext, Router, RpcError
 
-from .backend import VmiSpec
+from .backend import VmiSpec, token_digest, vmi_name
 from .log_limit import DEFAULT_LOG_LIMIT, LogLimit, LogLimiter
 
 __all__ = [
@@ -115,8 +127,12 @@ __all__ = [
     "AgentRegistry",
     "AgentState",
     "AgentTable",
+    "BoundAgent",
+    "HelloDecision",
+    "HelloOutcome",
     "OnLogs",
     "TakenLogs",
+    "decide",
 ]
 
 log = logging.getLogger(__name__)
@@ -191,12 +207,70 @@ class TakenLogs:
 
 
 class AgentRefused(Exception):
-    """A report was refused; ``code`` is a :class:`ReportCode` (crosses the wire)."""
+    """A report was refused; ``code`` is a :class:`ReportCode` (crosses the wire).
 
-    def __init__(self, code: ReportCode, message: str) -> None:
+    ``bound_key``: for ``ALREADY_BOUND``, the live agent's key (for the worker's
+    log, not the caller's answer)."""
+
+    def __init__(self, code: ReportCode, message: str, *,
+                 bound_key: bytes | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.bound_key = bound_key
+
+
+class HelloDecision(enum.StrEnum):
+    """What a hello that proved its VMI (token and generation) does to the binding."""
+
+    #: No key is bound: bind the caller.
+    BIND = "bind"
+    #: The bound key again (its agent reconnected): keep it.
+    RENEW = "renew"
+    #: Another key was bound and its agent is gone: the caller takes the VMI (logged).
+    REBIND = "rebind"
+    #: Another key is bound and its agent is alive: ``ALREADY_BOUND`` (logged).
+    REFUSE = "refuse"
+
+
+@dataclass(frozen=True)
+class BoundAgent:
+    """The VMI's binding as :func:`decide` sees it."""
+
+    #: The bound key, or None.
+    key: bytes | None
+    #: The bound key has a connection to the worker now.
+    connected: bool
+    #: trio time of its last report (hello, ready, failed, heartbeat), or None.
+    last_report: float | None
+    #: The silence window: reports older than this say nothing of life.
+    silent_after_s: float
+
+    def alive(self, now: float) -> bool:
+        """Connected, or heard from within the window."""
+        if self.key is None:
+            return False
+        return self.connected or (self.last_report is not None
+                                  and now - self.last_report < self.silent_after_s)
+
+
+def decide(bound: BoundAgent, key: bytes, now: float) -> HelloDecision:
+    """Whether ``key``, whose hello proved the VMI, may bind it (pure)."""
+    if bound.key is None:
+        return HelloDecision.BIND
+    if hmac.compare_digest(bound.key, key):
+        return HelloDecision.RENEW
+    return HelloDecision.REFUSE if bound.alive(now) else HelloDecision.REBIND
+
+
+class HelloOutcome(NamedTuple):
+    """A successful hello: the VMI bound, the events, and how."""
+
+    name: str
+    events: list[AgentEvent]
+    decision: HelloDecision
+    #: For ``REBIND``: the key the VMI was bound to before.
+    replaced: bytes | None = None
 
 
 @dataclass
@@ -206,7 +280,8 @@ class _Entry:
     replica: int
     node_rank: int
     generation: int
-    token: bytes
+    #: The SHA-256 of the VMI's report token (hex, ASCII): the token is not kept.
+    token_sha256: bytes
     silent_after_s: float
     #: The ``service`` of this agent's log records (``agent-inference``...).
     service: str = "agent"
@@ -264,11 +339,13 @@ class AgentTable:
     def expect(self, vmi: VmiSpec) -> None:
         """Expect ``vmi``'s agent. Again with the same generation and token: no change
         (so re-expecting after an adopt keeps a live binding); otherwise the old
-        binding and state are dropped (a restart's new VMI must say hello)."""
+        binding and state are dropped (a restart's new VMI must say hello). Only the
+        token's digest is kept (:attr:`VmiSpec.expected_token`)."""
         config = vmi.agent
-        token = config.report_token.encode()
+        token = vmi.expected_token.encode()
         old = self._entries.get(vmi.name)
-        if old is not None and old.generation == config.generation and old.token == token:
+        if (old is not None and old.generation == config.generation
+                and hmac.compare_digest(old.token_sha256, token)):
             return
         if old is not None:
             self.forget(vmi.name)
@@ -306,20 +383,27 @@ class AgentTable:
 
     # -- what the agents say -------------------------------------------------------------
 
-    def hello(self, key: bytes, hello: Hello, now: float) -> tuple[str, list[AgentEvent]]:
+    def hello(self, key: bytes, hello: Hello, now: float, *,
+              connected: Callable[[bytes], bool] | None = None) -> HelloOutcome:
         """Bind ``key`` to the VMI ``hello`` names, if its token is that VMI's.
 
+        Args:
+            connected: whether a key has a connection to the worker now (the
+                swarm's); None: no connection is known, the reports' times decide.
+
         Returns:
-            The VMI's name and the events to emit.
+            The VMI's name, the events to emit, and how it was bound (see
+            :func:`decide`; the key it replaced, for a rebind).
 
         Raises:
-            AgentRefused: ``UNKNOWN_REPLICA``, ``FORBIDDEN`` or ``STALE_GENERATION``.
+            AgentRefused: ``UNKNOWN_REPLICA``, ``FORBIDDEN``, ``STALE_GENERATION``,
+                or ``ALREADY_BOUND`` (another key's agent is alive; nothing changes).
         """
         entry = self._by_slot.get((hello.job_id, hello.replica, hello.node_rank))
         # Compare even when there is no entry, so timing does not tell which
         # slots exist before the token is checked.
-        expected = entry.token if entry is not None else b"0" * 64
-        token_ok = hmac.compare_digest(expected, hello.token.encode())
+        expected = entry.token_sha256 if entry is not None else b"0" * 64
+        token_ok = hmac.compare_digest(expected, token_digest(hello.token).encode())
         if entry is None:
             raise AgentRefused(ReportCode.UNKNOWN_REPLICA,
                                f"no VMI expected for job {hello.job_id} replica "
@@ -330,6 +414,14 @@ class AgentTable:
             raise AgentRefused(ReportCode.STALE_GENERATION,
                                f"{entry.name} is at generation {entry.generation}, "
                                f"not {hello.generation}")
+        bound = BoundAgent(entry.key, entry.key is not None and connected is not None
+                           and connected(entry.key), entry.last_report, entry.silent_after_s)
+        decision = decide(bound, key, now)
+        if decision is HelloDecision.REFUSE:
+            raise AgentRefused(ReportCode.ALREADY_BOUND,
+                               f"{entry.name} is bound to another agent, which is alive",
+                               bound_key=entry.key)
+        replaced = entry.key if decision is HelloDecision.REBIND else None
         previous = self._by_key.pop(key, None)
         if previous is not None and previous is not entry:
             previous.key = None  # one key, one VMI: the token proved this one
@@ -340,8 +432,11 @@ class AgentTable:
         entry.ready = entry.failed = entry.silent = False
         entry.last_report = now
         entry.metrics = None  # maybe another agent process: its figures start afresh
-        return entry.name, [AgentEvent(entry.name, AgentEventKind.HELLO,
-                                       f"agent {format_key(key)[:12]} connected", now)]
+        message = f"agent {format_key(key)[:12]} connected"
+        if replaced is not None:
+            message += f", replacing agent {format_key(replaced)[:12]} (gone)"
+        return HelloOutcome(entry.name, [AgentEvent(entry.name, AgentEventKind.HELLO,
+                                                    message, now)], decision, replaced)
 
     def ready(self, key: bytes, message: str, now: float) -> list[AgentEvent]:
         entry = self._reporting(key, now)
@@ -497,6 +592,9 @@ class AgentRegistry:
         self.log_records = 0
         #: ``agent.logs`` batches refused with ``BAD_BATCH``.
         self.bad_log_batches = 0
+        #: Whether a key has a connection to the worker now (the daemon sets the
+        #: swarm's); None: only the reports' times tell an agent is alive.
+        self.connected: Callable[[bytes], bool] | None = None
         self._changed = trio.Event()
         #: Answers ``agent.shell_keys`` (the worker sets it); None: ``NO_SHELL``.
         self.shell_keys: ShellKeysSource | None = None
@@ -565,15 +663,27 @@ class AgentRegistry:
     async def _hello(self, params: Hello, ctx: CallContext) -> HelloResult:
         key = self._caller(ctx)
         try:
-            name, events = self.table.hello(key, params, trio.current_time())
+            outcome = self.table.hello(key, params, trio.current_time(),
+                                       connected=self.connected)
         except AgentRefused as exc:
-            log.warning("agent.refused method=hello key=%s code=%s reason=%s",
-                        format_key(key)[:12], exc.code, exc.message)
+            if exc.code is ReportCode.ALREADY_BOUND:
+                assert exc.bound_key is not None
+                log.warning("agent.takeover_refused vmi=%s key=%s bound_key=%s reason=%s",
+                            vmi_name(params.job_id, params.replica, params.node_rank),
+                            format_key(key), format_key(exc.bound_key), exc.message)
+            else:
+                log.warning("agent.refused method=hello key=%s code=%s reason=%s",
+                            format_key(key)[:12], exc.code, exc.message)
             raise RpcError(exc.code, exc.message) from None
-        log.info("agent.hello vmi=%s key=%s generation=%d", name, format_key(key)[:12],
-                 params.generation)
-        await self._emit(events)
-        return HelloResult(vmi=name)
+        if outcome.replaced is not None:
+            log.warning("agent.rebound vmi=%s key=%s replaced_key=%s generation=%d",
+                        outcome.name, format_key(key), format_key(outcome.replaced),
+                        params.generation)
+        else:
+            log.info("agent.hello vmi=%s key=%s generation=%d", outcome.name,
+                     format_key(key)[:12], params.generation)
+        await self._emit(outcome.events)
+        return HelloResult(vmi=outcome.name)
 
     async def _report(self, ctx: CallContext, method: str, call) -> Ack:
         key = self._caller(ctx)

@@ -14,6 +14,7 @@ creating what exists, deleting what is gone, are successes.
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from contracts.agent_config import AgentConfig
 from contracts.model import JobSpec, RackReport, ReplicaPlacement
 
 __all__ = [
+    "NO_TOKEN",
     "Backend",
     "BackendError",
     "ReplicaUnit",
@@ -32,8 +34,22 @@ __all__ = [
     "VmiSpec",
     "disk_name",
     "replica_unit",
+    "token_digest",
     "vmi_name",
 ]
+
+#: The ``report_token`` of a unit built only to watch or expect existing VMIs
+#: (the worker keeps no token, only its digest): no token hashes to a stored
+#: digest of 32 random bytes, so it proves nothing, and no backend writes it
+#: into a VMI (create and restart get units with fresh tokens).
+NO_TOKEN = "0" * 64
+
+
+def token_digest(token: str) -> str:
+    """What the worker keeps of a report token: its SHA-256, hex. The token is 32
+    random bytes, so a fast hash is enough (nothing to guess); a digest read from
+    the worker's files does not pass hello."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class BackendError(Exception):
@@ -71,6 +87,19 @@ class VmiSpec:
     #: Part of a multi-node replica: joins the overlay network and claims
     #: InfiniBand.
     multi_node: bool = False
+    #: The digest (:func:`token_digest`) of the VMI's report token, when the unit
+    #: was built from the worker's state (whose ``agent.report_token`` is then
+    #: :data:`NO_TOKEN`); None: the digest of ``agent.report_token``.
+    token_sha256: str | None = None
+
+    @property
+    def expected_token(self) -> str:
+        """The digest a hello's token must have to prove this VMI."""
+        if self.token_sha256 is not None:
+            return self.token_sha256
+        if self.agent.report_token == NO_TOKEN:
+            return "-"  # no digest is this: a unit without tokens proves nothing
+        return token_digest(self.agent.report_token)
 
 
 @dataclass(frozen=True)
@@ -129,7 +158,9 @@ class VmiEvent:
 
 def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPlacement, *,
                  generation: int = 0, agent: Mapping[str, Any],
-                 tokens: Sequence[str] | None = None, telemetry: bool = False) -> ReplicaUnit:
+                 tokens: Sequence[str] | None = None,
+                 token_hashes: Sequence[str] | None = None,
+                 telemetry: bool = False) -> ReplicaUnit:
     """The :class:`ReplicaUnit` of one placed replica: one VMI per node share.
 
     Args:
@@ -139,6 +170,9 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
             runtime, model, GPUs) are filled in here.
         tokens: a report token per VMI (node rank), overriding
             ``agent["report_token"]``: each agent proves its own VMI.
+        token_hashes: instead of ``tokens``, their digests (the worker's state):
+            a unit to watch or expect VMIs with, whose configs carry
+            :data:`NO_TOKEN`; never one to create or restart with.
         telemetry: the agents ship their logs to the worker (``agent.logs``):
             the worker's own telemetry is on. An ``agent["telemetry"]`` wins.
 
@@ -161,7 +195,9 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
                               head_address=(vmi_name(job_id, replica, 0)
                                             if placement.multi_node else None),
                               **{"telemetry": telemetry, **agent,
-                                 **({"report_token": tokens[rank]} if tokens else {})}),
+                                 **({"report_token": tokens[rank]} if tokens else
+                                    {"report_token": NO_TOKEN} if token_hashes else {})}),
+            token_sha256=token_hashes[rank] if token_hashes and not tokens else None,
         )
         for rank, share in enumerate(placement.shares))
     return ReplicaUnit(job_id=job_id, replica=replica, generation=generation, spec=spec,

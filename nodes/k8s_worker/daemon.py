@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 import trio
@@ -64,6 +65,10 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     storage = daemon.storage
     assert storage is not None
     keypair = load_or_create_keypair(storage)
+    # The worker's folder is its own: identity, queue, state, the VMIs' logs. The
+    # local backend's agents, run as users of their own, live elsewhere
+    # (local.agents_dir), so nothing in here needs to be reachable by others.
+    await trio.to_thread.run_sync(os.chmod, storage, 0o700)
     if settings.ork == keypair.public_key:
         raise DaemonError("ork is this worker's own key: give wrk-ork's public key")
     fsync = FsyncPolicy.ALWAYS if settings.fsync else FsyncPolicy.NEVER
@@ -81,6 +86,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         announce_addresses=settings.announce_addresses), services=[queues, registry.service])
     # wrk-ork and every agent bound by its hello keep their room under a flood.
     swarm.add_reserved(lambda key: key == settings.ork or registry.table.bound(key) is not None)
+    # A hello from a new key for a VMI whose agent is connected is a takeover.
+    registry.connected = lambda key: key in swarm.connections
     try:
         address = await daemon.nursery.start(swarm.run)
     except OSError as exc:
@@ -131,14 +138,21 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     daemon.nursery.start_soon(measure)
     daemon.nursery.start_soon(functools.partial(
         stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
+    isolated = getattr(backend, "isolated", None)  # the local backend's (see local.py)
+    agents = ("" if isolated is None else ", agents isolated" if isolated
+              else ", agents NOT isolated: shells run as this user")
     print(f"wrk-server-k8s-nvidia {keypair.hex} listening on {address[0]}:{address[1]} "
           f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
-          f"telemetry {'on' if shipper is not None else 'off'})", flush=True)
+          f"telemetry {'on' if shipper is not None else 'off'}{agents})", flush=True)
 
 
 def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:
     queued = queue.statistics()
-    return Snapshot({
+    isolated = getattr(worker.backend, "isolated", None)  # the local backend's
+    extra = {} if isolated is None else {"worker_agents_isolated": Family(
+        "1 when the local backend runs each agent (and its shells) as a user of its own; "
+        "0: as the worker's user (see local.isolation)", float(isolated))}
+    return Snapshot({**extra,
         "worker_replicas": Family("Replicas by the state last reported to wrk-ork",
                                   worker.statistics(), "state"),
         "worker_bad_operations": Family("Queue entries that were no operation (skipped)",

@@ -20,12 +20,48 @@ restart                         GONE ("stopped for restart"), then as create;
 delete                          GONE; the folder is removed
 ==============================  ============================================
 
-Each VMI's folder is ``<state_dir>/<vmi.disk>/``::
+Each VMI has two folders: the worker's, ``<state_dir>/<vmi.disk>/``, and the
+agent's own, ``<agents_dir>/<vmi.disk>/`` (``agents_dir`` unset: the
+``agent/`` folder inside the worker's)::
 
-    agent.json     the agent's config (the VMI's, with ``storage`` pointed here)
-    storage/       the agent's storage: identity, state (kept across restarts)
-    agent.log      the process's stdout and stderr (JSON log lines)
-    process.json   pid, start time (clock ticks since boot), VMI, generation
+    <state_dir>/<disk>/    the worker's (0700; 0711 when it holds agent/)
+        agent.log          the process's stdout and stderr (JSON log lines), 0600
+        process.json       pid, start time (clock ticks since boot), VMI, generation
+    <agents_dir>/<disk>/   the agent's own: 0700, owned by the VMI's user
+        agent.json         its config (with ``storage`` pointed here), 0600: it
+                           holds the VMI's report token
+        storage/           its storage: identity, state (kept across restarts)
+
+Isolation (issue 21). A container job's shell is a child of its agent, so it is
+whoever the agent is. When the worker runs as root, each VMI's agent runs as a
+user of its own: a uid (and a gid of the same number, with no supplementary
+groups) from ``agent_uid_base``..``+agent_uid_count`` that no account uses,
+allocated when the VMI is first created and kept with its folder (its owner)
+across restarts; or, if ``agent_user`` names an account, as that account (all
+VMIs share it then: one job's shell can read another job's agent folder, so the
+per-VMI uids are the default). It starts with umask 077, its folder as HOME and
+cwd, and an environment of the worker's PATH, locale and PYTHON* variables only.
+No daemon's storage is reachable from it: daemon folders are 0700, and the only
+way in is its own folder. On stop, besides its process group, every process
+left with the VMI's own uid is killed (a shell that started a session of its
+own does not outlive its job).
+
+What it does not isolate: the kernel (one for all; no seccomp, no namespaces),
+the GPUs (every agent sees every device the host has; placement only counts
+them), the network (an agent reaches every port of the host, 127.0.0.1 too, so
+the daemons' own authentication is what guards them), the CPU, memory and disk
+(no cgroups, no quotas), and what the host leaves world-readable (``/proc``,
+``/tmp``, other users' files with o+r). It is a sandbox for honest mistakes and
+casual snooping between teams, not for a hostile tenant: use ``kubevirt``.
+
+``isolation``: ``auto`` (the default) isolates when it can, and when it cannot
+(the worker is not root, or the agent's interpreter or folders are not
+reachable by another user, e.g. a Python installed under ``/root``) says so in
+a WARNING at start and runs the agents as the worker's own user: a shell is then
+a shell of the platform's user, for one-person trials only. ``require`` refuses
+to start instead (set it on any shared host); ``off`` never isolates.
+:attr:`LocalBackend.isolated` and :attr:`LocalBackend.isolation_problem` say
+which it is.
 
 Worker restarts. Agent processes start in a session of their own, so they
 outlive the worker as VMIs outlive a worker pod, and a Ctrl-C in the worker's
@@ -45,18 +81,23 @@ flags in the rack report, nothing more; Linux only (``/proc``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import pwd
 import re
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -64,7 +105,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import NodeInfo, RackReport
 from p2p.daemon import write_atomically
-from p2p.files import private_folder
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 
@@ -108,6 +148,22 @@ class LocalClusterSettings(BaseModel):
     #: How often an adopted process (not our child) is checked for life, where
     #: the kernel offers no pidfd to wait on.
     poll_interval_s: float = Field(default=0.5, gt=0, le=60)
+    #: Run each agent (and so its shells) as a user of its own: ``auto`` when
+    #: the worker can (root, and the agent reachable by another user), with a
+    #: WARNING when it cannot; ``require``: refuse to start when it cannot;
+    #: ``off``: as the worker's user (see the module doc).
+    isolation: Literal["auto", "require", "off"] = "auto"
+    #: An account every agent runs as, instead of a uid per VMI (weaker: the
+    #: VMIs share it). Unset: a uid per VMI from the range below.
+    agent_user: str | None = Field(default=None, min_length=1, max_length=32)
+    #: The first uid (and gid) given to VMIs; no account may use the range.
+    agent_uid_base: int = Field(default=1_900_000_000, ge=1000, le=2**31 - 2**20)
+    #: How many uids the range holds (the most VMIs one worker may have).
+    agent_uid_count: int = Field(default=65_536, ge=1, le=2**20)
+    #: Where each agent's own folder is made (``<agents_dir>/<disk>``); unset:
+    #: inside the worker's VMI folder. Every folder above it must be traversable
+    #: by others (o+x) for isolation: keep it out of the daemons' storage.
+    agents_dir: Path | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> LocalClusterSettings:
@@ -115,6 +171,80 @@ class LocalClusterSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("node names must be unique")
         return self
+
+
+@dataclass(frozen=True)
+class _Isolation:
+    """Who the agents run as: a uid per VMI from a range, or one account."""
+
+    uid_base: int
+    uid_count: int
+    #: (uid, gid) of ``agent_user``; None: a uid per VMI.
+    shared: tuple[int, int] | None = None
+
+    def owns(self, uid: int) -> bool:
+        """Is ``uid`` one this backend gives agents?"""
+        if self.shared is not None:
+            return uid == self.shared[0]
+        return self.uid_base <= uid < self.uid_base + self.uid_count
+
+
+#: The worker's environment variables an isolated agent keeps (no secrets, no
+#: daemon settings): the rest of its environment is its own.
+_ENV_KEEP = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "SHELL"})
+_ENV_KEEP_PREFIXES = ("LC_", "PYTHON")
+
+
+def _agent_environment(base: Mapping[str, str], home: Path, uid: int) -> dict[str, str]:
+    env = {name: value for name, value in base.items()
+           if name in _ENV_KEEP or name.startswith(_ENV_KEEP_PREFIXES)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(HOME=str(home), USER=f"cac-{uid}", LOGNAME=f"cac-{uid}")
+    return env
+
+
+def _unreachable(path: Path, *, execute: bool = False) -> str | None:
+    """Why another (unprivileged, group-less) user cannot reach ``path``, or None.
+
+    Every folder on the way must be o+x (ACLs are not read); ``execute``: the file
+    itself must be o+x too, through its symlinks."""
+    path = Path(os.path.realpath(path))
+    for folder in (*reversed(path.parents), path) if not execute else reversed(path.parents):
+        try:
+            mode = folder.stat().st_mode
+        except OSError as exc:
+            return f"{folder}: {exc.strerror}"
+        if not mode & stat.S_IXOTH:
+            return f"{folder} is {stat.filemode(mode)}: others cannot pass it"
+    if execute:
+        try:
+            mode = path.stat().st_mode
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        if not mode & stat.S_IXOTH or not mode & stat.S_IROTH:
+            return f"{path} is {stat.filemode(mode)}: others cannot run it"
+    return None
+
+
+def _proc_uid(pid: int) -> int | None:
+    """The real uid of ``pid``, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as file:
+            for line in file:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Live processes whose real uid is ``uid`` (one pass over /proc)."""
+    try:
+        entries = [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return []
+    return [pid for pid in entries if _proc_uid(pid) == uid]
 
 
 @dataclass
@@ -168,15 +298,17 @@ def _cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _find_by_cmdline(argument: str) -> int | None:
-    """A live process with ``argument`` in its command line (one pass over /proc)."""
+def _find_by_cmdline(argument: str, uids: frozenset[int] | None = None) -> int | None:
+    """A live process with ``argument`` in its command line (one pass over /proc),
+    run by one of ``uids`` (None: anyone)."""
     try:
         entries = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
     except OSError:
         return None
     for name in entries:
         pid = int(name)
-        if argument in _cmdline(pid) and _alive(pid, None):
+        if argument in _cmdline(pid) and _alive(pid, None) and (
+                uids is None or _proc_uid(pid) in uids):
             return pid
     return None
 
@@ -244,6 +376,11 @@ class LocalBackend:
         self._to_adopt: list[VmiSpec] = []
         self._events: trio.MemorySendChannel[VmiEvent] | None = None
         self._nursery: trio.Nursery | None = None
+        self._isolation: _Isolation | None = None
+        #: The agents run as users of their own (decided when :meth:`run` starts).
+        self.isolated = False
+        #: Why they do not, when they do not (None when isolated or not started).
+        self.isolation_problem: str | None = None
 
     # -- the Backend interface -----------------------------------------------------------
 
@@ -254,6 +391,7 @@ class LocalBackend:
         Leaving does not stop the processes (see :meth:`stop_all`).
         """
         self._events = events
+        await trio.to_thread.run_sync(self._decide_isolation)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -324,6 +462,7 @@ class LocalBackend:
                     await self._stop(record)
                     self._vmis.pop(vmi.name, None)  # _find_live() recorded it
                 folder = self._folder(vmi)
+                await trio.to_thread.run_sync(shutil.rmtree, self._home(folder), True)
                 await trio.to_thread.run_sync(shutil.rmtree, folder, True)
                 await self._send(vmi.name, VmiPhase.GONE, "agent stopped, disk removed", record)
             self._locks.pop(vmi.name, None)
@@ -354,8 +493,193 @@ class LocalBackend:
         return record.pid
 
     def folder(self, vmi: VmiSpec) -> Path:
-        """VMI ``vmi``'s folder (its "disk")."""
+        """VMI ``vmi``'s folder, the worker's (its log and process record)."""
         return self._folder(vmi)
+
+    def agent_folder(self, vmi: VmiSpec) -> Path:
+        """VMI ``vmi``'s agent's own folder (its "disk": config and storage)."""
+        return self._home(self._folder(vmi))
+
+    # -- isolation -----------------------------------------------------------------------
+
+    def _decide_isolation(self) -> None:
+        """Isolate the agents if the settings ask for it and the host allows it; say
+        loudly when not (see the module doc). Blocking (a thread)."""
+        mode = self.settings.isolation
+        problem = ("local.isolation is off" if mode == "off"
+                   else self._isolation_problem())
+        self.isolated = problem is None
+        self.isolation_problem = problem
+        if problem is None:
+            iso = self._isolation
+            assert iso is not None
+            who = (f"user {self.settings.agent_user} (uid {iso.shared[0]})" if iso.shared
+                   else f"a uid of its own ({iso.uid_base}+)")
+            log.info("local.isolated agents run as %s in %s", who, self._agents_root())
+            return
+        self._isolation = None
+        if mode == "require":
+            raise BackendError(f"cannot run the agents as users of their own: {problem} "
+                               "(local.isolation is require)", retryable=False)
+        log.warning("local.not_isolated reason=%r: every agent, and every shell of a "
+                    "container job, runs as the worker's own user (uid %d) and can read "
+                    "what it can, every daemon's storage included. Fine for one person "
+                    "trying CosmicAC; on a shared host run the worker as root with "
+                    "CosmicAC installed where other users can read it, and set "
+                    "local.isolation=require", problem, os.geteuid())
+
+    def _isolation_problem(self) -> str | None:
+        """Why the agents cannot run as users of their own, or None (and then
+        ``self._isolation`` is set, the agents' root folder made)."""
+        settings = self.settings
+        if os.geteuid() != 0:
+            return "the worker does not run as root, so it cannot start agents as another user"
+        shared = None
+        if settings.agent_user is not None:
+            try:
+                account = pwd.getpwnam(settings.agent_user)
+            except KeyError:
+                return f"no account {settings.agent_user!r} (local.agent_user)"
+            if account.pw_uid == 0 or account.pw_gid == 0:
+                return f"local.agent_user {settings.agent_user!r} is root"
+            shared = (account.pw_uid, account.pw_gid)
+        command = shutil.which(self.agent_command[0]) or self.agent_command[0]
+        why = _unreachable(Path(command), execute=True)
+        if why is None and self.agent_command == DEFAULT_AGENT_COMMAND:
+            # This very interpreter: its environment and CosmicAC's code too.
+            spec = importlib.util.find_spec("cli")
+            code = [Path(spec.origin).parent] if spec and spec.origin else []
+            for path in (Path(sys.prefix), *code):
+                why = why or _unreachable(path)
+        if why is not None:
+            return f"the agent's program is not reachable by another user: {why}"
+        root = self._agents_root()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            os.chmod(root, 0o711)  # ours: others may pass, not list
+        except OSError as exc:
+            return f"cannot prepare {root}: {exc.strerror or exc}"
+        why = _unreachable(root)
+        if why is not None:
+            return (f"the agents' folders are not reachable by another user: {why} (set "
+                    "local.agents_dir outside the daemons' storage)")
+        self._isolation = _Isolation(settings.agent_uid_base, settings.agent_uid_count, shared)
+        return None
+
+    def _agents_root(self) -> Path:
+        """The folder the agents' own folders are in (or under)."""
+        return self.settings.agents_dir or self.state_dir
+
+    def _home(self, folder: Path) -> Path:
+        """The agent's own folder of the VMI whose worker folder is ``folder``."""
+        if self.settings.agents_dir is not None:
+            return self.settings.agents_dir / folder.name
+        return folder / "agent"
+
+    def _owner(self, home: Path) -> tuple[int, int] | None:
+        """Who the agent of ``home`` runs as: the folder's owner if it is one of ours
+        (the VMI ran before), else a uid no other VMI folder has and no process runs
+        as; None when not isolated."""
+        iso = self._isolation
+        if iso is None:
+            return None
+        if iso.shared is not None:
+            return iso.shared
+        try:
+            uid = os.stat(home, follow_symlinks=False).st_uid
+            if iso.owns(uid):
+                return uid, uid
+        except FileNotFoundError:
+            pass
+        used = set()
+        if self.state_dir.is_dir():
+            for folder in self.state_dir.iterdir():
+                try:
+                    used.add(os.stat(self._home(folder), follow_symlinks=False).st_uid)
+                except OSError:
+                    continue
+        start = secrets.randbelow(iso.uid_count)
+        for step in range(iso.uid_count):
+            uid = iso.uid_base + (start + step) % iso.uid_count
+            if uid not in used and not _processes_of(uid):
+                return uid, uid
+        raise BackendError(f"no free agent uid left in {iso.uid_base}+{iso.uid_count}")
+
+    def _prepare(self, vmi: VmiSpec, folder: Path, home: Path) -> tuple[int, int] | None:
+        """Make the VMI's folders and write its agent's config; returns the agent's
+        (uid, gid), None when not isolated. Blocking.
+
+        The agent owns ``home``, so nothing in it is trusted: its folder and storage
+        are opened without following links and changed through their descriptors,
+        and the config is created anew (``O_EXCL``) and renamed into place."""
+        owner = self._owner(home)
+        folder.mkdir(parents=True, exist_ok=True)
+        inside = home.parent == folder and owner is not None  # the agent passes through
+        os.chmod(self.state_dir, 0o711 if inside else 0o700)
+        os.chmod(folder, 0o711 if inside else 0o700)
+        if home.parent != folder:
+            home.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(home.parent, 0o711 if owner else 0o700)
+        legacy = folder / "storage"  # before issue 21, the agent's storage was here
+        if legacy.is_dir() and not legacy.is_symlink() and not home.exists():
+            home.mkdir(mode=0o700)
+            shutil.move(legacy, home / "storage")
+            (folder / "agent.json").unlink(missing_ok=True)  # the old config, its token
+        try:
+            home.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if owner is not None and os.fstat(home_fd).st_uid != owner[0]:
+                # Made by a worker that did not isolate (or as another user): the
+                # agent's identity and state become the agent's. Nothing of that
+                # owner runs now (stopped, or never started), so nothing moves.
+                _chown_tree(home, *owner)
+            _own(home_fd, owner, 0o700)
+            try:
+                os.mkdir("storage", 0o700, dir_fd=home_fd)
+            except FileExistsError:
+                pass
+            storage_fd = os.open("storage", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                 dir_fd=home_fd)
+            try:
+                _own(storage_fd, owner, 0o700)
+            finally:
+                os.close(storage_fd)
+            config = vmi.agent.model_copy(update={"storage": str(home / "storage")})
+            temporary = f".agent.json.{secrets.token_hex(8)}"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                         0o600, dir_fd=home_fd)
+            try:
+                _own(fd, owner, 0o600)
+                os.write(fd, config.to_json().encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temporary, "agent.json", src_dir_fd=home_fd, dst_dir_fd=home_fd)
+        finally:
+            os.close(home_fd)
+        return owner
+
+    def _sweep(self, record: _Vmi) -> None:
+        """Kill what is left running as the VMI's own uid (a shell in a session of its
+        own); nothing when the VMIs share a user or are not isolated."""
+        settings = self.settings
+        if settings.agent_user is not None:
+            return
+        try:
+            uid = os.stat(self._home(record.folder), follow_symlinks=False).st_uid
+        except OSError:
+            return
+        if not _Isolation(settings.agent_uid_base, settings.agent_uid_count).owns(uid):
+            return
+        for pid in _processes_of(uid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            log.info("local.swept vmi=%s pid=%d uid=%d", record.spec.name, pid, uid)
 
     # -- starting ------------------------------------------------------------------------
 
@@ -385,25 +709,33 @@ class LocalBackend:
     async def _start(self, vmi: VmiSpec) -> None:
         nursery = self._running()
         folder = self._folder(vmi)
-        config_path = folder / "agent.json"
+        home = self._home(folder)
+        config_path = home / "agent.json"
         try:
-            private_folder(folder / "storage")  # the agent's identity and job tokens
-            config = vmi.agent.model_copy(update={"storage": str(folder / "storage")})
-            _write_atomically(config_path, config.to_json())
+            owner = await trio.to_thread.run_sync(self._prepare, vmi, folder, home)
         except OSError as exc:
             raise BackendError(f"{vmi.name}: cannot prepare {folder}: "
                                f"{exc.strerror or exc}") from None
-        await self._send(vmi.name, VmiPhase.PROVISIONING, f"storage folder {folder} ready")
+        await self._send(vmi.name, VmiPhase.PROVISIONING, f"storage folder {home} ready")
         await self._send(vmi.name, VmiPhase.BOOTING, f"starting the agent on {vmi.node}")
         try:
-            log_fd = os.open(folder / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            log_fd = os.open(folder / "agent.log",
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise BackendError(f"{vmi.name}: cannot open its log: {exc.strerror}") from None
+        env = self.env
+        as_user: dict = {}
+        if owner is not None:
+            uid, gid = owner
+            env = ({**env, "HOME": str(home), "USER": f"cac-{uid}", "LOGNAME": f"cac-{uid}"}
+                   if env is not None else _agent_environment(os.environ, home, uid))
+            as_user = {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077,
+                       "cwd": str(home)}
         try:
             process = await trio.lowlevel.open_process(
                 [*self.agent_command, "--config", str(config_path)],
                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-                start_new_session=True, env=self.env)
+                start_new_session=True, env=env, **as_user)
         except OSError as exc:
             await self._send(vmi.name, VmiPhase.FAILED,
                              f"cannot start the agent: {exc.strerror or exc}")
@@ -416,7 +748,8 @@ class LocalBackend:
         self._vmis[vmi.name] = record
         _write_atomically(folder / "process.json", json.dumps({
             "pid": record.pid, "start_ticks": record.start_ticks, "vmi": vmi.name,
-            "generation": vmi.agent.generation, "started_at": time.time()}) + "\n", 0o644)
+            "generation": vmi.agent.generation, "started_at": time.time(),
+            "uid": owner[0] if owner else os.geteuid()}) + "\n")
         nursery.start_soon(self._watch_child, record)
         log.info("local.started vmi=%s pid=%d node=%s generation=%d", vmi.name, record.pid,
                  vmi.node, vmi.agent.generation)
@@ -479,6 +812,7 @@ class LocalBackend:
         """
         record.stopping = True
         if record.pid is None or record.exited.is_set():
+            await trio.to_thread.run_sync(self._sweep, record)
             return
         for signum, wait_s in ((signal.SIGTERM, self.settings.stop_grace_s),
                                (signal.SIGKILL, KILL_WAIT_S)):
@@ -496,6 +830,7 @@ class LocalBackend:
             # Dead but not reaped yet: the watcher (or this wait) reaps it.
             with trio.move_on_after(KILL_WAIT_S):
                 await record.process.wait()
+        await trio.to_thread.run_sync(self._sweep, record)
         log.info("local.stopped vmi=%s pid=%d", record.spec.name, record.pid)
 
     @staticmethod
@@ -511,24 +846,33 @@ class LocalBackend:
     def _record_in(self, folder: Path, spec: VmiSpec | None = None) -> _Vmi | None:
         """The live agent process recorded in ``folder``, if its pid, start time and
         command line still match (a reused pid is not ours)."""
-        config_path = str(folder / "agent.json")
+        config_path = str(self._home(folder) / "agent.json")
+        if not Path(config_path).exists() and (folder / "agent.json").exists():
+            config_path = str(folder / "agent.json")  # started before issue 21
         try:
             doc = json.loads((folder / "process.json").read_text())
             pid, ticks = int(doc["pid"]), doc.get("start_ticks")
         except (OSError, ValueError, KeyError, TypeError):
             doc, pid, ticks = {}, None, None
-        if pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid):
+        # Only the worker's user or the agent's own started it: anyone can put a
+        # path in a command line (a shell of another job, to be "adopted").
+        try:
+            uids = frozenset({os.geteuid(), os.stat(self._home(folder)).st_uid})
+        except OSError:
+            uids = frozenset({os.geteuid()})
+        if (pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid)
+                or _proc_uid(pid) not in uids):
             # A worker killed between starting a process and recording it leaves
             # an agent no process.json names: find it by its command line, or a
             # second agent would be started on the same storage.
-            pid = _find_by_cmdline(config_path) if folder.is_dir() else None
+            pid = _find_by_cmdline(config_path, uids) if folder.is_dir() else None
             if pid is None:
                 return None
             stat = _proc_stat(pid)
             ticks = stat[1] if stat else None
         if spec is None:
             try:
-                config = load_agent_config(folder / "agent.json")
+                config = load_agent_config(Path(config_path))
             except AgentConfigError:
                 return None
             spec = VmiSpec(name=str(doc.get("vmi", folder.name)), disk=folder.name,
@@ -582,3 +926,18 @@ class LocalBackend:
             if record.pid is not None:
                 extra["pid"] = str(record.pid)
         await self._events.send(VmiEvent(name, phase, message, node=node, extra=extra))
+
+
+def _own(fd: int, owner: tuple[int, int] | None, mode: int) -> None:
+    """Give the open file or folder ``fd`` to ``owner`` (None: leave it) with ``mode``."""
+    if owner is not None:
+        os.fchown(fd, *owner)
+    os.fchmod(fd, mode)
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    """``top`` and everything in it to ``uid:gid``, links themselves, not their targets."""
+    os.lchown(top, uid, gid)
+    for folder, folders, files in os.walk(top):
+        for name in (*folders, *files):
+            os.lchown(os.path.join(folder, name), uid, gid)

@@ -12,11 +12,21 @@ Rows:
 - ``replicas``: one per (job, replica): the job's spec and placement, the
   generation wanted and the one the backend has reached, ``run`` or
   ``delete``, the relays frozen at creation (seeds/relay.txt: only jobs
-  created after a worker restart get new relay keys), the per-VMI report
-  tokens, and the last state reported to wrk-ork.
+  created after a worker restart get new relay keys), the SHA-256 of each
+  VMI's report token, and the last state reported to wrk-ork.
 - ``applied_ops``: op ids already applied.
 - ``shell_keys``: per team, the newest shell keys wrk-ork sent (issue 21);
   an older version never replaces a newer one.
+
+Secrets (issue 21): the report tokens themselves are never written here. The
+worker mints them when it creates or restarts a replica's VMIs, hands them to
+the backend (into each VMI's own config), and keeps their digests, which is all
+:meth:`~.agents.AgentTable.hello` needs; a copy of this file proves no VMI.
+Schema 1 kept the tokens themselves: opening such a file hashes them in place,
+then rewrites the file (``VACUUM``) and empties the WAL, so no page holds the
+old text (``secure_delete`` is on for every later write). The file and its
+``-wal`` and ``-shm`` are 0600 whatever the umask (SQLite gives the companions
+the main file's mode).
 
 Blocking calls: the daemon runs them through ``trio.to_thread``.
 """
@@ -24,6 +34,7 @@ Blocking calls: the daemon runs them through ``trio.to_thread``.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -31,11 +42,15 @@ from pathlib import Path
 
 from contracts.model import JobSpec, ReplicaPlacement, ReplicaState
 from contracts.shell_access import ShellKeys
-from p2p.files import private_file
+
+from .backend import token_digest
 
 __all__ = ["ReplicaRecord", "StoreError", "WorkerStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: The file and its companions: readable by the worker's user only.
+FILE_MODE = 0o600
+_COMPANIONS = ("", "-wal", "-shm", "-journal")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,7 +64,7 @@ CREATE TABLE IF NOT EXISTS replicas (
     desired TEXT NOT NULL CHECK (desired IN ('run', 'delete')),
     removed INTEGER NOT NULL DEFAULT 0,
     relays TEXT NOT NULL,
-    tokens TEXT NOT NULL,
+    tokens TEXT NOT NULL,  -- schema 2: the tokens' SHA-256 (hex), never the tokens
     reported_state TEXT,
     reported_message TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
@@ -85,8 +100,9 @@ class ReplicaRecord:
     #: The backend removed everything (after a delete).
     removed: bool
     relays: tuple[str, ...]
-    #: One report token per VMI (node rank), kept across restarts.
-    tokens: tuple[str, ...]
+    #: The SHA-256 (hex) of each VMI's (node rank's) report token; empty until
+    #: the worker first creates the VMIs (it mints the tokens then).
+    token_hashes: tuple[str, ...]
     reported_state: ReplicaState | None
     reported_message: str
     created_at: float
@@ -121,8 +137,9 @@ class WorkerStore:
         name = ":memory:" if path is None else str(path)
         try:
             if path is not None:
-                private_file(path)  # report tokens and job specs; -wal/-shm inherit its mode
+                _private(name)
             db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA secure_delete=ON")
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
@@ -132,8 +149,14 @@ class WorkerStore:
             elif int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"{name} has schema {row[0]}, newer than this worker's "
                                  f"{SCHEMA_VERSION}: upgrade the worker")
-        except (sqlite3.DatabaseError, OSError) as exc:
+            elif int(row[0]) < 2:
+                _hash_tokens_in_place(db)
+            if path is not None:
+                _private(name)
+        except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot use worker state {name}: {exc}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot use worker state {name}: {exc.strerror or exc}") from None
         return cls(db, name)
 
     def close(self) -> None:
@@ -178,7 +201,7 @@ class WorkerStore:
                 "reported_message, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (record.job_id, record.replica, record.spec.model_dump_json(),
                  record.placement.model_dump_json(), record.generation, -1, "run", 0,
-                 json.dumps(list(record.relays)), json.dumps(list(record.tokens)), None, "",
+                 json.dumps(list(record.relays)), json.dumps(list(record.token_hashes)), None, "",
                  record.created_at))
             return True
 
@@ -206,6 +229,16 @@ class WorkerStore:
         """Remember an op that cannot be applied (unknown replica), so it stays skipped."""
         with self._lock, self._db:
             self._seen(op_id, now)
+
+    def set_token_hashes(self, job_id: str, replica: int, generation: int,
+                         hashes: tuple[str, ...]) -> bool:
+        """Keep the digests of the tokens just minted for ``generation``; False if
+        the replica is gone or asks for another generation now."""
+        with self._lock, self._db:
+            cursor = self._db.execute(
+                "UPDATE replicas SET tokens=? WHERE job_id=? AND replica=? AND generation=?",
+                (json.dumps(list(hashes)), job_id, replica, generation))
+            return cursor.rowcount == 1
 
     def mark_done(self, job_id: str, replica: int, generation: int) -> None:
         with self._lock, self._db:
@@ -256,6 +289,32 @@ def _record(row: tuple) -> ReplicaRecord:
         job_id=job_id, replica=replica, spec=JobSpec.model_validate_json(spec),
         placement=ReplicaPlacement.model_validate_json(placement), generation=generation,
         done_generation=done_generation, desired=desired, removed=bool(removed),
-        relays=tuple(json.loads(relays)), tokens=tuple(json.loads(tokens)),
+        relays=tuple(json.loads(relays)), token_hashes=tuple(json.loads(tokens)),
         reported_state=ReplicaState(reported_state) if reported_state else None,
         reported_message=reported_message, created_at=created_at)
+
+
+def _private(name: str) -> None:
+    """The state file (created empty if missing) and its companions: 0600."""
+    fd = os.open(name, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)
+    for suffix in _COMPANIONS[1:]:
+        try:
+            os.chmod(name + suffix, FILE_MODE)
+        except FileNotFoundError:
+            pass
+
+
+def _hash_tokens_in_place(db: sqlite3.Connection) -> None:
+    """Schema 1 → 2: replace each kept report token by its SHA-256, then rewrite the
+    file and empty the WAL so that no page, free or logged, holds a token."""
+    with db:
+        for key, tokens in db.execute("SELECT rowid, tokens FROM replicas").fetchall():
+            hashes = [token_digest(token) for token in json.loads(tokens)]
+            db.execute("UPDATE replicas SET tokens=? WHERE rowid=?", (json.dumps(hashes), key))
+        db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
+    db.execute("VACUUM")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -61,12 +61,14 @@ from nodes.control import (
 )
 
 from .backend import (
+    NO_TOKEN,
     Backend,
     BackendError,
     ReplicaUnit,
     VmiEvent,
     VmiPhase,
     replica_unit,
+    token_digest,
     vmi_name,
 )
 from .replica_state import AgentStatus, VmiView, replica_state
@@ -134,6 +136,10 @@ class _Replica:
     last_agents: tuple[str, ...] = ()
     #: Per node rank, the 10 % step of its disk import last logged.
     import_steps: dict[int, int] = field(default_factory=dict)
+    #: The report tokens this worker process minted, and for which generation:
+    #: reused when a failed create or restart is retried (a VMI the backend kept
+    #: has them). In memory only; the store keeps their digests.
+    tokens: tuple[int, tuple[str, ...]] | None = None
 
 
 class Worker:
@@ -179,8 +185,7 @@ class Worker:
             record = ReplicaRecord(
                 job_id=op.job_id, replica=op.replica, spec=op.spec, placement=op.placement,
                 generation=op.generation, done_generation=-1, desired="run", removed=False,
-                relays=self.runtime.relays,
-                tokens=tuple(secrets.token_hex(32) for _ in op.placement.shares),
+                relays=self.runtime.relays, token_hashes=(),
                 reported_state=None, reported_message="", created_at=now)
             if await trio.to_thread.run_sync(self.store.apply_create, op.op_id, record, now):
                 shares = ", ".join(f"{share.gpus} on node {share.node}"
@@ -323,13 +328,25 @@ class Worker:
                 state.wake = trio.Event()
                 await state.wake.wait()
                 continue
-            unit = self._unit(record)
             try:
                 if record.desired == "delete":
-                    await self.backend.delete(unit)
+                    await self.backend.delete(self._unit(record))
                     await trio.to_thread.run_sync(self.store.mark_removed, *key)
                     continue
-                if record.done_generation < 0:
+                minted = await self._mint(state, record)
+                if minted is None:
+                    continue  # another generation was asked for meanwhile
+                tokens, replaced = minted
+                unit = self._unit(record, tokens)
+                if record.done_generation < 0 and replaced:
+                    # This worker restarted while creating them: VMIs it made then
+                    # carry tokens it no longer has. Replace them, as a restart does.
+                    self._system(state, "creating VMIs again with new report tokens "
+                                 "(the worker restarted during their creation): "
+                                 + ", ".join(unit.names))
+                    self._expect(state, unit)
+                    await self.backend.restart(unit)
+                elif record.done_generation < 0:
                     self._system(state, "creating VMIs " + ", ".join(unit.names))
                     self._expect(state, unit)
                     await self.backend.create(unit)
@@ -357,6 +374,25 @@ class Worker:
                 await self._update(state)
                 await trio.sleep(wait)
 
+    async def _mint(self, state: _Replica,
+                    record: ReplicaRecord) -> tuple[tuple[str, ...], bool] | None:
+        """The report tokens to create or restart ``record.generation`` with.
+
+        Those this process minted for the generation (a retry: a VMI the backend
+        kept has them), or new ones, whose digests are stored before any VMI gets
+        them. Returns the tokens and whether new ones replace digests kept for
+        VMIs that may exist (see the caller); None if the replica now asks for
+        another generation (or is gone)."""
+        if state.tokens is not None and state.tokens[0] == record.generation:
+            return state.tokens[1], False
+        tokens = tuple(secrets.token_hex(32) for _ in record.placement.shares)
+        hashes = tuple(token_digest(token) for token in tokens)
+        if not await trio.to_thread.run_sync(self.store.set_token_hashes, record.job_id,
+                                             record.replica, record.generation, hashes):
+            return None
+        state.tokens = (record.generation, tokens)
+        return tokens, bool(record.token_hashes)
+
     def _expect(self, state: _Replica, unit: ReplicaUnit) -> None:
         state.import_steps.clear()
         for vmi in unit.vmis:
@@ -373,13 +409,17 @@ class Worker:
         self._replicas.pop(state.record.key, None)
         self._capacity_changed.set()
 
-    def _unit(self, record: ReplicaRecord) -> ReplicaUnit:
+    def _unit(self, record: ReplicaRecord,
+              tokens: tuple[str, ...] | None = None) -> ReplicaUnit:
+        """The replica's unit: with ``tokens`` (just minted) one to create or restart
+        VMIs with; without, one to watch and expect them (its configs carry
+        :data:`~.backend.NO_TOKEN`, the registry the stored digests)."""
         runtime = self.runtime
         agent: dict[str, Any] = {
             "worker": runtime.worker_key, "worker_addresses": runtime.worker_addresses,
             "bootstrap": runtime.bootstrap, "relays": record.relays,
             "heartbeat_interval_s": runtime.heartbeat_interval_s,
-            "report_token": record.tokens[0],
+            "report_token": tokens[0] if tokens else NO_TOKEN,
             # Who may use the workload: the team's shell users, or the proxies.
             "authorized_keys": runtime.proxies}
         if record.spec.type is JobType.CONTAINER:
@@ -391,7 +431,8 @@ class Worker:
         if runtime.agent_storage is not None:
             agent["storage"] = runtime.agent_storage
         return replica_unit(record.job_id, record.replica, record.spec, record.placement,
-                            generation=record.generation, agent=agent, tokens=record.tokens,
+                            generation=record.generation, agent=agent, tokens=tokens,
+                            token_hashes=record.token_hashes,
                             telemetry=runtime.telemetry)
 
     # -- events ----------------------------------------------------------------

@@ -8,13 +8,18 @@ app-node would hold. Real time, conditions polled, every wait bounded.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 
 import pytest
 import trio
 
+from contracts.agent_report import HELLO, Hello
+from contracts.agent_report import PROTOCOL as AGENT_PROTOCOL
 from nodes.ork.service import RESTART_JOB, JobRef
+from p2p.rpc import RpcError
 
 from .control_path import container, control_path, inference, status
 
@@ -29,7 +34,8 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             assert job.status.value in ("starting", "queued")
             await path.wait_job(job.id, status("active"))
             (folder,) = path.vmi_folders()
-            identity = (folder / "storage" / "identity").read_bytes()
+            disk = folder / "agent" / "storage"  # the agent's own folder in the VMI's
+            identity = (disk / "identity").read_bytes()
             first_pid = path.agent_pid(folder)
 
             await path.call(RESTART_JOB, JobRef(job_id=job.id))
@@ -38,7 +44,27 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
                 and j.replicas[0].generation == 1)
             assert restarted.replicas[0].generation == 1
             assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
-            assert (folder / "storage" / "identity").read_bytes() == identity  # ... same disk
+            assert (disk / "identity").read_bytes() == identity  # ... same disk
+            # Issue 21: the worker's folder is its own, and no file of the worker
+            # holds the agent's report token (only the agent's own config does).
+            config = json.loads((folder / "agent" / "agent.json").read_text())
+            token = config["report_token"]
+            # A stolen token does not take the live VMI over (the real worker: the
+            # agent's connection says it is alive).
+            thief, scope = await path._connect(path.worker_port, path.worker_key,
+                                               AGENT_PROTOCOL, "thief")
+            with pytest.raises(RpcError) as info:
+                await thief.call(HELLO, Hello(job_id=config["job_id"], replica=0,
+                                              generation=config["generation"],
+                                              node_rank=0, token=token))
+            assert info.value.code == "ALREADY_BOUND"
+            scope.cancel()
+            assert stat.S_IMODE(path.worker_storage.stat().st_mode) == 0o700
+            for file in path.worker_storage.rglob("*"):
+                if file.is_file() and "agent" not in file.relative_to(folder.parent.parent).parts:
+                    assert token.encode() not in file.read_bytes(), file
+                if file.name.startswith("worker.sqlite"):
+                    assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
 
             await path.delete(job.id)
             await path.wait_job(job.id, lambda j: j is None)

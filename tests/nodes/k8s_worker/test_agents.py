@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 from contextlib import asynccontextmanager
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contracts.agent_report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Hello, Report
-from nodes.k8s_worker.agents import AgentEventKind, AgentRegistry, AgentTable
+from nodes.k8s_worker.agents import (
+    AgentEventKind,
+    AgentRegistry,
+    AgentTable,
+    BoundAgent,
+    HelloDecision,
+    decide,
+)
 from p2p.rpc import RpcClient, RpcError, serve_rpc
 from tests.agents.helpers import agent_config, vmi_of
 from tests.p2p.conftest import running_mux_pair
@@ -206,3 +216,125 @@ def test_one_key_is_bound_to_one_vmi():
     assert table.state(vmi_of(first).name).key is None
     assert table.state(vmi_of(second).name).key == AGENT
     assert table.next_deadline() == pytest.approx(0.6)  # 3 x 0.2 s, the second only
+
+
+# -- takeover (issue 21) ------------------------------------------------------------------
+
+WINDOW = 15.0
+
+
+@pytest.mark.parametrize(("key", "connected", "last_report", "now", "caller", "outcome"), [
+    (None, False, None, 0.0, AGENT, HelloDecision.BIND),           # nobody bound
+    (None, False, 99.0, 100.0, AGENT, HelloDecision.BIND),         # unbound after a restart
+    (AGENT, True, 0.0, 1.0, AGENT, HelloDecision.RENEW),           # the agent reconnects
+    (AGENT, False, 0.0, 100.0, AGENT, HelloDecision.RENEW),        # ... even long after
+    (AGENT, True, 0.0, 1.0, STRANGER, HelloDecision.REFUSE),       # connected and fresh
+    (AGENT, True, 0.0, 100.0, STRANGER, HelloDecision.REFUSE),     # connected, silent
+    (AGENT, False, 90.0, 100.0, STRANGER, HelloDecision.REFUSE),   # gone a moment ago
+    (AGENT, False, 85.0 + 1e-9, 100.0, STRANGER, HelloDecision.REFUSE),  # just within
+    (AGENT, False, 85.0, 100.0, STRANGER, HelloDecision.REBIND),   # the window has passed
+    (AGENT, False, None, 100.0, STRANGER, HelloDecision.REBIND),   # never reported
+])
+def test_decide_binds_renews_refuses_or_rebinds_by_the_bound_agents_life(
+        key, connected, last_report, now, caller, outcome):
+    assert decide(BoundAgent(key, connected, last_report, WINDOW), caller, now) is outcome
+
+
+@asynccontextmanager
+async def bound_and_another(nursery, connected: set[bytes]):
+    """A VMI whose agent (``AGENT``) said hello, a client as ``STRANGER`` holding the
+    same token, and the registry's view of connections (``connected``)."""
+    config = agent_config(WORKER, heartbeat_interval_s=5)
+    async with registry_and_events(nursery) as (registry, events), \
+            client_as(nursery, registry, AGENT) as bound, \
+            client_as(nursery, registry, STRANGER) as other:
+        registry.connected = connected.__contains__
+        registry.expect(vmi_of(config))
+        await bound.call(HELLO, hello_of(config))
+        yield config, registry, events, bound, other
+
+
+async def test_a_stolen_token_does_not_take_a_live_vmi_over(nursery, autojump_clock, caplog):
+    """Issue 21, the regression: a second key with the VMI's (stolen) token is refused
+    while the bound agent lives; the victim keeps its binding and its reports count,
+    the worker logs a warning naming the VMI and both keys."""
+    async with bound_and_another(nursery, {AGENT}) as (config, registry, events, victim,
+                                                       thief):
+        vmi = vmi_of(config)
+        await victim.call(READY, Report(message="serving"))
+        caplog.set_level(logging.WARNING, logger="nodes.k8s_worker.agents")
+        for wait in (0, 30):  # fresh, then silent but still connected
+            await trio.sleep(wait)
+            with pytest.raises(RpcError) as info:
+                await thief.call(HELLO, hello_of(config))
+            assert info.value.code == "ALREADY_BOUND"
+            assert registry.state(vmi.name).key == AGENT
+        (line, *_) = [r.getMessage() for r in caplog.records if "takeover_refused" in r.message]
+        assert vmi.name in line and AGENT.hex() in line and STRANGER.hex() in line
+        assert config.report_token not in caplog.text
+        with pytest.raises(RpcError) as info:
+            await thief.call(READY, Report())
+        assert info.value.code == "NOT_INTRODUCED"
+        await victim.call(HEARTBEAT, Heartbeat())  # the victim's binding is intact
+        await victim.call(READY, Report(message="still mine"))
+        kinds = []
+        while True:
+            try:
+                kinds.append(events.receive_nowait().kind)
+            except trio.WouldBlock:
+                break
+        assert kinds.count(AgentEventKind.HELLO) == 1  # the thief's hello made none
+
+
+async def test_once_the_bound_agent_is_gone_a_new_key_rebinds_and_it_is_logged(
+        nursery, autojump_clock, caplog):
+    """An agent whose storage was lost comes back with a new key: it binds once the old
+    one is neither connected nor heard from within the window."""
+    connected = {AGENT}
+    async with bound_and_another(nursery, connected) as (config, registry, _events, old, new):
+        vmi = vmi_of(config)
+        connected.clear()  # its connection broke
+        with pytest.raises(RpcError) as info:  # but it reported a moment ago
+            await new.call(HELLO, hello_of(config))
+        assert info.value.code == "ALREADY_BOUND"
+        await trio.sleep(3 * 5 + 1)  # silent past the window (3 heartbeats)
+        caplog.set_level(logging.WARNING, logger="nodes.k8s_worker.agents")
+        result = await new.call(HELLO, hello_of(config))
+        assert result.vmi == vmi.name and registry.state(vmi.name).key == STRANGER
+        (line,) = [r.getMessage() for r in caplog.records if "agent.rebound" in r.message]
+        assert vmi.name in line and AGENT.hex() in line and STRANGER.hex() in line
+        with pytest.raises(RpcError) as info:  # the old key is unbound
+            await old.call(HEARTBEAT, Heartbeat())
+        assert info.value.code == "NOT_INTRODUCED"
+
+
+def test_a_refused_takeover_leaves_the_callers_other_binding_alone():
+    """The thief's key, bound to a VMI of its own, stays bound there when its hello for
+    another (live) VMI is refused: a refusal changes nothing."""
+    table = AgentTable()
+    mine, theirs = agent_config(WORKER, replica=0), agent_config(WORKER, replica=1)
+    table.expect(vmi_of(mine))
+    table.expect(vmi_of(theirs))
+    table.hello(STRANGER, hello_of(mine), now=0.0)
+    table.hello(AGENT, hello_of(theirs), now=0.0)
+    with pytest.raises(Exception) as info:
+        table.hello(STRANGER, hello_of(theirs), now=0.1)
+    assert info.value.code == "ALREADY_BOUND"
+    assert table.state(vmi_of(mine).name).key == STRANGER
+    assert table.state(vmi_of(theirs).name).key == AGENT
+
+
+@given(bound=st.sampled_from([None, AGENT, STRANGER]), caller=st.sampled_from([AGENT, STRANGER]),
+       connected=st.booleans(), last_report=st.none() | st.floats(0, 1_000),
+       now=st.floats(0, 2_000), window=st.floats(0.1, 100))
+def test_decide_never_hands_a_live_vmi_to_another_key_nor_refuses_its_own(
+        bound, caller, connected, last_report, now, window):
+    state = BoundAgent(bound, connected, last_report, window)
+    outcome = decide(state, caller, now)
+    if bound is None:
+        assert outcome is HelloDecision.BIND
+    elif bound == caller:
+        assert outcome is HelloDecision.RENEW
+    else:
+        alive = connected or (last_report is not None and now - last_report < window)
+        assert outcome is (HelloDecision.REFUSE if alive else HelloDecision.REBIND)

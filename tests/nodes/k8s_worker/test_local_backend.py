@@ -104,8 +104,9 @@ async def test_create_runs_a_process_and_kill_9_is_a_failed_vmi(nursery, tmp_pat
     assert phases == [VmiPhase.PROVISIONING, VmiPhase.BOOTING, VmiPhase.RUNNING]
     pid = running.backend.pid(name)
     folder = running.backend.folder(unit.vmis[0])
-    written = json.loads((folder / "agent.json").read_text())
-    assert written["storage"] == str(folder / "storage")  # the VMI's path, made local
+    home = running.backend.agent_folder(unit.vmis[0])
+    written = json.loads((home / "agent.json").read_text())
+    assert written["storage"] == str(home / "storage")  # the VMI's path, made local
     assert json.loads((folder / "process.json").read_text())["pid"] == pid
     await running.backend.create(unit)  # again: kept, same process, its phase said again
     assert running.backend.pid(name) == pid
@@ -139,7 +140,8 @@ async def test_restart_keeps_the_disk_and_starts_the_new_generation(nursery, tmp
     await running.backend.create(unit)
     folder = running.backend.folder(unit.vmis[0])
     old_pid = running.backend.pid(unit.vmis[0].name)
-    marker = folder / "storage" / "first-boot"
+    home = running.backend.agent_folder(unit.vmis[0])
+    marker = home / "storage" / "first-boot"
     with trio.fail_after(10):
         while not marker.exists():  # noqa: ASYNC110 - another process writes it
             await trio.sleep(0.02)
@@ -152,7 +154,7 @@ async def test_restart_keeps_the_disk_and_starts_the_new_generation(nursery, tmp
     new_pid = running.backend.pid(unit.vmis[0].name)
     assert new_pid != old_pid and _gone(old_pid)
     assert marker.read_text() == first_boot  # the disk was kept
-    assert json.loads((folder / "agent.json").read_text())["generation"] == 1
+    assert json.loads((home / "agent.json").read_text())["generation"] == 1
     await running.backend.delete(again)
     assert not folder.exists()
     assert running.drain()[-1].phase is VmiPhase.GONE
@@ -231,7 +233,7 @@ async def test_stop_all_stops_agents_a_previous_backend_started(nursery, tmp_pat
     with trio.fail_after(10):
         assert await fake_backend(tmp_path).stop_all() == 1
     assert _gone(pid)
-    assert (tmp_path / unit.vmis[0].disk / "storage").is_dir()  # disks are kept
+    assert (tmp_path / unit.vmis[0].disk / "agent" / "storage").is_dir()  # disks are kept
 
 
 async def test_a_real_agent_started_by_the_backend_reports_to_the_worker(nursery, tmp_path):

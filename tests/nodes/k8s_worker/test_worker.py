@@ -31,7 +31,14 @@ from nodes.control import (
     decode_report,
 )
 from nodes.k8s_worker.agents import AgentState
-from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
+from nodes.k8s_worker.backend import (
+    BackendError,
+    ReplicaUnit,
+    VmiEvent,
+    VmiPhase,
+    VmiSpec,
+    token_digest,
+)
 from nodes.k8s_worker.store import WorkerStore
 from nodes.k8s_worker.worker import Worker, WorkerRuntime
 
@@ -194,7 +201,7 @@ async def test_a_replica_is_active_once_every_vmi_runs_and_every_agent_is_ready(
         nursery.cancel_scope.cancel()
 
 
-async def test_a_restart_reports_restarting_keeps_tokens_and_ignores_the_old_vmis_words(
+async def test_a_restart_reports_restarting_mints_new_tokens_and_ignores_the_old_vmis_words(
         thread_clock):
     harness = Harness(WorkerStore.open(None))
     async with trio.open_nursery() as nursery:
@@ -211,7 +218,10 @@ async def test_a_restart_reports_restarting_keeps_tokens_and_ignores_the_old_vmi
         assert ReplicaState.RESTARTING in harness.states()
         assert ReplicaState.FAILED not in harness.states()  # the old VMIs' GONE was not a crash
         renewed = harness.registry.expected[NAMES[0]].agent
-        assert renewed.generation == 1 and renewed.report_token == token
+        # A new generation, new tokens: the old VMI's token proves nothing any more.
+        assert renewed.generation == 1 and renewed.report_token != token
+        kept = harness.store.replica("j-1", 0).token_hashes
+        assert kept[0] == token_digest(renewed.report_token) != token_digest(token)
         await harness.registry.send.send(AgentEvent(NAMES[0], "ready", generation=0))  # stale
         await harness.registry.ready(NAMES[1])
         await trio.sleep(0.1)
@@ -312,4 +322,53 @@ async def test_relay_keys_are_fixed_when_a_job_is_created_and_new_ones_go_to_new
                                                 spec=SPEC, placement=TWO_NODES))
         await wait_until(lambda: "cac-2-r0-n0" in second.registry.expected)
         assert second.registry.expected["cac-2-r0-n0"].agent.relays == (new_relay,)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_report_tokens_are_in_no_byte_of_the_workers_state_file(thread_clock, tmp_path):
+    """Issue 21: a local user who reads worker.sqlite (and its WAL) learns no token;
+    the digests the file keeps are what the registry expects."""
+    path = tmp_path / "worker.sqlite"
+    harness = Harness(WorkerStore.open(path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(harness.worker.run)
+        await harness.worker.apply(create())
+        await wait_until(lambda: len(harness.backend.vmis) == 2)
+        await harness.worker.apply(RestartReplica(op_id="op-r", job_id="j-1", replica=0,
+                                                  generation=1))
+        await wait_until(lambda: harness.backend.calls[-1] == ("restart", "j-1", 1))
+        tokens = [harness.registry.expected[name].agent.report_token for name in NAMES]
+        hashes = harness.store.replica("j-1", 0).token_hashes
+        assert hashes == tuple(harness.registry.expected[n].expected_token for n in NAMES)
+        assert hashes == tuple(token_digest(t) for t in tokens)
+        files = [p for p in tmp_path.iterdir() if p.name.startswith("worker.sqlite")]
+        assert {p.name for p in files} >= {"worker.sqlite", "worker.sqlite-wal"}
+        for file in files:
+            data = file.read_bytes()
+            assert all(token.encode() not in data for token in tokens), file.name
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_create_the_worker_restarted_in_is_done_again_with_new_tokens(thread_clock):
+    """The tokens of VMIs created before a worker restart are lost with it (only their
+    digests were kept): the create resumes as a restart, so no VMI keeps a token the
+    registry no longer expects."""
+    store = WorkerStore.open(None)
+    backend = FakeBackend()
+    backend.fail_next.append(BackendError("the cluster went away", retryable=True))
+    first = Harness(store, backend)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.worker.run)
+        await first.worker.apply(create())
+        await wait_until(lambda: backend.calls[:1] == [("create", "j-1", 0)])
+        nursery.cancel_scope.cancel()  # the worker dies before the create succeeded
+    minted = store.replica("j-1", 0).token_hashes
+    assert len(minted) == 2
+    again = Harness(store, backend)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(again.worker.run)
+        await wait_until(lambda: backend.calls[-1:] == [("restart", "j-1", 0)])
+        kept = store.replica("j-1", 0).token_hashes
+        assert kept != minted and kept == tuple(again.registry.expected[n].expected_token
+                                                for n in NAMES)
         nursery.cancel_scope.cancel()
