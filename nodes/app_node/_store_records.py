@@ -98,6 +98,24 @@ class RecordsMixin:
             raise NotFound(f"no invitation {invitation_id}")
         return _invitation(row)
 
+    def pending_invitation(self, token_hash: str, *, now: float) -> Invitation:
+        """The invitation of ``token_hash`` if it may still be accepted (nothing changed).
+
+        Raises: NotFound (no such token, or revoked); Expired (used, or past its time).
+        The same checks, in the same order, as :meth:`accept_invitation`'s first ones.
+        """
+        with self._read():
+            row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
+                            (token_hash,))
+        if row is None:
+            raise NotFound("no such invitation; it may have been revoked, ask for a new one")
+        invitation = _invitation(row)
+        if invitation.accepted_at is not None:
+            raise Expired("this invitation was used already; ask for a new one")
+        if now >= invitation.expires_at:
+            raise Expired("this invitation has expired; ask for a new one")
+        return invitation
+
     def list_invitations(self, team: str, *, pending_at: float | None = None) -> list[Invitation]:
         """The team's invitations, oldest first; with ``pending_at``, only those neither
         accepted nor expired at that time."""

@@ -12,6 +12,11 @@ expiring after ``Lifetimes.password_reset``, an hour) and email
 time to answer tells whether the address has an account; a failed email is
 logged, never reported to the requester.
 
+Reset emails are throttled (``Limits.reset_email``): per (email, address) and per
+email, whether or not the account exists (so a 429 tells nothing either), with
+addresses the user logged in from exempt from the per-email ceiling. A reset
+link that is not one counts as a token guess of the address (``token_guess``).
+
 ``POST /auth/password-reset/confirm {token, password}`` checks the token
 (404 unknown, 410 used, expired or its account disabled; both with ``field:
 token``) before hashing anything, then ``Store.reset_password`` sets the hash
@@ -41,7 +46,7 @@ from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
 from ..errors import AppNodeError, Expired, NotFound
 from ..model import TokenKind, normal_email
 from ._auth_routes import hash_new_password, me_out, open_session
-from ._common import ApiError, Ctx, ok
+from ._common import ApiError, Ctx, ok, throttled
 from ._models import (
     MeIn,
     MeOut,
@@ -78,6 +83,11 @@ async def request_reset(ctx: Ctx, request: Request) -> Response:
         email = normal_email(body.email)
     except AppNodeError as exc:
         raise ApiError.of(exc) from None
+    throttle, source = ctx.throttle("reset_email"), ctx.client(request)
+    wait = throttle.wait_s(email, source)
+    if wait > 0:
+        raise throttled(wait, "password reset requests for this address")
+    throttle.failed(email, source)  # every email sent counts, for any address
     return Response(status_code=202, background=BackgroundTask(send_reset, ctx, email))
 
 
@@ -131,14 +141,20 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, PasswordResetConfirmIn)
     store = ctx.services.store
     token_hash = hash_token(body.token)
+    guesses, source = ctx.throttle("token_guess"), ctx.client(request)
+    wait = guesses.wait_s("", source)
+    if wait > 0:
+        raise throttled(wait, "links")
 
     async def with_token(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``method`` in a worker thread; the token's refusals name the ``token`` field."""
         try:
             return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
         except NotFound:
+            guesses.failed("", source)
             raise ApiError(404, "NOT_FOUND", _BAD_LINK, "token") from None
         except Expired:
+            guesses.failed("", source)
             raise ApiError(410, "EXPIRED", _USED_LINK, "token") from None
         except AppNodeError as exc:
             raise ApiError.of(exc) from exc
