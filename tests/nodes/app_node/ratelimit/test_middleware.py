@@ -6,13 +6,12 @@ session's own, else its client's address, read through trusted proxies only."""
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-
-import pytest
 
 from nodes.app_node.ratelimit import (
     EmbeddedLimiter,
@@ -94,7 +93,6 @@ async def test_made_up_bearer_tokens_share_the_address_bucket(
 
 async def test_a_verified_token_falls_back_to_the_address_after_its_ttl(
         autojump_clock: trio.testing.MockClock) -> None:
-    limiter = EmbeddedLimiter()
     verified = VerifiedTokens(ttl_s=60, clock=trio.current_time)
     verified.add(token_hash("token-a"))
     key_func = key_by_session_or_ip(LIMITS, verified)
