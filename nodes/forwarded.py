@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BeforeValidator
+from pydantic import AfterValidator, BeforeValidator
+from pydantic_settings import NoDecode
+
+from p2p.daemon import split_list
 
 __all__ = ["ProxyList", "TrustedProxies", "client_address", "forwarded_for"]
 
@@ -74,17 +77,14 @@ class TrustedProxies:
         return any(address in network for network in self.networks)
 
 
-def _proxy_list(value: Any) -> Any:
-    if isinstance(value, str):  # COSMICAC_..._TRUSTED_PROXIES=127.0.0.1,10.0.0.0/8
-        value = [part for part in value.replace(" ", ",").split(",") if part]
-    if isinstance(value, list | tuple):
-        TrustedProxies(value)  # raises naming the bad entry
-        return tuple(str(part).strip() for part in value)
-    return value
+def _check_proxies(value: tuple[str, ...]) -> tuple[str, ...]:
+    TrustedProxies(value)  # raises naming the bad entry
+    return tuple(part.strip() for part in value)
 
 
-#: A settings field: IP addresses or CIDRs, as a list or comma-separated.
-ProxyList = Annotated[tuple[str, ...], BeforeValidator(_proxy_list)]
+#: A settings field: IP addresses or CIDRs, as a JSON array or comma-separated.
+ProxyList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(split_list),
+                      AfterValidator(_check_proxies)]
 
 
 def _hops(values: Sequence[bytes | str]) -> list[str]:

@@ -66,3 +66,29 @@ def test_the_client_is_never_a_trusted_proxy_unless_all_are(header, client) -> N
     found = client_address("10.0.0.2", [", ".join(chain)], trusted)
     if not client.startswith("10."):
         assert found == client  # whatever the client wrote to its left
+
+
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("127.0.0.1", ("127.0.0.1",)),
+    ("127.0.0.1, 10.0.0.0/8", ("127.0.0.1", "10.0.0.0/8")),
+    ('["::1", "fd00::/8"]', ("::1", "fd00::/8")),
+    ("", ()),
+])
+def test_trusted_proxies_from_the_environment(monkeypatch, value, parsed) -> None:
+    from nodes.app_node.settings import AppNodeSettings
+    from nodes.entry import EntrySettings
+
+    monkeypatch.setenv("COSMICAC_APP_NODE__LIMITS__TRUSTED_PROXIES", value)
+    monkeypatch.setenv("COSMICAC_ENTRY__TRUSTED_PROXIES", value)
+    assert AppNodeSettings(storage="/nonexistent").limits.trusted_proxies == parsed
+    assert EntrySettings().trusted_proxies == parsed
+
+
+def test_a_bad_trusted_proxy_setting_names_the_key_and_the_entry(monkeypatch) -> None:
+    from pydantic import ValidationError
+
+    from nodes.app_node.settings import AppNodeSettings
+
+    monkeypatch.setenv("COSMICAC_APP_NODE__LIMITS__TRUSTED_PROXIES", "127.0.0.1,door")
+    with pytest.raises(ValidationError, match=r"(?s)limits\.trusted_proxies.*'door'"):
+        AppNodeSettings(storage="/nonexistent")

@@ -163,6 +163,7 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     await with_token(store.valid_token, token_hash, now=ctx.now(), kind=TokenKind.RESET)
     password_hash = await hash_new_password(ctx, body.password)
     await with_token(store.reset_password, token_hash, password_hash, now=ctx.now())
+    guesses.succeeded("", source)
     return ok()
 
 
