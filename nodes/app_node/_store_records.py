@@ -71,15 +71,7 @@ class RecordsMixin:
             WrongAccount: ``email`` is not the address the invitation was sent to.
         """
         with self._write() as db:
-            row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
-                            (token_hash,))
-            if row is None:
-                raise NotFound("no such invitation; it may have been revoked, ask for a new one")
-            invitation = _invitation(row)
-            if invitation.accepted_at is not None:
-                raise Expired("this invitation was used already; ask for a new one")
-            if now >= invitation.expires_at:
-                raise Expired("this invitation has expired; ask for a new one")
+            invitation = self._pending(token_hash, now)
             if email is not None and email.strip().lower() != invitation.email:
                 raise WrongAccount("this invitation was sent to another email address; "
                                    "accept it as the account with that address (or create "
@@ -101,12 +93,15 @@ class RecordsMixin:
     def pending_invitation(self, token_hash: str, *, now: float) -> Invitation:
         """The invitation of ``token_hash`` if it may still be accepted (nothing changed).
 
-        Raises: NotFound (no such token, or revoked); Expired (used, or past its time).
-        The same checks, in the same order, as :meth:`accept_invitation`'s first ones.
+        Raises: NotFound (no such token, or revoked); Expired (used, or past its time):
+        the checks :meth:`accept_invitation` makes first.
         """
         with self._read():
-            row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
-                            (token_hash,))
+            return self._pending(token_hash, now)
+
+    def _pending(self, token_hash: str, now: float) -> Invitation:
+        row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
+                        (token_hash,))
         if row is None:
             raise NotFound("no such invitation; it may have been revoked, ask for a new one")
         invitation = _invitation(row)
