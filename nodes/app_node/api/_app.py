@@ -25,7 +25,12 @@ from starlette.routing import Route
 
 from ..auth import DEFAULT_PARAMS, ScryptParams
 from ..errors import AppNodeError
-from ..ratelimit import RateLimitMiddleware, Throttle, VerifiedTokens, key_by_session_or_ip
+from ..ratelimit import (
+    RateLimitMiddleware,
+    VerifiedTokens,
+    key_by_session_or_ip,
+    make_throttles,
+)
 from ..services import AppServices
 from . import (
     _apikeys,
@@ -134,8 +139,7 @@ def create_app(services: AppServices, *,
     """
     limits = services.limits
     verified = VerifiedTokens(max_entries=limits.max_keys)
-    throttles = {name: Throttle(getattr(limits, name), services.clock, max_keys=limits.max_keys)
-                 for name in ("login", "reset_email", "token_guess")}
+    throttles = make_throttles(limits, services.limiter, services.clock)
     ctx = Ctx(services, password_params, bodies=BodyReader(body_limits), verified=verified,
               throttles=throttles)
     document = openapi()

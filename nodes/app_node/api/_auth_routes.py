@@ -4,7 +4,7 @@ Passwords are hashed and checked in a worker thread (scrypt costs most of a
 second of CPU); the sign-up path checks that no user exists before hashing so
 a closed sign-up costs nothing.
 
-Login is throttled per account (``Limits.login``, :class:`~..ratelimit.Throttle`):
+Login is throttled per account (``Limits.login``, :class:`~..ratelimit.FailureThrottle`):
 failed logins for an email make that email's logins *from the same address*
 back off (429 ``throttled`` with ``Retry-After``, before any scrypt work), and
 many addresses failing on one email back off together, except addresses that
@@ -92,7 +92,7 @@ async def login(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, LoginIn)
     store = ctx.services.store
     throttle, source = ctx.throttle("login"), ctx.client(request)
-    wait = throttle.wait_s(body.email, source)
+    wait = await throttle.wait_s(body.email, source)
     if wait > 0:
         raise throttled(wait, "logins for this account")
     try:
@@ -103,7 +103,7 @@ async def login(ctx: Ctx, request: Request) -> Response:
             # emails have accounts
             await trio.to_thread.run_sync(verify_password, body.password,
                                           _dummy_hash(ctx.password_params))
-            throttle.failed(body.email, source)
+            await throttle.failed(body.email, source)
             raise unauthenticated(_WRONG) from None
         raise
     try:
@@ -112,14 +112,14 @@ async def login(ctx: Ctx, request: Request) -> Response:
         raise ApiError(500, "STORE", "this user's stored password is unreadable; ask an "
                        "admin to reset it") from None
     if not good:
-        throttle.failed(body.email, source)
+        await throttle.failed(body.email, source)
         raise unauthenticated(_WRONG)
     if user.disabled:
         raise unauthenticated("this account is disabled; ask an admin")
-    throttle.succeeded(body.email, source)
+    await throttle.succeeded(body.email, source)
     # an address the user logs in from may also ask for their reset emails past
     # the per-account ceiling a stranger could fill
-    ctx.throttle("reset_email").succeeded(body.email, source)
+    await ctx.throttle("reset_email").succeeded(body.email, source)
     if body.cli_public_key is not None:
         user = await ctx.store(store.set_cli_key, user.id, body.cli_public_key.lower())
     return ok(await open_session(ctx, user))

@@ -25,7 +25,7 @@ from ..model import Role, User
 from ..services import AppServices
 
 if TYPE_CHECKING:
-    from ..ratelimit import Throttle, VerifiedTokens
+    from ..ratelimit import FailureThrottle, VerifiedTokens
     from ._body import BodyReader
 
 T = TypeVar("T")
@@ -96,14 +96,14 @@ class Ctx:
     #: (``login``, ``reset_email``, ``token_guess``).
     bodies: BodyReader | None = None
     verified: VerifiedTokens | None = None
-    throttles: dict[str, Throttle] | None = None
+    throttles: dict[str, FailureThrottle] | None = None
 
     def client(self, request: Request) -> str:
         """The client's address, through the trusted proxies (``limits.trusted_proxies``)."""
         from ..ratelimit import address_key, client_of
         return address_key(client_of(request.scope, self.services.limits.proxies()))
 
-    def throttle(self, name: str) -> Throttle:
+    def throttle(self, name: str) -> FailureThrottle:
         assert self.throttles is not None, "Ctx built outside create_app"
         return self.throttles[name]
 

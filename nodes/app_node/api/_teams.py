@@ -182,14 +182,14 @@ async def accept(ctx: Ctx, request: Request) -> Response:
     store = ctx.services.store
     token_hash = hash_token(body.token)
     guesses, source = ctx.throttle("token_guess"), ctx.client(request)
-    wait = guesses.wait_s("", source)
+    wait = await guesses.wait_s("", source)
     if wait > 0:
         raise throttled(wait, "invitation links")
     try:
         invitation = await ctx.store(store.pending_invitation, token_hash, now=ctx.now())
     except ApiError as exc:
         if exc.status in (404, 410):
-            guesses.failed("", source)
+            await guesses.failed("", source)
         if exc.status == 404:
             raise ApiError(404, "NOT_FOUND", _NO_INVITATION, "token") from None
         raise ApiError(exc.status, exc.code, exc.message, "token") from None
@@ -197,7 +197,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         session = await ctx.session(request)
         membership = await ctx.store(store.accept_invitation, token_hash, session.user.id,
                                      now=ctx.now(), email=session.user.email)
-        guesses.succeeded("", source)
+        await guesses.succeeded("", source)
         return ok(AcceptOut(membership=MembershipOut(
             user=membership.user, team=membership.team, role=membership.role)))
     for field in ("email", "name", "password"):
@@ -225,7 +225,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
     except ApiError:
         await ctx.store(store.delete_user, user.id)  # the account exists only to join
         raise
-    guesses.succeeded("", source)
+    await guesses.succeeded("", source)
     user = await ctx.store(store.get_user, user.id)
     return ok(AcceptOut(membership=MembershipOut(user=membership.user, team=membership.team,
                                                  role=membership.role),

@@ -84,10 +84,10 @@ async def request_reset(ctx: Ctx, request: Request) -> Response:
     except AppNodeError as exc:
         raise ApiError.of(exc) from None
     throttle, source = ctx.throttle("reset_email"), ctx.client(request)
-    wait = throttle.wait_s(email, source)
+    wait = await throttle.wait_s(email, source)
     if wait > 0:
         raise throttled(wait, "password reset requests for this address")
-    throttle.failed(email, source)  # every email sent counts, for any address
+    await throttle.failed(email, source)  # every email sent counts, for any address
     return Response(status_code=202, background=BackgroundTask(send_reset, ctx, email))
 
 
@@ -142,7 +142,7 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     store = ctx.services.store
     token_hash = hash_token(body.token)
     guesses, source = ctx.throttle("token_guess"), ctx.client(request)
-    wait = guesses.wait_s("", source)
+    wait = await guesses.wait_s("", source)
     if wait > 0:
         raise throttled(wait, "links")
 
@@ -151,10 +151,10 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
         try:
             return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
         except NotFound:
-            guesses.failed("", source)
+            await guesses.failed("", source)
             raise ApiError(404, "NOT_FOUND", _BAD_LINK, "token") from None
         except Expired:
-            guesses.failed("", source)
+            await guesses.failed("", source)
             raise ApiError(410, "EXPIRED", _USED_LINK, "token") from None
         except AppNodeError as exc:
             raise ApiError.of(exc) from exc
@@ -163,7 +163,7 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     await with_token(store.valid_token, token_hash, now=ctx.now(), kind=TokenKind.RESET)
     password_hash = await hash_new_password(ctx, body.password)
     await with_token(store.reset_password, token_hash, password_hash, now=ctx.now())
-    guesses.succeeded("", source)
+    await guesses.succeeded("", source)
     return ok()
 
 

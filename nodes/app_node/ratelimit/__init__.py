@@ -1,5 +1,6 @@
 """Rate limits of app-node's API: per verified bearer token and per client address,
-and failure throttles with backoff for logins, reset emails and token guesses.
+and failure throttles with backoff for logins, reset emails and token guesses
+(:mod:`._backoff`, driven in process or in Redis by :mod:`._throttles`).
 
 A sans-IO GCRA core (:mod:`._core`), an in-process limiter on trio's clock
 (:mod:`._embedded`), a shared limiter atomic in Redis (:mod:`._redis`, used
@@ -23,12 +24,15 @@ from ._middleware import (
     token_hash,
 )
 from ._redis import RedisLimiter
+from ._throttles import EmbeddedThrottle, FailureThrottle, RedisThrottle, make_throttles
 
 __all__ = [
     "Backoff",
     "BackoffTable",
     "Decision",
     "EmbeddedLimiter",
+    "EmbeddedThrottle",
+    "FailureThrottle",
     "GcraTable",
     "KeyFunc",
     "Limiter",
@@ -37,6 +41,7 @@ __all__ = [
     "Rate",
     "RateLimitMiddleware",
     "RedisLimiter",
+    "RedisThrottle",
     "Throttle",
     "ThrottlePolicy",
     "VerifiedTokens",
@@ -45,6 +50,7 @@ __all__ = [
     "gcra",
     "key_by_session_or_ip",
     "make_limiter",
+    "make_throttles",
     "token_hash",
 ]
 

@@ -23,8 +23,10 @@ Keys, and why no one can lock a real user out from elsewhere
   the ceiling's ``max_s`` (60 s for logins) between tries.
 
 Tables are bounded (``max_keys``, least recently used forgotten first: a
-forgotten key starts afresh, erring towards allowing). Per process: with
-several app-nodes each keeps its own (the README says so).
+forgotten key starts afresh, erring towards allowing). This is the in-process
+core; :mod:`._throttles` drives it, or the same arithmetic in Redis when app-node
+has a ``redis_url`` (shared by every app-node, falling back to this core while
+Redis is down).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Backoff", "BackoffTable", "Throttle", "ThrottlePolicy"]
+__all__ = ["Backoff", "BackoffTable", "Throttle", "ThrottlePolicy", "throttle_keys"]
 
 
 class Backoff(BaseModel):
@@ -126,6 +128,16 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def throttle_keys(account: str, source: str) -> tuple[str, str]:
+    """``(account key, pair key)``: ``a:<digest>`` and ``s:<digest>:<source>``.
+
+    Accounts (emails, normalised) are kept only as digests: no table, in process
+    or in Redis, holds an address book.
+    """
+    account_key = _digest(account.strip().lower())
+    return f"a:{account_key}", f"s:{account_key}:{source}"
+
+
 class Throttle:
     """Failures of ``(account, source)`` pairs with a per-account ceiling; see the module.
 
@@ -144,11 +156,7 @@ class Throttle:
         self._max_keys = max_keys
         self.refused = 0
 
-    @staticmethod
-    def _keys(account: str, source: str) -> tuple[str, str]:
-        # Accounts (emails) are kept only as digests: the table holds no address book.
-        account_key = _digest(account.strip().lower())
-        return f"a:{account_key}", f"s:{account_key}:{source}"
+    _keys = staticmethod(throttle_keys)
 
     def _is_known(self, pair: str, now: float) -> bool:
         since = self._known.get(pair)
