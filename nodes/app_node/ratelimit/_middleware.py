@@ -20,6 +20,7 @@ its /64, the block one subscriber usually holds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -76,7 +77,13 @@ class Limits(BaseModel):
         per_source=Backoff(free_failures=10, base_s=1.0, max_s=300.0), per_account=None)
 
     def proxies(self) -> TrustedProxies:
-        return TrustedProxies(self.trusted_proxies)
+        """``trusted_proxies``, parsed (once per distinct list)."""
+        return _trusted(self.trusted_proxies)
+
+
+@functools.lru_cache(maxsize=16)
+def _trusted(entries: tuple[str, ...]) -> TrustedProxies:
+    return TrustedProxies(entries)
 
 
 def make_limiter(settings: Limits, redis_url: str | None) -> Limiter:
