@@ -10,6 +10,7 @@ its existence does not leak.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+_log = logging.getLogger(__name__)
 
 #: HTTP status of each store error code.
 STATUS = {"NOT_FOUND": 404, "CONFLICT": 409, "INVALID": 422, "LAST_OWNER": 409,
@@ -61,11 +63,13 @@ def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse({"error": body}, status_code=exc.status, headers=exc.headers)
 
 
-def throttled(wait_s: float, what: str) -> ApiError:
-    """429 ``throttled`` with ``Retry-After`` (whole seconds, at least 1)."""
+def throttled(wait_s: float, reason: str, source: str) -> ApiError:
+    """429 ``throttled`` with ``Retry-After`` (whole seconds, at least 1); logged, so an
+    operator sees who is guessing (the address, never the account)."""
     seconds = max(1, int(-(-wait_s // 1)))
-    return ApiError(429, "throttled", f"too many failed {what} from your address; retry in "
-                    f"{seconds} s", headers={"retry-after": str(seconds)})
+    _log.info("api.throttled reason=%r source=%s retry_after_s=%d", reason, source, seconds)
+    return ApiError(429, "throttled", f"{reason}; retry in {seconds} s",
+                    headers={"retry-after": str(seconds)})
 
 
 def unauthenticated(message: str) -> ApiError:

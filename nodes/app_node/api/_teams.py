@@ -184,7 +184,8 @@ async def accept(ctx: Ctx, request: Request) -> Response:
     guesses, source = ctx.throttle("token_guess"), ctx.client(request)
     wait = await guesses.wait_s("", source)
     if wait > 0:
-        raise throttled(wait, "invitation links")
+        raise throttled(wait, "too many invitation links that were not valid from your "
+                        "address", source)
     try:
         invitation = await ctx.store(store.pending_invitation, token_hash, now=ctx.now())
     except ApiError as exc:

@@ -86,7 +86,7 @@ async def request_reset(ctx: Ctx, request: Request) -> Response:
     throttle, source = ctx.throttle("reset_email"), ctx.client(request)
     wait = await throttle.wait_s(email, source)
     if wait > 0:
-        raise throttled(wait, "password reset requests for this address")
+        raise throttled(wait, "too many password reset requests for this email", source)
     await throttle.failed(email, source)  # every email sent counts, for any address
     return Response(status_code=202, background=BackgroundTask(send_reset, ctx, email))
 
@@ -144,7 +144,8 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     guesses, source = ctx.throttle("token_guess"), ctx.client(request)
     wait = await guesses.wait_s("", source)
     if wait > 0:
-        raise throttled(wait, "links")
+        raise throttled(wait, "too many reset links that were not valid from your address",
+                        source)
 
     async def with_token(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``method`` in a worker thread; the token's refusals name the ``token`` field."""
