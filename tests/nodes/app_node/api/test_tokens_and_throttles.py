@@ -200,3 +200,16 @@ async def test_reset_emails_back_off_per_address_and_per_email(door: Api) -> Non
     # an address with no account is throttled alike: a 429 tells nothing
     assert [await reset("192.0.2.9", "nobody@example.com")
             for _ in range(4)] == [202, 202, 202, 429]
+
+
+async def test_a_throttled_login_is_logged_with_the_address_not_the_account(
+        door: Api, caplog) -> None:
+    import logging
+
+    await door.signup()
+    with caplog.at_level(logging.INFO, logger="nodes.app_node.api._common"):
+        for _ in range(5):
+            await _login(door, "192.0.2.66", "wrong password!")
+    [record] = [r for r in caplog.records if r.getMessage().startswith("api.throttled")]
+    assert "source=192.0.2.66" in record.getMessage()
+    assert "admin@example.com" not in record.getMessage()
