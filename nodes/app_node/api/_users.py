@@ -25,7 +25,8 @@ included, in one transaction: the link works once, and whoever had the old
 password is logged out everywhere.
 
 ``PUT /me/password`` is the logged-in change: the current password is
-checked (scrypt, 403 ``field: current_password`` if wrong), every token of the
+checked (scrypt, 403 ``field: current_password`` if wrong; wrong ones count as
+failed logins of the account, ``Limits.login``), every token of the
 user is revoked, and a fresh session is returned so the caller stays logged in.
 """
 
@@ -174,6 +175,12 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
 async def change_password(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     body = await ctx.body(request, PasswordChangeIn)
+    # a stolen session guessing the password counts as failed logins of the account
+    throttle, source, email = ctx.throttle("login"), ctx.client(request), session.user.email
+    wait = await throttle.wait_s(email, source)
+    if wait > 0:
+        raise throttled(wait, "too many wrong passwords for this account from your address",
+                        source)
     try:
         good = await trio.to_thread.run_sync(verify_password, body.current_password,
                                              session.user.password_hash)
@@ -181,8 +188,10 @@ async def change_password(ctx: Ctx, request: Request) -> Response:
         raise ApiError(500, "STORE", "your stored password is unreadable; reset it with "
                        "POST /api/auth/password-reset") from None
     if not good:
+        await throttle.failed(email, source)
         raise ApiError(403, "forbidden", "current_password is wrong; check it, or reset the "
                        "password by email", "current_password")
+    await throttle.succeeded(email, source)
     password_hash = await hash_new_password(ctx, body.password)
     user = await ctx.store(ctx.services.store.set_password, session.user.id, password_hash,
                            now=ctx.now())

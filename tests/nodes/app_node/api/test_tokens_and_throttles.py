@@ -213,3 +213,14 @@ async def test_a_throttled_login_is_logged_with_the_address_not_the_account(
     [record] = [r for r in caplog.records if r.getMessage().startswith("api.throttled")]
     assert "source=192.0.2.66" in record.getMessage()
     assert "admin@example.com" not in record.getMessage()
+
+
+async def test_a_session_guessing_the_current_password_is_throttled_as_logins(
+        door: Api) -> None:
+    token = await door.signup()
+    wrong = {"current_password": "not it at all", "password": "a new long password"}
+    codes = [(await door.client.put("/api/me/password", json=wrong, headers={
+        **bearer(token), **at("192.0.2.66")})).status_code for _ in range(5)]
+    assert codes == [403, 403, 403, 403, 429]
+    assert await _login(door, "192.0.2.66") == 429  # the same throttle as logins
+    assert await _login(door, "198.51.100.7") == 200  # elsewhere: untouched
