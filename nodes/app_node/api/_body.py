@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from typing import Any
 
 import trio
@@ -126,17 +125,22 @@ class BodyReader:
         return parse_json(raw, self.limits.max_json_depth)
 
 
-#: A JSON string (escapes included), or any byte that is not a bracket.
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 def json_depth(raw: bytes) -> int:
     """The deepest nesting of arrays and objects in ``raw`` (brackets inside strings
-    do not count). Linear, no recursion; on malformed JSON a number the parser will
-    refuse anyway."""
-    brackets = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    do not count). Linear, no recursion, no regular expression that could rescan;
+    on malformed JSON a number the parser will refuse anyway.
+
+    Escapes go first, left to right as JSON reads them (``\\\\`` then ``\\"``), so
+    every ``"`` left opens or closes a string: the even pieces between them are
+    outside strings.
+    """
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[0::2])
+    brackets = outside.translate(None, _NOT_BRACKETS)
     return max(itertools.accumulate(_STEP[b] for b in brackets), default=0)
 
 
