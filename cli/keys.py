@@ -27,6 +27,8 @@ def show(
         keypair = load_or_create_keypair(storage)
     except P2PError as exc:
         fail(str(exc))
+    except OSError as exc:  # anything the identity's own errors did not name
+        fail(f"cannot use storage folder {storage}: {exc.strerror or exc}")
     if output is OutputFormat.json:
         print_json({"public_key": keypair.hex, "storage": str(storage.resolve())})
     else:

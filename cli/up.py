@@ -173,6 +173,9 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
               "monitor": keys[MONITOR], "monitor_addresses": monitor_addresses,
               "http": {"host": at(APP), "port": ports.app_http},
               "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
+              # the door (entry point or Caddy) says who its client was: app-node's
+              # rate limits and login throttles believe X-Forwarded-For from it only
+              "limits": {"trusted_proxies": [at(ENTRY)]},
               **({"default_image": default_image} if default_image else {})},
         ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
               "bootstrap": bootstrap, "relays": relays,

@@ -205,7 +205,8 @@ def load_or_create_keypair(storage: str | os.PathLike[str]) -> KeyPair:
 
     Raises:
         IdentityError: the file exists but is unreadable, malformed, or its
-            public key does not match its secret seed.
+            public key does not match its secret seed; or the folder or the
+            file cannot be created (read-only, not ours, full disk).
     """
     folder = Path(storage)
     path = folder / IDENTITY_FILE
@@ -213,7 +214,13 @@ def load_or_create_keypair(storage: str | os.PathLike[str]) -> KeyPair:
         private_folder(folder)
     except OSError as exc:
         raise IdentityError(f"cannot create storage folder {folder}: {exc.strerror}") from exc
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # EACCES on the folder: Path.exists raises it
+        raise IdentityError(f"cannot look into storage folder {folder}: {exc.strerror}; "
+                            "make it readable by this user, or pick another storage "
+                            "folder") from exc
+    if exists:
         return _read_identity(path)
     keypair = KeyPair.generate()
     try:
@@ -221,6 +228,10 @@ def load_or_create_keypair(storage: str | os.PathLike[str]) -> KeyPair:
     except FileExistsError:
         # Another process created it between our check and our write: use theirs.
         return _read_identity(path)
+    except OSError as exc:
+        raise IdentityError(f"cannot create identity file {path}: {exc.strerror or exc}; "
+                            f"make {folder} writable by this user, or pick another "
+                            "storage folder") from exc
     log.info("identity.created path=%s key=%s", path, keypair.hex)
     return keypair
 
@@ -288,10 +299,14 @@ def _write_identity(path: Path, keypair: KeyPair) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        os.unlink(tmp)  # a full disk leaves no half-written secret behind
+        raise
     try:
         # link() fails if the target exists, unlike rename(): first writer wins.
         os.link(tmp, path)

@@ -71,15 +71,7 @@ class RecordsMixin:
             WrongAccount: ``email`` is not the address the invitation was sent to.
         """
         with self._write() as db:
-            row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
-                            (token_hash,))
-            if row is None:
-                raise NotFound("no such invitation; it may have been revoked, ask for a new one")
-            invitation = _invitation(row)
-            if invitation.accepted_at is not None:
-                raise Expired("this invitation was used already; ask for a new one")
-            if now >= invitation.expires_at:
-                raise Expired("this invitation has expired; ask for a new one")
+            invitation = self._pending(token_hash, now)
             if email is not None and email.strip().lower() != invitation.email:
                 raise WrongAccount("this invitation was sent to another email address; "
                                    "accept it as the account with that address (or create "
@@ -97,6 +89,27 @@ class RecordsMixin:
         if row is None:
             raise NotFound(f"no invitation {invitation_id}")
         return _invitation(row)
+
+    def pending_invitation(self, token_hash: str, *, now: float) -> Invitation:
+        """The invitation of ``token_hash`` if it may still be accepted (nothing changed).
+
+        Raises: NotFound (no such token, or revoked); Expired (used, or past its time):
+        the checks :meth:`accept_invitation` makes first.
+        """
+        with self._read():
+            return self._pending(token_hash, now)
+
+    def _pending(self, token_hash: str, now: float) -> Invitation:
+        row = self._one(f"SELECT {_INVITATION} FROM invitations WHERE token_hash = ?",
+                        (token_hash,))
+        if row is None:
+            raise NotFound("no such invitation; it may have been revoked, ask for a new one")
+        invitation = _invitation(row)
+        if invitation.accepted_at is not None:
+            raise Expired("this invitation was used already; ask for a new one")
+        if now >= invitation.expires_at:
+            raise Expired("this invitation has expired; ask for a new one")
+        return invitation
 
     def list_invitations(self, team: str, *, pending_at: float | None = None) -> list[Invitation]:
         """The team's invitations, oldest first; with ``pending_at``, only those neither

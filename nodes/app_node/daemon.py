@@ -150,7 +150,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             if metrics is not None:
                 metrics.add(swarm.metrics.registry, db.metrics.registry)
             http_address = await nursery.start(functools.partial(
-                serve_asgi, create_app(services), host=settings.http.host,
+                serve_asgi, create_app(services, body_limits=settings.http.body),
+                host=settings.http.host,
                 port=settings.http.port, bind_error=ApiBindError))
             log.info("app_node.serving http=%s:%d swarm=%s:%d key=%s db=%s", *http_address,
                      *swarm_address, keypair.hex[:12], db.bootstrap.hex()[:16])

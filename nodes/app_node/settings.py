@@ -15,6 +15,7 @@ from contracts.telemetry import Observability
 from nodes.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
+from .api._body import BodyLimits
 from .email import EmailSettings
 from .health import HealthSettings
 from .ratelimit import Limits
@@ -38,6 +39,9 @@ class HttpSettings(BaseModel):
     host: str = "127.0.0.1"
     #: 0: any free port (tests).
     port: Port = APP_NODE_HTTP_PORT
+    #: Request bodies: ``max_body_bytes`` (1 MiB), ``max_bodies_in_flight`` (64),
+    #: ``body_timeout_s`` (30), ``max_json_depth`` (64) (``COSMICAC_APP_NODE__HTTP__BODY__…``).
+    body: BodyLimits = BodyLimits()
 
 
 class AppTelemetrySettings(ShipperSettings):

@@ -20,6 +20,7 @@ Errors before the upstream answered become JSON (:func:`routes.error_body`):
 | 404 | ``NOT_FOUND`` | a method other than GET/HEAD on a landing path |
 | 413 | ``BODY_TOO_LARGE`` | Content-Length or the streamed body beyond ``max_body_bytes`` |
 | 502 | ``UPSTREAM_UNREACHABLE`` | app-node or proxy-inference refused or dropped the request |
+| 503 | ``SERVER_BUSY`` | ``max_large_bodies`` large bodies are being streamed already |
 | 503 | ``SERVICE_NOT_CONFIGURED`` | ``/monitor`` with no ``monitor_url`` |
 | 503 | ``SERVICE_UNAVAILABLE`` | wrk-monitor configured but not answering |
 | 504 | ``UPSTREAM_TIMEOUT`` | connect, write, first-byte or pool timeout |
@@ -27,6 +28,17 @@ Errors before the upstream answered become JSON (:func:`routes.error_body`):
 After the status line was sent nothing can be said any more: a broken
 upstream or a read timeout cuts the response (the client sees a truncated
 body, never a clean end) and is logged and counted as ``UPSTREAM_BROKEN``.
+
+A *large* body (declared beyond ``large_body_bytes``, or chunked with no
+length) holds one of ``max_large_bodies`` slots from before the upstream
+request until its last byte was handed on (or the exchange ends); with none
+free the request is refused at once (503 ``SERVER_BUSY``, ``Retry-After``),
+never queued. So the door passes at most ``max_large_bodies`` times
+``max_body_bytes`` of uploads at a time, whoever sends them.
+
+``X-Forwarded-For`` is the client's address (the TCP peer's), or, when the peer
+is one of ``trusted_proxies``, the chain that proxy vouched for plus the peer
+(:func:`nodes.forwarded.forwarded_for`): a client's own header is never passed on.
 
 Every ``send`` to hypercorn is shielded from cancellation: hypercorn 0.18
 updates its stream state only after a write returns, and a write cancelled
@@ -47,6 +59,8 @@ from typing import Any
 
 import httpx
 import trio
+
+from nodes.forwarded import TrustedProxies, forwarded_for
 
 from .metrics import EntryMetrics
 from .routes import (
@@ -85,15 +99,25 @@ class EntryApp:
             closed by the caller: :func:`nodes.entry.daemon.serve_entry`).
         max_body_bytes: larger request bodies are refused with 413.
         metrics: where requests are counted.
+        large_body_bytes / max_large_bodies: bodies beyond the first (or of no
+            declared length) streamed at once, at most the second; 503 beyond.
+        busy_retry_after_s: ``Retry-After`` of that 503.
+        trusted_proxies: peers whose ``X-Forwarded-For`` is passed on (appended to).
     """
 
     def __init__(self, upstreams: Mapping[Service, str | None],
                  clients: Mapping[Service, httpx.AsyncClient], *, max_body_bytes: int,
-                 metrics: EntryMetrics | None = None) -> None:
+                 metrics: EntryMetrics | None = None, large_body_bytes: int = 1024 * 1024,
+                 max_large_bodies: int = 16, busy_retry_after_s: int = 1,
+                 trusted_proxies: TrustedProxies | None = None) -> None:
         self.upstreams = dict(upstreams)
         self.clients = dict(clients)
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics or EntryMetrics()
+        self.large_body_bytes = large_body_bytes
+        self.busy_retry_after_s = busy_retry_after_s
+        self.trusted_proxies = trusted_proxies or TrustedProxies()
+        self._large_slots = trio.Semaphore(max_large_bodies)
 
     async def __call__(self, scope: Scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -157,19 +181,45 @@ class EntryApp:
             return await _respond(send, 413, error_body(
                 "BODY_TOO_LARGE", f"the request body ({length} bytes) is beyond the "
                 f"entry point's limit of {self.max_body_bytes} bytes", service), close=True)
-        has_body = length is not None or any(k == b"transfer-encoding"
-                                             for k, _ in scope["headers"])
+        chunked = any(k == b"transfer-encoding" for k, _ in scope["headers"])
+        has_body = length is not None or chunked
+        slot = _Slot(self._large_slots)
+        if chunked or (length or 0) > self.large_body_bytes:
+            try:
+                self._large_slots.acquire_nowait()
+            except trio.WouldBlock:
+                return await _respond(send, 503, error_body(
+                    "SERVER_BUSY", f"the entry point is passing on as many large request "
+                    f"bodies as it allows; retry in {self.busy_retry_after_s} s", service),
+                    close=True, retry_after=self.busy_retry_after_s)
+            slot.held = True
         client_host = scope["client"][0] if scope.get("client") else None
-        headers = request_headers(scope["headers"], client=client_host,
-                                  scheme=scope.get("scheme", "http"), prefix=forward.prefix)
+        forwarded = [v for k, v in scope["headers"] if k == b"x-forwarded-for"]
+        headers = request_headers(
+            scope["headers"], client=forwarded_for(client_host, forwarded, self.trusted_proxies),
+            scheme=scope.get("scheme", "http"), prefix=forward.prefix)
         url = httpx.URL(base)
         url = url.copy_with(raw_path=url.raw_path.rstrip(b"/") + forward.target)
+        state = _Exchange()
+        try:
+            await self._forward(scope, receive, send, service, started, client, url,
+                                headers, has_body, state, slot)
+        finally:
+            slot.release()
+        if state.gone:
+            log.info("entry.client_gone service=%s path=%s sent=%s", service.value,
+                     scope["path"], state.status or "nothing")
+            return 0
+        return state.status
+
+    async def _forward(self, scope: Scope, receive, send, service: Service, started: float,
+                       client: httpx.AsyncClient, url: httpx.URL, headers, has_body: bool,
+                       state: _Exchange, slot: _Slot) -> None:
         # Unbuffered: the pump waits until the forwarder took each chunk.
         body_in, body_out = trio.open_memory_channel[bytes](0)
-        state = _Exchange()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump, receive, body_in, nursery.cancel_scope, state)
-            body = self._body(body_out) if has_body else None
+            body = self._body(body_out, slot) if has_body else None
             request = httpx.Request(scope["method"], url, headers=headers,
                                     content=body if body is not None else b"")
             try:
@@ -179,14 +229,11 @@ class EntryApp:
                 if body is not None:  # a body abandoned half-way is closed now, not at GC
                     with trio.CancelScope(shield=True):
                         await body.aclose()
-        if state.gone:
-            log.info("entry.client_gone service=%s path=%s sent=%s", service.value,
-                     scope["path"], state.status or "nothing")
-            return 0
-        return state.status
 
-    async def _body(self, chunks: trio.MemoryReceiveChannel[bytes]) -> AsyncGenerator[bytes, None]:
-        """The client's body, as it arrives, cut short beyond ``max_body_bytes``."""
+    async def _body(self, chunks: trio.MemoryReceiveChannel[bytes],
+                    slot: _Slot) -> AsyncGenerator[bytes, None]:
+        """The client's body, as it arrives, cut short beyond ``max_body_bytes``; its
+        large-body slot is given back once the last chunk was taken."""
         total = 0
         async with chunks:
             async for chunk in chunks:
@@ -194,6 +241,7 @@ class EntryApp:
                 if total > self.max_body_bytes:
                     raise BodyTooLarge(self.max_body_bytes)
                 yield chunk
+        slot.release()
 
     async def _exchange(self, client: httpx.AsyncClient, request: httpx.Request, send,
                         service: Service, started: float, state: _Exchange) -> None:
@@ -251,6 +299,22 @@ class EntryApp:
         self.metrics.upstream_errors.labels(service.value, code).inc()
         log.warning("entry.upstream_failed service=%s code=%s url=%s error=%s",
                     service.value, code, request.url.copy_with(query=None), _kind(exc))
+
+
+class _Slot:
+    """A large-body slot a request may hold: given back once, whichever comes first
+    (the body's end, or the exchange's)."""
+
+    __slots__ = ("_semaphore", "held")
+
+    def __init__(self, semaphore: trio.Semaphore) -> None:
+        self._semaphore = semaphore
+        self.held = False
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._semaphore.release()
 
 
 class _Exchange:
@@ -315,13 +379,16 @@ def _shielded(send):
     return send_shielded
 
 
-async def _respond(send, status: int, body: bytes, *, close: bool = False) -> int:
+async def _respond(send, status: int, body: bytes, *, close: bool = False,
+                   retry_after: int | None = None) -> int:
     """Send a whole JSON answer; ``close``: say ``Connection: close`` (the rest of
     the request body is never read, so the connection cannot carry another request,
     and a client that pooled it would send its next request into a closing socket)."""
     headers = [*_JSON, (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return status

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from nodes.forwarded import TrustedProxies
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 
@@ -98,7 +99,10 @@ async def serve_entry(settings: EntrySettings, *, metrics: ProcessMetrics | None
         clients = {service: await stack.enter_async_context(open_client(settings))
                    for service, base in bases.items() if base is not None}
         app = EntryApp(bases, clients, max_body_bytes=settings.max_body_bytes,
-                       metrics=entry_metrics)
+                       metrics=entry_metrics, large_body_bytes=settings.large_body_bytes,
+                       max_large_bodies=settings.max_large_bodies,
+                       busy_retry_after_s=settings.busy_retry_after_s,
+                       trusted_proxies=TrustedProxies(settings.trusted_proxies))
 
         def listening(address: tuple[str, int]) -> None:
             log.info("entry.serving url=http://%s:%d api=%s inference=%s monitor=%s",

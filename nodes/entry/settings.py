@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.forwarded import ProxyList
 from p2p.daemon import DaemonSettings, Port
 
 __all__ = [
@@ -89,6 +90,18 @@ class EntrySettings(DaemonSettings):
     #: the 25 MiB audio upload OpenAI and vLLM accept, plus form overhead.
     #: Caddy sets no limit by default; nginx sets 1 MiB.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=0, le=1 << 40)
+    #: A body of more than this (declared, or chunked with no length) is *large*:
+    #: at most ``max_large_bodies`` are streamed upstream at once; beyond, 503
+    #: ``SERVER_BUSY`` with ``Retry-After``. Chat requests stay below it, so
+    #: uploads cannot crowd out inference.
+    large_body_bytes: int = Field(default=1024 * 1024, ge=0, le=1 << 40)
+    max_large_bodies: int = Field(default=16, ge=1, le=100_000)
+    #: ``Retry-After`` of a ``SERVER_BUSY`` answer (seconds).
+    busy_retry_after_s: int = Field(default=1, ge=1, le=3600)
+    #: Proxies in front of the entry point whose ``X-Forwarded-For`` is kept
+    #: (IP addresses or CIDRs; a load balancer). Empty: the header a client sends
+    #: is dropped and replaced by the client's address, so no one can pose as another.
+    trusted_proxies: ProxyList = ()
     #: Opening a connection to an upstream (504 after it).
     connect_timeout_s: float = Field(default=5.0, gt=0, le=600)
     #: Longest silence while reading an upstream's answer, between any two

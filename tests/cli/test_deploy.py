@@ -410,3 +410,20 @@ def test_the_prometheus_example_is_valid_and_sends_the_token(tmp_path: Path) -> 
     checked = subprocess.run([promtool, "check", "config", str(config)], capture_output=True,
                              text=True, timeout=60, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_app_node_trusts_the_door_it_is_given(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 21, defect 6: app-node believes X-Forwarded-For from the entry point's
+    (or Caddy's) address only, the one `bootstrap` and `up` give it."""
+    from cli.up import DEFAULT_BASE_PORT, Ports, service_configs
+
+    folder = tmp_path / "deploy"
+    result = cli("bootstrap", "--dir", str(folder), "--default-host", "10.0.0.5",
+                 "--host", "entry=10.0.0.8")
+    assert result.returncode == 0, result.stderr
+    app = load(folder, "app-node", monkeypatch)
+    assert app.limits.trusted_proxies == ("10.0.0.8",)
+    keys = {name: KeyPair.generate().hex for name in SERVICES}
+    one_machine = service_configs(tmp_path, Ports.from_base(DEFAULT_BASE_PORT), keys)
+    assert one_machine["app-node"]["limits"]["trusted_proxies"] == ["127.0.0.1"]

@@ -1,7 +1,12 @@
+import errno
 import json
+import os
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+import p2p.keys
 from cli.main import app
 
 runner = CliRunner()
@@ -28,3 +33,67 @@ def test_corrupt_identity_gives_a_clear_error_not_a_traceback(tmp_path):
     assert "is corrupt" in result.stderr
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+# -- issue 21, defect 16: a storage folder the identity cannot be written to --------
+
+
+def _os_error(errno_: int):
+    def fail(*args, **kwargs):
+        raise OSError(errno_, os.strerror(errno_))
+    return fail
+
+
+def _readonly(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anyway: the kernel's answer to anyone else
+        monkeypatch.setattr(p2p.keys.os, "open", _os_error(errno.EACCES))
+    return folder
+
+
+def _unsearchable(tmp_path, monkeypatch):
+    folder = tmp_path / "closed"
+    folder.mkdir()
+    folder.chmod(0)
+    if os.geteuid() == 0:
+        monkeypatch.setattr(p2p.keys.Path, "exists", _os_error(errno.EACCES))
+    return folder
+
+
+def _full_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(p2p.keys.os, "write", _os_error(errno.ENOSPC))
+    return tmp_path
+
+
+def _read_only_filesystem(tmp_path, monkeypatch):
+    monkeypatch.setattr(p2p.keys.os, "open", _os_error(errno.EROFS))
+    return tmp_path
+
+
+def _proc(tmp_path, monkeypatch):
+    return Path("/proc")  # a real folder where no one creates files
+
+
+@pytest.mark.parametrize("make_storage", [_readonly, _unsearchable, _full_disk,
+                                          _read_only_filesystem, _proc],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_an_unwritable_storage_is_one_error_line_and_exit_1(tmp_path, monkeypatch,
+                                                            make_storage):
+    storage = make_storage(tmp_path, monkeypatch)
+    if make_storage is _proc and not storage.exists():
+        pytest.skip("no /proc here")
+    try:
+        result = runner.invoke(app, ["keys", "show", "--storage", str(storage)])
+    finally:
+        monkeypatch.undo()
+        storage.chmod(0o755) if storage != Path("/proc") else None
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot"), result.stderr
+    assert str(storage) in lines[0]
+    if storage != Path("/proc"):
+        assert list(storage.iterdir()) == []  # no half-written secret left behind

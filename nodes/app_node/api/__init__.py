@@ -5,6 +5,7 @@ roles, invitations, API keys, model masters, jobs, racks and nodes.
 """
 
 from ._app import ROUTES, create_app, openapi
+from ._body import BodyLimits
 from ._common import STATUS, ApiError
 
-__all__ = ["ROUTES", "STATUS", "ApiError", "create_app", "openapi"]
+__all__ = ["ROUTES", "STATUS", "ApiError", "BodyLimits", "create_app", "openapi"]

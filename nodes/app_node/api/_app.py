@@ -1,5 +1,9 @@
 """``create_app``: the Starlette app under ``/api``, behind the rate limiter.
 
+Request bodies are read within :class:`~._body.BodyLimits` (each route's
+``RouteSpec.max_body_bytes``, else the default); the limiter's buckets are per
+client address unless a session was verified (:class:`~..ratelimit.VerifiedTokens`).
+
 Every route is one :class:`~._spec.RouteSpec`; the app wraps each handler so
 an :class:`~._common.ApiError` (or a store error) becomes the JSON error body,
 and builds ``/api/openapi.json`` from the same table, so the schema lists
@@ -21,7 +25,12 @@ from starlette.routing import Route
 
 from ..auth import DEFAULT_PARAMS, ScryptParams
 from ..errors import AppNodeError
-from ..ratelimit import RateLimitMiddleware, key_by_token_or_ip
+from ..ratelimit import (
+    RateLimitMiddleware,
+    VerifiedTokens,
+    key_by_session_or_ip,
+    make_throttles,
+)
 from ..services import AppServices
 from . import (
     _apikeys,
@@ -37,6 +46,7 @@ from . import (
     _teams,
     _users,
 )
+from ._body import BodyLimits, BodyReader
 from ._common import ApiError, Ctx, error_response
 from ._models import ErrorOut
 from ._spec import RouteSpec
@@ -61,6 +71,8 @@ _DOCS = """<!doctype html><html><head><meta charset="utf-8"><title>CosmicAC API<
 
 def _endpoint(ctx: Ctx, spec: RouteSpec):
     async def endpoint(request: Request) -> Response:
+        if spec.max_body_bytes is not None:
+            request.scope["cosmicac.max_body_bytes"] = spec.max_body_bytes
         try:
             return await spec.handler(ctx, request)
         except ApiError as exc:
@@ -118,14 +130,20 @@ def _path_params(path: str) -> list[str]:
 
 
 def create_app(services: AppServices, *,
-               password_params: ScryptParams = DEFAULT_PARAMS) -> Starlette:
+               password_params: ScryptParams = DEFAULT_PARAMS,
+               body_limits: BodyLimits = BodyLimits()) -> Starlette:
     """The ASGI app of ``/api``.
 
     Args:
         services: what the routes use (store, database, email, limiter, clock).
         password_params: scrypt's cost for new password hashes (tests lower it).
+        body_limits: request bodies' size, how many at once, JSON depth.
     """
-    ctx = Ctx(services, password_params)
+    limits = services.limits
+    verified = VerifiedTokens(max_entries=limits.max_keys)
+    throttles = make_throttles(limits, services.limiter, services.clock)
+    ctx = Ctx(services, password_params, bodies=BodyReader(body_limits), verified=verified,
+              throttles=throttles)
     document = openapi()
     routes = [Route("/api" + spec.path, _endpoint(ctx, spec), methods=[spec.method])
               for spec in ROUTES]
@@ -153,4 +171,4 @@ def create_app(services: AppServices, *,
     return Starlette(routes=routes,
                      exception_handlers={HTTPException: http_error, Exception: crash},
                      middleware=[Middleware(RateLimitMiddleware, limiter=services.limiter,
-                                            key_func=key_by_token_or_ip(services.limits))])
+                                            key_func=key_by_session_or_ip(limits, verified))])

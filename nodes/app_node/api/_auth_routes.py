@@ -3,6 +3,13 @@
 Passwords are hashed and checked in a worker thread (scrypt costs most of a
 second of CPU); the sign-up path checks that no user exists before hashing so
 a closed sign-up costs nothing.
+
+Login is throttled per account (``Limits.login``, :class:`~..ratelimit.FailureThrottle`):
+failed logins for an email make that email's logins *from the same address*
+back off (429 ``throttled`` with ``Retry-After``, before any scrypt work), and
+many addresses failing on one email back off together, except addresses that
+logged in to it before. A success clears its address's failures. An unknown
+email counts like a wrong password, so the throttle tells nothing either.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ..auth import (
     verify_password,
 )
 from ..model import TokenKind, User
-from ._common import ApiError, Ctx, invalid, ok, unauthenticated
+from ._common import ApiError, Ctx, invalid, ok, throttled, unauthenticated
 from ._models import (
     ActiveTeamIn,
     LoginIn,
@@ -84,6 +91,10 @@ async def signup(ctx: Ctx, request: Request) -> Response:
 async def login(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, LoginIn)
     store = ctx.services.store
+    throttle, source = ctx.throttle("login"), ctx.client(request)
+    wait = await throttle.wait_s(body.email, source)
+    if wait > 0:
+        raise throttled(wait, "too many failed logins for this account from your address", source)
     try:
         user = await ctx.store(store.get_user_by_email, body.email)
     except ApiError as exc:
@@ -92,6 +103,7 @@ async def login(ctx: Ctx, request: Request) -> Response:
             # emails have accounts
             await trio.to_thread.run_sync(verify_password, body.password,
                                           _dummy_hash(ctx.password_params))
+            await throttle.failed(body.email, source)
             raise unauthenticated(_WRONG) from None
         raise
     try:
@@ -100,9 +112,14 @@ async def login(ctx: Ctx, request: Request) -> Response:
         raise ApiError(500, "STORE", "this user's stored password is unreadable; ask an "
                        "admin to reset it") from None
     if not good:
+        await throttle.failed(body.email, source)
         raise unauthenticated(_WRONG)
     if user.disabled:
         raise unauthenticated("this account is disabled; ask an admin")
+    await throttle.succeeded(body.email, source)
+    # an address the user logs in from may also ask for their reset emails past
+    # the per-account ceiling a stranger could fill
+    await ctx.throttle("reset_email").succeeded(body.email, source)
     if body.cli_public_key is not None:
         user = await ctx.store(store.set_cli_key, user.id, body.cli_public_key.lower())
     return ok(await open_session(ctx, user))
@@ -111,6 +128,8 @@ async def login(ctx: Ctx, request: Request) -> Response:
 async def logout(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     await ctx.store(ctx.services.store.revoke_token, session.token_hash, now=ctx.now())
+    if ctx.verified is not None:
+        ctx.verified.discard(session.token_hash)
     return ok()
 
 

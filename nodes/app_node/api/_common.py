@@ -10,10 +10,10 @@ its existence does not leak.
 from __future__ import annotations
 
 import functools
-import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from pydantic import BaseModel, ValidationError
@@ -25,8 +25,13 @@ from ..errors import AppNodeError, Expired, Invalid, NotFound
 from ..model import Role, User
 from ..services import AppServices
 
+if TYPE_CHECKING:
+    from ..ratelimit import FailureThrottle, VerifiedTokens
+    from ._body import BodyReader
+
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+_log = logging.getLogger(__name__)
 
 #: HTTP status of each store error code.
 STATUS = {"NOT_FOUND": 404, "CONFLICT": 409, "INVALID": 422, "LAST_OWNER": 409,
@@ -38,9 +43,12 @@ _RANK = {Role.MEMBER: 0, Role.ADMIN: 1, Role.OWNER: 2}
 class ApiError(Exception):
     """An answer other than success: ``status`` and the body's code, message and field."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None, *,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+        #: Extra answer headers (``Retry-After``, ``Connection: close``).
+        self.headers = headers
 
     @classmethod
     def of(cls, exc: AppNodeError) -> ApiError:
@@ -52,7 +60,16 @@ def error_response(exc: ApiError) -> JSONResponse:
     body: dict[str, Any] = {"code": exc.code, "message": exc.message}
     if exc.field is not None:
         body["field"] = exc.field
-    return JSONResponse({"error": body}, status_code=exc.status)
+    return JSONResponse({"error": body}, status_code=exc.status, headers=exc.headers)
+
+
+def throttled(wait_s: float, reason: str, source: str) -> ApiError:
+    """429 ``throttled`` with ``Retry-After`` (whole seconds, at least 1); logged, so an
+    operator sees who is guessing (the address, never the account)."""
+    seconds = max(1, int(-(-wait_s // 1)))
+    _log.info("api.throttled reason=%r source=%s retry_after_s=%d", reason, source, seconds)
+    return ApiError(429, "throttled", f"{reason}; retry in {seconds} s",
+                    headers={"retry-after": str(seconds)})
 
 
 def unauthenticated(message: str) -> ApiError:
@@ -78,6 +95,21 @@ class Ctx:
 
     services: AppServices
     password_params: ScryptParams
+    #: Set by ``create_app``: the body reader (bounds), the tokens verified lately
+    #: (the rate limiter's buckets), and the failure throttles by name
+    #: (``login``, ``reset_email``, ``token_guess``).
+    bodies: BodyReader | None = None
+    verified: VerifiedTokens | None = None
+    throttles: dict[str, FailureThrottle] | None = None
+
+    def client(self, request: Request) -> str:
+        """The client's address, through the trusted proxies (``limits.trusted_proxies``)."""
+        from ..ratelimit import address_key, client_of
+        return address_key(client_of(request.scope, self.services.limits.proxies()))
+
+    def throttle(self, name: str) -> FailureThrottle:
+        assert self.throttles is not None, "Ctx built outside create_app"
+        return self.throttles[name]
 
     def now(self) -> float:
         return self.services.clock()
@@ -90,13 +122,13 @@ class Ctx:
             raise ApiError.of(exc) from exc
 
     async def body(self, request: Request, model: type[M]) -> M:
-        """The JSON body as ``model``; 422 naming the first bad field."""
-        raw = await request.body()
-        try:
-            data = json.loads(raw or b"null")
-        except ValueError:
-            raise ApiError(422, "INVALID", "the body is not JSON; send a JSON object") from None
-        return validate(model, data)
+        """The JSON body as ``model``; 422 naming the first bad field.
+
+        Read within the route's bounds (``_body.BodyReader``): 413, 503, 408, and
+        400 ``json_too_deep`` before any parsing."""
+        assert self.bodies is not None, "Ctx built outside create_app"
+        raw = await self.bodies.read(request, request.scope.get("cosmicac.max_body_bytes"))
+        return validate(model, self.bodies.parse(raw))
 
     async def session(self, request: Request) -> Session:
         """The caller's session from ``Authorization: Bearer``; 401 without a valid one."""
@@ -113,6 +145,8 @@ class Ctx:
             raise unauthenticated(exc.message) from None
         except AppNodeError as exc:
             raise ApiError.of(exc) from exc
+        if self.verified is not None:
+            self.verified.add(token_hash)  # its own rate-limit bucket from now on
         return Session(user=user, token_hash=token_hash)
 
     async def require_role(self, session: Session, team_id: str, at_least: Role) -> Role:

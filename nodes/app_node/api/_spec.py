@@ -29,3 +29,5 @@ class RouteSpec:
     query: tuple[str, ...] = field(default=())
     #: The answer's media type: ``text/event-stream`` for a stream of ``answer``s.
     media_type: str = "application/json"
+    #: The largest body this route reads (bytes); None: ``BodyLimits.max_body_bytes``.
+    max_body_bytes: int | None = None

@@ -14,6 +14,13 @@ Owners and admins list the pending invitations and revoke them. An invitation
 is accepted only by the address it was sent to: with a session, the session's
 account must have that email; without one, the account created must (403
 ``WRONG_ACCOUNT`` otherwise), so a forwarded or leaked link lets no one else in.
+
+Accepting checks the token before anything else (issue 21, defect 13): a token
+that is no invitation answers 404 ``NOT_FOUND`` (``field: token``) the same
+whatever the body and whether a session was sent, and counts as a token guess
+of the client's address (``Limits.token_guess``, 429 ``throttled`` past it);
+no account is looked up, created or hashed for it. Only a live invitation's
+holder learns whether its (own) address has an account (409).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
 from ..model import Role
 from ..team_rules import TeamCreators
 from ._auth_routes import hash_new_password, open_session
-from ._common import ApiError, Ctx, forbidden, ok, outranks
+from ._common import ApiError, Ctx, forbidden, ok, outranks, throttled
 from ._models import (
     AcceptIn,
     AcceptOut,
@@ -179,15 +186,35 @@ def _day(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
+_NO_INVITATION = ("this is not an invitation link (mistyped, or revoked); ask the team's "
+                  "owner or an admin for a new one")
+
+
 async def accept(ctx: Ctx, request: Request) -> Response:
-    """With a session: join as that user. Without: create the account, then join."""
+    """With a session: join as that user. Without: create the account, then join.
+
+    The token is checked first, before the session, the fields or any account."""
     body = await ctx.body(request, AcceptIn)
     store = ctx.services.store
     token_hash = hash_token(body.token)
+    guesses, source = ctx.throttle("token_guess"), ctx.client(request)
+    wait = await guesses.wait_s("", source)
+    if wait > 0:
+        raise throttled(wait, "too many invitation links that were not valid from your "
+                        "address", source)
+    try:
+        invitation = await ctx.store(store.pending_invitation, token_hash, now=ctx.now())
+    except ApiError as exc:
+        if exc.status in (404, 410):
+            await guesses.failed("", source)
+        if exc.status == 404:
+            raise ApiError(404, "NOT_FOUND", _NO_INVITATION, "token") from None
+        raise ApiError(exc.status, exc.code, exc.message, "token") from None
     if request.headers.get("authorization"):
         session = await ctx.session(request)
         membership = await ctx.store(store.accept_invitation, token_hash, session.user.id,
                                      now=ctx.now(), email=session.user.email)
+        await guesses.succeeded("", source)
         return ok(AcceptOut(membership=MembershipOut(
             user=membership.user, team=membership.team, role=membership.role)))
     for field in ("email", "name", "password"):
@@ -195,6 +222,17 @@ async def accept(ctx: Ctx, request: Request) -> Response:
             raise ApiError(422, "INVALID", f"{field} is required to create your account "
                            "(or send your session token to join as yourself)", field)
     assert body.email and body.name and body.password
+    if body.email.strip().lower() != invitation.email:
+        raise ApiError(403, "WRONG_ACCOUNT", "this invitation was sent to another email "
+                       "address; create the account with that address", "email")
+    try:
+        await ctx.store(store.get_user_by_email, invitation.email)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+    else:  # only the invitation's holder learns this, about the invited address
+        raise ApiError(409, "CONFLICT", f"an account with email {invitation.email} exists "
+                       "already; log in and accept with your session", "email")
     password_hash = await hash_new_password(ctx, body.password)
     user = await ctx.store(store.create_user, email=body.email, name=body.name,
                            password_hash=password_hash, now=ctx.now())
@@ -204,6 +242,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
     except ApiError:
         await ctx.store(store.delete_user, user.id)  # the account exists only to join
         raise
+    await guesses.succeeded("", source)
     user = await ctx.store(store.get_user, user.id)
     return ok(AcceptOut(membership=MembershipOut(user=membership.user, team=membership.team,
                                                  role=membership.role),

@@ -12,6 +12,11 @@ expiring after ``Lifetimes.password_reset``, an hour) and email
 time to answer tells whether the address has an account; a failed email is
 logged, never reported to the requester.
 
+Reset emails are throttled (``Limits.reset_email``): per (email, address) and per
+email, whether or not the account exists (so a 429 tells nothing either), with
+addresses the user logged in from exempt from the per-email ceiling. A reset
+link that is not one counts as a token guess of the address (``token_guess``).
+
 ``POST /auth/password-reset/confirm {token, password}`` checks the token
 (404 unknown, 410 used, expired or its account disabled; both with ``field:
 token``) before hashing anything, then ``Store.reset_password`` sets the hash
@@ -20,7 +25,8 @@ included, in one transaction: the link works once, and whoever had the old
 password is logged out everywhere.
 
 ``PUT /me/password`` is the logged-in change: the current password is
-checked (scrypt, 403 ``field: current_password`` if wrong), every token of the
+checked (scrypt, 403 ``field: current_password`` if wrong; wrong ones count as
+failed logins of the account, ``Limits.login``), every token of the
 user is revoked, and a fresh session is returned so the caller stays logged in.
 """
 
@@ -41,7 +47,7 @@ from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
 from ..errors import AppNodeError, Expired, NotFound
 from ..model import TokenKind, normal_email
 from ._auth_routes import hash_new_password, me_out, open_session
-from ._common import ApiError, Ctx, ok
+from ._common import ApiError, Ctx, ok, throttled
 from ._models import (
     MeIn,
     MeOut,
@@ -78,6 +84,11 @@ async def request_reset(ctx: Ctx, request: Request) -> Response:
         email = normal_email(body.email)
     except AppNodeError as exc:
         raise ApiError.of(exc) from None
+    throttle, source = ctx.throttle("reset_email"), ctx.client(request)
+    wait = await throttle.wait_s(email, source)
+    if wait > 0:
+        raise throttled(wait, "too many password reset requests for this email", source)
+    await throttle.failed(email, source)  # every email sent counts, for any address
     return Response(status_code=202, background=BackgroundTask(send_reset, ctx, email))
 
 
@@ -131,14 +142,21 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, PasswordResetConfirmIn)
     store = ctx.services.store
     token_hash = hash_token(body.token)
+    guesses, source = ctx.throttle("token_guess"), ctx.client(request)
+    wait = await guesses.wait_s("", source)
+    if wait > 0:
+        raise throttled(wait, "too many reset links that were not valid from your address",
+                        source)
 
     async def with_token(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``method`` in a worker thread; the token's refusals name the ``token`` field."""
         try:
             return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
         except NotFound:
+            await guesses.failed("", source)
             raise ApiError(404, "NOT_FOUND", _BAD_LINK, "token") from None
         except Expired:
+            await guesses.failed("", source)
             raise ApiError(410, "EXPIRED", _USED_LINK, "token") from None
         except AppNodeError as exc:
             raise ApiError.of(exc) from exc
@@ -147,6 +165,7 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
     await with_token(store.valid_token, token_hash, now=ctx.now(), kind=TokenKind.RESET)
     password_hash = await hash_new_password(ctx, body.password)
     await with_token(store.reset_password, token_hash, password_hash, now=ctx.now())
+    await guesses.succeeded("", source)
     return ok()
 
 
@@ -156,6 +175,12 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
 async def change_password(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     body = await ctx.body(request, PasswordChangeIn)
+    # a stolen session guessing the password counts as failed logins of the account
+    throttle, source, email = ctx.throttle("login"), ctx.client(request), session.user.email
+    wait = await throttle.wait_s(email, source)
+    if wait > 0:
+        raise throttled(wait, "too many wrong passwords for this account from your address",
+                        source)
     try:
         good = await trio.to_thread.run_sync(verify_password, body.current_password,
                                              session.user.password_hash)
@@ -163,8 +188,10 @@ async def change_password(ctx: Ctx, request: Request) -> Response:
         raise ApiError(500, "STORE", "your stored password is unreadable; reset it with "
                        "POST /api/auth/password-reset") from None
     if not good:
+        await throttle.failed(email, source)
         raise ApiError(403, "forbidden", "current_password is wrong; check it, or reset the "
                        "password by email", "current_password")
+    await throttle.succeeded(email, source)
     password_hash = await hash_new_password(ctx, body.password)
     user = await ctx.store(ctx.services.store.set_password, session.user.id, password_hash,
                            now=ctx.now())

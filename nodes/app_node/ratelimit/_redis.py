@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
 import trio
@@ -38,7 +39,7 @@ from redis.retry import Retry
 from ._core import Decision, Rate
 from ._embedded import EmbeddedLimiter, LimiterStatistics
 
-__all__ = ["GCRA_LUA", "RedisLimiter"]
+__all__ = ["GCRA_LUA", "RedisLimiter", "run_script"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,21 @@ return {1, 0, remaining}
 
 _GCRA_SHA = hashlib.sha1(GCRA_LUA.encode()).hexdigest()
 
+T = TypeVar("T")
+
+
+def run_script(client: redis.Redis, script: str, sha: str, keys: Sequence[str],
+               args: Sequence[Any]) -> Any:
+    """``EVALSHA``, then ``EVAL`` on ``NOSCRIPT`` (a restarted or flushed Redis)."""
+    try:
+        return client.evalsha(sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        return client.eval(script, len(keys), *keys, *args)
+
+
+def _gcra_step(client: redis.Redis, key: str, rate: Rate) -> Any:
+    return run_script(client, GCRA_LUA, _GCRA_SHA, [key], [rate.interval_us, rate.burst])
+
 
 class RedisLimiter:
     """GCRA per key in Redis, falling back to an in-process limiter when Redis is down."""
@@ -87,39 +103,44 @@ class RedisLimiter:
         self._backend_errors = 0
         self._fallback_decisions = 0
 
-    def _eval(self, key: str, rate: Rate) -> Any:
-        args = (1, self._prefix + key, rate.interval_us, rate.burst)
+    async def call(self, fn: Callable[[redis.Redis, str], T]) -> T | None:
+        """``fn(client, key_prefix)`` in a worker thread; None while Redis is unreachable.
+
+        The one path to Redis (the GCRA step and the failure throttles share it): a
+        failure is counted and logged once per outage, and Redis is left alone for
+        ``retry_interval_s``; the caller then decides in process.
+        """
+        now = trio.current_time()
+        if self._down_until is not None and now < self._down_until:
+            return None
         try:
-            return self._client.evalsha(_GCRA_SHA, *args)
-        except redis.exceptions.NoScriptError:
-            return self._client.eval(GCRA_LUA, *args)
+            reply = await trio.to_thread.run_sync(fn, self._client, self._prefix,
+                                                  limiter=self._threads)
+        except redis.exceptions.RedisError as error:
+            self._backend_errors += 1
+            if self._down_until is None:
+                log.warning("rate limits: Redis unreachable (%s: %s); limiting per "
+                            "process until it answers again", type(error).__name__, error)
+            self._down_until = trio.current_time() + self._retry_interval_s
+            return None
+        if self._down_until is not None:
+            log.warning("rate limits: Redis answers again; limits are shared again")
+            self._down_until = None
+        return reply
 
     async def check(self, key: str, rate: Rate) -> Decision:
         """Decide one request of ``key``: in Redis, or in process during an outage."""
-        now = trio.current_time()
-        if self._down_until is None or now >= self._down_until:
-            try:
-                reply = await trio.to_thread.run_sync(self._eval, key, rate,
-                                                      limiter=self._threads)
-            except redis.exceptions.RedisError as error:
-                self._backend_errors += 1
-                if self._down_until is None:
-                    log.warning("rate limits: Redis unreachable (%s: %s); limiting per "
-                                "process until it answers again", type(error).__name__, error)
-                self._down_until = trio.current_time() + self._retry_interval_s
+        reply = await self.call(lambda client, prefix: _gcra_step(client, prefix + key, rate))
+        if reply is not None:
+            allowed, retry_after, remaining = reply
+            decision = Decision(allowed=bool(allowed),
+                                retry_after_s=int(retry_after) / 1_000_000,
+                                remaining=int(remaining))
+            if decision.allowed:
+                self._allowed += 1
             else:
-                if self._down_until is not None:
-                    log.warning("rate limits: Redis answers again; limits are shared again")
-                    self._down_until = None
-                allowed, retry_after, remaining = reply
-                decision = Decision(allowed=bool(allowed),
-                                    retry_after_s=int(retry_after) / 1_000_000,
-                                    remaining=int(remaining))
-                if decision.allowed:
-                    self._allowed += 1
-                else:
-                    self._denied += 1
-                return decision
+                self._denied += 1
+            return decision
         self._fallback_decisions += 1
         return await self.fallback.check(key, rate)
 

@@ -36,7 +36,8 @@ def clean_env(tmp_path, **extra: str) -> dict[str, str]:
 
 async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_path):
     proxy_key = "ab" * 32
-    env = clean_env(tmp_path, COSMICAC_APP_NODE__DATABASE_WRITERS=f'["{proxy_key}"]')
+    env = clean_env(tmp_path, COSMICAC_APP_NODE__DATABASE_WRITERS=f'["{proxy_key}"]',
+                    COSMICAC_APP_NODE__LIMITS__TRUSTED_PROXIES="127.0.0.1")
     with trio.fail_after(90):
         async with process("run", "app-node", env=env, stdout=subprocess.PIPE) as proc:
             match = await read_until(proc.stdout, SERVING)
@@ -55,12 +56,41 @@ async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_p
                 me = await api.get("/me", headers={"authorization": f"Bearer {token}"})
                 assert me.status_code == 200 and me.json()["user"]["email"] == \
                     "admin@example.com"
+                await _bounded_over_a_real_socket(api, token)
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
     report = inspect_storage(tmp_path / "app-node" / "db")
     assert report.bootstrap.hex() == key
     admitted = {w.key.hex(): w for w in report.writers if w.admitted}
     assert admitted[key].admin and proxy_key in admitted  # the proxy may write usage
+
+
+async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> None:
+    """issue 21 through hypercorn: a big chunked body is cut at the limit, deep JSON
+    is a 400, failed logins back off per X-Forwarded-For address (127.0.0.1, the
+    test, is a trusted proxy here), and app-node goes on serving."""
+    async def big():
+        for _ in range(64):  # 64 MiB, never read whole
+            yield b" " * (1024 * 1024)
+
+    try:
+        r = await api.post("/auth/login", content=big())
+    except httpx.TransportError:
+        pass  # app-node may close while the client still sends
+    else:
+        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    r = await api.post("/auth/login", content=b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+    wrong = {"email": "admin@example.com", "password": "not the password"}
+    codes = [(await api.post("/auth/login", json=wrong,
+                             headers={"X-Forwarded-For": "192.0.2.66"})).status_code
+             for _ in range(7)]
+    assert codes == [401] * 6 + [429]  # 5 free, the 6th sets a 1 s wait
+    r = await api.post("/auth/login", json={**wrong, "password": PASSWORD},
+                       headers={"X-Forwarded-For": "198.51.100.7"})
+    assert r.status_code == 200  # the owner elsewhere is not locked out
+    me = await api.get("/me", headers={"authorization": f"Bearer {token}"})
+    assert me.status_code == 200
 
 
 async def test_a_busy_http_port_is_one_line_and_exit_1(tmp_path):

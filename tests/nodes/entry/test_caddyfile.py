@@ -69,9 +69,12 @@ async def test_caddy_routes_streams_and_fails_as_the_entry_point_does(tmp_path):
 
 
 async def check_routes(client: httpx.AsyncClient, inference: Upstream) -> None:
-    echo = (await client.get("/api/v1/jobs/echo", params={"q": "1"})).json()
+    echo = (await client.get("/api/v1/jobs/echo", params={"q": "1"},
+                             headers={"X-Forwarded-For": "6.6.6.6"})).json()
     assert (echo["upstream"], echo["raw_path"], echo["query"]) == (
         "api", "/api/v1/jobs/echo", "q=1")
+    # a client's own X-Forwarded-For never reaches app-node (its rate limits trust Caddy)
+    assert [v for k, v in echo["headers"] if k == "x-forwarded-for"] == ["127.0.0.1"]
     echo = (await client.post("/inference/v1/chat/echo", json={})).json()
     assert (echo["upstream"], echo["raw_path"]) == ("inference", "/v1/chat/echo")
     assert [v for k, v in echo["headers"] if k == "x-forwarded-prefix"] == ["/inference"]

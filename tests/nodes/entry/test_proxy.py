@@ -214,3 +214,51 @@ async def test_a_client_that_leaves_before_the_answer_abandons_the_upstream_requ
                 await trio.sleep(0.01)
         pool = entry.app.clients[Service.API]._transport._pool
         assert pool.connections == []  # closed, not put back for another request
+
+
+# -- issue 21: the client's address, and uploads at once -------------------------------
+
+
+async def test_a_trusted_proxy_in_front_is_appended_to_and_a_client_is_not():
+    async with entry_world(trusted_proxies=["127.0.0.1"]) as (client, *_):
+        # the test client plays a load balancer at 127.0.0.1 that saw 192.0.2.1,
+        # behind which 6.6.6.6 is whatever the client itself wrote
+        echo = (await client.get("/api/echo", headers={
+            "X-Forwarded-For": "6.6.6.6, 192.0.2.1"})).json()
+        assert header(echo, "x-forwarded-for") == ["192.0.2.1, 127.0.0.1"]
+    async with entry_world(trusted_proxies=["10.9.9.9"]) as (client, *_):
+        echo = (await client.get("/api/echo", headers={"X-Forwarded-For": "6.6.6.6"})).json()
+        assert header(echo, "x-forwarded-for") == ["127.0.0.1"]  # not a trusted peer
+
+
+async def test_large_bodies_at_once_are_bounded():
+    release, holding = trio.Event(), trio.Event()
+
+    async def held():
+        yield b"x" * 4096
+        holding.set()
+        await release.wait()
+        yield b"x" * 4096
+
+    async with entry_world(large_body_bytes=1024, max_large_bodies=1,
+                           busy_retry_after_s=2) as (client, *_):
+        async with trio.open_nursery() as nursery:
+            async def upload() -> None:
+                echo = (await client.post("/api/upload/echo", content=held())).json()
+                assert echo["length"] == 8192
+
+            nursery.start_soon(upload)
+            await holding.wait()
+            async with httpx.AsyncClient(base_url=str(client.base_url), trust_env=False,
+                                         timeout=10) as other:
+                busy = await other.post("/api/upload/echo", content=b"y" * 2048)
+                assert busy.status_code == 503
+                assert busy.json()["error"]["code"] == "SERVER_BUSY"
+                assert busy.headers["retry-after"] == "2"
+                # small bodies (chat requests) never wait for uploads
+                small = await other.post("/api/upload/echo", content=b"z" * 512)
+                assert small.status_code == 200
+            release.set()
+        # the slot came back with the body's last byte
+        again = await client.post("/api/upload/echo", content=b"y" * 2048)
+        assert again.status_code == 200 and again.json()["length"] == 2048

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from crdt import Database, FsyncPolicy
-from nodes.app_node.api import create_app
+from nodes.app_node.api import BodyLimits, create_app
 from nodes.app_node.auth import ScryptParams
 from nodes.app_node.email import OutboxSender
 from nodes.app_node.job_events import JobHub, follow_ork
@@ -109,7 +109,8 @@ def bearer(token: str) -> dict[str, str]:
 async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
                    ork: OrkClient | None = None,
                    events: JobHub | None = None,
-                   monitor: MonitorClient | None = None) -> AsyncIterator[Api]:
+                   monitor: MonitorClient | None = None,
+                   body_limits: BodyLimits = BodyLimits()) -> AsyncIterator[Api]:
     clock = FakeClock()
     store = Store.open(tmp_path / "app.sqlite")
     database = await Database.open(tmp_path / "db", KeyPair.generate(),
@@ -120,7 +121,7 @@ async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
                            limiter=EmbeddedLimiter(), limits=limits,
                            public_url="https://cosmic.example", clock=clock,
                            events=events, monitor=monitor)
-    app = create_app(services, password_params=CHEAP)
+    app = create_app(services, password_params=CHEAP, body_limits=body_limits)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         try:
