@@ -16,7 +16,7 @@ process). Its life, as a tree of tasks::
             ├── log shipping    with a shipper (telemetry on): after hello,
                                 agent.logs batches on the same channel (_logs.py)
             └── shell keys      a container job's agent: agent.shell_keys, a long
-                                poll for its team's newer shell keys (issue 21)
+                                poll for its team's newer shell keys
 
 Shell keys (a GPU Container Job): who may open shells follows the team's
 membership while the job runs (:mod:`contracts.shell_access`). The agent starts

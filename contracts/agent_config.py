@@ -95,7 +95,7 @@ class AgentConfig(BaseModel):
             # image older than its worker still reads the config it is given.
             del data["telemetry"]
         if not data["shell_keys_version"]:
-            del data["shell_keys_version"]  # likewise (issue 21)
+            del data["shell_keys_version"]  # likewise
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Who may open shells on a team's container jobs, kept live (issue 21, defect 8).
+"""Who may open shells on a team's container jobs, kept live.
 
 app-node is the truth of a team's members and their CLI keys. A GPU Container
 Job's agent must follow it while the job runs: a removed member loses their

@@ -125,7 +125,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 await nursery.start(ork.run)
                 events = JobHub()
                 await nursery.start(follow_ork, ork, events)
-                # Shell access follows team membership on running jobs (issue 21).
+                # Shell access follows team membership on running jobs.
                 await nursery.start(ShellKeySync(store, ork).run)
             monitor = None
             if settings.monitor is not None:

@@ -23,7 +23,7 @@ only a hello with the VMI's token binds (its SHA-256 compared in constant time:
 the worker keeps no token, see :mod:`.store`); every other call is authorised
 by the bound key alone.
 
-Takeover (issue 21): a token proves the VMI, not that the caller is its only
+Takeover: a token proves the VMI, not that the caller is its only
 agent, and a token can leak (read from a VMI's disk or an old config). So a
 hello with the right token from a *new* key is decided by :func:`decide` on the
 bound agent's state: refused with ``ALREADY_BOUND`` while the bound agent is
@@ -64,7 +64,7 @@ bound key says which VMI, the agent's claims say nothing); a new hello, a
 silence and :meth:`AgentTable.forget` drop them. The worker's
 :mod:`.agent_metrics` reporter forwards them to wrk-monitor.
 
-Shell keys (issue 21): ``agent.shell_keys`` is a container agent's long poll
+Shell keys: ``agent.shell_keys`` is a container agent's long poll
 for its team's shell keys (:mod:`contracts.shell_access`). The registry
 authorises it by the bound key (``NOT_INTRODUCED`` otherwise), so an agent
 only ever learns its own job's team's keys, and asks :attr:`AgentRegistry.shell_keys`

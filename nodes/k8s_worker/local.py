@@ -32,7 +32,7 @@ agent's own, ``<agents_dir>/<vmi.disk>/`` (``agents_dir`` unset: the
                            holds the VMI's report token
         storage/           its storage: identity, state (kept across restarts)
 
-Isolation (issue 21). A container job's shell is a child of its agent, so it is
+Isolation. A container job's shell is a child of its agent, so it is
 whoever the agent is. When the worker runs as root, each VMI's agent runs as a
 user of its own: a uid (and a gid of the same number, with no supplementary
 groups) from ``agent_uid_base``..``+agent_uid_count`` that no account uses,
@@ -620,7 +620,7 @@ class LocalBackend:
         if home.parent != folder:
             home.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(home.parent, 0o711 if owner else 0o700)
-        legacy = folder / "storage"  # before issue 21, the agent's storage was here
+        legacy = folder / "storage"  # older workers kept the agent's storage here
         if legacy.is_dir() and not legacy.is_symlink() and not home.exists():
             home.mkdir(mode=0o700)
             shutil.move(legacy, home / "storage")
@@ -848,7 +848,7 @@ class LocalBackend:
         command line still match (a reused pid is not ours)."""
         config_path = str(self._home(folder) / "agent.json")
         if not Path(config_path).exists() and (folder / "agent.json").exists():
-            config_path = str(folder / "agent.json")  # started before issue 21
+            config_path = str(folder / "agent.json")  # started by an older worker
         try:
             doc = json.loads((folder / "process.json").read_text())
             pid, ticks = int(doc["pid"]), doc.get("start_ticks")

@@ -15,10 +15,10 @@ Rows:
   created after a worker restart get new relay keys), the SHA-256 of each
   VMI's report token, and the last state reported to wrk-ork.
 - ``applied_ops``: op ids already applied.
-- ``shell_keys``: per team, the newest shell keys wrk-ork sent (issue 21);
+- ``shell_keys``: per team, the newest shell keys wrk-ork sent;
   an older version never replaces a newer one.
 
-Secrets (issue 21): the report tokens themselves are never written here. The
+Secrets: the report tokens themselves are never written here. The
 worker mints them when it creates or restarts a replica's VMIs, hands them to
 the backend (into each VMI's own config), and keeps their digests, which is all
 :meth:`~.agents.AgentTable.hello` needs; a copy of this file proves no VMI.

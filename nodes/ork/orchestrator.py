@@ -16,7 +16,7 @@ users), and what must go out is collected for the daemon to take:
   published again after a crash is recognised by the worker;
 - status changes for ``jobs.watch``: :meth:`~Orchestrator.drain_events`.
 
-Shell keys (issue 21): app-node sends each team's shell keys with a version
+Shell keys: app-node sends each team's shell keys with a version
 that only grows (:meth:`~Orchestrator.set_shell_keys`); the newest per team is
 saved, and a changed set becomes a ``set_shell_keys`` operation to every rack
 holding the team's container jobs, and to a rack before the first

@@ -29,7 +29,7 @@ Tables (JSON columns hold the pydantic models of :mod:`contracts.model` and
     reservations(rack, node, team; PK(rack, node))
     outbox(seq PK AUTOINCREMENT, op_id UNIQUE, rack, op JSON)
     positions(rack PK, position)
-    shell_keys(team PK, version, keys JSON)          (issue 21; added to any file)
+    shell_keys(team PK, version, keys JSON)          (added to any file)
 
 Blocking: every call is a small local write; the daemon may run the
 orchestrator in a worker thread (SQLite connections here allow it, one thread

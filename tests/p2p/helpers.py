@@ -94,16 +94,22 @@ async def http_get(address: tuple[str, int], path: str) -> tuple[int, bytes]:
 
 
 def exposed_paths(root: Path) -> list[str]:
-    """Every file or folder under ``root`` (itself included) whose mode lets a
-    group or others read, write or enter it: ``"<path> 0o644"`` each, sorted."""
+    """Every file or folder under ``root`` (itself included) that a group or others
+    may read or write (a file: any of their bits; a folder: list or write it; one
+    they may only pass through, 0711, keeps its names to itself), as
+    ``"<path> 0o644"``, sorted."""
     found = set()
     for folder, folders, files in os.walk(root):
         for name in (".", *folders, *files):
             path = Path(folder) / name
             try:
-                mode = stat.S_IMODE(os.lstat(path).st_mode)
+                info = os.lstat(path)
             except FileNotFoundError:
                 continue  # a temporary renamed away while we walked
-            if mode & 0o077 and not stat.S_ISLNK(os.lstat(path).st_mode):
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            others = 0o066 if stat.S_ISDIR(info.st_mode) else 0o077
+            if info.st_mode & others:
+                mode = stat.S_IMODE(info.st_mode)
                 found.add(f"{path.resolve().relative_to(root.resolve().parent)} {oct(mode)}")
     return sorted(found)

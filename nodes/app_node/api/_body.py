@@ -17,7 +17,7 @@ Theory of operation. A route's body is read only through :meth:`BodyReader.read`
 - JSON is nested at most ``max_json_depth`` deep (64): deeper is 400
   ``json_too_deep``, checked on the bytes before the parser runs (Python's
   parser recurses, and a body nested 100,000 deep raised ``RecursionError``,
-  a 500 with a traceback: issue 21, defect 15).
+  a 500 with a traceback).
 
 A refused body is never read further, so the answer says ``Connection: close``:
 the connection cannot carry another request.

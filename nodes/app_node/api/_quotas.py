@@ -1,4 +1,4 @@
-"""A team with its GPU quotas; operators set the quotas (issue 21, defect 12).
+"""A team with its GPU quotas; operators set the quotas.
 
 Who may do what: a team's members read the team and its quotas; platform
 operators (:func:`~._racks.require_operator`) read and set any team's quotas,

@@ -15,7 +15,7 @@ is accepted only by the address it was sent to: with a session, the session's
 account must have that email; without one, the account created must (403
 ``WRONG_ACCOUNT`` otherwise), so a forwarded or leaked link lets no one else in.
 
-Accepting checks the token before anything else (issue 21, defect 13): a token
+Accepting checks the token before anything else: a token
 that is no invitation answers 404 ``NOT_FOUND`` (``field: token``) the same
 whatever the body and whether a session was sent, and counts as a token guess
 of the client's address (``Limits.token_guess``, 429 ``throttled`` past it);

@@ -5,7 +5,7 @@ A request whose bearer token app-node *verified* lately (:class:`VerifiedTokens`
 filled by the session check) is limited by its token (the per-token rate);
 every other request (no token, a malformed header, a token never verified or
 made up) by its client's address (the per-IP rate): sending ``Authorization:
-Bearer <random>`` buys no fresh bucket (issue 21, defect 7). A valid token's
+Bearer <random>`` buys no fresh bucket. A valid token's
 first request after a restart counts against its address; the next ones
 against the token. The token itself never becomes a key: its SHA-256 does, so
 neither the process nor Redis holds a usable bearer token.
