@@ -58,7 +58,6 @@ is not a trusted proxy (:func:`client_address`).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import secrets
 import time
@@ -75,6 +74,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.telemetry import SOURCES, LogRecord
+from nodes.forwarded import TrustedProxies
+from nodes.forwarded import client_address as forwarded_client
 
 from ._buffer import LogBuffer
 from .loki import LokiError, LokiReader, LokiRecord
@@ -92,8 +93,6 @@ MAX_HTTP_FOLLOWERS_PER_CLIENT = 16
 #: What an operator sets to open the HTTP side (in the 403 without a token).
 TOKEN_SETTING = ("http.token_file (or http.token; COSMICAC_MONITOR__HTTP__TOKEN_FILE); "
                  "cosmicac up and bootstrap write <storage>/http-token")
-#: Characters of a client's identity kept (an X-Forwarded-For hop is the client's text).
-MAX_CLIENT_CHARS = 64
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 5000
 #: How far back a history read without ``since`` asks Loki.
@@ -126,8 +125,7 @@ class LogsFront:
     client_streams: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._trusted = tuple(ipaddress.ip_network(n, strict=False)
-                              for n in self.trusted_proxies)
+        self._trusted = TrustedProxies(self.trusted_proxies)
 
     def current_reader(self) -> LokiReader | None:
         return self.readers() if self.readers is not None else self.reader
@@ -157,39 +155,14 @@ class LogsFront:
             self.client_streams.pop(client, None)
 
 
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(text.strip())
-    except ValueError:
-        return None
-
-
-def _trusted(address: str, trusted: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
-             ) -> bool:
-    ip = _ip(address)
-    return ip is not None and any(ip in network for network in trusted)
-
-
-def client_address(scope: Scope,
-                   trusted: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()
-                   ) -> str:
-    """Who sent a request: the TCP peer's address, unless the peer is a trusted
-    proxy; then the ``X-Forwarded-For`` hop nearest to it that is not trusted
-    (each proxy appends the address it heard from, so hops further left are
-    the client's own claim and never believed past an untrusted one). A hop
-    that is not an IP address is the client (cut to :data:`MAX_CLIENT_CHARS`)."""
+def client_address(scope: Scope, trusted: TrustedProxies) -> str:
+    """Who sent a request: the TCP peer's address, or, when the peer is a trusted
+    proxy, the client its ``X-Forwarded-For`` names (:mod:`nodes.forwarded`, the
+    rule app-node's rate limits follow too)."""
     client = scope.get("client")
-    peer = str(client[0]) if client else "unknown"
-    if not trusted or not _trusted(peer, trusted):
-        return peer
-    hops = [hop.strip()
-            for name, value in scope.get("headers", ()) if name == b"x-forwarded-for"
-            for hop in value.decode("latin-1").split(",") if hop.strip()]
-    for hop in reversed(hops):
-        if not _trusted(hop, trusted):
-            ip = _ip(hop)
-            return str(ip) if ip is not None else hop[:MAX_CLIENT_CHARS]
-    return str(_ip(hops[0])) if hops else peer
+    peer = str(client[0]) if client else None
+    forwarded = [value for name, value in scope.get("headers", ()) if name == b"x-forwarded-for"]
+    return forwarded_client(peer, forwarded, trusted) or "unknown"
 
 
 def record_json(record: LogRecord | LokiRecord, seq: int | None = None) -> dict[str, Any]:

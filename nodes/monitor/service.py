@@ -22,11 +22,12 @@ and the answer is the shipper's acknowledgement (it keeps a batch until it is
 answered). A shipper may keep a few pushes in flight.
 
 Who may call what (:data:`METHOD_ROLES`, least privilege): every method names
-the one allow-list whose keys may call it, and the check is made for every
-call before its handler runs (:meth:`MonitorService.add_method`; a method
-without a row cannot be added, and a name no handler serves is
-``UNKNOWN_METHOD``). The lists are the daemon's settings, each naming exactly
-the peers that need it (``cosmicac up``/``bootstrap`` write them):
+the one allow-list whose keys may call it, and the router's guard (the stack's
+``p2p.rpc.AccessTable``, as wrk-ork's) checks every call before it is routed
+or its params read; a method without a row cannot be added, and a name the
+table does not list is ``FORBIDDEN`` to everyone. The lists are the daemon's
+settings, each naming exactly the peers that need it (``cosmicac up`` and
+``bootstrap`` write them):
 
 ==================  =============  =======================================================
 method              allow-list     who is in it
@@ -131,7 +132,15 @@ from contracts.telemetry import (
     split_batches,
 )
 from p2p.host import RpcService
-from p2p.rpc import CallContext, Method, Router, RpcConfig, RpcError, StreamMethod
+from p2p.rpc import (
+    AccessTable,
+    CallContext,
+    Method,
+    Router,
+    RpcConfig,
+    RpcError,
+    StreamMethod,
+)
 
 from ._buffer import LogBuffer
 from .health import HEALTH_JOBS, HealthBook, HealthQuery, HealthResult, TooManySenders
@@ -332,7 +341,13 @@ class MonitorService(RpcService):
         #: Batches refused as malformed (``BAD_BATCH``).
         self.bad_batches = 0
         self._streams = 0
-        super().__init__(PROTOCOL, Router(), config=config)
+        #: The check every call passes before it is routed (p2p.rpc.AccessTable).
+        self.access = AccessTable(
+            "wrk-monitor", {method: {role} for method, role in METHOD_ROLES.items()},
+            self._roles_of,
+            hint=lambda roles: f"add the key to wrk-monitor's {' or '.join(sorted(roles))} "
+                               f"setting ({', '.join(_ROLE_PEERS[r] for r in sorted(roles))})")
+        super().__init__(PROTOCOL, Router(guard=self.access.check), config=config)
         self.add_method(PUSH, self._push)
         self.add_method(FOLLOW, self._follow)
         self.add_method(QUERY, self._query)
@@ -343,48 +358,27 @@ class MonitorService(RpcService):
         self.add_method(OBSERVABILITY_GET, self._observability_get)
         self.add_method(OBSERVABILITY_CLEAR, self._observability_clear)
 
+    def _roles_of(self, key: bytes) -> set[str]:
+        """The allow-lists ``key`` is on (read per call: a reload may change them)."""
+        roles = {role for role in ROLES if key in getattr(self, role)}
+        if self.allow_any_pusher:
+            roles.add("pushers")
+        return roles
+
     def allowed(self, method: str, key: bytes | None) -> bool:
         """May ``key`` call ``method``? (:data:`METHOD_ROLES`; an unknown method: no.)"""
-        role = METHOD_ROLES.get(method)
-        if role is None or key is None:
-            return False
-        if role == "pushers" and self.allow_any_pusher:
-            return True
-        return key in getattr(self, role)
-
-    def check(self, ctx: CallContext) -> None:
-        """Refuse the call unless its key is on its method's allow-list.
-
-        Raises:
-            RpcError: ``FORBIDDEN``, naming the setting that admits the key.
-        """
-        if not self.allowed(ctx.method, ctx.remote_public_key):
-            role = METHOD_ROLES.get(ctx.method)
-            if role is None:
-                raise RpcError("FORBIDDEN", f"wrk-monitor serves {ctx.method!r} to nobody")
-            raise RpcError("FORBIDDEN", f"this key may not call {ctx.method} on wrk-monitor; "
-                                        f"only its {role} may ({_ROLE_PEERS[role]}): add the "
-                                        f"key to wrk-monitor's {role} setting")
+        return self.access.allowed(method, key)
 
     def add_method(self, method: Method | StreamMethod, handler: Callable[..., Any]) -> None:
-        """Serve ``method`` with ``handler``, for the keys of its allow-list only.
+        """Serve ``method`` with ``handler``, for the keys of its allow-list only (the
+        router's guard refuses the others before the call is routed).
 
         Raises:
             ValueError: ``method`` has no row in :data:`METHOD_ROLES`.
         """
         if method.name not in METHOD_ROLES:
             raise ValueError(f"{method.name!r} names no allow-list in METHOD_ROLES")
-        if isinstance(method, StreamMethod):
-            def stream(params: Any, ctx: CallContext) -> Any:
-                self.check(ctx)  # raised at the call: the stream never starts
-                return handler(params, ctx)
-            self.router.add(method, stream)
-            return
-
-        async def unary(params: Any, ctx: CallContext) -> Any:
-            self.check(ctx)
-            return await handler(params, ctx)
-        self.router.add(method, unary)
+        self.router.add(method, handler)
 
     async def _push(self, params: PushBatch, ctx: CallContext) -> PushResult:
         try:

@@ -6,7 +6,6 @@ and 49751; 49737 relay … 49741 proxy, 49750 proxy HTTP, 5173 entry).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.telemetry import MAX_TENANT_CHARS, TENANT_PATTERN, check_base_url
+from nodes.forwarded import ProxyList
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 
 from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS
@@ -59,22 +59,11 @@ class HttpSettings(BaseModel):
     #: Addresses (or networks) of the reverse proxies in front (the entry point,
     #: Caddy): from their connections the client is the ``X-Forwarded-For``
     #: address they set; from anyone else it is the TCP peer.
-    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxies: ProxyList = ()
     #: Follow streams over HTTP at once, and per client (its address): one
     #: client cannot take them all.
     max_followers: int = Field(default=256, ge=1, le=100_000)
     max_followers_per_client: int = Field(default=16, ge=1, le=100_000)
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _networks(cls, values: tuple[str, ...]) -> tuple[str, ...]:
-        out = []
-        for value in values:
-            try:
-                out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
-            except ValueError:
-                raise ValueError(f"{value!r} is not an IP address or network") from None
-        return tuple(out)
 
     @model_validator(mode="after")
     def _one_token(self) -> HttpSettings:

@@ -63,11 +63,14 @@ class AccessTable:
         roles_of: ``roles_of(key) -> roles`` of a caller's proven key (empty:
             none). Called on every request: keep it a set lookup.
         hint: what the operator should do for a key with no role (it ends the
-            refusal's message), e.g. ``"list it in wrk-ork's app_nodes"``.
+            refusal's message), e.g. ``"list it in wrk-ork's app_nodes"``; or
+            ``hint(roles)`` of the roles the refused method is for, where each
+            role is a setting of its own (``"add it to wrk-monitor's proxies"``).
     """
 
     def __init__(self, service: str, table: Mapping[str, Iterable[str]],
-                 roles_of: Callable[[bytes], Collection[str]], *, hint: str = "") -> None:
+                 roles_of: Callable[[bytes], Collection[str]], *,
+                 hint: str | Callable[[frozenset[str]], str] = "") -> None:
         self.service = service
         self.table: Mapping[str, frozenset[str]] = MappingProxyType(
             {method: frozenset(roles) for method, roles in table.items()})
@@ -104,8 +107,8 @@ class AccessTable:
             why = (f"{method} is for {_names(wanted)} only; {caller} is "
                    f"{_names(roles)}")
         else:
-            why = (f"{caller} has no role at {self.service}"
-                   + (f" ({self._hint})" if self._hint else ""))
+            hint = self._hint(wanted) if callable(self._hint) else self._hint
+            why = f"{caller} has no role at {self.service}" + (f" ({hint})" if hint else "")
         # A name the table does not know is the caller's text: quoted and cut.
         self._log(key, method if wanted is not None else repr(method[:64]), roles)
         raise RpcError(FORBIDDEN, why)
