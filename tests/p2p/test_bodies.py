@@ -202,3 +202,16 @@ async def test_read_body_joins_the_chunks_and_frees_the_read_slot():
     assert (budget.reading, budget.held) == (0, 4)
     ticket.close()
     assert budget.held == 0
+
+
+@pytest.mark.parametrize(("text", "depth"), [
+    (b"", 0), (b"1", 0), (b"[]", 1), (b"[[]]", 2), (b'{"a": [1, {"b": []}]}', 4),
+    (b'["[[[[", "]]]]"]', 1), (b'{"a\\"[[": [[]]}', 3), (b'"\\\\"', 0),
+    (b"[" * 65 + b"]" * 65, 65),
+    # escaped backslashes end before a quote; an escaped quote does not end a string
+    (b'["\\\\"]', 1), (b'["\\\\\\"]]"]', 1), (b'[{"\\\\": ["]"]}]', 3),
+    # an unterminated string of escaped quotes (once a quadratic rescan)
+    (b"[" * 70 + b'"' + b'\\"' * 1000, 70),
+])
+def test_json_depth_table_of_strings_escapes_and_unclosed_text(text: bytes, depth: int) -> None:
+    assert json_depth(text) == depth

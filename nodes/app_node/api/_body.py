@@ -25,17 +25,17 @@ the connection cannot carry another request.
 
 from __future__ import annotations
 
-import itertools
-import json
 from typing import Any
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect, Request
 
+from p2p.bodies import JsonBodyError, loads_bounded
+
 from ._common import ApiError
 
-__all__ = ["BodyLimits", "BodyReader", "json_depth", "parse_json"]
+__all__ = ["BodyLimits", "BodyReader", "parse_json"]
 
 _MIB = 1024 * 1024
 
@@ -125,35 +125,18 @@ class BodyReader:
         return parse_json(raw, self.limits.max_json_depth)
 
 
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in ``raw`` (brackets inside strings
-    do not count). Linear, no recursion, no regular expression that could rescan;
-    on malformed JSON a number the parser will refuse anyway.
-
-    Escapes go first, left to right as JSON reads them (``\\\\`` then ``\\"``), so
-    every ``"`` left opens or closes a string: the even pieces between them are
-    outside strings.
-    """
-    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(unescaped.split(b'"')[0::2])
-    brackets = outside.translate(None, _NOT_BRACKETS)
-    return max(itertools.accumulate(_STEP[b] for b in brackets), default=0)
-
-
 def parse_json(raw: bytes, max_depth: int) -> Any:
-    """``raw`` parsed as JSON, refusing nesting deeper than ``max_depth`` before parsing.
+    """``raw`` parsed as JSON, refusing nesting deeper than ``max_depth`` before parsing
+    (the stack's :func:`p2p.bodies.loads_bounded`, as the inference proxy's); an
+    empty body is ``null``.
 
     Raises:
         ApiError: 400 ``json_too_deep``; 422 ``INVALID`` when it is not JSON.
     """
-    if raw.count(b"[") + raw.count(b"{") > max_depth and json_depth(raw) > max_depth:
-        raise ApiError(400, "json_too_deep", f"the JSON body is nested deeper than "
-                       f"{max_depth} levels; flatten it")
     try:
-        return json.loads(raw or b"null")
-    except (ValueError, RecursionError):
+        return loads_bounded(raw or b"null", max_depth=max_depth)
+    except JsonBodyError as exc:
+        if exc.code == "json_too_deep":
+            raise ApiError(400, "json_too_deep", f"the JSON body is nested deeper than "
+                           f"{max_depth} levels; flatten it") from None
         raise ApiError(422, "INVALID", "the body is not JSON; send a JSON object") from None

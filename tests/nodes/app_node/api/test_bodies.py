@@ -6,7 +6,6 @@ read, a chunked body the moment it passes it), in how many are read at once
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,11 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from nodes.app_node.api import ROUTES, BodyLimits
-from nodes.app_node.api._body import json_depth, parse_json
+from nodes.app_node.api._body import parse_json
 from nodes.app_node.api._common import ApiError
 
 from .conftest import PASSWORD, Api, bearer, make_api
@@ -180,19 +177,6 @@ async def test_every_body_route_refuses_deep_json(api: Api, route) -> None:
     assert r.json()["error"]["code"] == "json_too_deep"
 
 
-@pytest.mark.parametrize(("text", "depth"), [
-    (b"", 0), (b"1", 0), (b"[]", 1), (b"[[]]", 2), (b'{"a": [1, {"b": []}]}', 4),
-    (b'["[[[[", "]]]]"]', 1), (b'{"a\\"[[": [[]]}', 3), (b'"\\\\"', 0),
-    (b"[" * 65 + b"]" * 65, 65),
-    # escaped backslashes end before a quote; an escaped quote does not end a string
-    (b'["\\\\"]', 1), (b'["\\\\\\"]]"]', 1), (b'[{"\\\\": ["]"]}]', 3),
-    # an unterminated string of escaped quotes (once a quadratic rescan)
-    (b"[" * 70 + b'"' + b'\\"' * 1000, 70),
-])
-def test_json_depth_ignores_brackets_in_strings(text: bytes, depth: int) -> None:
-    assert json_depth(text) == depth
-
-
 def test_parse_json_refuses_only_beyond_the_depth() -> None:
     assert parse_json(b"[" * 64 + b"]" * 64, 64) is not None
     with pytest.raises(ApiError) as caught:
@@ -205,23 +189,3 @@ def test_parse_json_refuses_only_beyond_the_depth() -> None:
         assert caught.value.status in (400, 422)
 
 
-def _depth(value) -> int:
-    if isinstance(value, list):
-        return 1 + max(map(_depth, value), default=0)
-    if isinstance(value, dict):
-        return 1 + max(map(_depth, value.values()), default=0)
-    return 0
-
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\n'),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(alphabet='[]{}"\\ab'), inner, max_size=4),
-    max_leaves=30)
-
-
-@settings(max_examples=300, deadline=None)
-@given(_json, st.booleans())
-def test_json_depth_is_the_nesting_of_any_json(value, ascii_only: bool) -> None:
-    raw = json.dumps(value, ensure_ascii=ascii_only).encode()
-    assert json_depth(raw) == _depth(value)
