@@ -121,7 +121,7 @@ def test_bootstrap_writes_what_each_daemon_accepts(tmp_path: Path,
     assert monitor.http.token_file == token_file and monitor.http.token is None
     assert token_file.stat().st_mode & 0o777 == 0o600
     assert len(monitor.http.resolved_token()) >= 32
-    assert monitor.http.trusted_proxies == ("127.0.0.1/32",)  # the entry point
+    assert monitor.http.trusted_proxies == ("127.0.0.1",)  # the entry point
     assert f"token      {'wrk-monitor http':<22} {token_file}  created" in result.stdout
     relay = load(folder, "relay", monkeypatch)
     assert relay.storage == folder / "relay" and relay.port == 49737
