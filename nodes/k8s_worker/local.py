@@ -46,6 +46,17 @@ way in is its own folder. On stop, besides its process group, every process
 left with the VMI's own uid is killed (a shell that started a session of its
 own does not outlive its job).
 
+The agents' Python. An agent of its own uid must be able to run the
+interpreter and read CosmicAC and its packages. When the worker's interpreter
+is one no other user may run (a pyenv or venv under ``/root``, 0700), the
+agents run on another of the same major.minor (``local.agent_python``, or the
+first of ``/usr/local/bin/pythonX.Y`` and ``/usr/bin/pythonX.Y`` that works),
+with CosmicAC's code root and the worker's site-packages on ``PYTHONPATH``: it
+is started once at start as an agent's uid, must say it is that version and
+import the agent (the compiled extension modules of site-packages too: same
+ABI). The agent's model server runs on it as well (``sys.executable``, with the
+agent's environment). An INFO line ``local.agent_python`` says which and why.
+
 What it does not isolate: the kernel (one for all; no seccomp, no namespaces),
 the GPUs (every agent sees every device the host has; placement only counts
 them), the network (an agent reaches every port of the host, 127.0.0.1 too, so
@@ -56,7 +67,8 @@ casual snooping between teams, not for a hostile tenant: use ``kubevirt``.
 
 ``isolation``: ``auto`` (the default) isolates when it can, and when it cannot
 (the worker is not root, or the agent's interpreter or folders are not
-reachable by another user, e.g. a Python installed under ``/root``) says so in
+reachable by another user, e.g. a Python installed under ``/root`` with no
+system Python of the same version to run the agents instead) says so in
 a WARNING at start and runs the agents as the worker's own user: a shell is then
 a shell of the platform's user, for one-person trials only. ``require`` refuses
 to start instead (set it on any shared host); ``off`` never isolates.
