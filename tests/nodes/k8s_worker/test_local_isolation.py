@@ -112,69 +112,74 @@ async def test_a_shell_is_its_jobs_own_user_and_reaches_no_daemons_storage(
             await backend.run(send, task_status=task_status)
 
     async with running_worker(nursery) as worker:
-        await nursery.start(run)
-        assert backend.isolated and backend.isolation_problem is None
-        configs = [agent_config(worker.keypair.public_key, address=worker.address,
-                                job_id=job).model_copy(update={"authorized_keys": (key.hex,)})
-                   for job, key in (("j-mine", team), ("j-theirs", other_team))]
-        units = [unit_of(config) for config in configs]
-        for unit in units:
-            worker.registry.expect(unit.vmis[0])
-            await backend.create(unit)
-        hellos = set()
-        while len(hellos) < 2:
-            event = await worker.next_event()
-            if event.kind is AgentEventKind.READY:
-                hellos.add(event.vmi_name)
-        mine, theirs = (unit.vmis[0] for unit in units)
-        home, their_home = backend.agent_folder(mine), backend.agent_folder(theirs)
-        uid = home.stat().st_uid
-        assert settings.agent_uid_base <= uid < settings.agent_uid_base + settings.agent_uid_count
-        assert their_home.stat().st_uid not in (uid, 0)  # a user per VMI
-        for path, mode in ((home, 0o700), (home / "storage", 0o700),
-                           (home / "agent.json", 0o600), (agents, 0o711)):
-            assert stat.S_IMODE(path.stat().st_mode) == mode, path
+        try:
+            await nursery.start(run)
+            assert backend.isolated and backend.isolation_problem is None
+            configs = [agent_config(worker.keypair.public_key, address=worker.address,
+                                    job_id=job).model_copy(update={"authorized_keys": (key.hex,)})
+                       for job, key in (("j-mine", team), ("j-theirs", other_team))]
+            units = [unit_of(config) for config in configs]
+            for unit in units:
+                worker.registry.expect(unit.vmis[0])
+                await backend.create(unit)
+            hellos = set()
+            while len(hellos) < 2:
+                event = await worker.next_event()
+                if event.kind is AgentEventKind.READY:
+                    hellos.add(event.vmi_name)
+            mine, theirs = (unit.vmis[0] for unit in units)
+            home, their_home = backend.agent_folder(mine), backend.agent_folder(theirs)
+            uid = home.stat().st_uid
+            base, count = settings.agent_uid_base, settings.agent_uid_count
+            assert base <= uid < base + count
+            assert their_home.stat().st_uid not in (uid, 0)  # a user per VMI
+            for path, mode in ((home, 0o700), (home / "storage", 0o700),
+                               (home / "agent.json", 0o600), (agents, 0o711)):
+                assert stat.S_IMODE(path.stat().st_mode) == mode, path
 
-        if _unreachable(Path(sys.executable), execute=True):  # a Python under /root
-            assert backend.agent_python is not None
-        python = await trio.to_thread.run_sync(os.path.realpath,
-                                               backend.agent_python or sys.executable)
-        assert os.readlink(f"/proc/{backend.pid(mine.name)}/exe") == python
-        out = await _shell(nursery, backend, mine, team, "; ".join([
-            "id -u", "id -G", "echo HOME=$HOME",
-            # What the agent starts with its own interpreter (the model server),
-            # with the agent's environment (as a shell has it), runs as the job.
-            f"{python} -c 'import agents.inference.server, sys, os; "
-            "print(sys.executable, os.getuid())'",
-            f"cat {deployment / 'app-node' / 'identity'}",
-            f"cat {backend.folder(mine) / 'agent.log'}",
-            f"cat {their_home / 'agent.json'}",
-            f"ls {agents}",
-            f"grep -c j-mine {home / 'agent.json'}",
-            "setsid sleep 300 < /dev/null > /dev/null 2>&1 &"]))
-        lines = out.splitlines()
-        assert lines[0] == str(uid) and lines[1] == str(uid), out  # no other group
-        assert lines[2] == f"HOME={home}"
-        assert lines[3].split() == [python, str(uid)], out
-        assert out.count("Permission denied") == 4, out
-        assert lines[-1] == "1", out  # its own config is its own
-        assert "j-theirs" not in out and "secret" not in out.lower()
+            if _unreachable(Path(sys.executable), execute=True):  # a Python under /root
+                assert backend.agent_python is not None
+            python = await trio.to_thread.run_sync(os.path.realpath,
+                                                   backend.agent_python or sys.executable)
+            assert os.readlink(f"/proc/{backend.pid(mine.name)}/exe") == python
+            out = await _shell(nursery, backend, mine, team, "; ".join([
+                "id -u", "id -G", "echo HOME=$HOME",
+                # What the agent starts with its own interpreter (the model server),
+                # with the agent's environment (as a shell has it), runs as the job.
+                f"{python} -c 'import agents.inference.server, sys, os; "
+                "print(sys.executable, os.getuid())'",
+                f"cat {deployment / 'app-node' / 'identity'}",
+                f"cat {backend.folder(mine) / 'agent.log'}",
+                f"cat {their_home / 'agent.json'}",
+                f"ls {agents}",
+                f"grep -c j-mine {home / 'agent.json'}",
+                "setsid sleep 300 < /dev/null > /dev/null 2>&1 &"]))
+            lines = out.splitlines()
+            assert lines[0] == str(uid) and lines[1] == str(uid), out  # no other group
+            assert lines[2] == f"HOME={home}"
+            assert lines[3].split() == [python, str(uid)], out
+            assert out.count("Permission denied") == 4, out
+            assert lines[-1] == "1", out  # its own config is its own
+            assert "j-theirs" not in out and "secret" not in out.lower()
 
-        leftovers = []
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    if os.stat(f"/proc/{pid}").st_uid == uid:
-                        leftovers.append(int(pid))
-                except OSError:
-                    continue
-        assert leftovers  # the agent, and the sleep its shell left in a session of its own
-        for unit in units:
-            await backend.delete(unit)
-        for pid in leftovers:  # the job's end took everything of its user with it
-            assert _ended(pid)
-        assert not home.exists() and not backend.folder(mine).exists()
-        scope.cancel()
+            leftovers = []
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        if os.stat(f"/proc/{pid}").st_uid == uid:
+                            leftovers.append(int(pid))
+                    except OSError:
+                        continue
+            assert leftovers  # the agent, and the sleep its shell left in a session of its own
+            for unit in units:
+                await backend.delete(unit)
+            for pid in leftovers:  # the job's end took everything of its user with it
+                assert _ended(pid)
+            assert not home.exists() and not backend.folder(mine).exists()
+            scope.cancel()
+        finally:  # a failed assert leaves no agent running
+            with trio.CancelScope(shield=True):
+                await backend.stop_all()
     while True:
         try:
             if events.receive_nowait().phase is VmiPhase.FAILED:
