@@ -46,6 +46,17 @@ way in is its own folder. On stop, besides its process group, every process
 left with the VMI's own uid is killed (a shell that started a session of its
 own does not outlive its job).
 
+The agents' Python. An agent of its own uid must be able to run the
+interpreter and read CosmicAC and its packages. When the worker's interpreter
+is one no other user may run (a pyenv or venv under ``/root``, 0700), the
+agents run on another of the same major.minor (``local.agent_python``, or the
+first of ``/usr/local/bin/pythonX.Y`` and ``/usr/bin/pythonX.Y`` that works),
+with CosmicAC's code root and the worker's site-packages on ``PYTHONPATH``: it
+is started once at start as an agent's uid, must say it is that version and
+import the agent (the compiled extension modules of site-packages too: same
+ABI). The agent's model server runs on it as well (``sys.executable``, with the
+agent's environment). An INFO line ``local.agent_python`` says which and why.
+
 What it does not isolate: the kernel (one for all; no seccomp, no namespaces),
 the GPUs (every agent sees every device the host has; placement only counts
 them), the network (an agent reaches every port of the host, 127.0.0.1 too, so
@@ -56,7 +67,8 @@ casual snooping between teams, not for a hostile tenant: use ``kubevirt``.
 
 ``isolation``: ``auto`` (the default) isolates when it can, and when it cannot
 (the worker is not root, or the agent's interpreter or folders are not
-reachable by another user, e.g. a Python installed under ``/root``) says so in
+reachable by another user, e.g. a Python installed under ``/root`` with no
+system Python of the same version to run the agents instead) says so in
 a WARNING at start and runs the agents as the worker's own user: a shell is then
 a shell of the platform's user, for one-person trials only. ``require`` refuses
 to start instead (set it on any shared host); ``off`` never isolates.
@@ -93,6 +105,7 @@ import signal
 import stat
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,6 +177,12 @@ class LocalClusterSettings(BaseModel):
     #: inside the worker's VMI folder. Every folder above it must be traversable
     #: by others (o+x) for isolation: keep it out of the daemons' storage.
     agents_dir: Path | None = None
+    #: The Python the agents run on (with the default agent command): an
+    #: interpreter of the worker's major.minor, given CosmicAC's code and the
+    #: worker's site-packages on PYTHONPATH. Unset: the worker's own, or, when no
+    #: other user can run that one (a Python under ``/root``), the first of
+    #: ``/usr/local/bin/pythonX.Y`` and ``/usr/bin/pythonX.Y`` that works.
+    agent_python: Path | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> LocalClusterSettings:
@@ -201,6 +220,107 @@ def _agent_environment(base: Mapping[str, str], home: Path, uid: int) -> dict[st
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update(HOME=str(home), USER=f"cac-{uid}", LOGNAME=f"cac-{uid}")
     return env
+
+
+#: CosmicAC's own packages: where they are goes on an agent interpreter's PYTHONPATH.
+_OWN_PACKAGES = ("cli", "agents", "nodes", "contracts", "p2p", "crdt", "relay")
+#: How long a candidate agent interpreter may take to start and import the agent.
+PROBE_TIMEOUT_S = 30.0
+#: What a candidate agent interpreter runs: its version, then the agent's imports
+#: (compiled extension modules of the worker's site-packages among them).
+_PROBE = ("import sys; print('%d.%d' % sys.version_info[:2], flush=True); "
+          "import cli.main, agents.boot")
+#: The worker's PYTHON* variables an agent on another interpreter does not get:
+#: they name the worker's interpreter and its places.
+_ENV_DROP_FOR_OTHER_PYTHON = ("PYTHONHOME", "PYTHONPATH", "PYTHONEXECUTABLE",
+                              "PYTHONUSERBASE", "PYTHONSTARTUP")
+
+
+@dataclass(frozen=True)
+class _AgentPython:
+    """An interpreter other than the worker's that runs the agents, and the
+    environment it needs to find what the worker's finds."""
+
+    python: str
+    #: CosmicAC's code roots, then the worker's site-packages.
+    path: tuple[Path, ...]
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` for this interpreter: its PYTHONPATH, no bytecode written (the
+        agent cannot write in the code's folders), the user's site not added."""
+        out = {name: value for name, value in env.items()
+               if name not in _ENV_DROP_FOR_OTHER_PYTHON}
+        out.update(PYTHONPATH=os.pathsep.join(map(str, self.path)),
+                   PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+        return out
+
+
+def _import_roots() -> tuple[Path, ...]:
+    """Where the worker's interpreter finds CosmicAC's packages (an editable install:
+    the checkout) and the installed ones (its site-packages), without duplicates."""
+    roots: list[Path] = []
+    for name in _OWN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(Path(location).parent for location in spec.submodule_search_locations)
+    paths = sysconfig.get_paths()
+    roots += [Path(paths["purelib"]), Path(paths["platlib"])]
+    unique: list[Path] = []
+    for root in roots:
+        real = Path(os.path.realpath(root))
+        if real.is_dir() and real not in unique:
+            unique.append(real)
+    return tuple(unique)
+
+
+def _python_candidates() -> list[str]:
+    """Other interpreters of the worker's major.minor, where systems put them."""
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return [f"/usr/local/bin/{name}", f"/usr/bin/{name}"]
+
+
+def _probe_python(python: str, roots: tuple[Path, ...],
+                  as_user: tuple[int, int] | None) -> tuple[_AgentPython | None, str]:
+    """Can ``python`` run the agent as ``as_user`` (None: as ourselves)? The
+    interpreter (or None) and why not. Blocking: starts it once, bounded.
+
+    Checks the way there first (others may run it, pass every folder to the code and
+    site-packages), then asks it its version and makes it import the agent, as that
+    user: its stdlib, the code and the compiled extension modules must all load."""
+    found = shutil.which(python) or python
+    if as_user is not None:
+        why = _unreachable(Path(found), execute=True)
+        for root in roots:
+            why = why or _unreachable(root)
+        if why is not None:
+            return None, why
+    candidate = _AgentPython(found, roots)
+    env = candidate.environment({"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                 "LANG": "C.UTF-8"})
+    user = ({"user": as_user[0], "group": as_user[1], "extra_groups": [], "umask": 0o077}
+            if as_user is not None else {})
+    try:
+        done = subprocess.run([found, "-c", _PROBE], stdin=subprocess.DEVNULL,
+                              capture_output=True, env=env, cwd="/", timeout=PROBE_TIMEOUT_S,
+                              check=False, **user)
+    except subprocess.TimeoutExpired:
+        return None, f"{found} did not answer within {PROBE_TIMEOUT_S:.0f} s"
+    except OSError as exc:
+        return None, f"{found}: {exc.strerror or exc}"
+    lines = done.stdout.decode(errors="replace").splitlines()
+    want = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not lines or lines[0] != want:
+        said = lines[0] if lines else _tail(done.stderr)
+        return None, f"{found} is not Python {want} ({said})"
+    if done.returncode != 0:
+        return None, f"{found} cannot import the agent: {_tail(done.stderr)}"
+    return candidate, ""
+
+
+def _tail(stderr: bytes) -> str:
+    """The last line of a probe's stderr (its exception), bounded."""
+    lines = stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1][:300] if lines else "no output"
 
 
 def _unreachable(path: Path, *, execute: bool = False) -> str | None:
@@ -381,6 +501,11 @@ class LocalBackend:
         self.isolated = False
         #: Why they do not, when they do not (None when isolated or not started).
         self.isolation_problem: str | None = None
+        #: Another interpreter the agents run on (``local.agent_python``, or one
+        #: found because no other user can run the worker's); None: the command as given.
+        self._python: _AgentPython | None = None
+        #: Why no other interpreter would do, when one was looked for.
+        self._python_tried: list[str] = []
 
     # -- the Backend interface -----------------------------------------------------------
 
@@ -506,6 +631,7 @@ class LocalBackend:
         """Isolate the agents if the settings ask for it and the host allows it; say
         loudly when not (see the module doc). Blocking (a thread)."""
         mode = self.settings.isolation
+        self._choose_python(isolating=mode != "off" and os.geteuid() == 0)
         problem = ("local.isolation is off" if mode == "off"
                    else self._isolation_problem())
         self.isolated = problem is None
@@ -543,16 +669,12 @@ class LocalBackend:
             if account.pw_uid == 0 or account.pw_gid == 0:
                 return f"local.agent_user {settings.agent_user!r} is root"
             shared = (account.pw_uid, account.pw_gid)
-        command = shutil.which(self.agent_command[0]) or self.agent_command[0]
-        why = _unreachable(Path(command), execute=True)
-        if why is None and self.agent_command == DEFAULT_AGENT_COMMAND:
-            # This very interpreter: its environment and CosmicAC's code too.
-            spec = importlib.util.find_spec("cli")
-            code = [Path(spec.origin).parent] if spec and spec.origin else []
-            for path in (Path(sys.prefix), *code):
-                why = why or _unreachable(path)
+        why = None if self._python is not None else self._program_problem()
         if why is not None:
-            return f"the agent's program is not reachable by another user: {why}"
+            tried = (f"; no other Python {sys.version_info.major}.{sys.version_info.minor} "
+                     f"can run it either ({'; '.join(self._python_tried)}; or set "
+                     "local.agent_python)" if self._python_tried else "")
+            return f"the agent's program is not reachable by another user: {why}{tried}"
         root = self._agents_root()
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -565,6 +687,78 @@ class LocalBackend:
                     "local.agents_dir outside the daemons' storage)")
         self._isolation = _Isolation(settings.agent_uid_base, settings.agent_uid_count, shared)
         return None
+
+    def _program_problem(self) -> str | None:
+        """Why another user cannot run the agent's command as given, or None."""
+        command = shutil.which(self.agent_command[0]) or self.agent_command[0]
+        why = _unreachable(Path(command), execute=True)
+        if why is None and self.agent_command == DEFAULT_AGENT_COMMAND:
+            # This very interpreter: its environment and CosmicAC's code too.
+            for path in (Path(sys.prefix), *_import_roots()):
+                why = why or _unreachable(path)
+        return why
+
+    def _choose_python(self, *, isolating: bool) -> None:
+        """With the default agent command: run the agents on ``local.agent_python``,
+        or, when isolating and no other user can run the worker's interpreter (a
+        Python under ``/root``), on a system one of the same major.minor that can
+        (see :func:`_probe_python`). Logs the choice. Blocking.
+
+        Raises:
+            BackendError: ``local.agent_python`` cannot run the agent.
+        """
+        self._python = None
+        self._python_tried = []
+        if self.agent_command != DEFAULT_AGENT_COMMAND:
+            return
+        explicit = self.settings.agent_python
+        if explicit is None and not isolating:
+            return
+        why = None if explicit is not None else self._program_problem()
+        if explicit is None and why is None:
+            return  # the worker's own interpreter will do
+        as_user = self._probe_user() if isolating else None
+        roots = _import_roots()
+        if explicit is not None:
+            chosen, problem = _probe_python(str(explicit), roots, as_user)
+            if chosen is None:
+                raise BackendError(f"local.agent_python cannot run the agent: {problem}",
+                                   retryable=False)
+            reason = "local.agent_python"
+        else:
+            problems = []
+            for candidate in _python_candidates():
+                if not os.path.exists(candidate):
+                    continue
+                chosen, problem = _probe_python(candidate, roots, as_user)
+                if chosen is not None:
+                    break
+                problems.append(problem)
+            else:
+                self._python_tried = problems or [
+                    f"none of {', '.join(_python_candidates())} exists"]
+                return
+            reason = f"the worker's own is not reachable by another user: {why}"
+        self._python = chosen
+        log.info("local.agent_python python=%s pythonpath=%s reason=%r", chosen.python,
+                 os.pathsep.join(map(str, chosen.path)), reason)
+
+    def _probe_user(self) -> tuple[int, int]:
+        """Who tries a candidate interpreter: ``local.agent_user``, or the last uid of
+        the agents' range (no account, no groups: as an agent runs)."""
+        if self.settings.agent_user is not None:
+            try:
+                account = pwd.getpwnam(self.settings.agent_user)
+                return account.pw_uid, account.pw_gid
+            except KeyError:
+                pass  # said by the isolation check
+        uid = self.settings.agent_uid_base + self.settings.agent_uid_count - 1
+        return uid, uid
+
+    @property
+    def agent_python(self) -> str | None:
+        """The interpreter the agents run on when it is not the command's own."""
+        return self._python.python if self._python is not None else None
 
     def _agents_root(self) -> Path:
         """The folder the agents' own folders are in (or under)."""
@@ -731,15 +925,20 @@ class LocalBackend:
                    if env is not None else _agent_environment(os.environ, home, uid))
             as_user = {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077,
                        "cwd": str(home)}
+        command = list(self.agent_command)
+        if self._python is not None:
+            # Its model server, started with sys.executable, runs on it too.
+            command[0] = self._python.python
+            env = self._python.environment(os.environ if env is None else env)
         try:
             process = await trio.lowlevel.open_process(
-                [*self.agent_command, "--config", str(config_path)],
+                [*command, "--config", str(config_path)],
                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env, **as_user)
         except OSError as exc:
             await self._send(vmi.name, VmiPhase.FAILED,
                              f"cannot start the agent: {exc.strerror or exc}")
-            raise BackendError(f"{vmi.name}: cannot start {self.agent_command[0]}: "
+            raise BackendError(f"{vmi.name}: cannot start {command[0]}: "
                                f"{exc.strerror or exc}", retryable=False) from None
         finally:
             os.close(log_fd)

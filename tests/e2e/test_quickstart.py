@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,18 @@ def shared_folder() -> Path:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _isolates() -> bool:
+    """Does up's local backend run the agents as users of their own here: root, with
+    CosmicAC readable by others and a Python others may run (the worker's or the
+    system's of the same version)?"""
+    from nodes.k8s_worker.local import _import_roots, _unreachable
+
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    return (os.geteuid() == 0 and not any(_unreachable(root) for root in _import_roots())
+            and not (_unreachable(Path(sys.executable), execute=True)
+                     and _unreachable(system, execute=True)))
+
+
 async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -> None:
     storage = shared_folder / "up"
     base = free_base_port()
@@ -149,6 +162,14 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
                    ).stdout.decode().strip()
         said = await cli("shell", box_job, "--", "echo", "hi")
         assert said.stdout == b"hi\n", said
+        if _isolates():
+            # up as root: the shell is the job's own user, not the platform's, even
+            # with the tests' Python under /root (the agents run on the system's).
+            who = await cli("shell", box_job, "--", "sh", "-c",
+                            f"id -u; cat {storage / 'app-node' / 'identity'} 2>&1", ok=False)
+            uid, *rest = who.stdout.decode().splitlines()
+            assert uid != "0" and "Permission denied" in " ".join(rest), who
+            assert stat.S_IMODE(storage.stat().st_mode) == 0o711  # agents pass through
         status = await cli("shell", box_job, "--", "sh", "-c", "exit 7", ok=False)
         assert status.returncode == 7, status
 

@@ -1,13 +1,14 @@
 """The local backend's isolation (issue 21, defect 4): a container job's shell is not
 a shell of the platform's user.
 
-The real test starts real agents through the backend, as root (the tests run as
-root here; skipped otherwise), each as a uid of its own, and opens a shell as the
-team's key: it cannot read a daemon's identity, the worker's files, nor another
-job's agent, and nothing it leaves behind outlives the job. The agents run on the
-system's Python 3.11 with this checkout on PYTHONPATH, because the interpreter
-of the tests' venv lives under /root (0700), where no other user may go: which
-is exactly what ``isolation=auto`` detects and warns about.
+The real test lays out a deployment as ``cosmicac up`` does and starts real
+agents through the backend with its default agent command, as root (the tests
+run as root here; skipped otherwise), each as a uid of its own, and opens a shell
+as the team's key: it cannot read a daemon's identity, the worker's files, nor
+another job's agent, and nothing it leaves behind outlives the job. The tests'
+interpreter lives under ``/root`` (0700) here, where no other user may go: the
+backend then runs the agents on the system's Python of the same version, which
+is what the tests below check it picks, and when.
 """
 
 from __future__ import annotations
@@ -25,16 +26,24 @@ import pytest
 import trio
 
 from agents.instance import open_shell
+from cli.up import APP, WORKER, local_backend
 from contracts.model import JobSpec
+from nodes.k8s_worker import local
 from nodes.k8s_worker.agents import AgentEventKind
 from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiPhase
-from nodes.k8s_worker.local import LocalBackend, LocalClusterSettings, _unreachable
+from nodes.k8s_worker.local import (
+    LocalBackend,
+    LocalClusterSettings,
+    _AgentPython,
+    _import_roots,
+    _unreachable,
+)
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, load_or_create_keypair
 from tests.agents.helpers import agent_config, running_worker, vmi_of
 
-ROOT = Path(__file__).resolve().parents[3]
-SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+SYSTEM_PYTHON = Path(f"/usr/bin/python{VERSION}")
 SPEC = JobSpec(name="t", team="team", type="container", image="docker://registry.local/img:1",
                gpus=1)
 
@@ -49,27 +58,22 @@ def unit_of(config) -> ReplicaUnit:
 
 @pytest.fixture
 def deployment():
-    """A deployment folder others may pass (0711), with a daemon's storage (0700)
-    holding its identity, and the agents' folder: as ``cosmicac up`` lays them out."""
+    """A deployment folder as ``cosmicac up`` lays it out: others may pass it (0711),
+    a daemon's storage (0700) holds its identity, the worker's is 0700."""
     folder = Path(tempfile.mkdtemp(prefix="cosmicac-isolation-", dir="/tmp"))
     folder.chmod(0o711)
-    app_node = folder / "app-node"
-    load_or_create_keypair(app_node)
-    app_node.chmod(0o700)
+    load_or_create_keypair(folder / APP)
+    (folder / APP).chmod(0o700)
+    (folder / WORKER).mkdir(mode=0o700)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _agent_command() -> tuple[list[str], dict[str, str]]:
-    if not SYSTEM_PYTHON.exists() or _unreachable(SYSTEM_PYTHON, execute=True):
-        pytest.skip(f"no {SYSTEM_PYTHON} others may run")
-    site = next(p for p in sys.path if p.endswith("site-packages") and ".venv" in p)
-    for path in (ROOT, Path(site)):
-        if _unreachable(path):
-            pytest.skip(f"{path} is not readable by other users")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{site}",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    return [str(SYSTEM_PYTHON), "-m", "cli.main", "agent", "run"], env
+def _needs_reachable_code() -> None:
+    """Skip where no other user could run CosmicAC whatever the interpreter."""
+    for root in _import_roots():
+        if _unreachable(root):
+            pytest.skip(f"{root} is not reachable by other users")
 
 
 async def _shell(nursery, backend: LocalBackend, vmi, user: KeyPair, script: str) -> str:
@@ -90,13 +94,16 @@ async def _shell(nursery, backend: LocalBackend, vmi, user: KeyPair, script: str
 
 @as_root
 async def test_a_shell_is_its_jobs_own_user_and_reaches_no_daemons_storage(
-        nursery, tmp_path, deployment):
-    command, env = _agent_command()
+        nursery, deployment):
+    _needs_reachable_code()
     team, other_team = KeyPair.generate(), KeyPair.generate()
-    agents = deployment / "agents"
-    settings = LocalClusterSettings(stop_grace_s=2.0, poll_interval_s=0.05,
-                                    isolation="require", agents_dir=agents)
-    backend = LocalBackend(settings, tmp_path / "vmis", command, env=env)
+    # The worker's settings as `up` writes them, its default agent command and
+    # environment: what `cosmicac up` run as root starts.
+    settings = LocalClusterSettings.model_validate(
+        {**local_backend(deployment)["local"], "stop_grace_s": 2.0, "poll_interval_s": 0.05,
+         "isolation": "require"})
+    agents = settings.agents_dir
+    backend = LocalBackend(settings, deployment / WORKER / "vmis")
     send, events = trio.open_memory_channel(64)
     scope = trio.CancelScope()
 
@@ -105,59 +112,74 @@ async def test_a_shell_is_its_jobs_own_user_and_reaches_no_daemons_storage(
             await backend.run(send, task_status=task_status)
 
     async with running_worker(nursery) as worker:
-        await nursery.start(run)
-        assert backend.isolated and backend.isolation_problem is None
-        configs = [agent_config(worker.keypair.public_key, address=worker.address,
-                                job_id=job).model_copy(update={"authorized_keys": (key.hex,)})
-                   for job, key in (("j-mine", team), ("j-theirs", other_team))]
-        units = [unit_of(config) for config in configs]
-        for unit in units:
-            worker.registry.expect(unit.vmis[0])
-            await backend.create(unit)
-        hellos = set()
-        while len(hellos) < 2:
-            event = await worker.next_event()
-            if event.kind is AgentEventKind.READY:
-                hellos.add(event.vmi_name)
-        mine, theirs = (unit.vmis[0] for unit in units)
-        home, their_home = backend.agent_folder(mine), backend.agent_folder(theirs)
-        uid = home.stat().st_uid
-        assert settings.agent_uid_base <= uid < settings.agent_uid_base + settings.agent_uid_count
-        assert their_home.stat().st_uid not in (uid, 0)  # a user per VMI
-        for path, mode in ((home, 0o700), (home / "storage", 0o700),
-                           (home / "agent.json", 0o600), (agents, 0o711)):
-            assert stat.S_IMODE(path.stat().st_mode) == mode, path
+        try:
+            await nursery.start(run)
+            assert backend.isolated and backend.isolation_problem is None
+            configs = [agent_config(worker.keypair.public_key, address=worker.address,
+                                    job_id=job).model_copy(update={"authorized_keys": (key.hex,)})
+                       for job, key in (("j-mine", team), ("j-theirs", other_team))]
+            units = [unit_of(config) for config in configs]
+            for unit in units:
+                worker.registry.expect(unit.vmis[0])
+                await backend.create(unit)
+            hellos = set()
+            while len(hellos) < 2:
+                event = await worker.next_event()
+                if event.kind is AgentEventKind.READY:
+                    hellos.add(event.vmi_name)
+            mine, theirs = (unit.vmis[0] for unit in units)
+            home, their_home = backend.agent_folder(mine), backend.agent_folder(theirs)
+            uid = home.stat().st_uid
+            base, count = settings.agent_uid_base, settings.agent_uid_count
+            assert base <= uid < base + count
+            assert their_home.stat().st_uid not in (uid, 0)  # a user per VMI
+            for path, mode in ((home, 0o700), (home / "storage", 0o700),
+                               (home / "agent.json", 0o600), (agents, 0o711)):
+                assert stat.S_IMODE(path.stat().st_mode) == mode, path
 
-        out = await _shell(nursery, backend, mine, team, "; ".join([
-            "id -u", "id -G", "echo HOME=$HOME",
-            f"cat {deployment / 'app-node' / 'identity'}",
-            f"cat {backend.folder(mine) / 'agent.log'}",
-            f"cat {their_home / 'agent.json'}",
-            f"ls {agents}",
-            f"grep -c j-mine {home / 'agent.json'}",
-            "setsid sleep 300 < /dev/null > /dev/null 2>&1 &"]))
-        lines = out.splitlines()
-        assert lines[0] == str(uid) and lines[1] == str(uid), out  # no other group
-        assert lines[2] == f"HOME={home}"
-        assert out.count("Permission denied") == 4, out
-        assert lines[-1] == "1", out  # its own config is its own
-        assert "j-theirs" not in out and "secret" not in out.lower()
+            if _unreachable(Path(sys.executable), execute=True):  # a Python under /root
+                assert backend.agent_python is not None
+            python = await trio.to_thread.run_sync(os.path.realpath,
+                                                   backend.agent_python or sys.executable)
+            assert os.readlink(f"/proc/{backend.pid(mine.name)}/exe") == python
+            out = await _shell(nursery, backend, mine, team, "; ".join([
+                "id -u", "id -G", "echo HOME=$HOME",
+                # What the agent starts with its own interpreter (the model server),
+                # with the agent's environment (as a shell has it), runs as the job.
+                f"{python} -c 'import agents.inference.server, sys, os; "
+                "print(sys.executable, os.getuid())'",
+                f"cat {deployment / 'app-node' / 'identity'}",
+                f"cat {backend.folder(mine) / 'agent.log'}",
+                f"cat {their_home / 'agent.json'}",
+                f"ls {agents}",
+                f"grep -c j-mine {home / 'agent.json'}",
+                "setsid sleep 300 < /dev/null > /dev/null 2>&1 &"]))
+            lines = out.splitlines()
+            assert lines[0] == str(uid) and lines[1] == str(uid), out  # no other group
+            assert lines[2] == f"HOME={home}"
+            assert lines[3].split() == [python, str(uid)], out
+            assert out.count("Permission denied") == 4, out
+            assert lines[-1] == "1", out  # its own config is its own
+            assert "j-theirs" not in out and "secret" not in out.lower()
 
-        leftovers = []
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    if os.stat(f"/proc/{pid}").st_uid == uid:
-                        leftovers.append(int(pid))
-                except OSError:
-                    continue
-        assert leftovers  # the agent, and the sleep its shell left in a session of its own
-        for unit in units:
-            await backend.delete(unit)
-        for pid in leftovers:  # the job's end took everything of its user with it
-            assert _ended(pid)
-        assert not home.exists() and not backend.folder(mine).exists()
-        scope.cancel()
+            leftovers = []
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        if os.stat(f"/proc/{pid}").st_uid == uid:
+                            leftovers.append(int(pid))
+                    except OSError:
+                        continue
+            assert leftovers  # the agent, and the sleep its shell left in a session of its own
+            for unit in units:
+                await backend.delete(unit)
+            for pid in leftovers:  # the job's end took everything of its user with it
+                assert _ended(pid)
+            assert not home.exists() and not backend.folder(mine).exists()
+            scope.cancel()
+        finally:  # a failed assert leaves no agent running
+            with trio.CancelScope(shield=True):
+                await backend.stop_all()
     while True:
         try:
             if events.receive_nowait().phase is VmiPhase.FAILED:
@@ -172,6 +194,115 @@ def _ended(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# -- which Python the agents run on --------------------------------------------------------
+
+
+def _script(folder: Path, name: str, body: str, mode: int = 0o755) -> Path:
+    folder.mkdir(mode=mode, exist_ok=True)
+    folder.chmod(mode)
+    program = folder / name
+    program.write_text(f"#!/bin/sh\n{body}\n")
+    program.chmod(0o755)
+    return program
+
+
+@pytest.fixture
+def pythons(deployment):
+    """Interpreters as a host may have them: the worker's own under a folder no other
+    user may pass (as /root's), one that is not this Python's version, one missing,
+    and the system's."""
+    if not SYSTEM_PYTHON.exists() or _unreachable(SYSTEM_PYTHON, execute=True):
+        pytest.skip(f"no {SYSTEM_PYTHON} others may run")
+    _needs_reachable_code()
+    name = f"python{VERSION}"
+    return {
+        "hidden": _script(deployment / "root", name, f'exec {SYSTEM_PYTHON} "$@"', 0o700),
+        "old": _script(deployment / "old", name, 'echo "3.1"'),
+        "missing": deployment / "nowhere" / name,
+        "system": SYSTEM_PYTHON,
+    }
+
+
+def _backend(deployment, monkeypatch, pythons, candidates, **settings) -> LocalBackend:
+    """A backend whose default agent command's interpreter is ``pythons["hidden"]``,
+    looking for another among ``candidates``."""
+    default = (str(pythons["hidden"]), "-m", "cli.main", "agent", "run")
+    monkeypatch.setattr(local, "DEFAULT_AGENT_COMMAND", default)
+    monkeypatch.setattr(local, "_python_candidates",
+                        lambda: [str(pythons[name]) for name in candidates])
+    return LocalBackend(LocalClusterSettings(agents_dir=deployment / "agents", **settings),
+                        deployment / WORKER / "vmis", default)
+
+
+@as_root
+@pytest.mark.parametrize(("candidates", "chosen", "problems"), [
+    (("missing", "old", "hidden", "system"), "system", ()),
+    (("system", "old"), "system", ()),
+    (("missing",), None, ("none of", "exists")),
+    (("old", "hidden"), None, (f"is not Python {VERSION} (3.1)", "others cannot pass")),
+])
+def test_agents_run_on_a_python_others_can_run_when_the_workers_is_not(
+        deployment, monkeypatch, caplog, pythons, candidates, chosen, problems):
+    caplog.set_level(logging.INFO, logger="nodes.k8s_worker.local")
+    backend = _backend(deployment, monkeypatch, pythons, candidates)
+    backend._decide_isolation()
+    if chosen is not None:
+        assert backend.agent_python == str(pythons[chosen])
+        assert backend.isolated and backend.isolation_problem is None
+        (line,) = [r.getMessage() for r in caplog.records
+                   if r.getMessage().startswith("local.agent_python")]
+        assert f"python={pythons[chosen]}" in line and "not reachable by another user" in line
+        for root in _import_roots():
+            assert str(root) in line  # on its PYTHONPATH
+        return
+    assert backend.agent_python is None and not backend.isolated
+    assert "not reachable by another user" in backend.isolation_problem
+    for problem in problems:
+        assert problem in backend.isolation_problem
+    assert "local.agent_python" in backend.isolation_problem  # what to set
+    assert any("local.not_isolated" in r.getMessage() for r in caplog.records)
+    required = _backend(deployment, monkeypatch, pythons, candidates, isolation="require")
+    with pytest.raises(BackendError, match="not reachable by another user"):
+        required._decide_isolation()
+
+
+@as_root
+def test_the_workers_own_python_is_kept_when_others_can_run_it(deployment, monkeypatch,
+                                                               pythons):
+    pythons["hidden"] = _script(deployment / "open", f"python{VERSION}",
+                                f'exec {SYSTEM_PYTHON} "$@"')
+    backend = _backend(deployment, monkeypatch, pythons, ("system",))
+    backend._decide_isolation()
+    assert backend.isolated and backend.agent_python is None
+    off = _backend(deployment, monkeypatch, pythons, ("system",), isolation="off")
+    off._decide_isolation()  # not isolating: nothing to look for
+    assert not off.isolated and off.agent_python is None
+
+
+@as_root
+def test_local_agent_python_is_used_as_told_or_refused(deployment, monkeypatch, pythons):
+    told = _backend(deployment, monkeypatch, pythons, (), agent_python=pythons["system"])
+    told._decide_isolation()
+    assert told.agent_python == str(pythons["system"]) and told.isolated
+    for bad, why in (("old", f"is not Python {VERSION}"), ("hidden", "others cannot pass"),
+                     ("missing", "No such file")):
+        refused = _backend(deployment, monkeypatch, pythons, ("system",),
+                           agent_python=pythons[bad])
+        with pytest.raises(BackendError) as info:
+            refused._decide_isolation()
+        assert "local.agent_python cannot run the agent" in str(info.value)
+        assert why in str(info.value) and not info.value.retryable
+
+
+def test_another_pythons_environment_names_only_its_own_places():
+    env = _AgentPython("/usr/bin/python3", (Path("/code"), Path("/venv/site-packages")))
+    out = env.environment({"PATH": "/usr/bin", "PYTHONHOME": "/root/.pyenv",
+                           "PYTHONPATH": "/root/lib", "PYTHONUNBUFFERED": "1", "LANG": "C"})
+    assert out == {"PATH": "/usr/bin", "PYTHONUNBUFFERED": "1", "LANG": "C",
+                   "PYTHONPATH": "/code:/venv/site-packages", "PYTHONDONTWRITEBYTECODE": "1",
+                   "PYTHONNOUSERSITE": "1"}
 
 
 # -- when it cannot isolate ----------------------------------------------------------------
