@@ -29,9 +29,13 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
     sessions, API keys, passwords and daemon configs go through here.
 
     The temporary file is created 0600, so the secret is never readable by
-    others even for a moment; a crash leaves the old file whole.
+    others even for a moment; a crash leaves the old file whole. A missing
+    folder is made 0700; an existing one is left as its maker set it (``up``'s
+    and ``bootstrap``'s deployment folder is 0711, for the local agents' own
+    users, and the file is 0600 either way).
     """
     from p2p.files import private_folder, write_atomically
 
-    private_folder(path.parent)
+    if not path.parent.is_dir():
+        private_folder(path.parent)
     write_atomically(path, text.encode(), mode=mode)

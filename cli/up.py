@@ -47,7 +47,7 @@ from pathlib import Path
 import trio
 import typer
 
-from p2p.files import private_file, private_folder, write_atomically
+from p2p.files import private_file, private_folder
 
 from ._args import config_option, port_option
 from ._config import write_private
@@ -429,9 +429,7 @@ async def _credentials(storage: Path, ports: Ports) -> None:
     else:
         # Abandoned on Ctrl-C: the stop must not wait out an HTTP timeout.
         creds = await trio.to_thread.run_sync(_sign_up, ports, abandon_on_cancel=True)
-        # Not write_private: that tightens the folder to 0700, and up's storage is
-        # 0711 so the local agents, each a user of its own, pass through to theirs.
-        write_atomically(path, (json.dumps(creds, indent=2) + "\n").encode(), mode=0o600)
+        write_private(path, json.dumps(creds, indent=2) + "\n")
         first = True
     cli_session = await trio.to_thread.run_sync(_log_cli_in, creds, abandon_on_cancel=True)
     print(f"cosmicac is up at {creds['url']} ({'created' if first else 'from'} {path})",

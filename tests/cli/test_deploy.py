@@ -394,6 +394,10 @@ def test_bootstrap_makes_the_monitor_token_private_whatever_the_umask(tmp_path: 
                             check=False)
     assert result.returncode == 0, result.stderr
     assert (folder / "wrk-monitor" / "http-token").stat().st_mode & 0o777 == 0o600
+    # Others may pass through to the local agents' own folders, never list it; the
+    # plan written last must not have tightened it back to 0700.
+    assert folder.stat().st_mode & 0o777 == 0o711
+    assert (folder / "deployment.json").stat().st_mode & 0o777 == 0o600
 
 
 def test_the_prometheus_example_is_valid_and_sends_the_token(tmp_path: Path) -> None:
