@@ -38,6 +38,7 @@ from nodes.app_node.api import ROUTES
 
 from .conftest import IMAGE, Tenants, bearer
 from .test_events import served
+from .test_every_route import OPEN
 
 
 class Kind(enum.Enum):
@@ -86,14 +87,12 @@ def T(*probes: Probe, operators: bool = False, any_team: bool = False,
 
 P = Probe
 BOX = {"name": "x-box", "type": "container", "image": IMAGE, "gpus": 1, "team_id": "{team}"}
+LLM = {"name": "x-llm", "type": "inference", "image": IMAGE, "gpus": 1, "runtime": "vllm",
+       "model": "x-model", "served_name": "alpha-llm-q7", "team_id": "{team}"}
 
 #: Every route, classified. A new route goes here; see the module doc for the classes.
 TABLE: dict[tuple[str, str], Kind | Team] = {
-    ("POST", "/auth/signup"): Kind.OPEN,
-    ("POST", "/auth/login"): Kind.OPEN,
-    ("POST", "/invitations/accept"): Kind.OPEN,
-    ("POST", "/auth/password-reset"): Kind.OPEN,
-    ("POST", "/auth/password-reset/confirm"): Kind.OPEN,
+    **dict.fromkeys(OPEN, Kind.OPEN),  # test_every_route's: the ways in
 
     ("POST", "/auth/logout"): Kind.ACCOUNT,
     ("GET", "/me"): Kind.ACCOUNT,
@@ -144,7 +143,7 @@ TABLE: dict[tuple[str, str], Kind | Team] = {
     ("GET", "/apikeys/usage"): T(P("/apikeys/usage", params={"key": "{key}"})),
     ("DELETE", "/apikeys/{key}"): T(P("/apikeys/{key}")),
 
-    ("POST", "/jobs"): T(P("/jobs", body=BOX)),
+    ("POST", "/jobs"): T(P("/jobs", body=BOX), P("/jobs", body=LLM)),
     ("GET", "/jobs"): T(P("/jobs", params={"team_id": "{team}"})),
     ("GET", "/jobs/{job}"): T(P("/jobs/{container}"), P("/jobs/{inference}")),
     ("POST", "/jobs/{job}/restart"): T(P("/jobs/{container}/restart"),
@@ -371,3 +370,14 @@ async def test_an_account_or_platform_route_shows_no_other_team(
         assert not _leaked(t, r.text, sent), (email, key, _leaked(t, r.text, sent))
         if TABLE[key] is Kind.PLATFORM:
             assert r.status_code == 200, (email, key, r.text)
+
+
+async def test_another_team_may_serve_the_same_model_name(tenants: Tenants) -> None:
+    """Served names are a team's own: team B serving the name team A's job serves is
+    no conflict (a 409 would tell team B what team A runs, and block it)."""
+    t = tenants
+    r = await t.api.client.post("/api/jobs", headers=bearer(t.b_owner), json={
+        "name": "b-llm", "type": "inference", "image": IMAGE, "gpus": 1, "runtime": "vllm",
+        "model": "alpha-model-q7", "team_id": t.b["team"]})
+    assert r.status_code == 201, r.text
+    assert not _leaked(t, r.text, "alpha-model-q7"), r.text
