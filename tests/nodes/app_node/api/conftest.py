@@ -90,12 +90,22 @@ class Api:
 
     async def user(self, email: str, team: str, role: str, admin_token: str) -> str:
         """A user created straight in the store, made ``role`` of ``team``; their token."""
+        return await self.account(email, team=team, role=role)
+
+    async def account(self, email: str, *, team: str | None = None,
+                      role: str = "member") -> str:
+        """A user created straight in the store (in no team unless ``team``); their token."""
         from nodes.app_node.auth import hash_password
         store = self.services.store
         user = store.create_user(email=email, name=email.split("@")[0],
                                  password_hash=hash_password(PASSWORD, params=CHEAP),
                                  now=self.clock.now)
-        store.add_member(team, user.id, role)
+        if team is not None:
+            store.add_member(team, user.id, role)
+        return await self.login(email)
+
+    async def login(self, email: str) -> str:
+        """A new session of ``email`` (whose password is ``PASSWORD``)."""
         r = await self.client.post("/api/auth/login", json={"email": email,
                                                             "password": PASSWORD})
         assert r.status_code == 200, r.text
@@ -197,3 +207,89 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
             value.monitor_service = monitor_service
             yield value
         nursery.cancel_scope.cancel()
+
+
+IMAGE = "docker://registry.local/jobs/app:1"
+
+
+@dataclass
+class Tenants:
+    """Three teams on one ``logs_api``: the operators' team (the first admin's, made at
+    sign-up), team A with real content, team B; and a stranger in no team.
+
+    Team A: an owner, an admin, a member; a container job and an inference job (the
+    member's and the owner's), their log records in wrk-monitor's buffer, an API key
+    with usage rows, a pending invitation. Team B: an owner and a member. Tokens are
+    sessions; ``a`` holds team A's ids by name (``team``, ``container``, ``inference``,
+    ``key``, ``invitation``, ``owner_id``, ``admin_id``, ``member_id``), and
+    ``secrets`` every string of team A's that no other seat may read."""
+
+    api: Api
+    operator: str
+    a_owner: str
+    a_admin: str
+    a_member: str
+    b_owner: str
+    b_member: str
+    stranger: str
+    a: dict[str, str]
+    b: dict[str, str]
+    secrets: set[str]
+
+
+async def _json(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+async def make_tenants(api: Api) -> Tenants:
+    from contracts.telemetry import make_record
+    from crdt import AddTokenUsage
+    store, now = api.services.store, api.clock.now
+    operator = await api.signup()
+    a_owner = await api.account("owner@alpha-q7.example")
+    a_owner_id = store.get_user_by_email("owner@alpha-q7.example").id
+    team_a = store.create_team(name="alpha-team-q7", owner=a_owner_id, now=now).id
+    a_admin = await api.account("admin@alpha-q7.example", team=team_a, role="admin")
+    a_member = await api.account("member@alpha-q7.example", team=team_a, role="member")
+    b_owner = await api.account("owner@beta.example")
+    b_owner_id = store.get_user_by_email("owner@beta.example").id
+    team_b = store.create_team(name="beta", owner=b_owner_id, now=now).id
+    b_member = await api.account("member@beta.example", team=team_b, role="member")
+    stranger = await api.account("stranger@gamma.example")
+
+    container = await _json(await api.client.post("/api/jobs", headers=bearer(a_member), json={
+        "name": "alpha-box-q7", "type": "container", "image": IMAGE, "gpus": 1,
+        "team_id": team_a}), 201)
+    inference = await _json(await api.client.post("/api/jobs", headers=bearer(a_owner), json={
+        "name": "alpha-llm-q7", "type": "inference", "image": IMAGE, "gpus": 1,
+        "replicas": 2, "runtime": "vllm", "model": "alpha-model-q7", "team_id": team_a}), 201)
+    key = await _json(await api.client.post("/api/apikeys", headers=bearer(a_member), json={
+        "name": "alpha-key-q7", "team_id": team_a}), 201)
+    await api.services.database.append([AddTokenUsage(
+        key["id"], "alpha-model-q7", "2027-01-02", prompt=10, completion=5, total=15)])
+    invitation = await _json(await api.client.post(
+        f"/api/teams/{team_a}/invitations", headers=bearer(a_owner),
+        json={"email": "invitee@alpha-q7.example", "role": "member"}), 201)
+    assert api.log_buffer is not None
+    api.log_buffer.append([make_record(f"alpha-log-q7 {job['id']}", service="agent",
+                                       job_id=job["id"], replica=0, time_ns=int(now * 1e9))
+                           for job in (container, inference)])
+
+    a = {"team": team_a, "container": container["id"], "inference": inference["id"],
+         "key": key["id"], "invitation": invitation["id"], "owner_id": a_owner_id,
+         "admin_id": store.get_user_by_email("admin@alpha-q7.example").id,
+         "member_id": store.get_user_by_email("member@alpha-q7.example").id}
+    b = {"team": team_b, "owner_id": b_owner_id,
+         "member_id": store.get_user_by_email("member@beta.example").id}
+    secrets = {*a.values(), "alpha-team-q7", "alpha-box-q7", "alpha-llm-q7", "alpha-key-q7",
+               "alpha-model-q7", "alpha-log-q7", key["key"], key["prefix"],
+               "invitee@alpha-q7.example", "owner@alpha-q7.example",
+               "admin@alpha-q7.example", "member@alpha-q7.example"}
+    return Tenants(api, operator, a_owner, a_admin, a_member, b_owner, b_member, stranger,
+                   a, b, secrets)
+
+
+@pytest.fixture
+async def tenants(logs_api: Api) -> Tenants:
+    return await make_tenants(logs_api)
