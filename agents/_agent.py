@@ -58,7 +58,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -79,7 +79,7 @@ from contracts.log_shipper import LogShipper
 from contracts.model import JobType
 from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
 from p2p.errors import P2PError
-from p2p.host import Service
+from p2p.host import Reserved, Service
 from p2p.keys import KeyPair, format_key
 from p2p.net import Network
 from p2p.rpc import Method, RpcClient, RpcError
@@ -87,8 +87,11 @@ from p2p.swarm import Connection, Swarm, SwarmConfig
 
 from ._metrics import clean, process_metrics
 
+if TYPE_CHECKING:
+    from .instance import ShellAccess
+
 __all__ = ["Agent", "AgentGaveUp", "AgentRefused", "ReportPolicy", "Workload", "WorkloadStatus",
-           "listen_host"]
+           "listen_host", "reserved_peers"]
 
 log = logging.getLogger("cosmicac.agent")
 
@@ -168,6 +171,19 @@ def listen_host(addresses: Sequence[Address]) -> str:
     return "::" if ips[0].version == 6 else "0.0.0.0"
 
 
+def reserved_peers(config: AgentConfig, access: ShellAccess | None) -> Reserved:
+    """The keys that keep connection slots under a flood of strangers: the
+    worker, the relays, and who may use the workload: for a container job the
+    shell keys ``access`` holds now (a member added while the job runs too,
+    no longer one removed), else the config's ``authorized_keys`` (an
+    inference job's proxies)."""
+    users = config.authorized_keys if access is None else ()
+    fixed = frozenset(bytes.fromhex(key) for key in (config.worker, *config.relays, *users))
+    if access is None:
+        return fixed.__contains__
+    return lambda key: key in fixed or key in access
+
+
 def _single(group: BaseExceptionGroup) -> BaseException:
     """The one real failure of a nursery (the others are the cancellations it caused)."""
     leaves: list[BaseException] = []
@@ -229,8 +245,7 @@ class Agent:
         if workload is not None:
             services.extend(workload.services)
         self.swarm = Swarm(keypair, config=swarm_config, network=network, services=services)
-        self.swarm.add_reserved({bytes.fromhex(key) for key in (
-            config.worker, *config.relays, *config.authorized_keys)})
+        self.swarm.add_reserved(reserved_peers(config, self.access))
         #: Where the swarm listens, once it runs.
         self.swarm_address: Address | None = None
         #: The VMI the worker bound us to, once a hello succeeded.

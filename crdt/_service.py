@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +71,13 @@ async def run_database_service(
     """
     db = await Database.open(storage, swarm.keypair, bootstrap=bootstrap, fsync=fsync)
     replicator: Replicator | None = None
+    unreserve: Callable[[], None] | None = None
     try:
         replicator = Replicator(db, allow=allow, readers=readers, config=replication)
         swarm.add_service(replicator)
+        # Its readers and writers (those admitted at run time too) keep their
+        # connection slots under a flood of strangers.
+        unreserve = swarm.add_reserved(replicator.may_read)
         swarm.join(replicator.topic, server=True, client=True)
         assert swarm.address is not None
         async with trio.open_nursery() as nursery:
@@ -84,6 +89,8 @@ async def run_database_service(
             task_status.started(DatabaseService(db, replicator, swarm))
     finally:
         with trio.CancelScope(shield=True):
+            if unreserve is not None:
+                unreserve()
             if replicator is not None:
                 swarm.remove_service(replicator.protocol)
                 with trio.move_on_after(5):

@@ -6,7 +6,11 @@ Every accepted connection is classified by its first bytes
 (:func:`p2p.relay.classify`): the attach magic makes it an *attach*, anything
 else is a *control* connection, a secret stream whose first bytes are handed
 back to the Noise responder through :class:`_Prefixed`. A connection that
-says nothing within ``first_bytes_timeout_s`` is closed.
+says nothing within ``first_bytes_timeout_s`` is closed, and one that has said
+nothing yet is closed at once when a newcomer finds all ``max_connections``
+taken (a peer's bytes come with its connect: silent sockets never keep it
+out). Control connections of the allow-list's keys keep the host's reserved
+slots (:meth:`~p2p.host.PeerHost.add_reserved`).
 
 Control connections are handed to the stack's one accept path, a
 :class:`~p2p.host.PeerHost` serving ``blind-relay/1`` as an
@@ -138,6 +142,9 @@ class RelayServer:
         self.state = RelayState(self.config, token_source=token_source)
         self.observer = observer
         self._connections = 0
+        #: Sockets that have sent nothing yet, oldest first: each one's cancel
+        #: scope, so a newcomer finding every connection taken evicts one.
+        self._silent: dict[object, trio.CancelScope] = {}
         #: Reservation -> the lot its stream handler parks on (one per live
         #: reservation, so bounded by max_reservations plus replaced ones ending).
         self._lots: dict[Reservation, trio.lowlevel.ParkingLot] = {}
@@ -216,16 +223,19 @@ class RelayServer:
     async def handle_stream(self, stream: trio.SocketStream,
                             address: tuple[str, int] | None = None) -> None:
         """Serve one accepted connection (control or attach); closes it when done."""
-        if self._connections >= self.config.max_connections:
+        if self._connections >= self.config.max_connections and not self._evict_silent():
             self.state.count_refusal(RefusalCode.TOO_MANY_CONNECTIONS)
             log.debug("relay.refused reason=%s", RefusalCode.TOO_MANY_CONNECTIONS.value)
             await trio.aclose_forcefully(stream)
             return
         self._connections += 1
+        ticket = object()
         try:
             prefix = b""
             kind = FirstBytes.UNDECIDED
-            with trio.move_on_after(self.config.first_bytes_timeout_s):
+            with trio.CancelScope(deadline=trio.current_time()
+                                  + self.config.first_bytes_timeout_s) as scope:
+                self._silent[ticket] = scope
                 while kind is FirstBytes.UNDECIDED or (
                     kind is FirstBytes.ATTACH and len(prefix) < ATTACH_REQUEST_BYTES
                 ):
@@ -234,6 +244,7 @@ class RelayServer:
                     chunk = await stream.receive_some(ATTACH_REQUEST_BYTES - len(prefix))
                     if not chunk:
                         return
+                    self._silent.pop(ticket, None)  # it spoke: a peer, never evicted as silent
                     prefix += chunk
                     kind = classify(prefix)
             if kind is FirstBytes.CONTROL:
@@ -250,8 +261,21 @@ class RelayServer:
             # A bug in serving one connection must not take the relay down.
             log.exception("relay.connection_failed")
         finally:
+            self._silent.pop(ticket, None)
             self._connections -= 1
             await trio.aclose_forcefully(stream)
+
+    def _evict_silent(self) -> bool:
+        """Every connection is taken: close the oldest socket that has sent
+        nothing, so a flood of silent sockets never keeps a peer out (its
+        bytes come with its connect). False: none is silent."""
+        oldest = next(iter(self._silent), None)
+        if oldest is None:
+            return False
+        self._silent.pop(oldest).cancel()
+        self.state.count_refusal(RefusalCode.TOO_MANY_CONNECTIONS)
+        log.debug("relay.evicted reason=silent")
+        return True
 
     # -- control connections ---------------------------------------------------------
 

@@ -53,7 +53,7 @@ from .services import AppServices
 from .settings import AppNodeSettings
 from .store import Store
 
-__all__ = ["ApiBindError", "RunningAppNode", "serve_app_node", "start_app_node"]
+__all__ = ["ApiBindError", "RunningAppNode", "reserved_peers", "serve_app_node", "start_app_node"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,14 @@ class RunningAppNode:
         return f"http://{host}:{port}/api"
 
 
+def reserved_peers(settings: AppNodeSettings) -> frozenset[bytes]:
+    """The keys that keep connection slots under a flood of strangers: the
+    shared database's writers and readers (and, while it runs, every writer
+    admitted since: :func:`crdt.run_database_service`), wrk-ork and wrk-monitor."""
+    return frozenset({*settings.database_writers, *settings.database_readers,
+                      *(key for key in (settings.ork, settings.monitor) if key is not None)})
+
+
 async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics | None = None,
                          task_status: trio.TaskStatus[RunningAppNode] = trio.TASK_STATUS_IGNORED
                          ) -> None:
@@ -96,7 +104,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
         relays=settings.relays, announce_addresses=settings.announce_addresses))
-    swarm.add_reserved(frozenset(settings.database_writers))
+    swarm.add_reserved(reserved_peers(settings))
     limiter = make_limiter(settings.limits, settings.redis_url)
     health: HealthProber | None = None
     try:

@@ -30,21 +30,29 @@ from nodes.control import BadMessage, decode_operation
 from nodes.metrics import Family, Snapshot, snapshot_registry
 from nodes.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
+from p2p.host import Reserved
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
 from p2p.swarm import Swarm, SwarmConfig, stay_connected
 
 from .agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
-from .agents import AgentEvent, AgentRegistry
+from .agents import AgentEvent, AgentRegistry, AgentTable
 from .backend import Backend
 from .settings import WorkerSettings, relays_hex
 from .store import WorkerStore
 from .worker import Worker, WorkerRuntime
 
-__all__ = ["make_backend", "start_worker"]
+__all__ = ["make_backend", "reserved_peers", "start_worker"]
 
 log = logging.getLogger(__name__)
+
+#: A worker's only rightful strangers are new agents before their hello (a
+#: round trip; then bound, hence reserved, and never evicted): a stranger that
+#: has held a slot this long may give it up to a newcomer, so a client holding
+#: every strangers' slot keeps a new job's agent out for about this long, not
+#: the swarm's 10 s.
+STRANGER_EVICT_AFTER_S = 2.0
 
 #: How often the metrics' snapshot is refreshed.
 METRICS_INTERVAL_S = 2.0
@@ -57,6 +65,12 @@ def make_backend(settings: WorkerSettings, storage: Path) -> Backend:
         return KubevirtBackend(settings.kubevirt)
     from .local import LocalBackend
     return LocalBackend(settings.local, storage / "vmis")
+
+
+def reserved_peers(settings: WorkerSettings, table: AgentTable) -> Reserved:
+    """The keys that keep connection slots under a flood of strangers: wrk-ork
+    and every agent ``table`` has bound by its hello (bound at run time)."""
+    return lambda key: key == settings.ork or table.bound(key) is not None
 
 
 async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | None = None) -> None:
@@ -83,9 +97,10 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     backend = backend or make_backend(settings, storage)
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
-        announce_addresses=settings.announce_addresses), services=[queues, registry.service])
+        announce_addresses=settings.announce_addresses,
+        stranger_evict_after_s=STRANGER_EVICT_AFTER_S), services=[queues, registry.service])
     # wrk-ork and every agent bound by its hello keep their room under a flood.
-    swarm.add_reserved(lambda key: key == settings.ork or registry.table.bound(key) is not None)
+    swarm.add_reserved(reserved_peers(settings, registry.table))
     # A hello from a new key for a VMI whose agent is connected is a takeover.
     registry.connected = lambda key: key in swarm.connections
     try:

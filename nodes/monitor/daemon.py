@@ -49,8 +49,8 @@ from .observability import ObservabilityHolder, to_loki
 from .service import ROLES, MonitorService
 from .settings import HttpTokenError, MonitorSettings
 
-__all__ = ["HttpBindError", "RunningMonitor", "serve_monitor", "start_monitor", "to_loki",
-           "tune_gc"]
+__all__ = ["HttpBindError", "RunningMonitor", "reserved_peers", "serve_monitor", "start_monitor",
+           "to_loki", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
                       trusted_proxies=settings.http.trusted_proxies)
     _log_access(settings, token)
     swarm.add_service(service)
-    swarm.add_reserved({*settings.pushers, *settings.followers})
+    swarm.add_reserved(reserved_peers(settings))
     async with trio.open_nursery() as nursery:
         await nursery.start(observability.run)
         swarm_address = await nursery.start(swarm.run)
@@ -194,6 +194,14 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
             http_address=http_address, swarm_address=swarm_address, swarm=swarm,
             service=service, front=front, observability=observability))
         await trio.sleep_forever()
+
+
+def reserved_peers(settings: MonitorSettings) -> frozenset[bytes]:
+    """The keys that keep connection slots under a flood of strangers: every
+    key a role names (pushers, proxies, workers, followers), so a role added
+    to :data:`~.service.ROLES` is kept room for too. Agents pushing through
+    ``allow_any_pusher`` are strangers: any key may be one."""
+    return frozenset(key for role in ROLES for key in getattr(settings, role))
 
 
 def _log_access(settings: MonitorSettings, token: str | None) -> None:

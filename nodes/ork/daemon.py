@@ -28,6 +28,7 @@ import trio
 from nodes.metrics import snapshot_registry
 from nodes.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
+from p2p.host import Reserved
 from p2p.keys import load_or_create_keypair
 from p2p.queue import QueueService
 from p2p.swarm import Swarm, SwarmConfig
@@ -39,9 +40,16 @@ from .orchestrator import Orchestrator
 from .service import OrkService
 from .settings import OrkSettings
 
-__all__ = ["start_ork"]
+__all__ = ["reserved_peers", "start_ork"]
 
 log = logging.getLogger(__name__)
+
+
+def reserved_peers(access: OrkAccess) -> Reserved:
+    """The keys that keep connection slots under a flood of strangers: every
+    key with a role (app-node, the proxies, the deprecated clients) and every
+    registered rack's worker, those registered at run time too."""
+    return lambda key: bool(access.roles_of(key))
 
 
 async def start_ork(daemon: Daemon[OrkSettings]) -> None:
@@ -87,7 +95,7 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
         relays=settings.relays, announce_addresses=settings.announce_addresses),
         services=[queues, service])
     # Its callers and its racks keep their room under a flood of strangers.
-    swarm.add_reserved(lambda key: bool(access.roles_of(key)))
+    swarm.add_reserved(reserved_peers(access))
     try:
         address = await daemon.nursery.start(swarm.run)
     except OSError as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import trio
@@ -32,6 +33,7 @@ from crdt import Database, FsyncPolicy, run_database_service
 from nodes.metrics import Snapshot
 from nodes.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
+from p2p.host import Reserved
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.net import Network
@@ -49,7 +51,7 @@ from .settings import ProxySettings
 from .upstream import AgentPool
 from .usage import UsageRecorder
 
-__all__ = ["HttpBindError", "RunningProxy", "serve_proxy", "start_proxy"]
+__all__ = ["HttpBindError", "RunningProxy", "reserved_peers", "serve_proxy", "start_proxy"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,16 @@ class RunningProxy:
     @property
     def table(self) -> RoutingTable:
         return self.pool.table
+
+
+def reserved_peers(settings: ProxySettings,
+                   routed: Callable[[], Collection[bytes]]) -> Reserved:
+    """The keys that keep connection slots under a flood of strangers: wrk-ork,
+    the shared database's bootstrap (app-node; the database's other writers
+    while it runs: :func:`crdt.run_database_service`) and ``routed()``, the
+    agents of the jobs routed to now."""
+    fixed = frozenset(key for key in (settings.ork, settings.database) if key is not None)
+    return lambda key: key in fixed or key in routed()
 
 
 async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None = None,
@@ -126,8 +138,7 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
     pool = AgentPool(swarm, balancer,
                      on_retry=lambda route: proxy_metrics.retries.labels(route.served_name).inc())
     swarm.add_firewall(pool.allows)
-    swarm.add_reserved(lambda key: key in (settings.ork, settings.database)
-                       or key in pool.table.connect_keys())
+    swarm.add_reserved(reserved_peers(settings, lambda: pool.table.connect_keys()))
 
     # The database closes last: on a stop the usage recorder's final flush
     # must still find it open (its scope is shielded and cancelled only once

@@ -50,6 +50,13 @@ class SwarmConfig:
     all of loopback); reserved peers are not counted. None: half the
     strangers' slots (24 by default)."""
 
+    stranger_evict_after_s: float = 10.0
+    """A stranger finding the strangers' slots (or its address's) taken evicts
+    the oldest stranger connected at least this long: one client holding on
+    keeps a newcomer out no longer. A daemon whose only strangers are peers
+    about to prove themselves (a worker's new agents, before their hello) sets
+    it short."""
+
     max_handshakes: int = 64
     """Incoming handshakes in flight at once; when all are taken a newcomer
     evicts the least advanced one of the source holding the most

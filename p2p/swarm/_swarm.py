@@ -103,6 +103,7 @@ class Swarm:
                               reserved_connections=min(self.config.reserved_connections,
                                                        self.config.max_connections - 1),
                               max_connections_per_address=self.config.max_connections_per_address,
+                              stranger_evict_after_s=self.config.stranger_evict_after_s,
                               drain_timeout_s=self.config.drain_timeout_s),
             metrics_prefix="swarm", registry=self.metrics.registry,
             on_connected=self._connected, on_disconnected=self._disconnected,
