@@ -17,9 +17,11 @@ half of either, and a crash leaves the old one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["PRIVATE_FILE_MODE", "PRIVATE_FOLDER_MODE", "private_file", "private_folder",
@@ -72,7 +74,12 @@ def private_folder(folder: str | os.PathLike[str]) -> Path:
 
     Parents made here are 0700 too; parents that exist are left as they are (a
     system folder such as /var/lib is not ours). Only the folder itself is
-    tightened. Blocking. Raises OSError.
+    tightened, and only if it is a folder: a storage path naming a file or a
+    device (``--storage /dev/null``) is refused, never chmod'ed. Blocking.
+
+    Raises:
+        NotADirectoryError: ``folder`` exists and is not a folder.
+        OSError: it cannot be made or tightened.
 
     Returns:
         The folder as a :class:`~pathlib.Path`.
@@ -90,7 +97,7 @@ def private_folder(folder: str | os.PathLike[str]) -> Path:
             pass  # made by another process meanwhile: tightened below if it is ours
         else:
             os.chmod(made, PRIVATE_FOLDER_MODE)  # the umask may have cut bits; never added
-    _tighten(path, PRIVATE_FOLDER_MODE)
+    _tighten(path, PRIVATE_FOLDER_MODE, stat.S_ISDIR)
     return path
 
 
@@ -99,22 +106,34 @@ def private_file(path: str | os.PathLike[str]) -> Path:
 
     For files that a library opens by name afterwards (SQLite creates its
     ``-wal`` and ``-shm`` files with the database file's mode, so making the
-    database file 0600 first keeps all three private). Blocking. Raises OSError.
+    database file 0600 first keeps all three private). Only a regular file is
+    tightened: a path naming a folder, a device or a pipe is refused. Blocking.
+
+    Raises:
+        OSError: ``path`` exists and is not a regular file (``EINVAL``), or it
+            cannot be made or tightened.
     """
     path = Path(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                      PRIVATE_FILE_MODE)
     except FileExistsError:
-        _tighten(path, PRIVATE_FILE_MODE)
+        _tighten(path, PRIVATE_FILE_MODE, stat.S_ISREG)
     else:
         os.close(fd)
         os.chmod(path, PRIVATE_FILE_MODE)
     return path
 
 
-def _tighten(path: Path, mode: int) -> None:
-    """Take away every permission bit beyond ``mode``; never add one."""
-    current = stat.S_IMODE(os.stat(path).st_mode)
+def _tighten(path: Path, mode: int, is_kind: Callable[[int], bool]) -> None:
+    """Take away every permission bit beyond ``mode``; never add one. Only on a path
+    of the expected kind (never opened: opening a device can act on it): run as
+    root, a chmod of ``/dev/null`` would cut every other user off from it."""
+    info = os.stat(path)
+    if not is_kind(info.st_mode):
+        if is_kind is stat.S_ISDIR:
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    current = stat.S_IMODE(info.st_mode)
     if current & ~mode:
         os.chmod(path, current & mode)

@@ -181,3 +181,38 @@ async def test_an_older_deployment_left_open_is_tightened_on_the_next_start(tmp_
         Store.open(old).close()
     assert _mode(storage) == 0o700
     assert _mode(old) == 0o600
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_storage_path_that_is_no_folder_is_refused_and_left_as_it_was(tmp_path, kind):
+    """``--storage /dev/null`` (as root) once chmod'ed /dev/null to 0600 and cut every
+    other user off from it: only a folder is ever tightened as a folder."""
+    path = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(path, 0o666)
+    else:
+        path.write_bytes(b"")
+    path.chmod(0o666)
+    with pytest.raises(NotADirectoryError):
+        private_folder(path)
+    assert _mode(path) == 0o666
+    from p2p.errors import IdentityError
+    from p2p.keys import load_or_create_keypair
+
+    with pytest.raises(IdentityError):
+        load_or_create_keypair(path)
+    assert _mode(path) == 0o666
+
+
+def test_a_database_path_that_is_no_regular_file_is_refused_and_left_as_it_was(tmp_path):
+    fifo = tmp_path / "db.sqlite"
+    os.mkfifo(fifo, 0o666)
+    fifo.chmod(0o666)
+    with pytest.raises(OSError, match="not a regular file"):
+        private_file(fifo)
+    folder = tmp_path / "folder.sqlite"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    with pytest.raises(OSError):
+        private_file(folder)
+    assert _mode(fifo) == 0o666 and _mode(folder) == 0o755
