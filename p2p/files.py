@@ -74,11 +74,13 @@ def private_folder(folder: str | os.PathLike[str]) -> Path:
 
     Parents made here are 0700 too; parents that exist are left as they are (a
     system folder such as /var/lib is not ours). Only the folder itself is
-    tightened, and only if it is a folder: a storage path naming a file or a
-    device (``--storage /dev/null``) is refused, never chmod'ed. Blocking.
+    tightened, and only if it is a folder of its own: a storage path naming a
+    file or a device (``--storage /dev/null``) or a folder every user shares
+    (sticky, ``--storage /tmp``) is refused, never chmod'ed. Blocking.
 
     Raises:
         NotADirectoryError: ``folder`` exists and is not a folder.
+        PermissionError: ``folder`` is sticky (shared by every user).
         OSError: it cannot be made or tightened.
 
     Returns:
@@ -134,6 +136,11 @@ def _tighten(path: Path, mode: int, is_kind: Callable[[int], bool]) -> None:
         if is_kind is stat.S_ISDIR:
             raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(path))
         raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if info.st_mode & stat.S_ISVTX:
+        # A sticky folder is shared by design (/tmp, /var/tmp): tightening it would
+        # break the host, and keeping secrets in it would share them.
+        raise PermissionError(errno.EPERM, "a folder shared by every user (sticky, like "
+                              "/tmp); give it a folder of its own inside", str(path))
     current = stat.S_IMODE(info.st_mode)
     if current & ~mode:
         os.chmod(path, current & mode)

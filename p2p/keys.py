@@ -213,7 +213,7 @@ def load_or_create_keypair(storage: str | os.PathLike[str]) -> KeyPair:
     try:
         private_folder(folder)
     except OSError as exc:
-        raise IdentityError(f"cannot create storage folder {folder}: {exc.strerror}") from exc
+        raise IdentityError(f"cannot use storage folder {folder}: {exc.strerror}") from exc
     try:
         exists = path.exists()
     except OSError as exc:  # EACCES on the folder: Path.exists raises it

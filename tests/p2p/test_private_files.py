@@ -216,3 +216,15 @@ def test_a_database_path_that_is_no_regular_file_is_refused_and_left_as_it_was(t
     with pytest.raises(OSError):
         private_file(folder)
     assert _mode(fifo) == 0o666 and _mode(folder) == 0o755
+
+
+def test_a_folder_every_user_shares_is_refused_and_left_as_it_was(tmp_path):
+    """``keys show --storage /tmp`` as root once made the host's /tmp 0700."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(PermissionError, match="shared by every user"):
+        private_folder(shared)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    inside = private_folder(shared / "mine")  # a folder of its own inside is fine
+    assert _mode(inside) == 0o700

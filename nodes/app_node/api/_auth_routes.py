@@ -94,7 +94,8 @@ async def login(ctx: Ctx, request: Request) -> Response:
     throttle, source = ctx.throttle("login"), ctx.client(request)
     wait = await throttle.wait_s(body.email, source)
     if wait > 0:
-        raise throttled(wait, "too many failed logins for this account from your address", source)
+        raise throttled(wait, "too many failed logins for this account; try again later (an "
+                        "address it logged in from before is not held back)", source)
     try:
         user = await ctx.store(store.get_user_by_email, body.email)
     except ApiError as exc:
