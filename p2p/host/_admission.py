@@ -14,17 +14,19 @@ and a stranger's sockets and keys are cheap. Two tables, both pure (they take
   of its group (or of the group holding the most) is evicted instead. A
   handshake has *progressed* when its peer's first Noise message arrived
   whole and parsed (a stray byte is no progress: it costs nothing). The
-  order, oldest first within each: one that has not progressed for
-  ``min_age_s`` (silent, or a byte); one that progressed past its
-  ``grace_s``; one within its grace but ``min_age_s`` old (a real handshake
-  on loopback or a LAN completes in milliseconds); last, one younger than
-  ``min_age_s`` that has not progressed (perhaps a peer whose message 1 is
-  in flight). A progressed handshake younger than ``min_age_s`` is never
-  evicted; only when every candidate is one is the newcomer refused
-  (``busy``). The attacker may send a valid-looking message 1 too (a random
-  key behind the right header parses): at ``r`` sockets/s each of his then
-  lives about ``max_per_group / r`` seconds (at least ``min_age_s``), and a
-  real peer's handshake, one round trip after its message 1, fits in that.
+  order: one that has not progressed for ``min_age_s`` (silent, or a byte);
+  one that progressed past its ``grace_s``; one within its grace but
+  ``min_age_s`` old (a real handshake on loopback or a LAN completes in
+  milliseconds); last, one younger than ``min_age_s`` that has not
+  progressed (perhaps a peer whose message 1 is not read yet). Within each,
+  a silent one before one that sent bytes (so a connect flood does not evict
+  a peer whose message 1 is waiting to be read), then the oldest first. A
+  progressed handshake younger than ``min_age_s`` is never evicted; only
+  when every candidate is one is the newcomer refused (``busy``). The
+  attacker may send a valid-looking message 1 too (a random key behind the
+  right header parses): at ``r`` sockets/s each of his then lives about
+  ``max_per_group / r`` seconds (at least ``min_age_s``), and a real peer's
+  handshake, one round trip after its message 1, fits in that.
 * :class:`ConnectionSlots` — live connections. Keys a daemon is configured to
   serve (``reserved``: its racks, clients, pushers, workers… and the peers it
   dialled itself) may use every slot; **strangers** share
@@ -87,6 +89,7 @@ def address_group(host: str | None) -> str:
 class _Handshake:
     group: str
     started: float
+    heard: bool = False
     progressed: bool = False
 
 
@@ -137,6 +140,13 @@ class HandshakeSlots:
         self._per_group[group] += 1
         return HandshakeDecision(ticket, evict=evict)
 
+    def hear(self, ticket: int) -> None:
+        """The socket sent bytes (maybe not a whole message yet): among the
+        handshakes that have not progressed, it goes after the silent ones."""
+        entry = self._entries.get(ticket)
+        if entry is not None:
+            entry.heard = True
+
     def progress(self, ticket: int) -> bool:
         """The peer's first handshake message arrived whole and parsed (not
         merely a byte: that is free to send); True the first time."""
@@ -157,9 +167,10 @@ class HandshakeSlots:
 
     def _victim(self, now: float, *, only: str | None) -> int | None:
         """The least advanced evictable handshake: of ``only``'s group, or
-        else of the group holding the most; within it, by :meth:`_tier`, the
-        oldest first. None if none may be evicted."""
-        best: tuple[int, int, float] | None = None
+        else of the group holding the most; within it, by :meth:`_tier`, a
+        silent one before one that sent bytes, the oldest first. None if none
+        may be evicted."""
+        best: tuple[int, int, bool, float] | None = None
         victim = None
         for ticket, entry in self._entries.items():
             if only is not None and entry.group != only:
@@ -167,7 +178,7 @@ class HandshakeSlots:
             tier = self._tier(entry, now)
             if tier is None:
                 continue
-            rank = (-self._per_group[entry.group], tier, entry.started)
+            rank = (-self._per_group[entry.group], tier, entry.heard, entry.started)
             if best is None or rank < best:
                 best, victim = rank, ticket
         return victim

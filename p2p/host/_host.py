@@ -473,6 +473,7 @@ class PeerHost:
             nonlocal progressed
             if not progressed:
                 progressed = True
+                self._handshakes.hear(ticket)
                 scope.deadline = now + config.handshake_timeout_s
 
         def parsed() -> None:
@@ -858,6 +859,7 @@ class _Parking:
             parked = None if ticket is None else self._unpark(ticket)
             if parked is not None:
                 raw, address, admitted = parked
+                host._handshakes.hear(admitted.ticket)  # after silent ones, from now on
                 host._running_nursery().start_soon(functools.partial(
                     host._handshake, raw, address, "incoming", admitted, spoke=True))
 

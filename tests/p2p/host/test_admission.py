@@ -103,6 +103,18 @@ def test_which_handshake_of_a_full_group_gives_way(progressed, ages, victim):
         assert decision.ticket is not None and decision.evict == tickets[victim]
 
 
+def test_among_unparsed_handshakes_a_silent_one_goes_before_one_that_sent_bytes():
+    """A connect flood of silent sockets does not evict a peer whose message 1
+    has arrived but is not read yet, however young the flood's sockets are."""
+    slots = HandshakeSlots(max_total=10, max_per_group=3, min_age_s=0.25)
+    peer = slots.arrive("loopback", 0.0).ticket
+    slots.hear(peer)
+    silent = [slots.arrive("loopback", t).ticket for t in (0.001, 0.002)]
+    assert slots.arrive("loopback", 0.003).evict == silent[0]
+    old_silent = slots.arrive("loopback", 1.0)  # all past the floor: still the silent ones first
+    assert old_silent.evict == silent[1]
+
+
 def test_leaving_frees_the_slot_and_is_idempotent():
     slots = HandshakeSlots(max_total=1, max_per_group=1)
     ticket = slots.arrive("a", 0.0).ticket
@@ -118,7 +130,7 @@ def test_leaving_frees_the_slot_and_is_idempotent():
     total=st.integers(1, 12),
     per_group=st.integers(1, 12),
     steps=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "peer"]),
-                             st.sampled_from(["arrive", "speak", "leave"]),
+                             st.sampled_from(["arrive", "hear", "speak", "leave"]),
                              st.floats(0, 0.5)), max_size=60),
 )
 def test_any_arrivals_keep_the_caps_and_spare_every_parsed_handshake_younger_than_the_floor(
@@ -159,6 +171,20 @@ def test_any_arrivals_keep_the_caps_and_spare_every_parsed_handshake_younger_tha
                                    or (parsed(t) and age(t) >= grace) for t in same)
                 live.pop(victim)
             live[decision.ticket] = (group, now, False)
+        elif mine and action == "hear":
+            slots.hear(mine[-1])  # bytes, not (yet) a message: no progress
+        elif mine and action == "speak":
+            slots.progress(mine[0])
+            g, started, _ = live[mine[0]]
+            live[mine[0]] = (g, started, True)
+        elif mine and action == "leave":
+            slots.leave(mine[-1])
+            del live[mine[-1]]
+        assert len(slots) == len(live) <= total
+        for g in ("a", "b", "c", "peer"):
+            assert slots.count(g) == sum(1 for x, _, _ in live.values() if x == g) <= per_group
+
+
 @settings(max_examples=100, deadline=None)
 @given(flood=st.lists(st.sampled_from(["loopback", "10.0.0.1"]), min_size=1, max_size=300),
        at=st.integers(0, 299), peer_group=st.sampled_from(["loopback", "10.0.0.9"]),
@@ -168,8 +194,8 @@ def test_a_peer_keeps_its_handshake_for_the_floor_under_any_flood(
     """A stranger opens sockets at ``rate``/s, from the peer's own address or
     another, silent or sending a message 1 that parses (his is as valid as a
     peer's); the peer, whose message 1 parses as soon as it is accepted, is
-    never evicted before ``min_age_s``
-    (its handshake's remaining round trip takes milliseconds)."""
+    never evicted before ``min_age_s`` (its handshake's remaining round trip
+    takes milliseconds)."""
     floor = 0.25
     slots = HandshakeSlots(max_total=64, max_per_group=16, grace_s=1.0, min_age_s=floor)
     now, peer, peer_at = 0.0, None, 0.0
@@ -179,10 +205,13 @@ def test_a_peer_keeps_its_handshake_for_the_floor_under_any_flood(
             decision = slots.arrive(peer_group, now)
             if decision.ticket is not None:
                 peer, peer_at = decision.ticket, now
-                slots.progress(peer)  # its message 1 follows the connect
+                slots.hear(peer)  # its message 1 follows the connect...
         decision = slots.arrive(group, now)
         if not parses:
             assert decision.ticket is not None  # unparsed handshakes are always evictable
+            assert peer is None or decision.evict != peer  # silent ones go first
+        if peer is not None and index == at:
+            slots.progress(peer)  # ...and is read and parsed a moment later
         if decision.ticket is not None and parses:
             slots.progress(decision.ticket)
         if peer is not None and decision.evict == peer:
