@@ -13,7 +13,13 @@ against a fresh daemon:
 * ``churn``: ``--churn-sockets`` (1,000) sockets, each opened again
   ``--reopen-ms`` (100 ms) after the daemon closes it, so the flood goes on
   while the peer connects (a connect flood: its rate, not its count, is
-  what costs the daemon; the peer waits behind what the accept queue holds).
+  what costs the daemon; the peer waits behind what the accept queue holds);
+* ``bytes``: one-byte churn from 127.0.0.1 (the red team's): ``--bytes-per-s``
+  (60) sockets a second, each sending one byte and held ``--bytes-hold-s``
+  (2 s); a handshake that merely sent a byte is no progress, so these keep
+  no peer out (before, each looked "progressed" and was spared for 1 s: every
+  slot of loopback stayed taken and the peer was refused ``busy``). The peer
+  starts after a second of it.
 
 As soon as the stranger's sockets are open (the daemon may still be taking
 them from its accept queue), the peer (a process of its own) connects
@@ -36,7 +42,8 @@ per leg);
 only 127.0.0.0/8 is used. RLIMIT_NOFILE is raised in both processes.
 
 usage: python bench/admission.py [--sockets 10000] [--keys 1000] [--tries 20]
-                                 [--legs hold churn] [--reopen-ms 100]
+                                 [--legs hold churn bytes] [--reopen-ms 100]
+                                 [--bytes-per-s 60] [--bytes-hold-s 2]
 """
 
 from __future__ import annotations
@@ -176,6 +183,38 @@ class Stranger:
             await trio.sleep(self.reopen_s)
 
 
+    async def byte_flood(self, per_s: float, hold_s: float,
+                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """``per_s`` sockets a second from 127.0.0.1, each sending one byte and
+        held ``hold_s`` (or until the daemon closes it); started once a
+        second of it has gone by."""
+        async def one() -> None:
+            with contextlib.suppress(OSError, trio.BrokenResourceError):
+                sock = trio.socket.socket()
+                with sock:
+                    await sock.connect(("127.0.0.1", self.port))
+                    self.opens += 1
+                    self.sockets_open += 1
+                    try:
+                        stream = trio.SocketStream(sock)
+                        await stream.send_all(b"\x00")
+                        with trio.move_on_after(hold_s):
+                            while await stream.receive_some(1024):
+                                pass
+                    finally:
+                        self.sockets_open -= 1
+
+        async with trio.open_nursery() as nursery:
+            began = trio.current_time()
+            started = False
+            while True:
+                nursery.start_soon(one)
+                await trio.sleep(1 / per_s)
+                if not started and trio.current_time() - began >= 1.0:
+                    started = True
+                    task_status.started()
+
+
 async def start_in_batches(nursery: trio.Nursery, count: int, batch: int, make) -> None:
     """Start ``count`` holders, ``batch`` at a time (each started before the next batch)."""
     for first in range(0, count, batch):
@@ -251,17 +290,22 @@ async def run(args: argparse.Namespace, port: int, leg: str) -> None:
 
     daemon_key = KeyPair.from_seed(DAEMON_SEED).public_key
     stranger = Stranger(port, daemon_key, None if leg == "hold" else args.reopen_ms / 1000)
-    sockets = args.sockets if leg == "hold" else args.churn_sockets
+    sockets = {"hold": args.sockets, "churn": args.churn_sockets}.get(leg, 0)
     extra = {"leg": leg, "sockets": sockets, "keys": args.keys, **machine()}
+    if leg == "bytes":
+        extra.update(bytes_per_s=args.bytes_per_s, bytes_hold_s=args.bytes_hold_s)
     with trio.fail_after(args.limit_s):
         async with trio.open_nursery() as flood:
             began = time.perf_counter()
             await start_in_batches(flood, args.keys, 20, lambda i: stranger.hold_key)
             keys_s = time.perf_counter() - began
-            await start_in_batches(
-                flood, sockets, 500,
-                lambda i: lambda task_status: stranger.hold_socket(
-                    f"127.0.0.{2 + i % SOURCES}", task_status=task_status))
+            if leg == "bytes":
+                await flood.start(stranger.byte_flood, args.bytes_per_s, args.bytes_hold_s)
+            else:
+                await start_in_batches(
+                    flood, sockets, 500,
+                    lambda i: lambda task_status: stranger.hold_socket(
+                        f"127.0.0.{2 + i % SOURCES}", task_status=task_status))
             sockets_open, keys_held = stranger.sockets_open, stranger.keys_held
             opens_before, measure_began = stranger.opens, time.perf_counter()
             context = multiprocessing.get_context("spawn")
@@ -301,8 +345,12 @@ def main() -> None:
                              "daemon closed")
     parser.add_argument("--churn-sockets", type=int, default=1_000,
                         help="churn leg: sockets the stranger keeps reopening")
-    parser.add_argument("--legs", nargs="+", choices=("hold", "churn"),
-                        default=["hold", "churn"])
+    parser.add_argument("--bytes-per-s", type=float, default=60.0,
+                        help="bytes leg: one-byte sockets opened a second, from 127.0.0.1")
+    parser.add_argument("--bytes-hold-s", type=float, default=2.0,
+                        help="bytes leg: how long each one-byte socket is held")
+    parser.add_argument("--legs", nargs="+", choices=("hold", "churn", "bytes"),
+                        default=["hold", "churn", "bytes"])
     parser.add_argument("--limit-s", type=float, default=120.0)
     args = parser.parse_args()
     raise_fd_limit(args.sockets + args.keys + 1024)

@@ -11,12 +11,22 @@ and a stranger's sockets and keys are cheap. Two tables, both pure (they take
   one, since anyone on the host can bind 127.0.0.2, 127.0.0.3…). A newcomer is
   never turned away because another address is greedy: when its group holds
   ``max_per_group``, or every slot is taken, the **least advanced** handshake
-  of its group (or of the group holding the most) is evicted instead: a socket
-  that has sent nothing before one that has, the oldest first. A handshake
-  that has sent bytes is spared for ``grace_s`` (a real peer finishes within
-  a round trip or two); only if nothing may be evicted is the newcomer refused
-  (``busy``). A peer's handshake therefore always gets a slot, whatever one
-  address (or all of loopback) floods.
+  of its group (or of the group holding the most) is evicted instead. A
+  handshake has *progressed* when its peer's first Noise message arrived
+  whole and parsed (a stray byte is no progress: it costs nothing). The
+  order: one that has not progressed for ``min_age_s`` (silent, or a byte);
+  one that progressed past its ``grace_s``; one within its grace but
+  ``min_age_s`` old (a real handshake on loopback or a LAN completes in
+  milliseconds); last, one younger than ``min_age_s`` that has not
+  progressed (perhaps a peer whose message 1 is not read yet). Within each,
+  a silent one before one that sent bytes (so a connect flood does not evict
+  a peer whose message 1 is waiting to be read), then the oldest first. A
+  progressed handshake younger than ``min_age_s`` is never evicted; only
+  when every candidate is one is the newcomer refused (``busy``). The
+  attacker may send a valid-looking message 1 too (a random key behind the
+  right header parses): at ``r`` sockets/s each of his then lives about
+  ``max_per_group / r`` seconds (at least ``min_age_s``), and a real peer's
+  handshake, one round trip after its message 1, fits in that.
 * :class:`ConnectionSlots` — live connections. Keys a daemon is configured to
   serve (``reserved``: its racks, clients, pushers, workers… and the peers it
   dialled itself) may use every slot; **strangers** share
@@ -79,6 +89,7 @@ def address_group(host: str | None) -> str:
 class _Handshake:
     group: str
     started: float
+    heard: bool = False
     progressed: bool = False
 
 
@@ -99,6 +110,7 @@ class HandshakeSlots:
     max_total: int
     max_per_group: int
     grace_s: float = 1.0
+    min_age_s: float = 0.25
     _entries: dict[int, _Handshake] = field(default_factory=dict)
     _per_group: Counter[str] = field(default_factory=Counter)
     _tickets: count = field(default_factory=count)
@@ -128,8 +140,16 @@ class HandshakeSlots:
         self._per_group[group] += 1
         return HandshakeDecision(ticket, evict=evict)
 
+    def hear(self, ticket: int) -> None:
+        """The socket sent bytes (maybe not a whole message yet): among the
+        handshakes that have not progressed, it goes after the silent ones."""
+        entry = self._entries.get(ticket)
+        if entry is not None:
+            entry.heard = True
+
     def progress(self, ticket: int) -> bool:
-        """The socket sent its first bytes; True the first time."""
+        """The peer's first handshake message arrived whole and parsed (not
+        merely a byte: that is free to send); True the first time."""
         entry = self._entries.get(ticket)
         if entry is None or entry.progressed:
             return False
@@ -147,18 +167,35 @@ class HandshakeSlots:
 
     def _victim(self, now: float, *, only: str | None) -> int | None:
         """The least advanced evictable handshake: of ``only``'s group, or
-        else of the group holding the most (ties: the one with the worst)."""
-        best: tuple[int, bool, float] | None = None
+        else of the group holding the most; within it, by :meth:`_tier`, a
+        silent one before one that sent bytes, the oldest first. None if none
+        may be evicted."""
+        best: tuple[int, int, bool, float] | None = None
         victim = None
         for ticket, entry in self._entries.items():
             if only is not None and entry.group != only:
                 continue
-            if entry.progressed and now - entry.started < self.grace_s:
-                continue  # a real peer finishes within a round trip or two
-            rank = (-self._per_group[entry.group], entry.progressed, entry.started)
+            tier = self._tier(entry, now)
+            if tier is None:
+                continue
+            rank = (-self._per_group[entry.group], tier, entry.heard, entry.started)
             if best is None or rank < best:
                 best, victim = rank, ticket
         return victim
+
+    def _tier(self, entry: _Handshake, now: float) -> int | None:
+        """How readily a handshake goes (lowest first; None: not at all)."""
+        age = now - entry.started
+        if not entry.progressed:
+            # Silent or a stray byte for min_age_s: no real peer is that slow
+            # to send 100 bytes. A younger one may be a peer whose message 1
+            # is in flight (or not yet read): it goes last.
+            return 0 if age >= self.min_age_s else 3
+        if age >= self.grace_s:
+            return 1  # a real peer finishes within a round trip or two
+        if age >= self.min_age_s:
+            return 2  # a message that parses is cheap too: the grace yields
+        return None
 
 
 # -- connections ---------------------------------------------------------------

@@ -119,7 +119,19 @@ class HostConfig:
     quarter of ``max_handshakes`` (at least 1)."""
 
     handshake_grace_s: float = 1.0
-    """A handshake whose peer has sent bytes is not evicted for this long."""
+    """A handshake whose peer's first message arrived whole and parsed (a
+    byte is no progress) is evicted within this long only when no handshake
+    silent for ``handshake_min_age_s``, nor one past its grace, may go
+    instead; see :mod:`._admission` for the whole order."""
+
+    handshake_min_age_s: float = 0.25
+    """No handshake whose first message parsed is evicted younger than this
+    (a newcomer finding only such ones is refused, ``busy``); one that has
+    not parsed a message for this long goes first. A real handshake needs
+    one round trip after its first message: milliseconds on loopback or a
+    LAN, ~0.2 s across continents. A flood from one source at ``r``
+    sockets/s, even of messages that parse, keeps each of its handshakes
+    about ``max_handshakes_per_address / r`` seconds, never less than this."""
 
     first_bytes_timeout_s: float = 2.0
     """A socket that sends nothing for this long after it was accepted is
@@ -173,7 +185,8 @@ class HostConfig:
             raise LocalProtocolError(
                 f"reserved_connections must be from 0 to {self.max_connections - 1} "
                 "(strangers need a slot too)", code="BAD_CONFIG")
-        for name in ("drain_timeout_s", "handshake_grace_s", "stranger_evict_after_s"):
+        for name in ("drain_timeout_s", "handshake_grace_s", "handshake_min_age_s",
+                     "stranger_evict_after_s"):
             if getattr(self, name) < 0:
                 raise LocalProtocolError(f"{name} must not be negative", code="BAD_CONFIG")
 
@@ -236,7 +249,8 @@ class PeerHost:
         self._reserved: list[Reserved] = []
         self._handshakes = HandshakeSlots(max_total=self.config.max_handshakes,
                                           max_per_group=self.config.handshakes_per_address,
-                                          grace_s=self.config.handshake_grace_s)
+                                          grace_s=self.config.handshake_grace_s,
+                                          min_age_s=self.config.handshake_min_age_s)
         #: The cancel scope of each handshake in flight, by ticket (to evict it).
         self._handshake_scopes: dict[int, trio.CancelScope] = {}
         self._evicted: set[int] = set()
@@ -392,8 +406,8 @@ class PeerHost:
                 await trio.sleep(_ACCEPT_PAUSE_S)
                 continue
             if self._parking is not None:
-                # Parked sockets that spoke since are taken first: they are
-                # progressing, and no newcomer may evict them as silent.
+                # Parked sockets that spoke since are taken first, so their
+                # handshakes start (and may parse) before a newcomer is ranked.
                 self._parking.take_ready()
             if (self._parking is not None and isinstance(raw, trio.SocketStream)
                     and not _has_bytes(raw)):
@@ -433,7 +447,9 @@ class PeerHost:
                 self._refuse("evicted", source=dropped.group)
             else:
                 self._evicted.add(victim)
-                self._handshake_scopes[victim].cancel()
+                scope = self._handshake_scopes.get(victim)
+                if scope is not None:  # else its task has yet to start: it ends at once
+                    scope.cancel()
         if decision.ticket is None:
             self._refuse(decision.reason, source=group, to=_label(remote_address))
             return None
@@ -446,15 +462,22 @@ class PeerHost:
         config = self.config
         scope = self._handshake_scopes[ticket] = trio.CancelScope(
             deadline=now + config.first_bytes_timeout_s)
+        if ticket in self._evicted:  # evicted after it left parking, before this task ran
+            scope.cancel()
 
         progressed = False
 
         def received(_count: int) -> None:
+            # Any byte moves the deadline from first_bytes to the handshake's;
+            # only a whole first message (parsed) spares it from eviction.
             nonlocal progressed
             if not progressed:
                 progressed = True
-                self._handshakes.progress(ticket)
+                self._handshakes.hear(ticket)
                 scope.deadline = now + config.handshake_timeout_s
+
+        def parsed() -> None:
+            self._handshakes.progress(ticket)
 
         if spoke:  # its first message came with the connect, or woke it when parked
             received(0)
@@ -466,7 +489,8 @@ class PeerHost:
                     await trio.lowlevel.wait_readable(raw.socket)
                 stream = await SecretStream.responder(raw, self.keypair,
                                                       config=config.connection.stream,
-                                                      on_receive=received)
+                                                      on_receive=received,
+                                                      on_message=parsed)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             failure = f"reason={exc}"
         except Exception as exc:
@@ -835,7 +859,7 @@ class _Parking:
             parked = None if ticket is None else self._unpark(ticket)
             if parked is not None:
                 raw, address, admitted = parked
-                host._handshakes.progress(admitted.ticket)  # spared from now on
+                host._handshakes.hear(admitted.ticket)  # after silent ones, from now on
                 host._running_nursery().start_soon(functools.partial(
                     host._handshake, raw, address, "incoming", admitted, spoke=True))
 

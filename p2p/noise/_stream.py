@@ -176,14 +176,19 @@ class SecretStream(trio.abc.HalfCloseableStream):
         *,
         config: SecretStreamConfig = _DEFAULT_CONFIG,
         on_receive: Callable[[int], None] | None = None,
+        on_message: Callable[[], None] | None = None,
     ) -> SecretStream:
         """Run the handshake as the accepting side; see :meth:`initiator`.
 
         ``on_receive(n)`` is called after each read of ``n`` handshake bytes
-        (the host's admission tells a silent socket from a slow one with it).
+        (the host's admission tells a silent socket from a slow one with it);
+        ``on_message()`` after each whole handshake message of the peer's was
+        parsed and answered (a byte is cheap; a message that parses is not
+        proof either, but it is what a real peer sends at once).
         """
         handshake = Handshake(keypair, initiator=False, prologue=config.prologue)
-        return await cls._establish(transport_stream, handshake, keypair, config, on_receive)
+        return await cls._establish(transport_stream, handshake, keypair, config, on_receive,
+                                    on_message)
 
     @classmethod
     async def _establish(
@@ -193,6 +198,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         keypair: KeyPair,
         config: SecretStreamConfig,
         on_receive: Callable[[int], None] | None = None,
+        on_message: Callable[[], None] | None = None,
     ) -> SecretStream:
         role = "initiator" if handshake.initiator else "responder"
         log.debug("handshake.started role=%s", role)
@@ -211,6 +217,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     reply = handshake.receive_data(data)
                     if reply:
                         await transport_stream.send_all(reply)
+                        if on_message is not None:
+                            on_message()
         except BaseException as exc:
             await trio.aclose_forcefully(transport_stream)
             if isinstance(exc, trio.TooSlowError):

@@ -1,4 +1,4 @@
-"""Smoke test of bench/admission.py: a small flood in both legs prints every
+"""Smoke test of bench/admission.py: a small flood in every leg prints every
 figure (as ``make bench`` runs it: a subprocess, JSON lines on stdout), and
 the configured peer got in every time."""
 
@@ -27,7 +27,7 @@ def test_every_figure_is_printed_and_the_peer_always_gets_in() -> None:
         record = json.loads(line)
         assert record["bench"] == "admission", record
         figures[record["leg"], record["metric"]] = record["value"]
-    for leg in ("hold", "churn"):
+    for leg in ("hold", "churn", "bytes"):
         for metric in ("peer_connect_ms_first", "peer_connect_ms_p50", "peer_connect_ms_max",
                        "stranger_sockets_opened", "stranger_keys_held", "refused_evicted"):
             assert figures[leg, metric] > 0, (leg, metric)

@@ -49,7 +49,7 @@ def test_handshakes_are_admitted_while_there_is_room():
 def test_a_group_at_its_cap_gives_up_its_own_oldest_silent_handshake():
     slots = HandshakeSlots(max_total=10, max_per_group=3)
     first, second, third = (slots.arrive("flood", t).ticket for t in (0.0, 1.0, 2.0))
-    slots.progress(first)  # the oldest has spoken: the oldest *silent* one goes
+    slots.progress(first)  # the oldest's message 1 parsed: the oldest *other* one goes
     decision = slots.arrive("flood", 3.0)
     assert decision.evict == second
     assert slots.count("flood") == 3
@@ -65,14 +65,54 @@ def test_when_every_slot_is_taken_the_group_holding_the_most_gives_one_up():
     assert slots.count("other") == 1 and slots.count("flood") == 2
 
 
-def test_a_handshake_that_spoke_is_spared_for_the_grace_then_may_go():
-    slots = HandshakeSlots(max_total=1, max_per_group=1, grace_s=1.0)
+def test_a_handshake_that_progressed_is_spared_until_the_floor_then_may_go():
+    slots = HandshakeSlots(max_total=1, max_per_group=1, grace_s=1.0, min_age_s=0.25)
     speaking = slots.arrive("a", 0.0).ticket
     slots.progress(speaking)
-    refused = slots.arrive("a", 0.5)
+    refused = slots.arrive("a", 0.2)
     assert refused.ticket is None and refused.reason == "busy"
-    later = slots.arrive("a", 1.5)
+    later = slots.arrive("a", 0.3)  # within the grace, but the only candidate and past the floor
     assert later.ticket is not None and later.evict == speaking
+
+
+@pytest.mark.parametrize(("progressed", "ages", "victim"), [
+    # (which of the group's handshakes parsed message 1, their ages at the newcomer, evicted)
+    ((False, False, False), (0.9, 0.5, 0.3), 0),       # none: the oldest
+    ((True, False, False), (0.9, 0.5, 0.3), 1),        # the oldest unparsed one
+    ((True, True, False), (0.9, 0.5, 0.3), 2),         # a byte-sender past the floor, first
+    ((True, True, False), (0.9, 0.5, 0.01), 0),        # a just-arrived one waits for its message 1
+    ((True, True, True), (1.5, 0.9, 0.5), 0),          # one past its grace
+    ((True, False, True), (0.9, 0.1, 0.5), 0),         # within grace, past the floor: the oldest
+    ((True, True, False), (0.2, 0.1, 0.01), 2),        # all young: the unparsed one, not busy
+    ((False, False, False), (0.2, 0.1, 0.01), 0),      # all young and unparsed: the oldest
+    ((True, True, True), (0.2, 0.1, 0.05), None),      # all parsed and younger than the floor: busy
+])
+def test_which_handshake_of_a_full_group_gives_way(progressed, ages, victim):
+    slots = HandshakeSlots(max_total=10, max_per_group=3, grace_s=1.0, min_age_s=0.25)
+    now = 2.0
+    tickets = []
+    for spoke, age in zip(progressed, ages, strict=True):
+        ticket = slots.arrive("flood", now - age).ticket
+        if spoke:
+            slots.progress(ticket)
+        tickets.append(ticket)
+    decision = slots.arrive("flood", now)
+    if victim is None:
+        assert decision.ticket is None and decision.reason == "busy"
+    else:
+        assert decision.ticket is not None and decision.evict == tickets[victim]
+
+
+def test_among_unparsed_handshakes_a_silent_one_goes_before_one_that_sent_bytes():
+    """A connect flood of silent sockets does not evict a peer whose message 1
+    has arrived but is not read yet, however young the flood's sockets are."""
+    slots = HandshakeSlots(max_total=10, max_per_group=3, min_age_s=0.25)
+    peer = slots.arrive("loopback", 0.0).ticket
+    slots.hear(peer)
+    silent = [slots.arrive("loopback", t).ticket for t in (0.001, 0.002)]
+    assert slots.arrive("loopback", 0.003).evict == silent[0]
+    old_silent = slots.arrive("loopback", 1.0)  # all past the floor: still the silent ones first
+    assert old_silent.evict == silent[1]
 
 
 def test_leaving_frees_the_slot_and_is_idempotent():
@@ -90,32 +130,49 @@ def test_leaving_frees_the_slot_and_is_idempotent():
     total=st.integers(1, 12),
     per_group=st.integers(1, 12),
     steps=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "peer"]),
-                             st.sampled_from(["arrive", "speak", "leave"]),
+                             st.sampled_from(["arrive", "hear", "speak", "leave"]),
                              st.floats(0, 0.5)), max_size=60),
 )
-def test_any_arrivals_keep_the_caps_and_spare_every_young_handshake_that_spoke(
+def test_any_arrivals_keep_the_caps_and_spare_every_parsed_handshake_younger_than_the_floor(
         total, per_group, steps):
-    """Whatever the order: the caps hold; a handshake that has spoken is
-    never evicted within its grace; a newcomer is refused only when nothing
-    it could evict is evictable."""
-    grace = 1.0
-    slots = HandshakeSlots(max_total=total, max_per_group=per_group, grace_s=grace)
+    """Whatever the order: the caps hold; a handshake whose first message
+    parsed is never evicted before ``min_age_s``, nor within its grace while
+    its group has one that goes first (unparsed for the floor, or past its
+    grace); a newcomer is refused only when every candidate parsed and is
+    younger than the floor."""
+    grace, floor = 1.0, 0.25
+    slots = HandshakeSlots(max_total=total, max_per_group=per_group, grace_s=grace,
+                           min_age_s=floor)
     now = 0.0
-    live: dict[int, tuple[str, float, bool]] = {}  # ticket -> (group, started, spoke)
+    live: dict[int, tuple[str, float, bool]] = {}  # ticket -> (group, started, parsed)
+
+    def age(ticket: int) -> float:
+        return now - live[ticket][1]
+
+    def parsed(ticket: int) -> bool:
+        return live[ticket][2]
+
     for group, action, pause in steps:
         now += pause
         mine = [t for t, (g, _, _) in live.items() if g == group]
         if action == "arrive":
+            pool = mine if len(mine) >= min(per_group, total) else list(live)
             decision = slots.arrive(group, now)
             if decision.ticket is None:
-                pool = mine if len(mine) >= min(per_group, total) else list(live)
-                assert pool and all(spoke and now - started < grace
-                                    for _, started, spoke in (live[t] for t in pool))
+                assert pool and all(parsed(t) and age(t) < floor for t in pool)
                 continue
             if decision.evict is not None:
-                _, started, spoke = live.pop(decision.evict)
-                assert not (spoke and now - started < grace)
+                victim = decision.evict
+                assert victim in pool
+                assert not (parsed(victim) and age(victim) < floor)
+                if parsed(victim) and age(victim) < grace:
+                    same = [t for t in pool if live[t][0] == live[victim][0]]
+                    assert not any((not parsed(t) and age(t) >= floor)
+                                   or (parsed(t) and age(t) >= grace) for t in same)
+                live.pop(victim)
             live[decision.ticket] = (group, now, False)
+        elif mine and action == "hear":
+            slots.hear(mine[-1])  # bytes, not (yet) a message: no progress
         elif mine and action == "speak":
             slots.progress(mine[0])
             g, started, _ = live[mine[0]]
@@ -130,22 +187,52 @@ def test_any_arrivals_keep_the_caps_and_spare_every_young_handshake_that_spoke(
 
 @settings(max_examples=100, deadline=None)
 @given(flood=st.lists(st.sampled_from(["loopback", "10.0.0.1"]), min_size=1, max_size=300),
-       at=st.integers(0, 299), peer_group=st.sampled_from(["loopback", "10.0.0.9"]))
-def test_a_peer_that_speaks_at_once_keeps_its_handshake_under_any_flood(flood, at, peer_group):
-    """A stranger opens silent sockets as fast as it likes, from the peer's own
-    address or another; the peer, which speaks as soon as it is accepted, is
-    never evicted before its handshake completes (within the grace)."""
-    slots = HandshakeSlots(max_total=64, max_per_group=16, grace_s=1.0)
-    now, peer = 0.0, None
+       at=st.integers(0, 299), peer_group=st.sampled_from(["loopback", "10.0.0.9"]),
+       parses=st.booleans(), rate=st.sampled_from([60.0, 200.0, 1000.0]))
+def test_a_peer_keeps_its_handshake_for_the_floor_under_any_flood(
+        flood, at, peer_group, parses, rate):
+    """A stranger opens sockets at ``rate``/s, from the peer's own address or
+    another, silent or sending a message 1 that parses (his is as valid as a
+    peer's); the peer, whose message 1 parses as soon as it is accepted, is
+    never evicted before ``min_age_s`` (its handshake's remaining round trip
+    takes milliseconds)."""
+    floor = 0.25
+    slots = HandshakeSlots(max_total=64, max_per_group=16, grace_s=1.0, min_age_s=floor)
+    now, peer, peer_at = 0.0, None, 0.0
     for index, group in enumerate(flood):
-        now += 0.001
+        now += 1 / rate
         if index == at:
-            peer = slots.arrive(peer_group, now).ticket
-            assert peer is not None
-            slots.progress(peer)  # its message 1 follows the connect
+            decision = slots.arrive(peer_group, now)
+            if decision.ticket is not None:
+                peer, peer_at = decision.ticket, now
+                slots.hear(peer)  # its message 1 follows the connect...
         decision = slots.arrive(group, now)
-        assert decision.ticket is not None  # silent sockets are always evictable
-        assert peer is None or decision.evict != peer
+        if not parses:
+            assert decision.ticket is not None  # unparsed handshakes are always evictable
+            assert peer is None or decision.evict != peer  # silent ones go first
+        if peer is not None and index == at:
+            slots.progress(peer)  # ...and is read and parsed a moment later
+        if decision.ticket is not None and parses:
+            slots.progress(decision.ticket)
+        if peer is not None and decision.evict == peer:
+            assert now - peer_at >= floor
+            peer = None  # it had its floor; a real one would be done
+
+
+def test_a_flood_of_parsing_first_messages_leaves_room_for_a_peer_each_floor():
+    """At 60/s from one source (all of loopback), with every flood handshake's
+    message 1 parsing, a newcomer finds room: the source's 16 slots turn over
+    every 16/60 s, never faster than the floor."""
+    slots = HandshakeSlots(max_total=64, max_per_group=16, grace_s=1.0, min_age_s=0.25)
+    admitted = refused = 0
+    for n in range(600):  # ten seconds
+        decision = slots.arrive("loopback", n / 60)
+        if decision.ticket is None:
+            refused += 1
+            continue
+        admitted += 1
+        slots.progress(decision.ticket)
+    assert refused == 0 and admitted == 600
 
 
 # -- connections -----------------------------------------------------------------

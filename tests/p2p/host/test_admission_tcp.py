@@ -9,13 +9,16 @@ once. Real time, bounded waits, no timed asserts (speed is bench/admission.py's)
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import trio
 import trio.testing
 
 from p2p.connection import Connection, dial_tcp
 from p2p.host import ChannelService
 from p2p.keys import KeyPair
-from p2p.noise import SecretStream
+from p2p.noise import Handshake, SecretStream
 from p2p.swarm import Swarm, SwarmConfig
 
 from ..helpers import ALICE, BOB, wait_until
@@ -119,3 +122,65 @@ async def test_a_socket_that_waits_before_speaking_is_still_served(nursery):
         assert await channel.receive() == b"late"
         await connection.aclose()
     assert refused(swarm, "first_bytes_timeout") == 0
+
+
+FLOOD_PER_S = 60
+FLOOD_HOLD_S = 2.0
+TRIES = 8
+#: Between the peer's tries: a daemon's peer redials now and then, not in a
+#: tight loop (the red team's dialled every 0.5 s and got in 1 time in 21).
+TRY_EVERY_S = 0.25
+
+
+@pytest.mark.parametrize("first_bytes", [
+    pytest.param(lambda: b"\x00", id="one-byte"),
+    # As valid as a peer's: a fresh ephemeral key behind the right header.
+    pytest.param(lambda: Handshake(KeyPair.generate(), initiator=True).initiate(),
+                 id="valid-message-1"),
+])
+async def test_a_handshake_flood_that_speaks_does_not_keep_a_configured_peer_out(
+        nursery, first_bytes):
+    """The red team's churn: 60 sockets/s from 127.0.0.1, each sending a byte
+    (or a message 1 that parses) and holding on for 2 s. Every slot of
+    loopback stays busy with handshakes that have 'spoken'; a configured peer
+    dialling meanwhile must still get through, nearly every time (before the
+    fix: a quarter of the tries, refused ``busy``)."""
+    swarm, port = await start_daemon(nursery)
+    opened = 0
+
+    async def one() -> None:
+        nonlocal opened
+        with contextlib.suppress(OSError, trio.BrokenResourceError,
+                                 trio.ClosedResourceError):
+            sock = await open_silent(port, "127.0.0.1")
+            opened += 1
+            try:
+                await sock.send_all(first_bytes())
+                with trio.move_on_after(FLOOD_HOLD_S):
+                    while await sock.receive_some(4096):
+                        pass  # message 2, if any; until the daemon closes it
+            finally:
+                await trio.aclose_forcefully(sock)
+
+    async def flood(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as sockets:
+            task_status.started()
+            while True:
+                sockets.start_soon(one)
+                await trio.sleep(1 / FLOOD_PER_S)
+
+    successes = 0
+    with trio.fail_after(60):
+        async with trio.open_nursery() as inner:
+            await inner.start(flood)
+            await wait_until(lambda: opened >= FLOOD_PER_S)  # a second of it: slots all held
+            for _ in range(TRIES):
+                try:
+                    with trio.fail_after(5):
+                        await peer_is_served(nursery, port)
+                    successes += 1
+                except Exception:  # refused (busy) or evicted: a HandshakeError
+                    pass
+                await trio.sleep(TRY_EVERY_S)
+            inner.cancel_scope.cancel()
+    assert successes >= TRIES - 1, f"{successes} of {TRIES}; busy={refused(swarm, 'busy')}"

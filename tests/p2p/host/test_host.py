@@ -17,7 +17,7 @@ from p2p.connection import Connection
 from p2p.host import ChannelService, HostConfig, PeerHost, RpcService, Service
 from p2p.keys import KeyPair
 from p2p.mux import ChannelRejected
-from p2p.noise import SecretStream
+from p2p.noise import Handshake, SecretStream
 from p2p.rpc import CallContext, Method, Router, RpcClient, RpcError
 
 from ..helpers import ALICE, BOB, MALLORY
@@ -159,25 +159,43 @@ async def test_a_silent_socket_holding_the_last_handshake_slot_gives_way_to_a_pe
         assert refused(host, "evicted") == 1
 
 
-async def test_a_newcomer_is_refused_only_while_every_handshake_is_young_and_moving(
+async def test_a_newcomer_is_refused_only_while_every_handshake_is_younger_than_the_floor(
         nursery, autojump_clock):
-    host = PeerHost(SERVER, config=HostConfig(max_handshakes=1, handshake_grace_s=1.0))
+    host = PeerHost(SERVER, config=HostConfig(max_handshakes=1, handshake_grace_s=1.0,
+                                              handshake_min_age_s=0.25))
+    await nursery.start(host.run)
+    with trio.fail_after(30):
+        talking, talking_theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(host.accept, talking_theirs, None)
+        # A whole message 1 (it parses and is answered), then nothing.
+        await talking.send_all(Handshake(KeyPair.generate(), initiator=True).initiate())
+        assert await talking.receive_some()  # message 2: the daemon parsed it
+        await trio.testing.wait_all_tasks_blocked()
+        late, late_theirs = trio.testing.memory_stream_pair()
+        await host.accept(late_theirs, None)
+        assert await late.receive_some() == b""
+        assert refused(host, "busy") == 1
+        await trio.sleep(0.3)  # past the floor, within the grace: it may now be evicted
+        _later, later_theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(host.accept, later_theirs, None)
+        assert await talking.receive_some() == b""
+        await trio.testing.wait_all_tasks_blocked()
+        assert refused(host, "evicted") == 1
+
+
+async def test_a_stray_byte_does_not_spare_a_handshake(nursery, autojump_clock):
+    host = PeerHost(SERVER, config=HostConfig(max_handshakes=1))
     await nursery.start(host.run)
     with trio.fail_after(30):
         talking, talking_theirs = trio.testing.memory_stream_pair()
         nursery.start_soon(host.accept, talking_theirs, None)
         await talking.send_all(b"\x20\x00")  # the start of message 1, then nothing
         await trio.testing.wait_all_tasks_blocked()
-        late, late_theirs = trio.testing.memory_stream_pair()
-        await host.accept(late_theirs, None)
-        assert await late.receive_some() == b""
-        assert refused(host, "busy") == 1
-        await trio.sleep(1.5)  # past the grace: the stalled one may now be evicted
-        _later, later_theirs = trio.testing.memory_stream_pair()
-        nursery.start_soon(host.accept, later_theirs, None)
+        _late, late_theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(host.accept, late_theirs, None)
         assert await talking.receive_some() == b""
         await trio.testing.wait_all_tasks_blocked()
-        assert refused(host, "evicted") == 1
+    assert refused(host, "evicted") == 1 and refused(host, "busy") == 0
 
 
 @pytest.mark.parametrize("first_bytes", [
