@@ -90,12 +90,15 @@ async def test_a_job_that_does_not_fit_is_pending_until_a_deletion_frees_gpus(tm
 
 
 async def test_a_worker_killed_mid_operation_loses_no_operation(tmp_path):
-    with trio.fail_after(150):
+    # Three worker starts, each checking (as root) which interpreter its isolated
+    # agents can run, and two agent restarts: on a loaded 2-core machine each
+    # wait below can take most of a minute.
+    with trio.fail_after(300):
         async with control_path(tmp_path) as path:
             await path.kill_worker()  # operations published while it is down wait in the queue
             job = await path.create(container("while-down"))
             await path.start_worker()
-            await path.wait_job(job.id, status("active"))
+            await path.wait_job(job.id, status("active"), limit_s=90)
 
             # Killed right after a restart was asked: the worker may have the
             # operation, have acked it, or be in the middle of stopping the agent.
@@ -107,7 +110,7 @@ async def test_a_worker_killed_mid_operation_loses_no_operation(tmp_path):
                 await path.start_worker()
                 await path.wait_job(job.id, lambda j, g=generation: j is not None
                                     and j.status.value == "active"
-                                    and j.replicas[0].generation == g + 1)
+                                    and j.replicas[0].generation == g + 1, limit_s=90)
             assert len(path.vmi_folders()) == 1
 
 
