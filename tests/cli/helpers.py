@@ -102,11 +102,33 @@ async def running_up(storage: Path, base: int, env: dict[str, str] | None = None
     try:
         yield proc
     finally:
+        # up's own children first: the DHT bootstrap's command line names no storage.
+        children = _children(proc.pid) if proc.returncode is None else []
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        for pid in pids_using(storage):
+        for pid in {*children, *pids_using(storage)}:
             try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)  # a service and what it started
             except OSError:
-                pass
+                try:
+                    os.kill(pid, signal.SIGKILL)  # not a group leader
+                except OSError:
+                    pass
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_line = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+        fields = stat_line[stat_line.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[1] == str(parent):
+            found.append(int(entry.name))
+    return found
