@@ -35,20 +35,24 @@ PRIVATE_FILE_MODE = 0o600
 
 
 def write_atomically(path: Path, data: bytes, *, mode: int = 0o600,
-                     durable: bool = False) -> None:
+                     durable: bool = False, sync: bool = True) -> None:
     """Replace ``path`` with ``data``, readable as ``mode`` says (owner only by default).
 
     The temporary file is created 0600 beside ``path`` under a unique name, so a
     secret is never readable by others even for a moment and two writers never
     share it; its bytes are fsynced before the rename. ``durable``: also fsync the
-    folder, so the rename itself survives a power loss. Blocking: call it in a
-    thread from trio. Raises OSError.
+    folder, so the rename itself survives a power loss. ``sync=False``: no fsync
+    at all, for a file rewritten often that nothing needs after a crash (a
+    status report every second: its fsyncs would stall the database's own, which
+    share the file system's journal). Blocking: call it in a thread from trio.
+    Raises OSError.
     """
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         try:
             os.write(fd, data)  # a regular file: one write takes all of it
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.chmod(temporary, mode)

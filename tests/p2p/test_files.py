@@ -30,3 +30,14 @@ def test_a_failed_replace_keeps_the_old_file_and_removes_the_temporary(tmp_path)
         write_atomically(path, b"new")
     assert (path / "inside").read_bytes() == b"kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_an_unsynced_replace_is_still_whole_and_private(tmp_path, monkeypatch):
+    path = tmp_path / "status.json"
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    write_atomically(path, b"report", sync=False)
+    assert path.read_bytes() == b"report" and synced == []
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    write_atomically(path, b"kept")
+    assert path.read_bytes() == b"kept" and len(synced) == 1
