@@ -210,7 +210,12 @@ class ControlPath:
         path = self.root / "worker.json"
         path.write_text(json.dumps(config))
         proc = await self._spawn("run", "wrk-server-k8s-nvidia", "--config", str(path))
-        match = await read_until(proc.stdout, WORKER_READY)
+        try:
+            match = await read_until(proc.stdout, WORKER_READY)
+        except AssertionError as exc:  # say why it exited: its stderr is in its log
+            log = self.root / f"wrk-server-k8s-nvidia-{len(self.processes) - 1}.log"
+            raise AssertionError(f"{exc}; exit {await proc.wait()}; its log ends: "
+                                 f"{log.read_text(errors='replace')[-2000:]}") from None
         self.worker_key = match[1]
         self.worker = proc
         return proc
