@@ -32,6 +32,7 @@ from tests.netns.topology import (
     WORKER,
     WORKER_ADDR,
     Topology,
+    cleanup_lock,
     cleanup_stale,
     read_line,
     topology,
@@ -282,23 +283,28 @@ def test_stale_namespaces_are_removed(netns_available: None) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale, ours = f"cac-{dead.pid}-0-agent", f"cac-{os.getpid()}-999-agent"
-    for name in (stale, ours):
-        subprocess.run(["ip", "netns", "add", name], check=True)
-    inside = subprocess.Popen(
-        ["ip", "netns", "exec", stale, "sh", "-c", "echo in; exec sleep 60"],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        read_line(inside, timeout=10, startswith="in")  # it is inside the namespace now
-        assert cleanup_stale() == [stale]
-        assert inside.wait(timeout=5) != 0  # killed
-        assert not (NETNS_DIR / stale).exists()
-        assert (NETNS_DIR / ours).exists()  # its creator (this process) is alive
-    finally:
-        inside.kill()
-        inside.communicate()
+    # Held throughout: another suite on this host would otherwise clean up our stale
+    # namespace first (or we theirs).
+    with cleanup_lock():
         for name in (stale, ours):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        inside = subprocess.Popen(
+            ["ip", "netns", "exec", stale, "sh", "-c", "echo in; exec sleep 60"],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            read_line(inside, timeout=10, startswith="in")  # it is inside the namespace now
+            removed = cleanup_stale(locked=True)
+            # A crashed run elsewhere on this host may have left namespaces of its own.
+            assert stale in removed and ours not in removed
+            assert inside.wait(timeout=5) != 0  # killed
+            assert not (NETNS_DIR / stale).exists()
+            assert (NETNS_DIR / ours).exists()  # its creator (this process) is alive
+        finally:
+            inside.kill()
+            inside.communicate()
+            for name in (stale, ours):
+                subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 def test_python_runs_the_venv(topology: Topology) -> None:

@@ -29,6 +29,7 @@ still inside its namespaces, then deletes the namespaces (and with them veths an
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import re
@@ -227,11 +228,32 @@ def stale_namespaces() -> list[str]:
     return stale
 
 
-def cleanup_stale() -> list[str]:
-    """Remove namespaces left by dead test runs (and kill what still runs in them)."""
-    stale = stale_namespaces()
-    if stale:
-        _kill_and_delete(stale)
+# Suites run side by side on one host (CI beside a developer's run) share /run/netns:
+# one run's cleanup must not race another's test of that cleanup.
+CLEANUP_LOCK = Path("/run/lock/cosmicac-netns-cleanup.lock")
+
+
+@contextlib.contextmanager
+def cleanup_lock() -> Iterator[None]:
+    """Hold the host-wide lock under which stale namespaces are found and removed."""
+    CLEANUP_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(CLEANUP_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cleanup_stale(*, locked: bool = False) -> list[str]:
+    """Remove namespaces left by dead test runs (and kill what still runs in them).
+
+    ``locked`` says the caller already holds :func:`cleanup_lock`.
+    """
+    with contextlib.nullcontext() if locked else cleanup_lock():
+        stale = stale_namespaces()
+        if stale:
+            _kill_and_delete(stale)
     return stale
 
 
