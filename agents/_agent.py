@@ -212,6 +212,10 @@ class Agent:
             shipped to the worker during each session; None: no shipping.
         state_dir: where the newest shell keys are kept across restarts (the
             agent's storage); None: not kept.
+        keep_descendants: (a container job's agent process) adopt every process
+            a shell starts, so a key that loses access loses its background
+            processes too; this makes the whole process a child subreaper, so
+            only the agent's own process sets it.
 
     Run it with ``await nursery.start(agent.run)``; it reports the swarm's address.
     """
@@ -222,7 +226,7 @@ class Agent:
                  network: Network | None = None,
                  policy: ReportPolicy | None = None, rng: random.Random | None = None,
                  host: str | None = None, shipper: LogShipper | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, keep_descendants: bool = False) -> None:
         self.config = config
         self.state_dir = state_dir
         #: Who may open shells (a container job's agent); see the module doc.
@@ -239,7 +243,7 @@ class Agent:
             host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
             bootstrap=tuple(bootstrap),
             relays=tuple(bytes.fromhex(key) for key in config.relays))
-        services = list(self._services(config, self.access))
+        services = list(self._services(config, self.access, keep_descendants))
         #: The container job's shell service (its sessions are figures), or None.
         self.shells = next((s for s in services if hasattr(s, "sessions_total")), None)
         if workload is not None:
@@ -274,6 +278,11 @@ class Agent:
             values["shell_sessions_open"] = float(self.shells.sessions)
             values["shell_sessions_total"] = float(self.shells.sessions_total)
             values["shell_sessions_revoked_total"] = float(self.shells.sessions_revoked)
+            if self.shells.descendants is not None:
+                descendants = self.shells.descendants
+                values["shell_background_killed_total"] = float(descendants.killed_total)
+                values["shell_orphans_unattributed_total"] = float(
+                    descendants.unattributed_total)
         source = getattr(self.workload, "metrics", None)
         if callable(source):
             try:
@@ -296,7 +305,7 @@ class Agent:
         return access
 
     @staticmethod
-    def _services(config: AgentConfig, access) -> list:
+    def _services(config: AgentConfig, access, keep_descendants: bool) -> list:
         """What the agent serves on its swarm: a GPU Container Job's shells.
 
         The shell service's firewall admits the job's authorised user keys (as
@@ -306,12 +315,19 @@ class Agent:
         """
         if config.job_type is not JobType.CONTAINER:
             return []
-        from .instance import ShellService
+        from .instance import Descendants, ShellService, become_subreaper
 
+        descendants = None
+        if keep_descendants:
+            if become_subreaper():
+                descendants = Descendants()
+            else:
+                log.warning("agent.no_subreaper job=%s: a shell's background processes "
+                            "outlive its key's access", config.job_id)
         peers = frozenset([bytes.fromhex(config.worker),
                            *(bytes.fromhex(key) for key in config.relays)])
         return [ShellService(access.__contains__, peers=peers.__contains__,
-                             job_id=config.job_id)]
+                             job_id=config.job_id, descendants=descendants)]
 
     async def apply_shell_keys(self, update: ShellKeys) -> bool:
         """Take a newer set of shell keys: save it, close the sessions of keys
@@ -361,6 +377,8 @@ class Agent:
                          self.label, self.keypair.hex, *address, self.config.worker[:12],
                          len(self.config.relays))
                 nursery.start_soon(self._run_readiness)
+                if self.shells is not None:
+                    nursery.start_soon(self.shells.watch_descendants)
                 task_status.started(address)
                 await self._report_forever()
         except BaseExceptionGroup as group:

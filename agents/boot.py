@@ -128,6 +128,7 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
     agent = Agent(config, keypair, bootstrap=bootstrap, worker_addresses=worker_addresses,
                   readiness=readiness, workload=workload,
                   shipper=shipping[0] if shipping is not None else None,
-                  state_dir=daemon.storage)
+                  state_dir=daemon.storage,
+                  keep_descendants=config.job_type is JobType.CONTAINER)
     daemon.metrics.add(agent.swarm.metrics.registry)
     await daemon.nursery.start(agent.run)

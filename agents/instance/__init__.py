@@ -7,6 +7,7 @@ format of ``cosmicac-shell/1``.
 
 from ._access import ShellAccess, load_saved
 from ._client import ShellSession, open_shell
+from ._descendants import Descendants, become_subreaper
 from ._malloc import keep_large_buffers
 from ._protocol import (
     PROTOCOL,
@@ -22,8 +23,7 @@ from ._protocol import (
 from ._server import ShellService
 
 __all__ = [
-    "PROTOCOL", "Exit", "RemoteProtocolError", "ShellAccess", "ShellError", "ShellService",
-    "ShellSession",
-    "Stderr", "Stdout", "decode_client", "decode_server", "encode", "keep_large_buffers",
-    "load_saved", "open_shell",
+    "PROTOCOL", "Descendants", "Exit", "RemoteProtocolError", "ShellAccess", "ShellError",
+    "ShellService", "ShellSession", "Stderr", "Stdout", "become_subreaper", "decode_client",
+    "decode_server", "encode", "keep_large_buffers", "load_saved", "open_shell",
 ]

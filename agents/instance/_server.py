@@ -40,6 +40,7 @@ import trio
 from p2p.host import Service
 from p2p.mux import Channel, MuxError
 
+from ._descendants import Descendants, session_preexec
 from ._protocol import (
     MAX_DATA_BYTES,
     PROTOCOL,
@@ -89,6 +90,11 @@ def _set_controlling_tty() -> None:  # pragma: no cover - runs in the child
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+def _start_tracked_terminal() -> None:  # pragma: no cover - runs in the child
+    _set_controlling_tty()
+    session_preexec()
+
+
 def _set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -127,6 +133,10 @@ class ShellService(Service):
         system_log: the job's System log: ``shell.session_started`` and
             ``shell.session_ended`` with the user's key, the mode, the command
             (exec), the exit status, the duration and the bytes each way.
+        descendants: given (the agent process, which made itself a subreaper),
+            every process a session starts stays its key's, and a key that loses
+            access loses its background processes too (:meth:`watch_descendants`
+            must run).
     """
 
     protocol = PROTOCOL
@@ -142,6 +152,7 @@ class ShellService(Service):
         log: logging.Logger = logger,
         job_id: str | None = None,
         system_log: logging.Logger = system_logger,
+        descendants: Descendants | None = None,
     ) -> None:
         self._authorized = authorized
         self._peers = peers
@@ -158,6 +169,7 @@ class ShellService(Service):
         #: Sessions closed because their key lost access (:meth:`close_unauthorized`).
         self.sessions_revoked = 0
         self._open: set[_Session] = set()
+        self.descendants = descendants
 
     def allows(self, remote_public_key: bytes, how: str) -> bool:
         return bool(self._authorized(remote_public_key) or self._peers(remote_public_key))
@@ -179,7 +191,26 @@ class ShellService(Service):
         for session in closing:
             session.revoke(reason)
         self.sessions_revoked += len(closing)
+        self._end_refused_keys()
         return len(closing)
+
+    def _end_refused_keys(self) -> None:
+        if self.descendants is None:
+            return
+        for key in self.descendants.owners():
+            if not self._authorized(key):
+                self.descendants.end_key(key)
+
+    async def watch_descendants(self, interval_s: float = 0.5) -> None:
+        """Keep the record of who started which process current (runs until
+        cancelled; does nothing without ``descendants``). What a key that lost
+        access still runs, found late, is killed here."""
+        if self.descendants is None:
+            return
+        while True:
+            self.descendants.scan()
+            self._end_refused_keys()
+            await trio.sleep(interval_s)
 
     async def serve_channel(self, channel: Channel, connection: Connection) -> None:
         key = connection.remote_public_key
@@ -260,10 +291,11 @@ class _Session:
 
     async def _spawn(self) -> trio.Process:
         argv, env = self._argv_env()
+        tracked = self.service.descendants is not None
         if self.opened.mode == "exec":
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, start_new_session=True)
+                env=env, start_new_session=True, preexec_fn=session_preexec if tracked else None)
             for stream in (process.stdout, process.stderr):
                 _grow_pipe(stream)
             return process
@@ -272,7 +304,8 @@ class _Session:
             _set_size(slave, self.opened.rows, self.opened.cols)
             process = await trio.lowlevel.open_process(
                 argv, stdin=slave, stdout=slave, stderr=slave, env=env,
-                start_new_session=True, preexec_fn=_set_controlling_tty)
+                start_new_session=True,
+                preexec_fn=_start_tracked_terminal if tracked else _set_controlling_tty)
         except BaseException:
             os.close(master)
             raise
@@ -294,6 +327,8 @@ class _Session:
                               self.label, opened.mode, exc)
             return
         process = self.process
+        if service.descendants is not None:
+            service.descendants.started(process.pid, self.key)
         service._log.info("shell.session_started key=%s mode=%s pid=%d argv=%s",
                           self.label, opened.mode, process.pid,
                           "-" if opened.argv is None else opened.argv[0])
@@ -330,6 +365,8 @@ class _Session:
                     self._system("shell.session_revoked", pid=process.pid, reason=self.revoked)
                     await _send_error(self.channel, "revoked", self.revoked)
                 await self._hang_up()
+            if service.descendants is not None:
+                service.descendants.ended(process.pid)
             service._log.info(
                 "shell.session_ended key=%s mode=%s pid=%d exit=%s", self.label, opened.mode,
                 process.pid, "hangup" if exit_ is None else

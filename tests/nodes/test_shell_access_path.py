@@ -28,7 +28,19 @@ pytestmark = pytest.mark.slow
 
 #: The promise: a removed member's session ends, a new key works, within seconds.
 DEADLINE_S = 10.0
+#: A process that leaves the session's group and session, says its pid, and stays.
+BACKGROUND = "setsid sh -c 'echo $$; exec sleep 120 >/dev/null 2>&1' </dev/null &"
 STARTED = re.compile(r"agent\.started .* key=([0-9a-f]{64}) address=([\d.]+):(\d+)")
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an ended process its parent has not collected yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] not in "ZX"
 
 
 async def try_shell(path, where, user: KeyPair, argv):
@@ -71,6 +83,11 @@ async def test_a_removed_member_loses_the_shell_across_processes_and_a_worker_re
             assert found, (folder / "agent.log").read_text()
             where = (found[2], int(found[3]), bytes.fromhex(found[1]))
 
+            # Alice leaves a daemon behind (a session of its own, orphaned at once).
+            daemon = await try_shell(path, where, alice, ["sh", "-c", BACKGROUND])
+            pid = int((await daemon.receive()).data)
+            assert (await daemon.wait_exit()).code == 0
+            assert running(pid)
             session = await try_shell(path, where, alice, ["cat"])
             await session.send_stdin(b"hello\n")
             assert (await session.receive()).data == b"hello\n"
@@ -80,6 +97,9 @@ async def test_a_removed_member_loses_the_shell_across_processes_and_a_worker_re
             with trio.fail_after(DEADLINE_S), pytest.raises(ShellError) as closed:
                 await session.wait_exit()
             assert closed.value.code == "revoked"
+            with trio.fail_after(DEADLINE_S):  # her daemon went with her access
+                while running(pid):  # noqa: ASYNC110 - another process's state
+                    await trio.sleep(0.05)
             bobs = await wait_for_shell(path, where, bob, ["sh", "-c", "exit 4"])
             assert (await bobs.wait_exit()).code == 4
             assert await refused(path, where, alice)
