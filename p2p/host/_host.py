@@ -811,6 +811,8 @@ class _Parking:
         self._parked: dict[int, tuple[trio.SocketStream, Address | None, _Admitted]] = {}
         self._by_fd: dict[int, int] = {}
         self._changed = trio.Event()
+        #: The watcher ended (the host is stopping): nothing parks any more.
+        self.closed = False
 
     @staticmethod
     def available() -> bool:
@@ -820,6 +822,10 @@ class _Parking:
              admitted: _Admitted) -> None:
         fd = raw.socket.fileno()
         try:
+            if self.closed:
+                # A listener in another nursery may still accept for a moment
+                # after the host's nursery (and so the watcher) was cancelled.
+                raise OSError("the host is stopping")
             self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
         except OSError:
             raw.socket.close()
@@ -851,7 +857,7 @@ class _Parking:
 
     def take_ready(self) -> None:
         """Give every parked socket that spoke (or hung up) a handshake task."""
-        if not self._parked:
+        if not self._parked or self.closed:
             return
         host = self._host
         for fd, _mask in self._epoll.poll(0):
@@ -885,6 +891,7 @@ class _Parking:
                     host._handshakes.leave(ticket)
                     host._refuse("first_bytes_timeout", source=admitted.group)
         finally:
+            self.closed = True
             for ticket in list(self._parked):
                 self.drop(ticket)
                 host._handshakes.leave(ticket)

@@ -184,3 +184,29 @@ async def test_a_handshake_flood_that_speaks_does_not_keep_a_configured_peer_out
                 await trio.sleep(TRY_EVERY_S)
             inner.cancel_scope.cancel()
     assert successes >= TRIES - 1, f"{successes} of {TRIES}; busy={refused(swarm, 'busy')}"
+
+
+async def test_a_socket_accepted_after_the_hosts_watcher_stopped_is_closed_not_parked():
+    """Stopping: the host's nursery (and its parking watcher) may end a moment before
+    a listener in another nursery; what that listener still accepts is closed, never
+    registered on the closed epoll set (which raised and took the daemon down)."""
+    from p2p.host._host import _Admitted, _Parking
+
+    swarm = Swarm(DAEMON, config=SwarmConfig(host="127.0.0.1", announce_key=False))
+    parking = _Parking(swarm.host)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as watchers:
+            watchers.start_soon(parking.run)
+            await trio.testing.wait_all_tasks_blocked()
+            watchers.cancel_scope.cancel()
+        assert parking.closed
+        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+        port = listener.socket.getsockname()[1]
+        async with listener:
+            client = await trio.open_tcp_stream("127.0.0.1", port)
+            accepted = await listener.accept()
+            parking.park(accepted, None, _Admitted(ticket=1, group="127.0.0.1", started=0.0))
+            parking.take_ready()
+            assert accepted.socket.fileno() == -1  # closed where it stood
+            assert await client.receive_some(10) == b""
+            await client.aclose()
