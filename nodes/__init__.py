@@ -2,6 +2,6 @@
 app-node, proxy-inference and wrk-monitor (DESIGN.md §4).
 
 Shared vocabulary lives in :mod:`contracts.model` (jobs, racks, placements,
-statuses) and :mod:`nodes.control` (what wrk-ork and the worker say to each
+statuses) and :mod:`contracts.operations` (what wrk-ork and the worker say to each
 other over the durable queue).
 """

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from nodes.control import BadMessage, decode_operation
+from contracts.operations import BadMessage, decode_operation
 from nodes.metrics import Family, Snapshot, snapshot_registry
 from nodes.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError

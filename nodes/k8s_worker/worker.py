@@ -48,8 +48,7 @@ from typing import Any
 import trio
 
 from contracts.model import JobType, ReplicaState
-from contracts.shell_access import ShellKeys
-from nodes.control import (
+from contracts.operations import (
     MAX_MESSAGE_CHARS,
     CreateReplica,
     DeleteReplica,
@@ -59,6 +58,7 @@ from nodes.control import (
     SetShellKeys,
     encode,
 )
+from contracts.shell_access import ShellKeys
 
 from .backend import (
     NO_TOKEN,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from contracts.model import JobStatus, RackReport, key_hex
-from nodes.control import CreateReplica, DeleteReplica, RestartReplica
+from contracts.operations import CreateReplica, DeleteReplica, RestartReplica
 
 from .errors import BadRequest, NotFound, StoreError
 from .placement import Cluster, PlacementError

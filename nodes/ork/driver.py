@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from nodes.control import BadMessage, SetShellKeys, decode_report, encode
+from contracts.operations import BadMessage, SetShellKeys, decode_report, encode
 from nodes.metrics import Family, Snapshot
 from p2p.keys import KeyPair
 from p2p.log import FsyncPolicy

@@ -58,8 +58,7 @@ from pathlib import Path
 from typing import Literal
 
 from contracts.model import JobSpec, JobStatus, JobType, RackReport
-from contracts.shell_access import ShellKeys
-from nodes.control import (
+from contracts.operations import (
     CreateReplica,
     DeleteReplica,
     RackUpdate,
@@ -67,6 +66,7 @@ from nodes.control import (
     RestartReplica,
     SetShellKeys,
 )
+from contracts.shell_access import ShellKeys
 
 from ._book import JobBook, OrchestratorStatistics, _new_job_id
 from .errors import BadRequest, Conflict, InvalidState, NotFound, StoreError

@@ -19,7 +19,7 @@ carries its version in ``PRAGMA user_version``; a file from a newer wrk-ork is
 refused rather than misread.
 
 Tables (JSON columns hold the pydantic models of :mod:`contracts.model` and
-:mod:`nodes.control`)::
+:mod:`contracts.operations`)::
 
     jobs(id PK, seq, spec JSON, status, reason, created_at, updated_at, rack,
          restarting, deleting, unplaceable, owner)
@@ -48,8 +48,14 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.model import JobSpec, JobStatus, RackReport, ReplicaPlacement
+from contracts.operations import (
+    CreateReplica,
+    DeleteReplica,
+    Operation,
+    RestartReplica,
+    SetShellKeys,
+)
 from contracts.shell_access import ShellKeys
-from nodes.control import CreateReplica, DeleteReplica, Operation, RestartReplica, SetShellKeys
 from p2p.files import private_file
 
 from .errors import StoreError

@@ -26,9 +26,9 @@ import pytest
 import trio
 
 from agents.instance import ShellService
+from contracts.operations import ReplicaReport
 from nodes.app_node.api import create_app
 from nodes.app_node.services import SwarmAdvert
-from nodes.control import ReplicaReport
 from p2p.http import serve_asgi
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig

@@ -14,11 +14,11 @@ import itertools
 
 import trio
 
+from contracts.operations import SetShellKeys
 from contracts.shell_access import MAX_SHELL_KEYS, ShellKeys, ShellKeysAck
 from nodes.app_node.model import Role
 from nodes.app_node.shell_keys import ShellKeySync
 from nodes.app_node.store import Store
-from nodes.control import SetShellKeys
 from nodes.ork.client import OrkUnavailable
 from nodes.ork.service import SET_SHELL_KEYS
 

@@ -22,8 +22,8 @@ import trio
 from agents._agent import Agent, ReportPolicy
 from agents.instance import ShellError, open_shell
 from contracts.model import JobSpec, NodeShare, ReplicaPlacement
+from contracts.operations import CreateReplica, SetShellKeys, decode_report
 from contracts.shell_access import ShellKeys
-from nodes.control import CreateReplica, SetShellKeys, decode_report
 from nodes.k8s_worker.store import WorkerStore
 from nodes.k8s_worker.worker import Worker, WorkerRuntime
 from p2p.connection import dial_tcp

@@ -22,7 +22,7 @@ from contracts.model import (
     ReplicaPlacement,
     ReplicaState,
 )
-from nodes.control import (
+from contracts.operations import (
     CreateReplica,
     DeleteReplica,
     RackUpdate,

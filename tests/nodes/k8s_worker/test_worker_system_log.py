@@ -8,7 +8,7 @@ import logging
 import trio
 
 from contracts.model import NodeShare, ReplicaPlacement
-from nodes.control import CreateReplica, DeleteReplica
+from contracts.operations import CreateReplica, DeleteReplica
 from nodes.k8s_worker.backend import ReplicaUnit, VmiPhase
 from nodes.k8s_worker.store import WorkerStore
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from contracts.model import JobStatus, NodeInfo, RackReport
-from nodes.control import CreateReplica, DeleteReplica, RackUpdate, ReplicaReport, RestartReplica
+from contracts.operations import (
+    CreateReplica,
+    DeleteReplica,
+    RackUpdate,
+    ReplicaReport,
+    RestartReplica,
+)
 from nodes.ork.errors import BadRequest, InvalidState, NotFound
 from nodes.ork.status import JOB_TRANSITIONS
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from contracts.model import ReplicaState
-from nodes.control import CreateReplica, DeleteReplica, ReplicaReport, RestartReplica
+from contracts.operations import CreateReplica, DeleteReplica, ReplicaReport, RestartReplica
 from nodes.ork.errors import OrkError
 from nodes.ork.status import derive_job_status
 

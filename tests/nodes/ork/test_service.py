@@ -9,7 +9,7 @@ import trio.testing
 from pydantic import BaseModel
 
 from contracts.model import JobStatus
-from nodes.control import ReplicaReport
+from contracts.operations import ReplicaReport
 from nodes.ork import service as ork_service
 from nodes.ork.service import (
     CREATE_JOB,

@@ -10,8 +10,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contracts.operations import CreateReplica, SetShellKeys
 from contracts.shell_access import ShellKeys
-from nodes.control import CreateReplica, SetShellKeys
 from nodes.ork.service import SET_SHELL_KEYS
 from p2p.rpc import RpcError
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from contracts.model import JobSpec, JobStatus, NodeInfo, RackReport
-from nodes.control import RackUpdate
+from contracts.operations import RackUpdate
 from nodes.ork.orchestrator import Orchestrator
 from nodes.ork.service import OrkService
 from nodes.ork.steps import step_line

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from contracts.model import JobStatus, NodeInfo, RackReport
-from nodes.control import CreateReplica, DeleteReplica, RackUpdate
+from contracts.operations import CreateReplica, DeleteReplica, RackUpdate
 from nodes.ork.errors import StoreError
 from nodes.ork.store import SCHEMA_VERSION, Outbound, Store
 

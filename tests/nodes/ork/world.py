@@ -6,7 +6,7 @@ import itertools
 from pathlib import Path
 
 from contracts.model import JobSpec, JobStatus, NodeInfo, RackReport, ReplicaState
-from nodes.control import RackUpdate, ReplicaReport
+from contracts.operations import RackUpdate, ReplicaReport
 from nodes.ork.orchestrator import Orchestrator
 from nodes.ork.views import JobView
 

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from contracts.model import ReplicaState
-from nodes.control import ReplicaReport
+from contracts.operations import ReplicaReport
 from nodes.ork.access import OrkAccess
 from nodes.ork.service import OrkService
 from nodes.proxy_inference.jobs import OrkJobSource

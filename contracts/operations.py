@@ -39,7 +39,7 @@ from typing import Annotated, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from contracts.model import (
+from .model import (
     JobSpec,
     KeyHex,
     RackReport,
@@ -47,7 +47,7 @@ from contracts.model import (
     ReplicaState,
     first_error,
 )
-from contracts.shell_access import ShellKeys
+from .shell_access import ShellKeys
 
 __all__ = [
     "BadMessage",
