@@ -343,8 +343,8 @@ def _ours_world(answers: Any, root: str) -> None:
     os.chdir(ROOT)
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     try:
+        from contracts.ork import REGISTER_RACK, RegisterRack
         from crdt import FsyncPolicy, PutApiKey, run_database_service
-        from nodes.ork.service import REGISTER_RACK, RegisterRack
         from p2p.keys import KeyPair, load_or_create_keypair
         from p2p.swarm import Swarm, SwarmConfig
         from tests.nodes.control_path import ControlPath, free_port, inference, status

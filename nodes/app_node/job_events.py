@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 wrk-ork streams every job status change on ``jobs.watch`` (a
-:class:`~nodes.ork.views.JobEvent` each). app-node keeps **one** such watch
+:class:`~contracts.ork.JobEvent` each). app-node keeps **one** such watch
 (:func:`follow_ork`, a task of the daemon's nursery started next to its
 :class:`~nodes.ork.client.OrkClient`) and hands each event to a
 :class:`JobHub`, which copies it to every subscriber that wants it: the
@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from nodes.ork.service import WATCH_JOBS, WatchJobs
-from nodes.ork.views import JobEvent
+from contracts.ork import WATCH_JOBS, JobEvent, WatchJobs
 from p2p.rpc import RpcError
 
 if TYPE_CHECKING:

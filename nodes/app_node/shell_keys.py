@@ -30,9 +30,9 @@ from collections.abc import Callable
 
 import trio
 
+from contracts.ork import SET_SHELL_KEYS
 from contracts.shell_access import ShellKeys
 from nodes.ork.client import OrkClient, OrkUnavailable
-from nodes.ork.service import SET_SHELL_KEYS
 from p2p.rpc import RpcError
 
 from .errors import StoreError

@@ -6,7 +6,7 @@ public call of the orchestrator ends in :meth:`JobBook._commit`, which writes
 those changes in one transaction of the store. A job's status is only ever
 changed by :meth:`JobBook._refresh` (derived from its replicas by
 :func:`~nodes.ork.status.derive_job_status`), and each change is checked
-against ``JOB_TRANSITIONS`` and queued as a :class:`~nodes.ork.views.JobEvent`.
+against ``JOB_TRANSITIONS`` and queued as a :class:`~contracts.ork.JobEvent`.
 See the orchestrator's module for the theory of operation.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from contracts.model import JobStatus, RackReport, key_hex
 from contracts.operations import CreateReplica, DeleteReplica, RestartReplica
+from contracts.ork import JobEvent, JobView, RackInfo, ReplicaView
 
 from .errors import BadRequest, NotFound, StoreError
 from .placement import Cluster, PlacementError
@@ -29,7 +30,6 @@ from .status import (
     restart_done,
 )
 from .store import JobRecord, Outbound, RackRecord, Store
-from .views import JobEvent, JobView, RackInfo, ReplicaView
 
 __all__ = ["MAX_EVENTS", "JobBook", "OrchestratorStatistics"]
 

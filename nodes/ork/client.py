@@ -10,9 +10,8 @@ one connection kept open, calls wait for it up to their timeout, then
 
 from __future__ import annotations
 
+from contracts.ork import PROTOCOL
 from nodes.peer_client import PeerClient
-
-from .service import PROTOCOL
 
 __all__ = ["DEFAULT_TIMEOUT_S", "OrkClient", "OrkUnavailable"]
 

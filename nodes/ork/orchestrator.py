@@ -66,6 +66,7 @@ from contracts.operations import (
     RestartReplica,
     SetShellKeys,
 )
+from contracts.ork import JobEvent, JobView, RackInfo, ReplicaStatus, ReplicaView
 from contracts.shell_access import ShellKeys
 
 from ._book import JobBook, OrchestratorStatistics, _new_job_id
@@ -76,12 +77,10 @@ from .status import (
     PLACED_STATUSES,
     SINGLE_REPLICA_ACTIONS,
     ReplicaEvent,
-    ReplicaStatus,
     next_replica_status,
     reported,
 )
 from .store import JobRecord, Outbound, RackRecord, ReplicaRecord, Store
-from .views import JobEvent, JobView, RackInfo, ReplicaView
 
 #: "restarted", "deleted": for the messages of single-replica actions.
 _PAST = {"restart": "restarted", "delete": "deleted"}

@@ -15,24 +15,8 @@ the ``jobs.watch`` streams, and ``on_change`` tells the daemon there are
 operations to publish. The daemon calls :meth:`pump` too after it feeds the
 orchestrator reports and ticks.
 
-Methods (params -> result; every model below, msgpack maps on the wire)::
-
-    jobs.create      CreateJob(spec, created_by?, quota?) -> JobResult(job)
-    jobs.get         JobRef(job_id)                 -> JobResult(job)
-    jobs.list        ListJobs(team?)                -> JobList(jobs)
-    jobs.restart     JobRef(job_id)                 -> JobResult(job)
-    jobs.delete      JobRef(job_id)                 -> DeleteResult(job?)  (None: gone at once)
-    replicas.restart ReplicaRef(job_id, replica)    -> JobResult(job)
-    replicas.delete  ReplicaRef(job_id, replica)    -> JobResult(job)
-    racks.register   RegisterRack(rack, location, name?) -> RackResult(rack)
-    racks.list       Empty                          -> RackList(racks)
-    racks.remove     RackRef(rack)                  -> Empty
-    nodes.list       Empty                          -> NodeList(nodes)
-    nodes.reserve    ReserveNodes(rack, nodes, team) -> Empty
-    nodes.release    ReleaseNodes(rack, nodes)      -> Empty
-    jobs.watch       WatchJobs(job_id?, team?, snapshot) => JobEvent, JobEvent, ...
-    teams.set_shell_keys ShellKeys(team, keys, version) -> ShellKeysAck(version, applied)
-    service.status   StatusRequest                  -> ServiceStatus  (contracts.health)
+The protocol (methods, models, error codes) is :mod:`contracts.ork`; this
+module serves it.
 
 Who may call what (:data:`ACCESS`; DESIGN.md §5, least privilege)::
 
@@ -41,34 +25,11 @@ Who may call what (:data:`ACCESS`; DESIGN.md §5, least privilege)::
     worker           none (it speaks cosmicac-mq/1, the queue of its rack)
     any other key    none
 
-``service.status`` is what app-node's health prober asks every interval:
-``queue_depth`` is the outbox (operations recorded, not yet on their rack's
-queue), ``last_report_at`` the newest report heard from any rack, ``details``
-the racks (registered, silent) and the jobs per status.
-
-``jobs.create``'s ``created_by`` (app-node's user id) and ``quota`` (the
-team's GPU quotas, :class:`GpuQuota`) are app-node's: wrk-ork checks the quota
-against the team's jobs in the same call that adds the job (:mod:`.quota`),
-so two racing creates cannot both pass it; over it: ``QUOTA_EXCEEDED`` with
-``data`` ``{scope: team|user, quota, in_use, requested}``.
-
-Error codes (``RpcError.code``): ``FORBIDDEN`` (the caller's key has no role
-the method is open to; the message says which role it needs and what the key is),
-``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``, ``QUOTA_EXCEEDED``, ``STORE`` (wrk-ork's file
-failed; it needs a restart), ``LAGGED`` (a watcher fell more than
-``WATCH_BUFFER`` events behind: get the jobs and watch again),
-``TOO_MANY_WATCHERS`` (64 streams, 8 of one key); and the RPC layer's own
-(``INVALID_PARAMS`` for params that fail validation, e.g. a bad JobSpec, with
-the fields named).
-
-``teams.set_shell_keys`` (app-node only: it is the truth of a
-team's members and their CLI keys) keeps a team's shell keys if their version
-is above wrk-ork's and sends a changed set to the racks running the team's
-container jobs (:mod:`contracts.shell_access`); ``applied`` False: wrk-ork
-holds that version or a newer one (``version`` says which).
-
-A watch sees the changes made after it started (``snapshot=True`` first sends
-every matching job's current status, with ``previous`` equal to ``status``).
+``service.status`` is what app-node's health prober asks every interval
+(``details``: the racks, registered and silent, the watchers, the jobs per
+status). ``LAGGED`` ends a watch whose watcher fell more than
+:data:`WATCH_BUFFER` events behind; ``TOO_MANY_WATCHERS`` refuses a watch past
+:data:`MAX_WATCHERS` streams, or :data:`MAX_WATCHERS_PER_KEY` of one key.
 """
 
 from __future__ import annotations
@@ -77,75 +38,62 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Any
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
-from contracts.model import JobSpec, JobStatus, KeyHex
+from contracts.model import JobStatus
+from contracts.ork import (
+    CREATE_JOB,
+    DELETE_JOB,
+    DELETE_REPLICA,
+    GET_JOB,
+    LIST_JOBS,
+    LIST_NODES,
+    LIST_RACKS,
+    PROTOCOL,
+    REGISTER_RACK,
+    RELEASE_NODES,
+    REMOVE_RACK,
+    RESERVE_NODES,
+    RESTART_JOB,
+    RESTART_REPLICA,
+    SET_SHELL_KEYS,
+    WATCH_JOBS,
+    CreateJob,
+    DeleteResult,
+    Empty,
+    GpuQuota,
+    JobCursor,
+    JobEvent,
+    JobList,
+    JobRef,
+    JobResult,
+    ListJobs,
+    NodeEntry,
+    NodeList,
+    RackList,
+    RackRef,
+    RackResult,
+    RegisterRack,
+    ReleaseNodes,
+    ReplicaRef,
+    ReserveNodes,
+    WatchJobs,
+)
 from contracts.shell_access import ShellKeys, ShellKeysAck
 from nodes.metrics import Family, Snapshot
 from p2p.host import RpcService
-from p2p.rpc import (
-    AccessTable,
-    CallContext,
-    Method,
-    Router,
-    RpcConfig,
-    RpcError,
-    StreamMethod,
-)
+from p2p.rpc import AccessTable, CallContext, Router, RpcConfig, RpcError
 
 from .access import Role
 from .errors import OrkError
 from .orchestrator import Orchestrator
 from .steps import step_line
-from .views import JobEvent, JobView, RackInfo
 
-__all__ = [
-    "ACCESS",
-    "CREATE_JOB",
-    "DELETE_JOB",
-    "DELETE_REPLICA",
-    "GET_JOB",
-    "LIST_JOBS",
-    "LIST_NODES",
-    "LIST_RACKS",
-    "MAX_WATCHERS",
-    "MAX_WATCHERS_PER_KEY",
-    "PROTOCOL",
-    "REGISTER_RACK",
-    "RELEASE_NODES",
-    "REMOVE_RACK",
-    "RESERVE_NODES",
-    "RESTART_JOB",
-    "RESTART_REPLICA",
-    "SET_SHELL_KEYS",
-    "WATCH_BUFFER",
-    "WATCH_JOBS",
-    "CreateJob",
-    "DeleteResult",
-    "Empty",
-    "GpuQuota",
-    "JobList",
-    "JobRef",
-    "JobResult",
-    "ListJobs",
-    "NodeEntry",
-    "NodeList",
-    "OrkService",
-    "RackList",
-    "RackRef",
-    "RackResult",
-    "RegisterRack",
-    "ReleaseNodes",
-    "ReplicaRef",
-    "ReserveNodes",
-    "WatchJobs",
-]
-
-PROTOCOL = "cosmicac-ork/1"
+__all__ = ["ACCESS", "MAX_WATCHERS", "MAX_WATCHERS_PER_KEY", "WATCH_BUFFER", "OrkService"]
 
 log = logging.getLogger(__name__)
 
@@ -158,157 +106,6 @@ MAX_WATCHERS = 64
 #: proxy one): the internet-facing proxy's key cannot take every slot and
 #: leave app-node without its job events.
 MAX_WATCHERS_PER_KEY = 8
-#: Nodes named in one reserve/release call.
-MAX_NODES_PER_CALL = 1000
-
-JobId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9\-]*$")]
-Team = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
-NodeName = Annotated[str, Field(min_length=1, max_length=253)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Empty(_Model):
-    """No parameters, or nothing to return."""
-
-
-class GpuQuota(_Model):
-    """A team's GPU quotas, as app-node keeps them (None: no such quota)."""
-
-    #: GPUs the team's jobs may hold or wait for, all replicas.
-    team_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
-    #: The same for the jobs one member (``created_by``) created in the team.
-    user_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
-
-
-class CreateJob(_Model):
-    spec: JobSpec
-    #: Who asks (app-node's user id): kept with the job for per-user quotas.
-    created_by: str | None = Field(default=None, min_length=1, max_length=64)
-    #: Checked against the team's jobs before the job is added; None: no quota.
-    quota: GpuQuota | None = None
-
-
-class JobRef(_Model):
-    job_id: JobId
-
-
-class ReplicaRef(_Model):
-    job_id: JobId
-    replica: int = Field(ge=0, lt=1024)
-
-
-#: Jobs in one ``jobs.list`` answer: a 1,000-job answer (about 580 KB) was
-#: over what a channel carries; a page of 200 is about 120 KB.
-MAX_LIST_PAGE = 200
-
-
-class JobCursor(_Model):
-    """Where a page of ``jobs.list`` ended: jobs come oldest first, by (created_at, id)."""
-
-    created_at: float
-    id: JobId
-
-
-class ListJobs(_Model):
-    #: Only this team's jobs; None: every job.
-    team: Team | None = None
-    #: Only these jobs (those that exist, of ``team`` if given), e.g. a page of
-    #: app-node's records; then ``after`` and ``limit`` do not apply.
-    ids: list[JobId] | None = Field(default=None, max_length=MAX_LIST_PAGE)
-    #: The page after this cursor (a previous answer's ``next``).
-    after: JobCursor | None = None
-    limit: int = Field(default=MAX_LIST_PAGE, ge=1, le=MAX_LIST_PAGE)
-
-
-class JobResult(_Model):
-    job: JobView
-
-
-class JobList(_Model):
-    jobs: list[JobView]
-    #: More jobs follow: ask again with ``after=next``.
-    next: JobCursor | None = None
-
-
-class DeleteResult(_Model):
-    #: The job, now Deleting; None when it held nothing and is gone already.
-    job: JobView | None
-
-
-class RegisterRack(_Model):
-    rack: KeyHex
-    location: str = Field(default="default", min_length=1, max_length=64,
-                          pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    name: str | None = Field(default=None, min_length=1, max_length=100)
-
-
-class RackRef(_Model):
-    rack: KeyHex
-
-
-class RackResult(_Model):
-    rack: RackInfo
-
-
-class RackList(_Model):
-    racks: list[RackInfo]
-
-
-class NodeEntry(_Model):
-    """A node as ``cosmicac nodes list`` shows it."""
-
-    rack: str
-    location: str
-    name: str
-    gpus: int
-    #: GPUs not claimed by a replica.
-    free: int
-    reserved_for: str | None
-    schedulable: bool
-    infiniband: bool
-
-
-class NodeList(_Model):
-    nodes: list[NodeEntry]
-
-
-class ReserveNodes(_Model):
-    rack: KeyHex
-    nodes: list[NodeName] = Field(min_length=1, max_length=MAX_NODES_PER_CALL)
-    team: Team
-
-
-class ReleaseNodes(_Model):
-    rack: KeyHex
-    nodes: list[NodeName] = Field(min_length=1, max_length=MAX_NODES_PER_CALL)
-
-
-class WatchJobs(_Model):
-    #: Only this job's changes; None: every job (of ``team``).
-    job_id: JobId | None = None
-    team: Team | None = None
-    #: First send every matching job's current status.
-    snapshot: bool = False
-
-
-CREATE_JOB = Method("jobs.create", params=CreateJob, result=JobResult)
-GET_JOB = Method("jobs.get", params=JobRef, result=JobResult)
-LIST_JOBS = Method("jobs.list", params=ListJobs, result=JobList)
-RESTART_JOB = Method("jobs.restart", params=JobRef, result=JobResult)
-DELETE_JOB = Method("jobs.delete", params=JobRef, result=DeleteResult)
-RESTART_REPLICA = Method("replicas.restart", params=ReplicaRef, result=JobResult)
-DELETE_REPLICA = Method("replicas.delete", params=ReplicaRef, result=JobResult)
-REGISTER_RACK = Method("racks.register", params=RegisterRack, result=RackResult)
-LIST_RACKS = Method("racks.list", params=Empty, result=RackList)
-REMOVE_RACK = Method("racks.remove", params=RackRef, result=Empty)
-LIST_NODES = Method("nodes.list", params=Empty, result=NodeList)
-RESERVE_NODES = Method("nodes.reserve", params=ReserveNodes, result=Empty)
-RELEASE_NODES = Method("nodes.release", params=ReleaseNodes, result=Empty)
-WATCH_JOBS = StreamMethod("jobs.watch", params=WatchJobs, item=JobEvent)
-SET_SHELL_KEYS = Method("teams.set_shell_keys", params=ShellKeys, result=ShellKeysAck)
 
 #: app-node only: every method that changes something, and the control views.
 APP_NODE_ONLY = frozenset({Role.APP_NODE})

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-wrk-ork keeps, per replica, a :class:`ReplicaStatus` that only the events of
+wrk-ork keeps, per replica, a :class:`~contracts.ork.ReplicaStatus` that only the events of
 :data:`REPLICA_TRANSITIONS` change: placement's answer (``PLACED``,
 ``NO_CAPACITY``, ``UNPLACEABLE``), the user's ``RESTART`` and ``DELETE``, and the
 worker's reports (``REPORTED_<state>``, one per :class:`~contracts.model.ReplicaState`).
@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from contracts.model import JobStatus, ReplicaState
+from contracts.ork import ReplicaStatus
 
 from .errors import InvalidState
 
@@ -55,35 +56,11 @@ __all__ = [
     "SINGLE_REPLICA_ACTIONS",
     "JobFlags",
     "ReplicaEvent",
-    "ReplicaStatus",
     "derive_job_status",
     "next_replica_status",
     "reported",
     "restart_done",
 ]
-
-
-class ReplicaStatus(enum.StrEnum):
-    """One replica as wrk-ork sees it (the worker's :class:`ReplicaState` plus ours)."""
-
-    #: Just asked for; placement not tried yet.
-    QUEUED = "queued"
-    #: No capacity yet: holds no GPUs, no operation sent.
-    PENDING = "pending"
-    #: GPUs claimed and CreateReplica in the outbox, or the worker says it boots.
-    STARTING = "starting"
-    #: The worker says its VMI runs and its agent is ready.
-    ACTIVE = "active"
-    #: The worker says it failed (or it vanished without a delete).
-    FAILED = "failed"
-    #: RestartReplica sent or the worker says it is being replaced.
-    RESTARTING = "restarting"
-    #: The worker says its agent's heartbeats stopped.
-    UNKNOWN = "unknown"
-    #: DeleteReplica sent; its GPUs stay claimed until the worker says DELETED.
-    DELETING = "deleting"
-    #: Gone, GPUs free; the replica leaves the job.
-    DELETED = "deleted"
 
 
 class ReplicaEvent(enum.StrEnum):

@@ -1,6 +1,6 @@
 """The System log line of each job status change: what a user reads in the job's logs.
 
-wrk-ork logs one line per :class:`~nodes.ork.views.JobEvent` (in
+wrk-ork logs one line per :class:`~contracts.ork.JobEvent` (in
 :meth:`~nodes.ork.service.OrkService.pump`), with ``extra={"job_id": ...}`` so
 that, with telemetry on, wrk-monitor files it under the job. The line reads
 as a sentence first and ends in the machine fields bench/job_start.py looks
@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 
 from contracts.model import JobStatus, ReplicaPlacement
-
-from .views import JobEvent, JobView
+from contracts.ork import JobEvent, JobView
 
 __all__ = ["nodes_text", "placement_text", "step_line"]
 

@@ -55,11 +55,11 @@ from contracts.operations import (
     RestartReplica,
     SetShellKeys,
 )
+from contracts.ork import ReplicaStatus
 from contracts.shell_access import ShellKeys
 from p2p.files import private_file
 
 from .errors import StoreError
-from .status import ReplicaStatus
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -27,8 +27,7 @@ from typing import Protocol
 
 import trio
 
-from nodes.ork.service import LIST_JOBS, PROTOCOL, WATCH_JOBS, ListJobs, WatchJobs
-from nodes.ork.views import JobView
+from contracts.ork import LIST_JOBS, PROTOCOL, WATCH_JOBS, JobView, ListJobs, WatchJobs
 from p2p.connection import Address, Connection
 from p2p.keys import format_key
 from p2p.rpc import RpcClient, RpcError

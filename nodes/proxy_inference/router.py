@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 
 from contracts.inference import job_topic
 from contracts.model import JobStatus, JobType
-from nodes.ork.status import ReplicaStatus
-from nodes.ork.views import JobView
+from contracts.ork import JobView, ReplicaStatus
 
 __all__ = ["ROUTABLE", "Route", "RoutingTable"]
 

@@ -24,7 +24,7 @@ from cli import _wait
 from cli._wait import Goal, Outcome, judge, sse_events, summary
 from cli.session import Api
 from contracts.model import JobStatus
-from nodes.ork.views import JobEvent
+from contracts.ork import JobEvent
 
 from ..p2p.helpers import wait_until
 from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)

@@ -29,10 +29,7 @@ from pathlib import Path
 import trio
 
 from contracts.model import JobSpec
-from contracts.telemetry import PROTOCOL as MONITOR_PROTOCOL
-from contracts.telemetry import LogRecord, decode_batch
-from nodes.monitor.service import QUERY, Query
-from nodes.ork.service import (
+from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
     GET_JOB,
@@ -42,9 +39,12 @@ from nodes.ork.service import (
     CreateJob,
     Empty,
     JobRef,
+    JobView,
     RegisterRack,
 )
-from nodes.ork.views import JobView
+from contracts.telemetry import PROTOCOL as MONITOR_PROTOCOL
+from contracts.telemetry import LogRecord, decode_batch
+from nodes.monitor.service import QUERY, Query
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
 from p2p.rpc import RpcClient, RpcError

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from nodes.ork.service import LIST_RACKS, Empty
+from contracts.ork import LIST_RACKS, Empty
 from tests.flood import flood
 
 from .control_path import container, control_path, status

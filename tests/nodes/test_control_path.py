@@ -18,7 +18,7 @@ import trio
 
 from contracts.agent_report import HELLO, Hello
 from contracts.agent_report import PROTOCOL as AGENT_PROTOCOL
-from nodes.ork.service import RESTART_JOB, JobRef
+from contracts.ork import RESTART_JOB, JobRef
 from p2p.rpc import RpcError
 
 from .control_path import container, control_path, inference, status

@@ -16,8 +16,8 @@ import trio
 
 from agents.instance import ShellError, open_shell
 from contracts.model import JobSpec
+from contracts.ork import SET_SHELL_KEYS
 from contracts.shell_access import ShellKeys
-from nodes.ork.service import SET_SHELL_KEYS
 from p2p.connection import dial_tcp
 from p2p.errors import P2PError
 from p2p.keys import KeyPair

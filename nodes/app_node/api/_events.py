@@ -49,8 +49,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from contracts.model import api_status
-from nodes.ork.service import GET_JOB, JobRef
-from nodes.ork.views import JobEvent
+from contracts.ork import GET_JOB, JobEvent, JobRef
 
 from ..job_events import RESYNC, JobHub, Subscription, TooManySubscribers
 from ..model import JobRecord, Role

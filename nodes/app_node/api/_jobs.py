@@ -38,9 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status
-from nodes.monitor.client import MonitorUnavailable
-from nodes.ork.client import OrkUnavailable
-from nodes.ork.service import (
+from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
     DELETE_REPLICA,
@@ -52,10 +50,12 @@ from nodes.ork.service import (
     CreateJob,
     GpuQuota,
     JobRef,
+    JobView,
     ListJobs,
     ReplicaRef,
 )
-from nodes.ork.views import JobView
+from nodes.monitor.client import MonitorUnavailable
+from nodes.ork.client import OrkUnavailable
 from p2p.rpc import Method, RpcError
 
 from ..model import JobRecord, Role

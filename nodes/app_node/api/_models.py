@@ -14,8 +14,7 @@ from contracts.model import (
     JobType,
     Runtime,
 )
-from nodes.ork.service import NodeEntry
-from nodes.ork.views import RackInfo
+from contracts.ork import NodeEntry, RackInfo
 
 from ..model import Role, User
 

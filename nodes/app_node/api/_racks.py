@@ -15,7 +15,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nodes.ork.service import (
+from contracts.ork import (
     LIST_NODES,
     LIST_RACKS,
     REGISTER_RACK,
@@ -23,12 +23,12 @@ from nodes.ork.service import (
     REMOVE_RACK,
     RESERVE_NODES,
     Empty,
+    RackInfo,
     RackRef,
     RegisterRack,
     ReleaseNodes,
     ReserveNodes,
 )
-from nodes.ork.views import RackInfo
 
 from ..model import Role
 from ._common import ApiError, Ctx, Session, forbidden, ok, validate

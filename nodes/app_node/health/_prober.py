@@ -52,9 +52,9 @@ from ._model import (
 from ._store import HealthStore, HealthStoreError
 
 if TYPE_CHECKING:
+    from contracts.ork import RackInfo
     from crdt import Database
     from crdt._replication import Replicator
-    from nodes.ork.views import RackInfo
     from nodes.peer_client import PeerClient
 
 __all__ = [
@@ -172,7 +172,7 @@ def listed_source(name: str, fetch: Callable[[float], Awaitable[Iterable[T]]],
 
 def workers_source(ork: PeerClient) -> RowSource:
     """Each registered worker's row, from wrk-ork's ``racks.list``."""
-    from nodes.ork.service import LIST_RACKS, Empty
+    from contracts.ork import LIST_RACKS, Empty
 
     async def racks(timeout_s: float) -> list[RackInfo]:
         return (await ork.call(LIST_RACKS, Empty(), timeout_s=timeout_s)).racks

@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from contracts.model import JobStatus
+from contracts.ork import JobEvent
 from nodes.app_node.job_events import RESYNC, JobHub, TooManySubscribers, follow_ork
 from nodes.ork.client import OrkUnavailable
-from nodes.ork.views import JobEvent
 from p2p.rpc import RpcError
 
 

@@ -15,12 +15,12 @@ import itertools
 import trio
 
 from contracts.operations import SetShellKeys
+from contracts.ork import SET_SHELL_KEYS
 from contracts.shell_access import MAX_SHELL_KEYS, ShellKeys, ShellKeysAck
 from nodes.app_node.model import Role
 from nodes.app_node.shell_keys import ShellKeySync
 from nodes.app_node.store import Store
 from nodes.ork.client import OrkUnavailable
-from nodes.ork.service import SET_SHELL_KEYS
 
 from ...p2p.helpers import wait_until
 from ..ork.world import World, container

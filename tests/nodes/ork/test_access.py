@@ -18,9 +18,7 @@ from pydantic import BaseModel
 
 from cli.up import APP, ORK, PROXY, WORKER, Ports, service_configs
 from contracts.health import STATUS, StatusRequest
-from nodes.ork.access import OrkAccess, Role
-from nodes.ork.service import (
-    ACCESS,
+from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
     DELETE_REPLICA,
@@ -28,7 +26,6 @@ from nodes.ork.service import (
     LIST_JOBS,
     LIST_NODES,
     LIST_RACKS,
-    MAX_WATCHERS_PER_KEY,
     PROTOCOL,
     REGISTER_RACK,
     RELEASE_NODES,
@@ -42,7 +39,6 @@ from nodes.ork.service import (
     JobRef,
     JobResult,
     ListJobs,
-    OrkService,
     RackRef,
     RegisterRack,
     ReleaseNodes,
@@ -50,6 +46,8 @@ from nodes.ork.service import (
     ReserveNodes,
     WatchJobs,
 )
+from nodes.ork.access import OrkAccess, Role
+from nodes.ork.service import ACCESS, MAX_WATCHERS_PER_KEY, OrkService
 from nodes.ork.settings import OrkSettings
 from p2p.rpc import Method, RpcClient, RpcError, StreamMethod
 from tests.p2p.conftest import rpc_client_of

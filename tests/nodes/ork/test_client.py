@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from nodes.ork.client import OrkClient, OrkUnavailable
-from nodes.ork.service import (
+from contracts.ork import (
     CREATE_JOB,
     GET_JOB,
     LIST_JOBS,
@@ -16,9 +15,10 @@ from nodes.ork.service import (
     CreateJob,
     JobRef,
     ListJobs,
-    OrkService,
     WatchJobs,
 )
+from nodes.ork.client import OrkClient, OrkUnavailable
+from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
 from p2p.rpc import RpcError
 from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy

@@ -12,9 +12,10 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.ork import CREATE_JOB, CreateJob, GpuQuota
 from nodes.ork.errors import OrkError, QuotaExceeded
 from nodes.ork.quota import gpus_counted
-from nodes.ork.service import CREATE_JOB, CreateJob, GpuQuota, OrkService
+from nodes.ork.service import OrkService
 from nodes.ork.store import SCHEMA_VERSION, Store
 from p2p.rpc import RpcError
 

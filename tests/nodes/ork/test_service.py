@@ -10,8 +10,7 @@ from pydantic import BaseModel
 
 from contracts.model import JobStatus
 from contracts.operations import ReplicaReport
-from nodes.ork import service as ork_service
-from nodes.ork.service import (
+from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
     DELETE_REPLICA,
@@ -32,7 +31,6 @@ from nodes.ork.service import (
     JobRef,
     JobResult,
     ListJobs,
-    OrkService,
     RackRef,
     RegisterRack,
     ReleaseNodes,
@@ -40,6 +38,8 @@ from nodes.ork.service import (
     ReserveNodes,
     WatchJobs,
 )
+from nodes.ork import service as ork_service
+from nodes.ork.service import OrkService
 from p2p.rpc import Method, RpcError
 from tests.p2p.conftest import rpc_client_of
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from contracts.health import STATUS, ServiceStatus, StatusRequest, package_version
-from nodes.ork.service import CREATE_JOB, CreateJob
+from contracts.ork import CREATE_JOB, CreateJob
 from p2p.rpc import RpcError
 
 from .test_service import STRANGER, Harness, connect

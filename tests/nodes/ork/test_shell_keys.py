@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.operations import CreateReplica, SetShellKeys
+from contracts.ork import SET_SHELL_KEYS
 from contracts.shell_access import ShellKeys
-from nodes.ork.service import SET_SHELL_KEYS
 from p2p.rpc import RpcError
 
 from .test_service import STRANGER, Harness, connect

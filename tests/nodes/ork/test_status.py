@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from contracts.model import JobStatus, ReplicaState
+from contracts.ork import ReplicaStatus
 from nodes.ork.errors import InvalidState
 from nodes.ork.status import (
     JOB_TRANSITIONS,
@@ -15,7 +16,6 @@ from nodes.ork.status import (
     SINGLE_REPLICA_ACTIONS,
     JobFlags,
     ReplicaEvent,
-    ReplicaStatus,
     derive_job_status,
     next_replica_status,
     reported,

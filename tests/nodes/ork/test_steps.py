@@ -11,10 +11,10 @@ import pytest
 
 from contracts.model import JobSpec, JobStatus, NodeInfo, RackReport
 from contracts.operations import RackUpdate
+from contracts.ork import JobEvent
 from nodes.ork.orchestrator import Orchestrator
 from nodes.ork.service import OrkService
 from nodes.ork.steps import step_line
-from nodes.ork.views import JobEvent
 
 RACK = "ab" * 32
 S = JobStatus

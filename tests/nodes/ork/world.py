@@ -7,8 +7,8 @@ from pathlib import Path
 
 from contracts.model import JobSpec, JobStatus, NodeInfo, RackReport, ReplicaState
 from contracts.operations import RackUpdate, ReplicaReport
+from contracts.ork import JobView
 from nodes.ork.orchestrator import Orchestrator
-from nodes.ork.views import JobView
 
 RACK = "ab" * 32
 OTHER_RACK = "cd" * 32

@@ -22,9 +22,8 @@ import trio
 
 from contracts.inference import job_topic
 from contracts.model import JobSpec, JobStatus
+from contracts.ork import JobView, ReplicaStatus, ReplicaView
 from crdt import DatabaseService, FsyncPolicy, PutApiKey, RevokeApiKey, run_database_service
-from nodes.ork.status import ReplicaStatus
-from nodes.ork.views import JobView, ReplicaView
 from nodes.proxy_inference import ProxySettings, RunningProxy, StaticJobSource, serve_proxy
 from nodes.proxy_inference.jobs import JobSource
 from p2p.dht.testnet import Testnet, udp_testnet

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from contracts.model import JobSpec
+from contracts.ork import WATCH_JOBS, WatchJobs
 from crdt import FsyncPolicy, PutApiKey, run_database_service
-from nodes.ork.service import WATCH_JOBS, WatchJobs
 from nodes.proxy_inference import ProxySettings, serve_proxy
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig

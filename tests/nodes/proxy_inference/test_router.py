@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from contracts.inference import job_topic
 from contracts.model import JobSpec, JobStatus
-from nodes.ork.status import ReplicaStatus
-from nodes.ork.views import JobView, ReplicaView
+from contracts.ork import JobView, ReplicaStatus, ReplicaView
 from nodes.proxy_inference.router import RoutingTable
 
 from .harness import IMAGE, inference_spec, job_view

@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from contracts.model import JobStatus
+from contracts.ork import JobEvent
 from nodes.app_node.api import _events, create_app
 from nodes.app_node.api._app import openapi
-from nodes.ork.views import JobEvent
 from p2p.http import serve_asgi
 
 from ....p2p.helpers import wait_until

@@ -168,7 +168,7 @@ class FakeOrkRacks:
         self.down = False
 
     async def call(self, method, params, *, timeout_s=None):
-        from nodes.ork.service import RackList
+        from contracts.ork import RackList
 
         assert method.name == "racks.list"
         if self.down:
@@ -177,7 +177,7 @@ class FakeOrkRacks:
 
 
 def rack(name: str, *, reported=True, silent=False, last=None):
-    from nodes.ork.views import RackInfo
+    from contracts.ork import RackInfo
 
     return RackInfo(key=name.encode().hex().ljust(64, "0"), location="eu-1", name=name,
                     registered_at=1.0, reported=reported, silent=silent, nodes=2, gpus=16,
