@@ -16,7 +16,7 @@ Two kinds of records leave an agent:
   ``cosmicac.agent.application`` with ``extra={"source": "Application",
   "stream": ...}`` (``agents/inference/_supervisor.py``); the handler here
   makes them Application records, INFO for stdout and WARNING for stderr, the
-  text as written (no formatter), cut by :func:`~contracts.telemetry.make_record`.
+  text as written (no formatter), cut by :func:`~contracts.monitor.make_record`.
 
 The queue is a :class:`~contracts.log_shipper.LogShipper`: ``offer`` never
 blocks the logging thread, and beyond :data:`AGENT_MAX_RECORDS` the oldest
@@ -37,7 +37,7 @@ from contracts.agent_config import AgentConfig
 from contracts.agent_report import LOGS, agent_service
 from contracts.log_shipper import LogShipper, ShipperHandler
 from contracts.model import JobType
-from contracts.telemetry import APPLICATION, SYSTEM, make_record
+from contracts.monitor import APPLICATION, SYSTEM, make_record
 
 __all__ = ["AGENT_MAX_RECORDS", "AgentLogHandler", "agent_shipper", "install_log_shipping"]
 
@@ -57,7 +57,7 @@ def agent_shipper(*, max_records: int = AGENT_MAX_RECORDS, **kwargs) -> LogShipp
 
 
 class AgentLogHandler(ShipperHandler):
-    """An agent's ``logging`` records as :class:`~contracts.telemetry.LogRecord` s.
+    """An agent's ``logging`` records as :class:`~contracts.monitor.LogRecord` s.
 
     Every record carries the agent's job id and replica (the worker re-stamps
     them anyway) and ``service`` :func:`~contracts.agent_report.agent_service`.

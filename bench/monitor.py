@@ -155,7 +155,7 @@ class _Child:
 
 
 async def _client(nursery, port: int, seed: bytes | None):
-    from contracts.telemetry import PROTOCOL
+    from contracts.monitor import PROTOCOL
     from p2p.connection import dial_tcp
     from p2p.keys import KeyPair
     from p2p.rpc import RpcClient
@@ -174,8 +174,8 @@ async def _measure(monitor: _Child, port: int, total: int, in_flight: int, rate:
     ``monitor``'s CPU and GC seconds over the paced run."""
     from contracts.health import STATUS, StatusRequest
     from contracts.log_shipper import LogShipper
-    from contracts.telemetry import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
-    from contracts.telemetry import LogRecord as R
+    from contracts.monitor import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
+    from contracts.monitor import LogRecord as R
     from p2p.rpc import RpcError
 
     text = "GET /v1/completions 200 12.3 ms " * 3

@@ -280,7 +280,7 @@ def record_cost_us(records: int = 20_000, tries: int = 5) -> float:
     import logging
 
     from contracts.log_shipper import LogShipper, ShipperHandler
-    from contracts.telemetry import encode_batch
+    from contracts.monitor import encode_batch
 
     logger = logging.getLogger("bench.proxy_telemetry")
     logger.propagate = False

@@ -41,7 +41,7 @@ import typer
 from pydantic import BaseModel, Field, ValidationError
 
 from contracts.model import first_error
-from contracts.telemetry import Observability
+from contracts.monitor import Observability
 from p2p.files import private_folder
 
 from ._args import port_option

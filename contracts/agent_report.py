@@ -36,11 +36,11 @@ method             params                                                 result
 ``agent.failed``   ``message: str (≤ 1,000)``                             ``{}``
 ``agent.unready``  ``message: str (≤ 1,000)``                             ``{}``
 ``agent.heartbeat`` ``metrics: {str: float}`` (optional, ≤ 32)               ``{}``
-``agent.logs``     ``records: bytes`` (:class:`~contracts.telemetry.PushBatch`)  ``accepted: int``
+``agent.logs``     ``records: bytes`` (:class:`~contracts.monitor.PushBatch`)  ``accepted: int``
 =================  =====================================================  ==========
 
 ``agent.logs`` carries a record batch in wrk-monitor's wire format
-(:mod:`contracts.telemetry`, "Wire format of a record batch"). Agents never
+(:mod:`contracts.monitor`, "Wire format of a record batch"). Agents never
 dial wrk-monitor (they run in VMs with keys it does not know): their worker
 checks the batch, re-stamps every record's ``job_id`` and ``replica`` with
 those of the VMI the caller's key is bound to (so an agent can never write
@@ -78,16 +78,16 @@ import enum
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from p2p.rpc import Method
-
-from .model import JobType
-from .telemetry import (
+from contracts.monitor import (
     MAX_AGENT_VALUES,
     AgentMetricName,
     AgentMetricValue,
     PushBatch,
     PushResult,
 )
+from p2p.rpc import Method
+
+from .model import JobType
 
 __all__ = [
     "FAILED",

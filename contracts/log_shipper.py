@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 
 import trio
 
-from contracts.telemetry import (
+from contracts.monitor import (
     MAX_BATCH_RECORDS,
     PROTOCOL,
     PUSH,

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from contracts.telemetry import Observability
+from contracts.monitor import Observability
 from nodes.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 

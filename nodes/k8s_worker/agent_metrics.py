@@ -21,12 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from contracts.telemetry import (
-    MAX_REPORT_AGENTS,
-    METRICS_AGENTS,
-    AgentMetrics,
-    AgentMetricsReport,
-)
+from contracts.monitor import MAX_REPORT_AGENTS, METRICS_AGENTS, AgentMetrics, AgentMetricsReport
 from nodes.metrics import Family, Snapshot
 from nodes.monitor.reporter import DEFAULT_INTERVAL_S, PeriodicReporter
 
@@ -41,7 +36,7 @@ class AgentMetricsReporter(PeriodicReporter):
     to wrk-monitor every ``interval_s``; ``report`` and ``run`` as in
     :class:`~nodes.monitor.reporter.PeriodicReporter`.
 
-    A worker with more than :data:`~contracts.telemetry.MAX_REPORT_AGENTS`
+    A worker with more than :data:`~contracts.monitor.MAX_REPORT_AGENTS`
     reporting agents sends the first ones and counts the rest in :attr:`left_out`.
     """
 

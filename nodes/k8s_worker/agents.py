@@ -104,15 +104,8 @@ from contracts.agent_report import (
     ReportCode,
     agent_service,
 )
+from contracts.monitor import AgentMetrics, BadBatch, LogRecord, PushBatch, PushResult, decode_batch
 from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
-from contracts.telemetry import (
-    AgentMetrics,
-    BadBatch,
-    LogRecord,
-    PushBatch,
-    PushResult,
-    decode_batch,
-)
 from p2p.host import RpcService
 from p2p.keys import format_key
 from p2p.rpc import CallContext, Router, RpcError

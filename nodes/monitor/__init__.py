@@ -3,8 +3,8 @@
 
 ``_buffer`` is the sans-IO core (a bounded ring and followers with bounded
 queues), ``service`` the ``cosmicac-monitor/1`` RPC service over it, and
-``loki`` the push to and history from the operator's Loki. The wire types are
-in ``contracts/telemetry.py``; the sender side every daemon and agent runs is
-``contracts/log_shipper.py`` (below both ``nodes`` and ``agents``).
+``loki`` the push to and history from the operator's Loki. The protocol is
+``contracts/monitor.py``; the sender side every daemon and agent runs is
+``nodes/kit/log_shipper.py``.
 Import-free: importing one part never loads the others.
 """

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from contracts.telemetry import LogRecord, record_size
+from contracts.monitor import LogRecord, record_size
 
 __all__ = ["BufferStats", "Follower", "LogBuffer"]
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from contracts.telemetry import ModelHealth
+from contracts.monitor import ModelHealth
 
 from .health import HealthBook
 

@@ -73,7 +73,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from contracts.telemetry import SOURCES, LogRecord
+from contracts.monitor import SOURCES, LogRecord
 from nodes.forwarded import TrustedProxies
 from nodes.forwarded import client_address as forwarded_client
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Agents send their figures to their worker with each heartbeat; every few
 seconds each worker pushes the latest of all its agents
-(:class:`~contracts.telemetry.AgentMetricsReport`, ``metrics.agents``; sender:
+(:class:`~contracts.monitor.AgentMetricsReport`, ``metrics.agents``; sender:
 ``nodes/k8s_worker/agent_metrics.py``). Each agent is labelled by the worker
 from the VMI its key is bound to, so an agent can only ever speak for its own
 replica; the worker, in turn, must be one of wrk-monitor's ``workers``
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from contracts.telemetry import METRICS_AGENTS, AgentMetrics, AgentMetricsReport, MetricsResult
+from contracts.monitor import METRICS_AGENTS, AgentMetrics, AgentMetricsReport, MetricsResult
 from p2p.rpc import CallContext, Method, RpcError
 
 __all__ = ["AgentMetricsBook", "TooManyAgents", "agent_metrics_registry", "install"]

@@ -31,18 +31,20 @@ from typing import Any
 
 import trio
 
-from contracts.telemetry import (
+from contracts.monitor import (
+    HEALTH_JOBS,
+    MAX_HEALTH_QUERY,
     OBSERVABILITY_CLEAR,
     OBSERVABILITY_SET,
     PROTOCOL,
+    HealthQuery,
+    JobHealth,
     Observability,
     ObservabilityClear,
     ObservabilityState,
 )
 from nodes.peer_client import PeerClient
 from p2p.rpc import RpcClient, RpcError
-
-from .health import HEALTH_JOBS, MAX_HEALTH_QUERY, HealthQuery, JobHealth
 
 __all__ = ["CHANNEL_ID", "DEFAULT_TIMEOUT_S", "HEALTH_TIMEOUT_S", "MonitorClient",
            "MonitorUnavailable"]

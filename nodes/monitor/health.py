@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Each proxy pushes its latest :class:`~contracts.telemetry.MetricsReport`
+Each proxy pushes its latest :class:`~contracts.monitor.MetricsReport`
 every few seconds (``metrics.push``). :class:`HealthBook` keeps the newest
 report of each sender with the time it came (wrk-monitor's clock: a sender's
 clock is not trusted) and nothing older: reports are snapshots, not deltas.
@@ -42,26 +42,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from contracts.telemetry import (
+from contracts.monitor import (
     LATENCY_BOUNDS_MS,
     LATENCY_BUCKETS,
-    MAX_JOB_ID_CHARS,
+    JobHealth,
     JobWindow,
     MetricsReport,
     ModelHealth,
 )
-from p2p.rpc import Method
 
-__all__ = ["HEALTH_JOBS", "MAX_HEALTH_QUERY", "HealthBook", "HealthQuery", "HealthResult",
-           "JobHealth", "Merged", "Thresholds", "TooManySenders", "classify", "quantile_ms"]
-
-#: Job ids in one ``health.jobs`` call (a page of app-node's job list is 50).
-MAX_HEALTH_QUERY = 500
-
+__all__ = ["HealthBook", "Merged", "Thresholds", "TooManySenders", "classify", "quantile_ms"]
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -152,44 +143,6 @@ def classify(merged: Merged, thresholds: Thresholds) -> ModelHealth:
             p95 is not None and p95 >= thresholds.degraded_p95_ms):
         return ModelHealth.DEGRADED
     return ModelHealth.HEALTHY
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class JobHealth(_Model):
-    """One job's model health and the figures it was judged on."""
-
-    job_id: str
-    #: None: unknown (no fresh report names the job).
-    health: ModelHealth | None
-    requests: int = 0
-    errors: int = 0
-    error_rate: float = 0.0
-    #: Request start to the model server's first frame (None: no request got one).
-    first_byte_p50_ms: float | None = None
-    first_byte_p95_ms: float | None = None
-    #: Request start to its last byte.
-    total_p95_ms: float | None = None
-    window_s: float = 0.0
-    senders: int = 0
-
-
-class HealthQuery(_Model):
-    """``health.jobs``: the jobs to judge."""
-
-    job_ids: tuple[Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID_CHARS)], ...] = (
-        Field(max_length=MAX_HEALTH_QUERY))
-
-
-class HealthResult(_Model):
-    """One entry per asked job, in the order asked (unknown ones with ``health`` None)."""
-
-    jobs: tuple[JobHealth, ...]
-
-
-HEALTH_JOBS = Method("health.jobs", params=HealthQuery, result=HealthResult)
 
 
 class HealthBook:

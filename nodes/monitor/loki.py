@@ -60,7 +60,7 @@ import orjson
 import pydantic
 import trio
 
-from contracts.telemetry import redact_url
+from contracts.monitor import redact_url
 
 from .errors import BackendError
 

@@ -68,12 +68,7 @@ import httpx
 import pydantic
 import trio
 
-from contracts.telemetry import (
-    LogRecord,
-    Observability,
-    ObservabilityState,
-    redact_url,
-)
+from contracts.monitor import LogRecord, Observability, ObservabilityState, redact_url
 from p2p.daemon import sync_directory, write_atomically
 
 from .loki import LokiPusher, LokiPusherStatistics, LokiReader, LokiRecord

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import trio
 from pydantic import BaseModel
 
-from contracts.telemetry import PROTOCOL
+from contracts.monitor import PROTOCOL
 from p2p.rpc import Method, RpcChannelClosed, RpcClient, RpcError, keep_client_channel
 from p2p.swarm import UpkeepPolicy, stay_connected
 
@@ -39,7 +39,7 @@ class PeriodicReporter:
     """Calls ``method`` with ``build()`` on wrk-monitor every ``interval_s``.
 
     Args:
-        method: the unary RPC method (``contracts.telemetry``).
+        method: the unary RPC method (``contracts.monitor``).
         build: the report now (synchronous; called once per push).
         channel_id: the id of the reporter's ``cosmicac-monitor/1`` channel
             (a mux keeps one channel per (protocol, id)).

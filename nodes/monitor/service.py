@@ -4,11 +4,11 @@ Theory of operation
 -------------------
 :class:`MonitorService` is a :class:`~p2p.host.RpcService` the daemon adds to
 its swarm, over one :class:`~nodes.monitor._buffer.LogBuffer`. ``logs.push``
-decodes a batch (``contracts.telemetry.decode_batch``: shape and bounds, no
+decodes a batch (``contracts.monitor.decode_batch``: shape and bounds, no
 model per record) and appends it synchronously, so a push costs no task
 switch beyond the RPC's own; it answers the count taken. ``logs.follow`` is a
 server stream: the matching records still in the buffer, then live ones, in
-:class:`~contracts.telemetry.RecordBatch` items of up to
+:class:`~contracts.monitor.RecordBatch` items of up to
 ``MAX_BATCH_RECORDS`` records, each item as many records as were waiting (so a
 busy stream sends few large items and an idle one a record as soon as it
 comes). A follower whose queue overflows (its client does not read: the RPC
@@ -53,44 +53,19 @@ admits ``metrics.push`` (an agent could paint any job Unhealthy) or
 ``metrics.agents`` (an agent could speak for other agents). Refusals are
 ``FORBIDDEN`` naming the setting to add the key to.
 
-``logs.query`` (:data:`QUERY`) is the same filter without the stream: the newest
-``limit`` matching records still in the buffer, in one answer (app-node's
-``GET /api/jobs/{job}/logs`` without ``follow``). A
-stream's snapshot could serve it too, but a reader could not tell where the
-snapshot ends and live records begin. With a Loki in force and a ``job_id``
-asked, when the buffer holds fewer than ``limit`` the older part comes from
-Loki (``query_range``, records strictly older than the buffer's first, within
-:data:`LOKI_QUERY_TIMEOUT_S`), as the HTTP side does; ``history`` says where
-(``buffer``, ``loki``, ``loki-error: …``). A record read back from Loki has no
-level or replica: ``level`` 0 (``NOTSET``: unknown) and ``replica`` nil.
-
-``observability.set`` / ``observability.get`` / ``observability.clear``
-(``contracts.telemetry``; app-node): the Loki and Prometheus URLs
-in force, swapped at runtime by
-:class:`~nodes.monitor.observability.ObservabilityHolder`; ``clear`` forgets what
-app-node sent (back to wrk-monitor's own ``loki`` settings, else none).
-
-``metrics.push`` (``contracts.telemetry.METRICS_PUSH``, proxies): a
-proxy's latest per-job window; kept as that sender's newest report in the
-:class:`~nodes.monitor.health.HealthBook` (wrk-monitor's clock, bounded senders),
-answered with the jobs taken. ``health.jobs`` (:data:`~nodes.monitor.health.HEALTH_JOBS`):
-each asked job's model health and figures. ``service.status``
-(``contracts.health.STATUS``): ``queue_depth`` the records
-waiting for Loki (0 without Loki), ``last_report_at`` the newest push of logs
-or metrics (wall clock), ``details`` the metrics senders, buffered records and
-drop counts. Among them ``metrics_sender_ages`` (:func:`sender_ages_detail`): every
-key whose ``metrics.push`` was taken since wrk-monitor started (fresh or not, at
-most :data:`MAX_LISTED_SENDERS`, the newest first) with the seconds since its
-last report, on wrk-monitor's monotonic clock (an age, so no clock skew between
-hosts): app-node's health history makes a row of each proxy from it
-(:func:`parse_sender_ages`). ``metrics_senders`` stays the count of fresh ones.
-
-Error codes: ``FORBIDDEN``, ``BAD_BATCH`` (the batch is not valid records; the
-message names the first bad one), ``LAGGED``, ``TOO_MANY_FOLLOWERS``,
-``TOO_MANY_SENDERS`` (a new metrics sender past ``health.max_senders``),
-``UNAVAILABLE`` (``observability.*`` on a service built without a holder); a
-report or URL that breaks the contract's bounds is ``INVALID_PARAMS`` (the
-RPC's own validation).
+The protocol (its methods, models, error codes and the
+``metrics_sender_ages`` status detail) is :mod:`contracts.monitor`; this module
+serves it. ``logs.query`` reads the buffer with the same filter as a follow,
+then asks Loki for the older part (records strictly older than the buffer's
+first, within :data:`LOKI_QUERY_TIMEOUT_S`), as the HTTP side does.
+``observability.*`` are answered by the Loki and Prometheus in force, swapped
+at runtime by :class:`~nodes.monitor.observability.ObservabilityHolder`
+(``UNAVAILABLE`` on a service built without one). A ``metrics.push`` is kept
+as that sender's newest report in the :class:`~nodes.monitor.health.HealthBook`
+(wrk-monitor's clock, at most ``health.max_senders`` senders, else
+``TOO_MANY_SENDERS``), which ``health.jobs`` reads. ``service.status`` lists
+every metrics sender seen since start (at most ``MAX_REMEMBERED_SENDERS``
+remembered) with :func:`~contracts.monitor.sender_ages_detail`.
 """
 
 from __future__ import annotations
@@ -101,12 +76,11 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
 import trio
-from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.health import STATUS, ServiceStatus, StatusRequest, service_status
-from contracts.telemetry import (
+from contracts.monitor import (
     FOLLOW,
-    MAX_BATCH_BYTES,
+    HEALTH_JOBS,
     MAX_BATCH_RECORDS,
     METRICS_PUSH,
     OBSERVABILITY_CLEAR,
@@ -114,8 +88,12 @@ from contracts.telemetry import (
     OBSERVABILITY_SET,
     PROTOCOL,
     PUSH,
+    QUERY,
+    SENDER_AGES,
     BadBatch,
     Follow,
+    HealthQuery,
+    HealthResult,
     LogRecord,
     MetricsReport,
     MetricsResult,
@@ -125,10 +103,13 @@ from contracts.telemetry import (
     ObservabilityState,
     PushBatch,
     PushResult,
+    Query,
+    QueryResult,
     RecordBatch,
     decode_batch,
     encode_batch,
     make_record,
+    sender_ages_detail,
     split_batches,
 )
 from p2p.host import RpcService
@@ -143,12 +124,10 @@ from p2p.rpc import (
 )
 
 from ._buffer import LogBuffer
-from .health import HEALTH_JOBS, HealthBook, HealthQuery, HealthResult, TooManySenders
+from .health import HealthBook, TooManySenders
 from .loki import LokiError, LokiReader
 
-__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "MAX_LISTED_SENDERS", "METHOD_ROLES",
-           "QUERY", "ROLES", "SENDER_AGES", "MonitorService", "Query", "QueryResult",
-           "parse_sender_ages", "sender_ages_detail"]
+__all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "METHOD_ROLES", "ROLES", "MonitorService"]
 
 log = logging.getLogger(__name__)
 
@@ -181,77 +160,9 @@ LOKI_QUERY_TIMEOUT_S = 5.0
 HISTORY_S = 7 * 24 * 3600
 
 
-#: Metrics senders listed in ``service.status`` (the newest first); a listing is
-#: then at most ~1.5 KB (16 hex digits, ``:``, an age, ``,`` each).
-MAX_LISTED_SENDERS = 64
 #: Senders whose last report is remembered (keys are pushers only, so few; the
 #: bound only keeps a reconfigured monitor's memory finite).
 MAX_REMEMBERED_SENDERS = 256
-#: The ``service.status`` detail listing the metrics senders.
-SENDER_AGES = "metrics_sender_ages"
-#: Hex digits of a sender's key in the listing (64 bits: enough to tell proxies apart).
-SENDER_KEY_HEX = 16
-
-
-def sender_ages_detail(ages: Iterable[tuple[bytes, float]]) -> str:
-    """``ages`` (key, seconds since its last report) as the ``metrics_sender_ages``
-    detail: ``<16 hex digits>:<seconds, 1 decimal>`` joined by ``,``, in the
-    order given, at most :data:`MAX_LISTED_SENDERS`. A flat string because a
-    status detail is a scalar and their number is bounded (``MAX_DETAILS``)."""
-    items = []
-    for key, age in ages:
-        if len(items) >= MAX_LISTED_SENDERS:
-            break
-        items.append(f"{key.hex()[:SENDER_KEY_HEX]}:{max(age, 0.0):.1f}")
-    return ",".join(items)
-
-
-def parse_sender_ages(text: str) -> list[tuple[str, float]]:
-    """The ``(key hex prefix, age seconds)`` pairs of a ``metrics_sender_ages`` detail.
-
-    Raises:
-        ValueError: ``text`` is not such a listing (naming the first bad entry).
-    """
-    if not text:
-        return []
-    out = []
-    for entry in text.split(",")[:MAX_LISTED_SENDERS + 1]:
-        key, sep, age = entry.partition(":")
-        try:
-            if not sep or len(key) != SENDER_KEY_HEX or bytes.fromhex(key).hex() != key:
-                raise ValueError
-            seconds = float(age)
-        except ValueError:
-            raise ValueError(f"not a metrics sender's key and age: {entry[:40]!r}") from None
-        if not 0.0 <= seconds < 1e12:  # also refuses nan and inf
-            raise ValueError(f"a metrics sender's age out of range: {entry[:40]!r}")
-        out.append((key, seconds))
-    if len(out) > MAX_LISTED_SENDERS:
-        raise ValueError(f"more than {MAX_LISTED_SENDERS} metrics senders listed")
-    return out
-
-
-class Query(Follow):
-    """``logs.query``: :class:`Follow`'s filter (``snapshot`` is ignored) and how many."""
-
-    #: The newest this many matching records.
-    limit: int = Field(default=MAX_BATCH_RECORDS, ge=1, le=MAX_BATCH_RECORDS)
-
-
-class QueryResult(BaseModel):
-    """The matching records, oldest first (a batch's bytes)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    records: bytes = Field(max_length=MAX_BATCH_BYTES)
-    #: Older matching records were left out (over ``limit`` or a batch's bytes).
-    more: bool
-    #: Where records older than the buffer came from: ``buffer`` (no Loki asked),
-    #: ``loki``, or ``loki-error: <why>`` (the buffer's records are still answered).
-    history: str = Field(default="buffer", max_length=1200)
-
-
-QUERY = Method("logs.query", params=Query, result=QueryResult)
 
 
 class _LokiCounters(Protocol):

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from contracts.telemetry import MAX_TENANT_CHARS, TENANT_PATTERN, check_base_url
+from contracts.monitor import MAX_TENANT_CHARS, TENANT_PATTERN, check_base_url
 from nodes.forwarded import ProxyList
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 

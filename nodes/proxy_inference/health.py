@@ -30,7 +30,7 @@ does a client that leaves midway (not recorded at all).
 
 Bounds: at most ``max_jobs`` jobs (a job past the bound is not recorded and
 ``dropped`` counts it; the routing table holds far fewer); per job
-:data:`~contracts.telemetry.MAX_STATUS_CODES` distinct statuses (any beyond
+:data:`~contracts.monitor.MAX_STATUS_CODES` distinct statuses (any beyond
 are counted under their class, ``"5xx"``). :meth:`report` forgets jobs that
 neither had traffic within the window nor are routed any more.
 """
@@ -41,7 +41,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from contracts.telemetry import (
+from contracts.monitor import (
     LATENCY_BOUNDS_MS,
     LATENCY_BUCKETS,
     MAX_REPORT_JOBS,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from contracts.telemetry import METRICS_PUSH
+from contracts.monitor import METRICS_PUSH
 from nodes.metrics import Family, Snapshot
 from nodes.monitor.reporter import DEFAULT_INTERVAL_S, PeriodicReporter
 

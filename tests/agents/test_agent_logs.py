@@ -16,7 +16,7 @@ from agents.inference._supervisor import APPLICATION_LOG
 from agents.inference.runtimes import Lifetime, RuntimePlan, Step, StepRole
 from contracts.agent_report import LOGS
 from contracts.model import JobType, Runtime
-from contracts.telemetry import APPLICATION, CUT_MARKER, MAX_TEXT_CHARS, SYSTEM, LogRecord
+from contracts.monitor import APPLICATION, CUT_MARKER, MAX_TEXT_CHARS, SYSTEM, LogRecord
 from p2p.keys import KeyPair
 
 from ..p2p.helpers import wait_until

@@ -14,7 +14,7 @@ import time
 import pytest
 import trio
 
-from contracts.telemetry import APPLICATION, make_record
+from contracts.monitor import APPLICATION, make_record
 from tests.cli.helpers import COSMICAC
 
 from .conftest_ork import ServedOrk, served_logs, served_ork  # noqa: F401  (the fixtures)

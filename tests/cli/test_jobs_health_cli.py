@@ -11,7 +11,7 @@ import re
 import pytest
 import trio
 
-from contracts.telemetry import LATENCY_BUCKETS, JobWindow, MetricsReport
+from contracts.monitor import LATENCY_BUCKETS, JobWindow, MetricsReport
 from tests.p2p.helpers import wait_until
 
 from .conftest_ork import ServedOrk, served_logs, served_ork  # noqa: F401  (the fixtures)

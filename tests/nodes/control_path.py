@@ -29,6 +29,8 @@ from pathlib import Path
 import trio
 
 from contracts.model import JobSpec
+from contracts.monitor import PROTOCOL as MONITOR_PROTOCOL
+from contracts.monitor import QUERY, LogRecord, Query, decode_batch
 from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
@@ -42,9 +44,6 @@ from contracts.ork import (
     JobView,
     RegisterRack,
 )
-from contracts.telemetry import PROTOCOL as MONITOR_PROTOCOL
-from contracts.telemetry import LogRecord, decode_batch
-from nodes.monitor.service import QUERY, Query
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
 from p2p.rpc import RpcClient, RpcError

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from contracts.telemetry import SYSTEM, LogRecord
+from contracts.monitor import SYSTEM, LogRecord
 
 from .control_path import IMAGE, ControlPath, container, control_path, status
 
@@ -121,7 +121,7 @@ async def test_a_live_follower_sees_a_daemons_record_within_a_second_of_its_send
     import time
 
     from contracts.health import STATUS, StatusRequest
-    from contracts.telemetry import FOLLOW, Follow, decode_batch
+    from contracts.monitor import FOLLOW, Follow, decode_batch
 
     with trio.fail_after(90):
         async with control_path(tmp_path, monitor=True) as path:

@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from contracts.log_shipper import LogShipper, ShipperHandler
-from contracts.telemetry import PushBatch, PushResult
+from contracts.monitor import PushBatch, PushResult
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from p2p.keys import KeyPair

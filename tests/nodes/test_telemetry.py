@@ -141,7 +141,7 @@ async def test_a_proxy_without_metrics_ships_to_the_listed_address(autojump_cloc
 
 
 def shipper_record():
-    from contracts.telemetry import make_record
+    from contracts.monitor import make_record
 
     return make_record("hello", service="proxy-inference", job_id="j-3")
 

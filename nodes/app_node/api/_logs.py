@@ -32,18 +32,19 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.telemetry import (
+from contracts.monitor import (
     APPLICATION,
     FOLLOW,
     MAX_BATCH_RECORDS,
+    QUERY,
     SYSTEM,
     BadBatch,
     Follow,
     LogRecord,
+    Query,
     decode_batch,
 )
 from nodes.monitor.client import MonitorClient, MonitorUnavailable
-from nodes.monitor.service import QUERY, Query
 from p2p.rpc import RpcError
 
 from ._common import ApiError, Ctx, ok

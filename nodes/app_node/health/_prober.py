@@ -206,7 +206,7 @@ def proxies_source(monitor: PeerClient, *, fresh_s: float = PROXY_FRESH_S,
     """Each proxy's row, from the metrics senders in wrk-monitor's ``service.status``
     (its ``metrics_sender_ages`` detail), in key order. A wrk-monitor too old to
     list them gives no rows (logged once)."""
-    from nodes.monitor.service import SENDER_AGES, parse_sender_ages
+    from contracts.monitor import SENDER_AGES, parse_sender_ages
 
     warned = False
 

@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from contracts.health import STATUS, StatusRequest
-from contracts.telemetry import PROTOCOL as MONITOR
-from contracts.telemetry import Observability
+from contracts.monitor import PROTOCOL as MONITOR
+from contracts.monitor import Observability
 from nodes.app_node.daemon import serve_app_node
 from nodes.app_node.settings import AppNodeSettings, HttpSettings
 from nodes.monitor.client import MonitorClient

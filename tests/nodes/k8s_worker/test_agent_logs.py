@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from contracts.agent_config import AgentConfig
 from contracts.agent_report import HELLO, LOGS, ReportCode
 from contracts.model import JobSpec, JobType, NodeShare, ReplicaPlacement, Runtime
-from contracts.telemetry import (
+from contracts.monitor import (
     APPLICATION,
     MAX_BATCH_BYTES,
     SYSTEM,

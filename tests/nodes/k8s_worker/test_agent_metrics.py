@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from contracts.agent_report import HEARTBEAT, HELLO, MAX_AGENT_METRICS, Heartbeat, ReportCode
-from contracts.telemetry import MAX_REPORT_AGENTS, AgentMetrics
+from contracts.monitor import MAX_REPORT_AGENTS, AgentMetrics
 from nodes.k8s_worker.agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
 from nodes.k8s_worker.agents import AgentTable
 from nodes.monitor._buffer import LogBuffer

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 
 from contracts.agent_report import HELLO, LOGS
 from contracts.log_shipper import LogShipper, ShipperHandler
-from contracts.telemetry import APPLICATION, SYSTEM, LogRecord, PushBatch, encode_batch, make_record
+from contracts.monitor import APPLICATION, SYSTEM, LogRecord, PushBatch, encode_batch, make_record
 from nodes.k8s_worker.daemon import _snapshot
 from nodes.k8s_worker.log_limit import (
     DEFAULT_LOG_BURST,

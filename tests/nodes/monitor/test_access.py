@@ -21,21 +21,25 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from contracts.health import STATUS, StatusRequest
-from contracts.telemetry import (
+from contracts.monitor import (
     FOLLOW,
+    HEALTH_JOBS,
     METRICS_AGENTS,
     METRICS_PUSH,
     OBSERVABILITY_CLEAR,
     OBSERVABILITY_GET,
     OBSERVABILITY_SET,
     PUSH,
+    QUERY,
     AgentMetricsReport,
     Follow,
+    HealthQuery,
     MetricsReport,
     Observability,
     ObservabilityClear,
     ObservabilityQuery,
     PushBatch,
+    Query,
     encode_batch,
     make_record,
 )
@@ -43,8 +47,7 @@ from nodes.forwarded import TrustedProxies
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor._http import Guard, LogsFront, client_address, create_app
 from nodes.monitor.agent_metrics import AgentMetricsBook, install
-from nodes.monitor.health import HEALTH_JOBS, HealthQuery
-from nodes.monitor.service import QUERY, MonitorService, Query
+from nodes.monitor.service import MonitorService
 from p2p.rpc import Method, RpcError
 
 from .test_service import connect

@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict
 
-from contracts.telemetry import (
+from contracts.monitor import (
     MAX_AGENT_VALUES,
     MAX_REPORT_AGENTS,
     METRICS_AGENTS,

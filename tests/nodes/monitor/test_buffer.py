@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.telemetry import APPLICATION, SYSTEM, make_record, record_size
+from contracts.monitor import APPLICATION, SYSTEM, make_record, record_size
 from nodes.monitor._buffer import LogBuffer
 
 

@@ -15,12 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict
 
 from contracts.health import STATUS, StatusRequest
-from contracts.telemetry import (
+from contracts.monitor import (
+    HEALTH_JOBS,
     LATENCY_BOUNDS_MS,
     LATENCY_BUCKETS,
     MAX_REPORT_JOBS,
     METRICS_PUSH,
     PUSH,
+    HealthQuery,
     JobWindow,
     MetricsReport,
     MetricsResult,
@@ -32,9 +34,7 @@ from contracts.telemetry import (
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor._health_metrics import health_registry
 from nodes.monitor.health import (
-    HEALTH_JOBS,
     HealthBook,
-    HealthQuery,
     Merged,
     Thresholds,
     TooManySenders,

@@ -21,13 +21,15 @@ import pytest
 import trio
 
 from contracts.health import STATUS, StatusRequest
-from contracts.telemetry import (
+from contracts.monitor import (
     OBSERVABILITY_CLEAR,
     OBSERVABILITY_GET,
     OBSERVABILITY_SET,
+    QUERY,
     Observability,
     ObservabilityClear,
     ObservabilityQuery,
+    Query,
     decode_batch,
     make_record,
 )
@@ -37,7 +39,7 @@ from nodes.monitor.observability import (
     ObservabilityHolder,
     load_persisted,
 )
-from nodes.monitor.service import QUERY, MonitorService, Query
+from nodes.monitor.service import MonitorService
 from p2p.rpc import RpcError
 from tests.p2p.helpers import wait_until
 

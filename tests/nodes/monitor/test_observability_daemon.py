@@ -15,17 +15,18 @@ import httpx
 import pytest
 import trio
 
-from contracts.telemetry import (
+from contracts.monitor import (
     PUSH,
+    QUERY,
     Observability,
     PushBatch,
+    Query,
     decode_batch,
     encode_batch,
     make_record,
 )
 from nodes.monitor.client import MonitorClient
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
-from nodes.monitor.service import QUERY, Query
 from nodes.monitor.settings import MonitorSettings
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy

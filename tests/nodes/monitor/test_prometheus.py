@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from contracts.telemetry import Observability
+from contracts.monitor import Observability
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor._http import LogsFront, create_app
 from nodes.monitor.observability import ObservabilityHolder

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from contracts.telemetry import APPLICATION, MAX_TEXT_CHARS, decode_batch, make_record
-from nodes.monitor.service import QUERY, Query
+from contracts.monitor import APPLICATION, MAX_TEXT_CHARS, QUERY, Query, decode_batch, make_record
 from p2p.rpc import RpcError
 
 from .test_service import DAEMON, READER, connect, make_service, recs

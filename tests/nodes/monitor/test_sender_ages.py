@@ -11,15 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.health import MAX_DETAILS, STATUS, StatusRequest
-from contracts.telemetry import METRICS_PUSH, MetricsReport
-from nodes.monitor._buffer import LogBuffer
-from nodes.monitor.service import (
+from contracts.monitor import (
     MAX_LISTED_SENDERS,
+    METRICS_PUSH,
     SENDER_AGES,
-    MonitorService,
+    MetricsReport,
     parse_sender_ages,
     sender_ages_detail,
 )
+from nodes.monitor._buffer import LogBuffer
+from nodes.monitor.service import MonitorService
 
 from .test_service import connect
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from contracts.telemetry import (
+from contracts.monitor import (
     APPLICATION,
     FOLLOW,
     PROTOCOL,

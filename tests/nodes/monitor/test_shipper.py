@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from contracts.log_shipper import LogShipper, ShipperHandler
-from contracts.telemetry import make_record
+from contracts.monitor import make_record
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 
@@ -130,14 +130,14 @@ class _AcceptingClient:
         self.batches: list[bytes] = []
 
     async def call(self, method, params, *, timeout_s=None):
-        from contracts.telemetry import PushResult, decode_batch
+        from contracts.monitor import PushResult, decode_batch
 
         self.batches.append(params.records)
         return PushResult(accepted=len(decode_batch(params.records)))
 
 
 async def test_a_record_msgpack_cannot_encode_costs_its_batch_not_the_shipper(autojump_clock):
-    from contracts.telemetry import LogRecord
+    from contracts.monitor import LogRecord
 
     shipper = LogShipper(batch_records=2)
     bad = LogRecord(1, None, None, "System", 20, "x", "lone \udcff surrogate")  # not make_record's

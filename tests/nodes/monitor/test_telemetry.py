@@ -1,4 +1,4 @@
-"""contracts.telemetry: records within bounds, batches round-trip, and the decoder
+"""contracts.monitor: records within bounds, batches round-trip, and the decoder
 fed anything returns records or raises BadBatch, never another exception."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.telemetry import (
+from contracts.monitor import (
     CUT_MARKER,
     MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from contracts.telemetry import ModelHealth
+from contracts.monitor import ModelHealth
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from p2p.keys import KeyPair

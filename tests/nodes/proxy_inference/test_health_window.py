@@ -13,7 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.telemetry import (
+from contracts.monitor import (
     LATENCY_BOUNDS_MS,
     LATENCY_BUCKETS,
     MAX_STATUS_CODES,

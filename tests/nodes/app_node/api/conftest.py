@@ -243,7 +243,7 @@ async def _json(r: httpx.Response, status: int) -> dict:
 
 
 async def make_tenants(api: Api) -> Tenants:
-    from contracts.telemetry import make_record
+    from contracts.monitor import make_record
     from crdt import AddTokenUsage
     store, now = api.services.store, api.clock.now
     operator = await api.signup()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from contracts.telemetry import APPLICATION, SYSTEM, make_record
+from contracts.monitor import APPLICATION, SYSTEM, make_record
 from nodes.app_node.api import _events, _logs
 from nodes.app_node.api._app import openapi
 

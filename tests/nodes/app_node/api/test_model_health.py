@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trio
 
-from contracts.telemetry import LATENCY_BUCKETS, JobWindow, MetricsReport
+from contracts.monitor import LATENCY_BUCKETS, JobWindow, MetricsReport
 
 from ....p2p.helpers import wait_until
 from .conftest import Api, bearer

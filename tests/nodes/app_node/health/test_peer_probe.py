@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 
 from contracts.health import package_version
-from contracts.telemetry import PROTOCOL as MONITOR
+from contracts.monitor import PROTOCOL as MONITOR
 from nodes.app_node.health import ServiceState, peer_target, probe, service_state
 from nodes.monitor.client import MonitorClient
 from nodes.ork.client import OrkClient

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from contracts.health import STATUS, StatusRequest, service_status
-from contracts.telemetry import METRICS_PUSH, MetricsReport
+from contracts.monitor import METRICS_PUSH, MetricsReport
 from nodes.app_node.health import (
     PROXY_FORGET_S,
     PROXY_FRESH_S,

@@ -1,17 +1,46 @@
-"""Log records sent to wrk-monitor: RPC protocol ``cosmicac-monitor/1``.
+"""wrk-monitor's RPC API: protocol ``cosmicac-monitor/1``.
 
-Every daemon and job agent ships its log records to wrk-monitor
-(``nodes/monitor/shipper.py``); subscribers follow them live. Methods::
+Every daemon ships its log records to wrk-monitor (``nodes.kit.log_shipper``;
+the job agents ship theirs through their worker); proxy-inference pushes its
+per-job windows (model health), the workers their agents' figures; app-node
+reads logs, model health and status, and sends the operator's Loki and
+Prometheus. wrk-monitor (``nodes/monitor``) serves the protocol on its swarm;
+a caller opens one channel per (protocol, id) on its connection. Methods::
 
     logs.push    PushBatch(records: bytes)                    -> PushResult(accepted)
     logs.follow  Follow(job_id?, source?, since_ns?, snapshot) => RecordBatch(records: bytes), ...
+    logs.query   Query(job_id?, source?, since_ns?, limit)    -> QueryResult(records, more, history)
     metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
+    metrics.agents AgentMetricsReport(agents)                 -> MetricsResult(accepted)
+    health.jobs  HealthQuery(job_ids)                         -> HealthResult(jobs)
+    service.status StatusRequest()                            -> ServiceStatus  (contracts.health)
     observability.set Observability(loki_url?, loki_tenant?, prometheus_url?) -> ObservabilityState
     observability.get ObservabilityQuery()                    -> ObservabilityState
     observability.clear ObservabilityClear()                  -> ObservabilityState
 
-(``metrics.push``: see "Metrics from proxy-inference" below; ``observability.*``:
-"Where wrk-monitor sends logs and metrics" at the end.)
+(``logs.query`` and ``health.jobs``: their sections below; ``metrics.push``:
+"Metrics from proxy-inference"; ``metrics.agents``: "Metrics of the job
+agents"; ``service.status``: "Status"; ``observability.*``: "Where
+wrk-monitor sends logs and metrics".)
+
+Who may call what: each method is open to the keys of one of wrk-monitor's
+allow-lists (its settings of the same names): ``logs.push`` the ``pushers``
+(the daemons that ship their logs), ``metrics.push`` the ``proxies``,
+``metrics.agents`` the ``workers``, every other method the ``followers``
+(app-node). Anyone else: ``FORBIDDEN``, naming the setting to add the key to.
+
+Error codes: ``FORBIDDEN``, ``BAD_BATCH`` (the batch is not valid records; the
+message names the first bad one), ``LAGGED`` (a follower fell too far behind:
+follow again with ``since_ns``), ``TOO_MANY_FOLLOWERS``, ``TOO_MANY_SENDERS``
+(a new metrics sender past wrk-monitor's bound), ``UNAVAILABLE``
+(``observability.*`` on a wrk-monitor that takes no observability settings); a
+report or URL that breaks this module's bounds is ``INVALID_PARAMS`` (the RPC's
+own validation).
+
+Every model forbids unknown fields, so a field added to a params model is
+refused by an older wrk-monitor: such a change is a new method or a new
+protocol version (``cosmicac-monitor/2``), as ``observability.clear`` was added
+beside ``observability.set`` rather than as a field of it.
 
 Wire format of a record batch
 -----------------------------
@@ -260,13 +289,49 @@ FOLLOW = StreamMethod("logs.follow", params=Follow, item=RecordBatch)
 
 
 # ---------------------------------------------------------------------------
-# Metrics from proxy-inference: ``metrics.push`` (issue 14, model health)
+# Reading without a stream: ``logs.query``
+# ---------------------------------------------------------------------------
+#
+# The same filter as ``logs.follow`` without the stream: the newest ``limit``
+# matching records still in wrk-monitor's buffer, in one answer (app-node's
+# ``GET /api/jobs/{job}/logs`` without ``follow``). With a Loki in force and a
+# ``job_id`` asked, when the buffer holds fewer than ``limit`` the older part
+# comes from Loki; ``history`` says where (``buffer``, ``loki``,
+# ``loki-error: …``). A record read back from Loki has no level or replica:
+# ``level`` 0 (``NOTSET``: unknown) and ``replica`` nil.
+
+
+class Query(Follow):
+    """``logs.query``: :class:`Follow`'s filter (``snapshot`` is ignored) and how many."""
+
+    #: The newest this many matching records.
+    limit: int = Field(default=MAX_BATCH_RECORDS, ge=1, le=MAX_BATCH_RECORDS)
+
+
+class QueryResult(_Model):
+    """The matching records, oldest first (a batch's bytes)."""
+
+    records: bytes = Field(max_length=MAX_BATCH_BYTES)
+    #: Older matching records were left out (over ``limit`` or a batch's bytes).
+    more: bool
+    #: Where records older than the buffer came from: ``buffer`` (no Loki asked),
+    #: ``loki``, or ``loki-error: <why>`` (the buffer's records are still answered).
+    history: str = Field(default="buffer", max_length=1200)
+
+
+QUERY = Method("logs.query", params=Query, result=QueryResult)
+
+__all__ += ["QUERY", "Query", "QueryResult"]
+
+
+# ---------------------------------------------------------------------------
+# Metrics from proxy-inference: ``metrics.push`` (model health)
 # ---------------------------------------------------------------------------
 #
 # Every few seconds each proxy sends wrk-monitor the latest snapshot of its
 # per-job sliding window (nodes/proxy_inference/health.py); wrk-monitor keeps
 # the newest report per sender, merges the senders' windows and classifies
-# each job's model health (nodes/monitor/health.py)::
+# each job's model health (nodes/monitor/health.py), which ``health.jobs`` answers::
 #
 #     metrics.push  MetricsReport(window_s, jobs[JobWindow]) -> MetricsResult(accepted)
 #
@@ -361,7 +426,132 @@ __all__ += ["LATENCY_BOUNDS_MS", "LATENCY_BUCKETS", "MAX_REPORT_JOBS", "MAX_STAT
 
 
 # ---------------------------------------------------------------------------
-# Where wrk-monitor sends logs and metrics: ``observability.*`` (issue 14)
+# Model health, as wrk-monitor judges it: ``health.jobs``
+# ---------------------------------------------------------------------------
+#
+# wrk-monitor merges the fresh senders' windows per job and judges each job's
+# model health against its thresholds (nodes/monitor/health.py)::
+#
+#     health.jobs  HealthQuery(job_ids) -> HealthResult(jobs[JobHealth])
+#
+# One entry per asked job, in the order asked; a job no fresh report names has
+# ``health`` None (unknown).
+
+#: Job ids in one ``health.jobs`` call (a page of app-node's job list is 50).
+MAX_HEALTH_QUERY = 500
+
+
+class JobHealth(_Model):
+    """One job's model health and the figures it was judged on."""
+
+    job_id: str
+    #: None: unknown (no fresh report names the job).
+    health: ModelHealth | None
+    requests: int = 0
+    errors: int = 0
+    error_rate: float = 0.0
+    #: Request start to the model server's first frame (None: no request got one).
+    first_byte_p50_ms: float | None = None
+    first_byte_p95_ms: float | None = None
+    #: Request start to its last byte.
+    total_p95_ms: float | None = None
+    window_s: float = 0.0
+    senders: int = 0
+
+
+class HealthQuery(_Model):
+    """``health.jobs``: the jobs to judge."""
+
+    job_ids: tuple[Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID_CHARS)], ...] = (
+        Field(max_length=MAX_HEALTH_QUERY))
+
+
+class HealthResult(_Model):
+    """One entry per asked job, in the order asked (unknown ones with ``health`` None)."""
+
+    jobs: tuple[JobHealth, ...]
+
+
+HEALTH_JOBS = Method("health.jobs", params=HealthQuery, result=HealthResult)
+
+__all__ += ["HEALTH_JOBS", "MAX_HEALTH_QUERY", "HealthQuery", "HealthResult", "JobHealth"]
+
+
+# ---------------------------------------------------------------------------
+# Status: ``service.status`` (contracts.health)
+# ---------------------------------------------------------------------------
+#
+# wrk-monitor answers the ``service.status`` every service serves:
+# ``queue_depth`` the records waiting for Loki (0 without Loki),
+# ``last_report_at`` the newest push of logs or metrics (wall clock),
+# ``details`` the metrics senders, buffered records and drop counts. Among them
+# ``metrics_sender_ages`` (:data:`SENDER_AGES`): every key whose
+# ``metrics.push`` was taken since wrk-monitor started (fresh or not, at most
+# :data:`MAX_LISTED_SENDERS`, the newest first) with the seconds since its last
+# report, on wrk-monitor's monotonic clock (an age, so no clock skew between
+# hosts); app-node's health history makes a row of each proxy from it.
+# ``metrics_senders`` stays the count of fresh ones.
+#
+# Why a string: ``ServiceStatus.details`` is a flat map of scalars shared by
+# every service's ``service.status``, and a model that forbids unknown fields
+# cannot grow a typed field without refusing older peers' answers (or older
+# peers refusing ours). So the listing is encoded by :func:`sender_ages_detail`
+# and read back by :func:`parse_sender_ages`, both here, beside the rest of
+# the protocol; a typed listing would be a method or version of its own.
+
+#: Metrics senders listed in ``service.status`` (the newest first); a listing is
+#: then at most ~1.5 KB (16 hex digits, ``:``, an age, ``,`` each).
+MAX_LISTED_SENDERS = 64
+#: The ``service.status`` detail listing the metrics senders.
+SENDER_AGES = "metrics_sender_ages"
+#: Hex digits of a sender's key in the listing (64 bits: enough to tell proxies apart).
+SENDER_KEY_HEX = 16
+
+
+def sender_ages_detail(ages: Iterable[tuple[bytes, float]]) -> str:
+    """``ages`` (key, seconds since its last report) as the ``metrics_sender_ages``
+    detail: ``<16 hex digits>:<seconds, 1 decimal>`` joined by ``,``, in the
+    order given, at most :data:`MAX_LISTED_SENDERS`. A flat string because a
+    status detail is a scalar and their number is bounded (``MAX_DETAILS``)."""
+    items = []
+    for key, age in ages:
+        if len(items) >= MAX_LISTED_SENDERS:
+            break
+        items.append(f"{key.hex()[:SENDER_KEY_HEX]}:{max(age, 0.0):.1f}")
+    return ",".join(items)
+
+
+def parse_sender_ages(text: str) -> list[tuple[str, float]]:
+    """The ``(key hex prefix, age seconds)`` pairs of a ``metrics_sender_ages`` detail.
+
+    Raises:
+        ValueError: ``text`` is not such a listing (naming the first bad entry).
+    """
+    if not text:
+        return []
+    out = []
+    for entry in text.split(",")[:MAX_LISTED_SENDERS + 1]:
+        key, sep, age = entry.partition(":")
+        try:
+            if not sep or len(key) != SENDER_KEY_HEX or bytes.fromhex(key).hex() != key:
+                raise ValueError
+            seconds = float(age)
+        except ValueError:
+            raise ValueError(f"not a metrics sender's key and age: {entry[:40]!r}") from None
+        if not 0.0 <= seconds < 1e12:  # also refuses nan and inf
+            raise ValueError(f"a metrics sender's age out of range: {entry[:40]!r}")
+        out.append((key, seconds))
+    if len(out) > MAX_LISTED_SENDERS:
+        raise ValueError(f"more than {MAX_LISTED_SENDERS} metrics senders listed")
+    return out
+
+
+__all__ += ["MAX_LISTED_SENDERS", "SENDER_AGES", "SENDER_KEY_HEX", "parse_sender_ages",
+            "sender_ages_detail"]
+
+
+# ---------------------------------------------------------------------------
+# Where wrk-monitor sends logs and metrics: ``observability.*``
 # ---------------------------------------------------------------------------
 #
 # "cosmicac-app-node sends cosmicac-wrk-monitor the URLs of your Loki and
