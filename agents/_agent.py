@@ -75,9 +75,9 @@ from contracts.agent_report import (
     Hello,
     Report,
 )
-from contracts.log_shipper import LogShipper
 from contracts.model import JobType
 from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
+from nodes.kit.log_shipper import LogShipper
 from p2p.errors import P2PError
 from p2p.host import Reserved, Service
 from p2p.keys import KeyPair, format_key

@@ -41,7 +41,7 @@ process launched; ``agent_start`` launched -> agent hello; ``health`` hello
 ready, the worker's report applied); ``api_poll`` Active -> the API shows
 running (at most one poll interval plus a GET). ``api`` (the POST's answer
 time) overlaps ``ork`` and ``queue``. Sub-marks are printed as ``at_<mark>``
-(ms after the POST was sent). jobs.watch (``nodes/ork/client.py``) would give
+(ms after the POST was sent). jobs.watch (``nodes/kit/ork_client.py``) would give
 the status times too, but wrk-ork serves it to app-node's key only.
 
 app-node's per-token rate limit (10/s) would throttle the polls: the bench

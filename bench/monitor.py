@@ -173,9 +173,9 @@ async def _measure(monitor: _Child, port: int, total: int, in_flight: int, rate:
     """Flat out (``total`` records, the warm-up too), then paced at ``rate`` for ``seconds``;
     ``monitor``'s CPU and GC seconds over the paced run."""
     from contracts.health import STATUS, StatusRequest
-    from contracts.log_shipper import LogShipper
     from contracts.monitor import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
     from contracts.monitor import LogRecord as R
+    from nodes.kit.log_shipper import LogShipper
     from p2p.rpc import RpcError
 
     text = "GET /v1/completions 200 12.3 ms " * 3

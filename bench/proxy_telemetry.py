@@ -6,7 +6,7 @@ Two ``cosmicac run proxy-inference`` processes serve the same jobs:
 * ``off``: no ``telemetry`` section (the default: nothing shipped);
 * ``on``: ``telemetry.monitor`` set to a live ``cosmicac run wrk-monitor`` (its own
   process, the proxy's key among its ``pushers``): a ``ShipperHandler`` on the
-  root logger and a ``LogShipper`` pushing over the swarm (``nodes/telemetry.py``).
+  root logger and a ``LogShipper`` pushing over the swarm (``nodes/kit/telemetry.py``).
 
 Everything else runs in one spawned child: the DHT bootstrap holding the shared
 database (with the bench's API key, both proxies admitted), wrk-ork's service
@@ -279,8 +279,8 @@ def record_cost_us(records: int = 20_000, tries: int = 5) -> float:
     best of ``tries``, in this process. What the machine's other load moves least."""
     import logging
 
-    from contracts.log_shipper import LogShipper, ShipperHandler
     from contracts.monitor import encode_batch
+    from nodes.kit.log_shipper import LogShipper, ShipperHandler
 
     logger = logging.getLogger("bench.proxy_telemetry")
     logger.propagate = False

@@ -163,7 +163,7 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
     relays = [keys[RELAY]]
     ork_addresses = [f"{at(ORK)}:{ports.ork}"]
     monitor_addresses = [f"{at(MONITOR)}:{ports.monitor}"]
-    # Every daemon ships its log records to wrk-monitor (nodes/telemetry.py);
+    # Every daemon ships its log records to wrk-monitor (nodes/kit/telemetry.py);
     # app-node ships to the monitor it already reads logs from.
     telemetry = {"monitor": keys[MONITOR], "monitor_addresses": monitor_addresses}
     return {

@@ -7,17 +7,17 @@ One swarm, one identity (``<storage>/identity``):
   (its bootstrap key is app-node's key: what ``task wire`` writes to
   ``PROXY_AUTOBASE_KEY``) and is its admin; ``database_writers`` (the proxy's
   key) are admitted at start;
-- :class:`~nodes.ork.client.OrkClient` to wrk-ork (``cosmicac-ork/1``) for
+- :class:`~nodes.kit.ork_client.OrkClient` to wrk-ork (``cosmicac-ork/1``) for
   job, replica, rack and node operations, and one ``jobs.watch`` on it
   (:func:`~.job_events.follow_ork`) whose status changes a
   :class:`~.job_events.JobHub` fans out to the API's event streams;
-- :class:`~nodes.monitor.client.MonitorClient` to wrk-monitor
+- :class:`~nodes.kit.monitor_client.MonitorClient` to wrk-monitor
   (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs, and
   telling wrk-monitor the operator's Loki and Prometheus (``observability``)
   each time it connects, or to forget the ones it sent before when none is
   set; and
   app-node's own log records shipped to the same wrk-monitor
-  (:mod:`nodes.telemetry`, unless ``telemetry.ship`` is false);
+  (:mod:`nodes.kit.telemetry`, unless ``telemetry.ship`` is false);
 - its own SQLite file (``<storage>/app-node.sqlite``: users, teams, tokens,
   job records), called through worker threads;
 - the health prober (:mod:`.health`): wrk-ork, wrk-monitor, the database, itself
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
-from nodes.telemetry import start_telemetry, telemetry_host
+from nodes.kit.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import load_or_create_keypair
@@ -91,8 +91,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                          task_status: trio.TaskStatus[RunningAppNode] = trio.TASK_STATUS_IGNORED
                          ) -> None:
     """Run app-node until cancelled; report a :class:`RunningAppNode` once serving."""
-    from nodes.monitor.client import MonitorClient
-    from nodes.ork.client import OrkClient
+    from nodes.kit.monitor_client import MonitorClient
+    from nodes.kit.ork_client import OrkClient
 
     from .api import create_app
     from .api._swarm import swarm_advert

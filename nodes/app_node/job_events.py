@@ -5,7 +5,7 @@ Theory of operation
 wrk-ork streams every job status change on ``jobs.watch`` (a
 :class:`~contracts.ork.JobEvent` each). app-node keeps **one** such watch
 (:func:`follow_ork`, a task of the daemon's nursery started next to its
-:class:`~nodes.ork.client.OrkClient`) and hands each event to a
+:class:`~nodes.kit.ork_client.OrkClient`) and hands each event to a
 :class:`JobHub`, which copies it to every subscriber that wants it: the
 ``GET /api/jobs/{job}/events`` and ``GET /api/jobs/events`` streams
 (``api/_events.py``), however many clients follow them.
@@ -46,7 +46,7 @@ from contracts.ork import WATCH_JOBS, JobEvent, WatchJobs
 from p2p.rpc import RpcError
 
 if TYPE_CHECKING:
-    from nodes.ork.client import OrkClient
+    from nodes.kit.ork_client import OrkClient
 
 __all__ = ["RESYNC", "Item", "JobHub", "Resync", "Subscription", "TooManySubscribers",
            "follow_ork"]
@@ -189,7 +189,7 @@ async def follow_ork(ork: OrkClient, hub: JobHub, *, base_s: float = BACKOFF_BAS
     ``LAGGED`` and after any refusal, waiting with backoff between failures;
     every watch after the first is followed by :meth:`JobHub.resync`.
     """
-    from nodes.ork.client import OrkUnavailable
+    from nodes.kit.ork_client import OrkUnavailable
 
     task_status.started()
     wait, first = base_s, True

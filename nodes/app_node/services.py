@@ -19,8 +19,8 @@ from .team_rules import TeamsSettings
 
 if TYPE_CHECKING:
     from crdt import Database
-    from nodes.monitor.client import MonitorClient
-    from nodes.ork.client import OrkClient
+    from nodes.kit.monitor_client import MonitorClient
+    from nodes.kit.ork_client import OrkClient
 
     from .email import EmailSender
     from .health import HealthProber

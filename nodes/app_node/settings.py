@@ -12,7 +12,7 @@ from pydantic import BaseModel, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.monitor import Observability
-from nodes.telemetry import ShipperSettings, TelemetrySettings
+from nodes.kit.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 from .api._body import BodyLimits

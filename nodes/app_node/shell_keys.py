@@ -32,7 +32,7 @@ import trio
 
 from contracts.ork import SET_SHELL_KEYS
 from contracts.shell_access import ShellKeys
-from nodes.ork.client import OrkClient, OrkUnavailable
+from nodes.kit.ork_client import OrkClient, OrkUnavailable
 from p2p.rpc import RpcError
 
 from .errors import StoreError

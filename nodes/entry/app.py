@@ -38,7 +38,7 @@ never queued. So the door passes at most ``max_large_bodies`` times
 
 ``X-Forwarded-For`` is the client's address (the TCP peer's), or, when the peer
 is one of ``trusted_proxies``, the chain that proxy vouched for plus the peer
-(:func:`nodes.forwarded.forwarded_for`): a client's own header is never passed on.
+(:func:`nodes.kit.forwarded.forwarded_for`): a client's own header is never passed on.
 
 Every ``send`` to hypercorn is shielded from cancellation: hypercorn 0.18
 updates its stream state only after a write returns, and a write cancelled
@@ -60,7 +60,7 @@ from typing import Any
 import httpx
 import trio
 
-from nodes.forwarded import TrustedProxies, forwarded_for
+from nodes.kit.forwarded import TrustedProxies, forwarded_for
 
 from .metrics import EntryMetrics
 from .routes import (

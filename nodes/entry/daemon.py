@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from nodes.forwarded import TrustedProxies
+from nodes.kit.forwarded import TrustedProxies
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 

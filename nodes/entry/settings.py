@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field
 from pydantic_settings import SettingsConfigDict
 
-from nodes.forwarded import ProxyList
+from nodes.kit.forwarded import ProxyList
 from p2p.daemon import DaemonSettings, Port
 
 __all__ = [

@@ -8,7 +8,7 @@ worker knows of the VMI (job id, replica, node rank, service) and never with
 what the agent claims; this reporter pushes that table, as it is at each
 push, to wrk-monitor, on its own ``cosmicac-monitor/1`` channel
 (:data:`CHANNEL_ID`) beside the worker's log shipper, through the same
-:class:`~nodes.monitor.reporter.PeriodicReporter` as proxy-inference's
+:class:`~nodes.kit.reporter.PeriodicReporter` as proxy-inference's
 health reports.
 
 Latest snapshot only, never queued: a push that fails is simply not sent,
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from contracts.monitor import MAX_REPORT_AGENTS, METRICS_AGENTS, AgentMetrics, AgentMetricsReport
-from nodes.metrics import Family, Snapshot
-from nodes.monitor.reporter import DEFAULT_INTERVAL_S, PeriodicReporter
+from nodes.kit.metrics import Family, Snapshot
+from nodes.kit.reporter import DEFAULT_INTERVAL_S, PeriodicReporter
 
 __all__ = ["CHANNEL_ID", "AgentMetricsReporter", "agent_metrics_snapshot"]
 
@@ -34,7 +34,7 @@ CHANNEL_ID = b"agent-metrics"
 class AgentMetricsReporter(PeriodicReporter):
     """Pushes ``source()`` (the table's :meth:`~.agents.AgentTable.agent_metrics`)
     to wrk-monitor every ``interval_s``; ``report`` and ``run`` as in
-    :class:`~nodes.monitor.reporter.PeriodicReporter`.
+    :class:`~nodes.kit.reporter.PeriodicReporter`.
 
     A worker with more than :data:`~contracts.monitor.MAX_REPORT_AGENTS`
     reporting agents sends the first ones and counts the rest in :attr:`left_out`.

@@ -9,7 +9,7 @@ One swarm, one identity (``<storage>/identity``), services plugged into it:
 With ``telemetry.monitor`` set, its log records (every job's System steps:
 operation received, VMIs created, disk import progress, VMI scheduled and
 running, agent hello/ready/failed, restart, delete, each failure and why) are
-shipped to wrk-monitor (:mod:`nodes.telemetry`), and so are its agents'
+shipped to wrk-monitor (:mod:`nodes.kit.telemetry`), and so are its agents'
 figures (``metrics.agents`` every 5 s: :mod:`.agent_metrics`).
 
 Files under ``--storage``: ``identity``, ``queue/`` (both logs and the
@@ -27,8 +27,8 @@ from pathlib import Path
 import trio
 
 from contracts.operations import BadMessage, decode_operation
-from nodes.metrics import Family, Snapshot, snapshot_registry
-from nodes.telemetry import start_telemetry
+from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.host import Reserved
 from p2p.keys import format_key, load_or_create_keypair

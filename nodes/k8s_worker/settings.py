@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
-from nodes.telemetry import TelemetrySettings
+from nodes.kit.telemetry import TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 from .kubevirt.settings import KubevirtSettings

@@ -28,7 +28,7 @@ Theory of operation:
 
 Every System step is logged as ``<line> | system job=<id> replica=<n>``, with
 ``extra={"job_id", "replica"}`` so that, with telemetry on, wrk-monitor files
-it under the job (nodes/telemetry.py): operation received, VMIs created, disk
+it under the job (nodes/kit/telemetry.py): operation received, VMIs created, disk
 import progress (one line per 10 %), VMI scheduled and running, agent hello,
 ready or failed, restart, delete, and every failure with its reason (failures
 as warnings or errors). The lines follow state changes, never requests.

@@ -74,8 +74,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.monitor import SOURCES, LogRecord
-from nodes.forwarded import TrustedProxies
-from nodes.forwarded import client_address as forwarded_client
+from nodes.kit.forwarded import TrustedProxies
+from nodes.kit.forwarded import client_address as forwarded_client
 
 from ._buffer import LogBuffer
 from .loki import LokiError, LokiReader, LokiRecord
@@ -157,7 +157,7 @@ class LogsFront:
 
 def client_address(scope: Scope, trusted: TrustedProxies) -> str:
     """Who sent a request: the TCP peer's address, or, when the peer is a trusted
-    proxy, the client its ``X-Forwarded-For`` names (:mod:`nodes.forwarded`, the
+    proxy, the client its ``X-Forwarded-For`` names (:mod:`nodes.kit.forwarded`, the
     rule app-node's rate limits follow too)."""
     client = scope.get("client")
     peer = str(client[0]) if client else None

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from nodes.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.metrics import Family, Snapshot, snapshot_registry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair

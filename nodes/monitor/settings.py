@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.monitor import MAX_TENANT_CHARS, TENANT_PATTERN, check_base_url
-from nodes.forwarded import ProxyList
+from nodes.kit.forwarded import ProxyList
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 
 from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS

@@ -12,7 +12,7 @@ One swarm, one identity (``<storage>/identity``), two services:
 
 With ``telemetry.monitor`` set, its log records (every job's System steps:
 created, queued, pending and why, placed, restart, delete, Unknown, Failed and
-why) are shipped to wrk-monitor (:mod:`nodes.telemetry`).
+why) are shipped to wrk-monitor (:mod:`nodes.kit.telemetry`).
 
 Files under ``--storage``: ``identity``, ``ork.sqlite`` (jobs, racks,
 reservations, the outbox, applied report positions), ``queues/<rack-key>/``.
@@ -25,8 +25,8 @@ import time
 
 import trio
 
-from nodes.metrics import snapshot_registry
-from nodes.telemetry import start_telemetry
+from nodes.kit.metrics import snapshot_registry
+from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.host import Reserved
 from p2p.keys import load_or_create_keypair

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import trio
 
 from contracts.operations import BadMessage, SetShellKeys, decode_report, encode
-from nodes.metrics import Family, Snapshot
+from nodes.kit.metrics import Family, Snapshot
 from p2p.keys import KeyPair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService

@@ -84,7 +84,7 @@ from contracts.ork import (
     WatchJobs,
 )
 from contracts.shell_access import ShellKeys, ShellKeysAck
-from nodes.metrics import Family, Snapshot
+from nodes.kit.metrics import Family, Snapshot
 from p2p.host import RpcService
 from p2p.rpc import AccessTable, CallContext, Router, RpcConfig, RpcError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
-from nodes.telemetry import TelemetrySettings
+from nodes.kit.telemetry import TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 __all__ = ["ORK_PORT", "OrkSettings", "RackSetting"]

@@ -11,7 +11,7 @@ One swarm, one identity (``<storage>/identity``):
   the jobs' DHT topics and by key;
 - the OpenAI-compatible HTTP front (:mod:`.app`) on ``http.host:http.port``;
 - with ``telemetry.monitor`` set, its log records shipped to wrk-monitor
-  (:mod:`nodes.telemetry`; no line per request), and its per-job window of
+  (:mod:`nodes.kit.telemetry`; no line per request), and its per-job window of
   requests, errors and latency (:mod:`.health`) pushed there every few seconds
   (:mod:`.reporter`, ``metrics.push``) for wrk-monitor's model health.
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
-from nodes.metrics import Snapshot
-from nodes.telemetry import start_telemetry, telemetry_host
+from nodes.kit.metrics import Snapshot
+from nodes.kit.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.host import Reserved
 from p2p.http import ServerBindError, serve_asgi

@@ -3,7 +3,7 @@
 Counters and histograms are updated on the request path (a labelled
 ``inc``/``observe`` costs a few microseconds); gauges that describe state
 (replicas, usage waiting) are read from the live objects at scrape time,
-through :mod:`nodes.metrics`' snapshot collector, so a scrape never races.
+through :mod:`nodes.kit.metrics`' snapshot collector, so a scrape never races.
 
 | metric | labels | what |
 | --- | --- | --- |
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from contracts.inference import Usage
-from nodes.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.metrics import Family, Snapshot, snapshot_registry
 
 __all__ = ["ModelMetrics", "ProxyMetrics"]
 

@@ -5,7 +5,7 @@ then the DHT, redialled with backoff), one ``cosmicac-monitor/1`` channel of
 its own on it (not the log shipper's: a slow log push never delays a report,
 nor the reverse), and on it, every ``interval_s``, one ``metrics.push`` of
 :meth:`~.health.HealthWindow.report` as it is then: the loop is
-:class:`nodes.monitor.reporter.PeriodicReporter`, shared with the workers'
+:class:`nodes.kit.reporter.PeriodicReporter`, shared with the workers'
 agent metrics reporter.
 
 Latest snapshot only: a report is built when it is sent, never queued; one
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from contracts.monitor import METRICS_PUSH
-from nodes.metrics import Family, Snapshot
-from nodes.monitor.reporter import DEFAULT_INTERVAL_S, PeriodicReporter
+from nodes.kit.metrics import Family, Snapshot
+from nodes.kit.reporter import DEFAULT_INTERVAL_S, PeriodicReporter
 
 from .health import HealthWindow
 
@@ -36,7 +36,7 @@ CHANNEL_ID = b"metrics"
 
 class HealthReporter(PeriodicReporter):
     """Pushes ``window``'s report to wrk-monitor every ``interval_s``
-    (:class:`~nodes.monitor.reporter.PeriodicReporter`: ``report``, ``run``).
+    (:class:`~nodes.kit.reporter.PeriodicReporter`: ``report``, ``run``).
 
     Args:
         window: the proxy's window (the app records into it).

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
 from contracts.inference import MAX_BODY
-from nodes.telemetry import TelemetrySettings
+from nodes.kit.telemetry import TelemetrySettings
 from p2p.bodies import BodyBudget
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 

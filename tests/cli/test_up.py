@@ -93,7 +93,7 @@ async def test_stopping_up_also_stops_the_local_workers_agent_processes(tmp_path
     must stop them itself. A job is created through wrk-ork with an app-node key
     the test adds (the environment's list beats the config file's)."""
     from contracts.ork import CREATE_JOB, CreateJob
-    from nodes.ork.client import OrkClient
+    from nodes.kit.ork_client import OrkClient
     from p2p.keys import KeyPair, load_or_create_keypair
     from p2p.swarm import Swarm, SwarmConfig
 

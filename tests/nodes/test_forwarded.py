@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodes.forwarded import TrustedProxies, client_address, forwarded_for
+from nodes.kit.forwarded import TrustedProxies, client_address, forwarded_for
 
 TRUSTED = TrustedProxies(["127.0.0.1", "10.0.0.0/8", "fd00::/8"])
 

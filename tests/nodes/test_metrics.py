@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from nodes.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.metrics import Family, Snapshot, snapshot_registry
 
 
 def test_a_scrape_shows_the_latest_snapshot_with_labels_and_counters():

@@ -1,6 +1,6 @@
 """A stopped or slow wrk-monitor does not slow proxy-inference under load.
 
-The proxy runs with its real ``telemetry`` settings (``nodes/telemetry.py``: a
+The proxy runs with its real ``telemetry`` settings (``nodes/kit/telemetry.py``: a
 ``ShipperHandler`` on the root logger, a ``LogShipper`` pushing to the monitor), a small
 ``max_records``, and two replicas of which one refuses every request: each request that
 meets the refusing one first is tried again on the other and logs ``proxy.retry`` on the
@@ -25,8 +25,8 @@ import httpx
 import pytest
 import trio
 
-from contracts.log_shipper import LogShipper, ShipperHandler
 from contracts.monitor import PushBatch, PushResult
+from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from p2p.keys import KeyPair

@@ -1,4 +1,4 @@
-"""nodes/telemetry.py: off without a monitor; with one, the daemon's log records
+"""nodes/kit/telemetry.py: off without a monitor; with one, the daemon's log records
 (with their job) reach wrk-monitor over the swarm, the handler goes when the
 daemon stops, the metrics count, a drop episode warns once; and each daemon's
 ``telemetry`` settings parse from its environment."""
@@ -12,11 +12,11 @@ import trio
 
 from nodes.app_node.settings import AppNodeSettings
 from nodes.k8s_worker.settings import WorkerSettings
+from nodes.kit.telemetry import TelemetrySettings, start_telemetry, telemetry_host
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from nodes.ork.settings import OrkSettings
 from nodes.proxy_inference.settings import ProxySettings
-from nodes.telemetry import TelemetrySettings, start_telemetry, telemetry_host
 from p2p.daemon import ConfigError, ProcessMetrics, load_settings
 from p2p.keys import KeyPair
 

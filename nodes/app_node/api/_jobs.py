@@ -54,8 +54,8 @@ from contracts.ork import (
     ListJobs,
     ReplicaRef,
 )
-from nodes.monitor.client import MonitorUnavailable
-from nodes.ork.client import OrkUnavailable
+from nodes.kit.monitor_client import MonitorUnavailable
+from nodes.kit.ork_client import OrkUnavailable
 from p2p.rpc import Method, RpcError
 
 from ..model import JobRecord, Role

@@ -44,7 +44,7 @@ from contracts.monitor import (
     Query,
     decode_batch,
 )
-from nodes.monitor.client import MonitorClient, MonitorUnavailable
+from nodes.kit.monitor_client import MonitorClient, MonitorUnavailable
 from p2p.rpc import RpcError
 
 from ._common import ApiError, Ctx, ok

@@ -21,7 +21,7 @@ from ._store import HealthStoreError
 
 if TYPE_CHECKING:
     from crdt import DatabaseService
-    from nodes.peer_client import PeerClient
+    from nodes.kit.peer_client import PeerClient
 
 __all__ = ["build_prober"]
 

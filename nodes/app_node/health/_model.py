@@ -81,7 +81,7 @@ MAX_ROWS = 5000
 MAX_ERROR_CHARS = 300
 #: A newest row older than this many intervals: the prober has stopped.
 STALE_INTERVALS = 3
-#: A proxy reports to wrk-monitor every 5 s (``nodes.monitor.reporter``'s
+#: A proxy reports to wrk-monitor every 5 s (``nodes.kit.reporter``'s
 #: default, not configurable on the proxy); up while its last report is at most
 #: three reports old.
 PROXY_REPORT_INTERVAL_S = 5.0

@@ -3,7 +3,7 @@
 A :class:`Target` is a service's name and how to ask it for its
 :class:`~contracts.health.ServiceStatus`: over the swarm for wrk-ork and
 wrk-monitor (:func:`peer_target`: ``service.status`` through their
-:class:`~nodes.peer_client.PeerClient`), or read in process for what app-node
+:class:`~nodes.kit.peer_client.PeerClient`), or read in process for what app-node
 holds itself (:func:`database_target`, :func:`app_node_target`,
 :func:`email_target`). A :class:`RowSource` gives the rows of services
 app-node learns of through another (:func:`listed_source`: one row per listed
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from contracts.ork import RackInfo
     from crdt import Database
     from crdt._replication import Replicator
-    from nodes.peer_client import PeerClient
+    from nodes.kit.peer_client import PeerClient
 
 __all__ = [
     "MAX_PROXY_ROWS",

@@ -12,7 +12,7 @@ neither the process nor Redis holds a usable bearer token.
 
 The client's address is the TCP peer's, unless the peer is one of
 ``Limits.trusted_proxies`` (the entry point, Caddy): then ``X-Forwarded-For``
-is walked from the right past the trusted hops (:mod:`nodes.forwarded`), so
+is walked from the right past the trusted hops (:mod:`nodes.kit.forwarded`), so
 behind the door each client has its own bucket and a client's own header,
 sent straight to app-node, is ignored (defect 6). An IPv6 client is keyed by
 its /64, the block one subscriber usually holds.
@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodes.forwarded import ProxyList, TrustedProxies, client_address
+from nodes.kit.forwarded import ProxyList, TrustedProxies, client_address
 
 from ._backoff import Backoff, ThrottlePolicy
 from ._core import Rate

@@ -16,7 +16,7 @@ import trio
 from contracts.model import JobStatus
 from contracts.ork import JobEvent
 from nodes.app_node.job_events import RESYNC, JobHub, TooManySubscribers, follow_ork
-from nodes.ork.client import OrkUnavailable
+from nodes.kit.ork_client import OrkUnavailable
 from p2p.rpc import RpcError
 
 

@@ -17,7 +17,7 @@ from contracts.monitor import PROTOCOL as MONITOR
 from contracts.monitor import Observability
 from nodes.app_node.daemon import serve_app_node
 from nodes.app_node.settings import AppNodeSettings, HttpSettings
-from nodes.monitor.client import MonitorClient
+from nodes.kit.monitor_client import MonitorClient
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.observability import OBSERVABILITY_FILE
 from nodes.monitor.settings import MonitorSettings
@@ -123,7 +123,7 @@ async def test_app_node_restarted_without_loki_makes_wrk_monitor_forget_it(tmp_p
 
 @pytest.mark.slow
 async def test_a_wrk_monitor_too_old_to_clear_keeps_the_connection(caplog):
-    caplog.set_level(logging.INFO, logger="nodes.monitor.client")
+    caplog.set_level(logging.INFO, logger="nodes.kit.monitor_client")
     fast = UpkeepPolicy(base_s=0.05, max_s=0.2, dial_timeout_s=2.0)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

@@ -20,7 +20,7 @@ from contracts.shell_access import MAX_SHELL_KEYS, ShellKeys, ShellKeysAck
 from nodes.app_node.model import Role
 from nodes.app_node.shell_keys import ShellKeySync
 from nodes.app_node.store import Store
-from nodes.ork.client import OrkUnavailable
+from nodes.kit.ork_client import OrkUnavailable
 
 from ...p2p.helpers import wait_until
 from ..ork.world import World, container

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from contracts.agent_report import HELLO, LOGS
-from contracts.log_shipper import LogShipper, ShipperHandler
 from contracts.monitor import APPLICATION, SYSTEM, LogRecord, PushBatch, encode_batch, make_record
 from nodes.k8s_worker.daemon import _snapshot
 from nodes.k8s_worker.log_limit import (
@@ -29,7 +28,8 @@ from nodes.k8s_worker.log_limit import (
     TokenBucket,
 )
 from nodes.k8s_worker.settings import AgentsSettings
-from nodes.metrics import snapshot_registry
+from nodes.kit.log_shipper import LogShipper, ShipperHandler
+from nodes.kit.metrics import snapshot_registry
 from tests.agents.helpers import agent_config, vmi_of
 
 from .test_agent_logs import Collected

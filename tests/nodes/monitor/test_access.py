@@ -43,7 +43,7 @@ from contracts.monitor import (
     encode_batch,
     make_record,
 )
-from nodes.forwarded import TrustedProxies
+from nodes.kit.forwarded import TrustedProxies
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor._http import Guard, LogsFront, client_address, create_app
 from nodes.monitor.agent_metrics import AgentMetricsBook, install

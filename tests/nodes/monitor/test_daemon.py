@@ -18,8 +18,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.log_shipper import LogShipper
 from contracts.monitor import APPLICATION, make_record
+from nodes.kit.log_shipper import LogShipper
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.settings import MonitorSettings
 from nodes.proxy_inference.health import HealthWindow

@@ -25,7 +25,7 @@ from contracts.monitor import (
     encode_batch,
     make_record,
 )
-from nodes.monitor.client import MonitorClient
+from nodes.kit.monitor_client import MonitorClient
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.settings import MonitorSettings
 from p2p.keys import KeyPair
@@ -49,7 +49,7 @@ def rec(i: int):
 async def test_app_node_sets_loki_and_history_comes_back_from_it_across_a_restart(
         tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    caplog.set_level(logging.DEBUG, logger="nodes.monitor.client")
+    caplog.set_level(logging.DEBUG, logger="nodes.kit.monitor_client")
     app_key = KeyPair.generate()
     (tmp_path / "monitor").mkdir()
 

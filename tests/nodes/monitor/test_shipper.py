@@ -9,8 +9,8 @@ import logging
 import trio
 import trio.testing
 
-from contracts.log_shipper import LogShipper, ShipperHandler
 from contracts.monitor import make_record
+from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 

@@ -256,7 +256,7 @@ async def test_the_daemon_started_with_empty_allow_lists_refuses_and_says_so(
     """The real start path (nodes/ork/daemon.py) with no app_nodes, proxies or
     clients: it serves, refuses every call, and logs why; with the deprecated
     ``clients`` it warns and treats them as app-nodes."""
-    from nodes.ork.client import OrkClient
+    from nodes.kit.ork_client import OrkClient
     from nodes.ork.daemon import start_ork
     from p2p.daemon import Daemon
     from p2p.keys import KeyPair

@@ -17,7 +17,7 @@ from contracts.ork import (
     ListJobs,
     WatchJobs,
 )
-from nodes.ork.client import OrkClient, OrkUnavailable
+from nodes.kit.ork_client import OrkClient, OrkUnavailable
 from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
 from p2p.rpc import RpcError

@@ -32,10 +32,10 @@ from nodes.app_node.ratelimit import EmbeddedLimiter, Limits, Rate
 from nodes.app_node.services import AppServices
 from nodes.app_node.store import Store
 from nodes.app_node.team_rules import TeamCreators, TeamsSettings
+from nodes.kit.monitor_client import MonitorClient
+from nodes.kit.ork_client import OrkClient
 from nodes.monitor._buffer import LogBuffer
-from nodes.monitor.client import MonitorClient
 from nodes.monitor.service import MonitorService
-from nodes.ork.client import OrkClient
 from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy

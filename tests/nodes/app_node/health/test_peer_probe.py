@@ -10,8 +10,8 @@ import trio
 from contracts.health import package_version
 from contracts.monitor import PROTOCOL as MONITOR
 from nodes.app_node.health import ServiceState, peer_target, probe, service_state
-from nodes.monitor.client import MonitorClient
-from nodes.ork.client import OrkClient
+from nodes.kit.monitor_client import MonitorClient
+from nodes.kit.ork_client import OrkClient
 from nodes.ork.service import OrkService
 from p2p.host import RpcService
 from p2p.keys import KeyPair

@@ -23,8 +23,8 @@ from nodes.app_node.health import (
     proxies_source,
     proxy_row,
 )
+from nodes.kit.reporter import DEFAULT_INTERVAL_S as PROXY_REPORT_INTERVAL_S
 from nodes.monitor._buffer import LogBuffer
-from nodes.monitor.reporter import DEFAULT_INTERVAL_S as PROXY_REPORT_INTERVAL_S
 from nodes.monitor.service import MonitorService
 from tests.nodes.monitor.test_service import connect
 

@@ -1,7 +1,7 @@
 """A long-lived client of wrk-ork's ``cosmicac-ork/1`` for the daemons that call it.
 
 app-node sends every job, replica, rack and node operation to wrk-ork over the
-swarm through one :class:`OrkClient` (a :class:`~nodes.peer_client.PeerClient`:
+swarm through one :class:`OrkClient` (a :class:`~nodes.kit.peer_client.PeerClient`:
 one connection kept open, calls wait for it up to their timeout, then
 :class:`OrkUnavailable`). wrk-ork's own refusals keep their codes
 (:class:`~p2p.rpc.RpcError`: ``NOT_FOUND``, ``INVALID_STATE``, ``BAD_REQUEST``,
@@ -11,7 +11,7 @@ one connection kept open, calls wait for it up to their timeout, then
 from __future__ import annotations
 
 from contracts.ork import PROTOCOL
-from nodes.peer_client import PeerClient
+from nodes.kit.peer_client import PeerClient
 
 __all__ = ["DEFAULT_TIMEOUT_S", "OrkClient", "OrkUnavailable"]
 

@@ -1,7 +1,7 @@
 """A long-lived RPC client of one daemon, for the daemons that call it.
 
-app-node calls wrk-ork (:class:`nodes.ork.client.OrkClient`) and wrk-monitor
-(:class:`nodes.monitor.client.MonitorClient`) over the swarm (DESIGN.md §4: no
+app-node calls wrk-ork (:class:`nodes.kit.ork_client.OrkClient`) and wrk-monitor
+(:class:`nodes.kit.monitor_client.MonitorClient`) over the swarm (DESIGN.md §4: no
 HTTP between daemons). :class:`PeerClient` keeps one connection to the peer's
 key for as long as the daemon runs (:func:`p2p.swarm.stay_connected`: its known
 addresses first, then the DHT, redialled with backoff), holds one RPC client on
@@ -16,7 +16,7 @@ reached the peer is the caller's to look up, not to send twice.
 Each time the connection comes up, :meth:`PeerClient.on_connected` runs in a
 task of its own (cancelled when the connection goes); subclasses override it
 to tell the peer something it must know on every connection (app-node's
-:class:`~nodes.monitor.client.MonitorClient` sends its Loki and Prometheus
+:class:`~nodes.kit.monitor_client.MonitorClient` sends its Loki and Prometheus
 URLs). What it raises is logged, never fatal: the next connection runs it again.
 """
 

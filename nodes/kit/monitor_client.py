@@ -1,13 +1,13 @@
 """A long-lived client of wrk-monitor's ``cosmicac-monitor/1`` for daemons that read logs.
 
 app-node reads a job's logs from wrk-monitor over the swarm through one
-:class:`MonitorClient` (a :class:`~nodes.peer_client.PeerClient`: one
+:class:`MonitorClient` (a :class:`~nodes.kit.peer_client.PeerClient`: one
 connection kept open, calls wait for it up to their timeout, then
 :class:`MonitorUnavailable`). wrk-monitor's refusals keep their codes
 (:class:`~p2p.rpc.RpcError`: ``FORBIDDEN``, ``LAGGED``, ``TOO_MANY_FOLLOWERS``).
 
 Its channel has an id of its own (:data:`CHANNEL_ID`): app-node also ships its
-own log records to the same wrk-monitor (``nodes/telemetry.py``) on the same
+own log records to the same wrk-monitor (``nodes/kit/telemetry.py``) on the same
 connection, and a mux keeps one channel per (protocol, id).
 
 Given ``observability`` (app-node's Loki and Prometheus URLs), it sends them
@@ -43,7 +43,7 @@ from contracts.monitor import (
     ObservabilityClear,
     ObservabilityState,
 )
-from nodes.peer_client import PeerClient
+from nodes.kit.peer_client import PeerClient
 from p2p.rpc import RpcClient, RpcError
 
 __all__ = ["CHANNEL_ID", "DEFAULT_TIMEOUT_S", "HEALTH_TIMEOUT_S", "MonitorClient",

@@ -70,7 +70,7 @@ CHANNEL_ID = b"logs"
 #: Records held while wrk-monitor is slow or down: ~100 s of a busy daemon's
 #: logs, a few tens of MB at most.
 DEFAULT_MAX_RECORDS = 100_000
-#: Records per push (the issue's "500 a message").
+#: Records per push (500 a message: ~100 pushes a second at 50,000 records/s).
 DEFAULT_BATCH_RECORDS = 500
 #: Codes after which the same batch would be refused again: drop it.
 _REFUSED = frozenset({"BAD_BATCH", "FORBIDDEN", "INVALID_PARAMS"})
@@ -264,7 +264,7 @@ class ShipperHandler(logging.Handler):
     """``logging`` records as System :class:`LogRecord` s offered to ``shipper``.
 
     ``job_id`` and ``replica`` come from the log call's ``extra`` (``log.info(...,
-    extra={"job_id": "j-1", "replica": 0})``); records of ``contracts.log_shipper``
+    extra={"job_id": "j-1", "replica": 0})``); records of ``nodes.kit.log_shipper``
     itself are skipped (a failing push must not feed the queue it failed to send).
     """
 

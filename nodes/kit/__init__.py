@@ -1,0 +1,18 @@
+"""The shared daemon runtime: what every daemon of ``nodes/`` runs, below them all.
+
+Daemons meet only over the swarm, through ``contracts/``; what they share in
+process lives here, and no module here imports a daemon package:
+
+- :mod:`.peer_client`: one long-lived RPC client of another daemon, and the
+  typed clients over the contracts: :mod:`.ork_client` (``cosmicac-ork/1``,
+  app-node's) and :mod:`.monitor_client` (``cosmicac-monitor/1``, app-node's
+  reader);
+- :mod:`.reporter`: a task that pushes the latest snapshot of something to
+  wrk-monitor every few seconds (the proxies' windows, the workers' agents);
+- :mod:`.telemetry` and :mod:`.log_shipper`: a daemon's (or an agent's) log
+  records shipped to wrk-monitor;
+- :mod:`.metrics`: Prometheus exposition helpers;
+- :mod:`.forwarded`: the client address behind trusted HTTP proxies.
+
+Import-free: importing one part never loads the others.
+"""
