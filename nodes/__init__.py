@@ -1,7 +1,8 @@
-"""The CosmicAC platform daemons: wrk-ork, wrk-server-k8s-nvidia and, later,
-app-node, proxy-inference and wrk-monitor (DESIGN.md §4).
+"""The CosmicAC platform daemons (DESIGN.md §1, §4), one package each: ``ork``
+(wrk-ork), ``k8s_worker`` (wrk-server-k8s-nvidia), ``app_node``,
+``proxy_inference``, ``monitor`` (wrk-monitor) and ``entry``.
 
-Shared vocabulary lives in :mod:`contracts.model` (jobs, racks, placements,
-statuses) and :mod:`contracts.operations` (what wrk-ork and the worker say to each
-other over the durable queue).
+No daemon package imports another: daemons meet over the swarm, through the
+protocols in :mod:`contracts`. What they share in process is the daemon
+runtime in :mod:`nodes.kit`, below them all (``tests/test_layering.py``).
 """

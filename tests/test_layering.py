@@ -1,0 +1,188 @@
+"""The import layering of DESIGN.md §1, read from the source (no module is imported).
+
+``p2p`` ← ``relay``, ``crdt``, ``contracts`` ← ``nodes/kit`` ← each daemon of
+``nodes/``, ``agents`` ← ``cli``. The rules checked here:
+
+- a daemon package (``nodes/<daemon>/``) imports no other part of ``nodes``
+  than ``nodes.kit`` and itself: daemons meet over the swarm, through
+  ``contracts/``;
+- ``nodes/kit`` imports no daemon package (nor ``agents``, ``cli``);
+- ``contracts/`` imports only ``p2p``, pydantic, the standard library and itself
+  (and msgpack, the wire codec of every message, DESIGN.md §2: a contract that
+  defines a wire form encodes and decodes it; no runtime such as trio);
+- ``p2p/`` imports nothing of the platform (``nodes``, ``agents``, ``cli``,
+  ``contracts``, ``relay``, ``crdt``).
+
+Every ``import`` statement counts, including those under ``if TYPE_CHECKING:``
+or inside a function: a type-only import still ties one package to another.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Top-level packages that are the platform (above ``p2p``).
+_PLATFORM = frozenset({"nodes", "agents", "cli", "contracts", "relay", "crdt"})
+#: What ``contracts/`` may import besides the standard library and itself.
+_CONTRACTS_MAY_IMPORT = frozenset({"p2p", "pydantic", "pydantic_core", "msgpack"})
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: str
+    line: int
+    imported: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: imports {self.imported}: {self.rule}"
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, dotted name)`` for every import in the file, relative ones resolved.
+
+    ``from a.b import c`` yields ``a.b.c`` (``c`` may be a submodule: the rules
+    look at the first two components only, so a name in ``a.b`` is judged as
+    ``a.b``'s).
+    """
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    package = _module_name(root, path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                yield node.lineno, base if alias.name == "*" else f"{base}.{alias.name}"
+
+
+def _daemons(root: Path) -> frozenset[str]:
+    """The daemon packages: every package directly under ``nodes/`` but the kit."""
+    nodes = root / "nodes"
+    return frozenset(p.name for p in nodes.iterdir()
+                     if (p / "__init__.py").is_file() and p.name != "kit")
+
+
+def _rule(module: str, imported: str, daemons: frozenset[str]) -> str | None:
+    """Why ``module`` may not import ``imported``; None if it may."""
+    top, _, rest = imported.partition(".")
+    #: The part of ``nodes`` imported ("" for the bare package), else None.
+    part = rest.partition(".")[0] if top == "nodes" else None
+    layer, _, sub = module.partition(".")
+    home = sub.partition(".")[0]
+    if layer == "p2p" and top in _PLATFORM:
+        return "p2p/ imports nothing of the platform"
+    if (layer == "contracts" and top != "contracts" and top not in _CONTRACTS_MAY_IMPORT
+            and top not in sys.stdlib_module_names):
+        return "contracts/ imports only p2p, pydantic, msgpack and the standard library"
+    if layer == "nodes" and home == "kit" and (top in ("agents", "cli")
+                                               or part not in (None, "", "kit")):
+        return "nodes/kit imports no daemon package (it lies below them)"
+    if layer == "nodes" and home in daemons and part not in (None, "", "kit", home):
+        return (f"nodes/{home} imports only nodes.kit of nodes/ (daemons meet over the "
+                "swarm, through contracts/)")
+    return None
+
+
+def check_layering(root: Path) -> list[Violation]:
+    """Every import under ``root`` that breaks a rule of the module doc."""
+    daemons = _daemons(root) if (root / "nodes").is_dir() else frozenset()
+    found = []
+    for top in ("p2p", "contracts", "nodes"):
+        for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else ():
+            module = _module_name(root, path)
+            for line, imported in _imports(root, path):
+                rule = _rule(module, imported, daemons)
+                if rule is not None:
+                    found.append(Violation(str(path.relative_to(root)), line, imported, rule))
+    return found
+
+
+def test_the_tree_keeps_its_layers() -> None:
+    violations = check_layering(ROOT)
+    assert not violations, "\n".join(map(str, violations))
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_a_tree_that_keeps_its_layers_passes(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "p2p/__init__.py": "import os\n",
+        "contracts/__init__.py": "",
+        "contracts/a.py": "import json\nfrom pydantic import BaseModel\nfrom p2p import rpc\n"
+                          "from .b import X\nfrom contracts import b\n",
+        "contracts/b.py": "X = 1\n",
+        "nodes/__init__.py": "",
+        "nodes/kit/__init__.py": "",
+        "nodes/kit/client.py": "from contracts.a import X\nimport trio\n"
+                               "from p2p.rpc import Method\n",
+        "nodes/ork/__init__.py": "",
+        "nodes/ork/service.py": "from nodes.kit.client import X\nfrom . import store\n"
+                                "from .store import Y\nfrom ..kit import client\n"
+                                "import nodes.ork.store\nfrom crdt import db\n"
+                                "from relay import r\n",
+        "nodes/ork/store.py": "Y = 1\n",
+        "nodes/monitor/__init__.py": "",
+        "nodes/monitor/service.py": "from nodes import kit\nfrom contracts import a\n",
+    })
+    assert check_layering(tmp_path) == []
+
+
+def test_each_broken_rule_is_found(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "p2p/__init__.py": "",
+        "p2p/host.py": "from contracts.model import JobSpec\nimport nodes\n",
+        "contracts/__init__.py": "",
+        "contracts/a.py": "import trio\nfrom nodes.kit import client\n",
+        "nodes/__init__.py": "",
+        "nodes/shared.py": "",
+        "nodes/kit/__init__.py": "",
+        "nodes/kit/client.py": "from nodes.ork.service import OrkService\nimport agents\n"
+                               "from ..ork import store\n",
+        "nodes/ork/__init__.py": "",
+        "nodes/ork/service.py": "from nodes.monitor.service import X\n",
+        "nodes/monitor/__init__.py": "",
+        "nodes/monitor/service.py": "from ..ork import service\nfrom nodes import ork\n"
+                                    "import nodes.shared\n"
+                                    "def late():\n    from nodes.ork import client\n",
+    })
+    found = {(v.path, v.line, v.imported) for v in check_layering(tmp_path)}
+    assert found == {
+        ("p2p/host.py", 1, "contracts.model.JobSpec"),
+        ("p2p/host.py", 2, "nodes"),
+        ("contracts/a.py", 1, "trio"),
+        ("contracts/a.py", 2, "nodes.kit.client"),
+        ("nodes/kit/client.py", 1, "nodes.ork.service.OrkService"),
+        ("nodes/kit/client.py", 2, "agents"),
+        ("nodes/kit/client.py", 3, "nodes.ork.store"),
+        ("nodes/ork/service.py", 1, "nodes.monitor.service.X"),
+        ("nodes/monitor/service.py", 1, "nodes.ork.service"),
+        ("nodes/monitor/service.py", 2, "nodes.ork"),
+        ("nodes/monitor/service.py", 3, "nodes.shared"),
+        ("nodes/monitor/service.py", 5, "nodes.ork.client"),
+    }
