@@ -31,7 +31,6 @@ from __future__ import annotations
 import enum
 import os
 import re
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import trio
 
+from nodes.kit.process import describe_exit, spawn, stop_all
 from p2p.files import private_file, private_folder
 
 __all__ = ["ServiceSpec", "ServiceState", "StartFailed", "Supervisor"]
@@ -180,10 +180,9 @@ class Supervisor:
         private_file(log_path)
         with log_path.open("ab") as log_file:
             try:
-                process = await trio.lowlevel.open_process(
-                    list(spec.argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=log_file, env={**os.environ, **spec.env}, cwd=spec.cwd,
-                    start_new_session=True)
+                process = await spawn(
+                    spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=log_file, env={**os.environ, **spec.env}, cwd=spec.cwd)
             except OSError as exc:
                 service.last_line = f"cannot start: {exc.strerror or exc}"
                 return
@@ -201,7 +200,7 @@ class Supervisor:
                 if process.returncode is not None:
                     service.process = None  # else cancelled: stop() still owns it
                 if not self._stopping and process.returncode is not None:
-                    service.last_line = (f"exited with {_status(process.returncode)}"
+                    service.last_line = (describe_exit(process.returncode)
                                          + (f": {service.last_line}" if service.last_line
                                             else ""))[:_LAST_LINE_CHARS]
 
@@ -240,19 +239,9 @@ class Supervisor:
         """SIGTERM every service (reverse start order), SIGKILL what is left after
         ``stop_timeout_s``; returns once every process has exited."""
         self._stopping = True
-        running = [self.services[name] for name in reversed(self.order)
-                   if self.services[name].process is not None]
-        for service in running:
-            _signal_group(service.process, signal.SIGTERM)
-        with trio.move_on_after(self.stop_timeout_s):
-            for service in running:
-                if service.process is not None:
-                    await service.process.wait()
-        for service in running:
-            process = service.process
-            if process is not None:
-                _signal_group(process, signal.SIGKILL)
-                await process.wait()
+        running = [self.services[name].process for name in reversed(self.order)]
+        await stop_all([process for process in running if process is not None],
+                       self.stop_timeout_s)
         for service in self.services.values():
             service.state = ServiceState.STOPPED
         if self._nursery is not None:
@@ -299,24 +288,4 @@ def _start_order(specs: Sequence[ServiceSpec]) -> list[str]:
     for spec in specs:
         visit(spec.name)
     return order
-
-
-def _status(code: int | None) -> str:
-    if code is None:
-        return "an unknown status"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"status {code}"
-
-
-def _signal_group(process: trio.Process | None, sig: signal.Signals) -> None:
-    if process is None or process.returncode is not None:
-        return
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
