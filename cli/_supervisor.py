@@ -7,9 +7,9 @@ as in a multi-host deployment, so a crash stays in its process; this module
 is the parent that keeps them:
 
 - **start in order**: a service starts once every service it depends on is
-  *ready*, which means its stdout printed the line its ``ready`` pattern
-  matches (the daemons print ``<name> <key> listening on HOST:PORT``), within
-  ``start_timeout_s``;
+  *ready*, which means its stdout printed the ready line of the daemon its
+  ``ready`` names (``<name> ready key=… swarm=HOST:PORT``, :mod:`nodes.kit.ready`),
+  within ``start_timeout_s``;
 - **restart with backoff**: a service that exits is started again after 1 s,
   2 s, 4 s … up to ``backoff_max_s``; one that stayed up for
   ``stable_after_s`` starts its backoff afresh. Its dependants keep running
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import enum
 import os
-import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from pathlib import Path
 import trio
 
 from nodes.kit.process import describe_exit, spawn, stop_all
+from nodes.kit.ready import ReadyLine, parse_ready
 from p2p.files import private_file, private_folder
 
 __all__ = ["ServiceSpec", "ServiceState", "StartFailed", "Supervisor"]
@@ -65,8 +65,9 @@ class ServiceSpec:
 
     name: str
     argv: tuple[str, ...]
-    #: A pattern its stdout matches once it serves; None: ready once started.
-    ready: re.Pattern[str] | None = None
+    #: The daemon whose ready line its stdout prints once it serves; None: ready
+    #: once started.
+    ready: str | None = None
     depends_on: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
@@ -81,8 +82,8 @@ class _Service:
     restarts: int = 0
     started_at: float | None = None
     last_line: str = ""
-    #: The match of its ready line (the daemon's key and address, say).
-    ready_match: re.Match[str] | None = None
+    #: Its ready line (the daemon's key and addresses).
+    ready_line: ReadyLine | None = None
     ready_event: trio.Event = field(default_factory=trio.Event)
 
 
@@ -225,11 +226,11 @@ class Supervisor:
                     if not line:
                         continue
                     service.last_line = line[:_LAST_LINE_CHARS]
-                    pattern = service.spec.ready
-                    if pattern is not None and service.state is ServiceState.STARTING:
-                        match = pattern.search(line)
-                        if match:
-                            service.ready_match = match
+                    daemon = service.spec.ready
+                    if daemon is not None and service.state is ServiceState.STARTING:
+                        ready = parse_ready(line)
+                        if ready is not None and ready.daemon == daemon:
+                            service.ready_line = ready
                             service.state = ServiceState.RUNNING
                             service.ready_event.set()
 
@@ -263,9 +264,9 @@ class Supervisor:
                          "last": service.last_line})
         return rows
 
-    def ready_match(self, name: str) -> re.Match[str] | None:
-        """What service ``name``'s ready line said (its key, its address...)."""
-        return self.services[name].ready_match
+    def ready_line(self, name: str) -> ReadyLine | None:
+        """What service ``name``'s ready line said (its key, its addresses...)."""
+        return self.services[name].ready_line
 
 
 def _start_order(specs: Sequence[ServiceSpec]) -> list[str]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -231,30 +230,20 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[Servi
     def run(name: str) -> tuple[str, ...]:
         return (*COSMICAC, "run", name, "--config", files[name])
 
-    hex64 = r"([0-9a-f]{64})"
+    # Each waits for its daemon's ready line on stdout (nodes/kit/ready.py).
     return [
-        # The DHT bootstrap says it listens on stderr: fold it into stdout,
-        # where the supervisor looks for ready lines (exec: no extra process).
-        ServiceSpec(DHT, ("sh", "-c", 'exec "$@" 2>&1', "sh", *COSMICAC, "dht", "bootstrap",
-                          "--host", HOST, "--port", str(ports.dht)),
-                    ready=re.compile(r"dht bootstrap listening on (\S+)")),
+        ServiceSpec(DHT, (*COSMICAC, "dht", "bootstrap", "--host", HOST, "--port",
+                          str(ports.dht)), ready="dht-bootstrap"),
         ServiceSpec(RELAY, (*COSMICAC, "relay", "--storage", str(storage / RELAY), "--host",
                             HOST, "--port", str(ports.relay), "--bootstrap", bootstrap[0]),
-                    ready=re.compile(r"Server listening on " + hex64), depends_on=(DHT,)),
-        ServiceSpec(MONITOR, run(MONITOR), ready=re.compile(r"wrk-monitor " + hex64 +
-                                                             r" listening"),
-                    depends_on=(DHT, RELAY)),
-        ServiceSpec(APP, run(APP), ready=re.compile(r"app-node " + hex64 + r" serving"),
-                    depends_on=(DHT, RELAY, MONITOR)),
-        ServiceSpec(ORK, run(ORK), ready=re.compile(r"wrk-ork " + hex64 + r" listening"),
-                    depends_on=(DHT, RELAY, APP)),
-        ServiceSpec(WORKER, run(WORKER),
-                    ready=re.compile(r"wrk-server-k8s-nvidia " + hex64 + r" listening"),
-                    depends_on=(ORK,)),
-        ServiceSpec(PROXY, run(PROXY), ready=re.compile(r"proxy-inference " + hex64),
+                    ready="relay", depends_on=(DHT,)),
+        ServiceSpec(MONITOR, run(MONITOR), ready="wrk-monitor", depends_on=(DHT, RELAY)),
+        ServiceSpec(APP, run(APP), ready="app-node", depends_on=(DHT, RELAY, MONITOR)),
+        ServiceSpec(ORK, run(ORK), ready="wrk-ork", depends_on=(DHT, RELAY, APP)),
+        ServiceSpec(WORKER, run(WORKER), ready="wrk-server-k8s-nvidia", depends_on=(ORK,)),
+        ServiceSpec(PROXY, run(PROXY), ready="proxy-inference",
                     depends_on=(APP, ORK, WORKER)),
-        ServiceSpec(ENTRY, run(ENTRY), ready=re.compile(r"entry serving (\S+)"),
-                    depends_on=(APP, PROXY, MONITOR)),
+        ServiceSpec(ENTRY, run(ENTRY), ready="entry", depends_on=(APP, PROXY, MONITOR)),
     ]
 
 
