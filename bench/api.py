@@ -177,16 +177,19 @@ class Daemons:
     logs: dict[str, Path] = field(default_factory=dict)
 
 
-def _wait_line(proc: subprocess.Popen, log: Path, needle: str) -> None:
+def _wait_ready(proc: subprocess.Popen, log: Path, daemon: str) -> None:
+    from nodes.kit.ready import find_ready
+
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if needle in log.read_text(errors="replace"):
+        text = log.read_text(errors="replace")
+        if find_ready(text.splitlines()[:text.count("\n")], daemon) is not None:
             return
         if proc.poll() is not None:
             raise LoadError(f"{log.stem} exited {proc.returncode}: "
                             + log.read_text(errors="replace")[-1500:])
         time.sleep(0.1)
-    raise LoadError(f"{log.stem} did not print {needle!r} within {START_TIMEOUT_S:.0f} s")
+    raise LoadError(f"{log.stem} did not print its ready line within {START_TIMEOUT_S:.0f} s")
 
 
 @contextlib.contextmanager
@@ -206,7 +209,7 @@ def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
     procs: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
     try:
-        for name, ready in (("wrk-ork", "listening on"), ("app-node", "serving http")):
+        for name in ("wrk-ork", "app-node"):
             config = workdir / f"{name}.json"
             config.write_text(json.dumps(configs[name]))
             logs[name] = workdir / f"{name}.log"
@@ -214,7 +217,7 @@ def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
                 procs[name] = subprocess.Popen(
                     [sys.executable, "-m", "cli.main", "run", name, "--config", str(config)],
                     stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-            _wait_line(procs[name], logs[name], ready)
+            _wait_ready(procs[name], logs[name], name)
         api = f"http://{HOST}:{http_port}/api"
         _wait_ork(api, seeded)
         yield Daemons(api=api, pids={"app": procs["app-node"].pid, "ork": procs["wrk-ork"].pid},

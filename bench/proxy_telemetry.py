@@ -58,7 +58,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -80,7 +79,6 @@ TEAM = "team-a"
 #: Scenario -> the modes of its job's replicas (TinyAgent's).
 SCENARIOS = {"quiet": ("ok",), "retrying": ("unavailable", "ok")}
 TARGET_RATIO = 0.95
-MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+) ")
 
 
 @dataclass
@@ -204,9 +202,17 @@ def _cosmicac(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", "run", *args]
 
 
+def _whole_lines(log: Path) -> list[str]:
+    """The log's lines but a last one still being written."""
+    text = log.read_text(errors="replace")
+    return text.splitlines()[:text.count("\n")]
+
+
 @contextlib.contextmanager
 def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int, int, int]]:
     """``cosmicac run wrk-monitor``; yields (its key, swarm port, HTTP port, pid)."""
+    from nodes.kit.ready import find_ready
+
     storage = workdir / "monitor"
     storage.mkdir()
     http_port = _free_port()
@@ -221,12 +227,12 @@ def start_monitor(workdir: Path, pushers: list[str]) -> Iterator[tuple[str, int,
     with _process(_cosmicac("wrk-monitor", "--config", str(config)), log,
                   _project_env()) as proc:
         deadline = time.monotonic() + 60
-        while not (match := MONITOR_READY.search(log.read_text(errors="replace"))):
+        while (ready := find_ready(_whole_lines(log), "wrk-monitor")) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("wrk-monitor did not start: "
                                    + log.read_text(errors="replace")[-1500:])
             time.sleep(0.1)
-        yield match[1], int(match[3]), http_port, proc.pid
+        yield ready.key, ready.port("swarm"), http_port, proc.pid
 
 
 @contextlib.contextmanager

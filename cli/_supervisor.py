@@ -7,9 +7,9 @@ as in a multi-host deployment, so a crash stays in its process; this module
 is the parent that keeps them:
 
 - **start in order**: a service starts once every service it depends on is
-  *ready*, which means its stdout printed the line its ``ready`` pattern
-  matches (the daemons print ``<name> <key> listening on HOST:PORT``), within
-  ``start_timeout_s``;
+  *ready*, which means its stdout printed the ready line of the daemon its
+  ``ready`` names (``<name> ready key=… swarm=HOST:PORT``, :mod:`nodes.kit.ready`),
+  within ``start_timeout_s``;
 - **restart with backoff**: a service that exits is started again after 1 s,
   2 s, 4 s … up to ``backoff_max_s``; one that stayed up for
   ``stable_after_s`` starts its backoff afresh. Its dependants keep running
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import enum
 import os
-import re
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +37,8 @@ from pathlib import Path
 
 import trio
 
+from nodes.kit.process import describe_exit, spawn, stop_all
+from nodes.kit.ready import ReadyLine, parse_ready
 from p2p.files import private_file, private_folder
 
 __all__ = ["ServiceSpec", "ServiceState", "StartFailed", "Supervisor"]
@@ -65,8 +65,9 @@ class ServiceSpec:
 
     name: str
     argv: tuple[str, ...]
-    #: A pattern its stdout matches once it serves; None: ready once started.
-    ready: re.Pattern[str] | None = None
+    #: The daemon whose ready line its stdout prints once it serves; None: ready
+    #: once started.
+    ready: str | None = None
     depends_on: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
@@ -81,8 +82,8 @@ class _Service:
     restarts: int = 0
     started_at: float | None = None
     last_line: str = ""
-    #: The match of its ready line (the daemon's key and address, say).
-    ready_match: re.Match[str] | None = None
+    #: Its ready line (the daemon's key and addresses).
+    ready_line: ReadyLine | None = None
     ready_event: trio.Event = field(default_factory=trio.Event)
 
 
@@ -180,10 +181,9 @@ class Supervisor:
         private_file(log_path)
         with log_path.open("ab") as log_file:
             try:
-                process = await trio.lowlevel.open_process(
-                    list(spec.argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=log_file, env={**os.environ, **spec.env}, cwd=spec.cwd,
-                    start_new_session=True)
+                process = await spawn(
+                    spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=log_file, env={**os.environ, **spec.env}, cwd=spec.cwd)
             except OSError as exc:
                 service.last_line = f"cannot start: {exc.strerror or exc}"
                 return
@@ -201,7 +201,7 @@ class Supervisor:
                 if process.returncode is not None:
                     service.process = None  # else cancelled: stop() still owns it
                 if not self._stopping and process.returncode is not None:
-                    service.last_line = (f"exited with {_status(process.returncode)}"
+                    service.last_line = (describe_exit(process.returncode)
                                          + (f": {service.last_line}" if service.last_line
                                             else ""))[:_LAST_LINE_CHARS]
 
@@ -226,11 +226,11 @@ class Supervisor:
                     if not line:
                         continue
                     service.last_line = line[:_LAST_LINE_CHARS]
-                    pattern = service.spec.ready
-                    if pattern is not None and service.state is ServiceState.STARTING:
-                        match = pattern.search(line)
-                        if match:
-                            service.ready_match = match
+                    daemon = service.spec.ready
+                    if daemon is not None and service.state is ServiceState.STARTING:
+                        ready = parse_ready(line)
+                        if ready is not None and ready.daemon == daemon:
+                            service.ready_line = ready
                             service.state = ServiceState.RUNNING
                             service.ready_event.set()
 
@@ -240,19 +240,9 @@ class Supervisor:
         """SIGTERM every service (reverse start order), SIGKILL what is left after
         ``stop_timeout_s``; returns once every process has exited."""
         self._stopping = True
-        running = [self.services[name] for name in reversed(self.order)
-                   if self.services[name].process is not None]
-        for service in running:
-            _signal_group(service.process, signal.SIGTERM)
-        with trio.move_on_after(self.stop_timeout_s):
-            for service in running:
-                if service.process is not None:
-                    await service.process.wait()
-        for service in running:
-            process = service.process
-            if process is not None:
-                _signal_group(process, signal.SIGKILL)
-                await process.wait()
+        running = [self.services[name].process for name in reversed(self.order)]
+        await stop_all([process for process in running if process is not None],
+                       self.stop_timeout_s)
         for service in self.services.values():
             service.state = ServiceState.STOPPED
         if self._nursery is not None:
@@ -274,9 +264,9 @@ class Supervisor:
                          "last": service.last_line})
         return rows
 
-    def ready_match(self, name: str) -> re.Match[str] | None:
-        """What service ``name``'s ready line said (its key, its address...)."""
-        return self.services[name].ready_match
+    def ready_line(self, name: str) -> ReadyLine | None:
+        """What service ``name``'s ready line said (its key, its addresses...)."""
+        return self.services[name].ready_line
 
 
 def _start_order(specs: Sequence[ServiceSpec]) -> list[str]:
@@ -299,24 +289,4 @@ def _start_order(specs: Sequence[ServiceSpec]) -> list[str]:
     for spec in specs:
         visit(spec.name)
     return order
-
-
-def _status(code: int | None) -> str:
-    if code is None:
-        return "an unknown status"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"status {code}"
-
-
-def _signal_group(process: trio.Process | None, sig: signal.Signals) -> None:
-    if process is None or process.returncode is not None:
-        return
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 import typer
 
+from nodes.kit.ready import print_ready
 from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address, dht_registry
 from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
@@ -81,6 +82,9 @@ async def _serve_node(host: str, port: int, bootstrap: list, label: str,
         node_id = node.core.node_id.hex() if node.core.node_id else "(learning)"
         err.print(f"{label} listening on {bound_host}:{bound_port} node-id {node_id}",
                   markup=False)
+        # The machines' line (``cosmicac up`` waits for it): stdout, as every daemon's.
+        print_ready(label.replace(" ", "-"), addresses={"udp": (bound_host, bound_port)},
+                    note=f"node-id {node_id}")
         log.info("dht.node_started address=%s:%d contacts=%d", bound_host, bound_port,
                  len(node.core.routing))
 

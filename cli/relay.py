@@ -9,10 +9,15 @@ Settings come from :class:`relay.RelaySettings` on the daemon kit
 (:mod:`p2p.daemon`): ``--config FILE``, then ``COSMICAC_RELAY__<KEY>``
 environment variables, then these options.
 
-stdout carries exactly two lines, flushed as soon as they are true::
+stdout carries two lines, flushed as soon as they are true::
 
     Using storage at <absolute path>
     Server listening on <relay key, 64 hex>
+
+and, from ``cosmicac relay`` only (``blind-relay`` prints exactly upstream's two),
+the ready line every daemon prints (:mod:`nodes.kit.ready`)::
+
+    relay ready key=<relay key> tcp=<host>:<port> udp=<host>:<port>
 
 Logs go to stderr (JSON lines unless it is a terminal).
 """
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import typer
 
+from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon, DaemonError, run_daemon
 from p2p.errors import P2PError
 from p2p.keys import load_or_create_keypair
@@ -51,6 +57,9 @@ from .dht import parse_bootstrap
 __all__ = ["main", "parse_allow", "relay"]
 
 log = logging.getLogger("cosmicac.relay")
+
+#: Set by the ``blind-relay`` script: its stdout stays exactly upstream's two lines.
+_upstream_stdout = False
 
 
 def parse_allow(values: list[str] | None, *, what: str = "--allow key"
@@ -151,10 +160,15 @@ async def _start(daemon: Daemon[RelaySettings]) -> None:
     ))
     daemon.metrics.add(addresses.registry)
     print(f"Server listening on {keypair.hex}", flush=True)
+    if not _upstream_stdout:
+        print_ready("relay", key=keypair.hex,
+                    addresses={"tcp": addresses.tcp, "udp": addresses.dht})
 
 
 def main() -> None:
     """The ``blind-relay`` console script."""
+    global _upstream_stdout
+    _upstream_stdout = True
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(relay)
     app(prog_name="blind-relay")

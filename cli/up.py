@@ -32,9 +32,9 @@ outlive a worker pod, but nothing may outlive ``up``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -46,6 +46,8 @@ from pathlib import Path
 
 import trio
 import typer
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from p2p.files import private_file, private_folder
 
@@ -58,8 +60,9 @@ __all__ = ["MONITOR_TOKEN_FILE", "Ports", "build_specs", "ensure_monitor_token",
            "service_configs", "up"]
 
 MARKER = ".cosmicac-up"
+#: ``--base-port``'s default: the relay's default port, the lowest of the daemons'
+#: (tests/cli/test_up.py checks they agree; importing relay here costs a tenth of a second).
 DEFAULT_BASE_PORT = 49737
-DEFAULT_ENTRY_PORT = 5173
 ADMIN_EMAIL = "admin@cosmicac.local"
 #: Jobs' default image here: the local backend runs agents as processes and never
 #: pulls it, but the API wants a registry image for every job.
@@ -113,12 +116,55 @@ class Ports:
 
     @classmethod
     def from_base(cls, base: int) -> Ports:
-        # The defaults are the daemons' own (relay 49737 … wrk-monitor 49743, the
-        # HTTP sides 49750-49752); the entry point keeps 5173 unless shifted.
-        entry = DEFAULT_ENTRY_PORT if base == DEFAULT_BASE_PORT else base + 20
-        return cls(relay=base, dht=base + 1, worker=base + 2, ork=base + 3, proxy=base + 4,
-                   app=base + 5, monitor=base + 6, proxy_http=base + 13, app_http=base + 14,
-                   monitor_http=base + 15, entry=entry)
+        # Each daemon's own default (its settings'), all moved by base minus the
+        # relay's (the lowest); the entry point keeps 5173 unless shifted.
+        defaults = default_ports()
+        shift = base - defaults["relay"]
+        entry = defaults["entry"] if shift == 0 else base + 20
+        return cls(**{name: port + shift for name, port in defaults.items()
+                      if name != "entry"}, entry=entry)
+
+
+@functools.cache
+def default_ports() -> dict[str, int]:
+    """Each port's default, read from the settings of the daemon that listens on it.
+
+    The DHT bootstrap's own default is the relay's port (they do not meet outside
+    ``up``): here it takes the next one.
+    """
+    # Imported here: the daemons' settings are most of a second to import, which
+    # `cosmicac deploy ...` and the tests of the wiring need not pay.
+    from nodes.app_node.settings import AppNodeSettings
+    from nodes.entry.settings import EntrySettings
+    from nodes.k8s_worker.settings import WorkerSettings
+    from nodes.monitor.settings import MonitorSettings
+    from nodes.ork.settings import OrkSettings
+    from nodes.proxy_inference.settings import ProxySettings
+    from relay import RelaySettings
+
+    relay = _default(RelaySettings, "port")
+    return {"relay": relay, "dht": relay + 1, "worker": _default(WorkerSettings, "port"),
+            "ork": _default(OrkSettings, "port"), "proxy": _default(ProxySettings, "port"),
+            "app": _default(AppNodeSettings, "port"),
+            "monitor": _default(MonitorSettings, "port"),
+            "proxy_http": _default(ProxySettings, "http", "port"),
+            "app_http": _default(AppNodeSettings, "http", "port"),
+            "monitor_http": _default(MonitorSettings, "http", "port"),
+            "entry": _default(EntrySettings, "port")}
+
+
+def _default(model: type[BaseModel], *path: str) -> int:
+    """The default of ``model``'s field at ``path`` (``"http", "port"``)."""
+    value: object = model
+    for name in path:
+        if isinstance(value, type) and issubclass(value, BaseModel):
+            info = value.model_fields[name]
+            default = info.get_default(call_default_factory=True)
+            value = info.annotation if default is PydanticUndefined else default
+        else:
+            value = getattr(value, name)
+    assert isinstance(value, int), f"{model.__name__}.{'.'.join(path)} has no default port"
+    return value
 
 
 def _addr(port: int) -> str:
@@ -231,30 +277,20 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[Servi
     def run(name: str) -> tuple[str, ...]:
         return (*COSMICAC, "run", name, "--config", files[name])
 
-    hex64 = r"([0-9a-f]{64})"
+    # Each waits for its daemon's ready line on stdout (nodes/kit/ready.py).
     return [
-        # The DHT bootstrap says it listens on stderr: fold it into stdout,
-        # where the supervisor looks for ready lines (exec: no extra process).
-        ServiceSpec(DHT, ("sh", "-c", 'exec "$@" 2>&1', "sh", *COSMICAC, "dht", "bootstrap",
-                          "--host", HOST, "--port", str(ports.dht)),
-                    ready=re.compile(r"dht bootstrap listening on (\S+)")),
+        ServiceSpec(DHT, (*COSMICAC, "dht", "bootstrap", "--host", HOST, "--port",
+                          str(ports.dht)), ready="dht-bootstrap"),
         ServiceSpec(RELAY, (*COSMICAC, "relay", "--storage", str(storage / RELAY), "--host",
                             HOST, "--port", str(ports.relay), "--bootstrap", bootstrap[0]),
-                    ready=re.compile(r"Server listening on " + hex64), depends_on=(DHT,)),
-        ServiceSpec(MONITOR, run(MONITOR), ready=re.compile(r"wrk-monitor " + hex64 +
-                                                             r" listening"),
-                    depends_on=(DHT, RELAY)),
-        ServiceSpec(APP, run(APP), ready=re.compile(r"app-node " + hex64 + r" serving"),
-                    depends_on=(DHT, RELAY, MONITOR)),
-        ServiceSpec(ORK, run(ORK), ready=re.compile(r"wrk-ork " + hex64 + r" listening"),
-                    depends_on=(DHT, RELAY, APP)),
-        ServiceSpec(WORKER, run(WORKER),
-                    ready=re.compile(r"wrk-server-k8s-nvidia " + hex64 + r" listening"),
-                    depends_on=(ORK,)),
-        ServiceSpec(PROXY, run(PROXY), ready=re.compile(r"proxy-inference " + hex64),
+                    ready="relay", depends_on=(DHT,)),
+        ServiceSpec(MONITOR, run(MONITOR), ready="wrk-monitor", depends_on=(DHT, RELAY)),
+        ServiceSpec(APP, run(APP), ready="app-node", depends_on=(DHT, RELAY, MONITOR)),
+        ServiceSpec(ORK, run(ORK), ready="wrk-ork", depends_on=(DHT, RELAY, APP)),
+        ServiceSpec(WORKER, run(WORKER), ready="wrk-server-k8s-nvidia", depends_on=(ORK,)),
+        ServiceSpec(PROXY, run(PROXY), ready="proxy-inference",
                     depends_on=(APP, ORK, WORKER)),
-        ServiceSpec(ENTRY, run(ENTRY), ready=re.compile(r"entry serving (\S+)"),
-                    depends_on=(APP, PROXY, MONITOR)),
+        ServiceSpec(ENTRY, run(ENTRY), ready="entry", depends_on=(APP, PROXY, MONITOR)),
     ]
 
 

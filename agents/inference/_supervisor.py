@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +43,8 @@ from dataclasses import dataclass
 
 import httpx
 import trio
+
+from nodes.kit.process import describe_exit, spawn, stop
 
 from .runtimes import Lifetime, RuntimePlan, Step
 
@@ -172,9 +173,9 @@ class ModelSupervisor:
     async def _start_step(self, nursery: trio.Nursery, step: Step) -> None:
         env = {**self._env, **step.env}
         try:
-            process = await trio.lowlevel.open_process(
-                list(step.argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env)
+            # In the agent's own group (the module's docstring says why).
+            process = await spawn(step.argv, new_session=False, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         except OSError as exc:
             raise _PlanFailed(f"cannot start {step.name} ({step.argv[0]}): "
                               f"{exc.strerror or exc}") from None
@@ -189,7 +190,7 @@ class ModelSupervisor:
                 with trio.fail_after(step.timeout_s or math.inf):
                     code = await process.wait()
             except trio.TooSlowError:
-                await _stop(process, step.stop_timeout_s)
+                await stop(process, step.stop_timeout_s, group=False)
                 raise _PlanFailed(f"{step.name} did not finish within {step.timeout_s:g} s"
                                   ) from None
             if code != 0:
@@ -202,7 +203,8 @@ class ModelSupervisor:
             code = await process.wait()
         finally:
             with trio.CancelScope(shield=True):
-                await _stop(process, step.stop_timeout_s)
+                # vLLM and Ray stop their own workers on SIGTERM.
+                await stop(process, step.stop_timeout_s, group=False)
             self.pids.pop(step.name, None)
         with trio.move_on_after(1.0):
             await stderr_done.wait()  # its last words say why, usually
@@ -210,7 +212,7 @@ class ModelSupervisor:
 
     def _exited(self, step: Step, code: int) -> str:
         last = self.last_error.get(step.name)
-        return f"{step.name} exited with {_status(code)}" + (f": {last}" if last else "")
+        return f"{step.name} {describe_exit(code)}" + (f": {last}" if last else "")
 
     async def _pump(self, stream: trio.abc.ReceiveStream | None, step: str, name: str,
                     done: trio.Event | None) -> None:
@@ -333,23 +335,3 @@ def _first(group: BaseExceptionGroup) -> BaseException:
         exc = exc.exceptions[0]
     return exc
 
-
-def _status(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"status {code}"
-
-
-async def _stop(process: trio.Process, timeout_s: float) -> None:
-    """SIGTERM the step, SIGKILL it after ``timeout_s`` (vLLM and Ray stop their
-    own workers on SIGTERM)."""
-    if process.returncode is None:
-        process.terminate()
-        with trio.move_on_after(timeout_s):
-            await process.wait()
-    if process.returncode is None:
-        process.kill()
-        await process.wait()

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
+from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
@@ -189,6 +190,7 @@ async def start_app_node(daemon: Daemon[AppNodeSettings]) -> None:
                           f"cannot listen on {settings.host}:{settings.port}: "
                           f"{cause.strerror or cause}") from None
     host, port = running.http_address
-    print(f"app-node {running.swarm.keypair.hex} serving http://{host}:{port}/api "
-          f"(swarm {running.swarm_address[0]}:{running.swarm_address[1]}, shared database "
-          f"{running.services.database.bootstrap.hex()})", flush=True)
+    print_ready("app-node", key=running.swarm.keypair.hex,
+                addresses={"swarm": running.swarm_address, "http": running.http_address},
+                facts={"database": running.services.database.bootstrap.hex()},
+                note=f"the API at http://{host}:{port}/api")

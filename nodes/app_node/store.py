@@ -51,6 +51,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contracts.model import key_hex
+from nodes.kit.sqlite import NotThisStore, Schema, SchemaTooNew, connect, immediate, migrate
 from p2p.files import private_file
 
 from ._rows import (
@@ -79,9 +80,6 @@ from .model import normal_email as _email
 from .model import parse_role as _role
 
 __all__ = ["MAX_PAGE", "SCHEMA_VERSION", "Page", "Store"]
-
-#: Bumped whenever a table changes; older files are migrated in :meth:`Store._migrate`.
-SCHEMA_VERSION = 2
 
 #: The largest page a listing returns; bounds one request's work.
 
@@ -153,6 +151,12 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_team ON jobs(team, seq);
 """ + _QUOTAS_SCHEMA
 
+_LADDER = Schema(create=_SCHEMA, upgrades=(
+    _QUOTAS_SCHEMA,  # version 2 keeps the teams' GPU quotas (none yet: unlimited)
+))
+#: The newest schema: older files climb ``_LADDER`` when opened.
+SCHEMA_VERSION = _LADDER.version
+
 class Store(RecordsMixin, QuotasMixin):
     """The SQLite file (or an in-memory database) behind one app-node.
 
@@ -177,49 +181,27 @@ class Store(RecordsMixin, QuotasMixin):
         try:
             if path is not None:
                 private_file(path)  # password hashes; -wal/-shm inherit its mode
-            conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
+            conn = connect(path, synchronous="FULL", foreign_keys=True)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open app-node's store {where}: {exc}; "
                              "check the path and its permissions") from exc
         try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            if path is not None:
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = FULL")
-            store = cls(conn, path)
-            store._migrate()
+            migrate(conn, _LADDER)
+        except SchemaTooNew as exc:
+            conn.close()
+            raise StoreError(f"{path} has schema {exc.found}, newer than this app-node's "
+                             f"{exc.supported}; run the newer app-node or restore a backup"
+                             ) from None
+        except NotThisStore:
+            conn.close()
+            raise StoreError(f"{path} is an SQLite file but not app-node's store "
+                             "(it has tables and no schema version); choose another path"
+                             ) from None
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(f"cannot open app-node's store {where}: {exc}; "
                              "check the path and its permissions, or restore a backup") from exc
-        except StoreError:
-            conn.close()
-            raise
-        return store
-
-    def _migrate(self) -> None:
-        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema {version}, newer than this app-node's "
-                             f"{SCHEMA_VERSION}; run the newer app-node or restore a backup")
-        if version == 0:
-            tables = self._conn.execute(
-                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
-            if tables:
-                raise StoreError(f"{self.path} is an SQLite file but not app-node's store "
-                                 "(it has tables and no schema version); choose another path")
-            with self._write():
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        elif version == 1:
-            # Version 2 keeps the teams' GPU quotas (none yet: unlimited).
-            with self._write():
-                for statement in _QUOTAS_SCHEMA.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return cls(conn, path)
 
     def close(self) -> None:
         with self._lock:
@@ -230,16 +212,9 @@ class Store(RecordsMixin, QuotasMixin):
         """One atomic change: everything inside commits together or not at all."""
         with self._lock:
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
+                with immediate(self._conn):
                     yield self._conn
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-                self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
                 raise StoreError(f"writing {self.path or 'the store'} failed ({exc}); nothing "
                                  "was changed; check the disk and the file's permissions") from exc
 

@@ -21,6 +21,7 @@ import httpx
 import trio
 
 from nodes.kit.forwarded import TrustedProxies
+from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 
@@ -142,5 +143,7 @@ async def start_entry(daemon: Daemon[EntrySettings]) -> None:
             serve_entry, settings, metrics=daemon.metrics))
     except EntryBindError as exc:
         raise DaemonError(str(exc)) from None
-    print(f"entry serving {running.url} (api {settings.api_url}, inference "
-          f"{settings.inference_url}, monitor {settings.monitor_url or 'off'})", flush=True)
+    print_ready("entry", addresses={"http": running.address},
+                facts={"api": settings.api_url, "inference": settings.inference_url,
+                       "monitor": settings.monitor_url or "off"},
+                note=f"open {running.url}")

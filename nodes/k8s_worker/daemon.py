@@ -28,6 +28,7 @@ import trio
 
 from contracts.operations import BadMessage, decode_operation
 from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.host import Reserved
@@ -156,9 +157,9 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     isolated = getattr(backend, "isolated", None)  # the local backend's (see local.py)
     agents = ("" if isolated is None else ", agents isolated" if isolated
               else ", agents NOT isolated: shells run as this user")
-    print(f"wrk-server-k8s-nvidia {keypair.hex} listening on {address[0]}:{address[1]} "
-          f"(backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
-          f"telemetry {'on' if shipper is not None else 'off'}{agents})", flush=True)
+    print_ready("wrk-server-k8s-nvidia", key=keypair.hex, addresses={"swarm": address},
+                note=f"backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
+                     f"telemetry {'on' if shipper is not None else 'off'}{agents}")
 
 
 def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:

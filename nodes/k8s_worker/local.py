@@ -117,6 +117,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import NodeInfo, RackReport
+from nodes.kit.process import describe_exit, signal_group, spawn
 from p2p.daemon import write_atomically
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
@@ -431,24 +432,6 @@ def _find_by_cmdline(argument: str, uids: frozenset[int] | None = None) -> int |
                 uids is None or _proc_uid(pid) in uids):
             return pid
     return None
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    """Signal the agent's whole session (it leads its process group), so what it
-    started (a model server, later) goes with it."""
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with status {returncode}"
 
 
 def _last_line(path: Path, max_bytes: int = 2048) -> str:
@@ -931,10 +914,10 @@ class LocalBackend:
             command[0] = self._python.python
             env = self._python.environment(os.environ if env is None else env)
         try:
-            process = await trio.lowlevel.open_process(
+            process = await spawn(
                 [*command, "--config", str(config_path)],
                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env, **as_user)
+                env=env, **as_user)
         except OSError as exc:
             await self._send(vmi.name, VmiPhase.FAILED,
                              f"cannot start the agent: {exc.strerror or exc}")
@@ -963,7 +946,7 @@ class LocalBackend:
         record.exited.set()
         if record.stopping:
             return
-        await self._report_exit(record, _describe_exit(record.returncode),
+        await self._report_exit(record, describe_exit(record.returncode),
                                 record.returncode == 0)
 
     async def _watch_adopted(self, record: _Vmi) -> None:
@@ -1017,7 +1000,9 @@ class LocalBackend:
                                (signal.SIGKILL, KILL_WAIT_S)):
             if not self._still_running(record):
                 break
-            _signal_group(record.pid, signum)
+            # The agent's whole session (it leads its group): what it started (a
+            # model server) goes with it.
+            signal_group(record.pid, signum)
             with trio.move_on_after(wait_s):
                 while self._still_running(record):
                     with trio.move_on_after(STOP_POLL_S):

@@ -42,12 +42,12 @@ from pathlib import Path
 
 from contracts.model import JobSpec, ReplicaPlacement, ReplicaState
 from contracts.shell_access import ShellKeys
+from nodes.kit.sqlite import Schema, SchemaTooNew, connect, immediate, migrate
 
 from .backend import token_digest
 
 __all__ = ["ReplicaRecord", "StoreError", "WorkerStore"]
 
-SCHEMA_VERSION = 2
 #: The file and its companions: readable by the worker's user only.
 FILE_MODE = 0o600
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
@@ -138,21 +138,21 @@ class WorkerStore:
         try:
             if path is not None:
                 _private(name)
-            db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA secure_delete=ON")
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(_SCHEMA)
-            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise StoreError(f"{name} has schema {row[0]}, newer than this worker's "
-                                 f"{SCHEMA_VERSION}: upgrade the worker")
-            elif int(row[0]) < 2:
-                _hash_tokens_in_place(db)
+            db = connect(path, synchronous="FULL", secure_delete=True)
+            try:
+                # Every table, in any file: shell_keys came without a schema bump.
+                db.executescript(_SCHEMA)
+                found = migrate(db, _LADDER, version=_META_VERSION)
+            except BaseException:
+                db.close()
+                raise
+            if found == 1:
+                _forget_tokens(db)
             if path is not None:
                 _private(name)
+        except SchemaTooNew as exc:
+            raise StoreError(f"{name} has schema {exc.found}, newer than this worker's "
+                             f"{exc.supported}: upgrade the worker") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot use worker state {name}: {exc}") from None
         except OSError as exc:
@@ -188,7 +188,7 @@ class WorkerStore:
 
     def apply_create(self, op_id: str, record: ReplicaRecord, now: float) -> bool:
         """Record a new replica; False if the op (or the replica) is known."""
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             if self._seen(op_id, now):
                 return False
             exists = self._db.execute("SELECT 1 FROM replicas WHERE job_id=? AND replica=?",
@@ -208,7 +208,7 @@ class WorkerStore:
     def apply_restart(self, op_id: str, job_id: str, replica: int, generation: int,
                       now: float) -> bool:
         """Ask for ``generation``; False if the op is known or nothing changes."""
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             if self._seen(op_id, now):
                 return False
             cursor = self._db.execute(
@@ -217,7 +217,7 @@ class WorkerStore:
             return cursor.rowcount == 1
 
     def apply_delete(self, op_id: str, job_id: str, replica: int, now: float) -> bool:
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             if self._seen(op_id, now):
                 return False
             cursor = self._db.execute(
@@ -227,39 +227,39 @@ class WorkerStore:
 
     def skip(self, op_id: str, now: float) -> None:
         """Remember an op that cannot be applied (unknown replica), so it stays skipped."""
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             self._seen(op_id, now)
 
     def set_token_hashes(self, job_id: str, replica: int, generation: int,
                          hashes: tuple[str, ...]) -> bool:
         """Keep the digests of the tokens just minted for ``generation``; False if
         the replica is gone or asks for another generation now."""
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             cursor = self._db.execute(
                 "UPDATE replicas SET tokens=? WHERE job_id=? AND replica=? AND generation=?",
                 (json.dumps(list(hashes)), job_id, replica, generation))
             return cursor.rowcount == 1
 
     def mark_done(self, job_id: str, replica: int, generation: int) -> None:
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             self._db.execute("UPDATE replicas SET done_generation=MAX(done_generation, ?) "
                              "WHERE job_id=? AND replica=?", (generation, job_id, replica))
 
     def mark_removed(self, job_id: str, replica: int) -> None:
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             self._db.execute("UPDATE replicas SET removed=1 WHERE job_id=? AND replica=?",
                              (job_id, replica))
 
     def mark_reported(self, job_id: str, replica: int, state: ReplicaState,
                       message: str) -> None:
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             self._db.execute("UPDATE replicas SET reported_state=?, reported_message=? "
                              "WHERE job_id=? AND replica=?",
                              (state.value, message, job_id, replica))
 
     def set_shell_keys(self, keys: ShellKeys) -> bool:
         """Keep the team's shell keys; False (nothing written) unless newer."""
-        with self._lock, self._db:
+        with self._lock, immediate(self._db):
             cursor = self._db.execute(
                 "INSERT INTO shell_keys VALUES (?,?,?) ON CONFLICT(team) DO UPDATE SET "
                 "version=excluded.version, keys=excluded.keys "
@@ -309,12 +309,34 @@ def _private(name: str) -> None:
 
 
 def _hash_tokens_in_place(db: sqlite3.Connection) -> None:
-    """Schema 1 → 2: replace each kept report token by its SHA-256, then rewrite the
-    file and empty the WAL so that no page, free or logged, holds a token."""
-    with db:
-        for key, tokens in db.execute("SELECT rowid, tokens FROM replicas").fetchall():
-            hashes = [token_digest(token) for token in json.loads(tokens)]
-            db.execute("UPDATE replicas SET tokens=? WHERE rowid=?", (json.dumps(hashes), key))
-        db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
+    """Schema 1 → 2: replace each kept report token by its SHA-256."""
+    for key, tokens in db.execute("SELECT rowid, tokens FROM replicas").fetchall():
+        hashes = [token_digest(token) for token in json.loads(tokens)]
+        db.execute("UPDATE replicas SET tokens=? WHERE rowid=?", (json.dumps(hashes), key))
+
+
+def _forget_tokens(db: sqlite3.Connection) -> None:
+    """After :func:`_hash_tokens_in_place`: rewrite the file and empty the WAL so that
+    no page, free or logged, holds a token."""
     db.execute("VACUUM")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+class _MetaVersion:
+    """The worker keeps its schema version in ``meta``, not ``user_version``."""
+
+    def read(self, conn: sqlite3.Connection) -> int:
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.OperationalError:  # no meta table: a fresh file
+            return 0
+        return 0 if row is None else int(row[0])
+
+    def write(self, conn: sqlite3.Connection, version: int) -> None:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(version),))
+
+
+_META_VERSION = _MetaVersion()
+#: ``adopt_unversioned``: the tables exist before the version is read (``open``).
+_LADDER = Schema(create=_SCHEMA, upgrades=(_hash_tokens_in_place,), adopt_unversioned=True)
+SCHEMA_VERSION = _LADDER.version

@@ -12,7 +12,12 @@ process lives here, and no module here imports a daemon package:
 - :mod:`.telemetry` and :mod:`.log_shipper`: a daemon's (or an agent's) log
   records shipped to wrk-monitor;
 - :mod:`.metrics`: Prometheus exposition helpers;
-- :mod:`.forwarded`: the client address behind trusted HTTP proxies.
+- :mod:`.forwarded`: the client address behind trusted HTTP proxies;
+- :mod:`.process`: spawn a child in its own group, stop it (TERM, then KILL),
+  describe its exit;
+- :mod:`.sqlite`: a store's connection (WAL), its migration ladder and its
+  immediate transactions;
+- :mod:`.ready`: the one ready line every daemon prints, and its parser.
 
 Import-free: importing one part never loads the others.
 """

@@ -32,6 +32,7 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
@@ -252,11 +253,9 @@ async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
             raise DaemonError(str(cause)) from None
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
                           f"{cause.strerror or cause}") from None
-    host, port = running.http_address
-    print(f"wrk-monitor {running.swarm.keypair.hex} listening on "
-          f"{running.swarm_address[0]}:{running.swarm_address[1]} "
-          f"(http://{host}:{port}, loki {running.observability.state().loki_url or 'off'})",
-          flush=True)
+    print_ready("wrk-monitor", key=running.swarm.keypair.hex,
+                addresses={"swarm": running.swarm_address, "http": running.http_address},
+                facts={"loki": running.observability.state().loki_url or "off"})
 
 
 def _leaf(exc: BaseException) -> BaseException | None:

@@ -26,6 +26,7 @@ import time
 import trio
 
 from nodes.kit.metrics import snapshot_registry
+from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.host import Reserved
@@ -106,5 +107,5 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
     # Before the driver: the System steps of jobs it resumes are shipped too.
     await start_telemetry(daemon, swarm, settings.telemetry, service="wrk-ork")
     await daemon.nursery.start(driver.run)
-    print(f"wrk-ork {keypair.hex} listening on {address[0]}:{address[1]} "
-          f"({len(orchestrator.racks())} racks)", flush=True)
+    print_ready("wrk-ork", key=keypair.hex, addresses={"swarm": address},
+                note=f"{len(orchestrator.racks())} racks")

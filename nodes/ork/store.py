@@ -57,6 +57,7 @@ from contracts.operations import (
 )
 from contracts.ork import ReplicaStatus
 from contracts.shell_access import ShellKeys
+from nodes.kit.sqlite import NotThisStore, Schema, SchemaTooNew, connect, immediate, migrate
 from p2p.files import private_file
 
 from .errors import StoreError
@@ -69,9 +70,6 @@ __all__ = [
     "ReplicaRecord",
     "Store",
 ]
-
-#: Bumped whenever a table changes; older files are migrated in :meth:`Store._migrate`.
-SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE jobs (
@@ -134,6 +132,16 @@ _SHELL_KEYS_TABLE = """CREATE TABLE IF NOT EXISTS shell_keys (
     version INTEGER NOT NULL,
     keys TEXT NOT NULL
 )"""
+
+_LADDER = Schema(create=_SCHEMA, upgrades=(
+    # Version 2 records the replicas' agent keys (proxy-inference trusts them).
+    "ALTER TABLE replicas ADD COLUMN agents TEXT NOT NULL DEFAULT ''",
+    # Version 3 records who created each job (per-user GPU quotas); older jobs have
+    # no owner and count for their team only.
+    "ALTER TABLE jobs ADD COLUMN owner TEXT",
+))
+#: The newest schema: older files climb ``_LADDER`` when opened.
+SCHEMA_VERSION = _LADDER.version
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,43 +231,18 @@ class Store:
         try:
             if path is not None:
                 private_file(path)  # job specs and team ids; -wal/-shm inherit its mode
-            conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA foreign_keys = ON")
-            if path is not None:
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = FULL")
+            conn = connect(path, synchronous="FULL", foreign_keys=True)
             store = cls(conn, path)
-            store._migrate()
+            migrate(conn, _LADDER)
             conn.execute(_SHELL_KEYS_TABLE)
-        except (sqlite3.DatabaseError, OSError) as exc:
+        except SchemaTooNew as exc:
+            raise StoreError(f"{path} has schema {exc.found}, newer than this wrk-ork's "
+                             f"{exc.supported}; run the newer wrk-ork or restore a backup"
+                             ) from None
+        except (sqlite3.DatabaseError, OSError, NotThisStore) as exc:
             raise StoreError(f"cannot open wrk-ork's store {where}: {exc}; "
                              "check the path and its permissions") from exc
         return store
-
-    def _migrate(self) -> None:
-        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema {version}, newer than this wrk-ork's "
-                             f"{SCHEMA_VERSION}; run the newer wrk-ork or restore a backup")
-        if version == 0:
-            with self.transaction():
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            return
-        if version == SCHEMA_VERSION:
-            return
-        with self.transaction():
-            if version < 2:
-                # Version 2 records the replicas' agent keys (proxy-inference trusts them).
-                self._conn.execute(
-                    "ALTER TABLE replicas ADD COLUMN agents TEXT NOT NULL DEFAULT ''")
-            if version < 3:
-                # Version 3 records who created each job (per-user GPU quotas);
-                # older jobs have no owner and count for their team only.
-                self._conn.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._conn.close()
@@ -267,13 +250,8 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """One atomic write: everything inside commits together or not at all."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self._conn):
             yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
 
     # -- jobs -----------------------------------------------------------------------
 

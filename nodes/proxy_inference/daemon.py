@@ -31,6 +31,7 @@ import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.kit.metrics import Snapshot
+from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.host import Reserved
@@ -258,8 +259,9 @@ async def start_proxy(daemon: Daemon[ProxySettings]) -> None:
         raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
                           f"{cause.strerror or cause}") from None
     host, port = running.http_address
-    print(f"proxy-inference {running.swarm.keypair.hex} serving http://{host}:{port}/v1 "
-          f"(swarm {running.swarm_address[0]}:{running.swarm_address[1]})", flush=True)
+    print_ready("proxy-inference", key=running.swarm.keypair.hex,
+                addresses={"swarm": running.swarm_address, "http": running.http_address},
+                note=f"the API at http://{host}:{port}/v1")
 
 
 def _os_error(exc: BaseException) -> OSError | None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import trio
 
+from nodes.kit.ready import ReadyLine, parse_ready
+
 COSMICAC = [sys.executable, "-m", "cli.main"]
 
 
@@ -38,6 +40,17 @@ async def read_until(stream: trio.abc.ReceiveStream, pattern: re.Pattern[str]) -
     text = seen.decode(errors="replace")
     _LEFTOVER[stream] = text[match.end():].encode()
     return match
+
+
+async def read_ready(stream: trio.abc.ReceiveStream, daemon: str) -> ReadyLine:
+    """Read a daemon's stdout until its ready line (nodes/kit/ready.py); return it, parsed.
+
+    What was read beyond the line is kept for the next call on the same stream.
+    """
+    match = await read_until(stream, re.compile(rf"(?m)^{re.escape(daemon)} ready[^\n]*\n"))
+    line = parse_ready(match[0])
+    assert line is not None, f"not a ready line: {match[0]!r}"
+    return line
 
 
 @asynccontextmanager

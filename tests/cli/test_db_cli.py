@@ -14,9 +14,7 @@ from crdt._base import Base
 from p2p.keys import load_or_create_keypair
 from tests.crdt.helpers import usage_ops
 
-from .helpers import COSMICAC, process, read_until
-
-LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
+from .helpers import COSMICAC, process, read_ready, read_until
 
 
 async def cosmicac(*args, env=None):
@@ -52,9 +50,9 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
     proxy_key = load_or_create_keypair(proxy_storage).hex
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
-            match = await read_until(boot.stderr, LISTENING)
-            bootstrap = f"{match[1]}:{match[2]}"
+            boot = await stack.enter_async_context(process(
+                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
+            bootstrap = (await read_ready(boot.stdout, "dht-bootstrap")).fields["udp"]
             app = await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(app_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--allow", proxy_key, stdout=subprocess.PIPE))
@@ -108,9 +106,9 @@ async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing
     reader_key = load_or_create_keypair(reader_storage).hex
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
-            match = await read_until(boot.stderr, LISTENING)
-            bootstrap = f"{match[1]}:{match[2]}"
+            boot = await stack.enter_async_context(process(
+                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
+            bootstrap = (await read_ready(boot.stdout, "dht-bootstrap")).fields["udp"]
             await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(creator_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--reader", reader_key))

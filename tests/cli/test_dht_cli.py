@@ -8,8 +8,9 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from .helpers import COSMICAC, process, read_until
+from .helpers import COSMICAC, process, read_ready, read_until
 
+#: The line for people on stderr (machines read the ready line on stdout).
 LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
 
 
@@ -25,16 +26,16 @@ async def lookup(bootstrap, topic):
 async def test_announce_and_lookup_between_cli_nodes_then_unannounce_on_ctrl_c():
     with trio.fail_after(120):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
-            match = await read_until(boot.stderr, LISTENING)
-            bootstrap = f"{match[1]}:{match[2]}"
+            boot = await stack.enter_async_context(process(
+                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
+            bootstrap = (await read_ready(boot.stdout, "dht-bootstrap")).fields["udp"]
             nodes = []
             for _ in range(10):
                 nodes.append(await stack.enter_async_context(
-                    process("dht", "node", "--bootstrap", bootstrap)
+                    process("dht", "node", "--bootstrap", bootstrap, stdout=subprocess.PIPE)
                 ))
             for node in nodes:
-                await read_until(node.stderr, LISTENING)
+                await read_ready(node.stdout, "dht-node")
 
             announcer = await stack.enter_async_context(process(
                 "dht", "announce", "my-service", "--bootstrap", bootstrap,
@@ -57,9 +58,11 @@ async def test_announce_and_lookup_between_cli_nodes_then_unannounce_on_ctrl_c()
 
 async def test_lookup_of_an_unknown_topic_exits_1_and_bad_bootstrap_exits_2():
     with trio.fail_after(60):
-        async with process("dht", "bootstrap", "--port", "0") as boot:
-            match = await read_until(boot.stderr, LISTENING)
-            code, records = await lookup(f"{match[1]}:{match[2]}", "nobody-here")
+        async with process("dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE) as boot:
+            ready = await read_ready(boot.stdout, "dht-bootstrap")
+            people = await read_until(boot.stderr, LISTENING)  # their line stays on stderr
+            assert f"{people[1]}:{people[2]}" == ready.fields["udp"]
+            code, records = await lookup(ready.fields["udp"], "nobody-here")
             assert (code, records) == (1, [])
     result = await trio.run_process(
         [*COSMICAC, "dht", "lookup", "x", "--bootstrap", "not-an-address"],
@@ -79,13 +82,14 @@ async def test_a_dht_node_serves_its_metrics():
         metrics_port = probe.getsockname()[1]
     with trio.fail_after(60):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
-            match = await read_until(boot.stderr, LISTENING)
+            boot = await stack.enter_async_context(process(
+                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
+            ready = await read_ready(boot.stdout, "dht-bootstrap")
             node = await stack.enter_async_context(process(
-                "dht", "node", "--bootstrap", f"{match[1]}:{match[2]}",
-                "--metrics-port", str(metrics_port),
+                "dht", "node", "--bootstrap", ready.fields["udp"],
+                "--metrics-port", str(metrics_port), stdout=subprocess.PIPE,
             ))
-            await read_until(node.stderr, LISTENING)
+            await read_ready(node.stdout, "dht-node")
             status, body = await http_get(("127.0.0.1", metrics_port), "/metrics")
             assert status == 200
             text = body.decode()

@@ -110,14 +110,13 @@ def test_run_wrk_monitor_with_an_unreadable_token_file_says_so_in_one_line(tmp_p
 @pytest.mark.slow
 async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(tmp_path):
     import os
-    import re
     import signal
     import subprocess
 
     import httpx
     import trio
 
-    from tests.cli.helpers import process, read_until
+    from tests.cli.helpers import process, read_ready
 
     config = tmp_path / "monitor.json"
     (tmp_path / "m").mkdir()
@@ -127,15 +126,14 @@ async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(
                                   "port": 0, "http": {"host": "127.0.0.1", "port": 0,
                                                       "token_file": str(token)}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
-    ready = re.compile(r"wrk-monitor (\w{64}) listening on 127\.0\.0\.1:(\d+) "
-                       r"\(http://([\d.]+):(\d+), loki off\)")
     with trio.fail_after(60):
         async with process("run", "wrk-monitor", "--config", str(config),
                            "--config-dir", str(tmp_path / "none"),
                            stdout=subprocess.PIPE, env=env) as proc:
-            match = await read_until(proc.stdout, ready)
+            ready = await read_ready(proc.stdout, "wrk-monitor")
+            assert ready.address("swarm")[0] == "127.0.0.1" and ready.fields["loki"] == "off"
             async with httpx.AsyncClient(timeout=10) as http:
-                url = f"http://{match[3]}:{match[4]}/metrics"
+                url = ready.url("http", "/metrics")
                 assert (await http.get(url)).status_code == 401
                 metrics = await http.get(url, headers={"Authorization": f"Bearer {'k' * 43}"})
             assert "monitor_records_received_total 0.0" in metrics.text

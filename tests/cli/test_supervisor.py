@@ -4,7 +4,6 @@ and readiness, restarts with backoff, and a stop that leaves no process behind."
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 import trio
@@ -17,7 +16,7 @@ from ..p2p.helpers import wait_until
 def sh(name: str, script: str, *, ready: str | None = None,
        depends_on: tuple[str, ...] = ()) -> ServiceSpec:
     return ServiceSpec(name=name, argv=("sh", "-c", script),
-                       ready=re.compile(ready) if ready else None, depends_on=depends_on)
+                       ready=ready, depends_on=depends_on)
 
 
 def alive(pid: int) -> bool:
@@ -36,19 +35,19 @@ def alive(pid: int) -> bool:
 async def test_services_start_in_dependency_order_and_report_their_ready_line(tmp_path):
     marks = tmp_path / "order"
     supervisor = Supervisor([
-        sh("b", f"echo b >> {marks}; echo 'b listening on 127.0.0.1:2'; exec sleep 60",
-           ready=r"listening on ([\d.]+):(\d+)", depends_on=("a",)),
-        sh("a", f"sleep 0.2; echo a >> {marks}; echo 'a listening on 127.0.0.1:1'; "
-                "exec sleep 60", ready=r"listening on ([\d.]+):(\d+)"),
+        sh("b", f"echo b >> {marks}; echo 'b ready swarm=127.0.0.1:2'; exec sleep 60",
+           ready="b", depends_on=("a",)),
+        sh("a", f"sleep 0.2; echo a >> {marks}; echo 'a ready swarm=127.0.0.1:1 (note)'; "
+                "exec sleep 60", ready="a"),
     ], log_dir=tmp_path / "logs", start_timeout_s=20)
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
         assert marks.read_text().split() == ["a", "b"]
-        assert supervisor.ready_match("a")[2] == "1"
+        assert supervisor.ready_line("a").address("swarm") == ("127.0.0.1", 1)
         rows = supervisor.rows()
         assert [(r["service"], r["state"]) for r in rows] == [("a", "running"),
                                                               ("b", "running")]
-        assert "a listening" in (tmp_path / "logs" / "a.log").read_text()
+        assert "a ready" in (tmp_path / "logs" / "a.log").read_text()
         nursery.cancel_scope.cancel()
     assert all(not alive(r["pid"]) for r in rows)
 
@@ -70,7 +69,7 @@ async def test_a_crashing_service_is_restarted_with_backoff(tmp_path):
 async def test_stop_kills_what_ignores_sigterm_and_its_children(tmp_path):
     pids = tmp_path / "pids"
     stubborn = sh("stubborn", f"trap '' TERM; sleep 300 & echo $! > {pids}; "
-                              "echo ready; wait", ready="ready")
+                              "echo stubborn ready; wait", ready="stubborn")
     supervisor = Supervisor([stubborn], log_dir=tmp_path, stop_timeout_s=0.5)
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
@@ -86,8 +85,8 @@ async def test_stop_kills_what_ignores_sigterm_and_its_children(tmp_path):
 
 async def test_a_service_that_never_gets_ready_fails_the_start_and_stops_the_rest(tmp_path):
     supervisor = Supervisor([
-        sh("first", "echo ready; exec sleep 60", ready="ready"),
-        sh("mute", "exec sleep 60", ready="ready", depends_on=("first",)),
+        sh("first", "echo first ready; exec sleep 60", ready="first"),
+        sh("mute", "exec sleep 60", ready="mute", depends_on=("first",)),
     ], log_dir=tmp_path, start_timeout_s=0.5)
     with pytest.raises(StartFailed, match=r"mute was not ready within 0\.5 s"):
         await supervisor.run()

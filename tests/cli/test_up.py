@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from cli.up import MARKER, Ports
+from cli.up import DEFAULT_BASE_PORT, MARKER, Ports
 
 from .helpers import COSMICAC, UP, free_base_port, pids_using, read_until, running_up
 
@@ -19,6 +19,21 @@ def test_ports_shift_together_and_keep_5173_at_the_default():
     assert (default.relay, default.dht, default.app_http, default.proxy_http,
             default.entry) == (49737, 49738, 49751, 49750, 5173)
     assert Ports.from_base(30000).entry == 30020
+
+
+def test_the_default_ports_are_the_daemons_own_settings():
+    from nodes.app_node.settings import AppNodeSettings
+    from nodes.monitor.settings import MonitorSettings
+    from relay import DEFAULT_PORT
+
+    default = Ports.from_base(DEFAULT_BASE_PORT)
+    assert DEFAULT_BASE_PORT == DEFAULT_PORT == default.relay
+    assert (default.worker, default.ork, default.proxy, default.app, default.monitor,
+            default.monitor_http) == (49739, 49740, 49741, 49742, 49743, 49752)
+    assert default.app == AppNodeSettings.model_fields["port"].default
+    assert default.monitor_http == MonitorSettings.model_fields["http"].default.port
+    shifted = Ports.from_base(30000)
+    assert (shifted.dht, shifted.app, shifted.app_http) == (30001, 30005, 30014)
 
 
 def test_reset_refuses_a_folder_up_did_not_make(tmp_path):

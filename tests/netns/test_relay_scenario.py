@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from nodes.kit.ready import ReadyLine, find_ready
 from tests.netns.capture import Capture
 from tests.netns.topology import (
     AGENT,
@@ -60,12 +61,25 @@ def wait_for_line(path: Path, pattern: re.Pattern[str], *, after: int = 0,
     raise TimeoutError(f"no line /{pattern.pattern}/ in {path.name} in {timeout} s:\n{tail}")
 
 
+def wait_for_ready(path: Path, daemon: str, *, timeout: float = 30.0) -> ReadyLine:
+    """Poll a daemon's stdout file until its ready line is there; bounded in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        # Whole lines only: the last one may still be half written.
+        ready = find_ready(text.splitlines()[:text.count("\n")], daemon)
+        if ready is not None:
+            return ready
+        time.sleep(0.05)
+    raise TimeoutError(f"no ready line of {daemon} in {path.name} in {timeout} s")
+
+
 def start_bootstrap(topology: Topology, tmp_path: Path) -> None:
-    log = tmp_path / "bootstrap.err"
+    out = tmp_path / "bootstrap.out"
     topology.popen(RELAY, [COSMICAC, "dht", "bootstrap", "--host", RELAY_ADDR,
                            "--port", str(DHT_PORT)],
-                   stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    wait_for_line(log, re.compile(r"dht bootstrap listening on"))
+                   stdout=out.open("wb"), stderr=(tmp_path / "bootstrap.err").open("wb"))
+    wait_for_ready(out, "dht-bootstrap")
 
 
 def start_relay(topology: Topology, tmp_path: Path, name: str) -> tuple[subprocess.Popen, str]:

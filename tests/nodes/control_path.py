@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -47,14 +46,10 @@ from contracts.ork import (
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
 from p2p.rpc import RpcClient, RpcError
-from tests.cli.helpers import COSMICAC, read_until
+from tests.cli.helpers import COSMICAC, read_ready
 
-ORK_READY = re.compile(r"wrk-ork (\w{64}) listening on ([\d.]+):(\d+)")
-WORKER_READY = re.compile(r"wrk-server-k8s-nvidia (\w{64}) listening on ([\d.]+):(\d+)")
 #: wrk-monitor's HTTP bearer token in :meth:`ControlPath.start_monitor`.
 MONITOR_TOKEN = "control-path-monitor-token"
-MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+) "
-                           r"\(http://[\d.]+:(\d+)")
 IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
 
 
@@ -121,8 +116,8 @@ class ControlPath:
             "log_format": "json"}))
         (self.root / "monitor").mkdir(exist_ok=True)
         proc = await self._spawn("run", "wrk-monitor", "--config", str(config))
-        match = await read_until(proc.stdout, MONITOR_READY)
-        self.monitor_key, self.monitor_http_port = match[1], int(match[4])
+        ready = await read_ready(proc.stdout, "wrk-monitor")
+        self.monitor_key, self.monitor_http_port = ready.key, ready.port("http")
         self.monitor_client, _ = await self._connect(self.monitor_port, self.monitor_key,
                                                      MONITOR_PROTOCOL, "test-monitor")
         return proc
@@ -168,8 +163,8 @@ class ControlPath:
             "unknown_after_s": 5.0, "fsync": False, "log_format": "json",
             "telemetry": self.telemetry}))
         proc = await self._spawn("run", "wrk-ork", "--config", str(config))
-        match = await read_until(proc.stdout, ORK_READY)
-        self.ork_key, self.ork = match[1], proc
+        ready = await read_ready(proc.stdout, "wrk-ork")
+        self.ork_key, self.ork = ready.key, proc
         self.client, self._client_scope = await self._connect(
             self.ork_port, self.ork_key, PROTOCOL, "test-app-node")
         return proc
@@ -210,12 +205,12 @@ class ControlPath:
         path.write_text(json.dumps(config))
         proc = await self._spawn("run", "wrk-server-k8s-nvidia", "--config", str(path))
         try:
-            match = await read_until(proc.stdout, WORKER_READY)
+            ready = await read_ready(proc.stdout, "wrk-server-k8s-nvidia")
         except AssertionError as exc:  # say why it exited: its stderr is in its log
             log = self.root / f"wrk-server-k8s-nvidia-{len(self.processes) - 1}.log"
             raise AssertionError(f"{exc}; exit {await proc.wait()}; its log ends: "
                                  f"{log.read_text(errors='replace')[-2000:]}") from None
-        self.worker_key = match[1]
+        self.worker_key = ready.key
         self.worker = proc
         return proc
 

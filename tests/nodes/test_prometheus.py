@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -33,16 +32,13 @@ import trio
 
 from p2p.keys import load_or_create_keypair
 from p2p.metrics import ProcessMetrics, serve_metrics
-from tests.cli.helpers import process, read_until
+from tests.cli.helpers import process, read_ready
 from tests.nodes.control_path import free_port
 from tests.nodes.proxy_inference.harness import proxy_world
 from tests.nodes.proxy_inference.test_paths import CHAT, client, two_agents
 
 pytestmark = pytest.mark.slow
 
-#: What ``cosmicac run wrk-monitor`` prints once serving.
-MONITOR_READY = re.compile(r"wrk-monitor (\w{64}) listening on ([\d.]+):(\d+) "
-                           r"\(http://([\d.]+):(\d+), loki off\)")
 #: Requests answered through the proxy, then counted by Prometheus.
 REQUESTS = 7
 
@@ -170,14 +166,15 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
                            "--config-dir", str(tmp_path / "none"),
                            stdout=subprocess.PIPE, env=env) as monitor, \
                 proxy_world(tmp_path / "world") as world:
-            ready = await read_until(monitor.stdout, MONITOR_READY)
-            monitor_http = (ready[4], int(ready[5]))
+            ready = await read_ready(monitor.stdout, "wrk-monitor")
+            assert ready.fields["loki"] == "off"
+            monitor_http = ready.address("http")
             # The proxy in-process, its registries on an endpoint as the daemon kit serves it.
             metrics = ProcessMetrics()
             proxy_metrics = await world.nursery.start(serve_metrics, metrics.registry)
             _, secret = await world.add_key()
             await world.start_proxy(metrics=metrics, telemetry={
-                "monitor": ready[1], "monitor_addresses": [f"{ready[2]}:{ready[3]}"]})
+                "monitor": ready.key, "monitor_addresses": [ready.fields["swarm"]]})
             await world.wait_replicated()
             await two_agents(world)
             async with client(world, secret) as http:

@@ -11,6 +11,7 @@ import trio
 from typer.testing import CliRunner
 
 from cli.main import app
+from nodes.kit.ready import parse_ready
 from p2p.connection import dial_tcp
 from p2p.keys import load_or_create_keypair
 from p2p.relay import accept_via_relay, dial_via_relay, keep_reservation
@@ -86,11 +87,13 @@ async def test_cosmicac_relay_relays_a_connection_between_two_peers_and_stops_on
     process = await start([*COSMICAC, "relay"], tmp_path / "relay")
     try:
         with trio.fail_after(30):
-            lines = await read_lines(process.stdout, 2)
+            lines = await read_lines(process.stdout, 3)
             relay_key = bytes.fromhex(lines[1].removeprefix("Server listening on "))
+            ready = parse_ready(lines[2])  # cosmicac relay adds the daemons' ready line
             match = await read_until(process.stderr, STARTED)  # a JSON log line
-            assert match[1] == relay_key.hex()
-            address = (match[2], int(match[3]))
+            assert ready is not None and match[1] == relay_key.hex() == ready.key
+            address = ready.address("tcp")
+            assert address == (match[2], int(match[3]))
             async with trio.open_nursery() as peers:
                 target = await dial_tcp(*address, BOB, relay_key)
                 await peers.start(target.run)

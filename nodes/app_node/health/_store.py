@@ -27,6 +27,7 @@ from typing import Protocol
 
 import trio
 
+from nodes.kit.sqlite import Schema, SchemaError, connect, immediate, migrate
 from p2p.files import private_file
 
 from ._model import MAX_ROWS, HealthRow
@@ -68,6 +69,8 @@ CREATE TABLE IF NOT EXISTS health_rows (
 CREATE INDEX IF NOT EXISTS health_rows_service_at ON health_rows (service, at);
 CREATE INDEX IF NOT EXISTS health_rows_at ON health_rows (at);
 """
+#: Files from before the schema was versioned have the same tables, and are adopted.
+_LADDER = Schema(create=_SCHEMA, adopt_unversioned=True)
 
 
 class SqliteHealthStore:
@@ -92,15 +95,13 @@ class SqliteHealthStore:
         """
         try:
             private_file(path)
-            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn = connect(path, synchronous="NORMAL")
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.executescript(_SCHEMA)
+                migrate(conn, _LADDER)
             except BaseException:
                 conn.close()
                 raise
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, SchemaError) as exc:
             raise HealthStoreError(f"cannot open the health history {path}: {exc}; "
                                    "delete the file (it holds only history)") from exc
         return cls(conn, path)
@@ -121,8 +122,7 @@ class SqliteHealthStore:
         values = [(row.at, row.service, row.model_dump_json()) for row in rows]
 
         def insert() -> None:
-            with self._conn:
-                self._conn.execute("BEGIN")
+            with immediate(self._conn):
                 self._conn.executemany("INSERT INTO health_rows VALUES (?,?,?)", values)
 
         if values:
@@ -157,8 +157,7 @@ class SqliteHealthStore:
 
     async def prune(self, before: float) -> int:
         def delete() -> int:
-            with self._conn:
-                self._conn.execute("BEGIN")
+            with immediate(self._conn):
                 return self._conn.execute("DELETE FROM health_rows WHERE at < ?",
                                           (before,)).rowcount
 

@@ -83,7 +83,7 @@ async def test_a_killed_step_is_restarted_and_healthy_again():
         await wait_until(lambda: supervisor.starts == 2 and supervisor.healthy, limit_s=10)
         assert supervisor.pids["worker"] != first
         assert [healthy for healthy, _ in health.changes] == [True, False, True]
-        assert "signal SIGKILL" in health.changes[1][1]
+        assert "worker killed by SIGKILL" in health.changes[1][1]
         nursery.cancel_scope.cancel()
 
 

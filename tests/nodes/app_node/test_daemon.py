@@ -5,7 +5,6 @@ and stops on SIGTERM; a busy port is one line and exit 1."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -15,12 +14,10 @@ import pytest
 import trio
 
 from crdt import inspect_storage
-from tests.cli.helpers import process, read_until
+from tests.cli.helpers import process, read_ready
 
 pytestmark = pytest.mark.slow
 
-SERVING = re.compile(r"app-node (\w{64}) serving http://([\d.]+):(\d+)/api \(swarm "
-                     r"[\d.]+:\d+, shared database (\w{64})\)")
 PASSWORD = "correct horse battery staple"
 
 
@@ -40,10 +37,10 @@ async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_p
                     COSMICAC_APP_NODE__LIMITS__TRUSTED_PROXIES="127.0.0.1")
     with trio.fail_after(90):
         async with process("run", "app-node", env=env, stdout=subprocess.PIPE) as proc:
-            match = await read_until(proc.stdout, SERVING)
-            key, host, port, database = match.groups()
+            ready = await read_ready(proc.stdout, "app-node")
+            key, database = ready.key, ready.fields["database"]
             assert database == key  # app-node created the database: its key is the bootstrap
-            async with httpx.AsyncClient(base_url=f"http://{host}:{port}/api",
+            async with httpx.AsyncClient(base_url=ready.url("http", "/api"),
                                          timeout=30) as api:
                 signup = await api.post("/auth/signup", json={
                     "email": "admin@example.com", "name": "Admin", "password": PASSWORD,

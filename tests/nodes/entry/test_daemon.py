@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -12,14 +11,12 @@ import httpx
 import pytest
 import trio
 
-from tests.cli.helpers import process, read_until
+from tests.cli.helpers import process, read_ready
 
 from .upstream import Upstream, free_port, serving
 
 pytestmark = pytest.mark.slow
 
-SERVING = re.compile(r"entry serving http://([\d.]+):(\d+) \(api (\S+), inference (\S+), "
-                     r"monitor (\S+)\)")
 
 
 def clean_env() -> dict[str, str]:
@@ -37,9 +34,10 @@ async def test_the_daemon_proxies_counts_and_stops_on_sigterm():
                         "COSMICAC_ENTRY__METRICS__PORT": str(metrics_port),
                         "COSMICAC_ENTRY__LOG_FORMAT": "json"})
             async with process("run", "entry", stdout=subprocess.PIPE, env=env) as proc:
-                match = await read_until(proc.stdout, SERVING)
-                assert (match[3], match[4], match[5]) == (api.url, inference.url, "off")
-                url = f"http://{match[1]}:{match[2]}"
+                ready = await read_ready(proc.stdout, "entry")
+                assert (ready.fields["api"], ready.fields["inference"],
+                        ready.fields["monitor"]) == (api.url, inference.url, "off")
+                url = ready.url()
                 async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=10) as http:
                     echo = (await http.get("/api/v1/echo")).json()
                     assert (echo["upstream"], echo["raw_path"]) == ("api", "/api/v1/echo")

@@ -257,6 +257,7 @@ async def test_the_daemon_started_with_empty_allow_lists_refuses_and_says_so(
     clients: it serves, refuses every call, and logs why; with the deprecated
     ``clients`` it warns and treats them as app-nodes."""
     from nodes.kit.ork_client import OrkClient
+    from nodes.kit.ready import find_ready
     from nodes.ork.daemon import start_ork
     from p2p.daemon import Daemon
     from p2p.keys import KeyPair
@@ -275,12 +276,12 @@ async def test_the_daemon_started_with_empty_allow_lists_refuses_and_says_so(
                 daemon = Daemon(name="wrk-ork", settings=settings, nursery=nursery,
                                 metrics=ProcessMetrics(), storage=storage)
                 await start_ork(daemon)
-                line = capsys.readouterr().out.strip().splitlines()[-1]
-                ork_key, where = line.split()[1], line.split()[4]
-                host, port = where.rsplit(":", 1)
+                ready = find_ready(capsys.readouterr().out, "wrk-ork")
+                assert ready is not None and ready.key is not None
                 swarm = Swarm(me, config=SwarmConfig(host="127.0.0.1", port=0))
                 await nursery.start(swarm.run)
-                client = OrkClient(swarm, bytes.fromhex(ork_key), addresses=[(host, int(port))])
+                client = OrkClient(swarm, bytes.fromhex(ready.key),
+                                   addresses=[ready.address("swarm")])
                 await nursery.start(client.run)
                 if not clients:
                     with pytest.raises(RpcError) as refused:

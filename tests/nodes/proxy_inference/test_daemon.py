@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 
@@ -17,7 +16,7 @@ import trio
 from crdt import Database, FsyncPolicy
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm
-from tests.cli.helpers import process, read_until
+from tests.cli.helpers import process, read_ready
 from tests.p2p.helpers import wait_until
 
 from .harness import inference_spec, proxy_world
@@ -26,7 +25,6 @@ from .tiny_agent import TinyAgent
 
 pytestmark = pytest.mark.slow
 
-SERVING = re.compile(r"proxy-inference (\w{64}) serving http://([\d.]+):(\d+)/v1")
 
 
 def free_port() -> int:
@@ -90,9 +88,9 @@ async def test_the_daemon_serves_and_writes_its_usage_when_stopped(tmp_path):
             env["PROXY_AUTOBASE_KEY"] = world.admin.db.bootstrap.hex()
             async with process("run", "proxy-inference", "--config", str(config),
                                stdout=subprocess.PIPE, env=env) as proc:
-                match = await read_until(proc.stdout, SERVING)
-                assert match[1] == world.proxy_key.hex
-                url = f"http://{match[2]}:{match[3]}/v1"
+                ready = await read_ready(proc.stdout, "proxy-inference")
+                assert ready.key == world.proxy_key.hex
+                url = ready.url("http", "/v1")
                 async with httpx.AsyncClient(base_url=url, timeout=20, headers={
                         "Authorization": f"Bearer {secret}"}) as http:
 
