@@ -25,7 +25,7 @@ inference job (runtime local, model demo), the others containers, 1 to 8 GPUs.
 
 Users and jobs are spread over ``--teams`` teams, 10 by default (10 users and
 100 jobs a team; the admin owns them all): with all 1,000 jobs in one team
-the listing fails today, 502 ``ork_error``: wrk-ork's ``jobs.list`` answer
+the listing fails today, 502 ``ORK_ERROR``: wrk-ork's ``jobs.list`` answer
 for the team (about 580 bytes a job, 579 KB) is over the mux's 512 KiB
 message limit, and the channel it was on (app-node's only one to wrk-ork) is
 closed with every call in flight on it. ``--teams 2`` (500 jobs a team)

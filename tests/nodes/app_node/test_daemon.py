@@ -78,9 +78,9 @@ async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> Non
     except httpx.TransportError:
         pass  # app-node may close while the client still sends
     else:
-        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        assert r.status_code == 413 and r.json()["error"]["code"] == "BODY_TOO_LARGE"
     r = await api.post("/auth/login", content=b"[" * 100_000 + b"]" * 100_000)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "JSON_TOO_DEEP"
     wrong = {"email": "admin@example.com", "password": "not the password"}
     codes = [(await api.post("/auth/login", json=wrong,
                              headers={"X-Forwarded-For": "192.0.2.66"})).status_code

@@ -55,7 +55,7 @@ async def test_roles_member_admin_outsider(api: Api) -> None:
     assert r.status_code == 404
     r = await api.client.patch(f"/api/teams/{team}/members/{member_id}", json={"role": "admin"},
                                headers=bearer(member))
-    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
     r = await api.client.patch(f"/api/teams/{team}/members/{member_id}", json={"role": "admin"},
                                headers=bearer(outsider))
     assert r.status_code == 404

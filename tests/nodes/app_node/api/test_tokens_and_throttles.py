@@ -49,7 +49,7 @@ async def _login(api: Api, address: str, password: str = PASSWORD,
     r = await api.client.post("/api/auth/login", json={"email": email, "password": password},
                               headers=at(address))
     if r.status_code == 429:
-        assert r.json()["error"]["code"] == "throttled" and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "THROTTLED" and int(r.headers["retry-after"]) >= 1
     return r.status_code
 
 

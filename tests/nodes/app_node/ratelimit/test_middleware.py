@@ -51,7 +51,7 @@ async def test_per_ip_limit_answers_429_with_retry_after(
         assert refused.headers["retry-after"] == "4"  # 1 / 0.25 per second
         assert refused.headers["content-type"] == "application/json"
         error = refused.json()["error"]
-        assert error["code"] == "rate_limited" and "4 s" in error["message"]
+        assert error["code"] == "RATE_LIMITED" and "4 s" in error["message"]
         await trio.sleep(4)
         assert (await http.get("/api/hello")).status_code == 200
     async with client(limiter, ip="192.0.2.8") as other:  # another IP: its own budget
