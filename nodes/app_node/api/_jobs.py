@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status
+from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status, job_type_problem
 from nodes.monitor.client import MonitorUnavailable
 from nodes.ork.client import OrkUnavailable
 from nodes.ork.service import (
@@ -165,18 +165,13 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
     if not IMAGE_PATTERN.match(body.image):
         raise ApiError(codes.INVALID, "image: give the job's registry image "
                        "(docker://host[:port]/repo[:tag])", "image")
-    if body.type is JobType.CONTAINER:
-        for name in ("runtime", "model", "served_name"):
-            if getattr(body, name) is not None:
-                raise ApiError(codes.INVALID, f"{name}: a container job takes none "
-                               "(only inference jobs run a model)", name)
-        if body.replicas not in (None, 1):
-            raise ApiError(codes.INVALID, "replicas: a container job has exactly one",
-                           "replicas")
-    else:
-        for name in ("runtime", "model"):
-            if getattr(body, name) is None:
-                raise ApiError(codes.INVALID, f"{name}: an inference job needs one", name)
+    problem = job_type_problem(body.type, runtime=body.runtime, model=body.model,
+                               served_name=body.served_name,
+                               replicas=1 if body.replicas is None else body.replicas,
+                               authorized_keys=keys)
+    if problem is not None:
+        field, message = problem
+        raise ApiError(codes.INVALID, f"{field}: {message}", field)
     data = body.model_dump(exclude={"team_id"}, exclude_none=True)
     data.setdefault("gpus", 1)
     data.update(team=team, authorized_keys=keys)
