@@ -13,7 +13,9 @@ from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 from p2p.errors import LocalProtocolError
 from p2p.keys import KEY_BYTES
 
-__all__ = ["DEFAULT_PORT", "RelayConfig", "RelaySettings"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_MAX_PAIRS", "DEFAULT_MAX_PAIRS_PER_KEY",
+           "DEFAULT_MAX_RESERVATIONS", "DEFAULT_PAIR_TIMEOUT_S", "DEFAULT_PORT", "RelayConfig",
+           "RelaySettings"]
 
 #: Upstream blind-relay-service's port, for the DHT (UDP) and relayed streams (TCP).
 DEFAULT_PORT = 49737

@@ -52,8 +52,7 @@ from ._model import (
 from ._store import HealthStore, HealthStoreError
 
 if TYPE_CHECKING:
-    from crdt import Database
-    from crdt._replication import Replicator
+    from crdt import Database, Replicator
     from nodes.ork.views import RackInfo
     from nodes.peer_client import PeerClient
 
