@@ -1,5 +1,5 @@
 """app-node's HTTP API under load: job listing and API-key creation, with 100
-users and 1,000 jobs (issue 13, item 7a).
+users and 1,000 jobs.
 
 The system under test is real and runs as its own processes, as in a
 deployment: app-node (``cosmicac run app-node --config F``) wired to wrk-ork

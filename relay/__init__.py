@@ -1,4 +1,4 @@
-"""The blind relay server daemon (DESIGN.md §3.6, issue 4).
+"""The blind relay server daemon (DESIGN.md §3.6).
 
 Forwards bytes between a firewalled peer and its dialers without holding a
 key that could read them. The protocol's messages and client side live in

@@ -1,4 +1,4 @@
-"""app-node's HTTP API under ``/api`` (issue 13): auth and passwords, users, teams and
+"""app-node's HTTP API under ``/api``: auth and passwords, users, teams and
 roles, invitations, API keys, model masters, jobs, racks and nodes.
 
 ``create_app(services)`` gives the ASGI app; see README.md for the routes.

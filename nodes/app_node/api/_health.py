@@ -1,4 +1,4 @@
-"""The control plane's health (issue 14): now, and its history; platform operators only.
+"""The control plane's health: now, and its history; platform operators only.
 
 ``GET /api/health`` answers each watched service's newest row, its state
 (``up``, ``error``, ``down``, ``stale``, ``unknown``: :mod:`..health._model`) and

@@ -22,7 +22,7 @@ HEALTH_FILE = "health.sqlite"
 
 
 class HealthSettings(BaseModel):
-    """The control plane's health history (issue 14)."""
+    """The control plane's health history."""
 
     model_config = {"extra": "forbid"}
 

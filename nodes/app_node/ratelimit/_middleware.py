@@ -14,7 +14,7 @@ The client's address is the TCP peer's, unless the peer is one of
 ``Limits.trusted_proxies`` (the entry point, Caddy): then ``X-Forwarded-For``
 is walked from the right past the trusted hops (:mod:`nodes.forwarded`), so
 behind the door each client has its own bucket and a client's own header,
-sent straight to app-node, is ignored (defect 6). An IPv6 client is keyed by
+sent straight to app-node, is ignored. An IPv6 client is keyed by
 its /64, the block one subscriber usually holds.
 """
 
