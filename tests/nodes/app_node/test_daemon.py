@@ -66,7 +66,7 @@ async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_p
 
 
 async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> None:
-    """issue 21 through hypercorn: a big chunked body is cut at the limit, deep JSON
+    """Through hypercorn: a big chunked body is cut at the limit, deep JSON
     is a 400, failed logins back off per X-Forwarded-For address (127.0.0.1, the
     test, is a trusted proxy here), and app-node goes on serving."""
     async def big():

@@ -1,4 +1,4 @@
-"""Request bodies are bounded on every route (issue 21, defects 11 and 15): in size
+"""Request bodies are bounded on every route: in size
 (a declared Content-Length beyond the route's limit is refused before a byte is
 read, a chunked body the moment it passes it), in how many are read at once
 (503 ``SERVER_BUSY`` with Retry-After beyond), in time, and in JSON depth
@@ -160,7 +160,7 @@ async def test_a_body_that_never_arrives_times_out(tmp_path: Path) -> None:
 
 
 async def test_json_nested_100000_deep_is_a_400_not_a_500(api: Api, caplog) -> None:
-    """Regression (defect 15): the parser's RecursionError was a 500 and a traceback."""
+    """Regression: the parser's RecursionError was a 500 and a traceback."""
     deep = b"[" * 100_000 + b"]" * 100_000
     r = await api.client.post("/api/auth/login", content=deep)
     assert r.status_code == 400 and r.json()["error"]["code"] == "JSON_TOO_DEEP"

@@ -1,4 +1,4 @@
-"""Issue 21, defect 12: no quota, and any user could create a team. A plain member
+"""Regression: no quota, and any user could create a team. A plain member
 made a team, took every free GPU, and the admin's 1-GPU job waited Pending.
 
 Now only operators create teams unless the setting says otherwise (403
