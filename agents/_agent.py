@@ -203,7 +203,7 @@ class Agent:
     Args:
         config: the agent's config (from the worker).
         keypair: the agent's identity (kept in its storage folder).
-        bootstrap: ``config.bootstrap`` parsed; worker_addresses: likewise.
+        bootstrap: ``config.bootstrap`` (typed by the config); worker_addresses: likewise.
         readiness: the workload's readiness hook; None: ready at once.
         network: sockets (tests may give an in-memory network).
         policy: backoff and timeouts.

@@ -1,4 +1,4 @@
-"""The agent's log records, shipped to its worker (issue 14).
+"""The agent's log records, shipped to its worker.
 
 Agents never dial wrk-monitor: they run in VMs, with per-VM keys the monitor
 does not know. When the agent's config says ``telemetry``, its log records go

@@ -1,4 +1,4 @@
-"""The agent's own figures, sent with each heartbeat (issue 14): cheap, O(1), off the request path.
+"""The agent's own figures, sent with each heartbeat: cheap, O(1), off the request path.
 
 Every heartbeat (``contracts.agent_report.Heartbeat.metrics``) carries a
 snapshot built when it is sent, from counters the agent and its workload

@@ -36,7 +36,6 @@ from p2p.daemon import (
     DaemonSettings,
     fatal,
     load_settings,
-    parse_address,
     run_daemon,
 )
 from p2p.errors import P2PError
@@ -45,7 +44,7 @@ from p2p.keys import load_or_create_keypair
 from ._agent import Address, Agent, AgentGaveUp, AgentRefused, Readiness
 from ._logs import install_log_shipping
 
-__all__ = ["AgentProcessSettings", "main", "parse_addresses"]
+__all__ = ["AgentProcessSettings", "main"]
 
 #: Exit code of a bad config (as the kit's ConfigError and click's usage errors).
 EXIT_USAGE = 2
@@ -56,25 +55,6 @@ class AgentProcessSettings(DaemonSettings):
     agent config; metrics and log format from ``COSMICAC_AGENT__...``)."""
 
     model_config = SettingsConfigDict(env_prefix="COSMICAC_AGENT__")
-
-
-def parse_addresses(config: AgentConfig, path: str | Path = "config"
-                    ) -> tuple[tuple[Address, ...], tuple[Address, ...]]:
-    """``config.bootstrap`` and ``config.worker_addresses`` as ``(host, port)`` pairs.
-
-    Raises:
-        AgentConfigError: an address is not ``IP:PORT``, naming the field and index.
-    """
-    parsed: dict[str, tuple[Address, ...]] = {}
-    for field in ("bootstrap", "worker_addresses"):
-        values = []
-        for index, text in enumerate(getattr(config, field)):
-            try:
-                values.append(parse_address(text))
-            except ValueError as exc:
-                raise AgentConfigError(f"agent config {path}: {field}.{index}: {exc}") from None
-        parsed[field] = tuple(values)
-    return parsed["bootstrap"], parsed["worker_addresses"]
 
 
 def main(config_path: str | Path, *, readiness: Readiness | None = None) -> None:
@@ -89,7 +69,6 @@ def main(config_path: str | Path, *, readiness: Readiness | None = None) -> None
     """
     try:
         config = load_agent_config(config_path)
-        bootstrap, worker_addresses = parse_addresses(config, config_path)
     except AgentConfigError as exc:
         fatal(str(exc), EXIT_USAGE)
     try:
@@ -97,7 +76,8 @@ def main(config_path: str | Path, *, readiness: Readiness | None = None) -> None
             "storage": Path(config.storage), "log_level": config.log_level})
     except ConfigError as exc:
         fatal(str(exc), EXIT_USAGE)
-    start = functools.partial(_start, config, bootstrap, worker_addresses, readiness)
+    start = functools.partial(_start, config, config.bootstrap, config.worker_addresses,
+                              readiness)
     run_daemon(settings, start, name="agent", errors={
         AgentRefused: str,
         AgentGaveUp: lambda exc: f"the workload failed: {exc}",

@@ -1,5 +1,5 @@
 """app-node's HTTP API under load: job listing and API-key creation, with 100
-users and 1,000 jobs (issue 13, item 7a).
+users and 1,000 jobs.
 
 The system under test is real and runs as its own processes, as in a
 deployment: app-node (``cosmicac run app-node --config F``) wired to wrk-ork
@@ -25,7 +25,7 @@ inference job (runtime local, model demo), the others containers, 1 to 8 GPUs.
 
 Users and jobs are spread over ``--teams`` teams, 10 by default (10 users and
 100 jobs a team; the admin owns them all): with all 1,000 jobs in one team
-the listing fails today, 502 ``ork_error``: wrk-ork's ``jobs.list`` answer
+the listing fails today, 502 ``ORK_ERROR``: wrk-ork's ``jobs.list`` answer
 for the team (about 580 bytes a job, 579 KB) is over the mux's 512 KiB
 message limit, and the channel it was on (app-node's only one to wrk-ork) is
 closed with every call in flight on it. ``--teams 2`` (500 jobs a team)

@@ -32,7 +32,7 @@ small fdatasync costs on the disk just before each run: the floor under
 every durable figure, which other load on the machine moves a lot.
 fsync is on for both (``fdatasync``; SQLite's own ``fsync`` for FULL).
 
-Targets (issue 11): queue >= 5,000 durable operations/s, p50 publish ->
+Targets: queue >= 5,000 durable operations/s, p50 publish ->
 applied <= 5 ms on one machine (2 cores).
 
 usage: python bench/durable_queue.py [--ops 20000] [--publishers 64] [--rate 5000] [--poll-ms 1]

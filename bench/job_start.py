@@ -1,5 +1,5 @@
 """Job create -> ``running`` on the ``local`` backend with the ``demo`` model, step
-by step (issue 13, item 7b).
+by step.
 
 The whole embedded system runs as users run it: ``cosmicac up --storage
 <temp> --base-port <free> --no-table`` as a subprocess (DHT, relay, app-node,

@@ -34,7 +34,7 @@ all records), each on its own connection:
   wall clock), and the pusher's counters ``loki_dropped`` / ``loki_failed`` /
   ``loki_rejected`` (0 when Loki keeps up).
 
-Issue 14's target: >= 50,000 records/s into one wrk-monitor, p99 <= 100 ms.
+Target: >= 50,000 records/s into one wrk-monitor, p99 <= 100 ms.
 """
 
 from __future__ import annotations

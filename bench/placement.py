@@ -3,7 +3,7 @@
 The cluster: ``--racks`` racks of ``--nodes`` nodes of 8 GPUs, all with
 InfiniBand and the overlay network, in one location (the hardest case: every
 rack is a candidate for every job); teams ``r0``..``r3`` each reserve 8 nodes.
-The job mix (typical of issue 11): mostly 1-8 GPU single-node jobs, some
+The job mix (typical of the platform's use): mostly 1-8 GPU single-node jobs, some
 two-replica inference jobs, some 16-GPU vLLM replicas that span two nodes, and
 a few jobs of the reserving teams (see ``MIX``).
 
@@ -19,7 +19,7 @@ Figures (JSON lines):
 * ``pending_retry_per_s``: place() of jobs that do not fit now (the retry of a
   Pending job after each release), on the full cluster.
 
-Target (issue 11 item 7): >= 2,000 decisions/s with 100 racks x 32 nodes x 8
+Target: >= 2,000 decisions/s with 100 racks x 32 nodes x 8
 GPUs and 10,000 running jobs.
 
 usage: python bench/placement.py [--racks 100] [--nodes 32] [--jobs 10000]

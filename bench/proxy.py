@@ -53,7 +53,7 @@ a rep (the machine is noisy), and the median of the reps is printed:
    the prompt is the one with the longest answer among 400 tried;
    ``stream_chunks`` says how many events a stream carried.
 
-A short table follows on stderr. Targets (issue 12), printed beside
+A short table follows on stderr. Targets, printed beside
 ``ours``: p50 added latency <= 2 ms; >= 1,000 req/s at 64 clients through one
 proxy process; ahead of LiteLLM's proxy on both.
 

@@ -35,7 +35,7 @@ seconds apart); ``cpu_ms_ratio_<scenario>`` the same of the proxy's CPU per requ
 for ``on`` ``monitor_cpu_ms_per_req_<s>`` (wrk-monitor's, on the same cores here),
 ``errors_<s>``, ``requests_<s>``; for ``on``, ``records_shipped_<s>`` (records
 wrk-monitor acknowledged during that scenario's runs) and ``records_dropped``; and
-``rps_ratio_<s>`` with the target (issue 14): on within 5 % of off (ratio >= 0.95).
+``rps_ratio_<s>`` with the target: on within 5 % of off (ratio >= 0.95).
 
 On a busy machine the ratios scatter by tens of per cent from rep to rep, so one
 more figure does not come from the load runs: ``record_cost_us``, the CPU one log line

@@ -20,7 +20,7 @@ Figures (JSON lines):
   while ``--streaming-pairs`` pairs send at once for ``--stream-seconds``
   (that line also gives their aggregate MB/s).
 
-Targets (issue 4): relayed >= 200 MB/s and >= 0.5x direct; set-up <= 15 ms;
+Targets: relayed >= 200 MB/s and >= 0.5x direct; set-up <= 15 ms;
 1,000 idle pairs within 200 MB of relay RSS.
 
 usage: python bench/relay.py [--mib 256] [--reps 3] [--setups 200]

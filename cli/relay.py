@@ -35,13 +35,15 @@ from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon, DaemonError, run_daemon
 from p2p.errors import P2PError
 from p2p.keys import load_or_create_keypair
-from relay import DEFAULT_PORT, RelaySettings, run_relay
-from relay._config import (
+from relay import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_PAIRS,
     DEFAULT_MAX_PAIRS_PER_KEY,
     DEFAULT_MAX_RESERVATIONS,
     DEFAULT_PAIR_TIMEOUT_S,
+    DEFAULT_PORT,
+    RelaySettings,
+    run_relay,
 )
 
 from ._args import (

@@ -352,10 +352,7 @@ async def _connect(swarm: Swarm, plan: _Plan) -> Connection:
 
 async def _via_relays(swarm: Swarm, plan: _Plan) -> Connection:
     # The swarm dials relays a record lists; these come from the command line.
-    # (p2p.swarm has no public "connect through these relays" yet.)
-    from p2p.swarm._dialer import Target
-
-    return await swarm.dialer.dial(plan.agent, Target((), tuple(plan.relays)), "connect")
+    return await swarm.connect(plan.agent, relays=plan.relays)
 
 
 async def _open(connection: Connection, plan: _Plan) -> ShellSession:

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    model_validator,
+)
+
+from p2p.daemon import parse_address
 
 from .model import JobType, KeyHex, Runtime, first_error
 
@@ -25,6 +35,18 @@ AGENT_CONFIG_PATH = "/etc/cosmicac/agent.json"
 
 class AgentConfigError(Exception):
     """The agent's config file is missing, unreadable or invalid."""
+
+
+def _address_text(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+#: An ``(ip, port)`` pair, parsed once when the config is read (``host:port``,
+#: ``[v6]:port`` or a pair; the host an IP address) and written as ``host:port``:
+#: the file reads the same to an agent of any version.
+ConfigAddress = Annotated[tuple[str, int], BeforeValidator(parse_address),
+                          PlainSerializer(_address_text, return_type=str)]
 
 
 class AgentConfig(BaseModel):
@@ -55,11 +77,11 @@ class AgentConfig(BaseModel):
     #: The worker the agent reports to (its swarm public key).
     worker: KeyHex
     #: Addresses where the worker listens, tried before the DHT (``host:port``).
-    worker_addresses: tuple[str, ...] = Field(default=(), max_length=16)
+    worker_addresses: tuple[ConfigAddress, ...] = Field(default=(), max_length=16)
     #: Secret that proves to the worker which replica this agent is (64 hex).
     report_token: str = Field(pattern=r"^[0-9a-f]{64}$", repr=False)
     #: DHT bootstrap nodes (``host:port``).
-    bootstrap: tuple[str, ...] = Field(default=(), max_length=64)
+    bootstrap: tuple[ConfigAddress, ...] = Field(default=(), max_length=64)
     #: Relays the agent reserves with when inbound connections are blocked;
     #: fixed when the job was created (seeds/relay.txt).
     relays: tuple[KeyHex, ...] = Field(default=(), max_length=16)

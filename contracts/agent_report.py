@@ -54,7 +54,7 @@ records (a token bucket per VMI): over budget, it keeps a batch's first
 agent neither re-sends nor stops). ``agent.logs`` is not a report:
 it neither feeds nor ends an agent's silence (heartbeats do).
 
-``agent.heartbeat`` may carry the agent's own figures (issue 14): at most
+``agent.heartbeat`` may carry the agent's own figures: at most
 :data:`MAX_AGENT_METRICS` values named ``^[a-z][a-z0-9_]{0,47}$``, each finite
 and non-negative (a name ending in ``_total`` is a counter, any other a gauge).
 The worker keeps the latest per VMI, labelled with the VMI's job id, replica

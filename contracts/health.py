@@ -1,7 +1,7 @@
 """How a daemon says how it is: the ``service.status`` RPC method.
 
 app-node records every control-plane service's health on an interval
-(issue 14: reachable, version, queue depth, last report). Reachable is whether
+(reachable, version, queue depth, last report). Reachable is whether
 the call was answered; the rest is what the service answers here. Every
 service that app-node watches over the swarm (wrk-ork's ``cosmicac-ork/1``,
 wrk-monitor's ``cosmicac-monitor/1``) serves the same method on its own

@@ -46,6 +46,7 @@ __all__ = [
     "Runtime",
     "api_status",
     "first_error",
+    "job_type_problem",
     "key_hex",
 ]
 
@@ -99,6 +100,40 @@ class Runtime(enum.StrEnum):
     LOCAL = "local"
 
 
+def job_type_problem(type_: JobType, *, runtime: Runtime | None, model: str | None,
+                     served_name: str | None, replicas: int = 1,
+                     authorized_keys: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """What a job of each type may hold, written once.
+
+    A GPU Container Job takes no model (nor runtime or served name: only
+    inference jobs run one) and has exactly one replica; a Managed Inference
+    Job needs a runtime and a model and takes no shell keys (it is reached
+    through proxy-inference).
+
+    Returns:
+        ``(field, message)`` for the first field that breaks the rule, else None.
+        :class:`JobSpec` refuses the message; app-node's API answers 422 naming
+        the field before it builds a spec.
+    """
+    if type_ is JobType.CONTAINER:
+        for field, value in (("runtime", runtime), ("model", model),
+                             ("served_name", served_name)):
+            if value is not None:
+                return field, (f"a GPU Container Job takes no {field} "
+                               "(only inference jobs run a model)")
+        if replicas != 1:
+            return "replicas", "a GPU Container Job has exactly one replica"
+        return None
+    if runtime is None:
+        return "runtime", "a Managed Inference Job needs a runtime (vllm, parakeet or local)"
+    if model is None:
+        return "model", "a Managed Inference Job needs a model"
+    if authorized_keys:
+        return "authorized_keys", ("a Managed Inference Job takes no shell keys "
+                                   "(it is reached through proxy-inference)")
+    return None
+
+
 class JobSpec(BaseModel):
     """What a user asks for (the JOB.json of ``cosmicac k8s render``).
 
@@ -132,21 +167,11 @@ class JobSpec(BaseModel):
         if not IMAGE_PATTERN.match(self.image):
             raise ValueError(f"image {self.image!r} is not a registry image "
                              "(docker://host[:port]/repo[:tag])")
-        if self.type is JobType.CONTAINER:
-            if self.replicas != 1:
-                raise ValueError("a GPU Container Job has exactly one replica")
-            if (self.runtime is not None or self.model is not None
-                    or self.served_name is not None):
-                raise ValueError("a GPU Container Job takes no runtime, model or served name")
-        else:
-            if self.runtime is None:
-                raise ValueError("a Managed Inference Job needs a runtime "
-                                 "(vllm, parakeet or local)")
-            if self.model is None:
-                raise ValueError("a Managed Inference Job needs a model")
-            if self.authorized_keys:
-                raise ValueError("a Managed Inference Job takes no shell keys "
-                                 "(it is reached through proxy-inference)")
+        problem = job_type_problem(self.type, runtime=self.runtime, model=self.model,
+                                   served_name=self.served_name, replicas=self.replicas,
+                                   authorized_keys=self.authorized_keys)
+        if problem is not None:
+            raise ValueError(problem[1])
         return self
 
     @property

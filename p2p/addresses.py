@@ -7,8 +7,8 @@ them only mean something to a reader in the right place: ``127.0.0.1`` is the
 reader's *own* host, ``169.254.x.y`` and ``fe80::`` only reach the same link,
 ``10.x.y.z`` only a private network. Records are signed by the announcer, so
 nobody on the way can edit them; instead each party drops what the next one
-cannot use (issue 10, item 8: "never hand a loopback (or link-local) address to
-a peer that is not on it"):
+cannot use (never hand a loopback or link-local address to a peer that is not
+on it):
 
 * a storing DHT node leaves out of a LOOKUP reply the records with no address
   usable by the asker (it knows where the asker is, relative to itself), and

@@ -13,7 +13,9 @@ from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 from p2p.errors import LocalProtocolError
 from p2p.keys import KEY_BYTES
 
-__all__ = ["DEFAULT_PORT", "RelayConfig", "RelaySettings"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_MAX_PAIRS", "DEFAULT_MAX_PAIRS_PER_KEY",
+           "DEFAULT_MAX_RESERVATIONS", "DEFAULT_PAIR_TIMEOUT_S", "DEFAULT_PORT", "RelayConfig",
+           "RelaySettings"]
 
 #: Upstream blind-relay-service's port, for the DHT (UDP) and relayed streams (TCP).
 DEFAULT_PORT = 49737
@@ -35,7 +37,7 @@ DEFAULT_MAX_PAIRS_PER_KEY = 128
 #: Pairings (waiting or spliced) one dialer may hold with one target at once.
 #: Without it one dialer could take all of a target's ``max_pairs_per_key``
 #: slots and lock every other dialer out for the pairing timeout, again and
-#: again (issue 10). A dialer needs one pairing per connection it makes to the
+#: again. A dialer needs one pairing per connection it makes to the
 #: target, and reconnects after a failure while the old pairing may still be
 #: waiting out its timeout: 8 leaves room for that and for a few parallel
 #: connection attempts (hyperswarm keeps one connection per peer).

@@ -1,4 +1,4 @@
-"""A stranger flooding a daemon over real sockets on 127.0.0.1 (issue 21, defect 5).
+"""A stranger flooding a daemon over real sockets on 127.0.0.1.
 
 Shared by the admission tests: silent sockets (from several loopback
 addresses) and self-made keys that finish their handshakes, each opened again

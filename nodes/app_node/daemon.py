@@ -143,7 +143,7 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                                         observability=settings.observability.to_send())
                 await nursery.start(monitor.run)
             email = make_sender(settings.email, storage)
-            # The health history (issue 14): its own store, one task.
+            # The health history: its own store, one task.
             health = await trio.to_thread.run_sync(functools.partial(
                 build_prober, settings.health, storage, settings.redis_url, ork=ork,
                 monitor=monitor, database=service, email=email, limiter=limiter))

@@ -18,11 +18,13 @@
                                    schema, a corrupt row); app-node stops
 
 The API answers an ``AppNodeError`` with ``{"code", "message"}`` (and ``field``
-for ``INVALID``); clients branch on the code, never on the text. Each message
-says what to do next.
+for ``INVALID``), its status from :data:`nodes.app_node.codes.STATUS`; clients
+branch on the code, never on the text. Each message says what to do next.
 """
 
 from __future__ import annotations
+
+from . import codes
 
 __all__ = ["AppNodeError", "Conflict", "Expired", "Invalid", "LastOwner", "NotFound",
            "StoreError", "WrongAccount"]
@@ -31,7 +33,7 @@ __all__ = ["AppNodeError", "Conflict", "Expired", "Invalid", "LastOwner", "NotFo
 class AppNodeError(Exception):
     """Something app-node refuses or cannot do; ``code`` is stable, ``message`` is for humans."""
 
-    code = "APP_NODE_ERROR"
+    code = codes.APP_NODE_ERROR
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -41,19 +43,19 @@ class AppNodeError(Exception):
 class NotFound(AppNodeError):
     """The user, team, membership, invitation, token, key or job does not exist (any more)."""
 
-    code = "NOT_FOUND"
+    code = codes.NOT_FOUND
 
 
 class Conflict(AppNodeError):
     """A unique value is taken (an email, a team name, a membership), or setup already ran."""
 
-    code = "CONFLICT"
+    code = codes.CONFLICT
 
 
 class Invalid(AppNodeError):
     """A value is malformed; ``field`` names it so a form can point at it."""
 
-    code = "INVALID"
+    code = codes.INVALID
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -63,13 +65,13 @@ class Invalid(AppNodeError):
 class LastOwner(AppNodeError):
     """Removing or demoting this membership would leave its team without an owner."""
 
-    code = "LAST_OWNER"
+    code = codes.LAST_OWNER
 
 
 class Expired(AppNodeError):
     """The invitation or token is past its expiry, or was already used or revoked."""
 
-    code = "EXPIRED"
+    code = codes.EXPIRED
 
 
 class WrongAccount(AppNodeError):
@@ -77,10 +79,10 @@ class WrongAccount(AppNodeError):
     the one it was sent to: holding the link is not enough, the address must match,
     so a forwarded or leaked link does not let someone else in."""
 
-    code = "WRONG_ACCOUNT"
+    code = codes.WRONG_ACCOUNT
 
 
 class StoreError(AppNodeError):
     """The store cannot be opened or read: a schema from a newer app-node, a bad row."""
 
-    code = "STORE"
+    code = codes.STORE

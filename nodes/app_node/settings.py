@@ -114,7 +114,7 @@ class AppNodeSettings(DaemonSettings):
     ork: PublicKey | None = None
     ork_addresses: AddressList = ()
     #: wrk-monitor (its public key) and where it listens, tried before the DHT;
-    #: without it ``GET /api/jobs/{job}/logs`` answers 503 ``monitor_unavailable``.
+    #: without it ``GET /api/jobs/{job}/logs`` answers 503 ``MONITOR_UNAVAILABLE``.
     #: wrk-monitor must list app-node's key among its followers. app-node also
     #: ships its own log records there (``telemetry``; its key among the pushers).
     monitor: PublicKey | None = None

@@ -1,8 +1,8 @@
 """The worker's side of its agents' reports: who each agent is, and whether it is alive.
 
 The worker derives a replica's status from two sources: what the backend
-says of the VMI (or process), and what the VMI's agent says of itself
-(issue 11). This module is the second source. It serves ``cosmicac-agent/1``
+says of the VMI (or process), and what the VMI's agent says of itself.
+This module is the second source. It serves ``cosmicac-agent/1``
 (:mod:`contracts.agent_report`) on the worker's swarm and turns the calls into
 :class:`AgentEvent`: ``hello`` (the agent connected and proved which VMI it
 is), ``ready``, ``failed`` (the agent gave up), and ``silent`` when an agent
@@ -35,7 +35,7 @@ victim keeps its binding, so its requests and answers stay its own.
 The table holds one entry per VMI the worker expects (the worker's own bound),
 and nothing for callers that fail hello, so a stranger cannot grow it.
 
-Logs (issue 14): ``agent.logs`` carries the agent's log records. The
+Logs: ``agent.logs`` carries the agent's log records. The
 registry authorises the call by the bound key (``NOT_INTRODUCED`` otherwise),
 decodes the batch (``BAD_BATCH`` for one that does not decode: refused
 whole, counted, never a crash), re-stamps every record with the bound VMI's
@@ -56,7 +56,7 @@ never refused, so the agent's session goes on. A new hello from the same VMI
 keeps its bucket (a restarting agent gets no fresh burst); forgetting the VMI
 drops it.
 
-Metrics (issue 14): a heartbeat may carry the agent's figures
+Metrics: a heartbeat may carry the agent's figures
 (``Heartbeat.metrics``, bounded by the contract). The table keeps the latest
 per VMI and :meth:`AgentTable.agent_metrics` lists them labelled with the
 entry's job id, replica, node rank and service (the trust model of logs: the

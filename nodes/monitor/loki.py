@@ -5,7 +5,7 @@ Theory of operation
 :class:`LokiPusher` sits between wrk-monitor's receive path and the operator's
 Loki. :meth:`LokiPusher.offer` is synchronous and O(1): it appends to a
 bounded deque and wakes the pusher task. A sender must never block or lose its
-own work because Loki is slow or down (issue 14), so at ``max_buffered`` the
+own work because Loki is slow or down, so at ``max_buffered`` the
 *oldest* record is dropped and counted (``dropped``), as the senders upstream
 of wrk-monitor do.
 
@@ -33,9 +33,9 @@ monitor's local buffer and its senders' logs. What is buffered when the task
 is cancelled is lost (``statistics().buffered`` says how much), and so is a
 batch in flight: Loki may or may not have stored it.
 
-Labels are ``service``, ``source`` and ``job_id`` (issue 14). The reference
-(§6) warns that an unbounded label such as a job id multiplies streams; the
-issue chose it because per-job history is then a plain ``{job_id="…"}``.
+Labels are ``service``, ``source`` and ``job_id``. The reference (§6) warns
+that an unbounded label such as a job id multiplies streams; it is kept because
+per-job history is then a plain ``{job_id="…"}``.
 
 :class:`LokiReader` runs ``query_range`` for one job, paging through results
 by moving ``start`` (forward) or ``end`` (backward) to the last timestamp

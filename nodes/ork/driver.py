@@ -15,16 +15,22 @@ driver does the I/O:
 * each rack's reports are applied with their queue position (saved with the
   state change) and acked; a position already applied is skipped, so a
   redelivery after an ork restart changes nothing;
-* a tick marks silent racks Unknown and places Pending jobs;
+* a tick marks silent racks Unknown and places Pending jobs. It is armed from
+  the orchestrator's ``next_deadline()`` (when the next rack goes silent) and
+  runs sooner only after a change (a report, an RPC that changed something),
+  at most once per ``tick_interval_s``: an idle wrk-ork sleeps until a rack
+  may fall silent, and a busy one does not tick after every call;
 * after each change the service's ``pump`` hands the status changes to the
   ``jobs.watch`` streams.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,14 +54,31 @@ _VERB = {"create_replica": "create", "restart_replica": "restart", "delete_repli
 
 T = TypeVar("T")
 
+#: How a blocking orchestrator call runs: ``run(function, limiter)``; in a worker
+#: thread (:func:`in_thread`), one at a time under ``limiter``.
+Runner = Callable[[Callable[[], T], trio.CapacityLimiter], Awaitable[T]]
+
+
+async def in_thread(function: Callable[[], T], limiter: trio.CapacityLimiter) -> T:
+    """Run ``function`` in a worker thread once ``limiter`` lets it (the default runner)."""
+    return await trio.to_thread.run_sync(function, limiter=limiter)
+
 
 class OrkDriver:
-    """Runs the orchestrator's I/O: queues, outbox, reports, ticks, watchers."""
+    """Runs the orchestrator's I/O: queues, outbox, reports, ticks, watchers.
+
+    Args:
+        tick_interval_s: the least time between two ticks; a change is picked up
+            by a tick at most this long after the one before.
+        clock: the orchestrator's time (seconds; wall clock).
+        run: how blocking orchestrator calls run (tests pass one that runs them
+            inline, so trio's autojump clock never jumps while a thread works).
+    """
 
     def __init__(self, orchestrator: Orchestrator, queues: QueueService, keypair: KeyPair,
                  storage: Path, *, fsync: bool = True, tick_interval_s: float = 1.0,
                  clock: Callable[[], float] = time.time,
-                 pump: Callable[[], None] = lambda: None) -> None:
+                 pump: Callable[[], None] = lambda: None, run: Runner = in_thread) -> None:
         self.orchestrator = orchestrator
         self.queues = queues
         self._keypair = keypair
@@ -63,23 +86,25 @@ class OrkDriver:
         self._fsync = FsyncPolicy.ALWAYS if fsync else FsyncPolicy.NEVER
         self._tick_interval_s = tick_interval_s
         self._clock = clock
+        self._run = run
         #: Every orchestrator call, from here or the RPC service, holds it.
         self.limiter = trio.CapacityLimiter(1)
         self._open: dict[str, tuple[DurableQueue, trio.CancelScope]] = {}
         self._changed = trio.Event()
+        #: Set by a change: the tick loop ticks again (its own tick sets only ``_changed``).
+        self._tick_wanted = trio.Event()
         self._pump = pump
-        #: What the metrics show; refreshed on every tick.
-        self.snapshot = Snapshot()
+        #: The orchestrator's families, measured after every tick.
+        self._measured = Snapshot()
         self._nursery: trio.Nursery | None = None
         self.bad_reports = 0
 
     async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one orchestrator call in a thread, serialised; wake the publisher after."""
         try:
-            return await trio.to_thread.run_sync(lambda: function(*args, **kwargs),
-                                                 limiter=self.limiter)
+            return await self._run(lambda: function(*args, **kwargs), self.limiter)
         finally:
-            self._changed.set()
+            self.changed()
 
     async def read(self, function: Callable[..., T], *args: Any) -> T:
         """Run one orchestrator read in a thread, serialised; wakes nobody.
@@ -87,11 +112,28 @@ class OrkDriver:
         The publisher's own reads go through here: through :meth:`call` they
         would wake it again at once, a busy loop walking every job.
         """
-        return await trio.to_thread.run_sync(lambda: function(*args), limiter=self.limiter)
+        return await self._run(lambda: function(*args), self.limiter)
 
     def changed(self) -> None:
-        """Something may have queued operations or status changes: publish them."""
+        """Something may have queued operations, status changes or freed capacity:
+        publish them, and tick (Pending jobs may fit now)."""
         self._changed.set()
+        self._tick_wanted.set()
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """What the metrics show: the orchestrator's families as of the last tick,
+        and the racks' queues as they are now (trio objects, read at the scrape)."""
+        queues = {rack: queue.statistics() for rack, (queue, _) in self._open.items()}
+        return Snapshot({
+            **self._measured.families,
+            "ork_queue_unacked": Family("Operations a rack's worker has not applied yet",
+                                        {rack[:16]: q.pending for rack, q in queues.items()},
+                                        "rack"),
+            "ork_queue_connected": Family("1 while a rack's queue replicates",
+                                          {rack[:16]: float(q.connected)
+                                           for rack, q in queues.items()}, "rack"),
+        })
 
     def set_pump(self, pump: Callable[[], None]) -> None:
         """Who hands status changes to watchers (the RPC service's ``pump``)."""
@@ -184,24 +226,41 @@ class OrkDriver:
                          f" for {nodes_text(op.placement)}" if op.kind == "create_replica"
                          else "", op.op_id, extra=where)
             if published:
-                await trio.to_thread.run_sync(self.orchestrator.mark_published, published,
-                                              limiter=self.limiter)
+                await self._run(functools.partial(self.orchestrator.mark_published,
+                                                  published), self.limiter)
                 log.info("ork.published ops=%d", len(published))
             async with self.limiter:  # no orchestrator call runs in a thread meanwhile
                 self._pump()
 
     async def _tick_loop(self) -> None:
+        """Tick at start (racks restored from the store start their silence clock
+        then), then at the orchestrator's next deadline, or after a change but not
+        sooner than ``tick_interval_s`` after the last tick; never on a fixed poll."""
         while True:
-            await trio.sleep(self._tick_interval_s)
-            await self.call(self.orchestrator.tick, self.now())
-            self.snapshot = await trio.to_thread.run_sync(self._measure, limiter=self.limiter)
+            self._tick_wanted = trio.Event()  # a change from here on asks for another
+            ticked_at = trio.current_time()
+            try:
+                await self._run(lambda: self.orchestrator.tick(self.now()), self.limiter)
+            finally:
+                self._changed.set()  # the tick may have queued status changes
+            self._measured = await self._run(self._measure, self.limiter)
+            async with self.limiter:  # in memory, but never beside a call in a thread
+                deadline = self.orchestrator.next_deadline()
+            with trio.move_on_at(self._trio_time(deadline)):
+                await self._tick_wanted.wait()
+                await trio.sleep_until(ticked_at + self._tick_interval_s)
+
+    def _trio_time(self, deadline: float | None) -> float:
+        """The orchestrator's ``deadline`` (its clock) on trio's clock; inf for None."""
+        if deadline is None:
+            return math.inf
+        return trio.current_time() + max(0.0, deadline - self.now())
 
     def _measure(self) -> Snapshot:
         """The metrics' snapshot (in the orchestrator's thread, under the limiter)."""
         orch = self.orchestrator
         stats = orch.statistics()
         racks = orch.racks()
-        queues = {rack: queue.statistics() for rack, (queue, _) in self._open.items()}
         rack_states = {"reported": 0, "silent": 0, "waiting": 0}
         for info in racks:
             state = "silent" if info.silent else "reported" if info.reported else "waiting"
@@ -218,10 +277,4 @@ class OrkDriver:
                 "Job status changes missing from the transition table (a bug: stays 0)",
                 stats.unexpected_transitions, counter=True),
             "ork_racks": Family("Registered racks by state", rack_states, "state"),
-            "ork_queue_unacked": Family("Operations a rack's worker has not applied yet",
-                                        {rack[:16]: q.pending for rack, q in queues.items()},
-                                        "rack"),
-            "ork_queue_connected": Family("1 while a rack's queue replicates",
-                                          {rack[:16]: float(q.connected)
-                                           for rack, q in queues.items()}, "rack"),
         })

@@ -1,6 +1,6 @@
 """Placement: which rack, which nodes and how many GPUs each, for one job.
 
-The rules (seeds/architecture.txt, "Racks, nodes, and GPUs"; issue 11):
+The rules (seeds/architecture.txt, "Racks, nodes, and GPUs"):
 
 - find a rack in the job's location and claim GPUs on the nodes of that rack
   the team may use: a team that has reserved nodes only on those, every other

@@ -55,7 +55,9 @@ class OrkSettings(DaemonSettings):
     racks: tuple[RackSetting, ...] = ()
     #: A rack that sent no report for this long makes its jobs Unknown.
     unknown_after_s: float = Field(default=60.0, gt=0, le=86400)
-    #: How often Unknown is checked and Pending jobs are tried again.
+    #: The least time between two ticks (a tick marks silent racks' jobs Unknown
+    #: and tries Pending jobs again). Ticks are armed from the next rack's silence
+    #: deadline and run sooner only after a change, so an idle wrk-ork does not poll.
     tick_interval_s: float = Field(default=1.0, gt=0, le=60)
     #: fsync the queues and the state file on every write (False: tests only).
     fsync: bool = True

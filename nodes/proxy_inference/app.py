@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP front: an ASGI app (Starlette) on hypercorn's trio worker.
 
-Endpoints (DESIGN.md §4, issue 12 item 3)::
+Endpoints (DESIGN.md §4)::
 
     GET  /v1/models                 the team's Active jobs' served names
     GET  /v1/models/{model}         one of them

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 wrk-monitor judges a job's model health (Healthy, Degraded, Unhealthy) from
-what the proxy saw of it lately (issue 14): how many requests, how many
+what the proxy saw of it lately: how many requests, how many
 failed, how slow the first byte was. :class:`HealthWindow` keeps that per job
 in a ring of ``window_s / bucket_s`` buckets (60 s in 5 s buckets by default,
 the span of Prometheus' usual ``rate(...[1m])``): a request lands in the bucket

@@ -4,7 +4,7 @@ A pure function of wrk-ork's job views (:meth:`RoutingTable.from_jobs`); the
 daemon rebuilds it whenever the views change and swaps it in whole, so a
 request reads one consistent table without locks.
 
-Rules (DESIGN.md §4, seeds/jobs.txt, issue 12 item 3):
+Rules (DESIGN.md §4, seeds/jobs.txt):
 
 - a request's ``model`` is a job's *served name* (``JobSpec.serves_as``: the
   job's own ``served_name``, else its model); names are per team, and wrk-ork

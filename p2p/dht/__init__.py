@@ -1,4 +1,4 @@
-"""The DHT: Kademlia over UDP with signed announce/lookup (DESIGN.md §3.4, issue 3).
+"""The DHT: Kademlia over UDP with signed announce/lookup (DESIGN.md §3.4).
 
 Built so far (all sans-IO but the transports): address-derived node ids
 (:mod:`._contact`), the datagram codec (:mod:`._messages`), signed peer records

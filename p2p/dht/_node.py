@@ -25,7 +25,7 @@ PING_BACK   20-byte nonce         nothing else, but a PROBE with the nonce goes
 PROBE       20-byte nonce         never answered
 =========== ===================== ===============================================
 
-Reachability (issue 3; HyperDHT's firewall check): a node that wants to be
+Reachability (HyperDHT's firewall check): a node that wants to be
 persistent stays ephemeral (sends no id, so nobody stores it) until it has
 shown that a datagram it did not ask for reaches it. It sends PING_BACK to a
 few nodes; each answers and also sends a PROBE from a second socket, i.e. a
@@ -35,7 +35,7 @@ one we sent and it comes from another address than the node we asked, so a
 checker cannot vouch for us with a plain reply. Learning a new address makes
 the node ephemeral again until it passes a new check.
 
-Rules kept here (DESIGN.md §3.4, issue 3):
+Rules kept here (DESIGN.md §3.4):
 
 * A requester is added to the routing table only if it sent an id and that id
   is the hash of its source address (:func:`~._routing.id_matches`); nodes that
@@ -287,8 +287,8 @@ class NodeCore:
         # Loopback and link-local observations count only while there is no
         # other: a DHT node on our own host sees us at 127.0.0.1, which means
         # nothing to anyone else; one observation from elsewhere says where the
-        # rest of the world finds us (issue 10, item 8: a relay announced
-        # 127.0.0.1 to others). Among wide addresses the majority rules as
+        # rest of the world finds us (a relay must not announce 127.0.0.1 to
+        # others). Among wide addresses the majority rules as
         # before, so one liar cannot move a node seen at a wide address.
         votes = list(self._votes.values())
         wide = [a for a in votes if not _narrow(a[0])]

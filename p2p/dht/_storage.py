@@ -30,8 +30,8 @@ Bounds (STYLE.md: every table has one, and says what happens there). Each
 record is charged to the *source group* of the ANNOUNCE that stored it (its
 source IP, whose write token proves it is not spoofed: IPv4 per /32, IPv6 per
 /64, :func:`p2p.addresses.source_group`) and to its key, so that a flood from
-one address, or by one key, cannot deny service to the others (issue 10,
-item 8: 10,500 announces from one key and port filled a node for 20 minutes):
+one address, or by one key, cannot deny service to the others (10,500
+announces from one key and port would fill a node for 20 minutes):
 
 * ``max_topics`` topics: a record for a new topic is ``REFUSED_TOPICS_FULL``.
   The store does not sweep on that path (a full sweep per refused datagram

@@ -12,7 +12,7 @@ __all__ = ["SecretStreamConfig"]
 #: HyperDHT sets a 5 s keep-alive on every socket; we keep the same cadence.
 DEFAULT_KEEPALIVE_INTERVAL_S = 5.0
 #: Four missed keep-alives: long enough for a busy peer, short enough to free
-#: the slot of a dead one quickly (upstream users saw 5-8 s stalls, issue #4).
+#: the slot of a dead one quickly (upstream's users reported 5-8 s stalls).
 DEFAULT_IDLE_TIMEOUT_S = 20.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 #: Large reads amortise the per-call cost of trio and of the frame parser during

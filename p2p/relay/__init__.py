@@ -1,4 +1,4 @@
-"""The blind relay's protocol and client side (DESIGN.md §3.6, issue 4).
+"""The blind relay's protocol and client side (DESIGN.md §3.6).
 
 A firewalled peer keeps a reservation with a relay; a dialer asks the relay to
 pair them; both attach raw TCP connections and the relay forwards bytes

@@ -76,14 +76,15 @@ class Dialer:
         """A lookup found ``key``: dial it (or join the dial in flight)?"""
         return self._swarm.peers.may_dial(key, trio.current_time()) or key in self._dials
 
-    async def connect(self, key: bytes, addresses: Iterable[Address] | None) -> Connection:
+    async def connect(self, key: bytes, addresses: Iterable[Address] | None,
+                      relays: Iterable[bytes] | None = None) -> Connection:
         swarm = self._swarm
         existing = swarm.connections.get(key)
         if existing is not None:
             await trio.lowlevel.checkpoint()
             return existing
-        if addresses is not None:
-            target = Target(tuple(addresses), ())
+        if addresses is not None or relays is not None:
+            target = Target(tuple(addresses or ()), tuple(relays or ()))
         else:
             target = Target.of(await self.find(key))
         return await self.dial(key, target, "connect")

@@ -287,10 +287,18 @@ class Swarm:
     # -- dialling --------------------------------------------------------------
 
     async def connect(
-        self, public_key: bytes, *, addresses: Iterable[Address] | None = None
+        self, public_key: bytes, *, addresses: Iterable[Address] | None = None,
+        relays: Iterable[bytes] | None = None,
     ) -> Connection:
         """The connection to ``public_key``: the existing one, or a new one found
-        through the DHT (or at ``addresses``, skipping the DHT).
+        through the DHT (or at ``addresses`` and through ``relays``, skipping the DHT).
+
+        Args:
+            public_key: the peer's key.
+            addresses: direct addresses to try (the DHT is not asked when given).
+            relays: relay keys to dial through after the addresses, as a record's
+                relays are (the DHT is not asked when given): for a caller that
+                knows where the peer reserved, a CLI told on its command line.
 
         Raises:
             PeerNotFound: the DHT has no record for the key.
@@ -299,7 +307,7 @@ class Swarm:
             SwarmClosed: the swarm is not running.
         """
         self._running_nursery()
-        return await self.dialer.connect(public_key, addresses)
+        return await self.dialer.connect(public_key, addresses, relays)
 
     # -- the host's hooks ------------------------------------------------------
 

@@ -7,7 +7,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agents.boot import parse_addresses
 from cli.main import app
 from contracts.agent_config import AgentConfigError, load_agent_config
 
@@ -55,10 +54,22 @@ def test_a_missing_field_is_named(tmp_path):
     ("bootstrap", ["127.0.0.1:4000", "127.0.0.1"]),
 ])
 def test_an_address_that_is_not_ip_port_is_named_with_its_index(tmp_path, field, value):
-    config = agent_config(WORKER).model_copy(update={field: tuple(value)})
+    document = json.loads(agent_config(WORKER).to_json()) | {field: value}
     with pytest.raises(AgentConfigError) as info:
-        parse_addresses(config, "agent.json")
+        load_agent_config(write(tmp_path, document))
     assert f"{field}.{len(value) - 1}:" in str(info.value)
+
+
+def test_addresses_are_typed_once_and_written_as_host_port(tmp_path):
+    config = agent_config(WORKER, address=("127.0.0.1", 4000)).model_copy(
+        update={"bootstrap": (("::1", 49737), ("10.0.0.1", 49737))})
+    document = json.loads(config.to_json())
+    # The wire format of every version: strings an older agent reads too.
+    assert document["worker_addresses"] == ["127.0.0.1:4000"]
+    assert document["bootstrap"] == ["[::1]:49737", "10.0.0.1:49737"]
+    loaded = load_agent_config(write(tmp_path, document))
+    assert loaded.worker_addresses == (("127.0.0.1", 4000),)
+    assert loaded.bootstrap == (("::1", 49737), ("10.0.0.1", 49737))
 
 
 def test_agent_run_exits_2_naming_the_field(tmp_path):

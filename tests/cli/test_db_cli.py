@@ -91,7 +91,7 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
                              r"\(via daemon pid \d+\)", out)
             app_status = await status(app_storage)
             assert any(w["key"] == proxy_key and w["cap"] == 0 for w in app_status["writers"])
-            # A removed writer reads no more (issue 21): the creator refuses its pulls.
+            # A removed writer reads no more: the creator refuses its pulls.
             await read_until(proxy.stderr, re.compile(r"crdt\.read_refused_by_peer"))
             for replica in (app, proxy):
                 replica.send_signal(signal.SIGINT)
@@ -99,7 +99,7 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
 
 
 async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing(tmp_path):
-    """Issue 21, defect 14, as an operator runs it: the creator serves its --reader
+    """Readers, as an operator runs it: the creator serves its --reader
     (a backup) and nobody else; the other replica's status shows none of the data."""
     creator_storage, reader_storage, other_storage = (tmp_path / n for n in ("a", "r", "o"))
     creator = seed_creator(creator_storage)

@@ -418,7 +418,7 @@ def test_the_prometheus_example_is_valid_and_sends_the_token(tmp_path: Path) -> 
 
 def test_app_node_trusts_the_door_it_is_given(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """issue 21, defect 6: app-node believes X-Forwarded-For from the entry point's
+    """Regression: app-node believes X-Forwarded-For from the entry point's
     (or Caddy's) address only, the one `bootstrap` and `up` give it."""
     from cli.up import DEFAULT_BASE_PORT, Ports, service_configs
 

@@ -35,7 +35,7 @@ def test_corrupt_identity_gives_a_clear_error_not_a_traceback(tmp_path):
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
-# -- issue 21, defect 16: a storage folder the identity cannot be written to --------
+# -- Regression: a storage folder the identity cannot be written to --------
 
 
 def _os_error(errno_: int):

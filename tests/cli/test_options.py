@@ -1,6 +1,6 @@
 """Every numeric option is range-checked, and no user input ends in a traceback.
 
-Regression tests for issue 10's command-line defects, then a property test:
+Regression tests for command-line defects, then a property test:
 whatever value a port, count or duration option gets, the command ends with
 exit 0, 1 or 2 and no traceback.
 """

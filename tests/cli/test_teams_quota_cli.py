@@ -1,5 +1,5 @@
 """``cosmicac teams quota get/set``, quotas in ``teams list/get``, and team creation
-for operators only (issue 21, defect 12), through typer's CliRunner against an
+for operators only, through typer's CliRunner against an
 in-process app-node and wrk-ork: an operator sets a team's quotas; a member may
 neither set them nor create a team; a job over the quota is refused in one line
 with exit 1; bad values are usage errors (exit 2)."""

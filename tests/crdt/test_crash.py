@@ -51,7 +51,7 @@ def test_kill_9_in_the_middle_of_appending_loses_no_acknowledged_entry(tmp_path)
 
 
 async def test_a_flipped_last_byte_after_an_acknowledged_batch_is_reported_and_refused(tmp_path):
-    """Regression (issue 10, item 8): after a 500-entry append_many was acknowledged,
+    """Regression: after a 500-entry append_many was acknowledged,
     flipping the file's last byte made `db verify` say ok and the next open cut all 500."""
     from typer.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""Who may read the shared database (issue 21, defect 14).
+"""Who may read the shared database.
 
 Every method of cosmicac-db/1 by every kind of caller: the admitted writers
 (an admin, a writer), a key the admin admits on join, a configured reader,
@@ -122,7 +122,7 @@ async def test_each_replication_method_answers_exactly_whom_it_is_meant_for(
 
 
 async def test_a_stranger_reads_no_key_inventory_heads_or_entries(tmp_path, nursery):
-    """Defect 14's reproduction: a fresh key asks the admin replica for its heads
+    """The reproduction: a fresh key asks the admin replica for its heads
     and for the admin's log; both are refused and nothing of the data is sent."""
     with trio.fail_after(30):
         db, replicator = await admin_replica(tmp_path / "a")

@@ -147,7 +147,7 @@ async def test_a_second_writer_asks_to_be_admitted_and_both_converge(tmp_path):
 
 async def test_a_reader_reads_but_cannot_write_and_a_key_on_no_list_gets_nothing(
         tmp_path, clock):
-    """Issue 21, defect 14: the logs hold every team's key inventory and usage,
+    """Regression: the logs hold every team's key inventory and usage,
     so a replica that is neither a writer nor a configured reader receives none
     of it (it used to receive everything)."""
     a_key, c_key, r_key = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()

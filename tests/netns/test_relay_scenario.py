@@ -1,4 +1,4 @@
-"""Issue 4's namespace scenario: a worker reaches a firewalled agent by key.
+"""The relay's namespace scenario: a worker reaches a firewalled agent by key.
 
 Three hosts (see README.md): a DHT bootstrap and the blind relay on the relay
 host, a `cosmicac beam` listener on the agent host (whose firewall drops every

@@ -1,4 +1,4 @@
-"""Issue 21, defect 5, end to end: a stranger floods wrk-ork and the worker
+"""Admission end to end: a stranger floods wrk-ork and the worker
 (real ``cosmicac run`` processes on 127.0.0.1) with silent sockets and
 self-made keys, and holds on; a new job's agent still reaches its worker and
 the job becomes Active, and wrk-ork's configured client is still served.

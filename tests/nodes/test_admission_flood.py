@@ -1,5 +1,5 @@
 """Each kind of daemon keeps room for its configured peers while a stranger
-floods it over real sockets on 127.0.0.1 (issue 21, defect 5): 64 self-made
+floods it over real sockets on 127.0.0.1: 64 self-made
 keys and 70 silent sockets, held on to (tests/flood.py), then a peer the
 daemon's settings name gets a connection slot.
 

@@ -45,7 +45,7 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             assert restarted.replicas[0].generation == 1
             assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
             assert (disk / "identity").read_bytes() == identity  # ... same disk
-            # Issue 21: the worker's folder is its own, and no file of the worker
+            # The worker's folder is its own, and no file of the worker
             # holds the agent's report token (only the agent's own config does).
             config = json.loads((folder / "agent" / "agent.json").read_text())
             token = config["report_token"]

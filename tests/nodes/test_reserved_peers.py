@@ -1,5 +1,5 @@
-"""Every daemon keeps connection slots for the peers its settings name (issue 21,
-defect 5: "every daemon keeps room for its configured peers under any flood").
+"""Every daemon keeps connection slots for the peers its settings name
+("every daemon keeps room for its configured peers under any flood").
 
 A table over the daemons: each row builds the predicate the daemon hands its
 swarm (``reserved_peers`` of its daemon module, or the real object for the

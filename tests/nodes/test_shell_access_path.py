@@ -1,4 +1,4 @@
-"""Shell access follows the team through real processes (issue 21, defect 8).
+"""Shell access follows the team through real processes.
 
 wrk-ork and a ``local``-backend worker run as processes (tests/nodes/control_path.py);
 the test calls ``teams.set_shell_keys`` as app-node does. The new set crosses

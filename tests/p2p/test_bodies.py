@@ -1,5 +1,5 @@
 """Request bodies bounded in size, in how many are held at once, and in JSON depth
-(issue 21, defects 11 and 15, for the servers that use p2p.bodies)."""
+(for the servers that use p2p.bodies)."""
 
 from __future__ import annotations
 

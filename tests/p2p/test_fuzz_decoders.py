@@ -1,6 +1,6 @@
 """Every decoder of peer bytes, fed anything: a value, or that package's remote error.
 
-Issue 10, item 8: "every failure of any peer's input, at any layer, must end
+The rule: "every failure of any peer's input, at any layer, must end
 that peer's connection only, never the process". Each layer's driver catches
 its package's ``RemoteProtocolError`` (or, for pydantic-typed RPC parameters,
 ``pydantic.ValidationError``, which the RPC server and client translate); any

@@ -1,6 +1,6 @@
 """Hostile input to the handshake core, in both roles: success or HandshakeError only.
 
-Issue 10, item 8 (critical): a message 1 whose ephemeral key was 32 zero bytes
+A message 1 whose ephemeral key was 32 zero bytes
 made the responder's X25519 raise ``ValueError`` while it wrote message 2,
 outside the handshake's error mapping, and the ValueError killed the node. The
 class of input behind it: any bytes in any of the three messages, in particular

@@ -1,4 +1,4 @@
-"""Regression (issue 10, item 8, critical): one unauthenticated packet killed a node.
+"""Regression (critical): one unauthenticated packet killed a node.
 
 ``b"\\x20\\x00\\x00\\x00" + bytes(32)`` is a handshake frame holding a Noise
 message 1 whose ephemeral key is 32 zero bytes. The responder's X25519 raised

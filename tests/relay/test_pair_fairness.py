@@ -1,4 +1,4 @@
-"""One dialer cannot take all of a target's pairing slots (issue 10, item 8).
+"""One dialer cannot take all of a target's pairing slots.
 
 Before ``max_pairs_per_dialer_target``, 127 ``pair`` calls from one key filled
 the target's ``max_pairs_per_key`` and every other dialer got ``TOO_MANY_PAIRS``

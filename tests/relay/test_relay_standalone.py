@@ -1,4 +1,4 @@
-"""A relay started without bootstrap nodes is a DHT others bootstrap from (issue 10, item 8).
+"""A relay started without bootstrap nodes is a DHT others bootstrap from.
 
 Regression: such a relay was a network of one that stored its own announce
 nowhere, so a listener bootstrapped on it found no record of the relay's key

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from crdt import PutApiKey, RevokeApiKey
 
+from .. import codes
 from ..model import ApiKeyRecord, Role
 from ._common import ApiError, Ctx, Session, forbidden, ok, team_of
 from ._models import (
@@ -78,11 +79,11 @@ async def _readable_key(ctx: Ctx, session: Session, key_id: str) -> tuple[ApiKey
         record = await ctx.store(ctx.services.store.get_api_key, key_id)
     except ApiError as exc:
         if exc.status == 404:
-            raise ApiError(404, "NOT_FOUND", f"no API key {key_id} in your teams", "key") from None
+            raise ApiError(codes.NOT_FOUND, f"no API key {key_id} in your teams", "key") from None
         raise
     role = await ctx.store(ctx.services.store.role_of, session.user.id, record.team)
     if role is None:
-        raise ApiError(404, "NOT_FOUND", f"no API key {key_id} in your teams", "key")
+        raise ApiError(codes.NOT_FOUND, f"no API key {key_id} in your teams", "key")
     return record, role
 
 
@@ -102,7 +103,7 @@ async def usage(ctx: Ctx, request: Request) -> Response:
     query = request.query_params
     key_id = query.get("key")
     if not key_id:
-        raise ApiError(422, "INVALID", "pass ?key=<API key id>", "key")
+        raise ApiError(codes.INVALID, "pass ?key=<API key id>", "key")
     record, _ = await _readable_key(ctx, session, key_id)
     rows = await ctx.services.database.usage(record.id, model=query.get("model"),
                                              day_from=query.get("day_from"),

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from .. import codes
 from ..auth import DEFAULT_PARAMS, ScryptParams
 from ..errors import AppNodeError
 from ..ratelimit import (
@@ -159,13 +160,14 @@ def create_app(services: AppServices, *,
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(ApiError(exc.status_code, code, f"{request.method} "
-                                       f"{request.url.path}: {exc.detail}; see /api/docs"))
+        code = {404: codes.NOT_FOUND, 405: codes.METHOD_NOT_ALLOWED}.get(exc.status_code,
+                                                                         codes.HTTP_ERROR)
+        return error_response(ApiError(code, f"{request.method} {request.url.path}: "
+                                       f"{exc.detail}; see /api/docs", status=exc.status_code))
 
     async def crash(request: Request, exc: Exception) -> Response:
         _log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(ApiError(500, "internal", "app-node failed to answer; the "
+        return error_response(ApiError(codes.INTERNAL, "app-node failed to answer; the "
                                        "error is in its log; retry, or report it"))
 
     return Starlette(routes=routes,

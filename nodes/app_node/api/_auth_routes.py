@@ -6,7 +6,7 @@ a closed sign-up costs nothing.
 
 Login is throttled per account (``Limits.login``, :class:`~..ratelimit.FailureThrottle`):
 failed logins for an email make that email's logins *from the same address*
-back off (429 ``throttled`` with ``Retry-After``, before any scrypt work), and
+back off (429 ``THROTTLED`` with ``Retry-After``, before any scrypt work), and
 many addresses failing on one email back off together, except addresses that
 logged in to it before. A success clears its address's failures. An unknown
 email counts like a wrong password, so the throttle tells nothing either.
@@ -21,6 +21,7 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import codes
 from ..auth import (
     PasswordPolicyError,
     ScryptParams,
@@ -77,7 +78,7 @@ async def signup(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, SignupIn)
     store = ctx.services.store
     if await ctx.store(store.has_users):
-        raise ApiError(409, "CONFLICT", "the first admin exists already; log in, or ask an "
+        raise ApiError(codes.CONFLICT, "the first admin exists already; log in, or ask an "
                        "admin for an invitation")
     password_hash = await hash_new_password(ctx, body.password)
     user, team = await ctx.store(store.create_first_admin, email=body.email, name=body.name,
@@ -110,7 +111,7 @@ async def login(ctx: Ctx, request: Request) -> Response:
     try:
         good = await trio.to_thread.run_sync(verify_password, body.password, user.password_hash)
     except StoredHashError:
-        raise ApiError(500, "STORE", "this user's stored password is unreadable; ask an "
+        raise ApiError(codes.STORE, "this user's stored password is unreadable; ask an "
                        "admin to reset it") from None
     if not good:
         await throttle.failed(body.email, source)
@@ -152,7 +153,7 @@ async def set_active_team(ctx: Ctx, request: Request) -> Response:
         user = await ctx.store(ctx.services.store.set_active_team, session.user.id, body.team_id)
     except ApiError as exc:
         if exc.status == 404:
-            raise ApiError(404, "NOT_FOUND", f"no team {body.team_id} among yours; check "
+            raise ApiError(codes.NOT_FOUND, f"no team {body.team_id} among yours; check "
                            "the id", "team_id") from None
         raise
     return ok(await me_out(ctx, user))

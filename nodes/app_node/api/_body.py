@@ -9,13 +9,13 @@ Theory of operation. A route's body is read only through :meth:`BodyReader.read`
   read; a chunked body is counted as it streams and refused the moment it passes
   the limit. nginx's ``client_max_body_size`` defaults to 1 MiB as well.
 - at most ``max_bodies_in_flight`` bodies (64) are being read at once: the
-  65th request is refused at once with 503 ``server_busy`` and ``Retry-After``
+  65th request is refused at once with 503 ``SERVER_BUSY`` and ``Retry-After``
   rather than queued (a queue of bodies is memory too). So app-node holds at
   most 64 MiB of bodies whatever arrives.
-- a body must arrive within ``body_timeout_s`` (30 s; 408 ``body_timeout``):
+- a body must arrive within ``body_timeout_s`` (30 s; 408 ``BODY_TIMEOUT``):
   a client trickling a byte a second cannot hold a slot for ever.
 - JSON is nested at most ``max_json_depth`` deep (64): deeper is 400
-  ``json_too_deep``, checked on the bytes before the parser runs (Python's
+  ``JSON_TOO_DEEP``, checked on the bytes before the parser runs (Python's
   parser recurses, and a body nested 100,000 deep raised ``RecursionError``,
   a 500 with a traceback).
 
@@ -33,6 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from p2p.bodies import JsonBodyError, loads_bounded
 
+from .. import codes
 from ._common import ApiError
 
 __all__ = ["BodyLimits", "BodyReader", "parse_json"]
@@ -47,19 +48,19 @@ class BodyLimits(BaseModel):
 
     #: The largest body of a route that names no limit of its own (bytes).
     max_body_bytes: int = Field(default=_MIB, ge=1, le=1 << 31)
-    #: Bodies read at once; beyond: 503 ``server_busy`` with ``Retry-After``.
+    #: Bodies read at once; beyond: 503 ``SERVER_BUSY`` with ``Retry-After``.
     max_bodies_in_flight: int = Field(default=64, ge=1, le=100_000)
-    #: The longest a body may take to arrive (seconds; 408 ``body_timeout``).
+    #: The longest a body may take to arrive (seconds; 408 ``BODY_TIMEOUT``).
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     #: The deepest nesting of arrays and objects in a JSON body.
     max_json_depth: int = Field(default=64, ge=1, le=10_000)
-    #: ``Retry-After`` of a ``server_busy`` answer (seconds).
+    #: ``Retry-After`` of a ``SERVER_BUSY`` answer (seconds).
     retry_after_s: int = Field(default=1, ge=1, le=3600)
 
 
 def _too_large(limit: int, length: int | None = None) -> ApiError:
     said = f" ({length} bytes)" if length is not None else ""
-    return ApiError(413, "body_too_large", f"the request body{said} is beyond this route's "
+    return ApiError(codes.BODY_TOO_LARGE, f"the request body{said} is beyond this route's "
                     f"limit of {limit} bytes; send less", headers={"connection": "close"})
 
 
@@ -79,8 +80,8 @@ class BodyReader:
         """The whole body, at most ``limit`` bytes (the default limit when None).
 
         Raises:
-            ApiError: 413 ``body_too_large``, 503 ``server_busy``, 408
-                ``body_timeout``, 400 ``bad_content_length``.
+            ApiError: 413 ``BODY_TOO_LARGE``, 503 ``SERVER_BUSY``, 408
+                ``BODY_TIMEOUT``, 400 ``BAD_CONTENT_LENGTH``.
         """
         limit = self.limits.max_body_bytes if limit is None else limit
         declared = request.headers.get("content-length")
@@ -88,7 +89,7 @@ class BodyReader:
             try:
                 length = int(declared)
             except ValueError:
-                raise ApiError(400, "bad_content_length", "Content-Length is not a number",
+                raise ApiError(codes.BAD_CONTENT_LENGTH, "Content-Length is not a number",
                                headers={"connection": "close"}) from None
             if length > limit:
                 raise _too_large(limit, length)
@@ -96,7 +97,7 @@ class BodyReader:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             self.refused_busy += 1
-            raise ApiError(503, "server_busy", "app-node is reading as many request bodies "
+            raise ApiError(codes.SERVER_BUSY, "app-node is reading as many request bodies "
                            "as it allows; retry shortly", headers={
                                "retry-after": str(self.limits.retry_after_s),
                                "connection": "close"}) from None
@@ -110,11 +111,11 @@ class BodyReader:
                         raise _too_large(limit)
                     chunks.append(chunk)
             if scope.cancelled_caught:
-                raise ApiError(408, "body_timeout", f"the request body did not arrive within "
+                raise ApiError(codes.BODY_TIMEOUT, f"the request body did not arrive within "
                                f"{self.limits.body_timeout_s:g} s",
                                headers={"connection": "close"})
         except ClientDisconnect:
-            raise ApiError(400, "client_disconnected", "the client left before sending "
+            raise ApiError(codes.CLIENT_DISCONNECTED, "the client left before sending "
                            "its whole body") from None
         finally:
             self._slots.release()
@@ -131,12 +132,12 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
     empty body is ``null``.
 
     Raises:
-        ApiError: 400 ``json_too_deep``; 422 ``INVALID`` when it is not JSON.
+        ApiError: 400 ``JSON_TOO_DEEP``; 422 ``INVALID`` when it is not JSON.
     """
     try:
         return loads_bounded(raw or b"null", max_depth=max_depth)
     except JsonBodyError as exc:
         if exc.code == "json_too_deep":
-            raise ApiError(400, "json_too_deep", f"the JSON body is nested deeper than "
+            raise ApiError(codes.JSON_TOO_DEEP, f"the JSON body is nested deeper than "
                            f"{max_depth} levels; flatten it") from None
-        raise ApiError(422, "INVALID", "the body is not JSON; send a JSON object") from None
+        raise ApiError(codes.INVALID, "the body is not JSON; send a JSON object") from None

@@ -1,10 +1,10 @@
 """What every route group shares: the error body, request parsing, the session check.
 
-Errors leave as ``{"error": {"code", "message", "field"?}}``. The store's
-:class:`~nodes.app_node.errors.AppNodeError` codes map to statuses in
-:data:`STATUS`; auth failures are ``unauthenticated`` (401) and ``forbidden``
-(403). A team the caller does not belong to answers 404 like a missing one, so
-its existence does not leak.
+Errors leave as ``{"error": {"code", "message", "field"?}}``, with a code of
+:mod:`nodes.app_node.codes` and the status its table gives (the store's
+:class:`~nodes.app_node.errors.AppNodeError` codes included); auth failures are
+``UNAUTHENTICATED`` (401) and ``FORBIDDEN`` (403). A team the caller does not
+belong to answers 404 like a missing one, so its existence does not leak.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .. import codes
 from ..auth import ScryptParams, hash_token
 from ..errors import AppNodeError, Expired, Invalid, NotFound
 from ..model import Role, User
@@ -33,27 +34,33 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 _log = logging.getLogger(__name__)
 
-#: HTTP status of each store error code.
-STATUS = {"NOT_FOUND": 404, "CONFLICT": 409, "INVALID": 422, "LAST_OWNER": 409,
-          "EXPIRED": 410, "WRONG_ACCOUNT": 403, "STORE": 500}
-
 _RANK = {Role.MEMBER: 0, Role.ADMIN: 1, Role.OWNER: 2}
 
 
 class ApiError(Exception):
-    """An answer other than success: ``status`` and the body's code, message and field."""
+    """An answer other than success: the body's code, message and field, and its status.
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None, *,
-                 headers: dict[str, str] | None = None) -> None:
+    Args:
+        code: one of :mod:`nodes.app_node.codes`.
+        message: for humans: what went wrong and what to do next.
+        field: the request field at fault, if one is.
+        status: the HTTP status; by default the one :data:`~nodes.app_node.codes.STATUS`
+            gives the code (``HTTP_ERROR`` has none: pass it).
+        headers: extra answer headers (``Retry-After``, ``Connection: close``).
+    """
+
+    def __init__(self, code: str, message: str, field: str | None = None, *,
+                 status: int | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
+        self.status = codes.STATUS[code] if status is None else status
+        self.code, self.message, self.field = code, message, field
         #: Extra answer headers (``Retry-After``, ``Connection: close``).
         self.headers = headers
 
     @classmethod
     def of(cls, exc: AppNodeError) -> ApiError:
-        return cls(STATUS.get(exc.code, 500), exc.code, exc.message,
-                   getattr(exc, "field", None))
+        return cls(exc.code, exc.message, getattr(exc, "field", None),
+                   status=codes.STATUS.get(exc.code, 500))
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -64,20 +71,20 @@ def error_response(exc: ApiError) -> JSONResponse:
 
 
 def throttled(wait_s: float, reason: str, source: str) -> ApiError:
-    """429 ``throttled`` with ``Retry-After`` (whole seconds, at least 1); logged, so an
+    """429 ``THROTTLED`` with ``Retry-After`` (whole seconds, at least 1); logged, so an
     operator sees who is guessing (the address, never the account)."""
     seconds = max(1, int(-(-wait_s // 1)))
     _log.info("api.throttled reason=%r source=%s retry_after_s=%d", reason, source, seconds)
-    return ApiError(429, "throttled", f"{reason}; retry in {seconds} s",
+    return ApiError(codes.THROTTLED, f"{reason}; retry in {seconds} s",
                     headers={"retry-after": str(seconds)})
 
 
 def unauthenticated(message: str) -> ApiError:
-    return ApiError(401, "unauthenticated", message)
+    return ApiError(codes.UNAUTHENTICATED, message)
 
 
 def forbidden(message: str) -> ApiError:
-    return ApiError(403, "forbidden", message)
+    return ApiError(codes.FORBIDDEN, message)
 
 
 def ok(model: BaseModel | None = None, status: int = 200) -> Response:
@@ -125,7 +132,7 @@ class Ctx:
         """The JSON body as ``model``; 422 naming the first bad field.
 
         Read within the route's bounds (``_body.BodyReader``): 413, 503, 408, and
-        400 ``json_too_deep`` before any parsing."""
+        400 ``JSON_TOO_DEEP`` before any parsing."""
         assert self.bodies is not None, "Ctx built outside create_app"
         raw = await self.bodies.read(request, request.scope.get("cosmicac.max_body_bytes"))
         return validate(model, self.bodies.parse(raw))
@@ -153,7 +160,7 @@ class Ctx:
         """The caller's role in ``team_id``: 404 if not a member, 403 if below ``at_least``."""
         role = await self.store(self.services.store.role_of, session.user.id, team_id)
         if role is None:
-            raise ApiError(404, "NOT_FOUND", f"no team {team_id} among yours; check the id")
+            raise ApiError(codes.NOT_FOUND, f"no team {team_id} among yours; check the id")
         if _RANK[role] < _RANK[at_least]:
             raise forbidden(f"this needs the {at_least.value} role in the team; you are "
                             f"{role.value}; ask an owner or admin")
@@ -178,7 +185,7 @@ def validate(model: type[M], data: Any) -> M:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(422, "INVALID", f"{field or 'body'}: {first['msg']}",
+        raise ApiError(codes.INVALID, f"{field or 'body'}: {first['msg']}",
                        field) from None
 
 
@@ -190,6 +197,6 @@ def team_of(session: Session, team_id: str | None) -> str:
     """The team a request acts for: ``team_id`` if given, else the caller's active team."""
     team = team_id or session.user.active_team
     if team is None:
-        raise ApiError(422, "INVALID", "you have no active team; pass team_id or set "
+        raise ApiError(codes.INVALID, "you have no active team; pass team_id or set "
                        "one with PUT /api/me/active-team", "team_id")
     return team

@@ -31,8 +31,8 @@ error after the answer began (the store failing) ends the stream, logged. The
 rate limiter counts the
 connection as one request (it is asked once, before the route runs; a long
 answer costs nothing more); app-node holds at most ``JobHub.max_subscribers``
-streams (503 ``too_many_streams`` beyond). Without wrk-ork (or its watch) the
-routes answer 503 ``ork_unavailable``.
+streams (503 ``TOO_MANY_STREAMS`` beyond). Without wrk-ork (or its watch) the
+routes answer 503 ``ORK_UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from starlette.responses import Response
 from contracts.model import api_status
 from contracts.ork import GET_JOB, JobEvent, JobRef
 
+from .. import codes
 from ..job_events import RESYNC, JobHub, Subscription, TooManySubscribers
 from ..model import JobRecord, Role
 from ._common import ApiError, Ctx, team_of
@@ -143,7 +144,7 @@ def _subscribe(stack: ExitStack, hub: JobHub, **filter_: str) -> Subscription:
     try:
         return stack.enter_context(hub.subscribe(**filter_))
     except TooManySubscribers as exc:
-        raise ApiError(503, "too_many_streams", str(exc)) from None
+        raise ApiError(codes.TOO_MANY_STREAMS, str(exc)) from None
 
 
 async def _next(sub: Subscription, write: Write) -> Any:
@@ -178,7 +179,7 @@ async def job_events(ctx: Ctx, request: Request) -> Response:
         sub = _subscribe(stack, hub, job_id=record.id)
         first = await _read(ctx, record)
         if first is None:
-            raise ApiError(404, "NOT_FOUND", f"no job {record.id} in your teams", "job")
+            raise ApiError(codes.NOT_FOUND, f"no job {record.id} in your teams", "job")
     except BaseException:
         stack.close()
         raise

@@ -1,4 +1,4 @@
-"""The control plane's health (issue 14): now, and its history; platform operators only.
+"""The control plane's health: now, and its history; platform operators only.
 
 ``GET /api/health`` answers each watched service's newest row, its state
 (``up``, ``error``, ``down``, ``stale``, ``unknown``: :mod:`..health._model`) and
@@ -12,7 +12,7 @@ Operators only, as racks and nodes are: the rows name the control plane's
 versions, queue depths and the errors of its links (keys, addresses), which
 are the platform's business, not a team's. Without a prober (``health.enabled``
 false, or its store would not open) or while its store fails (Redis down):
-503 ``health_unavailable``.
+503 ``HEALTH_UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import codes
 from ..health import (
     DEFAULT_WINDOW_S,
     MAX_ROWS,
@@ -75,13 +76,13 @@ class HistoryOut(BaseModel):
 def _prober(ctx: Ctx) -> HealthProber:
     prober = ctx.services.health
     if prober is None:
-        raise ApiError(503, "health_unavailable", "app-node keeps no health history: "
+        raise ApiError(codes.HEALTH_UNAVAILABLE, "app-node keeps no health history: "
                        "health.enabled is false or its store failed to open (see its log)")
     return prober
 
 
 def _store_failed(exc: HealthStoreError) -> ApiError:
-    return ApiError(503, "health_unavailable", f"{exc}; retry once the store answers")
+    return ApiError(codes.HEALTH_UNAVAILABLE, f"{exc}; retry once the store answers")
 
 
 async def health_now(ctx: Ctx, request: Request) -> Response:

@@ -12,7 +12,7 @@ wrk-ork's refusals map to statuses in :func:`ork_call`: ``NOT_FOUND`` 404,
 caller, past a GPU quota: app-node sends the team's quotas and the caller's id
 with the create, and wrk-ork checks them in the call that adds the job),
 ``BAD_REQUEST`` / ``INVALID_PARAMS`` 422, ``FORBIDDEN`` 503 (wrk-ork does not
-trust app-node's key: a misconfiguration), unreachable 503 ``ork_unavailable``.
+trust app-node's key: a misconfiguration), unreachable 503 ``ORK_UNAVAILABLE``.
 
 A container job's ``authorized_keys`` are the CLI public keys of the team's
 members when it is created (members who never logged in with the CLI have none);
@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status
+from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status, job_type_problem
 from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
@@ -58,6 +58,7 @@ from nodes.kit.monitor_client import MonitorUnavailable
 from nodes.kit.ork_client import OrkUnavailable
 from p2p.rpc import Method, RpcError
 
+from .. import codes
 from ..model import JobRecord, Role
 from ._common import ApiError, Ctx, Session, ok, team_of, validate
 from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut
@@ -65,13 +66,14 @@ from ._spec import RouteSpec
 
 _log = logging.getLogger(__name__)
 
-#: wrk-ork's error codes -> (HTTP status, what to tell the caller beyond its message).
-ORK_STATUS = {"NOT_FOUND": 404, "INVALID_STATE": 409, "CONFLICT": 409, "BAD_REQUEST": 422,
-              "INVALID_PARAMS": 422, "QUOTA_EXCEEDED": 409}
+#: wrk-ork's error codes the API passes on as they are (their statuses are in
+#: :data:`~nodes.app_node.codes.STATUS`); any other is ``ORK_ERROR``.
+ORK_CODES = frozenset({codes.NOT_FOUND, codes.INVALID_STATE, codes.CONFLICT, codes.BAD_REQUEST,
+                       codes.INVALID_PARAMS, codes.QUOTA_EXCEEDED})
 
 
 def ork_unavailable(message: str) -> ApiError:
-    return ApiError(503, "ork_unavailable", message)
+    return ApiError(codes.ORK_UNAVAILABLE, message)
 
 
 async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
@@ -88,9 +90,8 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
         if exc.code == "FORBIDDEN":
             raise ork_unavailable("wrk-ork refuses app-node's key (a misconfiguration): "
                                   "add app-node's public key to wrk-ork's app_nodes") from None
-        status = ORK_STATUS.get(exc.code)
-        if status is None:
-            raise ApiError(502, "ork_error", f"wrk-ork failed ({exc.code}): {exc.message}; "
+        if exc.code not in ORK_CODES:
+            raise ApiError(codes.ORK_ERROR, f"wrk-ork failed ({exc.code}): {exc.message}; "
                            "retry, or see wrk-ork's log") from None
         field = None
         if exc.code == "INVALID_PARAMS" and isinstance(exc.data, list) and exc.data:
@@ -98,8 +99,8 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
         elif exc.code == "CONFLICT":
             field = "served_name"
         elif exc.code == "QUOTA_EXCEEDED":
-            raise ApiError(status, exc.code, _over_quota(exc), "gpus") from None
-        raise ApiError(status, exc.code, exc.message, field) from None
+            raise ApiError(exc.code, _over_quota(exc), "gpus") from None
+        raise ApiError(exc.code, exc.message, field) from None
 
 
 def _over_quota(exc: RpcError) -> str:
@@ -157,25 +158,20 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
     """The JobSpec; 422 naming the field for what JobSpec's whole-model check would not."""
     if body.image is None:
         if default_image is None:
-            raise ApiError(422, "INVALID", "image: give the job's registry image "
+            raise ApiError(codes.INVALID, "image: give the job's registry image "
                            "(docker://host[:port]/repo[:tag]); this deployment sets no "
                            "default_image", "image")
         body = body.model_copy(update={"image": default_image})
     if not IMAGE_PATTERN.match(body.image):
-        raise ApiError(422, "INVALID", "image: give the job's registry image "
+        raise ApiError(codes.INVALID, "image: give the job's registry image "
                        "(docker://host[:port]/repo[:tag])", "image")
-    if body.type is JobType.CONTAINER:
-        for name in ("runtime", "model", "served_name"):
-            if getattr(body, name) is not None:
-                raise ApiError(422, "INVALID", f"{name}: a container job takes none "
-                               "(only inference jobs run a model)", name)
-        if body.replicas not in (None, 1):
-            raise ApiError(422, "INVALID", "replicas: a container job has exactly one",
-                           "replicas")
-    else:
-        for name in ("runtime", "model"):
-            if getattr(body, name) is None:
-                raise ApiError(422, "INVALID", f"{name}: an inference job needs one", name)
+    problem = job_type_problem(body.type, runtime=body.runtime, model=body.model,
+                               served_name=body.served_name,
+                               replicas=1 if body.replicas is None else body.replicas,
+                               authorized_keys=keys)
+    if problem is not None:
+        field, message = problem
+        raise ApiError(codes.INVALID, f"{field}: {message}", field)
     data = body.model_dump(exclude={"team_id"}, exclude_none=True)
     data.setdefault("gpus", 1)
     data.update(team=team, authorized_keys=keys)
@@ -229,7 +225,7 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
     await ctx.require_role(session, team, Role.MEMBER)
     limit = query.get("limit", "50")
     if not limit.isdigit():
-        raise ApiError(422, "INVALID", "limit: a whole number", "limit")
+        raise ApiError(codes.INVALID, "limit: a whole number", "limit")
     page = await ctx.store(ctx.services.store.list_jobs, team, limit=int(limit),
                            cursor=query.get("cursor"))
     # Only the page's jobs: the team's whole list cost wrk-ork a view of every
@@ -255,7 +251,7 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
 
 async def _own_job(ctx: Ctx, session: Session, job_id: str) -> JobRecord:
     """The job's record; 404 for a missing, deleted or another team's job."""
-    missing = ApiError(404, "NOT_FOUND", f"no job {job_id} in your teams", "job")
+    missing = ApiError(codes.NOT_FOUND, f"no job {job_id} in your teams", "job")
     try:
         record = await ctx.store(ctx.services.store.get_job, job_id)
     except ApiError as exc:
@@ -314,7 +310,7 @@ async def delete_job(ctx: Ctx, request: Request) -> Response:
 def _replica(request: Request) -> int:
     raw = request.path_params["replica"]
     if not raw.isdigit() or int(raw) >= 1024:
-        raise ApiError(422, "INVALID", "replica: a replica index (0, 1, ...)", "replica")
+        raise ApiError(codes.INVALID, "replica: a replica index (0, 1, ...)", "replica")
     return int(raw)
 
 

@@ -12,7 +12,7 @@ operator's Loki when it has one (``history``: ``buffer``, ``loki`` or
 ``loki-error: <why>``, the buffer's records still answered); without Loki the
 logs tab shows live logs and the last records only. Who may read: the job's team
 (404 otherwise, as ``GET /api/jobs/{job}``). Without wrk-monitor configured, or
-unreachable, 503 ``monitor_unavailable``.
+unreachable, 503 ``MONITOR_UNAVAILABLE``.
 
 Query: ``source`` ``system`` | ``application`` (default both); ``since`` a
 duration back from now (``90`` seconds, ``10m``, ``2h``, ``1d``) or an RFC 3339
@@ -47,6 +47,7 @@ from contracts.monitor import (
 from nodes.kit.monitor_client import MonitorClient, MonitorUnavailable
 from p2p.rpc import RpcError
 
+from .. import codes
 from ._common import ApiError, Ctx, ok
 from ._events import KEEPALIVE_S, EventStream, Write, sse
 from ._jobs import _own_job
@@ -102,7 +103,7 @@ def parse_since(raw: str, now: float) -> int:
     except ValueError:
         at = None
     if at is None or at.tzinfo is None:
-        raise ApiError(422, "INVALID", "since: a duration (90, 10m, 2h, 1d) or an RFC 3339 "
+        raise ApiError(codes.INVALID, "since: a duration (90, 10m, 2h, 1d) or an RFC 3339 "
                                        "time with its offset", "since")
     return max(0, int(at.timestamp() * 1e9))
 
@@ -112,12 +113,12 @@ def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
     if raw is None or raw == "":
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
-        raise ApiError(422, "INVALID", f"{name}: an integer {low}-{high}", name)
+        raise ApiError(codes.INVALID, f"{name}: an integer {low}-{high}", name)
     return int(raw)
 
 
 def monitor_unavailable(message: str) -> ApiError:
-    return ApiError(503, "monitor_unavailable", message)
+    return ApiError(codes.MONITOR_UNAVAILABLE, message)
 
 
 def _monitor(ctx: Ctx) -> MonitorClient:
@@ -133,8 +134,8 @@ def _refused(exc: RpcError) -> ApiError:
         return monitor_unavailable("wrk-monitor refuses app-node's key (a misconfiguration): "
                                    "add app-node's public key to wrk-monitor's followers")
     if exc.code == "TOO_MANY_FOLLOWERS":
-        return ApiError(503, "too_many_streams", exc.message)
-    return ApiError(502, "monitor_error", f"wrk-monitor failed ({exc.code}): {exc.message}")
+        return ApiError(codes.TOO_MANY_STREAMS, exc.message)
+    return ApiError(codes.MONITOR_ERROR, f"wrk-monitor failed ({exc.code}): {exc.message}")
 
 
 async def job_logs(ctx: Ctx, request: Request) -> Response:
@@ -142,7 +143,7 @@ async def job_logs(ctx: Ctx, request: Request) -> Response:
     record = await _own_job(ctx, session, request.path_params["job"])
     raw_source = request.query_params.get("source", "").lower()
     if raw_source and raw_source not in _SOURCES:
-        raise ApiError(422, "INVALID", "source: system or application", "source")
+        raise ApiError(codes.INVALID, "source: system or application", "source")
     source = _SOURCES.get(raw_source)
     raw_since = request.query_params.get("since")
     since_ns = parse_since(raw_since, ctx.now()) if raw_since else None
@@ -159,7 +160,7 @@ async def job_logs(ctx: Ctx, request: Request) -> Response:
         except RpcError as exc:
             raise _refused(exc) from None
         except BadBatch as exc:
-            raise ApiError(502, "monitor_error", f"wrk-monitor sent a bad batch: {exc}") from None
+            raise ApiError(codes.MONITOR_ERROR, f"wrk-monitor sent a bad batch: {exc}") from None
         return ok(LogsOut.model_validate({"records": [record_out(r) for r in records],
                                           "more": result.more,
                                           "history": result.history}))

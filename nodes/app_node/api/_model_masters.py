@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from crdt import DeleteModelMaster, ModelMaster, PutModelMaster
 
+from .. import codes
 from ._common import ApiError, Ctx, ok, validate
 from ._models import ModelMasterIn, ModelMasterOut, ModelMastersOut, ModelNameIn
 from ._racks import require_operator
@@ -54,7 +55,7 @@ async def delete_model(ctx: Ctx, request: Request) -> Response:
     name = validate(ModelNameIn, {"name": request.path_params["name"]}).name
     db = ctx.services.database
     if await db.model_master(name) is None:
-        raise ApiError(404, "NOT_FOUND", f"no model {name}; see GET /api/models", "name")
+        raise ApiError(codes.NOT_FOUND, f"no model {name}; see GET /api/models", "name")
     await db.append([DeleteModelMaster(name)])
     return ok()
 

@@ -3,7 +3,7 @@
 Who may do what: a team's members read the team and its quotas; platform
 operators (:func:`~._racks.require_operator`) read and set any team's quotas,
 member or not. A team admin or owner who is not an operator gets 403
-``forbidden``; someone outside the team who is not an operator gets 404, as for
+``FORBIDDEN``; someone outside the team who is not an operator gets 404, as for
 every other team route.
 
 The quotas live in app-node's store (:mod:`~nodes.app_node._store_quotas`);
@@ -19,6 +19,7 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import codes
 from ..model import Role, Team, TeamQuota
 from ._common import ApiError, Ctx, Session, ok
 from ._models import QuotaIn, QuotaOut, TeamInfoOut
@@ -56,7 +57,7 @@ async def _readable(ctx: Ctx, session: Session, team_id: str) -> None:
     """A member of the team, or an operator; else 404 (the team's existence does not leak)."""
     role = await ctx.store(ctx.services.store.role_of, session.user.id, team_id)
     if role is None and not await is_operator(ctx, session):
-        raise ApiError(404, "NOT_FOUND", f"no team {team_id} among yours; check the id")
+        raise ApiError(codes.NOT_FOUND, f"no team {team_id} among yours; check the id")
 
 
 async def get_team(ctx: Ctx, request: Request) -> Response:
@@ -81,8 +82,8 @@ async def set_quota(ctx: Ctx, request: Request) -> Response:
     if not await is_operator(ctx, session):
         role = await ctx.store(ctx.services.store.role_of, session.user.id, team_id)
         if role is None:
-            raise ApiError(404, "NOT_FOUND", f"no team {team_id} among yours; check the id")
-        raise ApiError(403, "forbidden", "only platform operators (owners and admins of the "
+            raise ApiError(codes.NOT_FOUND, f"no team {team_id} among yours; check the id")
+        raise ApiError(codes.FORBIDDEN, "only platform operators (owners and admins of the "
                        "first admin's team) set a team's GPU quotas; you are "
                        f"{role.value} of this team; ask an operator")
     body = await ctx.body(request, QuotaIn)

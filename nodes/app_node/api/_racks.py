@@ -30,6 +30,7 @@ from contracts.ork import (
     ReserveNodes,
 )
 
+from .. import codes
 from ..model import Role
 from ._common import ApiError, Ctx, Session, forbidden, ok, validate
 from ._jobs import ork_call
@@ -99,7 +100,7 @@ async def reserve_nodes(ctx: Ctx, request: Request) -> Response:
         await ctx.store(ctx.services.store.get_team, body.team)
     except ApiError as exc:
         if exc.status == 404:
-            raise ApiError(404, "NOT_FOUND", f"no team {body.team}", "team") from None
+            raise ApiError(codes.NOT_FOUND, f"no team {body.team}", "team") from None
         raise
     params = validate(ReserveNodes, {"rack": body.rack.lower(), "nodes": body.nodes,
                                      "team": body.team})

@@ -18,7 +18,7 @@ account must have that email; without one, the account created must (403
 Accepting checks the token before anything else: a token
 that is no invitation answers 404 ``NOT_FOUND`` (``field: token``) the same
 whatever the body and whether a session was sent, and counts as a token guess
-of the client's address (``Limits.token_guess``, 429 ``throttled`` past it);
+of the client's address (``Limits.token_guess``, 429 ``THROTTLED`` past it);
 no account is looked up, created or hashed for it. Only a live invitation's
 holder learns whether its (own) address has an account (409).
 """
@@ -30,6 +30,7 @@ import datetime as dt
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import codes
 from ..auth import hash_token, new_token
 from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
 from ..model import Role
@@ -68,7 +69,7 @@ async def create_team(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     rules = ctx.services.teams
     if rules.creators is TeamCreators.OPERATORS and not await is_operator(ctx, session):
-        raise ApiError(403, "TEAM_CREATION_FORBIDDEN", "on this platform only operators "
+        raise ApiError(codes.TEAM_CREATION_FORBIDDEN, "on this platform only operators "
                        "create teams; ask a platform operator to create one for you and "
                        "invite you (operators: setting teams.creators=everyone lets every "
                        "user create teams)")
@@ -90,7 +91,7 @@ async def list_members(ctx: Ctx, request: Request) -> Response:
 async def _target_role(ctx: Ctx, team_id: str, user_id: str) -> Role:
     role = await ctx.store(ctx.services.store.role_of, user_id, team_id)
     if role is None:
-        raise ApiError(404, "NOT_FOUND", f"user {user_id} is not a member of team {team_id}")
+        raise ApiError(codes.NOT_FOUND, f"user {user_id} is not a member of team {team_id}")
     return role
 
 
@@ -146,7 +147,7 @@ async def invite(ctx: Ctx, request: Request) -> Response:
         await send_with_retry(ctx.services.email, message)
     except EmailError as exc:
         await ctx.store(store.revoke_invitation, invitation.id)
-        raise ApiError(502, "email_failed", f"the invitation email could not be sent "
+        raise ApiError(codes.EMAIL_FAILED, f"the invitation email could not be sent "
                        f"({exc}); nothing was recorded; check the email settings and retry"
                        ) from None
     return ok(InvitationOut(id=invitation.id, team=team_id, email=invitation.email,
@@ -176,7 +177,7 @@ async def revoke_invitation(ctx: Ctx, request: Request) -> Response:
             raise
         invitation = None
     if invitation is None or invitation.team != team_id:
-        raise ApiError(404, "NOT_FOUND", f"no invitation {invitation_id} in team {team_id}; "
+        raise ApiError(codes.NOT_FOUND, f"no invitation {invitation_id} in team {team_id}; "
                        "see GET /api/teams/{team}/invitations", "invitation")
     await ctx.store(store.revoke_invitation, invitation_id)
     return ok()
@@ -208,8 +209,8 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         if exc.status in (404, 410):
             await guesses.failed("", source)
         if exc.status == 404:
-            raise ApiError(404, "NOT_FOUND", _NO_INVITATION, "token") from None
-        raise ApiError(exc.status, exc.code, exc.message, "token") from None
+            raise ApiError(codes.NOT_FOUND, _NO_INVITATION, "token") from None
+        raise ApiError(exc.code, exc.message, "token", status=exc.status) from None
     if request.headers.get("authorization"):
         session = await ctx.session(request)
         membership = await ctx.store(store.accept_invitation, token_hash, session.user.id,
@@ -219,11 +220,11 @@ async def accept(ctx: Ctx, request: Request) -> Response:
             user=membership.user, team=membership.team, role=membership.role)))
     for field in ("email", "name", "password"):
         if not getattr(body, field):
-            raise ApiError(422, "INVALID", f"{field} is required to create your account "
+            raise ApiError(codes.INVALID, f"{field} is required to create your account "
                            "(or send your session token to join as yourself)", field)
     assert body.email and body.name and body.password
     if body.email.strip().lower() != invitation.email:
-        raise ApiError(403, "WRONG_ACCOUNT", "this invitation was sent to another email "
+        raise ApiError(codes.WRONG_ACCOUNT, "this invitation was sent to another email "
                        "address; create the account with that address", "email")
     try:
         await ctx.store(store.get_user_by_email, invitation.email)
@@ -231,7 +232,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         if exc.status != 404:
             raise
     else:  # only the invitation's holder learns this, about the invited address
-        raise ApiError(409, "CONFLICT", f"an account with email {invitation.email} exists "
+        raise ApiError(codes.CONFLICT, f"an account with email {invitation.email} exists "
                        "already; log in and accept with your session", "email")
     password_hash = await hash_new_password(ctx, body.password)
     user = await ctx.store(store.create_user, email=body.email, name=body.name,

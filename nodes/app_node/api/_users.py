@@ -42,6 +42,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import codes
 from ..auth import StoredHashError, hash_token, new_token, verify_password
 from ..email import EmailError, EmailKind, EmailMessage, send_with_retry
 from ..errors import AppNodeError, Expired, NotFound
@@ -154,10 +155,10 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
             return await trio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
         except NotFound:
             await guesses.failed("", source)
-            raise ApiError(404, "NOT_FOUND", _BAD_LINK, "token") from None
+            raise ApiError(codes.NOT_FOUND, _BAD_LINK, "token") from None
         except Expired:
             await guesses.failed("", source)
-            raise ApiError(410, "EXPIRED", _USED_LINK, "token") from None
+            raise ApiError(codes.EXPIRED, _USED_LINK, "token") from None
         except AppNodeError as exc:
             raise ApiError.of(exc) from exc
 
@@ -185,11 +186,11 @@ async def change_password(ctx: Ctx, request: Request) -> Response:
         good = await trio.to_thread.run_sync(verify_password, body.current_password,
                                              session.user.password_hash)
     except StoredHashError:
-        raise ApiError(500, "STORE", "your stored password is unreadable; reset it with "
+        raise ApiError(codes.STORE, "your stored password is unreadable; reset it with "
                        "POST /api/auth/password-reset") from None
     if not good:
         await throttle.failed(email, source)
-        raise ApiError(403, "forbidden", "current_password is wrong; check it, or reset the "
+        raise ApiError(codes.FORBIDDEN, "current_password is wrong; check it, or reset the "
                        "password by email", "current_password")
     await throttle.succeeded(email, source)
     password_hash = await hash_new_password(ctx, body.password)
@@ -222,7 +223,7 @@ async def list_users(ctx: Ctx, request: Request) -> Response:
     try:
         limit = int(query.get("limit", "100"))
     except ValueError:
-        raise ApiError(422, "INVALID", "limit must be a whole number", "limit") from None
+        raise ApiError(codes.INVALID, "limit must be a whole number", "limit") from None
     return ok(await ctx.store(_users_page, ctx.services.store, limit, query.get("cursor")))
 
 

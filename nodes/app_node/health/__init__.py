@@ -1,4 +1,4 @@
-"""app-node's control-plane health history (issue 14): every service's health on an
+"""app-node's control-plane health history: every service's health on an
 interval, kept in SQLite or Redis, read by ``GET /api/health`` and ``cosmicac status``.
 
 A sans-IO core (:mod:`._model`: rows, states, uptime over a window), one store

@@ -53,8 +53,7 @@ from ._store import HealthStore, HealthStoreError
 
 if TYPE_CHECKING:
     from contracts.ork import RackInfo
-    from crdt import Database
-    from crdt._replication import Replicator
+    from crdt import Database, Replicator
     from nodes.kit.peer_client import PeerClient
 
 __all__ = [

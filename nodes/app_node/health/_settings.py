@@ -22,11 +22,11 @@ HEALTH_FILE = "health.sqlite"
 
 
 class HealthSettings(BaseModel):
-    """The control plane's health history (issue 14)."""
+    """The control plane's health history."""
 
     model_config = {"extra": "forbid"}
 
-    #: False: no prober, and ``/api/health`` answers 503 ``health_unavailable``.
+    #: False: no prober, and ``/api/health`` answers 503 ``HEALTH_UNAVAILABLE``.
     enabled: bool = True
     #: Seconds between two rounds of probes.
     interval_s: float = Field(default=DEFAULT_INTERVAL_S, ge=1.0, le=3600.0)

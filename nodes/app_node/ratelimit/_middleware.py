@@ -14,7 +14,7 @@ The client's address is the TCP peer's, unless the peer is one of
 ``Limits.trusted_proxies`` (the entry point, Caddy): then ``X-Forwarded-For``
 is walked from the right past the trusted hops (:mod:`nodes.kit.forwarded`), so
 behind the door each client has its own bucket and a client's own header,
-sent straight to app-node, is ignored (defect 6). An IPv6 client is keyed by
+sent straight to app-node, is ignored. An IPv6 client is keyed by
 its /64, the block one subscriber usually holds.
 """
 
@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nodes.app_node import codes
 from nodes.kit.forwarded import ProxyList, TrustedProxies, client_address
 
 from ._backoff import Backoff, ThrottlePolicy
@@ -190,7 +191,7 @@ def key_by_session_or_ip(limits: Limits, verified: VerifiedTokens | None = None)
 
 
 class RateLimitMiddleware:
-    """Answers 429 ``rate_limited`` with ``Retry-After`` once a key is over its rate."""
+    """Answers 429 ``RATE_LIMITED`` with ``Retry-After`` once a key is over its rate."""
 
     def __init__(self, app: ASGIApp, limiter: Limiter, key_func: KeyFunc) -> None:
         self.app = app
@@ -212,7 +213,7 @@ class RateLimitMiddleware:
             return
         retry_after = decision.retry_after_header
         body = json.dumps({"error": {
-            "code": "rate_limited",
+            "code": codes.RATE_LIMITED,
             "message": f"too many requests; retry in {retry_after} s",
         }}).encode()
         await send({"type": "http.response.start", "status": 429, "headers": [

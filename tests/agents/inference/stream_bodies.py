@@ -1,5 +1,5 @@
 """Request bodies in every shape JSON allows for ``stream``, and how the model servers read
-them: the strategies and oracles of the tests of issue 21's defect 2 (streams billed 0)."""
+them: the strategies and oracles of the tests of streams billed 0."""
 
 from __future__ import annotations
 

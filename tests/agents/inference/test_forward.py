@@ -36,7 +36,7 @@ def test_other_requests_keep_their_bytes():
         assert (prepared.body, prepared.content_type, prepared.stream) == (body, sent_as, False)
 
 
-#: The shapes of issue 21 (defect 2): each a stream for the model server, each once
+#: The shapes that were billed 0: each a stream for the model server, each once
 #: read as no stream by the agent, so the usage chunk was never asked for.
 STREAM_SHAPES = [
     ("application/json", b'{"model":"m","\\u0073tream":true,"prompt":"hi"}'),
@@ -186,7 +186,7 @@ def test_audio_usage_of_any_bytes_never_raises(data):
                 b"name=\"file\"\r\n\r\n" + data + b"\r\n--x--\r\n")
 
 
-# --- the class of defect 2: the agent decides "stream" exactly as the model servers do ---
+# --- streams billed 0, as a class: the agent decides "stream" as the model servers do ---
 
 
 @given(request_bodies("/v1/chat/completions"), st.sampled_from(CONTENT_TYPES))

@@ -167,7 +167,7 @@ CHAT = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}
 
 
 async def test_a_stream_without_a_usage_chunk_is_billed_what_it_carried(caplog):
-    """A server that ignores include_usage: the stream is not free (issue 21, defect 2)."""
+    """A server that ignores include_usage: the stream is not free."""
     async def answer(stream, index):
         await stream.send_all(sse_answer(*PIECES))
 

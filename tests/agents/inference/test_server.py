@@ -198,7 +198,7 @@ async def test_bad_json_is_400(client: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
 async def test_json_nested_100000_deep_is_a_400_not_a_500(client: httpx.AsyncClient,
                                                           path: str) -> None:
-    """Issue 21, defect 15: ``json.loads`` raised RecursionError, answered as a 500."""
+    """Regression: ``json.loads`` raised RecursionError, answered as a 500."""
     for body in (b"[" * 100_000 + b"]" * 100_000, b'{"model":' + b"[" * 100_000):
         response = await client.post(path, content=body)
         assert "nests more than 64 levels" in assert_error(response, 400)

@@ -1,4 +1,4 @@
-"""Issue 21, defect 2, as a class: every body the model server streams is billed with the
+"""Streams billed 0, as a class: every body the model server streams is billed with the
 usage the server counts (the same as its non-streamed answer reports), for chat and
 completions, whatever shape its ``stream`` takes. The agent's side for real: its
 :class:`ModelClient` against the ``demo`` model server in a subprocess."""

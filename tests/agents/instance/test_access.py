@@ -1,6 +1,6 @@
 """The agent's shell keys only move forward: in any order of arrival, with repeats,
 the set held is the newest one sent, and each update names exactly the keys that
-lost access; the saved copy reads back, and a damaged one is ignored (issue 21)."""
+lost access; the saved copy reads back, and a damaged one is ignored."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_p
 
 
 async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> None:
-    """issue 21 through hypercorn: a big chunked body is cut at the limit, deep JSON
+    """Through hypercorn: a big chunked body is cut at the limit, deep JSON
     is a 400, failed logins back off per X-Forwarded-For address (127.0.0.1, the
     test, is a trusted proxy here), and app-node goes on serving."""
     async def big():
@@ -75,9 +75,9 @@ async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> Non
     except httpx.TransportError:
         pass  # app-node may close while the client still sends
     else:
-        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        assert r.status_code == 413 and r.json()["error"]["code"] == "BODY_TOO_LARGE"
     r = await api.post("/auth/login", content=b"[" * 100_000 + b"]" * 100_000)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "JSON_TOO_DEEP"
     wrong = {"email": "admin@example.com", "password": "not the password"}
     codes = [(await api.post("/auth/login", json=wrong,
                              headers={"X-Forwarded-For": "192.0.2.66"})).status_code

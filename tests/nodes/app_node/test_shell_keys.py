@@ -1,4 +1,4 @@
-"""app-node keeps wrk-ork told of every team's shell keys (issue 21, defect 8).
+"""app-node keeps wrk-ork told of every team's shell keys.
 
 A real store and a real orchestrator behind a stand-in for the wrk-ork client
 (its ``call`` runs ``teams.set_shell_keys`` on the orchestrator, as the service

@@ -1,4 +1,4 @@
-"""issue 21, defect 6 end to end: app-node behind the entry point, clients on
+"""End to end: app-node behind the entry point, clients on
 distinct loopback addresses (127.0.0.2, 127.0.0.3). One client using up its
 allowance used to refuse everyone's logins, since app-node saw every request
 come from the door; now each client has its own, and a client talking to

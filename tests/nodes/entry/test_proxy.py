@@ -216,7 +216,7 @@ async def test_a_client_that_leaves_before_the_answer_abandons_the_upstream_requ
         assert pool.connections == []  # closed, not put back for another request
 
 
-# -- issue 21: the client's address, and uploads at once -------------------------------
+# -- the client's address, and uploads at once ----------------------------------------
 
 
 async def test_a_trusted_proxy_in_front_is_appended_to_and_a_client_is_not():

@@ -1,4 +1,4 @@
-"""A new job's agent under a flood of strangers (issue 21, defect 5).
+"""A new job's agent under a flood of strangers.
 
 The worker knows a new agent only by its report token: until its hello binds
 its key, the agent is a stranger and competes with a flood for the strangers'

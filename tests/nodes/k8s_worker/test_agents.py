@@ -218,7 +218,7 @@ def test_one_key_is_bound_to_one_vmi():
     assert table.next_deadline() == pytest.approx(0.6)  # 3 x 0.2 s, the second only
 
 
-# -- takeover (issue 21) ------------------------------------------------------------------
+# -- takeover ------------------------------------------------------------------
 
 WINDOW = 15.0
 
@@ -255,7 +255,7 @@ async def bound_and_another(nursery, connected: set[bytes]):
 
 
 async def test_a_stolen_token_does_not_take_a_live_vmi_over(nursery, autojump_clock, caplog):
-    """Issue 21, the regression: a second key with the VMI's (stolen) token is refused
+    """Regression: a second key with the VMI's (stolen) token is refused
     while the bound agent lives; the victim keeps its binding and its reports count,
     the worker logs a warning naming the VMI and both keys."""
     async with bound_and_another(nursery, {AGENT}) as (config, registry, events, victim,

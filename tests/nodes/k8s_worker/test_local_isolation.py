@@ -1,4 +1,4 @@
-"""The local backend's isolation (issue 21, defect 4): a container job's shell is not
+"""The local backend's isolation: a container job's shell is not
 a shell of the platform's user.
 
 The real test lays out a deployment as ``cosmicac up`` does and starts real
@@ -351,7 +351,7 @@ def test_a_folder_is_reachable_by_others_only_through_o_x_folders(outer, inner, 
 
 
 async def test_every_folder_and_file_of_a_vmi_is_private_whatever_the_umask(nursery, tmp_path):
-    """Issue 21, defect 9: the agent's config holds its report token, its storage its
+    """Regression: the agent's config holds its report token, its storage its
     identity; with a umask of 0 they are still the owner's only."""
     fake = [sys.executable, str(Path(__file__).with_name("fake_agent.py"))]
     settings = LocalClusterSettings(stop_grace_s=0.5, poll_interval_s=0.05, isolation="off",
@@ -418,7 +418,7 @@ async def test_a_process_of_another_user_naming_a_vmis_config_is_not_adopted(tmp
 
 
 async def test_a_vmi_folder_of_the_old_layout_keeps_its_storage_on_restart(nursery, tmp_path):
-    """Before issue 21 the agent's config and storage were in the worker's VMI folder:
+    """The agent's config and storage were once in the worker's VMI folder:
     a restart moves the storage (its identity) into the agent's own folder."""
     fake = [sys.executable, str(Path(__file__).with_name("fake_agent.py"))]
     backend = LocalBackend(LocalClusterSettings(stop_grace_s=0.5, poll_interval_s=0.05,

@@ -1,4 +1,4 @@
-"""Shell access follows the team's keys on a running job (issue 21, defect 8).
+"""Shell access follows the team's keys on a running job.
 
 A real :class:`~nodes.k8s_worker.worker.Worker` (its SQLite file, its agent
 registry on a 127.0.0.1 swarm, the in-memory backend of test_worker) creates a

@@ -82,7 +82,7 @@ def _files(path) -> dict[str, bytes]:
 
 
 def test_a_schema_1_file_has_its_tokens_hashed_in_place_and_left_nowhere(tmp_path):
-    """Issue 21: schema 1 kept the report tokens themselves. Opening such a file
+    """Schema 1 kept the report tokens themselves. Opening such a file
     keeps only their digests, and no byte of the file or its WAL holds a token."""
     path = tmp_path / "w.sqlite"
     store = WorkerStore.open(path)

@@ -326,7 +326,7 @@ async def test_relay_keys_are_fixed_when_a_job_is_created_and_new_ones_go_to_new
 
 
 async def test_the_report_tokens_are_in_no_byte_of_the_workers_state_file(thread_clock, tmp_path):
-    """Issue 21: a local user who reads worker.sqlite (and its WAL) learns no token;
+    """A local user who reads worker.sqlite (and its WAL) learns no token;
     the digests the file keeps are what the registry expects."""
     path = tmp_path / "worker.sqlite"
     harness = Harness(WorkerStore.open(path))

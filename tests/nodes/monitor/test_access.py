@@ -1,4 +1,4 @@
-"""Who may call what on wrk-monitor (issue 21, defect 1 and least privilege).
+"""Who may call what on wrk-monitor (least privilege).
 
 RPC: every method the service serves, called from each kind of key (a log
 pusher, a proxy, a worker, app-node, a stranger, no key): only the one

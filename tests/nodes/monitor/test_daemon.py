@@ -230,7 +230,7 @@ async def test_the_token_guards_every_route_metrics_too(tmp_path):
 
 
 async def test_a_monitor_without_a_token_serves_nothing_over_http(tmp_path):
-    """Fail closed: no ``http.token`` is not an open HTTP side (issue 21, defect 1)."""
+    """Fail closed: no ``http.token`` is not an open HTTP side."""
     with trio.fail_after(60):
         async with world(tmp_path, http={"token": None}) as w:
             await ship(w, [rec(0)])
@@ -329,7 +329,7 @@ async def door(monitor: RunningMonitor):
 
 
 async def test_nobody_reads_logs_or_metrics_through_the_door_without_the_token(tmp_path):
-    """Issue 21, defect 1: /monitor/metrics named every team's jobs and
+    """Regression: /monitor/metrics named every team's jobs and
     /monitor/jobs/{id}/logs served their records (shell commands included) to anyone."""
     with trio.fail_after(60):
         async with world(tmp_path) as w, door(w.monitor) as stranger:

@@ -1,4 +1,4 @@
-"""Who may call wrk-ork (issue 21, defect 10 and least privilege between daemons).
+"""Who may call wrk-ork (least privilege between daemons).
 
 Every method of cosmicac-ork/1 by every kind of caller (app-node, proxy-inference,
 a registered rack's worker, a stranger's key, no proven key) gets exactly the
@@ -173,7 +173,7 @@ async def test_each_method_answers_exactly_the_roles_it_is_meant_for(
 
 
 async def test_a_proxy_key_cannot_delete_a_job_or_remove_a_rack(nursery, autojump_clock):
-    """Defect 10, with wrk-ork configured as `cosmicac up` and `bootstrap` write it:
+    """With wrk-ork configured as `cosmicac up` and `bootstrap` write it:
     the internet-facing proxy's key reads and follows jobs, and that is all."""
     keys = {name: key.hex() for name, key in ((APP, APP_KEY), (PROXY, PROXY_KEY),
                                               (WORKER, WORKER_KEY))}

@@ -1,4 +1,4 @@
-"""Placement: every rule of seeds/architecture.txt and issue 11 as a table row,
+"""Placement: every rule of seeds/architecture.txt as a table row,
 the bookkeeping around it, and hypothesis runs of place/claim/unclaim."""
 
 from __future__ import annotations

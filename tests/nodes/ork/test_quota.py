@@ -1,4 +1,4 @@
-"""GPU quotas in wrk-ork (issue 21, defect 12): what a job counts in each status,
+"""GPU quotas in wrk-ork: what a job counts in each status,
 the refusal naming the quota, the use and the request, per-user quotas by owner,
 the owner kept across a restart and a migration, two racing creates over RPC,
 and a hypothesis run: whatever happens, a team never holds more than its quota."""

@@ -1,5 +1,5 @@
 """wrk-ork keeps each team's newest shell keys and sends a changed set to the racks of
-the team's container jobs (issue 21, defect 8): stale and repeated versions change
+the team's container jobs: stale and repeated versions change
 nothing, a new job's rack gets the set before its create, and the set survives a
 restart of wrk-ork. ``teams.set_shell_keys`` is app-node's alone."""
 

@@ -32,7 +32,7 @@ def test_the_model_of_a_json_body():
 @pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b"{" * 100_000,
                                   b'{"model": "m", "x": ' + b"[" * 65 + b"]" * 65 + b"}"])
 def test_json_nested_too_deep_is_a_400_with_a_code(body):
-    """Issue 21, defect 15: a body nested 100,000 deep was a RecursionError (a 500)."""
+    """Regression: a body nested 100,000 deep was a RecursionError (a 500)."""
     with pytest.raises(HttpError) as info:
         _model_of_json(body)
     assert info.value.status == 400 and info.value.body["error"]["code"] == "json_too_deep"

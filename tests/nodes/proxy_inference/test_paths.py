@@ -251,7 +251,7 @@ async def read_answer(stream: trio.SocketStream) -> tuple[int, dict[str, str], d
 
 
 async def test_bodies_are_bounded_in_size_in_time_and_in_how_many_a_key_sends_at_once(tmp_path):
-    """Issue 21, defect 11 for the proxy: a body's size is refused from its declared
+    """At the proxy: a body's size is refused from its declared
     length, one key cannot hold more bodies than its share while other keys go on, and
     a body trickled too slowly is dropped."""
     with trio.fail_after(60):
@@ -293,7 +293,7 @@ async def test_bodies_are_bounded_in_size_in_time_and_in_how_many_a_key_sends_at
 
 
 async def test_json_nested_100000_deep_is_a_400_with_a_code_and_no_traceback(tmp_path, caplog):
-    """Issue 21, defect 15, at the proxy: it was a RecursionError, a 500."""
+    """Regression, at the proxy: it was a RecursionError, a 500."""
     with trio.fail_after(60):
         async with proxy_world(tmp_path) as world:
             _, secret = await world.add_key()
@@ -313,7 +313,7 @@ async def test_json_nested_100000_deep_is_a_400_with_a_code_and_no_traceback(tmp
 
 
 async def test_an_answer_without_usage_is_billed_as_counted_counted_and_logged(tmp_path, caplog):
-    """A 200 without usage is never recorded as free in silence (issue 21, defect 2)."""
+    """A 200 without usage is never recorded as free in silence."""
     with trio.fail_after(60):
         async with proxy_world(tmp_path) as world:
             key_id, secret = await world.add_key()

@@ -125,7 +125,7 @@ async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path)
             assert await proxy.recorder.db.usage(key_id) == []  # refusals are not billed
 
 
-#: Issue 21, defect 2: each of these streamed the whole answer and was billed 0 tokens.
+#: Regression: each of these streamed the whole answer and was billed 0 tokens.
 STREAM_SHAPES = [
     ("application/json", '{"model":"chat","\\u0073tream":true,%s}'),
     ("application/json", '{"model":"chat","stream":1,%s}'),

@@ -1,7 +1,7 @@
 """A DHT node under floods and with loopback peers: the store's bounds on the wire,
 refusals counted by code, and no loopback address handed to a remote asker.
 
-Issue 10, item 8. Cores exchange datagrams directly (time is a number);
+Cores exchange datagrams directly (time is a number);
 network tests run on the in-memory network under the autojump clock.
 """
 
@@ -51,7 +51,7 @@ def announce(client, server, keypair, topic, *, seq=1, addresses=SERVICE):
                     value=record.to_wire())
 
 
-# --- defect 1: one address fills the store ------------------------------------------------
+# --- one address fills the store -------------------------------------------------------
 
 
 def test_a_flood_from_one_address_is_refused_by_code_and_an_honest_announce_still_lands():
@@ -109,7 +109,7 @@ async def test_after_a_flood_honest_announces_land_and_are_found(autojump_clock)
                 nursery.cancel_scope.cancel()
 
 
-# --- defect 2: throwaway keys evict a peer from its key topic -------------------------------
+# --- throwaway keys evict a peer from its key topic --------------------------------------
 
 
 @pytest.mark.parametrize("owner_first", [True, False])
@@ -144,7 +144,7 @@ async def test_64_throwaway_keys_do_not_hide_a_peer_from_find_peer(autojump_cloc
             nursery.cancel_scope.cancel()
 
 
-# --- defect 3: loopback addresses for remote askers ----------------------------------------
+# --- loopback addresses for remote askers -----------------------------------------------
 
 
 def test_a_loopback_contact_is_never_handed_to_a_remote_asker():

@@ -1,6 +1,6 @@
 """The record store under floods: per-source and per-key bounds, fair topics, key topics.
 
-Issue 10, item 8: 10,500 announces from one key and port filled a node's store
+10,500 announces from one key and port filled a node's store
 (``STORE_FULL`` for 20 minutes), and 64 throwaway keys evicted a peer's record
 from the topic ``find_peer`` reads.
 """

@@ -1,4 +1,4 @@
-"""Admission over real sockets on 127.0.0.1 (issue 21, defect 5).
+"""Admission over real sockets on 127.0.0.1.
 
 A stranger floods a swarm with its default limits, as every daemon runs it:
 silent TCP sockets (from 127.0.0.1 and from other loopback addresses), or

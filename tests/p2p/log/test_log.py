@@ -201,7 +201,7 @@ def test_entries_without_a_head_are_dropped(tmp_path):
 
 
 def test_flipped_bit_in_the_last_signed_head_is_damage_not_a_torn_tail(tmp_path):
-    """Regression (issue 10, item 8): a flipped byte in the last head made it look torn,
+    """Regression: a flipped byte in the last head made it look torn,
     so `verify` said ok and opening cut every entry that head acknowledged."""
     path = tmp_path / "w.log"
     write_log(path, BATCHES)

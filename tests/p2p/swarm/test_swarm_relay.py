@@ -77,3 +77,28 @@ async def test_a_peer_re_reserves_after_the_relay_restarts_with_the_same_key(aut
             worker = await net.start()
             connection = await worker.connect(agent.public_key)
             assert connection.relayed
+
+
+async def test_connect_through_given_relays_skips_the_dht(autojump_clock):
+    """``connect(key, relays=...)``: a caller told where the peer reserved (a CLI's
+    command line) dials through those relays, with no DHT lookup."""
+    relay_key = KeyPair.generate()
+    with trio.fail_after(40):
+        async with memory_swarm_net() as net:
+            await net.start_relay(relay_key)
+            nowhere, _ = net.host()
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=((nowhere, 4000),))
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            worker = await net.start()
+
+            find = worker.dialer.find
+
+            async def no_lookup_of_the_agent(public_key):
+                assert public_key != agent.public_key, "the DHT was asked for the agent"
+                return await find(public_key)  # the relay's own address: the DHT's
+
+            worker.dialer.find = no_lookup_of_the_agent
+            connection = await worker.connect(agent.public_key,
+                                              relays=[relay_key.public_key])
+            assert connection.relayed and connection.relay_key == relay_key.public_key

@@ -51,7 +51,7 @@ async def test_login_me_logout(api: Api) -> None:
     r = await api.client.post("/api/auth/logout", headers=bearer(token))
     assert r.status_code == 204
     r = await api.client.get("/api/me", headers=bearer(token))
-    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+    assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
 async def test_login_refusals(api: Api) -> None:
@@ -102,7 +102,7 @@ async def test_rate_limited(tmp_path: Path) -> None:
         statuses = [(await api.client.get("/api/openapi.json")).status_code for _ in range(3)]
         assert statuses == [200, 200, 429]
         r = await api.client.get("/api/docs")
-        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+        assert r.status_code == 429 and r.json()["error"]["code"] == "RATE_LIMITED"
         assert "retry-after" in r.headers
 
 
@@ -119,4 +119,4 @@ async def test_openapi_lists_every_route(api: Api) -> None:
 
 async def test_unknown_route_is_json(api: Api) -> None:
     r = await api.client.get("/api/nope")
-    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"

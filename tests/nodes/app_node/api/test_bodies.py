@@ -1,8 +1,8 @@
-"""Request bodies are bounded on every route (issue 21, defects 11 and 15): in size
+"""Request bodies are bounded on every route: in size
 (a declared Content-Length beyond the route's limit is refused before a byte is
 read, a chunked body the moment it passes it), in how many are read at once
-(503 ``server_busy`` with Retry-After beyond), in time, and in JSON depth
-(400 ``json_too_deep``, never a 500)."""
+(503 ``SERVER_BUSY`` with Retry-After beyond), in time, and in JSON depth
+(400 ``JSON_TOO_DEEP``, never a 500)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ async def test_every_body_route_stops_reading_at_its_limit(small: Api, route) ->
         # the signed-up admin is an operator and owns the team: every route reads its body
         assert r.status_code == 413, r.text
         assert counting.pulled <= LIMIT + CHUNK
-        assert r.json()["error"]["code"] == "body_too_large"
+        assert r.json()["error"]["code"] == "BODY_TOO_LARGE"
         assert r.headers["connection"] == "close"
         # declared: refused from the header alone, nothing read
         counting.pulled = 0
@@ -136,7 +136,7 @@ async def test_bodies_read_at_once_are_bounded(tmp_path: Path) -> None:
                 r = await api.client.post("/api/auth/login", json={
                     "email": "b@example.com", "password": PASSWORD})
                 assert r.status_code == 503
-                assert r.json()["error"]["code"] == "server_busy"
+                assert r.json()["error"]["code"] == "SERVER_BUSY"
                 assert r.headers["retry-after"] == "3"
                 release.set()
             # the slots are free again
@@ -153,17 +153,17 @@ async def test_a_body_that_never_arrives_times_out(tmp_path: Path) -> None:
 
         with trio.fail_after(30):
             r = await api.client.post("/api/auth/login", content=never())
-        assert r.status_code == 408 and r.json()["error"]["code"] == "body_timeout"
+        assert r.status_code == 408 and r.json()["error"]["code"] == "BODY_TIMEOUT"
 
 
 # -- JSON depth -----------------------------------------------------------------------
 
 
 async def test_json_nested_100000_deep_is_a_400_not_a_500(api: Api, caplog) -> None:
-    """Regression (defect 15): the parser's RecursionError was a 500 and a traceback."""
+    """Regression: the parser's RecursionError was a 500 and a traceback."""
     deep = b"[" * 100_000 + b"]" * 100_000
     r = await api.client.post("/api/auth/login", content=deep)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "JSON_TOO_DEEP"
     assert not [rec for rec in caplog.records if rec.exc_info]
 
 
@@ -174,14 +174,14 @@ async def test_every_body_route_refuses_deep_json(api: Api, route) -> None:
     r = await api.client.request(route.method, _concrete(route.path, ids),
                                  headers=bearer(token), content=deep)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "json_too_deep"
+    assert r.json()["error"]["code"] == "JSON_TOO_DEEP"
 
 
 def test_parse_json_refuses_only_beyond_the_depth() -> None:
     assert parse_json(b"[" * 64 + b"]" * 64, 64) is not None
     with pytest.raises(ApiError) as caught:
         parse_json(b"[" * 65 + b"]" * 65, 64)
-    assert (caught.value.status, caught.value.code) == (400, "json_too_deep")
+    assert (caught.value.status, caught.value.code) == (400, "JSON_TOO_DEEP")
     # malformed, deep or not: the parser's own refusal (422), never a RecursionError
     for text in (b"[" * 100_000, b"{" * 10 + b"]", b"\xff\xfe"):
         with pytest.raises(ApiError) as caught:

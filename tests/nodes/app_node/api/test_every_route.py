@@ -37,7 +37,7 @@ async def test_a_route_without_a_valid_session_is_401(api: Api, route) -> None:
                                      json={} if route.method in ("POST", "PUT", "PATCH")
                                      else None)
         assert r.status_code == 401, (route.method, route.path, headers, r.text)
-        assert r.json()["error"]["code"] == "unauthenticated"
+        assert r.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
 async def test_the_schema_lists_every_route(api: Api) -> None:

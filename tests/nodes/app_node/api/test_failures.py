@@ -26,7 +26,7 @@ async def test_email_refused_leaves_no_invitation(api: Api) -> None:
     api.services.email = RefusingSender()
     r = await api.client.post(f"/api/teams/{team}/invitations",
                               json={"email": "n@example.com"}, headers=bearer(owner))
-    assert r.status_code == 502 and r.json()["error"]["code"] == "email_failed"
+    assert r.status_code == 502 and r.json()["error"]["code"] == "EMAIL_FAILED"
     assert api.services.store.list_invitations(team) == []
 
 
@@ -37,4 +37,4 @@ async def test_crash_is_a_json_500(api: Api) -> None:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         r = await client.post("/api/apikeys", json={"name": "k"}, headers=bearer(owner))
-    assert r.status_code == 500 and r.json()["error"]["code"] == "internal"
+    assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"

@@ -120,7 +120,7 @@ async def test_without_a_prober_or_with_its_store_down_health_is_503(api: Api) -
     token = await api.signup()
     for path in ("/api/health", "/api/health/history"):
         r = await api.client.get(path, headers=bearer(token))
-        assert r.status_code == 503 and r.json()["error"]["code"] == "health_unavailable"
+        assert r.status_code == 503 and r.json()["error"]["code"] == "HEALTH_UNAVAILABLE"
     store = MemoryHealthStore()
     api.services.health = HealthProber(store, [app_node_target()], clock=api.clock)
     store.failing = True

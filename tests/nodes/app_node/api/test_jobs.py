@@ -157,7 +157,7 @@ async def test_another_teams_job_is_404(ork_api: Api) -> None:
 async def test_ork_not_configured_is_503(api: Api) -> None:
     owner = await api.signup()
     r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
-    assert r.status_code == 503 and r.json()["error"]["code"] == "ork_unavailable"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "ORK_UNAVAILABLE"
     # No job to show: nothing to ask wrk-ork, so no 503 for an empty list.
     r = await api.client.get("/api/jobs", headers=bearer(owner))
     assert r.status_code == 200 and r.json()["jobs"] == []

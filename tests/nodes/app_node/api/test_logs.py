@@ -2,7 +2,7 @@
 records come back filtered by job, source and since, newest ``limit``; follow
 (over Hypercorn on 127.0.0.1: httpx's ASGI transport would buffer a stream)
 sends the buffer's records then one appended after it connected; another team's
-member 404; bad query 422; without wrk-monitor 503 ``monitor_unavailable``; a
+member 404; bad query 422; without wrk-monitor 503 ``MONITOR_UNAVAILABLE``; a
 follow whose wrk-monitor stops ends with ``lagged``, and then 503 (unreachable)."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ async def test_without_wrk_monitor_it_is_503(ork_api: Api) -> None:
         r = await api.client.get(f"/api/jobs/{job}/logs{query}", headers=bearer(owner))
         assert r.status_code == 503
         error = r.json()["error"]
-        assert error["code"] == "monitor_unavailable" and "not configured" in error["message"]
+        assert error["code"] == "MONITOR_UNAVAILABLE" and "not configured" in error["message"]
 
 
 async def keepalives(stream: Events, n: int) -> None:
@@ -155,7 +155,7 @@ async def test_a_stopped_wrk_monitor_ends_the_follow_then_is_503(logs_api: Api) 
             r = await api.client.get(f"/api/jobs/{job}/logs{query}", headers=bearer(owner))
             assert r.status_code == 503
             error = r.json()["error"]
-            assert error["code"] == "monitor_unavailable" and "not reachable" in error["message"]
+            assert error["code"] == "MONITOR_UNAVAILABLE" and "not reachable" in error["message"]
 
 
 def test_the_schema_lists_the_route() -> None:

@@ -67,7 +67,7 @@ async def test_who_may_change_them(api: Api) -> None:
         r = await api.client.get("/api/models", headers=bearer(token))
         assert r.status_code == 200 and r.json()["models"][0]["name"] == "demo"
         r = await api.client.post("/api/models", json=body, headers=bearer(token))
-        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
         r = await api.client.delete("/api/models/demo", headers=bearer(token))
         assert r.status_code == 403
     # an admin of the operators' team is an operator

@@ -1,4 +1,4 @@
-"""Issue 21, defect 12: no quota, and any user could create a team. A plain member
+"""Regression: no quota, and any user could create a team. A plain member
 made a team, took every free GPU, and the admin's 1-GPU job waited Pending.
 
 Now only operators create teams unless the setting says otherwise (403
@@ -130,7 +130,7 @@ async def test_who_may_set_quotas(people: dict, who: str, team: str) -> None:
                             "updated_at": api.clock.now}
         assert api.services.store.get_quota(team_id).gpus == 1
     else:
-        assert r.json()["error"]["code"] == {403: "forbidden", 404: "NOT_FOUND"}[r.status_code]
+        assert r.json()["error"]["code"] == {403: "FORBIDDEN", 404: "NOT_FOUND"}[r.status_code]
         assert api.services.store.get_quota(team_id) == before
 
 

@@ -68,7 +68,7 @@ async def test_members_and_other_teams_owners_are_403(ork_api: Api) -> None:
             ("POST", "/api/nodes/release", {"rack": RACK, "nodes": ["n0"]})]:
         r = await api.client.request(method, path, json=body, headers=bearer(member))
         assert r.status_code == 403, (method, path, r.text)
-        assert r.json()["error"]["code"] == "forbidden"
+        assert r.json()["error"]["code"] == "FORBIDDEN"
     r = await api.client.get("/api/racks")
     assert r.status_code == 401
 
@@ -76,4 +76,4 @@ async def test_members_and_other_teams_owners_are_403(ork_api: Api) -> None:
 async def test_racks_without_wrk_ork_are_503(api: Api) -> None:
     owner = await api.signup()
     r = await api.client.get("/api/racks", headers=bearer(owner))
-    assert r.status_code == 503 and r.json()["error"]["code"] == "ork_unavailable"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "ORK_UNAVAILABLE"

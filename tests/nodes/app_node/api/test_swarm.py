@@ -29,7 +29,7 @@ async def test_without_an_advert_the_lists_are_empty(api: Api) -> None:
 
 async def test_no_session_is_401(api: Api) -> None:
     r = await api.client.get("/api/swarm")
-    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+    assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
 
 
 async def test_the_route_is_in_the_published_schema(api: Api) -> None:

@@ -55,7 +55,7 @@ async def test_roles_member_admin_outsider(api: Api) -> None:
     assert r.status_code == 404
     r = await api.client.patch(f"/api/teams/{team}/members/{member_id}", json={"role": "admin"},
                                headers=bearer(member))
-    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
     r = await api.client.patch(f"/api/teams/{team}/members/{member_id}", json={"role": "admin"},
                                headers=bearer(outsider))
     assert r.status_code == 404
@@ -134,7 +134,7 @@ async def test_invitation_accept_with_session_and_expiry(api: Api) -> None:
     api.clock.now += 8 * 86400
     r = await api.client.post("/api/invitations/accept", json={"token": token},
                               headers=bearer(owner))
-    # the token is checked first (issue 21, defect 13): expired, whatever the session
+    # the token is checked first: expired, whatever the session
     assert r.status_code == 410 and r.json()["error"]["field"] == "token"
     r = await api.client.post("/api/auth/login", json={"email": "m@example.com",
                                                        "password": PASSWORD})

@@ -1,4 +1,4 @@
-"""Who may guess what (issue 21, defects 7 and 13).
+"""Who may guess what.
 
 - A token that is no invitation or reset link answers the same, whatever else
   the request says (an email with an account or without, a session or none),
@@ -49,7 +49,7 @@ async def _login(api: Api, address: str, password: str = PASSWORD,
     r = await api.client.post("/api/auth/login", json={"email": email, "password": password},
                               headers=at(address))
     if r.status_code == 429:
-        assert r.json()["error"]["code"] == "throttled" and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "THROTTLED" and int(r.headers["retry-after"]) >= 1
     return r.status_code
 
 
@@ -154,7 +154,7 @@ async def test_unknown_emails_are_throttled_like_wrong_passwords(door: Api) -> N
 
 
 async def test_made_up_bearer_tokens_buy_no_fresh_bucket(tmp_path: Path) -> None:
-    """Regression (defect 7): each ``Authorization: Bearer <random>`` had its own bucket."""
+    """Regression: each ``Authorization: Bearer <random>`` had its own bucket."""
     from nodes.app_node.ratelimit import Rate
     tight = LIMITS.model_copy(update={"per_ip": Rate(per_second=0.001, burst=3),
                                       "per_token": Rate(per_second=0.001, burst=3)})

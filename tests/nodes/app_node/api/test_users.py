@@ -169,7 +169,7 @@ async def test_users_for_operators_only(api: Api) -> None:
         assert r.json()["next"] is None
     for token in (member, outsider):
         r = await api.client.get("/api/users", headers=bearer(token))
-        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
     assert (await api.client.get("/api/users")).status_code == 401
 
     r = await api.client.get("/api/users", params={"limit": "3"}, headers=bearer(operator))

@@ -1,6 +1,6 @@
 """The ASGI middleware through httpx's ASGITransport, on trio's virtual clock.
 
-Which bucket a request lands in (issue 21, defects 6 and 7): a verified
+Which bucket a request lands in: a verified
 session's own, else its client's address, read through trusted proxies only."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ async def test_per_ip_limit_answers_429_with_retry_after(
         assert refused.headers["retry-after"] == "4"  # 1 / 0.25 per second
         assert refused.headers["content-type"] == "application/json"
         error = refused.json()["error"]
-        assert error["code"] == "rate_limited" and "4 s" in error["message"]
+        assert error["code"] == "RATE_LIMITED" and "4 s" in error["message"]
         await trio.sleep(4)
         assert (await http.get("/api/hello")).status_code == 200
     async with client(limiter, ip="192.0.2.8") as other:  # another IP: its own budget
@@ -81,7 +81,7 @@ async def test_a_verified_token_is_the_key(autojump_clock: trio.testing.MockCloc
 
 async def test_made_up_bearer_tokens_share_the_address_bucket(
         autojump_clock: trio.testing.MockClock) -> None:
-    """Regression (defect 7): each ``Bearer <random>`` used to get a fresh bucket."""
+    """Regression: each ``Bearer <random>`` used to get a fresh bucket."""
     limiter, verified = EmbeddedLimiter(), VerifiedTokens(clock=trio.current_time)
     async with client(limiter, verified=verified) as http:
         codes = [(await http.get("/api/hello", headers={"Authorization": f"Bearer r{i}"}))
@@ -106,7 +106,7 @@ async def test_a_verified_token_falls_back_to_the_address_after_its_ttl(
 
 async def test_clients_behind_a_trusted_door_have_their_own_buckets(
         autojump_clock: trio.testing.MockClock) -> None:
-    """Regression (defect 6): behind the door every client shared the door's bucket."""
+    """Regression: behind the door every client shared the door's bucket."""
     limiter = EmbeddedLimiter()
     async with client(limiter, "10.0.0.5", limits=BEHIND_DOOR) as door:
         one = {"X-Forwarded-For": "198.51.100.1"}
