@@ -35,7 +35,7 @@ from nodes.entry.daemon import serve_entry
 from nodes.entry.settings import EntrySettings
 from p2p.http import serve_asgi
 from tests.cli.helpers import COSMICAC, process, read_until
-from tests.cli.test_account import EMAIL, PASSWORD, Served, cli_env, served  # noqa: F401
+from tests.cli.support import EMAIL, PASSWORD, Served, cli_env
 
 LIMIT_S = 30
 KEY = "sk-test-0123456789"
@@ -352,7 +352,7 @@ async def test_ctrl_c_during_a_stream_exits_130_and_closes_the_request(tmp_path,
 
 
 @pytest.mark.slow
-async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Served,  # noqa: F811
+async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Served,
                                                              nursery: trio.Nursery) -> None:
     db = served.node.services.database
     lagging: set[str] = set()

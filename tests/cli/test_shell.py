@@ -32,7 +32,7 @@ from nodes.control import ReplicaReport
 from p2p.http import serve_asgi
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
-from tests.cli.test_account import cli_env
+from tests.cli.support import cli_env
 from tests.nodes.app_node.api.conftest import CHEAP, Api, bearer, ork_api  # noqa: F401
 from tests.nodes.ork.world import RACK
 from tests.p2p.swarm.helpers import swarm_net
