@@ -81,14 +81,17 @@ def invoke(args: Sequence[str], *, env: Mapping[str, str] | None = None,
         raise AssertionError("one in-process cosmicac at a time (CliRunner's streams are "
                              "process-wide)")
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    handlers, levels = root.handlers[:], _logger_levels()
     try:
         result = CliRunner().invoke(build_app(command_of(args)), args, input=stdin,
                                     env=_overrides(env))
     finally:
-        # A daemon command points the root logger at CliRunner's streams: put it back.
+        # A daemon command points the root logger at CliRunner's streams and sets
+        # levels (p2p.daemon.configure_logging): put them back.
         root.handlers[:] = handlers
-        root.setLevel(level)
+        for name, logger in [("", root), *logging.root.manager.loggerDict.items()]:
+            if isinstance(logger, logging.Logger):
+                logger.setLevel(levels.get(name, logging.NOTSET))
         _RUNNING.release()
     stderr = result.stderr_bytes
     if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -110,6 +113,13 @@ async def cosmicac_process(*args: str, env: Mapping[str, str] | None = None,
     proves the console script starts (imports, dispatch, exit status) as users run it."""
     return await trio.run_process([*COSMICAC, *args], stdin=stdin, capture_stdout=True,
                                   capture_stderr=True, check=False, env=env)
+
+
+def _logger_levels() -> dict[str, int]:
+    loggers = logging.root.manager.loggerDict.items()
+    return {"": logging.getLogger().level,
+            **{name: logger.level for name, logger in loggers
+               if isinstance(logger, logging.Logger)}}
 
 
 def _overrides(env: Mapping[str, str] | None) -> dict[str, str | None]:

@@ -1,4 +1,6 @@
-"""`cosmicac db` as real processes: two replicas converge; status and verify agree."""
+"""`cosmicac db`: two replicas (real processes, the group's smoke test) converge; status
+and verify agree. The one-shot commands (status, verify, add-writer...) run in this
+process; ``db serve`` stays a process wherever it runs until a signal stops it."""
 
 import json
 import os
@@ -14,14 +16,15 @@ from crdt._base import Base
 from p2p.keys import load_or_create_keypair
 from tests.crdt.helpers import usage_ops
 
-from .helpers import COSMICAC, process, read_until
+from .helpers import process, read_until
+from .support import cosmicac_process, invoke
 
 LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
 
 
 async def cosmicac(*args, env=None):
-    result = await trio.run_process([*COSMICAC, *args], capture_stdout=True,
-                                    capture_stderr=True, check=False, env=env)
+    """``cosmicac *args`` in this process: (exit status, stdout, stderr)."""
+    result = await trio.to_thread.run_sync(lambda: invoke(args, env=env))
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
@@ -278,8 +281,10 @@ def test_db_serve_bad_settings_name_their_key_and_exit_2(tmp_path):
 
 async def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_listen(tmp_path):
     (tmp_path / "db").write_text("a file where the replica keeps a folder")
-    code, _, err = await cosmicac("db", "serve", "--storage", str(tmp_path), "-b", NOWHERE,
-                                  "--host", "127.0.0.1")
+    # A process: serve waits for its signals (the main thread's) before it opens the storage.
+    ran = await cosmicac_process("db", "serve", "--storage", str(tmp_path), "-b", NOWHERE,
+                                 "--host", "127.0.0.1")
+    code, err = ran.returncode, ran.stderr.decode()
     assert code == 1
     assert err.strip().splitlines()[-1] == (
         f"error: cannot use {tmp_path / 'db' / 'logs'}: Not a directory")
