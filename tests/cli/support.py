@@ -35,6 +35,7 @@ from nodes.app_node.settings import AppNodeSettings, HttpSettings
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from nodes.ork.service import OrkService
+from p2p.dht import DhtNode, UdpTransport
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 from tests.nodes.ork.world import World
@@ -43,7 +44,7 @@ from tests.p2p.helpers import wait_until
 from .helpers import COSMICAC
 
 __all__ = ["EMAIL", "PASSWORD", "Ran", "Served", "ServedOrk", "cli_env", "cosmicac",
-           "cosmicac_process", "invoke", "one_error_line", "serve", "serve_ork"]
+           "cosmicac_process", "dht_node", "invoke", "one_error_line", "serve", "serve_ork"]
 
 EMAIL = "ada@example.com"
 PASSWORD = "correct horse battery staple"
@@ -134,6 +135,21 @@ def one_error_line(result: Ran | subprocess.CompletedProcess) -> str:
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
+
+
+# -- servers here -----------------------------------------------------------------
+
+
+async def dht_node(nursery: trio.Nursery, bootstrap: str | None = None) -> str:
+    """A persistent DHT node here, built as `cosmicac dht bootstrap` (no ``bootstrap``)
+    or `dht node` build theirs; its HOST:PORT once it runs."""
+    transport = await UdpTransport.bind("127.0.0.1", 0)
+    joined = [] if bootstrap is None else [(bootstrap.rsplit(":", 1)[0],
+                                            int(bootstrap.rsplit(":", 1)[1]))]
+    node = DhtNode(transport, bootstrap=joined, persistent=True, reachable=not joined)
+    await nursery.start(node.run)
+    host, port = transport.local_address
+    return f"{host}:{port}"
 
 
 # -- app-node, served here --------------------------------------------------------

@@ -10,24 +10,10 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from p2p.dht import DhtNode, UdpTransport
-
 from .helpers import process, read_until
-from .support import cosmicac
+from .support import cosmicac, dht_node
 
 LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
-
-
-async def dht_node(nursery: trio.Nursery, bootstrap: str | None = None) -> str:
-    """A persistent DHT node here, built as `cosmicac dht bootstrap` (no ``bootstrap``)
-    or `dht node` build theirs; its HOST:PORT once it runs."""
-    transport = await UdpTransport.bind("127.0.0.1", 0)
-    joined = [] if bootstrap is None else [(bootstrap.rsplit(":", 1)[0],
-                                            int(bootstrap.rsplit(":", 1)[1]))]
-    node = DhtNode(transport, bootstrap=joined, persistent=True, reachable=not joined)
-    await nursery.start(node.run)
-    host, port = transport.local_address
-    return f"{host}:{port}"
 
 
 async def lookup(bootstrap, topic):
