@@ -19,8 +19,6 @@ from tests.crdt.helpers import usage_ops
 from .helpers import process, read_until
 from .support import cosmicac_process, dht_node, invoke
 
-LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
-
 
 async def cosmicac(*args, env=None):
     """``cosmicac *args`` in this process: (exit status, stdout, stderr)."""
@@ -55,9 +53,9 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
     proxy_key = load_or_create_keypair(proxy_storage).hex
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
-            match = await read_until(boot.stderr, LISTENING)
-            bootstrap = f"{match[1]}:{match[2]}"
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
+            bootstrap = await dht_node(nursery)
             app = await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(app_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--allow", proxy_key, stdout=subprocess.PIPE))
@@ -111,9 +109,9 @@ async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing
     reader_key = load_or_create_keypair(reader_storage).hex
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process("dht", "bootstrap", "--port", "0"))
-            match = await read_until(boot.stderr, LISTENING)
-            bootstrap = f"{match[1]}:{match[2]}"
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
+            bootstrap = await dht_node(nursery)
             await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(creator_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--reader", reader_key))
