@@ -104,8 +104,14 @@ def invoke(args: Sequence[str], *, env: Mapping[str, str] | None = None,
 
 async def cosmicac(*args: str, env: Mapping[str, str] | None = None,
                    stdin: bytes = b"") -> Ran:
-    """:func:`invoke` in a worker thread: this trio run keeps serving meanwhile."""
-    return await trio.to_thread.run_sync(lambda: invoke(args, env=env, stdin=stdin))
+    """:func:`invoke` in a worker thread: this trio run keeps serving meanwhile.
+
+    A test's timeout abandons a command that hangs (as killing its process did):
+    the test fails at once, and the command ends when the servers it waits on stop
+    with the test.
+    """
+    return await trio.to_thread.run_sync(lambda: invoke(args, env=env, stdin=stdin),
+                                         abandon_on_cancel=True)
 
 
 async def cosmicac_process(*args: str, env: Mapping[str, str] | None = None,

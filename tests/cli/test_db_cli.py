@@ -17,12 +17,13 @@ from p2p.keys import load_or_create_keypair
 from tests.crdt.helpers import usage_ops
 
 from .helpers import process, read_until
-from .support import cosmicac_process, dht_node, invoke
+from .support import cosmicac as in_process
+from .support import cosmicac_process, dht_node
 
 
 async def cosmicac(*args, env=None):
     """``cosmicac *args`` in this process: (exit status, stdout, stderr)."""
-    result = await trio.to_thread.run_sync(lambda: invoke(args, env=env))
+    result = await in_process(*args, env=env)
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
