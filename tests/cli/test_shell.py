@@ -34,7 +34,7 @@ from nodes.control import ReplicaReport
 from p2p.http import serve_asgi
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
-from tests.cli.support import cli_env, cosmicac, invoke
+from tests.cli.support import cli_env, cosmicac, cosmicac_process, invoke
 from tests.nodes.app_node.api.conftest import CHEAP, Api, bearer, ork_api  # noqa: F401
 from tests.nodes.ork.world import RACK
 from tests.p2p.swarm.helpers import swarm_net
@@ -266,11 +266,8 @@ async def cli(env, *args, process: bool = False):
     """``cosmicac shell *args``: in this process, or as a real one with ``process`` (a
     session runs: it needs the process's own file descriptors)."""
     with trio.fail_after(LIMIT_S):
-        if process:
-            return await trio.run_process([*COSMICAC, "shell", *args], env=env, stdin=b"",
-                                          capture_stdout=True, capture_stderr=True,
-                                          check=False)
-        return await cosmicac("shell", *args, env=env)
+        run = cosmicac_process if process else cosmicac
+        return await run("shell", *args, env=env)
 
 
 def one_line(result) -> str:
