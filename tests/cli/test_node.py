@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from .helpers import COSMICAC, read_until
-from .support import cosmicac
+from .support import cosmicac, cosmicac_process
 
 LISTENING = re.compile(r"node listening on (\S+):(\d+) key ([0-9a-f]{64})")
 
@@ -32,14 +32,17 @@ async def running_node(storage):
             await node.wait()
 
 
-async def ping(*args):
-    return await cosmicac("ping", *args)
+async def ping(*args, process: bool = False):
+    """``cosmicac ping *args``: in this process, or as a real one with ``process``."""
+    return await (cosmicac_process if process else cosmicac)("ping", *args)
 
 
 async def test_up_serves_ping_and_stops_cleanly_on_sigint(tmp_path):
     with trio.fail_after(60):
         async with running_node(tmp_path) as (node, address, key):
-            result = await ping(key, "--address", address, "-c", "3", "-i", "0", "-o", "json")
+            # ping's smoke test: a real process
+            result = await ping(key, "--address", address, "-c", "3", "-i", "0", "-o", "json",
+                                process=True)
             assert result.returncode == 0, result.stderr.decode()
             report = json.loads(result.stdout)
             assert report["peer"] == key
