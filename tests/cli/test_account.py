@@ -1,4 +1,4 @@
-"""The real ``cosmicac`` (subprocesses) against an app-node served in-process:
+"""``cosmicac`` (run in this process) against an app-node served in-process:
 login with the password on stdin, whoami, teams, logout; each failure is one line
 and the documented exit code.
 
@@ -8,82 +8,18 @@ Real scrypt (about a second a hash): the tests log in as few times as they can.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import stat
-import subprocess
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from nodes.app_node.daemon import RunningAppNode, serve_app_node
-from nodes.app_node.settings import AppNodeSettings, HttpSettings
 from p2p.keys import load_or_create_keypair
-from tests.cli.helpers import COSMICAC
+
+from .support import EMAIL, PASSWORD, Served, one_error_line
 
 pytestmark = pytest.mark.slow
-
-EMAIL = "ada@example.com"
-PASSWORD = "correct horse battery staple"
-
-
-@dataclass
-class Served:
-    node: RunningAppNode
-    server: str  # http://H:P (the API is at <server>/api)
-    env: dict[str, str]
-    config: Path
-
-    async def cli(self, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-        return await trio.run_process([*COSMICAC, *args], stdin=stdin, capture_stdout=True,
-                                      capture_stderr=True, check=False, env=self.env)
-
-    async def login(self) -> None:
-        result = await self.cli("login", "--email", EMAIL, "--password-stdin",
-                                stdin=f"{PASSWORD}\n".encode())
-        assert result.returncode == 0, result.stderr
-
-
-def cli_env(config: Path, server: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
-    env.update({"COSMICAC_CONFIG_DIR": str(config), "COSMICAC_SERVER": server,
-                "NO_COLOR": "1", "COLUMNS": "200"})
-    return env
-
-
-async def serve(tmp_path: Path, nursery: trio.Nursery, **settings: Any) -> Served:
-    """app-node on ``tmp_path / "app-node"`` (``settings`` added, e.g. ``ork``), with
-    the first admin signed up; the CLI's config folder is ``tmp_path / "config"``."""
-    node_settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
-                                    http=HttpSettings(host="127.0.0.1", port=0), fsync=False,
-                                    **settings)
-    with trio.fail_after(60):
-        node: RunningAppNode = await nursery.start(serve_app_node, node_settings)
-    host, port = node.http_address
-    server = f"http://{host}:{port}"
-    async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30) as api:
-        signup = await api.post("/auth/signup", json={
-            "email": EMAIL, "name": "Ada", "password": PASSWORD, "team_name": "core"})
-    assert signup.status_code == 201, signup.text
-    config = tmp_path / "config"
-    return Served(node, server, cli_env(config, server), config)
-
-
-@pytest.fixture
-async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Served]:
-    yield await serve(tmp_path, nursery)
-    nursery.cancel_scope.cancel()
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    lines = result.stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 async def test_login_whoami_teams_logout(served: Served) -> None:
@@ -106,7 +42,8 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         [team] = me["teams"]
         assert team["name"] == "core" and team["role"] == "owner"
 
-        teams = await served.cli("teams", "list", "-o", "json")
+        # the teams group's smoke test: a real process
+        teams = await served.cli("teams", "list", "-o", "json", process=True)
         [listed] = json.loads(teams.stdout)
         assert {key: listed[key] for key in team} == team
         assert listed["quota"]["gpus"] is None  # the first admin's team: no quota
@@ -134,7 +71,7 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         logout = await served.cli("logout")
         assert logout.returncode == 0, logout.stderr
         assert not session_file.exists()
-        after = await served.cli("whoami")
+        after = await served.cli("whoami", process=True)  # the smoke test: a real process
         assert after.returncode == 3
         one_error_line(after)
         # The token was revoked on the server too.

@@ -1,4 +1,4 @@
-"""``cosmicac apikeys`` as a real process against an in-process app-node: the key
+"""``cosmicac apikeys`` (run in this process) against an in-process app-node: the key
 created is in the shared database, listed without its secret, its usage is a JSON
 array of rows, revoking reaches the shared database; unknown keys exit 1."""
 
@@ -11,12 +11,12 @@ import trio
 
 from crdt import AddTokenUsage
 
-from .test_account import Served, one_error_line, served  # noqa: F401  (the fixture)
+from .support import Served, one_error_line
 
 pytestmark = pytest.mark.slow
 
 
-async def test_create_list_usage_revoke(served: Served) -> None:  # noqa: F811
+async def test_create_list_usage_revoke(served: Served) -> None:
     with trio.fail_after(120):
         await served.login()
         created = await served.cli("apikeys", "create", "--name", "ci", "-o", "json")
@@ -26,7 +26,8 @@ async def test_create_list_usage_revoke(served: Served) -> None:  # noqa: F811
         database = served.node.services.database
         stored = await database.api_key_by_secret(key["key"])
         assert stored is not None and stored.id == key["id"] and not stored.revoked
-        listed = await served.cli("apikeys", "list", "-o", "json")
+        # the group's smoke test: a real process
+        listed = await served.cli("apikeys", "list", "-o", "json", process=True)
         assert [k["id"] for k in json.loads(listed.stdout)] == [key["id"]]
         table = await served.cli("apikeys", "list")
         assert table.returncode == 0 and key["id"] in table.stdout.decode()

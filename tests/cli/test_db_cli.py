@@ -1,4 +1,6 @@
-"""`cosmicac db` as real processes: two replicas converge; status and verify agree."""
+"""`cosmicac db`: two replicas (real processes, the group's smoke test) converge; status
+and verify agree. The one-shot commands (status, verify, add-writer...) run in this
+process; ``db serve`` stays a process wherever it runs until a signal stops it."""
 
 import json
 import os
@@ -14,12 +16,14 @@ from crdt._base import Base
 from p2p.keys import load_or_create_keypair
 from tests.crdt.helpers import usage_ops
 
-from .helpers import COSMICAC, process, read_ready, read_until
+from .helpers import process, read_until
+from .support import cosmicac as in_process
+from .support import cosmicac_process, dht_node
 
 
 async def cosmicac(*args, env=None):
-    result = await trio.run_process([*COSMICAC, *args], capture_stdout=True,
-                                    capture_stderr=True, check=False, env=env)
+    """``cosmicac *args`` in this process: (exit status, stdout, stderr)."""
+    result = await in_process(*args, env=env)
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
@@ -50,9 +54,9 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
     proxy_key = load_or_create_keypair(proxy_storage).hex
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process(
-                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
-            bootstrap = (await read_ready(boot.stdout, "dht-bootstrap")).fields["udp"]
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
+            bootstrap = await dht_node(nursery)
             app = await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(app_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--allow", proxy_key, stdout=subprocess.PIPE))
@@ -106,9 +110,9 @@ async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing
     reader_key = load_or_create_keypair(reader_storage).hex
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process(
-                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
-            bootstrap = (await read_ready(boot.stdout, "dht-bootstrap")).fields["udp"]
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
+            bootstrap = await dht_node(nursery)
             await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(creator_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--reader", reader_key))
@@ -211,16 +215,18 @@ async def test_removing_the_only_admin_is_refused_and_allowed_once_there_is_anot
 # -- db serve on the daemon kit ---------------------------------------------------------
 
 REPLICA = re.compile(r"Replica ([0-9a-f]{64}) \((\w+)\) listening on (\S+):(\d+)")
-#: Nothing answers there: the replica starts without DHT peers.
+#: Nothing answers there: the replica starts without DHT peers (after waiting for
+#: them: a daemon that runs uses a DHT node of the test's, ``dht_node``).
 NOWHERE = "127.0.0.1:9"
 
 
 async def test_db_serve_reads_its_config_file_the_environment_beats_it_and_one_folder_one_daemon(
-        tmp_path):
+        tmp_path, nursery):
     storage = tmp_path / "replica"
     config = tmp_path / "db.toml"
-    config.write_text(f'storage = "{storage}"\nbootstrap = ["{NOWHERE}"]\nhost = "127.0.0.2"\n'
-                      'fsync = "never"\nlog_level = "info"\n')
+    bootstrap = await dht_node(nursery)
+    config.write_text(f'storage = "{storage}"\nbootstrap = ["{bootstrap}"]\n'
+                      'host = "127.0.0.2"\nfsync = "never"\nlog_level = "info"\n')
     env = dict(os.environ, COSMICAC_DB__HOST="127.0.0.1")
     async with process("db", "serve", "--config", str(config), stdout=subprocess.PIPE,
                        env=env) as replica:
@@ -240,6 +246,7 @@ async def test_db_serve_reads_its_config_file_the_environment_beats_it_and_one_f
         replica.send_signal(signal.SIGTERM)
         with trio.fail_after(30):
             assert await replica.wait() == 0
+    nursery.cancel_scope.cancel()
 
 
 def test_db_serve_bad_settings_name_their_key_and_exit_2(tmp_path):
@@ -274,14 +281,18 @@ def test_db_serve_bad_settings_name_their_key_and_exit_2(tmp_path):
         assert result.output.strip() == line
 
 
-async def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_listen(tmp_path):
+async def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_listen(
+        tmp_path, nursery):
     (tmp_path / "db").write_text("a file where the replica keeps a folder")
-    code, _, err = await cosmicac("db", "serve", "--storage", str(tmp_path), "-b", NOWHERE,
-                                  "--host", "127.0.0.1")
+    # A process: serve waits for its signals (the main thread's) before it opens the storage.
+    ran = await cosmicac_process("db", "serve", "--storage", str(tmp_path), "-b",
+                                 await dht_node(nursery), "--host", "127.0.0.1")
+    code, err = ran.returncode, ran.stderr.decode()
     assert code == 1
     assert err.strip().splitlines()[-1] == (
         f"error: cannot use {tmp_path / 'db' / 'logs'}: Not a directory")
     assert "cannot listen" not in err and "Traceback" not in err
+    nursery.cancel_scope.cancel()
 
 
 async def test_add_writer_takes_the_identity_from_another_folder(tmp_path):

@@ -1,4 +1,5 @@
-"""The deployment tasks as a script runs them: the real ``cosmicac`` in subprocesses.
+"""The deployment tasks as a script runs them: ``cosmicac`` run in this process (the
+group's smoke test, bootstrap under umask 0, runs the real one in a subprocess).
 
 bootstrap writes identities and configs that each daemon's own settings class
 accepts, and keeps them when run again; wire writes app-node's key where
@@ -29,6 +30,7 @@ from p2p.daemon import load_settings
 from p2p.keys import KeyPair, load_keypair
 from relay import RelaySettings
 from tests.cli.helpers import COSMICAC
+from tests.cli.support import cosmicac, invoke
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 KEYED = ("relay", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference",
@@ -43,8 +45,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*COSMICAC, *args], capture_output=True, text=True, timeout=60,
-                          env=env or clean_env(), check=False)
+    """``cosmicac *args`` in this process, its output as text."""
+    ran = invoke(args, env=env or clean_env())
+    return subprocess.CompletedProcess(ran.args, ran.returncode, ran.stdout.decode(),
+                                       ran.stderr.decode())
 
 
 def one_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -263,9 +267,8 @@ async def test_autobase_connect_through_a_running_app_node(tmp_path: Path,
                                                            nursery: trio.Nursery) -> None:
     folder = tmp_path / "deploy"
 
-    async def run(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return await trio.run_process([*COSMICAC, *args], capture_stdout=True,
-                                      capture_stderr=True, check=False, env=clean_env())
+    async def run(*args: str):
+        return await cosmicac(*args, env=clean_env())
 
     with trio.fail_after(120):
         done = await run("bootstrap", "--dir", str(folder), "--backend", "local")

@@ -1,4 +1,6 @@
-"""`cosmicac dht` as real processes: a bootstrap, plain nodes, announce and lookup."""
+"""`cosmicac dht`: announce (a real process, the group's smoke test: Ctrl-C unannounces)
+and lookup (run in this process) over DHT nodes run in this process as ``dht node`` runs
+them; ``dht node`` itself as a real process serving its metrics."""
 
 import json
 import re
@@ -8,17 +10,15 @@ from contextlib import AsyncExitStack
 
 import trio
 
-from .helpers import COSMICAC, process, read_ready, read_until
+from .helpers import process, read_ready, read_until
+from .support import cosmicac, dht_node
 
 #: The line for people on stderr (machines read the ready line on stdout).
 LISTENING = re.compile(r"listening on (\S+):(\d+) node-id")
 
 
 async def lookup(bootstrap, topic):
-    result = await trio.run_process(
-        [*COSMICAC, "dht", "lookup", topic, "--bootstrap", bootstrap],
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
+    result = await cosmicac("dht", "lookup", topic, "--bootstrap", bootstrap)
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
     return result.returncode, records
 
@@ -26,16 +26,11 @@ async def lookup(bootstrap, topic):
 async def test_announce_and_lookup_between_cli_nodes_then_unannounce_on_ctrl_c():
     with trio.fail_after(120):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process(
-                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
-            bootstrap = (await read_ready(boot.stdout, "dht-bootstrap")).fields["udp"]
-            nodes = []
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
+            bootstrap = await dht_node(nursery)
             for _ in range(10):
-                nodes.append(await stack.enter_async_context(
-                    process("dht", "node", "--bootstrap", bootstrap, stdout=subprocess.PIPE)
-                ))
-            for node in nodes:
-                await read_ready(node.stdout, "dht-node")
+                await dht_node(nursery, bootstrap)
 
             announcer = await stack.enter_async_context(process(
                 "dht", "announce", "my-service", "--bootstrap", bootstrap,
@@ -58,16 +53,11 @@ async def test_announce_and_lookup_between_cli_nodes_then_unannounce_on_ctrl_c()
 
 async def test_lookup_of_an_unknown_topic_exits_1_and_bad_bootstrap_exits_2():
     with trio.fail_after(60):
-        async with process("dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE) as boot:
-            ready = await read_ready(boot.stdout, "dht-bootstrap")
-            people = await read_until(boot.stderr, LISTENING)  # their line stays on stderr
-            assert f"{people[1]}:{people[2]}" == ready.fields["udp"]
-            code, records = await lookup(ready.fields["udp"], "nobody-here")
+        async with trio.open_nursery() as nursery:
+            code, records = await lookup(await dht_node(nursery), "nobody-here")
             assert (code, records) == (1, [])
-    result = await trio.run_process(
-        [*COSMICAC, "dht", "lookup", "x", "--bootstrap", "not-an-address"],
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
+            nursery.cancel_scope.cancel()
+    result = await cosmicac("dht", "lookup", "x", "--bootstrap", "not-an-address")
     assert result.returncode == 2
     assert "bad bootstrap address" in result.stderr.decode()
 
@@ -82,11 +72,10 @@ async def test_a_dht_node_serves_its_metrics():
         metrics_port = probe.getsockname()[1]
     with trio.fail_after(60):
         async with AsyncExitStack() as stack:
-            boot = await stack.enter_async_context(process(
-                "dht", "bootstrap", "--port", "0", stdout=subprocess.PIPE))
-            ready = await read_ready(boot.stdout, "dht-bootstrap")
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)
             node = await stack.enter_async_context(process(
-                "dht", "node", "--bootstrap", ready.fields["udp"],
+                "dht", "node", "--bootstrap", await dht_node(nursery),
                 "--metrics-port", str(metrics_port), stdout=subprocess.PIPE,
             ))
             await read_ready(node.stdout, "dht-node")

@@ -1,5 +1,6 @@
-"""`cosmicac inference ...` as a real process against a small OpenAI-compatible
-server the test runs (hypercorn on 127.0.0.1, port 0).
+"""`cosmicac inference ...` (run in this process) against a small OpenAI-compatible
+server the test runs (hypercorn on 127.0.0.1, port 0). Two tests run a real process:
+tokens reach stdout as they arrive, and Ctrl-C ends a stream with 130.
 
 The fake checks the bearer and records each request's body; it streams SSE
 token by token and, for the ordering test, holds the rest of the answer until
@@ -34,8 +35,8 @@ from cli.inference import sse_data
 from nodes.entry.daemon import serve_entry
 from nodes.entry.settings import EntrySettings
 from p2p.http import serve_asgi
-from tests.cli.helpers import COSMICAC, process, read_until
-from tests.cli.test_account import EMAIL, PASSWORD, Served, cli_env, served  # noqa: F401
+from tests.cli.helpers import process, read_until
+from tests.cli.support import EMAIL, PASSWORD, Ran, Served, cli_env, cosmicac, one_error_line
 
 LIMIT_S = 30
 KEY = "sk-test-0123456789"
@@ -184,18 +185,9 @@ def env_for(tmp_path: Path, server: str, *, key: str | None = KEY) -> dict[str, 
     return env
 
 
-async def run(env: dict[str, str], *args: str, stdin: bytes = b""
-              ) -> subprocess.CompletedProcess:
+async def run(env: dict[str, str], *args: str, stdin: bytes = b"") -> Ran:
     with trio.fail_after(LIMIT_S):
-        return await trio.run_process([*COSMICAC, "inference", *args], stdin=stdin,
-                                      capture_stdout=True, capture_stderr=True, check=False,
-                                      env=env)
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    lines = result.stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+        return await cosmicac("inference", *args, env=env, stdin=stdin)
 
 
 # -- the SSE reader ---------------------------------------------------------------
@@ -352,7 +344,7 @@ async def test_ctrl_c_during_a_stream_exits_130_and_closes_the_request(tmp_path,
 
 
 @pytest.mark.slow
-async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Served,  # noqa: F811
+async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Served,
                                                              nursery: trio.Nursery) -> None:
     db = served.node.services.database
     lagging: set[str] = set()
@@ -373,9 +365,8 @@ async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Se
         host="127.0.0.1", port=0, api_url=served.server, inference_url=fake.url))
     env = cli_env(served.config, entry.url)
     with trio.fail_after(120):
-        login = await trio.run_process(
-            [*COSMICAC, "login", "--email", EMAIL, "--password-stdin"], env=env,
-            stdin=f"{PASSWORD}\n".encode(), capture_stderr=True, check=False)
+        login = await cosmicac("login", "--email", EMAIL, "--password-stdin", env=env,
+                               stdin=f"{PASSWORD}\n".encode())
         assert login.returncode == 0, login.stderr
 
         first = await run(env, "chat", "--model", "demo", "hi")
@@ -391,8 +382,7 @@ async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Se
         again = await run(env, "chat", "--model", "demo", "--no-stream", "hi")
         assert again.returncode == 0 and again.stderr == b"", again.stderr
 
-        revoke = await trio.run_process([*COSMICAC, "apikeys", "revoke", saved["id"]], env=env,
-                                        capture_stderr=True, check=False)
+        revoke = await cosmicac("apikeys", "revoke", saved["id"], env=env)
         assert revoke.returncode == 0, revoke.stderr
         renewed = await run(env, "chat", "--model", "demo", "hi")
         assert renewed.returncode == 0, renewed.stderr
@@ -409,8 +399,7 @@ async def test_the_cli_creates_keeps_and_renews_its_own_key(tmp_path, served: Se
         assert json.loads(path.read_text())["keys"][entry.url]["id"] == new["id"]
 
         # Logging out revokes the CLI's own key and forgets it.
-        logout = await trio.run_process([*COSMICAC, "logout"], env=env, capture_stderr=True,
-                                        check=False)
+        logout = await cosmicac("logout", env=env)
         assert logout.returncode == 0, logout.stderr
         assert json.loads(path.read_text())["keys"] == {}
         assert (await db.api_key(new["id"])).revoked

@@ -1,8 +1,8 @@
-"""``cosmicac jobs logs`` as real processes against an in-process app-node, wrk-ork and
-wrk-monitor (``served_logs``): the job's records one line each (``-o json``: JSON
-lines), filtered by --source; ``-f`` prints a record appended after it connected
-and exits 130 on Ctrl-C; an unknown job exits 1; without wrk-monitor, 1 with the
-server's message."""
+"""``cosmicac jobs logs`` (run in this process) against an in-process app-node, wrk-ork
+and wrk-monitor (``served_logs``): the job's records one line each (``-o json``: JSON
+lines), filtered by --source; ``-f`` (a real process: the ``jobs`` group's smoke test)
+prints a record appended after it connected and exits 130 on Ctrl-C; an unknown job
+exits 1; without wrk-monitor, 1 with the server's message."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import trio
 from contracts.monitor import APPLICATION, make_record
 from tests.cli.helpers import COSMICAC
 
-from .conftest_ork import ServedOrk, served_logs, served_ork  # noqa: F401  (the fixtures)
-from .test_account import one_error_line
+from .support import ServedOrk, one_error_line
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +38,7 @@ async def _job(served: ServedOrk) -> str:
     return created.stdout.decode().strip()
 
 
-async def test_logs_print_follow_and_stop(served_logs: ServedOrk) -> None:  # noqa: F811
+async def test_logs_print_follow_and_stop(served_logs: ServedOrk) -> None:
     served = served_logs
     with trio.fail_after(120):
         job = await _job(served)
@@ -89,7 +88,7 @@ async def test_logs_print_follow_and_stop(served_logs: ServedOrk) -> None:  # no
                 await process.wait()
 
 
-async def test_without_wrk_monitor_it_says_so(served_ork: ServedOrk) -> None:  # noqa: F811
+async def test_without_wrk_monitor_it_says_so(served_ork: ServedOrk) -> None:
     served = served_ork
     with trio.fail_after(120):
         job = await _job(served)

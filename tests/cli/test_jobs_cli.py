@@ -1,6 +1,6 @@
-"""``cosmicac jobs`` as real processes against an in-process app-node and wrk-ork.
+"""``cosmicac jobs`` (run in this process) against an in-process app-node and wrk-ork.
 
-The test plays the worker (``served_ork.drive``) while a ``--wait`` process follows
+The test plays the worker (``served_ork.drive``) while a ``--wait`` command follows
 the job's events (or polls, where app-node offers none): create waits until
 running, restart until running again, delete until gone; a failed job exits 1
 with its reason, a wait that times out exits 1 saying so; a lagged stream is
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -27,8 +26,7 @@ from contracts.model import JobStatus
 from contracts.ork import JobEvent
 
 from ..p2p.helpers import wait_until
-from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)
-from .test_account import one_error_line
+from .support import Ran, ServedOrk, one_error_line
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +34,9 @@ IMAGE = "docker://registry.local/jobs/app:1"
 
 
 async def while_running(served: ServedOrk, args: list[str],
-                        worker: Callable[[], Awaitable[None]]) -> subprocess.CompletedProcess:
-    """Run ``cosmicac *args`` while ``worker`` plays the worker; the process's result."""
-    result: list[subprocess.CompletedProcess] = []
+                        worker: Callable[[], Awaitable[None]]) -> Ran:
+    """Run ``cosmicac *args`` while ``worker`` plays the worker; the command's result."""
+    result: list[Ran] = []
 
     async def run() -> None:
         result.append(await served.cli(*args))
@@ -54,7 +52,7 @@ def _status(served: ServedOrk, job: str) -> str:
     return served.world.status(job).value
 
 
-async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> None:  # noqa: F811
+async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> None:
     served = served_ork
     with trio.fail_after(120):
         await served.login()
@@ -124,7 +122,7 @@ async def test_create_wait_get_list_restart_delete(served_ork: ServedOrk) -> Non
         assert missing.returncode == 1 and job in one_error_line(missing)
 
 
-async def test_failed_timeout_usage_login_unreachable(served_ork: ServedOrk) -> None:  # noqa: F811
+async def test_failed_timeout_usage_login_unreachable(served_ork: ServedOrk) -> None:
     served = served_ork
     with trio.fail_after(120):
         anonymous = await served.cli("jobs", "list")
@@ -174,7 +172,7 @@ async def test_failed_timeout_usage_login_unreachable(served_ork: ServedOrk) -> 
 
 
 async def test_wait_subscribes_again_after_lagged_and_polls_without_events(
-        served_ork: ServedOrk) -> None:  # noqa: F811
+        served_ork: ServedOrk) -> None:
     served = served_ork
     hub = served.node.services.events
     assert hub is not None

@@ -1,5 +1,6 @@
-"""``cosmicac jobs list`` and ``jobs get`` show a job's model health beside its status, as
-real processes against an in-process app-node, wrk-ork and wrk-monitor (``served_logs``):
+"""``cosmicac jobs list`` and ``jobs get`` show a job's model health beside its status
+(run in this process) against an in-process app-node, wrk-ork and wrk-monitor
+(``served_logs``):
 ``health`` is what wrk-monitor judged from the proxies' reports, ``-`` when unknown (a
 container job, no report); ``-o json`` carries the API's ``model_health`` as it is."""
 
@@ -14,7 +15,7 @@ import trio
 from contracts.monitor import LATENCY_BUCKETS, JobWindow, MetricsReport
 from tests.p2p.helpers import wait_until
 
-from .conftest_ork import ServedOrk, served_logs, served_ork  # noqa: F401  (the fixtures)
+from .support import ServedOrk
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,7 @@ def _header(table: str) -> list[str]:
     raise AssertionError(table)
 
 
-async def test_list_and_get_show_model_health_beside_status(served_logs: ServedOrk  # noqa: F811
+async def test_list_and_get_show_model_health_beside_status(served_logs: ServedOrk
                                                             ) -> None:
     served = served_logs
     with trio.fail_after(120):

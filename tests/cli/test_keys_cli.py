@@ -1,6 +1,7 @@
 import errno
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,13 +10,17 @@ from typer.testing import CliRunner
 import p2p.keys
 from cli.main import app
 
+from .helpers import COSMICAC
+
 runner = CliRunner()
 
 
 def test_keys_show_twice_prints_the_same_key(tmp_path):
     first = runner.invoke(app, ["keys", "show", "--storage", str(tmp_path)])
-    second = runner.invoke(app, ["keys", "show", "--storage", str(tmp_path)])
-    assert first.exit_code == 0 and second.exit_code == 0
+    # The second a real process: the group's smoke test of the console script.
+    second = subprocess.run([*COSMICAC, "keys", "show", "--storage", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert first.exit_code == 0 and second.returncode == 0, second.stderr
     assert len(first.stdout.strip()) == 64
     assert first.stdout == second.stdout
 

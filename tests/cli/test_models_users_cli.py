@@ -1,5 +1,5 @@
-"""``cosmicac models``, ``users`` and ``teams invitations`` as real processes against an in-process
-app-node: model masters reach the shared database; the operator lists users; a
+"""``cosmicac models``, ``users`` and ``teams invitations`` (run in this process) against
+an in-process app-node: model masters reach the shared database; the operator lists users; a
 password change keeps the CLI logged in (the new session is saved) and ends the
 old one; a reset link from the outbox sets a new password.
 
@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 
-from .test_account import EMAIL, PASSWORD, Served, one_error_line, served  # noqa: F401
+from .support import EMAIL, PASSWORD, Served, one_error_line
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ NEW = "a brand new passphrase"
 NEWER = "and yet another passphrase"
 
 
-async def test_models_add_list_remove_and_users_list(served: Served) -> None:  # noqa: F811
+async def test_models_add_list_remove_and_users_list(served: Served) -> None:
     with trio.fail_after(180):
         await served.login()
         added = await served.cli("models", "add", "meta-llama/Llama-3.1-8B", "--runtime",
@@ -41,7 +41,8 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:  #
         demo = await served.cli("models", "add", "demo", "--runtime", "local")
         assert demo.returncode == 0 and "demo" in demo.stdout.decode()
 
-        listed = await served.cli("models", "list", "-o", "json")
+        # the group's smoke test: a real process
+        listed = await served.cli("models", "list", "-o", "json", process=True)
         assert [m["name"] for m in json.loads(listed.stdout)] == [
             "demo", "meta-llama/Llama-3.1-8B"]
 
@@ -58,7 +59,8 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:  #
         assert missing.returncode == 1
         one_error_line(missing)
 
-        users = await served.cli("users", "list", "-o", "json")
+        # the group's smoke test: a real process
+        users = await served.cli("users", "list", "-o", "json", process=True)
         assert users.returncode == 0, users.stderr
         [ada] = json.loads(users.stdout)
         assert ada["user"]["email"] == EMAIL
@@ -78,7 +80,7 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:  #
         assert served.node.services.store.list_invitations(invitation["team"]) == []
 
 
-async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None:  # noqa: F811
+async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None:
     with trio.fail_after(180):
         await served.login()
         old_token = json.loads((served.config / "session.json").read_text())["token"]

@@ -1,4 +1,5 @@
-"""`cosmicac up` as a real process: reachable by `cosmicac ping`, stops cleanly."""
+"""`cosmicac up` as a real process: reachable by `cosmicac ping` (run in this process),
+stops cleanly."""
 
 import json
 import re
@@ -9,6 +10,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from .helpers import COSMICAC, read_until
+from .support import cosmicac, cosmicac_process
 
 LISTENING = re.compile(r"node listening on (\S+):(\d+) key ([0-9a-f]{64})")
 
@@ -30,16 +32,17 @@ async def running_node(storage):
             await node.wait()
 
 
-async def ping(*args):
-    return await trio.run_process(
-        [*COSMICAC, "ping", *args], capture_stdout=True, capture_stderr=True, check=False
-    )
+async def ping(*args, process: bool = False):
+    """``cosmicac ping *args``: in this process, or as a real one with ``process``."""
+    return await (cosmicac_process if process else cosmicac)("ping", *args)
 
 
 async def test_up_serves_ping_and_stops_cleanly_on_sigint(tmp_path):
     with trio.fail_after(60):
         async with running_node(tmp_path) as (node, address, key):
-            result = await ping(key, "--address", address, "-c", "3", "-i", "0", "-o", "json")
+            # ping's smoke test: a real process
+            result = await ping(key, "--address", address, "-c", "3", "-i", "0", "-o", "json",
+                                process=True)
             assert result.returncode == 0, result.stderr.decode()
             report = json.loads(result.stdout)
             assert report["peer"] == key
@@ -106,9 +109,8 @@ async def test_up_runs_the_shared_database_with_this_node_as_its_admin(tmp_path)
             # node's port (TCP for connections, UDP for the DHT).
             assert f"{match[3]}:{match[4]}" == address
             while True:  # the daemon writes its status file within a second; bounded above
-                result = await trio.run_process(
-                    [*COSMICAC, "db", "status", "--storage", str(tmp_path), "-o", "json"],
-                    capture_stdout=True, capture_stderr=True, check=False)
+                result = await cosmicac("db", "status", "--storage", str(tmp_path), "-o",
+                                        "json")
                 assert result.returncode == 0, result.stderr.decode()
                 status = json.loads(result.stdout)
                 if status["daemon_pid"] is not None:

@@ -1,7 +1,8 @@
-"""``cosmicac racks`` and ``cosmicac nodes`` as real processes against an in-process
+"""``cosmicac racks`` and ``cosmicac nodes`` (run in this process) against an in-process
 app-node and wrk-ork: an operator lists, adds and removes racks, lists nodes,
 reserves them for a team (the rack and the team by name) and releases them; a
-member gets the API's forbidden message and exit 1."""
+member gets the API's forbidden message and exit 1 (a real process: the
+``racks`` group's smoke test)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,14 @@ import trio
 from nodes.app_node.auth import hash_password
 from tests.nodes.ork.world import RACK
 
-from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)
-from .helpers import COSMICAC
-from .test_account import PASSWORD, one_error_line
+from .support import PASSWORD, ServedOrk, cosmicac_process, one_error_line
 
 pytestmark = pytest.mark.slow
 
 NEW_RACK = "cd" * 32
 
 
-async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) -> None:  # noqa: F811
+async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) -> None:
     served = served_ork
     with trio.fail_after(120):
         await served.login()
@@ -49,7 +48,8 @@ async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) 
         reserved = await served.cli("nodes", "reserve", "--rack", "rack-1", "--team", "core",
                                     "n0")
         assert reserved.returncode == 0, reserved.stderr
-        nodes = await served.cli("nodes", "list", "-o", "json")
+        # the nodes group's smoke test: a real process
+        nodes = await served.cli("nodes", "list", "-o", "json", process=True)
         assert nodes.returncode == 0, nodes.stderr
         by_name = {n["name"]: n for n in json.loads(nodes.stdout)}
         store = served.node.services.store
@@ -68,7 +68,6 @@ async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) 
 
         await trio.to_thread.run_sync(add_member)
         env = await served.login_as("m@example.com", PASSWORD, served.config.parent / "m")
-        member = await trio.run_process([*COSMICAC, "racks", "list"], env=env,
-                                        capture_stdout=True, capture_stderr=True, check=False)
+        member = await cosmicac_process("racks", "list", env=env)
         assert member.returncode == 1
         assert "platform operators" in one_error_line(member)

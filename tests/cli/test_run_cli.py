@@ -87,9 +87,8 @@ def test_run_refuses_a_bad_setting_before_starting_anything(tmp_path, service, c
 
 def test_run_wrk_monitor_with_an_unreadable_token_file_says_so_in_one_line(tmp_path):
     import os
-    import subprocess
 
-    from tests.cli.helpers import COSMICAC
+    from tests.cli.support import invoke
 
     config = tmp_path / "monitor.json"
     (tmp_path / "m").mkdir()
@@ -98,13 +97,13 @@ def test_run_wrk_monitor_with_an_unreadable_token_file_says_so_in_one_line(tmp_p
                                   "port": 0, "http": {"host": "127.0.0.1", "port": 0,
                                                       "token_file": str(missing)}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
-    result = subprocess.run([*COSMICAC, "run", "wrk-monitor", "--config", str(config),
-                             "--config-dir", str(tmp_path / "none")], capture_output=True,
-                            text=True, timeout=60, env=env, check=False)
-    assert result.returncode == 1, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
+    result = invoke(["run", "wrk-monitor", "--config", str(config),
+                     "--config-dir", str(tmp_path / "none")], env=env)
+    stderr = result.stderr.decode()
+    assert result.returncode == 1, stderr
+    assert stderr.strip().splitlines()[-1] == (
         f"error: cannot read http.token_file {missing}: No such file or directory")
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.slow

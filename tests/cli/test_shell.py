@@ -1,8 +1,10 @@
-"""`cosmicac shell` as a real process against a shell service on a real swarm.
+"""`cosmicac shell` against a shell service on a real swarm.
 
 The agent side runs in the test process (a swarm on 127.0.0.1 serving
-:class:`ShellService`); the CLI is a subprocess, its stdin and stdout pipes or a
-PTY the test holds. Real time: every wait is on a condition, bounded.
+:class:`ShellService`). A session moves bytes on the CLI's own file descriptors 0, 1
+and 2 and takes its signals: where one runs, the CLI is a subprocess, its stdin and
+stdout pipes or a PTY the test holds; a command that fails before its session starts
+runs in this process. Real time: every wait is on a condition, bounded.
 
 ``cosmicac shell JOB`` runs against a real app-node API (``create_app`` on a
 socket) over a real in-process wrk-ork (the ``ork_api`` fixture of the API
@@ -32,7 +34,7 @@ from nodes.app_node.services import SwarmAdvert
 from p2p.http import serve_asgi
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
-from tests.cli.test_account import cli_env
+from tests.cli.support import cli_env, cosmicac, cosmicac_process, invoke
 from tests.nodes.app_node.api.conftest import CHEAP, Api, bearer, ork_api  # noqa: F401
 from tests.nodes.ork.world import RACK
 from tests.p2p.swarm.helpers import swarm_net
@@ -168,9 +170,7 @@ async def test_an_interactive_session_on_a_terminal_echoes_resizes_and_exits(tmp
 async def test_an_unauthorised_key_exits_255_with_one_clear_line(tmp_path):
     with trio.fail_after(LIMIT_S):
         async with agent_for(tmp_path, authorized=False) as args:
-            result = await trio.run_process(
-                [*COSMICAC, *args, "--", "true"],
-                stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+            result = await cosmicac(*args, "--", "true")
     message = result.stderr.decode()
     assert result.returncode == 255, message
     assert "not one of the job's authorised keys" in message
@@ -195,10 +195,9 @@ async def test_an_agent_that_goes_away_mid_session_exits_255_with_one_line(tmp_p
 
 async def test_an_unreachable_agent_exits_255_with_one_line(tmp_path):
     with trio.fail_after(LIMIT_S):
-        result = await trio.run_process(
-            [*COSMICAC, "shell", "--agent", "ab" * 32, "--address", f"127.0.0.1:{unused_port()}",
-             "--identity", str(tmp_path / "user"), "--", "true"],
-            stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+        result = await cosmicac(
+            "shell", "--agent", "ab" * 32, "--address", f"127.0.0.1:{unused_port()}",
+            "--identity", str(tmp_path / "user"), "--", "true")
     message = result.stderr.decode()
     assert result.returncode == 255, message
     assert "cannot reach agent abababababab" in message
@@ -211,9 +210,8 @@ async def test_an_unreachable_agent_exits_255_with_one_line(tmp_path):
     (["shell", "--agent", "ab" * 32], "--address"),
 ])
 def test_usage_errors_exit_2(tmp_path, args, needle):
-    result = subprocess.run([*COSMICAC, *args, "--identity", str(tmp_path / "user")],
-                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    assert result.returncode == 2 and needle in result.stderr, result.stderr
+    result = invoke([*args, "--identity", str(tmp_path / "user")])
+    assert result.returncode == 2 and needle in result.stderr.decode(), result.stderr
 
 
 def unused_port():
@@ -264,10 +262,12 @@ def report_active(api: Api, job: str, agents: tuple[str, ...]) -> None:
                                              at=world.now), world.now)
 
 
-async def cli(env, *args):
+async def cli(env, *args, process: bool = False):
+    """``cosmicac shell *args``: in this process, or as a real one with ``process`` (a
+    session runs: it needs the process's own file descriptors)."""
     with trio.fail_after(LIMIT_S):
-        return await trio.run_process([*COSMICAC, "shell", *args], env=env, stdin=b"",
-                                      capture_stdout=True, capture_stderr=True, check=False)
+        run = cosmicac_process if process else cosmicac
+        return await run("shell", *args, env=env)
 
 
 def one_line(result) -> str:
@@ -297,7 +297,7 @@ async def test_shell_job_reaches_the_agent_app_node_lists_through_the_advertised
 
             api.services.swarm = SwarmAdvert(
                 bootstrap=tuple(f"{h}:{p}" for h, p in net.bootstrap))
-            result = await cli(env, job, "--", "sh", "-c", "echo hi; exit 3")
+            result = await cli(env, job, "--", "sh", "-c", "echo hi; exit 3", process=True)
             assert result.stdout == b"hi\n", result.stderr
             assert result.returncode == 3  # the command's own status
 

@@ -1,6 +1,7 @@
-"""``cosmicac status`` as a real process against an in-process app-node whose prober
+"""``cosmicac status`` (run in this process) against an in-process app-node whose prober
 (every second here) watches a real in-process wrk-ork: the table and ``-o json``
-while wrk-ork answers, wrk-ork shown down once it stops, and a member refused."""
+while wrk-ork answers, wrk-ork shown down once it stops, and a member refused (a real
+process: the command's smoke test)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,7 @@ from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 from tests.nodes.ork.world import World
 
-from .conftest_ork import ServedOrk
-from .helpers import COSMICAC
-from .test_account import PASSWORD, one_error_line, serve
+from .support import PASSWORD, ServedOrk, cosmicac_process, one_error_line, serve
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +99,7 @@ async def test_status_shows_the_control_plane_and_a_service_going_down(
 
         await trio.to_thread.run_sync(add_member)
         env = await served.login_as("m@example.com", PASSWORD, served.config.parent / "m")
-        member = await trio.run_process([*COSMICAC, "status"], env=env, capture_stdout=True,
-                                        capture_stderr=True, check=False)
+        member = await cosmicac_process("status", env=env)
         assert member.returncode == 1
         assert "platform operators" in one_error_line(member)
     nursery.cancel_scope.cancel()

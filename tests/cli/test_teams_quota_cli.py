@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from nodes.app_node.auth import hash_password
 
-from .conftest_ork import ServedOrk, served_ork  # noqa: F401  (the fixture)
-from .test_account import EMAIL, PASSWORD
+from .support import EMAIL, PASSWORD, ServedOrk
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +35,7 @@ def _one_error_line(result) -> str:
     return lines[0]
 
 
-async def test_operators_set_quotas_members_may_not(served_ork: ServedOrk) -> None:  # noqa: F811
+async def test_operators_set_quotas_members_may_not(served_ork: ServedOrk) -> None:
     served = served_ork
     store = served.node.services.store
     with trio.fail_after(120):

@@ -1,4 +1,5 @@
-"""`cosmicac up` as a real process: the whole deployment starts, answers, and stops clean."""
+"""`cosmicac up` as a real process: the whole deployment starts, answers (the local CLI,
+run in this process, is logged in to it), and stops clean."""
 
 import json
 import os
@@ -11,7 +12,8 @@ import trio
 
 from cli.up import DEFAULT_BASE_PORT, MARKER, Ports
 
-from .helpers import COSMICAC, UP, free_base_port, pids_using, read_until, running_up
+from .helpers import UP, free_base_port, pids_using, read_until, running_up
+from .support import cosmicac
 
 
 def test_ports_shift_together_and_keep_5173_at_the_default():
@@ -82,8 +84,7 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         assert metrics.status_code == 200 and "monitor" in metrics.text, metrics.text
         assert pids_using(storage)  # the children name their configs under storage
         # The local CLI is logged in at once (its config folder is this test's).
-        who = await trio.run_process([*COSMICAC, "whoami", "-o", "json"], capture_stdout=True,
-                                     capture_stderr=True, check=False)
+        who = await cosmicac("whoami", "-o", "json")
         assert who.returncode == 0, who.stderr
         assert json.loads(who.stdout)["user"]["email"] == creds["email"]
         session = json.loads((Path(os.environ["COSMICAC_CONFIG_DIR"]) / "session.json")
@@ -92,8 +93,7 @@ async def test_up_runs_everything_serves_the_api_and_inference_and_stops_clean(t
         # up's admin is an operator: creates teams and sets their GPU quotas
         for args in (["teams", "create", "research"],
                      ["teams", "quota", "set", "research", "--gpus", "4"]):
-            done = await trio.run_process([*COSMICAC, *args], capture_stdout=True,
-                                          capture_stderr=True, check=False)
+            done = await cosmicac(*args)
             assert done.returncode == 0, (args, done.stderr)
 
         process.send_signal(signal.SIGINT)
