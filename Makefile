@@ -35,8 +35,9 @@ $(MODELS_STAMP): $(STAMP)
 
 install-models: $(MODELS_STAMP)
 
+# --no-cache: two runs started together (CI beside a developer's) raced on ruff's cache.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --no-cache .
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
@@ -46,7 +47,7 @@ fmt: $(STAMP)
 # start once, and the order within a file is the file's.
 TEST_WORKERS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 bench: $(STAMP)
 	@set -e; for script in bench/[!_]*.py; do \
