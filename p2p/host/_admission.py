@@ -37,12 +37,18 @@ and a stranger's sockets and keys are cheap. Two tables, both pure (they take
   oldest stranger that has held one for ``evict_after_s``, so a client that
   holds on cannot keep a newcomer (a new job's agent, say, before its hello
   makes it a reserved peer: :meth:`ConnectionSlots.promote`) out for long.
+  Either way an **idle** stranger goes before a **busy** one (one that has
+  asked for something: opened a channel): a client that only holds slots
+  then never evicts a new agent whose hello is waiting to be answered on a
+  loaded machine, however long the answer takes; a client that asks too is
+  back to the oldest-first rule.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -201,6 +207,10 @@ class HandshakeSlots:
 # -- connections ---------------------------------------------------------------
 
 
+def _never(handle: object) -> bool:
+    return False
+
+
 @dataclass
 class _Held:
     key: bytes
@@ -241,17 +251,18 @@ class ConnectionSlots:
     def strangers(self) -> int:
         return self._strangers
 
-    def decide(self, key: bytes, group: str, *, reserved: bool,
-               now: float) -> ConnectionDecision:
+    def decide(self, key: bytes, group: str, *, reserved: bool, now: float,
+               busy: Callable[[object], bool] = _never) -> ConnectionDecision:
         """May ``key`` from ``group`` take a slot now? A reserved peer evicts
         the newest stranger of the group holding the most if every slot is
         taken; a stranger evicts the oldest stranger connected for at least
         ``evict_after_s`` (of its own group if that is the limit it hit), so
-        one client holding on cannot keep a newcomer out for long."""
+        one client holding on cannot keep a newcomer out for long. Either
+        way a stranger ``busy`` says has asked for something goes last."""
         if reserved:
             if len(self._held) < self.max_total:
                 return ConnectionDecision(True)
-            victim = self._stranger_victim(newest=True, group=None, now=now)
+            victim = self._stranger_victim(newest=True, group=None, now=now, busy=busy)
             if victim is None:
                 return ConnectionDecision(False, "full")
             return ConnectionDecision(True, evict=victim)
@@ -265,7 +276,7 @@ class ConnectionSlots:
             reason, only = "address_full", group
         else:
             return ConnectionDecision(True)
-        victim = self._stranger_victim(newest=False, group=only, now=now)
+        victim = self._stranger_victim(newest=False, group=only, now=now, busy=busy)
         if victim is None:
             return ConnectionDecision(False, reason)
         return ConnectionDecision(True, evict=victim)
@@ -315,20 +326,21 @@ class ConnectionSlots:
         held = self._held.get(handle)
         return None if held is None else held.reserved
 
-    def _stranger_victim(self, *, newest: bool, group: str | None,
-                         now: float) -> object | None:
+    def _stranger_victim(self, *, newest: bool, group: str | None, now: float,
+                         busy: Callable[[object], bool]) -> object | None:
         """A stranger to evict: of ``group``, or of the group holding the most
-        strangers; the newest one (for a reserved peer), or the oldest one
-        connected for at least ``evict_after_s`` (for another stranger)."""
-        best: tuple[int, float] | None = None
+        strangers; an idle one before a busy one; then the newest one (for a
+        reserved peer), or the oldest one connected for at least
+        ``evict_after_s`` (for another stranger)."""
+        best: tuple[bool, int, float] | None = None
         victim = None
         for handle, held in self._held.items():
             if held.reserved or (group is not None and held.group != group):
                 continue
             if newest:
-                rank = (self._stranger_groups[held.group], held.since)
+                rank = (not busy(handle), self._stranger_groups[held.group], held.since)
             elif now - held.since >= self.evict_after_s:
-                rank = (self._stranger_groups[held.group], -held.since)
+                rank = (not busy(handle), self._stranger_groups[held.group], -held.since)
             else:
                 continue
             if best is None or rank > best:

@@ -646,12 +646,12 @@ class PeerHost:
         reserved = self._counts_as_reserved(connection)
         group = _group(connection)
         now = trio.current_time()
-        decision = self._slots.decide(key, group, reserved=reserved, now=now)
+        decision = self._slots.decide(key, group, reserved=reserved, now=now, busy=_asked)
         if not decision.ok or decision.evict is not None:
             # Strangers may have proved since to be reserved peers (an agent's
             # hello): count them as such before refusing or evicting anyone.
             self.promote_reserved()
-            decision = self._slots.decide(key, group, reserved=reserved, now=now)
+            decision = self._slots.decide(key, group, reserved=reserved, now=now, busy=_asked)
         if not decision.ok:
             self._refuse(decision.reason, peer=connection.peer_label, source=group)
             return None
@@ -914,6 +914,12 @@ def _group(connection: Connection) -> str:
     """The source a connection counts against (a relayed one: its relay's)."""
     address = connection.remote_address
     return address_group(address[0]) if address is not None else NO_ADDRESS_GROUP
+
+
+def _asked(connection: object) -> bool:
+    """Has this stranger asked for anything (opened a channel)? An idle one
+    is evicted first (see ``_admission``)."""
+    return isinstance(connection, Connection) and connection.mux.peer_opens > 0
 
 
 def _label(address: Address | None) -> str:

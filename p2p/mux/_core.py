@@ -284,6 +284,9 @@ class MuxCore:
         self.outgoing_bytes = 0
         #: Set once the peer broke the protocol; the core refuses further input.
         self.failed: MuxProtocolError | None = None
+        #: Channels the peer has asked to open (answered or refused): whether
+        #: it ever asked for anything, for admission's idle-first eviction.
+        self.peer_opens = 0
         self._queue(MuxCredit(self.config.receive_budget_bytes))
 
     # -- output ----------------------------------------------------------------
@@ -620,6 +623,7 @@ class MuxCore:
             events.append(ChannelPaired(st))
 
     def _on_open(self, f: Open, events: list[MuxEvent]) -> None:
+        self.peer_opens += 1
         key = (f.protocol, f.id)
         st = self._by_key.get(key)
         if st is not None:

@@ -268,6 +268,11 @@ class Mux:
         """Why the mux ended, or None while it runs."""
         return self._reason
 
+    @property
+    def peer_opens(self) -> int:
+        """Channels the peer has asked to open so far (answered or refused)."""
+        return self._core.peer_opens
+
     def statistics(self) -> MuxStatistics:
         """Return a snapshot of the mux's counters."""
         return MuxStatistics(

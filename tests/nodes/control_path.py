@@ -255,7 +255,25 @@ class ControlPath:
                 if condition(job):
                     return job
                 await trio.sleep(0.1)
-        raise AssertionError(f"job {job_id} never got there; last seen {job!r}")
+        raise AssertionError(f"job {job_id} never got there; last seen {job!r}\n"
+                             f"{self.log_tails()}")
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The end of every agent's log and of the daemons' logs (their
+        connection chatter left out), for a failure to say what happened."""
+        logs = sorted(self.root.glob("*.log")) + [
+            folder / "agent.log" for folder in self.vmi_folders()]
+        parts = []
+        for log in logs:
+            try:
+                text = log.read_text(errors="replace")
+            except OSError as exc:
+                parts.append(f"--- {log.name}: {exc}")
+                continue
+            kept = [line[:400] for line in text.splitlines()
+                    if '"p2p.host._host"' not in line]
+            parts.append(f"--- {log.relative_to(self.root)}\n" + "\n".join(kept[-lines:]))
+        return "\n".join(parts)
 
     async def wait_rack_reported(self, limit_s: float = 20.0) -> None:
         with trio.fail_after(limit_s):

@@ -311,6 +311,32 @@ def test_a_stranger_holding_on_gives_way_to_a_newcomer_after_a_while():
     assert slots.decide(key(4), "10.0.0.2", reserved=False, now=11).evict == 1
 
 
+def test_an_idle_stranger_is_evicted_before_one_that_asked_for_something():
+    """One client holds slots without asking anything; a new agent has sent
+    its hello (busy) and waits for the answer on a loaded machine: the
+    client's newcomers evict the client's own connections, never the agent;
+    with only busy strangers left, the oldest goes as before."""
+    slots = ConnectionSlots(max_total=6, reserve=2, max_per_group=3, evict_after_s=1)
+    slots.take("agent", PEER, "loopback", reserved=False, now=0)
+    slots.take(1, key(1), "loopback", reserved=False, now=1)
+    slots.take(2, key(2), "loopback", reserved=False, now=2)
+    busy = {"agent"}.__contains__
+    assert slots.decide(key(3), "loopback", reserved=False, now=9, busy=busy).evict == 1
+    assert slots.decide(key(3), "loopback", reserved=False, now=9).evict == "agent"
+    everyone = {"agent", 1, 2}.__contains__
+    assert slots.decide(key(3), "loopback", reserved=False, now=9,
+                        busy=everyone).evict == "agent"
+
+
+def test_a_reserved_peer_evicts_an_idle_stranger_before_the_newest_busy_one():
+    slots = ConnectionSlots(max_total=2, reserve=0)
+    slots.take("holder", key(1), "loopback", reserved=False, now=0)
+    slots.take("agent", key(2), "loopback", reserved=False, now=1)
+    assert slots.decide(PEER, "loopback", reserved=True, now=2).evict == "agent"
+    assert slots.decide(PEER, "loopback", reserved=True, now=2,
+                        busy={"agent"}.__contains__).evict == "holder"
+
+
 def test_a_stranger_promoted_to_reserved_frees_the_strangers_slots():
     slots = ConnectionSlots(max_total=3, reserve=1, max_per_group=2)
     slots.take("agent", key(1), "loopback", reserved=False, now=0)

@@ -21,6 +21,7 @@ from p2p.keys import KeyPair
 from p2p.noise import Handshake, SecretStream
 from p2p.swarm import Swarm, SwarmConfig
 
+from ...flood import hold_key
 from ..helpers import ALICE, BOB, wait_until
 
 PEER = ALICE
@@ -210,3 +211,36 @@ async def test_a_socket_accepted_after_the_hosts_watcher_stopped_is_closed_not_p
             assert accepted.socket.fileno() == -1  # closed where it stood
             assert await client.receive_some(10) == b""
             await client.aclose()
+
+
+async def test_a_stranger_waiting_for_an_answer_outlasts_a_client_that_only_holds_slots(
+        nursery):
+    """A new job's agent is a stranger until the worker answers its hello; on
+    a loaded machine that answer may take longer than the worker's stranger
+    eviction. A client churning self-made keys that ask for nothing evicts
+    its own connections, never the one that asked."""
+    answered = trio.Event()
+
+    async def slow_hello(channel, connection):
+        await answered.wait()  # the answer never comes while the flood runs
+
+    swarm = Swarm(DAEMON, config=SwarmConfig(host="127.0.0.1", announce_key=False,
+                                             stranger_evict_after_s=0.2),
+                  services=[ChannelService("hello/1", slow_hello)])
+    _host, port = await nursery.start(swarm.run)
+    agent_key = KeyPair.generate()
+    agent = await dial_tcp("127.0.0.1", port, agent_key, DAEMON.public_key)
+    await nursery.start(agent.run)
+    await agent.open_channel("hello/1")
+    await wait_until(lambda: agent_key.public_key in swarm.connections
+                     and swarm.connections[agent_key.public_key].mux.peer_opens)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as flooders:
+            for _ in range(40):
+                await flooders.start(hold_key, port, DAEMON.public_key.hex())
+            await wait_until(lambda: refused(swarm, "preempted") >= 40, limit_s=50)
+            flooders.cancel_scope.cancel()
+    assert agent_key.public_key in swarm.connections
+    assert agent.mux.closed_reason is None
+    answered.set()
+    await agent.aclose()
