@@ -37,11 +37,14 @@ and a stranger's sockets and keys are cheap. Two tables, both pure (they take
   oldest stranger that has held one for ``evict_after_s``, so a client that
   holds on cannot keep a newcomer (a new job's agent, say, before its hello
   makes it a reserved peer: :meth:`ConnectionSlots.promote`) out for long.
-  Either way an **idle** stranger goes before a **busy** one (one that has
-  asked for something: opened a channel): a client that only holds slots
-  then never evicts a new agent whose hello is waiting to be answered on a
-  loaded machine, however long the answer takes; a client that asks too is
-  back to the oldest-first rule.
+  That wait is for **busy** strangers (ones that asked for something: opened
+  a channel). An **idle** stranger goes first and at any age: a client that
+  only holds slots, however fast it dials again, cannot keep a newcomer out
+  (an age rule alone is a race the fastest re-dialler wins: every slot that
+  comes of age is taken by its next dial before an agent's one dial), and it
+  never evicts a new agent whose hello, sent at once, waits for its answer on
+  a loaded machine. A client whose connections ask too is back to the
+  oldest-first rule (SECURITY.md says what that leaves).
 """
 
 from __future__ import annotations
@@ -207,8 +210,8 @@ class HandshakeSlots:
 # -- connections ---------------------------------------------------------------
 
 
-def _never(handle: object) -> bool:
-    return False
+def _always(handle: object) -> bool:
+    return True
 
 
 @dataclass
@@ -252,13 +255,15 @@ class ConnectionSlots:
         return self._strangers
 
     def decide(self, key: bytes, group: str, *, reserved: bool, now: float,
-               busy: Callable[[object], bool] = _never) -> ConnectionDecision:
+               busy: Callable[[object], bool] = _always) -> ConnectionDecision:
         """May ``key`` from ``group`` take a slot now? A reserved peer evicts
         the newest stranger of the group holding the most if every slot is
         taken; a stranger evicts the oldest stranger connected for at least
         ``evict_after_s`` (of its own group if that is the limit it hit), so
         one client holding on cannot keep a newcomer out for long. Either
-        way a stranger ``busy`` says has asked for something goes last."""
+        way an idle stranger (``busy`` says no: it asked for nothing) goes
+        first, a stranger's newcomer evicting one at any age. Without
+        ``busy`` every stranger counts as busy."""
         if reserved:
             if len(self._held) < self.max_total:
                 return ConnectionDecision(True)
@@ -330,17 +335,18 @@ class ConnectionSlots:
                          busy: Callable[[object], bool]) -> object | None:
         """A stranger to evict: of ``group``, or of the group holding the most
         strangers; an idle one before a busy one; then the newest one (for a
-        reserved peer), or the oldest one connected for at least
-        ``evict_after_s`` (for another stranger)."""
+        reserved peer), or the oldest one (for another stranger: an idle one
+        at any age, a busy one connected for at least ``evict_after_s``)."""
         best: tuple[bool, int, float] | None = None
         victim = None
         for handle, held in self._held.items():
             if held.reserved or (group is not None and held.group != group):
                 continue
+            idle = not busy(handle)
             if newest:
-                rank = (not busy(handle), self._stranger_groups[held.group], held.since)
-            elif now - held.since >= self.evict_after_s:
-                rank = (not busy(handle), self._stranger_groups[held.group], -held.since)
+                rank = (idle, self._stranger_groups[held.group], held.since)
+            elif idle or now - held.since >= self.evict_after_s:
+                rank = (idle, self._stranger_groups[held.group], -held.since)
             else:
                 continue
             if best is None or rank > best:

@@ -312,16 +312,20 @@ def test_a_stranger_holding_on_gives_way_to_a_newcomer_after_a_while():
 
 
 def test_an_idle_stranger_is_evicted_before_one_that_asked_for_something():
-    """One client holds slots without asking anything; a new agent has sent
-    its hello (busy) and waits for the answer on a loaded machine: the
-    client's newcomers evict the client's own connections, never the agent;
-    with only busy strangers left, the oldest goes as before."""
+    """One client holds slots without asking anything, dialling again the
+    moment it is evicted; a new agent has sent its hello (busy) and waits for
+    the answer on a loaded machine. A newcomer evicts the client's oldest
+    idle connection at any age (no race to the moment a slot comes of age),
+    never the agent; with only busy strangers, the oldest goes once
+    ``evict_after_s`` old, as without activity to go by."""
     slots = ConnectionSlots(max_total=6, reserve=2, max_per_group=3, evict_after_s=1)
     slots.take("agent", PEER, "loopback", reserved=False, now=0)
-    slots.take(1, key(1), "loopback", reserved=False, now=1)
-    slots.take(2, key(2), "loopback", reserved=False, now=2)
+    slots.take(1, key(1), "loopback", reserved=False, now=0.5)
+    slots.take(2, key(2), "loopback", reserved=False, now=0.6)
     busy = {"agent"}.__contains__
+    assert slots.decide(key(3), "loopback", reserved=False, now=0.6, busy=busy).evict == 1
     assert slots.decide(key(3), "loopback", reserved=False, now=9, busy=busy).evict == 1
+    assert not slots.decide(key(3), "loopback", reserved=False, now=0.6).ok  # all busy, fresh
     assert slots.decide(key(3), "loopback", reserved=False, now=9).evict == "agent"
     everyone = {"agent", 1, 2}.__contains__
     assert slots.decide(key(3), "loopback", reserved=False, now=9,

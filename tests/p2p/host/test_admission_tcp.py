@@ -104,7 +104,8 @@ async def test_sixty_four_self_made_keys_do_not_take_a_configured_peers_slot(nur
         await trio.testing.wait_all_tasks_blocked(0.05)
         assert len(swarm.connections) <= 64 - 16  # the reserve is no stranger's
         await peer_is_served(nursery, port)
-    assert refused(swarm, "full") + refused(swarm, "address_full") > 0
+    # Held back: refused, or (idle, so at once) evicting each other.
+    assert sum(refused(swarm, reason) for reason in ("full", "address_full", "preempted")) > 0
     for connection in strangers:
         await connection.aclose()
 

@@ -133,6 +133,8 @@ async def test_connections_beyond_the_cap_are_refused_and_counted(nursery, autoj
     host.add_service(ChannelService("echo/1", echo))
     with trio.fail_after(30):
         kept = [await dial(nursery, host, KeyPair.generate()) for _ in range(2)]
+        for connection in kept:  # busy: each asked for something
+            assert await echo_once(connection, "echo/1", b"x") == b"x"
         extra = await dial(nursery, host, KeyPair.generate())
         await extra.mux.wait_closed()
         assert refused(host, "full") == 1
@@ -141,6 +143,22 @@ async def test_connections_beyond_the_cap_are_refused_and_counted(nursery, autoj
         await trio.testing.wait_all_tasks_blocked()
         again = await dial(nursery, host, KeyPair.generate())  # a slot freed up
         assert await echo_once(again, "echo/1", b"x") == b"x"
+
+
+async def test_a_stranger_that_asks_for_nothing_gives_its_slot_to_a_newcomer_at_once(
+        nursery, autojump_clock):
+    host = PeerHost(SERVER, config=HostConfig(max_connections=2, max_connections_per_address=2))
+    await nursery.start(host.run)
+    host.add_service(ChannelService("echo/1", echo))
+    with trio.fail_after(30):
+        idle = await dial(nursery, host, KeyPair.generate())
+        busy = await dial(nursery, host, KeyPair.generate())
+        assert await echo_once(busy, "echo/1", b"x") == b"x"
+        newcomer = await dial(nursery, host, KeyPair.generate())
+        await idle.mux.wait_closed()
+        assert refused(host, "preempted") == 1
+        assert await echo_once(newcomer, "echo/1", b"y") == b"y"
+        assert await echo_once(busy, "echo/1", b"z") == b"z"
 
 
 async def test_a_silent_socket_holding_the_last_handshake_slot_gives_way_to_a_peer(

@@ -23,9 +23,8 @@ from nodes.app_node.health import (
     not_answered,
     open_health_store,
 )
-from tests.nodes.app_node.ratelimit.test_redis import REDIS_SERVER, RedisServer
 
-needs_redis = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server not installed")
+from ..redis_server import RedisServer, needs_redis
 
 
 def row(service: str, at: float, up: bool = True, depth: int = 0) -> HealthRow:

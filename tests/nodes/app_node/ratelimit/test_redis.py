@@ -1,92 +1,23 @@
 """The Redis limiter against a real redis-server (started here, on a free loopback port).
 
-Skipped only when redis-server is not installed and ``CI`` is unset; in CI
-(.ci/run installs Debian's redis-server) a missing server fails the suite.
+Skipped only when redis-server is not installed and ``CI`` is unset (see
+``tests/nodes/app_node/redis_server.py``).
 Waits are real but bounded: each on a condition, under an overall deadline.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import redis
 import trio
 
 from nodes.app_node.ratelimit import Limits, Rate, RedisLimiter, make_limiter
 
-REDIS_SERVER = shutil.which("redis-server")
+from ..redis_server import RedisServer, needs_redis
 
-if REDIS_SERVER is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("redis-server is not installed but CI is set: install it "
-                           "(bash .ci/run deps) so the Redis rate-limit tests run")
-    pytestmark = pytest.mark.skip(reason="redis-server not installed (apt-get install "
-                                  "redis-server); required when CI is set")
-
-
-class RedisServer:
-    """One throwaway redis-server: loopback only, no persistence, its own temp dir."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        assert REDIS_SERVER is not None
-        self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.directory),
-             "--daemonize", "no", "--loglevel", "warning"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout_s
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2, socket_timeout=0.2)
-        try:
-            while True:
-                try:
-                    if client.ping():
-                        return
-                except redis.exceptions.ConnectionError:
-                    pass
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    err = self.process.stderr.read().decode() if self.process.stderr else ""
-                    self.stop()
-                    raise RuntimeError(f"redis-server on port {self.port} did not start: {err}")
-                time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        if self.process is not None and self.process.stderr:
-            self.process.stderr.close()
-        self.process = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=1)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+pytestmark = needs_redis
 
 
 @pytest.fixture

@@ -19,7 +19,9 @@ from nodes.app_node.ratelimit import (
     make_throttles,
 )
 
-from .test_redis import RedisServer, redis_server  # noqa: F401 - the fixture
+from ..redis_server import RedisServer, needs_redis
+
+pytestmark = needs_redis
 
 POLICY = ThrottlePolicy(per_source=Backoff(free_failures=2, base_s=10, max_s=80, forget_s=600),
                         per_account=Backoff(free_failures=4, base_s=10, max_s=60,
@@ -36,7 +38,7 @@ class Clock:
 
 
 @pytest.fixture
-def limiters(redis_server: RedisServer) -> Iterator[tuple[RedisLimiter, RedisLimiter]]:  # noqa: F811
+def limiters(redis_server: RedisServer) -> Iterator[tuple[RedisLimiter, RedisLimiter]]:
     one = RedisLimiter(redis_server.url, retry_interval_s=0.2)
     two = RedisLimiter(redis_server.url, retry_interval_s=0.2)
     yield one, two
@@ -71,7 +73,7 @@ async def test_redis_answers_as_the_process_does(limiters) -> None:
 
 
 async def test_every_app_node_counts_a_guessers_failures_together(
-        limiters, redis_server: RedisServer) -> None:  # noqa: F811
+        limiters, redis_server: RedisServer) -> None:
     one = RedisThrottle("login", limiters[0], POLICY, Clock())
     two = RedisThrottle("login", limiters[1], POLICY, Clock())
     for throttle in (one, two, one):
@@ -92,7 +94,7 @@ async def test_every_app_node_counts_a_guessers_failures_together(
 
 
 async def test_an_outage_falls_back_to_the_process(limiters,
-                                                  redis_server: RedisServer) -> None:  # noqa: F811
+                                                  redis_server: RedisServer) -> None:
     throttle = RedisThrottle("login", limiters[0], POLICY, Clock())
     redis_server.stop()
     with trio.fail_after(10):
