@@ -44,6 +44,7 @@ from nodes.kit.telemetry import start_telemetry, telemetry_host
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import load_or_create_keypair
+from p2p.net import Network
 from p2p.swarm import Swarm, SwarmConfig
 
 from .email import make_sender
@@ -89,6 +90,7 @@ def reserved_peers(settings: AppNodeSettings) -> frozenset[bytes]:
 
 
 async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics | None = None,
+                         network: Network | None = None,
                          task_status: trio.TaskStatus[RunningAppNode] = trio.TASK_STATUS_IGNORED
                          ) -> None:
     """Run app-node until cancelled; report a :class:`RunningAppNode` once serving."""
@@ -104,7 +106,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
     store = await trio.to_thread.run_sync(Store.open, storage / "app-node.sqlite")
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
-        relays=settings.relays, announce_addresses=settings.announce_addresses))
+        relays=settings.relays, announce_addresses=settings.announce_addresses),
+        network=network)
     swarm.add_reserved(reserved_peers(settings))
     limiter = make_limiter(settings.limits, settings.redis_url)
     health: HealthProber | None = None
@@ -179,7 +182,8 @@ async def start_app_node(daemon: Daemon[AppNodeSettings]) -> None:
         settings = settings.model_copy(update={"storage": daemon.storage})
     try:
         running: RunningAppNode = await daemon.nursery.start(functools.partial(
-            serve_app_node, settings, metrics=daemon.metrics))
+            serve_app_node, settings, metrics=daemon.metrics,
+            network=daemon.network))
     except (OSError, BaseExceptionGroup) as exc:
         cause = exc
         while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:

@@ -99,7 +99,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
         announce_addresses=settings.announce_addresses,
-        stranger_evict_after_s=STRANGER_EVICT_AFTER_S), services=[queues, registry.service])
+        stranger_evict_after_s=STRANGER_EVICT_AFTER_S),
+        network=daemon.network, services=[queues, registry.service])
     # wrk-ork and every agent bound by its hello keep their room under a flood.
     swarm.add_reserved(reserved_peers(settings, registry.table))
     # A hello from a new key for a VMI whose agent is connected is a takeover.

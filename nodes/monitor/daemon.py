@@ -242,7 +242,8 @@ async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
     tune_gc()
     try:
         running: RunningMonitor = await daemon.nursery.start(functools.partial(
-            serve_monitor, settings, metrics=daemon.metrics))
+            serve_monitor, settings, metrics=daemon.metrics,
+            network=daemon.network))
     except (OSError, HttpTokenError, BaseExceptionGroup) as exc:
         cause = _leaf(exc)  # a failed bind comes wrapped in nurseries' groups
         if isinstance(cause, HttpTokenError):

@@ -94,7 +94,7 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
     swarm = Swarm(keypair, config=SwarmConfig(
         host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
         relays=settings.relays, announce_addresses=settings.announce_addresses),
-        services=[queues, service])
+        network=daemon.network, services=[queues, service])
     # Its callers and its racks keep their room under a flood of strangers.
     swarm.add_reserved(reserved_peers(access))
     try:

@@ -248,7 +248,8 @@ async def start_proxy(daemon: Daemon[ProxySettings]) -> None:
         settings = settings.model_copy(update={"storage": daemon.storage})
     try:
         running: RunningProxy = await daemon.nursery.start(functools.partial(
-            serve_proxy, settings, metrics=daemon.metrics))
+            serve_proxy, settings, metrics=daemon.metrics,
+            network=daemon.network))
     except (OSError, BaseExceptionGroup) as exc:
         # serve_proxy starts inside nurseries: a failed bind comes wrapped in groups.
         cause = _os_error(exc)

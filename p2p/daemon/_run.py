@@ -26,6 +26,7 @@ from typing import Generic, NoReturn, TypeVar
 import trio
 
 from ..metrics import MetricsBindError, ProcessMetrics, serve_metrics
+from ..net import Network
 from ._lock import StorageInUse, StorageUnusable, lock_storage
 from ._logging import configure_logging
 from ._settings import ConfigError, DaemonSettings
@@ -84,6 +85,9 @@ class Daemon(Generic[S]):
     metrics_address: tuple[str, int] | None = None
     #: Set once SIGINT or SIGTERM arrived (its name, e.g. ``SIGTERM``).
     stopped_by: str | None = field(default=None)
+    #: Where its peer's sockets come from: None for the host's own; a
+    #: ``p2p.net.MemoryInternet`` host when a test runs daemons in one process.
+    network: Network | None = None
 
 
 async def run_until_signalled(start: Callable[[trio.Nursery], Awaitable[object]]) -> str:
