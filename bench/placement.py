@@ -51,9 +51,9 @@ MIX = [
 
 def build_cluster(racks: int, nodes: int):
     from contracts.model import NodeInfo, RackReport
-    from nodes.ork.placement import Cluster
+    from nodes.ork.capacity import Capacity
 
-    cluster = Cluster()
+    cluster = Capacity()
     keys = [f"{n:064x}" for n in range(1, racks + 1)]
     report = RackReport(nodes=tuple(NodeInfo(name=f"node-{i:02d}", gpus=8, infiniband=True,
                                              gpu_resource="nvidia.com/H100")
@@ -84,11 +84,11 @@ def job_specs(rng: random.Random, count: int) -> list:
 
 
 def decide(cluster, spec, running: list, latencies: list | None = None) -> bool:
-    from nodes.ork.placement import NoCapacity
+    from nodes.ork.placement import NoCapacity, place
 
     started = time.perf_counter()
     try:
-        placements = cluster.place(spec)
+        placements = place(cluster, spec)
         cluster.claim(placements)
     except NoCapacity:
         placed = False
@@ -149,7 +149,7 @@ def main() -> None:
 
     # Fill every unreserved GPU, then time the retries of jobs that cannot fit now.
     from contracts.model import JobSpec
-    from nodes.ork.placement import NoCapacity
+    from nodes.ork.placement import NoCapacity, place
 
     one = JobSpec(name="fill", team="team-0", type="container", image=IMAGE, gpus=1)
     for _ in range(gpus):
@@ -160,7 +160,7 @@ def main() -> None:
     started = time.perf_counter()
     for spec in waiting:
         try:
-            cluster.place(spec)
+            place(cluster, spec)
         except NoCapacity:
             refused += 1
     elapsed = time.perf_counter() - started

@@ -37,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from contracts.model import JobSpec, NodeInfo, RackReport
 from nodes.k8s_worker.kubevirt.render import render_replica, replica_unit
 from nodes.k8s_worker.kubevirt.settings import KubevirtSettings
-from nodes.ork.placement import Cluster, PlacementError
+from nodes.ork.capacity import Capacity
+from nodes.ork.placement import PlacementError, place
 from p2p.keys import KeyPair
 
 from ._console import err, fail
@@ -177,10 +178,10 @@ def render(
                                       cluster_file, "cluster")
     rack, resources = _rack(cluster_doc, settings, cluster_file)
     worker_key = worker or KeyPair.generate().hex
-    cluster = Cluster()
+    capacity = Capacity()
     try:
-        cluster.set_rack(worker_key, cluster_doc.location, rack)
-        placements = cluster.place(spec)
+        capacity.set_rack(worker_key, cluster_doc.location, rack)
+        placements = place(capacity, spec)
     except PlacementError as exc:
         fail(f"cannot place job {spec.name!r}: {exc}")
     job = job_id or f"j-{secrets.token_hex(8)}"

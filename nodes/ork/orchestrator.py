@@ -2,6 +2,13 @@
 
 Theory of operation
 -------------------
+The orchestrator decides; it keeps nothing of its own beyond what it decides
+by. It has a :class:`~nodes.ork.job_book.JobBook` (the records of jobs,
+replicas, racks and shell keys, their status events, and the one transaction
+each call ends in) and a :class:`~nodes.ork.capacity.Capacity` (every rack's
+GPUs and the claims on them), on which :func:`~nodes.ork.placement.place`
+answers where a job goes.
+
 The daemon drives one :class:`Orchestrator` from one task: app-node's requests
 (through :mod:`nodes.ork.service`), the workers' reports read from their
 queues (:meth:`Orchestrator.on_report`) and a periodic :meth:`~Orchestrator.tick`.
@@ -28,7 +35,7 @@ table, and a job's status is derived from its replicas after every change;
 each job status change is checked against ``JOB_TRANSITIONS`` and sent as a
 :class:`JobEvent`.
 
-GPUs are claimed in :class:`~nodes.ork.placement.Cluster` when a replica is
+GPUs are claimed in the :class:`~nodes.ork.capacity.Capacity` when a replica is
 placed and released only when its worker reports it DELETED, not when the
 delete is asked: a Pending job is placed only when the GPUs really are free.
 Pending jobs are tried oldest first once capacity has grown (GPUs freed, a
@@ -43,9 +50,10 @@ new replicas meanwhile (its worker may be gone). Silence is saved; after
 wrk-ork starts, every rack gets a full ``unknown_after_s`` from the first tick.
 
 Persistence: every public call that changes something writes it in one
-SQLite transaction (:mod:`nodes.ork.store`) before returning. If that write
-fails, the call raises :class:`~nodes.ork.errors.StoreError` and the memory is
-ahead of the file: the daemon must stop and reopen (it reloads the file).
+SQLite transaction (:meth:`JobBook.commit <nodes.ork.job_book.JobBook.commit>`,
+into :mod:`nodes.ork.store`) before returning. If that write fails, the call
+raises :class:`~nodes.ork.errors.StoreError` and the memory is ahead of the
+file: the daemon must stop and reopen (it reloads the file).
 """
 
 from __future__ import annotations
@@ -53,7 +61,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 import re
+import secrets
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -69,9 +79,10 @@ from contracts.operations import (
 from contracts.ork import JobEvent, JobView, RackInfo, ReplicaStatus, ReplicaView
 from contracts.shell_access import ShellKeys
 
-from ._book import JobBook, OrchestratorStatistics, _new_job_id
+from .capacity import Capacity, NodeView
 from .errors import BadRequest, Conflict, InvalidState, NotFound, StoreError
-from .placement import Cluster, NoCapacity, NodeView, PlacementError, Unplaceable
+from .job_book import JobBook, holds_gpus_on, job_view, rack_key
+from .placement import NoCapacity, PlacementError, Unplaceable, place
 from .quota import check_gpu_quota
 from .status import (
     PLACED_STATUSES,
@@ -80,7 +91,7 @@ from .status import (
     next_replica_status,
     reported,
 )
-from .store import JobRecord, Outbound, RackRecord, ReplicaRecord, Store
+from .store import JobRecord, Outbound, RackRecord, ReplicaRecord
 
 #: "restarted", "deleted": for the messages of single-replica actions.
 _PAST = {"restart": "restarted", "delete": "deleted"}
@@ -114,22 +125,60 @@ def _shell_op(rack: str, keys: ShellKeys) -> SetShellKeys:
     return SetShellKeys(op_id=f"shell/{digest}", keys=keys)
 
 
-class Orchestrator(JobBook):
-    """The job status machine, racks and placement, persisted in its own store.
+@dataclass(frozen=True, slots=True)
+class OrchestratorStatistics:
+    """Counters for the daemon's metrics (read with ``statistics()``)."""
 
-    Use :meth:`open`. Not thread-safe: one task drives it. The bookkeeping it
-    shares by all its calls (records, status refresh, events, the transaction
-    of each call) is :class:`~nodes.ork._book.JobBook`.
+    jobs: int
+    pending_jobs: int
+    outbox: int
+    reports_applied: int
+    #: Reports about jobs or replicas we do not have (a late report after a delete).
+    reports_unknown: int
+    #: Reports about an older generation than ours (the VMI a restart replaced).
+    reports_stale: int
+    #: Reports the replica's status cannot take, or from a rack not its own.
+    reports_refused: int
+    #: Job status changes missing from JOB_TRANSITIONS (a bug here; should stay 0).
+    unexpected_transitions: int
+    events_dropped: int
+
+
+def _new_job_id() -> str:
+    return "j-" + secrets.token_hex(8)
+
+
+class Orchestrator:
+    """Decides what happens to jobs: placement, restarts, deletes, reports, silence.
+
+    Use :meth:`open`. Not thread-safe: one task drives it. It has a
+    :class:`~nodes.ork.job_book.JobBook` (``book``: the records, their status
+    events and the transaction of each call) and a
+    :class:`~nodes.ork.capacity.Capacity` (the GPUs of every rack and who
+    holds them), which :func:`~nodes.ork.placement.place` reads.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        #: Per team, the newest shell keys app-node sent.
-        self._shell_keys: dict[str, ShellKeys] = {}
-
-    def _load(self) -> None:
-        super()._load()
-        self._shell_keys = self._store.load_shell_keys()
+    def __init__(self, book: JobBook, capacity: Capacity, *, unknown_after_s: float,
+                 new_job_id: Callable[[], str] = _new_job_id) -> None:
+        if unknown_after_s <= 0:
+            raise ValueError("unknown_after_s must be positive")
+        self.book = book
+        self._capacity = capacity
+        self.unknown_after_s = unknown_after_s
+        self._new_job_id = new_job_id
+        #: Per rack, when we last heard from it (set at registration, on any
+        #: report, and for every rack at the first tick after opening).
+        self._heard: dict[str, float] = {}
+        #: When each rack last reported since opening (unlike ``_heard``, never
+        #: seeded): what the control-plane health shows of each worker.
+        self._reported_at: dict[str, float] = {}
+        #: When the newest report came from any rack since opening (None: none yet).
+        self._last_report_at: float | None = None
+        #: Capacity may have grown (GPUs freed, a report, a reservation changed)
+        #: since Pending jobs were last tried.
+        self._capacity_changed = True
+        self._stats = dict(reports_applied=0, reports_unknown=0, reports_stale=0,
+                           reports_refused=0)
 
     # -- opening ------------------------------------------------------------------------
 
@@ -142,15 +191,76 @@ class Orchestrator(JobBook):
             StoreError: the store cannot be read, or its claims no longer fit
                 the racks it records.
         """
-        store = Store.open(path)
+        book = JobBook.open(path)
         try:
-            orch = cls(store, Cluster(), unknown_after_s=unknown_after_s,
+            orch = cls(book, Capacity(), unknown_after_s=unknown_after_s,
                        new_job_id=new_job_id)
-            orch._load()
+            orch._restore_capacity()
         except BaseException:
-            store.close()
+            book.close()
             raise
         return orch
+
+    def _restore_capacity(self) -> None:
+        """Rebuild the capacity and its claims from the book.
+
+        Claims are restored without the checks of a new placement
+        (``Capacity.restore``): the replicas run, even on a node cordoned or gone
+        from the report since.
+        """
+        capacity = self._capacity
+        for rack in self.book.racks.values():
+            self._set_capacity(rack)
+        for rack_key_, node, team in self.book.reservations():
+            # Kept even for a node missing from the last report (Capacity.reserve
+            # allows it), so the team stays on its own nodes when it is back.
+            capacity.reserve(rack_key_, node, team)
+        for job in self.book.jobs.values():
+            claims = [r.placement for r in job.replicas.values()
+                      if r.claimed and r.placement is not None]
+            try:
+                capacity.restore(claims)
+            except PlacementError as exc:
+                raise StoreError(f"job {job.id}'s claimed GPUs are on a rack that is no "
+                                 f"longer registered ({exc}); restore a backup of the "
+                                 "store") from exc
+
+    def close(self) -> None:
+        self.book.close()
+
+    def _set_capacity(self, rack: RackRecord) -> None:
+        """Give the capacity the rack's last report; a silent rack's nodes take
+        nothing new (its worker may be gone), so new jobs wait Pending rather
+        than being sent to it. Claims are kept either way."""
+        report = rack.report or RackReport(nodes=())
+        if rack.silent:
+            report = report.model_copy(update={"nodes": tuple(
+                node.model_copy(update={"schedulable": False}) for node in report.nodes)})
+        self._capacity.set_rack(rack.key, rack.location, report)
+        self._capacity_changed = True
+
+    # -- outbox, events and counters ------------------------------------------------------
+
+    def outbox(self) -> list[Outbound]:
+        """Operations not yet published, in the order they were made."""
+        return self.book.outbox()
+
+    def mark_published(self, op_ids: Iterable[str]) -> None:
+        """The daemon published these durably on their racks' queues."""
+        self.book.mark_published(op_ids)
+
+    def drain_events(self) -> list[JobEvent]:
+        """Status changes since the last drain, oldest first."""
+        return self.book.drain_events()
+
+    def statistics(self) -> OrchestratorStatistics:
+        jobs = self.book.jobs.values()
+        return OrchestratorStatistics(
+            jobs=len(jobs),
+            pending_jobs=sum(job.status is JobStatus.PENDING for job in jobs),
+            outbox=self.book.outbox_size(), **self._stats,
+            unexpected_transitions=self.book.unexpected_transitions,
+            events_dropped=self.book.events_dropped)
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -173,28 +283,22 @@ class Orchestrator(JobBook):
         """
         served = spec.serves_as
         if served is not None:
-            for other in self._jobs.values():
+            for other in self.book.jobs.values():
                 if (not other.deleting and other.spec.team == spec.team
                         and other.spec.serves_as == served):
                     raise Conflict(f"team {spec.team!r} already serves {served!r} with job "
                                    f"{other.id}; give this job another served_name or "
                                    "delete that job first")
-        check_gpu_quota(self._jobs.values(), spec, owner=owner, team_gpus=team_gpus,
+        check_gpu_quota(self.book.jobs.values(), spec, owner=owner, team_gpus=team_gpus,
                         user_gpus=user_gpus)
         job_id = self._new_job_id()
-        while job_id in self._jobs:
+        while job_id in self.book.jobs:
             job_id = self._new_job_id()
-        self._seq += 1
-        job = JobRecord(id=job_id, seq=self._seq, spec=spec, status=JobStatus.CREATING,
-                        reason="", created_at=now, updated_at=now, owner=owner,
-                        replicas={i: ReplicaRecord(index=i, status=ReplicaStatus.QUEUED)
-                                  for i in range(spec.replicas)})
-        self._jobs[job_id] = job
-        self._emit(job, None, now)
-        self._refresh(job, now)  # Creating -> Queued: the spec was validated on the way in
+        job = self.book.add_job(job_id, spec, now, owner)
+        self.book.refresh(job, now)  # Creating -> Queued: the spec was validated on the way in
         self._place(job, now)
-        self._commit()
-        return self._view(job)
+        self.book.commit()
+        return job_view(job)
 
     def restart_job(self, job_id: str, now: float) -> JobView:
         """Replace every replica's VMIs, keeping storage: Restarting until all are Active.
@@ -205,7 +309,7 @@ class Orchestrator(JobBook):
             NotFound: no such job.
             InvalidState: it is being deleted, or it never fitted (delete it).
         """
-        job = self._job(job_id)
+        job = self.book.job(job_id)
         if job.deleting:
             raise InvalidState(f"job {job_id} is being deleted; create it again instead")
         if job.unplaceable:
@@ -216,12 +320,12 @@ class Orchestrator(JobBook):
         stuck = [r.index for r in placed if not self._restart_replica(job, r)]
         if len(stuck) < len(placed):
             job.restarting = True
-            self._refresh(job, now, "restart asked")
+            self.book.refresh(job, now, "restart asked")
         if stuck:
             job.reason = f"no free GPUs to create replica(s) {stuck} again; retry later"
-            self._dirty.add(job.id)
-        self._commit()
-        return self._view(job)
+            self.book.changed(job)
+        self.book.commit()
+        return job_view(job)
 
     def delete_job(self, job_id: str, now: float) -> JobView | None:
         """Delete the job: Deleting until its worker reports every replica
@@ -231,9 +335,9 @@ class Orchestrator(JobBook):
         Raises:
             NotFound: no such job.
         """
-        job = self._job(job_id)
+        job = self.book.job(job_id)
         if job.deleting:
-            return self._view(job)
+            return job_view(job)
         for replica in list(job.replicas.values()):
             if replica.claimed:
                 if replica.status is not ReplicaStatus.DELETING:
@@ -242,13 +346,13 @@ class Orchestrator(JobBook):
                 # Never created, or already gone on its rack (reported DELETED).
                 del job.replicas[replica.index]
         if not job.replicas:
-            self._remove(job, now, "deleted")
-            self._commit()
+            self.book.remove(job, now, "deleted")
+            self.book.commit()
             return None
         job.deleting = True
-        self._refresh(job, now, "delete asked")
-        self._commit()
-        return self._view(job)
+        self.book.refresh(job, now, "delete asked")
+        self.book.commit()
+        return job_view(job)
 
     def restart_replica(self, job_id: str, replica: int, now: float) -> JobView:
         """Restart one replica of a Managed Inference Job while it is Queued,
@@ -263,9 +367,9 @@ class Orchestrator(JobBook):
         job, record = self._single_replica(job_id, replica, "restart")
         if record.status is ReplicaStatus.STARTING:
             self._restart_replica(job, record)
-            self._refresh(job, now, f"replica {replica} restart asked")
-            self._commit()
-        return self._view(job)
+            self.book.refresh(job, now, f"replica {replica} restart asked")
+            self.book.commit()
+        return job_view(job)
 
     def delete_replica(self, job_id: str, replica: int, now: float) -> JobView:
         """Delete one replica of a Managed Inference Job while it is Queued,
@@ -285,13 +389,13 @@ class Orchestrator(JobBook):
             self._delete_replica(job, record)
         else:
             del job.replicas[replica]
-        self._refresh(job, now, f"replica {replica} delete asked")
-        self._commit()
-        return self._view(job)
+        self.book.refresh(job, now, f"replica {replica} delete asked")
+        self.book.commit()
+        return job_view(job)
 
     def _single_replica(self, job_id: str, replica: int, action: Literal["restart", "delete"]
                         ) -> tuple[JobRecord, ReplicaRecord]:
-        job = self._job(job_id)
+        job = self.book.job(job_id)
         if job.spec.type is JobType.CONTAINER:
             raise BadRequest(f"job {job_id} is a GPU Container Job with one replica; "
                              f"{action} the job instead")
@@ -319,19 +423,19 @@ class Orchestrator(JobBook):
         gone = not replica.claimed
         if gone:
             try:
-                self._cluster.claim([placement])
+                self._capacity.claim([placement])
             except PlacementError:
                 return False
             replica.claimed = True
         replica.status = next_replica_status(replica.status, ReplicaEvent.RESTART)
         replica.generation += 1
         if gone:
-            self._queue(placement.rack, CreateReplica(
+            self.book.queue(placement.rack, CreateReplica(
                 op_id=op_id(job.id, replica.index, "create", replica.generation),
                 job_id=job.id, replica=replica.index, spec=job.spec, placement=placement,
                 generation=replica.generation))
         else:
-            self._queue(placement.rack, RestartReplica(
+            self.book.queue(placement.rack, RestartReplica(
                 op_id=op_id(job.id, replica.index, "restart", replica.generation),
                 job_id=job.id, replica=replica.index, generation=replica.generation))
         return True
@@ -339,30 +443,30 @@ class Orchestrator(JobBook):
     def _delete_replica(self, job: JobRecord, replica: ReplicaRecord) -> None:
         replica.status = next_replica_status(replica.status, ReplicaEvent.DELETE)
         assert replica.placement is not None
-        self._queue(replica.placement.rack, DeleteReplica(
+        self.book.queue(replica.placement.rack, DeleteReplica(
             op_id=op_id(job.id, replica.index, "delete", replica.generation),
             job_id=job.id, replica=replica.index))
 
     def status_counts(self) -> dict[str, int]:
         """Jobs per status (for the daemon's metrics)."""
         counts: dict[str, int] = {}
-        for job in self._jobs.values():
+        for job in self.book.jobs.values():
             counts[job.status.value] = counts.get(job.status.value, 0) + 1
         return counts
 
     def get_job(self, job_id: str) -> JobView:
         """Raises: NotFound: no such job."""
-        return self._view(self._job(job_id))
+        return job_view(self.book.job(job_id))
 
     def list_jobs(self, team: str | None = None) -> list[JobView]:
         """Every job (of ``team``), oldest first."""
-        return [self._view(job) for job in self._jobs.values()
+        return [job_view(job) for job in self.book.jobs.values()
                 if team is None or job.spec.team == team]
 
     def jobs_by_id(self, ids: Iterable[str], team: str | None = None) -> list[JobView]:
         """The jobs of ``ids`` that exist (and are ``team``'s), in the order asked."""
-        found = (self._jobs.get(job_id) for job_id in dict.fromkeys(ids))
-        return [self._view(job) for job in found
+        found = (self.book.jobs.get(job_id) for job_id in dict.fromkeys(ids))
+        return [job_view(job) for job in found
                 if job is not None and (team is None or job.spec.team == team)]
 
     def page_jobs(self, team: str | None = None, *, after: tuple[float, str] | None = None,
@@ -376,11 +480,11 @@ class Orchestrator(JobBook):
         def key(job: JobRecord) -> tuple[float, str]:
             return (job.created_at, job.id)
 
-        candidates = (job for job in self._jobs.values()
+        candidates = (job for job in self.book.jobs.values()
                       if (team is None or job.spec.team == team)
                       and (after is None or key(job) > after))
         page = heapq.nsmallest(limit + 1, candidates, key=key)
-        return [self._view(job) for job in page[:limit]], len(page) > limit
+        return [job_view(job) for job in page[:limit]], len(page) > limit
 
     # -- shell keys -------------------------------------------------------------------
 
@@ -398,29 +502,22 @@ class Orchestrator(JobBook):
             StoreError: it could not be saved (nothing changed in memory).
         """
         keys = keys.normalised()
-        current = self._shell_keys.get(keys.team)
+        current = self.book.shell_keys.get(keys.team)
         if current is not None and keys.version <= current.version:
             return current.version, False
         racks = ([] if current is not None and current.keys == keys.keys
                  else self._team_racks(keys.team))
-        try:
-            with self._store.transaction():
-                self._store.save_shell_keys(keys)
-                for rack in racks:
-                    self._store.add_outbound(Outbound(rack=rack, op=_shell_op(rack, keys)))
-        except Exception as exc:
-            raise StoreError(f"could not save team {keys.team}'s shell keys: {exc}; "
-                             "restart wrk-ork (it reloads its last saved state)") from exc
-        self._shell_keys[keys.team] = keys
+        self.book.set_shell_keys(keys, [Outbound(rack=rack, op=_shell_op(rack, keys))
+                                        for rack in racks])
         return keys.version, True
 
     def shell_keys(self, team: str) -> ShellKeys | None:
         """The newest shell keys app-node sent for ``team``, or None."""
-        return self._shell_keys.get(team)
+        return self.book.shell_keys.get(team)
 
     def _team_racks(self, team: str) -> list[str]:
         """Racks that hold (or are creating) the team's container jobs."""
-        return sorted({r.placement.rack for job in self._jobs.values()
+        return sorted({r.placement.rack for job in self.book.jobs.values()
                        if job.spec.team == team and job.spec.type is JobType.CONTAINER
                        for r in job.replicas.values() if r.claimed and r.placement is not None})
 
@@ -438,8 +535,8 @@ class Orchestrator(JobBook):
             spec = spec.model_copy(update={"replicas": len(waiting)})
         was_pending = job.status is JobStatus.PENDING
         try:
-            placements = self._cluster.place(spec)
-            self._cluster.claim(placements)  # books them; cannot race here, checked anyway
+            placements = place(self._capacity, spec)
+            self._capacity.claim(placements)  # books them; cannot race here, checked anyway
             event = ReplicaEvent.PLACED
         except NoCapacity as exc:
             placements, event, reason = (), ReplicaEvent.NO_CAPACITY, str(exc)
@@ -455,33 +552,33 @@ class Orchestrator(JobBook):
         if event is ReplicaEvent.NO_CAPACITY and was_pending:
             return False  # still waiting: no event, nothing written
         if was_pending:
-            self._set_status(job, JobStatus.QUEUED, "capacity freed", now)
+            self.book.set_status(job, JobStatus.QUEUED, "capacity freed", now)
         if event is ReplicaEvent.PLACED:
-            shell = (self._shell_keys.get(spec.team) if spec.type is JobType.CONTAINER
+            shell = (self.book.shell_keys.get(spec.team) if spec.type is JobType.CONTAINER
                      else None)
             if shell is not None:
                 # Before the create: the worker renders the newest keys into the
                 # agent's config (a repeat for a rack that has them: ignored).
-                self._queue(placements[0].rack, _shell_op(placements[0].rack, shell))
+                self.book.queue(placements[0].rack, _shell_op(placements[0].rack, shell))
             for replica, placement in zip(waiting, placements, strict=True):
                 replica.status = next_replica_status(replica.status, event)
                 replica.placement, replica.claimed = placement, True
-                self._queue(placement.rack, CreateReplica(
+                self.book.queue(placement.rack, CreateReplica(
                     op_id=op_id(job.id, replica.index, "create", replica.generation),
                     job_id=job.id, replica=replica.index, spec=job.spec,
                     placement=placement, generation=replica.generation))
             job.rack = placements[0].rack
-            self._refresh(job, now, "")
+            self.book.refresh(job, now, "")
         else:
             for replica in waiting:
                 replica.status = next_replica_status(replica.status, event)
             job.unplaceable = event is ReplicaEvent.UNPLACEABLE
-            self._refresh(job, now, reason)
+            self.book.refresh(job, now, reason)
         return True
 
     def _unheard_racks(self, location: str) -> list[str]:
         """Racks of ``location`` that never reported their capacity, or went silent."""
-        return sorted(rack.key for rack in self._racks.values()
+        return sorted(rack.key for rack in self.book.racks.values()
                       if rack.location == location and (rack.report is None or rack.silent))
 
     def _place_pending(self, now: float) -> None:
@@ -489,7 +586,8 @@ class Orchestrator(JobBook):
         if not self._capacity_changed:
             return  # nothing freed: every Pending job would get NoCapacity again
         self._capacity_changed = False
-        pending = sorted((job for job in self._jobs.values() if job.status is JobStatus.PENDING),
+        pending = sorted((job for job in self.book.jobs.values()
+                          if job.status is JobStatus.PENDING),
                          key=lambda job: (job.created_at, job.seq))
         for job in pending:
             self._place(job, now)
@@ -504,24 +602,24 @@ class Orchestrator(JobBook):
         Raises:
             BadRequest: not a key or location, or registered under another location.
         """
-        key = self._key(rack)
+        key = rack_key(rack)
         if not _LOCATION.match(location):
             raise BadRequest(f"location {location!r} must be letters, digits, '.', '_' or '-'")
         if name is not None and not (0 < len(name) <= 100):
             raise BadRequest("a rack name is 1 to 100 characters")
-        old = self._racks.get(key)
+        old = self.book.racks.get(key)
         if old is not None:
             if old.location != location:
                 raise BadRequest(f"rack {key[:12]} is registered under location "
                                  f"{old.location!r}; remove it first to move it")
             old.name = name if name is not None else old.name
         else:
-            old = self._racks[key] = RackRecord(key=key, location=location, name=name,
-                                                registered_at=now)
+            old = RackRecord(key=key, location=location, name=name, registered_at=now)
+            self.book.add_rack(old)
             self._set_capacity(old)
             self._heard[key] = now
-        self._racks_dirty.add(key)
-        self._commit()
+        self.book.rack_changed(key)
+        self.book.commit()
         return self._rack_info(old)
 
     def remove_rack(self, rack: str) -> None:
@@ -531,29 +629,35 @@ class Orchestrator(JobBook):
             NotFound: no such rack.
             InvalidState: jobs still have replicas on it (delete them first).
         """
-        key = self._rack(rack).key
-        holding = [job.id for job in self._jobs.values() if self._on_rack(job, key)]
+        key = self.book.rack(rack).key
+        holding = [job.id for job in self.book.jobs.values() if holds_gpus_on(job, key)]
         if holding:
             raise InvalidState(f"rack {key[:12]} still runs {len(holding)} job(s) "
                                f"({', '.join(holding[:3])}); delete them first")
         try:
-            self._cluster.remove_rack(key)
+            self._capacity.remove_rack(key)
         except PlacementError as exc:
             raise InvalidState(str(exc)) from exc
-        del self._racks[key]
         self._heard.pop(key, None)
         self._reported_at.pop(key, None)
         self._capacity_changed = True  # Pending jobs of its location may never fit now
-        self._positions.pop(key, None)
-        try:
-            with self._store.transaction():
-                self._store.delete_rack(key)
-        except Exception as exc:
-            raise StoreError(f"could not save the rack's removal: {exc}") from exc
+        self.book.remove_rack(key)
+
+    def _rack_info(self, rack: RackRecord) -> RackInfo:
+        capacity = next((view for view in self._capacity.racks() if view.rack == rack.key), None)
+        return RackInfo(
+            key=rack.key, location=rack.location, name=rack.name,
+            registered_at=rack.registered_at, reported=rack.report is not None,
+            silent=rack.silent,
+            nodes=capacity.nodes if capacity else 0, gpus=capacity.gpus if capacity else 0,
+            free=capacity.free if capacity else 0,
+            overlay_network=capacity.overlay_network if capacity else False,
+            jobs=sum(holds_gpus_on(job, rack.key) for job in self.book.jobs.values()),
+            last_report_at=self._reported_at.get(rack.key))
 
     def racks(self) -> list[RackInfo]:
         """Every registered rack, in registration order."""
-        return [self._rack_info(rack) for rack in self._racks.values()]
+        return [self._rack_info(rack) for rack in self.book.racks.values()]
 
     def reserve_nodes(self, rack: str, nodes: Iterable[str], team: str) -> None:
         """Reserve nodes of a rack for ``team``: only its jobs run there, and
@@ -564,24 +668,24 @@ class Orchestrator(JobBook):
             BadRequest: not a team name.
             InvalidState: a node is reserved by another team (release it first).
         """
-        key = self._rack(rack).key
+        key = self.book.rack(rack).key
         if not _TEAM.match(team):
             raise BadRequest(f"team {team!r} must be letters, digits, '.', '_' or '-'")
         nodes = list(nodes)
-        listed = {node.name for node in (self._racks[key].report or RackReport(nodes=())).nodes}
+        listed = {node.name for node in (self.book.racks[key].report or RackReport(nodes=())).nodes}
         for node in nodes:
             if node not in listed:
                 raise NotFound(f"rack {key[:12]} reports no node {node!r}")
-        taken = {(view.rack, view.name): view.reserved_for for view in self._cluster.nodes()}
+        taken = {(view.rack, view.name): view.reserved_for for view in self._capacity.nodes()}
         for node in nodes:
             holder = taken.get((key, node))
             if holder not in (None, team):
                 raise InvalidState(f"node {node} of rack {key[:12]} is reserved by team "
                                    f"{holder}; release it first")
         for node in nodes:
-            self._cluster.reserve(key, node, team)
-        self._save_reservations(lambda: [self._store.save_reservation(key, node, team)
-                                           for node in nodes])
+            self._capacity.reserve(key, node, team)
+        self._capacity_changed = True  # tried at the next tick (events need a ``now``)
+        self.book.reserve(key, nodes, team)
 
     def release_nodes(self, rack: str, nodes: Iterable[str]) -> None:
         """End the reservations of nodes of a rack (nodes without one are skipped).
@@ -589,26 +693,16 @@ class Orchestrator(JobBook):
         Raises:
             NotFound: no such rack.
         """
-        key = self._rack(rack).key
+        key = self.book.rack(rack).key
         nodes = list(nodes)
         for node in nodes:
-            self._cluster.release(key, node)
-        self._save_reservations(lambda: [self._store.delete_reservation(key, node)
-                                           for node in nodes])
-
-    def _save_reservations(self, write: Callable[[], object]) -> None:
-        # Reservations change what fits; Pending jobs are tried at the next tick
-        # (they need a ``now`` for their events).
-        self._capacity_changed = True
-        try:
-            with self._store.transaction():
-                write()
-        except Exception as exc:
-            raise StoreError(f"could not save the reservation: {exc}") from exc
+            self._capacity.release(key, node)
+        self._capacity_changed = True  # tried at the next tick (events need a ``now``)
+        self.book.release(key, nodes)
 
     def nodes(self) -> list[NodeView]:
         """Every node of every rack with its free GPUs and reservation."""
-        return self._cluster.nodes()
+        return self._capacity.nodes()
 
     # -- reports and time ------------------------------------------------------------------
 
@@ -628,27 +722,25 @@ class Orchestrator(JobBook):
         an older generation, or that the replica's status cannot take, change
         nothing (counted in :meth:`statistics`).
         """
-        key = self._key(rack)
-        if key not in self._racks:
+        key = rack_key(rack)
+        if key not in self.book.racks:
             self._stats["reports_unknown"] += 1
             return
         self._hear(key, now)
         if isinstance(report, RackUpdate):
-            record = self._racks[key]
+            record = self.book.racks[key]
             if report.rack != record.report:  # most are the periodic "still here"
                 record.report = report.rack
                 self._set_capacity(record)
-                self._racks_dirty.add(key)
+                self.book.rack_changed(key)
             self._stats["reports_applied"] += 1
             self._place_pending(now)
         else:
             self._apply_replica_report(key, report, now)
-        if position is not None:
-            self._positions[key] = position
-        self._commit(position=(key, position) if position is not None else None)
+        self.book.commit(position=(key, position) if position is not None else None)
 
     def _apply_replica_report(self, rack: str, report: ReplicaReport, now: float) -> None:
-        job = self._jobs.get(report.job_id)
+        job = self.book.jobs.get(report.job_id)
         replica = None if job is None else job.replicas.get(report.replica)
         if job is None or replica is None:
             self._stats["reports_unknown"] += 1
@@ -673,42 +765,42 @@ class Orchestrator(JobBook):
         replica.agents = report.agents
         freed = False
         if event is ReplicaEvent.REPORTED_DELETED:
-            self._cluster.unclaim([replica.placement])
+            self._capacity.unclaim([replica.placement])
             self._capacity_changed = True
             replica.claimed, freed = False, True
         if status is ReplicaStatus.DELETED:
             del job.replicas[replica.index]
         if not job.replicas:
-            self._remove(job, now, "deleted")
+            self.book.remove(job, now, "deleted")
         else:
             reason = (report.message
                       if status in (ReplicaStatus.FAILED, ReplicaStatus.UNKNOWN) else "")
-            self._refresh(job, now, reason)
+            self.book.refresh(job, now, reason)
         if freed:
             self._place_pending(now)
 
     def report_position(self, rack: str) -> int | None:
         """The queue position of the last report applied from ``rack``, if any."""
-        return self._positions.get(rack)
+        return self.book.report_position(rack)
 
     def tick(self, now: float) -> None:
         """Mark silent racks' jobs Unknown and place Pending jobs that now fit."""
-        for key, rack in self._racks.items():
+        for key, rack in self.book.racks.items():
             heard = self._heard.setdefault(key, now)
             if not rack.silent and now - heard >= self.unknown_after_s:
                 rack.silent = True
-                self._racks_dirty.add(key)
+                self.book.rack_changed(key)
                 self._set_capacity(rack)
-                for job in self._jobs.values():
-                    if self._on_rack(job, key):
-                        self._refresh(job, now, f"no report from rack {key[:12]} for "
+                for job in self.book.jobs.values():
+                    if holds_gpus_on(job, key):
+                        self.book.refresh(job, now, f"no report from rack {key[:12]} for "
                                                 f"{now - heard:.0f} s")
         self._place_pending(now)
-        self._commit()
+        self.book.commit()
 
     def next_deadline(self) -> float | None:
         """When the next rack goes silent if it stays quiet (None: no rack can)."""
-        times = [self._heard[k] + self.unknown_after_s for k, rack in self._racks.items()
+        times = [self._heard[k] + self.unknown_after_s for k, rack in self.book.racks.items()
                  if k in self._heard and not rack.silent]
         return min(times, default=None)
 
@@ -720,12 +812,12 @@ class Orchestrator(JobBook):
         self._heard[key] = now
         self._reported_at[key] = now
         self._last_report_at = now
-        rack = self._racks[key]
+        rack = self.book.racks[key]
         if rack.silent:
             rack.silent = False
-            self._racks_dirty.add(key)
+            self.book.rack_changed(key)
             self._set_capacity(rack)
-            for job in self._jobs.values():
-                if self._on_rack(job, key):
-                    self._refresh(job, now, "")
+            for job in self.book.jobs.values():
+                if holds_gpus_on(job, key):
+                    self.book.refresh(job, now, "")
             self._place_pending(now)

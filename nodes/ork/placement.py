@@ -29,11 +29,12 @@ Best fit, to keep whole nodes whole for big replicas: a replica goes to the
 node with the fewest free GPUs that still holds it, ties broken by rack key
 then node name; for several replicas, racks are tried in order of their
 tightest fitting node (then key) and packed best fit within the rack. The
-answer is deterministic for a given book of capacity and claims.
+answer is deterministic for a given capacity and its claims.
 
-:meth:`Cluster.place` only answers; :meth:`Cluster.claim` books the answer
-(and re-checks it, since capacity may change between the two), and
-:meth:`Cluster.unclaim` gives the GPUs back when replicas are deleted.
+Placement is functions over a :class:`~nodes.ork.capacity.Capacity`:
+:func:`place` only reads it and answers; :meth:`Capacity.claim` books the
+answer (and re-checks it, since capacity may change between the two), and
+:meth:`Capacity.unclaim` gives the GPUs back when replicas are deleted.
 Falls short: packing several replicas is greedy, so a job that fits only with
 a cleverer arrangement is reported as not fitting; the "could it ever fit"
 check packs the same greedy way on an empty rack.
@@ -43,37 +44,32 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from contracts.model import JobSpec, JobType, NodeShare, ReplicaPlacement
 
-from ._capacity import (
+from .capacity import (
     Capacity,
+    LocationPool,
     NoCapacity,
-    Node,
-    NodeView,
     PlacementError,
     Rack,
-    RackView,
     Unplaceable,
-    short,
 )
 
 __all__ = [
-    "Cluster",
-    "ClusterStatistics",
     "NoCapacity",
-    "NodeView",
     "PlacementError",
-    "RackView",
     "Unplaceable",
+    "never_fits",
     "pack_single",
     "pack_spanning",
+    "place",
 ]
 
-#: Answers to "could this job ever fit" kept between capacity changes; the key
-#: has the team in it (for the message), so the bound holds many teams' shapes.
+#: Answers to "could this job ever fit" kept in ``Capacity.shape_memo`` between
+#: capacity changes; the key has the team in it (for the message), so the bound
+#: holds many teams' shapes.
 NEVER_CACHE_SIZE = 4096
 
 #: One replica's shares as (node name, GPUs), before they become a ReplicaPlacement.
@@ -142,21 +138,6 @@ def pack_spanning(candidates: list[tuple[int, str]], gpus: int,
     return placed
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterStatistics:
-    """Counters for the monitor (trio's ``statistics()`` convention)."""
-
-    racks: int
-    nodes: int
-    gpus: int
-    #: GPUs booked by claim()/restore() and not yet released.
-    claimed_gpus: int
-    #: place() calls that returned placements / raised NoCapacity / Unplaceable.
-    placed: int
-    no_capacity: int
-    unplaceable: int
-
-
 def _placements(rack: str, packed: list[Shares]) -> tuple[ReplicaPlacement, ...]:
     return tuple(ReplicaPlacement(rack=rack, shares=tuple(
         NodeShare(node=name, gpus=gpus) for name, gpus in shares)) for shares in packed)
@@ -168,299 +149,180 @@ def _what(spec: JobSpec) -> str:
     return f"a {spec.runtime.value if spec.runtime else ''} replica".replace("vllm", "vLLM")
 
 
-class Cluster(Capacity):
-    """wrk-ork's racks and claims, and the placement of jobs on them.
+def place(capacity: Capacity, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
+    """Where each replica of ``spec`` would run now; nothing is claimed.
 
-    Usage::
+    Args:
+        capacity: the racks, reservations and claims to place on; only read
+            (its ``shape_memo`` may learn an answer).
+        spec: the job.
 
-        cluster.set_rack(worker_key_hex, "default", report)
-        placements = cluster.place(spec)     # Unplaceable → fail; NoCapacity → Pending
-        cluster.claim(placements)            # NoCapacity if it raced; place again
-        ...
-        cluster.unclaim(placements)          # when the replicas are deleted
-        cluster.restore(placements)          # on restart, for replicas already running
+    Returns:
+        One placement per replica, all on one rack; book them with
+        :meth:`Capacity.claim` before publishing the create operations.
+
+    Raises:
+        Unplaceable: the job can never run as the location is registered.
+        NoCapacity: it could, but not with the GPUs free now.
     """
+    racks = capacity.racks_in(spec.location)
+    if not racks:
+        raise Unplaceable(f"no rack is registered in location {spec.location}")
+    owner = capacity.owner_for(spec.team)
+    gpus = spec.gpus
+    if spec.replicas == 1:
+        # The common case, in O(log sizes): the globally tightest node. A
+        # node holding the replica means its rack places it on one node,
+        # which ranks before every multi-node option.
+        lpool = capacity.pool(spec.location, owner)
+        if lpool is not None:
+            frees = lpool.frees
+            i = bisect.bisect_left(frees, gpus)
+            if i < len(frees):
+                free = frees[i]
+                key = min(lpool.racks_at[free])
+                name = min(racks[key].pools[owner].at[free])
+                return (ReplicaPlacement(rack=key, shares=(NodeShare(node=name, gpus=gpus),)),)
+    if spec.replicas > 1 or spec.may_span_nodes:
+        found = _search(capacity.pool(spec.location, owner), spec, owner, racks)
+        if found is not None:
+            return found
+    reason = never_fits(capacity, spec)
+    if reason is not None:
+        raise Unplaceable(reason)
+    raise NoCapacity(_no_room(capacity.pool(spec.location, owner), spec, owner))
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._placed = self._no_capacity = self._unplaceable = 0
 
-    def statistics(self) -> ClusterStatistics:
-        """A snapshot of the book's size and of place()'s outcomes so far."""
-        racks = self._racks.values()
-        return ClusterStatistics(
-            racks=len(self._racks), nodes=sum(len(r.nodes) for r in racks),
-            gpus=sum(n.gpus for r in racks for n in r.nodes.values()),
-            claimed_gpus=sum(r.claimed for r in racks), placed=self._placed,
-            no_capacity=self._no_capacity, unplaceable=self._unplaceable)
+def never_fits(capacity: Capacity, spec: JobSpec) -> str | None:
+    """Why ``spec`` could not run even on an empty location, or None if it could.
 
-    def place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
-        """Where each replica of ``spec`` would run now; nothing is claimed.
+    Memoised in ``capacity.shape_memo`` until racks, nodes or reservations
+    change, so Pending jobs retried on every release cost one dict lookup here.
+    """
+    owner = capacity.owner_for(spec.team)
+    key = (spec.location, owner, spec.may_span_nodes, spec.type, spec.runtime, spec.gpus,
+           spec.replicas, spec.team)
+    memo = capacity.shape_memo
+    try:
+        return memo[key]
+    except KeyError:
+        pass
+    reason = _never_reason(spec, owner, capacity.racks_in(spec.location))
+    if len(memo) >= NEVER_CACHE_SIZE:
+        memo.clear()  # at the bound: recompute; each answer is one pass
+    memo[key] = reason
+    return reason
 
-        Returns:
-            One placement per replica, all on one rack; call :meth:`claim`
-            with them before publishing the create operations.
 
-        Raises:
-            Unplaceable: the job can never run as the location is registered.
-            NoCapacity: it could, but not with the GPUs free now.
-        """
-        try:
-            placements = self._place(spec)
-        except NoCapacity:
-            self._no_capacity += 1
-            raise
-        except Unplaceable:
-            self._unplaceable += 1
-            raise
-        self._placed += 1
-        return placements
+def _search(lpool: LocationPool | None, spec: JobSpec, owner: str | None,
+            racks: Mapping[str, Rack]) -> tuple[ReplicaPlacement, ...] | None:
+    """The first rack, in preference order, that holds the whole job now.
 
-    def _place(self, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
-        racks = self._by_location.get(spec.location)
-        if not racks:
-            raise Unplaceable(f"no rack is registered in location {spec.location}")
-        owner = self.owner_for(spec.team)
-        gpus = spec.gpus
-        if spec.replicas == 1:
-            # The common case, in O(log sizes): the globally tightest node. A
-            # node holding the replica means its rack places it on one node,
-            # which ranks before every multi-node option.
-            lpool = self._pools.get((spec.location, owner))
-            if lpool is not None:
-                frees = lpool.frees
-                i = bisect.bisect_left(frees, gpus)
-                if i < len(frees):
-                    free = frees[i]
-                    key = min(lpool.racks_at[free])
-                    name = min(racks[key].pools[owner].at[free])
-                    return (ReplicaPlacement(rack=key, shares=(NodeShare(node=name, gpus=gpus),)),)
-        if spec.replicas > 1 or spec.may_span_nodes:
-            found = self._search(spec, owner, racks)
-            if found is not None:
-                return found
-        reason = self._never(spec, owner, racks)
-        if reason is not None:
-            raise Unplaceable(reason)
-        raise NoCapacity(self._no_room(spec, owner))
-
-    def claim(self, placements: Iterable[ReplicaPlacement]) -> None:
-        """Book the GPUs of ``placements`` (all or none).
-
-        Raises:
-            NoCapacity: a rack or node is gone, unschedulable, or no longer has
-                the GPUs free; nothing was booked: place the job again.
-            PlacementError: a multi-node placement with unequal or repeated shares.
-        """
-        wanted = self._tally(placements, NoCapacity)
-        for node, gpus in wanted.items():
-            if not (node.present and node.schedulable):
-                raise NoCapacity(f"node {node.name} of rack {short(node.rack)} takes no new "
-                                 "replicas now (unschedulable or gone)")
-            if node.free < gpus:
-                raise NoCapacity(f"node {node.name} of rack {short(node.rack)} has {node.free} "
-                                 f"GPUs free, {gpus} asked")
-        for node, gpus in wanted.items():
-            self._book(node, gpus)
-
-    def restore(self, placements: Iterable[ReplicaPlacement]) -> None:
-        """Book the GPUs of replicas that already run, e.g. when wrk-ork starts
-        again and reloads its jobs after registering the racks.
-
-        Running replicas are facts, so nothing is re-checked: a node that is
-        now cordoned, smaller, or missing from the report still gets the
-        claims (a missing one is kept as a ghost until they are released).
-
-        Raises:
-            PlacementError: a rack is not registered (call :meth:`set_rack`
-                first), or a multi-node placement has unequal shares.
-        """
-        wanted: dict[tuple[Rack, str], int] = {}
-        for placement in placements:
-            rack = self._racks.get(placement.rack)
-            if rack is None:
-                raise PlacementError(f"rack {short(placement.rack)} is not registered; "
-                                     "register racks before restoring their claims")
-            self._check_shares(placement)
-            for share in placement.shares:
-                wanted[(rack, share.node)] = wanted.get((rack, share.node), 0) + share.gpus
-        for (rack, name), gpus in wanted.items():
-            node = rack.nodes.get(name)
-            if node is None:
-                node = rack.nodes[name] = Node(rack.key, name)
-                node.owner = self._reservations.get((rack.key, name))
-            self._book(node, gpus)
-
-    def unclaim(self, placements: Iterable[ReplicaPlacement]) -> None:
-        """Give back the GPUs of ``placements`` (all or none), e.g. when their
-        replicas are deleted; pending jobs may fit afterwards.
-
-        Raises:
-            PlacementError: a rack or node unknown, or more GPUs released than
-                are claimed there.
-        """
-        wanted = self._tally(placements, PlacementError)
-        for node, gpus in wanted.items():
-            if node.claimed < gpus:
-                raise PlacementError(f"node {node.name} of rack {short(node.rack)} holds "
-                                     f"{node.claimed} claimed GPUs, {gpus} released")
-        for node, gpus in wanted.items():
-            self._book(node, -gpus)
-
-    # -- internals ---------------------------------------------------------------
-
-    def _tally(self, placements: Iterable[ReplicaPlacement],
-               missing: type[PlacementError]) -> dict[Node, int]:
-        wanted: dict[Node, int] = {}
-        for placement in placements:
-            rack = self._racks.get(placement.rack)
-            if rack is None:
-                raise missing(f"rack {short(placement.rack)} is not registered")
-            self._check_shares(placement)
-            for share in placement.shares:
-                node = rack.nodes.get(share.node)
-                if node is None:
-                    raise missing(f"rack {short(rack.key)} has no node {share.node}")
-                wanted[node] = wanted.get(node, 0) + share.gpus
-        return wanted
-
-    @staticmethod
-    def _check_shares(placement: ReplicaPlacement) -> None:
-        shares = placement.shares
-        if len(shares) > 1 and (len({s.node for s in shares}) != len(shares)
-                                or len({s.gpus for s in shares}) != 1):
-            raise PlacementError("a multi-node replica takes equal shares on distinct nodes")
-
-    def _search(self, spec: JobSpec, owner: str | None,
-                racks: Mapping[str, Rack]) -> tuple[ReplicaPlacement, ...] | None:
-        """The first rack, in preference order, that holds the whole job now.
-
-        Single-node racks come first, by their tightest fitting node then key;
-        then (vLLM only) racks every usable node of which is smaller than the
-        replica, by the fewest nodes the first replica would take, then key.
-        Both walks start from the location's free buckets, so racks without
-        room are never visited.
-        """
-        lpool = self._pools.get((spec.location, owner))
-        if lpool is None:
-            return None
-        gpus, replicas = spec.gpus, spec.replicas
-        frees = lpool.frees
-        seen: set[str] = set()
-        for free in frees[bisect.bisect_left(frees, gpus):]:
-            for key in sorted(lpool.racks_at[free]):
-                if key in seen:
-                    continue
-                seen.add(key)
-                rpool = racks[key].pools[owner]
-                room = 0
-                for f, names in rpool.at.items():
-                    if f >= gpus:
-                        room += len(names) * (f // gpus)
-                if room >= replicas:
-                    packed = pack_single(sorted((f, name) for f, names in rpool.at.items()
-                                                if f >= gpus for name in names), gpus, replicas)
-                    if packed is not None:  # always, given the room
-                        return _placements(key, packed)
-        if not spec.may_span_nodes:
-            return None
-        ib_frees = lpool.ib_frees
-        for k in spans(gpus):
-            share = gpus // k
-            counts: dict[str, int] = {}
-            for free in ib_frees[bisect.bisect_left(ib_frees, share):]:
-                for key, count in lpool.ib_racks_at[free].items():
-                    counts[key] = counts.get(key, 0) + count
-            for key in sorted(key for key, count in counts.items() if count >= k):
-                if key in seen:
-                    continue  # tried already: at a smaller k, or it places single-node
-                seen.add(key)
-                rack = racks[key]
-                rpool = rack.pools[owner]
-                if not rack.overlay or rpool.largest >= gpus:
-                    continue
-                packed = pack_spanning(sorted((f, name) for f, names in rpool.ib_at.items()
-                                              for name in names), gpus, replicas)
-                if packed is not None:
-                    return _placements(key, packed)
+    Single-node racks come first, by their tightest fitting node then key;
+    then (vLLM only) racks every usable node of which is smaller than the
+    replica, by the fewest nodes the first replica would take, then key.
+    Both walks start from the location's free buckets, so racks without
+    room are never visited.
+    """
+    if lpool is None:
         return None
-
-    def _never(self, spec: JobSpec, owner: str | None, racks: Mapping[str, Rack]) -> str | None:
-        """Why the job could not run even on an empty location, or None if it could.
-
-        Cached until capacity or reservations change, so Pending jobs retried
-        on every release cost one dict lookup here.
-        """
-        key = (spec.location, owner, spec.may_span_nodes, spec.type, spec.runtime, spec.gpus,
-               spec.replicas, spec.team)
-        try:
-            return self._never_cache[key]
-        except KeyError:
-            pass
-        reason = self._never_reason(spec, owner, racks)
-        if len(self._never_cache) >= NEVER_CACHE_SIZE:
-            self._never_cache.clear()  # at the bound: recompute; each answer is one pass
-        self._never_cache[key] = reason
-        return reason
-
-    def _never_reason(self, spec: JobSpec, owner: str | None,
-                      racks: Mapping[str, Rack]) -> str | None:
-        gpus, replicas, span = spec.gpus, spec.replicas, spec.may_span_nodes
-        location = spec.location
-        largest = 0
-        reserved_elsewhere = False
-        overlay = False
-        for rack in racks.values():
-            nodes = []
-            for node in rack.nodes.values():
-                if node.present and node.gpus:
-                    if node.owner == owner:
-                        nodes.append(node)
-                    else:
-                        reserved_elsewhere = True
-            if not nodes:
+    gpus, replicas = spec.gpus, spec.replicas
+    frees = lpool.frees
+    seen: set[str] = set()
+    for free in frees[bisect.bisect_left(frees, gpus):]:
+        for key in sorted(lpool.racks_at[free]):
+            if key in seen:
                 continue
-            overlay = overlay or rack.overlay
-            size = max(node.gpus for node in nodes)
-            largest = max(largest, size)
-            if size >= gpus:
-                if sum(node.gpus // gpus for node in nodes) >= replicas:
-                    return None
-            elif span and rack.overlay:
-                candidates = sorted((node.gpus, node.name) for node in nodes if node.infiniband)
-                if pack_spanning(candidates, gpus, replicas) is not None:
-                    return None
-        if owner is not None:
-            scope = f"reserved by team {owner} "
-        else:
-            scope = "not reserved by a team " if reserved_elsewhere else ""
-        if not largest:
-            if owner is not None:
-                return (f"team {owner} runs its jobs only on the nodes it reserved, and none of "
-                        f"them with GPUs is in location {location}")
-            return (f"every node with GPUs in location {location} is reserved by a team, and "
-                    f"team {spec.team} has reserved none")
-        if gpus > largest and not span:
-            return (f"{_what(spec)} runs on one node: {gpus} GPUs asked, the largest node "
-                    f"{scope}in location {location} holds {largest}")
-        if gpus > largest:
-            if not overlay:
-                return (f"a vLLM replica of {gpus} GPUs is larger than any node {scope}in location "
-                        f"{location} (the largest holds {largest}), so it must span nodes, and "
-                        "no rack there has an overlay network")
-            return (f"a vLLM replica of {gpus} GPUs must span nodes (the largest {scope}in "
-                    f"location {location} holds {largest}), each giving the same number of "
-                    "GPUs over InfiniBand, and no rack there with an overlay network has enough "
-                    f"InfiniBand nodes {scope}for {replicas} such replica(s)")
-        return (f"the {replicas} replicas of {gpus} GPUs must all run on one rack, and no rack in "
-                f"location {location} holds that many on nodes {scope}even when empty")
+            seen.add(key)
+            rpool = racks[key].pools[owner]
+            room = 0
+            for f, names in rpool.at.items():
+                if f >= gpus:
+                    room += len(names) * (f // gpus)
+            if room >= replicas:
+                packed = pack_single(sorted((f, name) for f, names in rpool.at.items()
+                                            if f >= gpus for name in names), gpus, replicas)
+                if packed is not None:  # always, given the room
+                    return _placements(key, packed)
+    if not spec.may_span_nodes:
+        return None
+    ib_frees = lpool.ib_frees
+    for k in spans(gpus):
+        share = gpus // k
+        counts: dict[str, int] = {}
+        for free in ib_frees[bisect.bisect_left(ib_frees, share):]:
+            for key, count in lpool.ib_racks_at[free].items():
+                counts[key] = counts.get(key, 0) + count
+        for key in sorted(key for key, count in counts.items() if count >= k):
+            if key in seen:
+                continue  # tried already: at a smaller k, or it places single-node
+            seen.add(key)
+            rack = racks[key]
+            rpool = rack.pools[owner]
+            if not rack.overlay or rpool.largest >= gpus:
+                continue
+            packed = pack_spanning(sorted((f, name) for f, names in rpool.ib_at.items()
+                                          for name in names), gpus, replicas)
+            if packed is not None:
+                return _placements(key, packed)
+    return None
 
-    def _no_room(self, spec: JobSpec, owner: str | None) -> str:
-        lpool = self._pools.get((spec.location, owner))
-        total = lpool.free_total if lpool is not None else 0
-        most = lpool.frees[-1] if lpool is not None and lpool.frees else 0
-        who = f"the nodes team {owner} reserved" if owner is not None else "unreserved nodes"
-        many = f"{spec.replicas} replicas" if spec.replicas > 1 else "1 replica"
-        return (f"no room now in location {spec.location} for {many} of {spec.gpus} GPUs: "
-                f"{total} GPUs free on {who}, at most {most} on one node; the job waits "
-                "until GPUs are released")
+def _never_reason(spec: JobSpec, owner: str | None, racks: Mapping[str, Rack]) -> str | None:
+    gpus, replicas, span = spec.gpus, spec.replicas, spec.may_span_nodes
+    location = spec.location
+    largest = 0
+    reserved_elsewhere = False
+    overlay = False
+    for rack in racks.values():
+        nodes = []
+        for node in rack.nodes.values():
+            if node.present and node.gpus:
+                if node.owner == owner:
+                    nodes.append(node)
+                else:
+                    reserved_elsewhere = True
+        if not nodes:
+            continue
+        overlay = overlay or rack.overlay
+        size = max(node.gpus for node in nodes)
+        largest = max(largest, size)
+        if size >= gpus:
+            if sum(node.gpus // gpus for node in nodes) >= replicas:
+                return None
+        elif span and rack.overlay:
+            candidates = sorted((node.gpus, node.name) for node in nodes if node.infiniband)
+            if pack_spanning(candidates, gpus, replicas) is not None:
+                return None
+    if owner is not None:
+        scope = f"reserved by team {owner} "
+    else:
+        scope = "not reserved by a team " if reserved_elsewhere else ""
+    if not largest:
+        if owner is not None:
+            return (f"team {owner} runs its jobs only on the nodes it reserved, and none of "
+                    f"them with GPUs is in location {location}")
+        return (f"every node with GPUs in location {location} is reserved by a team, and "
+                f"team {spec.team} has reserved none")
+    if gpus > largest and not span:
+        return (f"{_what(spec)} runs on one node: {gpus} GPUs asked, the largest node "
+                f"{scope}in location {location} holds {largest}")
+    if gpus > largest:
+        if not overlay:
+            return (f"a vLLM replica of {gpus} GPUs is larger than any node {scope}in location "
+                    f"{location} (the largest holds {largest}), so it must span nodes, and "
+                    "no rack there has an overlay network")
+        return (f"a vLLM replica of {gpus} GPUs must span nodes (the largest {scope}in "
+                f"location {location} holds {largest}), each giving the same number of "
+                "GPUs over InfiniBand, and no rack there with an overlay network has enough "
+                f"InfiniBand nodes {scope}for {replicas} such replica(s)")
+    return (f"the {replicas} replicas of {gpus} GPUs must all run on one rack, and no rack in "
+            f"location {location} holds that many on nodes {scope}even when empty")
+
+def _no_room(lpool: LocationPool | None, spec: JobSpec, owner: str | None) -> str:
+    total = lpool.free_total if lpool is not None else 0
+    most = lpool.frees[-1] if lpool is not None and lpool.frees else 0
+    who = f"the nodes team {owner} reserved" if owner is not None else "unreserved nodes"
+    many = f"{spec.replicas} replicas" if spec.replicas > 1 else "1 replica"
+    return (f"no room now in location {spec.location} for {many} of {spec.gpus} GPUs: "
+            f"{total} GPUs free on {who}, at most {most} on one node; the job waits "
+            "until GPUs are released")

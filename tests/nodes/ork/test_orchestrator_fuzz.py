@@ -119,7 +119,7 @@ class OrkMachine(RuleBasedStateMachine):
     def claims_match_the_replicas_holding_gpus(self):
         orch = self.world.orch
         claimed: dict[str, int] = {}
-        for job in orch._jobs.values():
+        for job in orch.book.jobs.values():
             for replica in job.replicas.values():
                 if replica.claimed:
                     for share in replica.placement.shares:
@@ -131,9 +131,9 @@ class OrkMachine(RuleBasedStateMachine):
     def statuses_are_derived_and_every_change_is_in_the_table(self):
         orch = self.world.orch
         assert orch.statistics().unexpected_transitions == 0
-        for job in orch._jobs.values():
+        for job in orch.book.jobs.values():
             assert job.status is derive_job_status(
-                [r.status for r in job.replicas.values()], orch._flags(job))
+                [r.status for r in job.replicas.values()], orch.book.flags(job))
             assert job.replicas, "a job without replicas must be gone"
 
 

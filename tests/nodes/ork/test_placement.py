@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.model import JobSpec, NodeInfo, RackReport, ReplicaPlacement
-from nodes.ork.placement import Cluster, NoCapacity, PlacementError, Unplaceable
+from nodes.ork.capacity import Capacity
+from nodes.ork.placement import NoCapacity, PlacementError, Unplaceable, never_fits, place
 
 IMAGE = "docker://registry.local/img:1"
 
@@ -55,21 +56,21 @@ def inference(gpus: int, runtime: str = "vllm", replicas: int = 1, team: str = "
                    replicas=replicas, runtime=runtime, model="m", location=location)
 
 
-def build(racks: list[R]) -> Cluster:
-    cluster = Cluster()
+def build(racks: list[R]) -> Capacity:
+    capacity = Capacity()
     for r in racks:
-        cluster.set_rack(key(r.alias), r.location, RackReport(
+        capacity.set_rack(key(r.alias), r.location, RackReport(
             nodes=tuple(NodeInfo(name=n.name, gpus=n.gpus, infiniband=n.ib,
                                  schedulable=not n.cordoned) for n in r.nodes),
             overlay_network=r.overlay))
         for n in r.nodes:
             if n.team:
-                cluster.reserve(key(r.alias), n.name, n.team)
+                capacity.reserve(key(r.alias), n.name, n.team)
     for r in racks:  # claims after the reservations, as a cordon would leave them
         for n in r.nodes:
             if n.used:
-                cluster._book(cluster._racks[key(r.alias)].nodes[n.name], n.used)
-    return cluster
+                capacity._book(capacity._racks[key(r.alias)].nodes[n.name], n.used)
+    return capacity
 
 
 def shown(placements: tuple[ReplicaPlacement, ...]) -> list[str]:
@@ -225,28 +226,28 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id.replace(" ", "_") for c in CASES])
 def test_placement_rules(case: Case) -> None:
-    cluster = build(case.racks)
-    before = cluster.nodes()
+    capacity = build(case.racks)
+    before = capacity.nodes()
     if isinstance(case.expect, list):
-        placements = cluster.place(case.job)
+        placements = place(capacity, case.job)
         assert shown(placements) == case.expect
-        assert cluster.nodes() == before  # placing claims nothing
-        cluster.claim(placements)
-        cluster.unclaim(placements)
-        assert cluster.nodes() == before
+        assert capacity.nodes() == before  # placing claims nothing
+        capacity.claim(placements)
+        capacity.unclaim(placements)
+        assert capacity.nodes() == before
     else:
         with pytest.raises(case.expect) as caught:
-            cluster.place(case.job)
+            place(capacity, case.job)
         assert type(caught.value) is case.expect
         assert case.reason in str(caught.value)
         assert "\n" not in str(caught.value)
-        assert cluster.nodes() == before
+        assert capacity.nodes() == before
 
 
 # -- bookkeeping --------------------------------------------------------------------------
 
 
-def one_rack(*nodes: N, overlay: bool = False) -> Cluster:
+def one_rack(*nodes: N, overlay: bool = False) -> Capacity:
     return build([rack("a", *nodes, overlay=overlay)])
 
 
@@ -263,157 +264,157 @@ def test_errors_share_one_base_and_carry_a_code() -> None:
 
 
 def test_claim_books_the_gpus_and_unclaim_gives_them_back() -> None:
-    cluster = one_rack(N("n1"))
-    placements = cluster.place(container(3))
-    cluster.claim(placements)
-    assert cluster.free(key("a"), "n1") == 5
-    assert shown(cluster.place(container(5))) == ["a:n1=5"]
-    cluster.unclaim(placements)
-    assert cluster.free(key("a"), "n1") == 8
+    capacity = one_rack(N("n1"))
+    placements = place(capacity, container(3))
+    capacity.claim(placements)
+    assert capacity.free(key("a"), "n1") == 5
+    assert shown(place(capacity, container(5))) == ["a:n1=5"]
+    capacity.unclaim(placements)
+    assert capacity.free(key("a"), "n1") == 8
 
 
 def test_claim_rechecks_and_books_nothing_when_a_share_no_longer_fits() -> None:
-    cluster = one_rack(N("n1"), N("n2"))
-    placements = cluster.place(inference(8, replicas=2))
-    cluster.claim(cluster.place(container(1)))  # n1 now has 7 free
+    capacity = one_rack(N("n1"), N("n2"))
+    placements = place(capacity, inference(8, replicas=2))
+    capacity.claim(place(capacity, container(1)))  # n1 now has 7 free
     with pytest.raises(NoCapacity, match="node n1 of rack aaaaaaaaaaaa has 7 GPUs free"):
-        cluster.claim(placements)
-    assert cluster.free(key("a"), "n2") == 8  # all or nothing
+        capacity.claim(placements)
+    assert capacity.free(key("a"), "n2") == 8  # all or nothing
 
 
 def test_claim_refuses_a_node_cordoned_since_placement() -> None:
-    cluster = one_rack(N("n1"))
-    placements = cluster.place(container(1))
-    cluster.set_rack(key("a"), "default", report(N("n1", cordoned=True)))
+    capacity = one_rack(N("n1"))
+    placements = place(capacity, container(1))
+    capacity.set_rack(key("a"), "default", report(N("n1", cordoned=True)))
     with pytest.raises(NoCapacity, match="takes no new replicas"):
-        cluster.claim(placements)
+        capacity.claim(placements)
 
 
 def test_claim_refuses_a_rack_removed_since_placement() -> None:
-    cluster = one_rack(N("n1"))
-    placements = cluster.place(container(1))
-    cluster.remove_rack(key("a"))
+    capacity = one_rack(N("n1"))
+    placements = place(capacity, container(1))
+    capacity.remove_rack(key("a"))
     with pytest.raises(NoCapacity, match="not registered"):
-        cluster.claim(placements)
+        capacity.claim(placements)
 
 
 def test_claim_refuses_unequal_multi_node_shares() -> None:
-    cluster = one_rack(N("n1", ib=True), N("n2", ib=True), overlay=True)
+    capacity = one_rack(N("n1", ib=True), N("n2", ib=True), overlay=True)
     bad = ReplicaPlacement.model_validate({"rack": key("a"), "shares": [
         {"node": "n1", "gpus": 8}, {"node": "n2", "gpus": 4}]})
     with pytest.raises(PlacementError, match="equal shares"):
-        cluster.claim([bad])
+        capacity.claim([bad])
 
 
 def test_unclaiming_more_than_was_claimed_is_refused() -> None:
-    cluster = one_rack(N("n1"))
-    placements = cluster.place(container(2))
+    capacity = one_rack(N("n1"))
+    placements = place(capacity, container(2))
     with pytest.raises(PlacementError, match="holds 0 claimed GPUs, 2 released"):
-        cluster.unclaim(placements)
+        capacity.unclaim(placements)
 
 
 def test_a_rack_holding_claims_cannot_be_removed() -> None:
-    cluster = one_rack(N("n1"))
-    placements = cluster.place(container(2))
-    cluster.claim(placements)
+    capacity = one_rack(N("n1"))
+    placements = place(capacity, container(2))
+    capacity.claim(placements)
     with pytest.raises(PlacementError, match="still holds 2 claimed GPUs"):
-        cluster.remove_rack(key("a"))
-    cluster.unclaim(placements)
-    cluster.remove_rack(key("a"))
-    assert cluster.racks() == []
+        capacity.remove_rack(key("a"))
+    capacity.unclaim(placements)
+    capacity.remove_rack(key("a"))
+    assert capacity.racks() == []
     with pytest.raises(Unplaceable, match="no rack is registered"):
-        cluster.place(container(1))
+        place(capacity, container(1))
 
 
 def test_claims_on_a_node_that_vanished_stay_counted_until_released() -> None:
-    cluster = one_rack(N("n1"), N("n2"))
-    placements = cluster.place(container(8))
-    cluster.claim(placements)
-    cluster.set_rack(key("a"), "default", report(N("n2")))
-    ghost = next(n for n in cluster.nodes() if n.name == "n1")
+    capacity = one_rack(N("n1"), N("n2"))
+    placements = place(capacity, container(8))
+    capacity.claim(placements)
+    capacity.set_rack(key("a"), "default", report(N("n2")))
+    ghost = next(n for n in capacity.nodes() if n.name == "n1")
     assert (ghost.gpus, ghost.free, ghost.schedulable) == (0, 0, False)
-    cluster.set_rack(key("a"), "default", report(N("n1"), N("n2")))  # it comes back
-    assert cluster.free(key("a"), "n1") == 0
-    cluster.set_rack(key("a"), "default", report(N("n2")))
-    cluster.unclaim(placements)
-    assert [n.name for n in cluster.nodes()] == ["n2"]
-    cluster.remove_rack(key("a"))
+    capacity.set_rack(key("a"), "default", report(N("n1"), N("n2")))  # it comes back
+    assert capacity.free(key("a"), "n1") == 0
+    capacity.set_rack(key("a"), "default", report(N("n2")))
+    capacity.unclaim(placements)
+    assert [n.name for n in capacity.nodes()] == ["n2"]
+    capacity.remove_rack(key("a"))
 
 
 def test_a_node_reported_smaller_than_its_claims_has_nothing_free() -> None:
-    cluster = one_rack(N("n1"))
-    placements = cluster.place(container(6))
-    cluster.claim(placements)
-    cluster.set_rack(key("a"), "default", report(N("n1", gpus=4)))
-    assert cluster.free(key("a"), "n1") == 0
+    capacity = one_rack(N("n1"))
+    placements = place(capacity, container(6))
+    capacity.claim(placements)
+    capacity.set_rack(key("a"), "default", report(N("n1", gpus=4)))
+    assert capacity.free(key("a"), "n1") == 0
     with pytest.raises(NoCapacity):
-        cluster.place(container(1))
-    cluster.unclaim(placements)
-    assert cluster.free(key("a"), "n1") == 4
+        place(capacity, container(1))
+    capacity.unclaim(placements)
+    assert capacity.free(key("a"), "n1") == 4
 
 
 def test_reservations_outlive_reports_and_refuse_another_team() -> None:
-    cluster = one_rack(N("n1"), N("n2"))
-    cluster.reserve(key("a"), "n1", "t")
-    cluster.reserve(key("a"), "n1", "t")  # again: nothing changes
+    capacity = one_rack(N("n1"), N("n2"))
+    capacity.reserve(key("a"), "n1", "t")
+    capacity.reserve(key("a"), "n1", "t")  # again: nothing changes
     with pytest.raises(PlacementError, match="reserved by team t"):
-        cluster.reserve(key("a"), "n1", "u")
-    cluster.set_rack(key("a"), "default", report(N("n2")))
-    cluster.set_rack(key("a"), "default", report(N("n1"), N("n2")))
-    assert [n.reserved_for for n in cluster.nodes()] == ["t", None]
-    assert shown(cluster.place(container(1, team="t"))) == ["a:n1=1"]
-    cluster.release(key("a"), "n1")
-    cluster.release(key("a"), "n1")  # not reserved: nothing happens
-    assert [n.reserved_for for n in cluster.nodes()] == [None, None]
-    cluster.reserve(key("a"), "n1", "u")
+        capacity.reserve(key("a"), "n1", "u")
+    capacity.set_rack(key("a"), "default", report(N("n2")))
+    capacity.set_rack(key("a"), "default", report(N("n1"), N("n2")))
+    assert [n.reserved_for for n in capacity.nodes()] == ["t", None]
+    assert shown(place(capacity, container(1, team="t"))) == ["a:n1=1"]
+    capacity.release(key("a"), "n1")
+    capacity.release(key("a"), "n1")  # not reserved: nothing happens
+    assert [n.reserved_for for n in capacity.nodes()] == [None, None]
+    capacity.reserve(key("a"), "n1", "u")
 
 
 def test_a_node_reserved_before_it_is_reported_is_the_teams_when_it_appears() -> None:
-    cluster = one_rack(N("n1"))
-    cluster.reserve(key("a"), "n9", "t")
+    capacity = one_rack(N("n1"))
+    capacity.reserve(key("a"), "n9", "t")
     with pytest.raises(Unplaceable, match="team t runs its jobs only on the nodes it reserved"):
-        cluster.place(container(1, team="t"))
-    cluster.set_rack(key("a"), "default", report(N("n1"), N("n9")))
-    assert shown(cluster.place(container(1, team="t"))) == ["a:n9=1"]
-    assert shown(cluster.place(container(8, team="u"))) == ["a:n1=8"]
+        place(capacity, container(1, team="t"))
+    capacity.set_rack(key("a"), "default", report(N("n1"), N("n9")))
+    assert shown(place(capacity, container(1, team="t"))) == ["a:n9=1"]
+    assert shown(place(capacity, container(8, team="u"))) == ["a:n1=8"]
 
 
 def test_reserving_on_an_unknown_rack_or_setting_a_bad_key_is_refused() -> None:
-    cluster = one_rack(N("n1"))
+    capacity = one_rack(N("n1"))
     with pytest.raises(PlacementError, match="no rack bbbbbbbbbbbb"):
-        cluster.reserve(key("b"), "n1", "t")
+        capacity.reserve(key("b"), "n1", "t")
     with pytest.raises(PlacementError, match="not a worker key"):
-        cluster.set_rack("nope", "default", report(N("n1")))
+        capacity.set_rack("nope", "default", report(N("n1")))
 
 
 def test_a_rack_can_move_to_another_location() -> None:
-    cluster = one_rack(N("n1"))
-    cluster.set_rack(key("a"), "eu", report(N("n1")))
-    assert shown(cluster.place(container(1, location="eu"))) == ["a:n1=1"]
+    capacity = one_rack(N("n1"))
+    capacity.set_rack(key("a"), "eu", report(N("n1")))
+    assert shown(place(capacity, container(1, location="eu"))) == ["a:n1=1"]
     with pytest.raises(Unplaceable, match="location default"):
-        cluster.place(container(1))
+        place(capacity, container(1))
 
 
 def test_views_sum_what_the_racks_report() -> None:
-    cluster = build([rack("a", N("n1", ib=True, used=3), N("n2", gpus=4, cordoned=True),
+    capacity = build([rack("a", N("n1", ib=True, used=3), N("n2", gpus=4, cordoned=True),
                           overlay=True)])
-    (view,) = cluster.racks()
+    (view,) = capacity.racks()
     assert (view.location, view.nodes, view.gpus, view.free, view.overlay_network) == (
         "default", 2, 12, 5, True)
-    n1, n2 = cluster.nodes()
+    n1, n2 = capacity.nodes()
     assert (n1.free, n1.infiniband, n1.schedulable) == (5, True, True)
     assert (n2.free, n2.schedulable) == (4, False)
 
 
 def test_an_unchanged_report_keeps_the_answers_it_gave() -> None:
-    cluster = one_rack(N("n1"))
+    capacity = one_rack(N("n1"))
     with pytest.raises(Unplaceable):
-        cluster.place(container(9))
-    generation = cluster._generation
-    cluster.set_rack(key("a"), "default", report(N("n1")))
-    assert cluster._generation == generation
-    cluster.set_rack(key("a"), "default", report(N("n1", gpus=16)))
-    assert shown(cluster.place(container(9))) == ["a:n1=9"]
+        place(capacity, container(9))
+    generation = capacity._generation
+    capacity.set_rack(key("a"), "default", report(N("n1")))
+    assert capacity._generation == generation
+    capacity.set_rack(key("a"), "default", report(N("n1", gpus=16)))
+    assert shown(place(capacity, container(9))) == ["a:n1=9"]
 
 
 # -- hypothesis: random clusters, random place/claim/unclaim/report sequences ------------
@@ -455,12 +456,12 @@ ops_st = st.lists(st.one_of(
               st.sampled_from([None, "t1", "t2"]))), min_size=1, max_size=40)
 
 
-def check_index(cluster: Cluster) -> None:
+def check_index(capacity: Capacity) -> None:
     """The incremental buckets equal buckets rebuilt from the nodes."""
     at: dict = {}
     ib_at: dict = {}
     totals: dict = {}
-    for r in cluster._racks.values():
+    for r in capacity._racks.values():
         for n in r.nodes.values():
             indexed = n.present and n.schedulable
             assert (n.rpool is not None) == indexed
@@ -471,7 +472,7 @@ def check_index(cluster: Cluster) -> None:
                 totals[(r.location, n.owner)] = totals.get((r.location, n.owner), 0) + n.free
     seen: dict = {}
     ib_seen: dict = {}
-    for (location, owner), pool in cluster._pools.items():
+    for (location, owner), pool in capacity._pools.items():
         assert pool.frees == sorted(pool.racks_at)
         assert pool.ib_frees == sorted(pool.ib_racks_at)
         assert pool.free_total == totals.get((location, owner), 0)
@@ -479,16 +480,16 @@ def check_index(cluster: Cluster) -> None:
                                        (pool.ib_racks_at, "ib_at", ib_seen)):
             for free, racks in buckets.items():
                 for rack_key, count in racks.items():
-                    names = getattr(cluster._racks[rack_key].pools[owner], field_)[free]
+                    names = getattr(capacity._racks[rack_key].pools[owner], field_)[free]
                     assert count == len(names)
                     found.setdefault((location, owner), {}).setdefault(free, {})[rack_key] = names
     assert seen == at
     assert ib_seen == ib_at
 
 
-def oracle(cluster: Cluster, spec: JobSpec, owner: str | None):
+def oracle(capacity: Capacity, spec: JobSpec, owner: str | None):
     """Best fit of a one-replica single-node job, by brute force: (free, rack, name)."""
-    racks = [r for r in cluster._racks.values() if r.location == spec.location]
+    racks = [r for r in capacity._racks.values() if r.location == spec.location]
     if not racks:
         return Unplaceable
     usable = [(r.key, n) for r in racks for n in r.nodes.values()
@@ -503,25 +504,25 @@ def oracle(cluster: Cluster, spec: JobSpec, owner: str | None):
 @settings(max_examples=300, deadline=None)
 @given(racks_st, ops_st)
 def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tuple]) -> None:
-    cluster = build(racks)
+    capacity = build(racks)
     running: list[tuple[str, tuple[ReplicaPlacement, ...]]] = []
     for op in ops:
-        reserving = set(cluster._team_nodes)
+        reserving = set(capacity._team_nodes)
         if op[0] == "place":
             spec = op[1]
             owner = spec.team if spec.team in reserving else None
             single = spec.replicas == 1 and not spec.may_span_nodes
             try:
-                placements = cluster.place(spec)
+                placements = place(capacity, spec)
             except (Unplaceable, NoCapacity) as error:
                 if single:
-                    assert type(error) is oracle(cluster, spec, owner)
+                    assert type(error) is oracle(capacity, spec, owner)
                 continue
             if single:
-                assert shown(placements) == oracle(cluster, spec, owner)
+                assert shown(placements) == oracle(capacity, spec, owner)
             assert len(placements) == spec.replicas
             assert len({p.rack for p in placements}) == 1
-            home = cluster._racks[placements[0].rack]
+            home = capacity._racks[placements[0].rack]
             assert home.location == spec.location
             for p in placements:
                 assert len({s.gpus for s in p.shares}) == 1
@@ -533,63 +534,63 @@ def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tupl
                     node = home.nodes[s.node]
                     assert node.owner == owner and node.schedulable
                     assert node.infiniband or not p.multi_node
-            cluster.claim(placements)
+            capacity.claim(placements)
             running.append((spec.team, placements))
         elif op[0] == "unclaim" and running:
-            cluster.unclaim(running.pop(op[1] % len(running))[1])
+            capacity.unclaim(running.pop(op[1] % len(running))[1])
         elif op[0] == "report":
             r = racks[op[1] % len(racks)]
             chosen = r.nodes[op[2] % len(r.nodes)]
             kept = [n for n in r.nodes if not (op[3] == "drop" and n == chosen)]
             if op[3] == "cordon":
                 kept = [N(n.name, n.gpus, n.ib, True) if n == chosen else n for n in kept]
-            cluster.set_rack(key(r.alias), r.location, report(*kept, overlay=r.overlay))
+            capacity.set_rack(key(r.alias), r.location, report(*kept, overlay=r.overlay))
         elif op[0] == "reserve":
             # Only nodes without claims change hands, so the books stay checkable.
             r = racks[op[1] % len(racks)]
             name = r.nodes[op[2] % len(r.nodes)].name
-            node = cluster._racks[key(r.alias)].nodes.get(name)
+            node = capacity._racks[key(r.alias)].nodes.get(name)
             if node is None or not node.claimed:
-                cluster.release(key(r.alias), name)
+                capacity.release(key(r.alias), name)
                 if op[3] is not None:
-                    cluster.reserve(key(r.alias), name, op[3])
-        check_index(cluster)
+                    capacity.reserve(key(r.alias), name, op[3])
+        check_index(capacity)
         claimed: dict = {}
         for team, placements in running:
             for p in placements:
                 for s in p.shares:
-                    node = cluster._racks[p.rack].nodes[s.node]
+                    node = capacity._racks[p.rack].nodes[s.node]
                     claimed[id(node)] = claimed.get(id(node), 0) + s.gpus
                     assert node.owner in (None, team)  # a reserved node: its team's only
-        for r in cluster._racks.values():
+        for r in capacity._racks.values():
             for n in r.nodes.values():
                 assert n.claimed == claimed.get(id(n), 0)
                 assert n.claimed <= n.gpus or not n.present
     for _, placements in running:
-        cluster.unclaim(placements)
+        capacity.unclaim(placements)
     for r in racks:
-        cluster.set_rack(key(r.alias), r.location, report(*r.nodes, overlay=r.overlay))
+        capacity.set_rack(key(r.alias), r.location, report(*r.nodes, overlay=r.overlay))
         for n in r.nodes:
-            cluster.release(key(r.alias), n.name)
+            capacity.release(key(r.alias), n.name)
             if n.team:
-                cluster.reserve(key(r.alias), n.name, n.team)
-    check_index(cluster)
-    assert cluster.nodes() == build(racks).nodes()
-    assert all(n.free == n.gpus for n in cluster.nodes())
+                capacity.reserve(key(r.alias), n.name, n.team)
+    check_index(capacity)
+    assert capacity.nodes() == build(racks).nodes()
+    assert all(n.free == n.gpus for n in capacity.nodes())
 
 
 def test_restore_books_running_replicas_without_rechecking_them() -> None:
-    cluster = one_rack(N("n1", ib=True), N("n2", ib=True), overlay=True)
-    spanning = cluster.place(inference(16))
-    cluster.set_rack(key("a"), "default", report(N("n1", ib=True, cordoned=True)))
-    cluster.restore(spanning)  # n1 cordoned, n2 gone: both still booked
-    assert [(n.name, n.free, n.gpus) for n in cluster.nodes()] == [("n1", 0, 8), ("n2", 0, 0)]
+    capacity = one_rack(N("n1", ib=True), N("n2", ib=True), overlay=True)
+    spanning = place(capacity, inference(16))
+    capacity.set_rack(key("a"), "default", report(N("n1", ib=True, cordoned=True)))
+    capacity.restore(spanning)  # n1 cordoned, n2 gone: both still booked
+    assert [(n.name, n.free, n.gpus) for n in capacity.nodes()] == [("n1", 0, 8), ("n2", 0, 0)]
     with pytest.raises(PlacementError, match="still holds 16 claimed GPUs"):
-        cluster.remove_rack(key("a"))
-    cluster.unclaim(spanning)
-    assert [(n.name, n.free) for n in cluster.nodes()] == [("n1", 8)]
+        capacity.remove_rack(key("a"))
+    capacity.unclaim(spanning)
+    assert [(n.name, n.free) for n in capacity.nodes()] == [("n1", 8)]
     with pytest.raises(PlacementError, match="register racks before restoring"):
-        cluster.restore([ReplicaPlacement.model_validate(
+        capacity.restore([ReplicaPlacement.model_validate(
             {"rack": key("b"), "shares": [{"node": "n1", "gpus": 1}]})])
 
 
@@ -605,11 +606,11 @@ span_ops_st = st.lists(st.one_of(
     st.tuples(st.just("unclaim"), st.integers(0, 50), st.just(0))), min_size=1, max_size=30)
 
 
-def span_oracle(cluster: Cluster, gpus: int) -> list[str] | None:
+def span_oracle(capacity: Capacity, gpus: int) -> list[str] | None:
     """The fewest-nodes split of one replica larger than every node, by brute
     force: smallest k over all racks, then rack key, then the k tightest nodes."""
     best = None
-    for r in sorted(cluster._racks.values(), key=lambda r: r.key):
+    for r in sorted(capacity._racks.values(), key=lambda r: r.key):
         ib = sorted((n.free, n.name) for n in r.nodes.values() if n.infiniband and n.schedulable)
         for k in range(2, gpus + 1):
             share = gpus // k
@@ -626,17 +627,17 @@ def span_oracle(cluster: Cluster, gpus: int) -> list[str] | None:
 @given(span_racks_st, span_ops_st)
 def test_spanning_vllm_replicas_take_the_fewest_tightest_nodes(racks: list[R],
                                                                ops: list[tuple]) -> None:
-    cluster = build(racks)
+    capacity = build(racks)
     running: list[tuple[ReplicaPlacement, ...]] = []
     for kind, n, replicas in ops:
         if kind == "unclaim":
             if running:
-                cluster.unclaim(running.pop(n % len(running)))
+                capacity.unclaim(running.pop(n % len(running)))
             continue
         spec = inference(n, replicas=replicas) if kind == "vllm" else container(n)
-        expected = span_oracle(cluster, n) if kind == "vllm" and replicas == 1 else None
+        expected = span_oracle(capacity, n) if kind == "vllm" and replicas == 1 else None
         try:
-            placements = cluster.place(spec)
+            placements = place(capacity, spec)
         except (Unplaceable, NoCapacity):
             assert expected is None or kind != "vllm" or replicas > 1
             continue
@@ -646,22 +647,43 @@ def test_spanning_vllm_replicas_take_the_fewest_tightest_nodes(racks: list[R],
                 assert shown(placements) == expected
         for p in placements:
             assert len({s.gpus for s in p.shares}) == 1
-            assert all(cluster._racks[p.rack].nodes[s.node].infiniband or not p.multi_node
+            assert all(capacity._racks[p.rack].nodes[s.node].infiniband or not p.multi_node
                        for s in p.shares)
-        cluster.claim(placements)
+        capacity.claim(placements)
         running.append(placements)
-        check_index(cluster)
+        check_index(capacity)
     for placements in running:
-        cluster.unclaim(placements)
-    assert all(n.free == n.gpus for n in cluster.nodes())
+        capacity.unclaim(placements)
+    assert all(n.free == n.gpus for n in capacity.nodes())
 
 
-def test_statistics_count_the_book_and_the_outcomes() -> None:
-    cluster = one_rack(N("n1"), N("n2", gpus=4))
-    cluster.claim(cluster.place(container(6)))
-    for spec in (container(9), container(8)):
-        with pytest.raises(PlacementError):
-            cluster.place(spec)
-    stats = cluster.statistics()
+def test_statistics_count_the_racks_nodes_and_claims() -> None:
+    capacity = one_rack(N("n1"), N("n2", gpus=4))
+    capacity.claim(place(capacity, container(6)))
+    stats = capacity.statistics()
     assert (stats.racks, stats.nodes, stats.gpus, stats.claimed_gpus) == (1, 2, 12, 6)
-    assert (stats.placed, stats.no_capacity, stats.unplaceable) == (1, 1, 1)
+
+
+def test_place_only_reads_the_capacity_it_is_given() -> None:
+    capacity = one_rack(N("n1"), N("n2", gpus=4, used=1))
+    before = (capacity.statistics(), capacity.nodes(), capacity.racks(), capacity._generation)
+    assert shown(place(capacity, container(3))) == shown(place(capacity, container(3))) == [
+        "a:n2=3"]
+    for spec, error in ((container(9), Unplaceable), (inference(4, replicas=3), NoCapacity)):
+        with pytest.raises(error):
+            place(capacity, spec)
+    assert (capacity.statistics(), capacity.nodes(), capacity.racks(),
+            capacity._generation) == before
+    # Another capacity of the same shape answers the same: nothing is kept elsewhere.
+    assert shown(place(one_rack(N("n1"), N("n2", gpus=4, used=1)), container(3))) == ["a:n2=3"]
+
+
+def test_the_never_fits_memo_is_dropped_when_the_shape_changes() -> None:
+    capacity = one_rack(N("n1"))
+    assert never_fits(capacity, container(9)) is not None
+    assert len(capacity.shape_memo) == 1
+    capacity.claim(place(capacity, container(1)))  # a claim is not a change of shape
+    assert len(capacity.shape_memo) == 1
+    capacity.set_rack(key("a"), "default", report(N("n1", gpus=16)))
+    assert capacity.shape_memo == {}
+    assert never_fits(capacity, container(9)) is None

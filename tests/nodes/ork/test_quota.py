@@ -49,10 +49,10 @@ def test_what_each_status_counts(setup: str) -> None:
     world = World(nodes=(8, 8))
     for step in SETUPS[setup]:
         world.do(step)
-    job = world.orch._jobs[world.job_id]
+    job = world.orch.book.jobs[world.job_id]
     assert gpus_counted(job) == COUNTED[setup]
     # never less than what the team's jobs really hold
-    assert sum(gpus_counted(j) for j in world.orch._jobs.values()) >= _claimed(world)
+    assert sum(gpus_counted(j) for j in world.orch.book.jobs.values()) >= _claimed(world)
 
 
 def test_a_job_gone_after_its_delete_counts_nothing() -> None:
@@ -107,7 +107,7 @@ def test_the_owner_survives_a_restart_of_wrk_ork(tmp_path) -> None:
     world = World(tmp_path / "ork.sqlite")
     world.orch.create_job(container(gpus=2), world.now, owner="u-1")
     world.reopen()
-    [job] = world.orch._jobs.values()
+    [job] = world.orch.book.jobs.values()
     assert job.owner == "u-1"
     with pytest.raises(QuotaExceeded):
         world.orch.create_job(container(gpus=2), world.now, owner="u-1", user_gpus=3)
@@ -199,4 +199,4 @@ def test_a_team_never_holds_more_than_its_quota(quota: int, actions) -> None:
             except OrkError as exc:  # the table's refusals: fine here
                 assert exc.code == "INVALID_STATE", exc
         assert _claimed(world) <= quota
-        assert sum(gpus_counted(j) for j in orch._jobs.values()) <= quota
+        assert sum(gpus_counted(j) for j in orch.book.jobs.values()) <= quota

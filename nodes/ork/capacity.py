@@ -1,5 +1,5 @@
-"""wrk-ork's book of GPU capacity: racks, nodes, reservations, claims, and the
-free-GPU index placement reads.
+"""wrk-ork's capacity model: racks, nodes, reservations, claims, and the
+free-GPU index the placement functions (:mod:`nodes.ork.placement`) read.
 
 Theory of operation
 -------------------
@@ -10,7 +10,10 @@ places a replica and releases them when the replica is deleted. Claims are
 wrk-ork's own bookkeeping, not the worker's: a report never resets them, and a
 node that drops out of a report keeps its claims (as a *ghost*: no GPUs, not
 schedulable) until they are released, so a worker that briefly under-reports
-cannot make wrk-ork hand the same GPUs out twice.
+cannot make wrk-ork hand the same GPUs out twice. :meth:`Capacity.claim`
+books new claims (checking each node still takes them), :meth:`Capacity.restore`
+books the claims of replicas that already run (checking nothing) and
+:meth:`Capacity.unclaim` gives them back.
 
 Reservations are per (rack, node) → team and outlive reports, so a node that
 comes back is still reserved. A team that has reserved nodes runs its jobs
@@ -47,12 +50,14 @@ correct) for racks of thousands.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from contracts.model import RackReport, key_hex
+from contracts.model import RackReport, ReplicaPlacement, key_hex
 
 __all__ = [
     "Capacity",
+    "CapacityStatistics",
     "LocationPool",
     "NoCapacity",
     "Node",
@@ -205,11 +210,31 @@ class RackView:
     overlay_network: bool
 
 
+@dataclass(frozen=True, slots=True)
+class CapacityStatistics:
+    """The size of the model (trio's ``statistics()`` convention)."""
+
+    racks: int
+    nodes: int
+    gpus: int
+    #: GPUs booked by claim()/restore() and not yet released.
+    claimed_gpus: int
+
+
 class Capacity:
     """Racks, nodes, reservations and claims, with the free-GPU index.
 
-    Not thread-safe: wrk-ork drives it from one trio task. Placement itself
-    lives in :class:`nodes.ork.placement.Cluster`, a subclass.
+    Usage::
+
+        capacity.set_rack(worker_key_hex, "default", report)
+        placements = place(capacity, spec)   # Unplaceable → fail; NoCapacity → Pending
+        capacity.claim(placements)           # NoCapacity if it raced; place again
+        ...
+        capacity.unclaim(placements)         # when the replicas are deleted
+        capacity.restore(placements)         # on restart, for replicas already running
+
+    Not thread-safe: wrk-ork drives it from one trio task. Where jobs go is
+    decided by the functions of :mod:`nodes.ork.placement`, which only read it.
     """
 
     def __init__(self) -> None:
@@ -220,10 +245,13 @@ class Capacity:
         self._reservations: dict[tuple[str, str], str] = {}
         #: team → how many nodes it has reserved (present or not).
         self._team_nodes: dict[str, int] = {}
-        #: Bumped whenever what could ever fit changes (not on claims); the
-        #: "can this job ever fit" answers are cached per generation.
+        #: Bumped whenever what could ever fit changes (not on claims).
         self._generation = 0
-        self._never_cache: dict[tuple, str | None] = {}
+        #: Answers that depend only on what could ever fit (racks, nodes,
+        #: reservations; not claims), kept for the placement functions and
+        #: dropped with every change of those ("can this job ever fit" is asked
+        #: again for every Pending job on every release).
+        self.shape_memo: dict[tuple, str | None] = {}
 
     # -- racks -------------------------------------------------------------------
 
@@ -384,6 +412,23 @@ class Capacity:
                          sum(n.free for n in r.nodes.values() if n.schedulable), r.overlay)
                 for r in sorted(self._racks.values(), key=lambda r: r.key)]
 
+    def statistics(self) -> CapacityStatistics:
+        """A snapshot of the model's size and of the GPUs claimed."""
+        racks = self._racks.values()
+        return CapacityStatistics(
+            racks=len(self._racks), nodes=sum(len(r.nodes) for r in racks),
+            gpus=sum(n.gpus for r in racks for n in r.nodes.values()),
+            claimed_gpus=sum(r.claimed for r in racks))
+
+    def racks_in(self, location: str) -> Mapping[str, Rack]:
+        """The racks listed in ``location``, by key (empty: none). Read only."""
+        return self._by_location.get(location, {})
+
+    def pool(self, location: str, owner: str | None) -> LocationPool | None:
+        """The free-GPU index of ``owner``'s nodes in ``location`` (None: no such
+        node was ever placeable). Read only."""
+        return self._pools.get((location, owner))
+
     def _rack(self, rack: str) -> Rack:
         try:
             return self._racks[key_hex(rack)]
@@ -397,7 +442,85 @@ class Capacity:
             raise PlacementError(f"rack {short(target.key)} reports no node {node}")
         return found
 
-    # -- claims (the booking half; Cluster.claim validates first) ------------------
+    # -- claims ------------------------------------------------------------------
+
+    def claim(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Book the GPUs of ``placements`` (all or none).
+
+        Raises:
+            NoCapacity: a rack or node is gone, unschedulable, or no longer has
+                the GPUs free; nothing was booked: place the job again.
+            PlacementError: a multi-node placement with unequal or repeated shares.
+        """
+        wanted = self._tally(placements, NoCapacity)
+        for node, gpus in wanted.items():
+            if not (node.present and node.schedulable):
+                raise NoCapacity(f"node {node.name} of rack {short(node.rack)} takes no new "
+                                 "replicas now (unschedulable or gone)")
+            if node.free < gpus:
+                raise NoCapacity(f"node {node.name} of rack {short(node.rack)} has {node.free} "
+                                 f"GPUs free, {gpus} asked")
+        for node, gpus in wanted.items():
+            self._book(node, gpus)
+
+    def restore(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Book the GPUs of replicas that already run, e.g. when wrk-ork starts
+        again and reloads its jobs after registering the racks.
+
+        Running replicas are facts, so nothing is re-checked: a node that is
+        now cordoned, smaller, or missing from the report still gets the
+        claims (a missing one is kept as a ghost until they are released).
+
+        Raises:
+            PlacementError: a rack is not registered (call :meth:`set_rack`
+                first), or a multi-node placement has unequal shares.
+        """
+        wanted: dict[tuple[Rack, str], int] = {}
+        for placement in placements:
+            rack = self._racks.get(placement.rack)
+            if rack is None:
+                raise PlacementError(f"rack {short(placement.rack)} is not registered; "
+                                     "register racks before restoring their claims")
+            _check_shares(placement)
+            for share in placement.shares:
+                wanted[(rack, share.node)] = wanted.get((rack, share.node), 0) + share.gpus
+        for (rack, name), gpus in wanted.items():
+            node = rack.nodes.get(name)
+            if node is None:
+                node = rack.nodes[name] = Node(rack.key, name)
+                node.owner = self._reservations.get((rack.key, name))
+            self._book(node, gpus)
+
+    def unclaim(self, placements: Iterable[ReplicaPlacement]) -> None:
+        """Give back the GPUs of ``placements`` (all or none), e.g. when their
+        replicas are deleted; pending jobs may fit afterwards.
+
+        Raises:
+            PlacementError: a rack or node unknown, or more GPUs released than
+                are claimed there.
+        """
+        wanted = self._tally(placements, PlacementError)
+        for node, gpus in wanted.items():
+            if node.claimed < gpus:
+                raise PlacementError(f"node {node.name} of rack {short(node.rack)} holds "
+                                     f"{node.claimed} claimed GPUs, {gpus} released")
+        for node, gpus in wanted.items():
+            self._book(node, -gpus)
+
+    def _tally(self, placements: Iterable[ReplicaPlacement],
+               missing: type[PlacementError]) -> dict[Node, int]:
+        wanted: dict[Node, int] = {}
+        for placement in placements:
+            rack = self._racks.get(placement.rack)
+            if rack is None:
+                raise missing(f"rack {short(placement.rack)} is not registered")
+            _check_shares(placement)
+            for share in placement.shares:
+                node = rack.nodes.get(share.node)
+                if node is None:
+                    raise missing(f"rack {short(rack.key)} has no node {share.node}")
+                wanted[node] = wanted.get(node, 0) + share.gpus
+        return wanted
 
     def _book(self, node: Node, gpus: int) -> None:
         """Add ``gpus`` (negative: release) to a node's claims, moving it between buckets."""
@@ -415,7 +538,7 @@ class Capacity:
 
     def _changed(self) -> None:
         self._generation += 1
-        self._never_cache.clear()
+        self.shape_memo.clear()
 
     def _index(self, node: Node) -> None:
         if not (node.present and node.schedulable):
@@ -482,6 +605,13 @@ class Capacity:
         if node.infiniband:
             _count_out(lpool.ib_racks_at, lpool.ib_frees, free, node.rack)
         lpool.free_total -= free
+
+
+def _check_shares(placement: ReplicaPlacement) -> None:
+    shares = placement.shares
+    if len(shares) > 1 and (len({s.node for s in shares}) != len(shares)
+                            or len({s.gpus for s in shares}) != 1):
+        raise PlacementError("a multi-node replica takes equal shares on distinct nodes")
 
 
 def _count_in(racks_at: dict[int, dict[str, int]], frees: list[int], free: int,
