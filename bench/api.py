@@ -129,32 +129,32 @@ def seed(workdir: Path, *, users: int, jobs: int, teams: int) -> Seeded:
     store = Store.open(app_dir / "app-node.sqlite")
     orch = Orchestrator.open(ork_dir / "ork.sqlite")
     try:
-        admin, first = store.create_first_admin(email="user0@bench.local", name="user 0",
-                                                password_hash=password, team_name="bench-0",
-                                                now=now)
+        admin, first = store.users.create_first_admin(email="user0@bench.local", name="user 0",
+                                                      password_hash=password, team_name="bench-0",
+                                                      now=now)
         team_ids = [first.id]
         for t in range(1, teams):
-            team_ids.append(store.create_team(name=f"bench-{t}", owner=admin.id, now=now).id)
+            team_ids.append(store.teams.create(name=f"bench-{t}", owner=admin.id, now=now).id)
         user_ids, tokens = [admin.id], []
         for u in range(1, users):
-            user = store.create_user(email=f"user{u}@bench.local", name=f"user {u}",
-                                     password_hash=password, now=now)
+            user = store.users.create(email=f"user{u}@bench.local", name=f"user {u}",
+                                      password_hash=password, now=now)
             team = team_ids[u % teams]
-            store.add_member(team, user.id, "member")
-            store.set_active_team(user.id, team)
+            store.teams.add_member(team, user.id, "member")
+            store.users.set_active_team(user.id, team)
             user_ids.append(user.id)
         for user_id in user_ids:
             token, token_hash = new_token()
-            store.add_token(token_hash=token_hash, user=user_id, kind="session", now=now,
-                            expires_at=now + 86400)
+            store.tokens.add(token_hash=token_hash, user=user_id, kind="session", now=now,
+                             expires_at=now + 86400)
             tokens.append(token)
         # A rack that never reports: every job waits Pending for its capacity.
         orch.register_rack(KeyPair.generate().hex, "default", now, name="bench")
         for index in range(jobs):
             team = team_ids[index % teams]
             view = orch.create_job(_spec(index, team), now + index * 1e-3)
-            store.add_job(id=view.id, team=team, created_by=user_ids[index % users],
-                          spec=view.spec, now=now + index * 1e-3)
+            store.jobs.add(id=view.id, team=team, created_by=user_ids[index % users],
+                           spec=view.spec, now=now + index * 1e-3)
     finally:
         orch.close()
         store.close()

@@ -101,7 +101,7 @@ class ShellKeySync:
                 sent yet are sent on the next pass).
             StoreError: the store could not be read.
         """
-        current = await trio.to_thread.run_sync(self.store.shell_keys_by_team)
+        current = await trio.to_thread.run_sync(self.store.teams.shell_keys)
         self.passes += 1
         sent = 0
         for team, keys in sorted(current.items()):

@@ -14,8 +14,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from ._store_quotas import MAX_QUOTA_GPUS
 from .model import TeamQuota
+from .store import MAX_QUOTA_GPUS
 
 __all__ = ["TeamCreators", "TeamsSettings"]
 

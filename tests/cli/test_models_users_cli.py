@@ -67,7 +67,7 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:
         assert [(t["name"], t["role"]) for t in ada["teams"]] == [("core", "owner")]
         renamed = await served.cli("users", "set-name", "Ada L.")
         assert renamed.returncode == 0, renamed.stderr
-        assert served.node.services.store.get_user_by_email(EMAIL).name == "Ada L."
+        assert served.node.services.store.users.by_email(EMAIL).name == "Ada L."
 
         invited = await served.cli("teams", "invite", "core", "bob@example.com", "-o", "json")
         assert invited.returncode == 0, invited.stderr
@@ -77,7 +77,7 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:
         assert invitation["email"] == "bob@example.com"
         revoked = await served.cli("teams", "revoke-invite", "core", invitation["id"])
         assert revoked.returncode == 0, revoked.stderr
-        assert served.node.services.store.list_invitations(invitation["team"]) == []
+        assert served.node.services.store.invitations.of_team(invitation["team"]) == []
 
 
 async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None:

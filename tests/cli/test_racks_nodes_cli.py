@@ -54,7 +54,7 @@ async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) 
         by_name = {n["name"]: n for n in json.loads(nodes.stdout)}
         store = served.node.services.store
         [(core, _)] = await trio.to_thread.run_sync(
-            lambda: store.teams_of(store.get_user_by_email("ada@example.com").id))
+            lambda: store.teams.of_user(store.users.by_email("ada@example.com").id))
         assert by_name["n0"]["reserved_for"] == core.id and by_name["n1"]["reserved_for"] is None
         released = await served.cli("nodes", "release", "--rack", RACK, "n0")
         assert released.returncode == 0, released.stderr
@@ -62,9 +62,9 @@ async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) 
         assert table.returncode == 0 and core.id not in table.stdout.decode()
 
         def add_member() -> None:
-            user = store.create_user(email="m@example.com", name="m",
-                                     password_hash=hash_password(PASSWORD), now=0.0)
-            store.add_member(core.id, user.id, "member")
+            user = store.users.create(email="m@example.com", name="m",
+                                      password_hash=hash_password(PASSWORD), now=0.0)
+            store.teams.add_member(core.id, user.id, "member")
 
         await trio.to_thread.run_sync(add_member)
         env = await served.login_as("m@example.com", PASSWORD, served.config.parent / "m")

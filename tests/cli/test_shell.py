@@ -282,7 +282,7 @@ async def test_shell_job_reaches_the_agent_app_node_lists_through_the_advertised
     api = ork_api
     env, token = await logged_in(tmp_path, api, nursery)
     user = load_or_create_keypair(tmp_path / "config" / "user")  # what login registers
-    api.services.store.set_cli_key(api.services.store.get_user_by_email(
+    api.services.store.users.set_cli_key(api.services.store.users.by_email(
         "admin@example.com").id, user.hex)
     job = await make_job(api, token)
     with trio.fail_after(LIMIT_S * 2):

@@ -92,10 +92,10 @@ async def test_status_shows_the_control_plane_and_a_service_going_down(
         store = served.node.services.store
 
         def add_member() -> None:
-            [(core, _)] = store.teams_of(store.get_user_by_email("ada@example.com").id)
-            user = store.create_user(email="m@example.com", name="m",
-                                     password_hash=hash_password(PASSWORD), now=0.0)
-            store.add_member(core.id, user.id, "member")
+            [(core, _)] = store.teams.of_user(store.users.by_email("ada@example.com").id)
+            user = store.users.create(email="m@example.com", name="m",
+                                      password_hash=hash_password(PASSWORD), now=0.0)
+            store.teams.add_member(core.id, user.id, "member")
 
         await trio.to_thread.run_sync(add_member)
         env = await served.login_as("m@example.com", PASSWORD, served.config.parent / "m")

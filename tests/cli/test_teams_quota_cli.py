@@ -42,10 +42,10 @@ async def test_operators_set_quotas_members_may_not(served_ork: ServedOrk) -> No
         operator = await served.login_as(EMAIL, PASSWORD, served.config / "operator")
 
         def add_member() -> None:
-            [(core, _)] = store.teams_of(store.get_user_by_email(EMAIL).id)
-            user = store.create_user(email="m@example.com", name="m",
-                                     password_hash=hash_password(PASSWORD), now=0.0)
-            store.add_member(core.id, user.id, "member")
+            [(core, _)] = store.teams.of_user(store.users.by_email(EMAIL).id)
+            user = store.users.create(email="m@example.com", name="m",
+                                      password_hash=hash_password(PASSWORD), now=0.0)
+            store.teams.add_member(core.id, user.id, "member")
 
         await trio.to_thread.run_sync(add_member)
         member = await served.login_as("m@example.com", PASSWORD, served.config / "member")
@@ -86,7 +86,7 @@ async def test_operators_set_quotas_members_may_not(served_ork: ServedOrk) -> No
             refused = await _cli(member, "teams", "quota", "set", team, "--gpus", "64")
             assert refused.exit_code == 1, (team, refused.output)
             _one_error_line(refused)
-        assert store.get_quota(core_id).gpus is None
+        assert store.quotas.get(core_id).gpus is None
 
         # usage errors: exit 2, one line
         for args in (["--gpus", "lots"], ["--per-user", "-1"], []):

@@ -104,8 +104,8 @@ async def _app_node_store(root: Path) -> None:
 
     private_folder(root)
     store = Store.open(root / "app-node.sqlite")
-    store.create_user(email="ada@example.com", name="Ada", password_hash="scrypt$secret",
-                      now=1.0)
+    store.users.create(email="ada@example.com", name="Ada", password_hash="scrypt$secret",
+                       now=1.0)
     store.close()
 
 

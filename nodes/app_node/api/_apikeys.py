@@ -49,7 +49,7 @@ async def create_key(ctx: Ctx, request: Request) -> Response:
     await db.append([PutApiKey.with_secret(key_id, team, body.name, secret, body.scopes,
                                            int(now * 1000))])
     try:
-        await ctx.store(ctx.services.store.add_api_key, id=key_id, team=team, name=body.name,
+        await ctx.store(ctx.services.store.api_keys.add, id=key_id, team=team, name=body.name,
                         prefix=prefix, created_by=session.user.id, now=now)
     except ApiError:
         await db.append([RevokeApiKey(key_id, int(now * 1000))])
@@ -69,19 +69,19 @@ async def list_keys(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team = team_of(session, request.query_params.get("team_id"))
     await ctx.require_role(session, team, Role.MEMBER)
-    records = await ctx.store(ctx.services.store.list_api_keys, team)
+    records = await ctx.store(ctx.services.store.api_keys.of_team, team)
     return ok(ApiKeysOut(keys=[await _key_out(ctx, r) for r in records]))
 
 
 async def _readable_key(ctx: Ctx, session: Session, key_id: str) -> tuple[ApiKeyRecord, Role]:
     """The key's record and the caller's role in its team; 404 for another team's key."""
     try:
-        record = await ctx.store(ctx.services.store.get_api_key, key_id)
+        record = await ctx.store(ctx.services.store.api_keys.get, key_id)
     except ApiError as exc:
         if exc.status == 404:
             raise ApiError(codes.NOT_FOUND, f"no API key {key_id} in your teams", "key") from None
         raise
-    role = await ctx.store(ctx.services.store.role_of, session.user.id, record.team)
+    role = await ctx.store(ctx.services.store.teams.role_of, session.user.id, record.team)
     if role is None:
         raise ApiError(codes.NOT_FOUND, f"no API key {key_id} in your teams", "key")
     return record, role
@@ -94,7 +94,7 @@ async def revoke_key(ctx: Ctx, request: Request) -> Response:
         raise forbidden("members revoke only keys they created; ask an owner or admin")
     now = ctx.now()
     await ctx.services.database.append([RevokeApiKey(record.id, int(now * 1000))])
-    await ctx.store(ctx.services.store.revoke_api_key, record.id, now=now)
+    await ctx.store(ctx.services.store.api_keys.revoke, record.id, now=now)
     return ok()
 
 

@@ -69,7 +69,7 @@ async def open_session(ctx: Ctx, user: User) -> SessionOut:
     token, token_hash = new_token()
     now = ctx.now()
     expires_at = now + ctx.services.lifetimes.session.total_seconds()
-    await ctx.store(ctx.services.store.add_token, token_hash=token_hash, user=user.id,
+    await ctx.store(ctx.services.store.tokens.add, token_hash=token_hash, user=user.id,
                     kind=TokenKind.SESSION, now=now, expires_at=expires_at)
     return SessionOut(token=token, expires_at=expires_at, user=user_out(user))
 
@@ -77,11 +77,11 @@ async def open_session(ctx: Ctx, user: User) -> SessionOut:
 async def signup(ctx: Ctx, request: Request) -> Response:
     body = await ctx.body(request, SignupIn)
     store = ctx.services.store
-    if await ctx.store(store.has_users):
+    if await ctx.store(store.users.any):
         raise ApiError(codes.CONFLICT, "the first admin exists already; log in, or ask an "
                        "admin for an invitation")
     password_hash = await hash_new_password(ctx, body.password)
-    user, team = await ctx.store(store.create_first_admin, email=body.email, name=body.name,
+    user, team = await ctx.store(store.users.create_first_admin, email=body.email, name=body.name,
                                  password_hash=password_hash, team_name=body.team_name,
                                  now=ctx.now())
     session = await open_session(ctx, user)
@@ -98,7 +98,7 @@ async def login(ctx: Ctx, request: Request) -> Response:
         raise throttled(wait, "too many failed logins for this account; try again later (an "
                         "address it logged in from before is not held back)", source)
     try:
-        user = await ctx.store(store.get_user_by_email, body.email)
+        user = await ctx.store(store.users.by_email, body.email)
     except ApiError as exc:
         if exc.status == 404:
             # as slow as a wrong password, so the answer's timing does not tell which
@@ -123,20 +123,20 @@ async def login(ctx: Ctx, request: Request) -> Response:
     # the per-account ceiling a stranger could fill
     await ctx.throttle("reset_email").succeeded(body.email, source)
     if body.cli_public_key is not None:
-        user = await ctx.store(store.set_cli_key, user.id, body.cli_public_key.lower())
+        user = await ctx.store(store.users.set_cli_key, user.id, body.cli_public_key.lower())
     return ok(await open_session(ctx, user))
 
 
 async def logout(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
-    await ctx.store(ctx.services.store.revoke_token, session.token_hash, now=ctx.now())
+    await ctx.store(ctx.services.store.tokens.revoke, session.token_hash, now=ctx.now())
     if ctx.verified is not None:
         ctx.verified.discard(session.token_hash)
     return ok()
 
 
 async def me_out(ctx: Ctx, user: User) -> MeOut:
-    teams = await ctx.store(ctx.services.store.teams_of, user.id)
+    teams = await ctx.store(ctx.services.store.teams.of_user, user.id)
     return MeOut(user=user_out(user), active_team=user.active_team,
                  teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in teams])
 
@@ -150,7 +150,8 @@ async def set_active_team(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     body = await ctx.body(request, ActiveTeamIn)
     try:
-        user = await ctx.store(ctx.services.store.set_active_team, session.user.id, body.team_id)
+        user = await ctx.store(ctx.services.store.users.set_active_team, session.user.id,
+                               body.team_id)
     except ApiError as exc:
         if exc.status == 404:
             raise ApiError(codes.NOT_FOUND, f"no team {body.team_id} among yours; check "

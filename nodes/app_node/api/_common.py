@@ -146,8 +146,8 @@ class Ctx:
         token_hash = hash_token(token)
         try:
             record = await trio.to_thread.run_sync(functools.partial(
-                self.services.store.valid_token, token_hash, now=self.now()))
-            user = await trio.to_thread.run_sync(self.services.store.get_user, record.user)
+                self.services.store.tokens.valid, token_hash, now=self.now()))
+            user = await trio.to_thread.run_sync(self.services.store.users.get, record.user)
         except (NotFound, Expired) as exc:
             raise unauthenticated(exc.message) from None
         except AppNodeError as exc:
@@ -158,7 +158,7 @@ class Ctx:
 
     async def require_role(self, session: Session, team_id: str, at_least: Role) -> Role:
         """The caller's role in ``team_id``: 404 if not a member, 403 if below ``at_least``."""
-        role = await self.store(self.services.store.role_of, session.user.id, team_id)
+        role = await self.store(self.services.store.teams.role_of, session.user.id, team_id)
         if role is None:
             raise ApiError(codes.NOT_FOUND, f"no team {team_id} among yours; check the id")
         if _RANK[role] < _RANK[at_least]:

@@ -193,7 +193,7 @@ async def job_events(ctx: Ctx, request: Request) -> Response:
                 await write(sse("lagged", {"id": record.id}))
                 return
             if isinstance(item, JobEvent) and item.status is None:
-                await ctx.store(ctx.services.store.mark_job_deleted, record.id, now=ctx.now())
+                await ctx.store(ctx.services.store.jobs.mark_deleted, record.id, now=ctx.now())
                 await write(sse("gone", {"id": record.id}))
                 return
             try:  # a change or a resync: what is the job now?

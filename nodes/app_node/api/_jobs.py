@@ -199,16 +199,16 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
     await ctx.require_role(session, team, Role.MEMBER)
     keys: tuple[str, ...] = ()
     if body.type is JobType.CONTAINER:
-        members = await ctx.store(ctx.services.store.list_members, team)
+        members = await ctx.store(ctx.services.store.teams.members, team)
         keys = tuple(sorted({u.cli_public_key.lower() for u, _ in members
                              if u.cli_public_key}))
     spec = _spec_of(body, team, keys, ctx.services.default_image)
-    quota = await ctx.store(ctx.services.store.get_quota, team)
+    quota = await ctx.store(ctx.services.store.quotas.get, team)
     view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(
         spec=spec, created_by=session.user.id,
         quota=GpuQuota(team_gpus=quota.gpus, user_gpus=quota.per_user_gpus)))).job
     try:
-        record = await ctx.store(ctx.services.store.add_job, id=view.id, team=team,
+        record = await ctx.store(ctx.services.store.jobs.add, id=view.id, team=team,
                                  created_by=session.user.id, spec=spec, now=ctx.now())
     except ApiError:
         # Not left running unlisted: nobody could see, restart or delete it.
@@ -226,7 +226,7 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
     limit = query.get("limit", "50")
     if not limit.isdigit():
         raise ApiError(codes.INVALID, "limit: a whole number", "limit")
-    page = await ctx.store(ctx.services.store.list_jobs, team, limit=int(limit),
+    page = await ctx.store(ctx.services.store.jobs.page, team, limit=int(limit),
                            cursor=query.get("cursor"))
     # Only the page's jobs: the team's whole list cost wrk-ork a view of every
     # job per request, and past ~900 jobs did not fit in one answer.
@@ -240,7 +240,7 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
     for record in page.items:
         view = views.get(record.id)
         if view is None:  # wrk-ork finished deleting it: the record stays as history
-            record = await ctx.store(ctx.services.store.mark_job_deleted, record.id,
+            record = await ctx.store(ctx.services.store.jobs.mark_deleted, record.id,
                                      now=ctx.now())
             continue
         jobs.append(job_out(record, view))
@@ -253,12 +253,12 @@ async def _own_job(ctx: Ctx, session: Session, job_id: str) -> JobRecord:
     """The job's record; 404 for a missing, deleted or another team's job."""
     missing = ApiError(codes.NOT_FOUND, f"no job {job_id} in your teams", "job")
     try:
-        record = await ctx.store(ctx.services.store.get_job, job_id)
+        record = await ctx.store(ctx.services.store.jobs.get, job_id)
     except ApiError as exc:
         if exc.status == 404:
             raise missing from None
         raise
-    role = await ctx.store(ctx.services.store.role_of, session.user.id, record.team)
+    role = await ctx.store(ctx.services.store.teams.role_of, session.user.id, record.team)
     if role is None or record.deleted_at is not None:
         raise missing
     return record
@@ -273,7 +273,7 @@ async def _on_ork(ctx: Ctx, record: JobRecord, method: Method, params: BaseModel
         return await ork_call(ctx, method, params)
     except ApiError as exc:
         if exc.code == "NOT_FOUND":
-            await ctx.store(ctx.services.store.mark_job_deleted, record.id, now=ctx.now())
+            await ctx.store(ctx.services.store.jobs.mark_deleted, record.id, now=ctx.now())
         raise
 
 
@@ -302,7 +302,7 @@ async def delete_job(ctx: Ctx, request: Request) -> Response:
             raise
         view = None
     if view is None:
-        await ctx.store(ctx.services.store.mark_job_deleted, record.id, now=ctx.now())
+        await ctx.store(ctx.services.store.jobs.mark_deleted, record.id, now=ctx.now())
         return ok(DeletedJobOut(gone=True, job=None))
     return ok(DeletedJobOut(gone=False, job=job_out(record, view)), 202)
 

@@ -6,7 +6,7 @@ member or not. A team admin or owner who is not an operator gets 403
 ``FORBIDDEN``; someone outside the team who is not an operator gets 404, as for
 every other team route.
 
-The quotas live in app-node's store (:mod:`~nodes.app_node._store_quotas`);
+The quotas live in app-node's store (:mod:`~nodes.app_node.store._quotas`);
 ``POST /api/jobs`` sends them to wrk-ork with the job, and wrk-ork checks them
 in the call that adds the job (409 ``QUOTA_EXCEEDED`` naming the quota, the
 GPUs the team's jobs hold or may hold, and the request).
@@ -55,7 +55,7 @@ async def is_operator(ctx: Ctx, session: Session) -> bool:
 
 async def _readable(ctx: Ctx, session: Session, team_id: str) -> None:
     """A member of the team, or an operator; else 404 (the team's existence does not leak)."""
-    role = await ctx.store(ctx.services.store.role_of, session.user.id, team_id)
+    role = await ctx.store(ctx.services.store.teams.role_of, session.user.id, team_id)
     if role is None and not await is_operator(ctx, session):
         raise ApiError(codes.NOT_FOUND, f"no team {team_id} among yours; check the id")
 
@@ -65,29 +65,29 @@ async def get_team(ctx: Ctx, request: Request) -> Response:
     team_id = request.path_params["team"]
     role = await ctx.require_role(session, team_id, Role.MEMBER)
     store = ctx.services.store
-    team = await ctx.store(store.get_team, team_id)
-    return ok(team_info(team, role, await ctx.store(store.get_quota, team_id)))
+    team = await ctx.store(store.teams.get, team_id)
+    return ok(team_info(team, role, await ctx.store(store.quotas.get, team_id)))
 
 
 async def get_quota(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team_id = request.path_params["team"]
     await _readable(ctx, session, team_id)
-    return ok(quota_out(team_id, await ctx.store(ctx.services.store.get_quota, team_id)))
+    return ok(quota_out(team_id, await ctx.store(ctx.services.store.quotas.get, team_id)))
 
 
 async def set_quota(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team_id = request.path_params["team"]
     if not await is_operator(ctx, session):
-        role = await ctx.store(ctx.services.store.role_of, session.user.id, team_id)
+        role = await ctx.store(ctx.services.store.teams.role_of, session.user.id, team_id)
         if role is None:
             raise ApiError(codes.NOT_FOUND, f"no team {team_id} among yours; check the id")
         raise ApiError(codes.FORBIDDEN, "only platform operators (owners and admins of the "
                        "first admin's team) set a team's GPU quotas; you are "
                        f"{role.value} of this team; ask an operator")
     body = await ctx.body(request, QuotaIn)
-    quota = await ctx.store(ctx.services.store.set_quota, team_id,
+    quota = await ctx.store(ctx.services.store.quotas.set, team_id,
                             body.model_dump(include=body.model_fields_set), now=ctx.now())
     _log.info("teams.quota_set team=%s gpus=%s per_user_gpus=%s by=%s", team_id, quota.gpus,
               quota.per_user_gpus, session.user.id)

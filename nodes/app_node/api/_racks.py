@@ -3,7 +3,7 @@
 An owner or admin of *a* team is not enough: any user can create a team and
 own it. The platform operators are the owners and admins of the **operators'
 team**: the team the first admin (the first user) created at sign-up
-(``create_first_admin``), i.e. the oldest of the first user's teams. If that
+(``store.users.create_first_admin``), i.e. the oldest of the first user's teams. If that
 team is deleted, the first user's next-oldest team takes its place. Everyone
 else gets 403.
 
@@ -42,10 +42,10 @@ def _operators_team(ctx: Ctx) -> str | None:
     """The first admin's sign-up team: the oldest team of the first user (by insertion),
     one they own preferred on a tie (a team they were invited into is not it)."""
     store = ctx.services.store
-    first = store.list_users(limit=1).items
+    first = store.users.page(limit=1).items
     if not first:
         return None
-    teams = store.teams_of(first[0].id)
+    teams = store.teams.of_user(first[0].id)
     if not teams:
         return None
     team, _ = min(teams, key=lambda tr: (tr[0].created_at, tr[1] is not Role.OWNER, tr[0].id))
@@ -55,7 +55,7 @@ def _operators_team(ctx: Ctx) -> str | None:
 async def require_operator(ctx: Ctx, session: Session) -> None:
     """403 unless the caller is an owner or admin of the operators' team."""
     team = await ctx.store(_operators_team, ctx)
-    role = None if team is None else await ctx.store(ctx.services.store.role_of,
+    role = None if team is None else await ctx.store(ctx.services.store.teams.role_of,
                                                      session.user.id, team)
     if role not in (Role.OWNER, Role.ADMIN):
         raise forbidden("this is for platform operators (owners and admins of the first "
@@ -97,7 +97,7 @@ async def reserve_nodes(ctx: Ctx, request: Request) -> Response:
     await _operator(ctx, request)
     body = await ctx.body(request, ReserveIn)
     try:
-        await ctx.store(ctx.services.store.get_team, body.team)
+        await ctx.store(ctx.services.store.teams.get, body.team)
     except ApiError as exc:
         if exc.status == 404:
             raise ApiError(codes.NOT_FOUND, f"no team {body.team}", "team") from None

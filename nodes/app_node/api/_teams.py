@@ -60,8 +60,8 @@ from ._spec import RouteSpec
 async def list_teams(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     store = ctx.services.store
-    teams = await ctx.store(store.teams_of, session.user.id)
-    quotas = await ctx.store(store.quotas_of, [t.id for t, _ in teams])
+    teams = await ctx.store(store.teams.of_user, session.user.id)
+    quotas = await ctx.store(store.quotas.of_teams, [t.id for t, _ in teams])
     return ok(TeamsOut(teams=[team_info(t, r, quotas.get(t.id)) for t, r in teams]))
 
 
@@ -75,7 +75,7 @@ async def create_team(ctx: Ctx, request: Request) -> Response:
                        "user create teams)")
     body = await ctx.body(request, TeamIn)
     quota = rules.default_quota()
-    team = await ctx.store(ctx.services.store.create_team, name=body.name,
+    team = await ctx.store(ctx.services.store.teams.create, name=body.name,
                            owner=session.user.id, now=ctx.now(), quota=quota)
     return ok(team_info(team, Role.OWNER, quota), 201)
 
@@ -84,12 +84,12 @@ async def list_members(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team_id = request.path_params["team"]
     await ctx.require_role(session, team_id, Role.MEMBER)
-    members = await ctx.store(ctx.services.store.list_members, team_id)
+    members = await ctx.store(ctx.services.store.teams.members, team_id)
     return ok(MembersOut(members=[MemberOut(user=user_out(u), role=r) for u, r in members]))
 
 
 async def _target_role(ctx: Ctx, team_id: str, user_id: str) -> Role:
-    role = await ctx.store(ctx.services.store.role_of, user_id, team_id)
+    role = await ctx.store(ctx.services.store.teams.role_of, user_id, team_id)
     if role is None:
         raise ApiError(codes.NOT_FOUND, f"user {user_id} is not a member of team {team_id}")
     return role
@@ -103,7 +103,7 @@ async def change_role(ctx: Ctx, request: Request) -> Response:
     theirs = await _target_role(ctx, team_id, user_id)
     if not outranks(mine, theirs) or (body.role is Role.OWNER and mine is not Role.OWNER):
         raise forbidden("only an owner may make an owner or change an owner's role")
-    membership = await ctx.store(ctx.services.store.change_role, team_id, user_id, body.role)
+    membership = await ctx.store(ctx.services.store.teams.change_role, team_id, user_id, body.role)
     return ok(MembershipOut(user=membership.user, team=membership.team, role=membership.role))
 
 
@@ -116,7 +116,7 @@ async def remove_member(ctx: Ctx, request: Request) -> Response:
             raise forbidden("only an owner may remove an owner")
     else:
         await ctx.require_role(session, team_id, Role.MEMBER)
-    await ctx.store(ctx.services.store.remove_member, team_id, user_id)
+    await ctx.store(ctx.services.store.teams.remove_member, team_id, user_id)
     return ok()
 
 
@@ -128,11 +128,11 @@ async def invite(ctx: Ctx, request: Request) -> Response:
     if body.role is Role.OWNER and mine is not Role.OWNER:
         raise forbidden("only an owner may invite an owner")
     store = ctx.services.store
-    team = await ctx.store(store.get_team, team_id)
+    team = await ctx.store(store.teams.get, team_id)
     token, token_hash = new_token()
     now = ctx.now()
     invitation = await ctx.store(
-        store.create_invitation, team=team_id, email=body.email, role=body.role,
+        store.invitations.create, team=team_id, email=body.email, role=body.role,
         token_hash=token_hash, invited_by=session.user.id, now=now,
         expires_at=now + ctx.services.lifetimes.invitation.total_seconds())
     link = f"{ctx.services.public_url.rstrip('/')}/accept?token={token}"
@@ -146,7 +146,7 @@ async def invite(ctx: Ctx, request: Request) -> Response:
     try:
         await send_with_retry(ctx.services.email, message)
     except EmailError as exc:
-        await ctx.store(store.revoke_invitation, invitation.id)
+        await ctx.store(store.invitations.revoke, invitation.id)
         raise ApiError(codes.EMAIL_FAILED, f"the invitation email could not be sent "
                        f"({exc}); nothing was recorded; check the email settings and retry"
                        ) from None
@@ -158,7 +158,7 @@ async def list_invitations(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team_id = request.path_params["team"]
     await ctx.require_role(session, team_id, Role.ADMIN)
-    pending = await ctx.store(ctx.services.store.list_invitations, team_id,
+    pending = await ctx.store(ctx.services.store.invitations.of_team, team_id,
                               pending_at=ctx.now())
     return ok(InvitationsOut(invitations=[InvitationListedOut(
         id=i.id, team=i.team, email=i.email, role=i.role, expires_at=i.expires_at,
@@ -171,7 +171,7 @@ async def revoke_invitation(ctx: Ctx, request: Request) -> Response:
     await ctx.require_role(session, team_id, Role.ADMIN)
     store = ctx.services.store
     try:
-        invitation = await ctx.store(store.get_invitation, invitation_id)
+        invitation = await ctx.store(store.invitations.get, invitation_id)
     except ApiError as exc:
         if exc.status != 404:
             raise
@@ -179,7 +179,7 @@ async def revoke_invitation(ctx: Ctx, request: Request) -> Response:
     if invitation is None or invitation.team != team_id:
         raise ApiError(codes.NOT_FOUND, f"no invitation {invitation_id} in team {team_id}; "
                        "see GET /api/teams/{team}/invitations", "invitation")
-    await ctx.store(store.revoke_invitation, invitation_id)
+    await ctx.store(store.invitations.revoke, invitation_id)
     return ok()
 
 
@@ -204,7 +204,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         raise throttled(wait, "too many invitation links that were not valid from your "
                         "address", source)
     try:
-        invitation = await ctx.store(store.pending_invitation, token_hash, now=ctx.now())
+        invitation = await ctx.store(store.invitations.pending, token_hash, now=ctx.now())
     except ApiError as exc:
         if exc.status in (404, 410):
             await guesses.failed("", source)
@@ -213,7 +213,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         raise ApiError(exc.code, exc.message, "token", status=exc.status) from None
     if request.headers.get("authorization"):
         session = await ctx.session(request)
-        membership = await ctx.store(store.accept_invitation, token_hash, session.user.id,
+        membership = await ctx.store(store.invitations.accept, token_hash, session.user.id,
                                      now=ctx.now(), email=session.user.email)
         await guesses.succeeded("", source)
         return ok(AcceptOut(membership=MembershipOut(
@@ -227,7 +227,7 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         raise ApiError(codes.WRONG_ACCOUNT, "this invitation was sent to another email "
                        "address; create the account with that address", "email")
     try:
-        await ctx.store(store.get_user_by_email, invitation.email)
+        await ctx.store(store.users.by_email, invitation.email)
     except ApiError as exc:
         if exc.status != 404:
             raise
@@ -235,16 +235,16 @@ async def accept(ctx: Ctx, request: Request) -> Response:
         raise ApiError(codes.CONFLICT, f"an account with email {invitation.email} exists "
                        "already; log in and accept with your session", "email")
     password_hash = await hash_new_password(ctx, body.password)
-    user = await ctx.store(store.create_user, email=body.email, name=body.name,
+    user = await ctx.store(store.users.create, email=body.email, name=body.name,
                            password_hash=password_hash, now=ctx.now())
     try:
-        membership = await ctx.store(store.accept_invitation, token_hash, user.id,
+        membership = await ctx.store(store.invitations.accept, token_hash, user.id,
                                      now=ctx.now(), email=user.email)
     except ApiError:
-        await ctx.store(store.delete_user, user.id)  # the account exists only to join
+        await ctx.store(store.users.delete, user.id)  # the account exists only to join
         raise
     await guesses.succeeded("", source)
-    user = await ctx.store(store.get_user, user.id)
+    user = await ctx.store(store.users.get, user.id)
     return ok(AcceptOut(membership=MembershipOut(user=membership.user, team=membership.team,
                                                  role=membership.role),
                         session=await open_session(ctx, user)))

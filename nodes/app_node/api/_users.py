@@ -19,7 +19,7 @@ link that is not one counts as a token guess of the address (``token_guess``).
 
 ``POST /auth/password-reset/confirm {token, password}`` checks the token
 (404 unknown, 410 used, expired or its account disabled; both with ``field:
-token``) before hashing anything, then ``Store.reset_password`` sets the hash
+token``) before hashing anything, then ``store.users.reset_password`` sets the hash
 and revokes every token of the user, the reset token and every session
 included, in one transaction: the link works once, and whoever had the old
 password is logged out everywhere.
@@ -108,13 +108,13 @@ async def send_reset(ctx: Ctx, email: str) -> None:
 async def _send_reset(ctx: Ctx, email: str) -> None:
     store = ctx.services.store
     try:
-        user = await ctx.store(store.get_user_by_email, email)
+        user = await ctx.store(store.users.by_email, email)
         if user.disabled:
             _log.info("password reset asked for disabled account %s: nothing sent", user.id)
             return
         token, token_hash = new_token()
         now = ctx.now()
-        await ctx.store(store.add_token, token_hash=token_hash, user=user.id,
+        await ctx.store(store.tokens.add, token_hash=token_hash, user=user.id,
                         kind=TokenKind.RESET, now=now,
                         expires_at=now + ctx.services.lifetimes.password_reset.total_seconds())
     except ApiError as exc:
@@ -163,9 +163,9 @@ async def confirm_reset(ctx: Ctx, request: Request) -> Response:
             raise ApiError.of(exc) from exc
 
     # the token first: a wrong link costs no scrypt hash
-    await with_token(store.valid_token, token_hash, now=ctx.now(), kind=TokenKind.RESET)
+    await with_token(store.tokens.valid, token_hash, now=ctx.now(), kind=TokenKind.RESET)
     password_hash = await hash_new_password(ctx, body.password)
-    await with_token(store.reset_password, token_hash, password_hash, now=ctx.now())
+    await with_token(store.users.reset_password, token_hash, password_hash, now=ctx.now())
     await guesses.succeeded("", source)
     return ok()
 
@@ -194,7 +194,7 @@ async def change_password(ctx: Ctx, request: Request) -> Response:
                        "password by email", "current_password")
     await throttle.succeeded(email, source)
     password_hash = await hash_new_password(ctx, body.password)
-    user = await ctx.store(ctx.services.store.set_password, session.user.id, password_hash,
+    user = await ctx.store(ctx.services.store.users.set_password, session.user.id, password_hash,
                            now=ctx.now())
     return ok(await open_session(ctx, user))
 
@@ -202,7 +202,7 @@ async def change_password(ctx: Ctx, request: Request) -> Response:
 async def update_me(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     body = await ctx.body(request, MeIn)
-    user = await ctx.store(ctx.services.store.update_user, session.user.id, name=body.name)
+    user = await ctx.store(ctx.services.store.users.update, session.user.id, name=body.name)
     return ok(await me_out(ctx, user))
 
 
@@ -210,10 +210,10 @@ async def update_me(ctx: Ctx, request: Request) -> Response:
 
 
 def _users_page(store: Store, limit: int, cursor: str | None) -> UsersOut:
-    page = store.list_users(limit=limit, cursor=cursor)
+    page = store.users.page(limit=limit, cursor=cursor)
     return UsersOut(users=[UserListedOut(
         user=user_out(u), created_at=u.created_at, disabled=u.disabled,
-        teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in store.teams_of(u.id)])
+        teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in store.teams.of_user(u.id)])
         for u in page.items], next=page.next)
 
 

@@ -56,12 +56,12 @@ class Ork:
 
 
 def people(store: Store):
-    users = {name: store.create_user(email=f"{name}@x", name=name, password_hash="h", now=T0)
+    users = {name: store.users.create(email=f"{name}@x", name=name, password_hash="h", now=T0)
              for name in ("ann", "bo", "cy")}
-    team = store.create_team(name="T", owner=users["ann"].id, now=T0)
-    store.add_member(team.id, users["bo"].id, Role.MEMBER)
-    store.set_cli_key(users["ann"].id, A)
-    store.set_cli_key(users["bo"].id, B)
+    team = store.teams.create(name="T", owner=users["ann"].id, now=T0)
+    store.teams.add_member(team.id, users["bo"].id, Role.MEMBER)
+    store.users.set_cli_key(users["ann"].id, A)
+    store.users.set_cli_key(users["bo"].id, B)
     return users, team.id
 
 
@@ -77,13 +77,13 @@ async def test_membership_and_key_changes_reach_wrk_ork_on_the_next_pass():
     assert await sync.sync_once() == 0  # nothing changed: nothing sent
 
     steps = [
-        (lambda: store.remove_member(team, users["bo"].id), (A,)),            # removed
-        (lambda: store.add_member(team, users["cy"].id, Role.MEMBER), (A,)),  # no CLI key yet
-        (lambda: store.set_cli_key(users["cy"].id, C), (A, C)),               # logs in
-        (lambda: store.set_cli_key(users["ann"].id, B), (B, C)),              # new workstation
-        (lambda: store.update_user(users["cy"].id, disabled=True), (B,)),     # disabled
-        (lambda: store.change_role(team, users["ann"].id, Role.OWNER), (B,)),  # no change
-        (lambda: store.delete_user(users["cy"].id), (B,)),                    # no change
+        (lambda: store.teams.remove_member(team, users["bo"].id), (A,)),  # removed
+        (lambda: store.teams.add_member(team, users["cy"].id, Role.MEMBER), (A,)),  # no key yet
+        (lambda: store.users.set_cli_key(users["cy"].id, C), (A, C)),  # logs in
+        (lambda: store.users.set_cli_key(users["ann"].id, B), (B, C)),  # new workstation
+        (lambda: store.users.update(users["cy"].id, disabled=True), (B,)),  # disabled
+        (lambda: store.teams.change_role(team, users["ann"].id, Role.OWNER), (B,)),  # no change
+        (lambda: store.users.delete(users["cy"].id), (B,)),  # no change
     ]
     for change, expected in steps:
         before = ork.held(team)
@@ -119,7 +119,7 @@ async def test_a_pass_that_fails_is_tried_again(thread_clock):
         assert ork.held(team) is None and sync.sends == 0
         ork.down = False
         await wait_until(lambda: ork.held(team) == (A, B), limit_s=5)
-        store.remove_member(team, users["bo"].id)
+        store.teams.remove_member(team, users["bo"].id)
         sync.nudge()
         # A nudge does not wait for the interval.
         await wait_until(lambda: ork.held(team) == (A,), limit_s=0.5, step_s=0.01)
@@ -129,12 +129,12 @@ async def test_a_pass_that_fails_is_tried_again(thread_clock):
 async def test_a_team_over_the_key_bound_is_logged_and_the_others_still_sent(caplog):
     store, ork = Store.open(None), Ork()
     _, team = people(store)
-    big = store.create_team(name="Big", owner=store.create_user(
+    big = store.teams.create(name="Big", owner=store.users.create(
         email="o@x", name="o", password_hash="h", now=T0).id, now=T0).id
     for i in range(MAX_SHELL_KEYS + 1):
-        user = store.create_user(email=f"m{i}@x", name="m", password_hash="h", now=T0)
-        store.add_member(big, user.id, Role.MEMBER)
-        store.set_cli_key(user.id, f"{i:064x}")
+        user = store.users.create(email=f"m{i}@x", name="m", password_hash="h", now=T0)
+        store.teams.add_member(big, user.id, Role.MEMBER)
+        store.users.set_cli_key(user.id, f"{i:064x}")
     sync = ShellKeySync(store, ork)
     assert await sync.sync_once() == 1
     assert ork.held(team) == (A, B) and ork.held(big) is None

@@ -30,10 +30,10 @@ class Memberships(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.store = Store.open(None)
-        self.users = [self.store.create_user(email=f"u{i}@x", name=f"U{i}", password_hash="h",
-                                             now=T0).id for i in range(USERS)]
+        self.users = [self.store.users.create(email=f"u{i}@x", name=f"U{i}", password_hash="h",
+                                              now=T0).id for i in range(USERS)]
         self.alive = set(self.users)
-        self.teams = [self.store.create_team(name=f"T{i}", owner=self.users[i], now=T0).id
+        self.teams = [self.store.teams.create(name=f"T{i}", owner=self.users[i], now=T0).id
                       for i in range(TEAMS)]
         self.roles: dict[str, dict[str, Role]] = {
             team: {self.users[i]: Role.OWNER} for i, team in enumerate(self.teams)}
@@ -50,12 +50,12 @@ class Memberships(RuleBasedStateMachine):
         team, user = self.teams[t], self.users[u]
         if user not in self.alive:
             with pytest.raises(NotFound):
-                self.store.add_member(team, user, role)
+                self.store.teams.add_member(team, user, role)
         elif user in self.roles[team]:
             with pytest.raises(Conflict):
-                self.store.add_member(team, user, role)
+                self.store.teams.add_member(team, user, role)
         else:
-            self.store.add_member(team, user, role)
+            self.store.teams.add_member(team, user, role)
             self.roles[team][user] = role
 
     @rule(t=team_index, u=user_index, role=roles)
@@ -64,12 +64,12 @@ class Memberships(RuleBasedStateMachine):
         current = self.roles[team].get(user)
         if current is None:
             with pytest.raises(NotFound):
-                self.store.change_role(team, user, role)
+                self.store.teams.change_role(team, user, role)
         elif current is Role.OWNER and role is not Role.OWNER and not self._owners(team, user):
             with pytest.raises(LastOwner):
-                self.store.change_role(team, user, role)
+                self.store.teams.change_role(team, user, role)
         else:
-            self.store.change_role(team, user, role)
+            self.store.teams.change_role(team, user, role)
             self.roles[team][user] = role
 
     @rule(t=team_index, u=user_index)
@@ -78,12 +78,12 @@ class Memberships(RuleBasedStateMachine):
         current = self.roles[team].get(user)
         if current is None:
             with pytest.raises(NotFound):
-                self.store.remove_member(team, user)
+                self.store.teams.remove_member(team, user)
         elif current is Role.OWNER and not self._owners(team, user):
             with pytest.raises(LastOwner):
-                self.store.remove_member(team, user)
+                self.store.teams.remove_member(team, user)
         else:
-            self.store.remove_member(team, user)
+            self.store.teams.remove_member(team, user)
             del self.roles[team][user]
 
     @rule(u=user_index)
@@ -91,15 +91,15 @@ class Memberships(RuleBasedStateMachine):
         user = self.users[u]
         if user not in self.alive:
             with pytest.raises(NotFound):
-                self.store.delete_user(user)
+                self.store.users.delete(user)
             return
         orphans = [team for team, members in self.roles.items()
                    if members.get(user) is Role.OWNER and not self._owners(team, user)]
         if orphans:
             with pytest.raises(LastOwner):
-                self.store.delete_user(user)
+                self.store.users.delete(user)
         else:
-            self.store.delete_user(user)
+            self.store.users.delete(user)
             self.alive.discard(user)
             for members in self.roles.values():
                 members.pop(user, None)
@@ -107,11 +107,11 @@ class Memberships(RuleBasedStateMachine):
     @invariant()
     def every_team_keeps_an_owner_and_matches_the_model(self) -> None:
         for team in self.teams:
-            members = {user.id: role for user, role in self.store.list_members(team)}
+            members = {user.id: role for user, role in self.store.teams.members(team)}
             assert members == self.roles[team]
             assert Role.OWNER in members.values()
             for user in self.users:
-                assert self.store.role_of(user, team) == self.roles[team].get(user)
+                assert self.store.teams.role_of(user, team) == self.roles[team].get(user)
 
 
 TestMemberships = Memberships.TestCase
@@ -120,29 +120,29 @@ TestMemberships.settings = settings(max_examples=60, stateful_step_count=40, dea
 
 def test_listing_1000_jobs_and_100_users_page_by_page(tmp_path):
     store = Store.open(tmp_path / "app.sqlite")
-    admin, team = store.create_first_admin(email="a@x", name="A", password_hash="h",
-                                           team_name="Core", now=T0)
-    other = store.create_team(name="Other", owner=admin.id, now=T0)
-    users = [admin.id] + [store.create_user(email=f"user{i:03}@x", name=f"U{i}",
-                                            password_hash="h", now=T0 + i).id
+    admin, team = store.users.create_first_admin(email="a@x", name="A", password_hash="h",
+                                                 team_name="Core", now=T0)
+    other = store.teams.create(name="Other", owner=admin.id, now=T0)
+    users = [admin.id] + [store.users.create(email=f"user{i:03}@x", name=f"U{i}",
+                                             password_hash="h", now=T0 + i).id
                           for i in range(99)]
     jobs = []
     for i in range(1000):
         on = team.id if i % 10 else other.id
-        store.add_job(id=f"job-{i:04}", team=on, created_by=users[i % 100], now=T0 + i,
-                      spec=JobSpec(name=f"job {i}", team=on, type=JobType.CONTAINER,
+        store.jobs.add(id=f"job-{i:04}", team=on, created_by=users[i % 100], now=T0 + i,
+                       spec=JobSpec(name=f"job {i}", team=on, type=JobType.CONTAINER,
                                    image="docker://registry.local/cuda:12", gpus=1))
         if on == team.id:
             jobs.append(f"job-{i:04}")
     for i in range(0, 1000, 7):
         if f"job-{i:04}" in jobs:
-            store.mark_job_deleted(f"job-{i:04}", now=T0 + 2000)
+            store.jobs.mark_deleted(f"job-{i:04}", now=T0 + 2000)
     live = [j for j in reversed(jobs) if int(j[4:]) % 7]
 
     for limit in (1, 33, 100, 500):
         seen, cursor, pages = [], None, 0
         while pages < 2000:
-            page = store.list_jobs(team.id, limit=limit, cursor=cursor)
+            page = store.jobs.page(team.id, limit=limit, cursor=cursor)
             assert len(page.items) <= limit
             seen += [job.id for job in page.items]
             pages += 1
@@ -150,20 +150,20 @@ def test_listing_1000_jobs_and_100_users_page_by_page(tmp_path):
                 break
             cursor = page.next
         assert seen == live, limit
-    every = store.list_jobs(team.id, limit=500, include_deleted=True)
+    every = store.jobs.page(team.id, limit=500, include_deleted=True)
     assert [job.id for job in every.items] == list(reversed(jobs))[:500]
 
     # A job added between pages does not shift the pages already being read.
-    first = store.list_jobs(team.id, limit=10)
-    store.add_job(id="late", team=team.id, created_by=admin.id, now=T0 + 5000,
-                  spec=JobSpec(name="late", team=team.id, type=JobType.CONTAINER,
+    first = store.jobs.page(team.id, limit=10)
+    store.jobs.add(id="late", team=team.id, created_by=admin.id, now=T0 + 5000,
+                   spec=JobSpec(name="late", team=team.id, type=JobType.CONTAINER,
                                image="docker://registry.local/cuda:12", gpus=1))
-    second = store.list_jobs(team.id, limit=10, cursor=first.next)
+    second = store.jobs.page(team.id, limit=10, cursor=first.next)
     assert [j.id for j in first.items + second.items] == live[:20]
 
     seen, cursor = [], None
     for _ in range(100):
-        page = store.list_users(limit=7, cursor=cursor)
+        page = store.users.page(limit=7, cursor=cursor)
         seen += [user.id for user in page.items]
         if page.next is None:
             break
@@ -180,7 +180,7 @@ def test_threads_racing_for_the_first_admin_make_exactly_one(tmp_path):
     def sign_up(i: int) -> None:
         barrier.wait(timeout=10)
         try:
-            results.append(store.create_first_admin(
+            results.append(store.users.create_first_admin(
                 email=f"a{i}@x", name="A", password_hash="h", team_name=f"T{i}", now=T0))
         except Conflict as exc:
             results.append(exc)
@@ -192,5 +192,5 @@ def test_threads_racing_for_the_first_admin_make_exactly_one(tmp_path):
         thread.join(timeout=10)
     assert sum(not isinstance(r, Conflict) for r in results) == 1
     assert len(results) == 8
-    assert len(store.list_users().items) == 1 and len(store.list_teams()) == 1
+    assert len(store.users.page().items) == 1 and len(store.teams.all()) == 1
     store.close()

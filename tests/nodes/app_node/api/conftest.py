@@ -97,11 +97,11 @@ class Api:
         """A user created straight in the store (in no team unless ``team``); their token."""
         from nodes.app_node.auth import hash_password
         store = self.services.store
-        user = store.create_user(email=email, name=email.split("@")[0],
-                                 password_hash=hash_password(PASSWORD, params=CHEAP),
-                                 now=self.clock.now)
+        user = store.users.create(email=email, name=email.split("@")[0],
+                                  password_hash=hash_password(PASSWORD, params=CHEAP),
+                                  now=self.clock.now)
         if team is not None:
-            store.add_member(team, user.id, role)
+            store.teams.add_member(team, user.id, role)
         return await self.login(email)
 
     async def login(self, email: str) -> str:
@@ -248,13 +248,13 @@ async def make_tenants(api: Api) -> Tenants:
     store, now = api.services.store, api.clock.now
     operator = await api.signup()
     a_owner = await api.account("owner@alpha-q7.example")
-    a_owner_id = store.get_user_by_email("owner@alpha-q7.example").id
-    team_a = store.create_team(name="alpha-team-q7", owner=a_owner_id, now=now).id
+    a_owner_id = store.users.by_email("owner@alpha-q7.example").id
+    team_a = store.teams.create(name="alpha-team-q7", owner=a_owner_id, now=now).id
     a_admin = await api.account("admin@alpha-q7.example", team=team_a, role="admin")
     a_member = await api.account("member@alpha-q7.example", team=team_a, role="member")
     b_owner = await api.account("owner@beta.example")
-    b_owner_id = store.get_user_by_email("owner@beta.example").id
-    team_b = store.create_team(name="beta", owner=b_owner_id, now=now).id
+    b_owner_id = store.users.by_email("owner@beta.example").id
+    team_b = store.teams.create(name="beta", owner=b_owner_id, now=now).id
     b_member = await api.account("member@beta.example", team=team_b, role="member")
     stranger = await api.account("stranger@gamma.example")
 
@@ -278,10 +278,10 @@ async def make_tenants(api: Api) -> Tenants:
 
     a = {"team": team_a, "container": container["id"], "inference": inference["id"],
          "key": key["id"], "invitation": invitation["id"], "owner_id": a_owner_id,
-         "admin_id": store.get_user_by_email("admin@alpha-q7.example").id,
-         "member_id": store.get_user_by_email("member@alpha-q7.example").id}
+         "admin_id": store.users.by_email("admin@alpha-q7.example").id,
+         "member_id": store.users.by_email("member@alpha-q7.example").id}
     b = {"team": team_b, "owner_id": b_owner_id,
-         "member_id": store.get_user_by_email("member@beta.example").id}
+         "member_id": store.users.by_email("member@beta.example").id}
     secrets = {*a.values(), "alpha-team-q7", "alpha-box-q7", "alpha-llm-q7", "alpha-key-q7",
                "alpha-model-q7", "alpha-log-q7", key["key"], key["prefix"],
                "invitee@alpha-q7.example", "owner@alpha-q7.example",

@@ -113,7 +113,7 @@ async def test_a_job_stream_runs_from_document_to_gone(ork_api: Api,
             assert (await stream.next()) == ("gone", {"id": job["id"]})
             assert await stream.ended()
         await wait_until(lambda: hub.subscribers == 0)
-    assert api.services.store.get_job(job["id"]).deleted_at is not None
+    assert api.services.store.jobs.get(job["id"]).deleted_at is not None
 
 
 async def test_another_team_gets_404_and_a_lagging_stream_ends(ork_api: Api) -> None:

@@ -27,7 +27,7 @@ async def test_email_refused_leaves_no_invitation(api: Api) -> None:
     r = await api.client.post(f"/api/teams/{team}/invitations",
                               json={"email": "n@example.com"}, headers=bearer(owner))
     assert r.status_code == 502 and r.json()["error"]["code"] == "EMAIL_FAILED"
-    assert api.services.store.list_invitations(team) == []
+    assert api.services.store.invitations.of_team(team) == []
 
 
 async def test_crash_is_a_json_500(api: Api) -> None:

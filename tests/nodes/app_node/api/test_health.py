@@ -109,7 +109,7 @@ async def test_history_filters_by_service_and_window_and_bounds_rows(api: Api,
 async def test_health_is_for_operators_only(api: Api, services) -> None:
     admin = await api.signup()
     store = api.services.store
-    [(team, _)] = store.teams_of(store.get_user_by_email("admin@example.com").id)
+    [(team, _)] = store.teams.of_user(store.users.by_email("admin@example.com").id)
     member = await api.user("m@example.com", team.id, "member", admin)
     for path in ("/api/health", "/api/health/history"):
         r = await api.client.get(path, headers=bearer(member))

@@ -24,7 +24,7 @@ async def _team(api: Api, token: str) -> str:
 
 def _set_key(api: Api, email: str, key: str) -> None:
     store = api.services.store
-    store.set_cli_key(store.get_user_by_email(email).id, key)
+    store.users.set_cli_key(store.users.by_email(email).id, key)
 
 
 def _inference(**extra) -> dict:
@@ -47,7 +47,7 @@ async def test_container_job_carries_the_members_cli_keys(ork_api: Api) -> None:
     assert job["team"] == team and job["type"] == "container"
     assert job["spec"]["authorized_keys"] == [KEY_A, KEY_B]
     assert job["status"] in {"queued", "starting"} and len(job["replicas"]) == 1
-    record = api.services.store.get_job(job["id"])
+    record = api.services.store.jobs.get(job["id"])
     assert record.spec.authorized_keys == (KEY_A, KEY_B)
     assert api.world is not None
     assert api.world.orch.get_job(job["id"]).spec.authorized_keys == (KEY_A, KEY_B)
@@ -103,7 +103,7 @@ async def test_inference_list_restart_replicas_delete(ork_api: Api) -> None:
         api.world.say(0, "deleted")
     r = await api.client.get("/api/jobs", headers=bearer(owner))
     assert [j["id"] for j in r.json()["jobs"]] == [job["id"]]
-    assert api.services.store.get_job(other).deleted_at is not None
+    assert api.services.store.jobs.get(other).deleted_at is not None
     r = await api.client.get(f"/api/jobs/{other}", headers=bearer(owner))
     assert r.status_code == 404
 
@@ -211,7 +211,7 @@ async def test_a_job_the_store_cannot_record_is_deleted_in_wrk_ork(ork_api: Api,
 
     def refuse(**kwargs):
         raise Conflict("the store refuses")
-    monkeypatch.setattr(api.services.store, "add_job", refuse)
+    monkeypatch.setattr(api.services.store.jobs, "add", refuse)
     r = await api.client.post("/api/jobs", headers=bearer(owner), json=_inference())
     assert r.status_code == 409, r.text
     assert api.world is not None

@@ -34,8 +34,8 @@ def _team_of(api: Api, owner_email: str, name: str) -> str:
     """A team made straight in the store (as if it was made before the setting)."""
     store = api.services.store
     api.clock.now += 1  # later than core, the operators' team
-    owner = store.get_user_by_email(owner_email)
-    return store.create_team(name=name, owner=owner.id, now=api.clock.now).id
+    owner = store.users.by_email(owner_email)
+    return store.teams.create(name=name, owner=owner.id, now=api.clock.now).id
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ async def people(ork_api: Api) -> dict:
     tokens["lab-member"] = await api.user("lm@example.com", lab, "member", operator)
     stranger = await api.user("s@example.com", core, "member", operator)
     third = _team_of(api, "s@example.com", "third")
-    api.services.store.remove_member(core, api.services.store.get_user_by_email(
+    api.services.store.teams.remove_member(core, api.services.store.users.by_email(
         "s@example.com").id)
     tokens["stranger"] = stranger
     return {"api": api, "tokens": tokens, "core": core, "lab": lab, "third": third}
@@ -71,7 +71,7 @@ async def test_a_plain_member_cannot_create_a_team_by_default(people: dict) -> N
         error = r.json()["error"]
         assert error["code"] == "TEAM_CREATION_FORBIDDEN"
         assert "operator" in error["message"]
-    assert {t.name for t in api.services.store.list_teams()} == {"core", "lab", "third"}
+    assert {t.name for t in api.services.store.teams.all()} == {"core", "lab", "third"}
     for who in ("operator", "core-admin"):
         # later than core: the operators' team is the first admin's oldest
         api.clock.now += 1
@@ -121,17 +121,17 @@ SETTERS = {
 @pytest.mark.parametrize(("who", "team"), sorted(SETTERS))
 async def test_who_may_set_quotas(people: dict, who: str, team: str) -> None:
     api, team_id = people["api"], people[team]
-    before = api.services.store.get_quota(team_id)
+    before = api.services.store.quotas.get(team_id)
     r = await api.client.patch(f"/api/teams/{team_id}/quota", json={"gpus": 1},
                                headers=bearer(people["tokens"][who]))
     assert r.status_code == SETTERS[who, team], r.text
     if r.status_code == 200:
         assert r.json() == {"team": team_id, "gpus": 1, "per_user_gpus": None,
                             "updated_at": api.clock.now}
-        assert api.services.store.get_quota(team_id).gpus == 1
+        assert api.services.store.quotas.get(team_id).gpus == 1
     else:
         assert r.json()["error"]["code"] == {403: "FORBIDDEN", 404: "NOT_FOUND"}[r.status_code]
-        assert api.services.store.get_quota(team_id) == before
+        assert api.services.store.quotas.get(team_id) == before
 
 
 async def test_who_may_read_a_quota(people: dict) -> None:
@@ -186,7 +186,7 @@ async def test_a_team_at_quota_gets_409_and_the_admins_job_is_placed(people: dic
     assert r.status_code == 201, r.text
     assert api.world is not None
     jobs_before = {job.id for job in api.world.orch.list_jobs()}
-    records_before = api.services.store.list_jobs(lab).items
+    records_before = api.services.store.jobs.page(lab).items
     r = await api.client.post("/api/jobs", headers=owner, json=_container(1, team_id=lab))
     assert r.status_code == 409, r.text
     error = r.json()["error"]
@@ -196,7 +196,7 @@ async def test_a_team_at_quota_gets_409_and_the_admins_job_is_placed(people: dic
     assert "asks for 1" in message and "cosmicac teams quota set" in message
     # not created: neither in wrk-ork nor in app-node's records
     assert {job.id for job in api.world.orch.list_jobs()} == jobs_before
-    assert api.services.store.list_jobs(lab).items == records_before
+    assert api.services.store.jobs.page(lab).items == records_before
     # the admin's 1-GPU job gets a GPU at once
     r = await api.client.post("/api/jobs", headers=bearer(tokens["operator"]),
                               json=_container(1))
@@ -231,8 +231,8 @@ async def test_the_per_user_quota(people: dict) -> None:
     message = r.json()["error"]["message"]
     assert "per-user GPU quota of 2" in message and "your jobs" in message
     # deleting one's own job frees one's share
-    [mine] = [j for j in api.services.store.list_jobs(lab).items
-              if j.created_by == api.services.store.get_user_by_email("lm@example.com").id]
+    [mine] = [j for j in api.services.store.jobs.page(lab).items
+              if j.created_by == api.services.store.users.by_email("lm@example.com").id]
     r = await api.client.delete(f"/api/jobs/{mine.id}", headers=bearer(tokens["lab-member"]))
     assert r.status_code == 202
     api.world.job_id = mine.id
@@ -263,7 +263,7 @@ async def test_two_creates_racing_at_the_quota_edge_one_passes(people: dict) -> 
     assert sorted(statuses) == [201, 409]
     assert api.world is not None
     assert sum(job.spec.gpus for job in api.world.orch.list_jobs() if job.spec.team == lab) == 4
-    assert len(api.services.store.list_jobs(lab).items) == 2
+    assert len(api.services.store.jobs.page(lab).items) == 2
 
 
 # -- the store -----------------------------------------------------------------------
@@ -271,19 +271,19 @@ async def test_two_creates_racing_at_the_quota_edge_one_passes(people: dict) -> 
 def test_a_version_1_store_gains_the_quota_table(tmp_path) -> None:
     path = tmp_path / "app.sqlite"
     store = Store.open(path)
-    user = store.create_user(email="a@x", name="a", password_hash="h", now=1.0)
-    team = store.create_team(name="t", owner=user.id, now=1.0)
+    user = store.users.create(email="a@x", name="a", password_hash="h", now=1.0)
+    team = store.teams.create(name="t", owner=user.id, now=1.0)
     store.close()
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE team_quotas")
         conn.execute("PRAGMA user_version = 1")
     store = Store.open(path)
     try:
-        assert store.get_quota(team.id).gpus is None
-        assert store.set_quota(team.id, {"gpus": 3}, now=2.0).gpus == 3
-        (version,) = store._conn.execute("PRAGMA user_version").fetchone()
+        assert store.quotas.get(team.id).gpus is None
+        assert store.quotas.set(team.id, {"gpus": 3}, now=2.0).gpus == 3
+        (version,) = store.db.sqlite.execute("PRAGMA user_version").fetchone()
         assert version == SCHEMA_VERSION == 2
-        store.delete_team(team.id)  # its quota goes with it
-        assert store.quotas_of([team.id]) == {}
+        store.teams.delete(team.id)  # its quota goes with it
+        assert store.quotas.of_teams([team.id]) == {}
     finally:
         store.close()

@@ -66,7 +66,7 @@ async def test_a_made_up_invitation_token_does_not_tell_which_emails_have_accoun
                         lambda password, **kw: hashes.append(password) or real(password, **kw))
     admin = await door.signup()
     hashes.clear()  # the admin's own
-    users_before = door.services.store.list_users(limit=100).items
+    users_before = door.services.store.users.page(limit=100).items
     answers = set()
     for i, email in enumerate(("admin@example.com", "nobody@example.com")):
         for j, headers in enumerate(({}, bearer(admin), bearer("cac_made_up"))):
@@ -77,7 +77,7 @@ async def test_a_made_up_invitation_token_does_not_tell_which_emails_have_accoun
     assert len(answers) == 1, answers
     [(status, text)] = answers
     assert status == 404 and '"field":"token"' in text.replace(" ", "")
-    assert door.services.store.list_users(limit=100).items == users_before
+    assert door.services.store.users.page(limit=100).items == users_before
     assert hashes == []
 
 

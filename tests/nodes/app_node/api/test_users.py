@@ -43,8 +43,8 @@ async def test_reset_by_email(api: Api) -> None:
     to, token = _reset_token(mail)
     assert to == "admin@example.com"
     # only its hash is stored, as a reset token (not usable as a session)
-    stored = api.services.store.valid_token(hash_token(token), now=api.clock.now,
-                                            kind=TokenKind.RESET)
+    stored = api.services.store.tokens.valid(hash_token(token), now=api.clock.now,
+                                             kind=TokenKind.RESET)
     assert stored.expires_at == api.clock.now + 3600
     assert (await api.client.get("/api/me", headers=bearer(token))).status_code == 401
 
@@ -90,8 +90,8 @@ async def test_reset_reveals_nothing_about_accounts(api: Api) -> None:
         {k: v for k, v in unknown.headers.items() if k != "date"}
     assert len(_mails(api)) == 1  # nothing sent to an address with no account
     # a disabled account gets nothing either
-    admin = api.services.store.get_user_by_email("admin@example.com")
-    api.services.store.update_user(admin.id, disabled=True)
+    admin = api.services.store.users.by_email("admin@example.com")
+    api.services.store.users.update(admin.id, disabled=True)
     r = await api.client.post("/api/auth/password-reset", json={"email": "admin@example.com"})
     assert r.status_code == 202 and len(_mails(api)) == 1
     for body, field in (({"email": "not-an-address"}, "email"), ({}, "email"),

@@ -1,4 +1,4 @@
-"""Rows to records, and the paging helpers app-node's store shares (store.py)."""
+"""Rows to records, the lookups every repository needs, and the paging helpers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,19 @@ import uuid
 
 from contracts.model import JobSpec
 
-from .errors import Invalid
-from .model import ApiKeyRecord, Invitation, JobRecord, Page, Role, Token, TokenKind, User
+from ..errors import Invalid, NotFound
+from ..model import (
+    ApiKeyRecord,
+    Invitation,
+    JobRecord,
+    Page,
+    Role,
+    Team,
+    Token,
+    TokenKind,
+    User,
+)
+from ._connection import Connection
 
 #: The longest page a listing returns.
 MAX_PAGE = 500
@@ -82,3 +93,22 @@ def _page(rows: list, limit: int, make) -> Page:
     items = tuple(make(row[1:]) for row in rows[:limit])
     more = len(rows) > limit
     return Page(items=items, next=str(rows[limit - 1][0]) if more else None)
+
+
+# -- lookups inside a read or a write ---------------------------------------------------
+
+
+def user_row(db: Connection, user_id: str) -> User:
+    """Raises: NotFound."""
+    row = db.one(f"SELECT {_USER} FROM users WHERE id = ?", (user_id,))
+    if row is None:
+        raise NotFound(f"no user {user_id}")
+    return _user(row)
+
+
+def team_row(db: Connection, team_id: str) -> Team:
+    """Raises: NotFound."""
+    row = db.one("SELECT id, name, created_at FROM teams WHERE id = ?", (team_id,))
+    if row is None:
+        raise NotFound(f"no team {team_id}")
+    return Team(*row)
