@@ -211,10 +211,10 @@ class Orchestrator:
         capacity = self._capacity
         for rack in self.book.racks.values():
             self._set_capacity(rack)
-        for rack_key_, node, team in self.book.reservations():
+        for key, node, team in self.book.reservations():
             # Kept even for a node missing from the last report (Capacity.reserve
             # allows it), so the team stays on its own nodes when it is back.
-            capacity.reserve(rack_key_, node, team)
+            capacity.reserve(key, node, team)
         for job in self.book.jobs.values():
             claims = [r.placement for r in job.replicas.values()
                       if r.claimed and r.placement is not None]
@@ -794,7 +794,7 @@ class Orchestrator:
                 for job in self.book.jobs.values():
                     if holds_gpus_on(job, key):
                         self.book.refresh(job, now, f"no report from rack {key[:12]} for "
-                                                f"{now - heard:.0f} s")
+                                                    f"{now - heard:.0f} s")
         self._place_pending(now)
         self.book.commit()
 
