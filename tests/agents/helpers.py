@@ -1,8 +1,12 @@
-"""A worker's agent service on a real 127.0.0.1 swarm, and agent configs for it."""
+"""A worker's agent service on a real 127.0.0.1 swarm, agent configs for it, and
+``cosmicac agent run`` as a process."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
+import subprocess
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -14,6 +18,7 @@ from nodes.k8s_worker.agents import AgentEvent, AgentRegistry
 from nodes.k8s_worker.backend import VmiSpec, disk_name, vmi_name
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig
+from tests.cli.helpers import COSMICAC
 
 
 def agent_config(worker: bytes, *, address: tuple[str, int] | None = None, storage: str = "",
@@ -64,3 +69,22 @@ async def running_worker(nursery: trio.Nursery, *, port: int = 0, keypair: KeyPa
             yield Worker(keypair, swarm, registry, receive, address)
         finally:
             inner.cancel_scope.cancel()
+
+
+async def start_agent(config_file, log_path):
+    """``cosmicac agent run``, its output (JSON log lines, errors) in ``log_path``."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return await trio.lowlevel.open_process(
+            [*COSMICAC, "agent", "run", "--config", str(config_file)],
+            stdout=log_fd, stderr=subprocess.STDOUT)
+    finally:
+        os.close(log_fd)
+
+
+async def stop(proc, timeout_s: float = 10.0) -> int:
+    """TERM ``proc`` (unless it has exited) and return its exit code."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(timeout_s):
+        return await proc.wait()

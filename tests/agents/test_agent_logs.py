@@ -20,7 +20,7 @@ from contracts.monitor import APPLICATION, CUT_MARKER, MAX_TEXT_CHARS, SYSTEM, L
 from p2p.keys import KeyPair
 
 from ..p2p.helpers import wait_until
-from .helpers import agent_config, running_worker, vmi_of
+from .helpers import agent_config, running_worker, start_agent, stop, vmi_of
 
 QUICK = ReportPolicy(backoff_min_s=0.05, backoff_max_s=0.2, connect_timeout_s=5)
 
@@ -191,8 +191,6 @@ def test_shipping_is_installed_only_when_the_config_says_telemetry():
 
 
 async def test_an_agent_process_with_telemetry_ships_its_logs_to_the_worker(nursery, tmp_path):
-    from .test_agent_process import start_agent, stop
-
     collected = Collected()
     async with running_worker(nursery, on_logs=collected) as worker:
         config = agent_config(worker.keypair.public_key, address=worker.address,

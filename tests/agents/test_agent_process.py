@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 
 import pytest
 import trio
@@ -16,27 +13,8 @@ from nodes.k8s_worker.agents import AgentEventKind
 from p2p.connection import dial_tcp
 from p2p.errors import P2PError
 from p2p.keys import KeyPair, load_keypair
-from tests.cli.helpers import COSMICAC
 
-from .helpers import agent_config, running_worker, vmi_of
-
-
-async def start_agent(config_file, log_path):
-    """``cosmicac agent run``, its output (JSON log lines, errors) in ``log_path``."""
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        return await trio.lowlevel.open_process(
-            [*COSMICAC, "agent", "run", "--config", str(config_file)],
-            stdout=log_fd, stderr=subprocess.STDOUT)
-    finally:
-        os.close(log_fd)
-
-
-async def stop(proc, timeout_s: float = 10.0) -> int:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-    with trio.fail_after(timeout_s):
-        return await proc.wait()
+from .helpers import agent_config, running_worker, start_agent, stop, vmi_of
 
 
 async def test_an_agent_says_hello_then_ready_heartbeats_and_exits_0_on_sigterm(

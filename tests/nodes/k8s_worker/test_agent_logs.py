@@ -29,21 +29,15 @@ from nodes.k8s_worker.backend import replica_unit
 from p2p.rpc import RpcError
 from tests.agents.helpers import agent_config, vmi_of
 
-from .test_agents import AGENT, STRANGER, WORKER, client_as, hello_of, registry_and_events
-
-
-class Collected:
-    """An ``on_logs`` that keeps what it is given (the worker's shipper's offer_many)."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[LogRecord]] = []
-
-    def __call__(self, records) -> None:
-        self.batches.append(list(records))
-
-    @property
-    def records(self) -> list[LogRecord]:
-        return [r for batch in self.batches for r in batch]
+from .registry_client import (
+    AGENT,
+    STRANGER,
+    WORKER,
+    Collected,
+    client_as,
+    hello_of,
+    registry_and_events,
+)
 
 
 def forged(n: int = 3) -> list[LogRecord]:

@@ -24,9 +24,9 @@ from nodes.monitor.service import MonitorService
 from p2p.rpc import RpcError
 from p2p.rpc._models import dump
 from tests.agents.helpers import agent_config, vmi_of
-from tests.nodes.proxy_inference.test_health_window import monitor_channel
+from tests.nodes.monitor.support import connect
 
-from .test_agents import AGENT, STRANGER, WORKER, client_as, hello_of, registry_and_events
+from .registry_client import AGENT, STRANGER, WORKER, client_as, hello_of, registry_and_events
 
 GOOD_NAME = st.from_regex(r"[a-z][a-z0-9_]{0,47}", fullmatch=True)
 GOOD_VALUE = st.floats(min_value=0, max_value=2.0**63, allow_nan=False, allow_infinity=False)
@@ -133,7 +133,7 @@ async def test_the_reporter_pushes_the_tables_latest_figures(nursery, autojump_c
                              values=dict(figures))]
 
     reporter = AgentMetricsReporter(source, interval_s=5)
-    async with monitor_channel(nursery, service, WORKER) as client:
+    async with connect(nursery, service, WORKER) as client:
         with trio.fail_after(60):
             nursery.start_soon(reporter.report, client)
             await trio.sleep(1)
@@ -153,7 +153,7 @@ async def test_a_refused_reporter_keeps_its_pace_and_queues_nothing(nursery, aut
     book = AgentMetricsBook()
     install(service, book)
     reporter = AgentMetricsReporter(list, interval_s=5)
-    async with monitor_channel(nursery, service, WORKER) as client:
+    async with connect(nursery, service, WORKER) as client:
         with trio.fail_after(60):
             nursery.start_soon(reporter.report, client)
             await trio.sleep(21)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 from contextlib import asynccontextmanager
@@ -12,51 +11,12 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.agent_report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Hello, Report
-from nodes.k8s_worker.agents import (
-    AgentEventKind,
-    AgentRegistry,
-    AgentTable,
-    BoundAgent,
-    HelloDecision,
-    decide,
-)
-from p2p.rpc import RpcClient, RpcError, serve_rpc
+from contracts.agent_report import FAILED, HEARTBEAT, HELLO, READY, Heartbeat, Report
+from nodes.k8s_worker.agents import AgentEventKind, AgentTable, BoundAgent, HelloDecision, decide
+from p2p.rpc import RpcError
 from tests.agents.helpers import agent_config, vmi_of
-from tests.p2p.conftest import running_mux_pair
 
-WORKER = b"\x01" * 32
-AGENT = b"\x02" * 32
-STRANGER = b"\x03" * 32
-
-
-def hello_of(config, **changes) -> Hello:
-    fields = dict(job_id=config.job_id, replica=config.replica, generation=config.generation,
-                  node_rank=config.node_rank, token=config.report_token)
-    return Hello(**(fields | changes))
-
-
-@asynccontextmanager
-async def registry_and_events(nursery, **kwargs):
-    send, receive = trio.open_memory_channel(16)
-    registry = AgentRegistry(send, **kwargs)
-    await nursery.start(registry.run)
-    yield registry, receive
-
-
-@asynccontextmanager
-async def client_as(nursery, registry: AgentRegistry, key: bytes):
-    """An RPC client whose calls reach the registry as from ``key`` (Noise-proven there)."""
-    async with running_mux_pair(nursery) as (left, right):
-        listener = right.listen(registry.service.protocol)
-        channel = await left.open_channel(registry.service.protocol)
-        server_channel = await listener.accept()
-        await nursery.start(functools.partial(serve_rpc, server_channel,
-                                              registry.service.router, remote_public_key=key))
-        client = RpcClient(channel)
-        await nursery.start(client.run)
-        yield client
-        await client.aclose()
+from .registry_client import AGENT, STRANGER, WORKER, client_as, hello_of, registry_and_events
 
 
 async def test_hello_binds_the_callers_key_and_ready_and_heartbeats_follow(

@@ -32,8 +32,15 @@ from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.kit.metrics import snapshot_registry
 from tests.agents.helpers import agent_config, vmi_of
 
-from .test_agent_logs import Collected
-from .test_agents import AGENT, STRANGER, WORKER, client_as, hello_of, registry_and_events
+from .registry_client import (
+    AGENT,
+    STRANGER,
+    WORKER,
+    Collected,
+    client_as,
+    hello_of,
+    registry_and_events,
+)
 
 CHATTY, QUIET = AGENT, STRANGER  # two introduced agents, one VMI each
 

@@ -32,7 +32,7 @@ from p2p.keys import KeyPair
 
 from ...agents.helpers import running_worker
 from ...p2p.helpers import wait_until
-from .test_worker import FakeBackend
+from .worker_harness import FakeBackend
 
 #: How long a removed member may keep a session, or a new key wait for one.
 DEADLINE_S = 5.0

@@ -13,7 +13,7 @@ from nodes.k8s_worker.backend import ReplicaUnit, VmiPhase
 from nodes.k8s_worker.store import WorkerStore
 
 from ...p2p.helpers import wait_until
-from .test_worker import RACK, SPEC, AgentEvent, FakeBackend, Harness
+from .worker_harness import RACK, SPEC, AgentEvent, FakeBackend, Harness
 
 ONE_NODE = ReplicaPlacement(rack=RACK, shares=(NodeShare(node="n1", gpus=8),))
 SMALL = SPEC.model_copy(update={"gpus": 8})

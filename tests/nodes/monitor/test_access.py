@@ -50,7 +50,7 @@ from nodes.monitor.agent_metrics import AgentMetricsBook, install
 from nodes.monitor.service import MonitorService
 from p2p.rpc import Method, RpcError
 
-from .test_service import connect
+from .support import connect
 
 DAEMON = b"\x01" * 32   # ships its logs: pushers
 PROXY = b"\x02" * 32    # proxy-inference: proxies

@@ -31,7 +31,7 @@ from nodes.monitor.agent_metrics import (
 from nodes.monitor.service import MonitorService
 from p2p.rpc import Method, RpcError
 
-from .test_service import connect
+from .support import connect
 
 WORKER = b"\x11" * 32
 OTHER_WORKER = b"\x12" * 32

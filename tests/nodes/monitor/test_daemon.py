@@ -29,6 +29,7 @@ from p2p.swarm import Swarm, SwarmConfig
 from tests.p2p.helpers import wait_until
 
 from .loki_server import start_loki
+from .support import metric
 
 pytestmark = pytest.mark.slow
 
@@ -84,14 +85,6 @@ async def ship(w: World, records) -> None:
 
 def texts(body) -> list[str]:
     return [r["text"] for r in body["records"]]
-
-
-def metric(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    raise AssertionError(f"{name} not in /metrics")
 
 
 async def test_shipped_records_are_served_as_json_and_counted(tmp_path):

@@ -44,7 +44,7 @@ from nodes.monitor.health import (
 from nodes.monitor.service import MonitorService
 from p2p.rpc import Method, RpcError
 
-from .test_service import connect
+from .support import connect
 
 PROXY = b"\x01" * 32
 OTHER_PROXY = b"\x04" * 32

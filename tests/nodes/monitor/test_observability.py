@@ -44,7 +44,7 @@ from p2p.rpc import RpcError
 from tests.p2p.helpers import wait_until
 
 from .loki_server import LokiServer, start_loki
-from .test_service import READER, STRANGER, connect
+from .support import READER, STRANGER, connect
 
 #: Fast pushes and retries: the tests wait on real sockets.
 FAST = {"flush_interval_s": 0.01, "backoff_initial_s": 0.02, "backoff_max_s": 0.05,

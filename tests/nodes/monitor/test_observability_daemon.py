@@ -33,7 +33,7 @@ from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy
 from tests.p2p.helpers import Stoppable, wait_until
 
 from .loki_server import start_loki
-from .test_daemon import metric
+from .support import metric
 
 pytestmark = pytest.mark.slow
 

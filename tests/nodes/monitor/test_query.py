@@ -10,7 +10,7 @@ import trio
 from contracts.monitor import APPLICATION, MAX_TEXT_CHARS, QUERY, Query, decode_batch, make_record
 from p2p.rpc import RpcError
 
-from .test_service import DAEMON, READER, connect, make_service, recs
+from .support import DAEMON, READER, connect, make_service, recs
 
 
 async def test_query_answers_the_newest_matching_records(nursery, autojump_clock):

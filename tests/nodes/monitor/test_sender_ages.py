@@ -22,7 +22,7 @@ from contracts.monitor import (
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 
-from .test_service import connect
+from .support import connect
 
 PROXY = b"\x01" * 32
 OTHER_PROXY = b"\xab" * 32

@@ -4,9 +4,6 @@ while pushes go on; authorisation by the caller's key; bad batches refused."""
 
 from __future__ import annotations
 
-import functools
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
 import trio.testing
@@ -14,52 +11,19 @@ import trio.testing
 from contracts.monitor import (
     APPLICATION,
     FOLLOW,
-    PROTOCOL,
     PUSH,
     Follow,
     PushBatch,
     decode_batch,
     encode_batch,
-    make_record,
 )
-from nodes.monitor._buffer import LogBuffer
-from nodes.monitor.service import MonitorService
-from p2p.rpc import RpcClient, RpcConfig, RpcError, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from p2p.rpc import RpcConfig, RpcError
 
-DAEMON = b"\x01" * 32
-READER = b"\x03" * 32
-STRANGER = b"\x02" * 32
-
-
-def recs(start: int, n: int, *, job: str = "j-1", source: str = "System"):
-    return [make_record(f"line {i}", service="wrk-ork", job_id=job, source=source,
-                        time_ns=i) for i in range(start, start + n)]
+from .support import DAEMON, READER, STRANGER, connect, make_service, recs
 
 
 def push(records) -> PushBatch:
     return PushBatch(records=encode_batch(records))
-
-
-@asynccontextmanager
-async def connect(nursery, service: MonitorService, key: bytes | None,
-                  config: RpcConfig | None = None):
-    async with running_mux_pair(nursery) as (left, right):
-        listener = right.listen(PROTOCOL)
-        client_channel = await left.open_channel(PROTOCOL)
-        server_channel = await listener.accept()
-        await nursery.start(functools.partial(serve_rpc, server_channel, service.router,
-                                              remote_public_key=key))
-        client = RpcClient(client_channel, config=config)
-        await nursery.start(client.run)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-
-
-def make_service(**kw) -> MonitorService:
-    return MonitorService(LogBuffer(**kw), pushers=[DAEMON], followers=[READER])
 
 
 async def test_push_then_follow_sees_snapshot_then_live_in_order(nursery, autojump_clock):

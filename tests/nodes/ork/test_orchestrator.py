@@ -16,32 +16,10 @@ from contracts.operations import (
 from nodes.ork.errors import BadRequest, InvalidState, NotFound
 from nodes.ork.status import JOB_TRANSITIONS
 
-from .world import OTHER_RACK, RACK, World, container, inference
+from .world import OTHER_RACK, RACK, SETUPS, World, container, inference
 
 J = JobStatus
 
-#: How to bring a job to each status (steps of World.do).
-SETUPS = {
-    "none": [],
-    "starting1": ["one"],
-    "starting2": ["two"],
-    "active1": ["one", (0, "active")],
-    "active2": ["two", (0, "active"), (1, "active")],
-    "degraded": ["two", (0, "active"), (1, "active"), (0, "failed")],
-    "restarting1": ["one", (0, "active"), "restart"],
-    "restarting2": ["two", (0, "active"), (1, "active"), "restart"],
-    "worker_restarting": ["one", (0, "active"), (0, "restarting")],
-    "failed1": ["one", (0, "active"), (0, "failed")],
-    "failed2": ["two", (0, "failed"), (1, "failed")],
-    "unknown1": ["one", (0, "active"), "silence"],
-    "unknown_starting": ["one", "silence"],
-    "unknown_degraded": ["two", (0, "active"), (1, "active"), (0, "failed"), "silence"],
-    "unknown_failed": ["one", (0, "failed"), "silence"],
-    "unknown_restarting": ["one", (0, "active"), "restart", "silence"],
-    "pending": ["pending"],
-    "unplaceable": ["unplaceable"],
-    "deleting": ["one", (0, "active"), "delete"],
-}
 
 #: Every edge of JOB_TRANSITIONS: (setup, steps that cause it).
 EDGES = {

@@ -19,9 +19,8 @@ from nodes.ork.service import OrkService
 from nodes.ork.store import SCHEMA_VERSION, Store
 from p2p.rpc import RpcError
 
-from .test_orchestrator import SETUPS
-from .test_service import APP_NODE, Harness, connect
-from .world import World, container, inference
+from .support import APP_NODE, Harness, connect
+from .world import SETUPS, World, container, inference
 
 #: GPUs each setup's last job counts: its replicas (1 GPU each) that hold GPUs or
 #: may take them; "pending" is a 1-GPU job waiting behind an 8-GPU one.

@@ -9,7 +9,6 @@ import trio.testing
 from pydantic import BaseModel
 
 from contracts.model import JobStatus
-from contracts.operations import ReplicaReport
 from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
@@ -18,7 +17,6 @@ from contracts.ork import (
     LIST_JOBS,
     LIST_NODES,
     LIST_RACKS,
-    PROTOCOL,
     REGISTER_RACK,
     RELEASE_NODES,
     REMOVE_RACK,
@@ -39,11 +37,10 @@ from contracts.ork import (
     WatchJobs,
 )
 from nodes.ork import service as ork_service
-from nodes.ork.service import OrkService
 from p2p.rpc import Method, RpcError
-from tests.p2p.conftest import rpc_client_of
 
-from .world import RACK, World, container, inference
+from .support import STRANGER, Harness, connect
+from .world import RACK, container, inference
 
 J = JobStatus
 
@@ -55,31 +52,6 @@ class LooseCreate(BaseModel):
 
 
 LOOSE_CREATE = Method("jobs.create", params=LooseCreate, result=JobResult)
-APP_NODE = b"\x01" * 32
-STRANGER = b"\x02" * 32
-
-
-class Harness:
-    def __init__(self) -> None:
-        self.world = World(nodes=(4, 4))
-        self.changes = 0
-        self.service = OrkService(self.world.orch, allow=lambda key: key == APP_NODE,
-                                  clock=lambda: self.world.now, on_change=self._changed)
-
-    def _changed(self) -> None:
-        self.changes += 1
-
-    def report(self, job_id: str, replica: int, state: str) -> None:
-        """The daemon applies a worker's report and pumps the events."""
-        world = self.world
-        world.now += 1
-        world.orch.on_report(RACK, ReplicaReport(job_id=job_id, replica=replica, state=state,
-                                                 at=world.now), world.now)
-        self.service.pump()
-
-
-def connect(nursery, harness: Harness, key: bytes | None = APP_NODE):
-    return rpc_client_of(nursery, harness.service.router, key, protocol=PROTOCOL)
 
 
 async def test_jobs_are_created_read_listed_restarted_and_deleted(nursery, autojump_clock):

@@ -11,7 +11,7 @@ from contracts.health import STATUS, ServiceStatus, StatusRequest, package_versi
 from contracts.ork import CREATE_JOB, CreateJob
 from p2p.rpc import RpcError
 
-from .test_service import STRANGER, Harness, connect
+from .support import STRANGER, Harness, connect
 from .world import container
 
 

@@ -15,7 +15,7 @@ from contracts.ork import SET_SHELL_KEYS
 from contracts.shell_access import ShellKeys
 from p2p.rpc import RpcError
 
-from .test_service import STRANGER, Harness, connect
+from .support import STRANGER, Harness, connect
 from .world import RACK, World, container, inference
 
 A, B, C = "aa" * 32, "bb" * 32, "cc" * 32

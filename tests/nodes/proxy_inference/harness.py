@@ -5,7 +5,9 @@ of the shared database on its own swarm, admin, admitting the proxy's key),
 and the proxy itself (:func:`serve_proxy`, real HTTP on a free port), with
 the jobs given by hand (:class:`StaticJobSource`) unless the test passes its
 own source. Agents are started by the tests (the real InferenceService, or
-the tiny scripted one for error paths) with :meth:`ProxyWorld.start_agent`.
+the tiny scripted one for error paths) with :meth:`ProxyWorld.start_agent`;
+:func:`two_agents` starts two tiny ones behind a job and :func:`client` calls the
+proxy with a key.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import trio
 
 from contracts.inference import job_topic
@@ -32,6 +35,8 @@ from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.metrics import ProcessMetrics
 from p2p.swarm import Swarm, SwarmConfig
 from tests.p2p.helpers import Stoppable, wait_until
+
+from .tiny_agent import TinyAgent
 
 IMAGE = "docker://registry.example/cosmicac/vllm:1"
 
@@ -151,3 +156,25 @@ async def proxy_world(root: Path, *, admit: bool = True) -> AsyncIterator[ProxyW
         world = ProxyWorld(root, nursery, dht, admin, proxy_key, StaticJobSource())
         yield world
         nursery.cancel_scope.cancel()
+
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def client(world, secret: str | None) -> httpx.AsyncClient:
+    """An HTTP client of the proxy presenting ``secret`` as its key (none if None)."""
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return httpx.AsyncClient(base_url=world.proxy.url, headers=headers, timeout=20)
+
+
+async def two_agents(world, *, modes=("ok", "ok"), job_id="j-chat", name="chat"):
+    """A tiny agent per mode serving ``job_id`` as ``name``; returns (keys, agents)
+    once the proxy has dialled them all."""
+    keys = [KeyPair.generate() for _ in modes]
+    agents = [TinyAgent(f"agent{i}", mode) for i, mode in enumerate(modes)]
+    for key, agent in zip(keys, agents, strict=True):
+        await world.start_agent(key, [agent.service()], job_id)
+    world.jobs.set([job_view(job_id, inference_spec(name), [k.public_key for k in keys])])
+    pool = world.proxy.pool
+    await wait_until(lambda: all(k.public_key in pool.clients for k in keys), limit_s=20)
+    return keys, agents

@@ -20,7 +20,7 @@ from tests.cli.helpers import process, read_ready
 from tests.p2p.helpers import wait_until
 
 from .harness import inference_spec, proxy_world
-from .test_ork_source import Ork
+from .ork_service import Ork
 from .tiny_agent import TinyAgent
 
 pytestmark = pytest.mark.slow

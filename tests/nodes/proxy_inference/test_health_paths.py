@@ -16,8 +16,7 @@ from p2p.keys import KeyPair
 from p2p.swarm import Swarm
 from tests.p2p.helpers import wait_until
 
-from .harness import proxy_world
-from .test_paths import CHAT, client, two_agents
+from .harness import CHAT, client, proxy_world, two_agents
 
 pytestmark = pytest.mark.slow
 

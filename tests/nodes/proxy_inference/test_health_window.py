@@ -5,9 +5,6 @@ and the reporter pushes the latest snapshot over an in-memory RPC channel, never
 
 from __future__ import annotations
 
-import functools
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
 from hypothesis import given, settings
@@ -17,7 +14,6 @@ from contracts.monitor import (
     LATENCY_BOUNDS_MS,
     LATENCY_BUCKETS,
     MAX_STATUS_CODES,
-    PROTOCOL,
     MetricsReport,
 )
 from nodes.monitor._buffer import LogBuffer
@@ -25,8 +21,7 @@ from nodes.monitor.health import HealthBook
 from nodes.monitor.service import MonitorService
 from nodes.proxy_inference.health import HealthWindow
 from nodes.proxy_inference.reporter import HealthReporter
-from p2p.rpc import RpcClient, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from tests.nodes.monitor.support import connect
 
 PROXY = b"\x07" * 32
 
@@ -144,28 +139,12 @@ def test_windows_of_many_proxies_merge_to_the_window_of_all_their_requests(
             assert one.requests == 0
 
 
-@asynccontextmanager
-async def monitor_channel(nursery, service: MonitorService, key: bytes):
-    async with running_mux_pair(nursery) as (left, right):
-        listener = right.listen(PROTOCOL)
-        client_channel = await left.open_channel(PROTOCOL)
-        server_channel = await listener.accept()
-        await nursery.start(functools.partial(serve_rpc, server_channel, service.router,
-                                              remote_public_key=key))
-        client = RpcClient(client_channel)
-        await nursery.start(client.run)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-
-
 async def test_the_reporter_pushes_the_latest_snapshot_every_interval(nursery, autojump_clock):
     window = HealthWindow()
     service = MonitorService(LogBuffer(), proxies=[PROXY], clock=trio.current_time)
     reporter = HealthReporter(window, routed=lambda: ["idle"], interval_s=5,
                               clock=trio.current_time)
-    async with monitor_channel(nursery, service, PROXY) as client:
+    async with connect(nursery, service, PROXY) as client:
         with trio.fail_after(60):
             nursery.start_soon(reporter.report, client)
             await trio.sleep(1)
@@ -181,7 +160,7 @@ async def test_a_refused_reporter_keeps_its_pace_and_queues_nothing(nursery, aut
     window = HealthWindow()
     service = MonitorService(LogBuffer(), pushers=[], clock=trio.current_time)
     reporter = HealthReporter(window, interval_s=5, clock=trio.current_time)
-    async with monitor_channel(nursery, service, PROXY) as client:
+    async with connect(nursery, service, PROXY) as client:
         with trio.fail_after(60):
             nursery.start_soon(reporter.report, client)
             await trio.sleep(21)

@@ -8,45 +8,16 @@ import httpx
 import pytest
 import trio
 
-from contracts.model import ReplicaState
-from contracts.operations import ReplicaReport
-from nodes.ork.access import OrkAccess
-from nodes.ork.service import OrkService
 from nodes.proxy_inference.jobs import OrkJobSource
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm
-from tests.nodes.ork.world import RACK, World
 from tests.p2p.helpers import wait_until
 
-from .harness import inference_spec, proxy_world
+from .harness import CHAT, inference_spec, proxy_world
+from .ork_service import Ork
 from .tiny_agent import TinyAgent
 
 pytestmark = pytest.mark.slow
-
-CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-
-
-class Ork:
-    """wrk-ork's service on a swarm, its orchestrator driven by the test as reports arrive."""
-
-    def __init__(self, proxies: set[bytes]) -> None:
-        self.world = World(nodes=(8,))
-        # The proxy role, as wrk-ork's ``proxies`` setting gives it: the
-        # proxy reads and follows jobs with nothing more.
-        access = OrkAccess(proxies=frozenset(proxies))
-        self.service = OrkService(self.world.orch, roles=access.roles_of,
-                                  clock=lambda: self.world.now)
-        self.keypair = KeyPair.generate()
-
-    def report(self, job_id: str, replica: int, state: str, agents: tuple[bytes, ...] = ()):
-        world = self.world
-        world.now += 1
-        generation = next(r.generation for r in world.orch.get_job(job_id).replicas
-                          if r.index == replica)
-        world.orch.on_report(RACK, ReplicaReport(
-            job_id=job_id, replica=replica, state=ReplicaState(state), generation=generation,
-            agents=tuple(a.hex() for a in agents), at=world.now), world.now)
-        self.service.pump()
 
 
 async def test_the_proxy_routes_what_wrk_ork_reports_active(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 
-import httpx
 import pytest
 import trio
 
@@ -16,28 +15,10 @@ from contracts.model import JobStatus
 from p2p.keys import KeyPair
 from tests.p2p.helpers import wait_until
 
-from .harness import inference_spec, job_view, proxy_world
+from .harness import CHAT, client, inference_spec, job_view, proxy_world, two_agents
 from .tiny_agent import TinyAgent
 
 pytestmark = pytest.mark.slow
-
-CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def client(world, secret: str | None) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    return httpx.AsyncClient(base_url=world.proxy.url, headers=headers, timeout=20)
-
-
-async def two_agents(world, *, modes=("ok", "ok"), job_id="j-chat", name="chat"):
-    keys = [KeyPair.generate() for _ in modes]
-    agents = [TinyAgent(f"agent{i}", mode) for i, mode in enumerate(modes)]
-    for key, agent in zip(keys, agents, strict=True):
-        await world.start_agent(key, [agent.service()], job_id)
-    world.jobs.set([job_view(job_id, inference_spec(name), [k.public_key for k in keys])])
-    pool = world.proxy.pool
-    await wait_until(lambda: all(k.public_key in pool.clients for k in keys), limit_s=20)
-    return keys, agents
 
 
 async def test_keys_models_and_bodies_are_checked_before_anything_is_forwarded(tmp_path):

@@ -7,81 +7,17 @@ resync), 404 for another team's member, and the OpenAPI rows."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import httpx
 import pytest
 import trio
 
 from contracts.model import JobStatus
 from contracts.ork import JobEvent
-from nodes.app_node.api import _events, create_app
+from nodes.app_node.api import _events
 from nodes.app_node.api._app import openapi
-from p2p.http import serve_asgi
 
 from ....p2p.helpers import wait_until
-from .conftest import CHEAP, Api, bearer
-
-IMAGE = "docker://registry.local/jobs/app:1"
-BOX = {"name": "box", "type": "container", "image": IMAGE, "gpus": 1}
-
-
-@asynccontextmanager
-async def served(api: Api) -> AsyncIterator[httpx.AsyncClient]:
-    """The API on a real socket; a client of it."""
-    async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(lambda task_status: serve_asgi(
-            create_app(api.services, password_params=CHEAP), host="127.0.0.1", port=0,
-            bind_error=lambda h, p, exc: exc, task_status=task_status))
-        async with httpx.AsyncClient(base_url=f"http://{host}:{port}/api",
-                                     timeout=httpx.Timeout(10.0)) as client:
-            yield client
-        nursery.cancel_scope.cancel()
-
-
-class Events:
-    """An SSE reader: ``await next()`` is ``(event, data)``; comments are counted."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        self.lines = response.aiter_lines()
-        self.comments = 0
-
-    async def next(self) -> tuple[str, dict]:
-        event, data = "message", ""
-        with trio.fail_after(10):
-            async for line in self.lines:
-                if line.startswith(":"):
-                    self.comments += 1
-                elif line.startswith("event:"):
-                    event = line.partition(":")[2].strip()
-                elif line.startswith("data:"):
-                    data += line.partition(":")[2].strip()
-                elif not line and data:
-                    return event, json.loads(data)
-        raise AssertionError("the stream ended")
-
-    async def ended(self) -> bool:
-        with trio.fail_after(10):
-            async for line in self.lines:
-                assert not line or line.startswith(":"), line
-        return True
-
-
-@asynccontextmanager
-async def events(client: httpx.AsyncClient, path: str, token: str) -> AsyncIterator[Events]:
-    async with client.stream("GET", path, headers=bearer(token)) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        yield Events(response)
-
-
-async def _create(api: Api, token: str) -> dict:
-    r = await api.client.post("/api/jobs", headers=bearer(token), json=BOX)
-    assert r.status_code == 201, r.text
-    return r.json()
+from .conftest import Api, bearer
+from .support import _create, events, served
 
 
 async def test_a_job_stream_runs_from_document_to_gone(ork_api: Api,

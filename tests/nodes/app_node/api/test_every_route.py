@@ -12,12 +12,7 @@ import pytest
 from nodes.app_node.api import ROUTES
 
 from .conftest import Api, bearer
-
-#: The routes anyone may call: the account's way in.
-OPEN = {
-    ("POST", "/auth/signup"), ("POST", "/auth/login"), ("POST", "/invitations/accept"),
-    ("POST", "/auth/password-reset"), ("POST", "/auth/password-reset/confirm"),
-}
+from .support import OPEN
 
 
 def _concrete(path: str) -> str:

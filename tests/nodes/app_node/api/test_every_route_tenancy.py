@@ -37,8 +37,7 @@ import trio
 from nodes.app_node.api import ROUTES
 
 from .conftest import IMAGE, Tenants, bearer
-from .test_events import served
-from .test_every_route import OPEN
+from .support import OPEN, served
 
 
 class Kind(enum.Enum):

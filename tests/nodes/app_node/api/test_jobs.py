@@ -13,6 +13,7 @@ from p2p.rpc import RpcError
 
 from ....p2p.helpers import wait_until
 from .conftest import Api, bearer
+from .support import _inference
 
 IMAGE = "docker://registry.local/jobs/app:1"
 KEY_A, KEY_B = "aa" * 32, "bb" * 32
@@ -25,11 +26,6 @@ async def _team(api: Api, token: str) -> str:
 def _set_key(api: Api, email: str, key: str) -> None:
     store = api.services.store
     store.users.set_cli_key(store.users.by_email(email).id, key)
-
-
-def _inference(**extra) -> dict:
-    return {"name": "llm", "type": "inference", "image": IMAGE, "gpus": 1, "replicas": 2,
-            "runtime": "vllm", "model": "demo", **extra}
 
 
 async def test_container_job_carries_the_members_cli_keys(ork_api: Api) -> None:

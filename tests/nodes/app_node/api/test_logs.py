@@ -15,7 +15,7 @@ from nodes.app_node.api import _events, _logs
 from nodes.app_node.api._app import openapi
 
 from .conftest import Api, bearer
-from .test_events import Events, _create, events, served
+from .support import Events, _create, events, served
 
 NS = 1_000_000_000
 

@@ -12,7 +12,7 @@ from contracts.monitor import LATENCY_BUCKETS, JobWindow, MetricsReport
 
 from ....p2p.helpers import wait_until
 from .conftest import Api, bearer
-from .test_jobs import _inference
+from .support import _inference
 
 PROXY = b"\x05" * 32
 

@@ -1,4 +1,5 @@
-"""Fakes for the health tests: a store in memory and a service that goes down and up."""
+"""Fakes for the health tests: a store in memory, a service that goes down and up,
+and a wall clock that moves with trio's."""
 
 from __future__ import annotations
 
@@ -82,3 +83,13 @@ class FakeService:
     @property
     def target(self) -> Target:
         return Target(self.name, self.ask)
+
+
+class WallClock:
+    """The wall clock rows are stamped with, moving with trio's (autojump) clock."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.start = start
+
+    def __call__(self) -> float:
+        return self.start + trio.current_time()

@@ -23,17 +23,7 @@ from nodes.app_node.health import (
 )
 from p2p.keys import KeyPair
 
-from .fakes import FakeService, MemoryHealthStore
-
-
-class WallClock:
-    """The wall clock rows are stamped with, moving with trio's (autojump) clock."""
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.start = start
-
-    def __call__(self) -> float:
-        return self.start + trio.current_time()
+from .fakes import FakeService, MemoryHealthStore, WallClock
 
 
 async def test_a_service_going_down_and_up_is_a_row_every_interval(autojump_clock) -> None:

@@ -26,10 +26,9 @@ from nodes.app_node.health import (
 from nodes.kit.reporter import DEFAULT_INTERVAL_S as PROXY_REPORT_INTERVAL_S
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
-from tests.nodes.monitor.test_service import connect
+from tests.nodes.monitor.support import connect
 
-from .fakes import MemoryHealthStore
-from .test_prober import WallClock
+from .fakes import MemoryHealthStore, WallClock
 
 PROXY = b"\x01" * 32
 OTHER_PROXY = b"\xab" * 32

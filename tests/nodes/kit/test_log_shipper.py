@@ -13,8 +13,7 @@ from contracts.monitor import make_record
 from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
-
-from .test_service import DAEMON, STRANGER, connect
+from tests.nodes.monitor.support import DAEMON, STRANGER, connect
 
 
 def rec(i: int):

@@ -10,7 +10,8 @@ from p2p.mux import MuxConfig
 from p2p.rpc import RpcClient, RpcConfig, RpcError, RpcServer, RpcTimeout
 from p2p.rpc._messages import Cancel, Error, Request, Response, decode_message, encode_message
 from tests.p2p.conftest import running_mux_pair
-from tests.p2p.test_rpc import (
+
+from .support import (
     ECHO,
     MISSING,
     TICKS,

