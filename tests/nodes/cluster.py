@@ -82,6 +82,8 @@ WORKER = ("127.0.2.2", 4002)
 MONITOR = ("127.0.2.3", 4003)
 #: Where the test's clients (app-node's stand-in) dial from.
 CLIENT = "127.0.1.1"
+#: More machines for a test's own parts (:meth:`Cluster.machine`): 127.0.4.1, ...
+_MACHINES = "127.0.4.{}"
 
 
 def container(name: str = "box", gpus: int = 1) -> JobSpec:
@@ -124,9 +126,23 @@ class Cluster:
     monitor_key: str = ""
     monitor_client: RpcClient | None = None
     monitor: RunningMonitor | None = None
+    #: proxy-inference keys: they read wrk-ork's jobs and call the inference agents.
+    proxy_keys: tuple[str, ...] = ()
     _ork: _Running | None = None
     _worker: _Running | None = None
     _client_scope: trio.CancelScope | None = None
+    _machines: int = 0
+
+    def machine(self) -> tuple[str, MemoryHost]:
+        """A new machine on the cluster's network for the test's own parts (a proxy,
+        app-node's database): its address and its network."""
+        self._machines += 1
+        address = _MACHINES.format(self._machines)
+        return address, self.internet.host(address)
+
+    @property
+    def ork_address(self) -> tuple[str, int]:
+        return ORK
 
     # -- daemons -------------------------------------------------------------------------
 
@@ -198,7 +214,8 @@ class Cluster:
         storage = self.root / "ork"
         settings = OrkSettings.model_validate({
             "storage": storage, "host": ORK[0], "port": ORK[1],
-            "app_nodes": [self.client_key.hex], "tick_interval_s": 0.2,
+            "app_nodes": [self.client_key.hex], "proxies": list(self.proxy_keys),
+            "tick_interval_s": 0.2,
             "unknown_after_s": 5.0, "fsync": False, "telemetry": self.telemetry})
         self.ork_key = load_or_create_keypair(storage).hex
         self._ork = await self.nursery.start(self._run, "wrk-ork", ORK[0], start_ork, settings)
@@ -222,6 +239,10 @@ class Cluster:
             # "local": the worker tells its agents its own address, as with local VMIs.
             "backend": "local",
             "agents": {"heartbeat_interval_s": 0.5, "silent_after_s": 3.0},
+            # With proxies, agents announce their jobs on the DHT: wrk-ork's
+            # swarm (which has no bootstrap of its own) is the network's bootstrap.
+            "interconnect": ({"proxies": list(self.proxy_keys),
+                              "bootstrap": [f"{ORK[0]}:{ORK[1]}"]} if self.proxy_keys else {}),
             "report_interval_s": 1.0, "fsync": False, "telemetry": self.telemetry,
         }
         config.update(changes)
@@ -318,11 +339,12 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(root: Path, *, monitor: bool = False,
+async def cluster(root: Path, *, monitor: bool = False, proxy_keys: tuple[str, ...] = (),
                   workload: Callable[[AgentConfig], Workload | None] = real_workload
                   ) -> AsyncIterator[Cluster]:
     """wrk-ork and one worker (2 nodes of 8 GPUs), its rack registered; ``monitor``:
     wrk-monitor too, with wrk-ork and the worker shipping their logs to it;
+    ``proxy_keys`` may read wrk-ork's jobs and call the inference agents;
     ``workload``: what each agent runs (default: as the agent process does)."""
     with owned_shipping():
         async with trio.open_nursery() as nursery:
@@ -330,7 +352,7 @@ async def cluster(root: Path, *, monitor: bool = False,
             await nursery.start(internet.run)
             backend = InProcessBackend(nursery, internet, root / "worker" / "vmis",
                                        workload=workload)
-            path = Cluster(root, nursery, internet, backend)
+            path = Cluster(root, nursery, internet, backend, proxy_keys=proxy_keys)
             try:
                 if monitor:
                     await path.start_monitor()
