@@ -89,9 +89,8 @@ async def test_a_job_that_does_not_fit_is_pending_until_a_deletion_frees_gpus(tm
 
 
 async def test_a_worker_killed_mid_operation_loses_no_operation(tmp_path):
-    # Three worker starts, each checking (as root) which interpreter its isolated
-    # agents can run, and two agent restarts: on a loaded 2-core machine each
-    # wait below can take most of a minute.
+    # "Killed": its tasks cancelled at once, wherever they are (the harness's
+    # stand-in for SIGKILL; its files are what it wrote).
     with trio.fail_after(300):
         async with cluster(tmp_path) as path:
             await path.kill_worker()  # operations published while it is down wait in the queue

@@ -16,6 +16,13 @@ hands this same backend the replicas it knows, :meth:`adopt`).
 One process holds every daemon and agent, so the root logger is shared: an
 agent's log shipping handler only takes the records its own tasks log
 (:func:`tests.nodes.owners.owned_by`), as its own process would.
+
+What a VM (or the local backend's process) does that this does not: a
+killed agent is cancelled (its ``finally`` blocks run), not SIGKILLed; no
+agent runs as a user of its own, nor adopts its shells' processes (a
+subreaper is the whole process); a model server is a child of the test's
+process. The real thing: tests/nodes/k8s_worker (the ``local`` backend)
+and tests/nodes/control_path.py.
 """
 
 from __future__ import annotations
@@ -98,6 +105,7 @@ class InProcessBackend:
         self.vms: dict[str, Vm] = {}
         self._boots = 0
         self._events: trio.MemorySendChannel[VmiEvent] | None = None
+        self._watching: trio.Nursery | None = None
         self._to_adopt: list[VmiSpec] = []
         self._locks: dict[str, trio.Lock] = {}
 
@@ -127,14 +135,19 @@ class InProcessBackend:
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._events = events
         try:
-            await self._adopt_pending()
-            task_status.started()
-            await trio.sleep_forever()
+            async with trio.open_nursery() as nursery:
+                await self._adopt_pending()
+                self._watching = nursery
+                task_status.started()
+                await trio.sleep_forever()
         finally:
-            self._events = None
+            self._events = self._watching = None
 
     def adopt(self, units: Sequence[ReplicaUnit]) -> None:
+        """After a worker restart: say what these VMIs do now (once :meth:`run` runs)."""
         self._to_adopt.extend(vmi for unit in units for vmi in unit.vmis)
+        if self._watching is not None:
+            self._watching.start_soon(self._adopt_pending)
 
     async def capacity(self) -> RackReport:
         return RackReport(nodes=tuple(NodeInfo(name=name, gpus=gpus) for name, gpus in NODES))
@@ -210,11 +223,12 @@ class InProcessBackend:
         self.vms[vmi.name] = vm
         await self._send(vm, VmiPhase.PROVISIONING, f"storage folder {storage} ready")
         await self._send(vm, VmiPhase.BOOTING, f"starting the agent on {vmi.node}")
-        await self.nursery.start(self._live, vm, config)
+        # Running before the agent's first step, as a process runs before its
+        # first line: how it ends is always said after.
         await self._send(vm, VmiPhase.RUNNING, f"agent {vm.boot} running on {vmi.node}")
+        self.nursery.start_soon(self._live, vm, config)
 
-    async def _live(self, vm: Vm, config: AgentConfig, *,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _live(self, vm: Vm, config: AgentConfig) -> None:
         """The VMI's life: its agent until it ends or is killed; then say how it ended."""
         owner = f"agent {vm.spec.name} boot {vm.boot}"
         set_owner(owner)  # this task's and its children's records are this agent's
@@ -226,18 +240,17 @@ class InProcessBackend:
             shipping[1].addFilter(owned_by(owner))
         outcome, message = VmiPhase.FAILED, f"agent {vm.boot} killed"
         try:
-            keypair = load_or_create_keypair(vm.storage)
-            vm.agent = Agent(config, keypair, bootstrap=config.bootstrap,
-                             worker_addresses=config.worker_addresses,
-                             workload=self.workload(config), network=host, host=address,
-                             shipper=shipping[0] if shipping is not None else None,
-                             state_dir=vm.storage)
-            task_status.started()
             with vm.scope:
                 try:
+                    vm.agent = Agent(
+                        config, load_or_create_keypair(vm.storage), bootstrap=config.bootstrap,
+                        worker_addresses=config.worker_addresses,
+                        workload=self.workload(config), network=host, host=address,
+                        shipper=shipping[0] if shipping is not None else None,
+                        state_dir=vm.storage)
                     await vm.agent.run()
                     outcome, message = VmiPhase.SUCCEEDED, f"agent {vm.boot} exited 0"
-                except Exception as exc:
+                except Exception as exc:  # as the agent process exits 1
                     message = f"agent {vm.boot} exited: {exc}"
         finally:
             if shipping is not None:
