@@ -20,8 +20,10 @@ settings; :meth:`Cluster.logs` reads a job's records back with
 ``logs.query``, as app-node does. Each daemon ships only its own records
 (:mod:`.owners`).
 
-Clock: nothing here waits on real time but wrk-monitor's HTTP side; a test
-without it may run under a virtual clock. Every wait is polled and bounded.
+Clock: real. The daemons do their SQLite and file work in threads, and an
+autojump clock jumps while a thread works (to the test's own deadline, when
+nothing else is due: seen at wrk-ork's start), so wrk-ork would see a worker
+silent for seconds that were never lived. Every wait is polled and bounded.
 """
 
 from __future__ import annotations
