@@ -7,10 +7,10 @@ the swarm on 127.0.0.1, and gives the test an RPC client of wrk-ork's
 (SIGKILL) and started again on the same port and storage; its agents, as
 VMIs outlive a worker, keep running and are stopped at the end.
 
-With ``monitor=True`` it first starts ``cosmicac run wrk-monitor`` (any key may
-push; the test's key may follow), turns telemetry on in wrk-ork's and the
-worker's configs, and :meth:`ControlPath.logs` reads a job's records back
-with ``logs.query``, as app-node does.
+Each process costs about a second of imports: only the tests whose point is
+real processes and sockets use it (admission under a flood, shell access
+through the local backend's agent processes). The control path's other tests
+run in-process on :mod:`tests.nodes.cluster`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ from pathlib import Path
 import trio
 
 from contracts.model import JobSpec
-from contracts.monitor import PROTOCOL as MONITOR_PROTOCOL
-from contracts.monitor import QUERY, LogRecord, Query, decode_batch
 from contracts.ork import (
     CREATE_JOB,
-    DELETE_JOB,
     GET_JOB,
     LIST_RACKS,
     PROTOCOL,
@@ -44,12 +41,10 @@ from contracts.ork import (
     RegisterRack,
 )
 from p2p.connection import dial_tcp
-from p2p.keys import KeyPair, load_or_create_keypair, parse_public_key
+from p2p.keys import KeyPair, parse_public_key
 from p2p.rpc import RpcClient, RpcError
 from tests.cli.helpers import COSMICAC, read_ready
 
-#: wrk-monitor's HTTP bearer token in :meth:`ControlPath.start_monitor`.
-MONITOR_TOKEN = "control-path-monitor-token"
 IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
 
 
@@ -61,11 +56,6 @@ def free_port() -> int:
 
 def container(name: str = "box", gpus: int = 1) -> JobSpec:
     return JobSpec(name=name, team="t1", type="container", image=IMAGE, gpus=gpus)
-
-
-def inference(name: str = "chat", replicas: int = 1, gpus: int = 1) -> JobSpec:
-    return JobSpec(name=name, team="t1", type="inference", image=IMAGE, gpus=gpus,
-                   replicas=replicas, runtime="local", model="demo", served_name=name)
 
 
 @dataclass
@@ -82,52 +72,6 @@ class ControlPath:
     worker: trio.Process | None = None
     processes: list[trio.Process] = field(default_factory=list)
     _client_scope: trio.CancelScope | None = None
-    #: proxy-inference keys: wrk-ork's proxies (reading jobs), and the inference agents' callers.
-    proxy_keys: tuple[str, ...] = ()
-    #: wrk-monitor, when started (:meth:`start_monitor`): its key, port and a client.
-    monitor_key: str = ""
-    monitor_port: int = 0
-    monitor_client: RpcClient | None = None
-    #: wrk-monitor's HTTP port (``/metrics``).
-    monitor_http_port: int = 0
-
-    @property
-    def telemetry(self) -> dict:
-        """The ``telemetry`` section of a daemon's config: on once wrk-monitor runs."""
-        if not self.monitor_key:
-            return {}
-        return {"monitor": self.monitor_key,
-                "monitor_addresses": [f"127.0.0.1:{self.monitor_port}"]}
-
-    async def start_monitor(self) -> trio.Process:
-        """Start wrk-monitor (any key may push logs, the worker its agents' metrics; the
-        test's key may follow; HTTP with :data:`MONITOR_TOKEN`) and connect to it."""
-        self.monitor_port = free_port()
-        # The worker's identity made now (its daemon loads the same file), so that
-        # wrk-monitor can list it among its workers (metrics.agents needs that).
-        self.worker_storage.mkdir(parents=True, exist_ok=True)
-        worker = load_or_create_keypair(self.worker_storage)
-        config = self.root / "monitor.json"
-        config.write_text(json.dumps({
-            "storage": str(self.root / "monitor"), "host": "127.0.0.1",
-            "port": self.monitor_port, "allow_any_pusher": True, "workers": [worker.hex],
-            "followers": [self.client_key.hex],
-            "http": {"host": "127.0.0.1", "port": 0, "token": MONITOR_TOKEN},
-            "log_format": "json"}))
-        (self.root / "monitor").mkdir(exist_ok=True)
-        proc = await self._spawn("run", "wrk-monitor", "--config", str(config))
-        ready = await read_ready(proc.stdout, "wrk-monitor")
-        self.monitor_key, self.monitor_http_port = ready.key, ready.port("http")
-        self.monitor_client, _ = await self._connect(self.monitor_port, self.monitor_key,
-                                                     MONITOR_PROTOCOL, "test-monitor")
-        return proc
-
-    async def logs(self, job_id: str, *, source: str | None = None) -> list[LogRecord]:
-        """The job's records wrk-monitor holds (``logs.query``), oldest first."""
-        assert self.monitor_client is not None, "wrk-monitor is not running"
-        result = await self.monitor_client.call(QUERY, Query(job_id=job_id, source=source),
-                                                timeout_s=10.0)
-        return decode_batch(result.records)
 
     async def _connect(self, port: int, key: str, protocol: str, name: str
                        ) -> tuple[RpcClient, trio.CancelScope]:
@@ -158,10 +102,8 @@ class ControlPath:
         config = self.root / "ork.json"
         config.write_text(json.dumps({
             "storage": str(self.root / "ork"), "host": "127.0.0.1", "port": self.ork_port,
-            "app_nodes": [self.client_key.hex], "proxies": list(self.proxy_keys),
-            "tick_interval_s": 0.2,
-            "unknown_after_s": 5.0, "fsync": False, "log_format": "json",
-            "telemetry": self.telemetry}))
+            "app_nodes": [self.client_key.hex], "tick_interval_s": 0.2,
+            "unknown_after_s": 5.0, "fsync": False, "log_format": "json"}))
         proc = await self._spawn("run", "wrk-ork", "--config", str(config))
         ready = await read_ready(proc.stdout, "wrk-ork")
         self.ork_key, self.ork = ready.key, proc
@@ -191,14 +133,9 @@ class ControlPath:
             "local": {"nodes": [{"name": "local-node-1", "gpus": 8},
                                 {"name": "local-node-2", "gpus": 8}]},
             "agents": {"heartbeat_interval_s": 0.5, "silent_after_s": 3.0},
-            # With proxies, agents announce their jobs on the DHT: wrk-ork's
-            # swarm (which has no bootstrap of its own) is the network's bootstrap.
-            "interconnect": ({"proxies": list(self.proxy_keys),
-                              "bootstrap": [self.ork_address]} if self.proxy_keys else {}),
             "report_interval_s": 1.0,
             "fsync": False,
             "log_format": "json",
-            "telemetry": self.telemetry,
         }
         config.update(changes)
         path = self.root / "worker.json"
@@ -236,9 +173,6 @@ class ControlPath:
 
     async def get(self, job_id: str) -> JobView:
         return (await self.call(GET_JOB, JobRef(job_id=job_id))).job
-
-    async def delete(self, job_id: str) -> None:
-        await self.call(DELETE_JOB, JobRef(job_id=job_id))
 
     async def wait_job(self, job_id: str, condition: Callable[[JobView | None], bool],
                        limit_s: float = 30.0) -> JobView | None:
@@ -303,18 +237,12 @@ def status(name: str) -> Callable[[JobView | None], bool]:
 
 
 @asynccontextmanager
-async def control_path(root: Path, *, proxy_keys: tuple[str, ...] = (), monitor: bool = False
-                       ) -> AsyncIterator[ControlPath]:
-    """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered;
-    ``proxy_keys`` may call wrk-ork and the inference agents; ``monitor``: wrk-monitor
-    too, with wrk-ork and the worker shipping their logs to it."""
+async def control_path(root: Path) -> AsyncIterator[ControlPath]:
+    """wrk-ork and one worker (2 local nodes of 8 GPUs), its rack registered."""
     path = None
     try:
         async with trio.open_nursery() as nursery:
-            path = ControlPath(root, nursery, KeyPair.generate(), free_port(), free_port(),
-                               proxy_keys=proxy_keys)
-            if monitor:
-                await path.start_monitor()
+            path = ControlPath(root, nursery, KeyPair.generate(), free_port(), free_port())
             await path.start_ork()
             await path.start_worker()
             await path.call(REGISTER_RACK, RegisterRack(rack=path.worker_key,

@@ -1,16 +1,15 @@
-"""The control path end to end: wrk-ork and a worker as processes, agents as VMIs.
+"""The control path end to end: wrk-ork, a worker and its VMIs' agents.
 
-wrk-ork and wrk-server-k8s-nvidia (``local`` backend: 2 nodes of 8 GPUs) run as
-separate ``cosmicac run`` processes talking over the swarm on 127.0.0.1; each
-VMI is a real ``cosmicac agent run`` process. The test holds the RPC client
-app-node would hold. Real time, conditions polled, every wait bounded.
+wrk-ork and wrk-server-k8s-nvidia (2 nodes of 8 GPUs) run in the test's trio
+run, each on its own host of an in-memory internet; each VMI is a real agent
+there too (tests/nodes/cluster.py). The test holds the RPC client app-node
+would hold. Conditions polled, every wait bounded. The same path over real
+processes and sockets: tests/nodes/test_admission_daemons.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import stat
 
 import pytest
@@ -21,7 +20,7 @@ from contracts.agent_report import PROTOCOL as AGENT_PROTOCOL
 from contracts.ork import RESTART_JOB, JobRef
 from p2p.rpc import RpcError
 
-from .control_path import container, control_path, inference, status
+from .cluster import WORKER, cluster, container, inference, status
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +28,21 @@ pytestmark = pytest.mark.slow
 async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_is_deleted(
         tmp_path):
     with trio.fail_after(120):
-        async with control_path(tmp_path) as path:
+        async with cluster(tmp_path) as path:
             job = await path.create(container(gpus=2))
             assert job.status.value in ("starting", "queued")
             await path.wait_job(job.id, status("active"))
             (folder,) = path.vmi_folders()
             disk = folder / "agent" / "storage"  # the agent's own folder in the VMI's
             identity = (disk / "identity").read_bytes()
-            first_pid = path.agent_pid(folder)
+            first_boot = path.agent_boot(folder)
 
             await path.call(RESTART_JOB, JobRef(job_id=job.id))
             restarted = await path.wait_job(
                 job.id, lambda j: j is not None and j.status.value == "active"
                 and j.replicas[0].generation == 1)
             assert restarted.replicas[0].generation == 1
-            assert path.agent_pid(folder) != first_pid  # a new "VMI" ...
+            assert path.agent_boot(folder) != first_boot  # a new "VMI" ...
             assert (disk / "identity").read_bytes() == identity  # ... same disk
             # The worker's folder is its own, and no file of the worker
             # holds the agent's report token (only the agent's own config does).
@@ -51,7 +50,7 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
             token = config["report_token"]
             # A stolen token does not take the live VMI over (the real worker: the
             # agent's connection says it is alive).
-            thief, scope = await path._connect(path.worker_port, path.worker_key,
+            thief, scope = await path.connect(WORKER, path.worker_key,
                                                AGENT_PROTOCOL, "thief")
             with pytest.raises(RpcError) as info:
                 await thief.call(HELLO, Hello(job_id=config["job_id"], replica=0,
@@ -73,7 +72,7 @@ async def test_a_container_job_becomes_active_restarts_keeping_its_storage_and_i
 
 async def test_a_job_that_does_not_fit_is_pending_until_a_deletion_frees_gpus(tmp_path):
     with trio.fail_after(120):
-        async with control_path(tmp_path) as path:
+        async with cluster(tmp_path) as path:
             first = await path.create(container("first", gpus=8))
             second = await path.create(container("second", gpus=8))
             await path.wait_job(first.id, status("active"))
@@ -90,11 +89,10 @@ async def test_a_job_that_does_not_fit_is_pending_until_a_deletion_frees_gpus(tm
 
 
 async def test_a_worker_killed_mid_operation_loses_no_operation(tmp_path):
-    # Three worker starts, each checking (as root) which interpreter its isolated
-    # agents can run, and two agent restarts: on a loaded 2-core machine each
-    # wait below can take most of a minute.
+    # "Killed": its tasks cancelled at once, wherever they are (the harness's
+    # stand-in for SIGKILL; its files are what it wrote).
     with trio.fail_after(300):
-        async with control_path(tmp_path) as path:
+        async with cluster(tmp_path) as path:
             await path.kill_worker()  # operations published while it is down wait in the queue
             job = await path.create(container("while-down"))
             await path.start_worker()
@@ -116,8 +114,11 @@ async def test_a_worker_killed_mid_operation_loses_no_operation(tmp_path):
 
 async def test_killing_an_agent_degrades_a_two_replica_job_and_fails_a_one_replica_job(
         tmp_path):
+    # The agents serve no model (ready at once): what a replica's status does
+    # when its agent dies is the worker's and wrk-ork's, whatever the agent ran.
+    # A model server behind the agent: proxy_inference/test_end_to_end.py.
     with trio.fail_after(120):
-        async with control_path(tmp_path) as path:
+        async with cluster(tmp_path, workload=lambda config: None) as path:
             pair = await path.create(inference("pair", replicas=2))
             single = await path.create(inference("single", replicas=1))
             await path.wait_job(pair.id, status("active"))
@@ -126,8 +127,8 @@ async def test_killing_an_agent_degrades_a_two_replica_job_and_fails_a_one_repli
             pair_folder = next(f for f in path.vmi_folders() if short in f.name)
             single_folder = next(f for f in path.vmi_folders()
                                  if single.id.removeprefix("j-") in f.name)
-            os.kill(path.agent_pid(pair_folder), signal.SIGKILL)
-            os.kill(path.agent_pid(single_folder), signal.SIGKILL)
+            await path.kill_agent(pair_folder)
+            await path.kill_agent(single_folder)
             degraded = await path.wait_job(pair.id, status("degraded"))
             assert sorted(r.status.value for r in degraded.replicas) == ["active", "failed"]
             await path.wait_job(single.id, status("failed"))
@@ -135,7 +136,7 @@ async def test_killing_an_agent_degrades_a_two_replica_job_and_fails_a_one_repli
 
 async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(tmp_path):
     with trio.fail_after(150):
-        async with control_path(tmp_path) as path:
+        async with cluster(tmp_path) as path:
             running = await path.create(container("running"))
             await path.wait_job(running.id, status("active"))
             fresh = await path.create(container("fresh"))
@@ -154,7 +155,7 @@ async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(t
 
 async def test_a_silent_worker_makes_its_jobs_unknown_until_it_reports_again(tmp_path):
     with trio.fail_after(120):
-        async with control_path(tmp_path) as path:
+        async with cluster(tmp_path) as path:
             job = await path.create(container("watched"))
             await path.wait_job(job.id, status("active"))
             await path.kill_worker()  # wrk-ork's unknown_after_s is 5 s here

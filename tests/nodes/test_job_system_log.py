@@ -1,10 +1,10 @@
 """A job's System log in wrk-monitor shows how far a job that never became Active got.
 
-wrk-monitor, wrk-ork and a local-backend worker run as ``cosmicac run``
-processes (tests/nodes/control_path.py) with telemetry on: wrk-ork and the
-worker ship their log records over the swarm, and the test reads a job's
-records back with ``logs.query`` as app-node would. Real time, conditions
-polled, every wait bounded.
+wrk-monitor, wrk-ork and a worker whose VMIs are real agents run in the test's
+trio run (tests/nodes/cluster.py) with telemetry on: wrk-ork, the worker and
+the agents ship their log records over the (in-memory) swarm, and the test
+reads a job's records back with ``logs.query`` as app-node would. Real time
+(wrk-monitor's HTTP side is a real socket), conditions polled, every wait bounded.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import trio
 
 from contracts.monitor import SYSTEM, LogRecord
 
-from .control_path import IMAGE, ControlPath, container, control_path, status
+from .cluster import IMAGE, Cluster, cluster, container, status
 
 pytestmark = pytest.mark.slow
 
 ORK, WORKER = "wrk-ork", "wrk-server-k8s-nvidia"
 
 
-async def wait_logs(path: ControlPath, job_id: str,
+async def wait_logs(path: Cluster, job_id: str,
                     done: Callable[[list[LogRecord]], bool], limit_s: float = 30.0
                     ) -> list[LogRecord]:
     """Poll wrk-monitor until the job's records satisfy ``done``."""
@@ -47,7 +47,7 @@ def has(*needles: str) -> Callable[[list[LogRecord]], bool]:
 
 async def test_a_job_that_never_fits_or_waits_for_gpus_says_so_in_its_system_log(tmp_path):
     with trio.fail_after(120):
-        async with control_path(tmp_path, monitor=True) as path:
+        async with cluster(tmp_path, monitor=True) as path:
             too_big = await path.create(container("too-big", gpus=9))
             assert too_big.status.value == "failed"
             records = await wait_logs(path, too_big.id, has(f"{ORK}: failed: "))
@@ -79,14 +79,19 @@ async def test_a_job_that_never_fits_or_waits_for_gpus_says_so_in_its_system_log
 
 
 async def test_a_job_whose_agent_fails_at_start_shows_each_step_and_the_reason(tmp_path):
+    from agents.inference import InferenceWorkload, SupervisorPolicy
     from contracts.model import JobSpec
 
     # vLLM is not installed here: the agent starts, says hello, and its model
-    # server cannot start; after its retries the agent reports failed.
+    # server cannot start; after its retries (a second apart at most, not 30 s)
+    # the agent reports failed.
     broken = JobSpec(name="broken", team="t1", type="inference", image=IMAGE, gpus=1,
                      runtime="vllm", model="org/model", served_name="broken")
+    quick = SupervisorPolicy(backoff_min_s=0.05, backoff_max_s=1.0)
     with trio.fail_after(150):
-        async with control_path(tmp_path, monitor=True) as path:
+        async with cluster(tmp_path, monitor=True,
+                           workload=lambda config: InferenceWorkload(config, policy=quick)
+                           ) as path:
             job = await path.create(broken)
             failed = await path.wait_job(job.id, status("failed"), limit_s=120)
             records = await wait_logs(path, job.id, has(
@@ -124,7 +129,7 @@ async def test_a_live_follower_sees_a_daemons_record_within_a_second_of_its_send
     from contracts.monitor import FOLLOW, Follow, decode_batch
 
     with trio.fail_after(90):
-        async with control_path(tmp_path, monitor=True) as path:
+        async with cluster(tmp_path, monitor=True) as path:
             assert path.monitor_client is not None
             monitor = path.monitor_client
             # Only the live path is timed: wrk-ork's shipper is connected (a job's

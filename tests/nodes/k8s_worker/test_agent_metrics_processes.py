@@ -1,7 +1,7 @@
 """A container job's agent shows up in wrk-monitor's ``/metrics``: agent → worker
-(heartbeat figures) → wrk-monitor (``metrics.agents``) → Prometheus text, through real
-``cosmicac run`` processes on 127.0.0.1 (tests/nodes/control_path.py). Real time,
-conditions polled, every wait bounded."""
+(heartbeat figures) → wrk-monitor (``metrics.agents``) → Prometheus text, the daemons
+and the agent in the test's trio run (tests/nodes/cluster.py), wrk-monitor's HTTP side
+on a real socket. Real time, conditions polled, every wait bounded."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..control_path import MONITOR_TOKEN, container, control_path, status
+from ..cluster import MONITOR_TOKEN, cluster, container, status
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ async def scrape(port: int) -> dict:
 
 
 async def test_a_container_agents_figures_reach_wrk_monitors_metrics(tmp_path):
-    async with control_path(tmp_path, monitor=True) as path:
+    async with cluster(tmp_path, monitor=True) as path:
         job = await path.create(container("metrics-box"))
         await path.wait_job(job.id, status("active"), limit_s=30)
         families: dict = {}

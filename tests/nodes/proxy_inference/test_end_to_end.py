@@ -1,7 +1,9 @@
-"""The whole inference path with real parts only: wrk-ork and a local-backend worker as
-processes, the job's agents (the real InferenceService in front of the ``demo`` model
-server) started by the worker, a shared database with app-node's replica writing the API
-key, and the proxy following wrk-ork. The official ``openai`` package is the client."""
+"""The whole inference path with real parts: wrk-ork, a worker and the job's agents (the
+real InferenceService in front of the ``demo`` model server, a real process) in the
+test's trio run on an in-memory network (tests/nodes/cluster.py), a shared database
+with app-node's replica writing the API key, and the proxy following wrk-ork, its HTTP
+side on a real socket. The official ``openai`` package is the client. The proxy as a
+``cosmicac run`` process: tests/nodes/proxy_inference/test_daemon.py."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import openai
 import pytest
 import trio
 
+from agents.inference import InferenceWorkload, SupervisorPolicy
 from contracts.model import JobSpec
 from contracts.ork import WATCH_JOBS, WatchJobs
 from crdt import FsyncPolicy, PutApiKey, run_database_service
 from nodes.proxy_inference import ProxySettings, serve_proxy
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
-from tests.nodes.control_path import IMAGE, control_path, status
+from tests.nodes.cluster import IMAGE, cluster, status
 from tests.p2p.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -30,32 +33,20 @@ SECRET = "sk-end-to-end-" + "x" * 20
 MESSAGES = [{"role": "user", "content": "Say something about trio."}]
 
 
-def model_servers(agent_pid: int) -> list[int]:
-    """PIDs of ``agents.inference.server`` processes under ``agent_pid``."""
-    parents: dict[int, int] = {}
+def model_servers(port: int) -> list[int]:
+    """PIDs of the ``agents.inference.server`` processes listening on ``port``."""
     servers = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        parents[int(entry)] = int(stat.rpartition(")")[2].split()[1])
-        if b"agents.inference.server" in cmdline:
+        if b"agents.inference.server" in cmdline and b"--port" in cmdline \
+                and cmdline[cmdline.index(b"--port") + 1] == str(port).encode():
             servers.append(int(entry))
-
-    def under(pid: int) -> bool:
-        for _ in range(64):
-            if pid == agent_pid:
-                return True
-            pid = parents.get(pid, 0)
-            if pid <= 1:
-                return False
-        return False
-
-    return [pid for pid in servers if under(pid)]
+    return servers
 
 
 class Totals:
@@ -75,24 +66,31 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
     proxy_key = load_or_create_keypair(tmp_path / "proxy")
     (tmp_path / "cp").mkdir()
     with trio.fail_after(240):
-        async with control_path(tmp_path / "cp", proxy_keys=(proxy_key.hex,)) as path, \
+        # The killed model server is started again at once, not after a second.
+        quick = SupervisorPolicy(backoff_min_s=0.05)
+        async with cluster(tmp_path / "cp", proxy_keys=(proxy_key.hex,),
+                           workload=lambda config: InferenceWorkload(config, policy=quick)
+                           ) as path, \
                 trio.open_nursery() as nursery:
-            ork_address = ("127.0.0.1", path.ork_port)
+            ork_address = path.ork_address
             # app-node's replica of the shared database, with the key.
+            address, network = path.machine()
             app_node = Swarm(KeyPair.generate(), config=SwarmConfig(
-                host="127.0.0.1", bootstrap=(ork_address,), lookup_max_s=2.0))
+                host=address, bootstrap=(ork_address,), lookup_max_s=2.0), network=network)
             await nursery.start(app_node.run)
             admin = await nursery.start(functools.partial(
                 run_database_service, tmp_path / "app-node", swarm=app_node,
                 allow=frozenset({proxy_key.public_key}), fsync=FsyncPolicy.NEVER))
             await admin.db.append([PutApiKey.with_secret("key-e2e", "t1", "e2e", SECRET, [],
                                                          int(time.time() * 1000))])
+            address, network = path.machine()
             settings = ProxySettings(
-                storage=tmp_path / "proxy", database=admin.db.bootstrap, host="127.0.0.1",
+                storage=tmp_path / "proxy", database=admin.db.bootstrap, host=address,
                 port=0, bootstrap=[ork_address], ork=bytes.fromhex(path.ork_key),
                 ork_addresses=[ork_address], http={"host": "127.0.0.1", "port": 0},
                 fsync=False, usage={"flush_interval_s": 0.05}, replica_backoff_s=0.5)
-            proxy = await nursery.start(functools.partial(serve_proxy, settings))
+            proxy = await nursery.start(functools.partial(serve_proxy, settings,
+                                                            network=network))
 
             job = await path.create(JobSpec(
                 name="chat", team="t1", type="inference", image=IMAGE, gpus=1, replicas=2,
@@ -170,7 +168,7 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
             # worker it is not ready: the job leaves Active until it is back).
             folders = path.vmi_folders()
             assert len(folders) == 2
-            victims = model_servers(path.agent_pid(folders[0]))
+            victims = model_servers(path.backend.vm_of(folders[0]).agent.workload.port)
             assert len(victims) == 1
             statuses: list[str] = []
 
