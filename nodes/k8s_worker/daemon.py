@@ -28,6 +28,7 @@ import trio
 
 from contracts.operations import BadMessage, decode_operation
 from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.peer import start_peer
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
@@ -35,7 +36,7 @@ from p2p.host import Reserved
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
-from p2p.swarm import Swarm, SwarmConfig, stay_connected
+from p2p.swarm import stay_connected
 
 from .agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
 from .agents import AgentEvent, AgentRegistry, AgentTable
@@ -96,22 +97,18 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s,
                              log_limit=settings.agents.log_limit())
     backend = backend or make_backend(settings, storage)
-    swarm = Swarm(keypair, config=SwarmConfig(
-        host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
-        announce_addresses=settings.announce_addresses,
-        stranger_evict_after_s=STRANGER_EVICT_AFTER_S),
-        network=daemon.network, services=[queues, registry.service])
+
+    def watch_connections(swarm) -> None:
+        # A hello from a new key for a VMI whose agent is connected is a takeover.
+        registry.connected = lambda key: key in swarm.connections
+
     # wrk-ork and every agent bound by its hello keep their room under a flood.
-    swarm.add_reserved(reserved_peers(settings, registry.table))
-    # A hello from a new key for a VMI whose agent is connected is a takeover.
-    registry.connected = lambda key: key in swarm.connections
-    try:
-        address = await daemon.nursery.start(swarm.run)
-    except OSError as exc:
-        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{exc.strerror or exc}") from None
+    swarm, address = await start_peer(
+        daemon, keypair, settings, [queues, registry.service],
+        reserved=reserved_peers(settings, registry.table), setup=watch_connections,
+        stranger_evict_after_s=STRANGER_EVICT_AFTER_S)
     measured = Snapshot()
-    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: measured))
+    daemon.metrics.add(snapshot_registry(lambda: measured))
     # The worker's own records (every job's System steps) go to wrk-monitor when
     # telemetry is on, and so do its agents': they send them to the worker
     # (``agent.logs``, re-stamped with their replica) and new agents are told
@@ -132,7 +129,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         worker_addresses = (f"{host}:{address[1]}",)
     runtime = WorkerRuntime(
         worker_key=keypair.hex, worker_addresses=worker_addresses,
-        bootstrap=tuple(f"{h}:{p}" for h, p in settings.interconnect.bootstrap),
+        bootstrap=tuple(f"{h}:{p}" for h, p in settings.bootstrap),
         relays=relays_hex(settings),
         proxies=tuple(key.hex() for key in settings.interconnect.proxies),
         heartbeat_interval_s=settings.agents.heartbeat_interval_s,
@@ -153,8 +150,9 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
             await trio.sleep(METRICS_INTERVAL_S)
 
     daemon.nursery.start_soon(measure)
+    ork = settings.ork_peer
     daemon.nursery.start_soon(functools.partial(
-        stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
+        stay_connected, swarm, ork.key, addresses=ork.addresses or None))
     isolated = getattr(backend, "isolated", None)  # the local backend's (see local.py)
     agents = ("" if isolated is None else ", agents isolated" if isolated
               else ", agents NOT isolated: shells run as this user")
