@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
-from nodes.kit.peer import in_process, serve_http, start_peer
+from nodes.kit.peer import in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
@@ -170,11 +170,7 @@ async def start_app_node(daemon: Daemon[AppNodeSettings]) -> None:
     A failure to start (a port, the database) ends it with one line:
     ``run_daemon`` reads it out of the nurseries.
     """
-    settings = daemon.settings
-    if daemon.storage is not None:
-        settings = settings.model_copy(update={"storage": daemon.storage})
-    running: RunningAppNode = await daemon.nursery.start(functools.partial(
-        serve_app_node, settings, metrics=daemon.metrics, network=daemon.network))
+    running: RunningAppNode = await start_served(daemon, serve_app_node)
     host, port = running.http_address
     print_ready("app-node", key=running.swarm.keypair.hex,
                 addresses={"swarm": running.swarm_address, "http": running.http_address},

@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from contracts.operations import BadMessage, decode_operation
-from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.metrics import Snapshot, snapshot_registry
 from nodes.kit.peer import start_peer
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
@@ -41,6 +41,7 @@ from p2p.swarm import stay_connected
 from .agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
 from .agents import AgentEvent, AgentRegistry, AgentTable
 from .backend import Backend
+from .metrics import worker_snapshot
 from .settings import WorkerSettings, relays_hex
 from .store import WorkerStore
 from .worker import Worker, WorkerRuntime
@@ -144,7 +145,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     async def measure() -> None:
         nonlocal measured
         while True:
-            measured = _snapshot(worker, queue, registry)
+            measured = worker_snapshot(worker, queue, registry)
             if reporter is not None:
                 measured.families.update(agent_metrics_snapshot(reporter).families)
             await trio.sleep(METRICS_INTERVAL_S)
@@ -159,33 +160,6 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     print_ready("wrk-server-k8s-nvidia", key=keypair.hex, addresses={"swarm": address},
                 note=f"backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
                      f"telemetry {'on' if shipper is not None else 'off'}{agents}")
-
-
-def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:
-    queued = queue.statistics()
-    isolated = getattr(worker.backend, "isolated", None)  # the local backend's
-    extra = {} if isolated is None else {"worker_agents_isolated": Family(
-        "1 when the local backend runs each agent (and its shells) as a user of its own; "
-        "0: as the worker's user (see local.isolation)", float(isolated))}
-    return Snapshot({**extra,
-        "worker_replicas": Family("Replicas by the state last reported to wrk-ork",
-                                  worker.statistics(), "state"),
-        "worker_bad_operations": Family("Queue entries that were no operation (skipped)",
-                                        worker.bad_operations, counter=True),
-        "worker_agents": Family("Agents expected (one per VMI)", len(registry.table)),
-        "worker_agent_log_records": Family("Log records taken from agents (within their "
-                                           "rate limit)", registry.log_records, counter=True),
-        "worker_agent_log_records_limited": Family(
-            "Agents' log records dropped by the per-agent rate limit, by job",
-            registry.limited_log_records, "job", counter=True),
-        "worker_agent_bad_log_batches": Family("Agents' log batches refused as malformed",
-                                               registry.bad_log_batches, counter=True),
-        "worker_queue_unacked": Family("Reports wrk-ork has not applied yet", queued.pending),
-        "worker_queue_applied": Family("Operations applied (queue position acked)",
-                                       queued.acked),
-        "worker_queue_connected": Family("1 while the queue replicates with wrk-ork",
-                                         float(queued.connected)),
-    })
 
 
 async def _consume(queue: DurableQueue, worker: Worker) -> None:

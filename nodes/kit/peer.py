@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol
 
 import trio
 
-from p2p.daemon import DaemonError, ProcessMetrics
+from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.host import Reserved
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import KeyPair
@@ -40,7 +40,8 @@ from p2p.swarm import Swarm, SwarmConfig
 
 from .settings import HttpSettings, PeerSettings
 
-__all__ = ["DaemonHost", "HttpBindError", "RunningPeer", "in_process", "serve_http", "start_peer"]
+__all__ = ["DaemonHost", "HttpBindError", "RunningPeer", "in_process", "serve_http", "start_peer",
+           "start_served"]
 
 
 class DaemonHost(Protocol):
@@ -73,6 +74,23 @@ def in_process(nursery: trio.Nursery, metrics: ProcessMetrics | None = None,
         network: where its sockets come from (None: the host's own).
     """
     return _Host(nursery, metrics, network)
+
+
+async def start_served(daemon: Daemon[Any], serve: Callable[..., Any], **kwargs: Any) -> Any:
+    """Start a daemon written as a ``serve_…`` function under ``cosmicac run``.
+
+    Calls ``serve(settings, metrics=daemon.metrics, network=daemon.network,
+    **kwargs)`` in ``daemon.nursery``, its settings' ``storage`` the folder the
+    kit locked, and returns what it reports once serving (its ``Running…``).
+    A failure to start (a :class:`~p2p.daemon.DaemonError`, an
+    :class:`HttpBindError`) comes out of the nurseries for ``run_daemon`` to
+    print as one line.
+    """
+    settings = daemon.settings
+    if daemon.storage is not None:
+        settings = settings.model_copy(update={"storage": daemon.storage})
+    return await daemon.nursery.start(functools.partial(
+        serve, settings, metrics=daemon.metrics, network=daemon.network, **kwargs))
 
 
 class RunningPeer(NamedTuple):

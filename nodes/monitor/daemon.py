@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from nodes.kit.metrics import Family, Snapshot, snapshot_registry
-from nodes.kit.peer import in_process, serve_http, start_peer
+from nodes.kit.metrics import snapshot_registry
+from nodes.kit.peer import in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon, ProcessMetrics
 from p2p.keys import format_key, load_or_create_keypair
@@ -42,9 +42,9 @@ from p2p.swarm import Swarm
 from ._buffer import LogBuffer
 from ._health_metrics import health_registry
 from ._http import LogsFront, create_app
+from ._metrics import monitor_snapshot
 from .agent_metrics import AgentMetricsBook, agent_metrics_registry, install
 from .health import HealthBook, Thresholds
-from .loki import LokiPusherStatistics
 from .observability import ObservabilityHolder, to_loki
 from .service import ROLES, MonitorService
 from .settings import MonitorSettings
@@ -73,45 +73,6 @@ class RunningMonitor:
     def url(self) -> str:
         host, port = self.http_address
         return f"http://{host}:{port}"
-
-
-def monitor_snapshot(service: MonitorService,
-                     loki: ObservabilityHolder | LokiPusherStatistics | None) -> Snapshot:
-    """The counters ``/metrics`` shows (read on each scrape: plain integers).
-
-    The Loki counters are summed over every Loki in force so far (they never go
-    back on a swap) and shown whenever a holder is given, at 0 before any Loki.
-    """
-    stats = service.buffer.stats
-    families = {
-        "monitor_records_received": Family("Records accepted into the buffer",
-                                           stats.received, counter=True),
-        "monitor_records_evicted": Family("Records evicted from the buffer by its bounds",
-                                          stats.evicted, counter=True),
-        "monitor_followers_lagged": Family("Followers cut off for falling behind",
-                                           stats.followers_lagged, counter=True),
-        "monitor_bad_batches": Family("Pushed batches refused as malformed",
-                                      service.bad_batches, counter=True),
-        "monitor_buffer_records": Family("Records in the buffer", stats.records),
-        "monitor_buffer_bytes": Family("Estimated bytes in the buffer", stats.bytes),
-        "monitor_followers": Family("Followers attached (RPC and HTTP)",
-                                    service.buffer.followers),
-    }
-    if loki is not None:
-        stats_loki = loki if isinstance(loki, LokiPusherStatistics) else loki.statistics()
-        families.update({
-            "monitor_loki_pushed": Family("Records Loki accepted", stats_loki.pushed, counter=True),
-            "monitor_loki_failed": Family("Records given up after retries", stats_loki.failed,
-                                          counter=True),
-            "monitor_loki_dropped": Family("Records dropped while Loki was behind (or cut "
-                                           "when a replaced Loki's grace ran out)",
-                                           stats_loki.dropped, counter=True),
-            "monitor_loki_rejected": Family("Records Loki refused (4xx)", stats_loki.rejected,
-                                            counter=True),
-            "monitor_loki_retries": Family("Pushes retried", stats_loki.retries, counter=True),
-            "monitor_loki_buffered": Family("Records waiting for Loki", stats_loki.buffered),
-        })
-    return Snapshot(families=families)
 
 
 async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | None = None,
@@ -225,12 +186,8 @@ async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
     A failure to start (a port, the token file) ends it with one line:
     ``run_daemon`` reads it out of the nurseries.
     """
-    settings = daemon.settings
-    if daemon.storage is not None:
-        settings = settings.model_copy(update={"storage": daemon.storage})
     tune_gc()
-    running: RunningMonitor = await daemon.nursery.start(functools.partial(
-        serve_monitor, settings, metrics=daemon.metrics, network=daemon.network))
+    running: RunningMonitor = await start_served(daemon, serve_monitor)
     print_ready("wrk-monitor", key=running.swarm.keypair.hex,
                 addresses={"swarm": running.swarm_address, "http": running.http_address},
                 facts={"loki": running.observability.state().loki_url or "off"})

@@ -31,7 +31,7 @@ import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.kit.metrics import Snapshot
-from nodes.kit.peer import in_process, serve_http, start_peer
+from nodes.kit.peer import in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
@@ -245,11 +245,7 @@ async def start_proxy(daemon: Daemon[ProxySettings]) -> None:
     A failure to start (a port, a missing key) ends it with one line:
     ``run_daemon`` reads it out of the nurseries.
     """
-    settings = daemon.settings
-    if daemon.storage is not None:
-        settings = settings.model_copy(update={"storage": daemon.storage})
-    running: RunningProxy = await daemon.nursery.start(functools.partial(
-        serve_proxy, settings, metrics=daemon.metrics, network=daemon.network))
+    running: RunningProxy = await start_served(daemon, serve_proxy)
     host, port = running.http_address
     print_ready("proxy-inference", key=running.swarm.keypair.hex,
                 addresses={"swarm": running.swarm_address, "http": running.http_address},
