@@ -18,8 +18,14 @@ a :class:`~p2p.http.ServerBindError` that ``run_daemon`` prints as one line.
 A daemon runs under ``cosmicac run`` (``run_daemon`` gives its start function
 a :class:`~p2p.daemon.Daemon`) or in-process (tests, benchmarks: a
 ``serve_…`` function with a nursery of its own, which passes
-:func:`in_process`). Both have what these functions need: a nursery, the process's
-metrics (or None) and the network the sockets come from.
+:func:`in_process`). Both have what these functions need: a nursery, the
+process's metrics (or None) and the network the sockets come from. A daemon
+written as a ``serve_…`` function runs under ``cosmicac run`` through
+:func:`start_served`.
+
+Falls short: the swarm's bind error is a ``DaemonError`` in-process too, where
+an ``OSError`` subclass naming the address (as the HTTP side's) would let a
+test tell a busy port from other failures without reading the message.
 """
 
 from __future__ import annotations
@@ -38,10 +44,10 @@ from p2p.keys import KeyPair
 from p2p.net import Network
 from p2p.swarm import Swarm, SwarmConfig
 
-from .settings import HttpSettings, PeerSettings
+from .settings import PeerSettings
 
-__all__ = ["DaemonHost", "HttpBindError", "RunningPeer", "in_process", "serve_http", "start_peer",
-           "start_served"]
+__all__ = ["DaemonHost", "HttpAddress", "HttpBindError", "RunningPeer", "in_process",
+           "serve_http", "start_peer", "start_served"]
 
 
 class DaemonHost(Protocol):
@@ -146,6 +152,17 @@ async def start_peer(daemon: DaemonHost, keypair: KeyPair, settings: PeerSetting
     return RunningPeer(swarm, address)
 
 
+class HttpAddress(Protocol):
+    """Where an HTTP side listens: an :class:`~nodes.kit.settings.HttpSettings`,
+    or a daemon whose settings are only that (the entry point's)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
 class HttpBindError(ServerBindError):
     """A daemon's HTTP side cannot listen on its address.
 
@@ -158,7 +175,7 @@ class HttpBindError(ServerBindError):
         self.what = what
 
 
-async def serve_http(app: Any, settings: HttpSettings, what: str = "HTTP", *,
+async def serve_http(app: Any, settings: HttpAddress, what: str = "HTTP", *,
                      on_listening: Callable[[tuple[str, int]], None] | None = None,
                      task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
                      ) -> None:
