@@ -39,13 +39,12 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
-from nodes.kit.peer import in_process, serve_http, start_peer, start_served
+from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.keys import load_or_create_keypair
 from p2p.net import Network
-from p2p.swarm import Swarm
 
 from .email import make_sender
 from .health import HealthProber, build_prober
@@ -61,18 +60,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RunningAppNode:
-    """app-node serving in-process: where, and its parts (for tests)."""
+class RunningAppNode(RunningDaemon):
+    """app-node serving in-process: where (``url``: the API's base), and its
+    parts (for tests)."""
 
-    http_address: tuple[str, int]
-    swarm_address: tuple[str, int]
-    swarm: Swarm
+    url_path = "/api"
     services: AppServices
-
-    @property
-    def url(self) -> str:
-        host, port = self.http_address
-        return f"http://{host}:{port}/api"
 
 
 def reserved_peers(settings: AppNodeSettings) -> frozenset[bytes]:

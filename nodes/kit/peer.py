@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import trio
 
@@ -46,8 +46,8 @@ from p2p.swarm import Swarm, SwarmConfig
 
 from .settings import PeerSettings
 
-__all__ = ["DaemonHost", "HttpAddress", "HttpBindError", "RunningPeer", "in_process",
-           "serve_http", "start_peer", "start_served"]
+__all__ = ["DaemonHost", "HttpAddress", "HttpBindError", "RunningDaemon", "RunningPeer",
+           "in_process", "serve_http", "start_peer", "start_served"]
 
 
 class DaemonHost(Protocol):
@@ -150,6 +150,29 @@ async def start_peer(daemon: DaemonHost, keypair: KeyPair, settings: PeerSetting
     if daemon.metrics is not None:
         daemon.metrics.add(swarm.metrics.registry)
     return RunningPeer(swarm, address)
+
+
+@dataclass
+class RunningDaemon:
+    """A daemon with a peer and an HTTP side, serving in-process: where it is.
+
+    Each daemon's ``Running…`` record (what its ``serve_…`` reports, for tests
+    and benchmarks) extends it with the parts of its own.
+    """
+
+    #: The HTTP side's bound (host, port).
+    http_address: tuple[str, int]
+    #: The swarm's bound (host, port).
+    swarm_address: tuple[str, int]
+    swarm: Swarm
+    #: Where its API lives on the HTTP side (``/api``, ``/v1``).
+    url_path: ClassVar[str] = ""
+
+    @property
+    def url(self) -> str:
+        """The API's base URL, ``http://host:port`` + :attr:`url_path`."""
+        host, port = self.http_address
+        return f"http://{host}:{port}{self.url_path}"
 
 
 class HttpAddress(Protocol):

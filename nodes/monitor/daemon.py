@@ -32,12 +32,11 @@ import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from nodes.kit.metrics import snapshot_registry
-from nodes.kit.peer import in_process, serve_http, start_peer, start_served
+from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon, ProcessMetrics
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.net import Network
-from p2p.swarm import Swarm
 
 from ._buffer import LogBuffer
 from ._health_metrics import health_registry
@@ -59,20 +58,12 @@ GC_YOUNG_THRESHOLD = 10_000
 
 
 @dataclass
-class RunningMonitor:
+class RunningMonitor(RunningDaemon):
     """A monitor serving in-process: where, and its parts (for tests)."""
 
-    http_address: tuple[str, int]
-    swarm_address: tuple[str, int]
-    swarm: Swarm
     service: MonitorService
     front: LogsFront
     observability: ObservabilityHolder
-
-    @property
-    def url(self) -> str:
-        host, port = self.http_address
-        return f"http://{host}:{port}"
 
 
 async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | None = None,

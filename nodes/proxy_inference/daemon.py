@@ -31,7 +31,7 @@ import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.kit.metrics import Snapshot
-from nodes.kit.peer import in_process, serve_http, start_peer, start_served
+from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
@@ -58,14 +58,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RunningProxy:
-    """A proxy serving in-process: where, and its parts (for tests and benchmarks)."""
+class RunningProxy(RunningDaemon):
+    """A proxy serving in-process: where (``url``: the OpenAI base URL), and its
+    parts (for tests and benchmarks)."""
 
-    #: The HTTP front's bound (host, port).
-    http_address: tuple[str, int]
-    #: The swarm's bound (host, port).
-    swarm_address: tuple[str, int]
-    swarm: Swarm
+    url_path = "/v1"
     front: Front
     pool: AgentPool
     recorder: UsageRecorder
@@ -73,11 +70,6 @@ class RunningProxy:
     job_source: JobSource
     #: With ``telemetry.monitor``: the per-job window and its reporter.
     reporter: HealthReporter | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.http_address
-        return f"http://{host}:{port}/v1"
 
     @property
     def table(self) -> RoutingTable:
