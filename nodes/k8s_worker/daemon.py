@@ -119,11 +119,11 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                                     service="wrk-server-k8s-nvidia")
     registry.on_logs = None if shipper is None else shipper.offer_many
     reporter = None
-    if shipper is not None and settings.telemetry.monitor is not None:
+    monitor = settings.telemetry.monitor_peer
+    if shipper is not None and monitor is not None:
         reporter = AgentMetricsReporter(registry.table.agent_metrics)
         daemon.nursery.start_soon(functools.partial(
-            reporter.run, swarm, settings.telemetry.monitor,
-            settings.telemetry.monitor_addresses))
+            reporter.run, swarm, monitor.key, monitor.addresses))
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
     if not worker_addresses and settings.backend == "local":
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]

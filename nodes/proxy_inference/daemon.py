@@ -182,12 +182,11 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
                           bodies=settings.http.body_budget(),
                           body_timeout_s=settings.http.body_timeout_s)
             reporter = None
-            telemetry = settings.telemetry
-            if telemetry.monitor is not None:
+            if (monitor := settings.telemetry.monitor_peer) is not None:
                 front.health = HealthWindow()
                 reporter = HealthReporter(front.health, routed=lambda: pool.table.jobs.keys())
                 inner.start_soon(functools.partial(
-                    reporter.run, swarm, telemetry.monitor, telemetry.monitor_addresses))
+                    reporter.run, swarm, monitor.key, monitor.addresses))
 
             def publish(jobs) -> None:
                 pool.apply(RoutingTable.from_jobs(jobs))

@@ -109,3 +109,11 @@ def test_a_peer_ref_is_built_from_the_flat_pair(tmp_path):
     assert settings.monitor_peer is None  # unset: the daemon runs without it
     with_monitor = settings.model_copy(update={"monitor": bytes.fromhex(OTHER)})
     assert with_monitor.monitor_peer == PeerRef(bytes.fromhex(OTHER), ())
+
+
+def test_telemetry_names_its_monitor_as_a_peer_ref():
+    from nodes.kit.telemetry import TelemetrySettings
+
+    assert TelemetrySettings().monitor_peer is None  # telemetry off
+    on = TelemetrySettings(monitor=KEY, monitor_addresses=["127.0.0.1:49743"])
+    assert on.monitor_peer == PeerRef(bytes.fromhex(KEY), (("127.0.0.1", 49743),))
