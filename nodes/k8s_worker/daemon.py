@@ -36,7 +36,7 @@ from p2p.host import Reserved
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
-from p2p.swarm import stay_connected
+from p2p.swarm import Swarm, stay_connected
 
 from .agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
 from .agents import AgentEvent, AgentRegistry, AgentTable
@@ -99,7 +99,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                              log_limit=settings.agents.log_limit())
     backend = backend or make_backend(settings, storage)
 
-    def watch_connections(swarm) -> None:
+    def watch_connections(swarm: Swarm) -> None:
         # A hello from a new key for a VMI whose agent is connected is a takeover.
         registry.connected = lambda key: key in swarm.connections
 
@@ -107,7 +107,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     swarm, address = await start_peer(
         daemon, keypair, settings, [queues, registry.service],
         reserved=reserved_peers(settings, registry.table), setup=watch_connections,
-        stranger_evict_after_s=STRANGER_EVICT_AFTER_S)
+        # Its relays are its jobs' (seeds/relay.txt): the worker is reached directly.
+        relays=(), stranger_evict_after_s=STRANGER_EVICT_AFTER_S)
     measured = Snapshot()
     daemon.metrics.add(snapshot_registry(lambda: measured))
     # The worker's own records (every job's System steps) go to wrk-monitor when

@@ -80,22 +80,25 @@ class WorkerSettings(PeerSettings):
 
     Its peer is the kit's :class:`~nodes.kit.settings.PeerSettings`
     (``storage``: identity, queue, replica state, local VMIs; ``host``,
-    ``port``, ``announce_addresses``), with the seeds' shape kept: its DHT
-    bootstrap is ``interconnect.bootstrap``, read into ``bootstrap`` through an
-    alias (``K8S_COMMON_CONFIG__interconnect__bootstrap``; a top-level
-    ``bootstrap`` key is no setting of the worker's). ``relays`` are the blind
-    relays of the worker's own swarm (none by default: it is reached directly);
-    ``interconnect.relays`` are its jobs' (seeds/relay.txt).
+    ``port``, ``announce_addresses``), in the seeds' shape:
+    ``bootstrap`` and ``relays`` are ``interconnect.bootstrap`` and
+    ``interconnect.relays``, read there through aliases
+    (``K8S_COMMON_CONFIG__interconnect__relays``); a top-level ``bootstrap`` or
+    ``relays`` key is no setting of the worker's, as before. The relays are its
+    jobs' (seeds/relay.txt): the worker's own swarm is reached directly and
+    reserves on none (``start_worker``).
     """
 
     model_config = SettingsConfigDict(env_prefix="K8S_COMMON_CONFIG__")
 
     port: Port = WORKER_PORT
-    #: The worker's DHT bootstrap: ``interconnect.bootstrap`` (one value,
-    #: which the jobs' agents get too).
-    #: Not dumped: ``interconnect`` holds it, and a dump reads back.
+    #: The DHT bootstrap of the worker and its jobs' agents:
+    #: ``interconnect.bootstrap`` (not dumped: ``interconnect`` holds it).
     bootstrap: AddressList = Field(
         default=(), validation_alias=AliasPath("interconnect", "bootstrap"), exclude=True)
+    #: The blind relays passed to its jobs: ``interconnect.relays``.
+    relays: PublicKeyList = Field(
+        default=(), validation_alias=AliasPath("interconnect", "relays"), exclude=True)
     #: The wrk-ork this worker takes operations from (its public key).
     ork: PublicKey
     #: Where wrk-ork listens (``host:port``), tried before the DHT.

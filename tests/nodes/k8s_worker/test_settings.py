@@ -18,7 +18,7 @@ def base(tmp_path) -> dict[str, str]:
     return {"K8S_COMMON_CONFIG__STORAGE": str(tmp_path), "K8S_COMMON_CONFIG__ORK": ORK}
 
 
-def test_the_workers_bootstrap_is_the_seeds_interconnect_bootstrap(tmp_path):
+def test_the_workers_bootstrap_and_relays_are_the_seeds_interconnect_keys(tmp_path):
     settings = load_settings(WorkerSettings, environ={
         **base(tmp_path), "K8S_COMMON_CONFIG__interconnect__bootstrap": '["10.0.0.5:49738"]',
         "K8S_COMMON_CONFIG__interconnect__relays": f'["{RELAY}"]'})
@@ -26,9 +26,9 @@ def test_the_workers_bootstrap_is_the_seeds_interconnect_bootstrap(tmp_path):
     assert settings.port == WORKER_PORT
     # One value: the worker's swarm and its agents read the same bootstrap.
     assert settings.bootstrap == settings.interconnect.bootstrap == (("10.0.0.5", 49738),)
-    # The relays there are its jobs' (seeds/relay.txt), not its own swarm's.
-    assert settings.interconnect.relays == (bytes.fromhex(RELAY),)
-    assert settings.relays == ()
+    # The relays there are its jobs' (seeds/relay.txt); start_worker keeps them
+    # off its own swarm.
+    assert settings.relays == settings.interconnect.relays == (bytes.fromhex(RELAY),)
 
 
 def test_the_interconnect_section_reads_from_a_file_too(tmp_path):
@@ -39,18 +39,20 @@ def test_the_interconnect_section_reads_from_a_file_too(tmp_path):
     assert settings.bootstrap == (("10.0.0.5", 49738),)
 
 
-@pytest.mark.parametrize("where", [{"K8S_COMMON_CONFIG__BOOTSTRAP": '["10.0.0.5:49738"]'},
-                                   {"K8S_COMMON_CONFIG__bootstrap": '["10.0.0.5:49738"]'}])
-def test_a_top_level_bootstrap_is_no_setting_of_the_worker(tmp_path, where):
+@pytest.mark.parametrize(("name", "value"), [("BOOTSTRAP", '["10.0.0.5:49738"]'),
+                                             ("bootstrap", '["10.0.0.5:49738"]'),
+                                             ("RELAYS", f'["{RELAY}"]')])
+def test_a_top_level_bootstrap_or_relays_is_no_setting_of_the_worker(tmp_path, name, value):
     with pytest.raises(ConfigError) as caught:
-        load_settings(WorkerSettings, environ={**base(tmp_path), **where})
-    assert caught.value.key == "bootstrap" and caught.value.problem == "no such setting"
+        load_settings(WorkerSettings, environ={**base(tmp_path),
+                                               f"K8S_COMMON_CONFIG__{name}": value})
+    assert caught.value.key == name.lower() and caught.value.problem == "no such setting"
     config = tmp_path / "worker.json"
     config.write_text(json.dumps({"storage": str(tmp_path), "ork": ORK,
-                                  "bootstrap": ["10.0.0.5:49738"]}))
+                                  name.lower(): json.loads(value)}))
     with pytest.raises(ConfigError) as caught:
         load_settings(WorkerSettings, config_file=config)
-    assert caught.value.key == "bootstrap"
+    assert caught.value.key == name.lower()
 
 
 def test_an_unprefixed_interconnect_variable_is_not_read(tmp_path):
@@ -78,5 +80,6 @@ def test_a_dump_holds_the_bootstrap_where_the_seeds_put_it(tmp_path):
     settings = load_settings(WorkerSettings, environ={
         **base(tmp_path), "K8S_COMMON_CONFIG__interconnect__bootstrap": '["10.0.0.5:49738"]'})
     dumped = settings.model_dump()
-    assert "bootstrap" not in dumped  # a top-level key would be refused on reading back
+    # Top-level keys would be refused on reading back.
+    assert "bootstrap" not in dumped and "relays" not in dumped
     assert dumped["interconnect"]["bootstrap"] == (("10.0.0.5", 49738),)
