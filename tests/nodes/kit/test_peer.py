@@ -114,3 +114,26 @@ async def test_a_busy_http_port_names_what_is_served_there(nursery):
                                 HttpSettings(host="127.0.0.1", port=port), "the API")
     assert str(caught.value) == f"cannot serve the API on 127.0.0.1:{port}: Address already in use"
     assert isinstance(caught.value, OSError)
+
+
+async def test_start_served_runs_a_serve_function_with_the_daemons_storage_metrics_network(
+        tmp_path, nursery):
+    from nodes.kit.peer import start_served
+    from p2p.daemon import Daemon
+
+    locked = tmp_path / "locked"
+    metrics, network = ProcessMetrics(), MemoryInternet().host("10.0.0.1")
+    seen = {}
+
+    async def serve_example(settings, *, metrics, network, extra, task_status):
+        seen.update(storage=settings.storage, metrics=metrics, network=network, extra=extra)
+        task_status.started("running")
+        await trio.sleep_forever()
+
+    daemon = Daemon("example", ExampleSettings(storage=tmp_path / "given"), nursery, metrics,
+                    locked, network=network)
+    with trio.fail_after(30):
+        running = await start_served(daemon, serve_example, extra=1)
+    assert running == "running"
+    assert seen == {"storage": locked, "metrics": metrics, "network": network, "extra": 1}
+    assert daemon.settings.storage == tmp_path / "given"  # a copy was changed, not its own
