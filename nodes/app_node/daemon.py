@@ -39,13 +39,12 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
+from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
-from nodes.kit.telemetry import start_telemetry, telemetry_host
+from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import load_or_create_keypair
 from p2p.net import Network
-from p2p.swarm import Swarm, SwarmConfig
 
 from .email import make_sender
 from .health import HealthProber, build_prober
@@ -55,30 +54,18 @@ from .services import AppServices
 from .settings import AppNodeSettings
 from .store import Store
 
-__all__ = ["ApiBindError", "RunningAppNode", "reserved_peers", "serve_app_node", "start_app_node"]
+__all__ = ["RunningAppNode", "reserved_peers", "serve_app_node", "start_app_node"]
 
 log = logging.getLogger(__name__)
 
 
-class ApiBindError(ServerBindError):
-    """The HTTP API cannot listen on its address."""
-
-    what = "the API"
-
-
 @dataclass
-class RunningAppNode:
-    """app-node serving in-process: where, and its parts (for tests)."""
+class RunningAppNode(RunningDaemon):
+    """app-node serving in-process: where (``url``: the API's base), and its
+    parts (for tests)."""
 
-    http_address: tuple[str, int]
-    swarm_address: tuple[str, int]
-    swarm: Swarm
+    url_path = "/api"
     services: AppServices
-
-    @property
-    def url(self) -> str:
-        host, port = self.http_address
-        return f"http://{host}:{port}/api"
 
 
 def reserved_peers(settings: AppNodeSettings) -> frozenset[bytes]:
@@ -104,18 +91,15 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
     storage = settings.storage
     keypair = await trio.to_thread.run_sync(load_or_create_keypair, storage)
     store = await trio.to_thread.run_sync(Store.open, storage / "app-node.sqlite")
-    swarm = Swarm(keypair, config=SwarmConfig(
-        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
-        relays=settings.relays, announce_addresses=settings.announce_addresses),
-        network=network)
-    swarm.add_reserved(reserved_peers(settings))
     limiter = make_limiter(settings.limits, settings.redis_url)
     health: HealthProber | None = None
     try:
         async with trio.open_nursery() as nursery:
-            swarm_address = await nursery.start(swarm.run)
-            await start_telemetry(telemetry_host(nursery, metrics), swarm,
-                                  settings.telemetry_settings(), service="app-node")
+            daemon = in_process(nursery, metrics, network)
+            swarm, swarm_address = await start_peer(daemon, keypair, settings,
+                                                    reserved=reserved_peers(settings))
+            await start_telemetry(daemon, swarm, settings.telemetry_settings(),
+                                  service="app-node")
             service = await nursery.start(functools.partial(
                 run_database_service, storage / "db", swarm=swarm,
                 allow=frozenset(settings.database_writers),
@@ -132,17 +116,16 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 log.warning("app_node.observability_unused: observability is set but monitor "
                             "is not; no wrk-monitor gets the Loki and Prometheus URLs")
             ork, events = None, None
-            if settings.ork is not None:
-                ork = OrkClient(swarm, settings.ork, addresses=settings.ork_addresses)
+            if (ork_peer := settings.ork_peer) is not None:
+                ork = OrkClient(swarm, ork_peer.key, addresses=ork_peer.addresses)
                 await nursery.start(ork.run)
                 events = JobHub()
                 await nursery.start(follow_ork, ork, events)
                 # Shell access follows team membership on running jobs.
                 await nursery.start(ShellKeySync(store, ork).run)
             monitor = None
-            if settings.monitor is not None:
-                monitor = MonitorClient(swarm, settings.monitor,
-                                        addresses=settings.monitor_addresses,
+            if (monitor_peer := settings.monitor_peer) is not None:
+                monitor = MonitorClient(swarm, monitor_peer.key, addresses=monitor_peer.addresses,
                                         observability=settings.observability.to_send())
                 await nursery.start(monitor.run)
             email = make_sender(settings.email, storage)
@@ -160,11 +143,10 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                                    monitor=monitor, health=health,
                                    teams=settings.teams)
             if metrics is not None:
-                metrics.add(swarm.metrics.registry, db.metrics.registry)
-            http_address = await nursery.start(functools.partial(
-                serve_asgi, create_app(services, body_limits=settings.http.body),
-                host=settings.http.host,
-                port=settings.http.port, bind_error=ApiBindError))
+                metrics.add(db.metrics.registry)
+            http_address = await nursery.start(
+                serve_http, create_app(services, body_limits=settings.http.body),
+                settings.http, "the API")
             log.info("app_node.serving http=%s:%d swarm=%s:%d key=%s db=%s", *http_address,
                      *swarm_address, keypair.hex[:12], db.bootstrap.hex()[:16])
             task_status.started(RunningAppNode(http_address, swarm_address, swarm, services))
@@ -176,23 +158,12 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
 
 
 async def start_app_node(daemon: Daemon[AppNodeSettings]) -> None:
-    """``cosmicac run app-node``: start in ``daemon.nursery``; return once serving."""
-    settings = daemon.settings
-    if daemon.storage is not None:
-        settings = settings.model_copy(update={"storage": daemon.storage})
-    try:
-        running: RunningAppNode = await daemon.nursery.start(functools.partial(
-            serve_app_node, settings, metrics=daemon.metrics,
-            network=daemon.network))
-    except (OSError, BaseExceptionGroup) as exc:
-        cause = exc
-        while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
-            cause = cause.exceptions[0]
-        if not isinstance(cause, OSError):
-            raise
-        raise DaemonError(str(cause) if isinstance(cause, ApiBindError) else
-                          f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{cause.strerror or cause}") from None
+    """``cosmicac run app-node``: start in ``daemon.nursery``; return once serving.
+
+    A failure to start (a port, the database) ends it with one line:
+    ``run_daemon`` reads it out of the nurseries.
+    """
+    running: RunningAppNode = await start_served(daemon, serve_app_node)
     host, port = running.http_address
     print_ready("app-node", key=running.swarm.keypair.hex,
                 addresses={"swarm": running.swarm_address, "http": running.http_address},

@@ -6,12 +6,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import BaseModel, field_validator
+from pydantic import field_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.monitor import Observability
+from nodes.kit.settings import HttpSettings, PeerRef, PeerSettings, peer_ref
 from nodes.kit.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
@@ -21,8 +20,8 @@ from .health import HealthSettings
 from .ratelimit import Limits
 from .team_rules import TeamsSettings
 
-__all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "AppNodeSettings", "AppTelemetrySettings",
-           "HttpSettings", "ObservabilitySettings"]
+__all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "ApiHttpSettings", "AppNodeSettings",
+           "AppTelemetrySettings", "ObservabilitySettings"]
 
 #: Default port of app-node's swarm (TCP and UDP); 49737 relay, 49739 worker,
 #: 49740 wrk-ork, 49741 proxy-inference.
@@ -31,13 +30,10 @@ APP_NODE_PORT = 49742
 APP_NODE_HTTP_PORT = 49751
 
 
-class HttpSettings(BaseModel):
-    """Where the HTTP API listens (behind the entry point on :5173)."""
+class ApiHttpSettings(HttpSettings):
+    """Where the HTTP API listens (the kit's ``host``, ``port``; behind the entry
+    point on :5173), and its request bodies' limits."""
 
-    model_config = {"extra": "forbid"}
-
-    host: str = "127.0.0.1"
-    #: 0: any free port (tests).
     port: Port = APP_NODE_HTTP_PORT
     #: Request bodies: ``max_body_bytes`` (1 MiB), ``max_bodies_in_flight`` (64),
     #: ``body_timeout_s`` (30), ``max_json_depth`` (64) (``COSMICAC_APP_NODE__HTTP__BODY__…``).
@@ -89,22 +85,19 @@ class ObservabilitySettings(Observability):
         return self.to_send() != Observability()
 
 
-class AppNodeSettings(DaemonSettings):
-    """Everything app-node reads at start."""
+class AppNodeSettings(PeerSettings):
+    """Everything app-node reads at start.
+
+    Its peer (``storage``: identity, ``app-node.sqlite``, the shared database,
+    which it creates and administers, the email outbox; ``host``, ``port``,
+    ``bootstrap``, ``relays``, ``announce_addresses``) is the kit's
+    :class:`~nodes.kit.settings.PeerSettings`.
+    """
 
     model_config = SettingsConfigDict(env_prefix="COSMICAC_APP_NODE__")
     legacy_env = {**DaemonSettings.legacy_env, "REDIS_URL": "redis_url"}
 
-    #: app-node's folder: identity, ``app-node.sqlite``, the shared database
-    #: (which it creates and administers), the email outbox.
-    storage: Path
-    #: Address and port of app-node's swarm (TCP and UDP).
-    host: str = "0.0.0.0"
     port: Port = APP_NODE_PORT
-    announce_addresses: AddressList | None = None
-    #: DHT bootstrap nodes (``host:port``).
-    bootstrap: AddressList = ()
-    relays: PublicKeyList = ()
     #: The DHT bootstrap advertised to users' CLIs (``GET /api/swarm``, for
     #: ``cosmicac shell``) when app-node itself reaches the DHT on an address
     #: users cannot (an internal network); None: advertise ``bootstrap``.
@@ -132,7 +125,7 @@ class AppNodeSettings(DaemonSettings):
     #: backup's ``cosmicac db serve``). Only they, the writers and the keys
     #: above may read it: the logs hold every team's keys and usage.
     database_readers: PublicKeyList = ()
-    http: HttpSettings = HttpSettings()
+    http: ApiHttpSettings = ApiHttpSettings()
     #: Shared rate limits when set (``REDIS_URL``); in-process limits otherwise.
     redis_url: str | None = None
     limits: Limits = Limits()
@@ -163,6 +156,16 @@ class AppNodeSettings(DaemonSettings):
         return image
     #: fsync the store and the database on every write (False: tests only).
     fsync: bool = True
+
+    @property
+    def ork_peer(self) -> PeerRef | None:
+        """wrk-ork (``ork`` and ``ork_addresses``); None without one."""
+        return peer_ref(self, "ork")
+
+    @property
+    def monitor_peer(self) -> PeerRef | None:
+        """wrk-monitor (``monitor`` and ``monitor_addresses``); None without one."""
+        return peer_ref(self, "monitor")
 
     def telemetry_settings(self) -> TelemetrySettings:
         """The shipper's settings: ``monitor`` unless ``telemetry.ship`` is off."""

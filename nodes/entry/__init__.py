@@ -6,7 +6,7 @@ linking the API docs. See README.md.
 """
 
 from .app import BodyTooLarge, EntryApp
-from .daemon import EntryBindError, RunningEntry, open_client, serve_entry, start_entry
+from .daemon import RunningEntry, open_client, serve_entry, start_entry
 from .metrics import EntryMetrics
 from .routes import Forward, Service, error_body, request_headers, response_headers, route
 from .settings import API_URL, ENTRY_PORT, INFERENCE_URL, EntrySettings, parse_upstream_url
@@ -17,7 +17,6 @@ __all__ = [
     "INFERENCE_URL",
     "BodyTooLarge",
     "EntryApp",
-    "EntryBindError",
     "EntryMetrics",
     "EntrySettings",
     "Forward",

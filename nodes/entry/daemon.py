@@ -21,24 +21,18 @@ import httpx
 import trio
 
 from nodes.kit.forwarded import TrustedProxies
+from nodes.kit.peer import HttpBindError, serve_http
 from nodes.kit.ready import print_ready
-from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import ServerBindError, serve_asgi
+from p2p.daemon import Daemon, ProcessMetrics
 
 from .app import EntryApp
 from .metrics import EntryMetrics
 from .routes import Service
 from .settings import EntrySettings
 
-__all__ = ["EntryBindError", "RunningEntry", "open_client", "serve_entry", "start_entry"]
+__all__ = ["RunningEntry", "open_client", "serve_entry", "start_entry"]
 
 log = logging.getLogger(__name__)
-
-
-class EntryBindError(ServerBindError):
-    """The entry point cannot listen on its address."""
-
-    what = "the entry point"
 
 
 @dataclass
@@ -90,7 +84,8 @@ async def serve_entry(settings: EntrySettings, *, metrics: ProcessMetrics | None
         metrics: the process's endpoint, to which the entry point adds its registry.
 
     Raises:
-        EntryBindError: the address cannot be bound.
+        nodes.kit.peer.HttpBindError: the address cannot be bound (``cannot
+            serve the entry point on H:P: …``), raised bare.
     """
     entry_metrics = EntryMetrics()
     if metrics is not None:
@@ -110,12 +105,11 @@ async def serve_entry(settings: EntrySettings, *, metrics: ProcessMetrics | None
                      *address, settings.api_url, settings.inference_url,
                      settings.monitor_url or "off")
 
-        failure: EntryBindError | None = None
+        failure: HttpBindError | None = None
         try:
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(functools.partial(
-                    serve_asgi, app, host=settings.host, port=settings.port,
-                    bind_error=EntryBindError, on_listening=listening))
+                    serve_http, app, settings, "the entry point", on_listening=listening))
                 task_status.started(RunningEntry(address=address, app=app))
         except BaseExceptionGroup as group:
             failure = _bind_error(group)
@@ -125,24 +119,22 @@ async def serve_entry(settings: EntrySettings, *, metrics: ProcessMetrics | None
         raise failure
 
 
-def _bind_error(group: BaseExceptionGroup) -> EntryBindError | None:
+def _bind_error(group: BaseExceptionGroup) -> HttpBindError | None:
     """The bind failure a group holds, if that is all it holds."""
     leaf: BaseException = group
     while isinstance(leaf, BaseExceptionGroup):
         if len(leaf.exceptions) != 1:
             return None
         leaf = leaf.exceptions[0]
-    return leaf if isinstance(leaf, EntryBindError) else None
+    return leaf if isinstance(leaf, HttpBindError) else None
 
 
 async def start_entry(daemon: Daemon[EntrySettings]) -> None:
     """``cosmicac run entry``: start in ``daemon.nursery``; return once serving."""
     settings = daemon.settings
-    try:
-        running: RunningEntry = await daemon.nursery.start(functools.partial(
-            serve_entry, settings, metrics=daemon.metrics))
-    except EntryBindError as exc:
-        raise DaemonError(str(exc)) from None
+    # A busy port is an HttpBindError, which run_daemon prints as one line.
+    running: RunningEntry = await daemon.nursery.start(functools.partial(
+        serve_entry, settings, metrics=daemon.metrics))
     print_ready("entry", addresses={"http": running.address},
                 facts={"api": settings.api_url, "inference": settings.inference_url,
                        "monitor": settings.monitor_url or "off"},

@@ -27,7 +27,8 @@ from pathlib import Path
 import trio
 
 from contracts.operations import BadMessage, decode_operation
-from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.metrics import Snapshot, snapshot_registry
+from nodes.kit.peer import start_peer
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
@@ -35,11 +36,12 @@ from p2p.host import Reserved
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
-from p2p.swarm import Swarm, SwarmConfig, stay_connected
+from p2p.swarm import Swarm, stay_connected
 
 from .agent_metrics import AgentMetricsReporter, agent_metrics_snapshot
 from .agents import AgentEvent, AgentRegistry, AgentTable
 from .backend import Backend
+from .metrics import worker_snapshot
 from .settings import WorkerSettings, relays_hex
 from .store import WorkerStore
 from .worker import Worker, WorkerRuntime
@@ -96,22 +98,19 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s,
                              log_limit=settings.agents.log_limit())
     backend = backend or make_backend(settings, storage)
-    swarm = Swarm(keypair, config=SwarmConfig(
-        host=settings.host, port=settings.port, bootstrap=settings.interconnect.bootstrap,
-        announce_addresses=settings.announce_addresses,
-        stranger_evict_after_s=STRANGER_EVICT_AFTER_S),
-        network=daemon.network, services=[queues, registry.service])
+
+    def watch_connections(swarm: Swarm) -> None:
+        # A hello from a new key for a VMI whose agent is connected is a takeover.
+        registry.connected = lambda key: key in swarm.connections
+
     # wrk-ork and every agent bound by its hello keep their room under a flood.
-    swarm.add_reserved(reserved_peers(settings, registry.table))
-    # A hello from a new key for a VMI whose agent is connected is a takeover.
-    registry.connected = lambda key: key in swarm.connections
-    try:
-        address = await daemon.nursery.start(swarm.run)
-    except OSError as exc:
-        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{exc.strerror or exc}") from None
+    swarm, address = await start_peer(
+        daemon, keypair, settings, [queues, registry.service],
+        reserved=reserved_peers(settings, registry.table), setup=watch_connections,
+        # Its relays are its jobs' (seeds/relay.txt): the worker is reached directly.
+        relays=(), stranger_evict_after_s=STRANGER_EVICT_AFTER_S)
     measured = Snapshot()
-    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: measured))
+    daemon.metrics.add(snapshot_registry(lambda: measured))
     # The worker's own records (every job's System steps) go to wrk-monitor when
     # telemetry is on, and so do its agents': they send them to the worker
     # (``agent.logs``, re-stamped with their replica) and new agents are told
@@ -121,18 +120,18 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
                                     service="wrk-server-k8s-nvidia")
     registry.on_logs = None if shipper is None else shipper.offer_many
     reporter = None
-    if shipper is not None and settings.telemetry.monitor is not None:
+    monitor = settings.telemetry.monitor_peer
+    if shipper is not None and monitor is not None:
         reporter = AgentMetricsReporter(registry.table.agent_metrics)
         daemon.nursery.start_soon(functools.partial(
-            reporter.run, swarm, settings.telemetry.monitor,
-            settings.telemetry.monitor_addresses))
+            reporter.run, swarm, monitor.key, monitor.addresses))
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
     if not worker_addresses and settings.backend == "local":
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
         worker_addresses = (f"{host}:{address[1]}",)
     runtime = WorkerRuntime(
         worker_key=keypair.hex, worker_addresses=worker_addresses,
-        bootstrap=tuple(f"{h}:{p}" for h, p in settings.interconnect.bootstrap),
+        bootstrap=tuple(f"{h}:{p}" for h, p in settings.bootstrap),
         relays=relays_hex(settings),
         proxies=tuple(key.hex() for key in settings.interconnect.proxies),
         heartbeat_interval_s=settings.agents.heartbeat_interval_s,
@@ -147,47 +146,21 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     async def measure() -> None:
         nonlocal measured
         while True:
-            measured = _snapshot(worker, queue, registry)
+            measured = worker_snapshot(worker, queue, registry)
             if reporter is not None:
                 measured.families.update(agent_metrics_snapshot(reporter).families)
             await trio.sleep(METRICS_INTERVAL_S)
 
     daemon.nursery.start_soon(measure)
+    ork = settings.ork_peer
     daemon.nursery.start_soon(functools.partial(
-        stay_connected, swarm, settings.ork, addresses=settings.ork_addresses or None))
+        stay_connected, swarm, ork.key, addresses=ork.addresses or None))
     isolated = getattr(backend, "isolated", None)  # the local backend's (see local.py)
     agents = ("" if isolated is None else ", agents isolated" if isolated
               else ", agents NOT isolated: shells run as this user")
     print_ready("wrk-server-k8s-nvidia", key=keypair.hex, addresses={"swarm": address},
                 note=f"backend {backend.name}, ork {format_key(settings.ork)[:16]}…, "
                      f"telemetry {'on' if shipper is not None else 'off'}{agents}")
-
-
-def _snapshot(worker: Worker, queue: DurableQueue, registry: AgentRegistry) -> Snapshot:
-    queued = queue.statistics()
-    isolated = getattr(worker.backend, "isolated", None)  # the local backend's
-    extra = {} if isolated is None else {"worker_agents_isolated": Family(
-        "1 when the local backend runs each agent (and its shells) as a user of its own; "
-        "0: as the worker's user (see local.isolation)", float(isolated))}
-    return Snapshot({**extra,
-        "worker_replicas": Family("Replicas by the state last reported to wrk-ork",
-                                  worker.statistics(), "state"),
-        "worker_bad_operations": Family("Queue entries that were no operation (skipped)",
-                                        worker.bad_operations, counter=True),
-        "worker_agents": Family("Agents expected (one per VMI)", len(registry.table)),
-        "worker_agent_log_records": Family("Log records taken from agents (within their "
-                                           "rate limit)", registry.log_records, counter=True),
-        "worker_agent_log_records_limited": Family(
-            "Agents' log records dropped by the per-agent rate limit, by job",
-            registry.limited_log_records, "job", counter=True),
-        "worker_agent_bad_log_batches": Family("Agents' log batches refused as malformed",
-                                               registry.bad_log_batches, counter=True),
-        "worker_queue_unacked": Family("Reports wrk-ork has not applied yet", queued.pending),
-        "worker_queue_applied": Family("Operations applied (queue position acked)",
-                                       queued.acked),
-        "worker_queue_connected": Family("1 while the queue replicates with wrk-ork",
-                                         float(queued.connected)),
-    })
 
 
 async def _consume(queue: DurableQueue, worker: Worker) -> None:

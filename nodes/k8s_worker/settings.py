@@ -14,14 +14,14 @@ creates: only jobs created after a restart get new ones.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasPath, BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.kit.settings import PeerRef, PeerSettings, peer_ref
 from nodes.kit.telemetry import TelemetrySettings
-from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+from p2p.daemon import AddressList, Port, PublicKey, PublicKeyList
 
 from .kubevirt.settings import KubevirtSettings
 from .local import LocalClusterSettings
@@ -75,22 +75,34 @@ class AgentsSettings(BaseModel):
         return LogLimit(rate=self.log_rate_per_s, burst=self.log_burst)
 
 
-class WorkerSettings(DaemonSettings):
-    """Everything ``wrk-server-k8s-nvidia`` reads at start."""
+class WorkerSettings(PeerSettings):
+    """Everything ``wrk-server-k8s-nvidia`` reads at start.
+
+    Its peer is the kit's :class:`~nodes.kit.settings.PeerSettings`
+    (``storage``: identity, queue, replica state, local VMIs; ``host``,
+    ``port``, ``announce_addresses``), in the seeds' shape:
+    ``bootstrap`` and ``relays`` are ``interconnect.bootstrap`` and
+    ``interconnect.relays``, read there through aliases
+    (``K8S_COMMON_CONFIG__interconnect__relays``); a top-level ``bootstrap`` or
+    ``relays`` key is no setting of the worker's, as before. The relays are its
+    jobs' (seeds/relay.txt): the worker's own swarm is reached directly and
+    reserves on none (``start_worker``).
+    """
 
     model_config = SettingsConfigDict(env_prefix="K8S_COMMON_CONFIG__")
 
-    #: The worker's folder: identity, queue, replica state, local VMIs.
-    storage: Path
+    port: Port = WORKER_PORT
+    #: The DHT bootstrap of the worker and its jobs' agents:
+    #: ``interconnect.bootstrap`` (not dumped: ``interconnect`` holds it).
+    bootstrap: AddressList = Field(
+        default=(), validation_alias=AliasPath("interconnect", "bootstrap"), exclude=True)
+    #: The blind relays passed to its jobs: ``interconnect.relays``.
+    relays: PublicKeyList = Field(
+        default=(), validation_alias=AliasPath("interconnect", "relays"), exclude=True)
     #: The wrk-ork this worker takes operations from (its public key).
     ork: PublicKey
     #: Where wrk-ork listens (``host:port``), tried before the DHT.
     ork_addresses: AddressList = ()
-    #: Address and port of the worker's swarm (TCP and UDP).
-    host: str = "0.0.0.0"
-    port: Port = WORKER_PORT
-    #: Addresses to announce instead of the listener's (a NAT's forward).
-    announce_addresses: AddressList | None = None
     interconnect: InterconnectSettings = InterconnectSettings()
     agents: AgentsSettings = AgentsSettings()
     #: ``local``: agents as processes on this machine (the embedded default);
@@ -105,6 +117,13 @@ class WorkerSettings(DaemonSettings):
     #: Ship the worker's log records (the jobs' System steps) to wrk-monitor
     #: (``K8S_COMMON_CONFIG__TELEMETRY__MONITOR=<hex>``); off without a monitor.
     telemetry: TelemetrySettings = TelemetrySettings()
+
+    @property
+    def ork_peer(self) -> PeerRef:
+        """wrk-ork: ``ork`` and ``ork_addresses``."""
+        ref = peer_ref(self, "ork")
+        assert ref is not None  # ork is required
+        return ref
 
 
 def relays_hex(settings: WorkerSettings) -> tuple[str, ...]:

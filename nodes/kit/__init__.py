@@ -3,6 +3,11 @@
 Daemons meet only over the swarm, through ``contracts/``; what they share in
 process lives here, and no module here imports a daemon package:
 
+- :mod:`.settings`: the settings every daemon shares (``PeerSettings``: its
+  folder and its swarm; ``HttpSettings``: its HTTP side; ``PeerRef``: a
+  daemon it dials);
+- :mod:`.peer`: the one way to start a daemon's peer (``start_peer``) and its
+  HTTP side (``serve_http``), each port that cannot be bound named in one line;
 - :mod:`.peer_client`: one long-lived RPC client of another daemon, and the
   typed clients over the contracts: :mod:`.ork_client` (``cosmicac-ork/1``,
   app-node's) and :mod:`.monitor_client` (``cosmicac-monitor/1``, app-node's

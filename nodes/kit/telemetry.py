@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field
 
 from nodes.kit.log_shipper import DEFAULT_MAX_RECORDS, LogShipper, ShipperHandler
 from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.settings import PeerRef, peer_ref
 from p2p.daemon import AddressList, LogLevel, ProcessMetrics, PublicKey
 from p2p.keys import format_key
 
@@ -74,6 +75,11 @@ class TelemetrySettings(ShipperSettings):
     monitor: PublicKey | None = None
     #: Where wrk-monitor listens (``host:port``), tried before the DHT.
     monitor_addresses: AddressList = ()
+
+    @property
+    def monitor_peer(self) -> PeerRef | None:
+        """wrk-monitor (``monitor`` and ``monitor_addresses``); None: telemetry off."""
+        return peer_ref(self, "monitor")
 
 
 class TelemetryHost(Protocol):

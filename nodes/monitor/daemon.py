@@ -31,26 +31,24 @@ from dataclasses import dataclass
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from nodes.kit.metrics import Family, Snapshot, snapshot_registry
+from nodes.kit.metrics import snapshot_registry
+from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
-from p2p.daemon import Daemon, DaemonError, ProcessMetrics
-from p2p.http import ServerBindError, serve_asgi
+from p2p.daemon import Daemon, ProcessMetrics
 from p2p.keys import format_key, load_or_create_keypair
-from p2p.metrics import combined_registry
 from p2p.net import Network
-from p2p.swarm import Swarm, SwarmConfig
 
 from ._buffer import LogBuffer
 from ._health_metrics import health_registry
 from ._http import LogsFront, create_app
+from ._metrics import monitor_snapshot
 from .agent_metrics import AgentMetricsBook, agent_metrics_registry, install
 from .health import HealthBook, Thresholds
-from .loki import LokiPusherStatistics
 from .observability import ObservabilityHolder, to_loki
 from .service import ROLES, MonitorService
-from .settings import HttpTokenError, MonitorSettings
+from .settings import MonitorSettings
 
-__all__ = ["HttpBindError", "RunningMonitor", "reserved_peers", "serve_monitor", "start_monitor",
+__all__ = ["RunningMonitor", "reserved_peers", "serve_monitor", "start_monitor",
            "to_loki", "tune_gc"]
 
 log = logging.getLogger(__name__)
@@ -59,66 +57,13 @@ log = logging.getLogger(__name__)
 GC_YOUNG_THRESHOLD = 10_000
 
 
-class HttpBindError(ServerBindError):
-    """The HTTP side cannot listen on its address."""
-
-    what = "HTTP"
-
-
 @dataclass
-class RunningMonitor:
+class RunningMonitor(RunningDaemon):
     """A monitor serving in-process: where, and its parts (for tests)."""
 
-    http_address: tuple[str, int]
-    swarm_address: tuple[str, int]
-    swarm: Swarm
     service: MonitorService
     front: LogsFront
     observability: ObservabilityHolder
-
-    @property
-    def url(self) -> str:
-        host, port = self.http_address
-        return f"http://{host}:{port}"
-
-
-def monitor_snapshot(service: MonitorService,
-                     loki: ObservabilityHolder | LokiPusherStatistics | None) -> Snapshot:
-    """The counters ``/metrics`` shows (read on each scrape: plain integers).
-
-    The Loki counters are summed over every Loki in force so far (they never go
-    back on a swap) and shown whenever a holder is given, at 0 before any Loki.
-    """
-    stats = service.buffer.stats
-    families = {
-        "monitor_records_received": Family("Records accepted into the buffer",
-                                           stats.received, counter=True),
-        "monitor_records_evicted": Family("Records evicted from the buffer by its bounds",
-                                          stats.evicted, counter=True),
-        "monitor_followers_lagged": Family("Followers cut off for falling behind",
-                                           stats.followers_lagged, counter=True),
-        "monitor_bad_batches": Family("Pushed batches refused as malformed",
-                                      service.bad_batches, counter=True),
-        "monitor_buffer_records": Family("Records in the buffer", stats.records),
-        "monitor_buffer_bytes": Family("Estimated bytes in the buffer", stats.bytes),
-        "monitor_followers": Family("Followers attached (RPC and HTTP)",
-                                    service.buffer.followers),
-    }
-    if loki is not None:
-        stats_loki = loki if isinstance(loki, LokiPusherStatistics) else loki.statistics()
-        families.update({
-            "monitor_loki_pushed": Family("Records Loki accepted", stats_loki.pushed, counter=True),
-            "monitor_loki_failed": Family("Records given up after retries", stats_loki.failed,
-                                          counter=True),
-            "monitor_loki_dropped": Family("Records dropped while Loki was behind (or cut "
-                                           "when a replaced Loki's grace ran out)",
-                                           stats_loki.dropped, counter=True),
-            "monitor_loki_rejected": Family("Records Loki refused (4xx)", stats_loki.rejected,
-                                            counter=True),
-            "monitor_loki_retries": Family("Pushes retried", stats_loki.retries, counter=True),
-            "monitor_loki_buffered": Family("Records waiting for Loki", stats_loki.buffered),
-        })
-    return Snapshot(families=families)
 
 
 async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | None = None,
@@ -135,14 +80,12 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
         network: sockets (real by default).
 
     Raises:
-        HttpBindError, OSError: a port cannot be bound.
+        HttpTokenError: ``http.token_file`` is unreadable or holds no token.
+        DaemonError: the swarm's port cannot be bound.
+        nodes.kit.peer.HttpBindError: the HTTP port cannot be bound.
     """
     token = await trio.to_thread.run_sync(settings.http.resolved_token)  # HttpTokenError
     keypair = await trio.to_thread.run_sync(load_or_create_keypair, settings.storage)
-    swarm = Swarm(keypair, config=SwarmConfig(
-        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
-        relays=settings.relays, announce_addresses=settings.announce_addresses),
-        network=network)
     b = settings.buffer
     buffer = LogBuffer(max_records=b.max_records, max_bytes=b.max_bytes,
                        queue_records=b.queue_records)
@@ -159,34 +102,28 @@ async def serve_monitor(settings: MonitorSettings, *, metrics: ProcessMetrics | 
                              followers=settings.followers,
                              on_records=observability.offer,
                              health=book, observability=observability)
-    own = snapshot_registry(functools.partial(monitor_snapshot, service, observability))
-    forwarded = health_registry(book, service.clock)
     agent_book = AgentMetricsBook(stale_after_s=settings.health.stale_after_s)
     install(service, agent_book)  # metrics.agents from the workers (agent_metrics.py)
-    agents = agent_metrics_registry(agent_book, service.clock)
     process = CollectorRegistry()
     ProcessCollector(registry=process)  # process_cpu_seconds_total, memory, open fds
-    if metrics is not None:
-        metrics.add(own, forwarded, agents, process, swarm.metrics.registry)
-        registry = metrics.registry
-    else:
-        registry = combined_registry(own, forwarded, agents, process,
-                                     swarm.metrics.registry)
-    front = LogsFront(buffer=buffer, registry=registry,
+    # /metrics shows the process's endpoint: its own when run in-process.
+    metrics = metrics if metrics is not None else ProcessMetrics()
+    metrics.add(snapshot_registry(functools.partial(monitor_snapshot, service, observability)),
+                health_registry(book, service.clock),
+                agent_metrics_registry(agent_book, service.clock), process)
+    front = LogsFront(buffer=buffer, registry=metrics.registry,
                       readers=lambda: observability.reader,
                       prometheus=lambda: observability.prometheus, token=token,
                       max_followers=settings.http.max_followers,
                       max_followers_per_client=settings.http.max_followers_per_client,
                       trusted_proxies=settings.http.trusted_proxies)
     _log_access(settings, token)
-    swarm.add_service(service)
-    swarm.add_reserved(reserved_peers(settings))
     async with trio.open_nursery() as nursery:
         await nursery.start(observability.run)
-        swarm_address = await nursery.start(swarm.run)
-        http_address = await nursery.start(functools.partial(
-            serve_asgi, create_app(front), host=settings.http.host,
-            port=settings.http.port, bind_error=HttpBindError))
+        swarm, swarm_address = await start_peer(
+            in_process(nursery, metrics, network), keypair, settings, [service],
+            reserved=reserved_peers(settings))
+        http_address = await nursery.start(serve_http, create_app(front), settings.http)
         state = observability.state()
         log.info("monitor.serving http=%s:%d swarm=%s:%d key=%s loki=%s from=%s",
                  *http_address, *swarm_address, format_key(keypair.public_key)[:12],
@@ -235,34 +172,13 @@ def tune_gc() -> None:
 
 
 async def start_monitor(daemon: Daemon[MonitorSettings]) -> None:
-    """``cosmicac run wrk-monitor``: start in ``daemon.nursery``; return once serving."""
-    settings = daemon.settings
-    if daemon.storage is not None:
-        settings = settings.model_copy(update={"storage": daemon.storage})
+    """``cosmicac run wrk-monitor``: start in ``daemon.nursery``; return once serving.
+
+    A failure to start (a port, the token file) ends it with one line:
+    ``run_daemon`` reads it out of the nurseries.
+    """
     tune_gc()
-    try:
-        running: RunningMonitor = await daemon.nursery.start(functools.partial(
-            serve_monitor, settings, metrics=daemon.metrics,
-            network=daemon.network))
-    except (OSError, HttpTokenError, BaseExceptionGroup) as exc:
-        cause = _leaf(exc)  # a failed bind comes wrapped in nurseries' groups
-        if isinstance(cause, HttpTokenError):
-            raise DaemonError(str(cause)) from None
-        if not isinstance(cause, OSError):
-            raise
-        if isinstance(cause, HttpBindError):
-            raise DaemonError(str(cause)) from None
-        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{cause.strerror or cause}") from None
+    running: RunningMonitor = await start_served(daemon, serve_monitor)
     print_ready("wrk-monitor", key=running.swarm.keypair.hex,
                 addresses={"swarm": running.swarm_address, "http": running.http_address},
                 facts={"loki": running.observability.state().loki_url or "off"})
-
-
-def _leaf(exc: BaseException) -> BaseException | None:
-    """The one error behind a failed start, if that is all ``exc`` holds."""
-    while isinstance(exc, BaseExceptionGroup):
-        if len(exc.exceptions) != 1:
-            return None
-        exc = exc.exceptions[0]
-    return exc

@@ -14,12 +14,13 @@ from pydantic_settings import SettingsConfigDict
 
 from contracts.monitor import MAX_TENANT_CHARS, TENANT_PATTERN, check_base_url
 from nodes.kit.forwarded import ProxyList
-from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
+from nodes.kit.settings import HttpSettings, PeerSettings
+from p2p.daemon import DaemonError, Port, PublicKeyList
 
 from ._buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, DEFAULT_QUEUE_RECORDS
 
 __all__ = ["MONITOR_HTTP_PORT", "MONITOR_PORT", "BufferSettings", "HealthSettings",
-           "HttpSettings", "HttpTokenError", "LokiSettings", "MonitorSettings"]
+           "HttpTokenError", "LokiSettings", "MonitorHttpSettings", "MonitorSettings"]
 
 #: Default port of wrk-monitor's swarm (TCP and UDP).
 MONITOR_PORT = 49743
@@ -27,8 +28,8 @@ MONITOR_PORT = 49743
 MONITOR_HTTP_PORT = 49752
 
 
-class HttpTokenError(Exception):
-    """``http.token_file`` cannot be read, or holds no usable token."""
+class HttpTokenError(DaemonError):
+    """``http.token_file`` cannot be read, or holds no usable token (one line, exit 1)."""
 
 
 #: What a bearer token may hold: visible ASCII (it travels in a header).
@@ -36,8 +37,8 @@ TOKEN_PATTERN = r"^[\x21-\x7e]+$"
 MIN_TOKEN_CHARS = 16
 
 
-class HttpSettings(BaseModel):
-    """Where the HTTP side listens and who may read there.
+class MonitorHttpSettings(HttpSettings):
+    """Where the HTTP side listens (the kit's ``host``, ``port``) and who may read there.
 
     Every route (``/metrics`` included: its labels name every team's jobs)
     wants ``Authorization: Bearer <token>``, the token being ``token`` or the
@@ -45,10 +46,6 @@ class HttpSettings(BaseModel):
     ``HTTP_TOKEN_NOT_SET``: the HTTP side is closed, not open.
     """
 
-    model_config = {"extra": "forbid"}
-
-    host: str = "127.0.0.1"
-    #: 0: any free port (tests).
     port: Port = MONITOR_HTTP_PORT
     #: The bearer token (at least 16 visible ASCII characters).
     token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, max_length=4096,
@@ -66,7 +63,7 @@ class HttpSettings(BaseModel):
     max_followers_per_client: int = Field(default=16, ge=1, le=100_000)
 
     @model_validator(mode="after")
-    def _one_token(self) -> HttpSettings:
+    def _one_token(self) -> MonitorHttpSettings:
         if self.token is not None and self.token_file is not None:
             raise ValueError("set http.token or http.token_file, not both")
         return self
@@ -165,22 +162,17 @@ class HealthSettings(BaseModel):
         return self
 
 
-class MonitorSettings(DaemonSettings):
-    """Everything wrk-monitor reads at start."""
+class MonitorSettings(PeerSettings):
+    """Everything wrk-monitor reads at start.
+
+    Its peer (``storage``: its identity, ``observability.json``; ``host``,
+    ``port``, ``bootstrap``, ``relays``, ``announce_addresses``) is the kit's
+    :class:`~nodes.kit.settings.PeerSettings`.
+    """
 
     model_config = SettingsConfigDict(env_prefix="COSMICAC_MONITOR__")
 
-    #: wrk-monitor's folder: its identity.
-    storage: Path
-    #: Address and port of its swarm (TCP and UDP).
-    host: str = "0.0.0.0"
     port: Port = MONITOR_PORT
-    #: Addresses to announce instead of the listener's.
-    announce_addresses: AddressList | None = None
-    #: DHT bootstrap nodes (``host:port``).
-    bootstrap: AddressList = ()
-    #: Blind relays to stay reachable through.
-    relays: PublicKeyList = ()
     # Who may call what (service.py, METHOD_ROLES); each empty list admits nobody.
     #: Keys allowed to push log records, ``logs.push`` (the platform's daemons).
     pushers: PublicKeyList = ()
@@ -195,6 +187,6 @@ class MonitorSettings(DaemonSettings):
     #: Prometheus in force (app-node's).
     followers: PublicKeyList = ()
     buffer: BufferSettings = BufferSettings()
-    http: HttpSettings = HttpSettings()
+    http: MonitorHttpSettings = MonitorHttpSettings()
     loki: LokiSettings = LokiSettings()
     health: HealthSettings = HealthSettings()

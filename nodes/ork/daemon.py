@@ -26,13 +26,13 @@ import time
 import trio
 
 from nodes.kit.metrics import snapshot_registry
+from nodes.kit.peer import start_peer
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.host import Reserved
 from p2p.keys import load_or_create_keypair
 from p2p.queue import QueueService
-from p2p.swarm import Swarm, SwarmConfig
 
 from .access import OrkAccess
 from .driver import OrkDriver
@@ -91,18 +91,10 @@ async def start_ork(daemon: Daemon[OrkSettings]) -> None:
     service = OrkService(orchestrator, roles=access.roles_of,
                          on_change=driver.changed, limiter=driver.limiter)
     driver.set_pump(service.pump)
-    swarm = Swarm(keypair, config=SwarmConfig(
-        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
-        relays=settings.relays, announce_addresses=settings.announce_addresses),
-        network=daemon.network, services=[queues, service])
     # Its callers and its racks keep their room under a flood of strangers.
-    swarm.add_reserved(reserved_peers(access))
-    try:
-        address = await daemon.nursery.start(swarm.run)
-    except OSError as exc:
-        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{exc.strerror or exc}") from None
-    daemon.metrics.add(swarm.metrics.registry, snapshot_registry(lambda: driver.snapshot),
+    swarm, address = await start_peer(daemon, keypair, settings, [queues, service],
+                                      reserved=reserved_peers(access))
+    daemon.metrics.add(snapshot_registry(lambda: driver.snapshot),
                        snapshot_registry(service.metrics))
     # Before the driver: the System steps of jobs it resumes are shipped too.
     await start_telemetry(daemon, swarm, settings.telemetry, service="wrk-ork")

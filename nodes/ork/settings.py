@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.kit.settings import PeerSettings
 from nodes.kit.telemetry import TelemetrySettings
-from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+from p2p.daemon import Port, PublicKey, PublicKeyList
 
 __all__ = ["ORK_PORT", "OrkSettings", "RackSetting"]
 
@@ -27,21 +26,17 @@ class RackSetting(BaseModel):
     name: str | None = None
 
 
-class OrkSettings(DaemonSettings):
-    """Everything wrk-ork reads at start."""
+class OrkSettings(PeerSettings):
+    """Everything wrk-ork reads at start.
+
+    Its peer (``storage``: identity, ``ork.sqlite`` with jobs, racks and the
+    outbox, the queues; ``host``, ``port``, ``bootstrap``, ``relays``,
+    ``announce_addresses``) is the kit's :class:`~nodes.kit.settings.PeerSettings`.
+    """
 
     model_config = SettingsConfigDict(env_prefix="COSMICAC_ORK__")
 
-    #: wrk-ork's folder: identity, ``ork.sqlite`` (jobs, racks, outbox), queues.
-    storage: Path
-    host: str = "0.0.0.0"
     port: Port = ORK_PORT
-    #: DHT bootstrap nodes (``host:port``).
-    bootstrap: AddressList = ()
-    #: Blind relays to stay reachable through.
-    relays: PublicKeyList = ()
-    #: Addresses to announce instead of the listener's.
-    announce_addresses: AddressList | None = None
     #: app-node's key(s): may call every method of ``cosmicac-ork/1``.
     app_nodes: PublicKeyList = ()
     #: proxy-inference's key(s): may read and follow jobs (``jobs.get``,

@@ -70,7 +70,7 @@ from .keys import KeyCache
 from .metrics import ProxyMetrics
 from .router import Route as JobRoute
 from .router import RoutingTable
-from .settings import HttpSettings
+from .settings import ProxyHttpSettings
 from .upstream import AgentPool, Answer, RequestRefused, UpstreamError, UpstreamFailed
 from .usage import UsageRecorder
 
@@ -115,9 +115,9 @@ class Front:
     #: The per-job window wrk-monitor judges model health from (None: not kept).
     health: HealthWindow | None = None
     #: Request bodies being read and held at once, in all and per API key.
-    bodies: BodyBudget = field(default_factory=lambda: HttpSettings().body_budget())
+    bodies: BodyBudget = field(default_factory=lambda: ProxyHttpSettings().body_budget())
     #: A request body must arrive within this long (408).
-    body_timeout_s: float = HttpSettings.model_fields["body_timeout_s"].default
+    body_timeout_s: float = ProxyHttpSettings.model_fields["body_timeout_s"].default
 
     async def authenticate(self, header: str) -> ApiKey:
         """The key of an ``Authorization`` header's bearer secret.

@@ -31,14 +31,14 @@ import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.kit.metrics import Snapshot
+from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
-from nodes.kit.telemetry import start_telemetry, telemetry_host
+from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.host import Reserved
-from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.net import Network
-from p2p.swarm import Swarm, SwarmConfig
+from p2p.swarm import Swarm
 
 from .app import Front, create_app
 from .health import HealthWindow
@@ -52,26 +52,17 @@ from .settings import ProxySettings
 from .upstream import AgentPool
 from .usage import UsageRecorder
 
-__all__ = ["HttpBindError", "RunningProxy", "reserved_peers", "serve_proxy", "start_proxy"]
+__all__ = ["RunningProxy", "reserved_peers", "serve_proxy", "start_proxy"]
 
 log = logging.getLogger(__name__)
 
 
-class HttpBindError(ServerBindError):
-    """The HTTP front cannot listen on its address."""
-
-    what = "HTTP"
-
-
 @dataclass
-class RunningProxy:
-    """A proxy serving in-process: where, and its parts (for tests and benchmarks)."""
+class RunningProxy(RunningDaemon):
+    """A proxy serving in-process: where (``url``: the OpenAI base URL), and its
+    parts (for tests and benchmarks)."""
 
-    #: The HTTP front's bound (host, port).
-    http_address: tuple[str, int]
-    #: The swarm's bound (host, port).
-    swarm_address: tuple[str, int]
-    swarm: Swarm
+    url_path = "/v1"
     front: Front
     pool: AgentPool
     recorder: UsageRecorder
@@ -79,11 +70,6 @@ class RunningProxy:
     job_source: JobSource
     #: With ``telemetry.monitor``: the per-job window and its reporter.
     reporter: HealthReporter | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.http_address
-        return f"http://{host}:{port}/v1"
 
     @property
     def table(self) -> RoutingTable:
@@ -115,8 +101,9 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
         network: sockets (real by default).
 
     Raises:
-        DaemonError: no wrk-ork and no job source; no database key.
-        HttpBindError, OSError: a port cannot be bound.
+        DaemonError: no wrk-ork and no job source; no database key; the
+            swarm's port cannot be bound.
+        nodes.kit.peer.HttpBindError: the HTTP port cannot be bound.
     """
     storage = settings.storage
     if job_source is None and settings.ork is None:
@@ -132,14 +119,15 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
                         backoff_max_s=max(settings.replica_backoff_s,
                                           settings.replica_backoff_max_s))
     proxy_metrics = ProxyMetrics()
-    swarm = Swarm(keypair, config=SwarmConfig(
-        host=settings.host, port=settings.port, bootstrap=settings.bootstrap,
-        relays=settings.relays, announce_addresses=settings.announce_addresses),
-        network=network)
-    pool = AgentPool(swarm, balancer,
-                     on_retry=lambda route: proxy_metrics.retries.labels(route.served_name).inc())
-    swarm.add_firewall(pool.allows)
-    swarm.add_reserved(reserved_peers(settings, lambda: pool.table.connect_keys()))
+    pool: AgentPool | None = None
+
+    def add_pool(swarm: Swarm) -> None:
+        # The agents it routes to are the only strangers it lets in, and keep their room.
+        nonlocal pool
+        pool = agents = AgentPool(swarm, balancer, on_retry=lambda route:
+                                  proxy_metrics.retries.labels(route.served_name).inc())
+        swarm.add_firewall(agents.allows)
+        swarm.add_reserved(reserved_peers(settings, lambda: agents.table.connect_keys()))
 
     # The database closes last: on a stop the usage recorder's final flush
     # must still find it open (its scope is shielded and cancelled only once
@@ -154,9 +142,10 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
                 task_status=task_status)
 
     async with trio.open_nursery() as nursery:
-        swarm_address = await nursery.start(swarm.run)
-        await start_telemetry(telemetry_host(nursery, metrics), swarm, settings.telemetry,
-                              service="proxy-inference")
+        daemon = in_process(nursery, metrics, network)
+        swarm, swarm_address = await start_peer(daemon, keypair, settings, setup=add_pool)
+        assert pool is not None
+        await start_telemetry(daemon, swarm, settings.telemetry, service="proxy-inference")
         service = await nursery.start(run_database)
         try:
             await _serve(settings, swarm, swarm_address, service.db, pool, balancer,
@@ -193,19 +182,21 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
                           bodies=settings.http.body_budget(),
                           body_timeout_s=settings.http.body_timeout_s)
             reporter = None
-            telemetry = settings.telemetry
-            if telemetry.monitor is not None:
+            if (monitor := settings.telemetry.monitor_peer) is not None:
                 front.health = HealthWindow()
                 reporter = HealthReporter(front.health, routed=lambda: pool.table.jobs.keys())
                 inner.start_soon(functools.partial(
-                    reporter.run, swarm, telemetry.monitor, telemetry.monitor_addresses))
+                    reporter.run, swarm, monitor.key, monitor.addresses))
 
             def publish(jobs) -> None:
                 pool.apply(RoutingTable.from_jobs(jobs))
 
-            source = job_source or OrkJobSource(swarm, settings.ork,  # type: ignore[arg-type]
-                                                addresses=settings.ork_addresses,
-                                                refresh_s=settings.jobs_refresh_s)
+            source = job_source
+            if source is None:
+                ork = settings.ork_peer
+                assert ork is not None  # serve_proxy refuses to start without either
+                source = OrkJobSource(swarm, ork.key, addresses=ork.addresses,
+                                      refresh_s=settings.jobs_refresh_s)
             await inner.start(source.run, publish)
 
             def snapshot() -> Snapshot:
@@ -227,10 +218,8 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
             proxy_metrics.set_snapshot(snapshot)
             if metrics is not None:
                 metrics.add(proxy_metrics.registry, proxy_metrics.state_registry,
-                            swarm.metrics.registry, db.metrics.registry)
-            http_address = await inner.start(functools.partial(
-                serve_asgi, create_app(front), host=settings.http.host,
-                port=settings.http.port, bind_error=HttpBindError))
+                            db.metrics.registry)
+            http_address = await inner.start(serve_http, create_app(front), settings.http)
             log.info("proxy.serving http=%s:%d swarm=%s:%d key=%s db=%s writer=%s",
                      *http_address, *swarm_address, format_key(keypair.public_key)[:12],
                      format_key(db.bootstrap)[:12], db.is_writer)
@@ -242,33 +231,13 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
 
 
 async def start_proxy(daemon: Daemon[ProxySettings]) -> None:
-    """``cosmicac run proxy-inference``: start in ``daemon.nursery``; return once serving."""
-    settings = daemon.settings
-    if daemon.storage is not None:
-        settings = settings.model_copy(update={"storage": daemon.storage})
-    try:
-        running: RunningProxy = await daemon.nursery.start(functools.partial(
-            serve_proxy, settings, metrics=daemon.metrics,
-            network=daemon.network))
-    except (OSError, BaseExceptionGroup) as exc:
-        # serve_proxy starts inside nurseries: a failed bind comes wrapped in groups.
-        cause = _os_error(exc)
-        if cause is None:
-            raise
-        if isinstance(cause, HttpBindError):
-            raise DaemonError(str(cause)) from None
-        raise DaemonError(f"cannot listen on {settings.host}:{settings.port}: "
-                          f"{cause.strerror or cause}") from None
+    """``cosmicac run proxy-inference``: start in ``daemon.nursery``; return once serving.
+
+    A failure to start (a port, a missing key) ends it with one line:
+    ``run_daemon`` reads it out of the nurseries.
+    """
+    running: RunningProxy = await start_served(daemon, serve_proxy)
     host, port = running.http_address
     print_ready("proxy-inference", key=running.swarm.keypair.hex,
                 addresses={"swarm": running.swarm_address, "http": running.http_address},
                 note=f"the API at http://{host}:{port}/v1")
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind a failed start, if that is all ``exc`` holds."""
-    while isinstance(exc, BaseExceptionGroup):
-        if len(exc.exceptions) != 1:
-            return None
-        exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None

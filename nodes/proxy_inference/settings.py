@@ -8,17 +8,16 @@ daemon kit's ``legacy_env`` as ``cosmicac db serve`` reads it; the prefixed
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
 from contracts.inference import MAX_BODY
+from nodes.kit.settings import HttpSettings, PeerRef, PeerSettings, peer_ref
 from nodes.kit.telemetry import TelemetrySettings
 from p2p.bodies import BodyBudget
-from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey
 
-__all__ = ["HTTP_PORT", "PROXY_PORT", "HttpSettings", "ProxySettings", "UsageSettings"]
+__all__ = ["HTTP_PORT", "PROXY_PORT", "ProxyHttpSettings", "ProxySettings", "UsageSettings"]
 
 #: Default port of the proxy's swarm (TCP and UDP); 49737 relay, 49739
 #: worker, 49740 wrk-ork.
@@ -27,13 +26,10 @@ PROXY_PORT = 49741
 HTTP_PORT = 49750
 
 
-class HttpSettings(BaseModel):
-    """Where the OpenAI-compatible API listens."""
+class ProxyHttpSettings(HttpSettings):
+    """Where the OpenAI-compatible API listens (the kit's ``host``, ``port``), and its
+    request bodies' bounds."""
 
-    model_config = {"extra": "forbid"}
-
-    host: str = "127.0.0.1"
-    #: 0: any free port (tests, benchmarks).
     port: Port = HTTP_PORT
     #: Bytes of request bodies held at once (read, or being read, for requests
     #: not yet answered), all keys together; beyond it a 503 ``server_busy``.
@@ -70,33 +66,28 @@ class UsageSettings(BaseModel):
     max_buckets: int = Field(default=100_000, ge=1, le=10_000_000)
 
 
-class ProxySettings(DaemonSettings):
-    """Everything proxy-inference reads at start."""
+class ProxySettings(PeerSettings):
+    """Everything proxy-inference reads at start.
+
+    Its peer (``storage``: identity, its replica of the shared database, usage
+    not yet written, ``usage-pending.json``; ``host``, ``port``, ``bootstrap``,
+    ``relays``, ``announce_addresses``) is the kit's
+    :class:`~nodes.kit.settings.PeerSettings`.
+    """
 
     model_config = SettingsConfigDict(env_prefix="COSMICAC_PROXY__")
 
     legacy_env = {**DaemonSettings.legacy_env, "PROXY_AUTOBASE_KEY": "database"}
 
-    #: The proxy's folder: identity, its replica of the shared database,
-    #: usage not yet written (``usage-pending.json``).
-    storage: Path
+    port: Port = PROXY_PORT
     #: The shared database's bootstrap key (``PROXY_AUTOBASE_KEY``); None:
     #: the one already in ``storage``.
     database: PublicKey | None = None
-    #: Address and port of the proxy's swarm (TCP and UDP).
-    host: str = "0.0.0.0"
-    port: Port = PROXY_PORT
-    #: Addresses to announce instead of the listener's.
-    announce_addresses: AddressList | None = None
-    #: DHT bootstrap nodes (``host:port``).
-    bootstrap: AddressList = ()
-    #: Blind relays to stay reachable through.
-    relays: PublicKeyList = ()
     #: The wrk-ork whose inference jobs are routed (its public key).
     ork: PublicKey | None = None
     #: Where wrk-ork listens (``host:port``), tried before the DHT.
     ork_addresses: AddressList = ()
-    http: HttpSettings = HttpSettings()
+    http: ProxyHttpSettings = ProxyHttpSettings()
     usage: UsageSettings = UsageSettings()
     #: A replica that failed before answering is skipped for this long
     #: (doubling on repeated failures, up to ``replica_backoff_max_s``).
@@ -110,3 +101,8 @@ class ProxySettings(DaemonSettings):
     #: Ship the proxy's log records to wrk-monitor
     #: (``COSMICAC_PROXY__TELEMETRY__MONITOR=<hex>``); off without a monitor.
     telemetry: TelemetrySettings = TelemetrySettings()
+
+    @property
+    def ork_peer(self) -> PeerRef | None:
+        """wrk-ork (``ork`` and ``ork_addresses``); None without one."""
+        return peer_ref(self, "ork")

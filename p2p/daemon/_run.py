@@ -25,7 +25,8 @@ from typing import Generic, NoReturn, TypeVar
 
 import trio
 
-from ..metrics import MetricsBindError, ProcessMetrics, serve_metrics
+from ..http import ServerBindError
+from ..metrics import ProcessMetrics, serve_metrics
 from ..net import Network
 from ._lock import StorageInUse, StorageUnusable, lock_storage
 from ._logging import configure_logging
@@ -126,7 +127,8 @@ def _exit_for(exc: BaseException, errors: ErrorMessages) -> NoReturn:
             known.append((leaf, str(leaf), leaf.exit_code))
         elif isinstance(leaf, ConfigError):
             known.append((leaf, str(leaf), EXIT_USAGE))
-        elif isinstance(leaf, MetricsBindError | StorageInUse | StorageUnusable):
+        elif isinstance(leaf, ServerBindError | StorageInUse | StorageUnusable):
+            # A server's bind error (metrics, a daemon's HTTP side) names its address.
             known.append((leaf, str(leaf), EXIT_FAILURE))
         elif isinstance(leaf, SystemExit) or isinstance(getattr(leaf, "exit_code", None), int):
             known.append((leaf, None, 0))  # already reported (typer.Exit, SystemExit)
@@ -164,8 +166,9 @@ def run_daemon(
 
     Raises:
         SystemExit: after one ``error:`` line on stderr: 1 for a busy metrics
-            port, a storage folder in use or unusable, a :class:`DaemonError`
-            (its ``exit_code``) or a type in ``errors``; 2 for a ``ConfigError``.
+            or HTTP port (any :class:`~p2p.http.ServerBindError`), a storage
+            folder in use or unusable, a :class:`DaemonError` (its
+            ``exit_code``) or a type in ``errors``; 2 for a ``ConfigError``.
     """
     configure_logging(settings.log_level, format=settings.log_format)
     lock = None

@@ -28,7 +28,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasPath, BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -126,7 +127,7 @@ class DaemonSettings(BaseSettings):
         legacy = _legacy_values(cls, loading.environ if loading else os.environ)
         return (
             init_settings,
-            _EnvSource(settings_cls) if loading else env_settings,
+            _EnvSource(settings_cls),
             InitSettingsSource(settings_cls, init_kwargs=legacy),
             InitSettingsSource(settings_cls, init_kwargs=file_data),
         )
@@ -149,6 +150,21 @@ class _EnvSource(EnvSettingsSource):
         environ = loading.environ if loading else os.environ
         return parse_env_vars(environ, self.case_sensitive, self.env_ignore_empty,
                               self.env_parse_none_str)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # A field read through an AliasPath (the worker's ``bootstrap`` from
+        # ``interconnect.bootstrap``) takes its value from the section the path
+        # names, which that section's own variables fill. pydantic-settings
+        # would look the path's head up as an unprefixed variable
+        # (``INTERCONNECT``): a stray name in the environment must not count.
+        if _read_elsewhere(field):
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+
+def _read_elsewhere(field: FieldInfo) -> bool:
+    """The field's value is read at another key (an :class:`~pydantic.AliasPath`)."""
+    return isinstance(field.validation_alias, AliasPath)
 
 
 def _nest(path: str, value: Any) -> dict[str, Any]:
@@ -268,7 +284,7 @@ def _unknown_env(cls: type[DaemonSettings], environ: Mapping[str, str]) -> Confi
         model: type[BaseModel] | None = cls
         for part in path:
             fields = model.model_fields if model is not None else {}
-            if part not in fields:
+            if part not in fields or _read_elsewhere(fields[part]):
                 return ConfigError(".".join(path), "no such setting", source=name)
             annotation = fields[part].annotation
             is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
@@ -324,8 +340,10 @@ def load_settings(
         if first["type"] == "missing":
             problem = (f"required: set it in the config file, as {_env_name(cls, loc)}, "
                        "or with its option")
-        if len(errors) > 1:
-            problem += f" (and {len(errors) - 1} more)"
+        # A value read twice (a section and a field aliased into it) fails twice.
+        more = len({tuple(error["loc"]) for error in errors}) - 1
+        if more:
+            problem += f" (and {more} more)"
         raise ConfigError(_dotted(loc) or "(settings)", problem, source=source) from None
     except SettingsError as exc:
         # A nested key given as JSON that does not parse (COSMICAC_X__METRICS='{...').

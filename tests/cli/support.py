@@ -31,7 +31,7 @@ import trio
 from typer.testing import CliRunner
 
 from nodes.app_node.daemon import RunningAppNode, serve_app_node
-from nodes.app_node.settings import AppNodeSettings, HttpSettings
+from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from nodes.ork.service import OrkService
@@ -204,7 +204,7 @@ async def serve(tmp_path: Path, nursery: trio.Nursery, **settings: Any) -> Serve
     """app-node on ``tmp_path / "app-node"`` (``settings`` added, e.g. ``ork``), with
     the first admin signed up; the CLI's config folder is ``tmp_path / "config"``."""
     node_settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
-                                    http=HttpSettings(host="127.0.0.1", port=0), fsync=False,
+                                    http=ApiHttpSettings(host="127.0.0.1", port=0), fsync=False,
                                     **settings)
     with trio.fail_after(60):
         node: RunningAppNode = await nursery.start(serve_app_node, node_settings)

@@ -25,7 +25,7 @@ import trio
 from cli.deploy import SERVICES
 from cli.run import ServiceName, _settings_class
 from nodes.app_node.daemon import RunningAppNode, serve_app_node
-from nodes.app_node.settings import AppNodeSettings, HttpSettings
+from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings
 from p2p.daemon import load_settings
 from p2p.keys import KeyPair, load_keypair
 from relay import RelaySettings
@@ -280,7 +280,7 @@ async def test_autobase_connect_through_a_running_app_node(tmp_path: Path,
 
         # app-node as bootstrap made it, minus the writers it admits at start.
         settings = AppNodeSettings(storage=folder / "app-node", host="127.0.0.1", port=0,
-                                   http=HttpSettings(host="127.0.0.1", port=0), fsync=False)
+                                   http=ApiHttpSettings(host="127.0.0.1", port=0), fsync=False)
         scope = trio.CancelScope()
 
         async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -16,7 +16,7 @@ from contracts.health import STATUS, StatusRequest
 from contracts.monitor import PROTOCOL as MONITOR
 from contracts.monitor import Observability
 from nodes.app_node.daemon import serve_app_node
-from nodes.app_node.settings import AppNodeSettings, HttpSettings
+from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings
 from nodes.kit.monitor_client import MonitorClient
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.observability import OBSERVABILITY_FILE
@@ -60,7 +60,7 @@ async def test_app_node_gives_wrk_monitor_its_loki_and_prometheus(tmp_path):
             monitor: RunningMonitor = await nursery.start(serve_monitor, monitor_settings)
             app_settings = AppNodeSettings(
                 storage=tmp_path / "app-node", host="127.0.0.1", port=0, fsync=False,
-                http=HttpSettings(host="127.0.0.1", port=0),
+                http=ApiHttpSettings(host="127.0.0.1", port=0),
                 monitor=monitor.swarm.keypair.public_key.hex(),
                 monitor_addresses=[f"127.0.0.1:{monitor.swarm_address[1]}"],
                 telemetry={"ship": False},
@@ -92,7 +92,7 @@ async def test_app_node_restarted_without_loki_makes_wrk_monitor_forget_it(tmp_p
             def app_settings(**observability) -> AppNodeSettings:
                 return AppNodeSettings(
                     storage=tmp_path / "app-node", host="127.0.0.1", port=0, fsync=False,
-                    http=HttpSettings(host="127.0.0.1", port=0),
+                    http=ApiHttpSettings(host="127.0.0.1", port=0),
                     monitor=monitor.swarm.keypair.public_key.hex(),
                     monitor_addresses=[f"127.0.0.1:{monitor.swarm_address[1]}"],
                     telemetry={"ship": False}, observability=observability)

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from nodes.app_node.daemon import serve_app_node
-from nodes.app_node.settings import AppNodeSettings, HttpSettings
+from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings
 from nodes.entry import EntrySettings, serve_entry
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ async def _use_up(client: httpx.AsyncClient, **kwargs) -> None:
 async def test_one_client_behind_the_door_cannot_spend_anothers_allowance(
         tmp_path: Path, nursery: trio.Nursery) -> None:
     settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
-                               http=HttpSettings(host="127.0.0.1", port=0), fsync=False,
+                               http=ApiHttpSettings(host="127.0.0.1", port=0), fsync=False,
                                limits={"trusted_proxies": ["127.0.0.1"]})
     with trio.fail_after(60):
         node = await nursery.start(serve_app_node, settings)

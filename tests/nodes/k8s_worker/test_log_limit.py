@@ -19,7 +19,6 @@ from prometheus_client import generate_latest
 
 from contracts.agent_report import HELLO, LOGS
 from contracts.monitor import APPLICATION, SYSTEM, LogRecord, PushBatch, encode_batch, make_record
-from nodes.k8s_worker.daemon import _snapshot
 from nodes.k8s_worker.log_limit import (
     DEFAULT_LOG_BURST,
     DEFAULT_LOG_RATE_PER_S,
@@ -27,6 +26,7 @@ from nodes.k8s_worker.log_limit import (
     LogLimiter,
     TokenBucket,
 )
+from nodes.k8s_worker.metrics import worker_snapshot
 from nodes.k8s_worker.settings import AgentsSettings
 from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.kit.metrics import snapshot_registry
@@ -287,7 +287,7 @@ async def test_the_dropped_records_are_a_counter_by_job_on_the_workers_metrics(
         worker = SimpleNamespace(statistics=lambda: {}, bad_operations=0, backend=None)
         queue = SimpleNamespace(statistics=lambda: SimpleNamespace(pending=0, acked=0,
                                                                    connected=True))
-        snapshot = _snapshot(worker, queue, registry)
+        snapshot = worker_snapshot(worker, queue, registry)
         text = generate_latest(snapshot_registry(lambda: snapshot)).decode()
     assert 'worker_agent_log_records_limited_total{job="j-chatty"} 150.0' in text
     assert "worker_agent_log_records_total 100.0" in text

@@ -254,7 +254,7 @@ def test_newest_scans_from_the_newest_end_and_keeps_arrival_order():
 async def test_a_busy_http_port_is_named(tmp_path):
     import socket
 
-    from nodes.monitor.daemon import HttpBindError
+    from nodes.kit.peer import HttpBindError
 
     (tmp_path / "m").mkdir()
     with socket.socket() as busy, trio.fail_after(30):
