@@ -111,7 +111,7 @@ def _world(answers: Any, root: str, proxy_keys: list[str]) -> None:
     from p2p.keys import KeyPair
     from p2p.swarm import Swarm, SwarmConfig
     from tests.nodes.proxy_inference.harness import inference_spec
-    from tests.nodes.proxy_inference.test_ork_source import Ork
+    from tests.nodes.proxy_inference.ork_service import Ork
     from tests.nodes.proxy_inference.tiny_agent import TinyAgent
 
     admitted = frozenset(bytes.fromhex(key) for key in proxy_keys)
