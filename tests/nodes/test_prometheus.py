@@ -34,8 +34,7 @@ from p2p.keys import load_or_create_keypair
 from p2p.metrics import ProcessMetrics, serve_metrics
 from tests.cli.helpers import process, read_ready
 from tests.nodes.control_path import free_port
-from tests.nodes.proxy_inference.harness import proxy_world
-from tests.nodes.proxy_inference.harness import CHAT, client, two_agents
+from tests.nodes.proxy_inference.harness import CHAT, client, proxy_world, two_agents
 
 pytestmark = pytest.mark.slow
 

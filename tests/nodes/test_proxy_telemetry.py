@@ -34,8 +34,7 @@ from p2p.metrics import ProcessMetrics
 from p2p.rpc import CallContext
 from p2p.swarm import Swarm, SwarmConfig
 from tests.nodes.control_path import free_port
-from tests.nodes.proxy_inference.harness import ProxyWorld, proxy_world
-from tests.nodes.proxy_inference.harness import CHAT, two_agents
+from tests.nodes.proxy_inference.harness import CHAT, ProxyWorld, proxy_world, two_agents
 from tests.p2p.helpers import wait_until
 
 pytestmark = pytest.mark.slow

