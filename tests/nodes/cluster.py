@@ -42,15 +42,8 @@ from contracts.model import JobSpec
 from contracts.monitor import PROTOCOL as MONITOR_PROTOCOL
 from contracts.monitor import QUERY, LogRecord, Query, decode_batch
 from contracts.ork import (
-    CREATE_JOB,
-    DELETE_JOB,
-    GET_JOB,
-    LIST_RACKS,
     PROTOCOL,
     REGISTER_RACK,
-    CreateJob,
-    Empty,
-    JobRef,
     JobView,
     RegisterRack,
 )
@@ -66,8 +59,9 @@ from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.metrics import ProcessMetrics
 from p2p.net import MemoryHost, MemoryInternet
 from p2p.noise import SecretStream
-from p2p.rpc import RpcClient, RpcError
+from p2p.rpc import RpcClient
 
+from .ork_driver import OrkDriver, hold_client
 from .owners import owned_shipping, release, set_owner
 from .vm_backend import InProcessBackend, real_workload
 
@@ -115,7 +109,7 @@ class _Running:
 
 
 @dataclass
-class Cluster:
+class Cluster(OrkDriver):
     root: Path
     nursery: trio.Nursery
     internet: MemoryInternet
@@ -273,64 +267,9 @@ class Cluster:
         stream = await SecretStream.initiator(raw, self.client_key, bytes.fromhex(key),
                                               config=config.stream)
         connection = Connection(stream, config=config, remote_address=address)
-        scope = trio.CancelScope()
-        clients: list[RpcClient] = []
-
-        async def hold(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                async with trio.open_nursery() as inner:
-                    await inner.start(connection.run)
-                    channel = await connection.open_channel(protocol)
-                    clients.append(RpcClient(channel, name=name))
-                    await inner.start(clients[0].run)
-                    task_status.started()
-
-        await self.nursery.start(hold)
-        return clients[0], scope
-
-    async def call(self, method, params, timeout_s: float = 10.0):
-        assert self.client is not None, "wrk-ork is not running"
-        return await self.client.call(method, params, timeout_s=timeout_s)
-
-    async def create(self, spec: JobSpec) -> JobView:
-        return (await self.call(CREATE_JOB, CreateJob(spec=spec))).job
-
-    async def get(self, job_id: str) -> JobView:
-        return (await self.call(GET_JOB, JobRef(job_id=job_id))).job
-
-    async def delete(self, job_id: str) -> None:
-        await self.call(DELETE_JOB, JobRef(job_id=job_id))
-
-    async def wait_job(self, job_id: str, condition: Callable[[JobView | None], bool],
-                       limit_s: float = 30.0) -> JobView | None:
-        """Poll the job until ``condition`` holds (None: the job is gone)."""
-        job: JobView | None = None
-        with trio.move_on_after(limit_s):
-            while True:
-                try:
-                    job = await self.get(job_id)
-                except RpcError as exc:
-                    if exc.code != "NOT_FOUND":
-                        raise
-                    job = None
-                if condition(job):
-                    return job
-                await trio.sleep(0.1)
-        raise AssertionError(f"job {job_id} never got there; last seen {job!r}")
-
-    async def wait_rack_reported(self, limit_s: float = 20.0) -> None:
-        with trio.fail_after(limit_s):
-            while True:
-                racks = (await self.call(LIST_RACKS, Empty())).racks
-                if racks and all(rack.reported and not rack.silent for rack in racks):
-                    return
-                await trio.sleep(0.05)
+        return await hold_client(self.nursery, connection, protocol, name)
 
     # -- VMIs ----------------------------------------------------------------------------
-
-    def vmi_folders(self) -> list[Path]:
-        root = self.worker_storage / "vmis"
-        return sorted(path for path in root.iterdir() if path.is_dir()) if root.exists() else []
 
     def agent_boot(self, folder: Path) -> int:
         """Which start of an agent the VMI of ``folder`` runs (a new VMI: a new number)."""

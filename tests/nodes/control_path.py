@@ -29,21 +29,16 @@ import trio
 
 from contracts.model import JobSpec
 from contracts.ork import (
-    CREATE_JOB,
-    GET_JOB,
-    LIST_RACKS,
     PROTOCOL,
     REGISTER_RACK,
-    CreateJob,
-    Empty,
-    JobRef,
     JobView,
     RegisterRack,
 )
 from p2p.connection import dial_tcp
 from p2p.keys import KeyPair, parse_public_key
-from p2p.rpc import RpcClient, RpcError
+from p2p.rpc import RpcClient
 from tests.cli.helpers import COSMICAC, read_ready
+from tests.nodes.ork_driver import OrkDriver, hold_client
 
 IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
 
@@ -59,7 +54,7 @@ def container(name: str = "box", gpus: int = 1) -> JobSpec:
 
 
 @dataclass
-class ControlPath:
+class ControlPath(OrkDriver):
     root: Path
     nursery: trio.Nursery
     client_key: KeyPair
@@ -78,20 +73,7 @@ class ControlPath:
         """An RPC client of ``protocol`` on a connection to 127.0.0.1:``port``, held in
         the nursery until the returned scope is cancelled."""
         connection = await dial_tcp("127.0.0.1", port, self.client_key, parse_public_key(key))
-        scope = trio.CancelScope()
-        clients: list[RpcClient] = []
-
-        async def hold(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                async with trio.open_nursery() as inner:
-                    await inner.start(connection.run)
-                    channel = await connection.open_channel(protocol)
-                    clients.append(RpcClient(channel, name=name))
-                    await inner.start(clients[0].run)
-                    task_status.started()
-
-        await self.nursery.start(hold)
-        return clients[0], scope
+        return await hold_client(self.nursery, connection, protocol, name)
 
     @property
     def ork_address(self) -> str:
@@ -164,33 +146,8 @@ class ControlPath:
         self.processes.append(proc)
         return proc
 
-    async def call(self, method, params, timeout_s: float = 10.0):
-        assert self.client is not None, "wrk-ork is not running"
-        return await self.client.call(method, params, timeout_s=timeout_s)
-
-    async def create(self, spec: JobSpec) -> JobView:
-        return (await self.call(CREATE_JOB, CreateJob(spec=spec))).job
-
-    async def get(self, job_id: str) -> JobView:
-        return (await self.call(GET_JOB, JobRef(job_id=job_id))).job
-
-    async def wait_job(self, job_id: str, condition: Callable[[JobView | None], bool],
-                       limit_s: float = 30.0) -> JobView | None:
-        """Poll the job until ``condition`` holds (None: the job is gone)."""
-        job: JobView | None = None
-        with trio.move_on_after(limit_s):
-            while True:
-                try:
-                    job = await self.get(job_id)
-                except RpcError as exc:
-                    if exc.code != "NOT_FOUND":
-                        raise
-                    job = None
-                if condition(job):
-                    return job
-                await trio.sleep(0.1)
-        raise AssertionError(f"job {job_id} never got there; last seen {job!r}\n"
-                             f"{self.log_tails()}")
+    def failure_context(self) -> str:
+        return "\n" + self.log_tails()
 
     def log_tails(self, lines: int = 15) -> str:
         """The end of every agent's log and of the daemons' logs (their
@@ -208,18 +165,6 @@ class ControlPath:
                     if '"p2p.host._host"' not in line]
             parts.append(f"--- {log.relative_to(self.root)}\n" + "\n".join(kept[-lines:]))
         return "\n".join(parts)
-
-    async def wait_rack_reported(self, limit_s: float = 20.0) -> None:
-        with trio.fail_after(limit_s):
-            while True:
-                racks = (await self.call(LIST_RACKS, Empty())).racks
-                if racks and all(rack.reported and not rack.silent for rack in racks):
-                    return
-                await trio.sleep(0.05)
-
-    def vmi_folders(self) -> list[Path]:
-        root = self.worker_storage / "vmis"
-        return sorted(path for path in root.iterdir() if path.is_dir()) if root.exists() else []
 
     def agent_pid(self, folder: Path) -> int:
         return json.loads((folder / "process.json").read_text())["pid"]
