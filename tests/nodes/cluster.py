@@ -38,13 +38,11 @@ import trio
 
 from agents._agent import Workload
 from contracts.agent_config import AgentConfig
-from contracts.model import JobSpec
 from contracts.monitor import PROTOCOL as MONITOR_PROTOCOL
 from contracts.monitor import QUERY, LogRecord, Query, decode_batch
 from contracts.ork import (
     PROTOCOL,
     REGISTER_RACK,
-    JobView,
     RegisterRack,
 )
 from nodes.k8s_worker.daemon import start_worker
@@ -61,7 +59,7 @@ from p2p.net import MemoryHost, MemoryInternet
 from p2p.noise import SecretStream
 from p2p.rpc import RpcClient
 
-from .ork_driver import OrkDriver, hold_client
+from .ork_driver import IMAGE, OrkDriver, container, hold_client, inference, status
 from .owners import owned_shipping, release, set_owner
 from .vm_backend import InProcessBackend, real_workload
 
@@ -70,7 +68,6 @@ __all__ = ["IMAGE", "MONITOR_TOKEN", "Cluster", "cluster", "container", "inferen
 
 #: wrk-monitor's HTTP bearer token.
 MONITOR_TOKEN = "in-process-cluster-monitor-token"
-IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
 
 #: Each daemon's machine: its address and swarm port, the same on every start.
 ORK = ("127.0.2.1", 4001)
@@ -80,19 +77,6 @@ MONITOR = ("127.0.2.3", 4003)
 CLIENT = "127.0.1.1"
 #: More machines for a test's own parts (:meth:`Cluster.machine`): 127.0.4.1, ...
 _MACHINES = "127.0.4.{}"
-
-
-def container(name: str = "box", gpus: int = 1) -> JobSpec:
-    return JobSpec(name=name, team="t1", type="container", image=IMAGE, gpus=gpus)
-
-
-def inference(name: str = "chat", replicas: int = 1, gpus: int = 1) -> JobSpec:
-    return JobSpec(name=name, team="t1", type="inference", image=IMAGE, gpus=gpus,
-                   replicas=replicas, runtime="local", model="demo", served_name=name)
-
-
-def status(name: str) -> Callable[[JobView | None], bool]:
-    return lambda job: job is not None and job.status.value == name
 
 
 @dataclass

@@ -20,18 +20,16 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
-from contracts.model import JobSpec
 from contracts.ork import (
     PROTOCOL,
     REGISTER_RACK,
-    JobView,
     RegisterRack,
 )
 from p2p.connection import dial_tcp
@@ -40,17 +38,11 @@ from p2p.rpc import RpcClient
 from tests.cli.helpers import COSMICAC, read_ready
 from tests.nodes.ork_driver import OrkDriver, hold_client
 
-IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
-
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def container(name: str = "box", gpus: int = 1) -> JobSpec:
-    return JobSpec(name=name, team="t1", type="container", image=IMAGE, gpus=gpus)
 
 
 @dataclass
@@ -66,6 +58,8 @@ class ControlPath(OrkDriver):
     worker_key: str = ""
     worker: trio.Process | None = None
     processes: list[trio.Process] = field(default_factory=list)
+    #: proxy-inference keys wrk-ork lets read its jobs (bench/proxy.py's real leg).
+    proxy_keys: tuple[str, ...] = ()
     _client_scope: trio.CancelScope | None = None
 
     async def _connect(self, port: int, key: str, protocol: str, name: str
@@ -84,7 +78,8 @@ class ControlPath(OrkDriver):
         config = self.root / "ork.json"
         config.write_text(json.dumps({
             "storage": str(self.root / "ork"), "host": "127.0.0.1", "port": self.ork_port,
-            "app_nodes": [self.client_key.hex], "tick_interval_s": 0.2,
+            "app_nodes": [self.client_key.hex], "proxies": list(self.proxy_keys),
+            "tick_interval_s": 0.2,
             "unknown_after_s": 5.0, "fsync": False, "log_format": "json"}))
         proc = await self._spawn("run", "wrk-ork", "--config", str(config))
         ready = await read_ready(proc.stdout, "wrk-ork")
@@ -175,10 +170,6 @@ class ControlPath(OrkDriver):
                 os.killpg(self.agent_pid(folder), signal.SIGKILL)
             except (OSError, ValueError, KeyError):
                 pass
-
-
-def status(name: str) -> Callable[[JobView | None], bool]:
-    return lambda job: job is not None and job.status.value == name
 
 
 @asynccontextmanager

@@ -26,7 +26,22 @@ from contracts.ork import (
 from p2p.connection import Connection
 from p2p.rpc import RpcClient, RpcError
 
-__all__ = ["OrkDriver", "hold_client"]
+__all__ = ["IMAGE", "OrkDriver", "container", "hold_client", "inference", "status"]
+
+IMAGE = "docker://registry.example/cosmicac/ubuntu-cuda:12.4"
+
+
+def container(name: str = "box", gpus: int = 1) -> JobSpec:
+    return JobSpec(name=name, team="t1", type="container", image=IMAGE, gpus=gpus)
+
+
+def inference(name: str = "chat", replicas: int = 1, gpus: int = 1) -> JobSpec:
+    return JobSpec(name=name, team="t1", type="inference", image=IMAGE, gpus=gpus,
+                   replicas=replicas, runtime="local", model="demo", served_name=name)
+
+
+def status(name: str) -> Callable[[JobView | None], bool]:
+    return lambda job: job is not None and job.status.value == name
 
 
 async def hold_client(nursery: trio.Nursery, connection: Connection, protocol: str,

@@ -16,7 +16,8 @@ import trio
 from contracts.ork import LIST_RACKS, Empty
 from tests.flood import flood
 
-from .control_path import container, control_path, status
+from .control_path import control_path
+from .ork_driver import container, status
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,8 @@ from p2p.connection import dial_tcp
 from p2p.errors import P2PError
 from p2p.keys import KeyPair
 
-from .control_path import IMAGE, control_path, status
+from .control_path import control_path
+from .ork_driver import IMAGE, status
 
 pytestmark = pytest.mark.slow
 
