@@ -30,7 +30,7 @@ Figures (JSON lines, ``bench: admission``):
 * ``peer_connect_ms_first`` / ``_p50`` / ``_max``: the peer's connects under
   the flood (the first one waits behind what is left of the burst);
   ``peer_connects_within_1s``: how many of ``--tries`` took at most 1 s, and
-  ``peer_connect_failures`` (refused or over 10 s);
+  ``peer_connect_failures`` (refused or over 10 s; ``reasons`` says how each ended);
 * ``stranger_sockets_opened``; ``stranger_sockets_still_open`` and
   ``stranger_keys_held``: those the daemon had not closed when the peer
   started; ``stranger_reopens_per_s``: the flood's rate of new sockets meanwhile;
@@ -223,12 +223,14 @@ async def start_in_batches(nursery: trio.Nursery, count: int, batch: int, make) 
                 starting.start_soon(nursery.start, make(index))
 
 
-async def peer_connects(port: int, daemon_key: bytes, tries: int) -> tuple[list[float], int]:
+async def peer_connects(port: int, daemon_key: bytes,
+                        tries: int) -> tuple[list[float], list[str]]:
     from p2p.connection import dial_tcp
     from p2p.keys import KeyPair
 
     peer = KeyPair.from_seed(PEER_SEED)
-    took, failures = [], 0
+    took: list[float] = []
+    failures: list[str] = []
     for _ in range(tries):
         start = time.perf_counter()
         try:
@@ -242,8 +244,8 @@ async def peer_connects(port: int, daemon_key: bytes, tries: int) -> tuple[list[
                     took.append(time.perf_counter() - start)
                     await connection.aclose()
                     nursery.cancel_scope.cancel()
-        except Exception:
-            failures += 1
+        except Exception as error:  # every way a connect fails is a figure here
+            failures.append(f"{time.perf_counter() - start:.2f}s {type(error).__name__}: {error}")
         await trio.sleep(0.05)
     return took, failures
 
@@ -324,7 +326,8 @@ async def run(args: argparse.Namespace, port: int, leg: str) -> None:
     emit("admission", "peer_connect_ms_max", max(ms), "ms", **extra)
     emit("admission", "peer_connects_within_1s", sum(t <= 1.0 for t in took), "count",
          tries=args.tries, **extra)
-    emit("admission", "peer_connect_failures", failures, "count", tries=args.tries, **extra)
+    emit("admission", "peer_connect_failures", len(failures), "count", tries=args.tries,
+         reasons=failures, **extra)
     emit("admission", "stranger_sockets_opened", stranger.opens, "count", **extra)
     emit("admission", "stranger_sockets_still_open", sockets_open, "count", **extra)
     emit("admission", "stranger_keys_held", keys_held, "count", **extra)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import random
 from dataclasses import dataclass, field
 
 import trio
 
+from .errors import HandshakeError
 from .keys import KeyPair, format_key
 from .mux import Channel, ChannelListener, Mux, MuxConfig
 from .noise import SecretStream, SecretStreamConfig
@@ -26,8 +28,10 @@ __all__ = [
     "Address",
     "Connection",
     "ConnectionConfig",
+    "closed_handshake_pause",
     "dial_tcp",
     "is_local_address",
+    "worth_another_socket",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,30 @@ class ConnectionConfig:
 
     connect_timeout_s: float = 10.0
     """TCP connect, per attempt."""
+
+    closed_handshake_retries: int = 2
+    """New sockets to try when the responder closes ours before the handshake
+    completes (see :func:`worth_another_socket`)."""
+
+
+def worth_another_socket(error: BaseException) -> bool:
+    """Is a failed dial worth a new socket at once?
+
+    A daemon under a flood of silent sockets closes the least advanced
+    handshake of a busy source to make room (:mod:`p2p.host`'s admission); a
+    dialler descheduled between its TCP connect and its first message looks
+    silent for that moment, and its socket is closed before the responder read
+    a byte. That close (``CLOSED`` before the handshake completed) says
+    nothing about the next socket, whose first message goes out at once. A
+    wrong key, a bad proof or a timeout would fail the same way again.
+    """
+    return isinstance(error, HandshakeError) and error.code == "CLOSED"
+
+
+def closed_handshake_pause(retry: int) -> float:
+    """Seconds to wait before the ``retry``-th new socket (from 0): short and
+    jittered, so dialers evicted together do not come back together."""
+    return random.uniform(0.01, 0.05) * (retry + 1)
 
 
 def is_local_address(host: str) -> bool:
@@ -181,10 +209,23 @@ async def dial_tcp(
 
     Raises:
         OSError: the TCP connection could not be made.
-        HandshakeError: the peer is not ``remote_public_key`` or the handshake failed.
+        HandshakeError: the peer is not ``remote_public_key`` or the handshake
+            failed (a close before it completed, after
+            ``config.closed_handshake_retries`` new sockets).
     """
     config = config or ConnectionConfig()
-    with trio.fail_after(config.connect_timeout_s):
-        raw = await trio.open_tcp_stream(host, port)
-    stream = await SecretStream.initiator(raw, keypair, remote_public_key, config=config.stream)
-    return Connection(stream, config=config, remote_address=(host, port))
+    retry = 0
+    while True:  # bounded: closed_handshake_retries new sockets at most
+        with trio.fail_after(config.connect_timeout_s):
+            raw = await trio.open_tcp_stream(host, port)
+        try:
+            stream = await SecretStream.initiator(raw, keypair, remote_public_key,
+                                                  config=config.stream)
+        except HandshakeError as exc:
+            if not worth_another_socket(exc) or retry >= config.closed_handshake_retries:
+                raise
+            log.debug("dial.handshake_closed to=%s:%s retry=%d", host, port, retry + 1)
+            await trio.sleep(closed_handshake_pause(retry))
+            retry += 1
+            continue
+        return Connection(stream, config=config, remote_address=(host, port))

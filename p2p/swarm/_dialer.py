@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..connection import Address, Connection
+from ..connection import Address, Connection, closed_handshake_pause, worth_another_socket
 from ..dht import DhtError, PeerRecord
 from ..errors import HandshakeError, P2PError
 from ..host import HostError
@@ -196,22 +196,30 @@ class Dialer:
         swarm = self._swarm
         timeout = swarm.config.direct_timeout_s
         remaining = list(addresses)[:MAX_ADDRESSES_PER_DIAL]
-        while remaining:  # bounded: each round removes at least one address
+        retries = 0  # new sockets after a close mid-handshake (worth_another_socket)
+        # Bounded: each round removes an address or spends one of a few retries.
+        while remaining:
             connected = await self._first_to_connect(remaining, failures, timeout)
             if connected is None:
                 return None
             raw, address = connected
-            remaining.remove(address)
             try:
                 with trio.fail_after(timeout):
                     stream = await SecretStream.initiator(
                         raw, swarm.keypair, key, config=swarm.config.connection.stream)
             except trio.TooSlowError:
                 await trio.aclose_forcefully(raw)
+                remaining.remove(address)
                 failures.append((_label(address), f"handshake timed out after {timeout} s"))
                 continue
             except (OSError, HandshakeError, trio.BrokenResourceError) as exc:
                 await trio.aclose_forcefully(raw)
+                if (worth_another_socket(exc)
+                        and retries < swarm.config.connection.closed_handshake_retries):
+                    await trio.sleep(closed_handshake_pause(retries))
+                    retries += 1
+                    continue
+                remaining.remove(address)
                 failures.append((_label(address), reason(exc)))
                 continue
             return await self._adopt(stream, address, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -38,6 +39,36 @@ async def secret_stream_pair(
             left, initiator_key, responder_key.public_key, config=config
         )
     return result["initiator"], result["responder"]
+
+
+@dataclass
+class ClosingResponder:
+    """A responder that closes its first ``closes`` sockets unread, as a
+    daemon's admission evicts a handshake under a flood, then answers
+    handshakes as ``keypair`` and holds each stream open."""
+
+    keypair: KeyPair
+    closes: int
+    accepted: int = 0
+    completed: int = 0
+
+    async def serve(self, listener, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept from ``listener`` (a :class:`p2p.net.StreamListener`) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                stream, _address = await listener.accept()
+                self.accepted += 1
+                if self.accepted <= self.closes:
+                    await trio.aclose_forcefully(stream)
+                else:
+                    nursery.start_soon(self._answer, stream)
+
+    async def _answer(self, stream) -> None:
+        secret = await SecretStream.responder(stream, self.keypair)
+        self.completed += 1
+        async with secret:
+            await trio.sleep_forever()
 
 
 async def wait_until(condition, *, limit_s: float = 10.0, step_s: float = 0.02) -> None:

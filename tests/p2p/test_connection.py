@@ -6,8 +6,9 @@ import trio
 from p2p.connection import dial_tcp
 from p2p.errors import HandshakeError
 from p2p.host import serve_tcp
+from p2p.net import SocketNetwork
 
-from .helpers import ALICE, BOB, MALLORY
+from .helpers import ALICE, BOB, MALLORY, ClosingResponder, wait_until
 
 
 async def echo(channel):
@@ -31,6 +32,42 @@ async def test_a_channel_opened_at_once_after_connecting_is_served():
             await channel.send(b"ping")
             assert await channel.receive() == b"ping"
             await connection.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("closes", [1, 2])
+async def test_a_handshake_closed_unread_is_dialled_again_on_a_new_socket(closes):
+    """A daemon under a flood closes a handshake it has not read yet (the
+    dialler looked silent for a moment): a new socket is worth it."""
+    responder = ClosingResponder(BOB, closes=closes)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            listener = await SocketNetwork().listen_stream("127.0.0.1", 0)
+            await nursery.start(responder.serve, listener)
+            connection = await dial_tcp("127.0.0.1", listener.local_address[1], ALICE,
+                                        BOB.public_key)
+            assert connection.remote_public_key == BOB.public_key
+            await wait_until(lambda: responder.completed == 1)  # its side of the proof
+            assert responder.accepted == closes + 1
+            await connection.stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_dialling_again_after_closes_is_bounded_and_a_wrong_key_is_not_retried():
+    responder = ClosingResponder(BOB, closes=3)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            listener = await SocketNetwork().listen_stream("127.0.0.1", 0)
+            port = listener.local_address[1]
+            await nursery.start(responder.serve, listener)
+            with pytest.raises(HandshakeError) as closed:
+                await dial_tcp("127.0.0.1", port, ALICE, BOB.public_key)
+            assert closed.value.code == "CLOSED"
+            assert responder.accepted == 3  # the first socket and two more
+            with pytest.raises(HandshakeError) as wrong:
+                await dial_tcp("127.0.0.1", port, ALICE, MALLORY.public_key)
+            assert wrong.value.code == "KEY_MISMATCH"
+            assert responder.accepted == 4  # the key is proved wrong once, not again
             nursery.cancel_scope.cancel()
 
 

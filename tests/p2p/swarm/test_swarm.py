@@ -12,7 +12,7 @@ from p2p.dht import record_topic_for_key
 from p2p.keys import KeyPair, derive_topic
 from p2p.swarm import PeerNotFound, PeerRefused, PeerUnreachable, SwarmClosed
 
-from ..helpers import wait_until
+from ..helpers import ClosingResponder, wait_until
 from .helpers import FAST_STREAMS, memory_swarm_net, swarm_net
 
 TOPIC = derive_topic("test", "swarm")
@@ -182,6 +182,30 @@ async def test_connect_names_every_address_it_could_not_reach(autojump_clock):
             assert caught.value.code == "UNREACHABLE"
             with pytest.raises(PeerNotFound):
                 await swarm.connect(KeyPair.generate().public_key)
+
+
+@pytest.mark.parametrize(("closes", "connects"), [(2, True), (3, False)])
+async def test_connect_takes_a_new_socket_when_a_handshake_is_closed_unread(
+        autojump_clock, closes, connects):
+    """A daemon under a flood closes handshakes it has not read yet: the swarm
+    dials the same address again, twice at most, before it gives up on it."""
+    with trio.fail_after(20):
+        async with memory_swarm_net() as net:
+            swarm = await net.start()
+            host, network = net.host()
+            listener = await network.listen_stream(host, 0)
+            server = KeyPair.generate()
+            responder = ClosingResponder(server, closes=closes)
+            net.nursery.start_soon(responder.serve, listener)
+            if connects:
+                connection = await swarm.connect(server.public_key,
+                                                 addresses=[listener.local_address])
+                assert connection.remote_public_key == server.public_key
+            else:
+                with pytest.raises(PeerUnreachable) as caught:
+                    await swarm.connect(server.public_key, addresses=[listener.local_address])
+                assert "during the handshake" in str(caught.value)
+            assert responder.accepted == 3
 
 
 async def test_leave_unannounces_the_topic(autojump_clock):
