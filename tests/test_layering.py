@@ -11,7 +11,13 @@
   (and msgpack, the wire codec of every message, DESIGN.md §2: a contract that
   defines a wire form encodes and decodes it; no runtime such as trio);
 - ``p2p/`` imports nothing of the platform (``nodes``, ``agents``, ``cli``,
-  ``contracts``, ``relay``, ``crdt``).
+  ``contracts``, ``relay``, ``crdt``);
+- ``relay/`` and ``crdt/`` import only ``p2p`` of the platform (each sits
+  beside ``contracts`` on it);
+- ``agents/`` (the daemons in a job's VM) import only ``nodes.kit`` of
+  ``nodes`` (the shared daemon runtime: the log shipper, process
+  supervision), never a daemon package nor ``cli``;
+- nothing in ``nodes/`` imports ``agents`` or ``cli``: they sit above it.
 
 Every ``import`` statement counts, including those under ``if TYPE_CHECKING:``
 or inside a function: a type-only import still ties one package to another.
@@ -92,11 +98,16 @@ def _rule(module: str, imported: str, daemons: frozenset[str]) -> str | None:
     home = sub.partition(".")[0]
     if layer == "p2p" and top in _PLATFORM:
         return "p2p/ imports nothing of the platform"
+    if layer in ("relay", "crdt") and top in _PLATFORM - {layer}:
+        return f"{layer}/ imports only p2p of the platform"
+    if layer == "agents" and (top == "cli" or part not in (None, "", "kit")):
+        return "agents/ imports only nodes.kit of nodes/, and not cli"
+    if layer == "nodes" and top in ("agents", "cli"):
+        return "nodes/ imports neither agents nor cli (they sit above it)"
     if (layer == "contracts" and top != "contracts" and top not in _CONTRACTS_MAY_IMPORT
             and top not in sys.stdlib_module_names):
         return "contracts/ imports only p2p, pydantic, msgpack and the standard library"
-    if layer == "nodes" and home == "kit" and (top in ("agents", "cli")
-                                               or part not in (None, "", "kit")):
+    if layer == "nodes" and home == "kit" and part not in (None, "", "kit"):
         return "nodes/kit imports no daemon package (it lies below them)"
     if layer == "nodes" and home in daemons and part not in (None, "", "kit", home):
         return (f"nodes/{home} imports only nodes.kit of nodes/ (daemons meet over the "
@@ -108,7 +119,7 @@ def check_layering(root: Path) -> list[Violation]:
     """Every import under ``root`` that breaks a rule of the module doc."""
     daemons = _daemons(root) if (root / "nodes").is_dir() else frozenset()
     found = []
-    for top in ("p2p", "contracts", "nodes"):
+    for top in ("p2p", "contracts", "relay", "crdt", "nodes", "agents"):
         for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else ():
             module = _module_name(root, path)
             for line, imported in _imports(root, path):
@@ -149,6 +160,11 @@ def test_a_tree_that_keeps_its_layers_passes(tmp_path: Path) -> None:
         "nodes/ork/store.py": "Y = 1\n",
         "nodes/monitor/__init__.py": "",
         "nodes/monitor/service.py": "from nodes import kit\nfrom contracts import a\n",
+        "relay/__init__.py": "from p2p import host\nfrom .server import S\n",
+        "crdt/__init__.py": "import p2p.keys\nfrom crdt import log\n",
+        "agents/__init__.py": "",
+        "agents/agent.py": "from nodes.kit.log_shipper import LogShipper\n"
+                           "from contracts import a\nfrom crdt import db\nfrom .logs import L\n",
     })
     assert check_layering(tmp_path) == []
 
@@ -170,6 +186,12 @@ def test_each_broken_rule_is_found(tmp_path: Path) -> None:
         "nodes/monitor/service.py": "from ..ork import service\nfrom nodes import ork\n"
                                     "import nodes.shared\n"
                                     "def late():\n    from nodes.ork import client\n",
+        "nodes/ork/run.py": "from agents.inference import supervisor\nimport cli.up\n",
+        "relay/__init__.py": "from crdt import Database\nfrom nodes.kit import peer\n",
+        "crdt/__init__.py": "from contracts import ork\n",
+        "agents/__init__.py": "",
+        "agents/agent.py": "from nodes.k8s_worker import agents\nfrom cli import up\n"
+                           "import nodes.ork.service\n",
     })
     found = {(v.path, v.line, v.imported) for v in check_layering(tmp_path)}
     assert found == {
@@ -185,4 +207,12 @@ def test_each_broken_rule_is_found(tmp_path: Path) -> None:
         ("nodes/monitor/service.py", 2, "nodes.ork"),
         ("nodes/monitor/service.py", 3, "nodes.shared"),
         ("nodes/monitor/service.py", 5, "nodes.ork.client"),
+        ("nodes/ork/run.py", 1, "agents.inference.supervisor"),
+        ("nodes/ork/run.py", 2, "cli.up"),
+        ("relay/__init__.py", 1, "crdt.Database"),
+        ("relay/__init__.py", 2, "nodes.kit.peer"),
+        ("crdt/__init__.py", 1, "contracts.ork"),
+        ("agents/agent.py", 1, "nodes.k8s_worker.agents"),
+        ("agents/agent.py", 2, "cli.up"),
+        ("agents/agent.py", 3, "nodes.ork.service"),
     }
