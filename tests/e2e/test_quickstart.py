@@ -4,8 +4,16 @@ the CLI only (and the official ``openai`` package for inference).
 Logs in, creates an inference job on the ``local`` runtime and waits for
 ``running``, chats through ``openai`` with a key from ``cosmicac apikeys
 create`` and finds exactly that usage in ``cosmicac apikeys usage``, creates a
-container job and runs ``cosmicac shell JOB -- echo hi``, restarts and deletes
-both jobs, and stops ``up`` with SIGINT with no process left behind.
+container job and runs ``cosmicac shell JOB -- echo hi``, restarts both jobs,
+deletes one, and stops ``up`` with SIGINT with no process left behind: up
+itself stops the agent of the job still running (agents live in sessions of
+their own, so they outlive a worker restart).
+
+On the way it checks what ``up`` sets up for its operator: the credentials
+file, the local CLI logged in at once, the operator's rights (a team and its
+GPU quota), wrk-monitor behind the door only with its token, and the System
+records wrk-ork and the worker ship for a job. One ``up`` serves all of it:
+each start costs every daemon's start-up, and the suite's time is everyone's.
 
 ``up`` runs under umask 000 in a folder every local user may enter, and
 afterwards a local user (``nobody``) tries to read what it kept there: the
@@ -26,6 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -126,13 +135,34 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
     async with running_up(storage, base, env, umask=0) as process:
         with trio.fail_after(120):
             url = (await read_until(process.stdout, UP))[1]
+        assert url == f"http://127.0.0.1:{base + 20}"
         creds = json.loads((storage / "credentials.json").read_text())
-        env["COSMICAC_SERVER"] = url
+        assert creds["url"] == url and creds["email"] == "admin@cosmicac.local"
         cli = Cli(env)
-
+        # up logged the local CLI in at once (its config folder is this test's).
+        assert (await cli.json("whoami"))["user"]["email"] == creds["email"]
+        session = json.loads((tmp_path / "config" / "session.json").read_text())
+        assert session["server"] == url
+        env["COSMICAC_SERVER"] = url
         await cli("login", "--email", creds["email"], "--password-stdin",
                   stdin=f"{creds['password']}\n".encode())
         assert (await cli.json("whoami"))["user"]["email"] == creds["email"]
+        # up's admin is an operator: creates teams and sets their GPU quotas.
+        await cli("teams", "create", "research")
+        await cli("teams", "quota", "set", "research", "--gpus", "4")
+
+        # wrk-monitor behind the door: with its token (0600, made by up), or nothing.
+        token = (storage / "wrk-monitor" / "http-token").read_text().strip()
+
+        def monitor(path: str, token: str | None = None) -> httpx.Response:
+            headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+            return httpx.get(f"{url}/monitor{path}", headers=headers, timeout=30)
+
+        for path in ("/metrics", "/jobs/any-job/logs"):
+            refused = await trio.to_thread.run_sync(monitor, path)
+            assert refused.status_code == 401, refused.text
+        metrics = await trio.to_thread.run_sync(monitor, "/metrics", token)
+        assert metrics.status_code == 200 and "monitor" in metrics.text, metrics.text
 
         # An inference job on the local runtime, served as "demo".
         chat_job = (await cli("jobs", "create", "--name", "chat", "--type", "inference",
@@ -142,9 +172,19 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
         job = await cli.json("jobs", "get", chat_job)
         assert job["id"] == chat_job and job["status"] == "running"
 
-        # app-node reaches wrk-monitor for the job's logs (no daemon ships any yet).
+        # wrk-ork and the worker ship the job's System steps to wrk-monitor, and
+        # app-node reads them from it for `jobs logs`.
+        shipped: set[str] = set()
+        with trio.move_on_after(30):
+            while not {"wrk-ork", "wrk-server-k8s-nvidia"} <= shipped:
+                body = (await trio.to_thread.run_sync(
+                    monitor, f"/jobs/{chat_job}/logs", token)).json()
+                shipped = {r["service"] for r in body["records"] if r["source"] == "System"}
+                await trio.sleep(0.2)
+        assert {"wrk-ork", "wrk-server-k8s-nvidia"} <= shipped, shipped
         logs = await cli("jobs", "logs", chat_job, "-o", "json")
-        assert all(json.loads(line)["job_id"] == chat_job for line in logs.stdout.splitlines())
+        records = [json.loads(line) for line in logs.stdout.splitlines()]
+        assert records and all(r["job_id"] == chat_job for r in records)
 
         key = await cli.json("apikeys", "create", "--name", "e2e")
         answer = await trio.to_thread.run_sync(_chat, url, key["key"], "demo")
@@ -176,18 +216,25 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
         for job_id in (chat_job, box_job):
             await cli("jobs", "restart", job_id, "--wait", "--timeout", "180")
             assert (await cli.json("jobs", "get", job_id))["status"] == "running"
-        for job_id in (chat_job, box_job):
-            await cli("jobs", "delete", job_id, "--wait", "--timeout", "120")
-            gone = await cli("jobs", "get", job_id, ok=False)
-            assert gone.returncode == 1, gone
-        assert await cli.json("jobs", "list") == []
+        await cli("jobs", "delete", chat_job, "--wait", "--timeout", "120")
+        gone = await cli("jobs", "get", chat_job, ok=False)
+        assert gone.returncode == 1, gone
+        assert [job["id"] for job in await cli.json("jobs", "list")] == [box_job]
 
         # What it kept, while it runs (the databases' WAL files exist now).
         assert exposed_paths(storage) == []
         assert await trio.to_thread.run_sync(_read_as_nobody, storage) == []
 
+        # The box's agent is still running: up stops it, not the worker.
+        vmis = storage / "wrk-server-k8s-nvidia" / "vmis"
+        agents = [json.loads(path.read_text())["pid"] for path in vmis.glob("*/process.json")]
+        assert agents and all(pid in pids_using(storage) for pid in agents)
         process.send_signal(signal.SIGINT)
         with trio.fail_after(20):
             assert await process.wait() == 0
+            said = b""
+            while chunk := await process.stderr.receive_some():
+                said += chunk
+        assert f"stopped {len(agents)} agent processes".encode() in said, said[-2000:]
         assert pids_using(storage) == []
     assert exposed_paths(storage) == []
