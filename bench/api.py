@@ -52,7 +52,8 @@ request. A table follows on stderr.
 loaded runs and prints where their time went (``_profile.py``).
 
 usage: python bench/api.py [--quick] [--users 100] [--jobs 1000] [--teams 1]
-                           [--reps 3] [--duration 5] [--connections 32] [--profile DIR]
+                           [--reps 3] [--duration 5] [--warm-up 1] [--connections 32]
+                           [--profile DIR]
 """
 
 from __future__ import annotations
@@ -364,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="users and jobs are spread evenly over this many teams "
                              "(default 10: 100 jobs a team; see the module doc for 1)")
     parser.add_argument("--reps", type=int, default=None, help="(default 3; 1 quick)")
+    parser.add_argument("--warm-up", type=float, default=1.0,
+                        help="seconds of load per route before the runs (caches, connections; "
+                             "wrk runs whole seconds; 0: none)")
     parser.add_argument("--duration", type=float, default=None,
                         help="seconds per wrk run (default 5; 2 quick)")
     parser.add_argument("--connections", type=int, default=32)
@@ -385,10 +389,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
         with start_daemons(workdir, seeded) as daemons:
             samples = Samples()
-            for route in ROUTES:  # warm-up: connections opened, caches and the OS page cache filled
+            for route in ROUTES if args.warm_up > 0 else ():
+                # warm-up: connections opened, caches and the OS page cache filled
                 run_wrk(daemons.api + route.path, route.body, api_key=None,
                         method=route.method, bearers=seeded.tokens, connections=4,
-                        duration_s=1)
+                        duration_s=args.warm_up)
             if args.profile is not None:
                 args.profile.mkdir(parents=True, exist_ok=True)
             for rep in range(args.reps):

@@ -50,6 +50,7 @@ load average 13 on 2 cores) put 2.4 % of its samples under the shipper, mostly
 
 usage: python bench/proxy_telemetry.py [--reps 5] [--duration 5] [--warm-up 2]
                                        [--connections 32] [--scenarios quiet retrying]
+                                       [--cost-records 20000]
 """
 
 from __future__ import annotations
@@ -376,7 +377,7 @@ def report(samples: Samples, shipped: dict[str, float], final: dict[str, float],
             value = statistics.median(values)
             extra.update(target=f">= {TARGET_RATIO}", met=value >= TARGET_RATIO)
         emit(BENCH, metric, statistics.median(values), unit, **extra)
-    cost_us = record_cost_us()
+    cost_us = record_cost_us(args.cost_records)
     emit(BENCH, "record_cost_us", cost_us, "us", leg="on")
     for scenario, records in shipped.items():
         emit(BENCH, f"records_shipped_{scenario}", records, "records", leg="on")
@@ -414,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--warm-up", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument("--cost-records", type=int, default=20_000,
+                        help="log lines per try of the in-process cost of one line")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--control", action="store_true",
                         help="an A/A run: the 'on' leg without telemetry too, so the "
