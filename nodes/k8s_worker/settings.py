@@ -112,6 +112,8 @@ class WorkerSettings(PeerSettings):
     kubevirt: KubevirtSettings = KubevirtSettings()
     #: How often the rack's capacity is sent to wrk-ork (its heartbeat).
     report_interval_s: float = Field(default=15.0, gt=0, le=3600)
+    #: How often the agents' figures (from their heartbeats) go to wrk-monitor.
+    agent_metrics_interval_s: float = Field(default=5.0, gt=0, le=3600)
     #: fsync the queue and the state file on every write (False: tests only).
     fsync: bool = True
     #: Ship the worker's log records (the jobs' System steps) to wrk-monitor

@@ -223,7 +223,8 @@ class Cluster(OrkDriver):
             # swarm (which has no bootstrap of its own) is the network's bootstrap.
             "interconnect": ({"proxies": list(self.proxy_keys),
                               "bootstrap": [f"{ORK[0]}:{ORK[1]}"]} if self.proxy_keys else {}),
-            "report_interval_s": 1.0, "fsync": False, "telemetry": self.telemetry,
+            "report_interval_s": 1.0, "agent_metrics_interval_s": 0.5, "fsync": False,
+            "telemetry": self.telemetry,
         }
         config.update(changes)
         settings = WorkerSettings.model_validate(config)
