@@ -189,14 +189,14 @@ class Cluster(OrkDriver):
                                                 timeout_s=10.0)
         return decode_batch(result.records)
 
-    async def start_ork(self) -> None:
+    async def start_ork(self, *, unknown_after_s: float = 5.0) -> None:
         """Start wrk-ork (same address and storage every time) and connect as app-node."""
         storage = self.root / "ork"
         settings = OrkSettings.model_validate({
             "storage": storage, "host": ORK[0], "port": ORK[1],
             "app_nodes": [self.client_key.hex], "proxies": list(self.proxy_keys),
             "tick_interval_s": 0.2,
-            "unknown_after_s": 5.0, "fsync": False, "telemetry": self.telemetry})
+            "unknown_after_s": unknown_after_s, "fsync": False, "telemetry": self.telemetry})
         self.ork_key = load_or_create_keypair(storage).hex
         self._ork = await self.nursery.start(self._run, "wrk-ork", ORK[0], start_ork, settings)
         self.client, self._client_scope = await self.connect(ORK, self.ork_key, PROTOCOL,

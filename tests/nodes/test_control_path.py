@@ -156,9 +156,13 @@ async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(t
 async def test_a_silent_worker_makes_its_jobs_unknown_until_it_reports_again(tmp_path):
     with trio.fail_after(120):
         async with cluster(tmp_path) as path:
+            # wrk-ork again, to mark the jobs of a worker silent for 2.5 s
+            # (twice and a half its report interval here) unknown.
+            await path.kill_ork()
+            await path.start_ork(unknown_after_s=2.5)
             job = await path.create(container("watched"))
             await path.wait_job(job.id, status("active"))
-            await path.kill_worker()  # wrk-ork's unknown_after_s is 5 s here
+            await path.kill_worker()
             unknown = await path.wait_job(job.id, status("unknown"), limit_s=20)
             assert "no report" in unknown.reason
             await path.start_worker()  # the agent kept running, as a VMI would
