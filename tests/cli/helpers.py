@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import weakref
@@ -16,6 +14,7 @@ from pathlib import Path
 import trio
 
 from nodes.kit.ready import ReadyLine, parse_ready
+from tests.ports import free_ports
 
 COSMICAC = [sys.executable, "-m", "cli.main"]
 
@@ -72,18 +71,9 @@ UP = re.compile(r"cosmicac is up at (\S+)")
 
 
 def free_base_port() -> int:
-    """A base port whose 21 ports are free (TCP and UDP), off the real defaults."""
-    for _ in range(50):
-        base = random.randrange(20000, 40000)
-        try:
-            for port in range(base, base + 21):
-                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
-                    with socket.socket(socket.AF_INET, kind) as sock:
-                        sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
+    """A base port whose 21 ports are free (TCP and UDP), off the real defaults
+    and below the ephemeral range."""
+    return free_ports(21, udp=True)
 
 
 def pids_using(path: Path) -> list[int]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,12 +36,7 @@ from p2p.keys import KeyPair, parse_public_key
 from p2p.rpc import RpcClient
 from tests.cli.helpers import COSMICAC, read_ready
 from tests.nodes.ork_driver import OrkDriver, hold_client
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.ports import free_port
 
 
 @dataclass

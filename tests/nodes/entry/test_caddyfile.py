@@ -15,7 +15,9 @@ import httpx
 import pytest
 import trio
 
-from .upstream import Upstream, free_port, serving
+from tests.ports import free_port
+
+from .upstream import Upstream, serving
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("caddy") is None and not os.environ.get("CI"),

@@ -12,8 +12,9 @@ import pytest
 import trio
 
 from tests.cli.helpers import process, read_ready
+from tests.ports import free_port
 
-from .upstream import Upstream, free_port, serving
+from .upstream import Upstream, serving
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,7 @@ import trio
 from agents.inference.engines import load_engine
 from agents.inference.server import serve_model
 from nodes.entry import EntrySettings, serve_entry
-
-from .upstream import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

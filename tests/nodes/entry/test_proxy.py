@@ -10,8 +10,9 @@ import pytest
 import trio
 
 from nodes.entry import EntrySettings, Service, serve_entry
+from tests.ports import free_port
 
-from .upstream import Upstream, free_port, serving
+from .upstream import Upstream, serving
 
 pytestmark = pytest.mark.slow
 

@@ -111,11 +111,3 @@ async def serving(*upstreams: Upstream):
             upstream.url = f"http://{host}:{port}"
         yield upstreams
         nursery.cancel_scope.cancel()
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

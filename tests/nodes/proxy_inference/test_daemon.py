@@ -18,6 +18,7 @@ from p2p.keys import KeyPair
 from p2p.swarm import Swarm
 from tests.cli.helpers import process, read_ready
 from tests.p2p.helpers import wait_until
+from tests.ports import free_port
 
 from .harness import inference_spec, proxy_world
 from .ork_service import Ork
@@ -25,13 +26,6 @@ from .tiny_agent import TinyAgent
 
 pytestmark = pytest.mark.slow
 
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def test_a_missing_setting_is_named_and_exits_2(tmp_path):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -29,18 +28,13 @@ import trio
 from agents.inference.runtimes import Launch, Lifetime, RuntimePlan, adapter_for
 from contracts.model import Runtime
 from tests.agents.inference.doubles import bin_dir
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[4]
 #: Bound on any one step or wait here; the doubles start in about a second.
 STEP_BOUND_S = 30.0
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

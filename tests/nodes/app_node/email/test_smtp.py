@@ -5,7 +5,6 @@ Real sockets and threads, so the real clock, bounded by ``trio.fail_after``.
 
 from __future__ import annotations
 
-import socket
 from email import message_from_bytes
 from email.policy import default
 
@@ -20,6 +19,7 @@ from nodes.app_node.email import (
     SmtpSender,
     send_with_retry,
 )
+from tests.ports import free_port
 
 aiosmtpd_controller = pytest.importorskip("aiosmtpd.controller")
 aiosmtpd_smtp = pytest.importorskip("aiosmtpd.smtp")
@@ -54,12 +54,6 @@ def _authenticator(server, session, envelope, mechanism, auth_data):
     return aiosmtpd_smtp.AuthResult(success=ok, handled=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def smtp_server():
     """An SMTP server on 127.0.0.1 offering AUTH (PLAIN, LOGIN) over plain TCP (test only)."""
@@ -67,7 +61,7 @@ def smtp_server():
     controller = aiosmtpd_controller.Controller(
         handler,
         hostname="127.0.0.1",
-        port=_free_port(),
+        port=free_port(),
         authenticator=_authenticator,
         auth_require_tls=False,
     )
@@ -164,7 +158,7 @@ async def test_starttls_asked_of_a_server_without_it_is_rejected(smtp_server):
 
 
 async def test_nobody_listening_is_transient_and_retried_within_bounds():
-    port = _free_port()  # closed again: connecting is refused
+    port = free_port()  # closed again: connecting is refused
     sender = _sender(port)
     from nodes.app_node.email import RetryPolicy
 
