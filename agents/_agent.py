@@ -77,13 +77,13 @@ from contracts.agent_report import (
 )
 from contracts.model import JobType
 from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
-from nodes.kit.log_shipper import LogShipper
 from p2p.errors import P2PError
 from p2p.host import Reserved, Service
 from p2p.keys import KeyPair, format_key
 from p2p.net import Network
 from p2p.rpc import Method, RpcClient, RpcError
 from p2p.swarm import Connection, Swarm, SwarmConfig
+from runtime.log_shipper import LogShipper
 
 from ._metrics import clean, process_metrics
 

@@ -18,7 +18,7 @@ Two kinds of records leave an agent:
   makes them Application records, INFO for stdout and WARNING for stderr, the
   text as written (no formatter), cut by :func:`~contracts.monitor.make_record`.
 
-The queue is a :class:`~nodes.kit.log_shipper.LogShipper`: ``offer`` never
+The queue is a :class:`~runtime.log_shipper.LogShipper`: ``offer`` never
 blocks the logging thread, and beyond :data:`AGENT_MAX_RECORDS` the oldest
 records are dropped and counted (``shipper.dropped``). The agent ships while
 a session with the worker is up (after its hello, which binds its key) and
@@ -37,7 +37,7 @@ from contracts.agent_config import AgentConfig
 from contracts.agent_report import LOGS, agent_service
 from contracts.model import JobType
 from contracts.monitor import APPLICATION, SYSTEM, make_record
-from nodes.kit.log_shipper import LogShipper, ShipperHandler
+from runtime.log_shipper import LogShipper, ShipperHandler
 
 __all__ = ["AGENT_MAX_RECORDS", "AgentLogHandler", "agent_shipper", "install_log_shipping"]
 
@@ -47,7 +47,7 @@ __all__ = ["AGENT_MAX_RECORDS", "AgentLogHandler", "agent_shipper", "install_log
 AGENT_MAX_RECORDS = 10_000
 #: The loggers whose records never ship: the shipper's own (a failing push must
 #: not feed the queue it failed to send).
-_SKIPPED = ("nodes.kit.log_shipper",)
+_SKIPPED = ("runtime.log_shipper",)
 
 
 def agent_shipper(*, max_records: int = AGENT_MAX_RECORDS, **kwargs) -> LogShipper:

@@ -175,8 +175,8 @@ async def _measure(monitor: _Child, port: int, total: int, in_flight: int, rate:
     from contracts.health import STATUS, StatusRequest
     from contracts.monitor import FOLLOW, PUSH, Follow, PushBatch, decode_batch, encode_batch
     from contracts.monitor import LogRecord as R
-    from nodes.kit.log_shipper import LogShipper
     from p2p.rpc import RpcError
+    from runtime.log_shipper import LogShipper
 
     text = "GET /v1/completions 200 12.3 ms " * 3
     results: dict[str, float] = {}

@@ -347,8 +347,9 @@ def _ours_world(answers: Any, root: str) -> None:
         from crdt import FsyncPolicy, PutApiKey, run_database_service
         from p2p.keys import KeyPair, load_or_create_keypair
         from p2p.swarm import Swarm, SwarmConfig
-        from tests.nodes.control_path import ControlPath, free_port
+        from tests.nodes.control_path import ControlPath
         from tests.nodes.ork_driver import inference, status
+        from tests.ports import free_port
     except ImportError as exc:
         answers.put({"error": f"{type(exc).__name__}: {exc}"})
         return

@@ -287,7 +287,7 @@ def record_cost_us(records: int = 20_000, tries: int = 5) -> float:
     import logging
 
     from contracts.monitor import encode_batch
-    from nodes.kit.log_shipper import LogShipper, ShipperHandler
+    from runtime.log_shipper import LogShipper, ShipperHandler
 
     logger = logging.getLogger("bench.proxy_telemetry")
     logger.propagate = False

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import trio
 
-from nodes.kit.process import describe_exit, spawn, stop_all
 from nodes.kit.ready import ReadyLine, parse_ready
 from p2p.files import private_file, private_folder
+from runtime.process import describe_exit, spawn, stop_all
 
 __all__ = ["ServiceSpec", "ServiceState", "StartFailed", "Supervisor"]
 

@@ -1,6 +1,6 @@
 """wrk-monitor's RPC API: protocol ``cosmicac-monitor/1``.
 
-Every daemon ships its log records to wrk-monitor (``nodes.kit.log_shipper``;
+Every daemon ships its log records to wrk-monitor (``runtime.log_shipper``;
 the job agents ship theirs through their worker); proxy-inference pushes its
 per-job windows (model health), the workers their agents' figures; app-node
 reads logs, model health and status, and sends the operator's Loki and

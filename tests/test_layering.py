@@ -1,7 +1,8 @@
 """The import layering of DESIGN.md §1, read from the source (no module is imported).
 
-``p2p`` ← ``relay``, ``crdt``, ``contracts`` ← ``nodes/kit`` ← each daemon of
-``nodes/``, ``agents`` ← ``cli``. The rules checked here:
+``p2p`` ← ``relay``, ``crdt``, ``contracts`` ← ``runtime`` ← ``nodes/kit`` ←
+each daemon of ``nodes/``; ``runtime`` ← ``agents``; both ← ``cli``. The rules
+checked here:
 
 - a daemon package (``nodes/<daemon>/``) imports no other part of ``nodes``
   than ``nodes.kit`` and itself: daemons meet over the swarm, through
@@ -14,10 +15,10 @@
   ``contracts``, ``relay``, ``crdt``);
 - ``relay/`` and ``crdt/`` import only ``p2p`` of the platform (each sits
   beside ``contracts`` on it);
-- ``agents/`` (the daemons in a job's VM) import only ``nodes.kit`` of
-  ``nodes`` (the shared daemon runtime: the log shipper, process
-  supervision), never a daemon package nor ``cli``;
-- nothing in ``nodes/`` imports ``agents`` or ``cli``: they sit above it.
+- ``runtime/`` (what every daemon process shares: process supervision, the
+  log shipper) imports only ``p2p`` and ``contracts`` of the platform;
+- ``nodes`` and ``agents`` (the daemons in a job's VM) never import each
+  other, and neither imports ``cli``: what both need lives in ``runtime``.
 
 Every ``import`` statement counts, including those under ``if TYPE_CHECKING:``
 or inside a function: a type-only import still ties one package to another.
@@ -34,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Top-level packages that are the platform (above ``p2p``).
-_PLATFORM = frozenset({"nodes", "agents", "cli", "contracts", "relay", "crdt"})
+_PLATFORM = frozenset({"nodes", "agents", "cli", "contracts", "runtime", "relay", "crdt"})
 #: What ``contracts/`` may import besides the standard library and itself.
 _CONTRACTS_MAY_IMPORT = frozenset({"p2p", "pydantic", "pydantic_core", "msgpack"})
 
@@ -100,8 +101,10 @@ def _rule(module: str, imported: str, daemons: frozenset[str]) -> str | None:
         return "p2p/ imports nothing of the platform"
     if layer in ("relay", "crdt") and top in _PLATFORM - {layer}:
         return f"{layer}/ imports only p2p of the platform"
-    if layer == "agents" and (top == "cli" or part not in (None, "", "kit")):
-        return "agents/ imports only nodes.kit of nodes/, and not cli"
+    if layer == "runtime" and top in _PLATFORM - {"runtime", "contracts"}:
+        return "runtime/ imports only p2p and contracts of the platform"
+    if layer == "agents" and top in ("nodes", "cli"):
+        return "agents/ imports neither nodes nor cli (shared code lives in runtime/)"
     if layer == "nodes" and top in ("agents", "cli"):
         return "nodes/ imports neither agents nor cli (they sit above it)"
     if (layer == "contracts" and top != "contracts" and top not in _CONTRACTS_MAY_IMPORT
@@ -119,7 +122,7 @@ def check_layering(root: Path) -> list[Violation]:
     """Every import under ``root`` that breaks a rule of the module doc."""
     daemons = _daemons(root) if (root / "nodes").is_dir() else frozenset()
     found = []
-    for top in ("p2p", "contracts", "relay", "crdt", "nodes", "agents"):
+    for top in ("p2p", "contracts", "relay", "crdt", "runtime", "nodes", "agents"):
         for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else ():
             module = _module_name(root, path)
             for line, imported in _imports(root, path):
@@ -163,7 +166,7 @@ def test_a_tree_that_keeps_its_layers_passes(tmp_path: Path) -> None:
         "relay/__init__.py": "from p2p import host\nfrom .server import S\n",
         "crdt/__init__.py": "import p2p.keys\nfrom crdt import log\n",
         "agents/__init__.py": "",
-        "agents/agent.py": "from nodes.kit.log_shipper import LogShipper\n"
+        "agents/agent.py": "from runtime.log_shipper import LogShipper\n"
                            "from contracts import a\nfrom crdt import db\nfrom .logs import L\n",
     })
     assert check_layering(tmp_path) == []
@@ -191,7 +194,8 @@ def test_each_broken_rule_is_found(tmp_path: Path) -> None:
         "crdt/__init__.py": "from contracts import ork\n",
         "agents/__init__.py": "",
         "agents/agent.py": "from nodes.k8s_worker import agents\nfrom cli import up\n"
-                           "import nodes.ork.service\n",
+                           "import nodes.ork.service\nfrom nodes.kit.peer import P\n",
+        "runtime/__init__.py": "from nodes.kit import peer\nimport agents\n",
     })
     found = {(v.path, v.line, v.imported) for v in check_layering(tmp_path)}
     assert found == {
@@ -215,4 +219,7 @@ def test_each_broken_rule_is_found(tmp_path: Path) -> None:
         ("agents/agent.py", 1, "nodes.k8s_worker.agents"),
         ("agents/agent.py", 2, "cli.up"),
         ("agents/agent.py", 3, "nodes.ork.service"),
+        ("agents/agent.py", 4, "nodes.kit.peer.P"),
+        ("runtime/__init__.py", 1, "nodes.kit.peer"),
+        ("runtime/__init__.py", 2, "agents"),
     }

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from nodes.kit.process import describe_exit, spawn, stop
+from runtime.process import describe_exit, spawn, stop
 
 from .runtimes import Lifetime, RuntimePlan, Step
 

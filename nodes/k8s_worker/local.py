@@ -117,8 +117,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import NodeInfo, RackReport
-from nodes.kit.process import describe_exit, signal_group, spawn
 from p2p.daemon import write_atomically
+from runtime.process import describe_exit, signal_group, spawn
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 

@@ -1,7 +1,7 @@
 """A per-agent budget for the log records the worker takes through ``agent.logs``.
 
 Why: the worker forwards its agents' records with its own
-:class:`~nodes.kit.log_shipper.LogShipper`, a bounded queue that drops the
+:class:`~runtime.log_shipper.LogShipper`, a bounded queue that drops the
 oldest record when full. Without a budget one chatty agent (a model server
 printing thousands of lines a second, a crash loop dumping tracebacks) fills
 that queue and pushes out everyone else's records: the other agents' and the

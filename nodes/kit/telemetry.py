@@ -8,7 +8,7 @@ Each daemon (wrk-ork, the worker, proxy-inference, app-node) nests a
 happens: telemetry is off, the daemon logs to its stream only.
 
 With a monitor, every record the root logger passes at ``level`` or above is
-also offered to a :class:`~nodes.kit.log_shipper.LogShipper` as a System
+also offered to a :class:`~runtime.log_shipper.LogShipper` as a System
 record (``job_id``/``replica`` from the call's ``extra``: the job steps of
 wrk-ork and the worker set them), and the shipper's task keeps a connection to
 wrk-monitor and pushes (``cosmicac-monitor/1`` ``logs.push``; wrk-monitor must
@@ -40,11 +40,11 @@ from typing import Protocol
 import trio
 from pydantic import BaseModel, Field
 
-from nodes.kit.log_shipper import DEFAULT_MAX_RECORDS, LogShipper, ShipperHandler
 from nodes.kit.metrics import Family, Snapshot, snapshot_registry
 from nodes.kit.settings import PeerRef, peer_ref
 from p2p.daemon import AddressList, LogLevel, ProcessMetrics, PublicKey
 from p2p.keys import format_key
+from runtime.log_shipper import DEFAULT_MAX_RECORDS, LogShipper, ShipperHandler
 
 __all__ = ["DROP_CHECK_INTERVAL_S", "ShipperSettings", "TelemetryHost", "TelemetrySettings",
            "shipper_snapshot", "start_telemetry", "telemetry_host"]

@@ -5,6 +5,6 @@
 queues), ``service`` the ``cosmicac-monitor/1`` RPC service over it, and
 ``loki`` the push to and history from the operator's Loki. The protocol is
 ``contracts/monitor.py``; the sender side every daemon and agent runs is
-``nodes/kit/log_shipper.py``.
+``runtime/log_shipper.py``.
 Import-free: importing one part never loads the others.
 """

@@ -162,11 +162,11 @@ def test_application_lines_are_kept_as_written_and_long_ones_cut():
         logger.info("%s", "x" * 20_000, extra={"source": "Application", "stream": "stdout"})
         logger.info("%s", "50% done", extra={"source": "Application", "stream": "stdout"})
         logger.error("the agent's own line")
-        logging.getLogger("nodes.kit.log_shipper").addHandler(handler)
-        logging.getLogger("nodes.kit.log_shipper").warning("push failed")  # never shipped
+        logging.getLogger("runtime.log_shipper").addHandler(handler)
+        logging.getLogger("runtime.log_shipper").warning("push failed")  # never shipped
     finally:
         logger.removeHandler(handler)
-        logging.getLogger("nodes.kit.log_shipper").removeHandler(handler)
+        logging.getLogger("runtime.log_shipper").removeHandler(handler)
     long, percent, own = shipper._take()
     assert len(long.text) == MAX_TEXT_CHARS and long.text.endswith(CUT_MARKER)
     assert percent.text == "50% done" and percent.source == APPLICATION

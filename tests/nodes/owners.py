@@ -25,8 +25,8 @@ from contextvars import ContextVar
 import trio
 
 from nodes.kit import telemetry
-from nodes.kit.log_shipper import ShipperHandler
 from p2p.queue import DurableQueue
+from runtime.log_shipper import ShipperHandler
 
 __all__ = ["owned_by", "owned_shipping", "release", "set_owner"]
 

@@ -33,8 +33,8 @@ import trio
 from p2p.keys import load_or_create_keypair
 from p2p.metrics import ProcessMetrics, serve_metrics
 from tests.cli.helpers import process, read_ready
-from tests.nodes.control_path import free_port
 from tests.nodes.proxy_inference.harness import CHAT, client, proxy_world, two_agents
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -26,16 +26,16 @@ import pytest
 import trio
 
 from contracts.monitor import PushBatch, PushResult
-from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from p2p.keys import KeyPair
 from p2p.metrics import ProcessMetrics
 from p2p.rpc import CallContext
 from p2p.swarm import Swarm, SwarmConfig
-from tests.nodes.control_path import free_port
+from runtime.log_shipper import LogShipper, ShipperHandler
 from tests.nodes.proxy_inference.harness import CHAT, ProxyWorld, proxy_world, two_agents
 from tests.p2p.helpers import wait_until
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,8 @@ from nodes.k8s_worker.log_limit import (
 )
 from nodes.k8s_worker.metrics import worker_snapshot
 from nodes.k8s_worker.settings import AgentsSettings
-from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.kit.metrics import snapshot_registry
+from runtime.log_shipper import LogShipper, ShipperHandler
 from tests.agents.helpers import agent_config, vmi_of
 
 from .registry_client import (

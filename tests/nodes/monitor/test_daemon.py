@@ -19,13 +19,13 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.monitor import APPLICATION, make_record
-from nodes.kit.log_shipper import LogShipper
 from nodes.monitor.daemon import RunningMonitor, serve_monitor
 from nodes.monitor.settings import MonitorSettings
 from nodes.proxy_inference.health import HealthWindow
 from nodes.proxy_inference.reporter import HealthReporter
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig
+from runtime.log_shipper import LogShipper
 from tests.p2p.helpers import wait_until
 
 from .loki_server import start_loki

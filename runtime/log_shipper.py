@@ -264,7 +264,7 @@ class ShipperHandler(logging.Handler):
     """``logging`` records as System :class:`LogRecord` s offered to ``shipper``.
 
     ``job_id`` and ``replica`` come from the log call's ``extra`` (``log.info(...,
-    extra={"job_id": "j-1", "replica": 0})``); records of ``nodes.kit.log_shipper``
+    extra={"job_id": "j-1", "replica": 0})``); records of ``runtime.log_shipper``
     itself are skipped (a failing push must not feed the queue it failed to send).
     """
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import trio
 
-from nodes.kit.process import describe_exit, spawn, stop
+from runtime.process import describe_exit, spawn, stop
 
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
     "print('ready', flush=True); time.sleep(60)"

@@ -10,9 +10,9 @@ import trio
 import trio.testing
 
 from contracts.monitor import make_record
-from nodes.kit.log_shipper import LogShipper, ShipperHandler
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
+from runtime.log_shipper import LogShipper, ShipperHandler
 from tests.nodes.monitor.support import DAEMON, STRANGER, connect
 
 
