@@ -9,10 +9,11 @@ string carries its own parameters, as passlib's and PHC's formats do::
 
     $scrypt$ln=17,r=8,p=1$<salt, base64>$<hash, base64>
 
-so the defaults can be raised later: :func:`needs_rehash` tells the login
-path to store a fresh hash once the password has been verified. Hashing
-costs 0.1 to 0.5 s of CPU and 128 MiB (OWASP's scrypt floor, N=2^17, r=8, p=1):
-callers on a trio loop run it with ``trio.to_thread.run_sync``.
+so the cost can be raised later (app-node's ``password_hash`` settings):
+:func:`needs_rehash` tells the login path to store a fresh hash once the
+password has been verified. Hashing at the default (OWASP's scrypt floor,
+N=2^17, r=8, p=1) costs 0.1 to 0.5 s of CPU and 128 MiB: callers on a trio
+loop run it with ``trio.to_thread.run_sync``.
 
 Bearer tokens are 256 random bits (``secrets.token_urlsafe``); only their
 SHA-256 is stored, so a leaked table yields no usable token. SHA-256 without

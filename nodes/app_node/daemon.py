@@ -46,6 +46,7 @@ from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.keys import load_or_create_keypair
 from p2p.net import Network
 
+from .auth import DEFAULT_PARAMS
 from .email import make_sender
 from .health import HealthProber, build_prober
 from .job_events import JobHub, follow_ork
@@ -112,6 +113,10 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                 except WriteRefused as exc:
                     raise DaemonError(f"cannot admit {writer.hex()[:16]} as a writer of the "
                                       f"shared database: {exc}") from None
+            if settings.password_hash.below_floor:
+                log.warning("app_node.weak_password_hash: password_hash %s costs less than "
+                            "OWASP's floor (%s): for tests only",
+                            settings.password_hash.params().encode(), DEFAULT_PARAMS.encode())
             if settings.monitor is None and settings.observability.configured:
                 log.warning("app_node.observability_unused: observability is set but monitor "
                             "is not; no wrk-monitor gets the Loki and Prometheus URLs")
@@ -145,7 +150,8 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             if metrics is not None:
                 metrics.add(db.metrics.registry)
             http_address = await nursery.start(
-                serve_http, create_app(services, body_limits=settings.http.body),
+                serve_http, create_app(services, password_params=settings.password_hash.params(),
+                                       body_limits=settings.http.body),
                 settings.http, "the API")
             log.info("app_node.serving http=%s:%d swarm=%s:%d key=%s db=%s", *http_address,
                      *swarm_address, keypair.hex[:12], db.bootstrap.hex()[:16])

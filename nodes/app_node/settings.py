@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from contracts.monitor import Observability
@@ -15,13 +15,14 @@ from nodes.kit.telemetry import ShipperSettings, TelemetrySettings
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 from .api._body import BodyLimits
+from .auth import DEFAULT_PARAMS, ScryptParams
 from .email import EmailSettings
 from .health import HealthSettings
 from .ratelimit import Limits
 from .team_rules import TeamsSettings
 
 __all__ = ["APP_NODE_HTTP_PORT", "APP_NODE_PORT", "ApiHttpSettings", "AppNodeSettings",
-           "AppTelemetrySettings", "ObservabilitySettings"]
+           "AppTelemetrySettings", "ObservabilitySettings", "PasswordHashSettings"]
 
 #: Default port of app-node's swarm (TCP and UDP); 49737 relay, 49739 worker,
 #: 49740 wrk-ork, 49741 proxy-inference.
@@ -83,6 +84,29 @@ class ObservabilitySettings(Observability):
     def configured(self) -> bool:
         """Some URL is set (app-node then replaces wrk-monitor's own settings)."""
         return self.to_send() != Observability()
+
+
+class PasswordHashSettings(BaseModel):
+    """scrypt's cost for the password hashes app-node stores (``password_hash.ln``...).
+
+    The default is OWASP's floor (N = 2^17, r = 8, p = 1: 128 MiB and 0.1 to 0.5 s
+    of CPU a login). Raise ``ln`` where logins can afford more; a stored hash keeps
+    its own parameters and is replaced by one at the new cost at its owner's next
+    login. Below the floor is for tests only (app-node warns at start).
+    """
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    ln: int = Field(default=DEFAULT_PARAMS.ln, ge=1, le=22)
+    r: int = Field(default=DEFAULT_PARAMS.r, ge=1, le=64)
+    p: int = Field(default=DEFAULT_PARAMS.p, ge=1, le=16)
+
+    def params(self) -> ScryptParams:
+        return ScryptParams(ln=self.ln, r=self.r, p=self.p)
+
+    @property
+    def below_floor(self) -> bool:
+        return self.params().memory_bytes < DEFAULT_PARAMS.memory_bytes
 
 
 class AppNodeSettings(PeerSettings):
@@ -154,6 +178,8 @@ class AppNodeSettings(PeerSettings):
             raise ValueError(f"{image!r} is not a registry image "
                              "(docker://host[:port]/repo[:tag])")
         return image
+    #: scrypt's cost for new password hashes (see PasswordHashSettings).
+    password_hash: PasswordHashSettings = PasswordHashSettings()
     #: fsync the store and the database on every write (False: tests only).
     fsync: bool = True
 

@@ -30,8 +30,9 @@ import httpx
 import trio
 from typer.testing import CliRunner
 
+from nodes.app_node.auth import ScryptParams
 from nodes.app_node.daemon import RunningAppNode, serve_app_node
-from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings
+from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings, PasswordHashSettings
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from nodes.ork.service import OrkService
@@ -43,11 +44,15 @@ from tests.p2p.helpers import wait_until
 
 from .helpers import COSMICAC
 
-__all__ = ["EMAIL", "PASSWORD", "Ran", "Served", "ServedOrk", "cli_env", "cosmicac",
-           "cosmicac_process", "dht_node", "invoke", "one_error_line", "serve", "serve_ork"]
+__all__ = ["CHEAP", "CHEAP_HASH", "EMAIL", "PASSWORD", "Ran", "Served", "ServedOrk", "cli_env",
+           "cosmicac", "cosmicac_process", "dht_node", "invoke", "one_error_line", "serve",
+           "serve_ork"]
 
 EMAIL = "ada@example.com"
 PASSWORD = "correct horse battery staple"
+#: scrypt at 16 KiB: the same code path as OWASP's 128 MiB, a thousandth of the CPU.
+CHEAP = ScryptParams(ln=4, r=8, p=1)
+CHEAP_HASH = PasswordHashSettings(ln=CHEAP.ln, r=CHEAP.r, p=CHEAP.p)
 
 
 # -- the CLI in this process ------------------------------------------------------
@@ -189,7 +194,7 @@ class Served:
 
     async def login_as(self, email: str, password: str, config: Path) -> dict[str, str]:
         """The CLI environment of a session of ``email`` kept in ``config`` (logged
-        in over HTTP: scrypt costs about a second a login)."""
+        in over HTTP, without a process)."""
         async with httpx.AsyncClient(base_url=f"{self.server}/api", timeout=30) as api:
             r = await api.post("/auth/login", json={"email": email, "password": password})
         assert r.status_code == 200, r.text
@@ -205,7 +210,7 @@ async def serve(tmp_path: Path, nursery: trio.Nursery, **settings: Any) -> Serve
     the first admin signed up; the CLI's config folder is ``tmp_path / "config"``."""
     node_settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
                                     http=ApiHttpSettings(host="127.0.0.1", port=0), fsync=False,
-                                    **settings)
+                                    password_hash=CHEAP_HASH, **settings)
     with trio.fail_after(60):
         node: RunningAppNode = await nursery.start(serve_app_node, node_settings)
     host, port = node.http_address

@@ -14,7 +14,7 @@ import trio
 from nodes.app_node.auth import hash_password
 from tests.nodes.ork.world import RACK
 
-from .support import PASSWORD, ServedOrk, cosmicac_process, one_error_line
+from .support import CHEAP, PASSWORD, ServedOrk, cosmicac_process, one_error_line
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ async def test_operator_racks_and_nodes_member_forbidden(served_ork: ServedOrk) 
 
         def add_member() -> None:
             user = store.users.create(email="m@example.com", name="m",
-                                      password_hash=hash_password(PASSWORD), now=0.0)
+                                      password_hash=hash_password(PASSWORD, params=CHEAP), now=0.0)
             store.teams.add_member(core.id, user.id, "member")
 
         await trio.to_thread.run_sync(add_member)

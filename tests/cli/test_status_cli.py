@@ -19,7 +19,7 @@ from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 from tests.nodes.ork.world import World
 
-from .support import PASSWORD, ServedOrk, cosmicac_process, one_error_line, serve
+from .support import CHEAP, PASSWORD, ServedOrk, cosmicac_process, one_error_line, serve
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ async def test_status_shows_the_control_plane_and_a_service_going_down(
         def add_member() -> None:
             [(core, _)] = store.teams.of_user(store.users.by_email("ada@example.com").id)
             user = store.users.create(email="m@example.com", name="m",
-                                      password_hash=hash_password(PASSWORD), now=0.0)
+                                      password_hash=hash_password(PASSWORD, params=CHEAP), now=0.0)
             store.teams.add_member(core.id, user.id, "member")
 
         await trio.to_thread.run_sync(add_member)

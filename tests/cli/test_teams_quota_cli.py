@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from nodes.app_node.auth import hash_password
 
-from .support import EMAIL, PASSWORD, ServedOrk
+from .support import CHEAP, EMAIL, PASSWORD, ServedOrk
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ async def test_operators_set_quotas_members_may_not(served_ork: ServedOrk) -> No
         def add_member() -> None:
             [(core, _)] = store.teams.of_user(store.users.by_email(EMAIL).id)
             user = store.users.create(email="m@example.com", name="m",
-                                      password_hash=hash_password(PASSWORD), now=0.0)
+                                      password_hash=hash_password(PASSWORD, params=CHEAP), now=0.0)
             store.teams.add_member(core.id, user.id, "member")
 
         await trio.to_thread.run_sync(add_member)

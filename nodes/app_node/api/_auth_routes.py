@@ -28,6 +28,7 @@ from ..auth import (
     StoredHashError,
     check_password_policy,
     hash_password,
+    needs_rehash,
     new_token,
     verify_password,
 )
@@ -119,6 +120,14 @@ async def login(ctx: Ctx, request: Request) -> Response:
     if user.disabled:
         raise unauthenticated("this account is disabled; ask an admin")
     await throttle.succeeded(body.email, source)
+    if needs_rehash(user.password_hash, ctx.password_params):
+        # the operator raised password_hash: the password is known now, so store
+        # it at the new cost (a change meanwhile wins; sessions stay)
+        # (hashed as is: a password set under an older policy still logs in)
+        stronger = await trio.to_thread.run_sync(
+            lambda: hash_password(body.password, params=ctx.password_params))
+        await ctx.store(store.users.upgrade_password_hash, user.id, user.password_hash,
+                        stronger)
     # an address the user logs in from may also ask for their reset emails past
     # the per-account ceiling a stranger could fill
     await ctx.throttle("reset_email").succeeded(body.email, source)

@@ -136,6 +136,20 @@ class Users:
                        (now, user_id))
         return self.get(user_id)
 
+    def upgrade_password_hash(self, user_id: str, old_hash: str, new_hash: str) -> bool:
+        """Store ``new_hash`` (the same password at a higher cost) if the stored hash is
+        still ``old_hash``; sessions stay. False when the password changed meanwhile.
+
+        Raises: Invalid.
+        """
+        if not new_hash:
+            raise Invalid("password_hash", "password_hash is empty")
+        with self._db.write() as db:
+            changed = db.execute("UPDATE users SET password_hash = ? "
+                                 "WHERE id = ? AND password_hash = ?",
+                                 (new_hash, user_id, old_hash)).rowcount
+        return changed == 1
+
     def reset_password(self, token_hash: str, password_hash: str, *, now: float) -> User:
         """Use a reset token: check it, set the password, revoke all the user's tokens.
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from nodes.app_node.auth import (
+    DEFAULT_PARAMS,
     MIN_PASSWORD_CHARS,
     PasswordPolicyError,
     ScryptParams,
@@ -169,3 +170,20 @@ def test_token_record_is_validated() -> None:
     with pytest.raises(ValidationError):  # naive datetimes are refused
         TokenRecord(token_hash=token_hash, user_id="u", created_at=datetime(2026, 1, 1),
                     expires_at=datetime(2026, 1, 2))
+
+
+def test_app_node_reads_the_password_hash_cost_and_refuses_a_bad_one(monkeypatch) -> None:
+    from nodes.app_node.settings import AppNodeSettings
+
+    settings = AppNodeSettings(storage="/nonexistent")
+    assert settings.password_hash.params() == DEFAULT_PARAMS
+    assert not settings.password_hash.below_floor
+    monkeypatch.setenv("COSMICAC_APP_NODE__PASSWORD_HASH__LN", "18")
+    raised = AppNodeSettings(storage="/nonexistent").password_hash
+    assert raised.params() == ScryptParams(ln=18, r=8, p=1) and not raised.below_floor
+    monkeypatch.delenv("COSMICAC_APP_NODE__PASSWORD_HASH__LN")
+    assert AppNodeSettings(storage="/nonexistent", password_hash={"ln": 10}).password_hash \
+        .below_floor
+    for bad in ({"ln": 23}, {"r": 0}, {"p": 17}, {"rounds": 3}):
+        with pytest.raises(ValidationError, match="password_hash"):
+            AppNodeSettings(storage="/nonexistent", password_hash=bad)

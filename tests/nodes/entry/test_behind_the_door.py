@@ -38,7 +38,8 @@ async def test_one_client_behind_the_door_cannot_spend_anothers_allowance(
         tmp_path: Path, nursery: trio.Nursery) -> None:
     settings = AppNodeSettings(storage=tmp_path / "app-node", host="127.0.0.1", port=0,
                                http=ApiHttpSettings(host="127.0.0.1", port=0), fsync=False,
-                               limits={"trusted_proxies": ["127.0.0.1"]})
+                               limits={"trusted_proxies": ["127.0.0.1"]},
+                               password_hash={"ln": 4})  # scrypt at 16 KiB: tests only
     with trio.fail_after(60):
         node = await nursery.start(serve_app_node, settings)
         api_url = "http://{}:{}".format(*node.http_address)

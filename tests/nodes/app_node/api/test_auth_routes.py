@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import httpx
+
+from nodes.app_node.auth import ScryptParams
 from nodes.app_node.ratelimit import Limits, Rate
 
 from .conftest import PASSWORD, Api, bearer, make_api
@@ -120,3 +123,50 @@ async def test_openapi_lists_every_route(api: Api) -> None:
 async def test_unknown_route_is_json(api: Api) -> None:
     r = await api.client.get("/api/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_a_login_stores_the_password_again_at_a_raised_cost(tmp_path: Path) -> None:
+    """The operator raises ``password_hash``: each user's next login rehashes their
+    password at the new cost and keeps their sessions; a login at the cost already
+    stored leaves the hash alone."""
+    from nodes.app_node.api import create_app
+
+    async for api in make_api(tmp_path):
+        first = await api.signup()
+        users = api.services.store.users
+        cheap_hash = users.by_email("admin@example.com").password_hash
+        assert cheap_hash.startswith("$scrypt$ln=4,")
+        await api.login("admin@example.com")  # the same cost: nothing to do
+        assert users.by_email("admin@example.com").password_hash == cheap_hash
+
+        raised = create_app(api.services, password_params=ScryptParams(ln=5, r=8, p=1))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=raised),
+                                     base_url="http://test") as client:
+            r = await client.post("/api/auth/login", json={"email": "admin@example.com",
+                                                           "password": PASSWORD})
+            assert r.status_code == 200, r.text
+            stored = users.by_email("admin@example.com").password_hash
+            assert stored.startswith("$scrypt$ln=5,") and stored != cheap_hash
+            assert (await client.get("/api/me", headers=bearer(first))).status_code == 200
+            r = await client.post("/api/auth/login", json={"email": "admin@example.com",
+                                                           "password": PASSWORD})
+            assert r.status_code == 200  # the new hash verifies
+
+
+def test_a_changed_password_is_not_overwritten_by_a_late_upgrade(tmp_path: Path) -> None:
+    from nodes.app_node.auth import hash_password
+    from nodes.app_node.store import Store
+
+    from .conftest import CHEAP
+
+    store = Store.open(tmp_path / "app.sqlite")
+    try:
+        user = store.users.create(email="a@example.com", name="A",
+                                  password_hash=hash_password(PASSWORD, params=CHEAP), now=0.0)
+        changed = hash_password("another password entirely", params=CHEAP)
+        store.users.set_password(user.id, changed, now=1.0)
+        late = hash_password(PASSWORD, params=ScryptParams(ln=5, r=8, p=1))
+        assert not store.users.upgrade_password_hash(user.id, user.password_hash, late)
+        assert store.users.get(user.id).password_hash == changed
+    finally:
+        store.close()
