@@ -56,9 +56,13 @@ fmt: $(STAMP)
 # (a native library's SIGSEGV) ends the run at once, naming its test: replacing
 # it, xdist 3.8's loadfile scheduler hangs or fails with a KeyError
 # (pytest-dev/pytest-xdist#1323, #1362), and CI would wait out its 90 minutes.
+# PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (some CI images and
+# sandboxes do), every worker recompiled and re-rewrote each test module's asserts
+# at collection (about 5 s of CPU a worker) and each `cosmicac` process the
+# project's modules; the __pycache__ folders it writes are ignored by git.
 TEST_WORKERS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 \
 		--durations=10
 
 bench: $(STAMP)
