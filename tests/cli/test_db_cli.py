@@ -125,12 +125,14 @@ async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing
                 "--host", "127.0.0.1", env=env))
             while True:  # bounded by fail_after
                 # Until the reader's serve has made its database, status says it
-                # holds none (a busy machine starts the process slowly).
+                # holds none, then that it has no view yet ("rows": null) (a busy
+                # machine starts the process slowly).
                 code, out, err = await cosmicac("db", "status", "--storage",
                                                 str(reader_storage), "-o", "json")
                 assert code == 0 or "holds no database" in err, err
                 reader_status = json.loads(out) if code == 0 else None
-                if reader_status is not None and reader_status["rows"]["token_usage"] == 1:
+                rows = (reader_status or {}).get("rows") or {}
+                if rows.get("token_usage") == 1:
                     break
                 await trio.sleep(0.2)
             assert reader_status["rows"]["api_keys"] == 1  # the key inventory arrived
