@@ -62,7 +62,8 @@ fmt: $(STAMP)
 # project's modules; the __pycache__ folders it writes are ignored by git.
 TEST_WORKERS ?= auto
 test: $(STAMP) lint
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--max-worker-restart=0 \
 		--durations=10
 
 bench: $(STAMP)

@@ -5,6 +5,18 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``slow`` first, each module's order kept.
+
+    ``make test`` hands whole modules to its workers in this order (--dist loadfile
+    with --no-loadscope-reorder; xdist's own reorder puts the modules with the most
+    tests first, which left the one-test end-to-end modules, the longest, for last:
+    one worker ran them while the others had finished).
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture(autouse=True)
 def _own_config_dir(tmp_path_factory: pytest.TempPathFactory,
                     monkeypatch: pytest.MonkeyPatch) -> None:

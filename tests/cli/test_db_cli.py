@@ -9,6 +9,7 @@ import signal
 import subprocess
 from contextlib import AsyncExitStack
 
+import pytest
 import trio
 
 from crdt import FsyncPolicy, PutApiKey, PutModelMaster, hash_secret
@@ -19,6 +20,8 @@ from tests.crdt.helpers import usage_ops
 from .helpers import process, read_until
 from .support import cosmicac as in_process
 from .support import cosmicac_process, dht_node
+
+pytestmark = pytest.mark.slow
 
 
 async def cosmicac(*args, env=None):

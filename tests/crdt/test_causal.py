@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from crdt import Entry, EntryId
 from crdt._causal import CausalGate, GateResult, Refusal
 
+pytestmark = pytest.mark.slow
+
 DB = b"d" * 32
 OTHER_DB = b"x" * 32
 WRITERS = [bytes([n]) * 32 for n in range(1, 5)]

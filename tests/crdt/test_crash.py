@@ -14,6 +14,8 @@ from crdt._base import Base
 from p2p.keys import KeyPair
 from tests.crdt.helpers import usage_ops
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

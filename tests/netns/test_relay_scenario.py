@@ -35,7 +35,7 @@ from tests.netns.topology import (
     console_script,
 )
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 COSMICAC = console_script("cosmicac")
 BLIND_RELAY = console_script("blind-relay")

@@ -17,6 +17,8 @@ from p2p.errors import P2PError
 from p2p.keys import KeyPair
 from tests.p2p.swarm.helpers import swarm_net
 
+pytestmark = pytest.mark.slow
+
 LIMIT_S = 10
 
 

@@ -25,6 +25,8 @@ from .kube_double import KubeDouble
 from .schema_check import validate
 from .units import H100, container_unit, vllm_unit
 
+pytestmark = pytest.mark.slow
+
 NS = "cosmicac"
 VMIS = ("kubevirt.io/v1", "virtualmachineinstances")
 DVS = ("cdi.kubevirt.io/v1beta1", "datavolumes")

