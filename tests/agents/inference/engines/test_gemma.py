@@ -43,7 +43,7 @@ def _model_runs_on_this_machine() -> None:
 
 @pytest.fixture(scope="module")
 def engine() -> TextEngine:
-    loaded = load_engine("gemma-3-270m")
+    loaded = load_engine("gemma-3-270m", threads=1)
     assert isinstance(loaded, TextEngine)
     return loaded
 
