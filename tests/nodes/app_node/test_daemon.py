@@ -26,7 +26,9 @@ def clean_env(tmp_path, **extra: str) -> dict[str, str]:
            if not k.startswith(("COSMICAC_", "REDIS_URL"))}
     env.update({"COSMICAC_APP_NODE__STORAGE": str(tmp_path / "app-node"),
                 "COSMICAC_APP_NODE__HOST": "127.0.0.1", "COSMICAC_APP_NODE__PORT": "0",
-                "COSMICAC_APP_NODE__HTTP__PORT": "0", "COSMICAC_APP_NODE__FSYNC": "false"})
+                "COSMICAC_APP_NODE__HTTP__PORT": "0", "COSMICAC_APP_NODE__FSYNC": "false",
+                # scrypt at 16 KiB, not OWASP's 128 MiB: a dozen logins below
+                "COSMICAC_APP_NODE__PASSWORD_HASH__LN": "4"})
     env.update(extra)
     return env
 
@@ -56,6 +58,8 @@ async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_p
                 await _bounded_over_a_real_socket(api, token)
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
+            # the cost set in the environment, and the warning that it is for tests
+            assert b"app_node.weak_password_hash" in await proc.stderr.receive_some(1 << 20)
     report = inspect_storage(tmp_path / "app-node" / "db")
     assert report.bootstrap.hex() == key
     admitted = {w.key.hex(): w for w in report.writers if w.admitted}
