@@ -1,44 +1,33 @@
 """kill -9 a writer in the middle of appending, 20 times: no acknowledged entry is lost."""
 
-import os
+import functools
 import random
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from crdt import Database, FsyncPolicy, LogCorrupted, verify_storage
 from crdt._base import Base
 from p2p.keys import KeyPair
+from tests.crdt.crash_writer import append_until_killed
 from tests.crdt.helpers import usage_ops
+from tests.forked import forked
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_kill_9_in_the_middle_of_appending_loses_no_acknowledged_entry(tmp_path):
     rng = random.Random(5)
     keypair = KeyPair.from_seed(b"\x07" * 32)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     acknowledged = 0
     for round_ in range(20):
-        writer = subprocess.Popen(
-            [sys.executable, "-m", "tests.crdt.crash_writer", str(tmp_path), str(round_)],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-        try:
-            opened = int(writer.stdout.readline().split()[1])
+        writer = functools.partial(append_until_killed, str(tmp_path), round_)
+        with forked(writer) as child:
+            opened = int(child.lines.readline().split()[1])
             assert opened >= acknowledged
             for _ in range(rng.randint(1, 12)):
-                line = writer.stdout.readline()
+                line = child.lines.readline()
                 assert line.startswith("acked "), line
                 acknowledged = int(line.split()[1])
-        finally:
-            writer.send_signal(signal.SIGKILL)  # while it is appending the next batch
-            writer.wait(timeout=30)
-            writer.stdout.close()
+        # (forked() ended it with SIGKILL while it was appending the next batch)
         with Base.open(tmp_path, keypair, fsync=FsyncPolicy.ALWAYS) as base:
             length = base.lengths()[keypair.public_key]
             assert length >= acknowledged

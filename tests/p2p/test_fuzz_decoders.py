@@ -73,7 +73,7 @@ from p2p.rpc._messages import Response as RpcResponse
 
 pytestmark = pytest.mark.slow
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALICE = KeyPair.from_seed(bytes(range(32)))
 BOB = KeyPair.from_seed(bytes(range(1, 33)))
 TOPIC = bytes(range(32))

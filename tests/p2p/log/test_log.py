@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -32,6 +28,7 @@ from p2p.log import (
     verify_file,
 )
 from p2p.log._records import ENTRY, HEAD, MAGIC, _frame, _read_record
+from tests.forked import forked
 
 pytestmark = pytest.mark.slow
 
@@ -456,30 +453,20 @@ def _signed_head(keypair: KeyPair, payloads: list[bytes]) -> Head:
 
 # --- crashes -------------------------------------------------------------------------------
 
-CRASHING_WRITER = textwrap.dedent(
-    """
-    import random, sys
-    from p2p.log import WriterLog
-    from p2p.keys import KeyPair
-
-    keypair = KeyPair.from_seed(bytes(range(32)))
-    wlog = WriterLog.open(sys.argv[1], keypair.public_key, keypair)
-    print("ready", wlog.length, flush=True)
+def append_until_killed(path: Path, seed: int, out) -> None:
+    """The forked writer: random batches until killed, each acknowledged length printed."""
+    rng = random.Random(seed)
+    wlog = WriterLog.open(path, WRITER.public_key, WRITER)
+    print("ready", wlog.length, file=out)
     while True:
         n = wlog.length
-        count = random.randint(1, 8)
-        batch = [f"entry-{n + k}".encode() * random.randint(1, 50) for k in range(count)]
-        length = wlog.append_batch(batch)
-        print(length, flush=True)
-    """
-)
+        count = rng.randint(1, 8)
+        batch = [f"entry-{n + k}".encode() * rng.randint(1, 50) for k in range(count)]
+        print(wlog.append_batch(batch), file=out)
 
 
 def test_sigkill_never_loses_an_acknowledged_batch(tmp_path):
     rng = random.Random(1234)
-    repo = Path(__file__).resolve().parents[3]
-    pythonpath = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": pythonpath}
     acknowledged_ever = 0
     for run in range(20):
         # Every run recovers the previous run's log and appends to it; a fresh
@@ -487,20 +474,13 @@ def test_sigkill_never_loses_an_acknowledged_batch(tmp_path):
         if run % 5 == 0:
             path = tmp_path / f"crash-{run}.log"
             acknowledged = 0
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CRASHING_WRITER, str(path)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=repo,
-        )
-        ready = proc.stdout.readline().split()
-        assert ready[0] == "ready", ready
-        assert int(ready[1]) >= acknowledged
-        time.sleep(rng.uniform(0, 0.08))  # short: the log grows fast
-        os.kill(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=5)
-        printed = [int(line) for line in out.split()]
+        with forked(functools.partial(append_until_killed, path, run)) as child:
+            ready = child.lines.readline().split()
+            assert ready[0] == "ready", ready
+            assert int(ready[1]) >= acknowledged
+            time.sleep(rng.uniform(0, 0.08))  # short: the log grows fast
+            child.kill()
+            printed = [int(line) for line in child.lines.read().split()]
         acknowledged = max([acknowledged, *printed])
 
         # Opening checks framing, the whole chain and every signature.

@@ -5,22 +5,17 @@ These wait on conditions with bounded overall timeouts (real time is the point).
 
 from __future__ import annotations
 
-import os
+import functools
 import random
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import trio
 
 from p2p.queue import QueueConfig, QueueService
-from tests.p2p.queue.crash_publisher import CONSUMER, PUBLISHER
+from tests.forked import forked
+from tests.p2p.queue.crash_publisher import CONSUMER, PUBLISHER, publish_until_killed
 from tests.p2p.queue.helpers import End, drain, two_ends
 from tests.p2p.swarm.helpers import swarm_net
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 async def test_two_swarms_on_real_sockets_with_fsync(tmp_path):
@@ -44,26 +39,20 @@ def test_kill_9_mid_publish_loses_no_returned_position(tmp_path):
     publish() returned (printed at once) is then delivered to a consumer, with
     its payload, over real sockets."""
     rng = random.Random(7)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     returned: dict[int, bytes] = {}
     directory = tmp_path / "publisher"
     for round_ in range(8):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.p2p.queue.crash_publisher", str(directory),
-             str(round_)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-        try:
-            opened = int(proc.stdout.readline().split()[1])
+        publish = functools.partial(publish_until_killed, str(directory), round_)
+        with forked(publish) as child:
+            opened = int(child.lines.readline().split()[1])
             assert opened >= max(returned, default=0)
             deadline = time.monotonic() + 10
             for _ in range(rng.randint(5, 300)):
-                line = proc.stdout.readline()
+                line = child.lines.readline()
                 assert line and time.monotonic() < deadline, "the publisher stalled"
                 position, payload = line.split()
                 returned[int(position)] = bytes.fromhex(payload)
-        finally:
-            proc.send_signal(signal.SIGKILL)  # while other tasks are mid-publish
-            proc.wait(timeout=30)
-            proc.stdout.close()
+        # (forked() ended it with SIGKILL while other tasks were mid-publish)
     assert len(returned) > 40
 
     async def deliver():
