@@ -50,7 +50,9 @@ lint: $(STAMP)
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
-# One worker per core (TEST_WORKERS=0: in this process, e.g. to use a debugger).
+# Two workers per core (TEST_WORKERS=0: in this process, e.g. to use a debugger):
+# a test that waits on a process, a socket or a timer leaves its core to another
+# worker (one per core left the cores idle a quarter of the time).
 # A module's tests stay on one worker (--dist loadfile): their module fixtures
 # start once, and the order within a file is the file's. A worker that crashes
 # (a native library's SIGSEGV) ends the run at once, naming its test: replacing
@@ -60,7 +62,7 @@ fmt: $(STAMP)
 # sandboxes do), every worker recompiled and re-rewrote each test module's asserts
 # at collection (about 5 s of CPU a worker) and each `cosmicac` process the
 # project's modules; the __pycache__ folders it writes are ignored by git.
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= $(shell echo $$((2 * $$(nproc))))
 test: $(STAMP) lint
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--max-worker-restart=0 \

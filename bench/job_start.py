@@ -49,7 +49,14 @@ raises it for this ``up`` through ``COSMICAC_APP_NODE__LIMITS__PER_TOKEN__*``.
 On the way out: SIGINT to ``up``, wait for it, and check that no process of
 the deployment is left (``leftover_processes``, which must be 0).
 
+``--attach STORAGE`` measures an ``up`` that already runs (its ``--storage``
+folder: the admin's ``credentials.json`` and the logs) and leaves it running:
+the API is reached through the entry point (``url`` in the credentials), a
+poll answered 429 waits its ``Retry-After`` (keep ``--poll-ms`` at 100 or more
+under the default limit), and no ``leftover_processes`` is printed.
+
 usage: python bench/job_start.py [--quick] [--jobs 5] [--warm-up 1] [--poll-ms 20]
+                                 [--attach STORAGE]
 """
 
 from __future__ import annotations
@@ -122,10 +129,16 @@ def free_base_port() -> int:
 @dataclass
 class Up:
     storage: Path
-    process: subprocess.Popen
-    output: Path
     api: str
+    #: None when attached to an ``up`` the bench did not start.
+    process: subprocess.Popen | None = None
+    output: Path | None = None
     token: str = ""
+
+    def output_tail(self, size: int) -> str:
+        if self.output is None:
+            return f"(see the logs in {self.storage / 'logs'})"
+        return self.output.read_text(errors="replace")[-size:]
 
 
 def start_up(storage: Path, base: int) -> Up:
@@ -138,15 +151,25 @@ def start_up(storage: Path, base: int) -> Up:
             [sys.executable, "-m", "cli.main", "up", "--storage", str(storage),
              "--base-port", str(base), "--no-table"],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
-    up = Up(storage, process, output, api=f"http://{HOST}:{base + 14}/api")
+    up = Up(storage, api=f"http://{HOST}:{base + 14}/api", process=process, output=output)
     deadline = time.monotonic() + UP_TIMEOUT_S
     while "cosmicac is up at" not in output.read_text(errors="replace"):
         if process.poll() is not None or time.monotonic() > deadline:
             stop_up(up)
-            raise BenchError("cosmicac up did not come up: "
-                             + output.read_text(errors="replace")[-2000:])
+            raise BenchError("cosmicac up did not come up: " + up.output_tail(2000))
         time.sleep(0.2)
     return up
+
+
+def attach(storage: Path) -> Up:
+    """The ``up`` running on ``storage``, reached through its entry point."""
+    credentials = storage / "credentials.json"
+    try:
+        url = json.loads(credentials.read_text())["url"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise BenchError(f"--attach {storage}: no running up's credentials there "
+                         f"({credentials}: {exc})") from None
+    return Up(storage, api=f"{url.rstrip('/')}/api")
 
 
 def _ours(storage: Path) -> list[int]:
@@ -168,6 +191,7 @@ def _ours(storage: Path) -> list[int]:
 
 def stop_up(up: Up) -> int:
     """SIGINT ``up`` and wait; returns how many of its processes were left after it."""
+    assert up.process is not None, "an attached up is not ours to stop"
     if up.process.poll() is None:
         up.process.send_signal(signal.SIGINT)
         try:
@@ -221,6 +245,9 @@ def start_job(client: Any, up: Up, index: int, poll_s: float) -> Run:
     while time.monotonic() < deadline:
         got = client.get(f"{up.api}/jobs/{job_id}")
         seen = time.time()
+        if got.status_code == 429:  # an attached up keeps its rate limits
+            time.sleep(min(float(got.headers.get("retry-after", 1)), 5.0))
+            continue
         if got.status_code == 200:
             status = got.json()["status"]
             if status == "running":
@@ -314,7 +341,7 @@ def read_marks(up: Up, run: Run) -> None:
 # --- the run -----------------------------------------------------------------------
 
 
-def report(runs: list[Run], leftover: int, args: argparse.Namespace) -> None:
+def report(runs: list[Run], leftover: int | None, args: argparse.Namespace) -> None:
     values: dict[str, list[float]] = {}
     for run in runs:
         m = run.marks
@@ -332,7 +359,8 @@ def report(runs: list[Run], leftover: int, args: argparse.Namespace) -> None:
             extra.update(machine=machine(), jobs=len(runs), poll_ms=args.poll_ms,
                          backend="local", model="demo", load_average=args.load_average)
         emit(BENCH, metric, statistics.median(got), "ms", **extra)
-    emit(BENCH, "leftover_processes", leftover, "count")
+    if leftover is not None:
+        emit(BENCH, "leftover_processes", leftover, "count")
     out = sys.stderr
     print(f"{'step':<12}{'median ms':>10}{'min':>9}{'max':>9}  covers", file=out)
     rows = [(s, d) for s, _, _, d in STEPS] + [("api", "POST answered (overlaps ork, queue)"),
@@ -343,8 +371,9 @@ def report(runs: list[Run], leftover: int, args: argparse.Namespace) -> None:
               f"{covers}", file=out)
     print("marks, ms after the POST (median): " + ", ".join(
         f"{mark} {statistics.median(values[f'at_{mark}']):.0f}" for mark in MARKS), file=out)
-    print(f"({len(runs)} jobs, one at a time; leftover processes after up stopped: "
-          f"{leftover})", file=out, flush=True)
+    ended = ("up left running (attached)" if leftover is None
+             else f"leftover processes after up stopped: {leftover}")
+    print(f"({len(runs)} jobs, one at a time; {ended})", file=out, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,38 +383,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=int, default=None,
                         help="jobs started first and not counted (default 1; 0 quick)")
     parser.add_argument("--poll-ms", type=float, default=20.0)
+    parser.add_argument("--attach", type=Path, metavar="STORAGE", default=None,
+                        help="measure the cosmicac up running on STORAGE (left running)")
     args = parser.parse_args(argv)
     for name, quick, full in (("jobs", 1, 5), ("warm_up", 0, 1)):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     args.load_average = [round(x, 2) for x in os.getloadavg()]
-    import httpx
 
+    if args.attach is not None:
+        up = attach(args.attach)
+        runs = measure(up, args)
+        for run in runs:
+            read_marks(up, run)
+        report(runs, None, args)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-job-start-") as tmp:
         up = start_up(Path(tmp) / "storage", free_base_port())
-        runs: list[Run] = []
-        failure: BaseException | None = None
         try:
-            with httpx.Client(timeout=30.0) as client:
-                login(client, up)
-                for index in range(args.warm_up + args.jobs):
-                    run = start_job(client, up, index, args.poll_ms / 1000)
-                    run.agent_log = _lines(agent_log(up, run.job_id))
-                    delete_job(client, up, run.job_id)
-                    if index >= args.warm_up:
-                        runs.append(run)
-        except (BenchError, httpx.HTTPError) as exc:
-            failure = exc
+            runs = measure(up, args)
         finally:
             leftover = stop_up(up)
-        if failure is not None:
-            raise BenchError(f"{failure}; up's output: "
-                             + up.output.read_text(errors="replace")[-1500:]) from failure
         for run in runs:  # the logs are complete once up has stopped
             read_marks(up, run)
         report(runs, leftover, args)
     return 0 if leftover == 0 else 1
 
+
+def measure(up: Up, args: argparse.Namespace) -> list[Run]:
+    """Log in, then start, time and delete ``warm_up + jobs`` jobs one at a time."""
+    import httpx
+
+    runs: list[Run] = []
+    try:
+        with httpx.Client(timeout=30.0) as client:
+            login(client, up)
+            for index in range(args.warm_up + args.jobs):
+                run = start_job(client, up, index, args.poll_ms / 1000)
+                run.agent_log = _lines(agent_log(up, run.job_id))
+                delete_job(client, up, run.job_id)
+                if index >= args.warm_up:
+                    runs.append(run)
+    except (BenchError, httpx.HTTPError) as exc:
+        raise BenchError(f"{exc}; up's output: {up.output_tail(1500)}") from exc
+    return runs
 
 if __name__ == "__main__":
     sys.exit(main())

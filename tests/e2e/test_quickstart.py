@@ -5,7 +5,8 @@ Logs in, creates an inference job on the ``local`` runtime and waits for
 ``running``, chats through ``openai`` with a key from ``cosmicac apikeys
 create`` and finds exactly that usage in ``cosmicac apikeys usage``, creates a
 container job and runs ``cosmicac shell JOB -- echo hi``, restarts both jobs,
-deletes one, and stops ``up`` with SIGINT with no process left behind: up
+deletes one, times one more job with bench/job_start.py (its smoke test: one
+``up`` serves both), and stops ``up`` with SIGINT with no process left behind: up
 itself stops the agent of the job still running (agents live in sessions of
 their own, so they outlive a worker restart).
 
@@ -42,6 +43,8 @@ from ..cli.helpers import COSMICAC, UP, free_base_port, pids_using, read_until, 
 from ..p2p.helpers import exposed_paths
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Every CLI call; a --wait is bounded by the CLI's own --timeout below it.
 CLI_LIMIT_S = 240
@@ -85,6 +88,31 @@ async def _usage_once_replicated(cli: Cli, key_id: str, want_total: int) -> list
                 break
             await trio.sleep(0.2)
     return rows
+
+
+async def _job_start_bench_on(storage: Path) -> None:
+    """bench/job_start.py attached to this up, as ``make bench`` runs the script (a
+    subprocess, JSON lines on stdout): every step and mark of one job is printed,
+    and the steps add up. The figures themselves are the bench's business."""
+    done = await trio.run_process(
+        [sys.executable, str(ROOT / "bench" / "job_start.py"), "--attach", str(storage),
+         "--jobs", "1", "--warm-up", "0", "--poll-ms", "150"],
+        capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = {}
+    for line in done.stdout.decode().splitlines():
+        record = json.loads(line)
+        assert record["bench"] == "job_start", record
+        figures[record["metric"]] = record["value"]
+    steps = ("ork", "queue", "worker", "agent_start", "health", "api_poll")
+    for step in (*steps, "api"):
+        assert figures[f"step_{step}"] >= 0, step
+    assert figures["step_agent_start"] > 0 and figures["step_health"] > 0
+    # The steps are consecutive: they add up to the total (rounding aside).
+    assert abs(sum(figures[f"step_{s}"] for s in steps) - figures["total"]) < 1.0
+    assert figures["at_running"] == pytest.approx(figures["total"])
+    assert "leftover_processes" not in figures  # up is not the bench's to stop here
+    assert b"agent_start" in done.stderr  # the table
 
 
 def _read_as_nobody(root: Path) -> list[str]:
@@ -220,6 +248,7 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
         gone = await cli("jobs", "get", chat_job, ok=False)
         assert gone.returncode == 1, gone
         assert [job["id"] for job in await cli.json("jobs", "list")] == [box_job]
+        await _job_start_bench_on(storage)
 
         # What it kept, while it runs (the databases' WAL files exist now).
         assert exposed_paths(storage) == []
