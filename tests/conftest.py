@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: a property test checks what the code does, and its
+# time is the benchmarks' business. On a busy machine (two suites at once) a
+# 200 ms default deadline failed examples that pass alone, as flaky.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
