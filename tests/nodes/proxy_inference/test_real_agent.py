@@ -51,7 +51,8 @@ async def demo_server(served_name: str, model: str = "demo"):
     """The local model server (``model``'s engine) as a subprocess: yields its (host, port)."""
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "agents.inference.server", "--model", model, "--port", "0",
-         "--served-name", served_name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+         "--served-name", served_name, "--threads", "1"],  # two spin on a busy machine
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         match = await read_until(proc.stdout, LISTENING)
         yield match[1], int(match[2])
