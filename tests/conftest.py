@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import settings
 
@@ -10,6 +12,14 @@ from hypothesis import settings
 # 200 ms default deadline failed examples that pass alone, as flaky.
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (the project, every test module) lives until the
+    worker ends: frozen out of the collector's reach, the full collections of a run
+    stop walking it again (some 5% of the workers' CPU)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
