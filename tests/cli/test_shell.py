@@ -35,7 +35,7 @@ from p2p.http import serve_asgi
 from p2p.keys import KeyPair, load_or_create_keypair
 from p2p.swarm import Swarm, SwarmConfig
 from tests.cli.support import cli_env, cosmicac, cosmicac_process, invoke
-from tests.nodes.app_node.api.conftest import CHEAP, Api, bearer, ork_api  # noqa: F401
+from tests.nodes.app_node.api.apis import CHEAP, Api, bearer, ork_api  # noqa: F401
 from tests.nodes.ork.world import RACK
 from tests.p2p.swarm.helpers import swarm_net
 

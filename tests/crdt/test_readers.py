@@ -32,7 +32,7 @@ from crdt._replication import METHOD_ACCESS, Replicator
 from p2p.keys import KeyPair
 from p2p.rpc import Method, RpcClient, RpcError
 from tests.crdt.helpers import usage_ops
-from tests.p2p.conftest import rpc_client_of
+from tests.p2p.mux_pairs import rpc_client_of
 
 KEYS = {name: KeyPair.generate().public_key
         for name in ("admin", "writer", "pending", "reader", "removed", "stranger")}

@@ -12,7 +12,7 @@ from contracts.agent_report import Hello
 from contracts.monitor import LogRecord
 from nodes.k8s_worker.agents import AgentRegistry
 from p2p.rpc import RpcClient, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.mux_pairs import running_mux_pair
 
 WORKER = b"\x01" * 32
 AGENT = b"\x02" * 32

@@ -12,7 +12,7 @@ from contracts.monitor import PROTOCOL, make_record
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.service import MonitorService
 from p2p.rpc import RpcClient, RpcConfig, serve_rpc
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.mux_pairs import running_mux_pair
 
 DAEMON = b"\x01" * 32
 READER = b"\x03" * 32

@@ -6,7 +6,7 @@ from __future__ import annotations
 from contracts.operations import ReplicaReport
 from contracts.ork import PROTOCOL
 from nodes.ork.service import OrkService
-from tests.p2p.conftest import rpc_client_of
+from tests.p2p.mux_pairs import rpc_client_of
 
 from .world import RACK, World
 

@@ -50,7 +50,7 @@ from nodes.ork.access import OrkAccess, Role
 from nodes.ork.service import ACCESS, MAX_WATCHERS_PER_KEY, OrkService
 from nodes.ork.settings import OrkSettings
 from p2p.rpc import Method, RpcClient, RpcError, StreamMethod
-from tests.p2p.conftest import rpc_client_of
+from tests.p2p.mux_pairs import rpc_client_of
 
 from .world import OTHER_RACK, RACK, World, container, inference
 

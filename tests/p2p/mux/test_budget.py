@@ -19,7 +19,7 @@ from p2p.mux._frames import (
     Open,
     encode_frame,
 )
-from tests.p2p.conftest import running_mux_pair, send_and_collect
+from tests.p2p.mux_pairs import running_mux_pair, send_and_collect
 
 OVERHEAD = MESSAGE_OVERHEAD_BYTES
 #: 1 KiB windows; a budget of four windows.

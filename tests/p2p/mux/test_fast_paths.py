@@ -10,7 +10,7 @@ import trio.testing
 
 from p2p.mux import ChannelBroken, ChannelClosed, Mux, MuxConfig
 from p2p.mux._frames import Data, FrameDecoder
-from tests.p2p.conftest import WrappedStream, running_mux_pair
+from tests.p2p.mux_pairs import WrappedStream, running_mux_pair
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
 

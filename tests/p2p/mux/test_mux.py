@@ -30,7 +30,7 @@ from p2p.mux._frames import (
     Open,
     encode_frame,
 )
-from tests.p2p.conftest import WrappedStream, running_mux_pair, send_and_collect
+from tests.p2p.mux_pairs import WrappedStream, running_mux_pair, send_and_collect
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
 

@@ -9,7 +9,7 @@ import trio
 from pydantic import BaseModel
 
 from p2p.rpc import CallContext, Method, Router, RpcClient, RpcError, RpcServer, StreamMethod
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.mux_pairs import running_mux_pair
 
 
 class EchoParams(BaseModel):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from p2p.rpc import AccessTable, Method, Router, RpcClient, RpcError, StreamMethod
-from tests.p2p.conftest import rpc_client_of
+from tests.p2p.mux_pairs import rpc_client_of
 
 
 class Params(BaseModel):

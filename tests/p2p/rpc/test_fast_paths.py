@@ -9,7 +9,7 @@ import trio.testing
 from p2p.mux import MuxConfig
 from p2p.rpc import RpcClient, RpcConfig, RpcError, RpcServer, RpcTimeout
 from p2p.rpc._messages import Cancel, Error, Request, Response, decode_message, encode_message
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.mux_pairs import running_mux_pair
 
 from .support import (
     ECHO,

@@ -37,7 +37,7 @@ from p2p.rpc._messages import (
     decode_message,
     encode_message,
 )
-from tests.p2p.conftest import running_mux_pair
+from tests.p2p.mux_pairs import running_mux_pair
 
 from .support import (
     BAD_RESULT,

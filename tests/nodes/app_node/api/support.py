@@ -13,7 +13,7 @@ import trio
 from nodes.app_node.api import create_app
 from p2p.http import serve_asgi
 
-from .conftest import CHEAP, IMAGE, Api, bearer
+from .apis import CHEAP, IMAGE, Api, bearer
 
 BOX = {"name": "box", "type": "container", "image": IMAGE, "gpus": 1}
 

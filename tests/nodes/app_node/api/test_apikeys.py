@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crdt import AddAudioUsage, AddTokenUsage, MarkKeyUsed
 
-from .conftest import Api, bearer
+from .apis import Api, bearer
 
 
 async def _team(api: Api, token: str) -> str:

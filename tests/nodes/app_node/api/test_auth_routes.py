@@ -10,7 +10,7 @@ import httpx
 from nodes.app_node.auth import ScryptParams
 from nodes.app_node.ratelimit import Limits, Rate
 
-from .conftest import PASSWORD, Api, bearer, make_api
+from .apis import PASSWORD, Api, bearer, make_api
 
 
 async def test_signup_then_closed(api: Api) -> None:
@@ -157,7 +157,7 @@ def test_a_changed_password_is_not_overwritten_by_a_late_upgrade(tmp_path: Path)
     from nodes.app_node.auth import hash_password
     from nodes.app_node.store import Store
 
-    from .conftest import CHEAP
+    from .apis import CHEAP
 
     store = Store.open(tmp_path / "app.sqlite")
     try:

@@ -18,7 +18,7 @@ from nodes.app_node.api import ROUTES, BodyLimits
 from nodes.app_node.api._body import parse_json
 from nodes.app_node.api._common import ApiError
 
-from .conftest import PASSWORD, Api, bearer, make_api
+from .apis import PASSWORD, Api, bearer, make_api
 
 LIMIT = 64 * 1024
 CHUNK = 16 * 1024

@@ -16,7 +16,7 @@ from nodes.app_node.api import _events
 from nodes.app_node.api._app import openapi
 
 from ....p2p.helpers import wait_until
-from .conftest import Api, bearer
+from .apis import Api, bearer
 from .support import _create, events, served
 
 

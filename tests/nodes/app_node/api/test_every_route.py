@@ -11,7 +11,7 @@ import pytest
 
 from nodes.app_node.api import ROUTES
 
-from .conftest import Api, bearer
+from .apis import Api, bearer
 from .support import OPEN
 
 

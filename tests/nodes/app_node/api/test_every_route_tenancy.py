@@ -36,7 +36,7 @@ import trio
 
 from nodes.app_node.api import ROUTES
 
-from .conftest import IMAGE, Tenants, bearer
+from .apis import IMAGE, Tenants, bearer
 from .support import OPEN, served
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import httpx
 from nodes.app_node.api import create_app
 from nodes.app_node.email import EmailMessage, EmailRejected, SendResult
 
-from .conftest import CHEAP, Api, bearer
+from .apis import CHEAP, Api, bearer
 
 
 class RefusingSender:

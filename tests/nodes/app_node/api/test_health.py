@@ -10,7 +10,7 @@ import pytest
 from nodes.app_node.health import HealthProber, app_node_target
 
 from ..health.fakes import FakeService, MemoryHealthStore
-from .conftest import Api, bearer
+from .apis import Api, bearer
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from email import policy
 
 from nodes.app_node.services import Lifetimes
 
-from .conftest import EVERYONE_CREATES, PASSWORD, Api, bearer
+from .apis import EVERYONE_CREATES, PASSWORD, Api, bearer
 
 
 async def _team(api: Api, token: str) -> str:

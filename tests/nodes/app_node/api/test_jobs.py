@@ -12,7 +12,7 @@ import pytest
 from p2p.rpc import RpcError
 
 from ....p2p.helpers import wait_until
-from .conftest import Api, bearer
+from .apis import Api, bearer
 from .support import _inference
 
 IMAGE = "docker://registry.local/jobs/app:1"

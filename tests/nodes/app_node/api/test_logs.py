@@ -14,7 +14,7 @@ from contracts.monitor import APPLICATION, SYSTEM, make_record
 from nodes.app_node.api import _events, _logs
 from nodes.app_node.api._app import openapi
 
-from .conftest import Api, bearer
+from .apis import Api, bearer
 from .support import Events, _create, events, served
 
 NS = 1_000_000_000

@@ -11,7 +11,7 @@ import trio
 from contracts.monitor import LATENCY_BUCKETS, JobWindow, MetricsReport
 
 from ....p2p.helpers import wait_until
-from .conftest import Api, bearer
+from .apis import Api, bearer
 from .support import _inference
 
 PROXY = b"\x05" * 32

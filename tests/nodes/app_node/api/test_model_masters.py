@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from crdt import PutModelMaster
 
-from .conftest import EVERYONE_CREATES, Api, bearer
+from .apis import EVERYONE_CREATES, Api, bearer
 
 
 async def _team(api: Api, token: str) -> str:

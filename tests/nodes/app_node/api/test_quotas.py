@@ -17,7 +17,7 @@ import trio
 from nodes.app_node.store import SCHEMA_VERSION, Store
 from nodes.app_node.team_rules import TeamsSettings
 
-from .conftest import EVERYONE_CREATES, Api, bearer
+from .apis import EVERYONE_CREATES, Api, bearer
 
 IMAGE = "docker://registry.local/jobs/app:1"
 

@@ -4,7 +4,7 @@ another team, get 403."""
 
 from __future__ import annotations
 
-from .conftest import EVERYONE_CREATES, Api, bearer
+from .apis import EVERYONE_CREATES, Api, bearer
 
 RACK = "ab" * 32  # the one tests/nodes/ork/world.World registers
 NEW_RACK = "ef" * 32

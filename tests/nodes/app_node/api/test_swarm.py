@@ -7,7 +7,7 @@ from nodes.app_node.api._swarm import swarm_advert
 from nodes.app_node.services import SwarmAdvert
 from nodes.app_node.settings import AppNodeSettings
 
-from .conftest import Api, bearer
+from .apis import Api, bearer
 
 RELAY = "ab" * 32
 

@@ -7,7 +7,7 @@ import re
 from email import policy
 from pathlib import Path
 
-from .conftest import PASSWORD, Api, bearer
+from .apis import PASSWORD, Api, bearer
 
 
 def _mail_text(path: Path) -> str:

@@ -21,7 +21,7 @@ import pytest
 from nodes.app_node.api import _auth_routes
 from nodes.app_node.ratelimit import Backoff, ThrottlePolicy
 
-from .conftest import GENEROUS, PASSWORD, Api, bearer, make_api
+from .apis import GENEROUS, PASSWORD, Api, bearer, make_api
 
 LIMITS = GENEROUS.model_copy(update={
     "trusted_proxies": ("127.0.0.1",),

@@ -10,7 +10,7 @@ from pathlib import Path
 from nodes.app_node.auth import hash_token
 from nodes.app_node.model import TokenKind
 
-from .conftest import EVERYONE_CREATES, PASSWORD, Api, bearer
+from .apis import EVERYONE_CREATES, PASSWORD, Api, bearer
 
 NEW = "a brand new passphrase"
 
