@@ -223,3 +223,25 @@ def test_each_broken_rule_is_found(tmp_path: Path) -> None:
         ("runtime/__init__.py", 1, "nodes.kit.peer"),
         ("runtime/__init__.py", 2, "agents"),
     }
+
+
+def conftest_imports(root: Path) -> list[str]:
+    """``path:line`` of every import from a ``conftest`` module under ``root/tests``.
+
+    A conftest holds fixtures, which pytest finds by itself; code that tests
+    share lives in support modules, where a reader looking for it expects it."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        for line, name in _imports(root, path):
+            if "conftest" in name.split("."):
+                found.append(f"{path.relative_to(root)}:{line}")
+    return found
+
+
+def test_no_test_imports_a_conftest(tmp_path: Path) -> None:
+    assert conftest_imports(ROOT) == []
+    _write(tmp_path, {"tests/__init__.py": "", "tests/a/__init__.py": "",
+                      "tests/a/conftest.py": "X = 1\n",
+                      "tests/a/test_x.py": "from .conftest import X\n",
+                      "tests/a/test_y.py": "import tests.a.conftest\n"})
+    assert conftest_imports(tmp_path) == ["tests/a/test_x.py:1", "tests/a/test_y.py:1"]
