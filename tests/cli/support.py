@@ -14,6 +14,7 @@ over them (``served``, ``served_ork``, ``served_logs``) are in ``conftest.py``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 import trio
+import typer
 from typer.testing import CliRunner
 
 from nodes.app_node.auth import ScryptParams
@@ -73,6 +75,21 @@ class Ran:
 _RUNNING = threading.Lock()
 
 
+@functools.cache
+def _app_of(command: str | None) -> typer.Typer:
+    from cli.main import build_app
+
+    return build_app(command)
+
+
+def _app_for(args: Sequence[str]) -> typer.Typer:
+    """The app ``main`` would build for ``args`` (the one command it names alone),
+    built once per command so the runner's click command is built once too."""
+    from cli.main import command_of  # the CLI's own dispatch, as `main` does
+
+    return _app_of(command_of(args))
+
+
 def invoke(args: Sequence[str], *, env: Mapping[str, str] | None = None,
            stdin: bytes = b"") -> Ran:
     """Run ``cosmicac *args`` here (blocking) and return how it ended.
@@ -80,8 +97,6 @@ def invoke(args: Sequence[str], *, env: Mapping[str, str] | None = None,
     ``env`` is the command's whole environment, as a process would get it: what
     it lacks of ``os.environ`` is unset while the command runs.
     """
-    from cli.main import build_app, command_of  # the CLI's own dispatch, as `main` does
-
     args = list(args)
     if not _RUNNING.acquire(blocking=False):
         raise AssertionError("one in-process cosmicac at a time (CliRunner's streams are "
@@ -89,7 +104,7 @@ def invoke(args: Sequence[str], *, env: Mapping[str, str] | None = None,
     root = logging.getLogger()
     handlers, levels = root.handlers[:], _logger_levels()
     try:
-        result = CliRunner().invoke(build_app(command_of(args)), args, input=stdin,
+        result = CliRunner().invoke(_app_for(args), args, input=stdin,
                                     env=_overrides(env))
     finally:
         # A daemon command points the root logger at CliRunner's streams and sets

@@ -12,6 +12,7 @@ exactly the routes served.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -122,6 +123,13 @@ def openapi(routes: list[RouteSpec] = ROUTES) -> dict[str, Any]:
                 "bearer": {"type": "http", "scheme": "bearer"}}}}
 
 
+@functools.cache
+def _served_openapi() -> dict[str, Any]:
+    # Built on the first request, not per app: the schema walk costs about
+    # 60 ms, which every app-node start and every test app paid for nothing.
+    return openapi()
+
+
 #: Starlette's ``{name:path}`` (a parameter that may hold ``/``) is ``{name}`` in OpenAPI.
 _CONVERTOR = re.compile(r"\{(\w+):\w+\}")
 
@@ -145,12 +153,11 @@ def create_app(services: AppServices, *,
     throttles = make_throttles(limits, services.limiter, services.clock)
     ctx = Ctx(services, password_params, bodies=BodyReader(body_limits), verified=verified,
               throttles=throttles)
-    document = openapi()
     routes = [Route("/api" + spec.path, _endpoint(ctx, spec), methods=[spec.method])
               for spec in ROUTES]
 
     async def openapi_json(request: Request) -> Response:
-        return JSONResponse(document)
+        return JSONResponse(_served_openapi())
 
     async def docs(request: Request) -> Response:
         return HTMLResponse(_DOCS)
