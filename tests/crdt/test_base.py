@@ -26,6 +26,7 @@ from crdt._entries import decode_entry
 from p2p.keys import KeyPair
 from p2p.log import WriterLog
 from tests.crdt.helpers import open_replica, pull, usage_ops
+from tests.examples import examples
 
 A, B, C = (KeyPair.from_seed(bytes([n]) * 32) for n in (1, 2, 3))
 
@@ -251,7 +252,7 @@ steps = st.lists(st.one_of(
 ), max_size=30)
 
 
-@settings(max_examples=100, deadline=None,
+@settings(max_examples=examples(100), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(2, 5), steps, st.randoms(use_true_random=False))
 def test_replicas_converge_whatever_the_partitions_and_delivery_order(tmp_path_factory, n,

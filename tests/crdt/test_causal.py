@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from crdt import Entry, EntryId
 from crdt._causal import CausalGate, GateResult, Refusal
+from tests.examples import examples
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ def _check_causal(result: GateResult, have: dict[bytes, int], released: list) ->
         released.append((where, entry))
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(histories(), st.randoms(use_true_random=False), st.integers(0, 10))
 def test_any_delivery_order_releases_everything_in_a_causal_order(story, rng, dupes):
     history, lengths = story
@@ -164,7 +165,7 @@ def deliver(entries, bad_payloads, rng, dupes):
     return {where for where, _ in released}, gate.stopped, gate.waiting
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(damaged_histories(), st.randoms(use_true_random=False),
        st.randoms(use_true_random=False), st.integers(0, 10))
 def test_what_is_released_and_stopped_depends_only_on_the_set(story, rng1, rng2, dupes):

@@ -32,6 +32,7 @@ from crdt import (
 from crdt._entries import decode_entry
 from crdt._ops import validate_op
 from p2p.keys import KeyPair
+from tests.examples import examples
 
 H = hash_secret("s3cret")
 K = b"k" * 32
@@ -130,7 +131,7 @@ wire_usage = st.tuples(st.just("usage_add"), names, names, st.just("2026-11-29")
                        counts, counts, counts, counts, counts)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(typed_ops)
 def test_every_typed_op_round_trips_through_its_wire_form(op):
     validate_op(op.to_wire())
@@ -139,7 +140,7 @@ def test_every_typed_op_round_trips_through_its_wire_form(op):
     assert decode_entry(entry.encode()).typed_ops() == [op]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(wire_usage)
 def test_every_stored_usage_add_decodes_to_exactly_one_usage_op_and_back(wire):
     op = decode_op(wire)

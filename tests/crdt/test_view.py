@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from crdt import ApiKey, Entry, EntryId, ModelMaster, Usage, hash_secret
 from crdt._view import View, ViewMismatch
+from tests.examples import examples
 
 DB = b"d" * 32
 W1, W2, W3 = (bytes([n]) * 32 for n in (1, 2, 3))
@@ -398,7 +399,7 @@ def expected_from(entries):
     return usage_rows, used, revoked, puts, models
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.randoms(use_true_random=False))
 def test_any_order_and_chunking_gives_the_same_view(entries, rng):
     usage_rows, used, revoked, puts, models = expected_from(entries)

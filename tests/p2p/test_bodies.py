@@ -20,6 +20,7 @@ from p2p.bodies import (
     loads_bounded,
     read_body,
 )
+from tests.examples import examples
 
 # --- depth ---
 
@@ -171,7 +172,7 @@ class BudgetMachine(RuleBasedStateMachine):
 
 
 TestBudgetMachine = BudgetMachine.TestCase
-TestBudgetMachine.settings = settings(max_examples=200, deadline=None)
+TestBudgetMachine.settings = settings(max_examples=examples(200), deadline=None)
 
 
 async def test_a_body_trickled_too_slowly_is_a_408_and_gives_its_room_back(autojump_clock):

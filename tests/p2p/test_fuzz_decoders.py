@@ -70,10 +70,12 @@ from p2p.rpc._messages import (
 from p2p.rpc._messages import Error as RpcErrorMessage
 from p2p.rpc._messages import Request as RpcRequest
 from p2p.rpc._messages import Response as RpcResponse
+from tests.examples import examples
 
 pytestmark = pytest.mark.slow
 
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(100), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 ALICE = KeyPair.from_seed(bytes(range(32)))
 BOB = KeyPair.from_seed(bytes(range(1, 33)))
 TOPIC = bytes(range(32))
@@ -687,7 +689,7 @@ async def _read_hostile_frames(chunks: list[bytes], genuine_first: bool) -> None
             nursery.cancel_scope.cancel()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     chunks=st.lists(st.binary(max_size=200), max_size=4),
     genuine_first=st.booleans(),

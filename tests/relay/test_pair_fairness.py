@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 from p2p.keys import KeyPair
 from p2p.relay import RefusalCode, RelayRefused, Role, keep_reservation, request_pair
 from relay import PairingPhase, RelayConfig, RelayState, relay_registry
+from tests.examples import examples
 
 from ..p2p.helpers import ALICE, BOB, MALLORY
 from .helpers import MemoryRelay
@@ -107,7 +108,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     operations,
     st.integers(1, 6),  # max_pairs_per_key

@@ -18,6 +18,7 @@ from agents.inference.engines._demo import DemoEngine
 from agents.inference.server import create_app
 from contracts.inference import MAX_BODY
 from p2p.bodies import BodyBudget
+from tests.examples import examples
 
 ENGINE = DemoEngine()
 NAME = "demo-served"
@@ -273,7 +274,7 @@ async def test_several_prompts_are_400(client: httpx.AsyncClient) -> None:
     assert_error(response, 400, "prompt")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     content=st.text(max_size=40),
     seed=st.integers(min_value=0, max_value=2**31),

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from agents.inference._forward import ModelClient
 from contracts.inference import Usage
+from tests.examples import examples
 
 from .stream_bodies import CHAT, COMPLETIONS, CONTENT_TYPES, request_bodies
 
@@ -61,7 +62,7 @@ def usage_chunks(stream: bytes) -> list[dict]:
             and (chunk := json.loads(event[5:])).get("choices") == []]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.sampled_from([CHAT, COMPLETIONS]).flatmap(
     lambda path: st.tuples(st.just(path), request_bodies(path), st.sampled_from(CONTENT_TYPES))))
 def test_every_body_the_server_streams_is_billed_as_its_whole_answer(server, case):

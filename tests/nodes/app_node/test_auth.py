@@ -28,6 +28,7 @@ from nodes.app_node.auth import (
     parse_stored_hash,
     verify_password,
 )
+from tests.examples import examples
 
 CHEAP = ScryptParams(ln=10, r=8, p=1)  # 1 MiB: fast tests, same code path
 PASSWORD = "correct horse battery staple"
@@ -50,7 +51,7 @@ def test_salt_is_per_password() -> None:
     assert verify_password(PASSWORD, first) and verify_password(PASSWORD, second)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(password=st.text(min_size=MIN_PASSWORD_CHARS, max_size=60).filter(
     lambda p: p.strip() and len(set(p)) >= 4), other=st.text(max_size=60))
 def test_round_trip_and_wrong_password(password: str, other: str) -> None:

@@ -14,6 +14,7 @@ from contracts.model import JobSpec, JobType
 from nodes.app_node.errors import Conflict, LastOwner, NotFound
 from nodes.app_node.model import Role
 from nodes.app_node.store import Store
+from tests.examples import examples
 
 T0 = 1_000_000.0
 USERS = 5
@@ -115,7 +116,8 @@ class Memberships(RuleBasedStateMachine):
 
 
 TestMemberships = Memberships.TestCase
-TestMemberships.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestMemberships.settings = settings(max_examples=examples(60), stateful_step_count=40,
+                                    deadline=None)
 
 
 def test_listing_1000_jobs_and_100_users_page_by_page(tmp_path):

@@ -28,6 +28,7 @@ from nodes.k8s_worker.agents import AgentRefused, AgentTable
 from nodes.k8s_worker.backend import replica_unit
 from p2p.rpc import RpcError
 from tests.agents.helpers import agent_config, vmi_of
+from tests.examples import examples
 
 from .registry_client import (
     AGENT,
@@ -198,7 +199,7 @@ _TABLE.expect(vmi_of(_CONFIG))
 _TABLE.hello(AGENT, hello_of(_CONFIG), now=0.0)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_batches())
 def test_any_bytes_give_restamped_records_or_bad_batch_never_another_error(data: bytes):
     try:

@@ -16,6 +16,7 @@ from contracts.model import ReplicaState
 from contracts.operations import CreateReplica, DeleteReplica, ReplicaReport, RestartReplica
 from nodes.ork.errors import OrkError
 from nodes.ork.status import derive_job_status
+from tests.examples import examples
 
 from .world import RACK, World, container, inference
 
@@ -137,6 +138,6 @@ class OrkMachine(RuleBasedStateMachine):
             assert job.replicas, "a job without replicas must be gone"
 
 
-OrkMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
+OrkMachine.TestCase.settings = settings(max_examples=examples(60), stateful_step_count=40,
                                         deadline=None)
 test_orchestrator_under_random_sequences = OrkMachine.TestCase

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from contracts.model import JobSpec, NodeInfo, RackReport, ReplicaPlacement
 from nodes.ork.capacity import Capacity
 from nodes.ork.placement import NoCapacity, PlacementError, Unplaceable, never_fits, place
+from tests.examples import examples
 
 IMAGE = "docker://registry.local/img:1"
 
@@ -501,7 +502,7 @@ def oracle(capacity: Capacity, spec: JobSpec, owner: str | None):
     return NoCapacity if any(n.gpus >= spec.gpus for _, n in usable) else Unplaceable
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(racks_st, ops_st)
 def test_random_sequences_keep_the_books_straight(racks: list[R], ops: list[tuple]) -> None:
     capacity = build(racks)
@@ -623,7 +624,7 @@ def span_oracle(capacity: Capacity, gpus: int) -> list[str] | None:
     return best[1] if best else None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(span_racks_st, span_ops_st)
 def test_spanning_vllm_replicas_take_the_fewest_tightest_nodes(racks: list[R],
                                                                ops: list[tuple]) -> None:

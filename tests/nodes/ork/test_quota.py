@@ -18,6 +18,7 @@ from nodes.ork.quota import gpus_counted
 from nodes.ork.service import OrkService
 from nodes.ork.store import SCHEMA_VERSION, Store
 from p2p.rpc import RpcError
+from tests.examples import examples
 
 from .support import APP_NODE, Harness, connect
 from .world import SETUPS, World, container, inference
@@ -169,7 +170,7 @@ _ACTIONS = st.lists(st.one_of(
 ), max_size=40)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(quota=st.integers(0, 12), actions=_ACTIONS)
 def test_a_team_never_holds_more_than_its_quota(quota: int, actions) -> None:
     world = World(nodes=(8, 8))

@@ -21,6 +21,7 @@ from nodes.monitor.health import HealthBook
 from nodes.monitor.service import MonitorService
 from nodes.proxy_inference.health import HealthWindow
 from nodes.proxy_inference.reporter import HealthReporter
+from tests.examples import examples
 from tests.nodes.monitor.support import connect
 
 PROXY = b"\x07" * 32
@@ -103,7 +104,7 @@ events = st.lists(st.tuples(st.sampled_from(["a", "b"]),
                   max_size=60)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(events=events, now_extra=st.floats(min_value=0, max_value=120),
        proxies=st.integers(min_value=1, max_value=3), seed=st.randoms(use_true_random=False))
 def test_windows_of_many_proxies_merge_to_the_window_of_all_their_requests(

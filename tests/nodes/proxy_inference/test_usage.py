@@ -18,6 +18,7 @@ from crdt import Database, FsyncPolicy
 from crdt import Usage as UsageRow
 from nodes.proxy_inference.usage import PENDING_FILE, UsageBook, UsageRecorder, utc_day
 from p2p.keys import KeyPair
+from tests.examples import examples
 from tests.p2p.helpers import wait_until
 
 ADMIN = KeyPair.from_seed(b"\x11" * 32)
@@ -106,7 +107,7 @@ def test_a_full_book_drops_new_buckets_but_keeps_counting_old_ones():
 
 
 @given(st.lists(requests, max_size=30))
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 def test_a_saved_book_reads_back_the_same(reqs):
     book = UsageBook()
     for key_id, model, day, usage, at in reqs:

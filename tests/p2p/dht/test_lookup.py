@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from p2p.dht._contact import Contact
 from p2p.dht._lookup import IterativeLookup, LookupConfig, QueryState
 from p2p.errors import LocalProtocolError
+from tests.examples import examples
 
 
 def make_network(size, seed):
@@ -169,7 +170,7 @@ def test_bad_configuration_and_targets_are_refused():
         IterativeLookup(bytes(32), [])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 120), st.integers(1, 6))
 def test_any_network_any_alpha_the_lookup_ends_with_sorted_answers(seed, size, alpha):
     contacts = make_network(size, seed=seed)
@@ -268,7 +269,7 @@ class SortingModel:
         return answered[0]["depth"] + 1 if answered else 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.integers(0, 2**32), st.integers(1, 4), st.integers(1, 4), st.integers(1, 40), st.data()
 )

@@ -23,8 +23,10 @@ from p2p.dht._messages import (
     value_budget_bytes,
 )
 from p2p.errors import LocalProtocolError, RemoteProtocolError
+from tests.examples import examples
 
-FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(120), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 def _usable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

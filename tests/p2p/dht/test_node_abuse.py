@@ -26,6 +26,7 @@ from p2p.dht._records import PeerRecord, record_topic_for_key, sign_record
 from p2p.dht._transport import LinkProfile
 from p2p.dht.testnet import memory_testnet
 from p2p.keys import KeyPair, derive_topic
+from tests.examples import examples
 
 NOW = 1_800_000_000.0
 SERVICE = [("10.1.2.3", 7000)]
@@ -204,7 +205,7 @@ hosts = st.sampled_from(["127.0.0.1", "127.0.0.2", "::1", "169.254.0.7", "fe80::
                          "10.0.0.3", "10.0.0.4", "192.168.5.5", "8.8.8.8", "2001:db8::5"])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(hosts, st.integers(1000, 1010)), min_size=1, max_size=15,
                 unique=True),
        st.tuples(hosts, st.integers(2000, 2010)))

@@ -12,6 +12,7 @@ from p2p.dht._messages import Command, Request, decode, encode
 from p2p.dht._node import NodeCore, ResponseReceived
 from p2p.dht._records import sign_record, sign_unannounce
 from p2p.keys import KeyPair, derive_topic
+from tests.examples import examples
 
 NOW = 1_800_000_000.0
 TOPIC = derive_topic("test", "topic")
@@ -249,7 +250,7 @@ def test_a_head_that_does_not_answer_is_replaced_by_the_newcomer():
     assert ping.address not in [c.address for c in server.routing.contacts()]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=600))
 def test_arbitrary_datagrams_never_crash_the_node_and_it_keeps_answering(data):
     server, client = make_core(2), make_core(1)
@@ -258,7 +259,7 @@ def test_arbitrary_datagrams_never_crash_the_node_and_it_keeps_answering(data):
     exchange(client, server, Command.PING)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.integers(0, 200), st.integers(1, 255))
 def test_mutated_requests_never_crash_the_node(position, mask):
     server, client = make_core(2), make_core(1)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from p2p.dht._contact import Contact, node_id_for
 from p2p.dht._errors import DhtUsageError
 from p2p.dht._routing import AddStatus, Routing, _distance_floor, id_matches, target_id
+from tests.examples import examples
 
 LOCAL = Contact.at("192.0.2.1", 49737)
 
@@ -113,7 +114,7 @@ def test_closest_leaves_out_excluded_ids_and_handles_an_empty_table() -> None:
     assert table.closest(target, 0) == []
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     st.integers(0, 2**32),
     st.integers(1, 8),

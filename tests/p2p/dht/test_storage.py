@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from p2p.dht._errors import DhtUsageError
 from p2p.dht._records import CLOCK_SKEW_S, PeerRecord
 from p2p.dht._storage import PutResult, RecordStore
+from tests.examples import examples
 
 NOW = 1_700_000_000.0
 TOPIC = b"\x0a" * 32
@@ -313,4 +314,5 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestStoreMachine.settings = settings(max_examples=examples(60), stateful_step_count=30,
+                                     deadline=None)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from p2p.dht._records import PeerRecord, record_topic_for_key
 from p2p.dht._storage import PutResult, RecordStore
+from tests.examples import examples
 
 NOW = 1_700_000_000.0
 FLOODER = "203.0.113.66"
@@ -145,7 +146,7 @@ honest_op = st.tuples(st.just("honest"), st.integers(0, 5), st.integers(0, 6),
                       st.integers(200, 1200))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.one_of(flood_op, honest_op), max_size=80))
 @example([("flood", 0, 0, 200), ("honest", 0, 0, 200), ("honest", 1, 6, 200),
           ("honest", 2, 0, 200), ("honest", 3, 6, 201)])
@@ -180,7 +181,7 @@ def test_a_flood_from_one_source_never_costs_an_honest_announce_its_place(ops):
         assert ((10_000 + source).to_bytes(32, "big"), t) in held
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 200), st.integers(0, 20),
                           st.integers(1, 1200)), max_size=100))
 def test_only_the_owner_ever_holds_its_key_topic_once_it_announced(ops):

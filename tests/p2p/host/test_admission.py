@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from p2p.host import ConnectionSlots, HandshakeSlots, address_group
 from p2p.host._admission import LogLimiter
+from tests.examples import examples
 
 PEER = b"p" * 32
 
@@ -125,7 +126,7 @@ def test_leaving_frees_the_slot_and_is_idempotent():
     assert not slots.progress(ticket)  # a gone ticket is ignored
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     total=st.integers(1, 12),
     per_group=st.integers(1, 12),
@@ -185,7 +186,7 @@ def test_any_arrivals_keep_the_caps_and_spare_every_parsed_handshake_younger_tha
             assert slots.count(g) == sum(1 for x, _, _ in live.values() if x == g) <= per_group
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(flood=st.lists(st.sampled_from(["loopback", "10.0.0.1"]), min_size=1, max_size=300),
        at=st.integers(0, 299), peer_group=st.sampled_from(["loopback", "10.0.0.9"]),
        parses=st.booleans(), rate=st.sampled_from([60.0, 200.0, 1000.0]))
@@ -354,7 +355,7 @@ def test_a_stranger_promoted_to_reserved_frees_the_strangers_slots():
     assert len(slots) == 1 and slots.strangers == 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(reserve=st.integers(0, 7), steps=st.lists(
     st.tuples(st.sampled_from(["stranger", "peer", "close"]), st.sampled_from(["a", "b"]),
               st.integers(0, 20)), max_size=60))

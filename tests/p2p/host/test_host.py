@@ -19,6 +19,7 @@ from p2p.keys import KeyPair
 from p2p.mux import ChannelRejected
 from p2p.noise import Handshake, SecretStream
 from p2p.rpc import CallContext, Method, Router, RpcClient, RpcError
+from tests.examples import examples
 
 from ..helpers import ALICE, BOB, MALLORY
 
@@ -337,7 +338,7 @@ def test_host_limits_are_checked():
 
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(cap=st.integers(1, 4),
        steps=st.lists(st.one_of(st.just("connect"), st.integers(0, 7)), max_size=12))
 def test_live_connections_never_exceed_the_cap_whatever_the_order(cap, steps):

@@ -28,6 +28,7 @@ from p2p.log import (
     verify_file,
 )
 from p2p.log._records import ENTRY, HEAD, MAGIC, _frame, _read_record
+from tests.examples import examples
 from tests.forked import forked
 
 pytestmark = pytest.mark.slow
@@ -153,7 +154,7 @@ def test_truncating_at_every_offset_keeps_exactly_the_complete_batches(tmp_path)
         assert path.stat().st_size == durable_end
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     batches=st.lists(
         st.lists(st.binary(max_size=40), min_size=1, max_size=4), min_size=1, max_size=5
@@ -267,7 +268,7 @@ def test_every_single_flipped_byte_of_an_acknowledged_log_is_refused(tmp_path):
         assert_refused_everywhere(path, flip_byte(data, offset, rng.randint(1, 255)))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     batches=st.lists(
         st.lists(st.binary(max_size=60), min_size=1, max_size=5), min_size=1, max_size=4
@@ -284,7 +285,7 @@ def test_any_flipped_byte_of_any_acknowledged_log_is_detected_never_truncated(
         assert_refused_everywhere(path, flip_byte(data, int(where * len(data)), mask))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     acknowledged=st.lists(
         st.lists(st.binary(max_size=60), min_size=1, max_size=4), max_size=3

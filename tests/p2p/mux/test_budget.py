@@ -19,6 +19,7 @@ from p2p.mux._frames import (
     Open,
     encode_frame,
 )
+from tests.examples import examples
 from tests.p2p.mux_pairs import running_mux_pair, send_and_collect
 
 OVERHEAD = MESSAGE_OVERHEAD_BYTES
@@ -145,7 +146,7 @@ def test_core_a_peer_beyond_the_budget_is_a_protocol_error():
     assert b.buffered_bytes <= TIGHT.receive_budget_bytes
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     n=st.integers(4, 24),
     seed=st.integers(0, 2**32),

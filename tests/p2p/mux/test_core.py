@@ -20,6 +20,7 @@ from p2p.mux import (
 )
 from p2p.mux._core import ChannelPhase
 from p2p.mux._frames import MESSAGE_OVERHEAD_BYTES
+from tests.examples import examples
 
 SMALL = MuxConfig(initial_window_bytes=1024, max_message_bytes=512, max_send_buffer_bytes=4096)
 #: The smallest budget SMALL's window allows (two windows): channels compete for it.
@@ -242,6 +243,6 @@ class CorePairMachine(RuleBasedStateMachine):
 
 TestCorePairMachine = CorePairMachine.TestCase
 TestCorePairMachine.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None,
+    max_examples=examples(100), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -22,6 +22,7 @@ from p2p.mux._frames import (
     encode_frame,
     encode_varint,
 )
+from tests.examples import examples
 
 MAX_FRAME = 1 << 16
 channels = st.integers(min_value=0, max_value=(1 << 63) - 1)
@@ -74,13 +75,13 @@ def _decode_all(data: bytes) -> None:
         assert exc.code.isupper()
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes_only_yield_frames_or_a_remote_protocol_error(data):
     _decode_all(data)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(frames, min_size=1, max_size=5), st.data())
 def test_mutated_valid_frames_only_yield_frames_or_a_remote_protocol_error(frame_list, data):
     wire = bytearray(b"".join(encode_frame(f) for f in frame_list))

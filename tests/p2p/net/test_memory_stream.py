@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from trio.testing import MockClock, check_half_closeable_stream
 
 from p2p.net import MemoryInternet, memory_stream_pair
+from tests.examples import examples
 
 
 def makers(**options):
@@ -107,7 +108,7 @@ def test_bad_arguments_are_refused():
         memory_stream_pair(capacity_bytes=0)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     chunks=st.lists(st.binary(max_size=300), max_size=20),
     read_sizes=st.lists(st.integers(1, 200), min_size=1, max_size=30),

@@ -10,6 +10,7 @@ from p2p.noise import NEED_DATA, Data, EndOfStream, Handshake, KeepAlive, Transp
 from p2p.noise._handshake import PROOF_CONTEXT
 from p2p.noise._transport import MAX_PLAINTEXT_BYTES
 from p2p.noise._wire import FrameType, pack_header
+from tests.examples import examples
 
 ALICE = KeyPair.from_seed(bytes(range(32)))
 BOB = KeyPair.from_seed(bytes(range(1, 33)))
@@ -156,7 +157,7 @@ def test_arbitrary_bytes_only_raise_handshake_error(data):
         pass
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.integers(0, 2), st.integers(0, 10_000), st.integers(1, 255))
 def test_mutated_handshake_messages_only_raise_handshake_error(which, position, flip):
     initiator, responder, messages = handshake_messages()
@@ -174,7 +175,7 @@ def test_mutated_handshake_messages_only_raise_handshake_error(which, position, 
 
 
 @given(st.lists(st.binary(max_size=3 * MAX_PLAINTEXT_BYTES), max_size=4))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 def test_transport_round_trips_any_writes_in_order(chunks):
     sender, receiver = transports()
     receiver.receive_data(b"".join(sender.send_data(c) for c in chunks))
@@ -274,7 +275,7 @@ def test_arbitrary_bytes_give_events_or_remote_protocol_error(data):
         pass
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.integers(0, 200), st.integers(1, 255))
 def test_any_mutated_byte_of_a_valid_stream_is_detected(position, mask):
     sender, receiver = transports()

@@ -20,6 +20,7 @@ from p2p.errors import HandshakeError
 from p2p.keys import KeyPair
 from p2p.noise import Handshake, HandshakePhase, SecretStream
 from p2p.noise._wire import FrameType, pack_header
+from tests.examples import examples
 
 ALICE = KeyPair.from_seed(bytes(range(32)))
 BOB = KeyPair.from_seed(bytes(range(1, 33)))
@@ -170,7 +171,8 @@ def test_message_1_with_a_payload_after_a_zero_key_is_a_handshake_error():
 
 # -- properties: any bytes, any mutation, both roles -------------------------------------
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(300), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ
@@ -273,7 +275,7 @@ async def _drive(role: str, chunks: list[bytes]) -> None:
             nursery.cancel_scope.cancel()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     role=st.sampled_from(["responder", "initiator"]),
     chunks=st.lists(

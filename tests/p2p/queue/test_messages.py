@@ -23,6 +23,7 @@ from p2p.queue._messages import (
     encode_status,
     head_namespace,
 )
+from tests.examples import examples
 
 HEAD = Head(3, bytes(32), bytes(64))
 ENTRY = encode_entry("job-1", b"op")
@@ -58,7 +59,7 @@ def test_malformed_messages_are_refused_with_a_code(data, code):
     assert refused.value.code == code
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(st.binary(max_size=300))
 def test_fuzz_decode_message_bytes(data):
     try:
@@ -75,7 +76,7 @@ _values = st.recursive(
     max_leaves=20)
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(st.integers(min_value=0, max_value=4), st.lists(_values, max_size=5))
 def test_fuzz_decode_message_structures(kind, rest):
     """Well-formed msgpack of the wrong shape: a value or BadQueueMessage, nothing else."""
@@ -86,7 +87,7 @@ def test_fuzz_decode_message_structures(kind, rest):
     assert isinstance(message, Status | Entries)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(_values)
 def test_fuzz_decode_entry(value):
     try:
@@ -97,7 +98,7 @@ def test_fuzz_decode_entry(value):
         assert isinstance(key, str) and isinstance(payload, bytes)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=100))
 def test_fuzz_decode_entry_bytes(data):
     try:
@@ -162,7 +163,7 @@ def test_receiver_refuses_an_entry_that_is_not_key_and_payload():
     assert refused.value.code == "BAD_ENTRY"
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 5), st.booleans()), max_size=12))
 def test_fuzz_receiver(messages):
     """Any sequence of ENTRIES: the receiver refuses with BadQueueMessage or hands out
@@ -210,7 +211,7 @@ def test_position_file_survives_a_torn_slot(tmp_path):
     assert PositionFile(path, fsync=False).position == 4
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.binary(max_size=8200))
 def test_fuzz_position_file(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("cursor") / "acked"

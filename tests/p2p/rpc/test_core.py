@@ -28,6 +28,7 @@ from p2p.rpc._messages import (
     encode_fields,
     encode_message,
 )
+from tests.examples import examples
 
 
 def test_ids_wrap_below_2_to_the_32_and_skip_calls_in_flight():
@@ -313,7 +314,7 @@ class RpcCores(RuleBasedStateMachine):
 
 TestRpcCores = RpcCores.TestCase
 TestRpcCores.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None,
+    max_examples=examples(100), stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 

@@ -37,6 +37,7 @@ from p2p.rpc._messages import (
     decode_message,
     encode_message,
 )
+from tests.examples import examples
 from tests.p2p.mux_pairs import running_mux_pair
 
 from .support import (
@@ -337,7 +338,7 @@ def test_every_rpc_message_round_trips(msg):
     assert decode_message(encode_message(msg)) == msg
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.one_of(st.binary(max_size=64), values.map(lambda v: msgpack.packb(v))))
 def test_arbitrary_bytes_decode_to_a_message_or_an_rpc_protocol_error(data):
     try:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from agents.inference.engines._audio import TARGET_RATE, Audio, BadAudio, decode_wav, to_mono_16k
 from tests.agents.inference.extras import need
 from tests.agents.inference.wavs import tone_wav
+from tests.examples import examples
 
 
 def riff(*chunks: tuple[bytes, bytes], riff_size: int | None = None) -> bytes:
@@ -73,7 +74,7 @@ def test_bad_files_say_what_is_wrong(data: bytes, message: str) -> None:
         decode_wav(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=200) | st.builds(lambda tail: riff((b"fmt ", fmt())) + tail, st.binary()))
 def test_any_bytes_decode_or_raise_bad_audio(data: bytes) -> None:
     try:

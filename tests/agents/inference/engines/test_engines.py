@@ -21,6 +21,7 @@ from agents.inference.engines import (
     load_engine,
 )
 from agents.inference.engines._demo import DemoEngine
+from tests.examples import examples
 
 ENGINE = DemoEngine()
 
@@ -38,7 +39,7 @@ def test_demo_is_an_engine() -> None:
     assert engine.name == "demo"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text())
 def test_detokenize_inverts_tokenize(text: str) -> None:
     ids = ENGINE.tokenize(text)
@@ -52,7 +53,7 @@ def test_tokenizer_uses_vocabulary_and_byte_fallback() -> None:
     assert len(ENGINE.tokenize("<|user|>")) == 1
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     prompt=st.text(max_size=60),
     max_tokens=st.integers(min_value=1, max_value=64),
@@ -87,7 +88,7 @@ def test_seed_matters_only_when_sampling() -> None:
     assert len(sampled) > 1
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(prompt=st.text(max_size=30), data=st.data())
 def test_stop_string_ends_the_text_before_it(prompt: str, data: st.DataObject) -> None:
     ids = ENGINE.tokenize(prompt)
@@ -107,7 +108,7 @@ def test_chat_prompt_template() -> None:
     assert prompt == "<|system|>\nbe brief\n<|user|>\nhi\n<|user|>\nx\n<|assistant|>\n"
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.text(max_size=50))
 def test_embeddings_are_unit_vectors_and_deterministic(text: str) -> None:
     vector = trio.run(ENGINE.embed, text)

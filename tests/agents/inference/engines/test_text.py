@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.inference.engines._text import TextAssembler
+from tests.examples import examples
 
 
 def expected(pieces: list[bytes], stops: list[str]) -> tuple[str, int | None]:
@@ -31,7 +32,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 alphabet = st.sampled_from(list("ab \né"))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     text=st.text(alphabet, max_size=30),
     cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=12),

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodes.app_node.ratelimit import Backoff, BackoffTable, Throttle, ThrottlePolicy
+from tests.examples import examples
 
 POLICY = Backoff(free_failures=2, base_s=1.0, max_s=8.0, forget_s=100.0)
 
@@ -71,7 +72,7 @@ def test_no_ceiling_when_the_policy_names_none() -> None:
     assert throttle.wait_s("", "198.51.100.1") == 0.0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 50), st.floats(0, 30)), max_size=60))
 def test_no_stranger_can_hold_back_a_source_that_succeeded(attacks) -> None:
     """Any failures from any other sources, at any times: the user's known
@@ -85,7 +86,7 @@ def test_no_stranger_can_hold_back_a_source_that_succeeded(attacks) -> None:
         assert throttle.wait_s("user@example.com", "198.51.100.7") == 0.0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.floats(0, 30), min_size=1, max_size=60))
 def test_a_stranger_never_waits_beyond_the_ceilings_cap(steps) -> None:
     """However an account is attacked, a new address waits at most the ceiling's max_s."""

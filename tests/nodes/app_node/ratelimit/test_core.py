@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodes.app_node.ratelimit import Decision, GcraTable, Rate
+from tests.examples import examples
 
 rates = st.builds(Rate, per_second=st.floats(0.01, 1000.0), burst=st.integers(1, 200))
 
@@ -27,7 +28,7 @@ def test_never_more_than_burst_at_one_instant(rate: Rate, now: float, extra: int
         assert int(refused.retry_after_header) >= 1
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(rate=rates, gaps=st.lists(st.floats(0, 5.0), min_size=1, max_size=300))
 def test_long_run_rate_bounded(rate: Rate, gaps: list[float]) -> None:
     """In any window [a, b] of requests, at most burst + rate·(b - a) are allowed."""
