@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,35 @@ async def read_ready(stream: trio.abc.ReceiveStream, daemon: str) -> ReadyLine:
     return line
 
 
+def describe_stuck(pid: int) -> str:
+    """What a process that should have ended is doing: its state and signal masks
+    (a signal it ignores, blocks or has pending) and, with py-spy, its Python stack.
+    Printed by a test before it kills the process, for the failure's report."""
+    lines = [f"process {pid} still running:"]
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        return f"process {pid}: {exc}"
+    lines += [line for line in status.splitlines()
+              if line.startswith(("State:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:",
+                                  "SigCgt:"))]
+    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    if spy is not None:
+        dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True,
+                                text=True, timeout=30, check=False)
+        lines.append(dumped.stdout or dumped.stderr)
+    return "\n".join(lines)
+
+
+async def kill_if_running(proc: trio.Process) -> None:
+    """Kill ``proc`` if it still runs (a test that failed before it ended), saying
+    first what it was doing."""
+    if proc.returncode is None:
+        print(await trio.to_thread.run_sync(describe_stuck, proc.pid))
+        proc.kill()
+        await proc.wait()
+
+
 @asynccontextmanager
 async def process(*args, stdout=subprocess.DEVNULL, env=None):
     """Run ``cosmicac *args`` (stderr piped); killed on the way out if still running."""
@@ -61,9 +91,8 @@ async def process(*args, stdout=subprocess.DEVNULL, env=None):
     try:
         yield proc
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        with trio.CancelScope(shield=True), trio.move_on_after(60):
+            await kill_if_running(proc)
 
 
 #: What ``cosmicac up`` prints once everything runs.

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from contracts.monitor import APPLICATION, make_record
-from tests.cli.helpers import COSMICAC
+from tests.cli.helpers import COSMICAC, kill_if_running
 
 from .support import ServedOrk, one_error_line
 
@@ -83,9 +83,8 @@ async def test_logs_print_follow_and_stop(served_logs: ServedOrk) -> None:
             process.send_signal(signal.SIGINT)
             assert await process.wait() == 130
         finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            with trio.CancelScope(shield=True), trio.move_on_after(60):
+                await kill_if_running(process)
 
 
 async def test_without_wrk_monitor_it_says_so(served_ork: ServedOrk) -> None:
