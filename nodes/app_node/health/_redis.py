@@ -27,11 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 import trio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from ..redis_client import connect, redis_error
 from ._model import DEFAULT_INTERVAL_S, MAX_ROWS, RETENTION_S, HealthRow
 from ._store import HealthStoreError
 
@@ -47,9 +45,8 @@ class RedisHealthStore:
     def __init__(self, url: str, *, key_prefix: str = "cac:health:", timeout_s: float = 1.0,
                  max_rows_per_service: int = DEFAULT_MAX_ROWS_PER_SERVICE,
                  max_threads: int = 4) -> None:
-        self._client = redis.Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1), decode_responses=True)
+        self._client = connect(url, timeout_s=timeout_s, decode_responses=True)
+        self._redis_error = redis_error()
         self._prefix = key_prefix
         self._max_rows = max_rows_per_service
         self._threads = trio.CapacityLimiter(max_threads)
@@ -61,7 +58,7 @@ class RedisHealthStore:
     async def _run(self, what: str, fn, *args) -> Any:
         try:
             return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
-        except redis.exceptions.RedisError as exc:
+        except self._redis_error as exc:
             raise HealthStoreError(f"health history in Redis: {what} failed: "
                                    f"{type(exc).__name__}: {exc}") from exc
 

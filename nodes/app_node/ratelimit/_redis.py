@@ -29,15 +29,16 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis
 import trio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from ..redis_client import connect, redis_error
 from ._core import Decision, Rate
 from ._embedded import EmbeddedLimiter, LimiterStatistics
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["GCRA_LUA", "RedisLimiter", "run_script"]
 
@@ -72,9 +73,11 @@ T = TypeVar("T")
 def run_script(client: redis.Redis, script: str, sha: str, keys: Sequence[str],
                args: Sequence[Any]) -> Any:
     """``EVALSHA``, then ``EVAL`` on ``NOSCRIPT`` (a restarted or flushed Redis)."""
+    from redis.exceptions import NoScriptError  # loaded with the client
+
     try:
         return client.evalsha(sha, len(keys), *keys, *args)
-    except redis.exceptions.NoScriptError:
+    except NoScriptError:
         return client.eval(script, len(keys), *keys, *args)
 
 
@@ -88,11 +91,8 @@ class RedisLimiter:
     def __init__(self, url: str, *, key_prefix: str = "cac:rl:", timeout_s: float = 0.5,
                  retry_interval_s: float = 1.0, max_threads: int = 32,
                  fallback_max_keys: int = 100_000) -> None:
-        self._client = redis.Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-            # One immediate retry: a pooled connection gone stale (Redis restarted)
-            # reconnects at once; a dead Redis still costs at most two timeouts.
-            retry=Retry(NoBackoff(), 1))
+        self._client = connect(url, timeout_s=timeout_s)
+        self._redis_error = redis_error()
         self._prefix = key_prefix
         self._retry_interval_s = retry_interval_s
         self._threads = trio.CapacityLimiter(max_threads)
@@ -116,7 +116,7 @@ class RedisLimiter:
         try:
             reply = await trio.to_thread.run_sync(fn, self._client, self._prefix,
                                                   limiter=self._threads)
-        except redis.exceptions.RedisError as error:
+        except self._redis_error as error:
             self._backend_errors += 1
             if self._down_until is None:
                 log.warning("rate limits: Redis unreachable (%s: %s); limiting per "

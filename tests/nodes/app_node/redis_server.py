@@ -13,9 +13,14 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import redis
+
+from nodes.app_node.redis_client import connect, redis_error
+
+if TYPE_CHECKING:
+    import redis
 
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -47,13 +52,13 @@ class RedisServer:
              "--daemonize", "no", "--loglevel", "warning"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2, socket_timeout=0.2)
+        client = connect(self.url, timeout_s=0.2)
         try:
             while True:
                 try:
                     if client.ping():
                         return
-                except redis.exceptions.ConnectionError:
+                except redis_error():
                     pass
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     err = self.process.stderr.read().decode() if self.process.stderr else ""
@@ -72,4 +77,4 @@ class RedisServer:
         self.process = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=1)
+        return connect(self.url, timeout_s=1)
