@@ -149,6 +149,16 @@ class WrkResult:
         return self.requests / self.duration_s if self.duration_s else 0.0
 
 
+# A smoke run's cap: the thread stops sending (wrk itself still ends at -d).
+_STOP_AFTER = """
+local answered = 0
+response = function(status, headers, body)
+  answered = answered + 1
+  if answered >= {limit} then wrk.thread:stop() end
+end
+"""
+
+
 # Bearer tokens taken in turn, one per request (many users' sessions).
 _ROTATE = """
 local tokens = {{{tokens}}}
@@ -171,11 +181,16 @@ def run_wrk(
     threads: int = 1,
     method: str = "POST",
     bearers: Sequence[str] = (),
+    max_requests: int | None = None,
 ) -> WrkResult:
     """Send ``method`` (``body`` as JSON, None: no body) to ``url`` for
     ``duration_s`` over ``connections`` kept-alive connections (each one request
     at a time: closed loop). ``bearers``: tokens sent in turn, one per request,
-    instead of the one ``api_key``."""
+    instead of the one ``api_key``.
+
+    ``max_requests``: each wrk thread stops sending after that many answers (a
+    smoke run: every figure is printed and the servers are idle for the rest of the
+    second; rates are then requests over the whole duration and mean nothing)."""
     wrk = ensure_wrk()
     if bearers:
         auth = _ROTATE.format(tokens=", ".join(_lua_string(t) for t in bearers))
@@ -187,6 +202,8 @@ def run_wrk(
         f"wrk.body = {_lua_string(json.dumps(body, separators=(',', ':')))}\n"
         'wrk.headers["Content-Type"] = "application/json"')
     script = _LUA.format(method=_lua_string(method), body=lua_body, auth=auth)
+    if max_requests is not None:
+        script += _STOP_AFTER.format(limit=max(1, max_requests))
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
         path = handle.name

@@ -53,7 +53,7 @@ loaded runs and prints where their time went (``_profile.py``).
 
 usage: python bench/api.py [--quick] [--users 100] [--jobs 1000] [--teams 1]
                            [--reps 3] [--duration 5] [--warm-up 1] [--connections 32]
-                           [--profile DIR]
+                           [--profile DIR] [--requests N]
 """
 
 from __future__ import annotations
@@ -286,7 +286,8 @@ class Samples:
 
 
 def load(daemons: Daemons, route: Route, tokens: list[str], connections: int,
-         duration_s: float, samples: Samples, profile: Path | None = None) -> None:
+         duration_s: float, samples: Samples, profile: Path | None = None,
+         max_requests: int | None = None) -> None:
     spies = []
     if profile is not None:  # sample both daemons through the run (see _profile.py)
         slug = route.name.split()[1].strip("/").replace("/", "_")
@@ -297,7 +298,8 @@ def load(daemons: Daemons, route: Route, tokens: list[str], connections: int,
                 spies.append((name, out, spy))
     before = {name: cpu_seconds([pid]) for name, pid in daemons.pids.items()}
     got = run_wrk(daemons.api + route.path, route.body, api_key=None, method=route.method,
-                  bearers=tokens, connections=connections, duration_s=duration_s)
+                  bearers=tokens, connections=connections, duration_s=duration_s,
+                  max_requests=max_requests)
     c = connections
     samples.add(route.name, f"rps_{c}", got.rate)
     samples.add(route.name, f"errors_{c}", got.errors)
@@ -371,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None,
                         help="seconds per wrk run (default 5; 2 quick)")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=None, metavar="N",
+                        help="a smoke run: each wrk run stops after N answers (the "
+                        "figures print; rates and CPU per request mean nothing)")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="py-spy both daemons during the first rep's runs at "
                              "--connections; stacks in DIR, a summary on stderr")
@@ -401,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                     for connections in (1, args.connections):
                         spy = args.profile if rep == 0 and connections > 1 else None
                         load(daemons, route, seeded.tokens, connections, args.duration,
-                             samples, spy)
+                             samples, spy, max_requests=args.requests)
             report(samples, args, seeded)
     return 0
 

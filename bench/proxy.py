@@ -60,6 +60,7 @@ proxy process; ahead of LiteLLM's proxy on both.
 usage: python bench/proxy.py [--quick] [--reps 3] [--duration 5] [--warm-up 2]
                              [--legs direct litellm ours] [--stream-clients 8]
                              [--streams 1000] [--litellm-venv bench/.venv-litellm]
+                             [--requests N]
 """
 
 from __future__ import annotations
@@ -493,11 +494,12 @@ def settle(leg: Leg) -> None:
              leg.api_key, 60.0)
 
 
-def load(leg: Leg, connections: int, duration_s: float, samples: Samples) -> None:
+def load(leg: Leg, connections: int, duration_s: float, samples: Samples,
+         max_requests: int | None = None) -> None:
     settle(leg)
     cpu_before = {name: cpu_seconds([pid]) for name, pid in leg.pids.items()}
     got = run_wrk(leg.url, chat_body(max_tokens=1), api_key=leg.api_key,
-                  connections=connections, duration_s=duration_s)
+                  connections=connections, duration_s=duration_s, max_requests=max_requests)
     cpu = {name: cpu_seconds([pid]) - cpu_before[name] for name, pid in leg.pids.items()}
     c = connections
     if c == 1 and got.requests and cpu:  # 1 client: at most 1 request left unfinished
@@ -534,9 +536,9 @@ def measure_rep(legs: list[Leg], args: argparse.Namespace, samples: Samples,
                 stream_prompt: str) -> None:
     """One rep: each measurement taken on every leg in turn."""
     for leg in legs:
-        load(leg, 1, args.duration, samples)
+        load(leg, 1, args.duration, samples, args.requests)
     for leg in legs:
-        load(leg, 64, args.duration, samples)
+        load(leg, 64, args.duration, samples, args.requests)
     for leg in legs:
         for clients in (1, args.stream_clients):
             stream(leg, clients, args.streams, args.duration, stream_prompt, samples)
@@ -627,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="(default 3; 1 quick)")
     parser.add_argument("--duration", type=float, default=None,
                         help="seconds per wrk run (default 5; 2 quick)")
+    parser.add_argument("--requests", type=int, default=None, metavar="N",
+                        help="a smoke run: each wrk run stops after N answers (the "
+                        "figures print; rates and CPU per request mean nothing)")
     parser.add_argument("--legs", nargs="+", default=["direct", "litellm", "ours"],
                         choices=["direct", "litellm", "ours"])
     parser.add_argument("--stream-clients", type=int, default=8)

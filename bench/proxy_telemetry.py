@@ -50,7 +50,7 @@ load average 13 on 2 cores) put 2.4 % of its samples under the shipper, mostly
 
 usage: python bench/proxy_telemetry.py [--reps 5] [--duration 5] [--warm-up 2]
                                        [--connections 32] [--scenarios quiet retrying]
-                                       [--cost-records 20000]
+                                       [--cost-records 20000] [--requests N]
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def run(leg: Leg, scenario: str, args: argparse.Namespace, samples: Samples) -> 
     trio.run(post_status, HOST, leg.port, "/v1/chat/completions", chat(scenario), SECRET, 60.0)
     cpu = cpu_seconds([leg.pid])
     got = run_wrk(leg.url, chat(scenario), api_key=SECRET, connections=args.connections,
-                  duration_s=args.duration)
+                  duration_s=args.duration, max_requests=args.requests)
     cpu = cpu_seconds([leg.pid]) - cpu
     samples.add(leg.name, f"rps_{scenario}", got.rate)
     samples.add(leg.name, f"errors_{scenario}", got.errors)
@@ -415,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--warm-up", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument("--requests", type=int, default=None, metavar="N",
+                        help="a smoke run: each wrk run stops after N answers (the "
+                        "figures print; rates and CPU per request mean nothing)")
     parser.add_argument("--cost-records", type=int, default=20_000,
                         help="log lines per try of the in-process cost of one line")
     parser.add_argument("--connections", type=int, default=32)

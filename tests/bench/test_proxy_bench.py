@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slow,
 def test_direct_leg_prints_every_figure() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "proxy.py"), "--quick", "--legs", "direct",
-         "--duration", "1", "--streams", "16", "--stream-clients", "4", "--warm-up", "0"],
+         "--duration", "1", "--streams", "16", "--stream-clients", "4", "--warm-up", "0",
+         "--requests", "20"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -24,7 +24,7 @@ def test_both_legs_print_every_figure_and_the_on_leg_ships() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "proxy_telemetry.py"), "--reps", "1",
          "--duration", "1", "--warm-up", "0", "--connections", "8",
-         "--cost-records", "2000"],
+         "--cost-records", "2000", "--requests", "20"],
         capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     figures: dict[tuple[str, str], float] = {}
