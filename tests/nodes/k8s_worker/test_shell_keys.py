@@ -85,13 +85,16 @@ async def worker_on(nursery, store_path, *, keypair=None, port=0):
                         runtime=WorkerRuntime(worker_key=side.keypair.hex,
                                               worker_addresses=(f"127.0.0.1:{side.address[1]}",),
                                               heartbeat_interval_s=0.2, report_interval_s=60))
-        async with trio.open_nursery() as inner:
-            await inner.start(worker.run)
-            try:
-                yield side, worker, backend
-            finally:
-                inner.cancel_scope.cancel()
-                worker.store.close()
+        try:
+            async with trio.open_nursery() as inner:
+                await inner.start(worker.run)
+                try:
+                    yield side, worker, backend
+                finally:
+                    inner.cancel_scope.cancel()
+        finally:
+            # Once the worker's tasks are done: one may be writing in a thread.
+            worker.store.close()
 
 
 async def shell(agent: Agent, user: KeyPair, nursery, argv=("cat",)):
