@@ -51,9 +51,12 @@ lint: $(STAMP)
 fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
-# Two workers per core (TEST_WORKERS=0: in this process, e.g. to use a debugger):
-# a test that waits on a process, a socket or a timer leaves its core to another
-# worker (one per core left the cores idle a quarter of the time).
+# Three workers per two cores (TEST_WORKERS=0: in this process, e.g. to use a
+# debugger): a test that waits on a process, a socket or a timer leaves its core to
+# another worker. On the 2-core machine, 3 workers beat 4 both alone (2:21-2:23
+# against 2:26) and beside a second suite (4:46 against 4:50-5:09): the suite is
+# CPU-bound, and each worker collects every module (about 4 CPU-s) and adds to the
+# contention.
 # A module's tests stay on one worker (--dist loadfile): their module fixtures
 # start once, and the order within a file is the file's. A worker that crashes
 # (a native library's SIGSEGV) ends the run at once, naming its test: replacing
@@ -63,7 +66,7 @@ fmt: $(STAMP)
 # sandboxes do), every worker recompiled and re-rewrote each test module's asserts
 # at collection (about 5 s of CPU a worker) and each `cosmicac` process the
 # project's modules; the __pycache__ folders it writes are ignored by git.
-TEST_WORKERS ?= $(shell echo $$((2 * $$(nproc))))
+TEST_WORKERS ?= $(shell echo $$(( (3 * $$(nproc) + 1) / 2 )))
 test: $(STAMP) lint
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--max-worker-restart=0 \
