@@ -7,7 +7,8 @@ else from the file ``apply-config`` installed, then from the environment
 write it; ``COSMICAC_ORK__`` for wrk-ork; ``COSMICAC_PROXY__`` for
 proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``; ``COSMICAC_ENTRY__`` for
 the entry point on port 5173; ``COSMICAC_APP_NODE__`` for app-node, which also
-reads ``REDIS_URL``; ``COSMICAC_MONITOR__`` for wrk-monitor).
+reads ``REDIS_URL``; ``COSMICAC_MONITOR__`` for wrk-monitor; ``COSMICAC_UI__`` for the
+web UI).
 
 ``apply-config`` is the seeds' ``task apply-wrk-server-k8s-nvidia-common-config``:
 it validates a file exactly as the daemon will read it (environment
@@ -46,6 +47,7 @@ class ServiceName(enum.StrEnum):
     ENTRY = "entry"
     APP_NODE = "app-node"
     MONITOR = "wrk-monitor"
+    UI = "ui"
 
 
 def _settings_class(service: ServiceName) -> type[DaemonSettings]:
@@ -64,6 +66,9 @@ def _settings_class(service: ServiceName) -> type[DaemonSettings]:
     if service is ServiceName.MONITOR:
         from nodes.monitor.settings import MonitorSettings
         return MonitorSettings
+    if service is ServiceName.UI:
+        from nodes.ui.settings import UiSettings
+        return UiSettings
     from nodes.k8s_worker.settings import WorkerSettings
     return WorkerSettings
 
@@ -100,6 +105,9 @@ def run(
     elif service is ServiceName.ENTRY:
         from nodes.entry.daemon import start_entry
         run_daemon(settings, start_entry, name="entry")
+    elif service is ServiceName.UI:
+        from nodes.ui.daemon import start_ui
+        run_daemon(settings, start_ui, name="ui")
     elif service is ServiceName.APP_NODE:
         from crdt import CrdtError
         from nodes.app_node.daemon import start_app_node

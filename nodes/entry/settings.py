@@ -8,12 +8,12 @@ the monitor's is optional until wrk-monitor exists.
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field
 from pydantic_settings import SettingsConfigDict
 
 from nodes.kit.forwarded import ProxyList
+from nodes.kit.settings import UpstreamUrl, parse_upstream_url
 from p2p.daemon import DaemonSettings, Port
 
 __all__ = [
@@ -33,37 +33,10 @@ API_URL = "http://127.0.0.1:49751"
 INFERENCE_URL = "http://127.0.0.1:49750"
 
 
-def parse_upstream_url(value: Any) -> Any:
-    """An upstream's base URL, normalised: ``http(s)://host[:port][/path]``, no trailing ``/``.
-
-    Raises:
-        ValueError: another scheme, no host, a query or fragment, or a bad port.
-    """
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{text!r} is not an http:// or https:// URL")
-    if not parts.hostname:
-        raise ValueError(f"{text!r} names no host")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{text!r} has a query or fragment; give a base URL")
-    try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise ValueError(f"{text!r}: {exc}") from None
-    return text.rstrip("/")
-
-
 def _optional_url(value: Any) -> Any:
     if isinstance(value, str) and not value.strip():
         return None  # COSMICAC_ENTRY__MONITOR_URL= turns the route off
     return parse_upstream_url(value)
-
-
-#: An upstream's base URL (validated, without a trailing ``/``).
-UpstreamUrl = Annotated[str, BeforeValidator(parse_upstream_url)]
 
 
 class EntrySettings(DaemonSettings):

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
 
-__all__ = ["HttpSettings", "PeerRef", "PeerSettings", "peer_ref"]
+__all__ = ["HttpSettings", "PeerRef", "PeerSettings", "UpstreamUrl", "parse_upstream_url",
+           "peer_ref"]
 
 
 class PeerSettings(DaemonSettings):
@@ -94,3 +97,31 @@ def peer_ref(settings: object, name: str) -> PeerRef | None:
     if key is None:
         return None
     return PeerRef(key, tuple(getattr(settings, f"{name}_addresses", ())))
+
+
+def parse_upstream_url(value: Any) -> Any:
+    """An upstream's base URL, normalised: ``http(s)://host[:port][/path]``, no trailing ``/``.
+
+    Raises:
+        ValueError: another scheme, no host, a query or fragment, or a bad port.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError(f"{text!r} names no host")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{text!r} has a query or fragment; give a base URL")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    return text.rstrip("/")
+
+
+#: An upstream's base URL (validated, without a trailing ``/``): the entry point's
+#: services, the UI's API.
+UpstreamUrl = Annotated[str, BeforeValidator(parse_upstream_url)]

@@ -1,0 +1,88 @@
+"""The UI's client of app-node's public ``/api``: the same calls the CLI makes.
+
+Every call carries the signed-in user's bearer token (or none, for sign-in and
+sign-up). An answer other than success becomes :class:`ApiError` with the API's
+code, message and field, which the pages show as they are (the API's messages
+are written for people); a network failure is ``UNREACHABLE``.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+from typing import Any
+
+import httpx
+
+__all__ = ["ApiClient", "ApiError", "open_http"]
+
+
+class ApiError(Exception):
+    """An answer of the API other than success, or no answer."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 retry_after: str | None = None) -> None:
+        super().__init__(message)
+        #: The HTTP status (502 when app-node could not be reached).
+        self.status = status
+        self.code = code
+        self.message = message
+        #: The request field at fault (``name``, ``gpus``), if one is.
+        self.field = field
+        #: ``Retry-After`` of a 429, in seconds as the API sent it.
+        self.retry_after = retry_after
+
+
+def open_http(api_url: str, timeout_s: float) -> httpx.AsyncClient:
+    """The pooled client of app-node: no environment proxies, no cookie jar (one client
+    serves every user; a ``Set-Cookie`` from the API is for no one here)."""
+    jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.AsyncClient(base_url=f"{api_url}/api", trust_env=False, cookies=jar,
+                             follow_redirects=False, timeout=timeout_s)
+
+
+class ApiClient:
+    """``/api`` as one user (``token``) or as nobody (None)."""
+
+    def __init__(self, http: httpx.AsyncClient, token: str | None = None) -> None:
+        self._http = http
+        self._token = token
+
+    def as_user(self, token: str) -> ApiClient:
+        return ApiClient(self._http, token)
+
+    async def get(self, path: str, **params: Any) -> Any:
+        return await self.call("GET", path, params={k: v for k, v in params.items()
+                                                    if v is not None})
+
+    async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return await self.call("POST", path, json=body)
+
+    async def call(self, method: str, path: str, **options: Any) -> Any:
+        """The JSON of a successful answer (None for 204); :class:`ApiError` otherwise."""
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            response = await self._http.request(method, path, headers=headers, **options)
+        except httpx.TransportError as exc:
+            raise ApiError(502, "UNREACHABLE", "app-node did not answer "
+                           f"({type(exc).__name__}); try again in a moment") from exc
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success:
+            return body
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            raise ApiError(response.status_code, "HTTP_ERROR",
+                           f"app-node answered {response.status_code} without a message")
+        return _raise(response, error)
+
+
+def _raise(response: httpx.Response, error: dict[str, Any]) -> Any:
+    field = error.get("field")
+    raise ApiError(response.status_code, str(error.get("code", "HTTP_ERROR")),
+                   str(error.get("message", "")),
+                   field if isinstance(field, str) else None,
+                   response.headers.get("retry-after"))
