@@ -59,6 +59,7 @@ from .up import (
     ORK,
     PROXY,
     RELAY,
+    UI,
     WORKER,
     Ports,
     ensure_monitor_token,
@@ -67,7 +68,7 @@ from .up import (
 __all__ = ["SERVICES", "Deployment", "autobase_connect", "bootstrap", "restart", "wire"]
 
 #: Every daemon of a deployment, in start order; the unit of each is cosmicac-<name>.
-SERVICES = (DHT, RELAY, MONITOR, APP, ORK, WORKER, PROXY, ENTRY)
+SERVICES = (DHT, RELAY, MONITOR, APP, ORK, WORKER, PROXY, UI, ENTRY)
 DEFAULT_DIR = Path("/var/lib/cosmicac")
 DEFAULT_HOST = "127.0.0.1"
 #: Where the swarms listen: every address (the DHT learns the interfaces').

@@ -74,9 +74,9 @@ _NODE_ENV_PREFIX = "COSMICAC_NODE__"
 _NODE_LEGACY_ENV = ("COSMICAC_STORAGE", "COSMICAC_HOST", "COSMICAC_PORT",
                     "COSMICAC_METRICS_PORT", "COSMICAC_METRICS_HOST", "COSMICAC_DB_ALLOW")
 
-RELAY, DHT, APP, ORK, WORKER, PROXY, MONITOR, ENTRY = (
+RELAY, DHT, APP, ORK, WORKER, PROXY, MONITOR, UI, ENTRY = (
     "relay", "dht", "app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference",
-    "wrk-monitor", "entry")
+    "wrk-monitor", "ui", "entry")
 KEYED = (RELAY, APP, ORK, WORKER, PROXY, MONITOR)
 #: wrk-monitor's HTTP bearer token, in its folder (``http.token_file``).
 MONITOR_TOKEN_FILE = "http-token"
@@ -112,6 +112,7 @@ class Ports:
     proxy_http: int
     app_http: int
     monitor_http: int
+    ui: int
     entry: int
 
     @classmethod
@@ -140,6 +141,7 @@ def default_ports() -> dict[str, int]:
     from nodes.monitor.settings import MonitorSettings
     from nodes.ork.settings import OrkSettings
     from nodes.proxy_inference.settings import ProxySettings
+    from nodes.ui.settings import UiSettings
     from relay import RelaySettings
 
     relay = _default(RelaySettings, "port")
@@ -150,6 +152,7 @@ def default_ports() -> dict[str, int]:
             "proxy_http": _default(ProxySettings, "http", "port"),
             "app_http": _default(AppNodeSettings, "http", "port"),
             "monitor_http": _default(MonitorSettings, "http", "port"),
+            "ui": _default(UiSettings, "port"),
             "entry": _default(EntrySettings, "port")}
 
 
@@ -255,10 +258,13 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
                   "http": {"host": at(MONITOR), "port": ports.monitor_http,
                            "token_file": str(storage / MONITOR / MONITOR_TOKEN_FILE),
                            "trusted_proxies": [at(ENTRY)]}},
+        # The web UI speaks to app-node's public API only, as a browser's user would.
+        UI: {"host": at(UI), "port": ports.ui, "api_url": f"http://{at(APP)}:{ports.app_http}"},
         ENTRY: {"host": at(ENTRY), "port": ports.entry,
                 "api_url": f"http://{at(APP)}:{ports.app_http}",
                 "inference_url": f"http://{at(PROXY)}:{ports.proxy_http}",
-                "monitor_url": f"http://{at(MONITOR)}:{ports.monitor_http}"},
+                "monitor_url": f"http://{at(MONITOR)}:{ports.monitor_http}",
+                "ui_url": f"http://{at(UI)}:{ports.ui}"},
     }
 
 
@@ -290,7 +296,8 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[Servi
         ServiceSpec(WORKER, run(WORKER), ready="wrk-server-k8s-nvidia", depends_on=(ORK,)),
         ServiceSpec(PROXY, run(PROXY), ready="proxy-inference",
                     depends_on=(APP, ORK, WORKER)),
-        ServiceSpec(ENTRY, run(ENTRY), ready="entry", depends_on=(APP, PROXY, MONITOR)),
+        ServiceSpec(UI, run(UI), ready="ui", depends_on=(APP,)),
+        ServiceSpec(ENTRY, run(ENTRY), ready="entry", depends_on=(APP, PROXY, MONITOR, UI)),
     ]
 
 

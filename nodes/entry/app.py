@@ -129,6 +129,8 @@ class EntryApp:
         send = _shielded(send)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         forward = route(raw_path.split(b"?", 1)[0], scope.get("query_string", b""))
+        if forward.service is Service.UI and self.upstreams.get(Service.UI) is None:
+            forward = Forward(Service.LANDING, forward.target, b"")
         started = trio.current_time()
         metrics = self.metrics
         gauge = metrics.in_flight.labels(forward.service.value)

@@ -71,7 +71,7 @@ def open_client(settings: EntrySettings) -> httpx.AsyncClient:
 def upstreams(settings: EntrySettings) -> dict[Service, str | None]:
     """The base URL of each proxied service (None: not configured)."""
     return {Service.API: settings.api_url, Service.INFERENCE: settings.inference_url,
-            Service.MONITOR: settings.monitor_url}
+            Service.MONITOR: settings.monitor_url, Service.UI: settings.ui_url}
 
 
 async def serve_entry(settings: EntrySettings, *, metrics: ProcessMetrics | None = None,

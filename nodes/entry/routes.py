@@ -9,7 +9,7 @@ Every other path serves the web interface"):
 | ``/api``, ``/api/…`` | app-node | unchanged (app-node serves under ``/api``) |
 | ``/inference``, ``/inference/…`` | proxy-inference | without ``/inference`` (``/`` if empty) |
 | ``/monitor``, ``/monitor/…`` | wrk-monitor | without ``/monitor`` (``/`` if empty) |
-| anything else | the landing page | GET and HEAD only, else 404 |
+| anything else | the web UI | unchanged (no UI set: the landing page, GET and HEAD only) |
 
 A prefix matches whole segments only: ``/apis`` is not ``/api``. Paths are
 matched on the raw bytes the client sent (percent-escapes kept as they are),
@@ -59,13 +59,15 @@ class Service(enum.StrEnum):
     INFERENCE = "inference"
     #: wrk-monitor.
     MONITOR = "monitor"
-    #: The page linking the API docs (the web UI's place, until it exists).
+    #: The web UI (nodes/ui).
+    UI = "ui"
+    #: The page linking the API docs, where no web UI is configured.
     LANDING = "landing"
 
 
 #: The daemon each service stands for, named in error messages.
 DAEMONS = {Service.API: "app-node", Service.INFERENCE: "proxy-inference",
-           Service.MONITOR: "wrk-monitor", Service.LANDING: "entry"}
+           Service.MONITOR: "wrk-monitor", Service.UI: "ui", Service.LANDING: "entry"}
 
 #: (prefix, service, strip the prefix?) in matching order.
 _PREFIXES: tuple[tuple[bytes, Service, bool], ...] = (
@@ -104,7 +106,7 @@ def route(raw_path: bytes, query: bytes = b"") -> Forward:
         query: the query string, without ``?``.
 
     Returns:
-        A :class:`Forward`; its service is ``LANDING`` for paths no upstream owns.
+        A :class:`Forward`; its service is ``UI`` for the paths no API owns.
     """
     suffix = b"?" + query if query else b""
     for prefix, service, strip in _PREFIXES:
@@ -113,7 +115,7 @@ def route(raw_path: bytes, query: bytes = b"") -> Forward:
                 return Forward(service, raw_path + suffix, b"")
             rest = raw_path[len(prefix):] or b"/"
             return Forward(service, rest + suffix, prefix)
-    return Forward(Service.LANDING, raw_path + suffix, b"")
+    return Forward(Service.UI, raw_path + suffix, b"")
 
 
 def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:

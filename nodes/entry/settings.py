@@ -58,6 +58,9 @@ class EntrySettings(DaemonSettings):
     #: wrk-monitor; ``/monitor/...`` is forwarded without the prefix. None:
     #: ``/monitor`` answers 503 ``SERVICE_NOT_CONFIGURED``.
     monitor_url: Annotated[str | None, BeforeValidator(_optional_url)] = None
+    #: The web UI (``cosmicac run ui``); every other path is forwarded to it as it
+    #: is. None: those paths get a page that links the API docs.
+    ui_url: Annotated[str | None, BeforeValidator(_optional_url)] = None
     #: A request body beyond this is refused with 413 (checked against
     #: Content-Length first, then counted while streaming). 32 MiB: above
     #: the 25 MiB audio upload OpenAI and vLLM accept, plus form overhead.

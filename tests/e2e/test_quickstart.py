@@ -26,6 +26,7 @@ whatever the operator's umask.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -200,6 +201,12 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
             assert refused.status_code == 401, refused.text
         metrics = await trio.to_thread.run_sync(monitor, "/metrics", token)
         assert metrics.status_code == 200 and "monitor" in metrics.text, metrics.text
+
+        # The web UI behind the entry point: a page asks to sign in first.
+        page = await trio.to_thread.run_sync(functools.partial(
+            httpx.get, f"{url}/jobs", follow_redirects=True, timeout=30))
+        assert page.status_code == 200 and "<h1>Sign in</h1>" in page.text, page.text
+        assert str(page.url) == f"{url}/login?next=/jobs"
 
         # An inference job on the local runtime, served as "demo".
         chat_job = (await cli("jobs", "create", "--name", "chat", "--type", "inference",

@@ -44,13 +44,14 @@ def test_the_caddyfile_is_valid(tmp_path):
 
 
 async def test_caddy_routes_streams_and_fails_as_the_entry_point_does(tmp_path):
-    api, inference = Upstream("api"), Upstream("inference")
+    api, inference, ui = Upstream("api"), Upstream("inference"), Upstream("ui")
     port = free_port()
     with trio.fail_after(60):
-        async with serving(api, inference):
+        async with serving(api, inference, ui):
             env = caddy_env(tmp_path, port,
                             COSMICAC_APP_NODE=api.url.removeprefix("http://"),
                             COSMICAC_PROXY_INFERENCE=inference.url.removeprefix("http://"),
+                            COSMICAC_UI=ui.url.removeprefix("http://"),
                             COSMICAC_WRK_MONITOR=f"127.0.0.1:{free_port()}")
             proc = await trio.lowlevel.open_process(
                 ["caddy", "run", "--config", str(CADDYFILE), "--adapter", "caddyfile"],
@@ -82,11 +83,14 @@ async def check_routes(client: httpx.AsyncClient, inference: Upstream) -> None:
     assert [v for k, v in echo["headers"] if k == "x-forwarded-prefix"] == ["/inference"]
     assert [v for k, v in echo["headers"] if k == "x-forwarded-for"] == ["127.0.0.1"]
 
-    page = await client.get("/apis")
-    assert page.status_code == 200 and 'href="/api/docs"' in page.text
-    assert f"http://127.0.0.1:{client.base_url.port}/inference/v1" in page.text
-    refused = await client.post("/anything")
-    assert refused.status_code == 404 and refused.json()["error"]["code"] == "NOT_FOUND"
+    # Every other path goes to the web UI as it is, with the address the browser
+    # used (the UI's same-origin check) and its scheme (its cookie's Secure flag).
+    echo = (await client.post("/apis/echo", json={}, params={"q": "2"})).json()
+    assert (echo["upstream"], echo["raw_path"], echo["query"]) == ("ui", "/apis/echo", "q=2")
+    headers = dict(echo["headers"])
+    assert headers["x-forwarded-host"] == f"127.0.0.1:{client.base_url.port}"
+    assert headers["x-forwarded-proto"] == "http"
+    assert headers["x-forwarded-for"] == "127.0.0.1"
 
     seen: list[tuple[str, float]] = []
     async with client.stream("GET", "/inference/v1/events") as response:

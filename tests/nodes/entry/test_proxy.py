@@ -65,6 +65,21 @@ async def test_other_paths_get_the_landing_page_on_get_and_head_only():
         assert refused.json()["error"]["code"] == "NOT_FOUND"
 
 
+async def test_with_a_ui_every_other_path_and_method_goes_to_it_as_it_is():
+    ui = Upstream("ui")
+    async with serving(ui), entry_world(ui_url=ui.url) as (client, *_):
+        for method, path in (("GET", "/"), ("GET", "/jobs/42"), ("POST", "/login"),
+                             ("GET", "/apis/x%2Fy")):
+            echo = (await client.request(method, path, params={"q": "1"})).json()
+            assert (echo["upstream"], echo["method"]) == ("ui", method), path
+            assert echo["raw_path"] == path and echo["query"] == "q=1"
+            host = client.base_url.netloc.decode()
+            assert header(echo, "x-forwarded-host") == [host]
+            assert header(echo, "x-forwarded-proto") == ["http"]
+        # The APIs keep their own routes.
+        assert (await client.get("/api/echo")).json()["upstream"] == "api"
+
+
 async def test_hop_by_hop_headers_are_dropped_and_forwarded_ones_set():
     async with entry_world() as (client, _, _, entry):
         echo = (await client.get("/inference/v1/echo", headers={

@@ -18,18 +18,18 @@ ROUTES = [
     (b"/api", b"", Service.API, b"/api", b""),
     (b"/api/v1/jobs", b"team=a", Service.API, b"/api/v1/jobs?team=a", b""),
     (b"/api/", b"", Service.API, b"/api/", b""),
-    (b"/apis", b"", Service.LANDING, b"/apis", b""),
+    (b"/apis", b"", Service.UI, b"/apis", b""),
     (b"/inference", b"", Service.INFERENCE, b"/", b"/inference"),
     (b"/inference/", b"", Service.INFERENCE, b"/", b"/inference"),
     (b"/inference/v1/chat/completions", b"", Service.INFERENCE, b"/v1/chat/completions",
      b"/inference"),
     (b"/inference/v1/a%2Fb", b"x=%20", Service.INFERENCE, b"/v1/a%2Fb?x=%20", b"/inference"),
-    (b"/inferencex/v1", b"", Service.LANDING, b"/inferencex/v1", b""),
+    (b"/inferencex/v1", b"", Service.UI, b"/inferencex/v1", b""),
     (b"/monitor", b"", Service.MONITOR, b"/", b"/monitor"),
     (b"/monitor/logs", b"job=1", Service.MONITOR, b"/logs?job=1", b"/monitor"),
-    (b"/", b"", Service.LANDING, b"/", b""),
-    (b"/jobs/42", b"", Service.LANDING, b"/jobs/42", b""),
-    (b"/API/v1", b"", Service.LANDING, b"/API/v1", b""),  # paths are case-sensitive
+    (b"/", b"", Service.UI, b"/", b""),
+    (b"/jobs/42", b"", Service.UI, b"/jobs/42", b""),
+    (b"/API/v1", b"", Service.UI, b"/API/v1", b""),  # paths are case-sensitive
 ]
 
 
