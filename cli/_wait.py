@@ -8,7 +8,7 @@ status line (job status, each replica's status and message, elapsed) when stderr
 is a terminal, else one line per change, which reads well in CI logs.
 
 The decisions are a small pure core (:func:`judge`, :func:`summary`,
-:func:`sse_events`) and a thin synchronous driver (:func:`wait_for`): the CLI is
+:func:`runtime.sse.sse_events`) and a thin synchronous driver (:func:`wait_for`): the CLI is
 synchronous httpx, one request at a time, and neither following nor polling needs
 concurrency. The stream's reads are bounded by what is left of ``--timeout`` (and
 by :data:`STREAM_SILENCE_S`: no keep-alive that long means a broken stream), so
@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -32,6 +32,8 @@ from urllib.parse import quote
 import httpx
 from rich.status import Status
 from rich.text import Text
+
+from runtime.sse import sse_events
 
 from ._console import err, fail
 from .session import REFUSED, UNREACHABLE, Api
@@ -183,29 +185,6 @@ class _NoStream(Exception):
 STREAM_SILENCE_S = 25.0
 #: Times the stream is subscribed again after the server said ``lagged``.
 MAX_RESUBSCRIBES = 20
-
-
-def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
-    """``(event, data)`` per server-sent event; ``("", "")`` per comment (a keep-alive).
-
-    Only what app-node sends is understood: ``event:``, ``data:`` (joined with
-    newlines), comments; other fields are ignored.
-    """
-    event, data = "message", []
-    for line in lines:
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith(":"):
-            yield "", ""
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
 
 
 @dataclass
