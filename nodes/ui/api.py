@@ -9,11 +9,19 @@ are written for people); a network failure is ``UNREACHABLE``.
 from __future__ import annotations
 
 import http.cookiejar
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 
+from runtime.sse import SseReader
+
 __all__ = ["ApiClient", "ApiError", "open_http"]
+
+#: Longest silence on one of the API's event streams before it counts as broken
+#: (app-node sends a keep-alive every 15 s).
+STREAM_SILENCE_S = 25.0
 
 
 class ApiError(Exception):
@@ -57,6 +65,24 @@ class ApiClient:
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return await self.call("POST", path, json=body)
 
+    @asynccontextmanager
+    async def events(self, path: str, **params: Any
+                     ) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+        """One of the API's event streams: ``(event, data)`` per event, ``("", "")``
+        per keep-alive. :class:`ApiError` if it does not start."""
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        timeout = httpx.Timeout(self._http.timeout.connect, read=STREAM_SILENCE_S)
+        try:
+            async with self._http.stream("GET", path, headers=headers, params=params,
+                                         timeout=timeout) as response:
+                if not response.is_success:
+                    await response.aread()
+                    _raise_for(response)
+                yield _events_of(response)
+        except httpx.TransportError as exc:
+            raise ApiError(502, "UNREACHABLE", "app-node's event stream broke "
+                           f"({type(exc).__name__})") from exc
+
     async def call(self, method: str, path: str, **options: Any) -> Any:
         """The JSON of a successful answer (None for 204); :class:`ApiError` otherwise."""
         headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
@@ -73,14 +99,27 @@ class ApiClient:
             body = None
         if response.is_success:
             return body
-        error = body.get("error") if isinstance(body, dict) else None
-        if not isinstance(error, dict):
-            raise ApiError(response.status_code, "HTTP_ERROR",
-                           f"app-node answered {response.status_code} without a message")
-        return _raise(response, error)
+        return _raise_for(response, body)
 
 
-def _raise(response: httpx.Response, error: dict[str, Any]) -> Any:
+async def _events_of(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    reader = SseReader()
+    async for line in response.aiter_lines():
+        got = reader.line(line)
+        if got is not None:
+            yield got
+
+
+def _raise_for(response: httpx.Response, body: Any = None) -> Any:
+    if body is None:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        raise ApiError(response.status_code, "HTTP_ERROR",
+                       f"app-node answered {response.status_code} without a message")
     field = error.get("field")
     raise ApiError(response.status_code, str(error.get("code", "HTTP_ERROR")),
                    str(error.get("message", "")),

@@ -8,8 +8,10 @@ not open answers with a readable page, never raw JSON.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -18,16 +20,26 @@ import httpx
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+
+from runtime.sse import encode
 
 from .api import ApiClient, ApiError
 from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
 from .sessions import COOKIE, Session, SessionStore
-from .views import FormErrors, age, status_label
+from .views import FormErrors, job_row, status_label
 
 __all__ = ["UiApp", "build_app"]
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 
@@ -57,6 +69,7 @@ class UiApp:
             Route("/logout", self._logout, methods=["POST"]),
             Route("/team", self._switch_team, methods=["POST"]),
             Route("/jobs", self._jobs),
+            Route("/ui/stream/jobs", self._stream_jobs),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ])
 
@@ -200,9 +213,7 @@ class UiApp:
         async def work(api: ApiClient, me: dict[str, Any]) -> Response:
             listed = await api.get("/jobs")
             now = self._wall()
-            jobs = [{**job, "status_label": status_label(job["status"]),
-                     "gpus": job["spec"]["gpus"] * job["spec"].get("replicas", 1),
-                     "age": age(now - job["created_at"])} for job in listed["jobs"]]
+            jobs = [job_row(job, now) for job in listed["jobs"]]
             teams = me["teams"]
             team_name = next((t["name"] for t in teams if t["id"] == me["active_team"]),
                              "your team")
@@ -212,6 +223,60 @@ class UiApp:
 
         return await self._page(request, work)
 
+
+    # -- live updates: one stream per page ------------------------------------
+
+    async def _stream_jobs(self, request: Request) -> Response:
+        """The jobs list's stream: the list's body first (what changed while the page
+        was away included), then each change as a fragment. It ends when app-node's
+        stream ends or lags; htmx reconnects and the snapshot catches up."""
+        session = self.session_of(request)
+        if session is None:
+            return Response(status_code=401)
+        api = self.api.as_user(session.token)
+        return StreamingResponse(self._jobs_events(api), media_type="text/event-stream",
+                                 headers=_STREAM_HEADERS)
+
+    async def _jobs_events(self, api: ApiClient) -> AsyncIterator[str]:
+        known: set[str] = set()
+        try:
+            async with api.events("/jobs/events") as events:
+                async for event, data in events:
+                    if not event:
+                        yield ": keep-alive\n\n"
+                    elif event == "ready":  # subscribed: nothing is missed from here
+                        listed = await api.get("/jobs")
+                        now = self._wall()
+                        jobs = [job_row(job, now) for job in listed["jobs"]]
+                        known = {job["id"] for job in jobs}
+                        yield self._fragment("_jobs_body.html", jobs=jobs, oob=True)
+                    elif event == "status":
+                        change = json.loads(data)
+                        if change["id"] in known:
+                            yield self._fragment("_job_status.html", job_id=change["id"],
+                                                 status=change["status"],
+                                                 label=status_label(change["status"]))
+                        else:
+                            job = await api.get(f"/jobs/{quote(change['id'], safe='')}")
+                            known.add(job["id"])
+                            yield self._fragment("_job_added.html",
+                                                 job=job_row(job, self._wall()))
+                    elif event == "gone":
+                        job_id = json.loads(data)["id"]
+                        known.discard(job_id)
+                        yield self._fragment("_job_gone.html", job_id=job_id)
+                    elif event == "lagged":
+                        return
+        except ApiError as error:
+            log.info("ui.stream_ended stream=jobs code=%s message=%s", error.code,
+                     error.message)
+
+    def _fragment(self, template: str, **context: Any) -> str:
+        """A template rendered as one server-sent event (htmx swaps it in)."""
+        return encode(self.templates.get_template(template).render(**context))
+
+
+_STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 _SIGNUP = ("email", "name", "team_name")
 

@@ -4,10 +4,11 @@ and the API's errors tied to form fields."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from contracts.model import JobStatus
 
-__all__ = ["FormErrors", "age", "status_label"]
+__all__ = ["FormErrors", "age", "job_row", "status_label"]
 
 #: The API reports Active as ``running`` (contracts.model.api_status).
 _API_ALIASES = {"running": JobStatus.ACTIVE.value}
@@ -26,6 +27,14 @@ def age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def job_row(job: dict[str, Any], now: float) -> dict[str, Any]:
+    """A job of the API as a row of the jobs list shows it."""
+    spec = job.get("spec") or {}
+    return {**job, "status_label": status_label(job["status"]),
+            "gpus": int(spec.get("gpus", 0)) * int(spec.get("replicas", 1)),
+            "age": age(now - float(job["created_at"]))}
 
 
 @dataclass

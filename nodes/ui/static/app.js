@@ -11,3 +11,18 @@ document.addEventListener("click", async (event) => {
   }
   button.setAttribute("aria-live", "polite");
 });
+
+// Live streams (htmx's SSE extension): say when the page's stream is down and
+// being reconnected, and when it is live again. The stream starts with a snapshot,
+// so what changed meanwhile shows without a reload.
+function liveStatus(text) {
+  const live = document.getElementById("live");
+  if (live && live.textContent !== text) live.textContent = text;
+}
+document.addEventListener("htmx:sse:before:connection", (event) => {
+  if (event.detail && event.detail.connection && event.detail.connection.attempt > 0) {
+    liveStatus("Reconnecting…");
+  }
+});
+document.addEventListener("htmx:sse:error", () => liveStatus("Reconnecting…"));
+document.addEventListener("htmx:sse:after:connection", () => liveStatus("Live"));

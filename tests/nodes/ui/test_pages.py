@@ -37,7 +37,7 @@ async def test_a_page_asks_to_sign_in_first_and_comes_back_after(tmp_path, nurse
             assert "Secure" not in cookie  # plain HTTP on loopback
             jobs = await browser.get("/jobs")
             assert jobs.status_code == 200, jobs.text
-            assert "<h1>Jobs</h1>" in jobs.text and "core has no jobs yet" in jobs.text
+            assert "<h1>Jobs</h1>" in jobs.text and "No jobs yet." in jobs.text
             assert EMAIL in jobs.text and "cosmicac jobs list" in jobs.text
 
 
