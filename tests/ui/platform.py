@@ -1,0 +1,94 @@
+"""The platform the browser tests use: one ``cosmicac up`` in a subprocess on free
+ports, for the whole session (its start costs every daemon's start-up)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.cli.helpers import COSMICAC, UP, _children, free_base_port, pids_using
+
+__all__ = ["Platform", "platform_up"]
+
+#: Bounded wait for up's "cosmicac is up at URL".
+START_LIMIT_S = 120
+
+
+@dataclass
+class Platform:
+    """A running ``up``: its URL, its admin and where it writes."""
+
+    url: str
+    email: str
+    password: str
+    storage: Path
+    #: The CLI's environment, logged in as the admin (up did it).
+    env: dict[str, str]
+    stdout: Path
+    stderr: Path
+
+    def logs(self, tail: int = 6000) -> str:
+        """up's own output and the end of each daemon's log, for a failure's report."""
+        parts = [f"--- up stdout ---\n{self.stdout.read_text(errors='replace')[-tail:]}",
+                 f"--- up stderr ---\n{self.stderr.read_text(errors='replace')[-tail:]}"]
+        for log in sorted((self.storage / "logs").glob("*.log")):
+            parts.append(f"--- {log.name} ---\n{log.read_text(errors='replace')[-tail:]}")
+        return "\n".join(parts)
+
+
+@contextmanager
+def platform_up(folder: Path) -> Iterator[Platform]:
+    """``cosmicac up`` in ``folder``; killed with every process it started on the way out."""
+    storage, config = folder / "up", folder / "config"
+    stdout, stderr = folder / "up.stdout", folder / "up.stderr"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
+    env.update(COSMICAC_CONFIG_DIR=str(config), NO_COLOR="1")
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port",
+             str(free_base_port())], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            env=env)
+    try:
+        url = _wait_for_url(proc, stdout, stderr)
+        creds = json.loads((storage / "credentials.json").read_text())
+        env["COSMICAC_SERVER"] = url
+        yield Platform(url, creds["email"], creds["password"], storage, env, stdout, stderr)
+    finally:
+        children = _children(proc.pid) if proc.poll() is None else []
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # up stops its daemons and their agents
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in {*children, *pids_using(storage)}:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def _wait_for_url(proc: subprocess.Popen, stdout: Path, stderr: Path) -> str:
+    deadline = time.monotonic() + START_LIMIT_S
+    while time.monotonic() < deadline:
+        found = re.search(UP.pattern, stdout.read_text(errors="replace"))
+        if found:
+            return found[1]
+        if proc.poll() is not None:
+            raise AssertionError(f"up exited with {proc.returncode}: "
+                                 f"{stderr.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"up did not say it was up in {START_LIMIT_S} s: "
+                         f"{stderr.read_text(errors='replace')[-3000:]}")

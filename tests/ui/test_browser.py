@@ -1,0 +1,74 @@
+"""The web UI in a real browser (Debian's Chromium through Playwright) against one
+``cosmicac up``: what a person does, found by role and label as they would find it.
+
+Plain ``def`` tests: Playwright's sync API runs its own event loop, which a trio
+test cannot host. The CLI beside the browser runs in this process (CliRunner).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, expect
+
+from tests.cli.support import invoke
+
+from .platform import Platform
+
+pytestmark = pytest.mark.slow
+
+#: Long enough for a busy machine; each expect returns as soon as it holds.
+WAIT_MS = 30_000
+
+
+def sign_in(page: Page, platform: Platform) -> None:
+    page.goto("/jobs")
+    expect(page).to_have_url(re.compile(r"/login\?next=/jobs$"))
+    page.get_by_label("Email").fill(platform.email)
+    page.get_by_label("Password").fill(platform.password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(re.compile(r"/jobs$"))
+    expect(page.get_by_role("heading", level=1)).to_have_text("Jobs")
+
+
+def cli(platform: Platform, *args: str) -> str:
+    ran = invoke(args, env=platform.env)
+    assert ran.returncode == 0, ran.stderr.decode()
+    return ran.stdout.decode().strip()
+
+
+def no_axe_violations(page: Page) -> None:
+    results = Axe().run(page)
+    assert results.violations_count == 0, results.generate_report()
+
+
+def test_sign_in_page_and_jobs_list_pass_axe_and_a_wrong_password_says_so(
+        page: Page, platform: Platform) -> None:
+    page.goto("/login")
+    no_axe_violations(page)
+    page.get_by_label("Email").fill(platform.email)
+    page.get_by_label("Password").fill("not the password")
+    page.get_by_role("button", name="Sign in").click()
+    alert = page.get_by_role("alert")
+    expect(alert).to_contain_text("email or password is wrong")
+    expect(alert).to_be_focused()
+    expect(page.get_by_label("Email")).to_have_value(platform.email)
+    sign_in(page, platform)
+    no_axe_violations(page)
+
+
+def test_a_job_created_in_a_terminal_appears_live_and_goes_active_then_leaves(
+        page: Page, platform: Platform) -> None:
+    sign_in(page, platform)
+    expect(page.get_by_role("status").filter(has_text="Live")).to_be_visible(timeout=WAIT_MS)
+    page.evaluate("window.__marker = 'kept'")
+    job = cli(platform, "jobs", "create", "--name", "live-row", "--type", "inference",
+              "--runtime", "local", "--model", "demo", "--gpus", "1")
+    row = page.get_by_role("row", name=re.compile("live-row"))
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    expect(row.get_by_text("Active", exact=True)).to_be_visible(timeout=WAIT_MS)
+    cli(platform, "jobs", "delete", job, "--wait", "--timeout", "60")
+    expect(row).to_have_count(0, timeout=WAIT_MS)
+    assert page.evaluate("window.__marker") == "kept"  # never reloaded
