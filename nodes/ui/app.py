@@ -34,6 +34,7 @@ from runtime.sse import encode
 
 from .api import ApiClient, ApiError
 from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
+from .job_pages import JobPages
 from .sessions import COOKIE, Session, SessionStore
 from .views import FormErrors, job_row, status_label
 
@@ -70,6 +71,7 @@ class UiApp:
             Route("/team", self._switch_team, methods=["POST"]),
             Route("/jobs", self._jobs),
             Route("/ui/stream/jobs", self._stream_jobs),
+            *JobPages(self).routes(),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ])
 
@@ -114,7 +116,15 @@ class UiApp:
                             secure=secure, path="/")
         return response
 
-    async def _page(self, request: Request,
+    def wall(self) -> float:
+        """POSIX seconds now (the clock app-node's times are in)."""
+        return self._wall()
+
+    async def form(self, request: Request, *names: str) -> dict[str, str]:
+        """The named fields of the request's form, as text (missing: empty)."""
+        return await _form(request, *names)
+
+    async def page(self, request: Request,
                     work: Callable[[ApiClient, dict[str, Any]], Awaitable[Response]]
                     ) -> Response:
         """A signed-in page: ``work(api, me)``; sign-in first when there is no session
@@ -207,7 +217,7 @@ class UiApp:
                 return self.error_page(error, me, back="/jobs")
             return RedirectResponse("/jobs", status_code=303)
 
-        return await self._page(request, work)
+        return await self.page(request, work)
 
     async def _jobs(self, request: Request) -> Response:
         async def work(api: ApiClient, me: dict[str, Any]) -> Response:
@@ -221,7 +231,7 @@ class UiApp:
                                teams=teams, active_team=me["active_team"],
                                team_name=team_name)
 
-        return await self._page(request, work)
+        return await self.page(request, work)
 
 
     # -- live updates: one stream per page ------------------------------------
@@ -249,29 +259,29 @@ class UiApp:
                         now = self._wall()
                         jobs = [job_row(job, now) for job in listed["jobs"]]
                         known = {job["id"] for job in jobs}
-                        yield self._fragment("_jobs_body.html", jobs=jobs, oob=True)
+                        yield self.fragment("_jobs_body.html", jobs=jobs, oob=True)
                     elif event == "status":
                         change = json.loads(data)
                         if change["id"] in known:
-                            yield self._fragment("_job_status.html", job_id=change["id"],
+                            yield self.fragment("_job_status.html", job_id=change["id"],
                                                  status=change["status"],
                                                  label=status_label(change["status"]))
                         else:
                             job = await api.get(f"/jobs/{quote(change['id'], safe='')}")
                             known.add(job["id"])
-                            yield self._fragment("_job_added.html",
+                            yield self.fragment("_job_added.html",
                                                  job=job_row(job, self._wall()))
                     elif event == "gone":
                         job_id = json.loads(data)["id"]
                         known.discard(job_id)
-                        yield self._fragment("_job_gone.html", job_id=job_id)
+                        yield self.fragment("_job_gone.html", job_id=job_id)
                     elif event == "lagged":
                         return
         except ApiError as error:
             log.info("ui.stream_ended stream=jobs code=%s message=%s", error.code,
                      error.message)
 
-    def _fragment(self, template: str, **context: Any) -> str:
+    def fragment(self, template: str, **context: Any) -> str:
         """A template rendered as one server-sent event (htmx swaps it in)."""
         return encode(self.templates.get_template(template).render(**context))
 

@@ -4,11 +4,22 @@ and the API's errors tied to form fields."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from contracts.model import JobStatus
 
-__all__ = ["FormErrors", "age", "job_row", "status_label"]
+__all__ = ["JOB_FIELDS", "FormErrors", "age", "job_body", "job_form", "job_row", "job_view",
+           "status_label"]
+
+#: The new-job form's fields, in the order it shows them.
+JOB_FIELDS = ("type", "name", "runtime", "model", "served_name", "image", "gpus", "replicas",
+              "location")
+_NUMBERS = ("gpus", "replicas")
+#: The fields a job of each type sends (the API's own rules do the rest).
+_SENT = {"inference": ("name", "runtime", "model", "served_name", "image", "gpus",
+                       "replicas", "location"),
+         "container": ("name", "image", "gpus", "location")}
 
 #: The API reports Active as ``running`` (contracts.model.api_status).
 _API_ALIASES = {"running": JobStatus.ACTIVE.value}
@@ -37,6 +48,15 @@ def job_row(job: dict[str, Any], now: float) -> dict[str, Any]:
             "age": age(now - float(job["created_at"]))}
 
 
+def job_view(job: dict[str, Any], now: float) -> dict[str, Any]:
+    """A job of the API as its page shows it: the row's fields, its creation time and
+    each replica's status named."""
+    created = datetime.fromtimestamp(float(job["created_at"]), tz=UTC)
+    return {**job_row(job, now), "created_iso": created.isoformat(timespec="seconds"),
+            "replicas": [{**replica, "status_label": status_label(replica["status"])}
+                         for replica in job.get("replicas", ())]}
+
+
 @dataclass
 class FormErrors:
     """A form's errors: per field (tied to it with ``aria-describedby``) and for the
@@ -57,3 +77,42 @@ class FormErrors:
 
     def summary(self) -> list[str]:
         return [*self.form, *self.fields.values()]
+
+
+def job_body(form: dict[str, str]) -> tuple[dict[str, Any], FormErrors]:
+    """The API's ``POST /jobs`` body from the new-job form, and what is wrong with it
+    before asking (a type to choose, numbers that are not numbers). An empty field
+    is left out: the model's default (or the API's) applies."""
+    errors = FormErrors()
+    known = frozenset(JOB_FIELDS)
+    kind = form.get("type", "")
+    if kind not in _SENT:
+        errors.add("choose Managed inference or GPU container", "type", known)
+        return {}, errors
+    body: dict[str, Any] = {"type": kind}
+    for name in _SENT[kind]:
+        value = form.get(name, "").strip()
+        if not value:
+            continue
+        if name in _NUMBERS:
+            if not value.isdigit() or len(value) > 6:
+                errors.add(f"{name}: a whole number, like 1", name, known)
+                continue
+            body[name] = int(value)
+        else:
+            body[name] = value
+    if "name" not in body and not errors.fields.get("name"):
+        errors.add("name: give the job a name", "name", known)
+    return body, errors
+
+
+def job_form(job: dict[str, Any] | None) -> dict[str, str]:
+    """The new-job form's values: empty, or every field of ``job`` (Duplicate) with a
+    new name."""
+    if job is None:
+        return {**dict.fromkeys(JOB_FIELDS, ""), "type": "inference"}
+    spec = job.get("spec") or {}
+    values = {name: "" if spec.get(name) is None else str(spec[name]) for name in JOB_FIELDS}
+    values["type"] = str(spec.get("type", job.get("type", "inference")))
+    values["name"] = f"{job.get('name', 'job')}-copy"[:100]
+    return values

@@ -72,3 +72,49 @@ def test_a_job_created_in_a_terminal_appears_live_and_goes_active_then_leaves(
     cli(platform, "jobs", "delete", job, "--wait", "--timeout", "60")
     expect(row).to_have_count(0, timeout=WAIT_MS)
     assert page.evaluate("window.__marker") == "kept"  # never reloaded
+
+
+def test_create_from_the_form_then_the_job_page_goes_active_live_and_duplicate_and_delete(
+        page: Page, platform: Platform) -> None:
+    sign_in(page, platform)
+    page.get_by_role("link", name="New job").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("New job")
+    no_axe_violations(page)
+    page.get_by_label("Name", exact=True).fill("from-the-form")
+    page.get_by_label("Runtime").select_option("local")
+    page.get_by_label("Model").fill("demo")
+    page.get_by_label("GPUs per replica").fill("1")
+    page.get_by_role("button", name="Create").click()
+    expect(page.get_by_role("alert")).to_have_count(0)  # else: the form's complaint
+    expect(page.get_by_role("heading", level=1)).to_have_text("from-the-form")
+    page.evaluate("window.__marker = 'kept'")
+    status = page.locator("#job-status")
+    expect(status).to_have_text("Active", timeout=WAIT_MS)
+    assert page.evaluate("window.__marker") == "kept"  # live, not reloaded
+    expect(page.get_by_text("/inference/v1").first).to_be_visible()
+    no_axe_violations(page)
+
+    # Duplicate: the form with every field and a new name.
+    page.get_by_role("link", name="Duplicate").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Duplicate from-the-form")
+    expect(page.get_by_label("Name", exact=True)).to_have_value("from-the-form-copy")
+    expect(page.get_by_label("Model")).to_have_value("demo")
+    expect(page.get_by_label("GPUs per replica")).to_have_value("1")
+    page.go_back()
+
+    # Delete asks first: Escape and Cancel keep the job, focus starts on Cancel.
+    delete = page.get_by_role("button", name="Delete", exact=True)
+    delete.click()
+    dialog = page.get_by_role("dialog", name="Delete from-the-form?")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    delete.click()
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+    delete.click()
+    dialog.get_by_role("button", name="Delete job").click()
+    expect(page).to_have_url(re.compile(r"/jobs$"))
+    expect(page.get_by_role("row", name=re.compile("from-the-form"))).to_have_count(
+        0, timeout=WAIT_MS)

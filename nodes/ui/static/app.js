@@ -26,3 +26,11 @@ document.addEventListener("htmx:sse:before:connection", (event) => {
 });
 document.addEventListener("htmx:sse:error", () => liveStatus("Reconnecting…"));
 document.addEventListener("htmx:sse:after:connection", () => liveStatus("Live"));
+
+// A form's data-once button is disabled once the form is sent: a second click
+// would send the action twice (the page that answers enables it again).
+document.addEventListener("submit", (event) => {
+  for (const button of event.target.querySelectorAll("button[data-once]")) {
+    setTimeout(() => { button.disabled = true; }, 0);
+  }
+});

@@ -1,0 +1,125 @@
+"""The job pages over a real app-node and wrk-ork: the form (and Duplicate), a job's
+page, its actions and its live overview."""
+
+from __future__ import annotations
+
+import re
+
+import trio
+
+from tests.cli.support import serve_ork
+
+from .support import browser_of, sign_in, ui_over
+from .test_streams import stream
+
+LIMIT_S = 60
+IMAGE = "docker://registry.local/agent:1"
+FORM = {"type": "inference", "name": "chat", "runtime": "local", "model": "demo",
+        "served_name": "", "image": IMAGE, "gpus": "1", "replicas": "2", "location": ""}
+
+
+async def test_the_form_creates_a_job_and_opens_its_page(tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            form = await browser.get("/jobs/new")
+            assert form.status_code == 200 and "<h1>New job</h1>" in form.text
+            assert 'name="type" value="inference" checked' in form.text
+            created = await browser.post("/jobs", FORM)
+            assert created.status_code == 303, created.text
+            job = created.headers["location"].removeprefix("/jobs/")
+            assert served.job_ids() == {job}
+            page = await browser.get(f"/jobs/{job}")
+            assert page.status_code == 200
+            assert "<h1>chat</h1>" in page.text
+            assert f'hx-sse:connect="/ui/stream/jobs/{job}"' in page.text
+            assert page.text.count('<tr id="replica-') == 2
+            # Replica actions only while a replica is queued, pending or starting.
+            assert f'action="/jobs/{job}/replicas/0/restart"' in page.text
+            served.drive(job, "active")
+            page = await browser.get(f"/jobs/{job}")
+            assert f'action="/jobs/{job}/replicas/0/restart"' not in page.text
+            assert ">Active<" in page.text
+            assert "/inference/v1" in page.text and "chat/completions" in page.text
+
+
+async def test_a_bad_form_creates_nothing_marks_its_fields_and_keeps_the_values(
+        tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            for fields, field in (({"gpus": "two"}, "gpus"), ({"name": ""}, "name"),
+                                  ({"gpus": "999"}, "gpus")):
+                answer = await browser.post("/jobs", {**FORM, **fields})
+                assert answer.status_code in (409, 422), answer.text
+                assert re.search(rf'id="f-{field}"[^>]*aria-invalid="true"', answer.text,
+                                 re.S), field
+                assert f'aria-describedby="f-{field}-hint f-{field}-error"' in answer.text \
+                    or f'aria-describedby="f-{field}-error"' in answer.text
+                assert 'role="alert"' in answer.text
+                assert f'value="{IMAGE}"' in answer.text  # what was typed stays
+            assert served.job_ids() == set()
+
+
+async def test_duplicate_carries_every_field_and_a_new_name(tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            job = (await browser.post("/jobs", {**FORM, "served_name": "chatty",
+                                                "location": "default"})
+                   ).headers["location"].removeprefix("/jobs/")
+            form = (await browser.get(f"/jobs/new?from={job}")).text
+            assert "<h1>Duplicate chat</h1>" in form
+            for name, value in (("name", "chat-copy"), ("model", "demo"),
+                                ("served_name", "chatty"), ("image", IMAGE), ("gpus", "1"),
+                                ("replicas", "2"), ("location", "default")):
+                assert re.search(rf'id="f-{name}" name="{name}"[^>]*value="{value}"', form) \
+                    or re.search(rf'name="{name}" value="{value}"', form), name
+            assert '<option value="local" selected>' in form
+
+
+async def test_restart_refused_shows_the_apis_message_and_delete_leaves_a_page_that_says_so(
+        tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            job = (await browser.post("/jobs", FORM)).headers["location"].removeprefix("/jobs/")
+            deleted = await browser.post(f"/jobs/{job}/delete")
+            assert deleted.status_code == 303 and deleted.headers["location"] == "/jobs"
+            refused = await browser.post(f"/jobs/{job}/restart")  # while it is deleted
+            assert refused.status_code == 409, refused.text
+            alert = refused.text.split('role="alert"')[1].split("</div>")[0]
+            assert "<p>" in alert and "{" not in alert  # the API's message, never raw JSON
+            served.drive(job, "deleted")
+            await trio.sleep(0.2)
+            gone = await browser.get(f"/jobs/{job}")
+            assert gone.status_code == 404 and "does not exist, or it was deleted" in gone.text
+
+
+async def test_a_jobs_stream_sends_its_overview_then_each_change(tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            job = (await browser.post("/jobs", FORM)).headers["location"].removeprefix("/jobs/")
+            async with stream(browser, f"/ui/stream/jobs/{job}") as next_fragment:
+                first = await next_fragment()
+                assert first.startswith('<section id="job-overview"')
+                assert 'hx-swap-oob="true"' in first
+                served.drive(job, "active")
+                while ">Active<" not in (change := await next_fragment()):
+                    pass
+                assert "/inference/v1" in change
+                await browser.post(f"/jobs/{job}/delete")
+                served.drive(job, "deleted")
+                while "This job was deleted." not in (change := await next_fragment()):
+                    pass
