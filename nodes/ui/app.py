@@ -35,6 +35,7 @@ from runtime.sse import encode
 from .api import ApiClient, ApiError
 from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
 from .job_pages import JobPages
+from .key_pages import KeyPages
 from .sessions import COOKIE, Session, SessionStore
 from .views import FormErrors, job_row, status_label
 
@@ -72,6 +73,7 @@ class UiApp:
             Route("/jobs", self._jobs),
             Route("/ui/stream/jobs", self._stream_jobs),
             *JobPages(self).routes(),
+            *KeyPages(self).routes(),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ])
 

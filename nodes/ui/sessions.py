@@ -38,6 +38,14 @@ class Session:
     last_seen: float
     #: When app-node's token ends (POSIX seconds).
     expires_at: float
+    #: What the next page shows once, then forgets (a new API key's secret: never in
+    #: a URL, never shown twice).
+    once: dict[str, str] | None = None
+
+    def take_once(self) -> dict[str, str] | None:
+        """The one-time values, now forgotten."""
+        once, self.once = self.once, None
+        return once
 
 
 class SessionStore:

@@ -118,3 +118,42 @@ def test_create_from_the_form_then_the_job_page_goes_active_live_and_duplicate_a
     expect(page).to_have_url(re.compile(r"/jobs$"))
     expect(page.get_by_role("row", name=re.compile("from-the-form"))).to_have_count(
         0, timeout=WAIT_MS)
+
+
+def test_api_keys_secret_once_last_use_after_a_call_and_revoke_confirms(
+        page: Page, platform: Platform) -> None:
+    import openai
+
+    job = cli(platform, "jobs", "create", "--name", "keyed", "--type", "inference",
+              "--runtime", "local", "--model", "demo", "--served-name", "keyed-demo",
+              "--gpus", "1", "--wait", "--timeout", "120")
+    sign_in(page, platform)
+    page.get_by_role("link", name="API keys").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("API keys")
+    page.get_by_label("New key's name").fill("browser-key")
+    page.get_by_role("button", name="Create key").click()
+    secret = page.locator("#new-secret").inner_text()
+    no_axe_violations(page)
+    row = page.get_by_role("row", name=re.compile("browser-key"))
+    expect(row.get_by_role("cell", name="never")).to_be_visible()
+    page.reload()
+    expect(page.locator("#new-secret")).to_have_count(0)  # shown once
+    client = openai.OpenAI(base_url=f"{platform.url}/inference/v1", api_key=secret,
+                           max_retries=0, timeout=60)
+    client.chat.completions.create(model="keyed-demo", max_tokens=4,
+                                   messages=[{"role": "user", "content": "hi"}])
+    for _ in range(60):  # the proxy's use reaches app-node's replica (bounded: 30 s)
+        page.reload()
+        if row.get_by_role("cell", name="never").count() == 0:
+            break
+        page.wait_for_timeout(500)
+    expect(row.get_by_role("cell", name=re.compile(r"ago \("))).to_be_visible()
+    row.get_by_role("button", name="Revoke browser-key").click()
+    dialog = page.get_by_role("dialog", name="Revoke browser-key?")
+    expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+    dialog.get_by_role("button", name="Revoke key").click()
+    expect(row.get_by_role("cell", name="Revoked")).to_be_visible()
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="keyed-demo", max_tokens=4,
+                                       messages=[{"role": "user", "content": "hi"}])
+    cli(platform, "jobs", "delete", job)
