@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["ServerBindError", "bound_socket", "join_address", "serve_asgi"]
+__all__ = ["KEEP_ALIVE_S", "ServerBindError", "bound_socket", "join_address", "serve_asgi"]
 
 #: Builds the error a failed bind raises: ``(host, port, os_error) -> OSError``.
 BindError = Callable[[str, int, OSError], OSError]
@@ -75,6 +75,10 @@ def _bind_error(group: BaseExceptionGroup) -> OSError | None:
     return leaf
 
 
+#: How long a served connection may idle between requests.
+KEEP_ALIVE_S = 75.0
+
+
 async def serve_asgi(
     app: Any,
     *,
@@ -107,6 +111,11 @@ async def serve_asgi(
     config.accesslog = None
     config.errorlog = None  # our daemons log their own lines; hypercorn's would interleave
     config.graceful_timeout = 1.0
+    # Idle keep-alive connections are kept longer than any client of ours keeps them
+    # (the entry point 30 s, httpx 5 s): a server closing one first races the
+    # client's next request on it, which then fails with a reset (hypercorn's own
+    # default is 5 s, the same as httpx's pool).
+    config.keep_alive_timeout = KEEP_ALIVE_S
     failure: OSError | None = None
     async with trio.open_nursery() as nursery:
         try:

@@ -91,6 +91,7 @@ class EntrySettings(DaemonSettings):
     #: Connections per upstream (each service has its own pool, so a flood of
     #: streams to one cannot starve the others).
     max_connections: int = Field(default=512, ge=1, le=100_000)
-    #: Idle keep-alive connections kept per upstream, and for how long.
+    #: Idle keep-alive connections kept per upstream, and for how long (below our
+    #: servers' 75 s, p2p.http.KEEP_ALIVE_S: the server must not close one first).
     max_keepalive_connections: int = Field(default=64, ge=0, le=100_000)
     keepalive_expiry_s: float = Field(default=30.0, gt=0, le=3600)

@@ -117,3 +117,15 @@ def test_a_bad_upstream_url_names_its_key(monkeypatch, bad):
         load_settings(EntrySettings, config_file=None, overrides={})
     assert failed.value.key == "api_url"
     assert failed.value.source == "COSMICAC_ENTRY__API_URL"
+
+
+def test_our_servers_keep_idle_connections_longer_than_the_entry_point_and_httpx_do():
+    """A server closing an idle keep-alive connection first races the proxy's next
+    request on it (a reset, seen as UPSTREAM_UNREACHABLE on a POST)."""
+    import httpx
+
+    from nodes.entry import EntrySettings
+    from p2p.http import KEEP_ALIVE_S
+
+    assert EntrySettings().keepalive_expiry_s < KEEP_ALIVE_S
+    assert httpx.Limits().keepalive_expiry < KEEP_ALIVE_S
