@@ -185,6 +185,80 @@ def revoke_invite(team: str = typer.Argument(..., help="The team (id or name).")
     err.print(f"revoked invitation {invitation}")
 
 
+def _team_or_active(api: Api, team: str | None) -> dict:
+    """``--team`` (id or name), else the active team."""
+    if team is not None:
+        return resolve_team(api, team)
+    active = api.get("/me").get("active_team")
+    if not active:
+        fail("no active team: give --team, or choose one with `cosmicac teams use`",
+             code=2)
+    return resolve_team(api, active, any_id=True)
+
+
+def _member(api: Api, team: dict, user: str) -> dict:
+    """The member ``user`` names (an email or a user id) in ``team``."""
+    listed = api.get(f"/teams/{quote(team['id'], safe='')}/members")["members"]
+    for member in listed:
+        if user in (member["user"]["id"], member["user"]["email"]):
+            return member
+    fail(f"{user} is not a member of {team['name']}; see `cosmicac teams members "
+         f"{team['name']}`", code=1)
+    raise AssertionError("unreachable")
+
+
+@app.command("accept")
+def accept(token: str = typer.Argument(..., help="The token of the invitation's link "
+                                                 "(…/accept?token=TOKEN)."),
+           server: str | None = server_option()) -> None:
+    """Accept an invitation with your session: you join its team with its role.
+
+    Example: cosmicac teams accept 3q2…
+    """
+    api = api_for(server)
+    joined = api.post("/invitations/accept", {"token": token})["membership"]
+    err.print(f"joined team {joined['team']} as {joined['role']}")
+
+
+@app.command("role")
+def role(user: str = typer.Argument(..., help="The member (email or user id)."),
+         new_role: str = typer.Argument(..., metavar="ROLE", help="member, admin or owner."),
+         team: str | None = typer.Option(None, "--team", help="The team (id or name; "
+                                                               "default: the active one)."),
+         server: str | None = server_option()) -> None:
+    """Change a member's role (admins and owners; the last owner stays an owner).
+
+    Example: cosmicac teams role bob@example.com admin
+    """
+    if new_role not in _ROLES:
+        fail(f"ROLE is member, admin or owner, not {new_role!r}", code=2)
+    api = api_for(server)
+    found = _team_or_active(api, team)
+    member = _member(api, found, user)
+    api.request("PATCH", f"/teams/{quote(found['id'], safe='')}/members/"
+                         f"{quote(member['user']['id'], safe='')}",
+                json_body={"role": new_role})
+    err.print(f"{member['user']['email']} is now {new_role} of {found['name']}")
+
+
+@app.command("remove")
+def remove(user: str = typer.Argument(..., help="The member (email or user id); "
+                                                "yourself to leave the team."),
+           team: str | None = typer.Option(None, "--team", help="The team (id or name; "
+                                                                 "default: the active one)."),
+           server: str | None = server_option()) -> None:
+    """Remove a member from the team (admins and owners), or leave it yourself.
+
+    Example: cosmicac teams remove bob@example.com --team research
+    """
+    api = api_for(server)
+    found = _team_or_active(api, team)
+    member = _member(api, found, user)
+    api.request("DELETE", f"/teams/{quote(found['id'], safe='')}/members/"
+                          f"{quote(member['user']['id'], safe='')}")
+    err.print(f"removed {member['user']['email']} from {found['name']}")
+
+
 def _quota_limit(option: str, value: str | None) -> int | None:
     """``--gpus``/``--per-user``: a whole number of GPUs, or ``unlimited``."""
     assert value is not None

@@ -47,8 +47,8 @@ from tests.p2p.helpers import wait_until
 from .helpers import COSMICAC
 
 __all__ = ["CHEAP", "CHEAP_HASH", "EMAIL", "PASSWORD", "Ran", "Served", "ServedOrk", "cli_env",
-           "cosmicac", "cosmicac_process", "dht_node", "invoke", "one_error_line", "serve",
-           "serve_ork"]
+           "cosmicac", "cosmicac_process", "dht_node", "emailed_token", "invoke",
+           "one_error_line", "serve", "serve_ork"]
 
 EMAIL = "ada@example.com"
 PASSWORD = "correct horse battery staple"
@@ -155,6 +155,24 @@ def _overrides(env: Mapping[str, str] | None) -> dict[str, str | None]:
     changes: dict[str, str | None] = {k: None for k in os.environ if k not in env}
     changes.update({k: v for k, v in env.items() if os.environ.get(k) != v})
     return changes
+
+
+def emailed_token(outbox: Path, to: str, link: str = "accept") -> str:
+    """The token of the newest ``/<link>?token=`` link emailed to ``to`` through the
+    outbox backend (app-node's ``<storage>/outbox``)."""
+    import email
+    import re
+    from email import policy
+
+    for path in sorted(outbox.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True):
+        message = email.message_from_bytes(path.read_bytes(), policy=policy.default)
+        body = message.get_body(("plain",))
+        if message["To"] != to or body is None:
+            continue
+        found = re.search(rf"/{link}\?token=([A-Za-z0-9_\-]+)", body.get_content())
+        if found:
+            return found[1]
+    raise AssertionError(f"no {link} link emailed to {to} in {outbox}")
 
 
 def one_error_line(result: Ran | subprocess.CompletedProcess) -> str:

@@ -17,7 +17,7 @@ import trio
 
 from p2p.keys import load_or_create_keypair
 
-from .support import EMAIL, PASSWORD, Served, one_error_line
+from .support import EMAIL, PASSWORD, Served, cosmicac, emailed_token, one_error_line
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +100,41 @@ async def test_wrong_password_expired_session_server_down(served: Served) -> Non
                                 "--server", f"http://127.0.0.1:{port}", stdin=b"x\n")
         assert down.returncode == 4
         assert "cannot reach" in one_error_line(down)
+
+
+async def test_accept_role_and_remove_are_the_team_pages_twins(served: Served) -> None:
+    bob = "bob@example.com"
+    outbox = served.config.parent / "app-node" / "outbox"
+    with trio.fail_after(60):
+        await served.login()
+        assert (await served.cli("teams", "invite", "core", bob)).returncode == 0
+        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+            joined = await api.post("/invitations/accept", json={
+                "token": emailed_token(outbox, bob), "email": bob, "name": "Bob",
+                "password": "another long password"})
+        assert joined.status_code in (200, 201), joined.text
+        created = await served.cli("teams", "create", "research")
+        assert created.returncode == 0, created.stderr
+        assert (await served.cli("teams", "invite", "research", bob)).returncode == 0
+        bob_env = await served.login_as(bob, "another long password",
+                                        served.config.parent / "bob")
+        accepted = await cosmicac("teams", "accept", emailed_token(outbox, bob), env=bob_env)
+        assert accepted.returncode == 0, accepted.stderr
+        assert "joined team" in accepted.stderr.decode()
+
+        promoted = await served.cli("teams", "role", bob, "admin", "--team", "research")
+        assert promoted.returncode == 0, promoted.stderr
+        listed = json.loads((await served.cli("teams", "members", "research", "-o",
+                                              "json")).stdout)
+        assert {m["user"]["email"]: m["role"] for m in listed} == {EMAIL: "owner",
+                                                                   bob: "admin"}
+        last_owner = await served.cli("teams", "role", EMAIL, "member", "--team", "research")
+        assert last_owner.returncode == 1 and "owner" in one_error_line(last_owner)
+        stranger = await served.cli("teams", "remove", "carol@example.com", "--team",
+                                    "research")
+        assert stranger.returncode == 1 and "not a member" in one_error_line(stranger)
+        removed = await served.cli("teams", "remove", bob, "--team", "research")
+        assert removed.returncode == 0, removed.stderr
+        listed = json.loads((await served.cli("teams", "members", "research", "-o",
+                                              "json")).stdout)
+        assert [m["user"]["email"] for m in listed] == [EMAIL]
