@@ -37,6 +37,7 @@ from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
 from .job_pages import JobPages
 from .key_pages import KeyPages
 from .sessions import COOKIE, Session, SessionStore
+from .team_pages import TeamPages
 from .views import FormErrors, job_row, status_label
 
 __all__ = ["UiApp", "build_app"]
@@ -69,11 +70,12 @@ class UiApp:
             Route("/signup", self._signup_page),
             Route("/signup", self._signup, methods=["POST"]),
             Route("/logout", self._logout, methods=["POST"]),
-            Route("/team", self._switch_team, methods=["POST"]),
+            Route("/team/active", self._switch_team, methods=["POST"]),
             Route("/jobs", self._jobs),
             Route("/ui/stream/jobs", self._stream_jobs),
             *JobPages(self).routes(),
             *KeyPages(self).routes(),
+            *TeamPages(self).routes(),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ])
 
@@ -111,7 +113,11 @@ class UiApp:
     def session_of(self, request: Request) -> Session | None:
         return self.sessions.get(request.cookies.get(COOKIE), self._clock(), self._wall())
 
-    def _signed_in(self, request: Request, session: Session, to: str) -> Response:
+    def clock(self) -> float:
+        """Monotonic seconds now (sessions' idle time)."""
+        return self._clock()
+
+    def signed_in(self, request: Request, session: Session, to: str) -> Response:
         response = RedirectResponse(to, status_code=303)
         secure = request_is_https(request.url.scheme, request.headers)
         response.set_cookie(COOKIE, session.id, httponly=True, samesite="strict",
@@ -163,7 +169,8 @@ class UiApp:
         if self.session_of(request) is not None:
             return RedirectResponse("/jobs", status_code=303)
         return self.render("login.html", None, heading="Sign in", errors=FormErrors(),
-                           email="", next=_local_path(request.query_params.get("next")))
+                           email="", next=_local_path(request.query_params.get("next")),
+                           reset=request.query_params.get("reset") == "1")
 
     async def _login(self, request: Request) -> Response:
         form = await _form(request, "email", "password", "next")
@@ -178,7 +185,7 @@ class UiApp:
                                status=_form_status(error))
         session = self.sessions.open(answer["token"], answer["user"]["email"],
                                      float(answer["expires_at"]), self._clock())
-        return self._signed_in(request, session, _local_path(form["next"]))
+        return self.signed_in(request, session, _local_path(form["next"]))
 
     async def _signup_page(self, request: Request) -> Response:
         return self.render("signup.html", None, heading="Create the first admin",
@@ -197,7 +204,7 @@ class UiApp:
                                status=_form_status(error))
         session = self.sessions.open(answer["token"], answer["user"]["email"],
                                      float(answer["expires_at"]), self._clock())
-        return self._signed_in(request, session, "/jobs")
+        return self.signed_in(request, session, "/jobs")
 
     async def _logout(self, request: Request) -> Response:
         session = self.sessions.close(request.cookies.get(COOKIE))

@@ -157,3 +157,42 @@ def test_api_keys_secret_once_last_use_after_a_call_and_revoke_confirms(
         client.chat.completions.create(model="keyed-demo", max_tokens=4,
                                        messages=[{"role": "user", "content": "hi"}])
     cli(platform, "jobs", "delete", job)
+
+
+def test_an_invitation_sent_from_the_team_page_is_accepted_from_the_emails_link(
+        page: Page, platform: Platform, browser) -> None:
+    import time
+
+    from tests.cli.support import emailed_token
+
+    sign_in(page, platform)
+    page.get_by_role("link", name="Team").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(re.compile(r"^Team "))
+    no_axe_violations(page)
+    page.get_by_label("Email to invite").fill("invited@example.com")
+    page.get_by_role("button", name="Send invitation").click()
+    expect(page.get_by_role("row", name=re.compile("invited@example.com"))).to_be_visible()
+    outbox = platform.storage / "app-node" / "outbox"
+    deadline = time.monotonic() + 30
+    while True:  # the email is written as the invitation is made (bounded: 30 s)
+        try:
+            token = emailed_token(outbox, "invited@example.com")
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    other = browser.new_context(base_url=platform.url)
+    try:
+        invited = other.new_page()
+        invited.goto(f"/accept?token={token}")
+        no_axe_violations(invited)
+        invited.get_by_label("Email (the invited address)").fill("invited@example.com")
+        invited.get_by_label("Your name").fill("Invited")
+        invited.get_by_label("Password").fill("an invited user's password")
+        invited.get_by_role("button", name="Create my account and join").click()
+        expect(invited.get_by_role("heading", level=1)).to_have_text(re.compile(r"^Team "))
+        expect(invited.get_by_text("Your role: Member.")).to_be_visible()
+        expect(invited.get_by_role("button", name="Send invitation")).to_have_count(0)
+    finally:
+        other.close()
