@@ -5,7 +5,8 @@ stdout (``JOB=$(cosmicac jobs create ...)``), with ``-o json`` the job document;
 ``jobs get JOB -o json`` prints the API's job document as it is (``status`` is
 ``running`` for an Active job; ``model_health`` an inference job's model health,
 apart from its status, or null when unknown). ``jobs list`` and ``jobs get`` show
-it as the ``health`` column beside ``status`` (``-`` when unknown). ``--wait``
+it as the ``health`` column beside ``status``, which their tables name as the seeds
+and the web UI do (Active, Queued; ``-`` when the health is unknown). ``--wait``
 follows the job's events (polling a server that offers none) until the job runs
 (create, restart) or is gone (delete), with progress on stderr (:mod:`cli._wait`).
 
@@ -27,6 +28,8 @@ from urllib.parse import quote
 
 import httpx
 import typer
+
+from contracts.labels import status_label
 
 from ._console import err, fail, print_json
 from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, sse_events, wait_for
@@ -122,7 +125,8 @@ def list_jobs(team: str | None = _team_option(),
         err.print(f"more jobs: --all lists every one (or --limit {limit * 2})")
     emit(output, jobs, ("id", "name", "type", "status", "health", "replicas", "gpus",
                         "created"),
-         [(j["id"], j["name"], j["type"], j["status"], _health(j), _replicas_column(j),
+         [(j["id"], j["name"], j["type"], status_label(j["status"]), _health(j),
+           _replicas_column(j),
            j["spec"]["gpus"], _when(j["created_at"])) for j in jobs])
 
 
@@ -135,10 +139,12 @@ def _show(output: str, job: dict) -> None:
     what = f"{spec['runtime']}:{spec['model']}" if spec.get("model") else spec["image"]
     emit(output, job, ("id", "name", "type", "status", "health", "gpus", "runs", "created",
                        "reason"),
-         [(job["id"], job["name"], job["type"], job["status"], _health(job), spec["gpus"],
+         [(job["id"], job["name"], job["type"], status_label(job["status"]), _health(job),
+           spec["gpus"],
            what, _when(job["created_at"]), job["reason"])])
     emit(output, job, ("replica", "status", "generation", "nodes", "message"),
-         [(r["index"], r["status"], r["generation"], ", ".join(r["nodes"]), r["message"])
+         [(r["index"], status_label(r["status"]), r["generation"], ", ".join(r["nodes"]),
+           r["message"])
           for r in job["replicas"]])
 
 

@@ -297,5 +297,5 @@ def first_error(exc: ValidationError, whole: str) -> str:
 
 
 def api_status(status: JobStatus) -> str:
-    """The name the HTTP API and the CLI show: Active is reported as ``running``."""
+    """The name the HTTP API and the CLI's JSON show: Active is reported as ``running``."""
     return "running" if status is JobStatus.ACTIVE else status.value

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from contracts.model import JobStatus
+from contracts.labels import status_label
 
 __all__ = ["JOB_FIELDS", "FormErrors", "age", "job_body", "job_form", "job_row", "job_view",
            "status_label"]
@@ -20,16 +20,6 @@ _NUMBERS = ("gpus", "replicas")
 _SENT = {"inference": ("name", "runtime", "model", "served_name", "image", "gpus",
                        "replicas", "location"),
          "container": ("name", "image", "gpus", "location")}
-
-#: The API reports Active as ``running`` (contracts.model.api_status).
-_API_ALIASES = {"running": JobStatus.ACTIVE.value}
-
-
-def status_label(api_status: str) -> str:
-    """``running`` → ``Active``, ``queued`` → ``Queued``: the seeds' names, as text."""
-    value = _API_ALIASES.get(api_status, api_status)
-    return value.replace("_", " ").capitalize() if value else "Unknown"
-
 
 def age(seconds: float) -> str:
     """A short age: ``45s``, ``12m``, ``3h``, ``5d``."""
