@@ -36,6 +36,7 @@ from .api import ApiClient, ApiError
 from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
 from .job_pages import JobPages
 from .key_pages import KeyPages
+from .operator_pages import OperatorPages
 from .sessions import COOKIE, Session, SessionStore
 from .team_pages import TeamPages
 from .views import FormErrors, job_row, status_label
@@ -76,6 +77,7 @@ class UiApp:
             *JobPages(self).routes(),
             *KeyPages(self).routes(),
             *TeamPages(self).routes(),
+            *OperatorPages(self).routes(),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ])
 

@@ -196,3 +196,12 @@ def test_an_invitation_sent_from_the_team_page_is_accepted_from_the_emails_link(
         expect(invited.get_by_role("button", name="Send invitation")).to_have_count(0)
     finally:
         other.close()
+
+
+def test_the_operators_pages_pass_axe(page: Page, platform: Platform) -> None:
+    sign_in(page, platform)
+    for name, heading in (("Racks", "Racks and nodes"), ("Users", "Users"),
+                          ("Health", "Control-plane health")):
+        page.get_by_role("link", name=name, exact=True).click()
+        expect(page.get_by_role("heading", level=1)).to_have_text(heading)
+        no_axe_violations(page)

@@ -145,9 +145,12 @@ async def logout(ctx: Ctx, request: Request) -> Response:
 
 
 async def me_out(ctx: Ctx, user: User) -> MeOut:
+    from ._racks import is_operator  # the operators' rule lives with the routes it guards
+
     teams = await ctx.store(ctx.services.store.teams.of_user, user.id)
     return MeOut(user=user_out(user), active_team=user.active_team,
-                 teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in teams])
+                 teams=[TeamOut(id=t.id, name=t.name, role=r) for t, r in teams],
+                 operator=await is_operator(ctx, user.id))
 
 
 async def me(ctx: Ctx, request: Request) -> Response:

@@ -136,6 +136,9 @@ class MeOut(BaseModel):
     user: UserOut
     teams: list[TeamOut]
     active_team: str | None
+    #: A platform operator (an owner or admin of the first admin's team): racks,
+    #: nodes, users and the control plane's health are theirs.
+    operator: bool = False
 
 
 class MembershipOut(BaseModel):

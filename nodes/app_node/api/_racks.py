@@ -52,12 +52,17 @@ def _operators_team(ctx: Ctx) -> str | None:
     return team.id
 
 
-async def require_operator(ctx: Ctx, session: Session) -> None:
-    """403 unless the caller is an owner or admin of the operators' team."""
+async def is_operator(ctx: Ctx, user_id: str) -> bool:
+    """Is ``user_id`` an owner or admin of the operators' team?"""
     team = await ctx.store(_operators_team, ctx)
     role = None if team is None else await ctx.store(ctx.services.store.teams.role_of,
-                                                     session.user.id, team)
-    if role not in (Role.OWNER, Role.ADMIN):
+                                                     user_id, team)
+    return role in (Role.OWNER, Role.ADMIN)
+
+
+async def require_operator(ctx: Ctx, session: Session) -> None:
+    """403 unless the caller is an owner or admin of the operators' team."""
+    if not await is_operator(ctx, session.user.id):
         raise forbidden("this is for platform operators (owners and admins of the first "
                         "admin's team): racks, nodes, model masters, the list of users; "
                         "ask one of them")

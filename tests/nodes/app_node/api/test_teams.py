@@ -120,6 +120,10 @@ async def test_invitation_accept_with_session_and_expiry(api: Api) -> None:
     r = await api.client.post("/api/teams", json={"name": "second"}, headers=bearer(owner))
     second = r.json()["id"]
     member = await api.user("m@example.com", team, "member", owner)
+    # /me says who is a platform operator (the first admin's team's owners and
+    # admins), so a client shows operator controls to them only.
+    assert (await api.client.get("/api/me", headers=bearer(owner))).json()["operator"]
+    assert not (await api.client.get("/api/me", headers=bearer(member))).json()["operator"]
     r = await api.client.post(f"/api/teams/{second}/invitations",
                               json={"email": "m@example.com"}, headers=bearer(member))
     assert r.status_code == 404  # not a member of second
