@@ -12,11 +12,13 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
+import trio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -247,50 +249,80 @@ class UiApp:
 
     # -- live updates: one stream per page ------------------------------------
 
-    async def _stream_jobs(self, request: Request) -> Response:
-        """The jobs list's stream: the list's body first (what changed while the page
-        was away included), then each change as a fragment. It ends when app-node's
-        stream ends or lags; htmx reconnects and the snapshot catches up."""
+    async def stream(self, request: Request, path: str,
+                     translate: Callable[[ApiClient, AsyncIterator[tuple[str, str]]],
+                                         AsyncIterator[str]],
+                     opening_failed: Callable[[ApiError], list[str] | None] | None = None
+                     ) -> Response:
+        """One page's stream: app-node's event stream at ``path`` (as the signed-in
+        user) opened first, then ``translate``'s fragments until it ends.
+
+        An upstream that does not open is an error status (401, 502...), so htmx
+        backs off and the page says it is reconnecting, rather than a stream that
+        ends at once; ``opening_failed`` may answer some errors with fragments
+        instead (a deleted job's page).
+        """
         session = self.session_of(request)
         if session is None:
             return Response(status_code=401)
         api = self.api.as_user(session.token)
-        return StreamingResponse(self._jobs_events(api), media_type="text/event-stream",
-                                 headers=_STREAM_HEADERS)
-
-    async def _jobs_events(self, api: ApiClient) -> AsyncIterator[str]:
-        known: set[str] = set()
+        stack = AsyncExitStack()
         try:
-            async with api.events("/jobs/events") as events:
-                async for event, data in events:
-                    if not event:
-                        yield ": keep-alive\n\n"
-                    elif event == "ready":  # subscribed: nothing is missed from here
-                        listed = await api.get("/jobs")
-                        now = self._wall()
-                        jobs = [job_row(job, now) for job in listed["jobs"]]
-                        known = {job["id"] for job in jobs}
-                        yield self.fragment("_jobs_body.html", jobs=jobs, oob=True)
-                    elif event == "status":
-                        change = json.loads(data)
-                        if change["id"] in known:
-                            yield self.fragment("_job_status.html", job_id=change["id"],
-                                                 status=change["status"],
-                                                 label=status_label(change["status"]))
-                        else:
-                            job = await api.get(f"/jobs/{quote(change['id'], safe='')}")
-                            known.add(job["id"])
-                            yield self.fragment("_job_added.html",
-                                                 job=job_row(job, self._wall()))
-                    elif event == "gone":
-                        job_id = json.loads(data)["id"]
-                        known.discard(job_id)
-                        yield self.fragment("_job_gone.html", job_id=job_id)
-                    elif event == "lagged":
-                        return
+            events = await stack.enter_async_context(api.events(path))
         except ApiError as error:
-            log.info("ui.stream_ended stream=jobs code=%s message=%s", error.code,
-                     error.message)
+            await stack.aclose()
+            chunks = opening_failed(error) if opening_failed is not None else None
+            if chunks is None:
+                status = error.status if 400 <= error.status < 600 else 502
+                return PlainTextResponse(error.message, status_code=status)
+            return StreamingResponse(_each(chunks), media_type="text/event-stream",
+                                     headers=_STREAM_HEADERS)
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                async for chunk in translate(api, events):
+                    yield chunk
+            except ApiError as error:  # the upstream broke: htmx reconnects
+                log.info("ui.stream_ended path=%s code=%s message=%s", path, error.code,
+                         error.message)
+
+        return _Streamed(body(), stack, media_type="text/event-stream",
+                         headers=_STREAM_HEADERS)
+
+    async def _stream_jobs(self, request: Request) -> Response:
+        """The jobs list's stream: the list's body first (what changed while the page
+        was away included), then each change as a fragment. It ends when app-node's
+        stream ends or lags; htmx reconnects and the snapshot catches up."""
+        return await self.stream(request, "/jobs/events", self._jobs_events)
+
+    async def _jobs_events(self, api: ApiClient, events: AsyncIterator[tuple[str, str]]
+                           ) -> AsyncIterator[str]:
+        known: set[str] = set()
+        async for event, data in events:
+            if not event:
+                yield ": keep-alive\n\n"
+            elif event == "ready":  # subscribed: nothing is missed from here
+                listed = await api.get("/jobs")
+                now = self._wall()
+                jobs = [job_row(job, now) for job in listed["jobs"]]
+                known = {job["id"] for job in jobs}
+                yield self.fragment("_jobs_body.html", jobs=jobs, oob=True)
+            elif event == "status":
+                change = json.loads(data)
+                if change["id"] in known:
+                    yield self.fragment("_job_status.html", job_id=change["id"],
+                                        status=change["status"],
+                                        label=status_label(change["status"]))
+                else:
+                    job = await api.get(f"/jobs/{quote(change['id'], safe='')}")
+                    known.add(job["id"])
+                    yield self.fragment("_job_added.html", job=job_row(job, self._wall()))
+            elif event == "gone":
+                job_id = json.loads(data)["id"]
+                known.discard(job_id)
+                yield self.fragment("_job_gone.html", job_id=job_id)
+            elif event == "lagged":
+                return
 
     def fragment(self, template: str, **context: Any) -> str:
         """A template rendered as one server-sent event (htmx swaps it in)."""
@@ -298,6 +330,27 @@ class UiApp:
 
 
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class _Streamed(StreamingResponse):
+    """A stream whose upstream (``stack``) is closed when the answer ends, however it
+    ends: the client may leave before the first fragment is asked for."""
+
+    def __init__(self, body: AsyncIterator[str], stack: AsyncExitStack, **options: Any) -> None:
+        super().__init__(body, **options)
+        self._stack = stack
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stack.aclose()
+
+
+async def _each(chunks: list[str]) -> AsyncIterator[str]:
+    for chunk in chunks:
+        yield chunk
 
 _SIGNUP = ("email", "name", "team_name")
 

@@ -57,17 +57,18 @@ async def serve_ui(settings: UiSettings,
         async with trio.open_nursery() as nursery:
             address = await nursery.start(functools.partial(
                 serve_http, app, settings, "the web UI", on_listening=listening))
-            nursery.start_soon(_expire_sessions, sessions, settings.idle_timeout_s)
+            nursery.start_soon(_expire_sessions, app, settings.idle_timeout_s)
             task_status.started(RunningUi(address=address, app=app))
 
 
-async def _expire_sessions(sessions: SessionStore, idle_timeout_s: float) -> None:
-    """End idle sessions now and then, so a closed tab's token is not kept forever."""
+async def _expire_sessions(app: UiApp, idle_timeout_s: float) -> None:
+    """End idle sessions now and then, so a closed tab's token is not kept forever
+    (on the app's own clock, the one sessions are touched on)."""
     while True:
         await trio.sleep(min(idle_timeout_s, 300.0))
-        ended = sessions.expire(trio.current_time())
+        ended = app.sessions.expire(app.clock())
         if ended:
-            log.info("ui.sessions_expired count=%d left=%d", ended, len(sessions))
+            log.info("ui.sessions_expired count=%d left=%d", ended, len(app.sessions))
 
 
 async def start_ui(daemon: Daemon[UiSettings]) -> None:

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from contracts.model import Runtime
+from runtime.sse import encode
 
 from .api import ApiClient, ApiError
 from .guard import request_is_https
@@ -133,35 +134,41 @@ class JobPages:
     # -- its stream -----------------------------------------------------------------
 
     async def _stream(self, request: Request) -> Response:
-        session = self._ui.session_of(request)
-        if session is None:
-            return Response(status_code=401)
-        api = self._ui.api.as_user(session.token)
         job = _id(request.path_params["job"])
-        return StreamingResponse(self._events(api, job, _openai_base(request)),
-                                 media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        base_url = _openai_base(request)
 
-    async def _events(self, api: ApiClient, job: str, base_url: str) -> AsyncIterator[str]:
+        def gone(error: ApiError) -> list[str] | None:
+            return self._gone() if error.status == 404 else None
+
+        async def translate(api: ApiClient, events: AsyncIterator[tuple[str, str]]
+                            ) -> AsyncIterator[str]:
+            async for chunk in self._events(events, base_url):
+                yield chunk
+
+        return await self._ui.stream(request, f"/jobs/{job}/events", translate, gone)
+
+    async def _events(self, events: AsyncIterator[tuple[str, str]], base_url: str
+                      ) -> AsyncIterator[str]:
         """The overview first (app-node's stream starts with the job), then again after
         each change; 'deleted' when the job is gone. Ends with app-node's stream."""
-        try:
-            async with api.events(f"/jobs/{job}/events") as events:
-                async for event, data in events:
-                    if not event:
-                        yield ": keep-alive\n\n"
-                    elif event == "job":
-                        view = job_view(json.loads(data), self._ui.wall())
-                        yield self._ui.fragment("_job_overview.html", job=view, oob=True,
-                                                base_url=base_url)
-                    elif event == "gone":
-                        yield self._ui.fragment("_job_overview.html", gone=True, oob=True)
-                        return
-                    elif event == "lagged":
-                        return
-        except ApiError as error:
-            if error.status == 404:
-                yield self._ui.fragment("_job_overview.html", gone=True, oob=True)
+        async for event, data in events:
+            if not event:
+                yield ": keep-alive\n\n"
+            elif event == "job":
+                view = job_view(json.loads(data), self._ui.wall())
+                yield self._ui.fragment("_job_overview.html", job=view, oob=True,
+                                        base_url=base_url)
+            elif event == "gone":
+                for chunk in self._gone():
+                    yield chunk
+                return
+            elif event == "lagged":
+                return
+
+    def _gone(self) -> list[str]:
+        """The overview says the job was deleted, and the page stops reconnecting."""
+        return [self._ui.fragment("_job_overview.html", gone=True, oob=True),
+                encode("", event="done")]
 
 
 def _id(value: str | None) -> str:

@@ -58,3 +58,18 @@ def test_any_cookie_value_finds_nothing_and_raises_nothing(value):
     sessions.open("t", "a@x", FAR, now=0.0)
     assert sessions.get(value, 0.0, 0.0) is None
     assert sessions.close(value) is None
+
+
+async def test_the_daemon_ends_idle_sessions_on_the_clock_they_are_touched_on(nursery):
+    import trio
+
+    from nodes.ui.daemon import serve_ui
+    from nodes.ui.settings import UiSettings
+
+    ui = await nursery.start(serve_ui, UiSettings(host="127.0.0.1", port=0,
+                                                  api_url="http://127.0.0.1:9",
+                                                  idle_timeout_s=0.2))
+    ui.app.sessions.open("token", "a@example.com", FAR, ui.app.clock())
+    with trio.fail_after(10):
+        while len(ui.app.sessions):  # the sweep runs every idle_timeout_s
+            await trio.sleep(0.05)

@@ -83,3 +83,27 @@ async def test_a_stream_without_a_session_is_refused(tmp_path, nursery):
         async with browser_of(ui) as browser:
             answer = await browser.get("/ui/stream/jobs")
             assert answer.status_code == 401
+
+
+async def test_with_app_node_down_a_stream_is_an_error_so_the_page_backs_off(nursery):
+    """Not a stream that ends at once (htmx would reconnect every half second and the
+    page would never say it is reconnecting)."""
+    import socket
+
+    from nodes.ui.daemon import serve_ui
+    from nodes.ui.sessions import COOKIE
+    from nodes.ui.settings import UiSettings
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with trio.fail_after(LIMIT_S):
+        ui = await nursery.start(serve_ui, UiSettings(host="127.0.0.1", port=0,
+                                                      api_url=dead))
+        session = ui.app.sessions.open("token", "a@example.com", 10**10, ui.app.clock())
+        async with browser_of(ui) as browser:
+            browser.http.cookies.set(COOKIE, session.id)
+            for path in ("/ui/stream/jobs", "/ui/stream/jobs/j-1"):
+                answer = await browser.get(path)
+                assert answer.status_code == 502, (path, answer.text)
+                assert "app-node" in answer.text
