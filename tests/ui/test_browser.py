@@ -205,3 +205,47 @@ def test_the_operators_pages_pass_axe(page: Page, platform: Platform) -> None:
         page.get_by_role("link", name=name, exact=True).click()
         expect(page.get_by_role("heading", level=1)).to_have_text(heading)
         no_axe_violations(page)
+
+
+def _pid_of(platform: Platform, service: str) -> int:
+    """The pid of ``up``'s ``service`` daemon (its command line names its config)."""
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(platform.storage / "config" / f"{service}.json").encode() in command:
+            return int(entry.name)
+    raise AssertionError(f"no {service} process of {platform.storage}")
+
+
+def test_with_app_node_restarted_the_list_says_reconnecting_then_catches_up(
+        page: Page, platform: Platform) -> None:
+    import os
+    import signal
+    import time
+
+    sign_in(page, platform)
+    live = page.locator("#live")
+    expect(live).to_have_text("Live", timeout=WAIT_MS)
+    page.evaluate("window.__marker = 'kept'")
+    os.kill(_pid_of(platform, "app-node"), signal.SIGKILL)
+    expect(live).to_have_text("Reconnecting…", timeout=WAIT_MS)
+    deadline = time.monotonic() + 60
+    while True:  # up restarts app-node; until then the CLI cannot create (bounded: 60 s)
+        ran = invoke(("jobs", "create", "--name", "while-away", "--type", "inference",
+                      "--runtime", "local", "--model", "demo", "--gpus", "1"),
+                     env=platform.env)
+        if ran.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert ran.returncode == 0, ran.stderr.decode()
+    row = page.get_by_role("row", name=re.compile("while-away"))
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    expect(live).to_have_text("Live", timeout=WAIT_MS)
+    assert page.evaluate("window.__marker") == "kept"
+    cli(platform, "jobs", "delete", ran.stdout.decode().strip())
