@@ -249,3 +249,66 @@ def test_with_app_node_restarted_the_list_says_reconnecting_then_catches_up(
     expect(live).to_have_text("Live", timeout=WAIT_MS)
     assert page.evaluate("window.__marker") == "kept"
     cli(platform, "jobs", "delete", ran.stdout.decode().strip())
+
+
+def test_keyboard_only_from_the_skip_link_to_a_job_and_its_delete_dialog(
+        page: Page, platform: Platform) -> None:
+    sign_in(page, platform)
+    page.goto("/jobs")
+    page.keyboard.press("Tab")
+    skip = page.get_by_role("link", name="Skip to content")
+    expect(skip).to_be_focused()
+    outline = skip.evaluate("e => getComputedStyle(e).outlineStyle")
+    assert outline != "none"  # a visible focus ring
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_be_focused()
+
+    def tab_to(locator, limit: int = 40) -> None:
+        for _ in range(limit):  # bounded: no trap means we get there
+            page.keyboard.press("Tab")
+            if locator.evaluate("e => e === document.activeElement"):
+                return
+        raise AssertionError(f"Tab never reached {locator}")
+
+    tab_to(page.get_by_role("link", name="New job"))
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", level=1)).to_have_text("New job")
+    tab_to(page.get_by_label("Name", exact=True))
+    page.keyboard.type("by-keyboard")
+    tab_to(page.get_by_label("Runtime"))
+    page.keyboard.press("ArrowDown")  # the model's default → vllm
+    page.get_by_label("Runtime").select_option("local")  # and back to local, as a user would
+    tab_to(page.get_by_label("Model"))
+    page.keyboard.type("demo")
+    tab_to(page.get_by_role("button", name="Create"))
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", level=1)).to_have_text("by-keyboard")
+    tab_to(page.get_by_role("button", name="Delete", exact=True))
+    page.keyboard.press("Enter")
+    dialog = page.get_by_role("dialog", name="Delete by-keyboard?")
+    expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+    page.keyboard.press("Enter")  # Cancel
+    expect(dialog).to_be_hidden()
+    tab_to(page.get_by_role("link", name="Duplicate"))
+    page.keyboard.press("Enter")
+    expect(page.get_by_label("Name", exact=True)).to_have_value("by-keyboard-copy")
+    page.go_back()
+    tab_to(page.get_by_role("button", name="Delete", exact=True))
+    page.keyboard.press("Enter")
+    tab_to(dialog.get_by_role("button", name="Delete job"))
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/jobs$"))
+
+
+def test_a_two_replica_job_shows_each_replicas_live_status_and_actions_only_while_starting(
+        page: Page, platform: Platform) -> None:
+    job = cli(platform, "jobs", "create", "--name", "two-replicas", "--type", "inference",
+              "--runtime", "local", "--model", "demo", "--gpus", "1", "--replicas", "2")
+    sign_in(page, platform)
+    page.goto(f"/jobs/{job}")
+    for index in (0, 1):
+        row = page.locator(f"#replica-{index}")
+        expect(row.get_by_text("Active", exact=True)).to_be_visible(timeout=WAIT_MS)
+        expect(row.get_by_role("button")).to_have_count(0)  # none once Active
+    no_axe_violations(page)
+    cli(platform, "jobs", "delete", job)

@@ -4,6 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodes.ui.sessions import SessionStore
+from tests.p2p.helpers import wait_until
 
 FAR = 10**10  # app-node's token expiry, far away
 
@@ -61,8 +62,6 @@ def test_any_cookie_value_finds_nothing_and_raises_nothing(value):
 
 
 async def test_the_daemon_ends_idle_sessions_on_the_clock_they_are_touched_on(nursery):
-    import trio
-
     from nodes.ui.daemon import serve_ui
     from nodes.ui.settings import UiSettings
 
@@ -70,6 +69,5 @@ async def test_the_daemon_ends_idle_sessions_on_the_clock_they_are_touched_on(nu
                                                   api_url="http://127.0.0.1:9",
                                                   idle_timeout_s=0.2))
     ui.app.sessions.open("token", "a@example.com", FAR, ui.app.clock())
-    with trio.fail_after(10):
-        while len(ui.app.sessions):  # the sweep runs every idle_timeout_s
-            await trio.sleep(0.05)
+    # The sweep runs every idle_timeout_s.
+    await wait_until(lambda: len(ui.app.sessions) == 0, limit_s=10)
