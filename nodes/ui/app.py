@@ -234,15 +234,18 @@ class UiApp:
 
     async def _jobs(self, request: Request) -> Response:
         async def work(api: ApiClient, me: dict[str, Any]) -> Response:
-            listed = await api.get("/jobs")
+            cursor = request.query_params.get("cursor") or None
+            listed = await api.get("/jobs", cursor=cursor)
             now = self._wall()
             jobs = [job_row(job, now) for job in listed["jobs"]]
             teams = me["teams"]
             team_name = next((t["name"] for t in teams if t["id"] == me["active_team"]),
                              "your team")
+            stream = "/ui/stream/jobs" + (f"?cursor={quote(cursor, safe='')}" if cursor else "")
             return self.render("jobs.html", me, heading="Jobs", section="jobs", jobs=jobs,
                                teams=teams, active_team=me["active_team"],
-                               team_name=team_name)
+                               team_name=team_name, next=listed.get("next"), stream=stream,
+                               first_page=cursor is None)
 
         return await self.page(request, work)
 
@@ -293,16 +296,25 @@ class UiApp:
         """The jobs list's stream: the list's body first (what changed while the page
         was away included), then each change as a fragment. It ends when app-node's
         stream ends or lags; htmx reconnects and the snapshot catches up."""
-        return await self.stream(request, "/jobs/events", self._jobs_events)
+        cursor = request.query_params.get("cursor") or None
 
-    async def _jobs_events(self, api: ApiClient, events: AsyncIterator[tuple[str, str]]
-                           ) -> AsyncIterator[str]:
+        async def translate(api: ApiClient, events: AsyncIterator[tuple[str, str]]
+                            ) -> AsyncIterator[str]:
+            async for chunk in self._jobs_events(api, events, cursor):
+                yield chunk
+
+        return await self.stream(request, "/jobs/events", translate)
+
+    async def _jobs_events(self, api: ApiClient, events: AsyncIterator[tuple[str, str]],
+                           cursor: str | None) -> AsyncIterator[str]:
+        """The list's page (``cursor``; None: the first, newest jobs) then its changes; a
+        new job joins the first page only."""
         known: set[str] = set()
         async for event, data in events:
             if not event:
                 yield ": keep-alive\n\n"
             elif event == "ready":  # subscribed: nothing is missed from here
-                listed = await api.get("/jobs")
+                listed = await api.get("/jobs", cursor=cursor)
                 now = self._wall()
                 jobs = [job_row(job, now) for job in listed["jobs"]]
                 known = {job["id"] for job in jobs}
@@ -313,7 +325,7 @@ class UiApp:
                     yield self.fragment("_job_status.html", job_id=change["id"],
                                         status=change["status"],
                                         label=status_label(change["status"]))
-                else:
+                elif cursor is None:
                     job = await api.get(f"/jobs/{quote(change['id'], safe='')}")
                     known.add(job["id"])
                     yield self.fragment("_job_added.html", job=job_row(job, self._wall()))

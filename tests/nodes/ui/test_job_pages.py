@@ -123,3 +123,32 @@ async def test_a_jobs_stream_sends_its_overview_then_each_change(tmp_path, nurse
                 served.drive(job, "deleted")
                 while "This job was deleted." not in (change := await next_fragment()):
                     pass
+
+
+async def test_the_list_pages_its_jobs_and_each_page_streams_its_own(tmp_path, nursery):
+    import httpx
+
+    from tests.cli.support import EMAIL, PASSWORD
+
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", timeout=30) as api:
+            token = (await api.post("/auth/login", json={"email": EMAIL,
+                                                         "password": PASSWORD})).json()["token"]
+            for n in range(51):
+                made = await api.post("/jobs", headers={"authorization": f"Bearer {token}"},
+                                      json={"name": f"job-{n:02}", "type": "inference",
+                                            "runtime": "local", "model": "demo",
+                                            "served_name": f"demo-{n:02}", "image": IMAGE,
+                                            "gpus": 1})
+                assert made.status_code == 201, made.text
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            first = (await browser.get("/jobs")).text
+            assert first.count('<tr id="job-') == 50
+            older = re.search(r'<a href="(/jobs\?cursor=[^"]+)">Older jobs</a>', first)[1]
+            second = (await browser.get(older.replace("&amp;", "&"))).text
+            assert second.count('<tr id="job-') == 1 and ">job-00<" in second
+            assert '<a href="/jobs">Newest jobs</a>' in second
+            assert 'hx-sse:connect="/ui/stream/jobs?cursor=' in second

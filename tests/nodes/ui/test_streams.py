@@ -53,7 +53,7 @@ async def test_the_jobs_stream_starts_with_the_list_then_adds_changes_and_remove
                 assert created.returncode == 0, created.stderr
                 job = created.stdout.decode().strip()
                 added = await next_fragment()
-                assert 'hx-swap-oob="beforeend:#jobs-body"' in added
+                assert 'hx-swap-oob="afterbegin:#jobs-body"' in added  # newest first
                 assert f'<tr id="job-{job}">' in added
                 assert "&lt;b&gt;chat&lt;/b&gt;" in added and "<b>chat" not in added
                 assert '<tr id="jobs-empty" hx-swap-oob="delete">' in added
