@@ -40,23 +40,33 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
 
-def open_http(api_url: str, timeout_s: float) -> httpx.AsyncClient:
-    """The pooled client of app-node: no environment proxies, no cookie jar (one client
-    serves every user; a ``Set-Cookie`` from the API is for no one here)."""
+def open_http(api_url: str, timeout_s: float, *,
+              limits: httpx.Limits | None = None) -> httpx.AsyncClient:
+    """A client of app-node: no environment proxies, no cookie jar (one client serves
+    every user; a ``Set-Cookie`` from the API is for no one here)."""
     jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(base_url=f"{api_url}/api", trust_env=False, cookies=jar,
-                             follow_redirects=False, timeout=timeout_s)
+                             follow_redirects=False, timeout=timeout_s,
+                             limits=limits or httpx.Limits())
 
 
 class ApiClient:
-    """``/api`` as one user (``token``) or as nobody (None)."""
+    """``/api`` as one user (``token``) or as nobody (None).
 
-    def __init__(self, http: httpx.AsyncClient, token: str | None = None) -> None:
+    Calls and event streams go through two clients: a stream holds its connection for
+    as long as a page is open, and streams sharing the calls' pool would leave no
+    connection for the calls (each page's snapshot among them) once a hundred pages
+    were open.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, streams: httpx.AsyncClient | None = None,
+                 token: str | None = None) -> None:
         self._http = http
+        self._streams = streams or http
         self._token = token
 
     def as_user(self, token: str) -> ApiClient:
-        return ApiClient(self._http, token)
+        return ApiClient(self._http, self._streams, token)
 
     async def get(self, path: str, **params: Any) -> Any:
         return await self.call("GET", path, params={k: v for k, v in params.items()
@@ -71,9 +81,9 @@ class ApiClient:
         """One of the API's event streams: ``(event, data)`` per event, ``("", "")``
         per keep-alive. :class:`ApiError` if it does not start."""
         headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
-        timeout = httpx.Timeout(self._http.timeout.connect, read=STREAM_SILENCE_S)
+        timeout = httpx.Timeout(self._streams.timeout.connect, read=STREAM_SILENCE_S)
         try:
-            async with self._http.stream("GET", path, headers=headers, params=params,
+            async with self._streams.stream("GET", path, headers=headers, params=params,
                                          timeout=timeout) as response:
                 if not response.is_success:
                     await response.aread()

@@ -57,9 +57,13 @@ class UiApp:
     """The Starlette app with what its routes share: the API, the sessions, templates."""
 
     def __init__(self, http: httpx.AsyncClient, sessions: SessionStore, *,
+                 streams: httpx.AsyncClient | None = None, max_streams: int = 1000,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
-        self.api = ApiClient(http)
+        self.api = ApiClient(http, streams)
+        #: Live pages at most; beyond, a page's stream is refused (503) and retried.
+        self.max_streams = max_streams
+        self.streams_open = 0
         self.sessions = sessions
         self._clock, self._wall = clock, wall
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
@@ -268,6 +272,10 @@ class UiApp:
         session = self.session_of(request)
         if session is None:
             return Response(status_code=401)
+        if self.streams_open >= self.max_streams:
+            return PlainTextResponse(f"this UI serves {self.max_streams} live pages at most; "
+                                     "the page retries", status_code=503,
+                                     headers={"retry-after": "5"})
         api = self.api.as_user(session.token)
         stack = AsyncExitStack()
         try:
@@ -288,6 +296,9 @@ class UiApp:
             except ApiError as error:  # the upstream broke: htmx reconnects
                 log.info("ui.stream_ended path=%s code=%s message=%s", path, error.code,
                          error.message)
+
+        self.streams_open += 1
+        stack.callback(self._stream_closed)
 
         return _Streamed(body(), stack, media_type="text/event-stream",
                          headers=_STREAM_HEADERS)
@@ -335,6 +346,9 @@ class UiApp:
                 yield self.fragment("_job_gone.html", job_id=job_id)
             elif event == "lagged":
                 return
+
+    def _stream_closed(self) -> None:
+        self.streams_open -= 1
 
     def fragment(self, template: str, **context: Any) -> str:
         """A template rendered as one server-sent event (htmx swaps it in)."""

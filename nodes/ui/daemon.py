@@ -10,6 +10,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
+import httpx
 import trio
 
 from nodes.kit.peer import serve_http
@@ -48,8 +49,14 @@ async def serve_ui(settings: UiSettings,
     """
     sessions = SessionStore(idle_timeout_s=settings.idle_timeout_s,
                             max_sessions=settings.max_sessions)
-    async with open_http(settings.api_url, settings.api_timeout_s) as http:
-        app = UiApp(http, sessions)
+    # Each live page holds one stream to app-node: those get a pool of their own,
+    # sized for max_streams, so calls always find a connection.
+    stream_limits = httpx.Limits(max_connections=settings.max_streams,
+                                 max_keepalive_connections=0)
+    async with open_http(settings.api_url, settings.api_timeout_s) as http, \
+            open_http(settings.api_url, settings.api_timeout_s,
+                      limits=stream_limits) as streams:
+        app = UiApp(http, sessions, streams=streams, max_streams=settings.max_streams)
 
         def listening(address: tuple[str, int]) -> None:
             log.info("ui.serving url=http://%s:%d api=%s", *address, settings.api_url)

@@ -32,5 +32,9 @@ class UiSettings(DaemonSettings):
     idle_timeout_s: float = Field(default=8 * 3600, gt=0, le=30 * 86400)
     #: Sessions kept at once; beyond, the least recently used one ends.
     max_sessions: int = Field(default=10_000, ge=1, le=10_000_000)
+    #: Live pages (one stream each, and one stream to app-node each) at once; beyond,
+    #: a page's stream is refused (503) and the page retries. app-node serves 1,024
+    #: streams by default.
+    max_streams: int = Field(default=1000, ge=1, le=100_000)
     #: Waiting for app-node before a page says it cannot reach it.
     api_timeout_s: float = Field(default=30.0, gt=0, le=600)

@@ -10,6 +10,7 @@ import trio
 
 from runtime.sse import SseReader
 from tests.cli.support import serve_ork
+from tests.p2p.helpers import wait_until
 
 from .support import Browser, browser_of, sign_in, ui_over
 
@@ -107,3 +108,21 @@ async def test_with_app_node_down_a_stream_is_an_error_so_the_page_backs_off(nur
                 answer = await browser.get(path)
                 assert answer.status_code == 502, (path, answer.text)
                 assert "app-node" in answer.text
+
+
+async def test_live_pages_beyond_max_streams_are_refused_until_one_closes(tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served, max_streams=2)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            async with stream(browser, "/ui/stream/jobs") as first, \
+                    stream(browser, "/ui/stream/jobs") as second:
+                await first()
+                await second()
+                refused = await browser.get("/ui/stream/jobs")
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+                assert (await browser.get("/jobs")).status_code == 200  # pages still load
+            await wait_until(lambda: ui.app.streams_open == 0)  # the closed ones counted out
+            async with stream(browser, "/ui/stream/jobs") as third:
+                assert (await third()).startswith('<tbody id="jobs-body"')
