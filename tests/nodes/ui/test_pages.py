@@ -178,6 +178,7 @@ async def test_a_jobs_untrusted_name_is_text_and_statuses_are_the_seeds_names(
     row = re.search(r'<tr id="job-[^"]+">.*?</tr>', page, re.S)
     assert row is not None
     cells = re.findall(r"<td>(.*?)</td>", row[0], re.S)
-    assert cells[0] == "Managed inference" and cells[2:4] == ["4", "2"]  # 2 GPUs, 2 replicas
+    # type, model health (no wrk-monitor here: unknown), GPUs (2 per replica), replicas
+    assert cells[0] == "Managed inference" and cells[2:5] == ["Unknown", "4", "2"]
     assert re.search(r'class="status status-\w+"[^>]*>(Queued|Pending|Starting|Creating)<',
                      row[0]), row[0]
