@@ -34,6 +34,17 @@ class Platform:
     env: dict[str, str]
     stdout: Path
     stderr: Path
+    #: up's process (a test may stop it as a user does, with Ctrl-C).
+    process: subprocess.Popen | None = None
+
+    def interrupt(self, limit_s: float) -> float:
+        """Ctrl-C to up, as in its terminal: how long it took to exit (0 is its status)."""
+        assert self.process is not None
+        began = time.monotonic()
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=limit_s)
+        assert code == 0, f"up exited with {code}: {self.stderr.read_text()[-2000:]}"
+        return time.monotonic() - began
 
     def logs(self, tail: int = 6000) -> str:
         """up's own output and the end of each daemon's log, for a failure's report."""
@@ -60,7 +71,8 @@ def platform_up(folder: Path) -> Iterator[Platform]:
         url = _wait_for_url(proc, stdout, stderr)
         creds = json.loads((storage / "credentials.json").read_text())
         env["COSMICAC_SERVER"] = url
-        yield Platform(url, creds["email"], creds["password"], storage, env, stdout, stderr)
+        yield Platform(url, creds["email"], creds["password"], storage, env, stdout, stderr,
+                       proc)
     finally:
         children = _children(proc.pid) if proc.poll() is None else []
         if proc.poll() is None:

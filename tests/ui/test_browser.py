@@ -312,3 +312,22 @@ def test_a_two_replica_job_shows_each_replicas_live_status_and_actions_only_whil
         expect(row.get_by_role("button")).to_have_count(0)  # none once Active
     no_axe_violations(page)
     cli(platform, "jobs", "delete", job)
+
+
+def test_zz_ctrl_c_on_up_with_live_pages_open_stops_within_seconds(
+        page: Page, platform: Platform, context) -> None:
+    """Last in the module (it stops the session's platform): every page's stream ends
+    when its daemon stops, so none holds up's exit."""
+    sign_in(page, platform)
+    pages = [page]
+    job = cli(platform, "jobs", "create", "--name", "kept-open", "--type", "inference",
+              "--runtime", "local", "--model", "demo", "--gpus", "1")
+    for path in ("/jobs", f"/jobs/{job}"):
+        other = context.new_page()
+        other.goto(path)
+        pages.append(other)
+    for open_page in pages:
+        expect(open_page.locator("#live")).to_have_text("Live", timeout=WAIT_MS)
+    took = platform.interrupt(limit_s=30)
+    print(f"up stopped in {took:.2f} s with {len(pages)} live pages open")
+    assert took < 15, took  # its usual few seconds, not a stream's timeout
