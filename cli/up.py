@@ -222,9 +222,10 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
               "monitor": keys[MONITOR], "monitor_addresses": monitor_addresses,
               "http": {"host": at(APP), "port": ports.app_http},
               "public_url": public_url or f"http://{at(ENTRY)}:{ports.entry}",
-              # the door (entry point or Caddy) says who its client was: app-node's
-              # rate limits and login throttles believe X-Forwarded-For from it only
-              "limits": {"trusted_proxies": [at(ENTRY)]},
+              # the door (entry point or Caddy), and the web UI behind it, say who
+              # their client was: app-node's rate limits and login throttles believe
+              # X-Forwarded-For from them only
+              "limits": {"trusted_proxies": sorted({at(ENTRY), at(UI)})},
               **({"default_image": default_image} if default_image else {})},
         ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
               "bootstrap": bootstrap, "relays": relays,
@@ -259,7 +260,8 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
                            "token_file": str(storage / MONITOR / MONITOR_TOKEN_FILE),
                            "trusted_proxies": [at(ENTRY)]}},
         # The web UI speaks to app-node's public API only, as a browser's user would.
-        UI: {"host": at(UI), "port": ports.ui, "api_url": f"http://{at(APP)}:{ports.app_http}"},
+        UI: {"host": at(UI), "port": ports.ui, "api_url": f"http://{at(APP)}:{ports.app_http}",
+             "trusted_proxies": [at(ENTRY)]},
         ENTRY: {"host": at(ENTRY), "port": ports.entry,
                 "api_url": f"http://{at(APP)}:{ports.app_http}",
                 "inference_url": f"http://{at(PROXY)}:{ports.proxy_http}",

@@ -39,6 +39,13 @@ class ApiError(Exception):
         #: ``Retry-After`` of a 429, in seconds as the API sent it.
         self.retry_after = retry_after
 
+    def readable(self) -> str:
+        """The API's message for a form's summary, with when to try again after a 429."""
+        text = self.message or self.code
+        if self.status == 429 and self.retry_after:
+            return f"{text} (try again in {self.retry_after} s)"
+        return text
+
 
 def open_http(api_url: str, timeout_s: float, *,
               limits: httpx.Limits | None = None) -> httpx.AsyncClient:
@@ -60,13 +67,26 @@ class ApiClient:
     """
 
     def __init__(self, http: httpx.AsyncClient, streams: httpx.AsyncClient | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, forwarded_for: str | None = None) -> None:
         self._http = http
         self._streams = streams or http
         self._token = token
+        self._forwarded_for = forwarded_for
 
-    def as_user(self, token: str) -> ApiClient:
-        return ApiClient(self._http, self._streams, token)
+    def as_user(self, token: str, forwarded_for: str | None = None) -> ApiClient:
+        """The API as the user of ``token``, for the browser at ``forwarded_for`` (the
+        ``X-Forwarded-For`` chain app-node's rate limits and throttles read)."""
+        return ApiClient(self._http, self._streams, token, forwarded_for)
+
+    def for_browser(self, forwarded_for: str | None) -> ApiClient:
+        """The API as nobody yet (sign-in, sign-up, an email's link), for that browser."""
+        return ApiClient(self._http, self._streams, None, forwarded_for)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        if self._forwarded_for:
+            headers["x-forwarded-for"] = self._forwarded_for
+        return headers
 
     async def get(self, path: str, **params: Any) -> Any:
         return await self.call("GET", path, params={k: v for k, v in params.items()
@@ -80,7 +100,7 @@ class ApiClient:
                      ) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
         """One of the API's event streams: ``(event, data)`` per event, ``("", "")``
         per keep-alive. :class:`ApiError` if it does not start."""
-        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        headers = self._headers()
         timeout = httpx.Timeout(self._streams.timeout.connect, read=STREAM_SILENCE_S)
         try:
             async with self._streams.stream("GET", path, headers=headers, params=params,
@@ -95,7 +115,7 @@ class ApiClient:
 
     async def call(self, method: str, path: str, **options: Any) -> Any:
         """The JSON of a successful answer (None for 204); :class:`ApiError` otherwise."""
-        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        headers = self._headers()
         try:
             response = await self._http.request(method, path, headers=headers, **options)
         except httpx.TransportError as exc:

@@ -32,6 +32,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from nodes.kit.forwarded import TrustedProxies, forwarded_for
 from runtime.sse import encode
 
 from .api import ApiClient, ApiError
@@ -58,9 +59,12 @@ class UiApp:
 
     def __init__(self, http: httpx.AsyncClient, sessions: SessionStore, *,
                  streams: httpx.AsyncClient | None = None, max_streams: int = 1000,
+                 trusted_proxies: TrustedProxies | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.api = ApiClient(http, streams)
+        #: The door in front (the entry point, Caddy): its X-Forwarded-For is believed.
+        self.trusted = trusted_proxies or TrustedProxies()
         #: Live pages at most; beyond, a page's stream is refused (503) and retried.
         self.max_streams = max_streams
         self.streams_open = 0
@@ -118,6 +122,17 @@ class UiApp:
         page = self.templates.get_template(template).render(me=me, **context)
         return HTMLResponse(page, status_code=status)
 
+    def forwarded(self, request: Request) -> str | None:
+        """The ``X-Forwarded-For`` to send app-node for ``request``: the browser's
+        address as the door said it, then ours; app-node (trusting this UI's address)
+        limits and throttles each browser, not the UI as one client."""
+        peer = request.client.host if request.client else None
+        return forwarded_for(peer, request.headers.getlist("x-forwarded-for"), self.trusted)
+
+    def browser_api(self, request: Request) -> ApiClient:
+        """The API as nobody yet, for this request's browser."""
+        return self.api.for_browser(self.forwarded(request))
+
     def session_of(self, request: Request) -> Session | None:
         return self.sessions.get(request.cookies.get(COOKIE), self._clock(), self._wall())
 
@@ -148,7 +163,7 @@ class UiApp:
         session = self.session_of(request)
         if session is None:
             return _to_login(request)
-        api = self.api.as_user(session.token)
+        api = self.api.as_user(session.token, self.forwarded(request))
         try:
             me = await api.get("/me")
             return await work(api, me)
@@ -184,10 +199,10 @@ class UiApp:
         form = await _form(request, "email", "password", "next")
         errors = FormErrors()
         try:
-            answer = await self.api.post("/auth/login", {"email": form["email"],
+            answer = await self.browser_api(request).post("/auth/login", {"email": form["email"],
                                                          "password": form["password"]})
         except ApiError as error:
-            errors.add(error.message, error.field, frozenset({"email", "password"}))
+            errors.add(error.readable(), error.field, frozenset({"email", "password"}))
             return self.render("login.html", None, heading="Sign in", errors=errors,
                                email=form["email"], next=_local_path(form["next"]),
                                status=_form_status(error))
@@ -203,10 +218,10 @@ class UiApp:
         form = await _form(request, *_SIGNUP, "password")
         errors = FormErrors()
         try:
-            answer = await self.api.post("/auth/signup", form)
+            answer = await self.browser_api(request).post("/auth/signup", form)
         except ApiError as error:
             closed = error.status == 409
-            errors.add(error.message, error.field, frozenset({*_SIGNUP, "password"}))
+            errors.add(error.readable(), error.field, frozenset({*_SIGNUP, "password"}))
             return self.render("signup.html", None, heading="Create the first admin",
                                errors=errors, form=form, closed=closed,
                                status=_form_status(error))
@@ -218,7 +233,8 @@ class UiApp:
         session = self.sessions.close(request.cookies.get(COOKIE))
         if session is not None:
             try:
-                await self.api.as_user(session.token).post("/auth/logout")
+                await self.api.as_user(session.token, self.forwarded(request)).post(
+                    "/auth/logout")
             except ApiError:
                 pass  # signed out here whatever app-node says; its token expires
         response = RedirectResponse("/login", status_code=303)
@@ -276,7 +292,7 @@ class UiApp:
             return PlainTextResponse(f"this UI serves {self.max_streams} live pages at most; "
                                      "the page retries", status_code=503,
                                      headers={"retry-after": "5"})
-        api = self.api.as_user(session.token)
+        api = self.api.as_user(session.token, self.forwarded(request))
         stack = AsyncExitStack()
         try:
             events = await stack.enter_async_context(api.events(path))

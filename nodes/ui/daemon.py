@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from nodes.kit.forwarded import TrustedProxies
 from nodes.kit.peer import serve_http
 from nodes.kit.ready import print_ready
 from p2p.daemon import Daemon
@@ -56,7 +57,8 @@ async def serve_ui(settings: UiSettings,
     async with open_http(settings.api_url, settings.api_timeout_s) as http, \
             open_http(settings.api_url, settings.api_timeout_s,
                       limits=stream_limits) as streams:
-        app = UiApp(http, sessions, streams=streams, max_streams=settings.max_streams)
+        app = UiApp(http, sessions, streams=streams, max_streams=settings.max_streams,
+                    trusted_proxies=TrustedProxies(settings.trusted_proxies))
 
         def listening(address: tuple[str, int]) -> None:
             log.info("ui.serving url=http://%s:%d api=%s", *address, settings.api_url)

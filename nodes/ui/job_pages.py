@@ -68,7 +68,7 @@ class JobPages:
                 try:
                     job = await api.post("/jobs", body)
                 except ApiError as error:
-                    errors.add(_with_retry(error), error.field, frozenset(JOB_FIELDS))
+                    errors.add(error.readable(), error.field, frozenset(JOB_FIELDS))
                     return await self._form_page(api, me, form, errors, "New job",
                                                  status=_status(error))
                 return RedirectResponse(f"/jobs/{_id(job['id'])}", status_code=303)
@@ -188,12 +188,6 @@ def _openai_base(request: Request) -> str:
     host = request.headers.get("x-forwarded-host") or request.headers.get("host", "")
     scheme = "https" if request_is_https(request.url.scheme, request.headers) else "http"
     return f"{scheme}://{host}/inference/v1"
-
-
-def _with_retry(error: ApiError) -> str:
-    if error.status == 429 and error.retry_after:
-        return f"{error.message} (try again in {error.retry_after} s)"
-    return error.message or error.code
 
 
 def _status(error: ApiError) -> int:

@@ -59,7 +59,7 @@ class KeyPages:
             try:
                 key = await api.post("/apikeys", {"name": form["name"].strip()})
             except ApiError as error:
-                errors.add(error.message, error.field, frozenset({"name"}))
+                errors.add(error.readable(), error.field, frozenset({"name"}))
                 return await self._page(api, me, errors, form["name"],
                                         status=error.status if error.status < 500 else 502)
             session = self._ui.session_of(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from nodes.kit.forwarded import ProxyList
 from nodes.kit.settings import UpstreamUrl
 from p2p.daemon import DaemonSettings, Port
 
@@ -36,5 +37,9 @@ class UiSettings(DaemonSettings):
     #: a page's stream is refused (503) and the page retries. app-node serves 1,024
     #: streams by default.
     max_streams: int = Field(default=1000, ge=1, le=100_000)
+    #: The door in front of the UI (the entry point, Caddy), whose X-Forwarded-For is
+    #: believed and passed on to app-node (which must trust this UI's address in
+    #: ``limits.trusted_proxies``), so app-node limits each browser, not the UI.
+    trusted_proxies: ProxyList = ("127.0.0.1", "::1")
     #: Waiting for app-node before a page says it cannot reach it.
     api_timeout_s: float = Field(default=30.0, gt=0, le=600)

@@ -108,7 +108,7 @@ class TeamPages:
                                {"email": form["email"].strip(), "role": form["role"]})
             except ApiError as error:
                 errors = FormErrors()
-                errors.add(error.message, error.field, frozenset({"email", "role"}))
+                errors.add(error.readable(), error.field, frozenset({"email", "role"}))
                 if error.status == 403:
                     return self._ui.error_page(error, me, back="/team")
                 return await self._team_page(api, me, errors, form,
@@ -149,14 +149,14 @@ class TeamPages:
         errors = FormErrors()
         try:
             if session is not None:
-                await self._ui.api.as_user(session.token).post(
+                await self._ui.api.as_user(session.token, self._ui.forwarded(request)).post(
                     "/invitations/accept", {"token": form["token"]})
                 return RedirectResponse("/team", status_code=303)
-            answer = await self._ui.api.post("/invitations/accept", {
+            answer = await self._ui.browser_api(request).post("/invitations/accept", {
                 "token": form["token"], "email": form["email"].strip(),
                 "name": form["name"].strip(), "password": form["password"]})
         except ApiError as error:
-            errors.add(error.message, error.field, frozenset({"email", "name", "password"}))
+            errors.add(error.readable(), error.field, frozenset({"email", "name", "password"}))
             return self._ui.render("accept.html", None, heading="Join a team",
                                    token=form["token"], signed_in=session is not None,
                                    errors=errors, form=form, status=_status(error),
@@ -177,9 +177,10 @@ class TeamPages:
         form = await self._ui.form(request, "email")
         errors = FormErrors()
         try:
-            await self._ui.api.post("/auth/password-reset", {"email": form["email"].strip()})
+            await self._ui.browser_api(request).post("/auth/password-reset",
+                                                     {"email": form["email"].strip()})
         except ApiError as error:
-            errors.add(error.message, error.field, frozenset({"email"}))
+            errors.add(error.readable(), error.field, frozenset({"email"}))
             return self._ui.render("reset.html", None, heading="Reset your password",
                                    token="", sent=False, errors=errors, email=form["email"],
                                    status=_status(error))
@@ -190,10 +191,10 @@ class TeamPages:
         form = await self._ui.form(request, "token", "password")
         errors = FormErrors()
         try:
-            await self._ui.api.post("/auth/password-reset/confirm",
+            await self._ui.browser_api(request).post("/auth/password-reset/confirm",
                                     {"token": form["token"], "password": form["password"]})
         except ApiError as error:
-            errors.add(error.message, error.field, frozenset({"password"}))
+            errors.add(error.readable(), error.field, frozenset({"password"}))
             return self._ui.render("reset.html", None, heading="Reset your password",
                                    token=form["token"], sent=False, errors=errors, email="",
                                    status=_status(error))

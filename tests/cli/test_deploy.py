@@ -421,8 +421,9 @@ def test_the_prometheus_example_is_valid_and_sends_the_token(tmp_path: Path) -> 
 
 def test_app_node_trusts_the_door_it_is_given(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Regression: app-node believes X-Forwarded-For from the entry point's
-    (or Caddy's) address only, the one `bootstrap` and `up` give it."""
+    """Regression: app-node believes X-Forwarded-For from the entry point's (or
+    Caddy's) address and the web UI's only, the ones `bootstrap` and `up` give it;
+    the UI believes the door's."""
     from cli.up import DEFAULT_BASE_PORT, Ports, service_configs
 
     folder = tmp_path / "deploy"
@@ -430,7 +431,8 @@ def test_app_node_trusts_the_door_it_is_given(tmp_path: Path,
                  "--host", "entry=10.0.0.8")
     assert result.returncode == 0, result.stderr
     app = load(folder, "app-node", monkeypatch)
-    assert app.limits.trusted_proxies == ("10.0.0.8",)
+    assert app.limits.trusted_proxies == ("10.0.0.5", "10.0.0.8")  # the UI's, the door's
+    assert load(folder, "ui", monkeypatch).trusted_proxies == ("10.0.0.8",)
     keys = {name: KeyPair.generate().hex for name in SERVICES}
     one_machine = service_configs(tmp_path, Ports.from_base(DEFAULT_BASE_PORT), keys)
     assert one_machine["app-node"]["limits"]["trusted_proxies"] == ["127.0.0.1"]

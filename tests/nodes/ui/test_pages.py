@@ -182,3 +182,40 @@ async def test_a_jobs_untrusted_name_is_text_and_statuses_are_the_seeds_names(
     assert cells[0] == "Managed inference" and cells[2:5] == ["Unknown", "4", "2"]
     assert re.search(r'class="status status-\w+"[^>]*>(Queued|Pending|Starting|Creating)<',
                      row[0]), row[0]
+
+
+async def test_a_throttled_sign_in_says_when_to_try_again_never_raw_json(tmp_path, nursery):
+    served = await serve(tmp_path, nursery)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            for _ in range(30):  # bounded: app-node's login throttle answers 429 soon
+                answer = await browser.post("/login", {"email": EMAIL, "password": "wrong"})
+                if answer.status_code == 429:
+                    break
+            assert answer.status_code == 429, answer.text
+            alert = answer.text.split('role="alert"')[1].split("</div>")[0]
+            assert re.search(r"try again in \d+ s", alert), alert
+            assert "{" not in alert
+
+
+async def test_app_node_limits_each_browser_behind_the_ui_not_the_ui_as_one_client(
+        tmp_path, nursery):
+    """The UI passes on the browser's address (as the door gave it) to app-node, which
+    trusts the UI: one browser over its rate leaves another unharmed."""
+    from nodes.app_node.ratelimit import Limits, Rate
+
+    served = await serve(tmp_path, nursery, limits=Limits(
+        per_ip=Rate(per_second=0.001, burst=4), trusted_proxies=("127.0.0.1",)))
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as greedy, browser_of(ui) as other:
+            greedy_at = {"sec-fetch-site": "same-origin", "x-forwarded-for": "203.0.113.1"}
+            other_at = {"sec-fetch-site": "same-origin", "x-forwarded-for": "203.0.113.2"}
+            for _ in range(8):  # over its 4 (bounded)
+                last = await greedy.post("/login", {"email": EMAIL, "password": "x"},
+                                         headers=greedy_at)
+            assert last.status_code == 429, last.text
+            answer = await other.post("/login", {"email": EMAIL, "password": PASSWORD},
+                                      headers=other_at)
+            assert answer.status_code == 303, answer.text
