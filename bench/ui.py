@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from _common import emit, machine
+from _common import emit, machine, percentile
 from api import _wait_ready, free_port, seed, start_daemons
 
 from runtime.sse import SseReader
@@ -50,11 +50,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN, PASSWORD = "user0@bench.local", "bench-password-not-used"
 #: What a browser sends with a form of the UI's own pages.
 SAME_ORIGIN = {"sec-fetch-site": "same-origin"}
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
 def start_ui(workdir: Path, api_url: str) -> tuple[subprocess.Popen, str]:

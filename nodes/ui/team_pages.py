@@ -69,28 +69,39 @@ class TeamPages:
                                me_id=me["user"]["id"], status=status)
 
     async def _role(self, request: Request) -> Response:
-        async def change(api: ApiClient, team: dict[str, Any], user: str) -> None:
-            form = await self._ui.form(request, "role")
-            await api.call("PATCH", f"/teams/{quote(team['id'], safe='')}/members/{user}",
-                           json={"role": form["role"]})
-
-        return await self._member_action(request, change)
-
-    async def _remove(self, request: Request) -> Response:
-        async def remove(api: ApiClient, team: dict[str, Any], user: str) -> None:
-            await api.call("DELETE", f"/teams/{quote(team['id'], safe='')}/members/{user}")
-
-        return await self._member_action(request, remove)
-
-    async def _member_action(self, request: Request, action) -> Response:
         user = quote(request.path_params["user"], safe="")
 
+        async def change(api: ApiClient, team_path: str) -> None:
+            form = await self._ui.form(request, "role")
+            await api.call("PATCH", f"{team_path}/members/{user}", json={"role": form["role"]})
+
+        return await self._team_action(request, change)
+
+    async def _remove(self, request: Request) -> Response:
+        user = quote(request.path_params["user"], safe="")
+
+        async def remove(api: ApiClient, team_path: str) -> None:
+            await api.call("DELETE", f"{team_path}/members/{user}")
+
+        return await self._team_action(request, remove)
+
+    async def _revoke(self, request: Request) -> Response:
+        invitation = quote(request.path_params["invitation"], safe="")
+
+        async def revoke(api: ApiClient, team_path: str) -> None:
+            await api.call("DELETE", f"{team_path}/invitations/{invitation}")
+
+        return await self._team_action(request, revoke)
+
+    async def _team_action(self, request: Request, action) -> Response:
+        """``action(api, "/teams/<active team>")``, then back to the team page; the API's
+        refusal as a page."""
         async def work(api: ApiClient, me: dict[str, Any]) -> Response:
             team = _active(me)
             if team is None:
                 return RedirectResponse("/team", status_code=303)
             try:
-                await action(api, team, user)
+                await action(api, f"/teams/{quote(team['id'], safe='')}")
             except ApiError as error:
                 return self._ui.error_page(error, me, back="/team")
             return RedirectResponse("/team", status_code=303)
@@ -113,22 +124,6 @@ class TeamPages:
                     return self._ui.error_page(error, me, back="/team")
                 return await self._team_page(api, me, errors, form,
                                              status=error.status if error.status < 500 else 502)
-            return RedirectResponse("/team", status_code=303)
-
-        return await self._ui.page(request, work)
-
-    async def _revoke(self, request: Request) -> Response:
-        invitation = quote(request.path_params["invitation"], safe="")
-
-        async def work(api: ApiClient, me: dict[str, Any]) -> Response:
-            team = _active(me)
-            if team is None:
-                return RedirectResponse("/team", status_code=303)
-            try:
-                await api.call("DELETE", f"/teams/{quote(team['id'], safe='')}/invitations/"
-                                         f"{invitation}")
-            except ApiError as error:
-                return self._ui.error_page(error, me, back="/team")
             return RedirectResponse("/team", status_code=303)
 
         return await self._ui.page(request, work)

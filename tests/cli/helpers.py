@@ -139,14 +139,20 @@ async def running_up(storage: Path, base: int, env: dict[str, str] | None = None
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        for pid in {*children, *pids_using(storage)}:
+        kill_all({*children, *pids_using(storage)})
+
+
+def kill_all(pids: set[int]) -> None:
+    """SIGKILL each process and, if it leads one, its group (a service and what it
+    started): what an ``up`` left behind."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
             try:
-                os.killpg(pid, signal.SIGKILL)  # a service and what it started
+                os.kill(pid, signal.SIGKILL)  # not a group leader
             except OSError:
-                try:
-                    os.kill(pid, signal.SIGKILL)  # not a group leader
-                except OSError:
-                    pass
+                pass
 
 
 def _children(parent: int) -> list[int]:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cli.helpers import COSMICAC, UP, _children, free_base_port, pids_using
+from tests.cli.helpers import COSMICAC, UP, _children, free_base_port, kill_all, pids_using
 
 __all__ = ["Platform", "platform_up"]
 
@@ -82,14 +82,7 @@ def platform_up(folder: Path) -> Iterator[Platform]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for pid in {*children, *pids_using(storage)}:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_all({*children, *pids_using(storage)})
 
 
 def _wait_for_url(proc: subprocess.Popen, stdout: Path, stderr: Path) -> str:
