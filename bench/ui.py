@@ -13,9 +13,9 @@ Figures (JSON lines ``{"bench": "ui", "metric": ...}``):
   ``--pages`` times: the UI asks app-node for ``/me`` and the first page of
   jobs (50, newest first, with their live status from wrk-ork) and renders them;
   ``jobs_page_bytes``.
-* ``stream_status_p50`` / ``_p99`` / ``_max`` (ms): ``--subscribers`` streams of
-  ``/ui/stream/jobs`` open at once (each its own app-node stream, as each
-  browser tab has); a job is deleted through the API and the time from that
+* ``stream_status_p50`` / ``_p99`` / ``_max`` (ms): ``--subscribers`` live streams
+  of the jobs list (``/ui/stream?topic=jobs``) open at once (each its own
+  app-node stream, as each browser has); a job is deleted through the API and the time from that
   request to each subscriber's first fragment for it (its status, or its row
   removed) is taken; ``--changes`` times.
   ``stream_connect_s``: how long all the streams took to get their snapshot.
@@ -98,16 +98,16 @@ async def fan_out(ui: str, api: str, token: str, cookies: httpx.Cookies, subscri
     latencies: list[float] = []
 
     async def subscriber(client: httpx.AsyncClient) -> None:
-        async with client.stream("GET", "/ui/stream/jobs") as response:
+        async with client.stream("GET", "/ui/stream", params={"topic": "jobs"}) as response:
             if response.status_code != 200:
-                raise SystemExit(f"/ui/stream/jobs: {response.status_code} "
+                raise SystemExit(f"/ui/stream: {response.status_code} "
                                  f"{(await response.aread())[:300]!r}")
             reader = SseReader()
             async for line in response.aiter_lines():
                 got = reader.line(line)
                 if got is None or not got[0]:
                     continue
-                data = got[1]
+                data = got[1].removeprefix("jobs\n")  # the topic, then the fragment
                 if data.startswith('<tbody id="jobs-body"'):
                     snapshots.release()
                 elif 'id="job-' in data:  # its status, or its row removed

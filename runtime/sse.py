@@ -16,13 +16,16 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 class SseReader:
     """Lines in, events out, one line at a time (for a stream read asynchronously).
 
-    Only ``event:``, ``data:`` (joined with newlines) and comments are read; other
-    fields are ignored, as is an event without data.
+    Only ``event:``, ``data:`` (joined with newlines), ``id:`` and comments are
+    read; other fields are ignored, as is an event without data.
     """
 
     def __init__(self) -> None:
         self._event = "message"
         self._data: list[str] = []
+        #: The last ``id:`` seen (it stays until another, as a browser keeps it for
+        #: ``Last-Event-ID``); None before the first.
+        self.last_id: str | None = None
 
     def line(self, line: str) -> tuple[str, str] | None:
         """Feed one line (without its line end): ``(event, data)`` when it ends an
@@ -39,6 +42,8 @@ class SseReader:
             self._event = value
         elif name == "data":
             self._data.append(value)
+        elif name == "id" and "\0" not in value:
+            self.last_id = value
         return None
 
 

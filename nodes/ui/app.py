@@ -12,13 +12,11 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
-import trio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,18 +25,17 @@ from starlette.responses import (
     PlainTextResponse,
     RedirectResponse,
     Response,
-    StreamingResponse,
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from nodes.kit.forwarded import TrustedProxies, forwarded_for
-from runtime.sse import encode
 
 from .api import ApiClient, ApiError
 from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
 from .job_pages import JobPages
 from .key_pages import KeyPages
+from .live import KEEPALIVE, Live, Piece, TopicError, TopicSource
 from .operator_pages import OperatorPages
 from .sessions import COOKIE, Session, SessionStore
 from .team_pages import TeamPages
@@ -65,9 +62,9 @@ class UiApp:
         self.api = ApiClient(http, streams)
         #: The door in front (the entry point, Caddy): its X-Forwarded-For is believed.
         self.trusted = trusted_proxies or TrustedProxies()
-        #: Live pages at most; beyond, a page's stream is refused (503) and retried.
-        self.max_streams = max_streams
-        self.streams_open = 0
+        #: The live streams' topics and their upstreams (at most ``max_streams``).
+        self.live = Live(max_streams)
+        self.live.register("jobs", self._jobs_topic)
         self.sessions = sessions
         self._clock, self._wall = clock, wall
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
@@ -83,7 +80,7 @@ class UiApp:
             Route("/logout", self._logout, methods=["POST"]),
             Route("/team/active", self._switch_team, methods=["POST"]),
             Route("/jobs", self._jobs),
-            Route("/ui/stream/jobs", self._stream_jobs),
+            Route("/ui/stream", self._stream),
             *JobPages(self).routes(),
             *KeyPages(self).routes(),
             *TeamPages(self).routes(),
@@ -134,7 +131,11 @@ class UiApp:
         return self.api.for_browser(self.forwarded(request))
 
     def session_of(self, request: Request) -> Session | None:
-        return self.sessions.get(request.cookies.get(COOKIE), self._clock(), self._wall())
+        return self.session_of_id(request.cookies.get(COOKIE))
+
+    def session_of_id(self, session_id: str | None) -> Session | None:
+        """The live session ``session_id`` names (touched: it was used now), or None."""
+        return self.sessions.get(session_id, self._clock(), self._wall())
 
     def clock(self) -> float:
         """Monotonic seconds now (sessions' idle time)."""
@@ -232,6 +233,7 @@ class UiApp:
     async def _logout(self, request: Request) -> Response:
         session = self.sessions.close(request.cookies.get(COOKIE))
         if session is not None:
+            self.live.end_session(session.id)
             try:
                 await self.api.as_user(session.token, self.forwarded(request)).post(
                     "/auth/logout")
@@ -261,85 +263,52 @@ class UiApp:
             teams = me["teams"]
             team_name = next((t["name"] for t in teams if t["id"] == me["active_team"]),
                              "your team")
-            stream = "/ui/stream/jobs" + (f"?cursor={quote(cursor, safe='')}" if cursor else "")
+            topic = f"jobs:{cursor}" if cursor else "jobs"
             return self.render("jobs.html", me, heading="Jobs", section="jobs", jobs=jobs,
                                teams=teams, active_team=me["active_team"],
-                               team_name=team_name, next=listed.get("next"), stream=stream,
+                               team_name=team_name, next=listed.get("next"), topics=[topic],
                                first_page=cursor is None)
 
         return await self.page(request, work)
 
 
-    # -- live updates: one stream per page ------------------------------------
+    # -- live updates: one stream per browser ------------------------------------
 
-    async def stream(self, request: Request, path: str,
-                     translate: Callable[[ApiClient, AsyncIterator[tuple[str, str]]],
-                                         AsyncIterator[str]],
-                     opening_failed: Callable[[ApiError], list[str] | None] | None = None
-                     ) -> Response:
-        """One page's stream: app-node's event stream at ``path`` (as the signed-in
-        user) opened first, then ``translate``'s fragments until it ends.
-
-        An upstream that does not open is an error status (401, 502...), so htmx
-        backs off and the page says it is reconnecting, rather than a stream that
-        ends at once; ``opening_failed`` may answer some errors with fragments
-        instead (a deleted job's page).
-        """
+    async def _stream(self, request: Request) -> Response:
+        """The browser's live stream: the topics its open pages show (:mod:`.live`)."""
         session = self.session_of(request)
         if session is None:
             return Response(status_code=401)
-        if self.streams_open >= self.max_streams:
-            return PlainTextResponse(f"this UI serves {self.max_streams} live pages at most; "
-                                     "the page retries", status_code=503,
-                                     headers={"retry-after": "5"})
-        api = self.api.as_user(session.token, self.forwarded(request))
-        stack = AsyncExitStack()
         try:
-            events = await stack.enter_async_context(api.events(path))
-        except ApiError as error:
-            await stack.aclose()
-            chunks = opening_failed(error) if opening_failed is not None else None
-            if chunks is None:
-                status = error.status if 400 <= error.status < 600 else 502
-                return PlainTextResponse(error.message, status_code=status)
-            return StreamingResponse(_each(chunks), media_type="text/event-stream",
-                                     headers=_STREAM_HEADERS)
+            topics = self.live.topics(request, request.query_params.getlist("topic"))
+        except TopicError as error:
+            return PlainTextResponse(str(error), status_code=400)
+        api = self.api.as_user(session.token, self.forwarded(request))
 
-        async def body() -> AsyncIterator[str]:
-            try:
-                async for chunk in translate(api, events):
-                    yield chunk
-            except ApiError as error:  # the upstream broke: htmx reconnects
-                log.info("ui.stream_ended path=%s code=%s message=%s", path, error.code,
-                         error.message)
+        def still_signed_in() -> bool:  # an open live page counts as use of its session
+            return self.session_of_id(session.id) is not None
 
-        self.streams_open += 1
-        stack.callback(self._stream_closed)
+        return await self.live.respond(api, topics, session.id, still_signed_in)
 
-        return _Streamed(body(), stack, media_type="text/event-stream",
-                         headers=_STREAM_HEADERS)
-
-    async def _stream_jobs(self, request: Request) -> Response:
-        """The jobs list's stream: the list's body first (what changed while the page
-        was away included), then each change as a fragment. It ends when app-node's
-        stream ends or lags; htmx reconnects and the snapshot catches up."""
-        cursor = request.query_params.get("cursor") or None
-
+    def _jobs_topic(self, request: Request, cursor: str, resume: str | None
+                    ) -> TopicSource:
+        """``jobs[:cursor]``: the list's body first (what changed while the page was
+        away included), then each change as a fragment."""
         async def translate(api: ApiClient, events: AsyncIterator[tuple[str, str]]
-                            ) -> AsyncIterator[str]:
-            async for chunk in self._jobs_events(api, events, cursor):
-                yield chunk
+                            ) -> AsyncIterator[Piece]:
+            async for piece in self._jobs_events(api, events, cursor or None):
+                yield piece
 
-        return await self.stream(request, "/jobs/events", translate)
+        return TopicSource("/jobs/events", translate)
 
     async def _jobs_events(self, api: ApiClient, events: AsyncIterator[tuple[str, str]],
-                           cursor: str | None) -> AsyncIterator[str]:
+                           cursor: str | None) -> AsyncIterator[Piece]:
         """The list's page (``cursor``; None: the first, newest jobs) then its changes; a
-        new job joins the first page only."""
+        new job joins the first page only. Ends when app-node's stream ends or lags."""
         known: set[str] = set()
         async for event, data in events:
             if not event:
-                yield ": keep-alive\n\n"
+                yield KEEPALIVE
             elif event == "ready":  # subscribed: nothing is missed from here
                 listed = await api.get("/jobs", cursor=cursor)
                 now = self._wall()
@@ -363,36 +332,10 @@ class UiApp:
             elif event == "lagged":
                 return
 
-    def _stream_closed(self) -> None:
-        self.streams_open -= 1
-
     def fragment(self, template: str, **context: Any) -> str:
-        """A template rendered as one server-sent event (htmx swaps it in)."""
-        return encode(self.templates.get_template(template).render(**context))
+        """A template rendered as a fragment of a live page (swapped in by its id)."""
+        return self.templates.get_template(template).render(**context)
 
-
-_STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-class _Streamed(StreamingResponse):
-    """A stream whose upstream (``stack``) is closed when the answer ends, however it
-    ends: the client may leave before the first fragment is asked for."""
-
-    def __init__(self, body: AsyncIterator[str], stack: AsyncExitStack, **options: Any) -> None:
-        super().__init__(body, **options)
-        self._stack = stack
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._stack.aclose()
-
-
-async def _each(chunks: list[str]) -> AsyncIterator[str]:
-    for chunk in chunks:
-        yield chunk
 
 _SIGNUP = ("email", "name", "team_name")
 

@@ -26,7 +26,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SECURITY_HEADERS: tuple[tuple[str, str], ...] = (
     ("content-security-policy",
      "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+     "connect-src 'self'; worker-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+     "base-uri 'none'"),
     ("x-content-type-options", "nosniff"),
     ("x-frame-options", "DENY"),
     ("referrer-policy", "same-origin"),

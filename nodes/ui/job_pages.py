@@ -17,10 +17,10 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from contracts.model import Runtime
-from runtime.sse import encode
 
 from .api import ApiClient, ApiError
 from .guard import request_is_https
+from .live import DONE, KEEPALIVE, Piece, TopicSource
 from .views import JOB_FIELDS, FormErrors, job_body, job_form, job_view
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class JobPages:
 
     def __init__(self, ui: UiApp) -> None:
         self._ui = ui
+        ui.live.register("job", self._topic)
 
     def routes(self) -> list[Route]:
         return [
@@ -46,7 +47,6 @@ class JobPages:
                   methods=["POST"]),
             Route("/jobs/{job}/replicas/{replica:int}/delete", self._delete_replica,
                   methods=["POST"]),
-            Route("/ui/stream/jobs/{job}", self._stream),
         ]
 
     # -- the form ----------------------------------------------------------------
@@ -100,7 +100,8 @@ class JobPages:
                 raise
             view = job_view(job, self._ui.wall())
             return self._ui.render("job.html", me, heading=job["name"], section="jobs",
-                                   job=view, base_url=_openai_base(request))
+                                   job=view, base_url=_openai_base(request),
+                                   topics=[f"job:{job['id']}"])
 
         return await self._ui.page(request, work)
 
@@ -131,44 +132,45 @@ class JobPages:
 
         return await self._ui.page(request, work)
 
-    # -- its stream -----------------------------------------------------------------
+    # -- its topic: ``job:ID`` ---------------------------------------------------------
 
-    async def _stream(self, request: Request) -> Response:
-        job = _id(request.path_params["job"])
+    def _topic(self, request: Request, job_id: str, resume: str | None) -> TopicSource:
+        if not job_id:
+            raise ValueError("a job's id: job:ID")
+        job = _id(job_id)
         base_url = _openai_base(request)
 
-        def gone(error: ApiError) -> list[str] | None:
+        def gone(error: ApiError) -> list[Piece] | None:
             return self._gone() if error.status == 404 else None
 
         async def translate(api: ApiClient, events: AsyncIterator[tuple[str, str]]
-                            ) -> AsyncIterator[str]:
-            async for chunk in self._events(events, base_url):
-                yield chunk
+                            ) -> AsyncIterator[Piece]:
+            async for piece in self._events(events, base_url):
+                yield piece
 
-        return await self._ui.stream(request, f"/jobs/{job}/events", translate, gone)
+        return TopicSource(f"/jobs/{job}/events", translate, opening_failed=gone)
 
     async def _events(self, events: AsyncIterator[tuple[str, str]], base_url: str
-                      ) -> AsyncIterator[str]:
+                      ) -> AsyncIterator[Piece]:
         """The overview first (app-node's stream starts with the job), then again after
         each change; 'deleted' when the job is gone. Ends with app-node's stream."""
         async for event, data in events:
             if not event:
-                yield ": keep-alive\n\n"
+                yield KEEPALIVE
             elif event == "job":
                 view = job_view(json.loads(data), self._ui.wall())
                 yield self._ui.fragment("_job_overview.html", job=view, oob=True,
                                         base_url=base_url)
             elif event == "gone":
-                for chunk in self._gone():
-                    yield chunk
+                for piece in self._gone():
+                    yield piece
                 return
             elif event == "lagged":
                 return
 
-    def _gone(self) -> list[str]:
-        """The overview says the job was deleted, and the page stops reconnecting."""
-        return [self._ui.fragment("_job_overview.html", gone=True, oob=True),
-                encode("", event="done")]
+    def _gone(self) -> list[Piece]:
+        """The overview says the job was deleted; the topic ends for good."""
+        return [self._ui.fragment("_job_overview.html", gone=True, oob=True), DONE]
 
 
 def _id(value: str | None) -> str:

@@ -314,20 +314,37 @@ def test_a_two_replica_job_shows_each_replicas_live_status_and_actions_only_whil
     cli(platform, "jobs", "delete", job)
 
 
-def test_zz_ctrl_c_on_up_with_live_pages_open_stops_within_seconds(
+def test_zz_seven_live_tabs_load_at_once_then_ctrl_c_on_up_stops_within_seconds(
         page: Page, platform: Platform, context) -> None:
-    """Last in the module (it stops the session's platform): every page's stream ends
-    when its daemon stops, so none holds up's exit."""
+    """Last in the module (it stops the session's platform). HTTP/1.1 gives a browser
+    six connections to one origin: the tabs share one stream (a SharedWorker), so a
+    seventh live tab still loads. Then every stream ends when its daemon stops, so
+    none holds up's exit."""
     sign_in(page, platform)
-    pages = [page]
     job = cli(platform, "jobs", "create", "--name", "kept-open", "--type", "inference",
               "--runtime", "local", "--model", "demo", "--gpus", "1")
-    for path in ("/jobs", f"/jobs/{job}"):
-        other = context.new_page()
-        other.goto(path)
-        pages.append(other)
-    for open_page in pages:
-        expect(open_page.locator("#live")).to_have_text("Live", timeout=WAIT_MS)
+    tabs = [page]
+    for path in ("/jobs", f"/jobs/{job}", "/jobs", f"/jobs/{job}", "/jobs"):
+        tab = context.new_page()
+        tab.goto(path)
+        tabs.append(tab)
+    for tab in tabs:
+        expect(tab.locator("#live")).to_have_text("Live", timeout=WAIT_MS)
+    seventh = context.new_page()
+    seventh.goto(f"/jobs/{job}", timeout=10_000)  # one stream per page would hang here
+    expect(seventh.get_by_role("heading", level=1)).to_have_text("kept-open")
+    expect(seventh.locator("#live")).to_have_text("Live", timeout=WAIT_MS)
+    tabs.append(seventh)
+    other = cli(platform, "jobs", "create", "--name", "seen-by-all", "--type", "inference",
+                "--runtime", "local", "--model", "demo", "--served-name", "demo-2",
+                "--gpus", "1")
+    for tab in tabs:
+        if tab.url.endswith("/jobs"):
+            expect(tab.get_by_role("row", name=re.compile("seen-by-all"))).to_be_visible(
+                timeout=WAIT_MS)
+        else:
+            expect(tab.locator("#job-status")).to_have_text("Active", timeout=WAIT_MS)
+    assert other
     took = platform.interrupt(limit_s=30)
-    print(f"up stopped in {took:.2f} s with {len(pages)} live pages open")
+    print(f"up stopped in {took:.2f} s with {len(tabs)} live tabs open")
     assert took < 15, took  # its usual few seconds, not a stream's timeout

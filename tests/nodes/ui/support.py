@@ -13,9 +13,10 @@ import trio
 
 from nodes.ui.daemon import RunningUi, serve_ui
 from nodes.ui.settings import UiSettings
+from runtime.sse import SseReader
 from tests.cli.support import EMAIL, PASSWORD, Served
 
-__all__ = ["Browser", "browser_of", "sign_in", "ui_over"]
+__all__ = ["Browser", "LiveReader", "browser_of", "sign_in", "stream", "ui_over"]
 
 #: What a browser sends with a form posted from one of the UI's own pages.
 SAME_ORIGIN = {"sec-fetch-site": "same-origin"}
@@ -54,3 +55,47 @@ async def browser_of(ui: RunningUi) -> AsyncIterator[Browser]:
 async def sign_in(browser: Browser, email: str = EMAIL, password: str = PASSWORD) -> None:
     answer = await browser.post("/login", {"email": email, "password": password, "next": ""})
     assert answer.status_code == 303, answer.text
+
+
+@dataclass
+class LiveEvent:
+    """One event of the live stream: its name (``message`` for a fragment), topic,
+    HTML and the stream's last ``id``."""
+
+    event: str
+    topic: str
+    html: str
+    id: str | None
+
+
+class LiveReader:
+    """The events of one live stream (``/ui/stream``), in order."""
+
+    def __init__(self, lines: AsyncIterator[str]) -> None:
+        self._lines, self._reader = lines, SseReader()
+
+    async def event(self) -> LiveEvent:
+        async for line in self._lines:
+            got = self._reader.line(line)
+            if got is not None and got[0]:
+                event, data = got
+                topic, _, html = data.partition("\n")
+                return LiveEvent(event, topic, html, self._reader.last_id)
+        raise AssertionError("the stream ended")
+
+    async def __call__(self) -> str:
+        """The next fragment's HTML (skipping ``done``)."""
+        while True:
+            got = await self.event()
+            if got.event == "message":
+                return got.html
+
+
+@asynccontextmanager
+async def stream(browser: Browser, *topics: str) -> AsyncIterator[LiveReader]:
+    """The browser's live stream of ``topics`` (``jobs``, ``job:ID``...)."""
+    params = [("topic", topic) for topic in topics]
+    async with browser.http.stream("GET", "/ui/stream", params=params, timeout=30) as response:
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        yield LiveReader(response.aiter_lines())

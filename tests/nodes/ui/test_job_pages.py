@@ -9,8 +9,7 @@ import trio
 
 from tests.cli.support import serve_ork
 
-from .support import browser_of, sign_in, ui_over
-from .test_streams import stream
+from .support import browser_of, sign_in, stream, ui_over
 
 LIMIT_S = 60
 IMAGE = "docker://registry.local/agent:1"
@@ -34,7 +33,7 @@ async def test_the_form_creates_a_job_and_opens_its_page(tmp_path, nursery):
             page = await browser.get(f"/jobs/{job}")
             assert page.status_code == 200
             assert "<h1>chat</h1>" in page.text
-            assert f'hx-sse:connect="/ui/stream/jobs/{job}"' in page.text
+            assert f"data-topics='[\"job:{job}\"]'" in page.text
             assert page.text.count('<tr id="replica-') == 2
             # Replica actions only while a replica is queued, pending or starting.
             assert f'action="/jobs/{job}/replicas/0/restart"' in page.text
@@ -111,7 +110,7 @@ async def test_a_jobs_stream_sends_its_overview_then_each_change(tmp_path, nurse
         async with browser_of(ui) as browser:
             await sign_in(browser)
             job = (await browser.post("/jobs", FORM)).headers["location"].removeprefix("/jobs/")
-            async with stream(browser, f"/ui/stream/jobs/{job}") as next_fragment:
+            async with stream(browser, f"job:{job}") as next_fragment:
                 first = await next_fragment()
                 assert first.startswith('<section id="job-overview"')
                 assert 'hx-swap-oob="true"' in first
@@ -151,4 +150,4 @@ async def test_the_list_pages_its_jobs_and_each_page_streams_its_own(tmp_path, n
             second = (await browser.get(older.replace("&amp;", "&"))).text
             assert second.count('<tr id="job-') == 1 and ">job-00<" in second
             assert '<a href="/jobs">Newest jobs</a>' in second
-            assert 'hx-sse:connect="/ui/stream/jobs?cursor=' in second
+            assert "data-topics='[\"jobs:" in second

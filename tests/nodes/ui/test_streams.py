@@ -4,35 +4,16 @@ test): a snapshot first, then each change as a fragment, for the user's team onl
 from __future__ import annotations
 
 import re
-from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
-from runtime.sse import SseReader
 from tests.cli.support import serve_ork
 from tests.p2p.helpers import wait_until
 
-from .support import Browser, browser_of, sign_in, ui_over
+from .support import browser_of, sign_in, stream, ui_over
 
 LIMIT_S = 60
-
-
-@asynccontextmanager
-async def stream(browser: Browser, path: str):
-    """The fragments of one page's stream, one ``data`` per call of the returned reader."""
-    async with browser.http.stream("GET", path, timeout=30) as response:
-        assert response.status_code == 200, await response.aread()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        reader, lines = SseReader(), response.aiter_lines()
-
-        async def next_fragment() -> str:
-            async for line in lines:
-                got = reader.line(line)
-                if got is not None and got[0]:
-                    return got[1]
-            raise AssertionError("the stream ended")
-
-        yield next_fragment
 
 
 async def test_the_jobs_stream_starts_with_the_list_then_adds_changes_and_removes(
@@ -43,7 +24,7 @@ async def test_the_jobs_stream_starts_with_the_list_then_adds_changes_and_remove
         await served.login()
         async with browser_of(ui) as browser:
             await sign_in(browser)
-            async with stream(browser, "/ui/stream/jobs") as next_fragment:
+            async with stream(browser, "jobs") as next_fragment:
                 snapshot = await next_fragment()
                 assert snapshot.startswith('<tbody id="jobs-body" hx-swap-oob="true">')
                 assert "No jobs yet." in snapshot
@@ -82,7 +63,7 @@ async def test_a_stream_without_a_session_is_refused(tmp_path, nursery):
     ui = await ui_over(nursery, served)
     with trio.fail_after(LIMIT_S):
         async with browser_of(ui) as browser:
-            answer = await browser.get("/ui/stream/jobs")
+            answer = await browser.get("/ui/stream?topic=jobs")
             assert answer.status_code == 401
 
 
@@ -104,7 +85,7 @@ async def test_with_app_node_down_a_stream_is_an_error_so_the_page_backs_off(nur
         session = ui.app.sessions.open("token", "a@example.com", 10**10, ui.app.clock())
         async with browser_of(ui) as browser:
             browser.http.cookies.set(COOKIE, session.id)
-            for path in ("/ui/stream/jobs", "/ui/stream/jobs/j-1"):
+            for path in ("/ui/stream?topic=jobs", "/ui/stream?topic=job:j-1"):
                 answer = await browser.get(path)
                 assert answer.status_code == 502, (path, answer.text)
                 assert "app-node" in answer.text
@@ -116,13 +97,77 @@ async def test_live_pages_beyond_max_streams_are_refused_until_one_closes(tmp_pa
     with trio.fail_after(LIMIT_S):
         async with browser_of(ui) as browser:
             await sign_in(browser)
-            async with stream(browser, "/ui/stream/jobs") as first, \
-                    stream(browser, "/ui/stream/jobs") as second:
+            async with stream(browser, "jobs") as first, \
+                    stream(browser, "jobs") as second:
                 await first()
                 await second()
-                refused = await browser.get("/ui/stream/jobs")
+                refused = await browser.get("/ui/stream?topic=jobs")
                 assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
                 assert (await browser.get("/jobs")).status_code == 200  # pages still load
-            await wait_until(lambda: ui.app.streams_open == 0)  # the closed ones counted out
-            async with stream(browser, "/ui/stream/jobs") as third:
+            await wait_until(lambda: ui.app.live.streams_open == 0)  # the closed ones counted out
+            async with stream(browser, "jobs") as third:
                 assert (await third()).startswith('<tbody id="jobs-body"')
+
+
+async def test_one_stream_carries_several_topics_and_a_deleted_jobs_topic_ends_alone(
+        tmp_path, nursery):
+    """A browser's tabs share one stream: the list and a job's page in it, each fragment
+    named by its topic; the job deleted ends its topic (``done``), not the list's."""
+    from .test_job_pages import FORM
+
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            job = (await browser.post("/jobs", FORM)).headers["location"].removeprefix("/jobs/")
+            async with stream(browser, "jobs", f"job:{job}") as live:
+                firsts = {}
+                while len(firsts) < 2:  # bounded by fail_after
+                    got = await live.event()
+                    firsts.setdefault(got.topic, got.html)
+                assert firsts["jobs"].startswith('<tbody id="jobs-body"')
+                assert firsts[f"job:{job}"].startswith('<section id="job-overview"')
+                await browser.post(f"/jobs/{job}/delete")
+                served.drive(job, "deleted")
+                seen: list[tuple[str, str]] = []
+                while ("done", f"job:{job}") not in seen:
+                    got = await live.event()
+                    seen.append((got.event, got.topic if got.event == "message" else got.html
+                                 or got.topic))
+                assert ("message", "jobs") in seen  # the row's removal, on the same stream
+                assert ui.app.live.streams_open == 1  # the list's topic still open
+            await wait_until(lambda: ui.app.live.streams_open == 0)
+
+
+async def test_a_topic_no_page_serves_or_too_many_topics_is_a_400(tmp_path, nursery):
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            for query, says in (("", "no topic asked"),
+                                ("topic=secrets", "no such topic kind 'secrets'"),
+                                ("topic=job:", "a job's id"),
+                                ("&".join(f"topic=job:j-{n}" for n in range(17)),
+                                 "one stream carries 16"),
+                                ("topic=job:" + "x" * 600, "at most 512")):
+                answer = await browser.get(f"/ui/stream?{query}")
+                assert answer.status_code == 400, (query, answer.text)
+                assert says in answer.text, answer.text
+            assert ui.app.live.streams_open == 0
+
+
+async def test_signing_out_ends_the_sessions_open_stream(tmp_path, nursery):
+    """Nothing more reaches a browser whose session ended (signed out in another tab)."""
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            async with stream(browser, "jobs") as live:
+                await live()
+                assert (await browser.post("/logout")).status_code == 303
+                with pytest.raises(AssertionError, match="the stream ended"):
+                    while True:  # bounded: signing out ends it
+                        await live()

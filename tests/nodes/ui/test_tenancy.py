@@ -11,9 +11,8 @@ import trio
 
 from tests.cli.support import emailed_token, serve_ork
 
-from .support import browser_of, sign_in, ui_over
+from .support import browser_of, sign_in, stream, ui_over
 from .test_job_pages import FORM
-from .test_streams import stream
 
 LIMIT_S = 60
 EVE, EVE_PASSWORD = "eve@example.com", "eve's long enough password"
@@ -48,9 +47,9 @@ async def test_another_teams_user_gets_nothing_of_a_teams_jobs_keys_or_streams(
                 answer = await eve.get(path)
                 assert answer.status_code in (403, 404), (path, answer.status_code)
                 assert "secret-job" not in answer.text and "secret-key" not in answer.text
-            gone = await eve.get(f"/ui/stream/jobs/{job}")  # as a deleted job: nothing of it
+            gone = await eve.get(f"/ui/stream?topic=job:{job}")  # as a deleted job: nothing of it
             assert "secret-job" not in gone.text
-            async with stream(eve, "/ui/stream/jobs") as own:
+            async with stream(eve, "jobs") as own:
                 assert "secret-job" not in await own()
             for path, data in ((f"/jobs/{job}/restart", {}), (f"/jobs/{job}/delete", {}),
                                (f"/apikeys/{key}/revoke", {})):
