@@ -10,6 +10,7 @@ a caller opens one channel per (protocol, id) on its connection. Methods::
     logs.push    PushBatch(records: bytes)                    -> PushResult(accepted)
     logs.follow  Follow(job_id?, source?, since_ns?, snapshot) => RecordBatch(records: bytes), ...
     logs.query   Query(job_id?, source?, since_ns?, limit)    -> QueryResult(records, more, history)
+    logs.tail    Tail(job_id, source?, since_ns?, after?)     => TailBatch(records, stream, seqs)
     metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
     metrics.agents AgentMetricsReport(agents)                 -> MetricsResult(accepted)
     health.jobs  HealthQuery(job_ids)                         -> HealthResult(jobs)
@@ -18,7 +19,7 @@ a caller opens one channel per (protocol, id) on its connection. Methods::
     observability.get ObservabilityQuery()                    -> ObservabilityState
     observability.clear ObservabilityClear()                  -> ObservabilityState
 
-(``logs.query`` and ``health.jobs``: their sections below; ``metrics.push``:
+(``logs.query``, ``logs.tail`` and ``health.jobs``: their sections below; ``metrics.push``:
 "Metrics from proxy-inference"; ``metrics.agents``: "Metrics of the job
 agents"; ``service.status``: "Status"; ``observability.*``: "Where
 wrk-monitor sends logs and metrics".)
@@ -69,6 +70,7 @@ skipped the cut is broken, not chatty).
 from __future__ import annotations
 
 import enum
+import re
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
@@ -322,6 +324,68 @@ class QueryResult(_Model):
 QUERY = Method("logs.query", params=Query, result=QueryResult)
 
 __all__ += ["QUERY", "Query", "QueryResult"]
+
+
+# ---------------------------------------------------------------------------
+# One job's records, numbered: ``logs.tail``
+# ---------------------------------------------------------------------------
+#
+# ``logs.follow`` for one job, with each record's number in its job (from 1, no
+# gaps) so a reader resumes right after the last record it has: nothing
+# missing, nothing twice (the logs tab, ``jobs logs -f``). The numbering is
+# named by a stream id, ``<epoch>.<generation>``: a restarted wrk-monitor, or a
+# job whose counter it forgot, starts a new stream, and a reader whose ``after``
+# names another stream gets the buffer's records of the job again from the
+# first. A cursor is ``<stream>:<number>`` (:func:`format_cursor`).
+
+#: ``<epoch hex>.<generation>:<number>``.
+CURSOR_PATTERN = r"^[0-9a-f]{1,16}\.[0-9]{1,19}:[0-9]{1,19}$"
+
+
+def format_cursor(stream: str, seq: int) -> str:
+    """The cursor of record ``seq`` of ``stream``."""
+    return f"{stream}:{seq}"
+
+
+def parse_cursor(cursor: str) -> tuple[str, int]:
+    """``(stream, number)`` of a cursor; ValueError when it is not one."""
+    if not re.match(CURSOR_PATTERN, cursor):
+        raise ValueError("a cursor is <stream>:<number>, as a record's id gave it")
+    stream, _, seq = cursor.partition(":")
+    return stream, int(seq)
+
+
+class Tail(_Model):
+    """``logs.tail``: one job's records (filtered as :class:`Follow`), numbered."""
+
+    job_id: str = Field(min_length=1, max_length=MAX_JOB_ID_CHARS)
+    source: str | None = Field(default=None, pattern=r"^(System|Application)$")
+    since_ns: int | None = Field(default=None, ge=0)
+    #: Resume after this record (a cursor); None: the buffer's records of the job first.
+    after: str | None = Field(default=None, max_length=64, pattern=CURSOR_PATTERN)
+
+
+class TailBatch(_Model):
+    """Records of the job, oldest first, all of one stream."""
+
+    records: bytes = Field(max_length=MAX_BATCH_BYTES)
+    #: The numbering's stream id (``<epoch>.<generation>``).
+    stream: str = Field(min_length=3, max_length=40)
+    #: Each record's number in the job, ascending (gaps only where ``source`` or
+    #: ``since_ns`` left records out).
+    seqs: list[int] = Field(max_length=MAX_BATCH_RECORDS)
+
+    @model_validator(mode="after")
+    def _ascending(self) -> TailBatch:
+        if any(b <= a for a, b in zip(self.seqs, self.seqs[1:], strict=False)) or \
+                any(n < 1 for n in self.seqs[:1]):
+            raise ValueError("seqs must be positive and ascending")
+        return self
+
+
+TAIL = StreamMethod("logs.tail", params=Tail, item=TailBatch)
+
+__all__ += ["CURSOR_PATTERN", "TAIL", "Tail", "TailBatch", "format_cursor", "parse_cursor"]
 
 
 # ---------------------------------------------------------------------------

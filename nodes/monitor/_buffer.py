@@ -15,11 +15,22 @@ may drain what it already holds; the driver then ends its stream with
 
 The driver learns that a follower has something by its ``notify`` callback,
 called after records were queued to it (or it was cut off), once per append.
+
+Each record of a job also gets a number in its job (from 1, no gaps), so a
+reader of one job (the logs tab, ``jobs logs -f``) can resume right after the
+last record it has: nothing missing, nothing twice. The numbering is named by
+a *stream* id, ``<epoch>.<generation>``: the buffer's epoch (a restarted
+wrk-monitor starts a new one, and an empty ring) and the global sequence number
+at which the job's numbering began. A job's counter is kept for at most
+:data:`MAX_JOB_COUNTERS` jobs (the least recently logging forgotten first); a
+job whose counter was forgotten gets a new stream, so a reader resuming from
+the old one starts again from the ring's first record rather than skip any.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import secrets
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +46,11 @@ DEFAULT_MAX_BYTES = 64 << 20
 #: Records queued for one follower beyond its snapshot before it is cut off
 #: (about a second at the target rate).
 DEFAULT_QUEUE_RECORDS = 50_000
+#: Jobs whose numbering is kept (about 100 bytes each).
+MAX_JOB_COUNTERS = 100_000
+
+#: (global sequence, record, its number in its job; 0 for a record of no job).
+Numbered = tuple[int, LogRecord, int]
 
 
 @dataclass
@@ -65,8 +81,8 @@ class Follower:
         self.notify = notify
         #: Cut off: nothing more will be queued; drain, then end with LAGGED.
         self.lagged = False
-        self._snapshot: deque[tuple[int, LogRecord]] = deque()
-        self._queue: deque[tuple[int, LogRecord]] = deque()
+        self._snapshot: deque[Numbered] = deque()
+        self._queue: deque[Numbered] = deque()
 
     def wants(self, record: LogRecord) -> bool:
         """Whether ``record`` passes this follower's filter."""
@@ -81,13 +97,17 @@ class Follower:
 
     def take(self, max_records: int) -> list[tuple[int, LogRecord]]:
         """Up to ``max_records`` (sequence, record) pairs, snapshot first, oldest first."""
-        out: list[tuple[int, LogRecord]] = []
+        return [(seq, record) for seq, record, _ in self.take_numbered(max_records)]
+
+    def take_numbered(self, max_records: int) -> list[Numbered]:
+        """As :meth:`take`, with each record's number in its job."""
+        out: list[Numbered] = []
         for source in (self._snapshot, self._queue):
             while source and len(out) < max_records:
                 out.append(source.popleft())
         return out
 
-    def _offer(self, items: list[tuple[int, LogRecord]]) -> bool:
+    def _offer(self, items: list[Numbered]) -> bool:
         """Queue ``items``; False (and cut off) when that would exceed the limit."""
         if len(self._queue) + len(items) > self.limit:
             self.lagged = True
@@ -106,16 +126,23 @@ class LogBuffer:
 
     def __init__(self, *, max_records: int = DEFAULT_MAX_RECORDS,
                  max_bytes: int = DEFAULT_MAX_BYTES,
-                 queue_records: int = DEFAULT_QUEUE_RECORDS) -> None:
-        if max_records < 1 or max_bytes < 1 or queue_records < 1:
+                 queue_records: int = DEFAULT_QUEUE_RECORDS,
+                 max_job_counters: int = MAX_JOB_COUNTERS, epoch: str | None = None) -> None:
+        if max_records < 1 or max_bytes < 1 or queue_records < 1 or max_job_counters < 1:
             raise ValueError("bounds must be positive")
         self.max_records, self.max_bytes = max_records, max_bytes
         self.queue_records = queue_records
+        self.max_job_counters = max_job_counters
+        #: Names this buffer's numbering (a restarted wrk-monitor has another).
+        self.epoch = epoch or secrets.token_hex(4)
         self.stats = BufferStats()
         #: The last sequence number given (0: none yet).
         self.seq = 0
-        self._ring: deque[tuple[int, LogRecord, int]] = deque()
+        #: (global sequence, record, size, number in its job).
+        self._ring: deque[tuple[int, LogRecord, int, int]] = deque()
         self._followers: set[Follower] = set()
+        #: Each job's [generation, last number], least recently logging first.
+        self._jobs: OrderedDict[str, list[int]] = OrderedDict()
 
     @property
     def followers(self) -> int:
@@ -124,14 +151,20 @@ class LogBuffer:
 
     def records(self) -> list[tuple[int, LogRecord]]:
         """What the ring holds, oldest first (for tests and a history read)."""
-        return [(seq, rec) for seq, rec, _ in self._ring]
+        return [(seq, rec) for seq, rec, _, _ in self._ring]
+
+    def job_stream(self, job_id: str) -> str | None:
+        """The stream id of ``job_id``'s numbering, or None before its first record
+        (or once its counter was forgotten)."""
+        counter = self._jobs.get(job_id)
+        return None if counter is None else f"{self.epoch}.{counter[0]}"
 
     def newest(self, wants: Callable[[LogRecord], bool],
                limit: int) -> list[tuple[int, LogRecord]]:
         """The newest ``limit`` records ``wants`` accepts, oldest first: scanned from
         the newest end, so a read of a busy job's tail stops early."""
         out: list[tuple[int, LogRecord]] = []
-        for seq, rec, _ in reversed(self._ring):
+        for seq, rec, _, _ in reversed(self._ring):
             if wants(rec):
                 out.append((seq, rec))
                 if len(out) >= limit:
@@ -150,14 +183,27 @@ class LogBuffer:
             return self.seq
         stats = self.stats
         ring = self._ring
+        jobs = self._jobs
         seq = self.seq
-        numbered: list[tuple[int, LogRecord]] = []
+        numbered: list[Numbered] = []
         added = 0
         for record in records:
             seq += 1
             size = record_size(record)
-            ring.append((seq, record, size))
-            numbered.append((seq, record))
+            job_seq = 0
+            job_id = record.job_id
+            if job_id is not None:
+                counter = jobs.get(job_id)
+                if counter is None:
+                    counter = jobs[job_id] = [seq, 0]
+                    if len(jobs) > self.max_job_counters:
+                        jobs.popitem(last=False)
+                else:
+                    jobs.move_to_end(job_id)
+                counter[1] += 1
+                job_seq = counter[1]
+            ring.append((seq, record, size, job_seq))
+            numbered.append((seq, record, job_seq))
             added += size
         self.seq = seq
         stats.received += len(records)
@@ -165,7 +211,7 @@ class LogBuffer:
         stats.bytes += added
         while stats.records > self.max_records or (stats.bytes > self.max_bytes
                                                     and stats.records > 1):
-            _, _, size = ring.popleft()
+            _, _, size, _ = ring.popleft()
             stats.records -= 1
             stats.bytes -= size
             stats.evicted += 1
@@ -183,14 +229,39 @@ class LogBuffer:
     def follow(self, *, job_id: str | None = None, source: str | None = None,
                since_ns: int | None = None, snapshot: bool = True,
                notify: Callable[[], object] | None = None,
-               queue_records: int | None = None) -> Follower:
+               queue_records: int | None = None, numbered: bool = False,
+               after: tuple[str, int] | None = None) -> Follower:
         """A new follower: the matching records in the ring now (when ``snapshot``),
-        then every matching record appended after this call."""
+        then every matching record appended after this call.
+
+        ``numbered`` (with a ``job_id``): the snapshot holds only records of the
+        job's current numbering (:meth:`job_stream`), so their numbers never
+        repeat; ``after`` (that stream's id and a number) leaves out those up to it,
+        when that is still the job's stream.
+        """
         follower = Follower(job_id=job_id, source=source, since_ns=since_ns,
                             limit=queue_records or self.queue_records, notify=notify)
         if snapshot:
             wants = follower.wants
-            follower._snapshot.extend((seq, rec) for seq, rec, _ in self._ring if wants(rec))
+            skip_to = first_seq = 0
+            if numbered:
+                if job_id is None:
+                    raise ValueError("numbered records are a job's: give its job_id")
+                counter = self._jobs.get(job_id)
+                # No counter: what the ring holds of the job was numbered by a
+                # forgotten one; its next record begins a new stream.
+                first_seq = counter[0] if counter is not None else self.seq + 1
+                if after is not None and after[0] == self.job_stream(job_id):
+                    skip_to = after[1]
+            if numbered:
+                follower._snapshot.extend((seq, rec, job_seq)
+                                          for seq, rec, _, job_seq in self._ring
+                                          if seq >= first_seq and job_seq > skip_to
+                                          and wants(rec))
+            else:
+                follower._snapshot.extend((seq, rec, job_seq)
+                                          for seq, rec, _, job_seq in self._ring
+                                          if wants(rec))
         self._followers.add(follower)
         return follower
 

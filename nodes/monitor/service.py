@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import trio
@@ -90,6 +90,7 @@ from contracts.monitor import (
     PUSH,
     QUERY,
     SENDER_AGES,
+    TAIL,
     BadBatch,
     Follow,
     HealthQuery,
@@ -106,9 +107,12 @@ from contracts.monitor import (
     Query,
     QueryResult,
     RecordBatch,
+    Tail,
+    TailBatch,
     decode_batch,
     encode_batch,
     make_record,
+    parse_cursor,
     sender_ages_detail,
     split_batches,
 )
@@ -123,7 +127,7 @@ from p2p.rpc import (
     StreamMethod,
 )
 
-from ._buffer import LogBuffer
+from ._buffer import LogBuffer, Numbered
 from .health import HealthBook, TooManySenders
 from .loki import LokiError, LokiReader
 
@@ -140,6 +144,7 @@ METHOD_ROLES: dict[str, str] = {
     "metrics.push": "proxies",
     "metrics.agents": "workers",
     "logs.follow": "followers",
+    "logs.tail": "followers",
     "logs.query": "followers",
     "health.jobs": "followers",
     "service.status": "followers",
@@ -261,6 +266,7 @@ class MonitorService(RpcService):
         super().__init__(PROTOCOL, Router(guard=self.access.check), config=config)
         self.add_method(PUSH, self._push)
         self.add_method(FOLLOW, self._follow)
+        self.add_method(TAIL, self._tail)
         self.add_method(QUERY, self._query)
         self.add_method(METRICS_PUSH, self._metrics_push)
         self.add_method(HEALTH_JOBS, self._health_jobs)
@@ -419,6 +425,39 @@ class MonitorService(RpcService):
         return [], f"loki-error: no answer within {LOKI_QUERY_TIMEOUT_S} s"
 
     async def _follow(self, params: Follow, ctx: CallContext) -> AsyncIterator[RecordBatch]:
+        async for items in self._followed(params.job_id, params.source, params.since_ns,
+                                          snapshot=params.snapshot):
+            seqs = [seq for seq, _, _ in items]
+            done = 0
+            # Each item within the byte bound; ``seq`` is its last record's.
+            for chunk in split_batches([record for _, record, _ in items]):
+                done += len(chunk)
+                yield RecordBatch(records=encode_batch(chunk), seq=seqs[done - 1])
+
+    async def _tail(self, params: Tail, ctx: CallContext) -> AsyncIterator[TailBatch]:
+        after = parse_cursor(params.after) if params.after is not None else None
+        job_id = params.job_id
+        #: The stream the numbers sent so far belong to, and the last number.
+        stream, last = self.buffer.job_stream(job_id), 0
+        async for items in self._followed(job_id, params.source, params.since_ns,
+                                          snapshot=True, numbered=True, after=after):
+            for run in _runs(items, last):
+                # A number not above the last one: the job's counter began again (a
+                # new stream) while these waited; the stream is the job's now.
+                if stream is None or run[0][2] <= last:
+                    stream = self.buffer.job_stream(job_id)
+                last = run[-1][2]
+                if stream is None:  # a numbered record's job has a stream: cannot be
+                    continue
+                for batch in _tail_batches(run, stream):
+                    yield batch
+
+    async def _followed(self, job_id: str | None, source: str | None, since_ns: int | None,
+                        *, snapshot: bool, numbered: bool = False,
+                        after: tuple[str, int] | None = None
+                        ) -> AsyncIterator[list[Numbered]]:
+        """What a follower takes, as it comes (snapshot first); ``numbered`` and
+        ``after`` as :meth:`LogBuffer.follow`. Raises ``LAGGED`` once it was cut off."""
         if self._streams >= MAX_FOLLOWERS:
             raise RpcError("TOO_MANY_FOLLOWERS", f"wrk-monitor serves at most {MAX_FOLLOWERS} "
                                                  "follow streams; close one first")
@@ -428,12 +467,12 @@ class MonitorService(RpcService):
             wake.set()
 
         self._streams += 1
-        follower = self.buffer.follow(job_id=params.job_id, source=params.source,
-                                      since_ns=params.since_ns, snapshot=params.snapshot,
-                                      notify=notify)
+        follower = self.buffer.follow(job_id=job_id, source=source, since_ns=since_ns,
+                                      snapshot=snapshot, notify=notify,
+                                      numbered=numbered, after=after)
         try:
             while True:
-                items = follower.take(MAX_BATCH_RECORDS)
+                items = follower.take_numbered(MAX_BATCH_RECORDS)
                 if not items:
                     if follower.lagged:
                         raise RpcError("LAGGED", f"this follow fell more than "
@@ -442,12 +481,29 @@ class MonitorService(RpcService):
                     await wake.wait()
                     wake = trio.Event()
                     continue
-                seqs = [seq for seq, _ in items]
-                done = 0
-                # Each item within the byte bound; ``seq`` is its last record's.
-                for chunk in split_batches([record for _, record in items]):
-                    done += len(chunk)
-                    yield RecordBatch(records=encode_batch(chunk), seq=seqs[done - 1])
+                yield items
         finally:
             self._streams -= 1
             self.buffer.unfollow(follower)
+
+
+def _runs(items: list[Numbered], last: int) -> list[list[Numbered]]:
+    """``items`` cut where a job's number is not above the one before (its numbering
+    began again); ``last`` is the number sent before them."""
+    runs: list[list[Numbered]] = []
+    previous = last
+    for item in items:
+        if not runs or item[2] <= previous:
+            runs.append([])
+        runs[-1].append(item)
+        previous = item[2]
+    return runs
+
+
+def _tail_batches(items: list[Numbered], stream: str) -> Iterator[TailBatch]:
+    """``items`` (one stream's) as batches within a batch's bounds."""
+    done = 0
+    for chunk in split_batches([record for _, record, _ in items]):
+        seqs = [job_seq for _, _, job_seq in items[done:done + len(chunk)]]
+        done += len(chunk)
+        yield TailBatch(records=encode_batch(chunk), stream=stream, seqs=seqs)
