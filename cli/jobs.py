@@ -30,9 +30,10 @@ import httpx
 import typer
 
 from contracts.labels import status_label
+from runtime.sse import SseReader
 
 from ._console import err, fail, print_json
-from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, sse_events, wait_for
+from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, wait_for
 from .session import (
     EXIT_CODES_HELP,
     UNREACHABLE,
@@ -321,25 +322,30 @@ def _log_line(output: str, record: dict[str, Any]) -> None:
 
 
 def _follow_logs(api: Api, path: str, params: dict[str, str], output: str) -> None:
-    """Print the followed records until Ctrl-C; resubscribe after ``lagged``."""
+    """Print the followed records until Ctrl-C; after ``lagged``, follow again right
+    after the last record printed (its cursor): nothing missing, nothing twice."""
     headers = {"authorization": f"Bearer {api.token}"} if api.token else {}
     timeout = httpx.Timeout(30.0, connect=5.0, read=_LOGS_SILENCE_S)
-    last: str | None = None
+    cursor: str | None = None
     with httpx.Client(base_url=f"{api.server}/api", timeout=timeout) as client:
         for _ in range(_LOGS_RESUBSCRIBES + 1):
-            query = {**params, "follow": "1", **({"since": last} if last else {})}
+            query = {**params, "follow": "1", **({"after": cursor} if cursor else {})}
             lagged = None
             try:
                 with client.stream("GET", path, params=query, headers=headers) as response:
                     if response.status_code != 200:
                         response.read()
                         api._fail(response)
-                    for event, data in sse_events(response.iter_lines()):
+                    reader = SseReader()
+                    for line in response.iter_lines():
+                        got = reader.line(line)
+                        if got is None:
+                            continue
+                        event, data = got
                         if event == "records":
                             for record in json.loads(data)["records"]:
-                                if last is None or record["time"] >= last:
-                                    _log_line(output, record)
-                                    last = record["time"]
+                                _log_line(output, record)
+                            cursor = reader.last_id or cursor
                         elif event == "lagged":
                             lagged = json.loads(data).get("message", "")
                             break

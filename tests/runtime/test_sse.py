@@ -38,3 +38,14 @@ def test_ids_and_comments_and_an_event_field_cannot_smuggle_a_line():
         encode("x", event="status\ndata: forged")
     with pytest.raises(ValueError):
         encode("x", id="1\rdata: forged")
+
+
+def test_the_last_id_stays_until_another_and_one_with_a_nul_is_ignored():
+    reader = SseReader()
+    for line in ["id: a:1", "data: x", "", "data: y", "", "id: b\0", "data: z", ""]:
+        reader.line(line)
+        if line == "data: y":
+            assert reader.last_id == "a:1"  # kept across events, as a browser keeps it
+    assert reader.last_id == "a:1"
+    reader.line("id: a:2")
+    assert reader.last_id == "a:2"

@@ -82,9 +82,11 @@ class JobStatusOut(BaseModel):
     at: float
 
 
-def sse(event: str, data: Any) -> str:
-    """One server-sent event: ``event:`` and one ``data:`` line of JSON."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def sse(event: str, data: Any, *, id: str | None = None) -> str:
+    """One server-sent event: ``event:``, its ``id:`` if given, and one ``data:`` line
+    of JSON (``json.dumps`` escapes line breaks, so one line holds it all)."""
+    head = f"event: {event}\n" + (f"id: {id}\n" if id is not None else "")
+    return f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 class EventStream(Response):

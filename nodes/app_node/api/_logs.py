@@ -2,10 +2,16 @@
 
 Without ``follow``: one JSON answer, ``{records, more}``, the newest ``limit``
 matching records still in wrk-monitor's buffer (``logs.query``), oldest first.
-With ``follow=1``: server-sent events: ``records`` ``{records: [...]}`` per batch
-(the buffer's matching records first, then live ones as they come), ``: keep-alive``
-comments while none come, and ``lagged`` ``{message}`` then the end when the
-stream fell behind or wrk-monitor went away (follow again with ``since``).
+With ``follow=1``: server-sent events: ``records`` ``{records: [...], stream}`` per
+batch (the buffer's matching records first, then live ones as they come), each
+record with ``seq``, its number in the job (from 1, no gaps but what ``source``
+or ``since`` leave out), and the event's ``id`` the cursor of its last record
+(``<stream>:<seq>``); ``: keep-alive`` comments while none come, and ``lagged``
+``{message}`` then the end when the stream fell behind or wrk-monitor went away.
+Follow again with ``after=<cursor>`` (or the ``Last-Event-ID`` header a browser's
+EventSource sends): the records after that one, nothing missing, nothing twice.
+A cursor of another stream (wrk-monitor restarted) reads the job from the first
+record it holds.
 
 Without ``follow``, records older than wrk-monitor's buffer come from the
 operator's Loki when it has one (``history``: ``buffer``, ``loki`` or
@@ -16,7 +22,8 @@ unreachable, 503 ``MONITOR_UNAVAILABLE``.
 
 Query: ``source`` ``system`` | ``application`` (default both); ``since`` a
 duration back from now (``90`` seconds, ``10m``, ``2h``, ``1d``) or an RFC 3339
-time; ``limit`` 1-1000 (default 1000, without follow).
+time; ``limit`` 1-1000 (default 1000, without follow); ``after`` a cursor (with
+follow).
 """
 
 from __future__ import annotations
@@ -34,15 +41,17 @@ from starlette.responses import Response
 
 from contracts.monitor import (
     APPLICATION,
-    FOLLOW,
     MAX_BATCH_RECORDS,
     QUERY,
     SYSTEM,
+    TAIL,
     BadBatch,
-    Follow,
     LogRecord,
     Query,
+    Tail,
     decode_batch,
+    format_cursor,
+    parse_cursor,
 )
 from nodes.kit.monitor_client import MonitorClient, MonitorUnavailable
 from p2p.rpc import RpcError
@@ -65,6 +74,8 @@ _DURATION = re.compile(r"^(\d{1,9})([smhd]?)$")
 class LogRecordOut(BaseModel):
     """One log line."""
 
+    #: Its number in the job, when followed (``follow=1``).
+    seq: int | None = None
     #: RFC 3339, UTC, microseconds.
     time: str
     job_id: str | None
@@ -85,9 +96,10 @@ class LogsOut(BaseModel):
     history: str = "buffer"
 
 
-def record_out(record: LogRecord) -> dict[str, Any]:
+def record_out(record: LogRecord, seq: int | None = None) -> dict[str, Any]:
     at = datetime.datetime.fromtimestamp(record.time_ns / 1e9, datetime.UTC)
-    return {"time": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+    return {**({} if seq is None else {"seq": seq}),
+            "time": at.isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "job_id": record.job_id, "replica": record.replica,
             "source": record.source.lower(), "level": logging.getLevelName(record.level),
             "service": record.service, "text": record.text}
@@ -164,24 +176,38 @@ async def job_logs(ctx: Ctx, request: Request) -> Response:
         return ok(LogsOut.model_validate({"records": [record_out(r) for r in records],
                                           "more": result.more,
                                           "history": result.history}))
+    after = request.query_params.get("after") or request.headers.get("last-event-id") or None
+    if after is not None:
+        try:
+            parse_cursor(after)
+        except ValueError as exc:
+            raise ApiError(codes.INVALID, f"after: {exc}", "after") from None
     try:  # reachable now, or 503 before the stream's 200
         await monitor.ready()
     except MonitorUnavailable as exc:
         raise monitor_unavailable(str(exc)) from None
-    params = Follow(job_id=record.id, source=source, since_ns=since_ns, snapshot=True)
+    params = Tail(job_id=record.id, source=source, since_ns=since_ns, after=after)
 
     async def produce(write: Write) -> None:
         await write(": following\n\n")  # the headers reach the client at once
         try:
-            async with monitor.stream(FOLLOW, params) as items:
+            async with monitor.stream(TAIL, params) as items:
                 while True:
                     with trio.move_on_after(KEEPALIVE_S):
                         try:
                             batch = await items.receive()
                         except trio.EndOfChannel:
                             break
+                        records = decode_batch(batch.records)
+                        if len(records) != len(batch.seqs):
+                            raise BadBatch(f"{len(records)} records, {len(batch.seqs)} "
+                                           "numbers")
                         await write(sse("records", {"records": [
-                            record_out(r) for r in decode_batch(batch.records)]}))
+                            record_out(r, n) for r, n in zip(records, batch.seqs,
+                                                             strict=True)],
+                            "stream": batch.stream},
+                            id=format_cursor(batch.stream, batch.seqs[-1])
+                            if batch.seqs else None))
                         continue
                     await write(": keep-alive\n\n")
         except (MonitorUnavailable, RpcError, BadBatch) as exc:
@@ -197,5 +223,5 @@ ROUTES = [
     RouteSpec("GET", "/jobs/{job}/logs", job_logs,
               "The job's log records still in wrk-monitor's buffer (newest limit, oldest "
               "first); follow=1: server-sent events, records batches then lagged at the end",
-              answer=LogsOut, query=("source", "since", "limit", "follow")),
+              answer=LogsOut, query=("source", "since", "limit", "follow", "after")),
 ]

@@ -32,12 +32,14 @@ async def served(api: Api) -> AsyncIterator[httpx.AsyncClient]:
 
 
 class Events:
-    """An SSE reader: ``await next()`` is ``(event, data)``; comments are counted."""
+    """An SSE reader: ``await next()`` is ``(event, data)``; comments are counted;
+    ``last_id`` is the last ``id:`` seen."""
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self.lines = response.aiter_lines()
         self.comments = 0
+        self.last_id: str | None = None
 
     async def next(self) -> tuple[str, dict]:
         event, data = "message", ""
@@ -49,6 +51,8 @@ class Events:
                     event = line.partition(":")[2].strip()
                 elif line.startswith("data:"):
                     data += line.partition(":")[2].strip()
+                elif line.startswith("id:"):
+                    self.last_id = line.partition(":")[2].strip()
                 elif not line and data:
                     return event, json.loads(data)
         raise AssertionError("the stream ended")
@@ -61,8 +65,10 @@ class Events:
 
 
 @asynccontextmanager
-async def events(client: httpx.AsyncClient, path: str, token: str) -> AsyncIterator[Events]:
-    async with client.stream("GET", path, headers=bearer(token)) as response:
+async def events(client: httpx.AsyncClient, path: str, token: str,
+                 headers: dict[str, str] | None = None) -> AsyncIterator[Events]:
+    async with client.stream("GET", path, headers={**bearer(token), **(headers or {})}
+                             ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         yield Events(response)

@@ -137,6 +137,41 @@ async def test_follow_sends_the_buffer_then_live_records(logs_api: Api,
             assert stream.comments >= 2
 
 
+async def test_a_follow_numbers_the_records_and_resumes_after_a_cursor(logs_api: Api) -> None:
+    """Each record's number in its job, the event's id its last record's cursor;
+    ``after`` or ``Last-Event-ID`` resumes right after it: nothing missing or twice."""
+    api = logs_api
+    owner = await api.signup()
+    job = (await _create(api, owner))["id"]
+    _append(api, job, ["one", "two"])
+    _append(api, "other-job", ["not mine"])
+    _append(api, job, ["three"])
+    with trio.fail_after(30):
+        async with served(api) as client:
+            async with events(client, f"/jobs/{job}/logs?follow=1", owner) as stream:
+                kind, data = await stream.next()
+                assert [(r["seq"], r["text"]) for r in data["records"]] == [
+                    (1, "one"), (2, "two"), (3, "three")]
+                assert stream.last_id == f"{data['stream']}:3"
+                first = f"{data['stream']}:1"
+            for held, how in ((3, {"after": first}), (4, {"last-event-id": first})):
+                query = f"&after={first}" if "after" in how else ""
+                headers = {} if "after" in how else how
+                async with events(client, f"/jobs/{job}/logs?follow=1{query}", owner,
+                                  headers) as stream:
+                    kind, data = await stream.next()
+                    assert kind == "records"
+                    assert [r["seq"] for r in data["records"]] == list(range(2, held + 1))
+                    _append(api, job, [f"line {held + 1}"])
+                    _, data = await stream.next()
+                    assert [(r["seq"], r["text"]) for r in data["records"]] == [
+                        (held + 1, f"line {held + 1}")]
+            for bad in ("3", "x.1:1", "abc.1:1:1"):
+                r = await client.get(f"/jobs/{job}/logs", params={"follow": "1", "after": bad},
+                                     headers=bearer(owner))
+                assert r.status_code == 422 and r.json()["error"]["field"] == "after", bad
+
+
 async def test_a_stopped_wrk_monitor_ends_the_follow_then_is_503(logs_api: Api) -> None:
     api = logs_api
     owner = await api.signup()
