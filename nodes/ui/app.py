@@ -36,6 +36,7 @@ from .guard import SECURITY_HEADERS, cross_site_reason, request_is_https
 from .job_pages import JobPages
 from .key_pages import KeyPages
 from .live import KEEPALIVE, Live, Piece, TopicError, TopicSource
+from .log_pages import LogPages
 from .operator_pages import OperatorPages
 from .sessions import COOKIE, Session, SessionStore
 from .team_pages import TeamPages
@@ -82,6 +83,7 @@ class UiApp:
             Route("/jobs", self._jobs),
             Route("/ui/stream", self._stream),
             *JobPages(self).routes(),
+            *LogPages(self).routes(),
             *KeyPages(self).routes(),
             *TeamPages(self).routes(),
             *OperatorPages(self).routes(),

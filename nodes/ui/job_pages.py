@@ -101,7 +101,7 @@ class JobPages:
             view = job_view(job, self._ui.wall())
             return self._ui.render("job.html", me, heading=job["name"], section="jobs",
                                    job=view, base_url=_openai_base(request),
-                                   topics=[f"job:{job['id']}"])
+                                   topics=[f"job:{job['id']}"], tab="overview")
 
         return await self._ui.page(request, work)
 

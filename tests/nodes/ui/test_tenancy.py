@@ -43,12 +43,14 @@ async def test_another_teams_user_gets_nothing_of_a_teams_jobs_keys_or_streams(
             await sign_in(eve, EVE, EVE_PASSWORD)
             listed = (await eve.get("/jobs")).text
             assert "secret-job" not in listed and job not in listed
-            for path in (f"/jobs/{job}", f"/jobs/new?from={job}", f"/apikeys/{key}"):
+            for path in (f"/jobs/{job}", f"/jobs/{job}/logs", f"/jobs/new?from={job}",
+                         f"/apikeys/{key}"):
                 answer = await eve.get(path)
                 assert answer.status_code in (403, 404), (path, answer.status_code)
                 assert "secret-job" not in answer.text and "secret-key" not in answer.text
-            gone = await eve.get(f"/ui/stream?topic=job:{job}")  # as a deleted job: nothing of it
-            assert "secret-job" not in gone.text
+            for topic in (f"job:{job}", f"logs:{job}"):  # as a deleted job: nothing of it
+                gone = await eve.get("/ui/stream", params={"topic": topic})
+                assert "secret-job" not in gone.text and "event: done" in gone.text
             async with stream(eve, "jobs") as own:
                 assert "secret-job" not in await own()
             for path, data in ((f"/jobs/{job}/restart", {}), (f"/jobs/{job}/delete", {}),
