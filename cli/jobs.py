@@ -6,7 +6,10 @@ stdout (``JOB=$(cosmicac jobs create ...)``), with ``-o json`` the job document;
 ``running`` for an Active job; ``model_health`` an inference job's model health,
 apart from its status, or null when unknown). ``jobs list`` and ``jobs get`` show
 it as the ``health`` column beside ``status``, which their tables name as the seeds
-and the web UI do (Active, Queued; ``-`` when the health is unknown). ``--wait``
+and the web UI do (Active, Queued; ``-`` when the health is unknown), and
+``heard``: how long ago the job's least recently heard agent last reported to its
+worker (``agents_heard_at``; minutes while the job stays Starting or Active mean
+its agents cannot reach the worker: seeds/relay.txt). ``--wait``
 follows the job's events (polling a server that offers none) until the job runs
 (create, restart) or is gone (delete), with progress on stderr (:mod:`cli._wait`).
 
@@ -14,8 +17,8 @@ follows the job's events (polling a server that offers none) until the job runs
 (``GET /api/jobs/{job}/logs``): one line each, ``time  source  service  [replica]
 text`` with the server's UTC time (RFC 3339: the same on every machine, sorts as
 text), or JSON lines with ``-o json``; ``-f`` follows the event stream until
-Ctrl-C (exit 130), subscribing again (from the last record's time) when the
-server says ``lagged``.
+Ctrl-C (exit 130), subscribing again right after the last record printed (its
+cursor) when the server says ``lagged``.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+import time
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import typer
 
-from contracts.labels import status_label
+from contracts.labels import heard_label, status_label
 from runtime.sse import SseReader
 
 from ._console import err, fail, print_json
@@ -124,11 +128,12 @@ def list_jobs(team: str | None = _team_option(),
             break
     if cursor and not every and output != "json":
         err.print(f"more jobs: --all lists every one (or --limit {limit * 2})")
+    now = time.time()
     emit(output, jobs, ("id", "name", "type", "status", "health", "replicas", "gpus",
-                        "created"),
+                        "heard", "created"),
          [(j["id"], j["name"], j["type"], status_label(j["status"]), _health(j),
-           _replicas_column(j),
-           j["spec"]["gpus"], _when(j["created_at"])) for j in jobs])
+           _replicas_column(j), j["spec"]["gpus"],
+           heard_label(j.get("agents_heard_at"), now), _when(j["created_at"])) for j in jobs])
 
 
 def _show(output: str, job: dict) -> None:
@@ -138,11 +143,11 @@ def _show(output: str, job: dict) -> None:
         return
     spec = job["spec"]
     what = f"{spec['runtime']}:{spec['model']}" if spec.get("model") else spec["image"]
-    emit(output, job, ("id", "name", "type", "status", "health", "gpus", "runs", "created",
-                       "reason"),
+    emit(output, job, ("id", "name", "type", "status", "health", "gpus", "runs", "heard",
+                       "created", "reason"),
          [(job["id"], job["name"], job["type"], status_label(job["status"]), _health(job),
-           spec["gpus"],
-           what, _when(job["created_at"]), job["reason"])])
+           spec["gpus"], what, heard_label(job.get("agents_heard_at"), time.time()),
+           _when(job["created_at"]), job["reason"])])
     emit(output, job, ("replica", "status", "generation", "nodes", "message"),
          [(r["index"], status_label(r["status"]), r["generation"], ", ".join(r["nodes"]),
            r["message"])

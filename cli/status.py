@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from contracts.labels import heard_label
+
 from ._console import out
 from .session import EXIT_CODES_HELP, api_for, check_output, emit, output_option, server_option
 
@@ -36,13 +38,7 @@ def sparkline(buckets: list[float | None], *, ascii_only: bool = False) -> str:
 
 def age(then: float | None, now: float) -> str:
     """``then`` as a short age before ``now`` (``-`` for none)."""
-    if then is None:
-        return "-"
-    seconds = max(0.0, now - then)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit} ago"
-    return f"{seconds:.0f}s ago"
+    return heard_label(then, now)
 
 
 def _ascii_terminal() -> bool:

@@ -14,6 +14,7 @@ a caller opens one channel per (protocol, id) on its connection. Methods::
     metrics.push MetricsReport(window_s, jobs)                -> MetricsResult(accepted)
     metrics.agents AgentMetricsReport(agents)                 -> MetricsResult(accepted)
     health.jobs  HealthQuery(job_ids)                         -> HealthResult(jobs)
+    agents.heard HealthQuery(job_ids)                         -> HeardResult(jobs)
     service.status StatusRequest()                            -> ServiceStatus  (contracts.health)
     observability.set Observability(loki_url?, loki_tenant?, prometheus_url?) -> ObservabilityState
     observability.get ObservabilityQuery()                    -> ObservabilityState
@@ -798,5 +799,33 @@ class AgentMetricsReport(_Model):
 
 METRICS_AGENTS = Method("metrics.agents", params=AgentMetricsReport, result=MetricsResult)
 
-__all__ += ["MAX_AGENT_VALUES", "MAX_REPORT_AGENTS", "METRICS_AGENTS", "AgentMetrics",
-            "AgentMetricsReport"]
+#: The figure a worker adds for every agent that said hello, silent ones too:
+#: seconds since it last heard from the agent (its clock, so no skew between
+#: machines). A job's "last heard from its agents" (``agents.heard``) is read
+#: from it, the symptom seeds/relay.txt names: statuses stop updating and the
+#: last communication is minutes old.
+HEARD_AGE = "heard_age_seconds"
+
+
+class JobHeard(_Model):
+    """When a job's agents were last heard from, as their workers said."""
+
+    job_id: str
+    #: Wall clock (wrk-monitor's) of the least recently heard agent's last report;
+    #: None: no fresh worker report names an agent of the job.
+    heard_at: float | None
+    #: Agents of the job the reports name.
+    agents: int = 0
+
+
+class HeardResult(_Model):
+    """One entry per asked job, in the order asked."""
+
+    jobs: tuple[JobHeard, ...]
+
+
+#: ``agents.heard``: the asked jobs' last word from their agents (followers: app-node).
+AGENTS_HEARD = Method("agents.heard", params=HealthQuery, result=HeardResult)
+
+__all__ += ["AGENTS_HEARD", "HEARD_AGE", "MAX_AGENT_VALUES", "MAX_REPORT_AGENTS",
+            "METRICS_AGENTS", "AgentMetrics", "AgentMetricsReport", "HeardResult", "JobHeard"]

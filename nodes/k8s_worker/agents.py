@@ -104,7 +104,16 @@ from contracts.agent_report import (
     ReportCode,
     agent_service,
 )
-from contracts.monitor import AgentMetrics, BadBatch, LogRecord, PushBatch, PushResult, decode_batch
+from contracts.monitor import (
+    HEARD_AGE,
+    MAX_AGENT_VALUES,
+    AgentMetrics,
+    BadBatch,
+    LogRecord,
+    PushBatch,
+    PushResult,
+    decode_batch,
+)
 from contracts.shell_access import SHELL_KEYS, ShellKeys, ShellKeysWait
 from p2p.host import RpcService
 from p2p.keys import format_key
@@ -518,6 +527,22 @@ class AgentTable:
                              service=e.service, values=e.metrics)
                 for e in self._entries.values()
                 if e.metrics and e.key is not None and not e.silent]
+
+    def agent_report(self, now: float) -> list[AgentMetrics]:
+        """What the worker sends wrk-monitor: every agent that said hello, with its
+        latest figures (when not silent) and :data:`~contracts.monitor.HEARD_AGE`,
+        the seconds since it was last heard from (silent ones too: that age is the
+        symptom a job's "last heard" shows)."""
+        out = []
+        for e in self._entries.values():
+            if e.key is None or e.last_report is None:
+                continue
+            figures = {} if e.silent or not e.metrics else dict(
+                list(e.metrics.items())[:MAX_AGENT_VALUES - 1])
+            figures[HEARD_AGE] = max(0.0, now - e.last_report)
+            out.append(AgentMetrics(job_id=e.job_id, replica=e.replica,
+                                    node_rank=e.node_rank, service=e.service, values=figures))
+        return out
 
     def _reporting(self, key: bytes, now: float) -> _Entry:
         entry = self._by_key.get(key)

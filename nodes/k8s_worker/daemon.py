@@ -122,7 +122,8 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     reporter = None
     monitor = settings.telemetry.monitor_peer
     if shipper is not None and monitor is not None:
-        reporter = AgentMetricsReporter(registry.table.agent_metrics,
+        table = registry.table
+        reporter = AgentMetricsReporter(lambda: table.agent_report(trio.current_time()),
                                         interval_s=settings.agent_metrics_interval_s)
         daemon.nursery.start_soon(functools.partial(
             reporter.run, swarm, monitor.key, monitor.addresses))

@@ -32,6 +32,7 @@ from typing import Any
 import trio
 
 from contracts.monitor import (
+    AGENTS_HEARD,
     HEALTH_JOBS,
     MAX_HEALTH_QUERY,
     OBSERVABILITY_CLEAR,
@@ -44,7 +45,7 @@ from contracts.monitor import (
     ObservabilityState,
 )
 from nodes.kit.peer_client import PeerClient
-from p2p.rpc import RpcClient, RpcError
+from p2p.rpc import Method, RpcClient, RpcError
 
 __all__ = ["CHANNEL_ID", "DEFAULT_TIMEOUT_S", "HEALTH_TIMEOUT_S", "MonitorClient",
            "MonitorUnavailable"]
@@ -138,18 +139,32 @@ class MonitorClient(PeerClient):
             MonitorUnavailable: not connected, or no answer within ``timeout_s``.
             RpcError: wrk-monitor refused (``FORBIDDEN``: not among its followers).
         """
+        found = await self._per_job(HEALTH_JOBS, job_ids, timeout_s)
+        return {job.job_id: job for job in found if job.health is not None}
+
+    async def agents_heard(self, job_ids: Iterable[str], *,
+                           timeout_s: float = HEALTH_TIMEOUT_S) -> dict[str, float]:
+        """When each job's least recently heard agent last reported (wall clock), by
+        job id, for the jobs some worker's report names (``agents.heard``); raises
+        as :meth:`job_health`."""
+        found = await self._per_job(AGENTS_HEARD, job_ids, timeout_s)
+        return {job.job_id: job.heard_at for job in found if job.heard_at is not None}
+
+    async def _per_job(self, method: Method, job_ids: Iterable[str], timeout_s: float
+                       ) -> list[Any]:
+        """``method``'s entries for ``job_ids``, asked in pages of MAX_HEALTH_QUERY."""
         ids = list(dict.fromkeys(job_ids))
         if not ids:
-            return {}
+            return []
         if not self.connected:
             raise MonitorUnavailable("wrk-monitor is not connected now")
-        out: dict[str, JobHealth] = {}
+        out: list[Any] = []
         with trio.move_on_after(timeout_s) as scope:
             for start in range(0, len(ids), MAX_HEALTH_QUERY):
                 chunk = tuple(ids[start:start + MAX_HEALTH_QUERY])
-                result = await self.call(HEALTH_JOBS, HealthQuery(job_ids=chunk),
+                result = await self.call(method, HealthQuery(job_ids=chunk),
                                          timeout_s=timeout_s)
-                out.update((job.job_id, job) for job in result.jobs if job.health is not None)
+                out.extend(result.jobs)
         if scope.cancelled_caught:
             raise MonitorUnavailable(f"wrk-monitor did not answer within {timeout_s} s")
         return out

@@ -34,13 +34,23 @@ are checked at each call, so a reload of them applies).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from contracts.monitor import METRICS_AGENTS, AgentMetrics, AgentMetricsReport, MetricsResult
+from contracts.monitor import (
+    AGENTS_HEARD,
+    HEARD_AGE,
+    METRICS_AGENTS,
+    AgentMetrics,
+    AgentMetricsReport,
+    HealthQuery,
+    HeardResult,
+    JobHeard,
+    MetricsResult,
+)
 from p2p.rpc import CallContext, Method, RpcError
 
 __all__ = ["AgentMetricsBook", "TooManyAgents", "agent_metrics_registry", "install"]
@@ -116,9 +126,31 @@ class AgentMetricsBook:
         cutoff = now - self.stale_after_s
         return sum(at >= cutoff for at, _ in self._reports.values())
 
+    def heard(self, job_ids: Iterable[str], now: float, wall_now: float) -> list[JobHeard]:
+        """Per asked job, the wall time of its least recently heard agent's last
+        report (:data:`~contracts.monitor.HEARD_AGE` read back from the report's
+        arrival), None when no fresh report names an agent of it."""
+        wanted = set(job_ids)
+        oldest: dict[str, float] = {}
+        counted: dict[str, int] = {}
+        for at, agent in self._latest(now).values():
+            age = agent.values.get(HEARD_AGE)
+            if agent.job_id not in wanted or age is None:
+                continue
+            heard_at = wall_now - (now - at) - age
+            oldest[agent.job_id] = min(heard_at, oldest.get(agent.job_id, heard_at))
+            counted[agent.job_id] = counted.get(agent.job_id, 0) + 1
+        return [JobHeard(job_id=job_id, heard_at=oldest.get(job_id),
+                         agents=counted.get(job_id, 0)) for job_id in job_ids]
+
     def agents(self, now: float) -> list[AgentMetrics]:
         """Every fresh agent's figures; one per (job_id, replica, node_rank), the
         newest report's, sorted by those."""
+        latest = self._latest(now)
+        return [latest[slot][1] for slot in sorted(latest)]
+
+    def _latest(self, now: float) -> dict[tuple[str, int, int], tuple[float, AgentMetrics]]:
+        """Each agent slot's newest fresh figures, with their report's arrival."""
         cutoff = now - self.stale_after_s
         latest: dict[tuple[str, int, int], tuple[float, AgentMetrics]] = {}
         for at, report in self._reports.values():
@@ -129,7 +161,7 @@ class AgentMetricsBook:
                 held = latest.get(slot)
                 if held is None or held[0] < at:
                     latest[slot] = (at, agent)
-        return [latest[slot][1] for slot in sorted(latest)]
+        return latest
 
 
 class _Collector:
@@ -175,6 +207,7 @@ def agent_metrics_registry(book: AgentMetricsBook, clock: Callable[[], float]
 
 
 class _Service(Protocol):
+    agent_metrics: Any
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
     last_report_at: float | None
@@ -195,4 +228,10 @@ def install(service: _Service, book: AgentMetricsBook) -> None:
         service.last_report_at = service.wall_clock()
         return MetricsResult(accepted=len(params.agents))
 
+    async def agents_heard(params: HealthQuery, ctx: CallContext) -> HeardResult:
+        return HeardResult(jobs=tuple(book.heard(params.job_ids, service.clock(),
+                                                 service.wall_clock())))
+
     service.add_method(METRICS_AGENTS, metrics_agents)
+    service.add_method(AGENTS_HEARD, agents_heard)
+    service.agent_metrics = book

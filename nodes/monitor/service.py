@@ -38,8 +38,10 @@ logs.push           ``pushers``    the daemons that ship their logs (app-node, w
 metrics.push        ``proxies``    proxy-inference (its per-job windows: model health)
 metrics.agents      ``workers``    the workers (their agents' figures)
 logs.follow,        ``followers``  app-node (it checks the user's team, then reads for
-logs.query,                        them: ``GET /api/jobs/{id}/logs``)
+logs.tail,                         them: ``GET /api/jobs/{id}/logs``)
+logs.query,
 health.jobs,
+agents.heard,
 service.status,
 observability.*
 ==================  =============  =======================================================
@@ -145,6 +147,7 @@ METHOD_ROLES: dict[str, str] = {
     "metrics.agents": "workers",
     "logs.follow": "followers",
     "logs.tail": "followers",
+    "agents.heard": "followers",
     "logs.query": "followers",
     "health.jobs": "followers",
     "service.status": "followers",
@@ -236,6 +239,8 @@ class MonitorService(RpcService):
         self.buffer = buffer
         self.on_records = on_records
         self.health = health if health is not None else HealthBook()
+        #: The agents' figures, once installed (``agent_metrics.install``).
+        self.agent_metrics: Any = None
         self.observability = observability
         self.loki = loki if loki is not None else observability
         self.clock = clock

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from contracts.labels import status_label
+from contracts.labels import age_label, heard_label, status_label
 
 __all__ = ["JOB_FIELDS", "FormErrors", "age", "job_body", "job_form", "job_row", "job_view",
            "status_label"]
@@ -21,13 +21,8 @@ _SENT = {"inference": ("name", "runtime", "model", "served_name", "image", "gpus
                        "replicas", "location"),
          "container": ("name", "image", "gpus", "location")}
 
-def age(seconds: float) -> str:
-    """A short age: ``45s``, ``12m``, ``3h``, ``5d``."""
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+#: A short age: ``45s``, ``12m``, ``3h``, ``5d`` (the CLI's too).
+age = age_label
 
 
 def job_row(job: dict[str, Any], now: float) -> dict[str, Any]:
@@ -35,7 +30,8 @@ def job_row(job: dict[str, Any], now: float) -> dict[str, Any]:
     spec = job.get("spec") or {}
     return {**job, "status_label": status_label(job["status"]),
             "gpus": int(spec.get("gpus", 0)) * int(spec.get("replicas", 1)),
-            "age": age(now - float(job["created_at"]))}
+            "age": age(now - float(job["created_at"])),
+            "heard": heard_label(job.get("agents_heard_at"), now)}
 
 
 def job_view(job: dict[str, Any], now: float) -> dict[str, Any]:

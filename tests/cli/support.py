@@ -36,6 +36,8 @@ from nodes.app_node.auth import ScryptParams
 from nodes.app_node.daemon import RunningAppNode, serve_app_node
 from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings, PasswordHashSettings
 from nodes.monitor._buffer import LogBuffer
+from nodes.monitor.agent_metrics import AgentMetricsBook
+from nodes.monitor.agent_metrics import install as install_agent_metrics
 from nodes.monitor.service import MonitorService
 from nodes.ork.service import OrkService
 from p2p.dht import DhtNode, UdpTransport
@@ -318,6 +320,7 @@ async def serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool) -> 
     if monitor:
         buffer = LogBuffer()
         monitor_service = MonitorService(buffer, followers={app_key.public_key})
+        install_agent_metrics(monitor_service, AgentMetricsBook())  # as the daemon does
         monitor_swarm = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", port=0),
                               services=[monitor_service])
         with trio.fail_after(30):

@@ -12,7 +12,13 @@ import re
 import pytest
 import trio
 
-from contracts.monitor import LATENCY_BUCKETS, JobWindow, MetricsReport
+from contracts.monitor import (
+    LATENCY_BUCKETS,
+    AgentMetrics,
+    AgentMetricsReport,
+    JobWindow,
+    MetricsReport,
+)
 from tests.p2p.helpers import wait_until
 
 from .support import ServedOrk
@@ -66,6 +72,11 @@ async def test_list_and_get_show_model_health_beside_status(served_logs: ServedO
                             "local", "--model", "demo")
         box = await _create(served, "--name", "box", "--type", "container")
         _report(served, llm, errors=10)
+        assert served.monitor_service is not None
+        served.monitor_service.agent_metrics.accept(b"\x06" * 32, AgentMetricsReport(agents=(
+            AgentMetrics(job_id=box, replica=0, node_rank=0, service="agent-instance",
+                         values={"heard_age_seconds": 300.0}),)),
+            served.monitor_service.clock())
         # The jobs routes never wait for wrk-monitor's connection (no health, at once):
         # the table shows health only once app-node's client is connected.
         monitor = served.node.services.monitor
@@ -79,6 +90,9 @@ async def test_list_and_get_show_model_health_beside_status(served_logs: ServedO
         assert header[header.index("status") + 1] == "health"
         at = header.index("health")
         assert _row(table, llm)[at] == "Degraded" and _row(table, box)[at] == "-"
+        # When each job's agents were last heard from: the silent box's five minutes.
+        heard = header.index("heard")
+        assert _row(table, box)[heard] == "5m ago" and _row(table, llm)[heard] == "-"
 
         shown = await served.cli("jobs", "get", llm)
         assert shown.returncode == 0, shown.stderr

@@ -55,7 +55,7 @@ from .. import codes
 from ..job_events import RESYNC, JobHub, Subscription, TooManySubscribers
 from ..model import JobRecord, Role
 from ._common import ApiError, Ctx, team_of
-from ._jobs import _on_ork, _own_job, job_out, ork_unavailable
+from ._jobs import _on_ork, _own_job, decorate, job_out, ork_unavailable
 from ._models import JobOut
 from ._spec import RouteSpec
 
@@ -168,7 +168,10 @@ async def _read(ctx: Ctx, record: JobRecord) -> dict[str, Any] | None:
         if exc.code == "NOT_FOUND":
             return None
         raise
-    return job_out(record, view).model_dump(mode="json")
+    # With what wrk-monitor knows (model health, agents last heard), as GET /jobs/{id}:
+    # a page that renders the job from this stream shows them too.
+    [job] = await decorate(ctx, [job_out(record, view)])
+    return job.model_dump(mode="json")
 
 
 async def job_events(ctx: Ctx, request: Request) -> Response:

@@ -134,23 +134,29 @@ def job_out(record: JobRecord, view: JobView, model_health: str | None = None) -
                   spec=record.spec, model_health=model_health)
 
 
-async def model_health(ctx: Ctx, views: list[JobView]) -> dict[str, str]:
-    """The known model health (``Healthy``...) of ``views``' inference jobs, by id.
+async def decorate(ctx: Ctx, jobs: list[JobOut]) -> list[JobOut]:
+    """``jobs`` with what wrk-monitor knows of them: inference jobs' model health,
+    and when their agents were last heard from.
 
-    Empty when wrk-monitor is not configured, not connected, slow or refusing:
-    model health decorates a job, it never fails or stalls a route.
+    Unchanged when wrk-monitor is not configured, not connected, slow or refusing:
+    these decorate a job, they never fail or stall a route.
     """
     monitor = ctx.services.monitor
-    ids = [view.id for view in views if view.spec.type is JobType.INFERENCE]
-    if monitor is None or not ids:
-        return {}
+    if monitor is None or not jobs:
+        return jobs
+    inference = [job.id for job in jobs if job.type == JobType.INFERENCE.value]
+    health: dict[str, str] = {}
+    heard: dict[str, float] = {}
     try:
-        found = await monitor.job_health(ids)
+        found = await monitor.job_health(inference)
+        health = {job_id: job.health.value for job_id, job in found.items()
+                  if job.health is not None}
+        # Each on its own: a wrk-monitor without agents.heard still gives health.
+        heard = await monitor.agents_heard([job.id for job in jobs])
     except (MonitorUnavailable, RpcError) as exc:
-        _log.debug("jobs.model_health_unknown reason=%s", exc)
-        return {}
-    return {job_id: job.health.value for job_id, job in found.items()
-            if job.health is not None}
+        _log.debug("jobs.monitor_unknown reason=%s", exc)
+    return [job.model_copy(update={"model_health": health.get(job.id),
+                                   "agents_heard_at": heard.get(job.id)}) for job in jobs]
 
 
 def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
@@ -244,9 +250,7 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
                                      now=ctx.now())
             continue
         jobs.append(job_out(record, view))
-    health = await model_health(ctx, list(views.values()))
-    jobs = [job.model_copy(update={"model_health": health.get(job.id)}) for job in jobs]
-    return ok(JobsOut(jobs=jobs, next=page.next))
+    return ok(JobsOut(jobs=await decorate(ctx, jobs), next=page.next))
 
 
 async def _own_job(ctx: Ctx, session: Session, job_id: str) -> JobRecord:
@@ -281,8 +285,8 @@ async def get_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
     view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
-    health = await model_health(ctx, [view])
-    return ok(job_out(record, view, health.get(view.id)))
+    [job] = await decorate(ctx, [job_out(record, view)])
+    return ok(job)
 
 
 async def restart_job(ctx: Ctx, request: Request) -> Response:
@@ -344,4 +348,4 @@ ROUTES = [
               "Delete one replica (the job keeps the others)", answer=JobOut),
 ]
 
-__all__ = ["ROUTES", "job_out", "model_health", "ork_call", "ork_unavailable"]
+__all__ = ["ROUTES", "decorate", "job_out", "ork_call", "ork_unavailable"]

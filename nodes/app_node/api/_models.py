@@ -314,6 +314,11 @@ class JobOut(BaseModel):
     #: not reachable, no proxy reporting it). Only ``GET /api/jobs`` and
     #: ``GET /api/jobs/{job}`` fill it in.
     model_health: str | None = None
+    #: When the worker last heard from the job's least recently heard agent (POSIX
+    #: seconds, wrk-monitor's clock); None: unknown (no agent yet, or no wrk-monitor).
+    #: Minutes old while the job stays Starting or Active: its agents cannot reach
+    #: their worker (seeds/relay.txt).
+    agents_heard_at: float | None = None
 
 
 class JobsOut(BaseModel):

@@ -102,6 +102,24 @@ def test_the_table_keeps_figures_per_vmi_labelled_by_the_bound_vmi():
     assert table.agent_metrics() == []
 
 
+def test_the_report_names_every_agent_heard_from_with_its_age_silent_ones_too():
+    table = AgentTable(silent_after_s=10)
+    mine = agent_config(WORKER, job_id="j-mine", replica=0)
+    table.expect(vmi_of(mine))
+    assert table.agent_report(0.0) == []  # nothing heard yet
+    table.hello(AGENT, hello_of(mine), 1.0)
+    table.heartbeat(AGENT, 2.0, {"uptime_seconds": 5.0})
+    [fresh] = table.agent_report(3.5)
+    assert fresh.values == {"uptime_seconds": 5.0, "heard_age_seconds": 1.5}
+    assert table.expire(20.0)  # silent: its figures are stale, its age is the news
+    [silent] = table.agent_report(80.0)
+    assert silent.values == {"heard_age_seconds": 78.0}
+    many = {f"m{i}": float(i) for i in range(MAX_AGENT_METRICS)}
+    table.heartbeat(AGENT, 81.0, many)
+    [full] = table.agent_report(81.0)
+    assert len(full.values) <= MAX_AGENT_METRICS and full.values["heard_age_seconds"] == 0
+
+
 async def test_figures_arrive_over_the_rpc_and_cannot_claim_another_job(nursery, autojump_clock):
     mine = agent_config(WORKER, job_id="j-mine", replica=1)
     victim = agent_config(WORKER, job_id="j-victim", replica=0)

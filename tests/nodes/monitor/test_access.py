@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from contracts.health import STATUS, StatusRequest
 from contracts.monitor import (
+    AGENTS_HEARD,
     FOLLOW,
     HEALTH_JOBS,
     METRICS_AGENTS,
@@ -71,6 +72,7 @@ WHO = {
     "logs.follow": {"app-node"},
     "logs.query": {"app-node"},
     "logs.tail": {"app-node"},
+    "agents.heard": {"app-node"},
     "health.jobs": {"app-node"},
     "service.status": {"app-node"},
     "observability.set": {"app-node"},
@@ -85,6 +87,7 @@ PARAMS: dict[str, tuple[Any, Any]] = {
     "logs.follow": (FOLLOW, Follow()),
     "logs.query": (QUERY, Query()),
     "logs.tail": (TAIL, Tail(job_id="j-1")),
+    "agents.heard": (AGENTS_HEARD, HealthQuery(job_ids=("j-1",))),
     "health.jobs": (HEALTH_JOBS, HealthQuery(job_ids=("j-1",))),
     "service.status": (STATUS, StatusRequest()),
     "observability.set": (OBSERVABILITY_SET, Observability()),

@@ -167,3 +167,32 @@ def test_exposition_parses_with_counters_by_suffix():
     clock[0] = 31.0  # the worker went stale: its agents' series go with it
     text = generate_latest(agent_metrics_registry(book, lambda: clock[0])).decode()
     assert "cosmicac_agent_" not in text.replace("cosmicac_monitor_agent_", "")
+
+
+def test_a_jobs_last_word_is_its_least_recently_heard_agents_in_wall_time():
+    """``heard_age_seconds`` (the worker's clock) read back from the report's arrival
+    (wrk-monitor's): no clock of the worker's machine is trusted."""
+    book = AgentMetricsBook(stale_after_s=30)
+    book.accept(WORKER, report(agent("j-1", 0, heard_age_seconds=2.0),
+                               agent("j-1", 1, heard_age_seconds=90.0),  # silent
+                               agent("j-2", 0, up=1.0)), 100.0)  # no age: an older worker
+    heard = book.heard(["j-1", "j-2", "j-3"], now=104.0, wall_now=5_000.0)
+    assert [(h.job_id, h.heard_at, h.agents) for h in heard] == [
+        ("j-1", 5_000.0 - 4.0 - 90.0, 2), ("j-2", None, 0), ("j-3", None, 0)]
+    assert [h.heard_at for h in book.heard(["j-1"], now=131.0, wall_now=6_000.0)] == [None]
+
+
+async def test_agents_heard_is_app_nodes_alone_over_the_rpc(nursery, autojump_clock):
+    from contracts.monitor import AGENTS_HEARD, HealthQuery
+
+    app = b"\x15" * 32
+    service, book = served(followers=[app])
+    book.accept(WORKER, report(agent("j-1", heard_age_seconds=1.0)), trio.current_time())
+    async with connect(nursery, service, app) as client:
+        with trio.fail_after(10):
+            answer = await client.call(AGENTS_HEARD, HealthQuery(job_ids=("j-1",)))
+            assert answer.jobs[0].agents == 1 and answer.jobs[0].heard_at is not None
+    async with connect(nursery, service, WORKER) as worker:
+        with trio.fail_after(10), pytest.raises(RpcError) as refused:
+            await worker.call(AGENTS_HEARD, HealthQuery(job_ids=("j-1",)))
+        assert refused.value.code == "FORBIDDEN"

@@ -8,6 +8,7 @@ import re
 import trio
 
 from tests.cli.support import serve_ork
+from tests.p2p.helpers import wait_until
 
 from .support import browser_of, sign_in, stream, ui_over
 
@@ -151,3 +152,26 @@ async def test_the_list_pages_its_jobs_and_each_page_streams_its_own(tmp_path, n
             assert second.count('<tr id="job-') == 1 and ">job-00<" in second
             assert '<a href="/jobs">Newest jobs</a>' in second
             assert "data-topics='[\"jobs:" in second
+
+
+async def test_the_list_and_the_job_page_say_when_its_agents_were_last_heard_from(
+        tmp_path, nursery):
+    from contracts.monitor import AgentMetrics, AgentMetricsReport
+
+    served = await serve_ork(tmp_path, nursery, monitor=True)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            job = (await browser.post("/jobs", FORM)).headers["location"].removeprefix("/jobs/")
+            assert "<dt>Agents last heard</dt><dd>-</dd>" in (await browser.get(
+                f"/jobs/{job}")).text
+            service = served.monitor_service
+            service.agent_metrics.accept(b"\x06" * 32, AgentMetricsReport(agents=(
+                AgentMetrics(job_id=job, replica=0, node_rank=0, service="agent-inference",
+                             values={"heard_age_seconds": 125.0}),)), service.clock())
+            monitor = served.node.services.monitor
+            await wait_until(lambda: monitor.connected)
+            page = (await browser.get(f"/jobs/{job}")).text
+            assert "<dt>Agents last heard</dt><dd>2m ago</dd>" in page
+            assert "<td>2m ago</td>" in (await browser.get("/jobs")).text

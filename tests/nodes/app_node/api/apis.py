@@ -35,6 +35,8 @@ from nodes.app_node.team_rules import TeamCreators, TeamsSettings
 from nodes.kit.monitor_client import MonitorClient
 from nodes.kit.ork_client import OrkClient
 from nodes.monitor._buffer import LogBuffer
+from nodes.monitor.agent_metrics import AgentMetricsBook
+from nodes.monitor.agent_metrics import install as install_agent_metrics
 from nodes.monitor.service import MonitorService
 from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
@@ -187,6 +189,7 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
         if monitor:
             buffer = LogBuffer()
             monitor_service = MonitorService(buffer, followers={me.public_key})
+            install_agent_metrics(monitor_service, AgentMetricsBook())  # as the daemon does
             monitor_swarm = Swarm(KeyPair.generate(),
                                   config=SwarmConfig(host="127.0.0.1", port=0),
                                   services=[monitor_service])

@@ -105,3 +105,33 @@ async def test_without_wrk_monitor_model_health_is_null(ork_api: Api) -> None:
         await _jobs(api, owner)
         listed, one = await _health(api, owner)
         assert set(listed.values()) == set(one.values()) == {None}
+
+
+async def test_jobs_carry_when_their_agents_were_last_heard_from(logs_api: Api) -> None:
+    """The least recently heard agent's time (its worker's report, read on wrk-monitor's
+    clock), for every job type; null for a job no worker names."""
+    from contracts.monitor import AgentMetrics, AgentMetricsReport
+
+    api = logs_api
+    owner = await api.signup()
+    with trio.fail_after(30):
+        busy, quiet, box = await _jobs(api, owner)
+        service = api.monitor_service
+        assert service is not None and api.services.monitor is not None
+        await wait_until(lambda: api.services.monitor.connected, limit_s=10)
+        agents = tuple(AgentMetrics(job_id=job, replica=replica, node_rank=0,
+                                    service="agent-inference",
+                                    values={"heard_age_seconds": age})
+                       for job, replica, age in ((busy, 0, 1.0), (busy, 1, 120.0),
+                                                 (box, 0, 0.0)))
+        before = service.wall_clock()
+        service.agent_metrics.accept(b"\x06" * 32, AgentMetricsReport(agents=agents),
+                                     service.clock())
+        r = await api.client.get("/api/jobs", headers=bearer(owner))
+        heard = {job["id"]: job["agents_heard_at"] for job in r.json()["jobs"]}
+        assert heard[quiet] is None
+        assert before - 121 <= heard[busy] <= service.wall_clock() - 120  # the silent one
+        assert before - 1 <= heard[box] <= service.wall_clock()
+        one = await api.client.get(f"/api/jobs/{busy}", headers=bearer(owner))
+        # Read again a moment later: the same time (give or take the clocks' ticks).
+        assert abs(one.json()["agents_heard_at"] - heard[busy]) < 0.5
