@@ -5,6 +5,8 @@ gets the API's refusal in words."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -12,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from .api import ApiClient, ApiError
+from .live import KEEPALIVE, Piece, TopicSource
 from .views import age
 
 if TYPE_CHECKING:
@@ -25,6 +28,7 @@ class OperatorPages:
 
     def __init__(self, ui: UiApp) -> None:
         self._ui = ui
+        ui.live.register("racks", self._topic)
 
     def routes(self) -> list[Route]:
         return [
@@ -39,15 +43,29 @@ class OperatorPages:
         async def work(api: ApiClient, me: dict[str, Any]) -> Response:
             racks = (await api.get("/racks"))["racks"]
             nodes = (await api.get("/nodes"))["nodes"]
-            teams = {t["id"]: t["name"] for t in me["teams"]}
-            by_rack = [{**rack, "node_rows": [
-                {**node, "used": node["gpus"] - node["free"],
-                 "reserved_name": teams.get(node["reserved_for"] or "", node["reserved_for"])}
-                for node in nodes if node["rack"] == rack["key"]]} for rack in racks]
             return self._ui.render("racks.html", me, heading="Racks and nodes",
-                                   section="racks", racks=by_rack, teams=me["teams"])
+                                   section="racks", racks=_by_rack(racks, nodes, me["teams"]),
+                                   teams=me["teams"], topics=["racks"])
 
         return await self._ui.page(request, work)
+
+    def _topic(self, request: Request, argument: str, resume: str | None) -> TopicSource:
+        """``racks``: the racks' capacity, again after each change that moved it."""
+        async def translate(api: ApiClient, events: AsyncIterator[tuple[str, str]]
+                            ) -> AsyncIterator[Piece]:
+            teams = (await api.get("/me"))["teams"]
+            async for event, data in events:
+                if not event:
+                    yield KEEPALIVE
+                elif event == "racks":
+                    capacity = json.loads(data)
+                    yield self._ui.fragment(
+                        "_racks_body.html", oob=True, teams=teams,
+                        racks=_by_rack(capacity["racks"], capacity["nodes"], teams))
+                elif event == "lagged":
+                    return
+
+        return TopicSource("/racks/events", translate)
 
     async def _reserve(self, request: Request) -> Response:
         return await self._nodes(request, "/nodes/reserve", with_team=True)
@@ -90,3 +108,13 @@ class OperatorPages:
                                    truncated=history["truncated"])
 
         return await self._ui.page(request, work)
+
+
+def _by_rack(racks: list[dict[str, Any]], nodes: list[dict[str, Any]],
+             teams: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rack with its nodes' rows: GPUs used and free, and whom a node is kept for."""
+    names = {t["id"]: t["name"] for t in teams}
+    return [{**rack, "node_rows": [
+        {**node, "used": node["gpus"] - node["free"],
+         "reserved_name": names.get(node["reserved_for"] or "", node["reserved_for"])}
+        for node in nodes if node["rack"] == rack["key"]]} for rack in racks]

@@ -12,6 +12,10 @@ Every route calls wrk-ork (:func:`~._jobs.ork_call` maps its errors).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from typing import Any
+
+import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -31,8 +35,10 @@ from contracts.ork import (
 )
 
 from .. import codes
+from ..job_events import RESYNC
 from ..model import Role
 from ._common import ApiError, Ctx, Session, forbidden, ok, validate
+from ._events import EventStream, Write, _hub, _next, _subscribe, sse
 from ._jobs import ork_call
 from ._models import NodesOut, RackIn, RacksOut, ReleaseIn, ReserveIn
 from ._spec import RouteSpec
@@ -121,11 +127,61 @@ async def release_nodes(ctx: Ctx, request: Request) -> Response:
     return ok()
 
 
+async def _capacity(ctx: Ctx) -> dict[str, Any]:
+    racks = (await ork_call(ctx, LIST_RACKS, Empty())).racks
+    nodes = (await ork_call(ctx, LIST_NODES, Empty())).nodes
+    return {"racks": RacksOut(racks=list(racks)).model_dump(mode="json")["racks"],
+            "nodes": NodesOut(nodes=list(nodes)).model_dump(mode="json")["nodes"]}
+
+
+async def racks_events(ctx: Ctx, request: Request) -> Response:
+    """Server-sent events of the racks' capacity (operators): ``racks`` ``{racks,
+    nodes}`` (as ``GET /racks`` and ``GET /nodes``) at once, then again whenever a
+    job's change moved it (GPUs claimed or freed); keep-alives meanwhile; ``lagged``
+    then the end when the stream fell behind or wrk-ork went away (open it again).
+    A rack's own report (a node added) shows at the next job change or reopen."""
+    await _operator(ctx, request)
+    hub = _hub(ctx)
+    stack = ExitStack()
+    try:
+        sub = _subscribe(stack, hub)  # before the first read: no change falls between
+        first = await _capacity(ctx)
+    except BaseException:
+        stack.close()
+        raise
+
+    async def produce(write: Write) -> None:
+        last = first
+        await write(sse("racks", first))
+        while True:
+            item = await _next(sub, write)
+            if item is None or item is RESYNC:
+                await write(sse("lagged", {}))
+                return
+            while True:  # a burst of changes is one read
+                try:
+                    sub.receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+            try:
+                now = await _capacity(ctx)
+            except ApiError:  # wrk-ork unreachable: the client opens it again
+                await write(sse("lagged", {}))
+                return
+            if now != last:
+                await write(sse("racks", now))
+                last = now
+
+    return EventStream(produce, stack)
+
+
 ROUTES = [
     RouteSpec("GET", "/racks", list_racks, "Registered racks with capacity (operators)",
               answer=RacksOut),
     RouteSpec("POST", "/racks", register_rack, "Register a worker's rack (operators)",
               RackIn, RackInfo, 201),
+    RouteSpec("GET", "/racks/events", racks_events, "Server-sent events of the racks' "
+              "capacity: racks at once, then after each change that moved it (operators)"),
     RouteSpec("DELETE", "/racks/{rack}", remove_rack, "Remove a rack (operators)",
               status=204),
     RouteSpec("GET", "/nodes", list_nodes, "Every node with free GPUs (operators)",

@@ -67,3 +67,25 @@ async def test_a_member_sees_no_operator_page_and_gets_a_readable_refusal(tmp_pa
             forged = await member.post("/nodes/reserve", {"rack": "ab" * 32, "node": "n0",
                                                           "team": "x"})
             assert forged.status_code == 403 and "platform operators" in forged.text
+            live = await member.get("/ui/stream", params={"topic": "racks"})
+            assert live.status_code == 403 and "GPUs" not in live.text
+
+
+async def test_the_racks_page_is_live_as_jobs_claim_gpus(
+        tmp_path, nursery):
+    from .support import stream
+    from .test_job_pages import FORM
+
+    served = await serve_ork(tmp_path, nursery, monitor=False)
+    ui = await ui_over(nursery, served)
+    with trio.fail_after(LIMIT_S):
+        async with browser_of(ui) as browser:
+            await sign_in(browser)
+            assert "data-topics='[\"racks\"]'" in (await browser.get("/racks")).text
+            async with stream(browser, "racks") as live:
+                first = await live()
+                assert first.startswith('<div id="racks-body" hx-swap-oob="true">')
+                assert "16 of 16 GPUs free" in first
+                created = await browser.post("/jobs", {**FORM, "replicas": "1"})
+                assert created.status_code == 303, created.text
+                assert "15 of 16 GPUs free" in await live()

@@ -77,3 +77,24 @@ async def test_racks_without_wrk_ork_are_503(api: Api) -> None:
     owner = await api.signup()
     r = await api.client.get("/api/racks", headers=bearer(owner))
     assert r.status_code == 503 and r.json()["error"]["code"] == "ORK_UNAVAILABLE"
+
+
+async def test_racks_events_push_capacity_as_jobs_claim_gpus(ork_api: Api) -> None:
+    """Served over Hypercorn (in process the answer would be read whole)."""
+    import trio
+
+    from .support import _inference, events, served
+
+    api = ork_api
+    owner = await api.signup()
+    with trio.fail_after(30):
+        async with served(api) as client, events(client, "/racks/events", owner) as stream:
+            kind, data = await stream.next()
+            assert kind == "racks" and [r["free"] for r in data["racks"]] == [16]
+            assert sorted(n["name"] for n in data["nodes"]) == ["n0", "n1"]
+            r = await api.client.post("/api/jobs", headers=bearer(owner),
+                                      json=_inference(replicas=1, gpus=2))
+            assert r.status_code == 201, r.text
+            kind, data = await stream.next()
+            assert kind == "racks" and [r["free"] for r in data["racks"]] == [14]
+            assert sum(n["free"] for n in data["nodes"]) == 14
