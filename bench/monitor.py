@@ -99,8 +99,8 @@ def _serve(port_queue, control, replies, loki_url: str | None) -> None:
             if pusher is not None:
                 offer_many = pusher.offer_many
 
-                def on_records(records) -> None:  # ObservabilityHolder.offer's work
-                    offer_many(map(to_loki, records))
+                def on_records(records, cursors) -> None:  # ObservabilityHolder.offer's work
+                    offer_many(map(to_loki, records, cursors()))
 
                 nursery.start_soon(pusher.run)
             # The hook is set by "loki on", after the warm-up has filled the ring.

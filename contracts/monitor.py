@@ -348,6 +348,13 @@ def format_cursor(stream: str, seq: int) -> str:
     return f"{stream}:{seq}"
 
 
+def stream_order(stream: str) -> tuple[int, int]:
+    """A stream id as a sort key: a later wrk-monitor's streams after an earlier one's
+    (its epoch is its start in milliseconds, in hex), then by generation."""
+    epoch, _, generation = stream.partition(".")
+    return int(epoch, 16), int(generation)
+
+
 def parse_cursor(cursor: str) -> tuple[str, int]:
     """``(stream, number)`` of a cursor; ValueError when it is not one."""
     if not re.match(CURSOR_PATTERN, cursor):
@@ -386,7 +393,8 @@ class TailBatch(_Model):
 
 TAIL = StreamMethod("logs.tail", params=Tail, item=TailBatch)
 
-__all__ += ["CURSOR_PATTERN", "TAIL", "Tail", "TailBatch", "format_cursor", "parse_cursor"]
+__all__ += ["CURSOR_PATTERN", "TAIL", "Tail", "TailBatch", "format_cursor", "parse_cursor",
+            "stream_order"]
 
 
 # ---------------------------------------------------------------------------

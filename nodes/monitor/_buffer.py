@@ -29,7 +29,7 @@ the old one starts again from the ring's first record rather than skip any.
 
 from __future__ import annotations
 
-import secrets
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +51,16 @@ MAX_JOB_COUNTERS = 100_000
 
 #: (global sequence, record, its number in its job; 0 for a record of no job).
 Numbered = tuple[int, LogRecord, int]
+
+
+def _new_epoch() -> str:
+    """Now in milliseconds, in hex; later than any epoch made before in this process."""
+    global _last_epoch
+    _last_epoch = max(time.time_ns() // 1_000_000, _last_epoch + 1)
+    return f"{_last_epoch:011x}"
+
+
+_last_epoch = 0
 
 
 @dataclass
@@ -89,6 +99,13 @@ class Follower:
         return ((self.job_id is None or record.job_id == self.job_id)
                 and (self.source is None or record.source == self.source)
                 and (self.since_ns is None or record.time_ns >= self.since_ns))
+
+    def first_pending(self) -> Numbered | None:
+        """The oldest item waiting to be taken (snapshot first), or None."""
+        for source in (self._snapshot, self._queue):
+            if source:
+                return source[0]
+        return None
 
     @property
     def pending(self) -> int:
@@ -133,8 +150,12 @@ class LogBuffer:
         self.max_records, self.max_bytes = max_records, max_bytes
         self.queue_records = queue_records
         self.max_job_counters = max_job_counters
-        #: Names this buffer's numbering (a restarted wrk-monitor has another).
-        self.epoch = epoch or secrets.token_hex(4)
+        #: Names this buffer's numbering (a restarted wrk-monitor has another): its
+        #: start in milliseconds, in hex, so later epochs sort after earlier ones
+        #: (:func:`~contracts.monitor.stream_order`). The one read of a clock here.
+        self.epoch = epoch or _new_epoch()
+        #: The records of the last append, numbered (what :meth:`last_cursors` names).
+        self._last: list[Numbered] = []
         self.stats = BufferStats()
         #: The last sequence number given (0: none yet).
         self.seq = 0
@@ -152,6 +173,21 @@ class LogBuffer:
     def records(self) -> list[tuple[int, LogRecord]]:
         """What the ring holds, oldest first (for tests and a history read)."""
         return [(seq, rec) for seq, rec, _, _ in self._ring]
+
+    def last_cursors(self) -> list[str]:
+        """The cursor of each record of the last append (``""`` for a record of no job),
+        in order: what Loki keeps beside each line, so its history is numbered too."""
+        jobs, epoch = self._jobs, self.epoch
+        out = []
+        for _, record, job_seq in self._last:
+            counter = jobs.get(record.job_id) if job_seq else None
+            out.append("" if counter is None else f"{epoch}.{counter[0]}:{job_seq}")
+        return out
+
+    def last_number(self, job_id: str) -> int:
+        """The number of ``job_id``'s newest record in its current stream (0: none)."""
+        counter = self._jobs.get(job_id)
+        return 0 if counter is None else counter[1]
 
     def job_stream(self, job_id: str) -> str | None:
         """The stream id of ``job_id``'s numbering, or None before its first record
@@ -206,6 +242,7 @@ class LogBuffer:
             numbered.append((seq, record, job_seq))
             added += size
         self.seq = seq
+        self._last = numbered
         stats.received += len(records)
         stats.records += len(records)
         stats.bytes += added

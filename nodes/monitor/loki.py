@@ -113,6 +113,10 @@ class LokiRecord(NamedTuple):
     source: str
     job_id: str
     line: str
+    #: The record's number in its job (``<stream>:<seq>``), kept as structured
+    #: metadata (not a label: one per line would make a stream per line); empty for
+    #: a record of no job, or read back from a Loki that kept none.
+    cursor: str = ""
 
     def labels(self) -> tuple[tuple[str, str], ...]:
         """The stream's label set, in a fixed order (it is a dict key)."""
@@ -157,7 +161,8 @@ def encode_push(records: Iterable[LokiRecord]) -> bytes:
         streams.setdefault((record.service, record.source, record.job_id), []).append(record)
     body = {"streams": [
         {"stream": {"service": service, "source": source, "job_id": job_id},
-         "values": [(str(r.time_ns), r.line) for r in _in_time_order(entries)]}
+         "values": [(str(r.time_ns), r.line, {"cursor": r.cursor}) if r.cursor
+                    else (str(r.time_ns), r.line) for r in _in_time_order(entries)]}
         for (service, source, job_id), entries in streams.items()]}
     return orjson.dumps(body)
 
@@ -439,7 +444,9 @@ def _retry_after_s(value: str | None) -> float | None:
 
 class _Stream(pydantic.BaseModel):
     stream: dict[str, str]
-    # The optional third element is structured metadata (reference §6); it is not read here.
+    # The optional third element: with ``categorize-labels`` asked, the entry's labels by
+    # kind (``structuredMetadata``...); without (as here), Loki merges structured metadata
+    # into ``stream``, so an entry's cursor is read from either.
     values: list[tuple[str, str] | tuple[str, str, dict[str, Any]]]
 
 
@@ -570,8 +577,12 @@ class LokiReader:
                             url=self.safe_url) from exc
         entries = []
         for stream in parsed.data.result:
-            labels = tuple(sorted(stream.stream.items()))
+            stream_labels = tuple(sorted(stream.stream.items()))
             for value in stream.values:
+                labels = stream_labels
+                if len(value) == 3 and isinstance(value[2].get("structuredMetadata"), dict):
+                    meta = {k: str(v) for k, v in value[2]["structuredMetadata"].items()}
+                    labels = tuple(sorted({**stream.stream, **meta}.items()))
                 try:
                     ts = int(value[0])
                 except ValueError as exc:
@@ -585,5 +596,6 @@ class LokiReader:
 def _record(ts: int, labels: tuple[tuple[str, str], ...], line: str) -> LokiRecord:
     named = dict(labels)
     return LokiRecord(time_ns=ts, service=named.get("service", ""),
-                      source=named.get("source", ""), job_id=named.get("job_id", ""), line=line)
+                      source=named.get("source", ""), job_id=named.get("job_id", ""), line=line,
+                      cursor=named.get("cursor", ""))
 

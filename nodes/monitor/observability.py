@@ -87,12 +87,13 @@ OBSERVABILITY_FILE = "observability.json"
 DEFAULT_GRACE_S = 5.0
 
 
-def to_loki(record: LogRecord) -> LokiRecord:
+def to_loki(record: LogRecord, cursor: str = "") -> LokiRecord:
     """The Loki form of ``record``: a record of no job is labelled ``job_id=""``
-    (Loki drops empty labels: it is then selected by ``service`` alone)."""
+    (Loki drops empty labels: it is then selected by ``service`` alone); ``cursor``
+    its number in its job (kept as structured metadata)."""
     # Positional: built for every record accepted while Loki is on.
     return LokiRecord(record.time_ns, record.service, record.source, record.job_id or "",
-                      record.text)
+                      record.text, cursor)
 
 
 def load_persisted(storage: Path) -> Observability | None:
@@ -226,12 +227,17 @@ class ObservabilityHolder:
         url = self.value.prometheus_url
         return None if url is None else PrometheusReader(url, self._prometheus_http)
 
-    def offer(self, records: Iterable[LogRecord]) -> None:
-        """Queue ``records`` for the Loki in force; nothing without one. Never blocks."""
+    def offer(self, records: Iterable[LogRecord],
+              cursors: Callable[[], list[str]] | None = None) -> None:
+        """Queue ``records`` for the Loki in force, with their cursors (``cursors()``,
+        asked only when there is a Loki); nothing without one. Never blocks."""
         current = self._current
         if current is None:
             return
-        current.pusher.offer_many(map(to_loki, records))
+        if cursors is None:
+            current.pusher.offer_many(map(to_loki, records))
+        else:
+            current.pusher.offer_many(map(to_loki, records, cursors()))
 
     def statistics(self) -> LokiPusherStatistics:
         """Counters summed over every pusher so far; ``buffered`` the live ones' backlog."""

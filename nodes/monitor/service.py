@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import trio
@@ -117,6 +117,7 @@ from contracts.monitor import (
     parse_cursor,
     sender_ages_detail,
     split_batches,
+    stream_order,
 )
 from p2p.host import RpcService
 from p2p.rpc import (
@@ -129,9 +130,9 @@ from p2p.rpc import (
     StreamMethod,
 )
 
-from ._buffer import LogBuffer, Numbered
+from ._buffer import Follower, LogBuffer, Numbered
 from .health import HealthBook, TooManySenders
-from .loki import LokiError, LokiReader
+from .loki import LokiError, LokiReader, LokiRecord
 
 __all__ = ["LOKI_QUERY_TIMEOUT_S", "MAX_FOLLOWERS", "METHOD_ROLES", "ROLES", "MonitorService"]
 
@@ -166,6 +167,8 @@ MAX_FOLLOWERS = 256
 LOKI_QUERY_TIMEOUT_S = 5.0
 #: How far back ``logs.query`` asks Loki when no ``since_ns`` is given.
 HISTORY_S = 7 * 24 * 3600
+#: Records of a job's older history a tail reads from Loki at most (the newest ones).
+TAIL_HISTORY_RECORDS = 5_000
 
 
 #: Senders whose last report is remembered (keys are pushers only, so few; the
@@ -230,7 +233,8 @@ class MonitorService(RpcService):
                  allow_any_pusher: bool = False, proxies: Iterable[bytes] = (),
                  workers: Iterable[bytes] = (), followers: Iterable[bytes] = (),
                  config: RpcConfig | None = None,
-                 on_records: Callable[[list[LogRecord]], object] | None = None,
+                 on_records: Callable[[list[LogRecord], Callable[[], list[str]]], object]
+                 | None = None,
                  health: HealthBook | None = None, loki: LokiStats | None = None,
                  observability: Observer | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -310,7 +314,7 @@ class MonitorService(RpcService):
             raise RpcError("BAD_BATCH", str(exc)) from None
         self.buffer.append(records)
         if self.on_records is not None and records:
-            self.on_records(records)
+            self.on_records(records, self.buffer.last_cursors)
         self.last_report_at = self.wall_clock()
         return PushResult(accepted=len(records))
 
@@ -444,8 +448,18 @@ class MonitorService(RpcService):
         job_id = params.job_id
         #: The stream the numbers sent so far belong to, and the last number.
         stream, last = self.buffer.job_stream(job_id), 0
+        history: list[TailBatch] = []
+
+        async def older(follower: Follower) -> None:
+            # Once the follower holds its snapshot: what Loki has before it.
+            history.extend(await self._tail_history(params, after, follower))
+
         async for items in self._followed(job_id, params.source, params.since_ns,
-                                          snapshot=True, numbered=True, after=after):
+                                          snapshot=True, numbered=True, after=after,
+                                          before=older):
+            for batch in history:
+                yield batch
+            history.clear()
             for run in _runs(items, last):
                 # A number not above the last one: the job's counter began again (a
                 # new stream) while these waited; the stream is the job's now.
@@ -457,12 +471,76 @@ class MonitorService(RpcService):
                 for batch in _tail_batches(run, stream):
                     yield batch
 
+    async def _tail_history(self, params: Tail, after: tuple[str, int] | None,
+                            follower: Follower) -> list[TailBatch]:
+        """What Loki holds of the job before what ``follower`` starts with, after
+        ``after``, numbered by its cursors, oldest stream first: records evicted from
+        the ring, and those of an earlier wrk-monitor (its streams sort before ours).
+        Nothing when the ring reaches back to the cursor, without Loki, or when Loki
+        fails or is slow (the follow goes on from the ring; logged)."""
+        reader = None if self.observability is None else self.observability.reader
+        if reader is None:
+            return []
+        job_id = params.job_id
+        current = self.buffer.job_stream(job_id)
+        first = follower.first_pending()
+        first_number = first[2] if first is not None else None
+        if after is not None and after[0] == current:
+            # Resuming in the job's stream: Loki is needed only for a gap the ring
+            # no longer holds (without a cursor, or one of an earlier stream, Loki
+            # may hold an earlier wrk-monitor's records: always asked).
+            if first_number is not None and first_number <= after[1] + 1:
+                return []
+            if first_number is None and after[1] == self.buffer.last_number(job_id):
+                return []  # caught up
+        end_ns = first[1].time_ns + 1 if first is not None else int(self.wall_clock() * 1e9)
+        start_ns = (params.since_ns if params.since_ns is not None
+                    else end_ns - HISTORY_S * 10**9)
+        found: list[LokiRecord] = []
+        with trio.move_on_after(LOKI_QUERY_TIMEOUT_S) as waited:
+            try:
+                found = await reader.query_range(job_id, source=params.source,
+                                                 start_ns=max(0, start_ns), end_ns=end_ns,
+                                                 limit=TAIL_HISTORY_RECORDS,
+                                                 direction="backward")
+            except LokiError as exc:
+                log.warning("monitor.tail_history_failed job=%s error=%s", job_id, exc)
+        if waited.cancelled_caught:
+            log.warning("monitor.tail_history_slow job=%s limit_s=%s", job_id,
+                        LOKI_QUERY_TIMEOUT_S)
+        after_key = None if after is None else (stream_order(after[0]), after[1])
+        numbered: dict[tuple[tuple[int, int], int], tuple[str, LogRecord]] = {}
+        for record in found:
+            try:
+                stream, seq = parse_cursor(record.cursor)
+                key = (stream_order(stream), seq)
+            except ValueError:
+                continue  # kept without a cursor (an older wrk-monitor): not placeable
+            if after_key is not None and key <= after_key:
+                continue
+            if stream == current and first_number is not None and seq >= first_number:
+                continue  # the ring's snapshot has it
+            numbered[key] = (stream, make_record(
+                record.line, service=record.service, source=record.source, level=0,
+                job_id=job_id, time_ns=record.time_ns))
+        batches: list[TailBatch] = []
+        by_stream: dict[str, list[Numbered]] = {}
+        for key in sorted(numbered):
+            stream, record = numbered[key]
+            by_stream.setdefault(stream, []).append((0, record, key[1]))
+        for stream, items in by_stream.items():
+            batches.extend(_tail_batches(items, stream))
+        return batches
+
     async def _followed(self, job_id: str | None, source: str | None, since_ns: int | None,
                         *, snapshot: bool, numbered: bool = False,
-                        after: tuple[str, int] | None = None
+                        after: tuple[str, int] | None = None,
+                        before: Callable[[Follower], Awaitable[None]] | None = None
                         ) -> AsyncIterator[list[Numbered]]:
         """What a follower takes, as it comes (snapshot first); ``numbered`` and
-        ``after`` as :meth:`LogBuffer.follow`. Raises ``LAGGED`` once it was cut off."""
+        ``after`` as :meth:`LogBuffer.follow`. Raises ``LAGGED`` once it was cut off.
+        ``before(follower)`` runs once the follower holds its snapshot, then an empty
+        list is yielded (so the caller may send something first)."""
         if self._streams >= MAX_FOLLOWERS:
             raise RpcError("TOO_MANY_FOLLOWERS", f"wrk-monitor serves at most {MAX_FOLLOWERS} "
                                                  "follow streams; close one first")
@@ -476,6 +554,9 @@ class MonitorService(RpcService):
                                       snapshot=snapshot, notify=notify,
                                       numbered=numbered, after=after)
         try:
+            if before is not None:
+                await before(follower)
+                yield []
             while True:
                 items = follower.take_numbered(MAX_BATCH_RECORDS)
                 if not items:

@@ -7,7 +7,9 @@ HTTP API documents (shared/reference/kubevirt-cdi-vllm.md §6):
 - ``POST /loki/api/v1/push``: ``Content-Type: application/json`` (anything
   else would be read as snappy protobuf by Loki and fail: 400 here),
   ``Content-Encoding: gzip`` allowed, body
-  ``{"streams":[{"stream":{labels},"values":[["<ns string>","<line>"(,{meta})]]}]}``;
+  ``{"streams":[{"stream":{labels},"values":[["<ns string>","<line>"(,{meta})]]}]}``
+  (``meta``, structured metadata, is kept and answered merged into the entry's
+  stream labels, as Loki does without the ``categorize-labels`` flag);
   a timestamp that is not a string, or any malformed body, is a 400 with a
   plain-text message; success is 204.
 - ``X-Scope-OrgID`` picks the tenant; without it, the tenant is ``fake``
@@ -160,8 +162,9 @@ class Push:
 class LokiServer:
     """The in-memory store and the ASGI app over it."""
 
-    #: tenant -> label set -> [(ts_ns, line)] in arrival order.
-    streams: dict[str, dict[Labels, list[tuple[int, str]]]] = field(default_factory=dict)
+    #: tenant -> label set -> [(ts_ns, line, structured metadata)] in arrival order.
+    streams: dict[str, dict[Labels, list[tuple[int, str, Labels]]]] = field(
+        default_factory=dict)
     pushes: list[Push] = field(default_factory=list)
     url: str = ""
     #: None, or per accepted push: (time.time_ns() once decoded, its entries' ts_ns).
@@ -179,7 +182,12 @@ class LokiServer:
     def entries(self, tenant: str = DEFAULT_TENANT) -> list[tuple[Labels, int, str]]:
         """Every stored entry of ``tenant``."""
         return [(labels, ts, line) for labels, values in self.streams.get(tenant, {}).items()
-                for ts, line in values]
+                for ts, line, _ in values]
+
+    def metadata(self, tenant: str = DEFAULT_TENANT) -> list[dict[str, str]]:
+        """Every stored entry's structured metadata, in :meth:`entries`' order."""
+        return [dict(meta) for values in self.streams.get(tenant, {}).values()
+                for _, _, meta in values]
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -215,7 +223,7 @@ class LokiServer:
         except ValueError as exc:
             return self._answer(push, 400, str(exc))
         if self.arrivals is not None:
-            stamps = [ts for _, values in decoded for ts, _ in values]
+            stamps = [ts for _, values in decoded for ts, _, _ in values]
             self.arrivals.append((time.time_ns(), stamps))
         self.received += sum(len(values) for _, values in decoded)
         if self.keep:
@@ -251,10 +259,13 @@ class LokiServer:
             named = dict(labels)
             if any(named.get(k) != v for k, v in matchers):
                 continue
-            for ts, line in values:
+            for ts, line, meta in values:
                 arrival += 1
                 if start <= ts < end and all(f in line for f in filters):
-                    found.append((ts, arrival, labels, line))
+                    # Without the categorize-labels flag Loki answers an entry's
+                    # structured metadata merged into its stream's labels.
+                    merged = tuple(sorted({**named, **dict(meta)}.items())) if meta else labels
+                    found.append((ts, arrival, merged, line))
         found.sort(key=lambda e: (e[0], e[1]), reverse=direction == "backward")
         result: dict[Labels, list[list[str]]] = {}
         for ts, _, labels, line in found[:limit]:
@@ -266,7 +277,7 @@ class LokiServer:
             "stats": {}}})
 
 
-def _decode_push(body: Any) -> list[tuple[Labels, list[tuple[int, str]]]]:
+def _decode_push(body: Any) -> list[tuple[Labels, list[tuple[int, str, Labels]]]]:
     """The push body's streams, validated as Loki validates them (ValueError -> 400)."""
     if not isinstance(body, dict) or not isinstance(body.get("streams"), list):
         raise ValueError("body must be an object with a streams array")
@@ -288,7 +299,11 @@ def _decode_push(body: Any) -> list[tuple[Labels, list[tuple[int, str]]]]:
                 raise ValueError(f"timestamp must be a string of unix nanoseconds: {ts!r}")
             if not isinstance(line, str):
                 raise ValueError("line must be a string")
-            decoded.append((int(ts), line))
+            meta = value[2] if len(value) == 3 else {}
+            if not isinstance(meta, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+                raise ValueError("structured metadata must be a string map")
+            decoded.append((int(ts), line, tuple(sorted(meta.items()))))
         out.append((tuple(sorted(labels.items())), decoded))
     return out
 

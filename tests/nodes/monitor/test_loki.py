@@ -130,7 +130,7 @@ async def test_a_page_boundary_inside_equal_timestamps_loses_and_repeats_nothing
                for i, ts in enumerate(stamps)]
     for r in records:
         loki.streams.setdefault("fake", {}).setdefault(
-            tuple(sorted(r.labels())), []).append((r.time_ns, r.line))
+            tuple(sorted(r.labels())), []).append((r.time_ns, r.line, ()))
     expected = sorted(records, key=lambda r: (r.time_ns, r.line))
     async with LokiReader(loki.url) as reader:
         for direction in ("forward", "backward"):
@@ -147,8 +147,8 @@ async def test_a_page_boundary_inside_equal_timestamps_loses_and_repeats_nothing
 
 
 async def test_more_entries_at_one_timestamp_than_a_page_are_all_read(loki: LokiServer) -> None:
-    loki.streams["fake"] = {tuple(sorted(rec(0).labels())): [(5, f"l{i}") for i in range(7)]
-                            + [(6, "after")]}
+    loki.streams["fake"] = {tuple(sorted(rec(0).labels())): [(5, f"l{i}", ()) for i in range(7)]
+                            + [(6, "after", ())]}
     async with LokiReader(loki.url) as reader:
         for direction in ("forward", "backward"):
             with trio.fail_after(TIMEOUT_S):

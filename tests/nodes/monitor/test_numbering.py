@@ -4,6 +4,8 @@ counter and a restarted wrk-monitor."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from contracts.monitor import (
     PUSH,
     TAIL,
+    Observability,
     PushBatch,
     Tail,
     TailBatch,
@@ -22,9 +25,12 @@ from contracts.monitor import (
     parse_cursor,
 )
 from nodes.monitor._buffer import LogBuffer
+from nodes.monitor.service import MonitorService
 from p2p.rpc import RpcConfig, RpcError
 from tests.examples import examples
+from tests.p2p.helpers import wait_until
 
+from .loki_server import start_loki
 from .support import DAEMON, READER, connect, make_service, recs
 
 
@@ -183,3 +189,75 @@ async def test_a_restarted_monitors_tail_is_a_new_stream_from_its_first_record(
                                            after=format_cursor(old[-1][0], 3)), 2)
             assert [n for _, n, _ in new] == [1, 2] and new[0][0] != old[0][0]
             assert [t for _, _, t in new] == [3, 4]
+
+
+# -- history from Loki: numbered by the cursors kept beside each line ----------------
+
+
+@asynccontextmanager
+async def _with_loki(nursery, loki, **buffer):
+    """A monitor service whose records also go to ``loki`` (as the daemon wires it)."""
+    from nodes.monitor.observability import ObservabilityHolder
+
+    from .test_observability import FAST
+
+    holder = ObservabilityHolder(Observability(loki_url=loki.url), origin="settings",
+                                 pusher_options=FAST)
+    await nursery.start(holder.run)
+    service = MonitorService(LogBuffer(**buffer), pushers=[DAEMON], followers=[READER],
+                             observability=holder, on_records=holder.offer)
+    async with (connect(nursery, service, DAEMON) as pusher,
+                connect(nursery, service, READER) as reader):
+        yield service, pusher, reader
+
+
+async def _push(pusher, records) -> None:
+    await pusher.call(PUSH, PushBatch(records=encode_batch(records)))
+
+
+async def test_records_gone_from_the_ring_come_back_from_loki_in_number_order(nursery):
+    loki = await start_loki(nursery)
+    with trio.fail_after(30):
+        async with _with_loki(nursery, loki, max_records=5) as (service, pusher, reader):
+            for start in range(0, 20, 4):
+                await _push(pusher, recs(start, 4) + recs(100 + start, 1, job="j-2"))
+            await wait_until(lambda: len(loki.entries()) == 25, limit_s=10)
+            stream = service.buffer.job_stream("j-1")
+            assert {m.get("cursor", "").rsplit(":", 1)[0] for m in loki.metadata()
+                    if m} >= {stream}
+            got = await _tail(reader, Tail(job_id="j-1"), 20)
+            assert [n for _, n, _ in got] == list(range(1, 21))  # 16 from Loki, 4 held
+            assert [t for _, _, t in got] == list(range(20))
+            resumed = await _tail(reader, Tail(job_id="j-1",
+                                               after=format_cursor(stream, 9)), 11)
+            assert [n for _, n, _ in resumed] == list(range(10, 21))
+
+
+async def test_a_restarted_monitor_gives_the_earlier_ones_history_first(nursery):
+    loki = await start_loki(nursery)
+    with trio.fail_after(30):
+        async with _with_loki(nursery, loki) as (before, pusher, _):
+            await _push(pusher, recs(0, 3))
+            await wait_until(lambda: len(loki.entries()) == 3, limit_s=10)
+            old = before.buffer.job_stream("j-1")
+        async with _with_loki(nursery, loki) as (after, pusher, reader):
+            await _push(pusher, recs(3, 2))
+            new = after.buffer.job_stream("j-1")
+            got = await _tail(reader, Tail(job_id="j-1"), 5)
+            assert [(s, n) for s, n, _ in got] == [(old, 1), (old, 2), (old, 3),
+                                                   (new, 1), (new, 2)]
+            resumed = await _tail(reader, Tail(job_id="j-1", after=format_cursor(old, 2)), 3)
+            assert [(s, n) for s, n, _ in resumed] == [(old, 3), (new, 1), (new, 2)]
+            caught_up = await _tail_until_quiet(reader, Tail(
+                job_id="j-1", after=format_cursor(new, 2)))
+            assert caught_up == []  # nothing again: not Loki's, not the ring's
+
+
+async def _tail_until_quiet(reader, params: Tail) -> list:
+    """What a tail sends within a second (real time): nothing, when caught up."""
+    got: list = []
+    with trio.move_on_after(1):
+        async with reader.stream(TAIL, params) as items:
+            async for item in items:
+                got += list(item.seqs)
+    return got
