@@ -162,8 +162,9 @@ class LogBuffer:
         #: (global sequence, record, size, number in its job).
         self._ring: deque[tuple[int, LogRecord, int, int]] = deque()
         self._followers: set[Follower] = set()
-        #: Each job's [generation, last number], least recently logging first.
-        self._jobs: OrderedDict[str, list[int]] = OrderedDict()
+        #: Each job's [generation, last number, cursor prefix], least recently logging
+        #: first.
+        self._jobs: OrderedDict[str, list] = OrderedDict()
 
     @property
     def followers(self) -> int:
@@ -177,11 +178,11 @@ class LogBuffer:
     def last_cursors(self) -> list[str]:
         """The cursor of each record of the last append (``""`` for a record of no job),
         in order: what Loki keeps beside each line, so its history is numbered too."""
-        jobs, epoch = self._jobs, self.epoch
+        jobs = self._jobs
         out = []
         for _, record, job_seq in self._last:
             counter = jobs.get(record.job_id) if job_seq else None
-            out.append("" if counter is None else f"{epoch}.{counter[0]}:{job_seq}")
+            out.append("" if counter is None else counter[2] + str(job_seq))
         return out
 
     def last_number(self, job_id: str) -> int:
@@ -231,7 +232,8 @@ class LogBuffer:
             if job_id is not None:
                 counter = jobs.get(job_id)
                 if counter is None:
-                    counter = jobs[job_id] = [seq, 0]
+                    # [generation, last number, the cursors' "<stream>:" prefix]
+                    counter = jobs[job_id] = [seq, 0, f"{self.epoch}.{seq}:"]
                     if len(jobs) > self.max_job_counters:
                         jobs.popitem(last=False)
                 else:
