@@ -7,6 +7,7 @@ test cannot host. The CLI beside the browser runs in this process (CliRunner).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -377,6 +378,48 @@ def test_restart_is_sent_once_goes_restarting_starting_active_live_and_a_refusal
     assert "{" not in alert.inner_text()  # the API's message, never raw JSON
 
 
+def test_a_refused_form_marks_its_field_focuses_the_summary_and_keeps_what_was_typed(
+        page: Page, platform: Platform) -> None:
+    sign_in(page, platform)
+    before = cli(platform, "jobs", "list", "-o", "json")
+
+    def submit(name: str, gpus: str, served: str = "") -> None:
+        page.goto("/jobs/new")
+        page.get_by_label("Name", exact=True).fill(name)
+        page.get_by_label("Runtime").select_option("local")
+        page.get_by_label("Model").fill("demo")
+        if served:
+            page.get_by_label("Served name").fill(served)
+        page.get_by_label("GPUs per replica").fill(gpus)
+        page.get_by_role("button", name="Create").click()
+
+    too_long = "n" * 101  # names are 1-100 characters
+    submit(too_long, "1")
+    summary = page.get_by_role("alert")
+    expect(summary).to_be_focused()
+    expect(page.get_by_label("Name", exact=True)).to_have_attribute("aria-invalid", "true")
+    expect(page.get_by_label("Name", exact=True)).to_have_value(too_long)
+    expect(page.get_by_label("Model")).to_have_value("demo")
+    no_axe_violations(page)
+
+    submit("too-big", "99")
+    expect(page.get_by_role("alert")).to_be_focused()
+    expect(page.get_by_label("GPUs per replica")).to_have_attribute("aria-invalid", "true")
+    expect(page.get_by_label("GPUs per replica")).to_have_value("99")
+
+    # A 409 (the served name is taken in the team): its message, on its field.
+    job = cli(platform, "jobs", "create", "--name", "taken", "--type", "inference",
+              "--runtime", "local", "--model", "demo", "--served-name", "taken-name",
+              "--gpus", "1")
+    submit("second", "1", served="taken-name")
+    expect(page.get_by_role("alert")).to_contain_text("already serves")
+    expect(page.get_by_label("Served name")).to_have_attribute("aria-invalid", "true")
+    assert "{" not in page.get_by_role("alert").inner_text()  # words, never raw JSON
+    after = json.loads(cli(platform, "jobs", "list", "-o", "json"))
+    assert {j["name"] for j in after} - {j["name"] for j in json.loads(before)} == {"taken"}
+    cli(platform, "jobs", "delete", job)
+
+
 def test_keyboard_only_from_the_skip_link_to_a_job_and_its_delete_dialog(
         page: Page, platform: Platform) -> None:
     sign_in(page, platform)
@@ -409,6 +452,15 @@ def test_keyboard_only_from_the_skip_link_to_a_job_and_its_delete_dialog(
     tab_to(page.get_by_role("button", name="Create"))
     page.keyboard.press("Enter")
     expect(page.get_by_role("heading", level=1)).to_have_text("by-keyboard")
+    expect(page.locator("#job-status")).to_have_text("Active", timeout=WAIT_MS)
+    tab_to(page.get_by_role("button", name="Restart", exact=True))
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", level=1)).to_have_text("by-keyboard")
+    tab_to(page.get_by_role("link", name="Logs"))
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("log")).to_be_attached()
+    tab_to(page.get_by_role("link", name="Overview"))
+    page.keyboard.press("Enter")
     tab_to(page.get_by_role("button", name="Delete", exact=True))
     page.keyboard.press("Enter")
     dialog = page.get_by_role("dialog", name="Delete by-keyboard?")
