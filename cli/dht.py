@@ -6,12 +6,16 @@ import contextlib
 import functools
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import trio
 import typer
+from pydantic_settings import SettingsConfigDict
 
 from nodes.kit.ready import print_ready
+from p2p.daemon import AddressList, DaemonSettings, Port
 from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address, dht_registry
 from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
@@ -100,6 +104,31 @@ MetricsHostOption = typer.Option("127.0.0.1", "--metrics-host", envvar="COSMICAC
 
 def _metrics_address(host: str, port: int) -> tuple[str, int] | None:
     return (host, port) if port else None
+
+
+class DhtSettings(DaemonSettings):
+    """``cosmicac run dht``: a DHT node from a config file and the environment
+    (``COSMICAC_DHT__<KEY>``; ``COSMICAC_DHT_HOST``, ``_PORT`` and ``_BOOTSTRAP``, the
+    names ``cosmicac bootstrap``'s env file writes, too). Without ``bootstrap`` it is
+    the network's first node (a bootstrap node); with it, a plain persistent node."""
+
+    model_config = SettingsConfigDict(env_prefix="COSMICAC_DHT__")
+    legacy_env: ClassVar[Mapping[str, str]] = {
+        "COSMICAC_LOG_LEVEL": "log_level", "COSMICAC_DHT_HOST": "host",
+        "COSMICAC_DHT_PORT": "port", "COSMICAC_DHT_BOOTSTRAP": "bootstrap"}
+
+    host: str = "127.0.0.1"
+    port: Port = DEFAULT_BOOTSTRAP_PORT
+    bootstrap: AddressList = ()
+
+
+def run_node(settings: DhtSettings) -> None:
+    """Serve the node ``settings`` describe until SIGINT or SIGTERM."""
+    configure_logging(settings.log_level)
+    metrics = settings.metrics
+    label = "dht node" if settings.bootstrap else "dht bootstrap"
+    run_trio(_serve_node, settings.host, settings.port, list(settings.bootstrap), label,
+             (metrics.host, metrics.port) if metrics.port else None)
 
 
 @app.command("bootstrap")

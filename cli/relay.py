@@ -56,7 +56,7 @@ from ._args import (
 )
 from .dht import parse_bootstrap
 
-__all__ = ["main", "parse_allow", "relay"]
+__all__ = ["main", "parse_allow", "relay", "run_relay_daemon"]
 
 log = logging.getLogger("cosmicac.relay")
 
@@ -142,6 +142,12 @@ def relay(
         "metrics.host": metrics_host,
         "log_level": log_level,
     })
+    run_relay_daemon(settings)
+
+
+def run_relay_daemon(settings: RelaySettings) -> None:
+    """Serve the relay ``settings`` describe until SIGINT or SIGTERM (``cosmicac relay``,
+    ``blind-relay`` and ``cosmicac run relay``)."""
     _raise_open_files_limit()
     run_daemon(settings, _start, name="relay", errors={
         OSError: lambda exc: f"cannot listen on {settings.host}:{settings.port}: "

@@ -3,7 +3,8 @@
 ``run`` starts one platform daemon alone, for a deployment spread over hosts
 (``make up`` runs them all on one). Its settings come from ``--config FILE``,
 else from the file ``apply-config`` installed, then from the environment
-(each daemon's prefix: ``K8S_COMMON_CONFIG__`` for the worker, as the seeds
+(each daemon's prefix: ``COSMICAC_DHT__`` for a DHT node, ``COSMICAC_RELAY__`` for
+the blind relay, ``K8S_COMMON_CONFIG__`` for the worker, as the seeds
 write it; ``COSMICAC_ORK__`` for wrk-ork; ``COSMICAC_PROXY__`` for
 proxy-inference, which also reads ``PROXY_AUTOBASE_KEY``; ``COSMICAC_ENTRY__`` for
 the entry point on port 5173; ``COSMICAC_APP_NODE__`` for app-node, which also
@@ -41,6 +42,8 @@ CONFIG_DIR_HELP = "Folder of installed daemon configs (default: ~/.config/cosmic
 
 
 class ServiceName(enum.StrEnum):
+    DHT = "dht"
+    RELAY = "relay"
     ORK = "wrk-ork"
     WORKER = "wrk-server-k8s-nvidia"
     PROXY = "proxy-inference"
@@ -51,6 +54,12 @@ class ServiceName(enum.StrEnum):
 
 
 def _settings_class(service: ServiceName) -> type[DaemonSettings]:
+    if service is ServiceName.DHT:
+        from .dht import DhtSettings
+        return DhtSettings
+    if service is ServiceName.RELAY:
+        from relay import RelaySettings
+        return RelaySettings
     if service is ServiceName.ORK:
         from nodes.ork.settings import OrkSettings
         return OrkSettings
@@ -95,7 +104,13 @@ def run(
         settings = load_settings(cls, config_file=config, overrides={"storage": storage})
     except ConfigError as exc:
         fail(str(exc), code=2)
-    if service is ServiceName.ORK:
+    if service is ServiceName.DHT:
+        from .dht import run_node
+        run_node(settings)
+    elif service is ServiceName.RELAY:
+        from .relay import run_relay_daemon
+        run_relay_daemon(settings)
+    elif service is ServiceName.ORK:
         from nodes.ork.daemon import start_ork
         run_daemon(settings, start_ork, name="ork")
     elif service is ServiceName.PROXY:

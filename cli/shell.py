@@ -41,8 +41,8 @@ import stat
 import struct
 import termios
 import tty
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -101,8 +101,9 @@ def shell(
         help="DHT bootstrap HOST:PORT[,...] (repeatable): find the agent by its key."),
     relay: list[str] | None = typer.Option(
         None, "--relay", "-r", envvar="COSMICAC_RELAYS",
-        help="Blind relay KEY[,...] (repeatable) to come through when the agent cannot "
-             "be reached directly (the relay is found on the DHT: needs --bootstrap)."),
+        help="Blind relay KEY[@HOST:PORT][,...] (repeatable) to come through when the "
+             "agent cannot be reached directly; without @HOST:PORT the relay is found "
+             "on the DHT (needs --bootstrap)."),
     identity: Path | None = typer.Option(
         None, "--identity", "-i", envvar="COSMICAC_IDENTITY",
         help="Folder of your identity, created if absent (default: "
@@ -144,19 +145,21 @@ def shell(
     except typer.BadParameter as exc:
         fail(f"bad --address: {exc}", code=2)
     dht = [a for text in bootstrap or () for a in parse_bootstrap(text)]
-    relays = [parse_key(item.strip(), what="relay key") for text in relay or ()
-              for item in text.split(",") if item.strip()]
+    relays, relay_addresses = _parse_relays(relay or ())
     if job is not None:
         target = resolve_job(server, job, replica, swarm=not addresses and not dht)
-        agent_key, dht, relays = target.agent, dht or target.bootstrap, relays or target.relays
+        agent_key, dht = target.agent, dht or target.bootstrap
+        if not relays:
+            relays, relay_addresses = target.relays, target.relay_addresses
     else:
         assert agent is not None
         agent_key = parse_key(agent, what="agent key")
         if not addresses and not dht:
             fail("give the agent's --address HOST:PORT, or --bootstrap to find it by key",
                  code=2)
-    if relays and not dht:
-        fail("--relay needs --bootstrap (relays are found on the DHT)", code=2)
+    if any(key not in relay_addresses for key in relays) and not dht:
+        fail("a --relay without @HOST:PORT needs --bootstrap (it is found on the DHT)",
+             code=2)
     folder = identity or config_dir(None) / "user"
     try:
         keypair = load_or_create_keypair(folder)
@@ -168,7 +171,7 @@ def shell(
         argv = list(_PIPE_SHELL)
     keep_large_buffers()  # bulk output: a quarter of our CPU went to mmap/munmap
     plan = _Plan(keypair, agent_key, addresses, dht, relays, argv or None, pty,
-                 raw=pty and stdin_tty)
+                 raw=pty and stdin_tty, relay_addresses=relay_addresses)
     code = _run(plan)
     raise typer.Exit(code)
 
@@ -184,6 +187,29 @@ class JobTarget:
     #: From ``GET /api/swarm`` (empty when not asked for).
     bootstrap: list[tuple[str, int]]
     relays: list[bytes]
+    #: Where relays listen, by key: paired through with no DHT.
+    relay_addresses: dict[bytes, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+def _parse_relays(texts: Iterable[str]
+                  ) -> tuple[list[bytes], dict[bytes, list[tuple[str, int]]]]:
+    """``--relay`` items, ``KEY`` or ``KEY@HOST:PORT``: the keys, and the addresses given."""
+    keys: list[bytes] = []
+    where: dict[bytes, list[tuple[str, int]]] = {}
+    for text in texts:
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            key_text, _, address = item.partition("@")
+            key = parse_key(key_text, what="relay key")
+            if key not in keys:
+                keys.append(key)
+            if address:
+                try:
+                    where.setdefault(key, []).append(parse_address(address))
+                except typer.BadParameter as exc:
+                    fail(f"bad --relay address {address!r}: {exc}", code=2)
+    return keys, where
 
 
 @contextlib.contextmanager
@@ -241,11 +267,16 @@ def resolve_job(server: str | None, job: str, replica: int = 0, *,
         bootstrap = [a for item in advert.get("bootstrap") or ()
                      for a in parse_bootstrap(item)]
         relays = [parse_key(item, what="relay key") for item in advert.get("relays") or ()]
-    if not bootstrap:
-        fail("app-node advertises no DHT bootstrap (its cli_bootstrap or bootstrap "
-             "setting): give --bootstrap HOST:PORT or the agent's --address HOST:PORT",
+        relay_addresses = {
+            parse_key(key, what="relay key"): [a for item in items or ()
+                                               for a in parse_bootstrap(item)]
+            for key, items in (advert.get("relay_addresses") or {}).items()}
+    if not bootstrap and not relay_addresses:
+        fail("app-node advertises no DHT bootstrap and no relay address (its "
+             "cli_bootstrap, bootstrap and relay_addresses settings): give --bootstrap "
+             "HOST:PORT, --relay KEY@HOST:PORT or the agent's --address HOST:PORT",
              code=FAILED)
-    return JobTarget(agent, bootstrap, relays)
+    return JobTarget(agent, bootstrap, relays, relay_addresses)
 
 
 class _Plan:
@@ -253,9 +284,11 @@ class _Plan:
 
     def __init__(self, keypair: KeyPair, agent: bytes, addresses: list[tuple[str, int]],
                  bootstrap: list[tuple[str, int]], relays: list[bytes],
-                 argv: list[str] | None, pty: bool, raw: bool) -> None:
+                 argv: list[str] | None, pty: bool, raw: bool,
+                 relay_addresses: dict[bytes, list[tuple[str, int]]] | None = None) -> None:
         self.keypair, self.agent = keypair, agent
         self.addresses, self.bootstrap, self.relays = addresses, bootstrap, relays
+        self.relay_addresses = relay_addresses or {}
         self.argv, self.pty, self.raw = argv, pty, raw
 
 
@@ -306,9 +339,12 @@ def _term() -> str:
 async def _main(plan: _Plan, result: list[int]) -> None:
     if os.isatty(2):
         err.print(f"connecting to {format_key(plan.agent)[:12]} …", markup=False)
-    host = wildcard_for(plan.bootstrap) if plan.bootstrap else "127.0.0.1"
+    reached = [*plan.bootstrap, *(a for where in plan.relay_addresses.values() for a in where)]
+    host = wildcard_for(reached) if reached else "127.0.0.1"
     config = SwarmConfig(host=host, bootstrap=tuple(plan.bootstrap), announce_key=False,
-                         lookup_max_s=5.0)
+                         lookup_max_s=5.0,
+                         known_peers=tuple((key, tuple(where))
+                                           for key, where in plan.relay_addresses.items()))
     swarm = Swarm(plan.keypair, config=config)
     async with trio.open_nursery() as nursery:
         try:

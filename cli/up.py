@@ -210,6 +210,9 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
 
     bootstrap = [f"{at(DHT)}:{ports.dht}"]
     relays = [keys[RELAY]]
+    # Where the relay listens: every peer (and, through app-node's /api/swarm, every
+    # user's CLI) reaches it there with no DHT (seeds/relay.txt).
+    relay_addresses = {keys[RELAY]: [f"{at(RELAY)}:{ports.relay}"]}
     ork_addresses = [f"{at(ORK)}:{ports.ork}"]
     monitor_addresses = [f"{at(MONITOR)}:{ports.monitor}"]
     # Every daemon ships its log records to wrk-monitor (nodes/kit/telemetry.py);
@@ -217,7 +220,8 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
     telemetry = {"monitor": keys[MONITOR], "monitor_addresses": monitor_addresses}
     return {
         APP: {"storage": str(storage / APP), "host": listen, "port": ports.app,
-              "bootstrap": bootstrap, "relays": relays, "ork": keys[ORK],
+              "bootstrap": bootstrap, "relays": relays, "relay_addresses": relay_addresses,
+              "ork": keys[ORK],
               "ork_addresses": ork_addresses, "database_writers": [keys[PROXY]],
               "monitor": keys[MONITOR], "monitor_addresses": monitor_addresses,
               "http": {"host": at(APP), "port": ports.app_http},
@@ -228,7 +232,7 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
               "limits": {"trusted_proxies": sorted({at(ENTRY), at(UI)})},
               **({"default_image": default_image} if default_image else {})},
         ORK: {"storage": str(storage / ORK), "host": listen, "port": ports.ork,
-              "bootstrap": bootstrap, "relays": relays,
+              "bootstrap": bootstrap, "relays": relays, "relay_addresses": relay_addresses,
               # Each caller exactly its role (nodes/ork/access.py): app-node every
               # method, the proxy reading and following jobs; the worker speaks
               # only the queue of its rack, below.
@@ -238,11 +242,12 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
         WORKER: {"storage": str(storage / WORKER), "host": listen, "port": ports.worker,
                  "ork": keys[ORK], "ork_addresses": ork_addresses,
                  "interconnect": {"bootstrap": bootstrap, "proxies": [keys[PROXY]],
-                                  "relays": relays},
+                                  "relays": relays, "relay_addresses": relay_addresses},
                  "telemetry": telemetry,
                  **(local_backend(storage) if worker is None else worker)},
         PROXY: {"storage": str(storage / PROXY), "host": listen, "port": ports.proxy,
                 "database": keys[APP], "bootstrap": bootstrap, "relays": relays,
+                "relay_addresses": relay_addresses,
                 "ork": keys[ORK], "ork_addresses": ork_addresses,
                 "http": {"host": at(PROXY), "port": ports.proxy_http},
                 "telemetry": telemetry},
@@ -253,7 +258,8 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
         # Its HTTP side wants the token in its folder (ensure_monitor_token); the
         # entry point in front of it names the client in X-Forwarded-For.
         MONITOR: {"storage": str(storage / MONITOR), "host": listen, "port": ports.monitor,
-                  "bootstrap": bootstrap, "relays": relays, "followers": [keys[APP]],
+                  "bootstrap": bootstrap, "relays": relays, "relay_addresses": relay_addresses,
+                  "followers": [keys[APP]],
                   "pushers": [keys[name] for name in (APP, ORK, WORKER, PROXY)],
                   "proxies": [keys[PROXY]], "workers": [keys[WORKER]],
                   "http": {"host": at(MONITOR), "port": ports.monitor_http,

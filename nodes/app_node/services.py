@@ -43,10 +43,13 @@ class Lifetimes:
 @dataclass(frozen=True)
 class SwarmAdvert:
     """How a user's machine joins the swarm (``GET /api/swarm``, for ``cosmicac shell``):
-    DHT bootstrap ``host:port`` and relay keys (hex), from app-node's settings."""
+    DHT bootstrap ``host:port``, relay keys (hex) and where each relay listens, from
+    app-node's settings."""
 
     bootstrap: tuple[str, ...] = ()
     relays: tuple[str, ...] = ()
+    #: (relay key hex, its ``host:port`` addresses), for the relays that have some.
+    relay_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass

@@ -107,8 +107,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     swarm, address = await start_peer(
         daemon, keypair, settings, [queues, registry.service],
         reserved=reserved_peers(settings, registry.table), setup=watch_connections,
-        # Its relays are its jobs' (seeds/relay.txt): the worker is reached directly.
-        relays=(), stranger_evict_after_s=STRANGER_EVICT_AFTER_S)
+        stranger_evict_after_s=STRANGER_EVICT_AFTER_S)
     measured = Snapshot()
     daemon.metrics.add(snapshot_registry(lambda: measured))
     # The worker's own records (every job's System steps) go to wrk-monitor when

@@ -38,8 +38,11 @@ class InterconnectSettings(BaseModel):
 
     model_config = {"extra": "forbid"}
 
-    #: Blind relay keys passed to every job created from now on (JSON array).
+    #: Blind relay keys: the worker reserves on them, and they are passed to every
+    #: job created from now on (JSON array).
     relays: PublicKeyList = ()
+    #: Where those relays listen (``{key: ["host:port"]}``): reached with no DHT.
+    relay_addresses: dict[PublicKey, AddressList] = {}
     #: DHT bootstrap nodes (``host:port``) for the worker and its agents.
     bootstrap: AddressList = ()
     #: proxy-inference keys that Managed Inference agents accept requests from
@@ -84,9 +87,9 @@ class WorkerSettings(PeerSettings):
     ``bootstrap`` and ``relays`` are ``interconnect.bootstrap`` and
     ``interconnect.relays``, read there through aliases
     (``K8S_COMMON_CONFIG__interconnect__relays``); a top-level ``bootstrap`` or
-    ``relays`` key is no setting of the worker's, as before. The relays are its
-    jobs' (seeds/relay.txt): the worker's own swarm is reached directly and
-    reserves on none (``start_worker``).
+    ``relays`` key is no setting of the worker's, as before. The worker reserves
+    on the relays like every daemon (agents whose network cannot reach it come
+    through them) and passes them to its jobs (seeds/relay.txt).
     """
 
     model_config = SettingsConfigDict(env_prefix="K8S_COMMON_CONFIG__")
@@ -96,9 +99,13 @@ class WorkerSettings(PeerSettings):
     #: ``interconnect.bootstrap`` (not dumped: ``interconnect`` holds it).
     bootstrap: AddressList = Field(
         default=(), validation_alias=AliasPath("interconnect", "bootstrap"), exclude=True)
-    #: The blind relays passed to its jobs: ``interconnect.relays``.
+    #: The blind relays it reserves on and passes to its jobs: ``interconnect.relays``.
     relays: PublicKeyList = Field(
         default=(), validation_alias=AliasPath("interconnect", "relays"), exclude=True)
+    #: Where they listen: ``interconnect.relay_addresses``.
+    relay_addresses: dict[PublicKey, AddressList] = Field(
+        default={}, validation_alias=AliasPath("interconnect", "relay_addresses"),
+        exclude=True)
     #: The wrk-ork this worker takes operations from (its public key).
     ork: PublicKey
     #: Where wrk-ork listens (``host:port``), tried before the DHT.

@@ -31,7 +31,7 @@ test tell a busy port from other failures without reading the message.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -47,7 +47,7 @@ from p2p.swarm import Swarm, SwarmConfig
 from .settings import PeerSettings
 
 __all__ = ["DaemonHost", "HttpAddress", "HttpBindError", "RunningDaemon", "RunningPeer",
-           "in_process", "serve_http", "start_peer", "start_served"]
+           "in_process", "known_peers", "serve_http", "start_peer", "start_served"]
 
 
 class DaemonHost(Protocol):
@@ -115,7 +115,7 @@ async def start_peer(daemon: DaemonHost, keypair: KeyPair, settings: PeerSetting
     Args:
         daemon: its nursery, metrics and network.
         keypair: the daemon's identity.
-        settings: ``host``, ``port``, ``bootstrap``, ``relays``,
+        settings: ``host``, ``port``, ``bootstrap``, ``relays``, ``relay_addresses``,
             ``announce_addresses``.
         services: the protocols it serves (added before it listens, so the
             first connection finds them).
@@ -136,7 +136,7 @@ async def start_peer(daemon: DaemonHost, keypair: KeyPair, settings: PeerSetting
     config = SwarmConfig(**{
         "host": settings.host, "port": settings.port, "bootstrap": settings.bootstrap,
         "relays": settings.relays, "announce_addresses": settings.announce_addresses,
-        **swarm_config})
+        "known_peers": known_peers(settings.relay_addresses), **swarm_config})
     swarm = Swarm(keypair, config=config, network=daemon.network, services=list(services))
     if reserved is not None:
         swarm.add_reserved(reserved)
@@ -213,3 +213,9 @@ async def serve_http(app: Any, settings: HttpAddress, what: str = "HTTP", *,
     await serve_asgi(app, host=settings.host, port=settings.port,
                      bind_error=functools.partial(HttpBindError, what=what),
                      on_listening=on_listening, task_status=task_status)
+
+
+def known_peers(addresses: Mapping[bytes, Iterable[tuple[str, int]]]
+                ) -> tuple[tuple[bytes, tuple[tuple[str, int], ...]], ...]:
+    """``relay_addresses`` as :class:`~p2p.swarm.SwarmConfig`'s ``known_peers``."""
+    return tuple((key, tuple(where)) for key, where in addresses.items())

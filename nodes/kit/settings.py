@@ -1,7 +1,8 @@
 """The settings every platform daemon shares: its peer, its HTTP side, the peers it dials.
 
 - :class:`PeerSettings`: a daemon that is one peer on the swarm (``storage``,
-  ``host``, ``port``, ``bootstrap``, ``relays``, ``announce_addresses``). Each
+  ``host``, ``port``, ``bootstrap``, ``relays``, ``relay_addresses``,
+  ``announce_addresses``). Each
   daemon's settings subclass it with its environment prefix and its default
   port, so ``COSMICAC_ORK__PORT`` and a file's ``port = …`` read as they
   always did: the keys stay flat, at the top of the daemon's settings.
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator
 
-from p2p.daemon import AddressList, DaemonSettings, Port, PublicKeyList
+from p2p.daemon import AddressList, DaemonSettings, Port, PublicKey, PublicKeyList
 
 __all__ = ["HttpSettings", "PeerRef", "PeerSettings", "UpstreamUrl", "parse_upstream_url",
            "peer_ref"]
@@ -54,6 +55,9 @@ class PeerSettings(DaemonSettings):
     bootstrap: AddressList = ()
     #: Blind relays to stay reachable through.
     relays: PublicKeyList = ()
+    #: Where relays listen (``{key: ["host:port", ...]}``): reached there with no DHT
+    #: lookup, so a relay serves peers that reach no DHT node (seeds/relay.txt).
+    relay_addresses: dict[PublicKey, AddressList] = {}
     #: Addresses to announce instead of the listener's (a NAT's forward).
     announce_addresses: AddressList | None = None
 

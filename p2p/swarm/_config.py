@@ -27,6 +27,11 @@ class SwarmConfig:
     relays: tuple[bytes, ...] = ()
     """Relay keys to hold reservations with and to list in our records."""
 
+    known_peers: tuple[tuple[bytes, tuple[Address, ...]], ...] = ()
+    """Peers whose addresses the deployment already knows (its relays), as (key,
+    addresses): ``connect(key)`` dials them there before asking the DHT, so a
+    relay is reached, and a peer paired through it, with no DHT reachable."""
+
     announce_addresses: tuple[Address, ...] | None = None
     """Addresses to put in our records instead of the listener's (a port
     forwarded on a NAT, say); ``()`` lists none, so peers come through relays."""

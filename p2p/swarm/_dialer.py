@@ -86,6 +86,17 @@ class Dialer:
         if addresses is not None or relays is not None:
             target = Target(tuple(addresses or ()), tuple(relays or ()))
         else:
+            known = swarm.known_addresses(key)
+            if known:
+                try:
+                    return await self.dial(key, Target(known, ()), "connect")
+                except PeerRefused:
+                    raise
+                except SwarmError as exc:
+                    if swarm.dht is None:
+                        raise
+                    log.info("swarm.known_address_failed peer=%s code=%s: asking the DHT",
+                             format_key(key)[:12], exc.code)
             target = Target.of(await self.find(key))
         return await self.dial(key, target, "connect")
 
@@ -101,6 +112,12 @@ class Dialer:
             state = swarm.peers.get(public_key)
             if state is not None and state.record is not None:
                 return state.record  # the last one we saw is better than nothing
+            if len(swarm.dht.core.routing) == 0:
+                tried = ", ".join(f"{h}:{p}" for h, p in swarm.dht.bootstrap_addresses) \
+                    or "none configured"
+                raise PeerNotFound(f"cannot look up peer {format_key(public_key)[:16]}…: no "
+                                   f"DHT node answered (bootstrap: {tried})",
+                                   code="DHT_UNREACHABLE")
             raise PeerNotFound(f"no record for peer {format_key(public_key)[:16]}… on the DHT")
         swarm.peers.found(record, None)
         return record

@@ -286,6 +286,13 @@ class Swarm:
 
     # -- dialling --------------------------------------------------------------
 
+    def known_addresses(self, public_key: bytes) -> tuple[Address, ...]:
+        """The addresses ``config.known_peers`` gives ``public_key`` (none: empty)."""
+        for key, addresses in self.config.known_peers:
+            if key == public_key:
+                return tuple(addresses)
+        return ()
+
     async def connect(
         self, public_key: bytes, *, addresses: Iterable[Address] | None = None,
         relays: Iterable[bytes] | None = None,

@@ -370,8 +370,12 @@ def test_units_match_the_layout_bootstrap_writes() -> None:
         service = unit["Service"]
         start = service["ExecStart"].split()
         if name in ("app-node", "wrk-ork", "wrk-server-k8s-nvidia", "proxy-inference", "entry",
-                    "wrk-monitor"):
+                    "wrk-monitor", "ui"):
             assert start[1:] == ["run", name, "--config-dir", "/var/lib/cosmicac/config"]
+        elif name == "dht":
+            assert start[1:] == ["run", "dht"]  # its env file says where it listens
+        else:  # every daemon is `cosmicac run SERVICE`
+            assert start[1:3] == ["run", name], start
         assert Path(start[0]).name == "cosmicac"
         assert service["EnvironmentFile"].lstrip("-") == f"/var/lib/cosmicac/env/{name}.env"
         assert service["KillSignal"] == "SIGINT" and service["Restart"] == "on-failure"

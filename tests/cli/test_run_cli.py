@@ -138,3 +138,39 @@ async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(
             assert "monitor_records_received_total 0.0" in metrics.text
             proc.send_signal(signal.SIGINT)
             assert await proc.wait() == 0
+
+
+@pytest.mark.slow
+async def test_run_dht_and_run_relay_start_as_every_daemon_does(tmp_path):
+    """`cosmicac run dht` (its env file's names: COSMICAC_DHT_HOST, _PORT) and `cosmicac
+    run relay` with only its storage and a port: ready lines, then a clean SIGINT. The
+    relay bootstraps on nothing (a DHT of its own): peers find it by its address."""
+    import os
+    import signal
+    import subprocess
+
+    import trio
+
+    from tests.cli.helpers import process, read_ready
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
+    dht_env = {**env, "COSMICAC_DHT_HOST": "127.0.0.1", "COSMICAC_DHT_PORT": "0"}
+    relay_config = tmp_path / "relay.json"
+    relay_config.write_text(json.dumps({"storage": str(tmp_path / "relay"),
+                                        "host": "127.0.0.1", "port": 0}))
+    with trio.fail_after(60):
+        async with process("run", "dht", "--config-dir", str(tmp_path / "none"),
+                           stdout=subprocess.PIPE, env=dht_env) as dht:
+            ready = await read_ready(dht.stdout, "dht-bootstrap")
+            assert ready.address("udp")[0] == "127.0.0.1" and ready.address("udp")[1] > 0
+            dht.send_signal(signal.SIGINT)
+            assert await dht.wait() == 0
+        async with process("run", "relay", "--config", str(relay_config),
+                           "--config-dir", str(tmp_path / "none"),
+                           stdout=subprocess.PIPE, env=env) as relay:
+            ready = await read_ready(relay.stdout, "relay")
+            assert ready.key and len(ready.key) == 64
+            assert (tmp_path / "relay" / "identity").exists()
+            assert ready.address("tcp")[0] == "127.0.0.1"
+            relay.send_signal(signal.SIGINT)
+            assert await relay.wait() == 0

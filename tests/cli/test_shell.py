@@ -331,3 +331,42 @@ async def test_shell_job_failures_are_one_line_and_exit_255(
     assert logged_out.returncode == 255 and "cosmicac login" in one_line(logged_out)
     usage = await cli(env)
     assert usage.returncode == 2 and "cosmicac shell JOB" in one_line(usage)
+
+
+@pytest.mark.slow
+async def test_shell_job_pairs_through_the_advertised_relay_by_its_address_with_no_dht(
+        tmp_path, ork_api: Api, nursery) -> None:  # noqa: F811
+    """A workstation that reaches only the relay box (seeds/relay.txt): app-node
+    advertises the relay's key and address, no DHT; the agent, firewalled, holds a
+    reservation there; the shell pairs through it."""
+    from relay import run_relay
+
+    api = ork_api
+    env, token = await logged_in(tmp_path, api, nursery)
+    user = load_or_create_keypair(tmp_path / "config" / "user")
+    api.services.store.users.set_cli_key(api.services.store.users.by_email(
+        "admin@example.com").id, user.hex)
+    job = await make_job(api, token)
+    relay_key = KeyPair.generate()
+    with trio.fail_after(LIMIT_S * 2):
+        where = await nursery.start(lambda task_status: run_relay(
+            relay_key, host="127.0.0.1", port=0, task_status=task_status))
+        known = ((relay_key.public_key, (where.tcp,)),)
+        agent = Swarm(KeyPair.generate(), config=SwarmConfig(
+            host="127.0.0.1", relays=(relay_key.public_key,), known_peers=known,
+            announce_key=False, announce_addresses=((("127.0.0.1", unused_port())),)),
+            # Its firewall admits the users' keys and its relay (as an agent's does).
+            services=[ShellService({user.public_key, relay_key.public_key}.__contains__,
+                                   shell="/bin/sh")])
+        await nursery.start(agent.run)
+        while relay_key.public_key not in agent.reserved_relays:  # bounded by fail_after
+            await agent.reservations_changed.wait()
+        report_active(api, job, (agent.public_key.hex(),))
+        api.services.swarm = SwarmAdvert(
+            relays=(relay_key.public_key.hex(),),
+            relay_addresses=((relay_key.public_key.hex(), (f"{where.tcp[0]}:{where.tcp[1]}",)),))
+        result = await cli(env, job, "--", "sh", "-c", "echo through; exit 4", process=True)
+        assert result.stdout == b"through\n", result.stderr
+        assert result.returncode == 4
+        assert agent.connections and all(c.relayed for c in agent.connections.values()
+                                         if c.remote_public_key != relay_key.public_key)

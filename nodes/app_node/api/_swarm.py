@@ -2,8 +2,9 @@
 
 A shell is a peer of the swarm: the CLI dials the job's agent by its key, found
 on the DHT, and comes through a blind relay when the agent cannot be reached
-directly. It needs the DHT's bootstrap addresses and the relays' keys, which
-only the deployment knows: app-node advertises its own settings here.
+directly. It needs the DHT's bootstrap addresses, the relays' keys and where
+the relays listen (so it pairs through one with no DHT reachable), which only
+the deployment knows: app-node advertises its own settings here.
 
 What it advertises is ``cli_bootstrap`` when set, else ``bootstrap``:
 app-node may reach the DHT on an internal address (a cluster network, a
@@ -38,6 +39,8 @@ class SwarmOut(BaseModel):
     bootstrap: list[str]
     #: Blind relays' public keys, 64 hex characters each.
     relays: list[str]
+    #: Where each relay listens (``host:port``), by key: reached with no DHT.
+    relay_addresses: dict[str, list[str]] = {}
 
 
 def _address(host: str, port: int) -> str:
@@ -49,7 +52,11 @@ def swarm_advert(settings: AppNodeSettings) -> SwarmAdvert:
     bootstrap = settings.cli_bootstrap if settings.cli_bootstrap is not None \
         else settings.bootstrap
     return SwarmAdvert(bootstrap=tuple(_address(h, p) for h, p in bootstrap),
-                       relays=tuple(key.hex() for key in settings.relays))
+                       relays=tuple(key.hex() for key in settings.relays),
+                       relay_addresses=tuple(
+                           (key.hex(), tuple(_address(h, p) for h, p in where))
+                           for key, where in settings.relay_addresses.items()
+                           if key in settings.relays and where))
 
 
 async def get_swarm(ctx: Ctx, request: Request) -> Response:
@@ -57,10 +64,12 @@ async def get_swarm(ctx: Ctx, request: Request) -> Response:
     # Services built without it (tests) advertise nothing; the CLI then asks
     # for --bootstrap or --address.
     advert = ctx.services.swarm
-    return ok(SwarmOut(bootstrap=list(advert.bootstrap), relays=list(advert.relays)))
+    return ok(SwarmOut(bootstrap=list(advert.bootstrap), relays=list(advert.relays),
+                       relay_addresses={key: list(where)
+                                        for key, where in advert.relay_addresses}))
 
 
 ROUTES = [
-    RouteSpec("GET", "/swarm", get_swarm, "The DHT bootstrap and relay keys to join the "
-              "swarm with (cosmicac shell)", answer=SwarmOut),
+    RouteSpec("GET", "/swarm", get_swarm, "The DHT bootstrap, relay keys and relay "
+              "addresses to join the swarm with (cosmicac shell)", answer=SwarmOut),
 ]

@@ -89,8 +89,9 @@ class SwarmNet:
         """Start a relay (``run_relay``) on a new host, bootstrapped on the DHT;
         return where it listens and the scope that stops it."""
         address, network = self.host()
+        bootstrap = options.pop("bootstrap", self.bootstrap)
         return await self._start_scoped(functools.partial(
-            run_relay, keypair, host=address, port=0, bootstrap=self.bootstrap,
+            run_relay, keypair, host=address, port=0, bootstrap=bootstrap,
             network=network if self.internet is not None else None, **options))
 
     async def _start_scoped(self, run) -> tuple[object, trio.CancelScope]:

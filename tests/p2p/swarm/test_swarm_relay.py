@@ -102,3 +102,29 @@ async def test_connect_through_given_relays_skips_the_dht(autojump_clock):
             connection = await worker.connect(agent.public_key,
                                               relays=[relay_key.public_key])
             assert connection.relayed and connection.relay_key == relay_key.public_key
+
+
+async def test_with_no_dht_peers_reach_a_relay_by_its_known_address_and_pair_through_it(
+        autojump_clock):
+    """A deployment's relay, known by key and address (``known_peers``), serves peers
+    that reach no DHT: the agent reserves on it, a CLI pairs through it."""
+    import pytest
+
+    from p2p.swarm import PeerNotFound
+
+    relay_key = KeyPair.generate()
+    with trio.fail_after(40):
+        async with memory_swarm_net() as net:
+            where, _ = await net.start_relay(relay_key, bootstrap=())  # a DHT of its own
+            known = ((relay_key.public_key, (where.tcp,)),)
+            nowhere, _ = net.host()
+            agent = await net.start(relays=(relay_key.public_key,), bootstrap=(),
+                                    known_peers=known, announce_addresses=((nowhere, 4000),))
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            cli = await net.start(bootstrap=(), known_peers=known)
+            with pytest.raises(PeerNotFound) as lost:
+                await cli.connect(agent.public_key)
+            assert lost.value.code == "DHT_UNREACHABLE"
+            assert "no DHT node answered (bootstrap: none configured)" in str(lost.value)
+            connection = await cli.connect(agent.public_key, relays=[relay_key.public_key])
+            assert connection.relayed and connection.relay_key == relay_key.public_key

@@ -15,16 +15,19 @@ RELAY = "ab" * 32
 async def test_a_session_reads_the_advertised_bootstrap_and_relays(api: Api) -> None:
     token = await api.signup()
     api.services.swarm = SwarmAdvert(bootstrap=("198.51.100.1:49737", "[::1]:49738"),
-                                     relays=(RELAY,))
+                                     relays=(RELAY,),
+                                     relay_addresses=((RELAY, ("198.51.100.2:49736",)),))
     r = await api.client.get("/api/swarm", headers=bearer(token))
     assert r.status_code == 200, r.text
-    assert r.json() == {"bootstrap": ["198.51.100.1:49737", "[::1]:49738"], "relays": [RELAY]}
+    assert r.json() == {"bootstrap": ["198.51.100.1:49737", "[::1]:49738"], "relays": [RELAY],
+                        "relay_addresses": {RELAY: ["198.51.100.2:49736"]}}
 
 
 async def test_without_an_advert_the_lists_are_empty(api: Api) -> None:
     token = await api.signup()
     r = await api.client.get("/api/swarm", headers=bearer(token))
-    assert r.status_code == 200 and r.json() == {"bootstrap": [], "relays": []}
+    assert r.status_code == 200
+    assert r.json() == {"bootstrap": [], "relays": [], "relay_addresses": {}}
 
 
 async def test_no_session_is_401(api: Api) -> None:
@@ -41,6 +44,13 @@ def test_cli_bootstrap_overrides_the_bootstrap_app_node_uses(tmp_path) -> None:
     settings = AppNodeSettings(storage=tmp_path, bootstrap="10.0.0.5:49737",
                                relays=RELAY)
     assert swarm_advert(settings) == SwarmAdvert(("10.0.0.5:49737",), (RELAY,))
+    # A relay's address is advertised (a CLI pairs through it with no DHT); an
+    # address of a key that is not one of the relays is not.
+    other = "cd" * 32
+    placed = AppNodeSettings(storage=tmp_path, relays=RELAY, relay_addresses={
+        RELAY: ["198.51.100.2:49736", "[2001:db8::2]:49736"], other: ["10.9.9.9:1"]})
+    assert swarm_advert(placed).relay_addresses == (
+        (RELAY, ("198.51.100.2:49736", "[2001:db8::2]:49736")),)
     public = settings.model_copy(update={"cli_bootstrap": (("203.0.113.9", 49737),
                                                             ("::1", 5))})
     assert swarm_advert(public).bootstrap == ("203.0.113.9:49737", "[::1]:5")
