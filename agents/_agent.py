@@ -82,7 +82,7 @@ from p2p.host import Reserved, Service
 from p2p.keys import KeyPair, format_key
 from p2p.net import Network
 from p2p.rpc import Method, RpcClient, RpcError
-from p2p.swarm import Connection, Swarm, SwarmConfig
+from p2p.swarm import Connection, Swarm, SwarmConfig, SwarmError
 from runtime.log_shipper import LogShipper
 
 from ._metrics import clean, process_metrics
@@ -242,7 +242,9 @@ class Agent:
         swarm_config = SwarmConfig(
             host=host or listen_host([*bootstrap, *worker_addresses]), port=0,
             bootstrap=tuple(bootstrap),
-            relays=tuple(bytes.fromhex(key) for key in config.relays))
+            relays=tuple(bytes.fromhex(key) for key in config.relays),
+            known_peers=tuple((bytes.fromhex(key), tuple(where))
+                              for key, where in config.relay_addresses.items()))
         services = list(self._services(config, self.access, keep_descendants))
         #: The container job's shell service (its sessions are figures), or None.
         self.shells = next((s for s in services if hasattr(s, "sessions_total")), None)
@@ -449,15 +451,31 @@ class Agent:
             await trio.sleep(wait)
 
     async def _connect(self) -> Connection:
-        """The connection to the worker: its known addresses first, then the DHT."""
+        """The connection to the worker: its known addresses first, then the DHT, then
+        through the relays (the worker holds a reservation on them): a cluster
+        network that cannot reach the worker reaches it through a relay box."""
+        relays = self.swarm.config.relays
+        failures: list[str] = []
         if self.worker_addresses:
             try:
                 return await self.swarm.connect(self.worker, addresses=self.worker_addresses)
             except P2PError as exc:
-                if not self.swarm.config.bootstrap:
+                if not self.swarm.config.bootstrap and not relays:
                     raise
-                log.info("agent.direct_failed %s reason=%s trying=dht", self.label, exc)
-        return await self.swarm.connect(self.worker)
+                failures.append(f"direct: {exc}")
+                log.info("agent.direct_failed %s reason=%s", self.label, exc)
+        if self.swarm.config.bootstrap:
+            try:
+                return await self.swarm.connect(self.worker)
+            except P2PError as exc:
+                if not relays:
+                    raise
+                failures.append(f"dht: {exc}")
+                log.info("agent.dht_failed %s reason=%s trying=relays", self.label, exc)
+        try:
+            return await self.swarm.connect(self.worker, relays=relays)
+        except SwarmError as exc:
+            raise SwarmError("; ".join([*failures, f"relays: {exc}"]), code=exc.code) from None
 
     async def _session(self) -> None:
         """One connection's worth of reports; returns only by raising."""

@@ -83,8 +83,13 @@ class AgentConfig(BaseModel):
     #: DHT bootstrap nodes (``host:port``).
     bootstrap: tuple[ConfigAddress, ...] = Field(default=(), max_length=64)
     #: Relays the agent reserves with when inbound connections are blocked;
-    #: fixed when the job was created (seeds/relay.txt).
+    #: fixed when the job was created (seeds/relay.txt). The worker holds a
+    #: reservation on them too: an agent that cannot reach it comes through one.
     relays: tuple[KeyHex, ...] = Field(default=(), max_length=16)
+    #: Where those relays listen (``{key: ["host:port"]}``, the worker's setting
+    #: now): reached with no DHT, from a network that reaches only the relay box.
+    relay_addresses: dict[KeyHex, tuple[ConfigAddress, ...]] = Field(default={},
+                                                                      max_length=16)
     #: Who may use the workload: the users' keys allowed to open shells (a GPU
     #: Container Job), or the proxy-inference keys allowed to send requests
     #: (a Managed Inference Job).
@@ -118,6 +123,8 @@ class AgentConfig(BaseModel):
             del data["telemetry"]
         if not data["shell_keys_version"]:
             del data["shell_keys_version"]  # likewise
+        if not data["relay_addresses"]:
+            del data["relay_addresses"]  # likewise
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -134,6 +134,9 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         worker_key=keypair.hex, worker_addresses=worker_addresses,
         bootstrap=tuple(f"{h}:{p}" for h, p in settings.bootstrap),
         relays=relays_hex(settings),
+        relay_addresses=tuple(
+            (key.hex(), tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in where))
+            for key, where in settings.relay_addresses.items()),
         proxies=tuple(key.hex() for key in settings.interconnect.proxies),
         heartbeat_interval_s=settings.agents.heartbeat_interval_s,
         report_interval_s=settings.report_interval_s, telemetry=shipper is not None)

@@ -111,6 +111,8 @@ class WorkerRuntime:
     bootstrap: tuple[str, ...] = ()
     #: Relay keys given to jobs created from now on.
     relays: tuple[str, ...] = ()
+    #: (relay key hex, its ``host:port`` addresses): passed to agents with the relays.
+    relay_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: proxy-inference keys that inference agents serve (read at each (re)start).
     proxies: tuple[str, ...] = ()
     heartbeat_interval_s: float = 5.0
@@ -418,6 +420,9 @@ class Worker:
         agent: dict[str, Any] = {
             "worker": runtime.worker_key, "worker_addresses": runtime.worker_addresses,
             "bootstrap": runtime.bootstrap, "relays": record.relays,
+            # Where the job's relays listen now (a relay box that moved keeps its key).
+            "relay_addresses": {key: where for key, where in runtime.relay_addresses
+                                if key in record.relays},
             "heartbeat_interval_s": runtime.heartbeat_interval_s,
             "report_token": tokens[0] if tokens else NO_TOKEN,
             # Who may use the workload: the team's shell users, or the proxies.

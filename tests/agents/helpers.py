@@ -55,12 +55,13 @@ class Worker:
 
 @asynccontextmanager
 async def running_worker(nursery: trio.Nursery, *, port: int = 0, keypair: KeyPair | None = None,
-                         silent_after_s: float | None = None, on_logs=None):
-    """The worker's side: a swarm on 127.0.0.1 serving an :class:`AgentRegistry`."""
+                         silent_after_s: float | None = None, on_logs=None, **swarm_config):
+    """The worker's side: a swarm on 127.0.0.1 serving an :class:`AgentRegistry`
+    (``swarm_config``: more of its SwarmConfig, its relays say)."""
     keypair = keypair or KeyPair.generate()
     send, receive = trio.open_memory_channel[AgentEvent](64)
     registry = AgentRegistry(send, silent_after_s=silent_after_s, on_logs=on_logs)
-    swarm = Swarm(keypair, config=SwarmConfig(host="127.0.0.1", port=port),
+    swarm = Swarm(keypair, config=SwarmConfig(host="127.0.0.1", port=port, **swarm_config),
                   services=[registry.service])
     async with trio.open_nursery() as inner:
         address = await inner.start(swarm.run)

@@ -93,3 +93,35 @@ def test_an_agent_listens_on_loopback_only_when_all_it_knows_is_there(addresses,
     assert listen_host(addresses) == host
 
 
+
+
+async def test_an_agent_that_cannot_reach_its_worker_comes_through_the_relay(nursery):
+    """seeds/relay.txt's first symptom: the cluster network cannot reach the worker
+    (its address here is a closed port, and there is no DHT), but both reach the
+    relay box: the worker reserves there, the agent pairs through it by its address."""
+    import socket
+
+    from relay import run_relay
+
+    relay_key = KeyPair.generate()
+    with trio.fail_after(30):
+        where = await nursery.start(lambda task_status: run_relay(
+            relay_key, host="127.0.0.1", port=0, task_status=task_status))
+        known = ((relay_key.public_key, (where.tcp,)),)
+        async with running_worker(nursery, relays=(relay_key.public_key,),
+                                  known_peers=known) as worker:
+            while relay_key.public_key not in worker.swarm.reserved_relays:
+                await worker.swarm.reservations_changed.wait()
+            with socket.socket() as closed:
+                closed.bind(("127.0.0.1", 0))
+                nowhere = closed.getsockname()
+            config = agent_config(worker.keypair.public_key, address=nowhere).model_copy(
+                update={"relays": (relay_key.public_key.hex(),),
+                        "relay_addresses": {relay_key.public_key.hex(): (where.tcp,)}})
+            worker.registry.expect(vmi_of(config))
+            agent = Agent(config, KeyPair.generate(), worker_addresses=[nowhere], policy=QUICK)
+            await nursery.start(agent.run)
+            hello = await worker.next_event()
+            assert hello.kind is AgentEventKind.HELLO
+            assert worker.swarm.connections[agent.keypair.public_key].relayed
+            nursery.cancel_scope.cancel()

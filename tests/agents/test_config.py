@@ -83,3 +83,20 @@ def test_agent_run_exits_2_for_a_file_that_is_not_json(tmp_path):
     result = CliRunner().invoke(app, ["agent", "run", "--config", write(tmp_path, "{nope")])
     assert result.exit_code == 2
     assert "not valid JSON" in result.output
+
+
+def test_relay_addresses_are_written_only_when_set_and_read_back_typed(tmp_path):
+    relay = "ab" * 32
+    plain = json.loads(agent_config(WORKER).to_json())
+    assert "relay_addresses" not in plain  # an agent image older than its worker reads it
+    config = agent_config(WORKER).model_validate(
+        {**plain, "relays": [relay], "relay_addresses": {relay: ["203.0.113.7:49737",
+                                                                 "[2001:db8::7]:49737"]}})
+    document = json.loads(config.to_json())
+    assert document["relay_addresses"] == {relay: ["203.0.113.7:49737", "[2001:db8::7]:49737"]}
+    loaded = load_agent_config(write(tmp_path, document))
+    assert loaded.relay_addresses == {relay: (("203.0.113.7", 49737), ("2001:db8::7", 49737))}
+    bad = {**document, "relay_addresses": {relay: ["relay.example:49737"]}}
+    with pytest.raises(AgentConfigError) as info:
+        load_agent_config(write(tmp_path, bad))
+    assert "relay_addresses" in str(info.value)

@@ -21,13 +21,15 @@ def base(tmp_path) -> dict[str, str]:
 def test_the_workers_bootstrap_and_relays_are_the_seeds_interconnect_keys(tmp_path):
     settings = load_settings(WorkerSettings, environ={
         **base(tmp_path), "K8S_COMMON_CONFIG__interconnect__bootstrap": '["10.0.0.5:49738"]',
-        "K8S_COMMON_CONFIG__interconnect__relays": f'["{RELAY}"]'})
+        "K8S_COMMON_CONFIG__interconnect__relays": f'["{RELAY}"]',
+        "K8S_COMMON_CONFIG__interconnect__relay_addresses": f'{{"{RELAY}": ["10.0.0.7:49737"]}}'})
     assert isinstance(settings, PeerSettings)
+    assert settings.relay_addresses == {bytes.fromhex(RELAY): (("10.0.0.7", 49737),)}
     assert settings.port == WORKER_PORT
     # One value: the worker's swarm and its agents read the same bootstrap.
     assert settings.bootstrap == settings.interconnect.bootstrap == (("10.0.0.5", 49738),)
-    # The relays there are its jobs' (seeds/relay.txt); start_worker keeps them
-    # off its own swarm.
+    # The relays there are its jobs' (seeds/relay.txt), and its own: it reserves on
+    # them, so agents that cannot reach it come through one.
     assert settings.relays == settings.interconnect.relays == (bytes.fromhex(RELAY),)
 
 

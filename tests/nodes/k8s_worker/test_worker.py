@@ -38,6 +38,8 @@ async def test_a_replica_is_active_once_every_vmi_runs_and_every_agent_is_ready(
         config = harness.registry.expected[NAMES[1]].agent
         assert (config.node_rank, config.node_count, config.gpus) == (1, 2, 8)
         assert config.relays == ("cc" * 32,) and config.worker == WORKER_KEY
+        # Where the job's relays listen (not another relay's: the job has one).
+        assert config.relay_addresses == {"cc" * 32: (("203.0.113.7", 49737),)}
         await harness.registry.ready(NAMES[0])
         await trio.sleep(0.1)
         assert ReplicaState.ACTIVE not in harness.states()

@@ -130,8 +130,10 @@ class Harness:
         self.worker = Worker(store=store, backend=self.backend, registry=self.registry,
                              agent_events=self.registry.receive,
                              publish=self.publish,
-                             runtime=WorkerRuntime(worker_key=WORKER_KEY, relays=relays,
-                                                   report_interval_s=60))
+                             runtime=WorkerRuntime(
+                                 worker_key=WORKER_KEY, relays=relays, report_interval_s=60,
+                                 relay_addresses=(("cc" * 32, ("203.0.113.7:49737",)),
+                                                  ("dd" * 32, ("203.0.113.8:49737",)))))
 
     async def publish(self, key: str, payload: bytes) -> int:
         report = decode_report(payload)
