@@ -147,6 +147,13 @@ def test_bootstrap_over_hosts_on_kubevirt(tmp_path: Path, monkeypatch: pytest.Mo
     assert worker.backend == "kubevirt" and worker.kubevirt.kubeconfig == "/etc/kube.conf"
     assert worker.ork_addresses == (("10.0.0.5", 49740),)
     assert worker.interconnect.bootstrap == (("10.0.0.5", 49738),)
+    # The relay box by key and address, in every daemon's config (the worker's under
+    # interconnect): reached with no DHT; app-node tells users' CLIs (/api/swarm).
+    relay_key = bytes.fromhex(json.loads((folder / "keys.json").read_text())["relay"])
+    assert worker.relay_addresses == {relay_key: (("10.0.0.9", 49737),)}
+    for name in ("app-node", "wrk-ork", "proxy-inference", "wrk-monitor"):
+        assert load(folder, name, monkeypatch).relay_addresses == {
+            relay_key: (("10.0.0.9", 49737),)}, name
     proxy = load(folder, "proxy-inference", monkeypatch)
     assert proxy.http.host == "10.0.0.7" and proxy.host == "0.0.0.0"
     entry = load(folder, "entry", monkeypatch)
