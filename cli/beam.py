@@ -4,9 +4,10 @@ The listener prints ``listening on <host>:<port> key <hex>`` on stderr and pipes
 the first peer that opens a beam channel; the dialer pins that key, so it
 reaches exactly that listener or fails. stdout carries only the data.
 
-Two ways to meet: ``--address`` (the dialer names the listener's TCP address),
-or ``--bootstrap`` (the listener announces its key on the DHT through a swarm,
-the dialer finds it by key alone). With ``--relay KEY`` the listener also keeps
+Three ways to meet: ``--address`` (the dialer names the listener's TCP address),
+``--bootstrap`` (the listener announces its key on the DHT through a swarm,
+the dialer finds it by key alone), or ``--lan`` (both beacon on the LAN's
+multicast group, p2p.lan: no DHT needed). With ``--relay KEY`` the listener also keeps
 reservations with those blind relays and lists them in its record, so a dialer
 that cannot reach it directly comes through a relay. Either way the bytes flow
 over one mux channel, ``beam/1``, of an ordinary connection.
@@ -26,6 +27,7 @@ from p2p.connection import Connection, dial_tcp
 from p2p.errors import ConnectionBroken, HandshakeError, P2PError
 from p2p.host import ChannelService, serve_tcp
 from p2p.keys import KeyPair, format_key, load_or_create_keypair
+from p2p.lan import LanConfig
 from p2p.mux import Channel, ChannelRejected, MuxError
 from p2p.swarm import PeerNotFound, Swarm, SwarmConfig, SwarmError
 
@@ -71,10 +73,14 @@ def beam(
         help="Blind relay keys KEY[,KEY...] (listener, with --bootstrap): keep "
         "reservations there so peers that cannot reach us directly come through them.",
     ),
+    lan: bool = typer.Option(
+        False, "--lan", help="Find each other on this LAN by signed multicast beacons "
+        "(no DHT needed); beacons reach every host of the segment."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Pipe stdin/stdout to a peer over an encrypted, key-pinned stream."""
     dht_bootstrap = parse_bootstrap(bootstrap) if bootstrap else []
+    lan_config = LanConfig() if lan else None
     relays = parse_keys(relay, what="relay key") if relay else []
     if relays and not (listen and dht_bootstrap):
         fail("--relay is for a listener with --bootstrap (dialers learn relays from the DHT)",
@@ -86,9 +92,11 @@ def beam(
     if listen:
         if key is not None or address is not None:
             fail("--listen takes neither a KEY nor --address", code=2)
-        if dht_bootstrap:
-            config = SwarmConfig(host=host or wildcard_for(dht_bootstrap), port=port,
-                                 bootstrap=tuple(dht_bootstrap), relays=tuple(relays))
+        if dht_bootstrap or lan:
+            config = SwarmConfig(host=host or (wildcard_for(dht_bootstrap) if dht_bootstrap
+                                               else "0.0.0.0"), port=port,
+                                 bootstrap=tuple(dht_bootstrap), relays=tuple(relays),
+                                 lan=lan_config)
             run_trio(_listen_on_swarm, keypair, config, quiet)
         else:
             run_trio(_listen, keypair, host or "127.0.0.1", port, quiet)
@@ -96,12 +104,14 @@ def beam(
     if key is None:
         fail("give the listener's KEY, or --listen to wait for a peer", code=2)
     if address is None:
-        if not dht_bootstrap:
-            fail("give --address HOST:PORT, or --bootstrap to find the listener by key",
-                 code=2)
+        if not dht_bootstrap and not lan:
+            fail("give --address HOST:PORT, or --bootstrap or --lan to find the listener "
+                 "by key", code=2)
         remote_key = parse_key(key, what="listener key")
-        config = SwarmConfig(host=host or wildcard_for(dht_bootstrap),
-                             bootstrap=tuple(dht_bootstrap), announce_key=False)
+        config = SwarmConfig(host=host or (wildcard_for(dht_bootstrap) if dht_bootstrap
+                                           else "0.0.0.0"),
+                             bootstrap=tuple(dht_bootstrap), announce_key=False,
+                             lan=lan_config)
         run_trio(_dial_by_key, keypair, remote_key, config, quiet)
         return
     remote_key, target = parse_peer(key, address, what="listener key")
@@ -124,12 +134,15 @@ class BeamService(ChannelService):
         self.finished = False
         self._taken = False
         self._beamers: set[bytes] = set()
+        #: The connection the beam ran on.
+        self.connection: Connection | None = None
 
     async def _beam(self, channel: Channel, connection: Connection) -> None:
         self._beamers.add(connection.remote_public_key)
         if self._taken:  # one beam per run: a second dialer is turned away
             return
         self._taken = True
+        self.connection = connection
         try:
             await _pipe(channel, self.quiet)
             self.finished = True
@@ -154,6 +167,7 @@ async def _listen(keypair: KeyPair, host: str, port: int, quiet: bool) -> None:
             fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         err.print(f"listening on {bound_host}:{bound_port} key {keypair.hex}", markup=False)
         await beam.done.wait()
+        await _let_the_peer_close(beam)
         nursery.cancel_scope.cancel()
     if not beam.finished:
         fail("the connection ended before the beam finished")
@@ -168,14 +182,30 @@ async def _listen_on_swarm(keypair: KeyPair, config: SwarmConfig, quiet: bool) -
         except OSError as exc:
             fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
         relays = f"; relays {len(config.relays)}" if config.relays else ""
-        err.print(f"listening on {host}:{port} key {keypair.hex} (announced on the DHT"
+        where = " and ".join(w for w, on in (("on the DHT", config.bootstrap),
+                                             ("on the LAN", config.lan)) if on)
+        err.print(f"listening on {host}:{port} key {keypair.hex} (announced {where}"
                   f"{relays})", markup=False)
         if config.relays:
             nursery.start_soon(_report_reservations, swarm)
         await beam.done.wait()
+        await _let_the_peer_close(beam)
         nursery.cancel_scope.cancel()  # the swarm unannounces on its way out
     if not beam.finished:
         fail("the connection ended before the beam finished")
+
+
+#: How long a listener whose beam ended waits for the dialler to close the connection.
+CLOSE_WAIT_S = 2.0
+
+
+async def _let_the_peer_close(beam: BeamService) -> None:
+    """Wait (bounded) for the dialler to close: it closes once it has read our end of
+    the beam, and a listener that tore the connection down first could reset it
+    while our last bytes were still on their way."""
+    if beam.connection is not None:
+        with trio.move_on_after(CLOSE_WAIT_S):
+            await beam.connection.wait_closed()
 
 
 async def _report_reservations(swarm: Swarm) -> None:
@@ -194,6 +224,18 @@ async def _report_reservations(swarm: Swarm) -> None:
 
 # -- dialling ----------------------------------------------------------------------
 
+#: How long a dialler with --lan waits for the listener's beacon (it asks at start:
+#: a listener there answers in a round trip).
+LAN_WAIT_S = 5.0
+
+
+async def _heard_on_lan(swarm: Swarm, remote_key: bytes) -> None:
+    """Wait, at most LAN_WAIT_S, until ``remote_key``'s beacon was heard."""
+    assert swarm.lan is not None
+    with trio.move_on_after(LAN_WAIT_S):
+        while not swarm.lan.book.addresses(remote_key, trio.current_time()):
+            await swarm.lan.heard.wait()
+
 
 async def _dial_by_key(
     keypair: KeyPair, remote_key: bytes, config: SwarmConfig, quiet: bool
@@ -204,10 +246,16 @@ async def _dial_by_key(
             await nursery.start(swarm.run)
         except OSError as exc:
             fail(f"cannot open a local socket: {exc.strerror or exc}")
+        if swarm.lan is not None:
+            await _heard_on_lan(swarm, remote_key)
         try:
             connection = await swarm.connect(remote_key)
-        except PeerNotFound:
-            fail(f"no listener with key {format_key(remote_key)} is announced on the DHT")
+        except PeerNotFound as exc:
+            if swarm.lan is not None and not config.bootstrap:
+                fail(f"no listener with key {format_key(remote_key)} answered on the LAN "
+                     f"within {LAN_WAIT_S:g} s")
+            fail(f"no listener with key {format_key(remote_key)} is announced on the DHT"
+                 + (f" ({exc})" if exc.code == "DHT_UNREACHABLE" else ""))
         except SwarmError as exc:
             fail(f"cannot reach the listener: {exc}")
         await _open_and_pipe(connection, quiet)

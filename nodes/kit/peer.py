@@ -41,6 +41,7 @@ from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.host import Reserved
 from p2p.http import ServerBindError, serve_asgi
 from p2p.keys import KeyPair
+from p2p.lan import LanConfig
 from p2p.net import Network
 from p2p.swarm import Swarm, SwarmConfig
 
@@ -136,7 +137,8 @@ async def start_peer(daemon: DaemonHost, keypair: KeyPair, settings: PeerSetting
     config = SwarmConfig(**{
         "host": settings.host, "port": settings.port, "bootstrap": settings.bootstrap,
         "relays": settings.relays, "announce_addresses": settings.announce_addresses,
-        "known_peers": known_peers(settings.relay_addresses), **swarm_config})
+        "known_peers": known_peers(settings.relay_addresses),
+        "lan": LanConfig() if settings.lan_discovery else None, **swarm_config})
     swarm = Swarm(keypair, config=config, network=daemon.network, services=list(services))
     if reserved is not None:
         swarm.add_reserved(reserved)

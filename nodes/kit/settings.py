@@ -60,6 +60,10 @@ class PeerSettings(DaemonSettings):
     relay_addresses: dict[PublicKey, AddressList] = {}
     #: Addresses to announce instead of the listener's (a NAT's forward).
     announce_addresses: AddressList | None = None
+    #: Beacon this daemon's key and addresses on the LAN's multicast group and learn
+    #: the others' (p2p.lan): peers of one LAN meet with no DHT reachable. Off by
+    #: default: a beacon reaches every host of the segment.
+    lan_discovery: bool = False
 
 
 class HttpSettings(BaseModel):

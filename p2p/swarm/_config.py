@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 from ..connection import Address, ConnectionConfig
 from ..host import Firewall
+from ..lan import LanConfig
 from ._peers import BackoffPolicy
 
-__all__ = ["Address", "Firewall", "SwarmConfig"]
+__all__ = ["Address", "Firewall", "LanConfig", "SwarmConfig"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,12 @@ class SwarmConfig:
 
     relays: tuple[bytes, ...] = ()
     """Relay keys to hold reservations with and to list in our records."""
+
+    lan: LanConfig | None = None
+    """Beacon our key and addresses on a LAN multicast group and learn others'
+    (``p2p.lan``): peers of one LAN find each other with no DHT, and ``connect``
+    tries a peer's LAN addresses first. None (the default): off, as a multicast
+    packet reaches every host of the segment, which the operator decides."""
 
     known_peers: tuple[tuple[bytes, tuple[Address, ...]], ...] = ()
     """Peers whose addresses the deployment already knows (its relays), as (key,

@@ -37,6 +37,7 @@ from ..connection import Address, Connection
 from ..dht import DhtNode, record_topic_for_key
 from ..host import Firewall, HostConfig, PeerHost, Reserved, Service
 from ..keys import KeyPair, format_key
+from ..lan import LanDiscovery
 from ..net import Network, SocketNetwork
 from ._config import SwarmConfig
 from ._dialer import Dialer
@@ -118,6 +119,8 @@ class Swarm:
         self.reservations = Reservations(self)
         self.dht: DhtNode | None = None
         self.address: Address | None = None
+        #: LAN discovery, while it runs (``config.lan``).
+        self.lan: LanDiscovery | None = None
         self._nursery: trio.Nursery | None = None
 
     @property
@@ -214,6 +217,11 @@ class Swarm:
                                             record_topic_for_key(self.public_key), None)
                     for relay_key in self.config.relays:
                         nursery.start_soon(self.reservations.keep, relay_key)
+                    if self.config.lan is not None:
+                        self.lan = LanDiscovery(self.keypair, self._lan_addresses,
+                                                self.config.lan,
+                                                interfaces=self.network.interface_hosts)
+                        await nursery.start(self.lan.run)
                     log.info("swarm.started address=%s:%d key=%s relays=%d services=%s",
                              *self.address, format_key(self.public_key)[:12],
                              len(self.config.relays), ",".join(self.host.services) or "-")
@@ -287,11 +295,25 @@ class Swarm:
     # -- dialling --------------------------------------------------------------
 
     def known_addresses(self, public_key: bytes) -> tuple[Address, ...]:
-        """The addresses ``config.known_peers`` gives ``public_key`` (none: empty)."""
+        """Where ``public_key`` is known to listen without the DHT: its LAN beacon's
+        addresses (nearest first), then what ``config.known_peers`` gives it."""
+        found: list[Address] = []
+        if self.lan is not None:
+            found += self.lan.book.addresses(public_key, trio.current_time())
         for key, addresses in self.config.known_peers:
             if key == public_key:
-                return tuple(addresses)
-        return ()
+                found += addresses
+        return tuple(dict.fromkeys(found))
+
+    def _lan_addresses(self) -> list[Address]:
+        """What our LAN beacons name: the listener on each IPv4 interface address."""
+        if self.address is None:
+            return []
+        host, port = self.address
+        if host not in ("0.0.0.0", "::", ""):
+            return [(host, port)] if ":" not in host else []
+        hosts = self.lan._interface_hosts() if self.lan is not None else []
+        return [(h, port) for h in hosts]
 
     async def connect(
         self, public_key: bytes, *, addresses: Iterable[Address] | None = None,
