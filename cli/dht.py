@@ -16,7 +16,14 @@ from pydantic_settings import SettingsConfigDict
 
 from nodes.kit.ready import print_ready
 from p2p.daemon import AddressList, DaemonSettings, Port
-from p2p.dht import DhtNode, PeerRecord, UdpTransport, canonical_address, dht_registry
+from p2p.dht import (
+    DhtNode,
+    NatType,
+    PeerRecord,
+    UdpTransport,
+    canonical_address,
+    dht_registry,
+)
 from p2p.errors import KeyFormatError, P2PError
 from p2p.keys import KeyPair, format_key, load_or_create_keypair, parse_topic
 from p2p.metrics import MetricsBindError, serve_metrics
@@ -233,3 +240,38 @@ async def _lookup(topic, bootstrap, host) -> int:
                 found += 1
         nursery.cancel_scope.cancel()
     return found
+
+
+@app.command("nat")
+def nat(
+    bootstrap: str = BootstrapOption,
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to send from."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON line instead of text."),
+) -> None:
+    """Which NAT this machine sits behind, as the DHT's nodes see it.
+
+    open (no NAT), consistent (one public address and port for every peer: a
+    hole can be punched to it), random (another port per peer: only a
+    consistent peer can punch to it), or unknown (fewer than two nodes answered).
+    Ask nodes at two or more addresses. Exits 1 when no node answered.
+    """
+    kind, observations = trio.run(_nat, parse_bootstrap(bootstrap), host)
+    if not observations:
+        fail("no DHT node answered: cannot tell (check --bootstrap, and that UDP reaches it)")
+    seen = sorted({f"{h}:{p}" for h, p in observations.values()})
+    if as_json:
+        typer.echo(json.dumps({"nat": kind.value, "nodes": len(observations), "seen": seen}))
+    else:
+        typer.echo(f"nat {kind.value}: {len(observations)} node(s) saw "
+                   f"{', '.join(seen)}")
+
+
+async def _nat(bootstrap: list[tuple[str, int]], host: str
+               ) -> tuple[NatType, dict[tuple[str, int], tuple[str, int]]]:
+    node = DhtNode(await UdpTransport.bind(host, 0), bootstrap=bootstrap)
+    async with trio.open_nursery() as nursery:
+        with trio.move_on_after(10):  # bootstrapping asks each node (and retries)
+            await nursery.start(node.run)
+        kind, observations = node.nat_type(), node.core.observations
+        nursery.cancel_scope.cancel()
+    return kind, observations

@@ -18,6 +18,7 @@ from ._errors import DhtDecodeError, DhtError, DhtProtocolError, DhtUsageError, 
 from ._lookup import IterativeLookup, LookupConfig
 from ._messages import Command, Request, Response, decode, encode
 from ._metrics import dht_registry
+from ._nat import NatType, classify_nat
 from ._node import NodeConfig, NodeCore, Outgoing, ResponseReceived
 from ._records import PeerRecord, record_topic_for_key, sign_record, verify_record
 from ._routing import Routing, target_id
@@ -39,6 +40,7 @@ __all__ = [
     "LookupConfig",
     "MemoryNetwork",
     "MemoryTransport",
+    "NatType",
     "NodeConfig",
     "NodeCore",
     "Outgoing",
@@ -52,6 +54,7 @@ __all__ = [
     "TokenIssuer",
     "UdpTransport",
     "canonical_address",
+    "classify_nat",
     "decode",
     "dht_registry",
     "encode",

@@ -39,6 +39,7 @@ from ._endpoint import Address, DhtEndpoint
 from ._errors import DhtError, DhtProtocolError, DhtUsageError
 from ._lookup import IterativeLookup, LookupConfig, LookupStatistics
 from ._messages import Command, Response
+from ._nat import NatType, classify_nat
 from ._node import NodeConfig
 from ._records import (
     MAX_RECORD_TTL_S,
@@ -417,6 +418,12 @@ class DhtNode(DhtEndpoint):
         farthest = max(int.from_bytes(c.id, "big") ^ int.from_bytes(key, "big")
                        for c in closest)
         return distance < farthest
+
+    def nat_type(self) -> NatType:
+        """The NAT this node's socket is behind, from where DHT nodes saw it
+        (:func:`~._nat.classify_nat`)."""
+        return classify_nat(self.core.observations, local_port=self.transport.local_address[1],
+                            local_hosts=self.local_hosts())
 
     def local_hosts(self) -> list[str]:
         """The hosts this node names besides its observed address.

@@ -276,6 +276,11 @@ class NodeCore:
             return self.node_id
         return None
 
+    @property
+    def observations(self) -> dict[Address, Address]:
+        """Where each recent responder saw us (responder → observed address)."""
+        return dict(self._votes)
+
     def _new_routing(self, now: float) -> Routing:
         local = self.node_id or bytes(20)
         return Routing(local, now=now, rng=self._rng, k=self.config.k)

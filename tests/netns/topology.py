@@ -64,7 +64,8 @@ SWITCH = "sw"
 
 NS_PREFIX = "cac-"
 NETNS_DIR = Path("/run/netns")
-_NS_NAME = re.compile(r"^cac-(\d+)-(\d+)-(sw|relay|worker|agent)$")
+#: This scheme's namespaces (tests/netns/nat_lab.py's hosts too).
+_NS_NAME = re.compile(r"^cac-(\d+)-(\d+)-(sw|relay|worker|agent|inet|nat1|nat2|a|b|open)$")
 _counter = itertools.count()
 
 VENV_BIN = Path(sys.executable).parent
