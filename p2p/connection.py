@@ -102,6 +102,9 @@ class Connection:
             peer's for a direct connection, the relay's for a relayed one
             (None when the stream has no address, e.g. an in-memory pair).
         relay_key: the blind relay the bytes go through, or None.
+        path: how the bytes go: ``direct`` (dialled or accepted), ``relayed``,
+            or ``punched`` (started relayed, moved to a hole-punched TCP
+            connection, :mod:`p2p.punch`).
         topics: the topics whose lookups led to this peer.
         closed: set once the connection has ended and its slot is free.
     """
@@ -119,6 +122,10 @@ class Connection:
         self.stream = stream
         self.remote_address = remote_address
         self.relay_key = relay_key
+        self.path = "relayed" if relay_key is not None else "direct"
+        #: Why a relayed connection stayed relayed (:mod:`p2p.punch`), or None.
+        self.punch_outcome: str | None = None
+        self._path_changed = trio.Event()
         self.topics: set[bytes] = set(topics or ())
         self._topics_changed = trio.Event()
         self.closed = trio.Event()
@@ -164,6 +171,24 @@ class Connection:
         """Wait until :meth:`add_topics` adds a topic."""
         await self._topics_changed.wait()
 
+    def moved(self, remote_address: Address | None, path: str) -> None:
+        """The session now runs on another path (its stream migrated)."""
+        self.remote_address = remote_address
+        self.relay_key = None if path != "relayed" else self.relay_key
+        self.path = path
+        changed, self._path_changed = self._path_changed, trio.Event()
+        changed.set()
+
+    async def wait_path_changed(self) -> None:
+        """Wait until :meth:`moved` (or the punch's verdict, ``punch_outcome``)."""
+        await self._path_changed.wait()
+
+    def punch_settled(self, outcome: str) -> None:
+        """The hole punch on this connection is over: ``outcome`` says how."""
+        self.punch_outcome = outcome
+        changed, self._path_changed = self._path_changed, trio.Event()
+        changed.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Drive the mux and the keep-alives until the connection ends."""
         async with trio.open_nursery() as nursery:
@@ -187,7 +212,7 @@ class Connection:
         await self.closed.wait()
 
     def __repr__(self) -> str:
-        path = f"relay {format_key(self.relay_key)[:8]}" if self.relay_key else "direct"
+        path = f"relay {format_key(self.relay_key)[:8]}" if self.relay_key else self.path
         where = ""
         if self.remote_address is not None:
             host, port = self.remote_address

@@ -185,7 +185,8 @@ class Handshake:
         if not self.complete:
             raise HandshakeError("the handshake is not complete", code="MISUSE")
         protocol = self._noise.noise_protocol
-        transport = Transport(protocol.cipher_state_encrypt.k, protocol.cipher_state_decrypt.k)
+        transport = Transport(protocol.cipher_state_encrypt.k, protocol.cipher_state_decrypt.k,
+                              initiator=self.initiator)
         if self._buffer:
             transport.receive_data(bytes(self._buffer))
             self._buffer.clear()

@@ -12,6 +12,11 @@ Invariants kept here:
   as with ``trio.SSLStream``.
 * A send cancelled half-way leaves a partial frame on the wire: the stream is
   marked broken (``SEND_CANCELLED``), as h11 does with ``send_failed()``.
+* A session may move to another path (another ``trio.abc.Stream`` to the same
+  peer, proven by :mod:`p2p.punch`): the writer ends the old path with a
+  MIGRATE frame naming the new one and writes on there; the reader reads the
+  old path up to that frame, then the new one. Each direction moves on its
+  own; nonces carry on, so no frame is lost, repeated or reordered.
 * Over a ``trio.SocketStream`` the stream reads and writes the socket's file
   descriptor itself (``os.read``/``os.write`` after ``trio.lowlevel.wait_readable``
   / ``wait_writable``, all public API): a read waits for readability first,
@@ -39,7 +44,7 @@ from ..errors import ConnectionBroken, HandshakeError, IdleTimeout, RemoteProtoc
 from ..keys import KeyPair, format_key
 from ._config import SMALL_RECEIVE_BYTES, SecretStreamConfig
 from ._handshake import Handshake
-from ._transport import NEED_DATA, Data, EndOfStream, Transport
+from ._transport import NEED_DATA, PATH_ID_BYTES, Data, EndOfStream, Migrate, Transport
 
 __all__ = ["SecretStream", "SecretStreamStatistics"]
 
@@ -49,6 +54,15 @@ _DEFAULT_CONFIG = SecretStreamConfig()
 _HANDSHAKE_READ_BYTES = 4096
 #: A read at least this large means bulk traffic (see SecretStream._receive).
 _BULK_READ_BYTES = 16 * 1024
+#: The id of the path a stream starts on (ids of later paths are random).
+FIRST_PATH_ID = bytes(PATH_ID_BYTES)
+#: How long a reader that met the peer's MIGRATE waits for that path to be
+#: offered here (both ends prove a path before either moves to it).
+MIGRATE_WAIT_S = 10.0
+
+
+def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
+    return stream.socket if type(stream) is trio.SocketStream else None
 
 
 class _ConflictDetector:
@@ -97,7 +111,16 @@ class SecretStream(trio.abc.HalfCloseableStream):
         is_initiator: bool,
         config: SecretStreamConfig = _DEFAULT_CONFIG,
     ) -> None:
-        self.transport_stream = transport_stream
+        #: The path our frames go out on, and the one the peer's come in on.
+        self._write_stream = transport_stream
+        self._read_stream = transport_stream
+        self.write_path_id = FIRST_PATH_ID
+        self.read_path_id = FIRST_PATH_ID
+        #: Paths proven to reach the peer's end of this session, not in use yet.
+        self._offered: dict[bytes, trio.abc.Stream] = {}
+        #: Where each path leads, when the one who offered it said.
+        self._addresses: dict[bytes, tuple[str, int]] = {}
+        self._paths_changed = trio.Event()
         self.public_key = keypair.public_key
         self.remote_public_key = remote_public_key
         self.handshake_hash = handshake_hash
@@ -127,9 +150,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self._read_size = self._small_read
         #: The trio socket under a plain ``trio.SocketStream`` (read and written
         #: through its descriptor), or None for any other transport.
-        self._sock = (
-            transport_stream.socket if type(transport_stream) is trio.SocketStream else None
-        )
+        self._write_sock = self._read_sock = _socket_of(transport_stream)
         #: Ciphertext that send_nowait() could not write at once; it goes out
         #: before anything else (see flush()).
         self._backlog = b""
@@ -291,7 +312,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         Raises:
             trio.ClosedResourceError / ConnectionBroken: as :meth:`send_all`.
         """
-        sock = self._sock
+        sock = self._write_sock
         if (
             sock is None
             or self._backlog
@@ -349,7 +370,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
     async def wait_send_all_might_not_block(self) -> None:
         with self._send_conflict:
             self._check_can_send()
-            await self.transport_stream.wait_send_all_might_not_block()
+            await self._write_stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
         """Tell the peer we send no more; receiving goes on."""
@@ -429,9 +450,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 # Encrypted before `frames`: it goes first (nonce order).
                 backlog = self._backlog
                 self._backlog = b""
-                await self.transport_stream.send_all(backlog)
+                await self._write_stream.send_all(backlog)
             if frames:
-                await self.transport_stream.send_all(frames)
+                await self._write_stream.send_all(frames)
         except trio.BrokenResourceError as exc:
             raise await self._break(
                 ConnectionBroken(f"connection to {self._peer} lost while sending",
@@ -509,6 +530,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     self._pending = memoryview(data)
                 elif type(event) is EndOfStream:
                     self._eof_received = True
+                elif type(event) is Migrate:
+                    await self._follow(event.path_id)
+                    waited = True
                 else:
                     self._keepalives_received += 1
         finally:
@@ -523,9 +547,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
         return bytes(pending[:max_bytes])
 
     async def _receive(self, ask: int) -> bytes:
-        sock = self._sock
+        sock = self._read_sock
         if sock is None:
-            return await self.transport_stream.receive_some(ask)
+            return await self._read_stream.receive_some(ask)
         # Wait for readability first: a read that fails (EAGAIN) costs a system
         # call and an exception, and most messages find the socket empty. Only
         # after a large read (bulk traffic) is more likely waiting: then read
@@ -598,6 +622,137 @@ class SecretStream(trio.abc.HalfCloseableStream):
         else:
             self._eof_received = True
 
+    # -- moving to another path -------------------------------------------
+
+    @property
+    def transport_stream(self) -> trio.abc.Stream:
+        """The stream our frames are written to now."""
+        return self._write_stream
+
+    @property
+    def path_secret(self) -> bytes:
+        """A secret only the two ends of this session hold (to prove new paths with)."""
+        assert self._transport.path_secret is not None
+        return self._transport.path_secret
+
+    def offer_path(self, path_id: bytes, stream: trio.abc.Stream, *,
+                   address: tuple[str, int] | None = None) -> None:
+        """Add a path proven to reach the peer's end of this session.
+
+        Nothing moves yet: :meth:`migrate` moves our writes to it, and the
+        peer's MIGRATE naming it moves our reads. The stream owns it from now
+        on (closes it when it is left or when the stream ends).
+
+        Raises:
+            ValueError: a wrong-sized or already used id.
+            trio.ClosedResourceError / ConnectionBroken: the stream has ended.
+        """
+        if len(path_id) != PATH_ID_BYTES:
+            raise ValueError(f"a path id is {PATH_ID_BYTES} bytes")
+        if path_id in self._offered or path_id in (self.read_path_id, self.write_path_id):
+            raise ValueError("a path with this id was offered already")
+        if self._closed or self._broken is not None:
+            raise self._closed_error()
+        self._offered[path_id] = stream
+        if address is not None:
+            self._addresses[path_id] = address
+        changed, self._paths_changed = self._paths_changed, trio.Event()
+        changed.set()
+
+    async def migrate(self, path_id: bytes) -> None:
+        """Move our writes to an offered path: MIGRATE ends the old one.
+
+        Safe while other tasks send: it waits for the write in progress and
+        goes between two frames. The old path is closed once the peer has
+        moved its writes off it too.
+
+        Raises:
+            KeyError: no path with this id was offered.
+            trio.ClosedResourceError / ConnectionBroken: as :meth:`send_all`.
+        """
+        stream = self._path(path_id)
+        if stream is None:
+            raise KeyError("no path with this id was offered")
+        await self._acquire_write_lock()
+        try:
+            self._check_can_send()
+            await self._write(self._transport.send_migrate(path_id))
+            old, self._write_stream = self._write_stream, stream
+            self.write_path_id = path_id
+            self._write_sock = _socket_of(stream)
+            self._offered.pop(path_id, None)
+        finally:
+            self._write_lock.release()
+        log.debug("stream.migrated peer=%s direction=send", self._peer)
+        await self._retire(old)
+
+    def _path(self, path_id: bytes) -> trio.abc.Stream | None:
+        if path_id == self.write_path_id:
+            return self._write_stream
+        if path_id == self.read_path_id:
+            return self._read_stream
+        return self._offered.get(path_id)
+
+    @property
+    def read_path_address(self) -> tuple[str, int] | None:
+        """Where the path the peer's frames come in on leads (if its offer said)."""
+        return self._addresses.get(self.read_path_id)
+
+    async def discard_offered(self) -> None:
+        """Close the offered paths that neither direction took."""
+        offered, self._offered = self._offered, {}
+        for stream in offered.values():
+            await trio.aclose_forcefully(stream)
+
+    async def wait_path_change(self) -> None:
+        """Wait until a path is offered or either direction moves."""
+        await self._paths_changed.wait()
+
+    async def _follow(self, path_id: bytes) -> None:
+        """The peer's MIGRATE arrived: read on from the path it names."""
+        if self._transport.buffered_bytes:
+            raise await self._break(
+                ConnectionBroken(f"{self._peer} sent frames after MIGRATE on the old path",
+                                 code="DATA_AFTER_MIGRATE"), None)
+        with trio.move_on_after(MIGRATE_WAIT_S):
+            while self._path(path_id) is None and not self._done.is_set():
+                await self._paths_changed.wait()
+        stream = self._path(path_id)
+        if stream is None:
+            if self._closed:
+                raise trio.ClosedResourceError("the stream was closed")
+            raise await self._break(
+                ConnectionBroken(f"{self._peer} moved to a path not offered here "
+                                 f"within {MIGRATE_WAIT_S} s", code="UNKNOWN_PATH"), None)
+        self._offered.pop(path_id, None)
+        old = self._read_stream
+        self._read_stream, self.read_path_id = stream, path_id
+        self._read_sock = _socket_of(stream)
+        self._read_full = False
+        log.debug("stream.migrated peer=%s direction=receive", self._peer)
+        await self._retire(old)
+
+    async def _retire(self, old: trio.abc.Stream) -> None:
+        """A direction left ``old``: close it once neither uses it (it carried
+        both MIGRATE frames; nothing more will cross it)."""
+        changed, self._paths_changed = self._paths_changed, trio.Event()
+        changed.set()
+        if old is not self._read_stream and old is not self._write_stream:
+            await trio.aclose_forcefully(old)
+
+    async def _close_paths(self, *, forcefully: bool) -> None:
+        paths = {id(s): s for s in (self._write_stream, self._read_stream,
+                                    *self._offered.values())}
+        self._offered.clear()
+        for stream in paths.values():
+            if forcefully:
+                await trio.aclose_forcefully(stream)
+            else:
+                try:
+                    await stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
     # -- closing -----------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -613,11 +768,11 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     # What send_nowait() left goes before the END (nonce order).
                     backlog = bytes(self._backlog)
                     self._backlog = b""
-                    await self.transport_stream.send_all(backlog + self._transport.send_end())
+                    await self._write_stream.send_all(backlog + self._transport.send_end())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
-            await self.transport_stream.aclose()
+            await self._close_paths(forcefully=False)
 
     def statistics(self) -> SecretStreamStatistics:
         return SecretStreamStatistics(
@@ -652,5 +807,5 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 error.__cause__ = cause
             log.debug("stream.broken peer=%s code=%s reason=%s", self._peer, error.code, error)
         self._done.set()
-        await trio.aclose_forcefully(self.transport_stream)
+        await self._close_paths(forcefully=True)
         return self._broken

@@ -14,7 +14,10 @@ a DATA frame into an END frame. Events, the same on both sides:
 
 * :class:`Data` — application bytes, in order;
 * :class:`KeepAlive` — an authenticated empty frame that only proves liveness;
-* :class:`EndOfStream` — the peer half-closed; nothing may follow it.
+* :class:`EndOfStream` — the peer half-closed; nothing may follow it;
+* :class:`Migrate` — the peer's frames continue on another path of this session
+  (named by its 16-byte id); nothing may follow it on this path, and the
+  driver reads on from the new one (the cipher states carry on unchanged).
 
 A frame that fails to authenticate, a length over the Noise limit, a frame too
 short to hold a tag, an unknown type, or anything after END raises
@@ -36,6 +39,7 @@ until :data:`NEED_DATA`; :meth:`send_data` / :meth:`send_keepalive` /
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -49,13 +53,17 @@ from ._wire import HEADER_BYTES, MAX_NOISE_MESSAGE_BYTES, TAG_BYTES, FrameType, 
 __all__ = [
     "MAX_PLAINTEXT_BYTES",
     "NEED_DATA",
+    "PATH_ID_BYTES",
     "Data",
     "EndOfStream",
     "KeepAlive",
+    "Migrate",
     "Transport",
 ]
 
 MAX_PLAINTEXT_BYTES: Final = MAX_NOISE_MESSAGE_BYTES - TAG_BYTES
+#: A path of a session is named by this many bytes (the MIGRATE frame's body).
+PATH_ID_BYTES: Final = 16
 #: Noise spec §11.4: a nonce of 2**64-1 is reserved; stop before it.
 MAX_NONCE: Final = 2**64 - 1
 
@@ -83,6 +91,11 @@ class EndOfStream:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    path_id: bytes
+
+
 class _NeedData:
     def __repr__(self) -> str:
         return "NEED_DATA"
@@ -102,7 +115,18 @@ class Transport:
         receive_key: the key of the peer's sending direction.
     """
 
-    def __init__(self, send_key: bytes, receive_key: bytes) -> None:
+    def __init__(self, send_key: bytes, receive_key: bytes, *,
+                 initiator: bool | None = None) -> None:
+        #: A secret only the two ends of this session know, for proving a new
+        #: path belongs to it (p2p.punch). Derived one-way from both
+        #: directions' keys, ordered by role so both ends agree; None when the
+        #: role is not given. (The Noise handshake hash would not do: it hashes
+        #: the transcript, which anyone on the path saw.)
+        self.path_secret: bytes | None = None
+        if initiator is not None:
+            first, second = (send_key, receive_key) if initiator else (receive_key, send_key)
+            self.path_secret = hashlib.blake2b(first + second, digest_size=32,
+                                               person=b"cac-path-secret1").digest()
         self._send_cipher = ChaCha20Poly1305(send_key)
         self._receive_cipher = ChaCha20Poly1305(receive_key)
         self._send_nonce = 0
@@ -160,16 +184,29 @@ class Transport:
         self._end_sent = True
         return frame
 
+    def send_migrate(self, path_id: bytes) -> bytes:
+        """Return the MIGRATE frame naming the path our next frames take.
+
+        Raises:
+            LocalProtocolError: after :meth:`send_end`, or a path id that is
+                not :data:`PATH_ID_BYTES` long.
+        """
+        if self._end_sent:
+            raise LocalProtocolError("cannot move a stream whose end was sent")
+        if len(path_id) != PATH_ID_BYTES:
+            raise LocalProtocolError(f"a path id is {PATH_ID_BYTES} bytes, not {len(path_id)}")
+        return self._control(FrameType.MIGRATE, path_id)
+
     @property
     def end_sent(self) -> bool:
         return self._end_sent
 
-    def _control(self, frame_type: FrameType) -> bytes:
+    def _control(self, frame_type: FrameType, body: bytes = b"") -> bytes:
         self._reserve_nonces(1)
-        tag = self._send_cipher.encrypt(_pack_nonce(self._send_nonce), b"", _AD[frame_type])
+        sealed = self._send_cipher.encrypt(_pack_nonce(self._send_nonce), body, _AD[frame_type])
         self._send_nonce += 1
         self.frames_sent += 1
-        return pack_header(len(tag), frame_type) + tag
+        return pack_header(len(sealed), frame_type) + sealed
 
     def _reserve_nonces(self, count: int) -> None:
         if self._send_nonce + count >= MAX_NONCE:  # pragma: no cover - 2**64 frames
@@ -189,7 +226,7 @@ class Transport:
         """Bytes of an incomplete frame held; non-zero at EOF means truncation."""
         return len(self._buffer) - self._offset
 
-    def next_event(self) -> Data | KeepAlive | EndOfStream | _NeedData:
+    def next_event(self) -> Data | KeepAlive | EndOfStream | Migrate | _NeedData:
         """Return the next complete event, or :data:`NEED_DATA`.
 
         Consecutive DATA frames that are all buffered come out as one
@@ -198,7 +235,8 @@ class Transport:
 
         Raises:
             RemoteProtocolError: codes ``DECRYPT_FAILED``, ``FRAME_TOO_LARGE``,
-                ``FRAME_TOO_SHORT``, ``UNKNOWN_FRAME_TYPE``, ``DATA_AFTER_END``.
+                ``FRAME_TOO_SHORT``, ``UNKNOWN_FRAME_TYPE``, ``DATA_AFTER_END``,
+                ``BAD_MIGRATE`` (a MIGRATE whose body is not a path id).
                 The transport stays failed; every later call raises it again.
         """
         if self._failed is not None:
@@ -268,7 +306,8 @@ class Transport:
             del out[written:]
         return Data(out)
 
-    def _decrypt_control(self, position: int, frame_type: int) -> KeepAlive | EndOfStream:
+    def _decrypt_control(self, position: int, frame_type: int
+                         ) -> KeepAlive | EndOfStream | Migrate:
         length = int.from_bytes(self._buffer[position : position + 3], "little")
         start = position + HEADER_BYTES
         try:
@@ -283,6 +322,11 @@ class Transport:
         self.frames_received += 1
         self._offset = start + length
         self._after_consume()
+        if frame_type == FrameType.MIGRATE:
+            if len(plaintext) != PATH_ID_BYTES:
+                self._fail(f"MIGRATE names a path of {len(plaintext)} bytes, not "
+                           f"{PATH_ID_BYTES}", "BAD_MIGRATE")
+            return Migrate(plaintext)
         if plaintext:
             self._fail("control frame carries a payload", "UNKNOWN_FRAME_TYPE")
         if frame_type == FrameType.KEEPALIVE:
@@ -304,7 +348,8 @@ _DECRYPT_FAILED: Final = (
     "frame failed authentication (altered, replayed or out of order)",
     "DECRYPT_FAILED",
 )
-_KNOWN_TYPES: Final = frozenset({FrameType.DATA, FrameType.KEEPALIVE, FrameType.END})
+_KNOWN_TYPES: Final = frozenset({FrameType.DATA, FrameType.KEEPALIVE, FrameType.END,
+                                 FrameType.MIGRATE})
 
 
 def _check_header(length: int, frame_type: int) -> tuple[str, str] | None:

@@ -42,6 +42,9 @@ class FrameType(IntEnum):
     KEEPALIVE = 0x02
     #: The sender will send no more data (half-close); the receiver sees EOF.
     END = 0x03
+    #: The sender moved its frames to another path of the same session: this is
+    #: its last frame on this one (body: the new path's 16-byte id, encrypted).
+    MIGRATE = 0x04
 
 
 def pack_header(length: int, frame_type: int) -> bytes:

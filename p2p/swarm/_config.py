@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..connection import Address, ConnectionConfig
 from ..host import Firewall
 from ..lan import LanConfig
+from ..punch import PunchConfig
 from ._peers import BackoffPolicy
 
 __all__ = ["Address", "Firewall", "LanConfig", "SwarmConfig"]
@@ -33,6 +34,10 @@ class SwarmConfig:
     (``p2p.lan``): peers of one LAN find each other with no DHT, and ``connect``
     tries a peer's LAN addresses first. None (the default): off, as a multicast
     packet reaches every host of the segment, which the operator decides."""
+
+    hole_punching: PunchConfig | None = field(default_factory=PunchConfig)
+    """Move relayed connections to direct ones by TCP hole punching, keeping the
+    session (``p2p.punch``); None: stay on the relay."""
 
     known_peers: tuple[tuple[bytes, tuple[Address, ...]], ...] = ()
     """Peers whose addresses the deployment already knows (its relays), as (key,

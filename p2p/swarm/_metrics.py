@@ -35,15 +35,15 @@ class SwarmMetrics:
     def __init__(
         self,
         *,
-        count_connections: Callable[[bool], int],
+        count_connections: Callable[[str], int],
         count_reservations: Callable[[], int],
     ) -> None:
         self.registry = CollectorRegistry()
         connections = Gauge(
             "swarm_connections", "Open connections", ["path"], registry=self.registry
         )
-        connections.labels("direct").set_function(lambda: count_connections(False))
-        connections.labels("relayed").set_function(lambda: count_connections(True))
+        for path in ("direct", "punched", "relayed"):
+            connections.labels(path).set_function(lambda path=path: count_connections(path))
         Gauge(
             "swarm_relay_reservations", "Relays holding a reservation for us",
             registry=self.registry,

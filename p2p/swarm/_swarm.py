@@ -33,12 +33,14 @@ from dataclasses import dataclass
 
 import trio
 
-from ..connection import Address, Connection
+from ..connection import Address, Connection, is_local_address
 from ..dht import DhtNode, record_topic_for_key
+from ..dht._nat import NatType
 from ..host import Firewall, HostConfig, PeerHost, Reserved, Service
 from ..keys import KeyPair, format_key
 from ..lan import LanDiscovery
 from ..net import Network, SocketNetwork
+from ..punch import HolePunchService, PunchMetrics
 from ._config import SwarmConfig
 from ._dialer import Dialer
 from ._errors import SwarmClosed
@@ -88,8 +90,8 @@ class Swarm:
         self.rng = rng or random.Random()
         self.peers = PeerTable(policy=self.config.backoff, rng=self.rng)
         self.metrics = SwarmMetrics(
-            count_connections=lambda relayed: sum(
-                c.relayed == relayed for c in self.connections.values()
+            count_connections=lambda path: sum(
+                c.path == path for c in self.connections.values()
             ),
             count_reservations=lambda: len(self.reservations.reserved),
         )
@@ -114,6 +116,15 @@ class Swarm:
             self.host.add_firewall(firewall)
         for service in services:
             self.host.add_service(service)
+        #: Hole punching on relayed connections (``config.hole_punching``).
+        self.punch: HolePunchService | None = None
+        # Punch sockets are the host's real TCP sockets: not on a simulated network.
+        if self.config.hole_punching is not None and isinstance(self.network, SocketNetwork):
+            self.punch = HolePunchService(
+                local_hosts=self._punch_hosts, nat_type=self._nat_type,
+                config=self.config.hole_punching,
+                metrics=PunchMetrics(self.metrics.registry))
+            self.host.add_service(self.punch)
         self.topics = Topics(self)
         self.dialer = Dialer(self)
         self.reservations = Reservations(self)
@@ -304,6 +315,22 @@ class Swarm:
             if key == public_key:
                 found += addresses
         return tuple(dict.fromkeys(found))
+
+    def _nat_type(self) -> NatType:
+        return self.dht.nat_type() if self.dht is not None else NatType.UNKNOWN
+
+    def _punch_hosts(self, connection: Connection) -> list[str]:
+        """Hosts a peer may punch us on: where the DHT sees us, then our
+        interfaces' (a peer on our LAN); only loopback when the relay is local."""
+        relay = connection.remote_address
+        if relay is not None and relay[0].startswith("127."):
+            return ["127.0.0.1"]  # the peer is on this machine, behind the same relay
+        hosts: list[str] = []
+        seen = self.dht.core.address if self.dht is not None else None
+        if seen is not None and not is_local_address(seen[0]):
+            hosts.append(seen[0])
+        hosts += self.network.interface_hosts()
+        return hosts
 
     def _lan_addresses(self) -> list[Address]:
         """What our LAN beacons name: the listener on each IPv4 interface address."""

@@ -34,7 +34,8 @@ async def test_a_dialer_reaches_a_relay_only_peer_and_the_relay_sees_only_cipher
         async with swarm_net() as net:
             await net.start_relay(relay_key,
                                   observer=lambda direction, chunk: forwarded.extend(chunk))
-            agent = await net.start(relays=(relay_key.public_key,),
+            # No hole punching: the connection must stay on the relay to be watched.
+            agent = await net.start(relays=(relay_key.public_key,), hole_punching=None,
                                     announce_addresses=(("127.0.0.1", closed_port()),))
             await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
             received = trio.Event()
@@ -46,7 +47,7 @@ async def test_a_dialer_reaches_a_relay_only_peer_and_the_relay_sees_only_cipher
                 received.set()
 
             agent.add_service(ChannelService.of_handler("echo", echo))
-            worker = await net.start()
+            worker = await net.start(hole_punching=None)
             connection = await worker.connect(agent.public_key)
             assert connection.relayed and connection.relay_key == relay_key.public_key
             channel = await connection.open_channel("echo")

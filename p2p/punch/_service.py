@@ -1,0 +1,352 @@
+"""Hole punching on relayed connections, keeping the session (the trio driver).
+
+A connection that came through a blind relay is usable at once; this service
+then tries, in the background, to move it to a direct TCP connection:
+
+1. signal on channel ``holepunch/1`` (:mod:`._messages`): NAT types, the
+   port each side punches from, the hosts each may be reached on; the
+   initiator times the exchange and says ``sync`` (or ``skip``, when the NAT
+   types leave TCP no chance: a random-mapping NAT cannot be predicted);
+2. both sides connect to every host of the other from their punch port at
+   about the same moment (:func:`._tcp.simultaneous_open`), LAN addresses and
+   the public one raced;
+3. the first TCP connection on which both ends prove the session
+   (:mod:`._proof`) gets the session: the initiator's stream migrates to it
+   (a MIGRATE frame on the relayed path, every later frame on the new one),
+   the responder follows when it reads that frame, and the relayed path,
+   which both have left, is closed. Channels and calls in flight never notice.
+
+Outcomes are counted by NAT pair (``swarm_punch_total``) with the time to the
+direct path; the connection's ``path`` becomes ``punched``, or its
+``punch_outcome`` says why it stayed relayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ..dht._nat import NatType
+from ..errors import P2PError
+from ..host import Service
+from ..mux import Channel, ChannelRejected, MuxError
+from ..noise import SecretStream
+from ._messages import MAX_HOSTS, Connect, Skip, Sync, decode, encode
+from ._proof import (
+    HELLO_BYTES,
+    NONCE_BYTES,
+    PROOF_BYTES,
+    PathProofError,
+    check_proof,
+    make_hello,
+    make_proof,
+    parse_hello,
+    path_id,
+)
+from ._tcp import PunchSocket, simultaneous_open
+
+if TYPE_CHECKING:
+    from ..connection import Connection
+
+__all__ = ["PROTOCOL", "HolePunchService", "PunchConfig", "PunchMetrics", "prove_path"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "holepunch/1"
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PunchConfig:
+    """Timing of a punch."""
+
+    signal_timeout_s: float = 10.0
+    """The signalling exchange on the relayed connection, each message."""
+
+    punch_s: float = 8.0
+    """How long both sides keep trying simultaneous opens."""
+
+    proof_timeout_s: float = 3.0
+    """A connected path's proof exchange."""
+
+    switch_timeout_s: float = 10.0
+    """After the initiator moved: how long it waits for the responder to follow."""
+
+
+class PunchMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "swarm") -> None:
+        self.outcomes = Counter(
+            f"{prefix}_punch", "Hole punches on relayed connections, by NAT pair "
+            "(ours/theirs) and outcome", ["pair", "outcome"], registry=registry)
+        self.time_to_direct = Histogram(
+            f"{prefix}_punch_time_to_direct_seconds",
+            "From the relayed connection's start to the session on the punched path",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30), registry=registry)
+
+
+class _Failed(Exception):
+    """This punch is over without a direct path; the message is the outcome."""
+
+
+def _why_not(ours: NatType, theirs: NatType) -> str | None:
+    """Why no TCP punch can work between these NATs, or None to try."""
+    if ours == NatType.RANDOM and theirs == NatType.RANDOM:
+        return "double_random_nat"
+    if NatType.RANDOM in (ours, theirs):
+        # A random-mapping NAT picks a new public port for the punch socket:
+        # TCP has no birthday trick (a UDP punch would be needed).
+        return "random_nat"
+    return None
+
+
+async def _receive_exactly(stream: trio.abc.Stream, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:  # bounded: each read adds at least one byte or raises
+        chunk = await stream.receive_some(size - len(data))
+        if not chunk:
+            raise PathProofError("the path closed during the proof")
+        data += chunk
+    return bytes(data)
+
+
+async def prove_path(raw: trio.abc.Stream, session: SecretStream, *,
+                     timeout_s: float) -> bytes:
+    """Prove that ``raw`` reaches the other end of ``session``; return the path's id.
+
+    Raises:
+        PathProofError: a stranger, a replay, another session, a timeout, a close.
+    """
+    secret = session.path_secret
+    role, peer_role = (b"I", b"R") if session.is_initiator else (b"R", b"I")
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    try:
+        with trio.fail_after(timeout_s):
+            await raw.send_all(make_hello(secret, role, nonce))
+            peer_nonce = parse_hello(await _receive_exactly(raw, HELLO_BYTES), secret,
+                                     peer_role=peer_role)
+            await raw.send_all(make_proof(secret, role, nonce, peer_nonce))
+            check_proof(await _receive_exactly(raw, PROOF_BYTES), secret, peer_role=peer_role,
+                        peer_nonce=peer_nonce, own_nonce=nonce)
+    except trio.TooSlowError:
+        raise PathProofError(f"no proof within {timeout_s} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        raise PathProofError(f"the path broke during the proof: {exc}") from exc
+    return path_id(nonce, peer_nonce) if session.is_initiator else path_id(peer_nonce, nonce)
+
+
+class HolePunchService(Service):
+    """Moves relayed connections to punched direct ones (see the module doc).
+
+    Args:
+        local_hosts: the IPv4 hosts we may be reached on, for one connection
+            (public address as the DHT saw it, interfaces').
+        nat_type: our NAT's type as the DHT sees it.
+    """
+
+    protocol = PROTOCOL
+
+    def __init__(self, *, local_hosts: Callable[[Connection], list[str]],
+                 nat_type: Callable[[], NatType], config: PunchConfig | None = None,
+                 metrics: PunchMetrics | None = None) -> None:
+        self.config = config or PunchConfig()
+        self.metrics = metrics or PunchMetrics()
+        self._local_hosts = local_hosts
+        self._nat_type = nat_type
+
+    # -- the initiator's side ---------------------------------------------------
+
+    async def on_connection(self, connection: Connection) -> None:
+        if not connection.relayed or not connection.is_initiator:
+            return
+        ours, theirs = self._nat_type(), NatType.UNKNOWN
+        try:
+            channel = await connection.open_channel(PROTOCOL, secrets.token_bytes(8))
+        except ChannelRejected:
+            self._settle(connection, ours, theirs, "unsupported")
+            return
+        except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the connection ended
+        holder = PunchSocket()
+        try:
+            async with channel:
+                port = await holder.bind()
+                mine = Connect(nat=ours, port=port, hosts=self._hosts(connection))
+                started = trio.current_time()
+                with trio.fail_after(self.config.signal_timeout_s):
+                    await channel.send(encode(mine))
+                    peer = decode(await channel.receive())
+                rtt = trio.current_time() - started
+                if not isinstance(peer, Connect):
+                    raise _Failed("protocol_error")
+                theirs = peer.nat
+                reason = _why_not(ours, theirs)
+                if reason is not None:
+                    await channel.send(encode(Skip(reason=reason)))
+                    raise _Failed(reason)
+                await channel.send(encode(Sync()))
+                await trio.sleep(rtt / 2)
+                won = await self._race(connection, holder, peer, initiator=True)
+                if won is None:
+                    raise _Failed("no_path")
+                pid, raw, address = won
+                stream = connection.stream
+                stream.offer_path(pid, raw)
+                await stream.migrate(pid)
+                with trio.move_on_after(self.config.switch_timeout_s):
+                    while stream.read_path_id != pid:
+                        await stream.wait_path_change()
+                if stream.read_path_id != pid:
+                    raise _Failed("peer_did_not_follow")
+                self._moved(connection, ours, theirs, address)
+        except _Failed as failed:
+            self._settle(connection, ours, theirs, str(failed))
+        except trio.TooSlowError:
+            self._settle(connection, ours, theirs, "signal_timeout")
+        except (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
+                OSError) as exc:
+            log.info("punch.failed peer=%s reason=%r", connection.peer_label, exc)
+            self._settle(connection, ours, theirs, "error")
+        finally:
+            holder.close()
+
+    # -- the responder's side ---------------------------------------------------
+
+    async def serve_channel(self, channel: Channel, connection: Connection) -> None:
+        if not connection.relayed or connection.is_initiator:
+            return  # only the initiator of a relayed session starts a punch
+        ours, theirs = self._nat_type(), NatType.UNKNOWN
+        holder = PunchSocket()
+        try:
+            port = await holder.bind()
+            with trio.fail_after(self.config.signal_timeout_s):
+                peer = decode(await channel.receive())
+                if not isinstance(peer, Connect):
+                    raise _Failed("protocol_error")
+                theirs = peer.nat
+                await channel.send(encode(Connect(nat=ours, port=port,
+                                                  hosts=self._hosts(connection))))
+                verdict = decode(await channel.receive())
+            if isinstance(verdict, Skip):
+                raise _Failed(verdict.reason if verdict.reason in _KNOWN_SKIPS else "skipped")
+            if not isinstance(verdict, Sync):
+                raise _Failed("protocol_error")
+            stream = connection.stream
+            before = stream.read_path_id
+            async with trio.open_nursery() as nursery:
+                # Keep proving paths until the initiator's MIGRATE names one
+                # (any of ours may be the one it chose), or its race is over.
+                nursery.start_soon(self._race, connection, holder, peer, False)
+                with trio.move_on_after(self.config.punch_s + self.config.proof_timeout_s
+                                        + self.config.switch_timeout_s):
+                    while stream.read_path_id == before:
+                        await stream.wait_path_change()
+                nursery.cancel_scope.cancel()
+            if stream.read_path_id == before:
+                raise _Failed("no_path")
+            await stream.migrate(stream.read_path_id)
+            await stream.discard_offered()
+            self._moved(connection, ours, theirs, stream.read_path_address)
+        except _Failed as failed:
+            self._settle(connection, ours, theirs, str(failed))
+        except trio.TooSlowError:
+            self._settle(connection, ours, theirs, "signal_timeout")
+        except (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
+                OSError) as exc:
+            log.info("punch.failed peer=%s reason=%r", connection.peer_label, exc)
+            self._settle(connection, ours, theirs, "error")
+        finally:
+            holder.close()
+
+    # -- both ---------------------------------------------------------------------
+
+    async def _race(self, connection: Connection, holder: PunchSocket, peer: Connect,
+                    initiator: bool) -> tuple[bytes, trio.SocketStream, Address] | None:
+        """Simultaneous opens to each of the peer's hosts, and what our punch
+        port accepts; each connected path is proven. The initiator takes the
+        first proven one (the rest are closed); the responder offers every
+        proven path to the session, since it cannot know which one the
+        initiator took."""
+        deadline = trio.current_time() + self.config.punch_s
+        won: list[tuple[bytes, trio.SocketStream, Address]] = []
+        stream = connection.stream
+        port = holder.port
+
+        async def attempt(address: Address, done: trio.CancelScope) -> None:
+            try:
+                raw = await simultaneous_open(port, address, deadline=deadline)
+            except OSError as exc:
+                log.debug("punch.open_failed peer=%s to=%s:%d reason=%s",
+                          connection.peer_label, *address, exc)
+                return
+            await prove(raw, address, done)
+
+        async def accept(done: trio.CancelScope) -> None:
+            # Bounded: a stranger may connect to the open port; each must prove
+            # the session within the proof timeout, and only a few may try.
+            with trio.move_on_at(deadline):
+                async with trio.open_nursery() as proving:
+                    for _ in range(_MAX_ACCEPTED):
+                        raw, address = await holder.accept()
+                        proving.start_soon(prove, raw, address, done)
+
+        async def prove(raw: trio.SocketStream, address: Address,
+                        done: trio.CancelScope) -> None:
+            try:
+                pid = await prove_path(raw, stream, timeout_s=self.config.proof_timeout_s)
+            except PathProofError as exc:
+                log.info("punch.proof_failed peer=%s to=%s:%d reason=%s",
+                         connection.peer_label, *address, exc)
+                await trio.aclose_forcefully(raw)
+                return
+            if initiator:
+                if won:
+                    await trio.aclose_forcefully(raw)
+                    return
+                won.append((pid, raw, address))
+                done.cancel()
+            else:
+                try:
+                    stream.offer_path(pid, raw, address=address)
+                except (ValueError, trio.ClosedResourceError, trio.BrokenResourceError):
+                    await trio.aclose_forcefully(raw)
+
+        hosts = list(dict.fromkeys(peer.hosts))[:MAX_HOSTS]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept, nursery.cancel_scope)
+            for host in hosts:
+                if ":" in host:
+                    continue  # IPv4 punch sockets
+                nursery.start_soon(attempt, (host, peer.port), nursery.cancel_scope)
+        return won[0] if won else None
+
+    def _hosts(self, connection: Connection) -> list[str]:
+        hosts = [h for h in self._local_hosts(connection) if ":" not in h]
+        return list(dict.fromkeys(hosts))[:MAX_HOSTS]
+
+    def _moved(self, connection: Connection, ours: NatType, theirs: NatType,
+               address: Address | None) -> None:
+        took = trio.current_time() - connection.opened_at
+        self.metrics.outcomes.labels(f"{ours}/{theirs}", "direct").inc()
+        self.metrics.time_to_direct.observe(took)
+        connection.moved(address, "punched")
+        connection.punch_settled("direct")
+        log.info("punch.direct peer=%s nat=%s/%s to=%s after=%.2fs", connection.peer_label,
+                 ours, theirs, f"{address[0]}:{address[1]}" if address else "-", took)
+
+    def _settle(self, connection: Connection, ours: NatType, theirs: NatType,
+                outcome: str) -> None:
+        self.metrics.outcomes.labels(f"{ours}/{theirs}", outcome).inc()
+        connection.punch_settled(outcome)
+        log.info("punch.stays_relayed peer=%s nat=%s/%s outcome=%s", connection.peer_label,
+                 ours, theirs, outcome)
+
+
+#: Connections a punch port accepts (and asks to prove the session) at most.
+_MAX_ACCEPTED = 16
+_KNOWN_SKIPS = frozenset({"double_random_nat", "random_nat"})

@@ -1,0 +1,78 @@
+"""Hole punching in one process on 127.0.0.1: a connection that starts on a blind
+relay moves to a direct TCP path with the session, its channels and the bytes in
+flight kept. (The NAT lab, tests/netns/test_punch_lab.py, punches through real
+Linux NATs; here nothing blocks the direct path but the peer's announced address.)"""
+
+import hashlib
+
+import trio
+
+from p2p.host import ChannelService
+from p2p.keys import KeyPair
+
+from ..helpers import wait_until
+from .helpers import swarm_net
+from .test_swarm_relay import closed_port
+
+TOTAL = 8 * 1024 * 1024
+PIECE = 16 * 1024
+
+
+async def test_a_relayed_connection_moves_to_a_punched_path_mid_stream_and_keeps_every_byte():
+    relay_key = KeyPair.generate()
+    forwarded = bytearray()
+    pattern = hashlib.sha256(b"punch").digest() * (PIECE // 32)
+    received = bytearray()
+    done = trio.Event()
+
+    async def sink(channel):
+        while len(received) < TOTAL:
+            received.extend(await channel.receive())
+        await channel.send(hashlib.sha256(received).digest())
+        done.set()
+
+    async def echo(channel):
+        await channel.send(await channel.receive())
+
+    with trio.fail_after(60):
+        async with swarm_net() as net:
+            await net.start_relay(relay_key,
+                                  observer=lambda direction, chunk: forwarded.extend(chunk))
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=(("127.0.0.1", closed_port()),),
+                                    services=[ChannelService.of_handler("sink", sink),
+                                              ChannelService.of_handler("echo", echo)])
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            worker = await net.start()
+            connection = await worker.connect(agent.public_key)
+            assert connection.relayed
+            # A channel opened on the relay, streaming while the session moves.
+            channel = await connection.open_channel("sink")
+            sent = hashlib.sha256()
+            for offset in range(0, TOTAL, PIECE):
+                piece = bytes([offset // PIECE % 251]) + pattern[1:]
+                await channel.send(piece)
+                sent.update(piece)
+                if offset == PIECE * 8:
+                    await trio.sleep(0.05)  # the punch runs meanwhile
+            assert await channel.receive() == sent.digest()
+            await done.wait()
+            await wait_until(lambda: connection.path == "punched", limit_s=15)
+            theirs = agent.connections[worker.public_key]
+            await wait_until(lambda: theirs.path == "punched")
+            assert connection is worker.connections[agent.public_key]  # the same session
+            assert not connection.relayed and connection.relay_key is None
+            assert connection.punch_outcome == theirs.punch_outcome == "direct"
+            # The stream started on the relay and finished on the punched path...
+            assert PIECE * 4 < len(forwarded) < TOTAL
+            # ...which carries every new channel: the relay sees nothing more.
+            relayed_before = len(forwarded)
+            fresh = await connection.open_channel("echo")
+            await fresh.send(b"after the move")
+            assert await fresh.receive() == b"after the move"
+            assert len(forwarded) == relayed_before
+            metrics = worker.metrics.registry
+            assert metrics.get_sample_value(
+                "swarm_punch_total", {"pair": "unknown/unknown", "outcome": "direct"}) == 1
+            assert metrics.get_sample_value("swarm_connections", {"path": "punched"}) == 1
+            assert metrics.get_sample_value("swarm_connections", {"path": "relayed"}) == 0
