@@ -38,7 +38,7 @@ from .dht import parse_bootstrap
 
 log = logging.getLogger(__name__)
 
-__all__ = ["beam", "connect_failure_reason"]
+__all__ = ["beam", "connect_failure_reason", "report_path"]
 
 PROTOCOL = "beam/1"
 #: How long a connected peer has to open its beam channel.
@@ -144,7 +144,11 @@ class BeamService(ChannelService):
         self._taken = True
         self.connection = connection
         try:
-            await _pipe(channel, self.quiet)
+            async with trio.open_nursery() as nursery:
+                if not self.quiet:
+                    nursery.start_soon(report_path, connection)
+                await _pipe(channel, self.quiet)
+                nursery.cancel_scope.cancel()
             self.finished = True
         finally:
             self.done.set()
@@ -258,8 +262,30 @@ async def _dial_by_key(
                  + (f" ({exc})" if exc.code == "DHT_UNREACHABLE" else ""))
         except SwarmError as exc:
             fail(f"cannot reach the listener: {exc}")
+        if not quiet:
+            nursery.start_soon(report_path, connection)
         await _open_and_pipe(connection, quiet)
         nursery.cancel_scope.cancel()
+
+
+async def report_path(connection: Connection) -> None:
+    """Say on stderr how the bytes go: through a relay, then (if the hole punch
+    works) on a direct path, or why they stay on the relay."""
+    if not connection.relayed:
+        return
+    assert connection.relay_key is not None
+    err.print(f"beam: connected through relay {format_key(connection.relay_key)[:16]}…; "
+              "trying a direct path", markup=False)
+    # Bounded by the punch's own timeouts: it always settles with an outcome.
+    while connection.path == "relayed" and connection.punch_outcome is None:
+        await connection.wait_path_changed()
+    if connection.path == "punched":
+        took = trio.current_time() - connection.opened_at
+        where = connection.remote_address
+        to = f" to {where[0]}:{where[1]}" if where else ""
+        err.print(f"beam: moved to a direct path{to} after {took:.2f} s", markup=False)
+    else:
+        err.print(f"beam: staying on the relay ({connection.punch_outcome})", markup=False)
 
 
 async def _dial(

@@ -98,9 +98,10 @@ def _why_not(ours: NatType, theirs: NatType) -> str | None:
     """Why no TCP punch can work between these NATs, or None to try."""
     if ours == NatType.RANDOM and theirs == NatType.RANDOM:
         return "double_random_nat"
-    if NatType.RANDOM in (ours, theirs):
-        # A random-mapping NAT picks a new public port for the punch socket:
-        # TCP has no birthday trick (a UDP punch would be needed).
+    if NatType.RANDOM in (ours, theirs) and NatType.OPEN not in (ours, theirs):
+        # A random-mapping NAT picks a new public port for the punch socket: the
+        # peer cannot aim at it (TCP has no birthday trick; a UDP punch would be
+        # needed). An open peer needs no aim: its punch port accepts the connect.
         return "random_nat"
     return None
 

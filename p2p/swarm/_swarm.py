@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..connection import Address, Connection, is_local_address
+from ..connection import Address, Connection
 from ..dht import DhtNode, record_topic_for_key
 from ..dht._nat import NatType
 from ..host import Firewall, HostConfig, PeerHost, Reserved, Service
@@ -327,8 +327,8 @@ class Swarm:
             return ["127.0.0.1"]  # the peer is on this machine, behind the same relay
         hosts: list[str] = []
         seen = self.dht.core.address if self.dht is not None else None
-        if seen is not None and not is_local_address(seen[0]):
-            hosts.append(seen[0])
+        if seen is not None and not seen[0].startswith("127."):
+            hosts.append(seen[0])  # private ranges too: a NAT inside a larger network
         hosts += self.network.interface_hosts()
         return hosts
 

@@ -7,6 +7,7 @@ from typing import NoReturn
 
 import pytest
 
+from tests.netns.nat_lab import NatLab, RunningLab, start_services
 from tests.netns.topology import (
     NetnsUnavailable,
     Topology,
@@ -51,3 +52,16 @@ def topology(netns_available: None) -> Iterator[Topology]:
         yield topo
     finally:
         topo.close()
+
+
+@pytest.fixture(scope="session")
+def nat_lab(tmp_path_factory) -> Iterator[RunningLab]:
+    """The NAT lab (nat_lab.py) with three DHT nodes and a blind relay on its
+    "internet"; built once per run (a few seconds) and shared by its tests."""
+    from tests.netns.test_relay_scenario import BLIND_RELAY, COSMICAC, wait_for_ready
+
+    if (reason := unavailable_reason()) is not None:
+        _unavailable(reason)
+    folder = tmp_path_factory.mktemp("nat-lab")
+    with NatLab.create() as built:
+        yield start_services(built, folder, COSMICAC, BLIND_RELAY, wait_for_ready)

@@ -65,7 +65,7 @@ SWITCH = "sw"
 NS_PREFIX = "cac-"
 NETNS_DIR = Path("/run/netns")
 #: This scheme's namespaces (nat_lab.py's and deploy_lab.py's hosts too).
-_NS_NAME = re.compile(r"^cac-(\d+)-(\d+)-(sw|relay|worker|agent|inet|nat1|nat2|a|b|open"
+_NS_NAME = re.compile(r"^cac-(\d+)-(\d+)-(sw|relay|worker|agent|inet|nat\d|[a-d]|open"
                       r"|control|gpu|desk)$")
 _counter = itertools.count()
 
