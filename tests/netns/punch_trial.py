@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
