@@ -76,12 +76,16 @@ def beam(
     lan: bool = typer.Option(
         False, "--lan", help="Find each other on this LAN by signed multicast beacons "
         "(no DHT needed); beacons reach every host of the segment."),
+    punch: bool = typer.Option(
+        True, "--punch/--no-punch", help="When the peer is reached through a relay, move "
+        "the beam to a direct path if a hole punch gets through both NATs."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Pipe stdin/stdout to a peer over an encrypted, key-pinned stream."""
     dht_bootstrap = parse_bootstrap(bootstrap) if bootstrap else []
     lan_config = LanConfig() if lan else None
     relays = parse_keys(relay, what="relay key") if relay else []
+    punching = {} if punch else {"hole_punching": None}
     if relays and not (listen and dht_bootstrap):
         fail("--relay is for a listener with --bootstrap (dialers learn relays from the DHT)",
              code=2)
@@ -96,7 +100,7 @@ def beam(
             config = SwarmConfig(host=host or (wildcard_for(dht_bootstrap) if dht_bootstrap
                                                else "0.0.0.0"), port=port,
                                  bootstrap=tuple(dht_bootstrap), relays=tuple(relays),
-                                 lan=lan_config)
+                                 lan=lan_config, **punching)
             run_trio(_listen_on_swarm, keypair, config, quiet)
         else:
             run_trio(_listen, keypair, host or "127.0.0.1", port, quiet)
@@ -111,7 +115,7 @@ def beam(
         config = SwarmConfig(host=host or (wildcard_for(dht_bootstrap) if dht_bootstrap
                                            else "0.0.0.0"),
                              bootstrap=tuple(dht_bootstrap), announce_key=False,
-                             lan=lan_config)
+                             lan=lan_config, **punching)
         run_trio(_dial_by_key, keypair, remote_key, config, quiet)
         return
     remote_key, target = parse_peer(key, address, what="listener key")

@@ -138,7 +138,8 @@ async def start_peer(daemon: DaemonHost, keypair: KeyPair, settings: PeerSetting
         "host": settings.host, "port": settings.port, "bootstrap": settings.bootstrap,
         "relays": settings.relays, "announce_addresses": settings.announce_addresses,
         "known_peers": known_peers(settings.relay_addresses),
-        "lan": LanConfig() if settings.lan_discovery else None, **swarm_config})
+        "lan": LanConfig() if settings.lan_discovery else None,
+        **({} if settings.hole_punching else {"hole_punching": None}), **swarm_config})
     swarm = Swarm(keypair, config=config, network=daemon.network, services=list(services))
     if reserved is not None:
         swarm.add_reserved(reserved)

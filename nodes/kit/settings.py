@@ -64,6 +64,10 @@ class PeerSettings(DaemonSettings):
     #: the others' (p2p.lan): peers of one LAN meet with no DHT reachable. Off by
     #: default: a beacon reaches every host of the segment.
     lan_discovery: bool = False
+    #: Move connections that came through a relay to a direct path when a TCP hole
+    #: punch gets through both NATs (p2p.punch), keeping the session; off: relayed
+    #: connections stay on the relay.
+    hole_punching: bool = True
 
 
 class HttpSettings(BaseModel):

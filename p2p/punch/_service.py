@@ -37,7 +37,7 @@ from ..errors import P2PError
 from ..host import Service
 from ..mux import Channel, ChannelRejected, MuxError
 from ..noise import SecretStream
-from ._messages import MAX_HOSTS, Connect, Skip, Sync, decode, encode
+from ._messages import MAX_HOSTS, Connect, PunchMessageError, Skip, Sync, decode, encode
 from ._proof import (
     HELLO_BYTES,
     NONCE_BYTES,
@@ -209,6 +209,9 @@ class HolePunchService(Service):
             self._settle(connection, ours, theirs, str(failed))
         except trio.TooSlowError:
             self._settle(connection, ours, theirs, "signal_timeout")
+        except PunchMessageError as exc:
+            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label, exc)
+            self._settle(connection, ours, theirs, "protocol_error")
         except (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
                 OSError) as exc:
             log.info("punch.failed peer=%s reason=%r", connection.peer_label, exc)
@@ -257,6 +260,9 @@ class HolePunchService(Service):
             self._settle(connection, ours, theirs, str(failed))
         except trio.TooSlowError:
             self._settle(connection, ours, theirs, "signal_timeout")
+        except PunchMessageError as exc:
+            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label, exc)
+            self._settle(connection, ours, theirs, "protocol_error")
         except (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
                 OSError) as exc:
             log.info("punch.failed peer=%s reason=%r", connection.peer_label, exc)

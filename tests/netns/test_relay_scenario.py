@@ -95,9 +95,12 @@ def start_relay(topology: Topology, tmp_path: Path, name: str) -> tuple[subproce
 
 
 def start_agent(topology: Topology, tmp_path: Path, data: Path, relay_key: str | None,
-                name: str = "agent") -> tuple[subprocess.Popen, str, Path]:
+                name: str = "agent", *, punch: bool = False) -> tuple[subprocess.Popen, str, Path]:
+    """A beam listener on the firewalled agent host; without ``punch`` its
+    connections stay on the relay (these tests are about the relay's path)."""
     err = tmp_path / f"{name}.err"
-    argv = [COSMICAC, "beam", "--listen", "--bootstrap", BOOTSTRAP, "--host", AGENT_ADDR]
+    argv = [COSMICAC, "beam", "--listen", "--bootstrap", BOOTSTRAP, "--host", AGENT_ADDR,
+            "--punch" if punch else "--no-punch"]
     if relay_key:
         argv += ["--relay", relay_key]
     process = topology.popen(AGENT, argv, stdin=data.open("rb"),
@@ -106,9 +109,11 @@ def start_agent(topology: Topology, tmp_path: Path, data: Path, relay_key: str |
     return process, key, err
 
 
-def dial(topology: Topology, key: str, data: Path, out: Path, *, timeout: float = 120):
+def dial(topology: Topology, key: str, data: Path, out: Path, *, timeout: float = 120,
+         punch: bool = False):
     with data.open("rb") as stdin, out.open("wb") as stdout:
-        return topology.run(WORKER, [COSMICAC, "beam", key, "--bootstrap", BOOTSTRAP],
+        return topology.run(WORKER, [COSMICAC, "beam", key, "--bootstrap", BOOTSTRAP,
+                                     "--punch" if punch else "--no-punch"],
                             stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True,
                             timeout=timeout)
 
@@ -163,6 +168,33 @@ def test_through_the_relay_16_mib_each_way_and_the_relay_sees_no_plaintext(
     assert seen.summary["bytes"] > 60 << 20 and not seen.summary.get("truncated"), \
         seen.summary  # kernel_drops > 0: the capture fell behind
     # ...and never a byte of plaintext.
+    assert not seen.contains(MARKER)
+
+
+def test_with_punching_the_beam_leaves_the_relay_though_the_agent_refuses_connections(
+    topology: Topology, tmp_path
+):
+    """The agent's firewall drops every inbound connection but lets replies in: a
+    simultaneous open is a reply to the agent's own SYN, so the session moves to
+    the direct path and the relay stops carrying it (hyperdht's users met this
+    case as same-LAN peers behind host firewalls)."""
+    start_bootstrap(topology, tmp_path)
+    _, relay_key = start_relay(topology, tmp_path, "relay")
+    to_worker, to_agent = tmp_path / "to-worker", tmp_path / "to-agent"
+    to_worker_sum, to_agent_sum = payload(to_worker, 16 << 20), payload(to_agent, 16 << 20)
+    agent, key, agent_err = start_agent(topology, tmp_path, to_worker, relay_key, punch=True)
+    wait_for_line(agent_err, re.compile(rf"reserved on relay {relay_key}"))
+    with Capture(topology, RELAY, tmp_path / "relay.cap", max_bytes=160 << 20) as capture:
+        result = dial(topology, key, to_agent, tmp_path / "worker.out", punch=True)
+        assert result.returncode == 0, result.stderr
+        assert agent.wait(timeout=60) == 0
+        seen = capture.stop()
+    assert "beam: connected through relay" in result.stderr
+    assert "beam: moved to a direct path" in result.stderr, result.stderr
+    assert sha256(tmp_path / "worker.out") == to_worker_sum
+    assert sha256(tmp_path / "agent.out") == to_agent_sum
+    # The relay carried the start; most of the 64 MiB it would carry went direct.
+    assert seen.summary["bytes"] < 32 << 20, seen.summary
     assert not seen.contains(MARKER)
 
 

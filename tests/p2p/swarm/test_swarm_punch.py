@@ -5,6 +5,7 @@ Linux NATs; here nothing blocks the direct path but the peer's announced address
 
 import hashlib
 
+import pytest
 import trio
 
 from p2p.host import ChannelService
@@ -76,3 +77,49 @@ async def test_a_relayed_connection_moves_to_a_punched_path_mid_stream_and_keeps
                 "swarm_punch_total", {"pair": "unknown/unknown", "outcome": "direct"}) == 1
             assert metrics.get_sample_value("swarm_connections", {"path": "punched"}) == 1
             assert metrics.get_sample_value("swarm_connections", {"path": "relayed"}) == 0
+
+
+async def test_garbage_on_the_punch_channel_ends_the_punch_not_the_connection():
+    """A peer (here one that does not punch itself) sends bytes that are no punch
+    message: the punch is over, counted as a protocol error; the session lives on."""
+    relay_key = KeyPair.generate()
+
+    async def echo(channel):
+        await channel.send(await channel.receive())
+
+    with trio.fail_after(30):
+        async with swarm_net() as net:
+            await net.start_relay(relay_key)
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=(("127.0.0.1", closed_port()),),
+                                    services=[ChannelService.of_handler("echo", echo)])
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            hostile = await net.start(hole_punching=None)
+            connection = await hostile.connect(agent.public_key)
+            assert connection.relayed
+            channel = await connection.open_channel("holepunch/1")
+            await channel.send(b"\xc1 not msgpack")
+            theirs = agent.connections[hostile.public_key]
+            await wait_until(lambda: theirs.punch_outcome is not None)
+            assert theirs.punch_outcome == "protocol_error"
+            assert theirs.path == "relayed"
+            probe = await connection.open_channel("echo")
+            await probe.send(b"still here")
+            assert await probe.receive() == b"still here"
+            assert agent.metrics.registry.get_sample_value(
+                "swarm_punch_total", {"pair": "unknown/unknown", "outcome": "protocol_error"}
+            ) == 1
+
+
+async def test_a_punch_asked_on_a_direct_connection_is_ignored():
+    async with swarm_net() as net:
+        agent = await net.start()
+        other = await net.start(hole_punching=None)
+        connection = await other.connect(agent.public_key)
+        assert not connection.relayed
+        channel = await connection.open_channel("holepunch/1")
+        await channel.send(b"anything")
+        with trio.fail_after(5), pytest.raises(trio.EndOfChannel):
+            await channel.receive()  # the agent closed it unanswered
+        theirs = agent.connections[other.public_key]
+        assert theirs.punch_outcome is None and theirs.path == "direct"
