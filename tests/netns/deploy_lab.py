@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from typing import Any
 
 from .topology import NS_PREFIX, _counter, _ip, _kill_and_delete, _run, cleanup_stale
@@ -88,6 +89,10 @@ class DeployLab:
                                 **options)
         self._procs.append(proc)
         return proc
+
+    def python(self, host: str, *args: Any, **options: Any) -> subprocess.Popen[Any]:
+        """The venv's Python started inside ``host`` (what tests/netns/capture.py needs)."""
+        return self.popen(host, [sys.executable, *map(str, args)], **options)
 
     def run(self, host: str, argv: list[str], **options: Any
             ) -> subprocess.CompletedProcess[Any]:

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns.capture import Capture
 from tests.netns.deploy_lab import ADDRESSES, DeployLab
 from tests.netns.test_relay_scenario import COSMICAC, wait_for_ready
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 SERVER = f"http://{ADDRESSES['control']}:5173"
+#: Printed by a shell on a job: must never cross the relay box in the clear.
+MARKER = "SHELL-PLAINTEXT-5d1c"
 EMAIL, PASSWORD = "ada@example.com", "a long enough password, really"
 #: (host, service, ready line's daemon name) in start order.
 DAEMONS = (("control", "dht", "dht-bootstrap"), ("relay", "relay", "relay"),
@@ -81,7 +84,8 @@ def _desk(lab: DeployLab, env: dict[str, str], *args: str, stdin: str | None = N
                    env=env, timeout=timeout)
 
 
-def test_a_workstation_that_reaches_only_the_door_and_the_relay_uses_the_platform(deployed):
+def test_a_workstation_that_reaches_only_the_door_and_the_relay_uses_the_platform(
+        deployed, tmp_path):
     lab, _, env = deployed
     signup = lab.run("desk", [sys.executable, "-c", (
         "import json, sys, urllib.request\n"
@@ -120,10 +124,15 @@ def test_a_workstation_that_reaches_only_the_door_and_the_relay_uses_the_platfor
     box = _desk(lab, env, "jobs", "create", "--name", "box", "--type", "container",
                 "--gpus", "1", "--wait", "--timeout", "120", timeout=180)
     assert box.returncode == 0, box.stderr
-    shell = _desk(lab, env, "shell", box.stdout.strip(), "--", "sh", "-c",
-                  "echo from-the-box; exit 5", timeout=60)
-    assert shell.stdout == "from-the-box\n", shell.stderr
+    # The relay box sees the shell's bytes go by, never what they say.
+    with Capture(lab, "relay", tmp_path / "relay.cap", max_bytes=64 << 20) as capture:
+        shell = _desk(lab, env, "shell", box.stdout.strip(), "--", "sh", "-c",
+                      f"echo {MARKER}-$((6*7)); exit 5", timeout=60)
+        seen = capture.stop()
+    assert shell.stdout == f"{MARKER}-42\n", shell.stderr
     assert shell.returncode == 5
+    assert seen.summary["packets"] > 0
+    assert not seen.contains(MARKER.encode()), "the relay box saw the shell's plaintext"
 
     logs = _desk(lab, env, "jobs", "logs", job)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
