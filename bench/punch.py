@@ -112,7 +112,7 @@ async def _throughput(mib: int, reps: int) -> None:
         connections = {}
         for path, target in targets.items():
             connections[path] = await dialer.connect(target.public_key)
-        await wait_until(lambda: connections["punched"].path == "punched", limit_s=15)
+        await wait_until(lambda: connections["punched"].path == "punched_tcp", limit_s=15)
         assert connections["relayed"].relayed and connections["direct"].path == "direct"
         for _ in range(reps):
             for path, connection in connections.items():

@@ -283,11 +283,13 @@ async def report_path(connection: Connection) -> None:
     # Bounded by the punch's own timeouts: it always settles with an outcome.
     while connection.path == "relayed" and connection.punch_outcome is None:
         await connection.wait_path_changed()
-    if connection.path == "punched":
+    if connection.path.startswith("punched"):
         took = trio.current_time() - connection.opened_at
         where = connection.remote_address
         to = f" to {where[0]}:{where[1]}" if where else ""
-        err.print(f"beam: moved to a direct path{to} after {took:.2f} s", markup=False)
+        how = "QUIC over UDP" if connection.path == "punched_udp" else "TCP"
+        err.print(f"beam: moved to a direct path{to} ({how}) after {took:.2f} s",
+                  markup=False)
     else:
         err.print(f"beam: staying on the relay ({connection.punch_outcome})", markup=False)
 

@@ -37,6 +37,8 @@ class Connect(BaseModel, frozen=True):
     nat: NatType
     port: int = Field(ge=1, le=65535)
     hosts: list[str] = Field(max_length=MAX_HOSTS)
+    #: The UDP port this side punches from (its NAT keeps it if consistent); 0: none.
+    udp_port: int = Field(default=0, ge=0, le=65535)
 
     @field_validator("hosts")
     @classmethod

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,7 +50,9 @@ from ._proof import (
     parse_hello,
     path_id,
 )
+from ._quic import QuicPath
 from ._tcp import PunchSocket, simultaneous_open
+from ._udp import birthday_sockets, spray, udp_socket, udp_token
 
 if TYPE_CHECKING:
     from ..connection import Connection
@@ -78,6 +81,12 @@ class PunchConfig:
     switch_timeout_s: float = 10.0
     """After the initiator moved: how long it waits for the responder to follow."""
 
+    udp_punch_s: float = 15.0
+    """How long a UDP punch (consistent ↔ random NAT) sprays and waits."""
+
+    udp_sockets: int = 256
+    """Sockets the random side opens for the consistent side's probes to find."""
+
 
 class PunchMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "swarm") -> None:
@@ -87,23 +96,31 @@ class PunchMetrics:
         self.time_to_direct = Histogram(
             f"{prefix}_punch_time_to_direct_seconds",
             "From the relayed connection's start to the session on the punched path",
-            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30), registry=registry)
+            ["path"], buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30), registry=registry)
 
 
 class _Failed(Exception):
     """This punch is over without a direct path; the message is the outcome."""
 
 
-def _why_not(ours: NatType, theirs: NatType) -> str | None:
-    """Why no TCP punch can work between these NATs, or None to try."""
+#: What a punch between two NAT types does: a TCP simultaneous open; a UDP
+#: punch where we ``spray`` the random side's ports or open ``birthday``
+#: sockets for the consistent side to find; else the reason nothing can work.
+_PLANS = ("tcp", "spray", "birthday")
+_UDP_PLANS = ("spray", "birthday")
+#: The connection's path once a plan worked.
+_PATHS = {"tcp": "punched_tcp", "spray": "punched_udp", "birthday": "punched_udp"}
+
+
+def _plan(ours: NatType, theirs: NatType) -> str:
     if ours == NatType.RANDOM and theirs == NatType.RANDOM:
-        return "double_random_nat"
+        return "double_random_nat"  # two random ports: nothing to aim at either way
     if NatType.RANDOM in (ours, theirs) and NatType.OPEN not in (ours, theirs):
-        # A random-mapping NAT picks a new public port for the punch socket: the
-        # peer cannot aim at it (TCP has no birthday trick; a UDP punch would be
-        # needed). An open peer needs no aim: its punch port accepts the connect.
-        return "random_nat"
-    return None
+        # A random-mapping NAT gives the punch socket a new public port per
+        # destination: TCP cannot aim at it; UDP can, by the birthday method.
+        # (An open peer needs no aim: its punch port accepts the connect.)
+        return "birthday" if ours == NatType.RANDOM else "spray"
+    return "tcp"
 
 
 async def _receive_exactly(stream: trio.abc.Stream, size: int) -> bytes:
@@ -173,11 +190,12 @@ class HolePunchService(Service):
             return
         except (MuxError, trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the connection ended
-        holder = PunchSocket()
+        holder, udp = PunchSocket(), udp_socket()
         try:
-            async with channel:
+            async with channel, trio.open_nursery() as paths:
                 port = await holder.bind()
-                mine = Connect(nat=ours, port=port, hosts=self._hosts(connection))
+                mine = Connect(nat=ours, port=port, hosts=self._hosts(connection),
+                               udp_port=udp.getsockname()[1])
                 started = trio.current_time()
                 with trio.fail_after(self.config.signal_timeout_s):
                     await channel.send(encode(mine))
@@ -186,13 +204,17 @@ class HolePunchService(Service):
                 if not isinstance(peer, Connect):
                     raise _Failed("protocol_error")
                 theirs = peer.nat
-                reason = _why_not(ours, theirs)
-                if reason is not None:
-                    await channel.send(encode(Skip(reason=reason)))
-                    raise _Failed(reason)
+                plan = _plan(ours, theirs)
+                if plan not in _PLANS:
+                    await channel.send(encode(Skip(reason=plan)))
+                    raise _Failed(plan)
                 await channel.send(encode(Sync()))
                 await trio.sleep(rtt / 2)
-                won = await self._race(connection, holder, peer, initiator=True)
+                if plan == "tcp":
+                    won = await self._race(connection, holder, peer, initiator=True)
+                else:
+                    won = await self._udp(connection, plan, udp, peer, paths)
+                    udp = None  # the QUIC path (or its failure) owns it now
                 if won is None:
                     raise _Failed("no_path")
                 pid, raw, address = won
@@ -204,20 +226,26 @@ class HolePunchService(Service):
                         await stream.wait_path_change()
                 if stream.read_path_id != pid:
                     raise _Failed("peer_did_not_follow")
-                self._moved(connection, ours, theirs, address)
-        except _Failed as failed:
-            self._settle(connection, ours, theirs, str(failed))
-        except trio.TooSlowError:
+                self._moved(connection, ours, theirs, address, _PATHS[plan])
+                if plan != "tcp":
+                    await trio.sleep_forever()  # the QUIC path's driver runs in `paths`
+        except* _Failed as group:
+            self._settle(connection, ours, theirs, str(group.exceptions[0]))
+        except* trio.TooSlowError:
             self._settle(connection, ours, theirs, "signal_timeout")
-        except PunchMessageError as exc:
-            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label, exc)
+        except* PunchMessageError as group:
+            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label,
+                     group.exceptions[0])
             self._settle(connection, ours, theirs, "protocol_error")
-        except (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
-                OSError) as exc:
-            log.info("punch.failed peer=%s reason=%r", connection.peer_label, exc)
+        except* (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
+                 OSError) as group:
+            log.info("punch.failed peer=%s reason=%r", connection.peer_label,
+                     group.exceptions[0])
             self._settle(connection, ours, theirs, "error")
         finally:
             holder.close()
+            if udp is not None:
+                udp.close()
 
     # -- the responder's side ---------------------------------------------------
 
@@ -225,50 +253,110 @@ class HolePunchService(Service):
         if not connection.relayed or connection.is_initiator:
             return  # only the initiator of a relayed session starts a punch
         ours, theirs = self._nat_type(), NatType.UNKNOWN
-        holder = PunchSocket()
+        holder, udp = PunchSocket(), udp_socket()
         try:
-            port = await holder.bind()
-            with trio.fail_after(self.config.signal_timeout_s):
-                peer = decode(await channel.receive())
-                if not isinstance(peer, Connect):
+            async with trio.open_nursery() as paths:
+                port = await holder.bind()
+                with trio.fail_after(self.config.signal_timeout_s):
+                    peer = decode(await channel.receive())
+                    if not isinstance(peer, Connect):
+                        raise _Failed("protocol_error")
+                    theirs = peer.nat
+                    await channel.send(encode(Connect(nat=ours, port=port,
+                                                      hosts=self._hosts(connection),
+                                                      udp_port=udp.getsockname()[1])))
+                    verdict = decode(await channel.receive())
+                if isinstance(verdict, Skip):
+                    raise _Failed(verdict.reason if verdict.reason in _KNOWN_SKIPS
+                                  else "skipped")
+                if not isinstance(verdict, Sync):
                     raise _Failed("protocol_error")
-                theirs = peer.nat
-                await channel.send(encode(Connect(nat=ours, port=port,
-                                                  hosts=self._hosts(connection))))
-                verdict = decode(await channel.receive())
-            if isinstance(verdict, Skip):
-                raise _Failed(verdict.reason if verdict.reason in _KNOWN_SKIPS else "skipped")
-            if not isinstance(verdict, Sync):
-                raise _Failed("protocol_error")
-            stream = connection.stream
-            before = stream.read_path_id
-            async with trio.open_nursery() as nursery:
-                # Keep proving paths until the initiator's MIGRATE names one
-                # (any of ours may be the one it chose), or its race is over.
-                nursery.start_soon(self._race, connection, holder, peer, False)
-                with trio.move_on_after(self.config.punch_s + self.config.proof_timeout_s
-                                        + self.config.switch_timeout_s):
-                    while stream.read_path_id == before:
-                        await stream.wait_path_change()
-                nursery.cancel_scope.cancel()
-            if stream.read_path_id == before:
-                raise _Failed("no_path")
-            await stream.migrate(stream.read_path_id)
-            await stream.discard_offered()
-            self._moved(connection, ours, theirs, stream.read_path_address)
-        except _Failed as failed:
-            self._settle(connection, ours, theirs, str(failed))
-        except trio.TooSlowError:
+                plan = _plan(ours, theirs)
+                stream = connection.stream
+                before = stream.read_path_id
+                if plan in _UDP_PLANS:
+                    won = await self._udp(connection, plan, udp, peer, paths)
+                    udp = None
+                    if won is None:
+                        raise _Failed("no_path")
+                    stream.offer_path(won[0], won[1], address=won[2])
+                async with trio.open_nursery() as racing:
+                    # Keep proving paths until the initiator's MIGRATE names one
+                    # (any of ours may be the one it chose), or its race is over.
+                    if plan == "tcp":
+                        racing.start_soon(self._race, connection, holder, peer, False)
+                    with trio.move_on_after(self.config.punch_s + self.config.proof_timeout_s
+                                            + self.config.switch_timeout_s):
+                        while stream.read_path_id == before:
+                            await stream.wait_path_change()
+                    racing.cancel_scope.cancel()
+                if stream.read_path_id == before:
+                    raise _Failed("no_path")
+                await stream.migrate(stream.read_path_id)
+                await stream.discard_offered()
+                self._moved(connection, ours, theirs, stream.read_path_address, _PATHS[plan])
+                if plan != "tcp":
+                    await trio.sleep_forever()  # the QUIC path's driver runs in `paths`
+        except* _Failed as group:
+            self._settle(connection, ours, theirs, str(group.exceptions[0]))
+        except* trio.TooSlowError:
             self._settle(connection, ours, theirs, "signal_timeout")
-        except PunchMessageError as exc:
-            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label, exc)
+        except* PunchMessageError as group:
+            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label,
+                     group.exceptions[0])
             self._settle(connection, ours, theirs, "protocol_error")
-        except (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
-                OSError) as exc:
-            log.info("punch.failed peer=%s reason=%r", connection.peer_label, exc)
+        except* (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
+                 OSError) as group:
+            log.info("punch.failed peer=%s reason=%r", connection.peer_label,
+                     group.exceptions[0])
             self._settle(connection, ours, theirs, "error")
         finally:
             holder.close()
+            if udp is not None:
+                udp.close()
+
+    # -- UDP: the birthday method, then QUIC --------------------------------------
+
+    async def _udp(self, connection: Connection, plan: str, udp: socket.socket,
+                   peer: Connect, paths: trio.Nursery
+                   ) -> tuple[bytes, QuicPath, Address] | None:
+        """Punch UDP between a consistent NAT (``spray``) and a random one
+        (``birthday``), run QUIC on the 5-tuple in ``paths``, prove the session
+        on its stream. Takes ``udp`` (closed unless a QUIC path owns it)."""
+        stream = connection.stream
+        deadline = trio.current_time() + self.config.udp_punch_s
+        token = udp_token(stream.path_secret)
+        public = next((h for h in peer.hosts if ":" not in h), None)
+        path: QuicPath | None = None
+        try:
+            if public is None:
+                return None
+            if plan == "spray":
+                address = await spray(udp, public, token=token, deadline=deadline)
+                if address is None:
+                    return None
+                path, udp = QuicPath(udp, address, is_client=False), None
+            else:
+                if not peer.udp_port:
+                    return None
+                won = await birthday_sockets((public, peer.udp_port), token=token,
+                                             deadline=deadline, sockets=self.config.udp_sockets)
+                if won is None:
+                    return None
+                sock, address = won
+                path = QuicPath(sock, address, is_client=True)
+            try:
+                await paths.start(path.run)
+                pid = await prove_path(path, stream, timeout_s=self.config.proof_timeout_s)
+            except (OSError, PathProofError) as exc:
+                log.info("punch.udp_path_failed peer=%s to=%s:%d reason=%s",
+                         connection.peer_label, *address, exc)
+                await path.aclose()
+                return None
+            return pid, path, address
+        finally:
+            if udp is not None:
+                udp.close()
 
     # -- both ---------------------------------------------------------------------
 
@@ -337,14 +425,15 @@ class HolePunchService(Service):
         return list(dict.fromkeys(hosts))[:MAX_HOSTS]
 
     def _moved(self, connection: Connection, ours: NatType, theirs: NatType,
-               address: Address | None) -> None:
+               address: Address | None, path: str) -> None:
         took = trio.current_time() - connection.opened_at
         self.metrics.outcomes.labels(f"{ours}/{theirs}", "direct").inc()
-        self.metrics.time_to_direct.observe(took)
-        connection.moved(address, "punched")
+        self.metrics.time_to_direct.labels(path).observe(took)
+        connection.moved(address, path)
         connection.punch_settled("direct")
-        log.info("punch.direct peer=%s nat=%s/%s to=%s after=%.2fs", connection.peer_label,
-                 ours, theirs, f"{address[0]}:{address[1]}" if address else "-", took)
+        log.info("punch.direct peer=%s nat=%s/%s path=%s to=%s after=%.2fs",
+                 connection.peer_label, ours, theirs, path,
+                 f"{address[0]}:{address[1]}" if address else "-", took)
 
     def _settle(self, connection: Connection, ours: NatType, theirs: NatType,
                 outcome: str) -> None:
@@ -356,4 +445,4 @@ class HolePunchService(Service):
 
 #: Connections a punch port accepts (and asks to prove the session) at most.
 _MAX_ACCEPTED = 16
-_KNOWN_SKIPS = frozenset({"double_random_nat", "random_nat"})
+_KNOWN_SKIPS = frozenset({"double_random_nat"})

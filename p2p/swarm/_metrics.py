@@ -42,7 +42,7 @@ class SwarmMetrics:
         connections = Gauge(
             "swarm_connections", "Open connections", ["path"], registry=self.registry
         )
-        for path in ("direct", "punched", "relayed"):
+        for path in ("direct", "punched_tcp", "punched_udp", "relayed"):
             connections.labels(path).set_function(lambda path=path: count_connections(path))
         Gauge(
             "swarm_relay_reservations", "Relays holding a reservation for us",

@@ -22,7 +22,7 @@ from tests.netns.topology import console_script
 
 COSMICAC = console_script("cosmicac")
 _LISTENING = re.compile(r"listening on \S+ key ([0-9a-f]{64})")
-_MOVED = re.compile(r"beam: moved to a direct path(?: to (\S+))? after ([0-9.]+) s")
+_MOVED = re.compile(r"beam: moved to a direct path(?: to (\S+))? \(([^)]+)\) after ([0-9.]+) s")
 _STAYING = re.compile(r"beam: staying on the relay \((\w+)\)")
 _RELAYED = re.compile(r"beam: connected through relay")
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +40,8 @@ class Trial:
     """``direct`` (moved to a punched path), the reason it stayed relayed, or
     ``unsettled`` when the beam ended before the punch did."""
     seconds_to_direct: float | None
+    transport: str | None
+    """``TCP`` or ``QUIC over UDP`` once direct."""
     intact: bool
     """Both streams arrived whole, in order."""
     dialer_err: str
@@ -94,7 +96,8 @@ def run_trial(running: RunningLab, listener: str, dialer: str, folder: Path, *,
     moved, staying = _MOVED.search(dialer_text), _STAYING.search(dialer_text)
     outcome = "direct" if moved else (staying[1] if staying else "unsettled")
     return Trial(relayed=bool(_RELAYED.search(dialer_text)), outcome=outcome,
-                 seconds_to_direct=float(moved[2]) if moved else None, intact=intact,
+                 seconds_to_direct=float(moved[3]) if moved else None,
+                 transport=moved[2] if moved else None, intact=intact,
                  dialer_err=dialer_text, listener_err=listener_text)
 
 

@@ -58,9 +58,9 @@ async def test_a_relayed_connection_moves_to_a_punched_path_mid_stream_and_keeps
                     await trio.sleep(0.05)  # the punch runs meanwhile
             assert await channel.receive() == sent.digest()
             await done.wait()
-            await wait_until(lambda: connection.path == "punched", limit_s=15)
+            await wait_until(lambda: connection.path == "punched_tcp", limit_s=15)
             theirs = agent.connections[worker.public_key]
-            await wait_until(lambda: theirs.path == "punched")
+            await wait_until(lambda: theirs.path == "punched_tcp")
             assert connection is worker.connections[agent.public_key]  # the same session
             assert not connection.relayed and connection.relay_key is None
             assert connection.punch_outcome == theirs.punch_outcome == "direct"
@@ -75,7 +75,7 @@ async def test_a_relayed_connection_moves_to_a_punched_path_mid_stream_and_keeps
             metrics = worker.metrics.registry
             assert metrics.get_sample_value(
                 "swarm_punch_total", {"pair": "unknown/unknown", "outcome": "direct"}) == 1
-            assert metrics.get_sample_value("swarm_connections", {"path": "punched"}) == 1
+            assert metrics.get_sample_value("swarm_connections", {"path": "punched_tcp"}) == 1
             assert metrics.get_sample_value("swarm_connections", {"path": "relayed"}) == 0
 
 
@@ -123,3 +123,54 @@ async def test_a_punch_asked_on_a_direct_connection_is_ignored():
             await channel.receive()  # the agent closed it unanswered
         theirs = agent.connections[other.public_key]
         assert theirs.punch_outcome is None and theirs.path == "direct"
+
+
+async def test_between_a_consistent_and_a_random_nat_the_session_moves_to_quic_over_udp():
+    """The NAT types the DHT would report are given here (loopback has no NAT): the
+    random side opens birthday sockets, the consistent side sprays, QUIC runs on the
+    5-tuple, and a stream running across the move arrives whole."""
+    from p2p.dht._nat import NatType
+
+    relay_key = KeyPair.generate()
+    total = 2 * 1024 * 1024
+    received = bytearray()
+    done = trio.Event()
+
+    async def sink(channel):
+        while len(received) < total:
+            received.extend(await channel.receive())
+        await channel.send(hashlib.sha256(received).digest())
+        done.set()
+
+    with trio.fail_after(60):
+        async with swarm_net() as net:
+            await net.start_relay(relay_key)
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=(("127.0.0.1", closed_port()),),
+                                    services=[ChannelService.of_handler("sink", sink)])
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            worker = await net.start()
+            agent.punch._nat_type = lambda: NatType.RANDOM
+            worker.punch._nat_type = lambda: NatType.CONSISTENT
+            connection = await worker.connect(agent.public_key)
+            channel = await connection.open_channel("sink")
+            sent = hashlib.sha256()
+            for offset in range(0, total, 4096):
+                piece = offset.to_bytes(8, "big") * 512
+                await channel.send(piece)
+                sent.update(piece)
+                await trio.sleep(0.003)  # ~1.5 s of stream: the move comes in the middle
+                if offset == 0:
+                    moved_at_start = connection.path
+            assert await channel.receive() == sent.digest()
+            assert moved_at_start == "relayed"
+            await wait_until(lambda: connection.path == "punched_udp", limit_s=30)
+            theirs = agent.connections[worker.public_key]
+            await wait_until(lambda: theirs.path == "punched_udp")
+            received.clear()
+            probe = await connection.open_channel("sink")  # a new channel, on QUIC
+            for _ in range(total // 65536):
+                await probe.send(b"x" * 65536)
+            assert await probe.receive() == hashlib.sha256(b"x" * total).digest()
+            assert worker.metrics.registry.get_sample_value(
+                "swarm_connections", {"path": "punched_udp"}) == 1

@@ -1,0 +1,79 @@
+"""QuicPath: one QUIC stream between two UDP sockets on 127.0.0.1, as a trio stream."""
+
+import os
+import socket
+
+import pytest
+import trio
+
+from p2p.punch._quic import QuicPath
+
+
+def _udp() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+async def _pair(nursery: trio.Nursery) -> tuple[QuicPath, QuicPath]:
+    a, b = _udp(), _udp()
+    server = QuicPath(b, a.getsockname(), is_client=False)
+    client = QuicPath(a, b.getsockname(), is_client=True)
+    nursery.start_soon(server.run)
+    await nursery.start(client.run)
+    return client, server
+
+
+async def _drain(stream: trio.abc.Stream, size: int) -> bytes:
+    got = bytearray()
+    while len(got) < size:
+        chunk = await stream.receive_some(65536)
+        assert chunk
+        got += chunk
+    return bytes(got)
+
+
+async def test_bytes_cross_both_ways_whole_and_in_order_then_eof():
+    up, down = os.urandom(3 << 20), os.urandom(2 << 20)
+    results = {}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            client, server = await _pair(nursery)
+
+            async def side(name, stream, data, size):
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(stream.send_all, data)
+                    results[name] = await _drain(stream, size)
+
+            async with trio.open_nursery() as both:
+                both.start_soon(side, "server", server, down, len(up))
+                both.start_soon(side, "client", client, up, len(down))
+            await client.send_eof()
+            assert await server.receive_some() == b""
+            await client.aclose()
+            await server.aclose()
+            nursery.cancel_scope.cancel()
+    assert results["server"] == up and results["client"] == down
+
+
+async def test_datagrams_from_another_address_are_ignored():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            client, server = await _pair(nursery)
+            stranger = _udp()
+            stranger.sendto(os.urandom(1200), server._std.getsockname())
+            await client.send_all(b"hello")
+            assert await server.receive_some() == b"hello"
+            stranger.close()
+            await client.aclose()
+            await server.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_peer_fails_the_handshake_in_bounded_time(autojump_clock):
+    a, b = _udp(), _udp()
+    client = QuicPath(a, b.getsockname(), is_client=True)
+    with pytest.raises(OSError, match="no QUIC handshake"):
+        await client.run(handshake_timeout_s=3)
+    b.close()
+    await client.aclose()
