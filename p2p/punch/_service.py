@@ -87,6 +87,10 @@ class PunchConfig:
     udp_sockets: int = 256
     """Sockets the random side opens for the consistent side's probes to find."""
 
+    udp_spray_interval_s: float = 0.005
+    """Between two probes of the consistent side: with 256 sockets to find, half
+    the punches land within 0.9 s and 99.9 % within 7 s."""
+
 
 class PunchMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "swarm") -> None:
@@ -332,7 +336,8 @@ class HolePunchService(Service):
             if public is None:
                 return None
             if plan == "spray":
-                address = await spray(udp, public, token=token, deadline=deadline)
+                address = await spray(udp, public, token=token, deadline=deadline,
+                                      interval_s=self.config.udp_spray_interval_s)
                 if address is None:
                     return None
                 path, udp = QuicPath(udp, address, is_client=False), None

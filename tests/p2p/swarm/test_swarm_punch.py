@@ -163,12 +163,13 @@ async def test_between_a_consistent_and_a_random_nat_the_session_moves_to_quic_o
                 if offset == 0:
                     moved_at_start = connection.path
             assert await channel.receive() == sent.digest()
+            await channel.aclose()
             assert moved_at_start == "relayed"
             await wait_until(lambda: connection.path == "punched_udp", limit_s=30)
             theirs = agent.connections[worker.public_key]
             await wait_until(lambda: theirs.path == "punched_udp")
             received.clear()
-            probe = await connection.open_channel("sink")  # a new channel, on QUIC
+            probe = await connection.open_channel("sink", b"2")  # a new channel, on QUIC
             for _ in range(total // 65536):
                 await probe.send(b"x" * 65536)
             assert await probe.receive() == hashlib.sha256(b"x" * total).digest()
