@@ -128,6 +128,8 @@ log = logging.getLogger(__name__)
 
 #: The agent as the worker's own interpreter runs it; ``--config FILE`` is appended.
 DEFAULT_AGENT_COMMAND: tuple[str, ...] = (sys.executable, "-m", "cli.main", "agent", "run")
+#: Where ``ip netns add`` keeps named network namespaces.
+NETNS_DIR = Path("/run/netns")
 #: After SIGKILL, how long a process may take to be gone before we call it stuck.
 KILL_WAIT_S = 5.0
 #: How often a process being stopped is checked (a stop is bounded by the grace period).
@@ -184,6 +186,13 @@ class LocalClusterSettings(BaseModel):
     #: other user can run that one (a Python under ``/root``), the first of
     #: ``/usr/local/bin/pythonX.Y`` and ``/usr/bin/pythonX.Y`` that works.
     agent_python: Path | None = None
+    #: Run every agent inside this network namespace (``ip netns add NAME``), as
+    #: VMs on a cluster network of their own: they reach the worker, and the
+    #: platform reaches them, as the network between allows (through the relays
+    #: when it allows nothing else). Needs the worker to run as root
+    #: (``nsenter`` enters the namespace, then drops to the agent's user).
+    agent_netns: str | None = Field(default=None, min_length=1, max_length=64,
+                                    pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
     @model_validator(mode="after")
     def _unique(self) -> LocalClusterSettings:
@@ -613,6 +622,16 @@ class LocalBackend:
     def _decide_isolation(self) -> None:
         """Isolate the agents if the settings ask for it and the host allows it; say
         loudly when not (see the module doc). Blocking (a thread)."""
+        netns = self.settings.agent_netns
+        if netns is not None:
+            if os.geteuid() != 0:
+                raise BackendError(f"local.agent_netns={netns} needs the worker to run as "
+                                   "root (it enters the namespace for each agent)",
+                                   retryable=False)
+            if not (NETNS_DIR / netns).exists() or shutil.which("nsenter") is None:
+                raise BackendError(f"local.agent_netns: no network namespace {netns} "
+                                   f"(ip netns add {netns}), or no nsenter (util-linux)",
+                                   retryable=False)
         mode = self.settings.isolation
         self._choose_python(isolating=mode != "off" and os.geteuid() == 0)
         problem = ("local.isolation is off" if mode == "off"
@@ -913,6 +932,15 @@ class LocalBackend:
             # Its model server, started with sys.executable, runs on it too.
             command[0] = self._python.python
             env = self._python.environment(os.environ if env is None else env)
+        netns = self.settings.agent_netns
+        if netns is not None:
+            # nsenter (as root) enters the namespace, then becomes the agent's
+            # user and execs the agent: the pid we watch is the agent's own.
+            drop = ["--setuid", str(owner[0]), "--setgid", str(owner[1])] if owner else []
+            command = [shutil.which("nsenter") or "nsenter", f"--net={NETNS_DIR / netns}",
+                       *drop, "--", *command]
+            as_user = {key: value for key, value in as_user.items()
+                       if key not in ("user", "group")}
         try:
             process = await spawn(
                 [*command, "--config", str(config_path)],

@@ -97,8 +97,28 @@ class Dialer:
                         raise
                     log.info("swarm.known_address_failed peer=%s code=%s: asking the DHT",
                              format_key(key)[:12], exc.code)
-            target = Target.of(await self.find(key))
+            try:
+                target = Target.of(await self.find(key))
+            except PeerNotFound as exc:
+                return await self._through_our_relays(key, exc)
         return await self.dial(key, target, "connect")
+
+    async def _through_our_relays(self, key: bytes, not_found: PeerNotFound) -> Connection:
+        """A peer the DHT does not know (or a DHT we cannot reach) may still hold a
+        reservation on our deployment's relays: a job VM on a network that reaches
+        only the relay box announces nowhere else. Try them before giving up."""
+        relays = tuple(r for r in self._swarm.config.relays if r != key)
+        if not relays:
+            raise not_found
+        log.info("swarm.trying_our_relays peer=%s code=%s relays=%d", format_key(key)[:12],
+                 not_found.code, len(relays))
+        try:
+            return await self.dial(key, Target((), relays), "connect")
+        except PeerRefused:
+            raise
+        except SwarmError as exc:
+            raise PeerNotFound(f"{not_found}; not through our relays either ({exc})",
+                               code=not_found.code) from exc
 
     async def find(self, public_key: bytes) -> PeerRecord:
         swarm = self._swarm

@@ -6,6 +6,9 @@
                         its firewall drops every inbound connection (seeds/relay.txt)
     desk    10.78.0.4   a user's workstation: it may reach the control host's 5173
                         and the relay box's 49737, nothing else (an egress firewall)
+    agents  10.78.0.5   the job VMs' network (the worker's local.agent_netns): like a
+                        blocked cluster network, it reaches the relay box's 49737 and
+                        nothing else, and nothing reaches it
 
 Named ``cac-<pid>-<n>-<host>`` like tests/netns/topology.py's (its cleanup removes
 a crashed run's); :meth:`DeployLab.close` kills what runs inside and deletes them.
@@ -23,7 +26,7 @@ from .topology import NS_PREFIX, _counter, _ip, _kill_and_delete, _run, cleanup_
 __all__ = ["ADDRESSES", "DeployLab"]
 
 ADDRESSES = {"control": "10.78.0.1", "relay": "10.78.0.2", "gpu": "10.78.0.3",
-             "desk": "10.78.0.4"}
+             "desk": "10.78.0.4", "agents": "10.78.0.5"}
 
 #: The GPU host: nothing comes in but replies to what it sent.
 INBOUND_DROPPED = (
@@ -40,6 +43,17 @@ DESK_EGRESS = (
     f"-A OUTPUT -p tcp -d {ADDRESSES['control']} --dport 5173 -j ACCEPT\n"
     f"-A OUTPUT -p tcp -d {ADDRESSES['relay']} --dport 49737 -j ACCEPT\n"
     '-A OUTPUT -m comment --comment "desk-blocked" -j DROP\n'
+    "COMMIT\n")
+
+
+#: The agents' network: out only to the relay box, in only replies.
+AGENTS_ONLY_RELAY = (
+    "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT DROP [0:0]\n"
+    "-A INPUT -i lo -j ACCEPT\n-A OUTPUT -o lo -j ACCEPT\n"
+    "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+    "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+    f"-A OUTPUT -p tcp -d {ADDRESSES['relay']} --dport 49737 -j ACCEPT\n"
+    '-A OUTPUT -m comment --comment "agents-blocked" -j DROP\n'
     "COMMIT\n")
 
 
@@ -80,6 +94,7 @@ class DeployLab:
                 f"link set lo up\naddr add {ADDRESSES[host]}/24 dev eth0\nlink set eth0 up\n"))
         self.run_in("gpu", ["iptables-restore"], stdin=INBOUND_DROPPED)
         self.run_in("desk", ["iptables-restore"], stdin=DESK_EGRESS)
+        self.run_in("agents", ["iptables-restore"], stdin=AGENTS_ONLY_RELAY)
 
     def run_in(self, host: str, argv: list[str], **options: Any) -> str:
         return _run([_ip(), "netns", "exec", self.namespaces[host], *argv], **options)

@@ -1,6 +1,8 @@
 """The multi-host deployment of deploy/README.md on namespaces (tests/netns/deploy_lab.py):
 `cosmicac bootstrap` writes the configs, each daemon runs as `cosmicac run SERVICE` on
-its host, the GPU host takes no inbound connection, and a user's workstation that
+its host, the GPU host takes no inbound connection, the job VMs (the local backend's
+agents, in a namespace of their own) sit on a network that reaches only the relay box,
+as on a blocked cluster network, and a user's workstation that
 reaches only the entry point and the relay box signs up, runs an inference job and
 chats with it through the `openai` package, opens a shell on a container job (paired
 through the relay by its address: the desk reaches no DHT), reads its logs and deletes
@@ -58,6 +60,11 @@ def deployed(tmp_path_factory) -> Iterator[tuple[DeployLab, Path, dict[str, str]
                           env=base, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     with DeployLab.create() as lab:
+        # The job VMs live on a network of their own that reaches only the relay box.
+        worker_config = deployment / "config" / "wrk-server-k8s-nvidia.json"
+        settings = json.loads(worker_config.read_text())
+        settings["local"]["agent_netns"] = lab.namespaces["agents"]
+        worker_config.write_text(json.dumps(settings, indent=2))
         for host, service, daemon in DAEMONS:
             argv = [COSMICAC, "run", service]
             if service != "dht":

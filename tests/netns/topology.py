@@ -66,7 +66,7 @@ NS_PREFIX = "cac-"
 NETNS_DIR = Path("/run/netns")
 #: This scheme's namespaces (nat_lab.py's and deploy_lab.py's hosts too).
 _NS_NAME = re.compile(r"^cac-(\d+)-(\d+)-(sw|relay|worker|agent|inet|nat\d|[a-d]|open"
-                      r"|control|gpu|desk)$")
+                      r"|control|gpu|desk|agents)$")
 _counter = itertools.count()
 
 VENV_BIN = Path(sys.executable).parent

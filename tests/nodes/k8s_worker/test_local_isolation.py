@@ -443,3 +443,20 @@ async def test_a_vmi_folder_of_the_old_layout_keeps_its_storage_on_restart(nurse
     assert not (old / "storage").exists() and not (old / "agent.json").exists()
     await backend.delete(unit)
     scope.cancel()
+
+
+def test_an_agent_network_namespace_that_is_not_there_stops_the_worker(tmp_path):
+    """``local.agent_netns`` names a namespace each agent enters (a cluster network of
+    its own); a wrong name, or a worker that is not root, is a configuration error at
+    start, not a failure of every job later."""
+    backend = LocalBackend(LocalClusterSettings(agent_netns="cac-no-such-netns"), tmp_path)
+    with pytest.raises(BackendError, match="agent_netns") as info:
+        backend._decide_isolation()
+    assert not info.value.retryable
+    why = "needs the worker to run as root" if os.geteuid() else "no network namespace"
+    assert why in str(info.value)
+
+
+def test_an_agent_network_namespace_name_is_checked():
+    with pytest.raises(ValueError):
+        LocalClusterSettings(agent_netns="../etc")

@@ -8,6 +8,7 @@ direct dials fail fast.
 
 import os
 
+import pytest
 import trio
 
 from p2p.host import ChannelService
@@ -103,6 +104,30 @@ async def test_connect_through_given_relays_skips_the_dht(autojump_clock):
             connection = await worker.connect(agent.public_key,
                                               relays=[relay_key.public_key])
             assert connection.relayed and connection.relay_key == relay_key.public_key
+
+
+async def test_a_peer_the_dht_does_not_know_is_tried_through_our_own_relays(autojump_clock):
+    """A job VM on a network that reaches only the relay box holds a reservation
+    there and announces nowhere else: a daemon of the same deployment (which lists
+    that relay) reaches it through the relay; one without relays gets NOT_FOUND."""
+    from p2p.swarm import PeerNotFound
+
+    relay_key = KeyPair.generate()
+    with trio.fail_after(40):
+        async with memory_swarm_net() as net:
+            await net.start_relay(relay_key)
+            agent = await net.start(relays=(relay_key.public_key,), announce_key=False)
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            stranger = await net.start()
+            with pytest.raises(PeerNotFound) as info:
+                await stranger.connect(agent.public_key)
+            assert info.value.code == "NOT_FOUND"
+            proxy = await net.start(relays=(relay_key.public_key,))
+            connection = await proxy.connect(agent.public_key)
+            assert connection.relayed and connection.relay_key == relay_key.public_key
+            other = await net.start(relays=(relay_key.public_key,))
+            with pytest.raises(PeerNotFound, match="not through our relays either"):
+                await other.connect(KeyPair.generate().public_key)
 
 
 async def test_with_no_dht_peers_reach_a_relay_by_its_known_address_and_pair_through_it(
