@@ -123,6 +123,8 @@ class Connection:
         self.remote_address = remote_address
         self.relay_key = relay_key
         self.path = "relayed" if relay_key is not None else "direct"
+        #: The relay (key, address) a punched connection came through.
+        self._relayed_via: tuple[bytes, Address | None] | None = None
         #: Why a relayed connection stayed relayed (:mod:`p2p.punch`), or None.
         self.punch_outcome: str | None = None
         self._path_changed = trio.Event()
@@ -173,9 +175,20 @@ class Connection:
 
     def moved(self, remote_address: Address | None, path: str) -> None:
         """The session now runs on another path (its stream migrated)."""
+        if self.relay_key is not None and path != "relayed":
+            self._relayed_via = (self.relay_key, self.remote_address)
         self.remote_address = remote_address
         self.relay_key = None if path != "relayed" else self.relay_key
         self.path = path
+        changed, self._path_changed = self._path_changed, trio.Event()
+        changed.set()
+
+    def back_on_relay(self) -> None:
+        """The punched path died and the session fell back to the relayed one."""
+        if self._relayed_via is None:
+            return
+        self.relay_key, self.remote_address = self._relayed_via
+        self.path = "relayed"
         changed, self._path_changed = self._path_changed, trio.Event()
         changed.set()
 

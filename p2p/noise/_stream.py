@@ -35,6 +35,7 @@ import errno
 import logging
 import operator
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ from ..errors import ConnectionBroken, HandshakeError, IdleTimeout, RemoteProtoc
 from ..keys import KeyPair, format_key
 from ._config import SMALL_RECEIVE_BYTES, SecretStreamConfig
 from ._handshake import Handshake
-from ._transport import NEED_DATA, PATH_ID_BYTES, Data, EndOfStream, Migrate, Transport
+from ._transport import NEED_DATA, PATH_ID_BYTES, Ack, Data, EndOfStream, Migrate, Transport
 
 __all__ = ["SecretStream", "SecretStreamStatistics"]
 
@@ -59,6 +60,12 @@ FIRST_PATH_ID = bytes(PATH_ID_BYTES)
 #: How long a reader that met the peer's MIGRATE waits for that path to be
 #: offered here (both ends prove a path before either moves to it).
 MIGRATE_WAIT_S = 10.0
+#: With a standby path kept: acknowledge the peer's frames every this many.
+ACK_EVERY_FRAMES = 32
+#: With a standby path kept: frames sent and not yet acknowledged, at most (in
+#: bytes). A peer that stops acknowledging costs us this much memory, then the
+#: standby is given up (the stream goes on, without a fallback).
+MAX_UNACKED_BYTES = 32 * 1024 * 1024
 
 
 def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
@@ -118,6 +125,24 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self.read_path_id = FIRST_PATH_ID
         #: Paths proven to reach the peer's end of this session, not in use yet.
         self._offered: dict[bytes, trio.abc.Stream] = {}
+        #: The path kept to fall back to when the active one dies (its id and
+        #: stream), with what we sent since it was kept and the peer has not
+        #: acknowledged: (index of the first frame, the frames, how many).
+        self._standby: tuple[bytes, trio.abc.Stream] | None = None
+        self._unacked: deque[tuple[int, bytes | bytearray, int]] = deque()
+        self._unacked_bytes = 0
+        self._acked_to_peer = 0
+        self._ack_due = False
+        self._write_failover_due = False
+        #: Paths that died: a MIGRATE naming one (resent after a fallback) is ignored.
+        self._dead_paths: set[bytes] = set()
+        #: Bytes read past the peer's MIGRATE on the path kept as standby (they
+        #: are what it sent there after falling back): read first on the way back.
+        self._standby_stash = b""
+        #: Wakes keep_alive() for an acknowledgement or a fallback to write.
+        self._poke = trio.Event()
+        #: Set (and replaced) each time the stream falls back to its standby path.
+        self.fell_back = trio.Event()
         #: Where each path leads, when the one who offered it said.
         self._addresses: dict[bytes, tuple[str, int]] = {}
         self._paths_changed = trio.Event()
@@ -290,7 +315,11 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 await self._acquire_write_lock()
                 try:
                     self._check_can_send()
-                    await self._write(self._transport.send_data(piece))
+                    if self._standby is None:
+                        await self._write(self._transport.send_data(piece))
+                    else:
+                        await self._write(self._ack_frames() + self._seal(
+                            self._transport.send_data, piece))
                 finally:
                     self._write_lock.release()
                 self._bytes_sent += len(piece)
@@ -315,6 +344,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
         sock = self._write_sock
         if (
             sock is None
+            or self._ack_due
+            or self._write_failover_due
             or self._backlog
             or self._write_lock.locked()
             or not data
@@ -325,13 +356,24 @@ class SecretStream(trio.abc.HalfCloseableStream):
             self._check_can_send()  # raises
         fd = sock.fileno()
         if fd < 0:
+            if self._can_fall_back_writes():
+                return False  # send_all() finds the path closed and falls back
             raise self._closed_error()
-        frames = self._transport.send_data(data)
+        if self._standby is None:
+            frames = self._transport.send_data(data)
+        else:
+            frames = self._seal(self._transport.send_data, data)
         try:
             sent = os.write(fd, frames)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
+            if self._can_fall_back_writes():
+                # The frames are kept: keep_alive() resends them on the standby.
+                self._write_failover_due = True
+                self._poke.set()
+                self._bytes_sent += len(data)
+                return True
             # The peer reset the connection (or the socket was shut): as a
             # failed send_all. _break closes the transport on its own time.
             self._broken_now(
@@ -383,7 +425,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
             if self._broken is not None:
                 raise self._broken
             async with self._write_lock:
-                await self._write(self._transport.send_end())
+                await self._write(self._seal(self._transport.send_end))
 
     async def keep_alive(self) -> None:
         """Send keep-alives, and watch the idle timeout, while the stream lives.
@@ -407,6 +449,13 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 now = trio.current_time()
                 waiting_since = self._read_waiting_since
                 if idle is not None and waiting_since is not None and now >= waiting_since + idle:
+                    if self._standby is not None and self._read_stream is not self._standby[1]:
+                        # The active path went silent: drop it; the reader, woken
+                        # by the close, falls back to the standby path.
+                        log.info("stream.path_silent peer=%s: falling back", self._peer)
+                        self._read_waiting_since = None
+                        await trio.aclose_forcefully(self._read_stream)
+                        continue
                     await self._break(
                         IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
                     )
@@ -420,7 +469,13 @@ class SecretStream(trio.abc.HalfCloseableStream):
                             if self._done.is_set():
                                 return
                             if not self._transport.end_sent:
-                                await self._write(self._transport.send_keepalive())
+                                await self._write(self._seal(self._transport.send_keepalive))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return
+                    continue
+                if self._standby is not None and (self._ack_due or self._write_failover_due):
+                    try:
+                        await self._maintain()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         return
                     continue
@@ -430,7 +485,9 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 if idle is not None and waiting_since is not None:
                     wake = min(wake, waiting_since + idle)
                 with trio.move_on_at(wake):
-                    await self._done.wait()
+                    await self._poke.wait()
+                if self._poke.is_set() and not self._done.is_set():
+                    self._poke = trio.Event()
         finally:
             self._idle_watched = False
 
@@ -453,14 +510,17 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 await self._write_stream.send_all(backlog)
             if frames:
                 await self._write_stream.send_all(frames)
-        except trio.BrokenResourceError as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self._can_fall_back_writes():
+                await self._fall_back_writes()  # what failed is in the resent frames
+                return
+            if isinstance(exc, trio.ClosedResourceError):
+                raise self._closed_error() from None
             raise await self._break(
                 ConnectionBroken(f"connection to {self._peer} lost while sending",
                                  code="CONNECTION_LOST"),
                 exc,
             ) from exc
-        except trio.ClosedResourceError:
-            raise self._closed_error() from None
         except trio.Cancelled:
             # Part of a frame may be on the wire: the peer's cipher is out of step.
             if self._broken is None and not self._closed:
@@ -523,6 +583,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 elif type(event) is Data:
                     data = event.data
                     self._bytes_received += len(data)
+                    if self._standby is not None:
+                        self._note_received()
                     if max_bytes is None or max_bytes >= len(data):
                         if not waited:
                             await trio.lowlevel.checkpoint()
@@ -533,6 +595,8 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 elif type(event) is Migrate:
                     await self._follow(event.path_id)
                     waited = True
+                elif type(event) is Ack:
+                    self._forget_acked(event.count)
                 else:
                     self._keepalives_received += 1
         finally:
@@ -597,12 +661,18 @@ class SecretStream(trio.abc.HalfCloseableStream):
                     raise await self._break(
                         IdleTimeout(f"nothing received from {self._peer} in {idle} s"), None
                     )
-        except trio.BrokenResourceError as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self._can_fall_back_reads():
+                await self._fall_back_reads()
+                return
+            if isinstance(exc, trio.ClosedResourceError):
+                raise self._closed_error() from None
             raise await self._break(
                 ConnectionBroken(f"connection to {self._peer} lost", code="CONNECTION_LOST"), exc
             ) from exc
-        except trio.ClosedResourceError:
-            raise self._closed_error() from None
+        if not data and self._can_fall_back_reads() and not self._transport_end_received():
+            await self._fall_back_reads()  # the active path ended without our END
+            return
         if data:
             # Bulk traffic fills reads: ask for more next time. Quiet traffic
             # stays below the size where each read's buffer costs an mmap().
@@ -676,7 +746,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         await self._acquire_write_lock()
         try:
             self._check_can_send()
-            await self._write(self._transport.send_migrate(path_id))
+            await self._write(self._seal(self._transport.send_migrate, path_id))
             old, self._write_stream = self._write_stream, stream
             self.write_path_id = path_id
             self._write_sock = _socket_of(stream)
@@ -710,10 +780,17 @@ class SecretStream(trio.abc.HalfCloseableStream):
 
     async def _follow(self, path_id: bytes) -> None:
         """The peer's MIGRATE arrived: read on from the path it names."""
+        if path_id in self._dead_paths:
+            return  # resent after a fallback: that path is gone, we stay here
         if self._transport.buffered_bytes:
-            raise await self._break(
-                ConnectionBroken(f"{self._peer} sent frames after MIGRATE on the old path",
-                                 code="DATA_AFTER_MIGRATE"), None)
+            if self._standby is not None and self._read_stream is self._standby[1]:
+                # The peer fell back already: its RESUME and resent frames came
+                # right after; keep them for when we fall back too.
+                self._standby_stash = self._transport.take_buffered()
+            else:
+                raise await self._break(
+                    ConnectionBroken(f"{self._peer} sent frames after MIGRATE on the old path",
+                                     code="DATA_AFTER_MIGRATE"), None)
         with trio.move_on_after(MIGRATE_WAIT_S):
             while self._path(path_id) is None and not self._done.is_set():
                 await self._paths_changed.wait()
@@ -737,12 +814,14 @@ class SecretStream(trio.abc.HalfCloseableStream):
         both MIGRATE frames; nothing more will cross it)."""
         changed, self._paths_changed = self._paths_changed, trio.Event()
         changed.set()
-        if old is not self._read_stream and old is not self._write_stream:
+        if (old is not self._read_stream and old is not self._write_stream
+                and (self._standby is None or old is not self._standby[1])):
             await trio.aclose_forcefully(old)
 
     async def _close_paths(self, *, forcefully: bool) -> None:
+        standby = (self._standby[1],) if self._standby is not None else ()
         paths = {id(s): s for s in (self._write_stream, self._read_stream,
-                                    *self._offered.values())}
+                                    *self._offered.values(), *standby)}
         self._offered.clear()
         for stream in paths.values():
             if forcefully:
@@ -753,6 +832,138 @@ class SecretStream(trio.abc.HalfCloseableStream):
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
 
+    # -- falling back to a standby path -----------------------------------
+
+    def keep_standby(self) -> None:
+        """Keep the path our writes use now (the relayed one, before a punch moves
+        them) as a standby: when the path the session moves to dies, both
+        directions come back to it and nothing is lost. From now on every frame
+        we send is kept until the peer acknowledges it (ACK frames), and we
+        acknowledge the peer's. Call it before :meth:`migrate`."""
+        self._standby = (self.write_path_id, self._write_stream)
+
+    @property
+    def standby_path_id(self) -> bytes | None:
+        return self._standby[0] if self._standby is not None else None
+
+    def _seal(self, encrypt: Callable[..., bytes | bytearray], *args: object
+              ) -> bytes | bytearray:
+        """``encrypt(*args)``, and while a standby is kept, remember the frames."""
+        before = self._transport.frames_sent
+        frames = encrypt(*args)
+        if self._standby is not None:
+            count = self._transport.frames_sent - before
+            self._unacked.append((before, frames, count))
+            self._unacked_bytes += len(frames)
+            if self._unacked_bytes > MAX_UNACKED_BYTES:
+                log.warning("stream.standby_dropped peer=%s unacked=%d: the peer does not "
+                            "acknowledge; no fallback from now on", self._peer,
+                            self._unacked_bytes)
+                self._drop_standby()
+        return frames
+
+    def _ack_frames(self) -> bytes | bytearray:
+        """An ACK to send before our next frames, if one is due (write lock held)."""
+        if not self._ack_due or self._transport.end_sent:
+            return b""
+        self._ack_due = False
+        self._acked_to_peer = self._transport.frames_received
+        return self._seal(self._transport.send_ack, self._acked_to_peer)
+
+    def _note_received(self) -> None:
+        if self._transport.frames_received - self._acked_to_peer >= ACK_EVERY_FRAMES:
+            self._ack_due = True
+            self._poke.set()
+
+    def _forget_acked(self, count: int) -> None:
+        unacked = self._unacked
+        while unacked and unacked[0][0] + unacked[0][2] <= count:
+            self._unacked_bytes -= len(unacked.popleft()[1])
+
+    def _drop_standby(self) -> None:
+        self._standby = None
+        self._unacked.clear()
+        self._unacked_bytes = 0
+
+    async def _maintain(self) -> None:
+        """keep_alive()'s errands while a standby is kept: an acknowledgement, or
+        moving our writes to the standby after the reader found the path dead."""
+        async with self._write_lock:
+            if self._done.is_set():
+                return
+            if self._write_failover_due and self._can_fall_back_writes():
+                await self._fall_back_writes()
+            elif self._ack_due and not self._transport.end_sent:
+                await self._write(self._ack_frames())
+            self._write_failover_due = False
+
+    def _transport_end_received(self) -> bool:
+        return self._eof_received
+
+    def _can_fall_back_reads(self) -> bool:
+        return (self._standby is not None and not self._closed and self._broken is None
+                and self._read_stream is not self._standby[1])
+
+    def _can_fall_back_writes(self) -> bool:
+        return (self._standby is not None and not self._closed and self._broken is None
+                and self._write_stream is not self._standby[1])
+
+    async def _fall_back_reads(self) -> None:
+        """The path the peer's frames came on died: read the standby from now on,
+        starting with the peer's RESUME (which says what it resends)."""
+        assert self._standby is not None
+        standby_id, standby = self._standby
+        dead_id, dead = self.read_path_id, self._read_stream
+        self._dead_paths.add(dead_id)
+        self._read_stream, self.read_path_id = standby, standby_id
+        self._read_sock = _socket_of(standby)
+        self._read_full = False
+        self._transport.expect_resume(self._standby_stash)
+        self._standby_stash = b""
+        log.info("stream.fell_back peer=%s direction=receive", self._peer)
+        if self._write_stream is dead:
+            # Our writes go after it: keep_alive() moves them (or the next write,
+            # which fails on the closed path, does).
+            self._write_failover_due = True
+            self._poke.set()
+        await trio.aclose_forcefully(dead)
+        self._announce_fallback()
+
+    async def _fall_back_writes(self) -> None:
+        """Our frames' path died (write lock held): on the standby, RESUME, then every
+        frame the peer has not acknowledged, as first sent; then carry on there."""
+        assert self._standby is not None
+        standby_id, standby = self._standby
+        dead_id, dead = self.write_path_id, self._write_stream
+        self._dead_paths.add(dead_id)
+        self._write_stream, self.write_path_id = standby, standby_id
+        self._write_sock = _socket_of(standby)
+        self._backlog = b""  # in the resent frames
+        self._write_failover_due = False
+        first = self._unacked[0][0] if self._unacked else self._transport.frames_sent
+        resent = [self._transport.resume_frame(first)]
+        resent += [frames for _, frames, _ in self._unacked]
+        log.info("stream.fell_back peer=%s direction=send resent_frames=%d",
+                 self._peer, self._transport.frames_sent - first)
+        try:
+            await standby.send_all(b"".join(resent))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise await self._break(
+                ConnectionBroken(f"connection to {self._peer} lost: the direct path and "
+                                 "the standby both failed", code="CONNECTION_LOST"), exc
+            ) from exc
+        self._last_send = self._now()
+        if self._read_stream is dead:
+            await trio.aclose_forcefully(dead)  # wakes the reader, which falls back too
+        self._announce_fallback()
+
+    def _announce_fallback(self) -> None:
+        if self._read_stream is self._write_stream:
+            fell, self.fell_back = self.fell_back, trio.Event()
+            fell.set()
+            changed, self._paths_changed = self._paths_changed, trio.Event()
+            changed.set()
+
     # -- closing -----------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -761,6 +972,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
             return
         self._closed = True
         self._done.set()
+        self._poke.set()
         try:
             idle_writer = not self._write_lock.locked()
             if self._broken is None and not self._transport.end_sent and idle_writer:
@@ -790,6 +1002,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
 
     def _broken_now(self, error: ConnectionBroken, cause: BaseException | None) -> None:
         """Record why the stream died without waiting; aclose() closes the transport."""
+        self._poke.set()
         if self._broken is None:
             self._broken = error
             if cause is not None:
@@ -801,6 +1014,7 @@ class SecretStream(trio.abc.HalfCloseableStream):
         self, error: ConnectionBroken, cause: BaseException | None
     ) -> ConnectionBroken:
         """Record why the stream died, close the transport, return the error to raise."""
+        self._poke.set()
         if self._broken is None:
             self._broken = error
             if cause is not None:

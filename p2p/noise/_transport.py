@@ -17,7 +17,15 @@ a DATA frame into an END frame. Events, the same on both sides:
 * :class:`EndOfStream` — the peer half-closed; nothing may follow it;
 * :class:`Migrate` — the peer's frames continue on another path of this session
   (named by its 16-byte id); nothing may follow it on this path, and the
-  driver reads on from the new one (the cipher states carry on unchanged).
+  driver reads on from the new one (the cipher states carry on unchanged);
+* :class:`Ack` — the peer has received this many of our frames (sent only
+  while a standby path is kept, so we may forget what it has).
+
+After the active path died, the driver calls :meth:`Transport.expect_resume`
+and reads the standby path: the peer's first frame there is RESUME (not
+encrypted: the nonces of the frames lost with the dead path are unknown here),
+naming the index of the frame that follows it; frames we already have are
+skipped unread, and decryption carries on at our next nonce.
 
 A frame that fails to authenticate, a length over the Noise limit, a frame too
 short to hold a tag, an unknown type, or anything after END raises
@@ -40,6 +48,7 @@ until :data:`NEED_DATA`; :meth:`send_data` / :meth:`send_keepalive` /
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -56,6 +65,7 @@ __all__ = [
     "PATH_ID_BYTES",
     "Data",
     "EndOfStream",
+    "Ack",
     "KeepAlive",
     "Migrate",
     "Transport",
@@ -96,6 +106,11 @@ class Migrate:
     path_id: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Ack:
+    count: int
+
+
 class _NeedData:
     def __repr__(self) -> str:
         return "NEED_DATA"
@@ -123,6 +138,11 @@ class Transport:
         #: role is not given. (The Noise handshake hash would not do: it hashes
         #: the transcript, which anyone on the path saw.)
         self.path_secret: bytes | None = None
+        self._initiator = initiator
+        #: After expect_resume(): the next frame must be the peer's RESUME.
+        self._expect_resume = False
+        #: Frames the peer resent that we already have: skipped unread.
+        self._skip = 0
         if initiator is not None:
             first, second = (send_key, receive_key) if initiator else (receive_key, send_key)
             self.path_secret = hashlib.blake2b(first + second, digest_size=32,
@@ -197,6 +217,41 @@ class Transport:
             raise LocalProtocolError(f"a path id is {PATH_ID_BYTES} bytes, not {len(path_id)}")
         return self._control(FrameType.MIGRATE, path_id)
 
+    def send_ack(self, count: int) -> bytes:
+        """Return an ACK frame: we have received ``count`` of the peer's frames."""
+        if self._end_sent:
+            raise LocalProtocolError("cannot acknowledge after the stream's end was sent")
+        return self._control(FrameType.ACK, count.to_bytes(8, "little"))
+
+    def resume_frame(self, first_index: int) -> bytes:
+        """The RESUME frame that starts a standby path: the frames that follow it are
+        ours from ``first_index`` on (resent as they were first sent)."""
+        body = first_index.to_bytes(8, "little") + self._resume_mac(first_index, self._initiator)
+        return pack_header(len(body), FrameType.RESUME) + body
+
+    def expect_resume(self, buffered: bytes = b"") -> None:
+        """The active path died: forget its partial frame; what comes next (after
+        ``buffered``, bytes already read from the standby path) starts with the
+        peer's RESUME."""
+        self._buffer = bytearray(buffered)
+        self._offset = 0
+        self._expect_resume = True
+        self._skip = 0
+
+    def take_buffered(self) -> bytes:
+        """Remove and return the bytes buffered after the last whole frame."""
+        rest = bytes(self._buffer[self._offset:])
+        self._buffer.clear()
+        self._offset = 0
+        return rest
+
+    def _resume_mac(self, first_index: int, sender_is_initiator: bool | None) -> bytes:
+        if self.path_secret is None or sender_is_initiator is None:
+            raise LocalProtocolError("a stream without roles cannot resume")
+        role = b"I" if sender_is_initiator else b"R"
+        return hashlib.blake2b(role + first_index.to_bytes(8, "little"), digest_size=16,
+                               key=self.path_secret, person=b"cac-resume-1").digest()
+
     @property
     def end_sent(self) -> bool:
         return self._end_sent
@@ -226,7 +281,7 @@ class Transport:
         """Bytes of an incomplete frame held; non-zero at EOF means truncation."""
         return len(self._buffer) - self._offset
 
-    def next_event(self) -> Data | KeepAlive | EndOfStream | Migrate | _NeedData:
+    def next_event(self) -> Data | KeepAlive | EndOfStream | Migrate | Ack | _NeedData:
         """Return the next complete event, or :data:`NEED_DATA`.
 
         Consecutive DATA frames that are all buffered come out as one
@@ -241,6 +296,8 @@ class Transport:
         """
         if self._failed is not None:
             raise self._failed
+        if (self._expect_resume or self._skip) and not self._resume_and_skip():
+            return NEED_DATA
         buffer = self._buffer
         available = len(buffer)
         position = self._offset
@@ -273,6 +330,41 @@ class Transport:
         if control is not None:
             return self._decrypt_control(*control)
         return NEED_DATA
+
+    def _resume_and_skip(self) -> bool:
+        """Read the peer's RESUME, then pass over frames we already have. False
+        while more bytes are needed."""
+        buffer = self._buffer
+        if self._expect_resume:
+            if len(buffer) - self._offset < HEADER_BYTES + _RESUME_BODY:
+                return False
+            header = int.from_bytes(buffer[self._offset : self._offset + HEADER_BYTES], "little")
+            if header >> 24 != FrameType.RESUME or header & 0xFFFFFF != _RESUME_BODY:
+                self._fail("the standby path did not start with RESUME", "BAD_RESUME")
+            body = bytes(buffer[self._offset + HEADER_BYTES :
+                                self._offset + HEADER_BYTES + _RESUME_BODY])
+            first = int.from_bytes(body[:8], "little")
+            peer = None if self._initiator is None else not self._initiator
+            if not hmac.compare_digest(body[8:], self._resume_mac(first, peer)):
+                self._fail("RESUME failed authentication", "BAD_RESUME")
+            if first > self._receive_nonce:
+                self._fail(f"the peer resumes at frame {first}; frames from "
+                           f"{self._receive_nonce} on were lost", "RESUME_GAP")
+            self._offset += HEADER_BYTES + _RESUME_BODY
+            self._expect_resume = False
+            self._skip = self._receive_nonce - first
+        while self._skip:
+            if len(buffer) - self._offset < HEADER_BYTES:
+                return False
+            length = int.from_bytes(buffer[self._offset : self._offset + 3], "little")
+            if length > MAX_NOISE_MESSAGE_BYTES:
+                self._fail(f"frame of {length} bytes exceeds the Noise limit", "FRAME_TOO_LARGE")
+            if len(buffer) - self._offset < HEADER_BYTES + length:
+                return False
+            self._offset += HEADER_BYTES + length
+            self._skip -= 1
+        self._after_consume()
+        return True
 
     def _decrypt_data(self, frames: list[tuple[int, int]], plaintext_bytes: int) -> Data:
         out = bytearray(plaintext_bytes)
@@ -307,7 +399,7 @@ class Transport:
         return Data(out)
 
     def _decrypt_control(self, position: int, frame_type: int
-                         ) -> KeepAlive | EndOfStream | Migrate:
+                         ) -> KeepAlive | EndOfStream | Migrate | Ack:
         length = int.from_bytes(self._buffer[position : position + 3], "little")
         start = position + HEADER_BYTES
         try:
@@ -322,6 +414,10 @@ class Transport:
         self.frames_received += 1
         self._offset = start + length
         self._after_consume()
+        if frame_type == FrameType.ACK:
+            if len(plaintext) != 8:
+                self._fail("ACK carries no 8-byte count", "BAD_ACK")
+            return Ack(int.from_bytes(plaintext, "little"))
         if frame_type == FrameType.MIGRATE:
             if len(plaintext) != PATH_ID_BYTES:
                 self._fail(f"MIGRATE names a path of {len(plaintext)} bytes, not "
@@ -349,7 +445,9 @@ _DECRYPT_FAILED: Final = (
     "DECRYPT_FAILED",
 )
 _KNOWN_TYPES: Final = frozenset({FrameType.DATA, FrameType.KEEPALIVE, FrameType.END,
-                                 FrameType.MIGRATE})
+                                 FrameType.MIGRATE, FrameType.ACK})
+#: RESUME's body: the first index (u64) and a 16-byte MAC.
+_RESUME_BODY: Final = 24
 
 
 def _check_header(length: int, frame_type: int) -> tuple[str, str] | None:

@@ -45,6 +45,12 @@ class FrameType(IntEnum):
     #: The sender moved its frames to another path of the same session: this is
     #: its last frame on this one (body: the new path's 16-byte id, encrypted).
     MIGRATE = 0x04
+    #: How many frames the sender has received from us (u64 LE, encrypted), so we
+    #: may forget them: sent only while a standby path is kept (see README).
+    ACK = 0x05
+    #: Not encrypted: the first frame on a standby path after the active one died:
+    #: index (u64 LE) of the frame that follows it, and a MAC under the path secret.
+    RESUME = 0x06
 
 
 def pack_header(length: int, frame_type: int) -> bytes:

@@ -97,6 +97,9 @@ class PunchMetrics:
         self.outcomes = Counter(
             f"{prefix}_punch", "Hole punches on relayed connections, by NAT pair "
             "(ours/theirs) and outcome", ["pair", "outcome"], registry=registry)
+        self.fallbacks = Counter(
+            f"{prefix}_punch_fallbacks", "Punched paths that died: their sessions went "
+            "back to the relay without losing a byte", registry=registry)
         self.time_to_direct = Histogram(
             f"{prefix}_punch_time_to_direct_seconds",
             "From the relayed connection's start to the session on the punched path",
@@ -224,6 +227,7 @@ class HolePunchService(Service):
                 pid, raw, address = won
                 stream = connection.stream
                 stream.offer_path(pid, raw)
+                stream.keep_standby()  # the relayed path, for when this one dies
                 await stream.migrate(pid)
                 with trio.move_on_after(self.config.switch_timeout_s):
                     while stream.read_path_id != pid:
@@ -231,8 +235,7 @@ class HolePunchService(Service):
                 if stream.read_path_id != pid:
                     raise _Failed("peer_did_not_follow")
                 self._moved(connection, ours, theirs, address, _PATHS[plan])
-                if plan != "tcp":
-                    await trio.sleep_forever()  # the QUIC path's driver runs in `paths`
+                await self._watch_fallback(connection)
         except* _Failed as group:
             self._settle(connection, ours, theirs, str(group.exceptions[0]))
         except* trio.TooSlowError:
@@ -296,11 +299,12 @@ class HolePunchService(Service):
                     racing.cancel_scope.cancel()
                 if stream.read_path_id == before:
                     raise _Failed("no_path")
+                # (its reads moved already; its writes are still on the relayed path)
+                stream.keep_standby()
                 await stream.migrate(stream.read_path_id)
                 await stream.discard_offered()
                 self._moved(connection, ours, theirs, stream.read_path_address, _PATHS[plan])
-                if plan != "tcp":
-                    await trio.sleep_forever()  # the QUIC path's driver runs in `paths`
+                await self._watch_fallback(connection)
         except* _Failed as group:
             self._settle(connection, ours, theirs, str(group.exceptions[0]))
         except* trio.TooSlowError:
@@ -424,6 +428,18 @@ class HolePunchService(Service):
                     continue  # IPv4 punch sockets
                 nursery.start_soon(attempt, (host, peer.port), nursery.cancel_scope)
         return won[0] if won else None
+
+    async def _watch_fallback(self, connection: Connection) -> None:
+        """While the session runs on the punched path (a QUIC path's driver runs
+        in this task's nursery meanwhile): when that path dies and the stream
+        falls back to the relayed one, say so."""
+        await connection.stream.fell_back.wait()
+        self.metrics.fallbacks.inc()
+        connection.back_on_relay()
+        connection.punch_settled("fell_back")
+        log.info("punch.fell_back peer=%s: the direct path died; the session goes on "
+                 "through the relay", connection.peer_label)
+        await trio.sleep_forever()  # (cancelled when the connection ends)
 
     def _hosts(self, connection: Connection) -> list[str]:
         hosts = [h for h in self._local_hosts(connection) if ":" not in h]

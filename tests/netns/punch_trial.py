@@ -48,9 +48,14 @@ class Trial:
     listener_err: str
 
 
-def _feed(size: int, seconds: float, seed: str) -> str:
+#: A beam's stderr line once its punch has settled, one way or the other.
+_SETTLED = r"beam: (moved to a direct path|staying on the relay)"
+
+
+def _feed(size: int, seconds: float, seed: str, hold: Path, hold_max: float) -> str:
     return (f"{shlex.quote(sys.executable)} -m tests.netns.slow_feed --size {size} "
-            f"--seconds {seconds} --seed {seed}")
+            f"--seconds {seconds} --seed {seed} --hold-until {shlex.quote(str(hold))} "
+            f"{shlex.quote(_SETTLED)} --hold-max {hold_max}")
 
 
 def _wait_for(path: Path, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
@@ -65,20 +70,25 @@ def _wait_for(path: Path, pattern: re.Pattern[str], timeout: float) -> re.Match[
 
 
 def run_trial(running: RunningLab, listener: str, dialer: str, folder: Path, *,
-              size: int = 4 << 20, seconds: float = 3.0, timeout: float = 60.0) -> Trial:
-    """Beam ``size`` bytes each way between ``listener`` and ``dialer`` (lab hosts)."""
+              size: int = 4 << 20, seconds: float = 3.0, hold_max: float = 25.0,
+              timeout: float = 60.0) -> Trial:
+    """Beam ``size`` bytes each way between ``listener`` and ``dialer`` (lab hosts),
+    over ``seconds``; each side keeps its stdin open until its punch settled (at
+    most ``hold_max`` s more)."""
     lab = running.lab
     folder.mkdir(parents=True, exist_ok=True)
     listen_err, listen_out = folder / "listener.err", folder / "listener.out"
     dial_err, dial_out = folder / "dialer.err", folder / "dialer.out"
-    listen = (f"{_feed(size, seconds, 'listener')} | {shlex.quote(COSMICAC)} {_LOG}beam --listen "
+    listen = (f"{_feed(size, seconds, 'listener', listen_err, hold_max)} | "
+              f"{shlex.quote(COSMICAC)} {_LOG}beam --listen "
               f"--bootstrap {BOOTSTRAP} --relay {running.relay_key}")
     process = lab.popen(listener, ["bash", "-c", listen], cwd=REPO,
                         stdout=listen_out.open("wb"), stderr=listen_err.open("wb"))
     try:
         key = _wait_for(listen_err, _LISTENING, 30)[1]
         _wait_for(listen_err, re.compile("reserved on relay"), 30)
-        dial = f"{_feed(size, seconds, 'dialer')} | {shlex.quote(COSMICAC)} {_LOG}beam {key} " \
+        dial = f"{_feed(size, seconds, 'dialer', dial_err, hold_max)} | " \
+               f"{shlex.quote(COSMICAC)} {_LOG}beam {key} " \
                f"--bootstrap {BOOTSTRAP}"
         with dial_out.open("wb") as out, dial_err.open("wb") as err:
             result = lab.run(dialer, ["bash", "-c", dial], cwd=REPO, stdout=out, stderr=err,

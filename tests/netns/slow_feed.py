@@ -2,6 +2,11 @@
 still flowing when its session moves from the relay to a punched path.
 
     python -m tests.netns.slow_feed --size BYTES --seconds S --seed TEXT
+                                    [--hold-until FILE REGEX --hold-max S]
+
+With ``--hold-until``, stdout stays open after the last byte until FILE (the
+beam's stderr) matches REGEX or ``--hold-max`` seconds pass: the beam lives until
+its hole punch has settled, however long that takes.
 
 :func:`expected_sha256` gives the digest of what a given seed and size write.
 """
@@ -10,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 import time
+from pathlib import Path
 
 CHUNK = 64 * 1024
 
@@ -34,6 +41,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--seed", required=True)
+    parser.add_argument("--hold-until", nargs=2, metavar=("FILE", "REGEX"))
+    parser.add_argument("--hold-max", type=float, default=30.0)
     args = parser.parse_args()
     count = max(1, -(-args.size // CHUNK))
     pause = args.seconds / count
@@ -42,6 +51,13 @@ def main() -> None:
         out.write(chunk)
         out.flush()
         time.sleep(pause)
+    if args.hold_until:
+        path, pattern = Path(args.hold_until[0]), re.compile(args.hold_until[1])
+        deadline = time.monotonic() + args.hold_max
+        while time.monotonic() < deadline:  # bounded by --hold-max
+            if path.exists() and pattern.search(path.read_text(errors="replace")):
+                break
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":

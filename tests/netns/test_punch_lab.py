@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 ])
 def test_a_beam_through_the_relay_moves_to_a_direct_path_where_the_nats_allow(
         nat_lab: RunningLab, tmp_path, listener, dialer, expected, transport):
-    trial = run_trial(nat_lab, listener, dialer, tmp_path)
+    trial = run_trial(nat_lab, listener, dialer, tmp_path, size=2 << 20, seconds=1.0)
     assert trial.relayed, trial.dialer_err
     assert trial.intact, (trial.dialer_err, trial.listener_err)
     assert trial.outcome == expected, (trial.dialer_err, trial.listener_err)

@@ -4,6 +4,8 @@ and every byte in order across the switch, in both directions at once."""
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import trio
 import trio.lowlevel
 import trio.testing
@@ -139,3 +141,127 @@ def test_the_transport_decodes_its_own_migrate_and_refuses_a_bad_body():
     with pytest.raises(RemoteProtocolError) as info:
         receiver.next_event()
     assert info.value.code == "BAD_MIGRATE"
+
+
+async def _moved_pair_with_standby():
+    """A session on a 'relay' pair, moved to a 'direct' pair with the relay kept."""
+    relay_left, relay_right = trio.testing.memory_stream_pair()
+    left, right = await secret_stream_pair(lambda: (relay_left, relay_right))
+    direct_left, direct_right = trio.testing.memory_stream_pair()
+    left.offer_path(NEW, direct_left)
+    right.offer_path(NEW, direct_right)
+    left.keep_standby()
+    await left.migrate(NEW)
+    return left, right, direct_left, direct_right
+
+
+@pytest.mark.parametrize("kill", ["initiator_side", "responder_side"])
+async def test_a_dead_path_falls_back_to_the_standby_and_no_byte_is_lost(kill):
+    left, right, direct_left, direct_right = await _moved_pair_with_standby()
+    data_lr, data_rl = os.urandom(600_000), os.urandom(500_000)
+    received: dict[str, bytes] = {}
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(left.keep_alive)
+            nursery.start_soon(right.keep_alive)
+
+            async def receive(name: str, stream: SecretStream, size: int) -> None:
+                received[name] = await _drain(stream, size)
+
+            async with trio.open_nursery() as transfer:
+                transfer.start_soon(receive, "right", right, len(data_lr))
+                transfer.start_soon(receive, "left", left, len(data_rl))
+                # The responder follows the move, keeping the relay as its standby.
+                while right.read_path_id != NEW:
+                    await right.wait_path_change()
+                right.keep_standby()
+                await right.migrate(NEW)
+                transfer.start_soon(_pump, left, data_lr, 6_000)
+                transfer.start_soon(_pump, right, data_rl, 5_000)
+                await trio.sleep(0.01)
+                # The direct path dies in the middle of both transfers.
+                await (direct_left if kill == "initiator_side" else direct_right).aclose()
+            nursery.cancel_scope.cancel()
+    assert received["right"] == data_lr
+    assert received["left"] == data_rl
+    for stream in (left, right):
+        assert stream.read_path_id == stream.write_path_id == FIRST_PATH_ID
+        assert NEW in stream._dead_paths
+
+
+async def test_acknowledged_frames_are_forgotten():
+    left, right, _, _ = await _moved_pair_with_standby()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(left.keep_alive)
+            nursery.start_soon(right.keep_alive)
+            right.keep_standby()  # (both ends keep one: each acknowledges the other)
+
+            async def read_acks() -> None:  # as the mux's reader always does
+                while await left.receive_some():
+                    pass
+
+            nursery.start_soon(read_acks)
+            nursery.start_soon(_pump, left, b"x" * 200_000, 1000)
+            await _drain(right, 200_000)  # reads the MIGRATE on the way
+            await trio.sleep(0.1)
+            # The responder acknowledged (every 32 frames): the sender kept little.
+            assert left._unacked_bytes < 40 * 1100
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_forged_resume_ends_the_stream():
+    """The initiator's direct path dies; on the standby (relay) path a stranger, who
+    has no path secret, sends a RESUME before the peer does: refused."""
+    from p2p.noise._wire import FrameType, pack_header
+
+    relay_left, relay_right = trio.testing.memory_stream_pair()
+    left, right = await secret_stream_pair(lambda: (relay_left, relay_right))
+    direct_left, direct_right = trio.testing.memory_stream_pair()
+    left.offer_path(NEW, direct_left)
+    right.offer_path(NEW, direct_right)
+    left.keep_standby()
+    await left.migrate(NEW)
+    await left.send_all(b"moved")
+    assert await right.receive_some() == b"moved"  # the responder read the MIGRATE...
+    right.keep_standby()
+    await right.migrate(NEW)  # ...and followed: both directions are direct
+    await direct_right.aclose()  # the direct path dies under the initiator's reads
+    forged = (0).to_bytes(8, "little") + bytes(16)
+    await relay_right.send_all(pack_header(len(forged), FrameType.RESUME) + forged)
+    with trio.fail_after(5), pytest.raises(ConnectionBroken) as info:
+        await left.receive_some()
+    assert info.value.code == "BAD_RESUME"
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_on_a_standby_path_are_a_resume_or_a_typed_error(data):
+    from p2p.errors import RemoteProtocolError
+    from p2p.noise import NEED_DATA, Transport
+
+    key_a, key_b = bytes(range(32)), bytes(range(1, 33))
+    receiver = Transport(key_b, key_a, initiator=True)
+    receiver.expect_resume(data)
+    try:
+        for _ in range(10):  # bounded: each call consumes a frame or needs data
+            if receiver.next_event() is NEED_DATA:
+                break
+    except RemoteProtocolError:
+        pass
+
+
+def test_a_genuine_resume_skips_what_the_receiver_already_has():
+    from p2p.noise import NEED_DATA, Data, Transport
+
+    key_a, key_b = os.urandom(32), os.urandom(32)
+    sender = Transport(key_a, key_b, initiator=True)
+    receiver = Transport(key_b, key_a, initiator=False)
+    frames = [sender.send_data(bytes([n]) * 10) for n in range(5)]
+    for frame in frames[:3]:
+        receiver.receive_data(frame)
+        assert isinstance(receiver.next_event(), Data)
+    # The active path died after frame 2; the sender resumes from frame 1 on the standby.
+    receiver.expect_resume(sender.resume_frame(1) + b"".join(frames[1:]))
+    event = receiver.next_event()
+    assert isinstance(event, Data) and bytes(event.data) == bytes([3]) * 10 + bytes([4]) * 10
+    assert receiver.next_event() is NEED_DATA

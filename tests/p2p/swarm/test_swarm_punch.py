@@ -175,3 +175,45 @@ async def test_between_a_consistent_and_a_random_nat_the_session_moves_to_quic_o
             assert await probe.receive() == hashlib.sha256(b"x" * total).digest()
             assert worker.metrics.registry.get_sample_value(
                 "swarm_connections", {"path": "punched_udp"}) == 1
+
+
+async def test_when_the_punched_path_dies_the_session_falls_back_to_the_relay_losing_nothing():
+    import socket as socket_module
+
+    relay_key = KeyPair.generate()
+    total = 16 * 1024 * 1024
+    received = bytearray()
+
+    async def sink(channel):
+        while len(received) < total:
+            received.extend(await channel.receive())
+        await channel.send(hashlib.sha256(received).digest())
+
+    with trio.fail_after(60):
+        async with swarm_net() as net:
+            await net.start_relay(relay_key)
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=(("127.0.0.1", closed_port()),),
+                                    services=[ChannelService.of_handler("sink", sink)])
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            worker = await net.start()
+            connection = await worker.connect(agent.public_key)
+            await wait_until(lambda: connection.path == "punched_tcp", limit_s=15)
+            theirs = agent.connections[worker.public_key]
+            await wait_until(lambda: theirs.path == "punched_tcp")
+            channel = await connection.open_channel("sink")
+            sent = hashlib.sha256()
+            for offset in range(0, total, 65536):
+                piece = offset.to_bytes(8, "big") * 8192
+                await channel.send(piece)
+                sent.update(piece)
+                if offset == total // 2:
+                    # The punched path dies under both ends (a NAT forgot it).
+                    punched = connection.stream.transport_stream
+                    punched.socket.shutdown(socket_module.SHUT_RDWR)
+            assert await channel.receive() == sent.digest()
+            await wait_until(lambda: connection.path == "relayed")
+            await wait_until(lambda: theirs.path == "relayed")
+            assert connection.punch_outcome == theirs.punch_outcome == "fell_back"
+            assert connection.relay_key == relay_key.public_key
+            assert worker.metrics.registry.get_sample_value("swarm_punch_fallbacks_total") == 1
