@@ -4,11 +4,11 @@ and every byte in order across the switch, in both directions at once."""
 import os
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 import trio
 import trio.lowlevel
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from p2p.errors import ConnectionBroken
 from p2p.noise import PATH_ID_BYTES, Migrate, SecretStream
