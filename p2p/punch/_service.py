@@ -81,6 +81,10 @@ class PunchConfig:
     switch_timeout_s: float = 10.0
     """After the initiator moved: how long it waits for the responder to follow."""
 
+    tcp_attempts: int = 2
+    """Rounds of a TCP punch, each from fresh ports (libp2p's measurement: a punch
+    that works does so at once, so a few rounds are enough)."""
+
     udp_punch_s: float = 15.0
     """How long a UDP punch (consistent ↔ random NAT) sprays and waits."""
 
@@ -200,28 +204,40 @@ class HolePunchService(Service):
         holder, udp = PunchSocket(), udp_socket()
         try:
             async with channel, trio.open_nursery() as paths:
-                port = await holder.bind()
-                mine = Connect(nat=ours, port=port, hosts=self._hosts(connection),
-                               udp_port=udp.getsockname()[1])
-                started = trio.current_time()
-                with trio.fail_after(self.config.signal_timeout_s):
-                    await channel.send(encode(mine))
-                    peer = decode(await channel.receive())
-                rtt = trio.current_time() - started
-                if not isinstance(peer, Connect):
-                    raise _Failed("protocol_error")
-                theirs = peer.nat
-                plan = _plan(ours, theirs)
-                if plan not in _PLANS:
-                    await channel.send(encode(Skip(reason=plan)))
-                    raise _Failed(plan)
-                await channel.send(encode(Sync()))
-                await trio.sleep(rtt / 2)
-                if plan == "tcp":
-                    won = await self._race(connection, holder, peer, initiator=True)
-                else:
-                    won = await self._udp(connection, plan, udp, peer, paths)
-                    udp = None  # the QUIC path (or its failure) owns it now
+                for attempt in range(self.config.tcp_attempts):  # bounded
+                    if attempt:
+                        # A fresh port: the last one's mappings may clash for a while
+                        # on a NAT that answered our SYNs.
+                        holder.close()
+                        holder = PunchSocket()
+                        log.info("punch.retry peer=%s attempt=%d", connection.peer_label,
+                                 attempt + 1)
+                    port = await holder.bind()
+                    assert udp is not None
+                    mine = Connect(nat=ours, port=port, hosts=self._hosts(connection),
+                                   udp_port=udp.getsockname()[1])
+                    started = trio.current_time()
+                    with trio.fail_after(self.config.signal_timeout_s):
+                        await channel.send(encode(mine))
+                        peer = decode(await channel.receive())
+                    rtt = trio.current_time() - started
+                    if not isinstance(peer, Connect):
+                        raise _Failed("protocol_error")
+                    theirs = peer.nat
+                    plan = _plan(ours, theirs)
+                    if plan not in _PLANS:
+                        await channel.send(encode(Skip(reason=plan)))
+                        raise _Failed(plan)
+                    await channel.send(encode(Sync()))
+                    await trio.sleep(rtt / 2)
+                    if plan == "tcp":
+                        won = await self._race(connection, holder, peer, initiator=True)
+                        if won is None:
+                            continue  # another round, if any is left
+                    else:
+                        won = await self._udp(connection, plan, udp, peer, paths)
+                        udp = None  # the QUIC path (or its failure) owns it now
+                    break
                 if won is None:
                     raise _Failed("no_path")
                 pid, raw, address = won
@@ -263,40 +279,55 @@ class HolePunchService(Service):
         holder, udp = PunchSocket(), udp_socket()
         try:
             async with trio.open_nursery() as paths:
-                port = await holder.bind()
-                with trio.fail_after(self.config.signal_timeout_s):
-                    peer = decode(await channel.receive())
-                    if not isinstance(peer, Connect):
-                        raise _Failed("protocol_error")
-                    theirs = peer.nat
-                    await channel.send(encode(Connect(nat=ours, port=port,
-                                                      hosts=self._hosts(connection),
-                                                      udp_port=udp.getsockname()[1])))
-                    verdict = decode(await channel.receive())
-                if isinstance(verdict, Skip):
-                    raise _Failed(verdict.reason if verdict.reason in _KNOWN_SKIPS
-                                  else "skipped")
-                if not isinstance(verdict, Sync):
-                    raise _Failed("protocol_error")
-                plan = _plan(ours, theirs)
                 stream = connection.stream
                 before = stream.read_path_id
-                if plan in _UDP_PLANS:
-                    won = await self._udp(connection, plan, udp, peer, paths)
-                    udp = None
-                    if won is None:
-                        raise _Failed("no_path")
-                    stream.offer_path(won[0], won[1], address=won[2])
-                async with trio.open_nursery() as racing:
-                    # Keep proving paths until the initiator's MIGRATE names one
-                    # (any of ours may be the one it chose), or its race is over.
-                    if plan == "tcp":
-                        racing.start_soon(self._race, connection, holder, peer, False)
-                    with trio.move_on_after(self.config.punch_s + self.config.proof_timeout_s
-                                            + self.config.switch_timeout_s):
-                        while stream.read_path_id == before:
-                            await stream.wait_path_change()
-                    racing.cancel_scope.cancel()
+                with trio.fail_after(self.config.signal_timeout_s):
+                    peer = decode(await channel.receive())
+                for attempt in range(self.config.tcp_attempts):  # bounded
+                    if not isinstance(peer, Connect):
+                        raise _Failed("protocol_error")
+                    if attempt:
+                        holder.close()
+                        holder = PunchSocket()
+                        await stream.discard_offered()
+                    port = await holder.bind()
+                    theirs = peer.nat
+                    assert udp is not None
+                    with trio.fail_after(self.config.signal_timeout_s):
+                        await channel.send(encode(Connect(nat=ours, port=port,
+                                                          hosts=self._hosts(connection),
+                                                          udp_port=udp.getsockname()[1])))
+                        verdict = decode(await channel.receive())
+                    if isinstance(verdict, Skip):
+                        raise _Failed(verdict.reason if verdict.reason in _KNOWN_SKIPS
+                                      else "skipped")
+                    if not isinstance(verdict, Sync):
+                        raise _Failed("protocol_error")
+                    plan = _plan(ours, theirs)
+                    if plan in _UDP_PLANS:
+                        won = await self._udp(connection, plan, udp, peer, paths)
+                        udp = None
+                        if won is None:
+                            raise _Failed("no_path")
+                        stream.offer_path(won[0], won[1], address=won[2])
+                    retry: list[object] = []
+                    async with trio.open_nursery() as racing:
+                        # Keep proving paths until the initiator's MIGRATE names one
+                        # (any of ours may be the one it chose), or it starts another
+                        # round (a new connect), or the time is up.
+                        if plan == "tcp":
+                            racing.start_soon(self._race, connection, holder, peer, False)
+
+                            racing.start_soon(_next_round, channel, retry, racing.cancel_scope)
+                        with trio.move_on_after(self.config.punch_s
+                                                + self.config.proof_timeout_s
+                                                + self.config.switch_timeout_s):
+                            while stream.read_path_id == before:
+                                await stream.wait_path_change()
+                        racing.cancel_scope.cancel()
+                    if stream.read_path_id != before or not retry:
+                        break
+                    peer = retry[0]
                 if stream.read_path_id == before:
                     raise _Failed("no_path")
                 # (its reads moved already; its writes are still on the relayed path)
@@ -462,6 +493,16 @@ class HolePunchService(Service):
         connection.punch_settled(outcome)
         log.info("punch.stays_relayed peer=%s nat=%s/%s outcome=%s", connection.peer_label,
                  ours, theirs, outcome)
+
+
+async def _next_round(channel: Channel, into: list[object], done: trio.CancelScope) -> None:
+    """The initiator's next message (a new round's connect), into ``into``; then
+    end the round (an initiator that gave up closes the channel: nothing)."""
+    try:
+        into.append(decode(await channel.receive()))
+    except trio.EndOfChannel:
+        pass
+    done.cancel()
 
 
 #: Connections a punch port accepts (and asks to prove the session) at most.

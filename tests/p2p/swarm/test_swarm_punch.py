@@ -217,3 +217,30 @@ async def test_when_the_punched_path_dies_the_session_falls_back_to_the_relay_lo
             assert connection.punch_outcome == theirs.punch_outcome == "fell_back"
             assert connection.relay_key == relay_key.public_key
             assert worker.metrics.registry.get_sample_value("swarm_punch_fallbacks_total") == 1
+
+
+async def test_a_tcp_punch_whose_first_round_fails_tries_again_from_fresh_ports():
+    relay_key = KeyPair.generate()
+    with trio.fail_after(60):
+        async with swarm_net() as net:
+            await net.start_relay(relay_key)
+            agent = await net.start(relays=(relay_key.public_key,),
+                                    announce_addresses=(("127.0.0.1", closed_port()),))
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            worker = await net.start()
+            assert worker.punch is not None
+            race = worker.punch._race
+            ports: list[int] = []
+
+            async def first_round_fails(connection, holder, peer, initiator):
+                ports.append(holder.port)
+                if len(ports) == 1:
+                    return None  # as when every SYN of the round was lost
+                return await race(connection, holder, peer, initiator)
+
+            worker.punch._race = first_round_fails
+            connection = await worker.connect(agent.public_key)
+            await wait_until(lambda: connection.path == "punched_tcp", limit_s=40)
+            assert len(ports) == 2 and ports[0] != ports[1]
+            theirs = agent.connections[worker.public_key]
+            await wait_until(lambda: theirs.path == "punched_tcp")
