@@ -342,7 +342,7 @@ async def _main(plan: _Plan, result: list[int]) -> None:
     reached = [*plan.bootstrap, *(a for where in plan.relay_addresses.values() for a in where)]
     host = wildcard_for(reached) if reached else "127.0.0.1"
     config = SwarmConfig(host=host, bootstrap=tuple(plan.bootstrap), announce_key=False,
-                         lookup_max_s=5.0,
+                         lookup_max_s=5.0, dht_in_background=bool(plan.relay_addresses),
                          known_peers=tuple((key, tuple(where))
                                            for key, where in plan.relay_addresses.items()))
     swarm = Swarm(plan.keypair, config=config)
@@ -374,10 +374,21 @@ async def _connect(swarm: Swarm, plan: _Plan) -> Connection:
     attempts = []
     if plan.addresses:
         attempts.append(("", lambda: swarm.connect(plan.agent, addresses=plan.addresses)))
-    if plan.bootstrap:
-        attempts.append(("DHT: ", lambda: swarm.connect(plan.agent)))
-    if plan.relays:
-        attempts.append(("relays: ", lambda: _via_relays(swarm, plan)))
+    through_dht = ("DHT: ", lambda: swarm.connect(plan.agent))
+    through_relays = ("relays: ", lambda: _via_relays(swarm, plan))
+    dht_joined = swarm.dht is not None and len(swarm.dht.core.routing) > 0
+    if plan.relays and plan.relay_addresses and not dht_joined:
+        # The DHT is still joining, or out of reach (a workstation behind a
+        # firewall): the relay, known by its address, answers at once, and a
+        # hole punch moves the session to a direct path if the networks allow.
+        attempts.append(through_relays)
+        if plan.bootstrap:
+            attempts.append(through_dht)
+    else:
+        if plan.bootstrap:
+            attempts.append(through_dht)
+        if plan.relays:
+            attempts.append(through_relays)
     for how, attempt in attempts:
         try:
             return await attempt()

@@ -48,6 +48,11 @@ class SwarmConfig:
     """Addresses to put in our records instead of the listener's (a port
     forwarded on a NAT, say); ``()`` lists none, so peers come through relays."""
 
+    dht_in_background: bool = False
+    """Report the swarm started before its DHT node has bootstrapped: for a client
+    that can reach its peer another way (a relay by its known address), so a DHT
+    it cannot reach does not hold it for the bootstrap's timeouts (~5 s)."""
+
     announce_key: bool = True
     """Announce our key under its own topic, so ``connect(key)`` finds us."""
 

@@ -203,8 +203,13 @@ class Swarm:
 
         try:
             async with trio.open_nursery() as outer:
-                await outer.start(run_dht)
-                dht_scope.shield = True
+                if self.config.dht_in_background:
+                    # _serve's way out cancels the scope itself, shield or not.
+                    dht_scope.shield = True
+                    outer.start_soon(run_dht)
+                else:
+                    await outer.start(run_dht)
+                    dht_scope.shield = True
                 address = await outer.start(self._serve, listener, dht_scope)
                 task_status.started(address)
         finally:

@@ -154,3 +154,29 @@ async def test_with_no_dht_peers_reach_a_relay_by_its_known_address_and_pair_thr
             assert "no DHT node answered (bootstrap: none configured)" in str(lost.value)
             connection = await cli.connect(agent.public_key, relays=[relay_key.public_key])
             assert connection.relayed and connection.relay_key == relay_key.public_key
+
+
+async def test_a_client_with_the_dht_in_the_background_is_not_held_by_an_unreachable_dht(
+        autojump_clock):
+    """``dht_in_background``: a CLI whose DHT bootstrap does not answer (a firewalled
+    workstation) starts at once and pairs through the relay it knows by address; a
+    swarm that waits for its DHT takes the bootstrap's timeouts first."""
+    relay_key = KeyPair.generate()
+    with trio.fail_after(60):
+        async with memory_swarm_net() as net:
+            where, _ = await net.start_relay(relay_key, bootstrap=())
+            known = ((relay_key.public_key, (where.tcp,)),)
+            agent = await net.start(relays=(relay_key.public_key,), bootstrap=(),
+                                    known_peers=known, announce_key=False)
+            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            silent, _ = net.host()  # nothing answers there
+            timings = {}
+            for background in (False, True):
+                started = trio.current_time()
+                cli = await net.start(bootstrap=((silent, 49737),), known_peers=known,
+                                      announce_key=False, dht_in_background=background)
+                timings[background] = trio.current_time() - started
+                connection = await cli.connect(agent.public_key,
+                                               relays=[relay_key.public_key])
+                assert connection.relayed
+            assert timings[True] < 0.5 < 2.0 < timings[False]
