@@ -23,6 +23,7 @@ relayed and say so); both endpoint-dependent: 100 % relayed and intact; after
 an upgrade >= 0.9 of a direct connection's throughput.
 
 usage: python bench/punch.py [--trials 20] [--mib 256] [--reps 3] [--skip-lab]
+                             [--pair eim/open ...]
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ CHUNK = b"\x00" * (64 * 1024)
 ACK = b"\x01"
 
 
-def lab_part(trials: int) -> None:
+def lab_part(trials: int, only: set[str] | None = None) -> None:
     from tests.netns.nat_lab import NatLab, start_services
     from tests.netns.punch_trial import run_trial
     from tests.netns.test_relay_scenario import BLIND_RELAY, COSMICAC, wait_for_ready
@@ -64,6 +65,8 @@ def lab_part(trials: int) -> None:
         folder = Path(tmp)
         running = start_services(lab, folder, COSMICAC, BLIND_RELAY, wait_for_ready)
         for listener, dialer, label in PAIRS:
+            if only and label not in only:
+                continue
             outcomes: Counter[str] = Counter()
             times: list[float] = []
             intact = 0
@@ -132,11 +135,13 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--skip-lab", action="store_true")
+    parser.add_argument("--pair", action="append",
+                        help="only this NAT pair (as printed, e.g. eim/open; repeatable)")
     args = parser.parse_args()
     emit("punch", "machine", os.cpu_count() or 0, "cpus", **machine())
     if not args.skip_lab:
         with contextlib.suppress(KeyboardInterrupt):
-            lab_part(args.trials)
+            lab_part(args.trials, set(args.pair or ()))
     trio.run(_throughput, args.mib, args.reps)
 
 
