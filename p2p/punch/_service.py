@@ -69,6 +69,11 @@ Address = tuple[str, int]
 class PunchConfig:
     """Timing of a punch."""
 
+    start_delay_s: float = 0.1
+    """A relayed connection's first exchanges go first: the punch's sockets and
+    messages would otherwise compete with them (measured: +0.6 ms to a relayed
+    connect-by-key of ~14 ms)."""
+
     signal_timeout_s: float = 10.0
     """The signalling exchange on the relayed connection, each message."""
 
@@ -195,6 +200,7 @@ class HolePunchService(Service):
     async def on_connection(self, connection: Connection) -> None:
         if not connection.relayed or not connection.is_initiator:
             return
+        await trio.sleep(self.config.start_delay_s)
         ours, theirs = self._nat_type(), NatType.UNKNOWN
         try:
             channel = await connection.open_channel(PROTOCOL, secrets.token_bytes(8))
