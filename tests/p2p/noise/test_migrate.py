@@ -143,9 +143,9 @@ def test_the_transport_decodes_its_own_migrate_and_refuses_a_bad_body():
     assert info.value.code == "BAD_MIGRATE"
 
 
-async def _moved_pair_with_standby():
+async def _moved_pair_with_standby(relay=None):
     """A session on a 'relay' pair, moved to a 'direct' pair with the relay kept."""
-    relay_left, relay_right = trio.testing.memory_stream_pair()
+    relay_left, relay_right = relay or trio.testing.memory_stream_pair()
     left, right = await secret_stream_pair(lambda: (relay_left, relay_right))
     direct_left, direct_right = trio.testing.memory_stream_pair()
     left.offer_path(NEW, direct_left)
@@ -216,12 +216,7 @@ async def test_a_forged_resume_ends_the_stream():
     from p2p.noise._wire import FrameType, pack_header
 
     relay_left, relay_right = trio.testing.memory_stream_pair()
-    left, right = await secret_stream_pair(lambda: (relay_left, relay_right))
-    direct_left, direct_right = trio.testing.memory_stream_pair()
-    left.offer_path(NEW, direct_left)
-    right.offer_path(NEW, direct_right)
-    left.keep_standby()
-    await left.migrate(NEW)
+    left, right, _, direct_right = await _moved_pair_with_standby((relay_left, relay_right))
     await left.send_all(b"moved")
     assert await right.receive_some() == b"moved"  # the responder read the MIGRATE...
     right.keep_standby()

@@ -16,6 +16,15 @@ from .helpers import swarm_net
 from .test_swarm_relay import closed_port
 
 TOTAL = 8 * 1024 * 1024
+
+
+async def _relay_only_agent(net, relay_key: KeyPair, **options):
+    """A swarm that announces an address nobody listens on and holds a reservation
+    on the relay: every dial to it goes through the relay."""
+    agent = await net.start(relays=(relay_key.public_key,),
+                            announce_addresses=(("127.0.0.1", closed_port()),), **options)
+    await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+    return agent
 PIECE = 16 * 1024
 
 
@@ -39,11 +48,9 @@ async def test_a_relayed_connection_moves_to_a_punched_path_mid_stream_and_keeps
         async with swarm_net() as net:
             await net.start_relay(relay_key,
                                   observer=lambda direction, chunk: forwarded.extend(chunk))
-            agent = await net.start(relays=(relay_key.public_key,),
-                                    announce_addresses=(("127.0.0.1", closed_port()),),
-                                    services=[ChannelService.of_handler("sink", sink),
-                                              ChannelService.of_handler("echo", echo)])
-            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            agent = await _relay_only_agent(net, relay_key, services=[
+                ChannelService.of_handler("sink", sink),
+                ChannelService.of_handler("echo", echo)])
             worker = await net.start()
             connection = await worker.connect(agent.public_key)
             assert connection.relayed
@@ -90,10 +97,8 @@ async def test_garbage_on_the_punch_channel_ends_the_punch_not_the_connection():
     with trio.fail_after(30):
         async with swarm_net() as net:
             await net.start_relay(relay_key)
-            agent = await net.start(relays=(relay_key.public_key,),
-                                    announce_addresses=(("127.0.0.1", closed_port()),),
-                                    services=[ChannelService.of_handler("echo", echo)])
-            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            agent = await _relay_only_agent(net, relay_key, services=[
+                ChannelService.of_handler("echo", echo)])
             hostile = await net.start(hole_punching=None)
             connection = await hostile.connect(agent.public_key)
             assert connection.relayed
@@ -145,10 +150,8 @@ async def test_between_a_consistent_and_a_random_nat_the_session_moves_to_quic_o
     with trio.fail_after(60):
         async with swarm_net() as net:
             await net.start_relay(relay_key)
-            agent = await net.start(relays=(relay_key.public_key,),
-                                    announce_addresses=(("127.0.0.1", closed_port()),),
-                                    services=[ChannelService.of_handler("sink", sink)])
-            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            agent = await _relay_only_agent(net, relay_key, services=[
+                ChannelService.of_handler("sink", sink)])
             worker = await net.start()
             agent.punch._nat_type = lambda: NatType.RANDOM
             worker.punch._nat_type = lambda: NatType.CONSISTENT
@@ -192,10 +195,8 @@ async def test_when_the_punched_path_dies_the_session_falls_back_to_the_relay_lo
     with trio.fail_after(60):
         async with swarm_net() as net:
             await net.start_relay(relay_key)
-            agent = await net.start(relays=(relay_key.public_key,),
-                                    announce_addresses=(("127.0.0.1", closed_port()),),
-                                    services=[ChannelService.of_handler("sink", sink)])
-            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            agent = await _relay_only_agent(net, relay_key, services=[
+                ChannelService.of_handler("sink", sink)])
             worker = await net.start()
             connection = await worker.connect(agent.public_key)
             await wait_until(lambda: connection.path == "punched_tcp", limit_s=15)
@@ -224,9 +225,7 @@ async def test_a_tcp_punch_whose_first_round_fails_tries_again_from_fresh_ports(
     with trio.fail_after(60):
         async with swarm_net() as net:
             await net.start_relay(relay_key)
-            agent = await net.start(relays=(relay_key.public_key,),
-                                    announce_addresses=(("127.0.0.1", closed_port()),))
-            await wait_until(lambda: relay_key.public_key in agent.reserved_relays)
+            agent = await _relay_only_agent(net, relay_key)
             worker = await net.start()
             assert worker.punch is not None
             race = worker.punch._race
