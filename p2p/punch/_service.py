@@ -260,19 +260,8 @@ class HolePunchService(Service):
                     raise _Failed("peer_did_not_follow")
                 self._moved(connection, ours, theirs, address, _PATHS[plan])
                 await self._watch_fallback(connection)
-        except* _Failed as group:
-            self._settle(connection, ours, theirs, str(group.exceptions[0]))
-        except* trio.TooSlowError:
-            self._settle(connection, ours, theirs, "signal_timeout")
-        except* PunchMessageError as group:
-            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label,
-                     group.exceptions[0])
-            self._settle(connection, ours, theirs, "protocol_error")
-        except* (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
-                 OSError) as group:
-            log.info("punch.failed peer=%s reason=%r", connection.peer_label,
-                     group.exceptions[0])
-            self._settle(connection, ours, theirs, "error")
+        except* _ENDS_A_PUNCH as group:
+            self._settle(connection, ours, theirs, _outcome_of(connection, group))
         finally:
             holder.close()
             if udp is not None:
@@ -344,19 +333,8 @@ class HolePunchService(Service):
                 await stream.discard_offered()
                 self._moved(connection, ours, theirs, stream.read_path_address, _PATHS[plan])
                 await self._watch_fallback(connection)
-        except* _Failed as group:
-            self._settle(connection, ours, theirs, str(group.exceptions[0]))
-        except* trio.TooSlowError:
-            self._settle(connection, ours, theirs, "signal_timeout")
-        except* PunchMessageError as group:
-            log.info("punch.bad_message peer=%s reason=%s", connection.peer_label,
-                     group.exceptions[0])
-            self._settle(connection, ours, theirs, "protocol_error")
-        except* (P2PError, MuxError, trio.BrokenResourceError, trio.ClosedResourceError,
-                 OSError) as group:
-            log.info("punch.failed peer=%s reason=%r", connection.peer_label,
-                     group.exceptions[0])
-            self._settle(connection, ours, theirs, "error")
+        except* _ENDS_A_PUNCH as group:
+            self._settle(connection, ours, theirs, _outcome_of(connection, group))
         finally:
             holder.close()
             if udp is not None:
@@ -511,6 +489,28 @@ async def _next_round(channel: Channel, into: list[object], done: trio.CancelSco
     except trio.EndOfChannel:
         pass
     done.cancel()
+
+
+#: What ends a punch (never the connection): our verdicts, a peer's bad or slow
+#: messages, sockets and channels that fail.
+_ENDS_A_PUNCH = (_Failed, trio.TooSlowError, P2PError, MuxError, trio.BrokenResourceError,
+                 trio.ClosedResourceError, OSError)
+
+
+def _outcome_of(connection: Connection, group: BaseExceptionGroup) -> str:
+    """The outcome a punch that ended with ``group`` is counted under."""
+    first = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    if isinstance(first, _Failed):
+        return str(first)
+    if isinstance(first, trio.TooSlowError):
+        return "signal_timeout"
+    if isinstance(first, PunchMessageError):
+        log.info("punch.bad_message peer=%s reason=%s", connection.peer_label, first)
+        return "protocol_error"
+    log.info("punch.failed peer=%s reason=%r", connection.peer_label, first)
+    return "error"
 
 
 #: Connections a punch port accepts (and asks to prove the session) at most.
