@@ -823,14 +823,22 @@ class SecretStream(trio.abc.HalfCloseableStream):
         paths = {id(s): s for s in (self._write_stream, self._read_stream,
                                     *self._offered.values(), *standby)}
         self._offered.clear()
+        # Every path is closed, even when a close is cancelled part-way (a socket
+        # stream closes, then raises Cancelled at its checkpoint): the rest are
+        # closed forcefully and the cancellation goes on afterwards.
+        cancelled: trio.Cancelled | None = None
         for stream in paths.values():
-            if forcefully:
-                await trio.aclose_forcefully(stream)
-            else:
-                try:
+            try:
+                if forcefully or cancelled is not None:
+                    await trio.aclose_forcefully(stream)
+                else:
                     await stream.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            except trio.Cancelled as exc:
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
 
     # -- falling back to a standby path -----------------------------------
 

@@ -379,6 +379,10 @@ class HolePunchService(Service):
                          connection.peer_label, *address, exc)
                 await path.aclose()
                 return None
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await path.aclose()
+                raise
             return pid, path, address
         finally:
             if udp is not None:
@@ -425,6 +429,9 @@ class HolePunchService(Service):
                          connection.peer_label, *address, exc)
                 await trio.aclose_forcefully(raw)
                 return
+            except BaseException:  # the round ended (another path won): not leaked
+                await trio.aclose_forcefully(raw)
+                raise
             if initiator:
                 if won:
                     await trio.aclose_forcefully(raw)

@@ -260,3 +260,16 @@ def test_a_genuine_resume_skips_what_the_receiver_already_has():
     event = receiver.next_event()
     assert isinstance(event, Data) and bytes(event.data) == bytes([3]) * 10 + bytes([4]) * 10
     assert receiver.next_event() is NEED_DATA
+
+
+async def test_a_close_cancelled_part_way_still_closes_every_path():
+    """A socket stream closes, then raises Cancelled at its checkpoint: the standby
+    (and any other path) must be closed all the same, not leaked."""
+    relay_left, relay_right = trio.testing.memory_stream_pair()
+    left, _right, direct_left, _ = await _moved_pair_with_standby((relay_left, relay_right))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await left.aclose()
+    for raw in (relay_left, direct_left):
+        with pytest.raises(trio.ClosedResourceError):
+            await raw.send_all(b"x")
