@@ -95,6 +95,9 @@ def _children(pid: int) -> list[int]:
 class _Owned:
     key: bytes
     start: int
+    #: Sent SIGKILL by a revocation: it lands a moment later (later still on a busy
+    #: machine), and the next revocation pass must neither resend nor recount it.
+    killed: bool = False
 
 
 class Descendants:
@@ -264,11 +267,12 @@ class Descendants:
         killed: set[int] = set()
         for _ in range(rounds):
             self.scan()
-            # A SIGKILL lands a moment after it is sent: those already sent it are
-            # skipped, not counted twice.
-            sent = self.signal(key, skip=killed)
+            already = {pid for pid, owned in self._owned.items() if owned.killed}
+            sent = self.signal(key, skip=already)
             if not sent:
                 break
+            for pid in sent:
+                self._owned[pid].killed = True
             killed |= sent
             self._ended.add(key)  # what they leave orphaned is theirs
         self.killed_total += len(killed)

@@ -208,3 +208,26 @@ def test_a_reused_pid_is_never_signalled(subreaper, tmp_path):
     assert alive(pid)
     root.wait(timeout=LIMIT_S)
     descendants.ended(root.pid)
+
+
+def test_a_process_sent_sigkill_is_killed_and_counted_once_however_often_revoked(
+        subreaper, tmp_path, monkeypatch):
+    """A SIGKILL lands a moment after it is sent (later on a busy machine): the
+    revocation pass that runs meanwhile neither resends it nor counts it again."""
+    descendants = Descendants()
+    pidfile = tmp_path / "daemon"
+    root = spawn_root(background(pidfile))
+    key = b"k" * 32
+    descendants.started(root.pid, key)
+    pid = read_pid(pidfile)
+    subreaper.append(pid)
+    descendants.scan()
+    sent: list[int] = []
+    # The signal "has not landed yet" for as long as the test likes.
+    monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, signum: sent.append(signum))
+    assert descendants.end_key(key) == 1
+    assert descendants.end_key(key) == 0
+    assert sent == [signal.SIGKILL]
+    assert descendants.killed_total == 1
+    root.wait(timeout=LIMIT_S)
+    descendants.ended(root.pid)
