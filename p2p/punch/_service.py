@@ -50,12 +50,12 @@ from ._proof import (
     parse_hello,
     path_id,
 )
-from ._quic import QuicPath
 from ._tcp import PunchSocket, simultaneous_open
 from ._udp import birthday_sockets, spray, udp_socket, udp_token
 
 if TYPE_CHECKING:
     from ..connection import Connection
+    from ._quic import QuicPath
 
 __all__ = ["PROTOCOL", "HolePunchService", "PunchConfig", "PunchMetrics", "prove_path"]
 
@@ -348,6 +348,10 @@ class HolePunchService(Service):
         """Punch UDP between a consistent NAT (``spray``) and a random one
         (``birthday``), run QUIC on the 5-tuple in ``paths``, prove the session
         on its stream. Takes ``udp`` (closed unless a QUIC path owns it)."""
+        # aioquic (and the X.509 stack under it) is imported by the few processes
+        # that punch over UDP, not by every process that imports the swarm: ~0.1 s.
+        from ._quic import QuicPath
+
         stream = connection.stream
         deadline = trio.current_time() + self.config.udp_punch_s
         token = udp_token(stream.path_secret)
