@@ -14,6 +14,16 @@ It has no admission, no defaulting and no controllers: tests play the
 controllers by patching ``status`` (what virt-controller and CDI would do)
 through :meth:`KubeDouble.patch_status` or over HTTP.
 
+What ``cosmicac doctor`` reads is served too: ``GET /version``
+(:attr:`KubeDouble.version`), any custom resource stored with
+:meth:`KubeDouble.put` (KubeVirt and CDI CRs, storage classes, network
+attachment definitions), a resource the cluster does not serve (a CRD not
+installed: :attr:`KubeDouble.unserved` answers 404), and
+``SelfSubjectAccessReview``, answered from :attr:`KubeDouble.allowed`. The
+double enforces no authorization itself; every request is recorded in
+:attr:`KubeDouble.accesses` as the (group, resource, verb, namespace) the API
+server's authorizer would see, so a test can hold them against RBAC rules.
+
 Why our own and not kmock: kmock needs pytest-asyncio, whose loop fights
 pytest-trio's ``trio_mode``, and it assigns no resourceVersion/uid
 (reference/kubevirt-cdi-vllm.md §7).
@@ -28,11 +38,12 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["KubeDouble"]
+__all__ = ["Access", "KubeDouble", "access_of"]
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
@@ -40,6 +51,47 @@ _PATH = re.compile(
 
 #: The longest a watch stays open, whatever the client asks (keeps shutdown quick).
 _MAX_WATCH_S = 30.0
+#: What ``GET /version`` answers unless a test sets :attr:`KubeDouble.version`.
+DEFAULT_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-double",
+                   "platform": "linux/amd64"}
+_SSAR = ("authorization.k8s.io/v1", "selfsubjectaccessreviews")
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request as the API server's authorizer sees it (its request attributes).
+
+    ``resource`` is empty and ``path`` set for a non-resource URL (``/version``);
+    a subresource is ``resource/sub`` (``virtualmachineinstances/status``), as RBAC
+    names it.
+    """
+
+    group: str
+    resource: str
+    verb: str
+    namespace: str = ""
+    path: str = ""
+
+
+#: HTTP method → RBAC verb for a request that names one object (kube-apiserver's
+#: RequestInfoResolver); a request for a collection maps GET to list or watch,
+#: DELETE to deletecollection.
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def access_of(method: str, path: str, query: dict[str, list[str]]) -> Access:
+    """The authorizer's attributes of ``method path?query``."""
+    match = _PATH.match(path)
+    if match is None:
+        return Access("", "", _VERBS.get(method, method.lower()), "", path)
+    group = "" if match["core"] else match["group"]
+    resource = match["plural"] + (f"/{match['sub']}" if match["sub"] else "")
+    verb = _VERBS.get(method, method.lower())
+    if match["name"] is None and method == "GET":
+        verb = "watch" if query.get("watch", ["false"])[0].lower() in ("true", "1") else "list"
+    elif match["name"] is None and method == "DELETE":
+        verb = "deletecollection"
+    return Access(group, resource, verb, match["ns"] or "")
 
 
 def _merge(target: Any, patch: Any) -> Any:
@@ -86,9 +138,22 @@ class KubeDouble:
         self._watchers: list[tuple[str, str, str | None, str | None, queue.Queue]] = []
         #: Every request as (method, path), for assertions.
         self.requests: list[tuple[str, str]] = []
+        #: Every request as the authorizer sees it (:func:`access_of`).
+        self.accesses: list[Access] = []
+        #: What ``GET /version`` answers.
+        self.version: dict[str, str] = dict(DEFAULT_VERSION)
+        #: (api, plural) the cluster does not serve (``("kubevirt.io/v1",
+        #: "kubevirts")``: KubeVirt not installed): every request for them is a 404.
+        self.unserved: set[tuple[str, str]] = set()
+        #: (group, resource, verb) a ``SelfSubjectAccessReview`` allows; None: all.
+        self.allowed: set[tuple[str, str, str]] | None = None
+        #: Every ``SelfSubjectAccessReview`` asked, as its ``resourceAttributes``.
+        self.reviews: list[dict[str, Any]] = []
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        #: The base URL, once started.
+        self.url = ""
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> str:
@@ -104,7 +169,28 @@ class KubeDouble:
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    def api_client(self) -> Any:
+        """A ``kubernetes`` ``ApiClient`` for this double (a backend's or doctor's factory)."""
+        from kubernetes import client
+
+        configuration = client.Configuration()
+        configuration.host = self.url
+        return client.ApiClient(configuration)
+
+    def kubeconfig(self, path: Any, token: str = "double-token") -> Any:
+        """Write a kubeconfig naming this double (for the CLI); return its path."""
+        import yaml
+
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "double",
+            "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+            "users": [{"name": "worker", "user": {"token": token}}],
+            "contexts": [{"name": "double",
+                          "context": {"cluster": "double", "user": "worker"}}]}))
+        return path
 
     def stop(self) -> None:
         self._stopping.set()
@@ -208,12 +294,37 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> tuple[Any, dict[str, list[str]]] | None:
         url = urlsplit(self.path)
+        query = parse_qs(url.query)
         self.store.requests.append((self.command, url.path))
+        self.store.accesses.append(access_of(self.command, url.path, query))
+        if url.path.rstrip("/") == "/version" and self.command == "GET":
+            self._send(200, self.store.version)
+            return None
         match = _PATH.match(url.path)
         if match is None:
             self._send(404, _status(404, "NotFound", f"no route {url.path}"))
             return None
-        return match, parse_qs(url.query)
+        api = match["core"] or f"{match['group']}/{match['version']}"
+        if (api, match["plural"]) in self.store.unserved:
+            if self.command != "GET":
+                self._body()  # read it, so the connection stays usable
+            self._send(404, _status(404, "NotFound",
+                                    "the server could not find the requested resource"))
+            return None
+        if (api, match["plural"]) == _SSAR and self.command == "POST":
+            self._review(self._body())
+            return None
+        return match, query
+
+    def _review(self, body: dict[str, Any]) -> None:
+        """Answer a ``SelfSubjectAccessReview`` from :attr:`KubeDouble.allowed`."""
+        attributes = (body.get("spec") or {}).get("resourceAttributes") or {}
+        self.store.reviews.append(attributes)
+        key = (attributes.get("group", ""), attributes.get("resource", ""),
+               attributes.get("verb", ""))
+        allowed = self.store.allowed is None or key in self.store.allowed
+        reason = "" if allowed else "no RBAC rule allows it (the double's allowed set)"
+        self._send(201, {**body, "status": {"allowed": allowed, "reason": reason}})
 
     def do_GET(self) -> None:
         routed = self._route()
