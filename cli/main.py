@@ -51,6 +51,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "autobase-connect": ("cli.deploy", "autobase_connect"),
     "restart": ("cli.deploy", "restart"),
     "status": ("cli.status", "status"),
+    "doctor": ("cli.doctor", "doctor"),
 }
 #: Options of the root callback that take a value (so that value is no command).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level"})

@@ -159,6 +159,11 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     ork = settings.ork_peer
     daemon.nursery.start_soon(functools.partial(
         stay_connected, swarm, ork.key, addresses=ork.addresses or None))
+    if settings.backend == "kubevirt":
+        # What `cosmicac doctor` checks, as warnings in the log: a cluster that is
+        # not ready yet (or an API server that is down) never stops the worker.
+        from .kubevirt.doctor import warn_at_start
+        daemon.nursery.start_soon(functools.partial(warn_at_start, settings.kubevirt))
     isolated = getattr(backend, "isolated", None)  # the local backend's (see local.py)
     agents = ("" if isolated is None else ", agents isolated" if isolated
               else ", agents NOT isolated: shells run as this user")
