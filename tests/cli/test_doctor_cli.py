@@ -8,13 +8,17 @@ runs it. The checks themselves are tested in tests/nodes/k8s_worker/test_doctor.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import trio
 
 from tests.nodes.k8s_worker import test_kubevirt_backend as flows
-from tests.nodes.k8s_worker.doctor_cluster import ready_cluster, serve, settings_file
+from tests.nodes.k8s_worker.doctor_cluster import (
+    closed_port,
+    ready_cluster,
+    serve,
+    settings_file,
+)
 
 from .support import cosmicac, cosmicac_process, one_error_line
 
@@ -67,14 +71,9 @@ async def test_options_override_the_settings_and_json_is_one_document(ready):
     assert "fast-nvme" in failed[0]["detail"] and failed[0]["fix"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 async def test_an_unreachable_api_server_exits_3(double, tmp_path):
-    double.url = f"http://127.0.0.1:{_closed_port()}"
+    double.url = f"http://127.0.0.1:{closed_port()}"
     kubeconfig = str(double.kubeconfig(tmp_path / "kubeconfig"))
     with trio.fail_after(LIMIT_S):
         ran = await cosmicac("doctor", "--kubeconfig", kubeconfig)

@@ -10,14 +10,25 @@ overlay's NetworkAttachmentDefinition. Tests take one away at a time.
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 from .kube_double import KubeDouble
 from .test_kubevirt_backend import NS, SETTINGS
 from .units import H100
 
-__all__ = ["CDI", "IB", "KUBEVIRT", "NAD", "SETTINGS", "STORAGE", "ready_cluster", "serve",
-           "settings_file"]
+__all__ = [
+    "CDI",
+    "IB",
+    "KUBEVIRT",
+    "NAD",
+    "SETTINGS",
+    "STORAGE",
+    "closed_port",
+    "ready_cluster",
+    "serve",
+    "settings_file",
+]
 
 KUBEVIRT = ("kubevirt.io/v1", "kubevirts")
 CDI = ("cdi.kubevirt.io/v1beta1", "cdis")
@@ -67,3 +78,11 @@ def settings_file(path: Any) -> Any:
     path.write_text(json.dumps(SETTINGS.model_dump(
         include={"namespace", "overlay_network", "infiniband_resource"})))
     return path
+
+
+def closed_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on (bound, then closed): connections
+    there are refused, as to an API server that is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

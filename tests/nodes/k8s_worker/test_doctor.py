@@ -8,7 +8,6 @@ Real sockets and client threads: every run is bounded by ``trio.fail_after``.
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 import trio
@@ -25,7 +24,16 @@ from nodes.k8s_worker.kubevirt.doctor import (
 from nodes.k8s_worker.kubevirt.permissions import PERMISSIONS
 
 from . import test_kubevirt_backend as flows
-from .doctor_cluster import CDI, IB, KUBEVIRT, NAD, SETTINGS, ready_cluster, serve
+from .doctor_cluster import (
+    CDI,
+    IB,
+    KUBEVIRT,
+    NAD,
+    SETTINGS,
+    closed_port,
+    ready_cluster,
+    serve,
+)
 from .units import H100
 
 pytestmark = pytest.mark.slow
@@ -176,14 +184,9 @@ async def test_without_an_overlay_the_multi_node_lines_are_advice(double):
     assert not any(c.name.startswith("may get network-attachment") for c in checks)
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 async def test_an_unreachable_api_server_is_its_own_error(double):
-    double.url = f"http://127.0.0.1:{_closed_port()}"
+    double.url = f"http://127.0.0.1:{closed_port()}"
     with pytest.raises(ApiUnreachable) as caught:
         await _doctor(double)
     assert caught.value.server == double.url and "127.0.0.1" in str(caught.value)
@@ -210,7 +213,7 @@ async def test_the_worker_start_logs_failed_checks_as_warnings(double, caplog):
 
 
 async def test_the_worker_start_survives_an_unreachable_cluster(double, caplog):
-    double.url = f"http://127.0.0.1:{_closed_port()}"
+    double.url = f"http://127.0.0.1:{closed_port()}"
     caplog.set_level(logging.WARNING, logger="nodes.k8s_worker.kubevirt.doctor")
     assert await warn_at_start(SETTINGS, api_client_factory=double.api_client,
                                timeout_s=LIMIT_S) == []
