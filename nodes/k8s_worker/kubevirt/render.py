@@ -30,11 +30,10 @@ Nothing here does I/O; the backend applies what this returns and
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
-from contracts.agent_config import AGENT_CONFIG_PATH, AgentConfig
 from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, replica_unit
+from nodes.k8s_worker.cloud_init import AGENT_UNIT, cloud_init_user_data
 
 from .settings import KubevirtSettings
 
@@ -95,69 +94,12 @@ def _metadata(name: str, unit: ReplicaUnit, vmi: VmiSpec,
     return {"name": name, "namespace": settings.namespace, "labels": _labels(unit, vmi)}
 
 
-#: systemd unit the agent runs as (a transient one: the image needs systemd,
-#: not a unit file of ours); restarted by systemd if it crashes.
-AGENT_UNIT = "cosmicac-agent"
-
-#: Every boot after the first: rewrite the config from this boot's user data
-#: and start the agent. $1 config path, $2 config (base64), $3 executable,
-#: $4 unit. Does nothing on the first boot (no config yet), when write_files
-#: and runcmd do the work.
-_REBOOT_SCRIPT = (
-    'test -e "$1" || exit 0; umask 077; '
-    'printf %s "$2" | base64 -d > "$1.new" && mv -f "$1.new" "$1" && '
-    'systemd-run --no-block --unit="$4" -p Restart=on-failure -- "$3" agent run --config "$1"'
-)
-
-
-def cloud_init_user_data(agent: AgentConfig, settings: KubevirtSettings) -> str:
-    """The ``#cloud-config`` that installs the agent's config and starts the agent.
-
-    First boot: ``write_files`` puts the JSON at :data:`AGENT_CONFIG_PATH`,
-    readable by root only (it holds the report token), and ``runcmd`` starts
-    ``cosmicac agent run --config …`` as the transient systemd unit
-    :data:`AGENT_UNIT` (not in the foreground: that would hold cloud-init's
-    final stage forever).
-
-    Later boots: a restart keeps the root disk and KubeVirt derives the
-    NoCloud instance-id from the VMI's name and namespace, so cloud-init
-    sees the same instance and skips its per-instance modules, write_files
-    and runcmd among them. ``bootcmd`` runs on every boot with the user data
-    of *that* boot, so it rewrites the config (the new generation's) and
-    starts the agent; on the first boot it finds no config and does nothing.
-
-    Everything variable is embedded as JSON strings (valid YAML scalars) and
-    passed to the shell as positional arguments, never spliced into the
-    script, so nothing in the config can break the YAML or the shell.
-    """
-    config = agent.to_json()
-    path = AGENT_CONFIG_PATH
-    start = ["systemd-run", "--no-block", f"--unit={AGENT_UNIT}", "-p", "Restart=on-failure",
-             "--", settings.agent_executable, "agent", "run", "--config", path]
-    reboot = ["sh", "-c", _REBOOT_SCRIPT, "cosmicac-boot", path,
-              base64.b64encode(config.encode()).decode("ascii"), settings.agent_executable,
-              AGENT_UNIT]
-    lines = [
-        "#cloud-config",
-        "bootcmd:",
-        f"  - {json.dumps(reboot)}",
-        "write_files:",
-        f"  - path: {path}",
-        "    owner: root:root",
-        "    permissions: '0600'",
-        f"    content: {json.dumps(config)}",
-        "runcmd:",
-        f"  - {json.dumps(start)}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def render_secret(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -> Manifest:
     """The Secret holding ``vmi``'s cloud-init user data (key ``userdata``).
 
     KubeVirt reads the key ``userdata`` or ``userData`` (pkg/cloud-init).
     """
-    data = cloud_init_user_data(vmi.agent, settings).encode()
+    data = cloud_init_user_data(vmi.agent, settings.agent_executable).encode()
     metadata = _metadata(secret_name(vmi.name), unit, vmi, settings)
     metadata["labels"][LABEL_GENERATION] = str(unit.generation)
     return {

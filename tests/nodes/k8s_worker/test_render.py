@@ -84,13 +84,13 @@ def _boot(tmp_path, user_data):
 
 def test_bootcmd_does_nothing_on_first_boot_and_renews_the_config_on_later_ones(tmp_path):
     first = container_unit().vmis[0].agent
-    path = _boot(tmp_path, cloud_init_user_data(first, KubevirtSettings()))
+    path = _boot(tmp_path, cloud_init_user_data(first))
     assert not path.exists() and not (tmp_path / "record").exists()
     # A restart: the kept disk has the old config; this boot's user data has the new one.
     path.write_text(first.to_json())
     renewed = container_unit(generation=1).vmis[0].agent.model_copy(
         update={"model": None, "report_token": "12" * 32})
-    _boot(tmp_path, cloud_init_user_data(renewed, KubevirtSettings()))
+    _boot(tmp_path, cloud_init_user_data(renewed))
     assert AgentConfig.model_validate_json(path.read_text()) == renewed
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     args = (tmp_path / "record").read_text().splitlines()
@@ -100,7 +100,7 @@ def test_bootcmd_does_nothing_on_first_boot_and_renews_the_config_on_later_ones(
 def test_user_data_survives_hostile_strings_in_the_config():
     agent = container_unit().vmis[0].agent.model_copy(
         update={"model": "x\n- runcmd: [rm, -rf, /]\n'\"#"})
-    document = yaml.safe_load(cloud_init_user_data(agent, KubevirtSettings()))
+    document = yaml.safe_load(cloud_init_user_data(agent))
     assert json.loads(document["write_files"][0]["content"])["model"] == agent.model
 
 

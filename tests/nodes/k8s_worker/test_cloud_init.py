@@ -1,0 +1,105 @@
+"""The user data of every job type is a cloud-config that cloud-init itself accepts.
+
+Validated by Debian's cloud-init (its own schema, strict), in one process of the
+system Python that cloud-init is installed for: the same code that reads the
+seed in the guest image (deploy/image builds it from Debian's package too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from contracts.model import JobSpec, NodeShare, ReplicaPlacement
+from nodes.k8s_worker.backend import ReplicaUnit, replica_unit
+from nodes.k8s_worker.cloud_init import cloud_init_meta_data, cloud_init_user_data
+
+from .units import IMAGE, RACK, TOKEN, WORKER, container_unit, vllm_unit
+
+CLOUD_INIT = shutil.which("cloud-init")
+if CLOUD_INIT is None and os.environ.get("CAC_CLOUD_INIT_REQUIRED"):
+    raise RuntimeError("CAC_CLOUD_INIT_REQUIRED is set but cloud-init is not installed "
+                       "(bash .ci/run deps installs it)")
+needs_cloud_init = pytest.mark.skipif(CLOUD_INIT is None,
+                                      reason="cloud-init is not installed (bash .ci/run deps)")
+
+#: Validates each user data given (a JSON list on stdin) and prints, per document,
+#: "" or cloud-init's error. Runs under the interpreter of cloud-init's script.
+_VALIDATE = """
+import json, sys, yaml
+from cloudinit.config.schema import get_schema, validate_cloudconfig_schema
+schema = get_schema()
+out = []
+for text in json.load(sys.stdin):
+    try:
+        validate_cloudconfig_schema(yaml.safe_load(text), schema=schema, strict=True,
+                                    log_details=False)
+        out.append("")
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def _cloud_init_python() -> str:
+    """The interpreter named on cloud-init's #! line (Debian's python3)."""
+    assert CLOUD_INIT is not None
+    with open(CLOUD_INIT, "rb") as script:
+        line = script.readline().decode().strip()
+    assert line.startswith("#!"), line
+    return line[2:].split()[0]
+
+
+def validate(documents: list[str]) -> list[str]:
+    result = subprocess.run([_cloud_init_python(), "-c", _VALIDATE],
+                            input=json.dumps(documents), capture_output=True, text=True,
+                            timeout=60, check=True)
+    return json.loads(result.stdout)
+
+
+def _inference_unit(runtime: str, model: str) -> ReplicaUnit:
+    spec = JobSpec(name="speech", team="t1", type="inference", image=IMAGE, gpus=1,
+                   runtime=runtime, model=model)
+    placement = ReplicaPlacement(rack=RACK, shares=(NodeShare(node="gpu-node-1", gpus=1),))
+    return replica_unit("j-99aa88bb77cc66dd", 0, spec, placement,
+                        agent={"worker": WORKER, "report_token": TOKEN,
+                               "worker_addresses": ("10.0.2.2:49750",),
+                               "relays": ("12" * 32,),
+                               "relay_addresses": {"12" * 32: ("10.0.2.2:49737",)}})
+
+
+UNITS = {
+    "container": container_unit(),
+    "vllm, two nodes": vllm_unit(),
+    "parakeet": _inference_unit("parakeet", "nvidia/parakeet-tdt-0.6b-v2"),
+    "local": _inference_unit("local", "demo"),
+}
+
+
+@needs_cloud_init
+def test_every_job_types_user_data_passes_cloud_inits_own_schema():
+    documents = {f"{kind}, rank {vmi.node_rank}": cloud_init_user_data(vmi.agent)
+                 for kind, unit in UNITS.items() for vmi in unit.vmis}
+    assert len(documents) == 5
+    assert dict(zip(documents, validate(list(documents.values())), strict=True)) == dict.fromkeys(
+        documents, "")
+
+
+@needs_cloud_init
+def test_the_validator_rejects_what_cloud_init_would_reject():
+    """The check above can fail: a document cloud-init refuses is reported."""
+    good = cloud_init_user_data(container_unit().vmis[0].agent)
+    broken = good.replace("runcmd:", "runcmd: 3\nunused:", 1)
+    verdicts = validate([broken, "#cloud-config\nbootcmd: not-a-list\n"])
+    assert all("SchemaValidationError" in verdict for verdict in verdicts), verdicts
+
+
+def test_meta_data_names_the_instance_and_host_whatever_the_name():
+    for name in ("cac-00112233aabbccdd-r0-n0", "odd: name # with 'quotes'\n"):
+        document = yaml.safe_load(cloud_init_meta_data(name, name))
+        assert document == {"instance-id": name, "local-hostname": name}
