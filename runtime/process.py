@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
-__all__ = ["describe_exit", "signal_group", "spawn", "stop", "stop_all"]
+__all__ = ["cmdline", "describe_exit", "is_alive", "last_line", "proc_stat",
+           "signal_group", "spawn", "stop", "stop_all", "wait_gone"]
 
 
 async def spawn(argv: Sequence[str], *, new_session: bool = True, **options) -> trio.Process:
@@ -91,3 +93,63 @@ def describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+# -- processes that are not our children (found again after a restart) ----------
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of ``pid``, or None if there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ..." - comm may hold spaces and parentheses.
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[19])
+
+
+def is_alive(pid: int, start_ticks: int | None) -> bool:
+    """Is ``pid`` the process we started (same start time), and not a zombie?"""
+    stat = proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return start_ticks is None or stat[1] == start_ticks
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def last_line(path: Path, max_bytes: int = 2048) -> str:
+    """The log's last non-empty line (what an agent says as it fails), bounded."""
+    try:
+        with path.open("rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - max_bytes))
+            tail = file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+async def wait_gone(pid: int, start_ticks: int | None, poll_interval_s: float) -> None:
+    """Return once ``pid`` (not our child) has ended: a pidfd becomes readable then
+    (Linux 5.3+); without one, poll ``/proc`` every ``poll_interval_s``."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is not None:
+        try:
+            if is_alive(pid, start_ticks):  # checked after opening: not a reused pid
+                await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        return
+    while is_alive(pid, start_ticks):  # noqa: ASYNC110 - nothing to wait on but /proc
+        await trio.sleep(poll_interval_s)

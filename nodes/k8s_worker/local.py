@@ -118,7 +118,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import NodeInfo, RackReport
 from p2p.daemon import write_atomically
-from runtime.process import describe_exit, signal_group, spawn
+from runtime.process import (
+    cmdline,
+    describe_exit,
+    is_alive,
+    last_line,
+    proc_stat,
+    signal_group,
+    spawn,
+    wait_gone,
+)
 
 from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
 
@@ -401,33 +410,6 @@ class _Vmi:
 # -- /proc ---------------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of ``pid``, or None if there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # "pid (comm) state ppid ..." - comm may hold spaces and parentheses.
-    fields = text[text.rindex(")") + 2:].split()
-    return fields[0], int(fields[19])
-
-
-def _alive(pid: int, start_ticks: int | None) -> bool:
-    """Is ``pid`` the process we started (same start time), and not a zombie?"""
-    stat = _proc_stat(pid)
-    if stat is None or stat[0] in ("Z", "X"):
-        return False
-    return start_ticks is None or stat[1] == start_ticks
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
 def _find_by_cmdline(argument: str, uids: frozenset[int] | None = None) -> int | None:
     """A live process with ``argument`` in its command line (one pass over /proc),
     run by one of ``uids`` (None: anyone)."""
@@ -437,22 +419,10 @@ def _find_by_cmdline(argument: str, uids: frozenset[int] | None = None) -> int |
         return None
     for name in entries:
         pid = int(name)
-        if argument in _cmdline(pid) and _alive(pid, None) and (
+        if argument in cmdline(pid) and is_alive(pid, None) and (
                 uids is None or _proc_uid(pid) in uids):
             return pid
     return None
-
-
-def _last_line(path: Path, max_bytes: int = 2048) -> str:
-    """The log's last non-empty line (what an agent says as it fails), bounded."""
-    try:
-        with path.open("rb") as file:
-            file.seek(max(0, file.seek(0, os.SEEK_END) - max_bytes))
-            tail = file.read().decode(errors="replace")
-    except OSError:
-        return ""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
 
 
 def _write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
@@ -953,7 +923,7 @@ class LocalBackend:
                                f"{exc.strerror or exc}", retryable=False) from None
         finally:
             os.close(log_fd)
-        stat = _proc_stat(process.pid)
+        stat = proc_stat(process.pid)
         record = _Vmi(vmi, folder, process.pid, stat[1] if stat else None, process)
         self._vmis[vmi.name] = record
         _write_atomically(folder / "process.json", json.dumps({
@@ -979,32 +949,15 @@ class LocalBackend:
 
     async def _watch_adopted(self, record: _Vmi) -> None:
         assert record.pid is not None
-        await self._wait_gone(record.pid, record.start_ticks)
+        await wait_gone(record.pid, record.start_ticks, self.settings.poll_interval_s)
         record.exited.set()
         if not record.stopping:
             await self._report_exit(record, "ended (not a child of this worker: exit status "
                                     "unknown)", False)
 
-    async def _wait_gone(self, pid: int, start_ticks: int | None) -> None:
-        """Return once ``pid`` (not our child) has ended: a pidfd becomes readable then
-        (Linux 5.3+); without one, poll ``/proc`` every ``poll_interval_s``."""
-        try:
-            pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        if pidfd is not None:
-            try:
-                if _alive(pid, start_ticks):  # checked after opening: not a reused pid
-                    await trio.lowlevel.wait_readable(pidfd)
-            finally:
-                os.close(pidfd)
-            return
-        while _alive(pid, start_ticks):  # noqa: ASYNC110 - nothing to wait on but /proc
-            await trio.sleep(self.settings.poll_interval_s)
-
     async def _report_exit(self, record: _Vmi, how: str, success: bool) -> None:
         name = record.spec.name
-        last = _last_line(record.folder / "agent.log")
+        last = last_line(record.folder / "agent.log")
         message = f"agent process {record.pid} {how}" + (f"; last output: {last}"
                                                          if last and not success else "")
         (log.info if success else log.warning)("local.exited vmi=%s pid=%s %s", name,
@@ -1050,8 +1003,8 @@ class LocalBackend:
         if record.exited.is_set() or record.pid is None:
             return False
         if record.process is not None:
-            return record.process.poll() is None and _alive(record.pid, None)
-        return _alive(record.pid, record.start_ticks)
+            return record.process.poll() is None and is_alive(record.pid, None)
+        return is_alive(record.pid, record.start_ticks)
 
     # -- after a worker restart ----------------------------------------------------------
 
@@ -1072,7 +1025,7 @@ class LocalBackend:
             uids = frozenset({os.geteuid(), os.stat(self._home(folder)).st_uid})
         except OSError:
             uids = frozenset({os.geteuid()})
-        if (pid is None or not _alive(pid, ticks) or config_path not in _cmdline(pid)
+        if (pid is None or not is_alive(pid, ticks) or config_path not in cmdline(pid)
                 or _proc_uid(pid) not in uids):
             # A worker killed between starting a process and recording it leaves
             # an agent no process.json names: find it by its command line, or a
@@ -1080,7 +1033,7 @@ class LocalBackend:
             pid = _find_by_cmdline(config_path, uids) if folder.is_dir() else None
             if pid is None:
                 return None
-            stat = _proc_stat(pid)
+            stat = proc_stat(pid)
             ticks = stat[1] if stat else None
         if spec is None:
             try:
