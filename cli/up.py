@@ -276,12 +276,21 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
     }
 
 
-def build_specs(storage: Path, ports: Ports, keys: dict[str, str]) -> list[ServiceSpec]:
+def qemu_backend(image: Path) -> dict:
+    """The worker's backend in ``up --backend qemu``: every VMI a VM of this machine,
+    booted from ``image`` (``make image``), on one node reporting 8 GPUs with no
+    device behind them (a machine with GPUs lists them: ``qemu.gpus``)."""
+    return {"backend": "qemu", "qemu": {"image": str(image), "node": "qemu-node-1",
+                                        "unbacked_gpus": 8}}
+
+
+def build_specs(storage: Path, ports: Ports, keys: dict[str, str], *,
+                worker: Mapping[str, object] | None = None) -> list[ServiceSpec]:
     """Write each service's config under ``<storage>/config`` and return the specs."""
     config_dir = storage / "config"
     private_folder(config_dir)  # configs carry tokens and keys
     bootstrap = [_addr(ports.dht)]
-    configs = service_configs(storage, ports, keys, default_image=LOCAL_IMAGE)
+    configs = service_configs(storage, ports, keys, default_image=LOCAL_IMAGE, worker=worker)
     files = {}
     for name, config in configs.items():
         path = config_dir / f"{name}.json"
@@ -320,6 +329,13 @@ def up(
         DEFAULT_BASE_PORT, "--base-port",
         help="Shift every port: relay BASE, DHT BASE+1 … app-node HTTP BASE+14, "
              "entry BASE+20 (5173 at the default)."),
+    backend: str = typer.Option(
+        "local", "--backend",
+        help="local: jobs' agents as processes of this machine; qemu: each job a VM "
+             "booted from the guest image (make image; needs qemu-system-x86)."),
+    image: Path | None = typer.Option(
+        None, "--image", help="--backend qemu: the guest image (default: "
+                              "build/image/cosmicac-guest.qcow2 of this checkout)."),
     node_only: bool = typer.Option(
         False, "--node-only", help="Run only the single node of before: a DHT bootstrap "
                                    "serving a shared database (the options below)."),
@@ -355,6 +371,7 @@ def up(
                 db_readers=db_readers)
         return
     storage = (storage or Path(".cosmicac")).absolute()
+    worker = _worker_backend(backend, image)
     if not 1 <= base_port <= 65535 - 20:
         fail(f"--base-port {base_port} leaves no room for the 20 ports above it", code=2)
     if reset and storage.exists():
@@ -369,12 +386,31 @@ def up(
         from p2p.keys import load_or_create_keypair
         keys = {name: load_or_create_keypair(storage / name).hex for name in KEYED}
         ensure_monitor_token(storage / MONITOR)
-        specs = build_specs(storage, Ports.from_base(base_port), keys)
+        specs = build_specs(storage, Ports.from_base(base_port), keys, worker=worker)
     except OSError as exc:
         fail(f"cannot prepare {storage}: {exc.strerror or exc}")
     table = not no_table and sys.stdout.isatty()
     code = trio.run(_run, storage, Ports.from_base(base_port), specs, table)
     raise typer.Exit(code)
+
+
+def _worker_backend(backend: str, image: Path | None) -> dict | None:
+    """The worker's backend settings for ``--backend`` (None: the local default)."""
+    if backend == "local":
+        if image is not None:
+            fail("--image goes with --backend qemu", code=2)
+        return None
+    if backend != "qemu":
+        fail(f"--backend {backend!r}: choose local or qemu (kubevirt needs a cluster: "
+             "cosmicac bootstrap, deploy/README.md)", code=2)
+    image = (image or Path(__file__).resolve().parent.parent / "build" / "image"
+             / "cosmicac-guest.qcow2").absolute()
+    if not image.is_file() or not (image.parent / "image.json").is_file():
+        fail(f"no guest image at {image}: build it with `make image` (deploy/image)", code=2)
+    if shutil.which("qemu-system-x86_64") is None:
+        fail("qemu-system-x86_64 is not installed (Debian: apt install qemu-system-x86)",
+             code=2)
+    return qemu_backend(image)
 
 
 async def _run(storage: Path, ports: Ports, specs: list[ServiceSpec], table: bool) -> int:
@@ -411,7 +447,8 @@ async def _run(storage: Path, ports: Ports, specs: list[ServiceSpec], table: boo
 
 
 async def _stop_agents(storage: Path) -> None:
-    """Stop the local backend's agents, which outlive the worker by design."""
+    """Stop the local backend's agents and the qemu backend's VMs, which outlive the
+    worker by design."""
     from nodes.k8s_worker.backend import BackendError
     from nodes.k8s_worker.local import LocalBackend, LocalClusterSettings
 
@@ -425,6 +462,19 @@ async def _stop_agents(storage: Path) -> None:
             return
         if stopped:
             err.print(f"stopped {stopped} agent processes", markup=False)
+    vms = storage / WORKER / "vms"
+    if vms.is_dir():
+        from nodes.k8s_worker.qemu import QemuBackend, QemuSettings
+
+        # The power button first: a guest given a few seconds keeps a clean disk.
+        with trio.move_on_after(20):
+            try:
+                stopped = await QemuBackend(QemuSettings(stop_grace_s=8.0), vms).stop_all()
+            except BackendError as exc:
+                err.print(f"error: {exc}", markup=False)
+                return
+            if stopped:
+                err.print(f"powered off {stopped} VMs", markup=False)
 
 
 async def _show(supervisor: Supervisor, table: bool) -> None:

@@ -66,6 +66,9 @@ def make_backend(settings: WorkerSettings, storage: Path) -> Backend:
     if settings.backend == "kubevirt":
         from .kubevirt.backend import KubevirtBackend
         return KubevirtBackend(settings.kubevirt)
+    if settings.backend == "qemu":
+        from .qemu.backend import QemuBackend
+        return QemuBackend(settings.qemu, storage / "vms")
     from .local import LocalBackend
     return LocalBackend(settings.local, storage / "vmis")
 
@@ -127,7 +130,9 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
         daemon.nursery.start_soon(functools.partial(
             reporter.run, swarm, monitor.key, monitor.addresses))
     worker_addresses = tuple(f"{host}:{port}" for host, port in settings.agents.worker_addresses)
-    if not worker_addresses and settings.backend == "local":
+    # The guest of a qemu VM reaches this host's loopback too (the backend gives
+    # the agent the user-mode network's alias of it).
+    if not worker_addresses and settings.backend in ("local", "qemu"):
         host = "127.0.0.1" if address[0] in ("0.0.0.0", "::") else address[0]
         worker_addresses = (f"{host}:{address[1]}",)
     runtime = WorkerRuntime(

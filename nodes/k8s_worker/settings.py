@@ -26,6 +26,7 @@ from p2p.daemon import AddressList, Port, PublicKey, PublicKeyList
 from .kubevirt.settings import KubevirtSettings
 from .local import LocalClusterSettings
 from .log_limit import DEFAULT_LOG_BURST, DEFAULT_LOG_RATE_PER_S, LogLimit
+from .qemu.settings import QemuSettings
 
 __all__ = ["AgentsSettings", "InterconnectSettings", "WorkerSettings"]
 
@@ -113,10 +114,12 @@ class WorkerSettings(PeerSettings):
     interconnect: InterconnectSettings = InterconnectSettings()
     agents: AgentsSettings = AgentsSettings()
     #: ``local``: agents as processes on this machine (the embedded default);
-    #: ``kubevirt``: VMIs on the cluster behind ``kubevirt``.
-    backend: Literal["local", "kubevirt"] = "local"
+    #: ``kubevirt``: VMIs on the cluster behind ``kubevirt``; ``qemu``: each VMI
+    #: a KVM virtual machine on this host (``qemu``: the guest image, the GPUs).
+    backend: Literal["local", "kubevirt", "qemu"] = "local"
     local: LocalClusterSettings = LocalClusterSettings()
     kubevirt: KubevirtSettings = KubevirtSettings()
+    qemu: QemuSettings = QemuSettings()
     #: How often the rack's capacity is sent to wrk-ork (its heartbeat).
     report_interval_s: float = Field(default=15.0, gt=0, le=3600)
     #: How often the agents' figures (from their heartbeats) go to wrk-monitor.
