@@ -110,7 +110,10 @@ initrd="initrd.img-${kernel#vmlinuz-}"
 [[ -f $rootfs/boot/$initrd ]] || fail "the kernel package made no initrd ($initrd)"
 install -m 0644 "$rootfs/boot/$kernel" "$work/vmlinuz"
 install -m 0644 "$rootfs/boot/$initrd" "$work/initrd.img"
-cmdline="root=LABEL=$ROOT_LABEL rw console=ttyS0,115200 console=tty0"
+# The last console= is /dev/console, where systemd and the services it starts with
+# StandardOutput=…+console write: the serial port, which QEMU keeps in a file and
+# KubeVirt shows (virtctl console). The kernel prints on both.
+cmdline="root=LABEL=$ROOT_LABEL rw console=tty0 console=ttyS0,115200"
 
 # -- 4. the disk: GPT, an EFI system partition, the root ------------------------
 step "4/4 disk: EFI system partition, ext4 root, qcow2"

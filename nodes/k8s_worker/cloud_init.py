@@ -30,7 +30,9 @@ AGENT_UNIT = "cosmicac-agent"
 _REBOOT_SCRIPT = (
     'test -e "$1" || exit 0; umask 077; '
     'printf %s "$2" | base64 -d > "$1.new" && mv -f "$1.new" "$1" && '
-    'systemd-run --no-block --unit="$4" -p Restart=on-failure -- "$3" agent run --config "$1"'
+    'systemd-run --no-block --unit="$4" -p Restart=on-failure '
+    '-p StandardOutput=journal+console -p StandardError=journal+console '
+    '-- "$3" agent run --config "$1"'
 )
 
 
@@ -56,7 +58,11 @@ def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac")
     """
     config = agent.to_json()
     path = AGENT_CONFIG_PATH
+    # The agent's output goes to the journal and to the serial console too: until
+    # it reaches the worker (which then gets its log records) the console is the
+    # one place an operator sees why an agent does not come up.
     start = ["systemd-run", "--no-block", f"--unit={AGENT_UNIT}", "-p", "Restart=on-failure",
+             "-p", "StandardOutput=journal+console", "-p", "StandardError=journal+console",
              "--", agent_executable, "agent", "run", "--config", path]
     reboot = ["sh", "-c", _REBOOT_SCRIPT, "cosmicac-boot", path,
               base64.b64encode(config.encode()).decode("ascii"), agent_executable,
