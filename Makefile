@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 MODELS_STAMP := $(VENV)/.models-stamp
 STORAGE ?= .cosmicac
 
-.PHONY: help install install-models test fuzz lint fmt bench bench-quick up clean
+.PHONY: help install install-models test test-vm image fuzz lint fmt bench bench-quick up clean
 
 help:
 	@echo "make up      start what exists of the system on this machine (see README)"
@@ -18,6 +18,8 @@ help:
 	@echo "make bench   run every benchmark under bench/ (JSON lines on stdout; ~30 min:"
 	@echo "             the 10,000-node DHT network alone takes ~20-25 min to build)"
 	@echo "make bench-quick   the same without the 10,000-node DHT network (~5 min)"
+	@echo "make image  build the job VMs' guest image into build/image (root; deploy/image)"
+	@echo "make test-vm   boot it: jobs in real VMs under cosmicac up --backend qemu"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +73,18 @@ test: $(STAMP) lint
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--max-worker-restart=0 \
 		--durations=10
+
+# The job VMs' guest image (deploy/image/README.md: its cached layers), and the
+# tests that boot it under `cosmicac up --backend qemu` (tests/vm; KVM where the host
+# has hardware KVM, else software emulation). Not part of `make test`: a guest
+# takes a minute to boot under emulation.
+IMAGE_DIR ?= build/image
+image: $(STAMP)
+	bash deploy/image/build.sh $(IMAGE_DIR)
+
+test-vm: image
+	CAC_VM_IMAGE=$(abspath $(IMAGE_DIR))/cosmicac-guest.qcow2 PYTHONDONTWRITEBYTECODE= \
+		$(PY) -m pytest -q -p no:randomly tests/vm --timeout 1800 --durations=5
 
 # The suite with every property test at four times its own count of examples
 # (`make test` runs half of it: tests/examples.py); for a change to a decoder, a

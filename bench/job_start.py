@@ -55,8 +55,15 @@ the API is reached through the entry point (``url`` in the credentials), a
 poll answered 429 waits its ``Retry-After`` (keep ``--poll-ms`` at 100 or more
 under the default limit), and no ``leftover_processes`` is printed.
 
+``--backend qemu`` runs the same on the qemu backend (``up --backend qemu
+--image IMAGE``, the image ``make image`` built): each job a VM booted from the
+guest image. There ``process launched`` is ``qemu.started vmi=`` and
+``agent_start`` is the VM's boot until the agent's hello; the agent's own marks
+(``agent started``, the model server's) are left out: they are written on the
+guest's clock.
+
 usage: python bench/job_start.py [--quick] [--jobs 5] [--warm-up 1] [--poll-ms 20]
-                                 [--attach STORAGE]
+                                 [--attach STORAGE] [--backend local|qemu [--image IMAGE]]
 """
 
 from __future__ import annotations
@@ -90,8 +97,8 @@ IMAGE = "docker://registry.local/demo:latest"
 STEPS = (
     ("ork", "post_sent", "placed", "app-node + RPC + placement in wrk-ork"),
     ("queue", "placed", "op_received", "durable publish + replication to the worker"),
-    ("worker", "op_received", "process_launched", "worker: folders, spawn the agent"),
-    ("agent_start", "process_launched", "agent_hello", "agent boot until it says hello"),
+    ("worker", "op_received", "process_launched", "worker: folders (disk, seed), spawn"),
+    ("agent_start", "process_launched", "agent_hello", "agent (or VM) boot until hello"),
     ("health", "agent_hello", "active", "model server up and healthy, reported Active"),
     ("api_poll", "active", "running", "Active -> a GET shows running"),
 )
@@ -134,6 +141,8 @@ class Up:
     process: subprocess.Popen | None = None
     output: Path | None = None
     token: str = ""
+    backend: str = "local"
+    job_timeout_s: float = JOB_TIMEOUT_S
 
     def output_tail(self, size: int) -> str:
         if self.output is None:
@@ -141,7 +150,12 @@ class Up:
         return self.output.read_text(errors="replace")[-size:]
 
 
-def start_up(storage: Path, base: int) -> Up:
+#: The marks read from the agent's own log (the local backend's agent.log only).
+AGENT_MARKS = ("agent_started", "model_server_started", "model_server_listening",
+               "model_server_healthy")
+
+
+def start_up(storage: Path, base: int, options: tuple[str, ...] = ()) -> Up:
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__PER_SECOND": "1000",
            "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__BURST": "1000"}
@@ -149,7 +163,7 @@ def start_up(storage: Path, base: int) -> Up:
     with output.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "up", "--storage", str(storage),
-             "--base-port", str(base), "--no-table"],
+             "--base-port", str(base), "--no-table", *options],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
     up = Up(storage, api=f"http://{HOST}:{base + 14}/api", process=process, output=output)
     deadline = time.monotonic() + UP_TIMEOUT_S
@@ -241,7 +255,7 @@ def start_job(client: Any, up: Up, index: int, poll_s: float) -> Run:
     if answer.status_code != 201:
         raise BenchError(f"POST /api/jobs answered {answer.status_code}: {answer.text}")
     job_id = answer.json()["id"]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
+    deadline = time.monotonic() + up.job_timeout_s
     while time.monotonic() < deadline:
         got = client.get(f"{up.api}/jobs/{job_id}")
         seen = time.time()
@@ -255,7 +269,7 @@ def start_job(client: Any, up: Up, index: int, poll_s: float) -> Run:
             if status in ("failed", "unknown"):
                 raise BenchError(f"job {job_id} is {status}: {got.json().get('reason')}")
         time.sleep(poll_s)
-    raise BenchError(f"job {job_id} not running after {JOB_TIMEOUT_S:.0f} s")
+    raise BenchError(f"job {job_id} not running after {up.job_timeout_s:.0f} s")
 
 
 def delete_job(client: Any, up: Up, job_id: str) -> None:
@@ -320,7 +334,7 @@ def read_marks(up: Up, run: Run) -> None:
         "placed": _status_at(ork, run.job_id, "starting"),
         "active": _status_at(ork, run.job_id, "active"),
         "op_received": _first(worker, f"worker.create job={run.job_id} "),
-        "process_launched": _first(worker, f"local.started vmi={vmi} "),
+        "process_launched": _first(worker, f"{up.backend}.started vmi={vmi} "),
         "agent_hello": _first(worker, f"agent.hello vmi={vmi} "),
         "agent_ready": _first(worker, f"agent.ready vmi={vmi} "),
         "agent_started": _first(agent, f"agent.started job={run.job_id} "),
@@ -328,6 +342,9 @@ def read_marks(up: Up, run: Run) -> None:
         "model_server_listening": _first(agent, "listening http://"),
         "model_server_healthy": _first(agent, "model_server.healthy", run.job_id),
     }
+    if up.backend != "local":
+        for mark in AGENT_MARKS:
+            del marks[mark]
     placed = marks["placed"]
     if placed is not None:  # one job at a time: the first publish after its placement
         marks["op_published"] = _first(ork, "ork.published", after=placed - 0.002)
@@ -350,14 +367,15 @@ def report(runs: list[Run], leftover: int | None, args: argparse.Namespace) -> N
         values.setdefault("step_api", []).append((m["api_answered"] - m["post_sent"]) * 1000)
         values.setdefault("total", []).append((m["running"] - m["post_sent"]) * 1000)
         for mark in MARKS:
-            values.setdefault(f"at_{mark}", []).append((m[mark] - m["post_sent"]) * 1000)
+            if mark in m:
+                values.setdefault(f"at_{mark}", []).append((m[mark] - m["post_sent"]) * 1000)
     first = True
     for metric, got in values.items():
         extra: dict[str, Any] = {"reps": [round(v, 1) for v in got]}
         if first:
             first = False
             extra.update(machine=machine(), jobs=len(runs), poll_ms=args.poll_ms,
-                         backend="local", model="demo", load_average=args.load_average)
+                         backend=args.backend, model="demo", load_average=args.load_average)
         emit(BENCH, metric, statistics.median(got), "ms", **extra)
     if leftover is not None:
         emit(BENCH, "leftover_processes", leftover, "count")
@@ -370,7 +388,8 @@ def report(runs: list[Run], leftover: int | None, args: argparse.Namespace) -> N
         print(f"{step:<12}{statistics.median(got):>10.1f}{min(got):>9.1f}{max(got):>9.1f}  "
               f"{covers}", file=out)
     print("marks, ms after the POST (median): " + ", ".join(
-        f"{mark} {statistics.median(values[f'at_{mark}']):.0f}" for mark in MARKS), file=out)
+        f"{mark} {statistics.median(values[f'at_{mark}']):.0f}" for mark in MARKS
+        if f"at_{mark}" in values), file=out)
     ended = ("up left running (attached)" if leftover is None
              else f"leftover processes after up stopped: {leftover}")
     print(f"({len(runs)} jobs, one at a time; {ended})", file=out, flush=True)
@@ -385,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-ms", type=float, default=20.0)
     parser.add_argument("--attach", type=Path, metavar="STORAGE", default=None,
                         help="measure the cosmicac up running on STORAGE (left running)")
+    parser.add_argument("--backend", choices=("local", "qemu"), default="local",
+                        help="qemu: every job a VM booted from the guest image")
+    parser.add_argument("--image", type=Path, default=None,
+                        help="--backend qemu: the guest image (default: build/image's)")
     args = parser.parse_args(argv)
     for name, quick, full in (("jobs", 1, 5), ("warm_up", 0, 1)):
         if getattr(args, name) is None:
@@ -393,13 +416,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.attach is not None:
         up = attach(args.attach)
+        up.backend = args.backend
         runs = measure(up, args)
         for run in runs:
             read_marks(up, run)
         report(runs, None, args)
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-job-start-") as tmp:
-        up = start_up(Path(tmp) / "storage", free_base_port())
+        options: tuple[str, ...] = ()
+        if args.backend == "qemu":
+            options = ("--backend", "qemu", *(("--image", str(args.image.absolute()))
+                                              if args.image else ()))
+        up = start_up(Path(tmp) / "storage", free_base_port(), options)
+        up.backend = args.backend
+        if args.backend == "qemu":
+            up.job_timeout_s = 600.0  # a guest under software emulation boots in ~1 min
         try:
             runs = measure(up, args)
         finally:
@@ -420,7 +451,8 @@ def measure(up: Up, args: argparse.Namespace) -> list[Run]:
             login(client, up)
             for index in range(args.warm_up + args.jobs):
                 run = start_job(client, up, index, args.poll_ms / 1000)
-                run.agent_log = _lines(agent_log(up, run.job_id))
+                if up.backend == "local":
+                    run.agent_log = _lines(agent_log(up, run.job_id))
                 delete_job(client, up, run.job_id)
                 if index >= args.warm_up:
                     runs.append(run)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import weakref
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -123,12 +124,13 @@ def pids_using(path: Path) -> list[int]:
 
 @asynccontextmanager
 async def running_up(storage: Path, base: int, env: dict[str, str] | None = None, *,
-                     umask: int | None = None):
-    """``cosmicac up`` on ``storage`` (stdout and stderr piped), under ``umask`` if
-    given; on the way out it and every process naming ``storage`` are killed, so a
-    failed test leaves none."""
+                     umask: int | None = None, options: Sequence[str] = ()):
+    """``cosmicac up`` on ``storage`` (stdout and stderr piped) with ``options``, under
+    ``umask`` if given; on the way out it and every process naming ``storage`` are
+    killed (a VM's QEMU names its disk there), so a failed test leaves none."""
     proc = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base)],
+        [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port", str(base),
+         *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         preexec_fn=None if umask is None else (lambda: os.umask(umask)))
     try:

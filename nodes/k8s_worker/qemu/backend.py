@@ -328,7 +328,7 @@ class QemuBackend:
             # the VMs' power; the worker (or `up`) powers them off.
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, cwd=files.folder)
         except OSError as exc:
             await self._send(placeholder, VmiPhase.FAILED,
                              f"cannot start {argv[0]}: {exc.strerror or exc}")

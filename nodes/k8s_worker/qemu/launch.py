@@ -85,13 +85,12 @@ class VmFiles:
         return self.folder / "vm.json"
 
 
-def _guest_address(address: tuple[str, int], alias: str) -> tuple[str, int]:
-    host, port = address
+def _on_loopback(address: tuple[str, int]) -> bool:
+    host = address[0]
     try:
-        loopback = ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        loopback = host == "localhost"
-    return (alias, port) if loopback else address
+        return host == "localhost"
 
 
 def _network(alias: str) -> str:
@@ -100,17 +99,26 @@ def _network(alias: str) -> str:
 
 
 def guest_agent_config(agent: AgentConfig, settings: QemuSettings) -> AgentConfig:
-    """``agent`` as the guest must read it: the host's loopback addresses (the
-    worker's, the DHT's, the relays' on a one-machine platform) become the
-    user-mode network's alias of the host; other addresses are kept."""
+    """``agent`` as the guest must read it.
+
+    The host's loopback addresses (the worker's and the relays' on a one-machine
+    platform) become the user-mode network's alias of the host. A DHT bootstrap on
+    the loopback is dropped instead: the records of a DHT on the host's loopback
+    name loopback addresses, which the guest cannot reach, and its join never
+    settled (seen: the agent's swarm waited minutes); the agent reaches the worker
+    and the relays by address, and the platform reaches the agent through them.
+    Other addresses are kept.
+    """
     alias = settings.host_alias
 
     def moved(addresses: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-        return tuple(_guest_address(address, alias) for address in addresses)
+        return tuple((alias, port) if _on_loopback((host, port)) else (host, port)
+                     for host, port in addresses)
 
     return agent.model_copy(update={
         "worker_addresses": moved(agent.worker_addresses),
-        "bootstrap": moved(agent.bootstrap),
+        "bootstrap": tuple(address for address in agent.bootstrap
+                           if not _on_loopback(address)),
         "relay_addresses": {key: moved(addresses)
                             for key, addresses in agent.relay_addresses.items()},
     })
@@ -145,7 +153,9 @@ def qemu_argv(vmi: VmiSpec, settings: QemuSettings, files: VmFiles, image: Guest
         # Nothing but what is listed: no default NIC, VGA, floppy or CD-ROM.
         "-nodefaults", "-no-user-config", "-display", "none",
         "-serial", f"file:{files.console}",
-        "-qmp", f"unix:{files.qmp},server=on,wait=off",
+        # Relative: QEMU runs in the VM's folder, whose path may be longer than a
+        # unix socket's may be (108 bytes).
+        "-qmp", f"unix:{files.qmp.name},server=on,wait=off",
         "-pidfile", str(files.pidfile),
         "-drive", f"if=none,id=root,file={files.disk},format=qcow2,discard=unmap",
         "-device", "virtio-blk-pci,drive=root,bootindex=1",

@@ -7,13 +7,16 @@ asynchronous ``event`` objects may come in between and are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
-__all__ = ["QmpError", "qmp_command"]
+__all__ = ["QmpError", "qmp_command", "reachable_path"]
 
 #: A reply longer than this is no reply of the commands used here.
 _MAX_LINE = 1 << 20
@@ -56,11 +59,30 @@ async def _reply(lines) -> Any:
     raise QmpError("QEMU closed the QMP socket")
 
 
+#: A unix socket's path must fit in sockaddr_un (108 bytes with its NUL).
+_MAX_SOCKET_PATH = 100
+
+
+@contextlib.contextmanager
+def reachable_path(socket: Path) -> Iterator[str]:
+    """A path to ``socket`` short enough to connect to: itself, or, when it is too
+    long (a deep storage folder), the same file through an open descriptor of its
+    folder (``/proc/self/fd/N/name``)."""
+    if len(os.fsencode(socket)) <= _MAX_SOCKET_PATH:
+        yield str(socket)
+        return
+    folder = os.open(socket.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{folder}/{socket.name}"
+    finally:
+        os.close(folder)
+
+
 async def qmp_command(socket: Path, command: str, *, timeout_s: float = 5.0) -> Any:
     """Run ``command`` on the VM whose QMP socket is ``socket``; its ``return``."""
     try:
-        with trio.fail_after(timeout_s):
-            stream = await trio.open_unix_socket(str(socket))
+        with trio.fail_after(timeout_s), reachable_path(socket) as path:
+            stream = await trio.open_unix_socket(path)
             async with stream:
                 lines = _lines(stream)
                 greeting = await anext(lines)

@@ -24,7 +24,7 @@ def main() -> None:
     argv = sys.argv
     console = _option(argv, "-serial").removeprefix("file:")
     qmp = _option(argv, "-qmp").removeprefix("unix:").split(",")[0]
-    folder = os.path.dirname(qmp)
+    folder = os.path.dirname(os.path.abspath(qmp))  # QEMU runs in the VM's folder
     with open(os.path.join(folder, "argv.json"), "w") as out:
         json.dump(argv, out)
     with open(_option(argv, "-pidfile"), "w") as out:

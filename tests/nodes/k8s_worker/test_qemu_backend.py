@@ -20,7 +20,7 @@ from nodes.k8s_worker.backend import BackendError, VmiPhase
 from nodes.k8s_worker.qemu import QemuBackend, QemuSettings, VmFiles, guest_agent_config
 from nodes.k8s_worker.qemu.backend import kvm_problem
 from nodes.k8s_worker.qemu.launch import GuestImage, ImageError, qemu_argv, read_image
-from nodes.k8s_worker.qemu.qmp import QmpError, qmp_command
+from nodes.k8s_worker.qemu.qmp import QmpError, qmp_command, reachable_path
 from runtime.process import is_alive
 
 from .units import container_unit, vllm_unit
@@ -52,11 +52,12 @@ def test_settings_refuse_what_cannot_work():
 def test_the_guest_reaches_the_hosts_loopback_through_the_alias_and_nothing_else_moves():
     agent = vllm_unit().vmis[0].agent.model_copy(update={
         "worker_addresses": (("127.0.0.1", 49750), ("192.0.2.7", 49750)),
-        "bootstrap": (("127.0.0.1", 49738), ("::1", 49738)),
+        "bootstrap": (("127.0.0.1", 49738), ("::1", 49738), ("192.0.2.8", 49738)),
         "relay_addresses": {"12" * 32: (("127.0.0.1", 49737),)}})
     guest = guest_agent_config(agent, QemuSettings())
     assert guest.worker_addresses == (("10.0.2.2", 49750), ("192.0.2.7", 49750))
-    assert guest.bootstrap == (("10.0.2.2", 49738), ("10.0.2.2", 49738))
+    # A DHT on the host's loopback hands out loopback addresses: no use in the guest.
+    assert guest.bootstrap == (("192.0.2.8", 49738),)
     assert guest.relay_addresses == {"12" * 32: (("10.0.2.2", 49737),)}
     assert guest.model_copy(update={"worker_addresses": agent.worker_addresses,
                                     "bootstrap": agent.bootstrap,
@@ -136,6 +137,17 @@ async def test_qmp_returns_the_answer_skips_events_and_names_every_failure(
     else:
         with pytest.raises(QmpError, match=outcome):
             await qmp_command(path, "query-status")
+
+
+async def test_qmp_reaches_a_socket_whose_path_is_longer_than_a_socket_address(
+        tmp_path, nursery):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    socket = deep / "qmp.sock"
+    assert len(str(socket)) > 108
+    with reachable_path(socket) as short:
+        await nursery.start(_qmp_server, Path(short), [b'{"return": {}}\n', b'{"return": 7}\n'])
+    assert await qmp_command(socket, "query-status") == 7
 
 
 async def test_qmp_on_a_socket_nobody_serves_is_a_qmp_error(tmp_path):
