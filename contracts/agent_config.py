@@ -27,10 +27,31 @@ from p2p.daemon import parse_address
 
 from .model import JobType, KeyHex, Runtime, first_error
 
-__all__ = ["AGENT_CONFIG_PATH", "AgentConfig", "AgentConfigError", "load_agent_config"]
+__all__ = [
+    "AGENT_CONFIG_PATH",
+    "IB_HCA_MAX_CHARS",
+    "IB_HCA_PATTERN",
+    "IFNAME_PATTERN",
+    "AgentConfig",
+    "AgentConfigError",
+    "load_agent_config",
+]
 
 #: Where cloud-init writes the config inside a VMI.
 AGENT_CONFIG_PATH = "/etc/cosmicac/agent.json"
+#: A Linux network interface name: at most 15 characters (IFNAMSIZ is 16 with
+#: the NUL), no ``/``, blank or ``:``, not ``.``/``..`` (net/core/dev.c's
+#: ``dev_valid_name``), kept to the letters, digits and ``_.-`` interfaces are
+#: really called by. It ends up in ``NCCL_SOCKET_IFNAME``, where a leading
+#: ``^`` or ``=`` and commas would change the meaning: none of them passes.
+IFNAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,14}$"
+#: ``NCCL_IB_HCA`` (NCCL's environment variables doc): an optional ``^``
+#: (exclude these) or ``=`` (exact names, not prefixes), then a comma-separated
+#: list of ``name[:port]``; at most 32 entries.
+IB_HCA_PATTERN = (r"^[\^=]?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}(:[0-9]{1,3})?"
+                  r"(,[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}(:[0-9]{1,3})?){0,31}$")
+#: Bound on ``NCCL_IB_HCA``: 32 HCAs with ports fit in far less.
+IB_HCA_MAX_CHARS = 256
 
 
 class AgentConfigError(Exception):
@@ -72,6 +93,15 @@ class AgentConfig(BaseModel):
     #: A multi-node replica's head: the rank-0 VMI's address on the overlay
     #: network, where Ray's head listens. None on a single-node replica.
     head_address: str | None = Field(default=None, max_length=253)
+    #: The overlay network's interface inside the VMI (``eth1``), where NCCL,
+    #: Gloo and TensorPipe open their sockets (``NCCL_SOCKET_IFNAME``…) and
+    #: whose address this VMI gives Ray. None: a single-node replica, or let
+    #: NCCL choose.
+    overlay_interface: str | None = Field(default=None, pattern=IFNAME_PATTERN)
+    #: The InfiniBand HCAs NCCL uses (``NCCL_IB_HCA``, e.g. ``mlx5`` or
+    #: ``=mlx5_0:1,mlx5_1:1``). None: a single-node replica, or NCCL's default.
+    ib_hca: str | None = Field(default=None, max_length=IB_HCA_MAX_CHARS,
+                               pattern=IB_HCA_PATTERN)
     #: GPUs this VMI holds.
     gpus: int = Field(ge=0)
     #: The worker the agent reports to (its swarm public key).
@@ -125,6 +155,9 @@ class AgentConfig(BaseModel):
             del data["shell_keys_version"]  # likewise
         if not data["relay_addresses"]:
             del data["relay_addresses"]  # likewise
+        for added_later in ("overlay_interface", "ib_hca"):
+            if data[added_later] is None:
+                del data[added_later]  # likewise
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -13,13 +13,25 @@ crashing ends the workload: the agent reports the replica failed.
 Only the head of a multi-node replica (node rank 0) runs the HTTP server and
 is announced; the other ranks run their Ray worker and report ready while it
 lives.
+
+Addresses of a multi-node replica: the config's ``head_address`` is a name
+(on KubeVirt ``<vmi>.<service>.<ns>.svc.<domain>``, which the cluster DNS
+answers with the head's pod address), good for the other ranks to dial Ray's
+head. It is no good as Ray's ``--node-ip-address``, which Ray takes as this
+node's IP and advertises to the others: so every rank gives Ray its own IPv4
+on the overlay interface (:func:`interface_ipv4`) when the config names one,
+the head included (its plan then runs Ray's head and ``vllm serve`` on that
+address). See :meth:`InferenceWorkload.plan`.
 """
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+import struct
+from collections.abc import Callable, Mapping, Sequence
 
 import trio
 
@@ -33,9 +45,12 @@ from ._service import InferenceService, ServedModel
 from ._supervisor import ModelSupervisor, SupervisorPolicy
 from .runtimes import Launch, RuntimePlan, adapter_for
 
-__all__ = ["InferenceWorkload", "free_port"]
+__all__ = ["InferenceWorkload", "free_port", "interface_ipv4"]
 
 log = logging.getLogger("cosmicac.agent.inference")
+
+#: ``SIOCGIFADDR`` (linux/sockios.h): an interface's IPv4 address.
+_SIOCGIFADDR = 0x8915
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -43,6 +58,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def interface_ipv4(interface: str) -> str | None:
+    """The IPv4 address of network interface ``interface``, or None (no such
+    interface, or no IPv4 address on it yet). Linux only; a local ioctl, no traffic."""
+    request = struct.pack("256s", interface.encode()[:15])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+    except OSError:
+        return None
+    return str(ipaddress.IPv4Address(answer[20:24]))  # ifr_addr's sin_addr
 
 
 class InferenceWorkload:
@@ -54,6 +81,8 @@ class InferenceWorkload:
         policy: the supervisor's timing.
         env: the environment of the model server's processes (default: ours).
         extra_args: operator flags for the model server's command line.
+        interface_address: this VMI's IPv4 on a named interface, or None
+            (default: :func:`interface_ipv4`); tests pass their own.
 
     Raises:
         AdapterError: the runtime cannot run this replica (raised by :meth:`run`,
@@ -62,7 +91,8 @@ class InferenceWorkload:
 
     def __init__(self, config: AgentConfig, *, port: int | None = None,
                  policy: SupervisorPolicy | None = None, env: Mapping[str, str] | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (),
+                 interface_address: Callable[[str], str | None] = interface_ipv4) -> None:
         if config.runtime is None or config.model is None:
             raise ValueError("an inference agent's config needs a runtime and a model")
         self.config = config
@@ -70,6 +100,7 @@ class InferenceWorkload:
         self.policy = policy
         self.env = env
         self.extra_args = tuple(extra_args)
+        self.interface_address = interface_address
         self.served_name = config.served_name or config.model
         self.topic = job_topic(config.job_id)
         self.client = ModelClient("127.0.0.1", self.port)
@@ -90,15 +121,46 @@ class InferenceWorkload:
     def services(self) -> Sequence[Service]:
         return [self.service]
 
+    def node_address(self) -> str | None:
+        """This VMI's address for Ray (``--node-ip-address``, ``VLLM_HOST_IP``).
+
+        Its IPv4 on the overlay interface, when the config names one and it
+        has an address: Ray wants an IP there, one the other nodes reach and
+        that is unique in the replica. The pod network is neither under
+        KubeVirt's masquerade binding (every guest is 10.0.2.2 behind its pod's
+        NAT), and a DNS name is not an IP. None otherwise: Ray picks.
+        """
+        if self.config.node_count < 2 or self.config.overlay_interface is None:
+            return None
+        return self.interface_address(self.config.overlay_interface)
+
     def plan(self) -> RuntimePlan:
-        """The adapter's plan for this VMI (AdapterError names a bad field)."""
+        """The adapter's plan for this VMI (AdapterError names a bad field).
+
+        A rank > 0 dials the head by the config's ``head_address`` (a name is
+        fine there: ``ray start --address`` and our wait resolve it) and gives
+        Ray its own overlay address. The head itself is told its own overlay
+        address as ``head_address``: the adapter runs ``ray start --head
+        --node-ip-address HEAD`` and points ``vllm serve`` at ``HEAD:port``,
+        all on this VMI, so the head needs no DNS, and Ray advertises an IP
+        the other ranks reach over the overlay rather than the name (which
+        the cluster DNS answers with the pod network's address). Without an
+        overlay address (no interface configured, as on the local and qemu
+        backends, or none yet) the head keeps the config's ``head_address``,
+        as before.
+        """
         c = self.config
         assert c.runtime is not None and c.model is not None
+        node_address = self.node_address()
+        head_address = c.head_address
+        if c.node_rank == 0 and node_address is not None:
+            head_address = node_address
         launch = Launch(model=c.model, served_name=self.served_name, port=self.port,
                         gpus=c.gpus,
                         node_rank=c.node_rank, node_count=c.node_count,
-                        head_address=c.head_address,
-                        node_address=c.head_address if c.node_rank == 0 else None,
+                        head_address=head_address,
+                        node_address=head_address if c.node_rank == 0 else node_address,
+                        overlay_interface=c.overlay_interface, ib_hca=c.ib_hca,
                         extra_args=self.extra_args)
         return adapter_for(c.runtime).plan(launch)
 
