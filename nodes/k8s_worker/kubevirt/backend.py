@@ -11,14 +11,16 @@ Idempotence (the queue delivers at least once) comes from the API's own
 answers: 409 on create means the object exists (success), 404 on delete means
 it is gone (success).
 
-- **create**: per VMI, Secret (cloud-init user data), DataVolume and VMI,
+- **create**: a multi-node replica's headless Service first (its VMIs' DNS
+  names), then per VMI, Secret (cloud-init user data), DataVolume and VMI,
   created together (with wait-for-first-consumer storage the import starts
   only once the VMI exists; KubeVirt holds the VMI until the disk is ready).
 - **restart**: a bare VMI cannot be restarted, so: delete the VMIs, wait
   (polling, bounded by ``delete_timeout_s``) until each is gone, replace the
   Secret with the new generation's agent config, create the VMIs again. The
-  DataVolume is kept (created only if it went missing).
-- **delete**: VMI, DataVolume and Secret; what is gone already is fine.
+  DataVolume and the Service are kept (created only if they went missing).
+- **delete**: VMI, DataVolume and Secret, then the Service; what is gone
+  already is fine.
 - **run**: two watches (VMIs and DataVolumes of the namespace, selected by
   the ``app.kubernetes.io/managed-by=cosmicac`` label), each a blocking
   ``Watch.stream`` in its own thread that hands events back to trio with
@@ -46,7 +48,7 @@ import trio
 from contracts.model import NodeInfo, RackReport
 from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent
 
-from .render import LABEL_MANAGED_BY, MANAGED_BY, render_replica, secret_name
+from .render import LABEL_MANAGED_BY, MANAGED_BY, render_replica, secret_name, service_name
 from .settings import KubevirtSettings
 from .status import StatusTracker
 
@@ -219,6 +221,11 @@ class KubevirtBackend:
             await self._call(f"create Secret {name}", core.create_namespaced_secret, ns,
                              manifest, exists_ok=True)
             return
+        if kind == "Service":
+            # Never replaced: its name and selector follow from the replica alone.
+            await self._call(f"create Service {name}", core.create_namespaced_service, ns,
+                             manifest, exists_ok=True)
+            return
         group, version, plural = _KINDS[kind]
         await self._call(f"create {kind} {name}", custom.create_namespaced_custom_object,
                          group, version, ns, plural, manifest, exists_ok=True)
@@ -283,7 +290,8 @@ class KubevirtBackend:
         return RackReport(nodes=nodes, overlay_network=self._settings.overlay_network is not None)
 
     async def create(self, unit: ReplicaUnit) -> None:
-        """Create each VMI's Secret, DataVolume and VMI; existing objects are kept.
+        """Create a multi-node replica's Service, then each VMI's Secret, DataVolume
+        and VMI; existing objects are kept.
 
         Raises:
             BackendError: a call failed (``retryable`` says whether to try again).
@@ -294,7 +302,8 @@ class KubevirtBackend:
             await self._apply(manifest)
 
     async def restart(self, unit: ReplicaUnit) -> None:
-        """Delete the VMIs, wait until gone, renew the Secrets, recreate; keep the disks."""
+        """Delete the VMIs, wait until gone, renew the Secrets, recreate; keep the
+        disks and the Service."""
         manifests = await self._render(unit)
         self._units[(unit.job_id, unit.replica)] = unit
         for vmi in unit.vmis:
@@ -305,13 +314,19 @@ class KubevirtBackend:
             await self._apply(manifest, replace_secret=True)
 
     async def delete(self, unit: ReplicaUnit) -> None:
-        """Delete each VMI, its DataVolume and its Secret; absent ones are fine."""
+        """Delete each VMI, its DataVolume and its Secret, then a multi-node
+        replica's Service; absent ones are fine."""
         _, core = await self._apis()
         for vmi in unit.vmis:
             await self._delete_custom("VirtualMachineInstance", vmi.name)
             await self._delete_custom("DataVolume", vmi.disk)
             await self._call(f"delete Secret {secret_name(vmi.name)}",
                              core.delete_namespaced_secret, secret_name(vmi.name),
+                             self._settings.namespace, absent_ok=True)
+        if any(vmi.multi_node for vmi in unit.vmis):
+            # Last: a VMI still terminating keeps its name until it is gone.
+            await self._call(f"delete Service {service_name(unit)}",
+                             core.delete_namespaced_service, service_name(unit),
                              self._settings.namespace, absent_ok=True)
         self._units.pop((unit.job_id, unit.replica), None)
 

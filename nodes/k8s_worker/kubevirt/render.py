@@ -1,7 +1,16 @@
 """Pure rendering: one replica → the Kubernetes objects that run it.
 
-Per VMI of a replica (one per node share) three objects, in the order they
-are applied:
+A multi-node replica first gets a core/v1 headless **Service**
+``cac-<job>-r<replica>`` (:func:`render_service`): with each of its VMIs'
+``spec.hostname`` (the VMI's name) and ``spec.subdomain`` (the Service's
+name), the cluster DNS answers
+``<vmi>.<service>.<namespace>.svc.<cluster_domain>`` with the VMI's pod
+address: the name the other ranks reach Ray's head by (KubeVirt's "DNS
+records" user guide; Kubernetes' "DNS for Services and Pods", pod hostname
+and subdomain).
+
+Then, per VMI of a replica (one per node share) three objects, in the order
+they are applied:
 
 1. a core/v1 **Secret** ``<vmi>-cloudinit`` holding the cloud-init NoCloud
    user data: a ``#cloud-config`` that writes the agent's config (JSON) to
@@ -9,7 +18,9 @@ are applied:
    boot: see :func:`cloud_init_user_data` for restarts). A Secret and
    not inline ``userData``: inline data is capped at 2,048 bytes by KubeVirt's
    create admitter and is readable by anyone who can read the VMI, and the
-   config holds the replica's report token (reference §1.6).
+   config holds the replica's report token (reference §1.6). A multi-node
+   VMI's config names the head by its DNS name and carries the overlay
+   interface and InfiniBand HCAs for NCCL (:func:`cluster_agent_config`).
 2. a CDI **DataVolume** ``<vmi>-root`` importing the root disk from the job's
    registry image (the disk under ``/disk`` in the image, reference §2).
 3. a KubeVirt **VirtualMachineInstance** pinned to its node by hostname,
@@ -32,7 +43,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, replica_unit
+from contracts.agent_config import AgentConfig
+from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, replica_unit, vmi_name
 from nodes.k8s_worker.cloud_init import AGENT_UNIT, cloud_init_user_data
 
 from .settings import KubevirtSettings
@@ -46,13 +58,18 @@ __all__ = [
     "LABEL_REPLICA",
     "LABEL_VMI",
     "MANAGED_BY",
+    "RAY_GCS_PORT",
     "cloud_init_user_data",
+    "cluster_agent_config",
+    "head_dns_name",
     "render_datavolume",
     "render_replica",
     "render_secret",
+    "render_service",
     "render_vmi",
     "replica_unit",
     "secret_name",
+    "service_name",
 ]
 
 #: Every object the worker creates carries this label; its watches select on it.
@@ -71,6 +88,14 @@ _CLOUD_INIT = "cloudinit"
 _POD_NET = "default"
 _OVERLAY_NET = "overlay"
 
+#: Ray's GCS port on a multi-node replica's head: the port the vLLM adapter's
+#: ``ray start --head --port`` uses (``DEFAULT_RAY_PORT`` of
+#: agents/inference/runtimes/_plan.py, Ray's own default; a test keeps them
+#: equal, as nodes may not import agents).
+RAY_GCS_PORT = 6379
+#: The label KubeVirt puts on every virt-launcher pod (``kubevirt.io=virt-launcher``).
+_LAUNCHER_LABEL = ("kubevirt.io", "virt-launcher")
+
 Manifest = dict[str, Any]
 
 
@@ -79,14 +104,60 @@ def secret_name(vmi: str) -> str:
     return f"{vmi}-cloudinit"
 
 
+def service_name(unit: ReplicaUnit) -> str:
+    """The headless Service of a multi-node replica: its VMIs' names without the rank.
+
+    ``cac-<job>-r<replica>``: a DNS-1035 label (a letter first, ≤ 63
+    characters), as a Service's name must be; stable across restarts.
+    """
+    return vmi_name(unit.job_id, unit.replica, 0).removesuffix("-n0")
+
+
+def head_dns_name(unit: ReplicaUnit, settings: KubevirtSettings) -> str:
+    """The fully qualified name of the replica's rank-0 VMI, where Ray's head listens.
+
+    ``<vmi>.<service>.<namespace>.svc.<cluster_domain>``: the pod hostname and
+    subdomain record the cluster DNS serves for a pod whose subdomain is a
+    headless Service selecting it.
+    """
+    head = next(vmi for vmi in unit.vmis if vmi.node_rank == 0)
+    return f"{head.name}.{service_name(unit)}.{settings.namespace}.svc.{settings.cluster_domain}"
+
+
+def _is_multi_node(unit: ReplicaUnit) -> bool:
+    return any(vmi.multi_node for vmi in unit.vmis)
+
+
+def _replica_labels(unit: ReplicaUnit) -> dict[str, str]:
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: unit.job_id,
+            LABEL_REPLICA: str(unit.replica)}
+
+
 def _labels(unit: ReplicaUnit, vmi: VmiSpec) -> dict[str, str]:
-    return {
-        LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_JOB: unit.job_id,
-        LABEL_REPLICA: str(unit.replica),
-        LABEL_NODE_RANK: str(vmi.node_rank),
-        LABEL_VMI: vmi.name,
-    }
+    return {**_replica_labels(unit), LABEL_NODE_RANK: str(vmi.node_rank), LABEL_VMI: vmi.name}
+
+
+def cluster_agent_config(unit: ReplicaUnit, vmi: VmiSpec,
+                         settings: KubevirtSettings) -> AgentConfig:
+    """``vmi``'s agent config as this cluster needs it.
+
+    A multi-node VMI's config gets the head's DNS name (:func:`head_dns_name`;
+    ``replica_unit`` leaves a bare VMI name there, which resolves nowhere on a
+    cluster, while the local and qemu backends keep their own), and the
+    overlay interface and InfiniBand HCAs NCCL is to use. A single-node VMI's
+    config is unchanged: no head, nothing for NCCL.
+
+    Raises:
+        pydantic.ValidationError: (a ``ValueError``) the result is not a valid config.
+    """
+    if not vmi.multi_node:
+        return vmi.agent
+    return AgentConfig.model_validate({
+        **vmi.agent.model_dump(),
+        "head_address": head_dns_name(unit, settings),
+        "overlay_interface": settings.overlay_interface,
+        "ib_hca": settings.infiniband_hca,
+    })
 
 
 def _metadata(name: str, unit: ReplicaUnit, vmi: VmiSpec,
@@ -99,7 +170,8 @@ def render_secret(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -
 
     KubeVirt reads the key ``userdata`` or ``userData`` (pkg/cloud-init).
     """
-    data = cloud_init_user_data(vmi.agent, settings.agent_executable).encode()
+    agent = cluster_agent_config(unit, vmi, settings)
+    data = cloud_init_user_data(agent, settings.agent_executable).encode()
     metadata = _metadata(secret_name(vmi.name), unit, vmi, settings)
     metadata["labels"][LABEL_GENERATION] = str(unit.generation)
     return {
@@ -108,6 +180,34 @@ def render_secret(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -
         "metadata": metadata,
         "type": "Opaque",
         "data": {"userdata": base64.b64encode(data).decode("ascii")},
+    }
+
+
+def render_service(unit: ReplicaUnit, settings: KubevirtSettings) -> Manifest:
+    """The headless Service that gives a multi-node replica's VMIs DNS names.
+
+    ``clusterIP: None``: no virtual IP, the DNS answers with the pods'
+    addresses. ``publishNotReadyAddresses``: the names exist before the pods
+    are Ready (a VMI without a readiness probe is Ready once it runs; the
+    other ranks look the head up while it boots). The selector is the
+    replica's labels, which KubeVirt copies from the VMI to its virt-launcher
+    pod, plus the launcher's own label, so that no other pod of the replica
+    (a CDI importer) is an endpoint. The port is Ray's GCS: only a name for
+    the endpoints, a headless Service forwards nothing.
+    """
+    selector = {**_replica_labels(unit), _LAUNCHER_LABEL[0]: _LAUNCHER_LABEL[1]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name(unit), "namespace": settings.namespace,
+                     "labels": _replica_labels(unit)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{"name": "ray-gcs", "port": RAY_GCS_PORT, "targetPort": RAY_GCS_PORT,
+                       "protocol": "TCP"}],
+        },
     }
 
 
@@ -172,29 +272,36 @@ def render_vmi(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings, *,
                                   for i in range(settings.infiniband_devices)]
     metadata = _metadata(vmi.name, unit, vmi, settings)
     metadata["labels"][LABEL_GENERATION] = str(unit.generation)
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/hostname": vmi.node},
+        "hostname": vmi.name,
+        "evictionStrategy": settings.eviction_strategy,
+        "terminationGracePeriodSeconds": settings.termination_grace_period_s,
+        "domain": {
+            "cpu": {"cores": settings.vmi_cpu_cores(vmi.gpus)},
+            "memory": {"guest": settings.vmi_memory(vmi.gpus)},
+            "devices": devices,
+        },
+        "networks": networks,
+        "volumes": volumes,
+    }
+    if vmi.multi_node:
+        # hostname + subdomain + the headless Service = a DNS name for this VMI.
+        spec["subdomain"] = service_name(unit)
     return {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
         "metadata": metadata,
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": vmi.node},
-            "hostname": vmi.name,
-            "evictionStrategy": settings.eviction_strategy,
-            "terminationGracePeriodSeconds": settings.termination_grace_period_s,
-            "domain": {
-                "cpu": {"cores": settings.vmi_cpu_cores(vmi.gpus)},
-                "memory": {"guest": settings.vmi_memory(vmi.gpus)},
-                "devices": devices,
-            },
-            "networks": networks,
-            "volumes": volumes,
-        },
+        "spec": spec,
     }
 
 
 def render_replica(unit: ReplicaUnit, settings: KubevirtSettings, *,
                    gpu_resources: dict[str, str]) -> list[Manifest]:
-    """Every object of ``unit``: per VMI its Secret, DataVolume and VMI, in apply order.
+    """Every object of ``unit`` in apply order: a multi-node replica's Service,
+    then per VMI its Secret, DataVolume and VMI.
+
+    The Service comes first so that the VMIs' names resolve from their first boot.
 
     Args:
         gpu_resources: node name → that node's GPU resource name.
@@ -204,6 +311,8 @@ def render_replica(unit: ReplicaUnit, settings: KubevirtSettings, *,
             VMI on a worker without overlay network and InfiniBand.
     """
     manifests: list[Manifest] = []
+    if _is_multi_node(unit):
+        manifests.append(render_service(unit, settings))
     for vmi in unit.vmis:
         resource = gpu_resources.get(vmi.node)
         if resource is None:

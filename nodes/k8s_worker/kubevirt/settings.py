@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contracts.agent_config import IB_HCA_MAX_CHARS, IB_HCA_PATTERN, IFNAME_PATTERN
+
 __all__ = ["QUANTITY_PATTERN", "KubevirtSettings"]
 
 #: A Kubernetes resource quantity as written by people ("100Gi", "500G", "4").
@@ -27,6 +29,8 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _RESOURCE = r"^[A-Za-z0-9][A-Za-z0-9.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 #: A NetworkAttachmentDefinition reference: ``name`` or ``namespace/name``.
 _NAD = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: A DNS subdomain (the cluster's DNS domain, ``cluster.local``).
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class KubevirtSettings(BaseModel):
@@ -104,6 +108,21 @@ class KubevirtSettings(BaseModel):
     infiniband_resource: str | None = Field(default=None, pattern=_RESOURCE)
     #: HCAs per VMI of a multi-node replica.
     infiniband_devices: int = Field(default=1, ge=1, le=16)
+    #: The overlay's network interface as the guest names it, handed to the
+    #: agent for ``NCCL_SOCKET_IFNAME`` (and Gloo's, TensorPipe's), so that
+    #: NCCL's bootstrap does not take the pod network. ``eth1``: the second
+    #: NIC of a guest booted with ``net.ifnames=0`` (KubeVirt lists the pod
+    #: network first); an image with predictable names calls it ``enp…s0``.
+    overlay_interface: str = Field(default="eth1", pattern=IFNAME_PATTERN)
+    #: The HCAs NCCL uses (``NCCL_IB_HCA``: a comma-separated list of
+    #: ``name[:port]``, a prefix unless led by ``=``; ``^`` excludes).
+    #: ``mlx5``: every ConnectX HCA, NCCL's usual choice on such nodes.
+    infiniband_hca: str = Field(default="mlx5", max_length=IB_HCA_MAX_CHARS,
+                                pattern=IB_HCA_PATTERN)
+    #: The cluster's DNS domain (the kubelet's ``clusterDomain``): the head of a
+    #: multi-node replica is ``<vmi>.<service>.<namespace>.svc.<cluster_domain>``.
+    cluster_domain: str = Field(default="cluster.local", max_length=200,
+                                pattern=_DNS_SUBDOMAIN)
 
     # -- the agent ---------------------------------------------------------------
     #: The ``cosmicac`` executable inside the image.

@@ -3,9 +3,10 @@
 - VirtualMachineInstance: ``v1.VirtualMachineInstance`` of KubeVirt's
   swagger.json; DataVolume: ``v1beta1.DataVolume`` of CDI's (both in
   ``schemas/`` beside this module, see its README).
-- Secret (core/v1) is in neither file: it is checked against the
-  ``kubernetes`` client's generated ``V1Secret`` model (``openapi_types`` and
-  ``attribute_map``, generated from Kubernetes' own OpenAPI document).
+- Secret and Service (core/v1) are in neither file: they are checked against
+  the ``kubernetes`` client's generated ``V1Secret`` and ``V1Service`` models
+  (``openapi_types`` and ``attribute_map``, generated from Kubernetes' own
+  OpenAPI document).
 
 *Strict* means what the API server's strict field validation does: a field
 the schema does not declare is an error. Swagger definitions leave
@@ -73,6 +74,9 @@ def _validator(kind: str) -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(schema)
 
 
+#: core/v1 kinds the backend renders, checked against the client's models.
+_CORE_V1 = ("Secret", "Service")
+
 #: Definitions that really are free-form JSON (managedFields, patches, raw objects).
 _FREE_FORM = ("FieldsV1", ".Patch", "RawExtension")
 
@@ -119,9 +123,9 @@ def validate(manifest: dict[str, Any]) -> None:
     """Raise (``jsonschema.ValidationError`` or ``AssertionError``) unless ``manifest``
     is valid, strictly, for its kind."""
     kind = manifest.get("kind")
-    if kind == "Secret":
+    if kind in _CORE_V1:
         assert manifest.get("apiVersion") == "v1"
-        _check_model(manifest, "V1Secret", "Secret")
+        _check_model(manifest, f"V1{kind}", kind)
         return
     assert kind in _FILES, f"no schema for kind {kind!r}"
     _validator(kind).validate(manifest)

@@ -69,6 +69,7 @@ def test_two_replica_vllm_job(files):
     assert {v["spec"]["nodeSelector"]["kubernetes.io/hostname"] for v in vmis} == {
         "gpu-node-1", "gpu-node-2"}
     assert all("hostDevices" not in v["spec"]["domain"]["devices"] for v in vmis)
+    assert "Service" not in {d["kind"] for d in documents}
 
 
 def test_sixteen_gpu_vllm_replica_spans_two_eight_gpu_nodes(files):
@@ -76,6 +77,9 @@ def test_sixteen_gpu_vllm_replica_spans_two_eight_gpu_nodes(files):
     documents = _documents(result)
     vmis = _vmis(documents)
     assert [len(v["spec"]["domain"]["devices"]["gpus"]) for v in vmis] == [8, 8]
+    # The headless Service first, so the VMIs' names resolve from their first boot.
+    assert documents[0]["kind"] == "Service" and documents[0]["spec"]["clusterIP"] == "None"
+    assert {v["spec"]["subdomain"] for v in vmis} == {documents[0]["metadata"]["name"]}
     for vmi in vmis:
         assert vmi["spec"]["networks"][1]["multus"] == {"networkName": "cosmicac/vllm-overlay"}
         assert vmi["spec"]["domain"]["devices"]["hostDevices"][0]["deviceName"]

@@ -18,7 +18,7 @@ from nodes.k8s_worker.kubevirt.backend import (
     _api_error,
     discover_gpu_resource,
 )
-from nodes.k8s_worker.kubevirt.render import secret_name
+from nodes.k8s_worker.kubevirt.render import secret_name, service_name
 from nodes.k8s_worker.kubevirt.settings import KubevirtSettings
 
 from .kube_double import KubeDouble
@@ -31,6 +31,7 @@ NS = "cosmicac"
 VMIS = ("kubevirt.io/v1", "virtualmachineinstances")
 DVS = ("cdi.kubevirt.io/v1beta1", "datavolumes")
 SECRETS = ("v1", "secrets")
+SERVICES = ("v1", "services")
 SETTINGS = KubevirtSettings(namespace=NS, poll_interval_s=0.05, delete_timeout_s=10,
                             watch_timeout_s=5, request_timeout_s=5,
                             overlay_network="cosmicac/vllm-overlay",
@@ -194,6 +195,47 @@ async def test_failures_map_to_events(double, nursery):
                       "DataVolume import failed: Unable to connect to registry")
     double.patch(*VMIS, NS, head.name, {"status": {"phase": "Failed", "reason": "Crashed"}})
     await _wait_event(events, head.name, VmiPhase.FAILED, "VMI failed: Crashed")
+
+
+def _uid(double, key, name):
+    return double.get(*key, NS, name)["metadata"]["uid"]
+
+
+async def test_a_multi_node_replica_gets_a_headless_service_kept_on_restart(double):
+    backend = _backend(double)
+    unit = vllm_unit()
+    service = service_name(unit)
+
+    await backend.create(unit)
+    stored = double.get(*SERVICES, NS, service)
+    assert stored["spec"]["clusterIP"] == "None"
+    for server_field in ("uid", "resourceVersion", "creationTimestamp"):
+        del stored["metadata"][server_field]
+    validate(stored)
+    assert [double.get(*VMIS, NS, v.name)["spec"]["subdomain"] for v in unit.vmis] == [
+        service, service]
+    uid = _uid(double, SERVICES, service)
+    await backend.create(unit)  # redelivered: the 409 is a success, nothing replaced
+    assert _uid(double, SERVICES, service) == uid
+
+    await backend.restart(vllm_unit(generation=1))  # no finalizers: the VMIs go at once
+    assert _uid(double, SERVICES, service) == uid  # kept
+    assert all(double.get(*SECRETS, NS, secret_name(v.name))["metadata"]["labels"]
+               ["cosmicac.io/generation"] == "1" for v in unit.vmis)
+
+    await backend.delete(unit)
+    assert double.get(*SERVICES, NS, service) is None
+    assert double.names(*VMIS, NS) == [] and double.names(*SECRETS, NS) == []
+    await backend.delete(unit)  # again: 404s are successes
+
+
+async def test_a_single_node_replica_gets_no_service(double):
+    backend = _backend(double)
+    unit = container_unit()
+    await backend.create(unit)
+    await backend.delete(unit)
+    assert double.names(*SERVICES, NS) == []
+    assert not any("/services" in path for _, path in double.requests)
 
 
 async def test_watch_resumes_after_the_server_ends_it(double, nursery):

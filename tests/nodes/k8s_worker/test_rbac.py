@@ -104,6 +104,7 @@ async def _backend_accesses(double, nursery) -> list[Access]:
     await flows.test_capacity_reports_nodes_gpus_infiniband_and_schedulability(double)
     await flows.test_create_watch_restart_delete(double, nursery)
     await flows.test_failures_map_to_events(double, nursery)
+    await flows.test_a_multi_node_replica_gets_a_headless_service_kept_on_restart(double)
     return list(double.accesses)
 
 

@@ -7,13 +7,16 @@ import subprocess
 import pytest
 import yaml
 
+from agents.inference.runtimes import DEFAULT_RAY_PORT
 from contracts.agent_config import AGENT_CONFIG_PATH, AgentConfig
 from nodes.k8s_worker.kubevirt.render import (
     LABEL_MANAGED_BY,
+    RAY_GCS_PORT,
     cloud_init_user_data,
     render_replica,
     render_vmi,
     secret_name,
+    service_name,
 )
 from nodes.k8s_worker.kubevirt.settings import KubevirtSettings
 
@@ -25,6 +28,12 @@ MULTI = KubevirtSettings(overlay_network="cosmicac/vllm-overlay",
 
 def _by_kind(manifests, kind):
     return [m for m in manifests if m["kind"] == kind]
+
+
+def _agent_configs(manifests):
+    """The agent config each Secret's user data writes, in VMI order."""
+    return [json.loads(yaml.safe_load(base64.b64decode(s["data"]["userdata"]))
+                       ["write_files"][0]["content"]) for s in _by_kind(manifests, "Secret")]
 
 
 def test_container_replica_is_secret_datavolume_vmi_in_that_order():
@@ -120,10 +129,83 @@ def test_multi_node_vmis_join_the_overlay_and_claim_infiniband():
         assert spec["domain"]["devices"]["hostDevices"] == [
             {"name": "ib0", "deviceName": "nvidia.com/mlx5_ib"}]
         assert vmi["metadata"]["labels"]["cosmicac.io/node-rank"] == str(rank)
-    secrets = _by_kind(manifests, "Secret")
-    ranks = [json.loads(yaml.safe_load(base64.b64decode(s["data"]["userdata"]))
-                        ["write_files"][0]["content"])["node_rank"] for s in secrets]
-    assert ranks == [0, 1]
+    assert [config["node_rank"] for config in _agent_configs(manifests)] == [0, 1]
+
+
+def test_multi_node_replica_starts_with_a_headless_service_its_vmis_are_a_subdomain_of():
+    unit = vllm_unit(job_id="j-4455667788990011", replica=3)
+    manifests = render_replica(unit, MULTI, gpu_resources=dict.fromkeys(
+        ("gpu-node-1", "gpu-node-2"), H100))
+    assert [m["kind"] for m in manifests] == ["Service"] + [
+        "Secret", "DataVolume", "VirtualMachineInstance"] * 2
+    service = manifests[0]
+    assert service_name(unit) == service["metadata"]["name"] == "cac-4455667788990011-r3"
+    assert service["metadata"]["namespace"] == "cosmicac"
+    assert service["spec"] == {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": {"app.kubernetes.io/managed-by": "cosmicac",
+                     "cosmicac.io/job": "j-4455667788990011", "cosmicac.io/replica": "3",
+                     "kubevirt.io": "virt-launcher"},
+        "ports": [{"name": "ray-gcs", "port": 6379, "targetPort": 6379, "protocol": "TCP"}],
+    }
+    for vmi in _by_kind(manifests, "VirtualMachineInstance"):
+        # The selector matches every VMI's labels (KubeVirt copies them to the
+        # launcher pod, which adds kubevirt.io=virt-launcher itself).
+        labels = {**vmi["metadata"]["labels"], "kubevirt.io": "virt-launcher"}
+        assert service["spec"]["selector"].items() <= labels.items()
+        assert vmi["spec"]["hostname"] == vmi["metadata"]["name"]
+        assert vmi["spec"]["subdomain"] == "cac-4455667788990011-r3"
+
+
+def test_the_service_port_is_the_one_the_vllm_adapter_starts_rays_head_on():
+    assert RAY_GCS_PORT == DEFAULT_RAY_PORT
+
+
+def test_every_rank_names_the_head_by_its_cluster_dns_name_and_gets_nccl_settings():
+    unit = vllm_unit(replica=1)
+    settings = MULTI.model_copy(update={"namespace": "gpu-jobs",
+                                        "cluster_domain": "k8s.example.org",
+                                        "overlay_interface": "enp2s0",
+                                        "infiniband_hca": "=mlx5_0:1,mlx5_1:1"})
+    configs = _agent_configs(render_replica(unit, settings, gpu_resources=dict.fromkeys(
+        ("gpu-node-1", "gpu-node-2"), H100)))
+    head = "cac-4455667788990011-r1-n0.cac-4455667788990011-r1.gpu-jobs.svc.k8s.example.org"
+    assert [c["head_address"] for c in configs] == [head, head]
+    assert [c["overlay_interface"] for c in configs] == ["enp2s0", "enp2s0"]
+    assert [c["ib_hca"] for c in configs] == ["=mlx5_0:1,mlx5_1:1"] * 2
+    # The unit itself (what the local and qemu backends render) is left alone.
+    assert unit.vmis[1].agent.head_address == "cac-4455667788990011-r1-n0"
+    assert unit.vmis[1].agent.overlay_interface is None
+
+
+def test_defaults_are_cluster_local_eth1_and_mlx5():
+    configs = _agent_configs(render_replica(vllm_unit(), MULTI, gpu_resources=dict.fromkeys(
+        ("gpu-node-1", "gpu-node-2"), H100)))
+    assert configs[1]["head_address"] == ("cac-4455667788990011-r0-n0.cac-4455667788990011-r0"
+                                          ".cosmicac.svc.cluster.local")
+    assert (configs[1]["overlay_interface"], configs[1]["ib_hca"]) == ("eth1", "mlx5")
+
+
+def test_a_single_node_replica_gets_no_service_no_subdomain_and_no_nccl_settings():
+    manifests = render_replica(container_unit(), MULTI, gpu_resources={"gpu-node-1": H100})
+    assert not _by_kind(manifests, "Service")
+    assert "subdomain" not in _by_kind(manifests, "VirtualMachineInstance")[0]["spec"]
+    (config,) = _agent_configs(manifests)
+    assert "head_address" in config and config["head_address"] is None
+    # Fields added after version 1 are left out when unset: an older agent image reads it.
+    assert "overlay_interface" not in config and "ib_hca" not in config
+
+
+@pytest.mark.parametrize("field, value", [
+    ("overlay_interface", "eth1;reboot"), ("overlay_interface", "^eth"),
+    ("overlay_interface", "an-interface-name-too-long"), ("overlay_interface", ".."),
+    ("infiniband_hca", "mlx5 mlx4"), ("infiniband_hca", "mlx5,"), ("infiniband_hca", ""),
+    ("cluster_domain", "Cluster.Local"), ("cluster_domain", "cluster..local"),
+])
+def test_settings_refuse_a_bad_interface_hca_or_cluster_domain(field, value):
+    with pytest.raises(ValueError, match=field):
+        KubevirtSettings(**{field: value})
 
 
 def test_multi_node_without_overlay_configured_is_refused():

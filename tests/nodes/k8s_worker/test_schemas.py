@@ -24,9 +24,16 @@ def _all():
             + render_replica(container_unit(), KubevirtSettings(), gpu_resources=NODES))
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(len(_all())))
 def test_rendered_object_is_valid(index):
     validate(_all()[index])
+
+
+def test_every_kind_is_among_the_rendered_objects():
+    assert {m["kind"] for m in _all()} == {"Service", "Secret", "DataVolume",
+                                            "VirtualMachineInstance"}
+    # Service + 2 x 3 (a two-node vLLM replica) beside two one-node containers of 3.
+    assert len(_all()) == 13
 
 
 @pytest.mark.parametrize("kind, path", [
@@ -38,6 +45,8 @@ def test_rendered_object_is_valid(index):
     ("DataVolume", ("metadata",)),
     ("Secret", ()),
     ("Secret", ("metadata",)),
+    ("Service", ("spec",)),
+    ("Service", ("spec", "ports", 0)),
 ])
 def test_an_undeclared_field_fails(kind, path):
     manifest = copy.deepcopy(next(m for m in _all() if m["kind"] == kind))
@@ -58,3 +67,7 @@ def test_a_wrong_type_fails():
     secret["data"]["userdata"] = 3
     with pytest.raises(AssertionError):
         validate(secret)
+    service = copy.deepcopy(next(m for m in _all() if m["kind"] == "Service"))
+    service["spec"]["ports"][0]["port"] = "6379"
+    with pytest.raises(AssertionError, match="port"):
+        validate(service)
