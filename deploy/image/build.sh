@@ -113,7 +113,9 @@ install -m 0644 "$rootfs/boot/$initrd" "$work/initrd.img"
 # The last console= is /dev/console, where systemd and the services it starts with
 # StandardOutput=…+console write: the serial port, which QEMU keeps in a file and
 # KubeVirt shows (virtctl console). The kernel prints on both.
-cmdline="root=LABEL=$ROOT_LABEL rw console=tty0 console=ttyS0,115200"
+# net.ifnames=0: the NICs are eth0 (the pod network, or user-mode) and eth1 (the
+# overlay of a multi-node job: kubevirt.overlay_interface), as KubeVirt's docs name them.
+cmdline="root=LABEL=$ROOT_LABEL rw net.ifnames=0 console=tty0 console=ttyS0,115200"
 
 # -- 4. the disk: GPT, an EFI system partition, the root ------------------------
 step "4/4 disk: EFI system partition, ext4 root, qcow2"
