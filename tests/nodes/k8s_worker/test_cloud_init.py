@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -103,3 +104,12 @@ def test_meta_data_names_the_instance_and_host_whatever_the_name():
     for name in ("cac-00112233aabbccdd-r0-n0", "odd: name # with 'quotes'\n"):
         document = yaml.safe_load(cloud_init_meta_data(name, name))
         assert document == {"instance-id": name, "local-hostname": name}
+
+
+@needs_cloud_init
+def test_the_guest_images_own_cloud_config_passes_the_schema():
+    """deploy/image's cloud.cfg.d file (a part of the image's config, no header)."""
+    part = (Path(__file__).resolve().parents[3] / "deploy" / "image" / "files" / "etc"
+            / "cloud" / "cloud.cfg.d" / "90-cosmicac.cfg").read_text()
+    assert validate(["#cloud-config\n" + part]) == [""]
+    assert yaml.safe_load(part)["datasource_list"] == ["NoCloud", "None"]
