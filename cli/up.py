@@ -279,9 +279,12 @@ def service_configs(storage: Path, ports: Ports, keys: dict[str, str], *,
 def qemu_backend(image: Path) -> dict:
     """The worker's backend in ``up --backend qemu``: every VMI a VM of this machine,
     booted from ``image`` (``make image``), on one node reporting 8 GPUs with no
-    device behind them (a machine with GPUs lists them: ``qemu.gpus``)."""
+    device behind them (a machine with GPUs lists them: ``qemu.gpus``). Sized for a
+    workstation, not a GPU server: 2 vCPUs and 2 GiB per VM share of a GPU (the
+    backend's defaults, 4 and 8 GiB per GPU, are for real GPU jobs)."""
     return {"backend": "qemu", "qemu": {"image": str(image), "node": "qemu-node-1",
-                                        "unbacked_gpus": 8}}
+                                        "unbacked_gpus": 8, "cpus_per_gpu": 2,
+                                        "memory_mib_per_gpu": 2048}}
 
 
 def build_specs(storage: Path, ports: Ports, keys: dict[str, str], *,
