@@ -80,36 +80,51 @@ UNITS = {
     "parakeet": _inference_unit("parakeet", "nvidia/parakeet-tdt-0.6b-v2"),
     "local": _inference_unit("local", "demo"),
 }
+#: deploy/image's cloud.cfg.d part (the image's own config; a part has no header).
+IMAGE_PART = (Path(__file__).resolve().parents[3] / "deploy" / "image" / "files" / "etc"
+              / "cloud" / "cloud.cfg.d" / "90-cosmicac.cfg")
 
 
-@needs_cloud_init
-def test_every_job_types_user_data_passes_cloud_inits_own_schema():
+def _documents() -> dict[str, str]:
+    """Every document the tests below judge, by name: one cloud-init process for all
+    (each start of it costs about half a second of CPU)."""
     documents = {f"{kind}, rank {vmi.node_rank}": cloud_init_user_data(vmi.agent)
                  for kind, unit in UNITS.items() for vmi in unit.vmis}
-    assert len(documents) == 5
-    assert dict(zip(documents, validate(list(documents.values())), strict=True)) == dict.fromkeys(
-        documents, "")
+    good = documents["container, rank 0"]
+    documents["broken: runcmd a number"] = good.replace("runcmd:", "runcmd: 3\nunused:", 1)
+    documents["broken: bootcmd a string"] = "#cloud-config\nbootcmd: not-a-list\n"
+    documents["image"] = "#cloud-config\n" + IMAGE_PART.read_text()
+    return documents
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, str]:
+    documents = _documents()
+    return dict(zip(documents, validate(list(documents.values())), strict=True))
 
 
 @needs_cloud_init
-def test_the_validator_rejects_what_cloud_init_would_reject():
+def test_every_job_types_user_data_passes_cloud_inits_own_schema(verdicts):
+    user_data = {name: verdict for name, verdict in verdicts.items() if "rank" in name}
+    assert len(user_data) == 5
+    assert user_data == dict.fromkeys(user_data, "")
+
+
+@needs_cloud_init
+def test_the_validator_rejects_what_cloud_init_would_reject(verdicts):
     """The check above can fail: a document cloud-init refuses is reported."""
-    good = cloud_init_user_data(container_unit().vmis[0].agent)
-    broken = good.replace("runcmd:", "runcmd: 3\nunused:", 1)
-    verdicts = validate([broken, "#cloud-config\nbootcmd: not-a-list\n"])
-    assert all("SchemaValidationError" in verdict for verdict in verdicts), verdicts
+    broken = [verdict for name, verdict in verdicts.items() if name.startswith("broken")]
+    assert len(broken) == 2
+    assert all("SchemaValidationError" in verdict for verdict in broken), broken
+
+
+@needs_cloud_init
+def test_the_guest_images_own_cloud_config_passes_the_schema(verdicts):
+    assert verdicts["image"] == ""
+    assert yaml.safe_load(IMAGE_PART.read_text())["datasource_list"] == ["NoCloud", "None"]
 
 
 def test_meta_data_names_the_instance_and_host_whatever_the_name():
     for name in ("cac-00112233aabbccdd-r0-n0", "odd: name # with 'quotes'\n"):
         document = yaml.safe_load(cloud_init_meta_data(name, name))
         assert document == {"instance-id": name, "local-hostname": name}
-
-
-@needs_cloud_init
-def test_the_guest_images_own_cloud_config_passes_the_schema():
-    """deploy/image's cloud.cfg.d file (a part of the image's config, no header)."""
-    part = (Path(__file__).resolve().parents[3] / "deploy" / "image" / "files" / "etc"
-            / "cloud" / "cloud.cfg.d" / "90-cosmicac.cfg").read_text()
-    assert validate(["#cloud-config\n" + part]) == [""]
-    assert yaml.safe_load(part)["datasource_list"] == ["NoCloud", "None"]
