@@ -57,7 +57,7 @@ fi
 # -- 2. the project's wheels ----------------------------------------------------
 # Keyed by every file git knows in the project's packages (committed or not), so a
 # change to the code rebuilds the wheels and the disk, and nothing else does.
-wheels_key="$(cd "$REPO" && { echo v2; git ls-files -co --exclude-standard -- pyproject.toml \
+wheels_key="$(cd "$REPO" && { echo v3; git ls-files -co --exclude-standard -- pyproject.toml \
     p2p cli relay crdt contracts runtime nodes agents | LC_ALL=C sort \
     | xargs -d '\n' sha256sum 2>/dev/null; } | hash_of)"
 wheels="$OUT/wheels-$wheels_key"
@@ -66,6 +66,9 @@ if [[ -d $wheels ]]; then
 else
     step "2/4 wheels: the project and its dependencies (pip wheel)"
     rm -rf "$OUT"/wheels-*
+    # setuptools stages an in-tree build in build/lib and never empties it: a module
+    # deleted from the source would still ship in the wheel.
+    rm -rf "$REPO/build/lib" "$REPO"/build/bdist.*
     # Plus what the guest's Python (Debian's 3.11.2) needs and a newer host's does
     # not: redis asks for async-timeout below 3.11.3. The guest installs offline.
     "$PYTHON" -m pip wheel --quiet --wheel-dir "$wheels.partial" "$REPO" \
