@@ -192,42 +192,43 @@ def test_an_orphan_is_left_unnamed_when_two_keys_processes_ended_at_once(subreap
     assert all(alive(pid) for pid in orphans)
 
 
-def test_a_reused_pid_is_never_signalled(subreaper, tmp_path):
+KEY = b"k" * 32
+
+
+@pytest.fixture
+def session_daemon(subreaper, tmp_path) -> Iterator[tuple[Descendants, int, int]]:
+    """A session of KEY's whose first process left a daemon running and ended:
+    (descendants, the first process's pid, the daemon's pid), the daemon seen by a scan."""
     descendants = Descendants()
     pidfile = tmp_path / "daemon"
     root = spawn_root(background(pidfile))
-    key = b"k" * 32
-    descendants.started(root.pid, key)
+    descendants.started(root.pid, KEY)
     pid = read_pid(pidfile)
     subreaper.append(pid)
     descendants.scan()  # seen under its first process: the key's
-    assert descendants.pids(key) == sorted([root.pid, pid])
-    # The record now says the pid started at another time: it names another process.
-    descendants._owned[pid].start += 1
-    assert descendants.signal(key) == set()
-    assert alive(pid)
+    yield descendants, root.pid, pid
     root.wait(timeout=LIMIT_S)
     descendants.ended(root.pid)
+
+
+def test_a_reused_pid_is_never_signalled(session_daemon):
+    descendants, root, pid = session_daemon
+    assert descendants.pids(KEY) == sorted([root, pid])
+    # The record now says the pid started at another time: it names another process.
+    descendants._owned[pid].start += 1
+    assert descendants.signal(KEY) == set()
+    assert alive(pid)
 
 
 def test_a_process_sent_sigkill_is_killed_and_counted_once_however_often_revoked(
-        subreaper, tmp_path, monkeypatch):
+        session_daemon, monkeypatch):
     """A SIGKILL lands a moment after it is sent (later on a busy machine): the
     revocation pass that runs meanwhile neither resends it nor counts it again."""
-    descendants = Descendants()
-    pidfile = tmp_path / "daemon"
-    root = spawn_root(background(pidfile))
-    key = b"k" * 32
-    descendants.started(root.pid, key)
-    pid = read_pid(pidfile)
-    subreaper.append(pid)
-    descendants.scan()
+    descendants, _, _ = session_daemon
     sent: list[int] = []
     # The signal "has not landed yet" for as long as the test likes.
     monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, signum: sent.append(signum))
-    assert descendants.end_key(key) == 1
-    assert descendants.end_key(key) == 0
+    assert descendants.end_key(KEY) == 1
+    assert descendants.end_key(KEY) == 0
     assert sent == [signal.SIGKILL]
     assert descendants.killed_total == 1
-    root.wait(timeout=LIMIT_S)
-    descendants.ended(root.pid)
