@@ -10,6 +10,7 @@ finite number of seconds above its floor. A bad value is a usage error
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,8 @@ __all__ = [
     "parse_peer",
     "port_option",
     "seconds_option",
+    "server_settings",
+    "server_settings_options",
     "wildcard_for",
 ]
 
@@ -134,3 +137,35 @@ def parse_peer(key: str, address: str, *, what: str) -> tuple[bytes, tuple[str, 
     except typer.BadParameter as exc:
         fail(str(exc), code=2)
     return remote_key, target
+
+
+def server_settings_options() -> tuple[Any, Any]:
+    """``--server-args`` and ``--server-env``: a model server's extra command line
+    and environment (a job's, or a model master's for every job of it)."""
+    return (
+        typer.Option(None, "--server-args", help="Extra arguments for the model server, "
+                     "as on a command line: '--max-model-len 4096 --dtype bfloat16'."),
+        typer.Option(None, "--server-env", help="NAME=value for the model server's "
+                     "environment; repeat for more."),
+    )
+
+
+def server_settings(args: str | None, env: list[str] | None) -> dict[str, Any]:
+    """The API's ``{"args": [...], "env": {...}}`` from the two options (empty when
+    neither is given); a usage error (exit 2) for unbalanced quotes or a pair
+    without ``=``. What the platform does not allow is the API's to refuse."""
+    settings: dict[str, Any] = {}
+    if args:
+        try:
+            settings["args"] = shlex.split(args)
+        except ValueError as exc:
+            fail(f"--server-args: {exc} (quote as in a shell)", code=2)
+    variables: dict[str, str] = {}
+    for pair in env or ():
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            fail(f"--server-env takes NAME=value, not {pair!r}", code=2)
+        variables[name] = value
+    if variables:
+        settings["env"] = variables
+    return settings

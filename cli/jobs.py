@@ -36,6 +36,7 @@ import typer
 from contracts.labels import heard_label, status_label
 from runtime.sse import SseReader
 
+from ._args import server_settings, server_settings_options
 from ._console import err, fail, print_json
 from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, wait_for
 from .session import (
@@ -168,7 +169,7 @@ def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
 def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | None,
                  gpus: int | None, replicas: int | None, runtime: str | None, model: str | None,
                  served_name: str | None, location: str | None,
-                 team: str | None) -> dict[str, Any]:
+                 team: str | None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The POST /api/jobs body; one usage line (exit 2) for what is missing or unknown.
 
     The rest (a container job with a model, replicas > 1...) is the API's to refuse:
@@ -185,9 +186,14 @@ def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | 
     optional = {"image": image, "gpus": gpus, "replicas": replicas, "runtime": runtime,
                 "model": model, "served_name": served_name, "location": location}
     body.update({key: value for key, value in optional.items() if value is not None})
+    if settings:
+        body["runtime_settings"] = settings
     if team:
         body["team_id"] = resolve_team(api, team)["id"]
     return body
+
+
+_SERVER_OPTIONS = server_settings_options()
 
 
 @app.command("create")
@@ -212,6 +218,8 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
                                            "the model)."),
            location: str | None = typer.Option(None, "--location",
                                                help="Where to run it; default: default."),
+           server_args: str | None = _SERVER_OPTIONS[0],
+           server_env: list[str] | None = _SERVER_OPTIONS[1],
            team: str | None = _team_option(),
            wait: bool = _wait_option("runs"), timeout: float = _timeout_option(),
            server: str | None = server_option(), output: str = output_option()) -> None:
@@ -225,12 +233,18 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
 
     Example: cosmicac jobs create --name box --type container --image
     docker://registry.example/ubuntu-cuda:12.4 --gpus 2 -o json
+
+    Example: cosmicac jobs create --name long --type inference --model
+    meta-llama/Llama-3.1-8B --server-args '--max-model-len 32768' --server-env
+    VLLM_LOGGING_LEVEL=DEBUG
     """
     check_output(output)
+    settings = server_settings(server_args, server_env)
     api = api_for(server)
     body = _create_body(api, name=name, type_=type_, image=image, gpus=gpus,
                         replicas=replicas, runtime=runtime, model=model,
-                        served_name=served_name, location=location, team=team)
+                        served_name=served_name, location=location, team=team,
+                        settings=settings)
     job = api.post("/jobs", body)
     if output == "json":
         if wait:

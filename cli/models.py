@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import typer
 
-from ._args import count_option
+from ._args import count_option, server_settings, server_settings_options
 from ._console import err, fail
 from .session import (
     EXIT_CODES_HELP,
@@ -49,6 +49,9 @@ def list_models(server: str | None = server_option(), output: str = output_optio
     emit(output, models, _COLUMNS, [_row(m) for m in models])
 
 
+_SERVER_OPTIONS = server_settings_options()
+
+
 @app.command("add")
 def add(
     name: str = typer.Argument(..., help="The model's name, as jobs and requests call it "
@@ -63,18 +66,30 @@ def add(
     served_name: str | None = typer.Option(None, "--served-name",
                                            help="Default name requests use for it."),
     location: str | None = typer.Option(None, "--location", help="Default location."),
+    server_args: str | None = _SERVER_OPTIONS[0],
+    server_env: list[str] | None = _SERVER_OPTIONS[1],
+    hub_token_secret: str | None = typer.Option(
+        None, "--hub-token-secret", help="The Kubernetes Secret (key 'token') with the "
+        "model hub's token for gated models; on the local and qemu backends the worker's "
+        "secrets/NAME/token file."),
     server: str | None = server_option(), output: str = output_option(),
 ) -> None:
     """Add a model master, or replace the one of that name (operators).
 
     Example: cosmicac models add meta-llama/Llama-3.1-8B --runtime vllm --gpus 2 \\
       --image docker://registry.example/vllm:0.6
+
+    Example: cosmicac models add meta-llama/Llama-3.1-70B --runtime vllm --gpus 8 \\
+      --server-args '--max-model-len 8192 --dtype bfloat16' --hub-token-secret hf-token
     """
     if runtime not in _RUNTIMES:
         fail(f"--runtime takes vllm, parakeet or local, not {runtime!r}", code=USAGE)
     check_output(output)
+    settings = server_settings(server_args, server_env)
+    if hub_token_secret:
+        settings["hub_token_secret"] = hub_token_secret
     given = {"gpus": gpus, "replicas": replicas, "image": image, "served_name": served_name,
-             "location": location}
+             "location": location, "model_settings": settings or None}
     model = api_for(server).post("/models", {
         "name": name, "runtime": runtime,
         "defaults": {k: v for k, v in given.items() if v is not None}})

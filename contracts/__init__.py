@@ -11,6 +11,8 @@ methods with their names and error codes, its params, results and views
 name, e.g. ``cosmicac-ork/1``).
 
 - :mod:`.model`: jobs, racks, nodes, placements, statuses;
+- :mod:`.runtime_settings`: a model server's extra arguments, environment and
+  hub token Secret, as a model master and a job give them;
 - :mod:`.ork`: ``cosmicac-ork/1``, wrk-ork's API (jobs, replicas, racks,
   nodes, the job watch) for app-node and proxy-inference;
 - :mod:`.operations`: what wrk-ork and the worker say over the durable queue

@@ -104,6 +104,18 @@ class AgentConfig(BaseModel):
                                pattern=IB_HCA_PATTERN)
     #: GPUs this VMI holds.
     gpus: int = Field(ge=0)
+    #: Appended to the model server's command line: the model master's
+    #: arguments, then the job's (contracts/runtime_settings.py).
+    runtime_args: tuple[str, ...] = Field(default=(), max_length=128)
+    #: Laid over the model server's environment: the master's, then the job's.
+    runtime_env: dict[str, str] = Field(default={}, max_length=128)
+    #: A file inside the VMI holding the model hub's token (the model master's
+    #: ``hub_token_secret``, mounted there by the backend); given to the model
+    #: server as ``HF_TOKEN``. The token itself is never in this config.
+    hub_token_file: str | None = Field(default=None, max_length=4096)
+    #: A folder shared by the VMIs of this host or cluster where model weights
+    #: stay between starts (``HF_HOME``); None: the runtime's own default.
+    model_cache_dir: str | None = Field(default=None, max_length=4096)
     #: The worker the agent reports to (its swarm public key).
     worker: KeyHex
     #: Addresses where the worker listens, tried before the DHT (``host:port``).
@@ -155,8 +167,9 @@ class AgentConfig(BaseModel):
             del data["shell_keys_version"]  # likewise
         if not data["relay_addresses"]:
             del data["relay_addresses"]  # likewise
-        for added_later in ("overlay_interface", "ib_hca"):
-            if data[added_later] is None:
+        for added_later in ("overlay_interface", "ib_hca", "hub_token_file",
+                            "model_cache_dir", "runtime_args", "runtime_env"):
+            if not data[added_later]:
                 del data[added_later]  # likewise
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 

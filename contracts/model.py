@@ -26,9 +26,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    model_serializer,
     model_validator,
 )
+
+from .runtime_settings import ModelRuntimeSettings, RuntimeSettings, managed_flag_problem
 
 __all__ = [
     "IMAGE_PATTERN",
@@ -161,6 +165,11 @@ class JobSpec(BaseModel):
     authorized_keys: tuple[KeyHex, ...] = Field(default=(), max_length=1024)
     location: str = Field(default="default", min_length=1, max_length=64,
                           pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    #: The job's own model server arguments and environment (inference jobs).
+    runtime_settings: RuntimeSettings | None = None
+    #: Its model master's settings, copied when the job was created (a later
+    #: change of the master leaves running jobs as they are, like its defaults).
+    model_settings: ModelRuntimeSettings | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -172,7 +181,27 @@ class JobSpec(BaseModel):
                                    authorized_keys=self.authorized_keys)
         if problem is not None:
             raise ValueError(problem[1])
+        for settings in (self.runtime_settings, self.model_settings):
+            if settings is None:
+                continue
+            if self.type is not JobType.INFERENCE:
+                raise ValueError("a GPU Container Job takes no runtime settings "
+                                 "(only inference jobs run a model server)")
+            flag = managed_flag_problem(str(self.runtime), settings.args)
+            if flag is not None:
+                raise ValueError(flag)
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_settings(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Added after the spec shipped: left out when unset, so that an older peer
+        # (``extra="forbid"``: wrk-ork, app-node, a worker mid-upgrade) still takes
+        # the spec of a job that has none.
+        data = handler(self)
+        for added_later in ("runtime_settings", "model_settings"):
+            if data.get(added_later, ...) is None:
+                del data[added_later]
+        return data
 
     @property
     def serves_as(self) -> str | None:

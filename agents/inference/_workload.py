@@ -32,18 +32,20 @@ import logging
 import socket
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import trio
 
 from contracts.agent_config import AgentConfig
 from contracts.inference import job_topic
+from contracts.runtime_settings import HUB_TOKEN_KEY
 from p2p.host import Service
 from p2p.swarm import Swarm
 
 from ._forward import ModelClient
 from ._service import InferenceService, ServedModel
 from ._supervisor import ModelSupervisor, SupervisorPolicy
-from .runtimes import Launch, RuntimePlan, adapter_for
+from .runtimes import InvalidLaunch, Launch, RuntimePlan, adapter_for
 
 __all__ = ["InferenceWorkload", "free_port", "interface_ipv4"]
 
@@ -70,6 +72,25 @@ def interface_ipv4(interface: str) -> str | None:
     except OSError:
         return None
     return str(ipaddress.IPv4Address(answer[20:24]))  # ifr_addr's sin_addr
+
+
+def read_hub_token(path: str) -> str:
+    """The model hub token in file ``path`` (the mounted Secret's ``token`` key).
+
+    Raises:
+        InvalidLaunch: missing, unreadable, empty or not one line of text.
+    """
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise InvalidLaunch("hub_token_file", f"cannot read the model hub token at {path}: "
+                            f"{why} (is the model master's hub_token_secret there, with the "
+                            f"key '{HUB_TOKEN_KEY}'?)") from None
+    if not token or any(ch in token for ch in "\r\n\x00"):
+        raise InvalidLaunch("hub_token_file", f"the model hub token at {path} is empty or "
+                            "not a single line")
+    return token
 
 
 class InferenceWorkload:
@@ -161,8 +182,26 @@ class InferenceWorkload:
                         head_address=head_address,
                         node_address=head_address if c.node_rank == 0 else node_address,
                         overlay_interface=c.overlay_interface, ib_hca=c.ib_hca,
-                        extra_args=self.extra_args)
+                        extra_args=(*c.runtime_args, *self.extra_args),
+                        env=self.runtime_env())
         return adapter_for(c.runtime).plan(launch)
+
+    def runtime_env(self) -> dict[str, str]:
+        """The model server's environment from the config: the model cache as
+        ``HF_HOME``, the hub token as ``HF_TOKEN``, then the master's and job's
+        variables (which may set either: an operator's choice wins).
+
+        Raises:
+            InvalidLaunch: the hub token file is configured but cannot be read.
+        """
+        c = self.config
+        env: dict[str, str] = {}
+        if c.model_cache_dir:
+            env["HF_HOME"] = c.model_cache_dir
+        if c.hub_token_file:
+            env["HF_TOKEN"] = read_hub_token(c.hub_token_file)
+        env.update(c.runtime_env)
+        return env
 
     def metrics(self) -> dict[str, float]:
         """This workload's figures for the agent's heartbeat (reads of counters

@@ -23,6 +23,7 @@ import trio
 
 from contracts.agent_config import AgentConfig
 from contracts.model import JobSpec, RackReport, ReplicaPlacement
+from contracts.runtime_settings import merged_runtime_settings
 
 __all__ = [
     "NO_TOKEN",
@@ -33,6 +34,7 @@ __all__ = [
     "VmiPhase",
     "VmiSpec",
     "disk_name",
+    "hub_token_secret",
     "replica_unit",
     "token_digest",
     "vmi_name",
@@ -91,6 +93,9 @@ class VmiSpec:
     #: was built from the worker's state (whose ``agent.report_token`` is then
     #: :data:`NO_TOKEN`); None: the digest of ``agent.report_token``.
     token_sha256: str | None = None
+    #: The Secret holding the model hub's token the VMI's model server gets
+    #: (its model master's ``hub_token_secret``); None: none.
+    hub_token_secret: str | None = None
 
     @property
     def expected_token(self) -> str:
@@ -156,6 +161,11 @@ class VmiEvent:
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
 
+def hub_token_secret(spec: JobSpec) -> str | None:
+    """The Secret naming the model hub's token this job's model server gets, if any."""
+    return spec.model_settings.hub_token_secret if spec.model_settings is not None else None
+
+
 def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPlacement, *,
                  generation: int = 0, agent: Mapping[str, Any],
                  tokens: Sequence[str] | None = None,
@@ -180,6 +190,8 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
         pydantic.ValidationError: an ``agent`` field is invalid.
     """
     count = len(placement.shares)
+    runtime_args, runtime_env = merged_runtime_settings(spec.model_settings,
+                                                        spec.runtime_settings)
     vmis = tuple(
         VmiSpec(
             name=vmi_name(job_id, replica, rank),
@@ -192,12 +204,14 @@ def replica_unit(job_id: str, replica: int, spec: JobSpec, placement: ReplicaPla
                               node_rank=rank, node_count=count, job_type=spec.type,
                               runtime=spec.runtime, model=spec.model, gpus=share.gpus,
                               served_name=spec.serves_as,
+                              runtime_args=runtime_args, runtime_env=runtime_env,
                               head_address=(vmi_name(job_id, replica, 0)
                                             if placement.multi_node else None),
                               **{"telemetry": telemetry, **agent,
                                  **({"report_token": tokens[rank]} if tokens else
                                     {"report_token": NO_TOKEN} if token_hashes else {})}),
             token_sha256=token_hashes[rank] if token_hashes and not tokens else None,
+            hub_token_secret=hub_token_secret(spec),
         )
         for rank, share in enumerate(placement.shares))
     return ReplicaUnit(job_id=job_id, replica=replica, generation=generation, spec=spec,

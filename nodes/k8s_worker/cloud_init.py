@@ -14,10 +14,71 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from contracts.agent_config import AGENT_CONFIG_PATH, AgentConfig
+from contracts.runtime_settings import HUB_TOKEN_KEY
 
-__all__ = ["AGENT_UNIT", "cloud_init_meta_data", "cloud_init_user_data"]
+__all__ = [
+    "AGENT_UNIT",
+    "GUEST_HUB_TOKEN_FILE",
+    "GUEST_MODEL_CACHE",
+    "HUB_TOKEN_SERIAL",
+    "MODEL_CACHE_TAG",
+    "GuestMount",
+    "cloud_init_meta_data",
+    "cloud_init_user_data",
+    "hub_token_mount",
+    "model_cache_mount",
+]
+
+#: The serial of the disk that carries the hub token Secret (a virtio-blk
+#: serial: at most 20 bytes); udev names it ``/dev/disk/by-id/virtio-<serial>``.
+HUB_TOKEN_SERIAL = "cac-hub-token"
+_HUB_TOKEN_DIR = "/run/cosmicac/hub-token"
+#: Where the agent reads the hub token inside a VM (the Secret's key as a file).
+GUEST_HUB_TOKEN_FILE = f"{_HUB_TOKEN_DIR}/{HUB_TOKEN_KEY}"
+#: The shared model cache's mount tag (virtiofs) and place inside a VM.
+MODEL_CACHE_TAG = "model-cache"
+GUEST_MODEL_CACHE = "/var/cache/cosmicac/models"
+
+
+@dataclass(frozen=True)
+class GuestMount:
+    """A file system the guest mounts on every boot, before the agent starts."""
+
+    source: str
+    target: str
+    fstype: str
+    options: str
+    #: The mount point's mode: 0700 keeps the token's folder root's alone
+    #: (an ISO9660 Secret disk shows its files world-readable).
+    mode: str = "0755"
+
+
+def hub_token_mount() -> GuestMount:
+    """The hub token Secret's disk (an ISO under KubeVirt, a FAT image under qemu)."""
+    return GuestMount(f"/dev/disk/by-id/virtio-{HUB_TOKEN_SERIAL}", _HUB_TOKEN_DIR, "auto",
+                      "ro,nodev,nosuid,noexec", mode="0700")
+
+
+def model_cache_mount(fstype: str = "virtiofs") -> GuestMount:
+    """The model cache shared by the VMs (a virtiofs file system tagged
+    :data:`MODEL_CACHE_TAG`)."""
+    return GuestMount(MODEL_CACHE_TAG, GUEST_MODEL_CACHE, fstype, "rw,nodev,nosuid")
+
+
+#: Every boot: wait for udev to name the disks, then mount $1 on $2 (type $3,
+#: options $4, mount point mode $5) unless something is mounted there already.
+#: A failure is said on the console and leaves the boot going: the agent then
+#: reports what it misses (a token file it cannot read) to the worker.
+_MOUNT_SCRIPT = (
+    'udevadm settle --timeout=30 2>/dev/null; '
+    'mkdir -p "$2" && chmod "$5" "$2" && '
+    '{ mountpoint -q "$2" || mount -t "$3" -o "$4" "$1" "$2" || '
+    'echo "cosmicac: cannot mount $1 on $2" >&2; }'
+)
 
 #: systemd unit the agent runs as (a transient one: the image needs systemd,
 #: not a unit file of ours); restarted by systemd if it crashes.
@@ -36,7 +97,8 @@ _REBOOT_SCRIPT = (
 )
 
 
-def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac") -> str:
+def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac",
+                         mounts: Sequence[GuestMount] = ()) -> str:
     """The ``#cloud-config`` that installs the agent's config and starts the agent.
 
     First boot: ``write_files`` puts the JSON at :data:`AGENT_CONFIG_PATH`,
@@ -51,6 +113,9 @@ def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac")
     and runcmd among them. ``bootcmd`` runs on every boot with the user data
     of *that* boot, so it rewrites the config (the new generation's) and
     starts the agent; on the first boot it finds no config and does nothing.
+
+    ``mounts`` are mounted by ``bootcmd`` on every boot, before the agent
+    starts (a Secret's disk, the shared model cache).
 
     Everything variable is embedded as JSON strings (valid YAML scalars) and
     passed to the shell as positional arguments, never spliced into the
@@ -70,6 +135,7 @@ def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac")
     lines = [
         "#cloud-config",
         "bootcmd:",
+        *(f"  - {json.dumps(_mount_command(mount))}" for mount in mounts),
         f"  - {json.dumps(reboot)}",
         "write_files:",
         f"  - path: {path}",
@@ -80,6 +146,11 @@ def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac")
         f"  - {json.dumps(start)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _mount_command(mount: GuestMount) -> list[str]:
+    return ["sh", "-c", _MOUNT_SCRIPT, "cosmicac-mount", mount.source, mount.target,
+            mount.fstype, mount.options, mount.mode]
 
 
 def cloud_init_meta_data(instance_id: str, hostname: str) -> str:

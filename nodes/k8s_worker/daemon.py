@@ -68,9 +68,9 @@ def make_backend(settings: WorkerSettings, storage: Path) -> Backend:
         return KubevirtBackend(settings.kubevirt)
     if settings.backend == "qemu":
         from .qemu.backend import QemuBackend
-        return QemuBackend(settings.qemu, storage / "vms")
+        return QemuBackend(settings.qemu, storage / "vms", secrets_dir=storage / "secrets")
     from .local import LocalBackend
-    return LocalBackend(settings.local, storage / "vmis")
+    return LocalBackend(settings.local, storage / "vmis", secrets_dir=storage / "secrets")
 
 
 def reserved_peers(settings: WorkerSettings, table: AgentTable) -> Reserved:

@@ -116,7 +116,8 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.agent_config import AgentConfigError, load_agent_config
-from contracts.model import NodeInfo, RackReport
+from contracts.model import JobType, NodeInfo, RackReport
+from contracts.runtime_settings import HUB_TOKEN_KEY
 from p2p.daemon import write_atomically
 from runtime.process import (
     cmdline,
@@ -202,6 +203,15 @@ class LocalClusterSettings(BaseModel):
     #: (``nsenter`` enters the namespace, then drops to the agent's user).
     agent_netns: str | None = Field(default=None, min_length=1, max_length=64,
                                     pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    #: Where model masters' hub token Secrets are, as ``<name>/token`` files
+    #: (the layout of a mounted Kubernetes Secret). Unset: ``secrets/`` in the
+    #: worker's storage. Each agent gets a copy of its token in its own folder.
+    secrets_dir: Path | None = None
+    #: A folder every inference agent's model server keeps downloaded weights
+    #: in (``HF_HOME``), shared by all of them (made 1777, like /tmp: the
+    #: agents of different teams run as different users). Unset: each agent's
+    #: runtime downloads to its own default place.
+    model_cache_dir: Path | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> LocalClusterSettings:
@@ -429,6 +439,34 @@ def _write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
     write_atomically(path, text.encode(), mode=mode)
 
 
+#: The agent's copy of its hub token, in its own folder.
+_HUB_TOKEN_FILE = "hub-token"
+#: A token is a line of text; more than this is not one.
+_HUB_TOKEN_MAX = 64 * 1024
+
+
+def _remove_at(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _write_private(dir_fd: int, name: str, data: bytes, owner: tuple[int, int] | None) -> None:
+    """``name`` in ``dir_fd`` (a folder the agent owns) holding ``data``, 0600 and the
+    agent's: created anew (``O_EXCL``, no link followed) and renamed into place."""
+    temporary = f".{name}.{secrets.token_hex(8)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                 dir_fd=dir_fd)
+    try:
+        _own(fd, owner, 0o600)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
 class LocalBackend:
     """Runs VMIs as local agent processes on a simulated cluster (see the module doc).
 
@@ -437,6 +475,7 @@ class LocalBackend:
         state_dir: where the VMIs' folders live (kept across worker restarts).
         agent_command: the agent's command line without ``--config FILE``.
         env: the agents' environment (default: the worker's).
+        secrets_dir: where hub token Secrets are when the settings do not say.
 
     Start :meth:`run` first; create, restart and delete need it running, as
     their processes are watched in its nursery.
@@ -446,9 +485,14 @@ class LocalBackend:
 
     def __init__(self, settings: LocalClusterSettings, state_dir: Path,
                  agent_command: Sequence[str] = DEFAULT_AGENT_COMMAND, *,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 secrets_dir: Path | None = None) -> None:
         self.settings = settings
         self.state_dir = Path(state_dir)
+        #: Hub token Secrets (``<name>/token``): the setting, else the worker's
+        #: ``secrets/`` (``secrets_dir``), else beside ``state_dir``.
+        self.secrets_dir = Path(settings.secrets_dir or secrets_dir
+                                or self.state_dir.parent / "secrets")
         self.agent_command = tuple(agent_command)
         self.env = dict(env) if env is not None else None
         self._nodes = {node.name: node for node in self.settings.nodes}
@@ -813,20 +857,40 @@ class LocalBackend:
                 _own(storage_fd, owner, 0o700)
             finally:
                 os.close(storage_fd)
-            config = vmi.agent.model_copy(update={"storage": str(home / "storage")})
-            temporary = f".agent.json.{secrets.token_hex(8)}"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                         0o600, dir_fd=home_fd)
-            try:
-                _own(fd, owner, 0o600)
-                os.write(fd, config.to_json().encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temporary, "agent.json", src_dir_fd=home_fd, dst_dir_fd=home_fd)
+            update: dict[str, str] = {"storage": str(home / "storage")}
+            if vmi.hub_token_secret is not None:
+                # The agent's own copy, as a VM gets the Secret's disk: an isolated
+                # agent cannot read the worker's folder, and a later change of the
+                # Secret reaches the next start, not a running model server.
+                update["hub_token_file"] = str(home / _HUB_TOKEN_FILE)
+                token = self._hub_token(vmi)
+                if token is None:
+                    _remove_at(home_fd, _HUB_TOKEN_FILE)  # no stale token outlives its Secret
+                else:
+                    _write_private(home_fd, _HUB_TOKEN_FILE, token, owner)
+            cache = self.settings.model_cache_dir
+            if cache is not None and vmi.agent.job_type is JobType.INFERENCE:
+                cache.mkdir(parents=True, exist_ok=True)
+                os.chmod(cache, 0o1777)
+                update["model_cache_dir"] = str(cache)
+            config = vmi.agent.model_copy(update=update)
+            _write_private(home_fd, "agent.json", config.to_json().encode(), owner)
         finally:
             os.close(home_fd)
         return owner
+
+    def _hub_token(self, vmi: VmiSpec) -> bytes | None:
+        """The hub token of ``vmi``'s Secret, or None (said in the log): the agent
+        then reports that it has none, naming the file it looked for."""
+        assert vmi.hub_token_secret is not None
+        path = self.secrets_dir / vmi.hub_token_secret / HUB_TOKEN_KEY
+        try:
+            with open(path, "rb") as file:
+                return file.read(_HUB_TOKEN_MAX + 1)[:_HUB_TOKEN_MAX]
+        except OSError as exc:
+            log.warning("local.hub_token_missing vmi=%s secret=%s path=%s error=%s", vmi.name,
+                        vmi.hub_token_secret, path, exc.strerror or exc)
+            return None
 
     def _sweep(self, record: _Vmi) -> None:
         """Kill what is left running as the VMI's own uid (a shell in a session of its

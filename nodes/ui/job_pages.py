@@ -21,7 +21,7 @@ from contracts.model import Runtime
 from .api import ApiClient, ApiError
 from .guard import request_is_https
 from .live import DONE, KEEPALIVE, Piece, TopicSource
-from .views import JOB_FIELDS, FormErrors, job_body, job_form, job_view
+from .views import JOB_FIELDS, FormErrors, form_field, job_body, job_form, job_view
 
 if TYPE_CHECKING:
     from .app import UiApp
@@ -68,7 +68,7 @@ class JobPages:
                 try:
                     job = await api.post("/jobs", body)
                 except ApiError as error:
-                    errors.add(error.readable(), error.field, frozenset(JOB_FIELDS))
+                    errors.add(error.readable(), form_field(error.field), frozenset(JOB_FIELDS))
                     return await self._form_page(api, me, form, errors, "New job",
                                                  status=_status(error))
                 return RedirectResponse(f"/jobs/{_id(job['id'])}", status_code=303)

@@ -3,23 +3,32 @@ and the API's errors tied to form fields."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from contracts.labels import age_label, heard_label, status_label
 
-__all__ = ["JOB_FIELDS", "FormErrors", "age", "job_body", "job_form", "job_row", "job_view",
-           "status_label"]
+__all__ = ["JOB_FIELDS", "FormErrors", "age", "form_field", "job_body", "job_form", "job_row",
+           "job_view", "status_label"]
 
 #: The new-job form's fields, in the order it shows them.
-JOB_FIELDS = ("type", "name", "runtime", "model", "served_name", "image", "gpus", "replicas",
-              "location")
+JOB_FIELDS = ("type", "name", "runtime", "model", "served_name", "server_args", "server_env",
+              "image", "gpus", "replicas", "location")
 _NUMBERS = ("gpus", "replicas")
 #: The fields a job of each type sends (the API's own rules do the rest).
 _SENT = {"inference": ("name", "runtime", "model", "served_name", "image", "gpus",
                        "replicas", "location"),
          "container": ("name", "image", "gpus", "location")}
+#: The API's names of the fields the form shows under other names.
+_FORM_FIELD = {"runtime_settings": "server_args", "runtime_settings.args": "server_args",
+               "runtime_settings.env": "server_env"}
+
+
+def form_field(api_field: str | None) -> str | None:
+    """The new-job form's field an API error names."""
+    return _FORM_FIELD.get(api_field or "", api_field)
 
 #: A short age: ``45s``, ``12m``, ``3h``, ``5d`` (the CLI's too).
 age = age_label
@@ -87,9 +96,42 @@ def job_body(form: dict[str, str]) -> tuple[dict[str, Any], FormErrors]:
             body[name] = int(value)
         else:
             body[name] = value
+    if kind == "inference":
+        settings = _runtime_settings(form, errors, known)
+        if settings:
+            body["runtime_settings"] = settings
     if "name" not in body and not errors.fields.get("name"):
         errors.add("name: give the job a name", "name", known)
     return body, errors
+
+
+def _runtime_settings(form: dict[str, str], errors: FormErrors,
+                      known: frozenset[str]) -> dict[str, Any]:
+    """The model server's arguments and environment, written as on a shell's command
+    line (``--max-model-len 4096``; ``NAME=value OTHER='a b'``)."""
+    settings: dict[str, Any] = {}
+    try:
+        args = shlex.split(form.get("server_args", ""))
+    except ValueError as exc:
+        errors.add(f"server arguments: {exc} (quote as in a shell)", "server_args", known)
+        args = []
+    if args:
+        settings["args"] = args
+    try:
+        pairs = shlex.split(form.get("server_env", ""))
+    except ValueError as exc:
+        errors.add(f"server environment: {exc} (quote as in a shell)", "server_env", known)
+        pairs = []
+    env = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            errors.add(f"server environment: {pair!r} is not NAME=value", "server_env", known)
+            break
+        env[name] = value
+    if env:
+        settings["env"] = env
+    return settings
 
 
 def job_form(job: dict[str, Any] | None) -> dict[str, str]:
@@ -101,4 +143,8 @@ def job_form(job: dict[str, Any] | None) -> dict[str, str]:
     values = {name: "" if spec.get(name) is None else str(spec[name]) for name in JOB_FIELDS}
     values["type"] = str(spec.get("type", job.get("type", "inference")))
     values["name"] = f"{job.get('name', 'job')}-copy"[:100]
+    settings = spec.get("runtime_settings") or {}
+    values["server_args"] = shlex.join(settings.get("args") or ())
+    values["server_env"] = " ".join(shlex.quote(f"{name}={value}")
+                                    for name, value in (settings.get("env") or {}).items())
     return values

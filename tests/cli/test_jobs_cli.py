@@ -277,3 +277,22 @@ def test_wait_for_shows_changes_and_times_out(monkeypatch: pytest.MonkeyPatch, c
         _wait.wait_for(api, "j", Goal.RUNNING, 5, **fake)
     assert exited.value.exit_code == 1
     assert "timed out after 5s" in capsys.readouterr().err
+
+
+async def test_create_takes_the_model_servers_arguments_and_environment(
+        served_ork: ServedOrk) -> None:
+    served = served_ork
+    with trio.fail_after(60):
+        await served.login()
+        tuned = await served.cli("jobs", "create", "--name", "tuned", "--type", "inference",
+                                 "--runtime", "vllm", "--model", "demo", "--served-name",
+                                 "tuned", "--image", IMAGE, "--server-args",
+                                 "--max-model-len 4096", "--server-env", "OMP_NUM_THREADS=2",
+                                 "-o", "json")
+        assert tuned.returncode == 0, tuned.stderr
+        assert json.loads(tuned.stdout)["spec"]["runtime_settings"] == {
+            "args": ["--max-model-len", "4096"], "env": {"OMP_NUM_THREADS": "2"}}
+        refused = await served.cli("jobs", "create", "--name", "x", "--type", "inference",
+                                   "--runtime", "vllm", "--model", "demo", "--image", IMAGE,
+                                   "--server-env", "HF_ENDPOINT=https://evil.example")
+        assert refused.returncode == 2 and b"runtime_settings.env" in refused.stderr

@@ -52,6 +52,25 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:
         bad = await served.cli("models", "add", "x", "--runtime", "vllm", "--image", "ubuntu")
         assert bad.returncode == 2 and "defaults.image" in one_error_line(bad)
 
+        # The model server's settings: a command line, NAME=value pairs, a Secret's name.
+        gated = await served.cli("models", "add", "meta-llama/Llama-3.1-70B", "--runtime",
+                                 "vllm", "--server-args", "--max-model-len 8192 --dtype bfloat16",
+                                 "--server-env", "HF_HUB_OFFLINE=1", "--server-env",
+                                 "NOTE=two words", "--hub-token-secret", "hf-token", "-o", "json")
+        assert gated.returncode == 0, gated.stderr
+        assert json.loads(gated.stdout)["defaults"]["model_settings"] == {
+            "args": ["--max-model-len", "8192", "--dtype", "bfloat16"],
+            "env": {"HF_HUB_OFFLINE": "1", "NOTE": "two words"},
+            "hub_token_secret": "hf-token"}
+        for argv, words in ((["--server-args", "--x 'open"], "--server-args"),
+                            (["--server-env", "NOEQUALS"], "NAME=value"),
+                            (["--server-args", "--tensor-parallel-size 2"],
+                             "defaults.model_settings.args")):
+            bad = await served.cli("models", "add", "y", "--runtime", "vllm", *argv)
+            assert bad.returncode == 2, bad.stderr
+            assert words in one_error_line(bad)
+        await served.cli("models", "remove", "meta-llama/Llama-3.1-70B")
+
         removed = await served.cli("models", "remove", "meta-llama/Llama-3.1-8B")
         assert removed.returncode == 0, removed.stderr
         assert await database.model_master("meta-llama/Llama-3.1-8B") is None

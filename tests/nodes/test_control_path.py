@@ -10,7 +10,9 @@ processes and sockets: tests/nodes/test_admission_daemons.py.
 from __future__ import annotations
 
 import json
+import os
 import stat
+from pathlib import Path
 
 import pytest
 import trio
@@ -167,3 +169,53 @@ async def test_a_silent_worker_makes_its_jobs_unknown_until_it_reports_again(tmp
             assert "no report" in unknown.reason
             await path.start_worker()  # the agent kept running, as a VMI would
             await path.wait_job(job.id, status("active"), limit_s=30)
+
+
+async def test_a_models_and_its_jobs_server_settings_reach_the_model_server(tmp_path):
+    """The model master's arguments and environment, then the job's, from the spec
+    through the worker's agent config to the model server's own command line."""
+    import httpx
+
+    from contracts.runtime_settings import ModelRuntimeSettings, RuntimeSettings
+
+    spec = inference("tuned").model_copy(update={
+        "model_settings": ModelRuntimeSettings(args=("--max-model-len", "512"),
+                                               env={"CAC_FROM_MASTER": "m"}),
+        "runtime_settings": RuntimeSettings(args=("--max-model-len", "64"),
+                                            env={"CAC_FROM_JOB": "j"})})
+    with trio.fail_after(120):
+        async with cluster(tmp_path) as path:
+            job = await path.create(spec)
+            await path.wait_job(job.id, status("active"))
+            _, argv, environ = await trio.to_thread.run_sync(_model_server, "tuned")
+            assert argv[-4:] == ["--max-model-len", "512", "--max-model-len", "64"]
+            assert b"CAC_FROM_MASTER=m" in environ and b"CAC_FROM_JOB=j" in environ
+            port = argv[argv.index("--port") + 1]
+            async with httpx.AsyncClient(trust_env=False) as http:
+                models = (await http.get(f"http://127.0.0.1:{port}/v1/models")).json()
+            assert models["data"][0]["max_model_len"] == 64  # the job's value won
+            await path.delete(job.id)
+            await path.wait_job(job.id, lambda j: j is None)
+
+
+def _model_server(served_name: str) -> tuple[int, list[str], list[bytes]]:
+    """The model server child of this process serving ``served_name`` (not one of a
+    suite running beside this one): pid, command line, environment."""
+    from runtime.process import cmdline
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_text = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat_text[stat_text.rindex(")") + 2:].split()[1])
+        argv = cmdline(int(entry.name))
+        if parent == os.getpid() and "--served-name" in argv \
+                and argv[argv.index("--served-name") + 1] == served_name:
+            found.append((int(entry.name), argv, environ))
+    (server,) = found
+    return server

@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from contracts.model import Runtime
+from contracts.runtime_settings import managed_flag_problem
 
 from ._errors import GpuLayoutError, InvalidLaunch, ManagedFlagError, TopologyError
 
@@ -343,17 +344,9 @@ def check_extra_args(
     Raises:
         ManagedFlagError: naming the flag.
     """
-    for arg in extra_args:
-        if not arg.startswith("-"):
-            continue
-        flag = arg.split("=", 1)[0]
-        for owned in managed:
-            long_prefix = flag.startswith("--") and len(flag) > 3 and owned.startswith(flag)
-            if flag == owned or long_prefix:
-                raise ManagedFlagError(
-                    "extra_args", f"{arg!r} would override {owned}, which the adapter sets",
-                    runtime=runtime,
-                )
+    problem = managed_flag_problem(runtime, list(extra_args), tuple(managed))
+    if problem is not None:
+        raise ManagedFlagError("extra_args", problem, runtime=runtime)
 
 
 def merged_env(*layers: Mapping[str, str]) -> Mapping[str, str]:

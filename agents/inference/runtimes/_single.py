@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from agents.inference.engines import MODEL_TASKS
 from contracts.model import Runtime
+from contracts.runtime_settings import MANAGED_FLAGS
 
 from ._errors import TopologyError
 from ._plan import (
@@ -30,7 +31,6 @@ from ._plan import (
 
 __all__ = ["LocalAdapter", "ParakeetAdapter"]
 
-_MANAGED = ("--model", "--host", "--port", "--served-name")
 #: Parakeet-TDT 0.6B loads in well under a minute from a warm disk; NeMo
 #: downloads the checkpoint on first use when the image lacks it (reference §5).
 DEFAULT_PARAKEET_STARTUP_S = 900.0
@@ -79,7 +79,7 @@ class ParakeetAdapter:
             ManagedFlagError: ``extra_args`` repeats one of our flags.
         """
         _single_node(launch, self.runtime)
-        check_extra_args(launch.extra_args, (*_MANAGED, "--device"), runtime=self.runtime.value)
+        check_extra_args(launch.extra_args, MANAGED_FLAGS[self.runtime], runtime=self.runtime.value)
         argv = _server_argv(launch, "agents.inference.runtimes.parakeet_server")
         argv += ["--device", "cuda" if launch.gpus else "cpu", *launch.extra_args]
         step = Step(name="parakeet", argv=tuple(argv), role=StepRole.SERVER,
@@ -106,7 +106,7 @@ class LocalAdapter:
             ManagedFlagError: ``extra_args`` repeats one of our flags.
         """
         _single_node(launch, self.runtime)
-        check_extra_args(launch.extra_args, _MANAGED, runtime=self.runtime.value)
+        check_extra_args(launch.extra_args, MANAGED_FLAGS[self.runtime], runtime=self.runtime.value)
         argv = [*_server_argv(launch, "agents.inference.server"), *launch.extra_args]
         step = Step(name="local", argv=tuple(argv), role=StepRole.SERVER,
                     lifetime=Lifetime.KEEP_RUNNING, env=merged_env(launch.env))

@@ -51,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from contracts.model import Runtime
+from contracts.runtime_settings import MANAGED_FLAGS
 
 from ._errors import GpuLayoutError, TopologyError
 from ._plan import (
@@ -67,18 +68,9 @@ from ._plan import (
 
 __all__ = ["VLLM_MANAGED_FLAGS", "VllmAdapter"]
 
-#: Flags the adapter sets; ``extra_args`` may not repeat them.
-VLLM_MANAGED_FLAGS = (
-    "--host",
-    "--port",
-    "--served-model-name",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--distributed-executor-backend",
-    "--model",
-)
+#: Flags the adapter sets; ``extra_args`` may not repeat them (the list lives
+#: in contracts, where app-node refuses them before a job is created).
+VLLM_MANAGED_FLAGS = MANAGED_FLAGS[Runtime.VLLM]
 #: Loading a 70B model over two nodes (download cache warm) takes minutes;
 #: cold caches and torch.compile make it longer. Half an hour is vLLM's own
 #: order of magnitude for large models, and the operator can override it.

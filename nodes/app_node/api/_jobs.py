@@ -54,6 +54,7 @@ from contracts.ork import (
     ListJobs,
     ReplicaRef,
 )
+from contracts.runtime_settings import managed_flag_problem
 from nodes.kit.monitor_client import MonitorUnavailable
 from nodes.kit.ork_client import OrkUnavailable
 from p2p.rpc import Method, RpcError
@@ -159,8 +160,8 @@ async def decorate(ctx: Ctx, jobs: list[JobOut]) -> list[JobOut]:
                                    "agents_heard_at": heard.get(job.id)}) for job in jobs]
 
 
-def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
-             default_image: str | None) -> JobSpec:
+def _spec_of(body: JobIn, team: str, keys: tuple[str, ...], default_image: str | None,
+             model_settings: dict[str, Any] | None = None) -> JobSpec:
     """The JobSpec; 422 naming the field for what JobSpec's whole-model check would not."""
     if body.image is None:
         if default_image is None:
@@ -178,29 +179,42 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...],
     if problem is not None:
         field, message = problem
         raise ApiError(codes.INVALID, f"{field}: {message}", field)
+    if body.runtime_settings is not None:
+        if body.type is not JobType.INFERENCE:
+            raise ApiError(codes.INVALID, "runtime_settings: a GPU Container Job runs no "
+                           "model server", "runtime_settings")
+        flag = managed_flag_problem(str(body.runtime), body.runtime_settings.args)
+        if flag is not None:
+            raise ApiError(codes.INVALID, f"runtime_settings.args: {flag}",
+                           "runtime_settings.args")
     data = body.model_dump(exclude={"team_id"}, exclude_none=True)
     data.setdefault("gpus", 1)
     data.update(team=team, authorized_keys=keys)
+    if model_settings:
+        data["model_settings"] = model_settings
     return validate(JobSpec, data)
 
 
-async def _with_model_defaults(ctx: Ctx, body: JobIn) -> JobIn:
+async def _with_model_defaults(ctx: Ctx, body: JobIn) -> tuple[JobIn, dict[str, Any] | None]:
     """An inference job of a model that has a master takes the master's runtime
-    and defaults for what it leaves out (the request's own values win)."""
+    and defaults for what it leaves out (the request's own values win), and the
+    master's model server settings (returned apart: the job cannot set them)."""
     if body.type is not JobType.INFERENCE or body.model is None:
-        return body
+        return body, None
     master = await ctx.services.database.model_master(body.model)
     if master is None:
-        return body
+        return body, None
     given = body.model_dump(exclude_none=True)
     fill = {"runtime": master.runtime, **master.defaults}
-    return validate(JobIn, {**{k: v for k, v in fill.items() if k in JobIn.model_fields},
-                            **given})
+    filled = validate(JobIn, {**{k: v for k, v in fill.items()
+                                 if k in JobIn.model_fields and k != "runtime_settings"},
+                              **given})
+    return filled, master.defaults.get("model_settings")
 
 
 async def create_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
-    body = await _with_model_defaults(ctx, await ctx.body(request, JobIn))
+    body, model_settings = await _with_model_defaults(ctx, await ctx.body(request, JobIn))
     team = team_of(session, body.team_id)
     await ctx.require_role(session, team, Role.MEMBER)
     keys: tuple[str, ...] = ()
@@ -208,7 +222,7 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
         members = await ctx.store(ctx.services.store.teams.members, team)
         keys = tuple(sorted({u.cli_public_key.lower() for u, _ in members
                              if u.cli_public_key}))
-    spec = _spec_of(body, team, keys, ctx.services.default_image)
+    spec = _spec_of(body, team, keys, ctx.services.default_image, model_settings)
     quota = await ctx.store(ctx.services.store.quotas.get, team)
     view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(
         spec=spec, created_by=session.user.id,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from contracts.runtime_settings import managed_flag_problem
 from crdt import DeleteModelMaster, ModelMaster, PutModelMaster
 
 from .. import codes
@@ -42,6 +43,11 @@ async def put_model(ctx: Ctx, request: Request) -> Response:
     """Create (201) or replace (200) the model master of that name."""
     await require_operator(ctx, await ctx.session(request))
     body = await ctx.body(request, ModelMasterIn)
+    settings = body.defaults.model_settings
+    problem = settings and managed_flag_problem(body.runtime, settings.args)
+    if problem:
+        raise ApiError(codes.INVALID, f"defaults.model_settings.args: {problem}",
+                       "defaults.model_settings.args")
     db = ctx.services.database
     existed = await db.model_master(body.name) is not None
     defaults = body.defaults.model_dump(exclude_none=True)

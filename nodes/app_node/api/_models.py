@@ -15,6 +15,7 @@ from contracts.model import (
     Runtime,
 )
 from contracts.ork import NodeEntry, RackInfo
+from contracts.runtime_settings import ModelRuntimeSettings, RuntimeSettings
 
 from ..model import Role, User
 
@@ -277,6 +278,9 @@ class JobIn(_In):
     model: str | None = None
     served_name: str | None = None
     location: str | None = None
+    #: The model server's arguments and environment of this job, laid over its
+    #: model master's (inference jobs).
+    runtime_settings: RuntimeSettings | None = None
     #: The team the job runs for; the caller's active team if absent.
     team_id: str | None = Field(default=None, max_length=64)
 
@@ -379,6 +383,9 @@ class ModelDefaultsIn(_In):
                                     pattern=MODEL_NAME_PATTERN)
     location: str | None = Field(default=None, min_length=1, max_length=64,
                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    #: The model server's arguments, environment and hub token Secret for every
+    #: job of this model (a job's own ``runtime_settings`` are laid over them).
+    model_settings: ModelRuntimeSettings | None = None
 
     @field_validator("image")
     @classmethod

@@ -28,7 +28,11 @@ they are applied:
    ``spec.domain.devices.gpus`` entry per GPU (virt-controller adds one unit
    of ``deviceName`` per entry to the launcher pod, reference §1.2), and, for
    a multi-node vLLM replica, the overlay network (Multus) and the
-   InfiniBand HCA (``hostDevices``).
+   InfiniBand HCA (``hostDevices``). An inference VMI whose model master
+   names a hub token Secret gets it as a disk (serial ``cac-hub-token``);
+   with ``model_cache_claim`` set, the shared cache PVC as a virtiofs file
+   system; the user data mounts both before the agent starts
+   (:func:`guest_mounts`).
 
 The DataVolume and the VMI are created together: with wait-for-first-consumer
 storage the import starts only once the VMI exists, and KubeVirt holds the
@@ -44,8 +48,24 @@ import base64
 from typing import Any
 
 from contracts.agent_config import AgentConfig
-from nodes.k8s_worker.backend import ReplicaUnit, VmiSpec, replica_unit, vmi_name
-from nodes.k8s_worker.cloud_init import AGENT_UNIT, cloud_init_user_data
+from contracts.model import JobType
+from nodes.k8s_worker.backend import (
+    ReplicaUnit,
+    VmiSpec,
+    hub_token_secret,
+    replica_unit,
+    vmi_name,
+)
+from nodes.k8s_worker.cloud_init import (
+    AGENT_UNIT,
+    GUEST_HUB_TOKEN_FILE,
+    GUEST_MODEL_CACHE,
+    HUB_TOKEN_SERIAL,
+    GuestMount,
+    cloud_init_user_data,
+    hub_token_mount,
+    model_cache_mount,
+)
 
 from .settings import KubevirtSettings
 
@@ -61,6 +81,7 @@ __all__ = [
     "RAY_GCS_PORT",
     "cloud_init_user_data",
     "cluster_agent_config",
+    "guest_mounts",
     "head_dns_name",
     "render_datavolume",
     "render_replica",
@@ -87,6 +108,8 @@ _ROOT = "root"
 _CLOUD_INIT = "cloudinit"
 _POD_NET = "default"
 _OVERLAY_NET = "overlay"
+_HUB_TOKEN = "hub-token"
+_MODEL_CACHE = "model-cache"  # also its virtiofs tag: KubeVirt tags by the volume's name
 
 #: Ray's GCS port on a multi-node replica's head: the port the vLLM adapter's
 #: ``ray start --head --port`` uses (``DEFAULT_RAY_PORT`` of
@@ -144,20 +167,40 @@ def cluster_agent_config(unit: ReplicaUnit, vmi: VmiSpec,
     A multi-node VMI's config gets the head's DNS name (:func:`head_dns_name`;
     ``replica_unit`` leaves a bare VMI name there, which resolves nowhere on a
     cluster, while the local and qemu backends keep their own), and the
-    overlay interface and InfiniBand HCAs NCCL is to use. A single-node VMI's
-    config is unchanged: no head, nothing for NCCL.
+    overlay interface and InfiniBand HCAs NCCL is to use. An inference VMI's
+    config names where the hub token Secret and the model cache are mounted
+    (:func:`guest_mounts`). Otherwise the config is unchanged.
 
     Raises:
         pydantic.ValidationError: (a ``ValueError``) the result is not a valid config.
     """
-    if not vmi.multi_node:
+    changes: dict[str, Any] = {}
+    if vmi.multi_node:
+        changes.update(head_address=head_dns_name(unit, settings),
+                       overlay_interface=settings.overlay_interface,
+                       ib_hca=settings.infiniband_hca)
+    if hub_token_secret(unit.spec) is not None:
+        changes["hub_token_file"] = GUEST_HUB_TOKEN_FILE
+    if _uses_model_cache(unit, settings):
+        changes["model_cache_dir"] = GUEST_MODEL_CACHE
+    if not changes:
         return vmi.agent
-    return AgentConfig.model_validate({
-        **vmi.agent.model_dump(),
-        "head_address": head_dns_name(unit, settings),
-        "overlay_interface": settings.overlay_interface,
-        "ib_hca": settings.infiniband_hca,
-    })
+    return AgentConfig.model_validate({**vmi.agent.model_dump(), **changes})
+
+
+def _uses_model_cache(unit: ReplicaUnit, settings: KubevirtSettings) -> bool:
+    return settings.model_cache_claim is not None and unit.spec.type is JobType.INFERENCE
+
+
+def guest_mounts(unit: ReplicaUnit, settings: KubevirtSettings) -> list[GuestMount]:
+    """What the guest mounts before its agent starts: the hub token Secret's
+    disk (by its serial) and the model cache (virtiofs), when the job has them."""
+    mounts = []
+    if hub_token_secret(unit.spec) is not None:
+        mounts.append(hub_token_mount())
+    if _uses_model_cache(unit, settings):
+        mounts.append(model_cache_mount())
+    return mounts
 
 
 def _metadata(name: str, unit: ReplicaUnit, vmi: VmiSpec,
@@ -171,7 +214,8 @@ def render_secret(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -
     KubeVirt reads the key ``userdata`` or ``userData`` (pkg/cloud-init).
     """
     agent = cluster_agent_config(unit, vmi, settings)
-    data = cloud_init_user_data(agent, settings.agent_executable).encode()
+    data = cloud_init_user_data(agent, settings.agent_executable,
+                                guest_mounts(unit, settings)).encode()
     metadata = _metadata(secret_name(vmi.name), unit, vmi, settings)
     metadata["labels"][LABEL_GENERATION] = str(unit.generation)
     return {
@@ -253,6 +297,15 @@ def render_vmi(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings, *,
         {"name": _ROOT, "dataVolume": {"name": vmi.disk}},
         {"name": _CLOUD_INIT, "cloudInitNoCloud": {"secretRef": {"name": secret_name(vmi.name)}}},
     ]
+    token_secret = hub_token_secret(unit.spec)
+    if token_secret is not None:
+        # KubeVirt presents a Secret volume as an ISO disk of one file per key;
+        # the serial names it in the guest (/dev/disk/by-id/virtio-<serial>).
+        disks.append({"name": _HUB_TOKEN, "serial": HUB_TOKEN_SERIAL, "disk": {"bus": "virtio"}})
+        volumes.append({"name": _HUB_TOKEN, "secret": {"secretName": token_secret}})
+    if _uses_model_cache(unit, settings):
+        volumes.append({"name": _MODEL_CACHE,
+                        "persistentVolumeClaim": {"claimName": settings.model_cache_claim}})
     interfaces: list[dict[str, Any]] = [{"name": _POD_NET, "masquerade": {}}]
     networks: list[dict[str, Any]] = [{"name": _POD_NET, "pod": {}}]
     devices: dict[str, Any] = {
@@ -261,6 +314,8 @@ def render_vmi(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings, *,
         # One entry per whole GPU: KubeVirt requests one unit of deviceName per entry.
         "gpus": [{"name": f"gpu{i}", "deviceName": gpu_resource} for i in range(vmi.gpus)],
     }
+    if _uses_model_cache(unit, settings):
+        devices["filesystems"] = [{"name": _MODEL_CACHE, "virtiofs": {}}]
     if vmi.multi_node:
         if settings.overlay_network is None or settings.infiniband_resource is None:
             raise ValueError(f"VMI {vmi.name} is part of a multi-node replica, but the worker "

@@ -80,6 +80,14 @@ class KubevirtSettings(BaseModel):
     #: ConfigMap in ``namespace`` with the registry's CA certificates.
     registry_cert_configmap: str | None = Field(default=None, max_length=253)
 
+    # -- inference jobs' model weights ------------------------------------------
+    #: A PersistentVolumeClaim in ``namespace`` (ReadWriteMany: every inference
+    #: VMI mounts it at once, through virtiofs) where model servers keep the
+    #: weights they download (``HF_HOME``), so that a restart or a new replica
+    #: does not download them again; None: each VMI downloads to its own disk.
+    model_cache_claim: str | None = Field(default=None, max_length=253,
+                                          pattern=r"^[a-z0-9]([a-z0-9\-.]*[a-z0-9])?$")
+
     # -- size of a VMI -------------------------------------------------------
     #: vCPUs per GPU held (a VMI of 8 GPUs gets 8 times this), unless ``cpu_cores``.
     cpu_cores_per_gpu: int = Field(default=8, ge=1, le=256)

@@ -29,13 +29,14 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from contracts.model import NodeInfo, RackReport
+from contracts.runtime_settings import HUB_TOKEN_KEY
 from p2p.daemon import write_atomically
 from runtime.process import describe_exit, is_alive, last_line, proc_stat, wait_gone
 
@@ -47,6 +48,8 @@ from .settings import QemuSettings
 __all__ = ["QemuBackend", "kvm_problem"]
 
 log = logging.getLogger("nodes.k8s_worker.qemu")
+#: A token is a line of text; more than this is not one.
+_HUB_TOKEN_MAX = 64 * 1024
 
 #: After SIGKILL, how long a VM may take to be gone before the stop fails.
 KILL_WAIT_S = 10.0
@@ -93,9 +96,13 @@ class QemuBackend:
     name = "qemu"
 
     def __init__(self, settings: QemuSettings, state_dir: Path, *,
-                 agent_executable: str = "cosmicac") -> None:
+                 agent_executable: str = "cosmicac", secrets_dir: Path | None = None) -> None:
         self.settings = settings
         self.state_dir = Path(state_dir)
+        #: Hub token Secrets (``<name>/token``): the setting, else ``secrets_dir``,
+        #: else beside ``state_dir``.
+        self.secrets_dir = Path(settings.secrets_dir or secrets_dir
+                                or self.state_dir.parent / "secrets")
         self.agent_executable = agent_executable
         self._vms: dict[str, _Vm] = {}
         self._locks: dict[str, trio.Lock] = {}
@@ -286,10 +293,28 @@ class QemuBackend:
                             "-b", str(base), str(partial), f"{self.settings.disk_size_gib}G"],
                            check=True, capture_output=True, timeout=60)
             partial.rename(files.disk)
-        _make_seed(files, seed_files(vmi, self.settings, self.agent_executable))
+        _make_vfat(files.seed, "CIDATA", seed_files(vmi, self.settings, self.agent_executable))
+        files.hub_token.unlink(missing_ok=True)  # no stale token outlives its Secret
+        if vmi.hub_token_secret is not None:
+            token = self._hub_token(vmi)
+            if token is not None:
+                _make_vfat(files.hub_token, "HUBTOKEN", {HUB_TOKEN_KEY: token})
         for stale in (files.qmp, files.pidfile):
             stale.unlink(missing_ok=True)
         files.console.unlink(missing_ok=True)
+
+    def _hub_token(self, vmi: VmiSpec) -> bytes | None:
+        """The token of ``vmi``'s hub token Secret, or None (said in the log): the
+        guest then has no token disk and its agent reports the file it lacks."""
+        assert vmi.hub_token_secret is not None
+        path = self.secrets_dir / vmi.hub_token_secret / HUB_TOKEN_KEY
+        try:
+            with open(path, "rb") as file:
+                return file.read(_HUB_TOKEN_MAX)
+        except OSError as exc:
+            log.warning("qemu.hub_token_missing vmi=%s secret=%s path=%s error=%s", vmi.name,
+                        vmi.hub_token_secret, path, exc.strerror or exc)
+            return None
 
     def _gpus_for(self, vmi: VmiSpec) -> tuple[str, ...]:
         if not self.settings.gpus or not vmi.gpus:
@@ -320,7 +345,8 @@ class QemuBackend:
             await self._send(placeholder, VmiPhase.FAILED, message)
             raise BackendError(f"{vmi.name}: {message}") from None
         gpus = self._gpus_for(vmi)
-        argv = qemu_argv(vmi, self.settings, files, image, accel=self.accel, gpus=gpus)
+        argv = qemu_argv(vmi, self.settings, files, image, accel=self.accel, gpus=gpus,
+                         hub_token=files.hub_token.exists())
         log_fd = os.open(files.folder / "qemu.log",
                          os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
@@ -519,17 +545,20 @@ def kvm_problem(sys_module: Path = Path("/sys/module"),
     return None
 
 
-def _make_seed(files: VmFiles, content: dict[str, str]) -> None:
-    """A vfat disk labelled ``cidata`` holding ``content`` (NoCloud's seed)."""
-    partial = files.folder / "seed.img.partial"
+def _make_vfat(disk: Path, label: str, content: Mapping[str, str | bytes]) -> None:
+    """``disk``: a FAT image labelled ``label`` holding ``content``'s files, 0600
+    (the NoCloud seed, ``CIDATA``; the hub token's disk)."""
+    partial = disk.with_name(disk.name + ".partial")
     partial.unlink(missing_ok=True)
-    staging = files.folder / "seed"
+    staging = disk.with_name(disk.stem + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o700)
     try:
-        for name, text in content.items():
-            (staging / name).write_text(text)
-        subprocess.run(["mkfs.vfat", "-n", "CIDATA", "-C", str(partial), "2048"],
+        for name, data in content.items():
+            if isinstance(data, str):
+                data = data.encode()
+            (staging / name).write_bytes(data)
+        subprocess.run(["mkfs.vfat", "-n", label, "-C", str(partial), "2048"],
                        check=True, capture_output=True, timeout=30)
         subprocess.run(["mcopy", "-i", str(partial),
                         *(str(staging / name) for name in content), "::/"],
@@ -537,7 +566,7 @@ def _make_seed(files: VmFiles, content: dict[str, str]) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     os.chmod(partial, 0o600)
-    partial.rename(files.seed)
+    partial.rename(disk)
 
 
 def _backing_file(disk: Path) -> str:

@@ -14,7 +14,13 @@ from pathlib import Path
 from contracts.agent_config import AgentConfig
 
 from ..backend import VmiSpec
-from ..cloud_init import cloud_init_meta_data, cloud_init_user_data
+from ..cloud_init import (
+    GUEST_HUB_TOKEN_FILE,
+    HUB_TOKEN_SERIAL,
+    cloud_init_meta_data,
+    cloud_init_user_data,
+    hub_token_mount,
+)
 from .settings import QemuSettings
 
 __all__ = ["GuestImage", "ImageError", "VmFiles", "guest_agent_config", "qemu_argv",
@@ -66,6 +72,12 @@ class VmFiles:
         return self.folder / "seed.img"
 
     @property
+    def hub_token(self) -> Path:
+        """The disk carrying the model hub's token (serial ``cac-hub-token``), made
+        anew at every start of a VMI whose model master names a Secret."""
+        return self.folder / "hub-token.img"
+
+    @property
     def console(self) -> Path:
         """What the guest prints on its serial console (kernel, systemd, cloud-init)."""
         return self.folder / "console.log"
@@ -98,8 +110,11 @@ def _network(alias: str) -> str:
     return str(ipaddress.ip_network(f"{alias}/24", strict=False))
 
 
-def guest_agent_config(agent: AgentConfig, settings: QemuSettings) -> AgentConfig:
+def guest_agent_config(agent: AgentConfig, settings: QemuSettings, *,
+                       hub_token: bool = False) -> AgentConfig:
     """``agent`` as the guest must read it.
+
+    With ``hub_token`` it names the token file of the hub token disk's mount.
 
     The host's loopback addresses (the worker's and the relays' on a one-machine
     platform) become the user-mode network's alias of the host. A DHT bootstrap on
@@ -117,6 +132,7 @@ def guest_agent_config(agent: AgentConfig, settings: QemuSettings) -> AgentConfi
 
     return agent.model_copy(update={
         "worker_addresses": moved(agent.worker_addresses),
+        **({"hub_token_file": GUEST_HUB_TOKEN_FILE} if hub_token else {}),
         "bootstrap": tuple(address for address in agent.bootstrap
                            if not _on_loopback(address)),
         "relay_addresses": {key: moved(addresses)
@@ -129,19 +145,22 @@ def seed_files(vmi: VmiSpec, settings: QemuSettings,
     """The NoCloud seed's files: the user data the kubevirt backend puts in its
     Secret (one renderer), and the meta-data KubeVirt would write (the instance id
     is the VMI's name, the same across restarts, as KubeVirt's)."""
+    token = vmi.hub_token_secret is not None
     return {
-        "user-data": cloud_init_user_data(guest_agent_config(vmi.agent, settings),
-                                          agent_executable),
+        "user-data": cloud_init_user_data(
+            guest_agent_config(vmi.agent, settings, hub_token=token), agent_executable,
+            [hub_token_mount()] if token else []),
         "meta-data": cloud_init_meta_data(vmi.name, vmi.name),
     }
 
 
 def qemu_argv(vmi: VmiSpec, settings: QemuSettings, files: VmFiles, image: GuestImage, *,
-              accel: str, gpus: Sequence[str] = ()) -> list[str]:
+              accel: str, gpus: Sequence[str] = (), hub_token: bool = False) -> list[str]:
     """The command line of ``vmi``'s VM.
 
     ``accel`` is ``kvm`` or ``tcg`` (decided by the backend); ``gpus`` the PCI
-    addresses given to this VM (passed through with VFIO).
+    addresses given to this VM (passed through with VFIO); ``hub_token``: attach
+    the hub token disk (:attr:`VmFiles.hub_token`).
     """
     argv = [
         settings.qemu,
@@ -161,6 +180,9 @@ def qemu_argv(vmi: VmiSpec, settings: QemuSettings, files: VmFiles, image: Guest
         "-device", "virtio-blk-pci,drive=root,bootindex=1",
         "-drive", f"if=none,id=seed,file={files.seed},format=raw,readonly=on",
         "-device", "virtio-blk-pci,drive=seed",
+        *(["-drive", f"if=none,id=hubtoken,file={files.hub_token},format=raw,readonly=on",
+            "-device", f"virtio-blk-pci,drive=hubtoken,serial={HUB_TOKEN_SERIAL}"]
+          if hub_token else []),
         "-netdev", f"user,id=net0,net={_network(settings.host_alias)},host={settings.host_alias}",
         "-device", "virtio-net-pci,netdev=net0",
         # The guest's kernel wants entropy at boot; without it early services wait.

@@ -61,6 +61,10 @@ class QemuSettings(BaseModel):
     #: agent's config says this instead of 127.0.0.1.
     host_alias: str = "10.0.2.2"
     qemu: str = "qemu-system-x86_64"
+    #: Where model masters' hub token Secrets are, as ``<name>/token`` files
+    #: (a mounted Kubernetes Secret's layout). Unset: ``secrets/`` in the
+    #: worker's storage. A VM gets its token on a small read-only disk.
+    secrets_dir: Path | None = None
     #: ``kvm`` (refuses to start without /dev/kvm), ``tcg`` (software emulation:
     #: slow, for a machine without KVM), ``auto``: kvm when /dev/kvm opens.
     accel: Literal["auto", "kvm", "tcg"] = "auto"

@@ -125,3 +125,55 @@ def test_the_nccl_fields_round_trip_and_are_left_out_when_unset():
 def test_interface_ipv4_reads_loopback_and_answers_none_for_no_such_interface():
     assert interface_ipv4("lo") == "127.0.0.1"
     assert interface_ipv4("cac-missing0") is None
+
+
+def test_the_masters_and_jobs_arguments_and_environment_reach_vllm_serve(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("hf_secret\n")
+    config = vllm_config(0, node_count=1, head_address=None, overlay_interface=None,
+                         ib_hca=None, runtime_args=("--max-model-len", "8192"),
+                         runtime_env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"},
+                         hub_token_file=str(token), model_cache_dir="/var/cache/models")
+    serve = steps(workload(config).plan())["vllm"]
+    assert serve.argv[-2:] == ("--max-model-len", "8192")
+    assert serve.env["HF_TOKEN"] == "hf_secret"  # the file's line, not the path
+    assert serve.env["HF_HOME"] == "/var/cache/models"
+    assert serve.env["VLLM_ATTENTION_BACKEND"] == "FLASHINFER"
+    assert "hf_secret" not in config.to_json()  # the token is never in the config
+
+
+def test_an_operators_variable_wins_over_the_cache_folder():
+    config = vllm_config(0, node_count=1, head_address=None, overlay_interface=None,
+                         ib_hca=None, model_cache_dir="/var/cache/models",
+                         runtime_env={"HF_HOME": "/models"})
+    assert steps(workload(config).plan())["vllm"].env["HF_HOME"] == "/models"
+
+
+@pytest.mark.parametrize("content", [None, "", "two\nlines", b"\xff\xfe"])
+def test_a_missing_or_bad_hub_token_is_refused_naming_the_file(tmp_path, content):
+    from agents.inference.runtimes import InvalidLaunch
+
+    token = tmp_path / "token"
+    if isinstance(content, bytes):
+        token.write_bytes(content)
+    elif content is not None:
+        token.write_text(content)
+    config = vllm_config(0, node_count=1, head_address=None, overlay_interface=None,
+                         ib_hca=None, hub_token_file=str(token))
+    with pytest.raises(InvalidLaunch, match=str(token)) as caught:
+        workload(config).plan()
+    assert caught.value.field == "hub_token_file"
+
+
+def test_a_flag_the_adapter_sets_in_the_configs_arguments_is_refused():
+    from agents.inference.runtimes import ManagedFlagError
+
+    config = vllm_config(0, node_count=1, head_address=None, overlay_interface=None,
+                         ib_hca=None, runtime_args=("--port=1",))
+    with pytest.raises(ManagedFlagError, match="--port"):
+        workload(config).plan()
+
+
+def test_settings_left_out_of_the_config_file_keep_older_agents_reading_it():
+    data = json.loads(vllm_config(0).to_json())
+    assert not {"runtime_args", "runtime_env", "hub_token_file", "model_cache_dir"} & set(data)

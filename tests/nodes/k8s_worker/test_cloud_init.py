@@ -18,9 +18,14 @@ import yaml
 
 from contracts.model import JobSpec, NodeShare, ReplicaPlacement
 from nodes.k8s_worker.backend import ReplicaUnit, replica_unit
-from nodes.k8s_worker.cloud_init import cloud_init_meta_data, cloud_init_user_data
+from nodes.k8s_worker.cloud_init import (
+    cloud_init_meta_data,
+    cloud_init_user_data,
+    hub_token_mount,
+    model_cache_mount,
+)
 
-from .units import IMAGE, RACK, TOKEN, WORKER, container_unit, vllm_unit
+from .units import IMAGE, MODEL_SETTINGS, RACK, TOKEN, WORKER, container_unit, vllm_unit
 
 CLOUD_INIT = shutil.which("cloud-init")
 if CLOUD_INIT is None and os.environ.get("CAC_CLOUD_INIT_REQUIRED"):
@@ -90,6 +95,10 @@ def _documents() -> dict[str, str]:
     (each start of it costs about half a second of CPU)."""
     documents = {f"{kind}, rank {vmi.node_rank}": cloud_init_user_data(vmi.agent)
                  for kind, unit in UNITS.items() for vmi in unit.vmis}
+    settled = vllm_unit(nodes=("gpu-node-1",), model_settings=MODEL_SETTINGS,
+                        runtime_settings={"args": ["--quantization", "awq"]})
+    documents["vllm with a hub token and the model cache, rank 0"] = cloud_init_user_data(
+        settled.vmis[0].agent, mounts=[hub_token_mount(), model_cache_mount()])
     good = documents["container, rank 0"]
     documents["broken: runcmd a number"] = good.replace("runcmd:", "runcmd: 3\nunused:", 1)
     documents["broken: bootcmd a string"] = "#cloud-config\nbootcmd: not-a-list\n"
@@ -106,7 +115,7 @@ def verdicts() -> dict[str, str]:
 @needs_cloud_init
 def test_every_job_types_user_data_passes_cloud_inits_own_schema(verdicts):
     user_data = {name: verdict for name, verdict in verdicts.items() if "rank" in name}
-    assert len(user_data) == 5
+    assert len(user_data) == 6
     assert user_data == dict.fromkeys(user_data, "")
 
 
@@ -128,3 +137,42 @@ def test_meta_data_names_the_instance_and_host_whatever_the_name():
     for name in ("cac-00112233aabbccdd-r0-n0", "odd: name # with 'quotes'\n"):
         document = yaml.safe_load(cloud_init_meta_data(name, name))
         assert document == {"instance-id": name, "local-hostname": name}
+
+
+def test_the_mounts_run_on_every_boot_before_the_agent_starts():
+    document = yaml.safe_load(cloud_init_user_data(
+        container_unit().vmis[0].agent, mounts=[hub_token_mount(), model_cache_mount()]))
+    token, cache, start = document["bootcmd"]
+    assert token[:4] == ["sh", "-c", token[2], "cosmicac-mount"]
+    assert token[4:] == ["/dev/disk/by-id/virtio-cac-hub-token", "/run/cosmicac/hub-token",
+                         "auto", "ro,nodev,nosuid,noexec", "0700"]
+    assert cache[4:7] == ["model-cache", "/var/cache/cosmicac/models", "virtiofs"]
+    assert "cosmicac-boot" in start  # the agent's start comes after both
+
+
+def test_the_mount_script_mounts_once_and_survives_a_missing_disk(tmp_path):
+    """The script as the guest's shell runs it, with mount and friends faked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for name, body in {"udevadm": "exit 0",
+                       "mountpoint": f'test -e "{tmp_path}/mounted" && exit 0; exit 1',
+                       "mount": f'echo "mount $*" >> {calls}; '
+                                f'test -e "$5" || exit 32; touch {tmp_path}/mounted'}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    target = tmp_path / "run" / "hub-token"
+    disk = tmp_path / "disk"
+    command = yaml.safe_load(cloud_init_user_data(
+        container_unit().vmis[0].agent,
+        mounts=[hub_token_mount()]))["bootcmd"][0]
+    command[4:6] = [str(disk), str(target)]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    missing = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 0  # the boot goes on; the agent reports the token missing
+    assert f"cannot mount {disk}" in missing.stderr
+    assert oct(target.stat().st_mode & 0o777) == "0o700"
+    disk.touch()
+    for _ in range(2):  # mounted on the first run, left alone on the second
+        subprocess.run(command, env=env, check=True, timeout=30)
+    assert calls.read_text().count("mount -t auto -o ro,nodev,nosuid,noexec") == 2

@@ -218,3 +218,21 @@ async def test_the_worker_start_survives_an_unreachable_cluster(double, caplog):
     assert await warn_at_start(SETTINGS, api_client_factory=double.api_client,
                                timeout_s=LIMIT_S) == []
     assert "doctor.not_run" in caplog.records[-1].getMessage()
+
+
+async def test_a_model_cache_without_kubevirts_virtiofs_gate_is_a_warning_that_says_which(
+        double):
+    settings = SETTINGS.model_copy(update={"model_cache_claim": "model-cache"})
+    serve(double, ready_cluster())
+    (cache,) = [c for c in await _doctor(double, settings) if c.name.startswith("model cache")]
+    assert cache.status is Status.WARNING and "EnableVirtioFsPVC" in cache.fix
+    objects = ready_cluster()
+    gates = objects["kubevirt"][1]["spec"]["configuration"]["developerConfiguration"]
+    gates["featureGates"].append("EnableVirtioFsPVC")
+    serve(double, objects)
+    checks = await _doctor(double, settings)
+    (cache,) = [c for c in checks if c.name.startswith("model cache")]
+    assert cache.status is Status.OK and "model-cache" in cache.detail
+    assert exit_code(checks) == 0
+    # No claim configured: no line at all.
+    assert not [c for c in await _doctor(double) if c.name.startswith("model cache")]

@@ -271,3 +271,43 @@ async def test_an_agent_the_worker_died_before_recording_is_found_not_doubled(
     await second.backend.delete(unit)
     assert _gone(pid)
     second.scope.cancel()
+
+
+async def test_an_inference_agent_gets_its_own_copy_of_the_hub_token_and_the_shared_cache(
+    nursery, tmp_path, caplog
+):
+    import dataclasses
+
+    from contracts.model import JobType, Runtime
+
+    secrets_dir, cache = tmp_path / "secrets", tmp_path / "cache"
+    (secrets_dir / "hf-token").mkdir(parents=True)
+    (secrets_dir / "hf-token" / "token").write_text("hf_first\n")
+    settings = FAST.model_copy(update={"model_cache_dir": cache})
+    backend = LocalBackend(settings, tmp_path / "vmis", FAKE_AGENT, secrets_dir=secrets_dir,
+                           env={**os.environ, "FAKE_AGENT": "sleep"})
+    running = await started(nursery, backend)
+    config = agent_config(WORKER_KEY).model_copy(update={
+        "job_type": JobType.INFERENCE, "runtime": Runtime.LOCAL, "model": "demo"})
+    vmi = dataclasses.replace(vmi_of(config), hub_token_secret="hf-token")
+    unit = ReplicaUnit(job_id=config.job_id, replica=0, generation=0, spec=SPEC, vmis=(vmi,))
+    await backend.create(unit)
+    home = backend.agent_folder(vmi)
+    written = json.loads((home / "agent.json").read_text())
+    copy = home / "hub-token"
+    assert written["hub_token_file"] == str(copy) and copy.read_text() == "hf_first\n"
+    assert "hf_first" not in (home / "agent.json").read_text()
+    assert copy.stat().st_mode & 0o777 == 0o600
+    assert copy.stat().st_uid == home.stat().st_uid  # the agent's (its own uid when isolated)
+    assert written["model_cache_dir"] == str(cache)
+    assert cache.stat().st_mode & 0o7777 == 0o1777  # agents of many users share it
+    # The Secret removed: a restart leaves no stale copy, and says why in the log.
+    (secrets_dir / "hf-token" / "token").unlink()
+    await backend.restart(ReplicaUnit(job_id=config.job_id, replica=0, generation=1,
+                                      spec=SPEC, vmis=(dataclasses.replace(
+                                          vmi, agent=config.model_copy(
+                                              update={"generation": 1})),)))
+    assert not copy.exists()
+    assert "local.hub_token_missing" in caplog.text and "hf-token" in caplog.text
+    await backend.delete(unit)
+    running.scope.cancel()

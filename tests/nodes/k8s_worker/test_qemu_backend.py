@@ -23,7 +23,7 @@ from nodes.k8s_worker.qemu.launch import GuestImage, ImageError, qemu_argv, read
 from nodes.k8s_worker.qemu.qmp import QmpError, qmp_command, reachable_path
 from runtime.process import is_alive
 
-from .units import container_unit, vllm_unit
+from .units import MODEL_SETTINGS, container_unit, vllm_unit
 
 TOOLS = ("qemu-img", "mkfs.vfat", "mcopy")
 MISSING = [tool for tool in TOOLS if shutil.which(tool) is None]
@@ -296,3 +296,40 @@ async def test_a_vmi_placed_elsewhere_or_too_big_and_a_missing_image_are_refused
         await missing.create(container_unit())
     failed = await _next(events, container_unit().vmis[0].name, VmiPhase.FAILED)
     assert "make image" in failed.message
+
+
+@needs_tools
+async def test_a_models_hub_token_rides_on_a_disk_of_its_own_named_by_its_serial(
+        tmp_path, nursery, fake_image, caplog):
+    secrets_dir = tmp_path / "secrets"
+    (secrets_dir / "hf-token").mkdir(parents=True)
+    (secrets_dir / "hf-token" / "token").write_text("hf_first\n")
+    backend = QemuBackend(_settings(tmp_path, fake_image), tmp_path / "vms",
+                          secrets_dir=secrets_dir)
+    send, events = trio.open_memory_channel(100)
+    await nursery.start(backend.run, send)
+    unit = vllm_unit(nodes=("gpu-node-1",), model_settings=MODEL_SETTINGS)
+    vmi = unit.vmis[0]
+    files = backend.files(vmi)
+    await backend.create(unit)
+    await _next(events, vmi.name, VmiPhase.RUNNING)
+    argv = json.loads((files.folder / "argv.json").read_text())
+    assert f"if=none,id=hubtoken,file={files.hub_token},format=raw,readonly=on" in argv
+    assert "virtio-blk-pci,drive=hubtoken,serial=cac-hub-token" in argv
+    token = (await trio.run_process(["mcopy", "-i", str(files.hub_token), "::/token", "-"],
+                                    capture_stdout=True)).stdout.decode()
+    assert token == "hf_first\n"
+    assert oct(files.hub_token.stat().st_mode & 0o777) == "0o600"
+    seed = await trio.to_thread.run_sync(_user_data, files)
+    assert "hf_first" not in seed  # the token is on its disk, never in the user data
+    assert "/run/cosmicac/hub-token/token" in seed and "virtio-cac-hub-token" in seed
+    # The Secret removed: the next start has no token disk (the agent says what it lacks).
+    (secrets_dir / "hf-token" / "token").unlink()
+    await backend.restart(vllm_unit(nodes=("gpu-node-1",), model_settings=MODEL_SETTINGS,
+                                    generation=1))
+    await _next(events, vmi.name, VmiPhase.GONE)
+    await _next(events, vmi.name, VmiPhase.RUNNING)  # the new VM wrote its argv.json
+    assert not files.hub_token.exists()
+    assert "hubtoken" not in " ".join(json.loads((files.folder / "argv.json").read_text()))
+    assert "qemu.hub_token_missing" in caplog.text
+    await backend.delete(unit)

@@ -239,3 +239,46 @@ def test_settings_refuse_a_bad_quantity_and_unknown_fields():
         KubevirtSettings(disk_size="lots")
     with pytest.raises(ValueError):
         KubevirtSettings(namespce="typo")
+
+
+def test_a_models_hub_token_secret_is_a_disk_the_guest_mounts_and_the_config_names():
+    from .units import MODEL_SETTINGS
+
+    unit = vllm_unit(nodes=("gpu-node-1",), model_settings=MODEL_SETTINGS,
+                     runtime_settings={"args": ["--quantization", "awq"]})
+    secret, _, vmi = render_replica(unit, KubevirtSettings(), gpu_resources={"gpu-node-1": H100})
+    devices, volumes = vmi["spec"]["domain"]["devices"], vmi["spec"]["volumes"]
+    assert {"name": "hub-token", "serial": "cac-hub-token", "disk": {"bus": "virtio"}} \
+        in devices["disks"]
+    assert {"name": "hub-token", "secret": {"secretName": "hf-token"}} in volumes
+    assert "filesystems" not in devices  # no model cache configured
+    user_data = yaml.safe_load(base64.b64decode(secret["data"]["userdata"]))
+    config = json.loads(user_data["write_files"][0]["content"])
+    assert config["hub_token_file"] == "/run/cosmicac/hub-token/token"
+    assert "model_cache_dir" not in config
+    # The master's arguments, then the job's; the master's environment.
+    assert config["runtime_args"] == ["--max-model-len", "8192", "--dtype", "bfloat16",
+                                      "--quantization", "awq"]
+    assert config["runtime_env"] == {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}
+    mounts = [command[4:6] for command in user_data["bootcmd"] if "cosmicac-mount" in command]
+    assert mounts == [["/dev/disk/by-id/virtio-cac-hub-token", "/run/cosmicac/hub-token"]]
+
+
+def test_the_model_cache_claim_is_a_virtiofs_share_of_every_inference_vmi_only():
+    settings = KubevirtSettings(model_cache_claim="model-cache")
+    secret, _, vmi = render_replica(vllm_unit(nodes=("gpu-node-1",)), settings,
+                                    gpu_resources={"gpu-node-1": H100})
+    assert vmi["spec"]["domain"]["devices"]["filesystems"] == [
+        {"name": "model-cache", "virtiofs": {}}]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}} \
+        in vmi["spec"]["volumes"]
+    user_data = yaml.safe_load(base64.b64decode(secret["data"]["userdata"]))
+    assert json.loads(user_data["write_files"][0]["content"])["model_cache_dir"] \
+        == "/var/cache/cosmicac/models"
+    assert any(command[4:7] == ["model-cache", "/var/cache/cosmicac/models", "virtiofs"]
+               for command in user_data["bootcmd"])
+    # A container job's VMI gets neither the share nor the token (no model server).
+    _, _, container = render_replica(container_unit(), settings,
+                                     gpu_resources={"gpu-node-1": H100})
+    assert "filesystems" not in container["spec"]["domain"]["devices"]
+    assert [v["name"] for v in container["spec"]["volumes"]] == ["root", "cloudinit"]

@@ -9,7 +9,7 @@ from nodes.k8s_worker.kubevirt.render import render_replica
 from nodes.k8s_worker.kubevirt.settings import KubevirtSettings
 
 from .schema_check import validate
-from .units import H100, container_unit, vllm_unit
+from .units import H100, MODEL_SETTINGS, container_unit, vllm_unit
 
 SETTINGS = KubevirtSettings(overlay_network="cosmicac/vllm-overlay",
                             infiniband_resource="nvidia.com/mlx5_ib", storage_class="ceph-rbd",
@@ -21,7 +21,10 @@ NODES = {"gpu-node-1": H100, "gpu-node-2": H100}
 def _all():
     return (render_replica(container_unit(gpus=8), SETTINGS, gpu_resources=NODES)
             + render_replica(vllm_unit(), SETTINGS, gpu_resources=NODES)
-            + render_replica(container_unit(), KubevirtSettings(), gpu_resources=NODES))
+            + render_replica(container_unit(), KubevirtSettings(), gpu_resources=NODES)
+            + render_replica(vllm_unit(nodes=("gpu-node-1",), model_settings=MODEL_SETTINGS),
+                             KubevirtSettings(model_cache_claim="model-cache"),
+                             gpu_resources=NODES))
 
 
 @pytest.mark.parametrize("index", range(len(_all())))
@@ -32,8 +35,9 @@ def test_rendered_object_is_valid(index):
 def test_every_kind_is_among_the_rendered_objects():
     assert {m["kind"] for m in _all()} == {"Service", "Secret", "DataVolume",
                                             "VirtualMachineInstance"}
-    # Service + 2 x 3 (a two-node vLLM replica) beside two one-node containers of 3.
-    assert len(_all()) == 13
+    # Service + 2 x 3 (a two-node vLLM replica) beside two one-node containers and a
+    # one-node vLLM replica (hub token, model cache) of 3.
+    assert len(_all()) == 16
 
 
 @pytest.mark.parametrize("kind, path", [

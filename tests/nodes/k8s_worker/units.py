@@ -21,11 +21,20 @@ def container_unit(job_id: str = "j-00112233aabbccdd", node: str = "gpu-node-1",
                         agent={"worker": WORKER, "report_token": TOKEN})
 
 
+#: A model master's settings with a hub token Secret, as an operator would give them.
+MODEL_SETTINGS = {"args": ["--max-model-len", "8192", "--dtype", "bfloat16"],
+                  "env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"},
+                  "hub_token_secret": "hf-token"}
+
+
 def vllm_unit(job_id: str = "j-4455667788990011", replica: int = 0,
               nodes: tuple[str, ...] = ("gpu-node-1", "gpu-node-2"),
-              generation: int = 0) -> ReplicaUnit:
+              generation: int = 0, **spec_fields) -> ReplicaUnit:
+    """A vLLM replica over ``nodes``; ``spec_fields`` add to its JobSpec
+    (``runtime_settings``, ``model_settings``)."""
     spec = JobSpec(name="llama", team="t1", type="inference", image=IMAGE,
-                   gpus=8 * len(nodes), runtime="vllm", model="meta-llama/Llama-3.1-70B")
+                   gpus=8 * len(nodes), runtime="vllm", model="meta-llama/Llama-3.1-70B",
+                   **spec_fields)
     placement = ReplicaPlacement(rack=RACK, shares=tuple(NodeShare(node=n, gpus=8)
                                                          for n in nodes))
     return replica_unit(job_id, replica, spec, placement, generation=generation,

@@ -53,7 +53,11 @@ async def test_a_bad_form_creates_nothing_marks_its_fields_and_keeps_the_values(
         async with browser_of(ui) as browser:
             await sign_in(browser)
             for fields, field in (({"gpus": "two"}, "gpus"), ({"name": ""}, "name"),
-                                  ({"gpus": "999"}, "gpus")):
+                                  ({"gpus": "999"}, "gpus"),
+                                  ({"server_args": "--port 9"}, "server_args"),
+                                  ({"server_args": "--x 'open"}, "server_args"),
+                                  ({"server_env": "HF_ENDPOINT=https://x"}, "server_env"),
+                                  ({"server_env": "NOEQUALS"}, "server_env")):
                 answer = await browser.post("/jobs", {**FORM, **fields})
                 assert answer.status_code in (409, 422), answer.text
                 assert re.search(rf'id="f-{field}"[^>]*aria-invalid="true"', answer.text,
@@ -71,14 +75,19 @@ async def test_duplicate_carries_every_field_and_a_new_name(tmp_path, nursery):
     with trio.fail_after(LIMIT_S):
         async with browser_of(ui) as browser:
             await sign_in(browser)
-            job = (await browser.post("/jobs", {**FORM, "served_name": "chatty",
-                                                "location": "default"})
+            job = (await browser.post("/jobs", {
+                **FORM, "served_name": "chatty", "location": "default",
+                "server_args": "--max-model-len 64 --note 'two words'",
+                "server_env": "OMP_NUM_THREADS=2 GREETING='hello there'"})
                    ).headers["location"].removeprefix("/jobs/")
             form = (await browser.get(f"/jobs/new?from={job}")).text
             assert "<h1>Duplicate chat</h1>" in form
             for name, value in (("name", "chat-copy"), ("model", "demo"),
                                 ("served_name", "chatty"), ("image", IMAGE), ("gpus", "1"),
-                                ("replicas", "2"), ("location", "default")):
+                                ("replicas", "2"), ("location", "default"),
+                                ("server_args", "--max-model-len 64 --note &#39;two words&#39;"),
+                                ("server_env",
+                                 "OMP_NUM_THREADS=2 &#39;GREETING=hello there&#39;")):
                 assert re.search(rf'id="f-{name}" name="{name}"[^>]*value="{value}"', form) \
                     or re.search(rf'name="{name}" value="{value}"', form), name
             assert '<option value="local" selected>' in form

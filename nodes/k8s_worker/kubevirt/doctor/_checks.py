@@ -22,7 +22,11 @@ The requirements (``deploy/README.md`` lists them for operators):
   exists, or a default class does;
 - multi-node replicas: the overlay's NetworkAttachmentDefinition exists; the
   InfiniBand resource is allocatable somewhere, permitted, and the
-  ``HostDevices`` feature gate is on (``hostDevices`` need it; reference §1.3).
+  ``HostDevices`` feature gate is on (``hostDevices`` need it; reference §1.3);
+- the model cache (``model_cache_claim`` set): KubeVirt shares a PVC with a
+  VMI through virtiofs only with its feature gate on (``EnableVirtioFsPVC``
+  since KubeVirt 1.3, ``ExperimentalVirtiofsSupport`` before); a warning, as
+  a release may have made it default.
 """
 
 from __future__ import annotations
@@ -386,6 +390,32 @@ def _infiniband(observed: Observed, settings: KubevirtSettings) -> list[Check]:
     return checks
 
 
+#: KubeVirt's feature gates that let a VMI mount a PVC through virtiofs.
+_VIRTIOFS_GATES = ("EnableVirtioFsPVC", "ExperimentalVirtiofsSupport")
+
+
+def _model_cache(observed: Observed, settings: KubevirtSettings) -> list[Check]:
+    claim = settings.model_cache_claim
+    if claim is None:
+        return []
+    name = "model cache share (virtiofs)"
+    config = _kubevirt_config(observed)
+    if config is None:
+        return [Check(name, Status.WARNING, "not checked: the KubeVirt CR was not read",
+                      "fix the KubeVirt line above, then run the doctor again")]
+    gates = _dig(config, "developerConfiguration", "featureGates") or ()
+    on = [gate for gate in _VIRTIOFS_GATES if gate in gates]
+    if not on:
+        return [Check(name, Status.WARNING,
+                      f"model_cache_claim {claim!r} is shared by virtiofs, and neither "
+                      f"{' nor '.join(_VIRTIOFS_GATES)} is among KubeVirt's feature gates",
+                      "add EnableVirtioFsPVC (KubeVirt 1.3 and later; "
+                      "ExperimentalVirtiofsSupport before) to the KubeVirt CR's "
+                      "spec.configuration.developerConfiguration.featureGates, and make the "
+                      f"claim {claim} ReadWriteMany")]
+    return [Check(name, Status.OK, f"{claim} through virtiofs ({on[0]} gate on)")]
+
+
 def judge(observed: Observed, settings: KubevirtSettings) -> list[Check]:
     """Every check, in report order."""
     checks = [
@@ -406,6 +436,7 @@ def judge(observed: Observed, settings: KubevirtSettings) -> list[Check]:
     checks.append(_storage(observed, settings))
     checks.append(_overlay(observed, settings))
     checks += _infiniband(observed, settings)
+    checks += _model_cache(observed, settings)
     return checks
 
 

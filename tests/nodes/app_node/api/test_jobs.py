@@ -266,3 +266,50 @@ async def test_an_inference_job_takes_what_it_leaves_out_from_its_model_master(
     r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
         "name": "o", "type": "inference", "model": "unknown", "image": IMAGE})
     assert r.status_code == 422 and r.json()["error"]["field"] == "runtime"
+
+
+async def test_a_job_gets_its_masters_server_settings_and_lays_its_own_over_them(
+        ork_api: Api) -> None:
+    owner = await ork_api.signup()
+    settings = {"args": ["--max-model-len", "8192"], "env": {"HF_HUB_OFFLINE": "1"},
+                "hub_token_secret": "hf-token"}
+    r = await ork_api.client.post("/api/models", headers=bearer(owner), json={
+        "name": "llama-8b", "runtime": "vllm", "defaults": {"model_settings": settings}})
+    assert r.status_code == 201, r.text
+    own = {"args": ["--max-model-len", "4096"], "env": {"VLLM_LOGGING_LEVEL": "DEBUG"}}
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "m", "type": "inference", "model": "llama-8b", "image": IMAGE,
+        "runtime_settings": own})
+    assert r.status_code == 201, r.text
+    spec = r.json()["spec"]
+    assert spec["model_settings"] == settings  # copied: a later change leaves the job be
+    assert spec["runtime_settings"] == own
+    # What the web UI's Duplicate sends back (the job's own settings) is taken again.
+    r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json={
+        "name": "m2", "type": "inference", "model": "llama-8b", "image": IMAGE,
+        "served_name": "llama-2", "runtime_settings": spec["runtime_settings"]})
+    assert r.status_code == 201, r.text
+
+
+async def test_server_settings_a_job_may_not_have_are_refused_naming_the_field(
+        ork_api: Api) -> None:
+    owner = await ork_api.signup()
+    inference = {"name": "m", "type": "inference", "runtime": "vllm", "model": "x",
+                 "image": IMAGE}
+    cases = [
+        ({**inference, "runtime_settings": {"env": {"HF_ENDPOINT": "https://evil.example"}}},
+         "runtime_settings.env"),
+        ({**inference, "runtime_settings": {"env": {"LD_PRELOAD": "/tmp/x.so"}}},
+         "runtime_settings.env"),
+        ({**inference, "runtime_settings": {"args": ["--port", "1"]}}, "runtime_settings.args"),
+        ({**inference, "runtime_settings": {"args": ["--served-model-name=other"]}},
+         "runtime_settings.args"),
+        ({**inference, "runtime_settings": {"hub_token_secret": "someone-elses"}},
+         "runtime_settings.hub_token_secret"),
+        ({"name": "c", "type": "container", "gpus": 1, "image": IMAGE,
+          "runtime_settings": {"args": ["--x"]}}, "runtime_settings"),
+    ]
+    for body, field in cases:
+        r = await ork_api.client.post("/api/jobs", headers=bearer(owner), json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["error"]["field"] == field, (body, r.json())

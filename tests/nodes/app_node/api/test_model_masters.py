@@ -108,3 +108,31 @@ async def test_validation_names_the_field(api: Api) -> None:
     r = await api.client.delete("/api/models/-bad", headers=bearer(operator))
     assert r.status_code == 422 and r.json()["error"]["field"] == "name"
     assert await api.services.database.model_masters() == []
+
+
+async def test_a_masters_server_settings_are_checked_against_its_runtime(api: Api) -> None:
+    operator = await api.signup()
+    cases = [
+        ({"name": "ok", "runtime": "vllm",
+          "defaults": {"model_settings": {"args": ["--tensor-parallel-size", "2"]}}},
+         "defaults.model_settings.args"),
+        ({"name": "ok", "runtime": "parakeet",
+          "defaults": {"model_settings": {"args": ["--device=cpu"]}}},
+         "defaults.model_settings.args"),
+        ({"name": "ok", "runtime": "vllm",
+          "defaults": {"model_settings": {"hub_token_secret": "hf_AbCdEf123"}}},
+         "defaults.model_settings.hub_token_secret"),
+        ({"name": "ok", "runtime": "vllm",
+          "defaults": {"model_settings": {"env": {"9X": "1"}}}},
+         "defaults.model_settings.env"),
+    ]
+    for body, field in cases:
+        r = await api.client.post("/api/models", json=body, headers=bearer(operator))
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["error"]["field"] == field, (body, r.json())
+    # An operator may set what a job may not: the hub's endpoint, a token Secret.
+    good = {"name": "ok", "runtime": "vllm", "defaults": {"model_settings": {
+        "env": {"HF_ENDPOINT": "https://hub.internal"}, "hub_token_secret": "hf-token"}}}
+    r = await api.client.post("/api/models", json=good, headers=bearer(operator))
+    assert r.status_code == 201, r.text
+    assert r.json()["defaults"]["model_settings"]["hub_token_secret"] == "hf-token"
