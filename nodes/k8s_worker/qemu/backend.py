@@ -63,6 +63,14 @@ MILESTONES = (
     ("systemd[1]: Detected virtualization", "systemd started"),
     ("cloud-init", "cloud-init running"),
 )
+#: Console lines that say the guest is failing: each becomes a System log line
+#: (the console is the one place an operator sees why an agent never says hello).
+FAILURE_MARKERS = ("Kernel panic", "[FAILED]", "Failed to start", "cosmicac: cannot mount",
+                   "Traceback (most recent call last)", "error: ")
+#: At most this many failure lines per start (a crash loop prints the same ones).
+MAX_FAILURE_LINES = 20
+#: How often the console is read once the boot's milestones are all seen.
+CONSOLE_IDLE_POLL_S = 2.0
 
 
 @dataclass
@@ -400,11 +408,15 @@ class QemuBackend:
 
     async def _follow_console(self, vm: _Vm) -> None:
         """Say the boot's milestones (kernel, systemd, cloud-init) as the console shows
-        them; RUNNING once the kernel runs. Ends with the VM or after the last one."""
+        them, RUNNING once the kernel runs; then, while the VM lives, each line that
+        says the guest is failing (:data:`FAILURE_MARKERS`, at most
+        :data:`MAX_FAILURE_LINES`), each once."""
         pending = list(MILESTONES)
+        said: set[str] = set()
         offset = 0
-        while pending and not vm.exited.is_set():
-            with trio.move_on_after(CONSOLE_POLL_S):
+        partial = b""
+        while not vm.exited.is_set() and len(said) < MAX_FAILURE_LINES:
+            with trio.move_on_after(CONSOLE_POLL_S if pending else CONSOLE_IDLE_POLL_S):
                 await vm.exited.wait()
             try:
                 with vm.files.console.open("rb") as console:
@@ -413,13 +425,20 @@ class QemuBackend:
             except OSError:
                 continue
             offset += len(text)
-            for line in text.decode(errors="replace").splitlines():
+            *lines, partial = (partial + text).split(b"\n")
+            partial = partial[-4096:]  # a line never ends: keep its tail only
+            for raw in lines:
+                line = raw.decode(errors="replace").strip()
+                if vm.stopping or vm.exited.is_set():
+                    return
                 for marker, what in list(pending):
                     if marker in line:
                         pending.remove((marker, what))
-                        if vm.stopping or vm.exited.is_set():
-                            return
                         await self._send(vm, VmiPhase.RUNNING, f"VM {what}")
+                if (any(marker in line for marker in FAILURE_MARKERS) and line not in said
+                        and len(said) < MAX_FAILURE_LINES):
+                    said.add(line)
+                    await self._send(vm, vm.phase, f"VM console: {line[:300]}")
 
     # -- stopping --------------------------------------------------------------------
 

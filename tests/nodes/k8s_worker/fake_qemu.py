@@ -4,7 +4,8 @@ Reads the options the backend passes (-pidfile, -serial file:, -qmp unix:),
 writes a pid file and a console line the way a booting guest would, then
 serves QMP: ``system_powerdown`` ends it with status 0 after
 ``FAKE_QEMU_POWERDOWN_S`` (unset: at once; ``never``: the guest ignores the
-button). It records its argv in ``<folder>/argv.json`` for the tests to read.
+button). It records its argv in ``<folder>/argv.json`` for the tests to read;
+``FAKE_QEMU_CONSOLE`` (a JSON list) adds lines to the console after the first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def main() -> None:
         out.write(f"{os.getpid()}\n")
     with open(console, "a") as out:
         out.write("[    0.000000] Linux version 6.1.0-fake\n")
+        # Lines a failing guest would print after boot (a JSON list).
+        for line in json.loads(os.environ.get("FAKE_QEMU_CONSOLE", "[]")):
+            out.write(line + "\n")
     server = socket.socket(socket.AF_UNIX)
     server.bind(qmp)
     server.listen(4)

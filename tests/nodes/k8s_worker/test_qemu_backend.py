@@ -333,3 +333,33 @@ async def test_a_models_hub_token_rides_on_a_disk_of_its_own_named_by_its_serial
     assert "hubtoken" not in " ".join(json.loads((files.folder / "argv.json").read_text()))
     assert "qemu.hub_token_missing" in caplog.text
     await backend.delete(unit)
+
+
+@needs_tools
+async def test_console_lines_of_a_failing_guest_reach_the_system_log_once_each(
+        tmp_path, nursery, fake_image, monkeypatch):
+    failing = ["[FAILED] Failed to start cosmicac-agent.service.",
+               "cosmicac: cannot mount /dev/disk/by-id/virtio-cac-hub-token on /run/x",
+               "[FAILED] Failed to start cosmicac-agent.service.",  # a repeat: said once
+               "[  OK  ] Reached target multi-user.target."]         # not a failure
+    monkeypatch.setenv("FAKE_QEMU_CONSOLE", json.dumps(failing))
+    backend = QemuBackend(_settings(tmp_path, fake_image), tmp_path / "vms")
+    send, events = trio.open_memory_channel(100)
+    await nursery.start(backend.run, send)
+    unit = container_unit()
+    vmi = unit.vmis[0]
+    await backend.create(unit)
+    await _next(events, vmi.name, VmiPhase.RUNNING)
+    said = []
+    with trio.move_on_after(LIMIT_S):
+        async for event in events:
+            if event.message.startswith("VM console: "):
+                said.append(event.message.removeprefix("VM console: "))
+                assert event.phase is VmiPhase.RUNNING  # a line, not a change of phase
+            if len(said) == 2:
+                break
+    assert said == failing[:2]
+    with trio.move_on_after(3 * 0.5):  # a few polls: nothing more
+        extra = await events.receive()
+        assert not extra.message.startswith("VM console"), extra
+    await backend.delete(unit)
