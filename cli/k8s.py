@@ -1,4 +1,5 @@
-"""``cosmicac k8s render``: the objects a job would become, for operators to review.
+"""``cosmicac k8s render``: the objects a job would become, for operators to review
+(and ``cosmicac k8s overlay``: the overlay's network attachment, to apply once).
 
 Runs the real placement (:mod:`nodes.ork.placement`) on the cluster described
 in CLUSTER.json, builds each replica as the worker would, and prints every
@@ -206,3 +207,33 @@ def render(
     sys.stdout.write("".join(documents))
     sys.stdout.flush()
 
+
+
+@app.command("overlay")
+def overlay(
+    settings_file: Path | None = typer.Option(
+        None, "--settings", metavar="SETTINGS.json",
+        help="The worker's kubevirt settings (JSON or YAML)."),
+    namespace: str | None = typer.Option(None, "--namespace", help="The jobs' namespace."),
+    overlay_network: str | None = typer.Option(
+        None, "--overlay-network", help="The NAD to render ([ns/]name); default: the "
+        f"settings' overlay_network, else {DEFAULT_OVERLAY_NETWORK}."),
+) -> None:
+    """Print the overlay's NetworkAttachmentDefinition (multi-node replicas), as YAML.
+
+    ovs-cni on the settings' overlay_bridge (or the SR-IOV CNI on
+    overlay_sriov_resource with overlay_binding sriov), whereabouts IPAM over
+    overlay_subnet. Apply it once; cosmicac doctor checks that it exists.
+
+    Example: cosmicac k8s overlay --settings worker-kubevirt.json | kubectl apply -f -
+    """
+    from nodes.k8s_worker.kubevirt.overlay import OverlayError, render_overlay_nad
+
+    settings, _ = _settings(settings_file, namespace, overlay_network, None)
+    try:
+        manifest = render_overlay_nad(settings)
+    except OverlayError as exc:
+        fail(str(exc))
+    sys.stdout.write("---\n" + yaml.safe_dump(manifest, sort_keys=False,
+                                              default_flow_style=False))
+    sys.stdout.flush()

@@ -111,6 +111,14 @@ class KubevirtSettings(BaseModel):
     #: How the overlay attaches: ``bridge`` (OVS/VXLAN, ovs-cni) or ``sriov``
     #: (an SR-IOV VF network).
     overlay_binding: Literal["bridge", "sriov"] = "bridge"
+    #: What ``cosmicac k8s overlay`` renders the overlay's NAD with: the OVS
+    #: bridge on every GPU node that the nodes' VXLAN tunnels join (``bridge``
+    #: binding), or the SR-IOV VF resource (``sriov``); the overlay's address
+    #: range (whereabouts IPAM, cluster-wide); its MTU (None: the bridge's).
+    overlay_bridge: str = Field(default="br-overlay", pattern=IFNAME_PATTERN)
+    overlay_sriov_resource: str | None = Field(default=None, pattern=_RESOURCE)
+    overlay_subnet: str = Field(default="10.90.0.0/16", pattern=r"^[0-9.]+/[0-9]{1,2}$")
+    overlay_mtu: int | None = Field(default=None, ge=1280, le=9216)
     #: The InfiniBand HCA resource passed through as a host device to each VMI
     #: of a multi-node replica (needs the ``HostDevices`` feature gate).
     infiniband_resource: str | None = Field(default=None, pattern=_RESOURCE)
