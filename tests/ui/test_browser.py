@@ -85,6 +85,8 @@ def test_create_from_the_form_then_the_job_page_goes_active_live_and_duplicate_a
     page.get_by_label("Runtime").select_option("local")
     page.get_by_label("Model").fill("demo")
     page.get_by_label("GPUs per replica").fill("1")
+    # Goes to the model server's own command line: the job goes Active only if it took it.
+    page.get_by_label("Server arguments").fill("--max-model-len 512")
     page.get_by_role("button", name="Create").click()
     expect(page.get_by_role("alert")).to_have_count(0)  # else: the form's complaint
     expect(page.get_by_role("heading", level=1)).to_have_text("from-the-form")
@@ -101,6 +103,7 @@ def test_create_from_the_form_then_the_job_page_goes_active_live_and_duplicate_a
     expect(page.get_by_label("Name", exact=True)).to_have_value("from-the-form-copy")
     expect(page.get_by_label("Model")).to_have_value("demo")
     expect(page.get_by_label("GPUs per replica")).to_have_value("1")
+    expect(page.get_by_label("Server arguments")).to_have_value("--max-model-len 512")
     page.go_back()
 
     # Delete asks first: Escape and Cancel keep the job, focus starts on Cancel.
