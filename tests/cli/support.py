@@ -166,7 +166,11 @@ def emailed_token(outbox: Path, to: str, link: str = "accept") -> str:
     import re
     from email import policy
 
-    for path in sorted(outbox.glob("*.eml"), key=lambda p: p.stat().st_mtime, reverse=True):
+    # A hidden ``.tmp-`` file is a message being written (renamed into place when
+    # whole): readers skip it, as the outbox says, or it vanishes under them.
+    sent = [(path.stat().st_mtime, path) for path in outbox.glob("*.eml")
+            if not path.name.startswith(".")]
+    for _, path in sorted(sent, reverse=True):
         message = email.message_from_bytes(path.read_bytes(), policy=policy.default)
         body = message.get_body(("plain",))
         if message["To"] != to or body is None:

@@ -122,7 +122,8 @@ async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None
         # the email leaves after the answer (a background task): wait for it, bounded
         outbox = tmp_path / "app-node" / "outbox"
         for _ in range(200):
-            if mails := list(outbox.glob("*.eml")):
+            # (a hidden .tmp- file is one still being written)
+            if mails := [m for m in outbox.glob("*.eml") if not m.name.startswith(".")]:
                 break
             await trio.sleep(0.05)
         [mail] = mails
