@@ -27,6 +27,7 @@ import datetime
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -218,6 +219,9 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
                                            "the model)."),
            location: str | None = typer.Option(None, "--location",
                                                help="Where to run it; default: default."),
+           isolated_network: bool = typer.Option(
+               False, "--isolated-network", help="A GPU container on a network of its own, "
+               "reached through a WireGuard gateway (see: cosmicac jobs wireguard)."),
            server_args: str | None = _SERVER_OPTIONS[0],
            server_env: list[str] | None = _SERVER_OPTIONS[1],
            team: str | None = _team_option(),
@@ -245,6 +249,8 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
                         replicas=replicas, runtime=runtime, model=model,
                         served_name=served_name, location=location, team=team,
                         settings=settings)
+    if isolated_network:
+        body["isolated_network"] = True
     job = api.post("/jobs", body)
     if output == "json":
         if wait:
@@ -416,3 +422,43 @@ for _command in (list_jobs, get, delete_replica, logs):
     _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
 for _command in (create, restart, delete, restart_replica):
     _command.__doc__ = f"{_command.__doc__}\n\n    {_WAIT_HELP}"
+
+
+@app.command("wireguard")
+def wireguard(job: str = typer.Argument(..., help="An isolated job's id."),
+              output_file: Path | None = typer.Option(
+                  None, "--output", "-O", help="Write the config to this file (0600) "
+                  "instead of printing it; wg-quick names the interface after it (at most "
+                  "15 characters before .conf)."),
+              server: str | None = server_option()) -> None:
+    """Your WireGuard config for an isolated job's network (wg-quick format).
+
+    Its private key is this CLI's own identity (as an X25519 key), so it never
+    leaves this machine; the gateway knows you by the key you logged in with.
+
+    Example: cosmicac jobs wireguard j-5d1c... -O cac0.conf && sudo wg-quick up ./cac0.conf
+    """
+    from p2p.errors import P2PError
+    from p2p.keys import load_or_create_keypair
+    from runtime.wireguard import WireGuardError, member_config
+
+    from ._config import config_dir, write_private
+
+    info = api_for(server).get(_job_path(job) + "/wireguard")
+    try:
+        keypair = load_or_create_keypair(config_dir(None) / "user")
+    except P2PError as exc:
+        fail(str(exc))
+    if keypair.hex != str(info.get("cli_public_key", "")).lower():
+        fail("this CLI's key is not the one your account has; run cosmicac login here first")
+    try:
+        text = member_config(keypair.x25519_private, info["address"],
+                             info["gateway_public_key"], info["endpoint"], info["networks"])
+    except (WireGuardError, KeyError, TypeError) as exc:
+        fail(f"the server's answer cannot make a WireGuard config: {exc}")
+    if output_file is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_private(output_file, text)
+    err.print(f"wrote {output_file} (0600): wg-quick up {output_file}", markup=False)

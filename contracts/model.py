@@ -170,6 +170,10 @@ class JobSpec(BaseModel):
     #: Its model master's settings, copied when the job was created (a later
     #: change of the master leaves running jobs as they are, like its defaults).
     model_settings: ModelRuntimeSettings | None = None
+    #: A GPU Container Job on a network of its own, reached by its team's
+    #: members through a WireGuard gateway (contracts/gateway.py); placed only
+    #: on a rack whose worker offers isolated networks.
+    isolated_network: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -181,6 +185,9 @@ class JobSpec(BaseModel):
                                    authorized_keys=self.authorized_keys)
         if problem is not None:
             raise ValueError(problem[1])
+        if self.isolated_network and self.type is not JobType.CONTAINER:
+            raise ValueError("only a GPU Container Job takes an isolated network (an "
+                             "inference job is reached through proxy-inference)")
         for settings in (self.runtime_settings, self.model_settings):
             if settings is None:
                 continue
@@ -198,8 +205,8 @@ class JobSpec(BaseModel):
         # (``extra="forbid"``: wrk-ork, app-node, a worker mid-upgrade) still takes
         # the spec of a job that has none.
         data = handler(self)
-        for added_later in ("runtime_settings", "model_settings"):
-            if data.get(added_later, ...) is None:
+        for added_later in ("runtime_settings", "model_settings", "isolated_network"):
+            if added_later in data and not data[added_later]:
                 del data[added_later]
         return data
 
@@ -242,6 +249,16 @@ class RackReport(BaseModel):
     #: The overlay network (Multus attachment) multi-node replicas join is
     #: configured on this worker.
     overlay_network: bool = False
+    #: The worker runs isolated job networks with a WireGuard gateway.
+    isolated_networks: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Added later: left out when off, for an older wrk-ork (extra="forbid").
+        data = handler(self)
+        if not data.get("isolated_networks", True):
+            del data["isolated_networks"]
+        return data
 
     @model_validator(mode="after")
     def _unique(self) -> RackReport:

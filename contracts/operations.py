@@ -37,8 +37,17 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
+from .gateway import GatewayView
 from .model import (
     JobSpec,
     KeyHex,
@@ -142,6 +151,16 @@ class ReplicaReport(_Message):
     #: The keys of the replica's agents that said hello, by node rank.
     agents: tuple[KeyHex, ...] = Field(default=(), max_length=64)
     at: float
+    #: An isolated network's WireGuard gateway, once it is up.
+    gateway: GatewayView | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_gateway(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Added later: left out when there is none, for an older wrk-ork.
+        data = handler(self)
+        if data.get("gateway", ...) is None:
+            del data["gateway"]
+        return data
 
 
 class RackUpdate(_Message):

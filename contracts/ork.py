@@ -80,10 +80,11 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from p2p.rpc import Method, StreamMethod
 
+from .gateway import GatewayView
 from .model import JobSpec, JobStatus, KeyHex, ReplicaPlacement
 from .shell_access import ShellKeys, ShellKeysAck
 
@@ -186,6 +187,16 @@ class ReplicaView(_Model):
     #: Public keys (hex) of its agents by node rank, once they said hello: the
     #: keys proxy-inference accepts for this replica.
     agents: tuple[str, ...] = ()
+    #: An isolated network's WireGuard gateway, once the worker reported it.
+    gateway: GatewayView | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_gateway(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Added later: left out when there is none, for an older app-node.
+        data = handler(self)
+        if data.get("gateway", ...) is None:
+            del data["gateway"]
+        return data
 
 
 class JobView(_Model):

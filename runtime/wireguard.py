@@ -139,13 +139,14 @@ def gateway_config(private_key: bytes, port: int, peers: Sequence[GatewayPeer]) 
 
 
 #: The gateway's start, as a shell script: $1 interface, $2 its ``wg setconf``
-#: file, $3 its tunnel address/prefix. The userspace implementation
-#: (wireguard-go) unless the kernel has WireGuard; forwarding on, so members
-#: reach the isolated network behind it; stays in the foreground (a pod's
-#: command, a test's process) until the interface goes.
+#: file, $3 its tunnel address/prefix, then pairs of (interface, address/prefix)
+#: the gateway also takes (its address on the isolated network). The kernel's
+#: WireGuard when it has one, else the userspace implementation (wireguard-go);
+#: forwarding on, so members reach the isolated network behind it; the file
+#: read again when it changes (a Secret's volume follows the team's keys); in
+#: the foreground (a pod's command, a test's process) until stopped.
 _GATEWAY_SCRIPT = """set -eu
 daemon=
-# Stopped (SIGTERM): the interface goes, and wireguard-go removes its socket.
 stop() {
     if [ -n "$daemon" ]; then kill "$daemon"; wait "$daemon"; else ip link del "$1"; fi
     exit 0
@@ -158,24 +159,41 @@ fi
 wg setconf "$1" "$2"
 ip address add "$3" dev "$1"
 ip link set "$1" up
+interface=$1 config=$2
+shift 3
+while [ $# -ge 2 ]; do ip address replace "$2" dev "$1"; shift 2; done
 sysctl -q -w net.ipv4.ip_forward=1
-echo "wireguard gateway $1 up"
-if [ -n "$daemon" ]; then
-    wait "$daemon"
-else
-    while ip link show "$1" >/dev/null 2>&1; do sleep 5 & wait $!; done
-fi
+echo "wireguard gateway $interface up"
+loaded=$(cksum < "$config")
+while :; do
+    sleep 5 & wait $!
+    if [ -n "$daemon" ] && ! kill -0 "$daemon" 2>/dev/null; then exit 1; fi
+    if [ -z "$daemon" ] && ! ip link show "$interface" >/dev/null 2>&1; then exit 1; fi
+    now=$(cksum < "$config") || continue
+    if [ "$now" != "$loaded" ] && wg syncconf "$interface" "$config"; then
+        loaded=$now
+        echo "wireguard gateway $interface: peers reloaded"
+    fi
+done
 """
 
 
-def gateway_script(interface: str, config_path: str, address: str) -> list[str]:
+def gateway_script(interface: str, config_path: str, address: str,
+                   also: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The gateway's command line (``sh -c``): make ``interface``, load
-    ``config_path``, give it ``address`` (with its prefix) and forward. Everything
-    variable is an argument, never spliced into the script."""
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,15}", interface):
-        raise WireGuardError(f"{interface!r} is not an interface name (at most 15 characters)")
-    ipaddress.IPv4Interface(address)
-    return ["sh", "-c", _GATEWAY_SCRIPT, "cosmicac-wireguard", interface, config_path, address]
+    ``config_path``, give it ``address`` (with its prefix), give each ``also``
+    interface its address, forward, and reload the file when it changes.
+    Everything variable is an argument, never spliced into the script."""
+    for name in (interface, *(name for name, _ in also)):
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,15}", name):
+            raise WireGuardError(f"{name!r} is not an interface name (at most 15 characters)")
+    for value in (address, *(value for _, value in also)):
+        try:
+            ipaddress.IPv4Interface(value)
+        except ValueError as exc:
+            raise WireGuardError(f"{value!r} is not an address with its prefix: {exc}") from None
+    return ["sh", "-c", _GATEWAY_SCRIPT, "cosmicac-wireguard", interface, config_path, address,
+            *(part for pair in also for part in pair)]
 
 
 def member_config(private_key: bytes, address: ipaddress.IPv4Address | str,

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import trio
 
 from contracts.agent_config import AgentConfig
+from contracts.gateway import GatewayView
 from contracts.model import JobSpec, RackReport, ReplicaPlacement
 from contracts.runtime_settings import merged_runtime_settings
 
@@ -35,6 +36,7 @@ __all__ = [
     "VmiSpec",
     "disk_name",
     "hub_token_secret",
+    "refuse_isolated_network",
     "replica_unit",
     "token_digest",
     "vmi_name",
@@ -159,6 +161,22 @@ class VmiEvent:
     #: backend cannot tell.
     generation: int | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False)
+    #: An isolated network's WireGuard gateway came up (or moved): the event is
+    #: about the job's network, not the VMI's phase (which it does not change).
+    gateway: GatewayView | None = None
+
+
+def refuse_isolated_network(unit: ReplicaUnit, backend: str) -> None:
+    """Raise for an isolated job on a backend without isolated networks (wrk-ork
+    places none there: its rack does not report them; this is the last guard).
+
+    Raises:
+        BackendError: (not retryable) naming the backend that has them.
+    """
+    if unit.spec.isolated_network:
+        raise BackendError(f"job {unit.job_id} asks for an isolated network: the {backend} "
+                           "backend has none (the kubevirt backend with "
+                           "kubevirt.wireguard_endpoint does)", retryable=False)
 
 
 def hub_token_secret(spec: JobSpec) -> str | None:

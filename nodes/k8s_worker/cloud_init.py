@@ -97,8 +97,17 @@ _REBOOT_SCRIPT = (
 )
 
 
+#: Every boot, in the background (the interface may still wait for its DHCP
+#: answer): route $1 via $2, retrying for up to two minutes.
+_ROUTE_SCRIPT = (
+    '( for _ in $(seq 120); do ip route replace "$1" via "$2" 2>/dev/null && exit 0; '
+    'sleep 1; done; echo "cosmicac: cannot route $1 via $2" >&2 ) &'
+)
+
+
 def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac",
-                         mounts: Sequence[GuestMount] = ()) -> str:
+                         mounts: Sequence[GuestMount] = (),
+                         routes: Sequence[tuple[str, str]] = ()) -> str:
     """The ``#cloud-config`` that installs the agent's config and starts the agent.
 
     First boot: ``write_files`` puts the JSON at :data:`AGENT_CONFIG_PATH`,
@@ -115,7 +124,9 @@ def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac",
     starts the agent; on the first boot it finds no config and does nothing.
 
     ``mounts`` are mounted by ``bootcmd`` on every boot, before the agent
-    starts (a Secret's disk, the shared model cache).
+    starts (a Secret's disk, the shared model cache). ``routes``
+    (destination, gateway) are added on every boot (an isolated network's
+    tunnel, through its WireGuard gateway).
 
     Everything variable is embedded as JSON strings (valid YAML scalars) and
     passed to the shell as positional arguments, never spliced into the
@@ -136,6 +147,8 @@ def cloud_init_user_data(agent: AgentConfig, agent_executable: str = "cosmicac",
         "#cloud-config",
         "bootcmd:",
         *(f"  - {json.dumps(_mount_command(mount))}" for mount in mounts),
+        *(f"  - {json.dumps(['sh', '-c', _ROUTE_SCRIPT, 'cosmicac-route', to, via])}"
+          for to, via in routes),
         f"  - {json.dumps(reboot)}",
         "write_files:",
         f"  - path: {path}",

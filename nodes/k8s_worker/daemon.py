@@ -20,6 +20,7 @@ cursor), ``worker.sqlite`` (replica intents, applied op ids), ``vmis/`` (the
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -33,7 +34,7 @@ from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError
 from p2p.host import Reserved
-from p2p.keys import format_key, load_or_create_keypair
+from p2p.keys import KeyPair, format_key, load_or_create_keypair
 from p2p.log import FsyncPolicy
 from p2p.queue import DurableQueue, QueueConfig, QueueService
 from p2p.swarm import Swarm, stay_connected
@@ -61,11 +62,18 @@ STRANGER_EVICT_AFTER_S = 2.0
 METRICS_INTERVAL_S = 2.0
 
 
-def make_backend(settings: WorkerSettings, storage: Path) -> Backend:
-    """The backend the settings name."""
+def make_backend(settings: WorkerSettings, storage: Path,
+                 keypair: KeyPair | None = None) -> Backend:
+    """The backend the settings name (``keypair``: the worker's, which the
+    isolated networks' gateway keys are derived from)."""
     if settings.backend == "kubevirt":
         from .kubevirt.backend import KubevirtBackend
-        return KubevirtBackend(settings.kubevirt)
+        seed = None
+        if keypair is not None:
+            # Not the identity itself: a key of its own for the gateways, from it.
+            seed = hashlib.blake2b(keypair.seed, digest_size=32,
+                                   person=b"cac-wg-gw-seed").digest()
+        return KubevirtBackend(settings.kubevirt, gateway_seed=seed)
     if settings.backend == "qemu":
         from .qemu.backend import QemuBackend
         return QemuBackend(settings.qemu, storage / "vms", secrets_dir=storage / "secrets")
@@ -100,7 +108,7 @@ async def start_worker(daemon: Daemon[WorkerSettings], *, backend: Backend | Non
     agent_send, agent_events = trio.open_memory_channel[AgentEvent](1024)
     registry = AgentRegistry(agent_send, silent_after_s=settings.agents.silent_after_s,
                              log_limit=settings.agents.log_limit())
-    backend = backend or make_backend(settings, storage)
+    backend = backend or make_backend(settings, storage, keypair)
 
     def watch_connections(swarm: Swarm) -> None:
         # A hello from a new key for a VMI whose agent is connected is a takeover.

@@ -130,7 +130,14 @@ from runtime.process import (
     wait_gone,
 )
 
-from .backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
+from .backend import (
+    BackendError,
+    ReplicaUnit,
+    VmiEvent,
+    VmiPhase,
+    VmiSpec,
+    refuse_isolated_network,
+)
 
 __all__ = ["DEFAULT_AGENT_COMMAND", "LocalBackend", "LocalClusterSettings", "LocalNode"]
 
@@ -556,6 +563,7 @@ class LocalBackend:
         """Start the replica's agent processes; a VMI that exists (running, or ended and
         not deleted, as a Failed VMI object stays) is kept, and its phase said again."""
         self._running()
+        refuse_isolated_network(unit, "local")
         for vmi in unit.vmis:
             self._check(vmi)
         for vmi in unit.vmis:

@@ -47,6 +47,7 @@ from typing import Any
 
 import trio
 
+from contracts.gateway import GatewayView
 from contracts.model import JobType, ReplicaState
 from contracts.operations import (
     MAX_MESSAGE_CHARS,
@@ -136,6 +137,9 @@ class _Replica:
     message: str = ""
     last_report_at: float = -math.inf
     last_agents: tuple[str, ...] = ()
+    #: An isolated network's gateway, as the backend last said (and reported).
+    gateway: GatewayView | None = None
+    last_gateway: GatewayView | None = None
     #: Per node rank, the 10 % step of its disk import last logged.
     import_steps: dict[int, int] = field(default_factory=dict)
     #: The report tokens this worker process minted, and for which generation:
@@ -247,6 +251,20 @@ class Worker:
             log.info("shell access changed: %d keys may open shells (version %d) | "
                      "worker.shell_keys job=%s team=%s", len(keys.keys), keys.version, job_id,
                      keys.team, extra=_where(job_id, 0))
+        isolated = sorted({state.record.job_id for state in self._replicas.values()
+                           if state.record.spec.team == keys.team
+                           and state.record.spec.isolated_network})
+        set_peers = getattr(self.backend, "set_gateway_peers", None)
+        for job_id in isolated if set_peers is not None else ():
+            try:
+                await set_peers(job_id, [bytes.fromhex(key) for key in keys.keys])
+            except BackendError as exc:  # the gateway keeps its members until next time
+                log.warning("the WireGuard gateway keeps its former members: %s | "
+                            "worker.gateway_peers_failed job=%s", exc, job_id,
+                            extra=_where(job_id, 0))
+            else:
+                log.info("WireGuard gateway: %d members may connect | worker.gateway_peers "
+                         "job=%s", len(keys.keys), job_id, extra=_where(job_id, 0))
         self._shell_keys_changed.set()
         self._shell_keys_changed = trio.Event()
         return True
@@ -460,6 +478,12 @@ class Worker:
             if found is None:
                 continue
             state, rank = found
+            if event.gateway is not None:  # the job's network, not the VMI's phase
+                state.gateway = event.gateway
+                if event.message:
+                    self._system(state, event.message)
+                await self._update(state)
+                continue
             if state.restarting and event.phase in (VmiPhase.GONE, VmiPhase.FAILED,
                                                     VmiPhase.SUCCEEDED):
                 continue  # the restart is stopping it on purpose
@@ -523,15 +547,16 @@ class Worker:
         agents = self._agent_keys(state)
         now = trio.current_time()
         if computed == state.last_state and agents == state.last_agents and (
+                state.gateway == state.last_gateway) and (
                 state.message == state.last_message
                 or now - state.last_report_at < MESSAGE_REPORT_INTERVAL_S):
             return
         state.last_state, state.last_message, state.last_report_at = computed, state.message, now
-        state.last_agents = agents
+        state.last_agents, state.last_gateway = agents, state.gateway
         await self._send(ReplicaReport(job_id=record.job_id, replica=record.replica,
                                        state=computed, generation=record.generation,
                                        message=state.message, agents=agents,
-                                       at=self._clock()))
+                                       gateway=state.gateway, at=self._clock()))
         await trio.to_thread.run_sync(self.store.mark_reported, record.job_id, record.replica,
                                       computed, state.message)
 

@@ -166,12 +166,15 @@ class LocationPool:
 class Rack:
     """One worker's cluster as last reported, plus wrk-ork's claims on it."""
 
-    __slots__ = ("claimed", "key", "location", "nodes", "overlay", "pools", "report")
+    __slots__ = ("claimed", "isolated", "key", "location", "nodes", "overlay", "pools",
+                 "report")
 
     def __init__(self, key: str, location: str) -> None:
         self.key = key
         self.location = location
         self.overlay = False
+        #: Its worker runs isolated job networks (a WireGuard gateway each).
+        self.isolated = False
         self.report: RackReport | None = None
         self.nodes: dict[str, Node] = {}
         self.pools: dict[str | None, RackPool] = {}
@@ -289,6 +292,7 @@ class Capacity:
             racks[key] = target
             self._by_location[location] = dict(sorted(racks.items()))
         target.overlay = report.overlay_network
+        target.isolated = report.isolated_networks
         target.report = report
         nodes: dict[str, Node] = {}
         for info in report.nodes:

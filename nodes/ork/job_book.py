@@ -73,7 +73,7 @@ def job_view(job: JobRecord) -> JobView:
         created_at=job.created_at, updated_at=job.updated_at, rack=job.rack,
         replicas=tuple(ReplicaView(index=r.index, status=r.status, generation=r.generation,
                                    placement=r.placement, message=r.message,
-                                   agents=r.agents)
+                                   agents=r.agents, gateway=r.gateway)
                        for r in sorted(job.replicas.values(), key=lambda r: r.index)))
 
 

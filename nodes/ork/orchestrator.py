@@ -763,6 +763,8 @@ class Orchestrator:
         if report.message:
             replica.message = report.message
         replica.agents = report.agents
+        if report.gateway is not None:
+            replica.gateway = report.gateway
         freed = False
         if event is ReplicaEvent.REPORTED_DELETED:
             self._capacity.unclaim([replica.placement])

@@ -170,7 +170,7 @@ def place(capacity: Capacity, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
         raise Unplaceable(f"no rack is registered in location {spec.location}")
     owner = capacity.owner_for(spec.team)
     gpus = spec.gpus
-    if spec.replicas == 1:
+    if spec.replicas == 1 and not spec.isolated_network:
         # The common case, in O(log sizes): the globally tightest node. A
         # node holding the replica means its rack places it on one node,
         # which ranks before every multi-node option.
@@ -183,7 +183,8 @@ def place(capacity: Capacity, spec: JobSpec) -> tuple[ReplicaPlacement, ...]:
                 key = min(lpool.racks_at[free])
                 name = min(racks[key].pools[owner].at[free])
                 return (ReplicaPlacement(rack=key, shares=(NodeShare(node=name, gpus=gpus),)),)
-    if spec.replicas > 1 or spec.may_span_nodes:
+    if spec.replicas > 1 or spec.may_span_nodes or spec.isolated_network:
+        # (an isolated network: only racks that offer one, so the walk filters them)
         found = _search(capacity.pool(spec.location, owner), spec, owner, racks)
         if found is not None:
             return found
@@ -201,7 +202,7 @@ def never_fits(capacity: Capacity, spec: JobSpec) -> str | None:
     """
     owner = capacity.owner_for(spec.team)
     key = (spec.location, owner, spec.may_span_nodes, spec.type, spec.runtime, spec.gpus,
-           spec.replicas, spec.team)
+           spec.replicas, spec.team, spec.isolated_network)
     memo = capacity.shape_memo
     try:
         return memo[key]
@@ -234,6 +235,8 @@ def _search(lpool: LocationPool | None, spec: JobSpec, owner: str | None,
             if key in seen:
                 continue
             seen.add(key)
+            if spec.isolated_network and not racks[key].isolated:
+                continue
             rpool = racks[key].pools[owner]
             room = 0
             for f, names in rpool.at.items():
@@ -273,6 +276,12 @@ def _never_reason(spec: JobSpec, owner: str | None, racks: Mapping[str, Rack]) -
     largest = 0
     reserved_elsewhere = False
     overlay = False
+    if spec.isolated_network:
+        racks = {key: rack for key, rack in racks.items() if rack.isolated}
+        if not racks:
+            return (f"an isolated network needs a rack whose worker runs WireGuard gateways "
+                    f"(kubevirt.wireguard_endpoint set), and no rack in location {location} "
+                    "has one")
     for rack in racks.values():
         nodes = []
         for node in rack.nodes.values():

@@ -24,7 +24,7 @@ Tables (JSON columns hold the pydantic models of :mod:`contracts.model` and
     jobs(id PK, seq, spec JSON, status, reason, created_at, updated_at, rack,
          restarting, deleting, unplaceable, owner)
     replicas(job_id, idx, status, generation, placement JSON|NULL, claimed,
-             message; PK(job_id, idx))
+             message, agents, gateway JSON|NULL; PK(job_id, idx))
     racks(key PK, location, name, registered_at, report JSON|NULL, silent)
     reservations(rack, node, team; PK(rack, node))
     outbox(seq PK AUTOINCREMENT, op_id UNIQUE, rack, op JSON)
@@ -47,6 +47,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from contracts.gateway import GatewayView
 from contracts.model import JobSpec, JobStatus, RackReport, ReplicaPlacement
 from contracts.operations import (
     CreateReplica,
@@ -95,6 +96,7 @@ CREATE TABLE replicas (
     claimed INTEGER NOT NULL,
     message TEXT NOT NULL,
     agents TEXT NOT NULL DEFAULT '',
+    gateway TEXT,
     PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE racks (
@@ -139,6 +141,8 @@ _LADDER = Schema(create=_SCHEMA, upgrades=(
     # Version 3 records who created each job (per-user GPU quotas); older jobs have
     # no owner and count for their team only.
     "ALTER TABLE jobs ADD COLUMN owner TEXT",
+    # Version 4 records an isolated network's WireGuard gateway (contracts/gateway.py).
+    "ALTER TABLE replicas ADD COLUMN gateway TEXT",
 ))
 #: The newest schema: older files climb ``_LADDER`` when opened.
 SCHEMA_VERSION = _LADDER.version
@@ -172,6 +176,8 @@ class ReplicaRecord:
     message: str = ""
     #: Public keys (hex) of its agents, by node rank, as the worker last reported.
     agents: tuple[str, ...] = ()
+    #: Its isolated network's gateway, as the worker last reported it.
+    gateway: GatewayView | None = None
 
 
 @dataclass(slots=True)
@@ -264,10 +270,11 @@ class Store:
              int(job.deleting), int(job.unplaceable), job.owner))
         self._conn.execute("DELETE FROM replicas WHERE job_id = ?", (job.id,))
         self._conn.executemany(
-            "INSERT INTO replicas VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT INTO replicas VALUES (?,?,?,?,?,?,?,?,?)",
             [(job.id, r.index, r.status.value, r.generation,
               None if r.placement is None else r.placement.model_dump_json(),
-              int(r.claimed), r.message, ",".join(r.agents))
+              int(r.claimed), r.message, ",".join(r.agents),
+              None if r.gateway is None else r.gateway.model_dump_json())
              for r in job.replicas.values()])
 
     def delete_job(self, job_id: str) -> None:
@@ -287,13 +294,15 @@ class Store:
                     updated_at=updated_at, rack=rack, restarting=bool(restarting),
                     deleting=bool(deleting), unplaceable=bool(unplaceable), owner=owner)
             for row in self._conn.execute("SELECT * FROM replicas ORDER BY job_id, idx"):
-                job_id, idx, status, generation, placement, claimed, message, agents = row
+                (job_id, idx, status, generation, placement, claimed, message, agents,
+                 gateway) = row
                 jobs[job_id].replicas[idx] = ReplicaRecord(
                     index=idx, status=ReplicaStatus(status), generation=generation,
                     placement=(None if placement is None
                                else ReplicaPlacement.model_validate_json(placement)),
                     claimed=bool(claimed), message=message,
-                    agents=tuple(agents.split(",")) if agents else ())
+                    agents=tuple(agents.split(",")) if agents else (),
+                    gateway=None if gateway is None else GatewayView.model_validate_json(gateway))
         except (ValidationError, ValueError, KeyError) as exc:
             raise StoreError(f"a job row in {self.path} cannot be read ({exc}); "
                              "restore a backup of the store") from exc

@@ -294,13 +294,14 @@ class ServedOrk(Served):
         return job
 
     def drive(self, job: str, state: str, replicas: Iterable[int] | None = None,
-              message: str = "") -> None:
-        """The worker reports ``state`` for the job's replicas (every one by default)."""
+              message: str = "", gateway=None) -> None:
+        """The worker reports ``state`` for the job's replicas (every one by default),
+        with an isolated network's ``gateway``."""
         assert self.world is not None
         indexes = replicas if replicas is not None else \
             [r.index for r in self.world.orch.get_job(job).replicas]
         for index in indexes:
-            self.world.say(index, state, job=job, message=message)
+            self.world.say(index, state, job=job, message=message, gateway=gateway)
         if self.service is not None:
             self.service.pump()
 

@@ -296,3 +296,39 @@ async def test_create_takes_the_model_servers_arguments_and_environment(
                                    "--runtime", "vllm", "--model", "demo", "--image", IMAGE,
                                    "--server-env", "HF_ENDPOINT=https://evil.example")
         assert refused.returncode == 2 and b"runtime_settings.env" in refused.stderr
+
+
+async def test_wireguard_writes_this_clis_config_for_an_isolated_jobs_network(
+        served_ork: ServedOrk, tmp_path) -> None:
+    from contracts.gateway import GatewayView
+    from p2p.keys import load_keypair
+    from runtime.wireguard import parse_config, wg_key
+
+    served = served_ork
+    assert served.world is not None
+    served.world.report = served.world.report.model_copy(update={"isolated_networks": True})
+    served.world.hear()
+    with trio.fail_after(60):
+        await served.login()
+        created = await served.cli("jobs", "create", "--name", "private", "--type",
+                                   "container", "--image", IMAGE, "--isolated-network",
+                                   "-o", "json")
+        assert created.returncode == 0, created.stderr
+        job = json.loads(created.stdout)["id"]
+        early = await served.cli("jobs", "wireguard", job)
+        assert early.returncode == 1 and "not up yet" in one_error_line(early)
+        served.drive(job, "active", gateway=GatewayView(
+            public_key=wg_key(b"\x05" * 32), endpoint="gw.example.net:30001",
+            tunnel_subnet="10.250.0.0/24", networks=("10.88.0.0/24",)))
+        out = tmp_path / "cac0.conf"
+        wrote = await served.cli("jobs", "wireguard", job, "-O", str(out))
+        assert wrote.returncode == 0, wrote.stderr
+        assert out.stat().st_mode & 0o777 == 0o600  # it holds the private key
+        me = load_keypair(served.config / "user")
+        (_, interface), (_, peer) = parse_config(out.read_text())
+        assert interface["PrivateKey"] == wg_key(me.x25519_private)
+        assert interface["Address"].startswith("10.250.0.")
+        assert (peer["Endpoint"], peer["AllowedIPs"]) == ("gw.example.net:30001",
+                                                          "10.88.0.0/24")
+        printed = await served.cli("jobs", "wireguard", job)
+        assert printed.stdout.decode() == out.read_text()

@@ -108,8 +108,7 @@ def test_a_member_reaches_the_isolated_network_through_the_gateway_and_a_strange
     _ok(topology, WORKER, "ip", "link", "set", "eth0", "down")
     _ok(topology, RELAY, "ip", "link", "add", gw_link, "type", "veth", "peer", "name", vm_link,
         "netns", topology.ns(WORKER))
-    _ok(topology, RELAY, "ip", "addr", "add", f"{GATEWAY_ISOLATED}/24", "dev", gw_link)
-    _ok(topology, RELAY, "ip", "link", "set", gw_link, "up")
+    _ok(topology, RELAY, "ip", "link", "set", gw_link, "up")  # its address: the script's
     _ok(topology, WORKER, "ip", "addr", "add", f"{VM_ADDR}/24", "dev", vm_link)
     _ok(topology, WORKER, "ip", "link", "set", vm_link, "up")
     _ok(topology, WORKER, "ip", "route", "add", SUBNET, "via", GATEWAY_ISOLATED)
@@ -126,7 +125,8 @@ def test_a_member_reaches_the_isolated_network_through_the_gateway_and_a_strange
     conf.write_text(gateway_config(gateway.x25519_private, PORT, peers))
     # The very command the gateway pod runs (runtime.wireguard.gateway_script).
     started = topology.popen(RELAY, gateway_script(f"wg{suffix}", str(conf),
-                                                   f"{gateway_address(SUBNET)}/24"),
+                                                   f"{gateway_address(SUBNET)}/24",
+                                                   also=[(gw_link, f"{GATEWAY_ISOLATED}/24")]),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert started.stdout.readline().strip() == f"wireguard gateway wg{suffix} up", \
         started.stderr.read() if started.poll() is not None else "no line"
@@ -157,6 +157,13 @@ def test_a_member_reaches_the_isolated_network_through_the_gateway_and_a_strange
     _ok(topology, AGENT, "wg", "setconf", name, str(path))
     assert _echo(topology, "again", 3).startswith("error:")
     assert wg_key(stranger.x25519_public) not in _ok(topology, RELAY, "wg", "show", f"wg{suffix}")
+
+    # The team changes (the stranger joins at that address): the gateway reads its file
+    # again by itself, as a pod's Secret volume changes under it.
+    joined = [GatewayPeer(wg_public_key_of(stranger.public_key), addresses[member.public_key])]
+    conf.write_text(gateway_config(gateway.x25519_private, PORT, joined))
+    assert started.stdout.readline().strip() == f"wireguard gateway wg{suffix}: peers reloaded"
+    assert _echo(topology, "joined", 20) == "echo:joined"
 
     echo.kill()
     echo.wait(timeout=10)

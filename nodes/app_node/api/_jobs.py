@@ -58,11 +58,12 @@ from contracts.runtime_settings import managed_flag_problem
 from nodes.kit.monitor_client import MonitorUnavailable
 from nodes.kit.ork_client import OrkUnavailable
 from p2p.rpc import Method, RpcError
+from runtime.wireguard import assign_addresses
 
 from .. import codes
 from ..model import JobRecord, Role
 from ._common import ApiError, Ctx, Session, ok, team_of, validate
-from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut
+from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut, WireGuardOut
 from ._spec import RouteSpec
 
 _log = logging.getLogger(__name__)
@@ -179,6 +180,10 @@ def _spec_of(body: JobIn, team: str, keys: tuple[str, ...], default_image: str |
     if problem is not None:
         field, message = problem
         raise ApiError(codes.INVALID, f"{field}: {message}", field)
+    if body.isolated_network and body.type is not JobType.CONTAINER:
+        raise ApiError(codes.INVALID, "isolated_network: only a GPU Container Job takes one "
+                       "(an inference job is reached through proxy-inference)",
+                       "isolated_network")
     if body.runtime_settings is not None:
         if body.type is not JobType.INFERENCE:
             raise ApiError(codes.INVALID, "runtime_settings: a GPU Container Job runs no "
@@ -303,6 +308,36 @@ async def get_job(ctx: Ctx, request: Request) -> Response:
     return ok(job)
 
 
+async def job_wireguard(ctx: Ctx, request: Request) -> Response:
+    """The caller's way into an isolated job's network: its gateway and the caller's
+    tunnel address, from the team's CLI keys as the worker's gateway has them."""
+    session = await ctx.session(request)
+    record = await _own_job(ctx, session, request.path_params["job"])
+    if not record.spec.isolated_network:
+        raise ApiError(codes.CONFLICT, f"job {record.id} has no isolated network (create a "
+                       "GPU Container Job with isolated_network)", "job")
+    key = session.user.cli_public_key
+    if not key:
+        raise ApiError(codes.CONFLICT, "your account has no CLI key: run cosmicac login "
+                       "from the CLI you will connect with", "cli_public_key")
+    view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
+    gateway = next((r.gateway for r in view.replicas if r.gateway is not None), None)
+    if gateway is None:
+        raise ApiError(codes.CONFLICT, f"job {record.id}'s WireGuard gateway is not up yet; "
+                       "try again once the job is running", "job")
+    members = (await ctx.store(ctx.services.store.teams.shell_keys)).get(record.team, ())
+    if key.lower() not in members:
+        raise ApiError(codes.CONFLICT, "your CLI key is not among the team's yet; try again "
+                       "in a few seconds", "cli_public_key")
+    addresses = assign_addresses(gateway.tunnel_subnet, [bytes.fromhex(k) for k in members])
+    return ok(WireGuardOut(job=record.id, cli_public_key=key.lower(),
+                           gateway_public_key=gateway.public_key,
+                           endpoint=gateway.endpoint,
+                           address=str(addresses[bytes.fromhex(key.lower())]),
+                           tunnel_subnet=gateway.tunnel_subnet,
+                           networks=list(gateway.networks)))
+
+
 async def restart_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
@@ -352,6 +387,8 @@ ROUTES = [
     RouteSpec("GET", "/jobs", list_jobs, "The team's jobs with their live status",
               answer=JobsOut, query=("team_id", "limit", "cursor")),
     RouteSpec("GET", "/jobs/{job}", get_job, "A job with its replicas", answer=JobOut),
+    RouteSpec("GET", "/jobs/{job}/wireguard", job_wireguard, "The caller's WireGuard peer "
+              "details for an isolated job's network (team members)", answer=WireGuardOut),
     RouteSpec("POST", "/jobs/{job}/restart", restart_job, "Restart every replica",
               answer=JobOut),
     RouteSpec("DELETE", "/jobs/{job}", delete_job, "Delete a job (202 while it is removed)",

@@ -281,6 +281,9 @@ class JobIn(_In):
     #: The model server's arguments and environment of this job, laid over its
     #: model master's (inference jobs).
     runtime_settings: RuntimeSettings | None = None
+    #: A GPU Container Job on a network of its own, reached through a WireGuard
+    #: gateway (``GET /api/jobs/{job}/wireguard``).
+    isolated_network: bool | None = None
     #: The team the job runs for; the caller's active team if absent.
     team_id: str | None = Field(default=None, max_length=64)
 
@@ -329,6 +332,24 @@ class JobsOut(BaseModel):
     jobs: list[JobOut]
     #: Pass as ``cursor`` for the next page; None: the last page.
     next: str | None = None
+
+
+class WireGuardOut(BaseModel):
+    """What the caller's WireGuard needs to reach an isolated job's network: the
+    gateway, and the caller's own tunnel address (their private key never leaves
+    their CLI: it is the X25519 key of the CLI identity)."""
+
+    job: str
+    #: The CLI key the address is for (the caller's account's): a CLI holding
+    #: another identity must log in again first.
+    cli_public_key: str
+    gateway_public_key: str
+    endpoint: str
+    #: The caller's tunnel address (a /32 in ``tunnel_subnet``).
+    address: str
+    tunnel_subnet: str
+    #: The job's networks, routed through the gateway.
+    networks: list[str]
 
 
 class DeletedJobOut(BaseModel):

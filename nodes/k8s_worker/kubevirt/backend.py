@@ -46,9 +46,26 @@ from typing import Any
 import trio
 
 from contracts.model import NodeInfo, RackReport
-from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent
+from nodes.k8s_worker.backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase
+from runtime.wireguard import WireGuardError
 
-from .render import LABEL_MANAGED_BY, MANAGED_BY, render_replica, secret_name, service_name
+from .gateway import (
+    LABEL_VLAN,
+    gateway_keys,
+    gateway_secret,
+    gateway_view,
+    isolated_names,
+    render_gateway,
+    render_isolated_nad,
+)
+from .render import (
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    render_replica,
+    secret_name,
+    service_name,
+)
 from .settings import KubevirtSettings
 from .status import StatusTracker
 
@@ -59,7 +76,9 @@ log = logging.getLogger(__name__)
 #: (group, version, plural) of the custom resources this backend owns.
 VMI = ("kubevirt.io", "v1", "virtualmachineinstances")
 DATAVOLUME = ("cdi.kubevirt.io", "v1beta1", "datavolumes")
-_KINDS = {"VirtualMachineInstance": VMI, "DataVolume": DATAVOLUME}
+NAD = ("k8s.cni.cncf.io", "v1", "network-attachment-definitions")
+_KINDS = {"VirtualMachineInstance": VMI, "DataVolume": DATAVOLUME,
+          "NetworkAttachmentDefinition": NAD}
 
 #: HTTP statuses after which the same call may succeed later.
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -157,13 +176,19 @@ class KubevirtBackend:
         api_client_factory: returns a ``kubernetes.client.ApiClient``; called
             once, in a thread, on first use. Default: :func:`default_api_client`
             from ``settings``. Tests pass one pointing at an API double.
+        gateway_seed: the worker's secret the isolated networks' gateway keys are
+            derived from; None (or no ``wireguard_endpoint``): no isolated networks.
     """
 
     name = "kubevirt"
 
     def __init__(self, settings: KubevirtSettings,
-                 api_client_factory: Callable[[], Any] | None = None) -> None:
+                 api_client_factory: Callable[[], Any] | None = None, *,
+                 gateway_seed: bytes | None = None) -> None:
         self._settings = settings
+        self._gateway_seed = gateway_seed
+        #: One VLAN choice at a time: two creates must not take the same one.
+        self._vlan_lock = trio.Lock()
         self._factory = api_client_factory or (lambda: default_api_client(settings))
         self._client: Any = None
         self._connect_lock = trio.Lock()
@@ -226,6 +251,10 @@ class KubevirtBackend:
             await self._call(f"create Service {name}", core.create_namespaced_service, ns,
                              manifest, exists_ok=True)
             return
+        if kind == "Pod":
+            await self._call(f"create Pod {name}", core.create_namespaced_pod, ns, manifest,
+                             exists_ok=True)
+            return
         group, version, plural = _KINDS[kind]
         await self._call(f"create {kind} {name}", custom.create_namespaced_custom_object,
                          group, version, ns, plural, manifest, exists_ok=True)
@@ -287,7 +316,12 @@ class KubevirtBackend:
         except (ValueError, KeyError, TypeError) as exc:
             raise BackendError(f"list nodes: unexpected answer: {exc}", retryable=True) from exc
         self._gpu_resources = {n.name: n.gpu_resource for n in nodes if n.gpu_resource}
-        return RackReport(nodes=nodes, overlay_network=self._settings.overlay_network is not None)
+        return RackReport(nodes=nodes, overlay_network=self._settings.overlay_network is not None,
+                          isolated_networks=self.offers_isolated_networks)
+
+    @property
+    def offers_isolated_networks(self) -> bool:
+        return self._gateway_seed is not None and self._settings.wireguard_endpoint is not None
 
     async def create(self, unit: ReplicaUnit) -> None:
         """Create a multi-node replica's Service, then each VMI's Secret, DataVolume
@@ -298,6 +332,8 @@ class KubevirtBackend:
         """
         manifests = await self._render(unit)
         self._units[(unit.job_id, unit.replica)] = unit
+        if unit.spec.isolated_network:
+            await self._isolated_network(unit)  # the VMI's network exists before it
         for manifest in manifests:
             await self._apply(manifest)
 
@@ -310,6 +346,8 @@ class KubevirtBackend:
             await self._delete_custom("VirtualMachineInstance", vmi.name)
         for vmi in unit.vmis:
             await self._wait_gone(vmi.name)
+        if unit.spec.isolated_network:
+            await self._isolated_network(unit)  # kept; made again if it went
         for manifest in manifests:
             await self._apply(manifest, replace_secret=True)
 
@@ -328,7 +366,91 @@ class KubevirtBackend:
             await self._call(f"delete Service {service_name(unit)}",
                              core.delete_namespaced_service, service_name(unit),
                              self._settings.namespace, absent_ok=True)
+        if unit.spec.isolated_network:
+            network, gateway = isolated_names(unit.job_id)
+            ns = self._settings.namespace
+            for what, fn in (("Pod", core.delete_namespaced_pod),
+                             ("Service", core.delete_namespaced_service),
+                             ("Secret", core.delete_namespaced_secret)):
+                await self._call(f"delete {what} {gateway}", fn, gateway, ns, absent_ok=True)
+            await self._delete_custom("NetworkAttachmentDefinition", network)
         self._units.pop((unit.job_id, unit.replica), None)
+
+    # -- isolated networks ------------------------------------------------------------
+    def _gateway_key(self, job_id: str) -> tuple[bytes, str]:
+        if not self.offers_isolated_networks:
+            raise BackendError(f"job {job_id} asks for an isolated network, and this worker "
+                               "offers none (set kubevirt.wireguard_endpoint)", retryable=False)
+        assert self._gateway_seed is not None
+        return gateway_keys(self._gateway_seed, job_id)
+
+    async def _isolated_network(self, unit: ReplicaUnit) -> None:
+        """The job's own network (a VLAN of its own), its gateway's Secret, Service
+        and Pod; then the gateway's address and key, as an event for the worker."""
+        private, public = self._gateway_key(unit.job_id)
+        vlan = await self._vlan_for(unit.job_id)
+        await self._apply(render_isolated_nad(unit.job_id, vlan, self._settings))
+        members = [bytes.fromhex(key) for key in unit.vmis[0].agent.authorized_keys]
+        try:
+            objects = render_gateway(unit.job_id, self._settings, private, members)
+        except WireGuardError as exc:
+            raise BackendError(f"job {unit.job_id}: {exc}", retryable=False) from exc
+        for manifest in objects:
+            await self._apply(manifest, replace_secret=True)
+        await self._say_gateway(unit, public)
+
+    async def _say_gateway(self, unit: ReplicaUnit, public_key: str) -> None:
+        _, core = await self._apis()
+        _, name = isolated_names(unit.job_id)
+        response = await self._call(f"get Service {name}", core.read_namespaced_service,
+                                    name, self._settings.namespace, _preload_content=False)
+        try:
+            view = gateway_view(self._settings, public_key, json.loads(response.data))
+        except (ValueError, TypeError) as exc:
+            raise BackendError(f"get Service {name}: unexpected answer: {exc}") from exc
+        if view is None:
+            log.info("kubevirt.gateway_waiting job=%s service=%s: no address yet",
+                     unit.job_id, name)
+            return
+        if self._events is not None:
+            first = unit.vmis[0]
+            await self._events.send(VmiEvent(
+                first.name, VmiPhase.UNKNOWN, f"WireGuard gateway at {view.endpoint}",
+                generation=unit.generation, gateway=view))
+
+    async def _vlan_for(self, job_id: str) -> int:
+        """The job's VLAN: the one its network has, else the lowest free one."""
+        custom, _ = await self._apis()
+        group, version, plural = NAD
+        async with self._vlan_lock:
+            response = await self._call(
+                "list NetworkAttachmentDefinitions", custom.list_namespaced_custom_object,
+                group, version, self._settings.namespace, plural,
+                label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}")
+            taken: dict[int, str] = {}
+            for item in (response or {}).get("items") or ():
+                labels = (item.get("metadata") or {}).get("labels") or {}
+                if str(labels.get(LABEL_VLAN, "")).isdigit():
+                    taken[int(labels[LABEL_VLAN])] = labels.get(LABEL_JOB, "")
+            for vlan, owner in taken.items():
+                if owner == job_id:
+                    return vlan
+            first, last = self._settings.isolated_vlans
+            for vlan in range(first, last + 1):
+                if vlan not in taken:
+                    return vlan
+        raise BackendError(f"no free VLAN for job {job_id}'s isolated network: "
+                           f"{first}-{last} are all taken (kubevirt.isolated_vlans)")
+
+    async def set_gateway_peers(self, job_id: str, members: Sequence[bytes]) -> None:
+        """The team's members changed: the gateway's file names the new set (the
+        gateway reads it again by itself)."""
+        private, _ = self._gateway_key(job_id)
+        try:
+            secret = gateway_secret(job_id, self._settings, private, members)
+        except WireGuardError as exc:
+            raise BackendError(f"job {job_id}: {exc}", retryable=False) from exc
+        await self._apply(secret, replace_secret=True)
 
     async def run(self, events: trio.MemorySendChannel[VmiEvent], *,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

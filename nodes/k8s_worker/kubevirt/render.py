@@ -45,6 +45,7 @@ Nothing here does I/O; the backend applies what this returns and
 from __future__ import annotations
 
 import base64
+import ipaddress
 from typing import Any
 
 from contracts.agent_config import AgentConfig
@@ -83,6 +84,7 @@ __all__ = [
     "cluster_agent_config",
     "guest_mounts",
     "head_dns_name",
+    "isolated_network_name",
     "render_datavolume",
     "render_replica",
     "render_secret",
@@ -108,6 +110,7 @@ _ROOT = "root"
 _CLOUD_INIT = "cloudinit"
 _POD_NET = "default"
 _OVERLAY_NET = "overlay"
+_ISOLATED_NET = "isolated"
 _HUB_TOKEN = "hub-token"
 _MODEL_CACHE = "model-cache"  # also its virtiofs tag: KubeVirt tags by the volume's name
 
@@ -125,6 +128,11 @@ Manifest = dict[str, Any]
 def secret_name(vmi: str) -> str:
     """The cloud-init Secret of VMI ``vmi``; replaced on restart, deleted with it."""
     return f"{vmi}-cloudinit"
+
+
+def isolated_network_name(job_id: str) -> str:
+    """The NetworkAttachmentDefinition of an isolated job's own network (gateway.py)."""
+    return vmi_name(job_id, 0, 0).removesuffix("-r0-n0") + "-isolated"
 
 
 def service_name(unit: ReplicaUnit) -> str:
@@ -214,8 +222,13 @@ def render_secret(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings) -
     KubeVirt reads the key ``userdata`` or ``userData`` (pkg/cloud-init).
     """
     agent = cluster_agent_config(unit, vmi, settings)
+    routes = []
+    if unit.spec.isolated_network:
+        # Members' packets come from the tunnel: back to them through the gateway.
+        gateway = ipaddress.IPv4Network(settings.isolated_subnet).network_address + 1
+        routes.append((settings.tunnel_subnet, str(gateway)))
     data = cloud_init_user_data(agent, settings.agent_executable,
-                                guest_mounts(unit, settings)).encode()
+                                guest_mounts(unit, settings), routes).encode()
     metadata = _metadata(secret_name(vmi.name), unit, vmi, settings)
     metadata["labels"][LABEL_GENERATION] = str(unit.generation)
     return {
@@ -316,6 +329,10 @@ def render_vmi(unit: ReplicaUnit, vmi: VmiSpec, settings: KubevirtSettings, *,
     }
     if _uses_model_cache(unit, settings):
         devices["filesystems"] = [{"name": _MODEL_CACHE, "virtiofs": {}}]
+    if unit.spec.isolated_network:
+        interfaces.append({"name": _ISOLATED_NET, "bridge": {}})
+        networks.append({"name": _ISOLATED_NET, "multus": {
+            "networkName": f"{settings.namespace}/{isolated_network_name(unit.job_id)}"}})
     if vmi.multi_node:
         if settings.overlay_network is None or settings.infiniband_resource is None:
             raise ValueError(f"VMI {vmi.name} is part of a multi-node replica, but the worker "

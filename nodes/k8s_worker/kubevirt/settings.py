@@ -140,10 +140,39 @@ class KubevirtSettings(BaseModel):
     cluster_domain: str = Field(default="cluster.local", max_length=200,
                                 pattern=_DNS_SUBDOMAIN)
 
+    # -- isolated job networks (the overlay tier's WireGuard gateway) -----------------
+    #: The address members' WireGuard reaches the gateways at: a node's public
+    #: address (``NodePort`` Services) or a load balancer's. None: this worker
+    #: offers no isolated networks (wrk-ork places none here).
+    wireguard_endpoint: str | None = Field(default=None, max_length=253,
+                                           pattern=r"^[A-Za-z0-9.\-:]+$")
+    #: How the gateway's UDP port is exposed.
+    wireguard_service_type: Literal["NodePort", "LoadBalancer"] = "NodePort"
+    #: The gateway pod's image: ``sh``, ``ip``, ``wg`` and ``wireguard-go`` (or a
+    #: node kernel with WireGuard), e.g. built FROM debian with wireguard-tools
+    #: and wireguard-go.
+    wireguard_image: str = Field(default="registry.local/cosmicac/wireguard-gateway:1",
+                                 max_length=512)
+    #: Each isolated job's network (the same range for every job: each is a VLAN
+    #: of its own on ``overlay_bridge``); its first address is the gateway's.
+    isolated_subnet: str = Field(default="10.88.0.0/24", pattern=r"^[0-9.]+/[0-9]{1,2}$")
+    #: The tunnel's subnet: the gateway is its first host, members get a /32 each.
+    tunnel_subnet: str = Field(default="10.250.0.0/24", pattern=r"^[0-9.]+/[0-9]{1,2}$")
+    #: The VLAN ids isolated jobs take on ``overlay_bridge`` (first, last).
+    isolated_vlans: tuple[int, int] = (2000, 2999)
+
     # -- the agent ---------------------------------------------------------------
     #: The ``cosmicac`` executable inside the image.
     agent_executable: str = Field(default="cosmicac", min_length=1, max_length=200,
                                   pattern=r"^[A-Za-z0-9_./\-]+$")
+
+    @field_validator("isolated_vlans")
+    @classmethod
+    def _vlans(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, last = value
+        if not 1 <= first <= last <= 4094:
+            raise ValueError(f"{value} is not a range of VLAN ids (1-4094, first <= last)")
+        return value
 
     @field_validator("disk_size")
     @classmethod

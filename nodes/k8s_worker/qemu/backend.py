@@ -40,7 +40,14 @@ from contracts.runtime_settings import HUB_TOKEN_KEY
 from p2p.daemon import write_atomically
 from runtime.process import describe_exit, is_alive, last_line, proc_stat, wait_gone
 
-from ..backend import BackendError, ReplicaUnit, VmiEvent, VmiPhase, VmiSpec
+from ..backend import (
+    BackendError,
+    ReplicaUnit,
+    VmiEvent,
+    VmiPhase,
+    VmiSpec,
+    refuse_isolated_network,
+)
 from .launch import GuestImage, ImageError, VmFiles, qemu_argv, read_image, seed_files
 from .qmp import QmpError, qmp_command
 from .settings import QemuSettings
@@ -154,6 +161,7 @@ class QemuBackend:
     async def create(self, unit: ReplicaUnit) -> None:
         """Boot the replica's VMs; one that runs (or ended and was not deleted) is kept."""
         self._running()
+        refuse_isolated_network(unit, "qemu")
         for vmi in unit.vmis:
             self._check(vmi)
         for vmi in unit.vmis:

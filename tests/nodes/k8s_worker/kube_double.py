@@ -8,7 +8,8 @@ on ``/status``), delete (honouring finalizers: the object gets a
 watch (``?watch=true``: chunked JSON lines, synthetic ``ADDED`` events for
 what exists, then ``ADDED``/``MODIFIED``/``DELETED`` until
 ``timeoutSeconds``). The server assigns ``uid``, ``resourceVersion`` (one
-counter) and ``creationTimestamp``, as the API server does.
+counter) and ``creationTimestamp``, and a NodePort or LoadBalancer Service its
+node ports, as the API server does.
 
 It has no admission, no defaulting and no controllers: tests play the
 controllers by patching ``status`` (what virt-controller and CDI would do)
@@ -213,6 +214,12 @@ class KubeDouble:
                     and _selector_matches(w_selector, labels):
                 events.put({"type": kind, "object": copy.deepcopy(obj)})
 
+    def _next_node_port(self) -> int:
+        taken = {port.get("nodePort") for (api, plural, _, _), obj in self.objects.items()
+                 if (api, plural) == ("v1", "services")
+                 for port in (obj.get("spec") or {}).get("ports") or ()}
+        return next(port for port in range(30000, 32768) if port not in taken)
+
     def put(self, api: str, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store ``obj`` as a create would (tests preload nodes this way)."""
         with self._lock:
@@ -225,6 +232,12 @@ class KubeDouble:
             meta["namespace"] = ns
         meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
                     creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        spec = obj.get("spec") or {}
+        if (api, plural) == ("v1", "services") and spec.get("type") in ("NodePort",
+                                                                         "LoadBalancer"):
+            # As the API server's service allocator: a node port per port, at create.
+            for port in spec.get("ports") or ():
+                port.setdefault("nodePort", self._next_node_port())
         self.objects[(api, plural, ns, meta["name"])] = obj
         self._notify("ADDED", api, plural, obj)
         return obj

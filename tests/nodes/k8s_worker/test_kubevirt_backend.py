@@ -273,3 +273,106 @@ def test_api_errors_name_the_call_and_say_whether_to_retry():
     assert str(error) == "create Secret x: HTTP 403 secrets is forbidden"
     assert not error.retryable
     assert _api_error("list nodes", ApiException(status=503, reason="Unavailable")).retryable
+
+
+NADS = ("k8s.cni.cncf.io/v1", "network-attachment-definitions")
+PODS = ("v1", "pods")
+ISOLATED = SETTINGS.model_copy(update={"wireguard_endpoint": "gw.example.net"})
+SEED = b"\x07" * 32
+
+
+def _isolated_backend(double, settings=ISOLATED):
+    def factory():
+        configuration = client.Configuration()
+        configuration.host = double.url
+        return client.ApiClient(configuration)
+
+    return KubevirtBackend(settings, factory, gateway_seed=SEED)
+
+
+async def test_an_isolated_job_gets_a_vlan_of_its_own_and_a_gateway_its_members_reach(
+        double, nursery):
+    import base64
+
+    from nodes.k8s_worker.kubevirt.gateway import gateway_keys, isolated_names
+    from p2p.keys import KeyPair
+    from runtime.wireguard import gateway_script, parse_config, wg_public_key_of
+
+    from .units import isolated_unit
+
+    backend = _isolated_backend(double)
+    assert (await backend.capacity()).isolated_networks
+    send, events = trio.open_memory_channel(100)
+    await nursery.start(backend.run, send)
+    ada, bob, cy = (KeyPair.generate().public_key for _ in range(3))
+    unit = isolated_unit(members=(ada, bob))
+    network, gateway = isolated_names(unit.job_id)
+
+    await backend.create(unit)
+    nad = double.get(*NADS, NS, network)
+    config = json.loads(nad["spec"]["config"])
+    assert (config["type"], config["bridge"], config["vlan"]) == ("ovs", "br-overlay", 2000)
+    assert config["ipam"]["exclude"] == ["10.88.0.1/32"]  # the gateway's
+    peers = parse_config(base64.b64decode(
+        double.get(*SECRETS, NS, gateway)["data"]["wg0.conf"]).decode())[1:]
+    assert sorted(p["PublicKey"] for _, p in peers) == sorted(
+        wg_public_key_of(k) for k in (ada, bob))
+    pod = double.get(*PODS, NS, gateway)
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == gateway_script(
+        "wg0", "/etc/cosmicac-wireguard/wg0.conf", "10.250.0.1/24",
+        also=[("net1", "10.88.0.1/24")])
+    assert json.loads(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]) == [
+        {"name": network, "namespace": NS, "interface": "net1"}]
+    service = double.get(*SERVICES, NS, gateway)
+    assert service["spec"]["ports"][0]["protocol"] == "UDP"
+    vmi = double.get(*VMIS, NS, unit.vmis[0].name)
+    for server_field in ("uid", "resourceVersion", "creationTimestamp"):
+        del vmi["metadata"][server_field]
+    validate(vmi)
+    assert {"name": "isolated", "multus": {"networkName": f"{NS}/{network}"}} in \
+        vmi["spec"]["networks"]
+    # The gateway, as the worker reports it to members.
+    with trio.fail_after(LIMIT_S):
+        async for event in events:
+            if event.gateway is not None:
+                break
+    assert event.name == unit.vmis[0].name
+    assert event.gateway.endpoint == f"gw.example.net:{service['spec']['ports'][0]['nodePort']}"
+    assert event.gateway.public_key == gateway_keys(SEED, unit.job_id)[1]
+    assert event.gateway.networks == ("10.88.0.0/24",)
+
+    # Another job takes the next VLAN; the first one created again keeps its own.
+    other = isolated_unit("j-0011223344556677", members=(ada,))
+    await backend.create(other)
+    assert json.loads(double.get(*NADS, NS, isolated_names(other.job_id)[0])["spec"]
+                      ["config"])["vlan"] == 2001
+    await backend.create(unit)
+    assert json.loads(double.get(*NADS, NS, network)["spec"]["config"])["vlan"] == 2000
+
+    # The team changes: the gateway's file names the new members only.
+    await backend.set_gateway_peers(unit.job_id, [cy])
+    peers = parse_config(base64.b64decode(
+        double.get(*SECRETS, NS, gateway)["data"]["wg0.conf"]).decode())[1:]
+    assert [p["PublicKey"] for _, p in peers] == [wg_public_key_of(cy)]
+
+    await backend.delete(unit)
+    for kind in (NADS, PODS, SERVICES, SECRETS):
+        assert double.get(*kind, NS, gateway if kind != NADS else network) is None
+    third = isolated_unit("j-aabbccddeeff0011", members=(ada,))
+    await backend.create(third)  # the freed VLAN is taken again
+    assert json.loads(double.get(*NADS, NS, isolated_names(third.job_id)[0])["spec"]
+                      ["config"])["vlan"] == 2000
+    await backend.delete(other)
+    await backend.delete(third)
+
+
+async def test_without_a_wireguard_endpoint_an_isolated_job_is_refused_for_good(double):
+    from .units import isolated_unit
+
+    backend = _isolated_backend(double, SETTINGS)
+    assert not (await backend.capacity()).isolated_networks
+    with pytest.raises(BackendError, match="wireguard_endpoint") as caught:
+        await backend.create(isolated_unit())
+    assert not caught.value.retryable
+    assert double.names(*VMIS, NS) == []  # nothing half made

@@ -105,6 +105,8 @@ async def _backend_accesses(double, nursery) -> list[Access]:
     await flows.test_create_watch_restart_delete(double, nursery)
     await flows.test_failures_map_to_events(double, nursery)
     await flows.test_a_multi_node_replica_gets_a_headless_service_kept_on_restart(double)
+    await flows.test_an_isolated_job_gets_a_vlan_of_its_own_and_a_gateway_its_members_reach(
+        double, nursery)
     return list(double.accesses)
 
 

@@ -40,3 +40,14 @@ def vllm_unit(job_id: str = "j-4455667788990011", replica: int = 0,
     return replica_unit(job_id, replica, spec, placement, generation=generation,
                         agent={"worker": WORKER, "report_token": TOKEN,
                                "bootstrap": ("10.0.0.1:49737",)})
+
+
+def isolated_unit(job_id: str = "j-8899aabbccddeeff", members: tuple[bytes, ...] = (),
+                  generation: int = 0) -> ReplicaUnit:
+    """A one-GPU container job on an isolated network, ``members`` its team's CLI keys."""
+    keys = tuple(key.hex() for key in members)
+    spec = JobSpec(name="private", team="t1", type="container", image=IMAGE, gpus=1,
+                   isolated_network=True, authorized_keys=keys)
+    placement = ReplicaPlacement(rack=RACK, shares=(NodeShare(node="gpu-node-1", gpus=1),))
+    return replica_unit(job_id, 0, spec, placement, generation=generation,
+                        agent={"worker": WORKER, "report_token": TOKEN, "authorized_keys": keys})

@@ -688,3 +688,23 @@ def test_the_never_fits_memo_is_dropped_when_the_shape_changes() -> None:
     capacity.set_rack(key("a"), "default", report(N("n1", gpus=16)))
     assert capacity.shape_memo == {}
     assert never_fits(capacity, container(9)) is None
+
+
+def test_an_isolated_network_goes_only_to_a_rack_that_offers_one() -> None:
+    capacity = Capacity()
+    capacity.set_rack(key("a"), "default", RackReport(nodes=(NodeInfo(name="n1", gpus=8),)))
+    isolated = JobSpec(name="j", team="t", type="container", image=IMAGE, gpus=1,
+                       isolated_network=True)
+    with pytest.raises(Unplaceable, match="WireGuard gateways"):
+        place(capacity, isolated)
+    capacity.set_rack(key("b"), "default", RackReport(nodes=(NodeInfo(name="n9", gpus=8),),
+                                                      isolated_networks=True))
+    # Rack a's node is the tighter fit for an ordinary job; the isolated one skips it.
+    assert place(capacity, container(1))[0].rack in (key("a"), key("b"))
+    (placement,) = place(capacity, isolated)
+    assert placement.rack == key("b")
+    # Full on the isolated rack: it waits for room there, not on rack a.
+    capacity.claim(place(capacity, JobSpec(name="big", team="t", type="container",
+                                           image=IMAGE, gpus=8, isolated_network=True)))
+    with pytest.raises(NoCapacity):
+        place(capacity, isolated)

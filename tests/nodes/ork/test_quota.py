@@ -120,13 +120,15 @@ def test_a_version_2_store_is_migrated_and_its_jobs_have_no_owner(tmp_path) -> N
     world.orch.close()
     with sqlite3.connect(path) as conn:
         conn.execute("ALTER TABLE jobs DROP COLUMN owner")
+        conn.execute("ALTER TABLE replicas DROP COLUMN gateway")  # version 4's
         conn.execute("PRAGMA user_version = 2")
     store = Store.open(path)
     try:
         [job] = store.load_jobs()
         assert job.owner is None and job.spec.gpus == 2
+        assert all(replica.gateway is None for replica in job.replicas.values())
         (version,) = store._conn.execute("PRAGMA user_version").fetchone()
-        assert version == SCHEMA_VERSION == 3
+        assert version == SCHEMA_VERSION == 4
     finally:
         store.close()
 

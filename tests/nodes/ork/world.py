@@ -72,7 +72,8 @@ class World:
         return view
 
     def say(self, replica: int, state: ReplicaState | str, *, job: str | None = None,
-            generation: int | None = None, rack: str = RACK, message: str = "") -> None:
+            generation: int | None = None, rack: str = RACK, message: str = "",
+            gateway=None) -> None:
         """The worker reports a replica's state (its current generation by default)."""
         job = job or self.job_id
         if generation is None:
@@ -81,7 +82,8 @@ class World:
         self.now += 1
         self.orch.on_report(rack, ReplicaReport(job_id=job, replica=replica,
                                                 state=ReplicaState(state), generation=generation,
-                                                message=message, at=self.now), self.now)
+                                                message=message, at=self.now, gateway=gateway),
+                            self.now)
 
     def status(self, job: str | None = None) -> JobStatus:
         return self.orch.get_job(job or self.job_id).status

@@ -148,6 +148,7 @@ TABLE: dict[tuple[str, str], Kind | Team] = {
     ("POST", "/jobs"): T(P("/jobs", body=BOX), P("/jobs", body=LLM)),
     ("GET", "/jobs"): T(P("/jobs", params={"team_id": "{team}"})),
     ("GET", "/jobs/{job}"): T(P("/jobs/{container}"), P("/jobs/{inference}")),
+    ("GET", "/jobs/{job}/wireguard"): T(P("/jobs/{container}/wireguard")),
     ("POST", "/jobs/{job}/restart"): T(P("/jobs/{container}/restart"),
                                        P("/jobs/{inference}/restart")),
     ("DELETE", "/jobs/{job}"): T(P("/jobs/{container}"), P("/jobs/{inference}")),
