@@ -76,7 +76,7 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.monitor import (
     MAX_AGENT_VALUES,
@@ -87,6 +87,7 @@ from contracts.monitor import (
 )
 from p2p.rpc import Method
 
+from ._compat import AddedLater
 from .model import JobType
 
 __all__ = [
@@ -187,24 +188,18 @@ class Report(BaseModel):
     message: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
 
 
-class Heartbeat(BaseModel):
+class Heartbeat(AddedLater):
     """"Still here" (the caller's key says who), with the agent's latest figures."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # An empty heartbeat stays ``{}`` on the wire, as version 1 sent it.
+    _added_later = ("metrics",)
 
     #: The agent's figures now (see the module doc); empty from an older agent
     #: or with telemetry off.
     metrics: dict[MetricName, MetricValue] = Field(default_factory=dict,
                                                    max_length=MAX_AGENT_METRICS)
 
-    @model_serializer(mode="wrap")
-    def _without_empty_metrics(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # An empty heartbeat stays ``{}`` on the wire, as version 1 sent it, so
-        # an older worker (``extra="forbid"``) still takes a new agent's beat.
-        data = handler(self)
-        if not data.get("metrics"):
-            data.pop("metrics", None)
-        return data
 
 
 class Ack(BaseModel):

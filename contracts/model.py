@@ -26,12 +26,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
-    model_serializer,
     model_validator,
 )
 
+from ._compat import AddedLater
 from .runtime_settings import ModelRuntimeSettings, RuntimeSettings, managed_flag_problem
 
 __all__ = [
@@ -138,7 +137,7 @@ def job_type_problem(type_: JobType, *, runtime: Runtime | None, model: str | No
     return None
 
 
-class JobSpec(BaseModel):
+class JobSpec(AddedLater):
     """What a user asks for (the JOB.json of ``cosmicac k8s render``).
 
     ``gpus`` is per replica. Validation covers what can be known without a
@@ -146,6 +145,7 @@ class JobSpec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _added_later = ("runtime_settings", "model_settings", "isolated_network")
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")
     team: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -199,17 +199,6 @@ class JobSpec(BaseModel):
                 raise ValueError(flag)
         return self
 
-    @model_serializer(mode="wrap")
-    def _without_unset_settings(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Added after the spec shipped: left out when unset, so that an older peer
-        # (``extra="forbid"``: wrk-ork, app-node, a worker mid-upgrade) still takes
-        # the spec of a job that has none.
-        data = handler(self)
-        for added_later in ("runtime_settings", "model_settings", "isolated_network"):
-            if added_later in data and not data[added_later]:
-                del data[added_later]
-        return data
-
     @property
     def serves_as(self) -> str | None:
         """The name requests use for this job's model (inference jobs only)."""
@@ -240,10 +229,11 @@ class NodeInfo(BaseModel):
     schedulable: bool = True
 
 
-class RackReport(BaseModel):
+class RackReport(AddedLater):
     """A worker's view of its cluster: the rack's capacity."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _added_later = ("isolated_networks",)
 
     nodes: tuple[NodeInfo, ...] = Field(max_length=10_000)
     #: The overlay network (Multus attachment) multi-node replicas join is
@@ -251,14 +241,6 @@ class RackReport(BaseModel):
     overlay_network: bool = False
     #: The worker runs isolated job networks with a WireGuard gateway.
     isolated_networks: bool = False
-
-    @model_serializer(mode="wrap")
-    def _without_unset(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Added later: left out when off, for an older wrk-ork (extra="forbid").
-        data = handler(self)
-        if not data.get("isolated_networks", True):
-            del data["isolated_networks"]
-        return data
 
     @model_validator(mode="after")
     def _unique(self) -> RackReport:

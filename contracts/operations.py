@@ -41,12 +41,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
-    model_serializer,
 )
 
+from ._compat import AddedLater
 from .gateway import GatewayView
 from .model import (
     JobSpec,
@@ -139,8 +138,10 @@ Operation = Annotated[CreateReplica | RestartReplica | DeleteReplica | SetShellK
                       Field(discriminator="kind")]
 
 
-class ReplicaReport(_Message):
+class ReplicaReport(AddedLater, _Message):
     """A replica's state changed (or its latest System log line did)."""
+
+    _added_later = ("gateway",)
 
     kind: Literal["replica_report"] = "replica_report"
     job_id: JobId
@@ -153,14 +154,6 @@ class ReplicaReport(_Message):
     at: float
     #: An isolated network's WireGuard gateway, once it is up.
     gateway: GatewayView | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_gateway(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Added later: left out when there is none, for an older wrk-ork.
-        data = handler(self)
-        if data.get("gateway", ...) is None:
-            del data["gateway"]
-        return data
 
 
 class RackUpdate(_Message):

@@ -80,10 +80,11 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from p2p.rpc import Method, StreamMethod
 
+from ._compat import AddedLater
 from .gateway import GatewayView
 from .model import JobSpec, JobStatus, KeyHex, ReplicaPlacement
 from .shell_access import ShellKeys, ShellKeysAck
@@ -174,8 +175,10 @@ class ReplicaStatus(enum.StrEnum):
     DELETED = "deleted"
 
 
-class ReplicaView(_Model):
+class ReplicaView(AddedLater, _Model):
     """One replica as app-node shows it."""
+
+    _added_later = ("gateway",)
 
     index: int
     status: ReplicaStatus
@@ -189,14 +192,6 @@ class ReplicaView(_Model):
     agents: tuple[str, ...] = ()
     #: An isolated network's WireGuard gateway, once the worker reported it.
     gateway: GatewayView | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_gateway(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Added later: left out when there is none, for an older app-node.
-        data = handler(self)
-        if data.get("gateway", ...) is None:
-            del data["gateway"]
-        return data
 
 
 class JobView(_Model):
