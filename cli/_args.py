@@ -10,20 +10,21 @@ finite number of seconds above its floor. A bad value is a usage error
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from p2p.daemon import ConfigError, DaemonSettings, load_settings
-from p2p.errors import KeyFormatError
-from p2p.keys import parse_public_key
-
 from ._console import fail
 
-S = TypeVar("S", bound=DaemonSettings)
+if TYPE_CHECKING:
+    from p2p.daemon import DaemonSettings
+
+# The p2p stack is imported by the helpers that use it, not here: every command
+# imports this module for its options, and the stack (trio, the daemon kit) costs
+# ~0.2 s of start-up a jobs or models command never needs.
+S = TypeVar("S", bound="DaemonSettings")
 
 __all__ = [
     "config_option",
@@ -35,8 +36,6 @@ __all__ = [
     "parse_peer",
     "port_option",
     "seconds_option",
-    "server_settings",
-    "server_settings_options",
     "wildcard_for",
 ]
 
@@ -54,6 +53,8 @@ def config_option() -> Any:
 def load_settings_or_exit(cls: type[S], config_file: Path | None,
                           overrides: Mapping[str, Any]) -> S:
     """:func:`p2p.daemon.load_settings`; a bad setting exits 2 naming its key."""
+    from p2p.daemon import ConfigError, load_settings
+
     try:
         return load_settings(cls, config_file=config_file, overrides=overrides)
     except ConfigError as exc:
@@ -94,6 +95,9 @@ def seconds_option(default: float | None, *flags: str, help: str | None = None,
 
 def parse_key(text: str, *, what: str) -> bytes:
     """Read one public key; a bad one exits 2 naming ``what``."""
+    from p2p.errors import KeyFormatError
+    from p2p.keys import parse_public_key
+
     try:
         return parse_public_key(text, what=what)
     except KeyFormatError as exc:
@@ -138,34 +142,3 @@ def parse_peer(key: str, address: str, *, what: str) -> tuple[bytes, tuple[str, 
         fail(str(exc), code=2)
     return remote_key, target
 
-
-def server_settings_options() -> tuple[Any, Any]:
-    """``--server-args`` and ``--server-env``: a model server's extra command line
-    and environment (a job's, or a model master's for every job of it)."""
-    return (
-        typer.Option(None, "--server-args", help="Extra arguments for the model server, "
-                     "as on a command line: '--max-model-len 4096 --dtype bfloat16'."),
-        typer.Option(None, "--server-env", help="NAME=value for the model server's "
-                     "environment; repeat for more."),
-    )
-
-
-def server_settings(args: str | None, env: list[str] | None) -> dict[str, Any]:
-    """The API's ``{"args": [...], "env": {...}}`` from the two options (empty when
-    neither is given); a usage error (exit 2) for unbalanced quotes or a pair
-    without ``=``. What the platform does not allow is the API's to refuse."""
-    settings: dict[str, Any] = {}
-    if args:
-        try:
-            settings["args"] = shlex.split(args)
-        except ValueError as exc:
-            fail(f"--server-args: {exc} (quote as in a shell)", code=2)
-    variables: dict[str, str] = {}
-    for pair in env or ():
-        name, equals, value = pair.partition("=")
-        if not equals or not name:
-            fail(f"--server-env takes NAME=value, not {pair!r}", code=2)
-        variables[name] = value
-    if variables:
-        settings["env"] = variables
-    return settings

@@ -12,9 +12,6 @@ from urllib.parse import quote
 
 import typer
 
-from p2p.errors import P2PError
-from p2p.keys import load_or_create_keypair
-
 from ._config import config_dir
 from ._console import err, fail
 from .session import (
@@ -67,6 +64,11 @@ def login(
         from rich.prompt import Prompt
         email = Prompt.ask("Email", console=err).strip()
     password = _read_password(password_stdin)
+    # Here, not at the top: whoami and logout need none of the p2p stack (trio alone
+    # costs ~80 ms of start-up).
+    from p2p.errors import P2PError
+    from p2p.keys import load_or_create_keypair
+
     try:
         keypair = load_or_create_keypair(config_dir(None) / "user")
     except P2PError as exc:

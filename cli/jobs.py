@@ -37,8 +37,8 @@ import typer
 from contracts.labels import heard_label, status_label
 from runtime.sse import SseReader
 
-from ._args import server_settings, server_settings_options
 from ._console import err, fail, print_json
+from ._server_settings import server_settings, server_settings_options
 from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, wait_for
 from .session import (
     EXIT_CODES_HELP,

@@ -3,8 +3,10 @@
 A command's module is imported only when that command runs: importing every
 module (the database, the swarm, the Kubernetes client...) cost about a
 second before any command started, which ``cosmicac shell`` and every
-script calling the CLI paid each time. ``cosmicac --help`` (or an unknown
-command) builds the whole app; ``from cli.main import app`` does too.
+script calling the CLI paid each time. ``cosmicac --help`` (and an unknown
+command) is answered from :data:`_INDEX`, each command's one-line help, with
+no command module imported (a test keeps it equal to the commands' own);
+``from cli.main import app`` builds the whole app.
 """
 
 from __future__ import annotations
@@ -53,6 +55,45 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cli.status", "status"),
     "doctor": ("cli.doctor", "doctor"),
 }
+#: Each command's one-line help, as the root ``--help`` lists it.
+_INDEX: dict[str, str] = {
+    "run": "Run one platform daemon in the foreground until SIGINT or SIGTERM.",
+    "apply-config": "Validate a daemon's config (with the environment's overrides) and "
+                    "install it.",
+    "beam": "Pipe stdin/stdout to a peer over an encrypted, key-pinned stream.",
+    "up": "Run the whole system on this machine until Ctrl-C.",
+    "ping": "Ping a peer over the whole stack (secret stream, channel, RPC) and identify it.",
+    "relay": "Run a blind relay: firewalled peers reserve, dialers pair, bytes are forwarded.",
+    "shell": "Open a shell on a GPU Container Job's agent, or run one command there.",
+    "login": "Log in and keep the session in <config dir>/session.json (mode 0600).",
+    "logout": "Revoke the session on the server and forget it here.",
+    "whoami": "Who the session is: the user, their teams and roles, the active team.",
+    "bootstrap": "Prepare a deployment: identities, wired configs, wire, autobase-connect, "
+                 "a rack.",
+    "wire": "Write the shared database's key as PROXY_AUTOBASE_KEY for proxy-inference.",
+    "autobase-connect": "Admit proxy-inference as a writer of the shared database (through "
+                        "app-node).",
+    "restart": "Restart services installed as systemd units (systemctl restart "
+               "cosmicac-<name>).",
+    "status": "The control plane's health: each service now and over the last hour.",
+    "doctor": "Check that the cluster can run the kubevirt backend's jobs, one line per "
+              "check.",
+    "keys": "Identities (Ed25519 key pairs).",
+    "dht": "The DHT: bootstrap and plain nodes, announce, lookup.",
+    "db": "The shared database (API keys, model masters, token usage).",
+    "agent": "The job agent that runs in each VMI and reports to its worker.",
+    "k8s": "Kubernetes (KubeVirt/CDI) helpers for operators.",
+    "teams": "Teams: list, get, create, members, invite, invitations, revoke-invite, use "
+             "(the active team), quota (GPU quotas).",
+    "apikeys": "Inference API keys: create, list, revoke, usage.",
+    "jobs": "Jobs: list, get, create, restart, delete; replicas.",
+    "racks": "Racks (workers) wrk-ork places jobs on: list, add, remove; operators only.",
+    "nodes": "Nodes of every rack: list, reserve for a team, release; operators only.",
+    "models": "Model masters: list, add (or replace), remove.",
+    "users": "Users: list (operators), set-name, password, reset-password.",
+    "inference": "Chat, completions, embeddings and transcriptions through the "
+                 "OpenAI-compatible API (<server>/inference/v1).",
+}
 #: Options of the root callback that take a value (so that value is no command).
 _ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level"})
 
@@ -68,14 +109,34 @@ def _configure(
     )
 
 
-def build_app(only: str | None = None) -> typer.Typer:
-    """The app with every command, or with command ``only`` alone."""
-    app = typer.Typer(
+def _root() -> typer.Typer:
+    return typer.Typer(
         name="cosmicac",
         help="CosmicAC: GPU workloads on your cluster, over a peer-to-peer stack.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
     )
+
+
+def build_index() -> typer.Typer:
+    """The app as the root ``--help`` (and an unknown command) needs it: every
+    command by name with its one-line help, none of their modules imported."""
+    app = _root()
+
+    def listed() -> None:  # never runs: a named command builds the real app
+        raise AssertionError("the index app ran a command")
+
+    for name in _GROUPS:
+        app.add_typer(typer.Typer(help=_INDEX[name]), name=name)
+    for name in _COMMANDS:
+        app.command(name, help=_INDEX[name])(listed)
+    app.callback()(_configure)
+    return app
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The app with every command, or with command ``only`` alone."""
+    app = _root()
     for name, module in _GROUPS.items():
         if only in (None, name):
             app.add_typer(importlib.import_module(module).app, name=name)
@@ -101,7 +162,10 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    build_app(command_of(sys.argv[1:]))()
+    command = command_of(sys.argv[1:])
+    # A shell's completion (``_COSMICAC_COMPLETE``) walks into groups: the real app.
+    completing = any(key.endswith("_COMPLETE") for key in os.environ)
+    (build_app(command) if command is not None or completing else build_index())()
 
 
 _app: typer.Typer | None = None

@@ -11,8 +11,9 @@ from urllib.parse import quote
 
 import typer
 
-from ._args import count_option, server_settings, server_settings_options
+from ._args import count_option
 from ._console import err, fail
+from ._server_settings import server_settings, server_settings_options
 from .session import (
     EXIT_CODES_HELP,
     USAGE,
