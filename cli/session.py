@@ -14,15 +14,14 @@ command's ``--help``): 0 done, 1 refused or not found, 2 usage or validation,
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import httpx
 import typer
-from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -41,7 +40,8 @@ SESSION_FILE = "session.json"
 REFUSED, USAGE, NOT_LOGGED_IN, UNREACHABLE = 1, 2, 3, 4
 EXIT_CODES_HELP = ("Exit codes: 0 done, 1 refused or not found, 2 usage or validation, "
                    "3 not logged in or session expired, 4 server unreachable.")
-_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+#: (total, connect) seconds of one request.
+_TIMEOUT = (30.0, 5.0)
 
 
 def server_option() -> Any:
@@ -54,11 +54,32 @@ def output_option() -> Any:
     return typer.Option("table", "--output", "-o", help="table or json.")
 
 
-class SavedSession(BaseModel):
+@dataclass(frozen=True)
+class SavedSession:
+    """``session.json``: a plain dataclass, not a pydantic model (pydantic costs ~50 ms
+    of every command's start-up, and four fields need no schema)."""
+
     server: str
     token: str
     expires_at: float
     email: str
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SavedSession:
+        """Raises ValueError for anything but an object of the four fields, typed."""
+        document = json.loads(data)
+        if not isinstance(document, dict):
+            raise ValueError("not a JSON object")
+        server, token, email = (document.get(k) for k in ("server", "token", "email"))
+        expires_at = document.get("expires_at")
+        if not all(isinstance(v, str) for v in (server, token, email)) or isinstance(
+                expires_at, bool) or not isinstance(expires_at, int | float):
+            raise ValueError("a field is missing or of the wrong type")
+        return cls(server=server, token=token, expires_at=float(expires_at), email=email)
+
+    def to_json(self) -> str:
+        return json.dumps({"server": self.server, "token": self.token,
+                           "expires_at": self.expires_at, "email": self.email})
 
 
 def session_path() -> Path:
@@ -68,16 +89,16 @@ def session_path() -> Path:
 def load_session() -> SavedSession | None:
     """The saved session, or None if there is none (or it cannot be read)."""
     try:
-        return SavedSession.model_validate_json(session_path().read_bytes())
+        return SavedSession.from_json(session_path().read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValidationError, ValueError):
+    except (OSError, ValueError):  # unreadable, not JSON, or not a session
         return None
 
 
 def save_session(session: SavedSession) -> None:
     """Write ``session.json`` atomically with mode 0600 (it holds a bearer token)."""
-    write_private(session_path(), session.model_dump_json())
+    write_private(session_path(), session.to_json())
 
 
 def delete_session() -> None:
@@ -103,9 +124,12 @@ class Api:
 
     def request(self, method: str, path: str, *, json_body: Any = None,
                 params: dict[str, str] | None = None) -> Any:
+        import httpx  # here: a command that fails before asking pays nothing for it
+
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            with httpx.Client(base_url=f"{self.server}/api", timeout=_TIMEOUT) as client:
+            timeout = httpx.Timeout(_TIMEOUT[0], connect=_TIMEOUT[1])
+            with httpx.Client(base_url=f"{self.server}/api", timeout=timeout) as client:
                 response = client.request(method, path, json=json_body, params=params,
                                           headers=headers)
         except httpx.TransportError as exc:
@@ -121,7 +145,7 @@ class Api:
                      f"is it a CosmicAC server?", code=REFUSED)
         self._fail(response)
 
-    def _fail(self, response: httpx.Response) -> NoReturn:
+    def _fail(self, response: Any) -> NoReturn:  # an httpx.Response
         status = response.status_code
         try:
             body = response.json()["error"]
