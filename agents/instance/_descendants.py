@@ -33,6 +33,7 @@ import errno
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,10 +122,25 @@ class Descendants:
         #: Keys one of whose processes ended since the last scan.
         self._ended: set[bytes] = set()
         self._unattributed: set[int] = set()
+        #: Sessions being spawned (between the fork and :meth:`started`): their
+        #: first process is already our child, unnamed, and must not be taken for
+        #: an adopted orphan (seen: a new session's process given the key a
+        #: revocation had just ended, and killed with it).
+        self._spawning = 0
         #: Orphans adopted that no key could be named for (a figure).
         self.unattributed_total = 0
         #: Processes signalled because their key lost access (a figure).
         self.killed_total = 0
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """Around a session's spawn and its :meth:`started`: scans in between name
+        no unknown child of ours (they wait for the next scan)."""
+        self._spawning += 1
+        try:
+            yield
+        finally:
+            self._spawning -= 1
 
     def started(self, pid: int, key: bytes) -> None:
         """A session's first process runs: it and what it starts are ``key``'s."""
@@ -169,6 +185,11 @@ class Descendants:
             self._ended.add(owned.key)
         # Walk down from every process we know; a new one is its parent's key's.
         self._name_below(list(self._owned))
+        if self._spawning:
+            # A child of ours may be a session's first process not yet started():
+            # name no orphan now, and keep the ended keys for the next scan.
+            self._forget_sessions()
+            return
         # Orphans re-parented to us since the last scan, before a walk saw them.
         # Each came to us when its parent ended, and a scan sees an owned
         # process's end no later than it sees the orphans that end made: so the

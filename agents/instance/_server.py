@@ -318,17 +318,20 @@ class _Session:
     async def run(self) -> None:
         service, opened = self.service, self.opened
         service._open.add(self)  # from here a revoke reaches it (its scope stays cancelled)
-        try:
-            self.process = await self._spawn()
-        except OSError as exc:
-            service._open.discard(self)
-            await _send_error(self.channel, "spawn_failed", f"{exc.strerror or exc}")
-            service._log.info("shell.session_failed key=%s mode=%s error=%s",
-                              self.label, opened.mode, exc)
-            return
-        process = self.process
-        if service.descendants is not None:
-            service.descendants.started(process.pid, self.key)
+        spawning = (service.descendants.spawning() if service.descendants is not None
+                    else contextlib.nullcontext())
+        with spawning:  # the new process is named ours before any scan names it
+            try:
+                self.process = await self._spawn()
+            except OSError as exc:
+                service._open.discard(self)
+                await _send_error(self.channel, "spawn_failed", f"{exc.strerror or exc}")
+                service._log.info("shell.session_failed key=%s mode=%s error=%s",
+                                  self.label, opened.mode, exc)
+                return
+            process = self.process
+            if service.descendants is not None:
+                service.descendants.started(process.pid, self.key)
         service._log.info("shell.session_started key=%s mode=%s pid=%d argv=%s",
                           self.label, opened.mode, process.pid,
                           "-" if opened.argv is None else opened.argv[0])

@@ -232,3 +232,42 @@ def test_a_process_sent_sigkill_is_killed_and_counted_once_however_often_revoked
     assert descendants.end_key(KEY) == 0
     assert sent == [signal.SIGKILL]
     assert descendants.killed_total == 1
+
+
+def test_a_session_being_spawned_is_not_taken_for_a_revoked_keys_orphan(session_daemon):
+    """A revocation runs while another key's session is spawned: its first process is
+    already our child but not yet started() (trio forks in a thread). Seen in CI: it
+    was named the revoked key's (the one key whose processes had just ended) and
+    SIGKILLed; the member's command died by signal 9."""
+    descendants, _, _ = session_daemon
+    other = b"o" * 32
+    # The revocation: KEY's daemon killed; what it leaves orphaned is KEY's until
+    # the next scan (so the one key whose processes ended is KEY).
+    assert descendants.end_key(KEY) == 1
+    with descendants.spawning():
+        child = spawn_root("exec sleep 30")
+        # The watcher's pass runs while the fork is in its thread.
+        descendants.scan()
+        assert descendants.end_key(KEY) == 0
+        assert alive(child.pid) and child.pid not in descendants.pids(KEY)
+        descendants.started(child.pid, other)
+    descendants.scan()
+    assert descendants.pids(other) == [child.pid] and alive(child.pid)
+    child.kill()
+    child.wait(timeout=LIMIT_S)
+    descendants.ended(child.pid)
+
+
+def test_without_the_guard_such_a_child_would_be_named_the_ended_key(session_daemon):
+    """The case the guard exists for, shown without it: the scan's orphan rule names
+    an unknown child of ours the one key whose processes ended."""
+    descendants, _, _ = session_daemon
+    descendants.end_key(KEY)
+    child = spawn_root("exec sleep 30")
+    try:
+        descendants._ended.add(KEY)  # as end_key leaves it between its rounds
+        descendants.scan()
+        assert child.pid in descendants.pids(KEY)
+    finally:
+        child.kill()
+        child.wait(timeout=LIMIT_S)
