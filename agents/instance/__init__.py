@@ -5,22 +5,32 @@ The agent adds a :class:`ShellService` to its swarm; ``cosmicac shell`` calls
 format of ``cosmicac-shell/1``.
 """
 
-from ._access import ShellAccess, load_saved
-from ._client import ShellSession, open_shell
-from ._descendants import Descendants, become_subreaper
-from ._malloc import keep_large_buffers
-from ._protocol import (
-    PROTOCOL,
-    Exit,
-    RemoteProtocolError,
-    ShellError,
-    Stderr,
-    Stdout,
-    decode_client,
-    decode_server,
-    encode,
-)
-from ._server import ShellService
+import importlib
+from typing import Any
+
+#: Each name, and the module that defines it: imported on first use (PEP 562), so
+#: ``cosmicac shell``, which needs the client side only, does not load the agent's
+#: server side (its swarm host, the contracts' models: ~0.3 s of start-up).
+_WHERE = {
+    "ShellAccess": "._access", "load_saved": "._access",
+    "ShellSession": "._client", "open_shell": "._client",
+    "Descendants": "._descendants", "become_subreaper": "._descendants",
+    "keep_large_buffers": "._malloc",
+    "PROTOCOL": "._protocol", "Exit": "._protocol", "RemoteProtocolError": "._protocol",
+    "ShellError": "._protocol", "Stderr": "._protocol", "Stdout": "._protocol",
+    "decode_client": "._protocol", "decode_server": "._protocol", "encode": "._protocol",
+    "ShellService": "._server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "PROTOCOL", "Descendants", "Exit", "RemoteProtocolError", "ShellAccess", "ShellError",
