@@ -122,11 +122,15 @@ class Descendants:
         #: Keys one of whose processes ended since the last scan.
         self._ended: set[bytes] = set()
         self._unattributed: set[int] = set()
-        #: Sessions being spawned (between the fork and :meth:`started`): their
-        #: first process is already our child, unnamed, and must not be taken for
-        #: an adopted orphan (seen: a new session's process given the key a
-        #: revocation had just ended, and killed with it).
+        #: Sessions being spawned (between the fork, done in a thread, and
+        #: :meth:`started`): their first process is already our child, and a scan
+        #: in between names it as an adopted orphan would be named.
         self._spawning = 0
+        #: Processes named while a spawn ran: maybe that spawn's (not yet started())
+        #: under another key's name. Never signalled until the spawns are done (seen:
+        #: a new session's command named the key a revocation had just ended, and
+        #: killed with it).
+        self._uncertain: set[int] = set()
         #: Orphans adopted that no key could be named for (a figure).
         self.unattributed_total = 0
         #: Processes signalled because their key lost access (a figure).
@@ -134,22 +138,28 @@ class Descendants:
 
     @contextlib.contextmanager
     def spawning(self) -> Iterator[None]:
-        """Around a session's spawn and its :meth:`started`: scans in between name
-        no unknown child of ours (they wait for the next scan)."""
+        """Around a session's spawn and its :meth:`started`: what a scan names in
+        between is not signalled until no spawn runs."""
         self._spawning += 1
         try:
             yield
         finally:
             self._spawning -= 1
+            if not self._spawning:
+                self._uncertain.clear()
 
     def started(self, pid: int, key: bytes) -> None:
-        """A session's first process runs: it and what it starts are ``key``'s."""
+        """A session's first process runs: it and what it starts are ``key``'s
+        (also what a scan named otherwise while it was being spawned)."""
         stat = _stat(pid)
         if stat is not None:
             self._owned[pid] = _Owned(key, stat.start)
             self._roots.add(pid)
             self._sessions[pid] = key
             self._roots_ended.discard(pid)
+            for other, owned in self._owned.items():
+                if owned.key != key and self._session_of(other) == pid:
+                    owned.key = key  # named by a scan while this was being spawned
 
     def ended(self, pid: int) -> None:
         """A session's first process was reaped (by whoever spawned it)."""
@@ -185,11 +195,6 @@ class Descendants:
             self._ended.add(owned.key)
         # Walk down from every process we know; a new one is its parent's key's.
         self._name_below(list(self._owned))
-        if self._spawning:
-            # A child of ours may be a session's first process not yet started():
-            # name no orphan now, and keep the ended keys for the next scan.
-            self._forget_sessions()
-            return
         # Orphans re-parented to us since the last scan, before a walk saw them.
         # Each came to us when its parent ended, and a scan sees an owned
         # process's end no later than it sees the orphans that end made: so the
@@ -213,6 +218,10 @@ class Descendants:
             if key is not None:
                 self._owned[child] = _Owned(key, stat.start)
                 self._name_below([child])
+                if self._spawning:
+                    self._uncertain.add(child)
+                    self._uncertain.update(p for p in self._owned if self._owned[p].key == key
+                                           and self._session_of(p) == stat.session)
             else:
                 self._unattributed.add(child)
                 self.unattributed_total += 1
@@ -244,6 +253,8 @@ class Descendants:
                 stat = _stat(child)
                 if stat is not None and stat.state not in "ZX":
                     self._owned[child] = _Owned(key, stat.start)
+                    if parent in self._uncertain:
+                        self._uncertain.add(child)
                     todo.append(child)
 
     def _reap(self, pid: int, stat: _Stat | None) -> None:
@@ -258,7 +269,7 @@ class Descendants:
         (their sessions hang those up) and those in ``skip``. Returns their pids."""
         sent: set[int] = set()
         for pid, owned in list(self._owned.items()):
-            if owned.key != key or pid in self._roots or pid in skip:
+            if owned.key != key or pid in self._roots or pid in skip or pid in self._uncertain:
                 continue
             try:
                 pidfd = os.pidfd_open(pid)
