@@ -80,6 +80,10 @@ def _configuration(is_client: bool) -> QuicConfiguration:
     return config
 
 
+#: The longest a close waits for the peer to acknowledge what was sent.
+LINGER_S = 2.0
+
+
 class QuicPath(trio.abc.HalfCloseableStream):
     """Stream 0 of a QUIC connection with ``peer`` on ``sock`` (a bound,
     non-blocking UDP socket this object owns from now on).
@@ -106,6 +110,8 @@ class QuicPath(trio.abc.HalfCloseableStream):
         self._timer_scope: trio.CancelScope | None = None
         self._receiving = False
         self._sending = False
+        #: :meth:`run`'s loop is feeding the connection (else aclose feeds it).
+        self._driving = False
 
     # -- the driver ------------------------------------------------------------
 
@@ -122,6 +128,7 @@ class QuicPath(trio.abc.HalfCloseableStream):
                     await self._step()
             task_status.started()
             started = True
+            self._driving = True
             while not self._closed and self._error is None:  # until closed or failed
                 await self._step()
         except trio.TooSlowError:
@@ -136,6 +143,7 @@ class QuicPath(trio.abc.HalfCloseableStream):
             if not started:
                 raise
         finally:
+            self._driving = False
             self._wake()
 
     async def _step(self) -> None:
@@ -274,7 +282,33 @@ class QuicPath(trio.abc.HalfCloseableStream):
         finally:
             self._receiving = False
 
+    def _lingering(self) -> bool:
+        """Stream bytes (or its end) sent but not yet acknowledged by the peer."""
+        stream = self._conn._streams.get(self._stream_id) if self._conn is not None else None
+        if stream is None:
+            return False
+        sender = stream.sender
+        return bool(sender._buffer) or (sender._buffer_fin is not None
+                                        and not sender.is_finished)
+
     async def aclose(self) -> None:
+        """Close, after what was sent is acknowledged (at most ``LINGER_S``).
+
+        As a TCP socket's close hands its unsent bytes to the kernel, which still
+        delivers them: here nothing would, and closing at once lost the end of a
+        beam whose sender finished first (seen on a loaded machine). Shielded and
+        bounded, as a close in a cancelled scope must still happen.
+        """
+        if not self._closed and self._error is None and self._lingering():
+            with trio.CancelScope(shield=True), trio.move_on_after(LINGER_S):
+                while self._lingering() and self._error is None:  # bounded by LINGER_S
+                    try:
+                        if self._driving:
+                            await self._changed.wait()
+                        else:  # run() has ended (cancelled with its nursery): feed it here
+                            await self._step()
+                    except (OSError, trio.ClosedResourceError):
+                        break
         if not self._closed:
             self._closed = True
             if self._conn is not None and self._error is None:

@@ -77,3 +77,39 @@ async def test_a_silent_peer_fails_the_handshake_in_bounded_time(autojump_clock)
         await client.run(handshake_timeout_s=3)
     b.close()
     await client.aclose()
+
+
+@pytest.mark.parametrize("driver", ["running", "cancelled"])
+async def test_a_close_right_after_sending_still_delivers_everything(driver):
+    """The sender closes as soon as its last bytes are queued (a beam that finished
+    first): what the peer has not acknowledged yet is still delivered, whether the
+    path's driver still runs or was cancelled with its nursery first."""
+    data = os.urandom(4 << 20)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as outer:
+            a, b = _udp(), _udp()
+            server = QuicPath(b, a.getsockname(), is_client=False)
+            client = QuicPath(a, b.getsockname(), is_client=True)
+            outer.start_soon(server.run)
+            received = trio.Event()
+            got = bytearray()
+
+            async def drain() -> None:
+                while chunk := await server.receive_some(65536):
+                    got.extend(chunk)
+                received.set()
+
+            outer.start_soon(drain)
+            async with trio.open_nursery() as inner:
+                await inner.start(client.run)
+                await client.send_all(data)
+                await client.send_eof()
+                assert client._lingering()  # queued, not all acknowledged yet
+                if driver == "running":
+                    await client.aclose()  # its run() feeds the acknowledgements
+                inner.cancel_scope.cancel()
+            await client.aclose()  # "cancelled": it feeds them itself; else a no-op
+            await received.wait()
+            await server.aclose()
+            outer.cancel_scope.cancel()
+    assert bytes(got) == data
