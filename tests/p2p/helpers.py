@@ -80,7 +80,14 @@ async def wait_until(condition, *, limit_s: float = 10.0, step_s: float = 0.02) 
 
     For state that changes in other tasks without an event to wait on (a
     connection table, a counter); bounded in time, so it cannot hang a test.
+
+    Under trio's MockClock the bound is ten times longer: virtual time jumps
+    whenever every task waits, and a task waiting on a thread (SQLite) counts as
+    waiting, so on a loaded machine ten virtual seconds pass in a fraction of a
+    real one while one query runs (seen: a worker test's 10 s bound hit in CI).
     """
+    if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        limit_s *= 10
     with trio.fail_after(limit_s):
         while not condition():  # noqa: ASYNC110 - polling state owned by other tasks
             await trio.sleep(step_s)
