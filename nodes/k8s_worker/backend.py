@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -24,7 +26,7 @@ import trio
 from contracts.agent_config import AgentConfig
 from contracts.gateway import GatewayView
 from contracts.model import JobSpec, RackReport, ReplicaPlacement
-from contracts.runtime_settings import merged_runtime_settings
+from contracts.runtime_settings import HUB_TOKEN_KEY, merged_runtime_settings
 
 __all__ = [
     "NO_TOKEN",
@@ -36,6 +38,7 @@ __all__ = [
     "VmiSpec",
     "disk_name",
     "hub_token_secret",
+    "read_hub_token",
     "refuse_isolated_network",
     "replica_unit",
     "token_digest",
@@ -177,6 +180,27 @@ def refuse_isolated_network(unit: ReplicaUnit, backend: str) -> None:
         raise BackendError(f"job {unit.job_id} asks for an isolated network: the {backend} "
                            "backend has none (the kubevirt backend with "
                            "kubevirt.wireguard_endpoint does)", retryable=False)
+
+
+#: A hub token is a line of text; more than this is not one.
+HUB_TOKEN_MAX = 64 * 1024
+
+
+def read_hub_token(secrets_dir: Path, vmi: VmiSpec, logger: logging.Logger,
+                   backend: str) -> bytes | None:
+    """The token of ``vmi``'s hub token Secret from ``secrets_dir`` (``<name>/token``,
+    a mounted Secret's layout), or None, said in the log as
+    ``<backend>.hub_token_missing``: the agent then reports the file it lacks.
+    Blocking (a file read)."""
+    assert vmi.hub_token_secret is not None
+    path = secrets_dir / vmi.hub_token_secret / HUB_TOKEN_KEY
+    try:
+        with open(path, "rb") as file:
+            return file.read(HUB_TOKEN_MAX)
+    except OSError as exc:
+        logger.warning("%s.hub_token_missing vmi=%s secret=%s path=%s error=%s", backend,
+                       vmi.name, vmi.hub_token_secret, path, exc.strerror or exc)
+        return None
 
 
 def hub_token_secret(spec: JobSpec) -> str | None:

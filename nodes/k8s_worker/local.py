@@ -117,7 +117,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import JobType, NodeInfo, RackReport
-from contracts.runtime_settings import HUB_TOKEN_KEY
 from p2p.daemon import write_atomically
 from runtime.process import (
     cmdline,
@@ -136,6 +135,7 @@ from .backend import (
     VmiEvent,
     VmiPhase,
     VmiSpec,
+    read_hub_token,
     refuse_isolated_network,
 )
 
@@ -448,8 +448,6 @@ def _write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
 
 #: The agent's copy of its hub token, in its own folder.
 _HUB_TOKEN_FILE = "hub-token"
-#: A token is a line of text; more than this is not one.
-_HUB_TOKEN_MAX = 64 * 1024
 
 
 def _remove_at(dir_fd: int, name: str) -> None:
@@ -871,7 +869,7 @@ class LocalBackend:
                 # agent cannot read the worker's folder, and a later change of the
                 # Secret reaches the next start, not a running model server.
                 update["hub_token_file"] = str(home / _HUB_TOKEN_FILE)
-                token = self._hub_token(vmi)
+                token = read_hub_token(self.secrets_dir, vmi, log, "local")
                 if token is None:
                     _remove_at(home_fd, _HUB_TOKEN_FILE)  # no stale token outlives its Secret
                 else:
@@ -886,19 +884,6 @@ class LocalBackend:
         finally:
             os.close(home_fd)
         return owner
-
-    def _hub_token(self, vmi: VmiSpec) -> bytes | None:
-        """The hub token of ``vmi``'s Secret, or None (said in the log): the agent
-        then reports that it has none, naming the file it looked for."""
-        assert vmi.hub_token_secret is not None
-        path = self.secrets_dir / vmi.hub_token_secret / HUB_TOKEN_KEY
-        try:
-            with open(path, "rb") as file:
-                return file.read(_HUB_TOKEN_MAX + 1)[:_HUB_TOKEN_MAX]
-        except OSError as exc:
-            log.warning("local.hub_token_missing vmi=%s secret=%s path=%s error=%s", vmi.name,
-                        vmi.hub_token_secret, path, exc.strerror or exc)
-            return None
 
     def _sweep(self, record: _Vmi) -> None:
         """Kill what is left running as the VMI's own uid (a shell in a session of its

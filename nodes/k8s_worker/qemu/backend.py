@@ -46,6 +46,7 @@ from ..backend import (
     VmiEvent,
     VmiPhase,
     VmiSpec,
+    read_hub_token,
     refuse_isolated_network,
 )
 from .launch import GuestImage, ImageError, VmFiles, qemu_argv, read_image, seed_files
@@ -55,9 +56,6 @@ from .settings import QemuSettings
 __all__ = ["QemuBackend", "kvm_problem"]
 
 log = logging.getLogger("nodes.k8s_worker.qemu")
-#: A token is a line of text; more than this is not one.
-_HUB_TOKEN_MAX = 64 * 1024
-
 #: After SIGKILL, how long a VM may take to be gone before the stop fails.
 KILL_WAIT_S = 10.0
 #: How often a VM's console is read for the boot's milestones.
@@ -312,25 +310,12 @@ class QemuBackend:
         _make_vfat(files.seed, "CIDATA", seed_files(vmi, self.settings, self.agent_executable))
         files.hub_token.unlink(missing_ok=True)  # no stale token outlives its Secret
         if vmi.hub_token_secret is not None:
-            token = self._hub_token(vmi)
+            token = read_hub_token(self.secrets_dir, vmi, log, "qemu")
             if token is not None:
                 _make_vfat(files.hub_token, "HUBTOKEN", {HUB_TOKEN_KEY: token})
         for stale in (files.qmp, files.pidfile):
             stale.unlink(missing_ok=True)
         files.console.unlink(missing_ok=True)
-
-    def _hub_token(self, vmi: VmiSpec) -> bytes | None:
-        """The token of ``vmi``'s hub token Secret, or None (said in the log): the
-        guest then has no token disk and its agent reports the file it lacks."""
-        assert vmi.hub_token_secret is not None
-        path = self.secrets_dir / vmi.hub_token_secret / HUB_TOKEN_KEY
-        try:
-            with open(path, "rb") as file:
-                return file.read(_HUB_TOKEN_MAX)
-        except OSError as exc:
-            log.warning("qemu.hub_token_missing vmi=%s secret=%s path=%s error=%s", vmi.name,
-                        vmi.hub_token_secret, path, exc.strerror or exc)
-            return None
 
     def _gpus_for(self, vmi: VmiSpec) -> tuple[str, ...]:
         if not self.settings.gpus or not vmi.gpus:
