@@ -76,14 +76,17 @@ def _serve(port_queue, busy_poll_s: float) -> None:
     echo_method, cpu_method = _methods()
     router = Router()
 
-    async def echo(params: Blob, ctx) -> Blob:
+    # Declared inline (they never wait), as @hyperswarm/rpc's respond() handler
+    # of the reference is a plain function: each runs in the reader as its
+    # request is parsed.
+    def echo(params: Blob, ctx) -> Blob:
         return params
 
-    async def cpu(params: Nothing, ctx) -> Cpu:
+    def cpu(params: Nothing, ctx) -> Cpu:
         return Cpu(seconds=cpu_seconds())
 
-    router.add(echo_method, echo)
-    router.add(cpu_method, cpu)
+    router.add(echo_method, echo, inline=True)
+    router.add(cpu_method, cpu, inline=True)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -183,6 +183,10 @@ class Mux:
         #: send_nowait() left bytes in the stream: the writer task flushes them
         #: before anything else is written.
         self._flush_pending = False
+        #: Frames the reader took for a write that the stream then refused
+        #: (send_nowait() returned False): the writer task writes them first.
+        #: The writer role is held for them meanwhile.
+        self._handoff: bytes | None = None
         self._closed_event = trio.Event()
         self._drained = trio.Event()
         self._finished = trio.Event()
@@ -398,6 +402,29 @@ class Mux:
             self._kick()
         return None
 
+    def _write_from_reader(self) -> None:
+        """Write what the read just queued (answers of inline handlers, credit).
+
+        The frames of every message this read brought are queued by now, so
+        they go out in one write from the reader itself, as a fast-path sender
+        writes its own: no hand-off to the writer task and its scheduler pass.
+        Whatever cannot go at once without waiting is the writer's, as before.
+        """
+        rest = self._send_fast(False)
+        if rest is None:
+            return
+        if not rest:
+            self._kick()  # nothing taken: the writer flushes the stream first
+            return
+        # Taken but refused by the stream (an ACK or a path change is due):
+        # the reader must not wait on a write, so the writer task writes these
+        # frames, before anything queued after them (the role is held meanwhile).
+        self._writing = True
+        self._writing_bytes = len(rest)
+        self._handoff = rest
+        self._writer_idle = False
+        self._writer_lot.unpark()
+
     def _sent(self, n: int) -> None:
         """Count a finished write of ``n`` bytes and wake who waits for room."""
         self._writes += 1
@@ -471,6 +498,19 @@ class Mux:
         stream = self._stream
         try:
             while True:
+                handoff = self._handoff
+                if handoff is not None:
+                    self._handoff = None
+                    try:
+                        await stream.send_all(handoff)  # the reader left us the role
+                    except _STREAM_ERRORS as exc:
+                        self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                        return
+                    finally:
+                        self._writing = False
+                        self._writing_bytes = 0
+                    self._sent(len(handoff))
+                    continue
                 if self._flush_pending and not self._writing:
                     # What a sender's send_nowait() left in the stream goes first.
                     self._writing = True
@@ -561,7 +601,7 @@ class Mux:
                     if ch._push(_PUSH_BURST):
                         self._push_later.append(ch)
             if core.outgoing_bytes:
-                self._kick()
+                self._write_from_reader()
             # No yield here: reading again at once costs a failed recv when
             # nothing more came, and the tasks this read woke run while we wait
             # for the next read. A yield would cost a scheduler pass per read.

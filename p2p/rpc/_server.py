@@ -49,6 +49,7 @@ and :meth:`RpcServer.run` returns.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -127,6 +128,8 @@ class Router:
 
     def __init__(self, *, guard: Callable[[str, bytes | None], None] | None = None) -> None:
         self._routes: dict[str, tuple[Method | StreamMethod, Callable[..., Any]]] = {}
+        #: Unary methods whose handler is a plain function run in the reader.
+        self._inline: frozenset[str] = frozenset()
         self.guard = guard
 
     @property
@@ -134,19 +137,42 @@ class Router:
         """Every method's wire name."""
         return frozenset(self._routes)
 
-    def add(self, method: Method | StreamMethod, handler: Callable[..., Any]) -> None:
+    def add(self, method: Method | StreamMethod, handler: Callable[..., Any], *,
+            inline: bool = False) -> None:
         """Register ``handler`` for ``method``.
 
         For a :class:`Method`, ``async def handler(params, ctx) -> Result``; for a
         :class:`StreamMethod`, an async generator ``async def handler(params, ctx)``
         that yields items.
 
+        ``inline=True`` declares a unary handler that never waits: a plain
+        ``def handler(params, ctx) -> Result``, run in the connection's reader
+        as the request is parsed, its answer queued at once, with no task of
+        its own (a hand-off to a worker costs a scheduler pass per call). It
+        must be quick (the reader parses nothing else meanwhile) and cannot be
+        cancelled. Such a call still runs in a worker while earlier answers
+        wait for the client to read them, so the reader never queues without
+        bound.
+
         Raises:
-            RpcUsageError: ``DUPLICATE_METHOD`` if the name is taken.
+            RpcUsageError: ``DUPLICATE_METHOD`` if the name is taken;
+                ``BAD_HANDLER`` if ``inline`` is given for a stream method or a
+                coroutine function.
         """
         if method.name in self._routes:
             raise RpcUsageError("DUPLICATE_METHOD", f"method {method.name!r} already added")
+        if inline and (isinstance(method, StreamMethod) or inspect.iscoroutinefunction(handler)):
+            raise RpcUsageError(
+                "BAD_HANDLER",
+                f"inline handler for {method.name!r} must be a plain function of a unary method",
+            )
         self._routes[method.name] = (method, handler)
+        if inline:
+            self._inline = self._inline | {method.name}
+
+    def is_inline(self, name: str) -> bool:
+        """Whether ``name``'s handler was added with ``inline=True``."""
+        return name in self._inline
 
     def get(self, name: str) -> tuple[Method | StreamMethod, Callable[..., Any]] | None:
         """Return the route for ``name``, or None."""
@@ -171,14 +197,16 @@ class ServerStatistics:
 class _Call:
     """One routed call: what its worker or stream task needs."""
 
-    __slots__ = ("ctx", "handler", "lot", "method", "params", "scope")
+    __slots__ = ("ctx", "handler", "inline", "lot", "method", "params", "scope")
 
     def __init__(
         self, method: Method | StreamMethod, handler: Callable[..., Any], params: Any,
-        ctx: CallContext,
+        ctx: CallContext, inline: bool = False,
     ) -> None:
         self.method = method
         self.handler = handler
+        #: A plain function (Router.add's ``inline``) run by a worker this time.
+        self.inline = inline
         self.params = params
         self.ctx = ctx
         #: The scope CANCEL cancels, while the handler runs in it.
@@ -312,7 +340,9 @@ class RpcServer:
             call = self._calls.get(ev.id)  # type: ignore[union-attr]
             if call is not None and call.lot is not None:
                 call.lot.unpark_all()
-        # BUSY, UNKNOWN_METHOD, INVALID_PARAMS: out at once or dropped at the bound.
+        # Inline answers, and BUSY, UNKNOWN_METHOD, INVALID_PARAMS: out at once;
+        # the errors are dropped at the bound (an inline call only runs while
+        # nothing waits, so its answer is never past it).
         self._outbox.put(core.messages_to_send(), droppable=True)
 
     def _start(self, msg: Request | StreamRequest) -> bool:
@@ -347,7 +377,11 @@ class RpcServer:
             core.send_error(rid, err.code, err.message, err.data)
             return False
         ctx = CallContext(rid, method.name, self.name, self.remote_public_key, self.connection)
-        call = _Call(method, handler, params, ctx)
+        inline = not is_stream and self._router.is_inline(msg.method)
+        if inline and not self._outbox:
+            self._run_inline(rid, method, handler, params, ctx)  # type: ignore[arg-type]
+            return False
+        call = _Call(method, handler, params, ctx, inline)
         self._calls[rid] = call
         assert self._nursery is not None
         if is_stream:
@@ -362,6 +396,16 @@ class RpcServer:
             # call, so there are at most max_concurrent_calls of them.
             self._nursery.start_soon(self._worker, call)
         return True
+
+    def _run_inline(self, rid: int, method: Method, handler: Callable[..., Any], params: Any,
+                    ctx: CallContext) -> None:
+        """Run a handler declared inline and queue its answer (see Router.add)."""
+        try:
+            result = handler(params, ctx)
+            self._core.send_response(rid, _dump(method.result, result),
+                                     max_bytes=self._max_message_bytes())
+        except Exception as exc:
+            self._error_reply(rid, exc, ctx)
 
     async def _send_out(self, *, checkpoint: bool = True, more: bool = False) -> None:
         """Send what the core queued for the calling task's call (maybe nothing)."""
@@ -441,7 +485,10 @@ class RpcServer:
                 return
             call.scope = scope
             try:
-                result = await call.handler(call.params, ctx)
+                if call.inline:
+                    result = call.handler(call.params, ctx)
+                else:
+                    result = await call.handler(call.params, ctx)
                 core.send_response(rid, _dump(call.method.result, result),  # type: ignore[union-attr]
                                    max_bytes=self._max_message_bytes())
             except Exception as exc:

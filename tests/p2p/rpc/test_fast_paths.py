@@ -7,7 +7,16 @@ import trio
 import trio.testing
 
 from p2p.mux import MuxConfig
-from p2p.rpc import RpcClient, RpcConfig, RpcError, RpcServer, RpcTimeout
+from p2p.rpc import (
+    CallContext,
+    Router,
+    RpcClient,
+    RpcConfig,
+    RpcError,
+    RpcServer,
+    RpcTimeout,
+    RpcUsageError,
+)
 from p2p.rpc._messages import Cancel, Error, Request, Response, decode_message, encode_message
 from tests.p2p.mux_pairs import running_mux_pair
 
@@ -16,6 +25,7 @@ from .support import (
     MISSING,
     TICKS,
     EchoParams,
+    EchoResult,
     Recorder,
     TickParams,
     make_router,
@@ -170,3 +180,111 @@ async def test_rpc_over_a_channel_without_push_delivery(nursery, autojump_clock)
         async with client.stream(TICKS, TickParams(count=20)) as items:
             assert [item.n async for item in items] == list(range(20))
         await client.aclose()
+
+
+class _InlineRecord:
+    def __init__(self) -> None:
+        self.tasks: list[trio.lowlevel.Task] = []
+
+
+def _inline_router(record: _InlineRecord) -> Router:
+    router = Router()
+
+    def echo(params: EchoParams, ctx: CallContext) -> EchoResult:
+        record.tasks.append(trio.lowlevel.current_task())
+        if params.text == "refuse":
+            raise RpcError("NOT_FOUND", "no such thing")
+        if params.text == "crash":
+            raise ValueError("secret internal detail")
+        return EchoResult(text=params.text)
+
+    router.add(ECHO, echo, inline=True)
+    return router
+
+
+async def test_inline_handlers_run_in_the_reader_and_answer_like_any_other(
+    nursery, autojump_clock
+):
+    record = _InlineRecord()
+    async with running_mux_pair(nursery) as (left, right):
+        with trio.fail_after(10):
+            listener = right.listen("rpc")
+            client_channel = await left.open_channel("rpc")
+            server = RpcServer(await listener.accept(), _inline_router(record))
+            await nursery.start(server.run)
+            client = RpcClient(client_channel)
+            await nursery.start(client.run)
+            results = []
+
+            async def caller(i: int) -> None:
+                for j in range(5):
+                    results.append((await client.call(ECHO, EchoParams(text=f"{i}.{j}"))).text)
+
+            async with trio.open_nursery() as callers:
+                for i in range(6):
+                    callers.start_soon(caller, i)
+            assert sorted(results) == sorted(f"{i}.{j}" for i in range(6) for j in range(5))
+            # Every call ran in one task (the mux reader's), none in a worker.
+            assert len(set(record.tasks)) == 1
+            assert record.tasks[0] is not trio.lowlevel.current_task()
+            assert not server._idle
+            with pytest.raises(RpcError) as refused:
+                await client.call(ECHO, EchoParams(text="refuse"))
+            assert refused.value.code == "NOT_FOUND"
+            with pytest.raises(RpcError) as crashed:
+                await client.call(ECHO, EchoParams(text="crash"))
+            assert crashed.value.code == "INTERNAL" and "secret" not in crashed.value.message
+            assert server.statistics().calls_failed == 2
+            assert (await client.call(ECHO, EchoParams(text="after"))).text == "after"
+            await client.aclose()
+
+
+async def test_inline_calls_go_to_workers_while_answers_wait_for_a_client_that_does_not_read(
+    nursery, autojump_clock
+):
+    record = _InlineRecord()
+    async with running_mux_pair(nursery, config=SMALL) as (left, right):
+        with trio.fail_after(10):
+            listener = right.listen("rpc")
+            channel = await left.open_channel("rpc")
+            server = RpcServer(await listener.accept(), _inline_router(record),
+                               config=RpcConfig(max_concurrent_calls=4))
+            await nursery.start(server.run)
+            count = 60
+            sent = 0
+            # Never reading the answers: the channel's credit runs out, answers
+            # wait in the outbox, and later calls are bounded by the worker
+            # limit (BUSY) instead of queueing without end in the reader.
+            with trio.move_on_after(5):
+                for rid in range(count):
+                    await channel.send(encode_message(Request(rid, ECHO.name, {"text": "x"})))
+                    sent += 1
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(server._outbox) <= 4 + 1
+            answers = {"ok": 0, "BUSY": 0}
+            while sum(answers.values()) < sent:
+                with trio.move_on_after(1):
+                    reply = decode_message(await channel.receive())
+                    if isinstance(reply, Response):
+                        answers["ok"] += 1
+                    else:
+                        assert isinstance(reply, Error) and reply.code == "BUSY"
+                        answers["BUSY"] += 1
+                    continue
+                break  # the rest were dropped BUSY answers (bounded)
+            assert answers["ok"] >= 1
+            assert sum(answers.values()) + server.statistics().replies_dropped == sent
+
+
+def test_inline_is_refused_for_coroutines_and_streams():
+    router = Router()
+
+    async def echo(params, ctx):
+        return params
+
+    with pytest.raises(RpcUsageError) as coroutine:
+        router.add(ECHO, echo, inline=True)
+    assert coroutine.value.code == "BAD_HANDLER"
+    with pytest.raises(RpcUsageError):
+        router.add(TICKS, lambda params, ctx: None, inline=True)
+    assert not router.names
