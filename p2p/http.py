@@ -1,10 +1,15 @@
-"""Serving an ASGI app with hypercorn's trio worker: one way, for every HTTP endpoint.
+"""Serving an ASGI app: hypercorn's trio worker, or the lean server for the hot fronts.
 
-The metrics endpoint (:mod:`p2p.metrics`) and the model servers of the agents
-serve this way. The socket is bound here, not by hypercorn: hypercorn leaves
-the socket of a failed ``bind`` open (a ResourceWarning later, somewhere
-else), and binding first gives the caller a plain ``OSError`` it can name.
-hypercorn is imported only when something is served.
+The metrics endpoint (:mod:`p2p.metrics`) and the daemons' APIs serve on
+hypercorn. proxy-inference's OpenAI API and the agents' model servers, where
+the HTTP server's own cost per request is most of the request, serve with
+``lean=True`` on :mod:`p2p.httpserver` (``httptools`` under trio: HTTP/1.1
+only, no lifespan events; see its docs).
+
+The socket is bound here, not by hypercorn: hypercorn leaves the socket of
+a failed ``bind`` open (a ResourceWarning later, somewhere else), and
+binding first gives the caller a plain ``OSError`` it can name.
+hypercorn (or httptools) is imported only when something is served.
 """
 
 from __future__ import annotations
@@ -86,26 +91,31 @@ async def serve_asgi(
     port: int,
     bind_error: BindError,
     on_listening: Callable[[tuple[str, int]], None] | None = None,
+    lean: bool = False,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``http://host:port`` until cancelled.
 
     Reports the bound ``(host, port)`` through ``task_status`` (port 0 picks a
-    free one), after calling ``on_listening`` with it.
+    free one), after calling ``on_listening`` with it. ``lean``: on
+    :mod:`p2p.httpserver` instead of hypercorn.
 
     Raises:
         OSError: ``bind_error(host, port, cause)`` when the address cannot be
             bound (a port outside 0..65535 included), before anything is served.
     """
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
-
     if not 0 <= port <= 65535:
         raise bind_error(host, port, OSError(errno.EINVAL, "port must be 0..65535"))
     try:
         sock = bound_socket(host, port)
     except OSError as exc:
         raise bind_error(host, port, exc) from None
+    if lean:
+        await _serve_lean(app, sock, on_listening, task_status)
+        return
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn adopts it and closes it when it stops
     config.accesslog = None
@@ -135,3 +145,28 @@ async def serve_asgi(
             task_status.started(address)
     if failure is not None:  # raised outside the nursery, which would wrap it in a group
         raise failure
+
+
+async def _serve_lean(app: Any, sock: socket.socket,
+                      on_listening: Callable[[tuple[str, int]], None] | None,
+                      task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+    """``app`` on :mod:`p2p.httpserver`, listening on the bound ``sock``."""
+    from p2p.httpserver import ServerConfig, serve_listener
+
+    try:
+        sock.listen(SOCKET_BACKLOG)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    except BaseException:
+        sock.close()
+        raise
+    address = sock.getsockname()[:2]
+    async with listener, trio.open_nursery() as nursery:
+        await nursery.start(serve_listener, listener, app,
+                            ServerConfig(keep_alive_s=KEEP_ALIVE_S))
+        if on_listening is not None:
+            on_listening(address)
+        task_status.started(address)
+
+
+#: Connections the kernel queues for ``accept`` (hypercorn's default).
+SOCKET_BACKLOG = 100

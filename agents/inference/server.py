@@ -30,7 +30,8 @@ its content type; ``stream`` is read as :mod:`._streaming` reads it, the rules
 the agent decides by before it forwards.
 
 The ASGI app (:func:`create_app`) is Starlette; :func:`serve_model` runs it on
-hypercorn's trio worker, as DESIGN.md §2 decides for HTTP services.
+the lean HTTP/1.1 server of :mod:`p2p.httpserver` (httptools under trio; the
+other HTTP services stay on hypercorn's trio worker, DESIGN.md §2).
 """
 
 from __future__ import annotations
@@ -566,8 +567,10 @@ async def serve_model(
         log.info("model_server.listening model=%s url=http://%s:%d",
                  served_name or engine.name, *address)
 
+    # On the lean HTTP/1.1 server (p2p.httpserver): every request of the proxy's hot
+    # path comes here, and hypercorn's own cost per request was most of a short one.
     await serve_asgi(app, host=host, port=port, bind_error=ModelServerBindError,
-                     on_listening=listening, task_status=task_status)
+                     on_listening=listening, lean=True, task_status=task_status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

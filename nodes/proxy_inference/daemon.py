@@ -31,11 +31,12 @@ import trio
 
 from crdt import Database, FsyncPolicy, run_database_service
 from nodes.kit.metrics import Snapshot
-from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
+from nodes.kit.peer import HttpBindError, RunningDaemon, in_process, start_peer, start_served
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
 from p2p.daemon import Daemon, DaemonError, ProcessMetrics
 from p2p.host import Reserved
+from p2p.http import serve_asgi
 from p2p.keys import format_key, load_or_create_keypair
 from p2p.net import Network
 from p2p.swarm import Swarm
@@ -219,7 +220,11 @@ async def _serve(settings: ProxySettings, swarm: Swarm, swarm_address: tuple[str
             if metrics is not None:
                 metrics.add(proxy_metrics.registry, proxy_metrics.state_registry,
                             db.metrics.registry)
-            http_address = await inner.start(serve_http, create_app(front), settings.http)
+            # The OpenAI API on the lean HTTP/1.1 server (p2p.httpserver): its own
+            # cost per request is a fraction of hypercorn's, which the hot path feels.
+            http_address = await inner.start(functools.partial(
+                serve_asgi, create_app(front), host=settings.http.host,
+                port=settings.http.port, bind_error=HttpBindError, lean=True))
             log.info("proxy.serving http=%s:%d swarm=%s:%d key=%s db=%s writer=%s",
                      *http_address, *swarm_address, format_key(keypair.public_key)[:12],
                      format_key(db.bootstrap)[:12], db.is_writer)
