@@ -15,7 +15,16 @@ Figures (JSON lines):
   ``--partition`` entries; the time from healing to all three holding the
   same logs and views;
 * ``reopen_s``: opening a replica of ``--catch-up`` entries, with the gate
-  snapshot saved on close and without it (every entry replayed).
+  snapshot saved on close and without it (every entry replayed);
+* ``fast_forward_s``: a fresh replica, in its own process, over a real swarm
+  connection on 127.0.0.1, until its view holds the ``--fast-forward``
+  entries two writers wrote (the admin's signed checkpoint fetched, checked
+  and installed; time from its start, the swarm's lookup and connection
+  included); beside it ``logs_complete_s``, until it also holds every log
+  (fetched and verified in the background, not replayed), and the admin's
+  ``checkpoint_make_s``. Upstream Autobase's figure is its third peer's
+  fast-forward (``autobase.js`` in ../shared/anchors/holepunch: "third-peer
+  sync from scratch"): 0.17-0.24 s at 100,000 ops on this machine.
 
 Upstream Autobase applying into a Hyperbee view on this machine: about 2,400
 ops/s (two writers, 100,000 small ops); a peer replaying every op about 2,500
@@ -23,7 +32,8 @@ ops/s. Targets: durable append + apply >= 12,000 ops/s; catch-up >= 20,000
 entries/s with every signature and chain verified.
 
 usage: python bench/crdt.py [--writers 64] [--ops 20000] [--catch-up 100000]
-                            [--partition 10000]
+                            [--partition 10000] [--fast-forward 100000] [--reps 3]
+                            [--only fast-forward]
 """
 
 from __future__ import annotations
@@ -32,13 +42,15 @@ import argparse
 import functools
 import logging
 import multiprocessing
+import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import trio
-from _common import emit, machine
+from _common import emit, machine, summary
 
 DAY = "2026-11-29"
 
@@ -192,6 +204,91 @@ async def bench_catch_up(folder: Path, total: int) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _fast_forward_child(queue, folder: str, bootstrap, db_key: bytes, expected: int) -> None:
+    """The fresh replica, in a process of its own: report when its view holds
+    ``expected`` entries (usable) and when its logs do too."""
+    logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)d %(name)s %(message)s")
+    if os.environ.get("CRDT_BENCH_DEBUG"):
+        logging.getLogger("crdt").setLevel(logging.INFO)
+        logging.getLogger("p2p").setLevel(logging.DEBUG)
+
+    async def main() -> None:
+        from crdt import FsyncPolicy, ReplicationConfig
+        from crdt._checkpoint import view_digest
+        from p2p.keys import load_or_create_keypair
+        from p2p.swarm import SwarmConfig
+
+        config = SwarmConfig(host="127.0.0.1", bootstrap=tuple(bootstrap), lookup_max_s=1.0)
+        async with trio.open_nursery() as nursery:
+            started = time.perf_counter()
+            service = await nursery.start(functools.partial(
+                replica_on_swarm, folder, load_or_create_keypair(folder), config,
+                bootstrap=db_key, fsync=FsyncPolicy.ALWAYS,
+                replication=ReplicationConfig(request_admission=False)))
+            db = service.db
+            logging.getLogger("bench").info("service started after %.3f s",
+                                            time.perf_counter() - started)
+            await until(lambda: sum(db.applied.values()) >= expected, db, 600)
+            usable = time.perf_counter() - started
+            digest = await db.read(lambda v: view_digest(v.rows()))
+            await until(lambda: sum(db.lengths.values()) >= expected, db, 600)
+            complete = time.perf_counter() - started
+            installed = db.metrics.registry.get_sample_value(
+                "crdt_checkpoints_total", {"outcome": "installed"}) or 0
+            queue.put((usable, complete, digest, installed))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+async def bench_fast_forward(folder: Path, total: int, reps: int) -> None:
+    """A fresh replica from the admin's checkpoint (see ``fast_forward_s`` above)."""
+    from crdt import FsyncPolicy
+    from crdt._checkpoint import view_digest
+    from p2p.dht.testnet import udp_testnet
+    from p2p.keys import load_or_create_keypair
+    from p2p.swarm import SwarmConfig
+
+    built = time.perf_counter()
+    a_public, _ = await trio.to_thread.run_sync(_write_two_writers, folder, total)
+    build_s = time.perf_counter() - built
+    expected = total + 1  # the add_writer entry
+    usable, complete, identical, installed = [], [], [], []
+    async with udp_testnet(3) as dht, trio.open_nursery() as nursery:
+        config = SwarmConfig(host="127.0.0.1", bootstrap=tuple(dht.bootstrap))
+        readers = [load_or_create_keypair(folder / f"c{rep}").public_key for rep in range(reps)]
+        opened = time.perf_counter()
+        service = await nursery.start(functools.partial(
+            replica_on_swarm, folder / "a", load_or_create_keypair(folder / "a"), config,
+            fsync=FsyncPolicy.NEVER, readers=frozenset(readers)))
+        db = service.db
+        await until(lambda: db.checkpoint is not None, db, 600)
+        checkpoint_s = time.perf_counter() - opened
+        checkpoint = db.checkpoint
+        digest = await db.read(lambda v: view_digest(v.rows()))
+        context = multiprocessing.get_context("spawn")
+        for rep in range(reps):
+            queue = context.Queue()
+            child = context.Process(target=_fast_forward_child, daemon=True, args=(
+                queue, str(folder / f"c{rep}"), list(dht.bootstrap), a_public, expected))
+            child.start()
+            result = await trio.to_thread.run_sync(queue.get, True, 1300)
+            await trio.to_thread.run_sync(child.join, 30)
+            usable.append(result[0])
+            complete.append(result[1])
+            identical.append(result[2] == digest)
+            installed.append(result[3])
+        emit("crdt", "fast_forward_s", statistics.median(usable), "s", entries=expected,
+             reps=summary(usable), logs_complete_s=summary(complete),
+             identical_views=all(identical), checkpoints_installed=installed,
+             checkpoint_make_s=round(checkpoint_s, 3),
+             checkpoint_bytes=sum(map(len, checkpoint.pages)) + len(checkpoint.header_bytes),
+             writers=2, build_s=round(build_s, 1),
+             reference="upstream autobase third peer, default fast-forward (autobase.js)",
+             **machine())
+        nursery.cancel_scope.cancel()
+
+
 async def bench_partition(folder: Path, per_side: int) -> None:
     from crdt import FsyncPolicy, ReplicationConfig
     from p2p.dht.testnet import udp_testnet
@@ -259,10 +356,14 @@ def bench_reopen(folder: Path, total: int) -> None:
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="crdt-bench-") as tmp:
         folder = Path(tmp)
-        await bench_append(folder, args.writers, args.ops)
-        await bench_catch_up(folder, args.catch_up)
-        await bench_partition(folder, args.partition)
-        await trio.to_thread.run_sync(bench_reopen, folder, args.catch_up)
+        if args.only in (None, "fast-forward"):
+            (folder / "ff").mkdir()
+            await bench_fast_forward(folder / "ff", args.fast_forward, args.reps)
+        if args.only is None:
+            await bench_append(folder, args.writers, args.ops)
+            await bench_catch_up(folder, args.catch_up)
+            await bench_partition(folder, args.partition)
+            await trio.to_thread.run_sync(bench_reopen, folder, args.catch_up)
 
 
 def main() -> None:
@@ -271,6 +372,10 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=20_000)
     parser.add_argument("--catch-up", type=int, default=100_000)
     parser.add_argument("--partition", type=int, default=10_000)
+    parser.add_argument("--fast-forward", type=int, default=100_000,
+                        help="entries of the database a fresh replica fast-forwards to")
+    parser.add_argument("--reps", type=int, default=3, help="fresh replicas, one after another")
+    parser.add_argument("--only", choices=["fast-forward"], default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     trio.run(run, args)

@@ -28,6 +28,7 @@ and ``_operator`` (the command line's needs).
 from p2p.log import FsyncPolicy
 
 from ._base import WriterChange, WriterStatus
+from ._checkpoint import CheckpointRefused
 from ._database import Database
 from ._entries import Entry, EntryId
 from ._errors import (
@@ -69,6 +70,7 @@ __all__ = [
     "AddWriter",
     "ApiKey",
     "BadEntry",
+    "CheckpointRefused",
     "CrdtError",
     "Database",
     "DatabaseMismatch",

@@ -32,15 +32,24 @@ import logging
 import os
 import sqlite3
 import threading
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from p2p.keys import KeyPair, format_key
-from p2p.log import FsyncPolicy, Head, WriterLog
+from p2p.log import GENESIS_HASH, FsyncPolicy, Head, WriterLog, chain_hash
 
 from ._admission import Admission, compute_admission, has_admin_ops, plan_writer_change
 from ._causal import TOO_MANY_WAITING, CausalGate, GateResult
+from ._checkpoint import (
+    Checkpoint,
+    CheckpointHeader,
+    CheckpointRefused,
+    CheckpointState,
+    CheckpointWriter,
+    build_checkpoint,
+)
 from ._entries import Entry, EntryId, decode_entry
 from ._errors import (
     BadEntry,
@@ -144,6 +153,13 @@ class Base:
         #: Replicated batches refused because their writer is unknown.
         self.unknown_writer_refusals = 0
         self.rebuilds = 0
+        #: Heads of an installed checkpoint our copies of the logs have not
+        #: reached yet: each must hold its chain hash once they do.
+        self._checkpoint_heads: dict[bytes, Head] = {}
+        #: Checkpoints installed, and dropped because a log did not match one.
+        self.checkpoints_installed = 0
+        self.checkpoints_dropped = 0
+        self._installing: CheckpointHeader | None = None  # between the two install steps
 
     # -- opening ------------------------------------------------------------------
 
@@ -244,13 +260,14 @@ class Base:
                                     self.gate)
         if restored is None:
             return {}
-        starts, self._admin_entries = restored
+        starts, self._admin_entries, self._checkpoint_heads = restored
         return starts
 
     def _save_snapshot(self) -> None:
         try:
             save_snapshot(self.layout.snapshot, take_snapshot(
-                self.bootstrap, self.logs, self.gate, [w for w, _ in self._admin_entries]))
+                self.bootstrap, self.logs, self.gate, self._admin_entries,
+                self._checkpoint_heads))
         except OSError as exc:  # a cache: the next open replays everything instead
             log.warning("crdt.snapshot_not_saved reason=%s", exc)
 
@@ -422,6 +439,12 @@ class Base:
         if not batch:
             return []
         own = self.logs[self.key]
+        if self.gate.length(self.key) > own.length:
+            # A checkpoint holds more of our log than this copy (its storage
+            # was lost): appending now would fork it.
+            raise WriteRefused(f"this replica's own log has {own.length} entries where the "
+                               f"database holds {self.gate.length(self.key)}; wait until "
+                               "replication brings the rest", code="LOG_BEHIND")
         deps = {key: n for key, n in self.gate.lengths().items() if key != self.key}
         clock = self.gate.max_clock
         entries = [Entry.create(self.bootstrap, clock + 1 + k, deps, ops)
@@ -518,9 +541,15 @@ class Base:
                                code="BAD_LENGTH")
         if head.length <= have:
             return ApplyReport()
+        previous_hash = writer_log.head_hash
+        new = payloads[have - start:]
         with self._log_lock, log_errors():
-            writer_log.append_verified(payloads[have - start:], head)
-        start = have
+            writer_log.append_verified(new, head)
+        if writer in self._checkpoint_heads and not self._log_matches_checkpoint(
+                writer, have, previous_hash, new):
+            return self._forget_checkpoint()
+        # Entries a checkpoint covered are released already: stored, not replayed.
+        start = max(have, self.gate.length(writer))
         items = list(self._decoded(writer, writer_log, start, writer_log.length))
         return self._take(items)
 
@@ -538,6 +567,197 @@ class Base:
         report.applied = self._catch_up_view(dict(released), fresh_validated=validated)
         report.rebuilt = self.rebuilds != rebuilds
         return report
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def make_checkpoint(self, made_ms: int) -> Checkpoint:
+        """A signed checkpoint of what this admin has applied (see :mod:`._checkpoint`).
+
+        Raises:
+            WriteRefused: ``NOT_AN_ADMIN``.
+        """
+        if self.keypair is None or self.key is None or not self.admission.is_admin(self.key):
+            raise WriteRefused("only an admin makes checkpoints", code="NOT_AN_ADMIN")
+        assert self.view is not None
+        counted = self.counted_lengths()
+        if any(self._applied.get(w, 0) != n for w, n in counted.items()):
+            self._catch_up_view()
+        writers, clocks = [], {}
+        for key, (released_clocks, stop) in self.gate.released_state().items():
+            head = self._head_covering(key, len(released_clocks))
+            writers.append(CheckpointWriter(
+                key, len(released_clocks), head.length if head else 0,
+                head.head_hash if head else GENESIS_HASH, head.signature if head else b"",
+                counted.get(key, 0), stop))
+            clocks[key] = released_clocks
+        admin = [(where.writer, where.index, self._admin_payload(where, entry))
+                 for where, entry in self._admin_entries]
+        with self.view_lock:
+            tables = self.view.rows()
+        return build_checkpoint(self.keypair, self.bootstrap, made_ms, writers, clocks, admin,
+                                tables)
+
+    def _head_covering(self, key: bytes, released: int) -> Head | None:
+        """The writer's signed head at or past ``released``: our log's last, or the
+        installed checkpoint's while our copy is shorter."""
+        writer_log = self.logs.get(key)
+        head = writer_log.head if writer_log is not None else None
+        if head is not None and head.length >= released:
+            return head
+        pending = self._checkpoint_heads.get(key)
+        if pending is not None and pending.length >= released:
+            return pending
+        if released:
+            raise CheckpointRefused(f"no signed head of {format_key(key)[:12]} covers its "
+                                    f"{released} released entries", code="NOT_READY")
+        return head
+
+    def _admin_payload(self, where: EntryId, entry: Entry) -> bytes:
+        writer_log = self.logs.get(where.writer)
+        if writer_log is not None and where.index < writer_log.length:
+            return writer_log.entry(where.index)
+        return entry.encode()  # installed from a checkpoint, its log not here yet
+
+    def install_checkpoint(self, header: CheckpointHeader, state: CheckpointState,
+                           clocks: dict[bytes, array]) -> int:
+        """Both steps of installing a checkpoint at once (see :meth:`install_checkpoint_state`)."""
+        self.install_checkpoint_state(header, state)
+        return self.install_checkpoint_clocks(header, state, clocks)
+
+    def install_checkpoint_state(self, header: CheckpointHeader, state: CheckpointState) -> None:
+        """First step of taking a checked checkpoint (see :mod:`._checkpoint`) as this
+        replica's state: the view becomes the admin's (queries see it at once).
+
+        Nothing may be written until :meth:`install_checkpoint_clocks` (or
+        :meth:`abort_checkpoint`) ends the install: the trio face holds its
+        write lock across both.
+
+        Raises:
+            CheckpointRefused: ``NOT_AN_ADMIN`` (its signer is not an admin by
+                our admission), ``STALE`` (it is not ahead of us) or
+                ``MISMATCH`` (it releases a writer past where ours stopped);
+                nothing changed.
+        """
+        if self.read_only:
+            raise WriteRefused(f"{self.storage} was opened read-only", code="READ_ONLY")
+        assert self.view is not None and self._installing is None
+        if not self.admission.is_admin(header.signer):
+            raise CheckpointRefused(
+                f"the checkpoint is signed by {format_key(header.signer)[:12]}, not an admin "
+                "of this replica's database", code="NOT_AN_ADMIN")
+        theirs = {w.key: w for w in header.writers}
+        ours = self.gate.lengths()
+        for key, length in ours.items():
+            writer = theirs.get(key)
+            if writer is None or writer.released < length:
+                raise CheckpointRefused(
+                    f"the checkpoint holds fewer entries of {format_key(key)[:12]} than this "
+                    "replica", code="STALE")
+        for key, (index, _) in self.gate.stopped.items():
+            writer = theirs.get(key)
+            if writer is not None and writer.released > index:
+                raise CheckpointRefused(f"the checkpoint releases {format_key(key)[:12]} "
+                                        "past where it stopped here", code="MISMATCH")
+        if header.released - sum(ours.values()) <= 0:
+            raise CheckpointRefused("the checkpoint is not ahead of this replica", code="STALE")
+        applied = {w.key: w.applied for w in header.writers if w.applied}
+        try:
+            with self.view_lock:
+                self.view.replace(state.tables, applied)
+        except sqlite3.IntegrityError as exc:
+            raise CheckpointRefused(f"malformed checkpoint: its rows break the view's "
+                                    f"schema ({exc})", code="MALFORMED") from None
+        self._installing = header
+        self._applied = dict(applied)
+
+    def install_checkpoint_clocks(self, header: CheckpointHeader, state: CheckpointState,
+                                  clocks: dict[bytes, array]) -> int:
+        """Second step: the gate restored as after replaying the checkpoint's entries,
+        its admission, then what our logs hold past it replayed. Return the entries
+        gained.
+
+        Raises:
+            CheckpointRefused: ``MISMATCH`` (its clocks differ from those we
+                released); the install is undone (the view rebuilt from the logs).
+        """
+        assert self.view is not None and self._installing is header
+        try:
+            for key, (ours, _) in self.gate.released_state().items():
+                if clocks[key][:len(ours)] != ours:
+                    raise CheckpointRefused(f"the checkpoint's clocks of {format_key(key)[:12]} "
+                                            "differ from those released here", code="MISMATCH")
+            gained = header.released - sum(self.gate.lengths().values())
+            gate = CausalGate(self.bootstrap)
+            for writer in header.writers:
+                gate.restore_released(writer.key, clocks[writer.key], writer.stop)
+            with self.view_lock, self.view.transaction():
+                self.gate, self._backlog = gate, {}
+                self._admin_entries = list(state.admin_entries)
+                self.admission = state.admission
+                self._checkpoint_heads = {}
+                for writer in header.writers:
+                    self._log_for(writer.key)
+                    if (writer.head is not None
+                            and self.logs[writer.key].length < writer.log_length):
+                        self._checkpoint_heads[writer.key] = writer.head
+                # What our logs hold past the checkpoint is replayed now.
+                self._replay_from({key: gate.length(key) for key in self.logs})
+                self.admission = compute_admission(self.bootstrap, self._admin_entries)
+                self._catch_up_view()
+        except BaseException:
+            self.abort_checkpoint()
+            raise
+        self._installing = None
+        self.checkpoints_installed += 1
+        log.info("crdt.checkpoint_installed signer=%s entries=%d gained=%d",
+                 format_key(header.signer)[:12], header.released, gained)
+        return gained
+
+    def abort_checkpoint(self) -> None:
+        """Undo a checkpoint's first step (its clocks never came, or did not fit):
+        replay what our logs hold, as before it."""
+        if self._installing is None:
+            return
+        self._installing = None
+        self._forget_checkpoint()
+
+    def _log_matches_checkpoint(self, writer: bytes, have: int, previous: bytes,
+                                payloads: Sequence[bytes]) -> bool:
+        """Our copy of ``writer`` just grew from ``have``: if it reached the
+        installed checkpoint's head, does it hold the head's chain hash?"""
+        head = self._checkpoint_heads[writer]
+        writer_log = self.logs[writer]
+        if writer_log.length < head.length:
+            return True
+        del self._checkpoint_heads[writer]
+        for index in range(have, head.length):
+            previous = chain_hash(previous, index, payloads[index - have])
+        if previous == head.head_hash:
+            return True
+        log.error("crdt.checkpoint_dropped writer=%s reason=its log does not hold the head "
+                  "the checkpoint named; replaying every entry", format_key(writer)[:12])
+        return False
+
+    def _forget_checkpoint(self) -> ApplyReport:
+        """Drop what a checkpoint installed: replay every entry of our logs, rebuild the view."""
+        assert self.view is not None
+        self.checkpoints_dropped += 1
+        self._checkpoint_heads = {}
+        self.gate, self._backlog, self._admin_entries = CausalGate(self.bootstrap), {}, []
+        self._replay_from({})
+        self.admission = compute_admission(self.bootstrap, self._admin_entries)
+        report = ApplyReport(admission_changed=True, rebuilt=True)
+        report.applied = self.rebuild()
+        return report
+
+    def _replay_from(self, starts: dict[bytes, int]) -> None:
+        """Offer the gate our logs' entries from ``starts`` (0 if absent), in clock order."""
+        streams = [self._decoded(key, writer_log, starts.get(key, 0), writer_log.length)
+                   for key, writer_log in self.logs.items()
+                   if writer_log.length > starts.get(key, 0)]
+        merged = heapq.merge(*streams, key=lambda item: (item[1].clock, item[0].writer))
+        for chunk in _chunks(merged, _CHUNK):
+            self._gate_offer(chunk)
 
     # -- reading ------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from p2p.keys import KeyPair
 from p2p.log import FsyncPolicy, Head
 
 from ._base import ApplyReport, Base, WriterChange, WriterStatus
+from ._checkpoint import Checkpoint, CheckpointHeader, CheckpointState
 from ._entries import EntryId
 from ._metrics import DatabaseMetrics
 from ._operations import OP_TYPES, Op, PutModelMaster, wire_batch, wire_ops
@@ -77,6 +79,12 @@ class Database:
         self._writers_snapshot: list[WriterStatus] = base.writers()
         self._refused_seen = 0
         self._rebuilds_seen = base.rebuilds
+        #: Entries of each writer the view holds (refreshed after every write).
+        self.applied: dict[bytes, int] = dict(base._applied)
+        #: The last checkpoint this admin made, and the one before (whose pages a
+        #: peer may still be fetching); see :meth:`make_checkpoint`.
+        self.checkpoint: Checkpoint | None = None
+        self.previous_checkpoint: Checkpoint | None = None
 
     @classmethod
     async def open(cls, storage: str | os.PathLike[str], keypair: KeyPair, *,
@@ -232,8 +240,54 @@ class Database:
         self.metrics.ingested.inc(max(0, self.lengths.get(writer, 0) - before))
         return report
 
+    async def make_checkpoint(self, made_ms: int) -> Checkpoint:
+        """Make a signed checkpoint of this admin's state and serve it from now on
+        (see :mod:`._checkpoint`). Between writes, so it is one consistent state.
+
+        Raises:
+            WriteRefused: ``NOT_AN_ADMIN``.
+            CheckpointRefused: ``NOT_READY`` (our logs do not cover what a
+                checkpoint we installed released, yet).
+        """
+        async with self._write_lock:
+            checkpoint = await trio.to_thread.run_sync(self.base.make_checkpoint, made_ms)
+        self.previous_checkpoint, self.checkpoint = self.checkpoint, checkpoint
+        return checkpoint
+
+    def served_checkpoint(self, checkpoint_id: bytes) -> Checkpoint | None:
+        """The checkpoint served under ``checkpoint_id``, if it is still kept."""
+        for checkpoint in (self.checkpoint, self.previous_checkpoint):
+            if checkpoint is not None and checkpoint.id == checkpoint_id:
+                return checkpoint
+        return None
+
+    async def install_checkpoint(
+        self, header: CheckpointHeader, state: CheckpointState,
+        fetch_clocks: Callable[[], Awaitable[dict[bytes, array]]],
+    ) -> int:
+        """Install a checked checkpoint: its view first (queries see it as soon as
+        it is in), then its clocks, fetched meanwhile with ``fetch_clocks()``
+        (see :meth:`Base.install_checkpoint_state`). Writes wait until both are
+        in; if fetching the clocks fails, the install is undone and the error raised.
+        """
+        async with self._write_lock:
+            try:
+                await trio.to_thread.run_sync(self.base.install_checkpoint_state, header, state)
+                self._after_write()
+                try:
+                    clocks = await fetch_clocks()
+                except BaseException:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self.base.abort_checkpoint)
+                    raise
+                return await trio.to_thread.run_sync(self.base.install_checkpoint_clocks,
+                                                     header, state, clocks)
+            finally:
+                self._after_write()
+
     def _after_write(self) -> None:
         base = self.base
+        self.applied = dict(base._applied)
         self.lengths = base.lengths()
         self.wanted = frozenset(base.wanted())
         self._writers_snapshot = base.writers()

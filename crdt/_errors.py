@@ -18,6 +18,10 @@ stack's errors catch these too::
     │                                READ_ONLY; for writer changes also REMOVED,
     │                                UNKNOWN_WRITER, LAST_ADMIN)
     ├── DatabaseMismatch             the storage holds another database
+    ├── CheckpointRefused            a view checkpoint not installed (.code: MALFORMED,
+    │                                WRONG_DB, BAD_SIGNATURE, NOT_AN_ADMIN, BAD_HEAD,
+    │                                BAD_DIGEST, STALE, MISMATCH, TOO_LARGE; defined
+    │                                in _checkpoint.py)
     ├── BadEntry                     an entry breaks the entry rules (.code)
     │   └── InvalidOp (ValueError)   one operation has a bad field (.code BAD_OP;
     │                                .op, .field); also raised when a typed

@@ -15,6 +15,10 @@ bootstrap key): a peer serving another database answers ``WRONG_DB``.
            carries the head.
 ``join``   ask to be admitted as a writer: an admin whose allow-list holds
            the caller's key appends ``add_writer`` for it.
+``checkpoint``       the newest view checkpoint this admin made (its
+                     signed header; see :mod:`._checkpoint`), to fast-forward
+                     a fresh replica; ``NO_CHECKPOINT`` if it has none.
+``checkpoint_page``  one page of a checkpoint's body, by the header's hash.
 ``admin``  the operator's ``cosmicac db add-writer|remove-writer`` on a
            running replica: the request is signed with the replica's own
            identity (:func:`admin_message`), so only whoever holds its storage
@@ -33,12 +37,18 @@ from p2p.rpc import Method
 
 __all__ = [
     "ADMIN",
+    "CHECKPOINT",
+    "CHECKPOINT_PAGE",
     "FETCH",
     "HEADS",
     "JOIN",
     "PROTOCOL",
     "AdminParams",
     "AdminResult",
+    "CheckpointPageParams",
+    "CheckpointPageResult",
+    "CheckpointParams",
+    "CheckpointResult",
     "FetchParams",
     "FetchResult",
     "HeadModel",
@@ -114,6 +124,27 @@ class AdminResult(BaseModel):
     length: int | None = None
 
 
+class CheckpointParams(BaseModel):
+    db: Bytes32
+
+
+class CheckpointResult(BaseModel):
+    #: The encoded header (decoded and checked by :mod:`._checkpoint`).
+    header: Annotated[bytes, Field(strict=True, max_length=400 * 1024)]
+    signature: Annotated[bytes, Field(strict=True, min_length=64, max_length=64)]
+
+
+class CheckpointPageParams(BaseModel):
+    db: Bytes32
+    #: BLAKE2b-256 of the header.
+    checkpoint: Bytes32
+    page: Annotated[int, Field(strict=True, ge=0, lt=1024)]
+
+
+class CheckpointPageResult(BaseModel):
+    data: Annotated[bytes, Field(strict=True, max_length=256 * 1024)]
+
+
 def admin_message(db: bytes, caller: bytes, action: str, writer: bytes, admin: bool) -> bytes:
     """What the replica's identity signs to ask itself for a writer change.
 
@@ -128,3 +159,6 @@ HEADS = Method("crdt.heads", params=HeadsParams, result=HeadsResult)
 FETCH = Method("crdt.fetch", params=FetchParams, result=FetchResult)
 JOIN = Method("crdt.join", params=JoinParams, result=JoinResult)
 ADMIN = Method("crdt.admin", params=AdminParams, result=AdminResult)
+CHECKPOINT = Method("crdt.checkpoint", params=CheckpointParams, result=CheckpointResult)
+CHECKPOINT_PAGE = Method("crdt.checkpoint_page", params=CheckpointPageParams,
+                         result=CheckpointPageResult)

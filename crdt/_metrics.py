@@ -45,3 +45,7 @@ class DatabaseMetrics:
         self.admissions = Counter(
             "crdt_admission_requests", "Requests to be admitted as a writer, by outcome",
             ["outcome"], registry=self.registry)
+        self.checkpoints = Counter(
+            "crdt_checkpoints",
+            "View checkpoints: made (this admin), served, installed, refused (by code)",
+            ["outcome"], registry=self.registry)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
@@ -59,10 +60,21 @@ from p2p.rpc import (
     serve_rpc,
 )
 
+from ._checkpoint import (
+    CheckpointRefused,
+    checkpoint_id,
+    decode_clocks,
+    decode_header,
+    decode_state,
+    verify_header,
+    verify_page,
+)
 from ._database import Database
 from ._errors import CrdtError, InvalidBatch, UnknownWriter, WriteRefused
 from ._messages import (
     ADMIN,
+    CHECKPOINT,
+    CHECKPOINT_PAGE,
     FETCH,
     HEADS,
     JOIN,
@@ -70,6 +82,10 @@ from ._messages import (
     PROTOCOL,
     AdminParams,
     AdminResult,
+    CheckpointPageParams,
+    CheckpointPageResult,
+    CheckpointParams,
+    CheckpointResult,
     FetchParams,
     FetchResult,
     HeadModel,
@@ -101,6 +117,9 @@ ROUND_BYTES = 1024 * 1024
 METHOD_ACCESS: dict[str, str] = {
     HEADS.name: "reader",
     FETCH.name: "reader",
+    # The view holds what the logs hold (every team's keys and usage).
+    CHECKPOINT.name: "reader",
+    CHECKPOINT_PAGE.name: "reader",
     JOIN.name: "anyone",
     ADMIN.name: "anyone",
 }
@@ -125,6 +144,19 @@ class ReplicationConfig:
     join_retry_s: float = 2.0
     #: Ask peers to admit us while we are not a writer.
     request_admission: bool = True
+    #: Start from a peer's view checkpoint when it is at least this many
+    #: entries ahead of us (0: never fast-forward).
+    fast_forward_min_entries: int = 1_000
+    #: Checkpoint pages asked for at once.
+    checkpoint_pages_in_flight: int = 4
+    #: An admin makes a checkpoint once this many entries were released since
+    #: its last one (and on start, if it has entries)...
+    checkpoint_every: int = 10_000
+    #: ...or after this long with any new entry; never more often than
+    #: ``checkpoint_min_interval_s`` (each costs a pass over the view and
+    #: eight bytes per entry).
+    checkpoint_max_age_s: float = 300.0
+    checkpoint_min_interval_s: float = 10.0
 
 
 @dataclass
@@ -188,6 +220,9 @@ class Replicator(Service):
         self._router.add(FETCH, self._fetch)
         self._router.add(JOIN, self._join)
         self._router.add(ADMIN, self._admin)
+        self._router.add(CHECKPOINT, self._checkpoint)
+        self._router.add(CHECKPOINT_PAGE, self._checkpoint_page)
+        self._fast_forward_lock = trio.Lock()
         #: Connections whose peer opened our protocol to us: set once it does.
         self._spoke: weakref.WeakKeyDictionary[Connection, trio.Event] = (
             weakref.WeakKeyDictionary())
@@ -323,6 +358,147 @@ class Replicator(Service):
                  params.action, format_key(params.writer)[:12], change.status)
         return AdminResult(status=change.status, length=change.length)
 
+    async def _checkpoint(self, params: CheckpointParams, ctx: CallContext) -> CheckpointResult:
+        self._check_db(params.db)
+        checkpoint = self.db.checkpoint
+        if checkpoint is None:
+            raise RpcError("NO_CHECKPOINT", "this replica serves no checkpoint (only admins "
+                                            "make them)")
+        self.db.metrics.checkpoints.labels("served").inc()
+        return CheckpointResult(header=checkpoint.header_bytes, signature=checkpoint.signature)
+
+    async def _checkpoint_page(self, params: CheckpointPageParams,
+                               ctx: CallContext) -> CheckpointPageResult:
+        self._check_db(params.db)
+        checkpoint = self.db.served_checkpoint(params.checkpoint)
+        if checkpoint is None:
+            raise RpcError("NO_CHECKPOINT", "that checkpoint is no longer kept; ask for the "
+                                            "newest one")
+        if params.page >= len(checkpoint.pages):
+            raise RpcError("OUT_OF_RANGE", f"the checkpoint has {len(checkpoint.pages)} pages")
+        return CheckpointPageResult(data=checkpoint.pages[params.page])
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    async def keep_checkpoints(self) -> None:
+        """While this replica is an admin, make a checkpoint on start and then every
+        ``checkpoint_every`` released entries or ``checkpoint_max_age_s`` (run by
+        the service until cancelled)."""
+        config, db = self.config, self.db
+        made_at = -math.inf
+        made = 0  # entries the view held at the last checkpoint
+        while True:
+            # The entries the view holds, as of the last write (read here, not
+            # from the gate a worker thread may be changing).
+            new = sum(db.applied.values()) - made
+            age = trio.current_time() - made_at
+            due = db.is_admin and new > 0 and (new >= config.checkpoint_every
+                                               or age >= config.checkpoint_max_age_s
+                                               or db.checkpoint is None)
+            if due and age >= config.checkpoint_min_interval_s:
+                try:
+                    checkpoint = await db.make_checkpoint(int(time.time() * 1000))
+                except (CheckpointRefused, WriteRefused) as exc:
+                    log.info("crdt.checkpoint_not_made code=%s reason=%s", exc.code, exc)
+                else:
+                    db.metrics.checkpoints.labels("made").inc()
+                    made = sum(w.applied for w in checkpoint.header.writers)
+                    log.info("crdt.checkpoint_made entries=%d pages=%d", made,
+                             len(checkpoint.pages))
+                made_at = trio.current_time()
+                continue
+            wait = (config.checkpoint_min_interval_s - age if due
+                    else config.checkpoint_max_age_s)
+            await db.wait_changed(db.lengths, max(0.05, min(wait, config.checkpoint_max_age_s)))
+
+    async def _fast_forward(self, client: RpcClient, state: PeerState) -> None:
+        """Install the peer's checkpoint if it is far enough ahead of us; on any
+        refusal, say why and go on (the full catch-up follows either way)."""
+        minimum = self.config.fast_forward_min_entries
+        if minimum <= 0 or self._fast_forward_lock.locked():
+            return
+        async with self._fast_forward_lock:
+            db = self.db
+            peer = format_key(state.key)[:12]
+            try:
+                answer = await client.call(CHECKPOINT, CheckpointParams(db=db.bootstrap),
+                                           timeout_s=self.config.call_timeout_s)
+            except RpcError as exc:
+                if exc.code == "INVALID_RESULT":
+                    raise BadPeer(f"bad checkpoint answer: {exc}", code="BAD_ANSWER") from None
+                if exc.code not in ("NO_CHECKPOINT", "UNKNOWN_METHOD", "NOT_ALLOWED"):
+                    raise
+                log.debug("crdt.no_checkpoint peer=%s code=%s", peer, exc.code)
+                return
+            try:
+                header = decode_header(answer.header)
+                ahead = sum(w.applied for w in header.writers) - sum(db.applied.values())
+                if ahead < minimum:
+                    log.debug("crdt.checkpoint_skipped peer=%s ahead=%d", peer, ahead)
+                    return
+                verify_header(header, answer.header, answer.signature, db.bootstrap)
+                if not db.base.admission.is_admin(header.signer):
+                    raise CheckpointRefused(
+                        f"the checkpoint is signed by {format_key(header.signer)[:12]}, not "
+                        "an admin of this replica's database", code="NOT_AN_ADMIN")
+                started = trio.current_time()
+                ident = checkpoint_id(answer.header)
+                state_bytes = await self._checkpoint_pages(
+                    client, header, ident, range(header.state_pages))
+                checked = await trio.to_thread.run_sync(decode_state, header, state_bytes)
+                times: list[float] = []
+
+                async def fetch_clocks():
+                    times.append(trio.current_time())
+                    data = await self._checkpoint_pages(client, header, ident,
+                                                        header.clock_pages)
+                    times.append(trio.current_time())
+                    return await trio.to_thread.run_sync(decode_clocks, header, checked, data)
+
+                gained = await db.install_checkpoint(header, checked, fetch_clocks)
+            except CheckpointRefused as exc:
+                db.metrics.checkpoints.labels(f"refused_{exc.code}").inc()
+                log.warning("crdt.checkpoint_refused peer=%s code=%s reason=%s; replaying "
+                            "every entry instead", peer, exc.code, exc)
+                return
+            db.metrics.checkpoints.labels("installed").inc()
+            log.info("crdt.fast_forwarded peer=%s entries=%d gained=%d state_bytes=%d "
+                     "clock_bytes=%d view_s=%.3f clocks_fetch_s=%.3f total_s=%.3f", peer,
+                     header.released, gained, header.state_size, header.clocks_size,
+                     times[0] - started, times[1] - times[0], trio.current_time() - started)
+
+    async def _checkpoint_pages(self, client: RpcClient, header, ident: bytes,
+                                indexes: range) -> bytes:
+        """Fetch these pages (a few at a time), each checked against the header."""
+        pages: dict[int, bytes] = {}
+        failed: list[Exception] = []
+        limit = trio.CapacityLimiter(max(1, self.config.checkpoint_pages_in_flight))
+
+        async def fetch(index: int, cancel: trio.CancelScope) -> None:
+            try:
+                async with limit:
+                    reply = await client.call(
+                        CHECKPOINT_PAGE, CheckpointPageParams(
+                            db=self.db.bootstrap, checkpoint=ident, page=index),
+                        timeout_s=self.config.call_timeout_s)
+                verify_page(header, index, reply.data)
+                pages[index] = reply.data
+            except RpcError as exc:  # the first failure ends the fetch, raised as it is
+                failed.append(CheckpointRefused(f"page {index}: {exc.code}", code="BAD_DIGEST")
+                              if exc.code in ("NO_CHECKPOINT", "OUT_OF_RANGE",
+                                              "INVALID_RESULT") else exc)
+                cancel.cancel()
+            except CheckpointRefused as exc:
+                failed.append(exc)
+                cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for index in indexes:
+                nursery.start_soon(fetch, index, nursery.cancel_scope)
+        if failed:
+            raise failed[0]
+        return b"".join(pages[index] for index in indexes)
+
     # -- pulling ------------------------------------------------------------------------
 
     async def on_connection(self, connection: Connection) -> None:
@@ -390,6 +566,7 @@ class Replicator(Service):
 
     async def _pull(self, client: RpcClient, state: PeerState) -> None:
         db = self.db
+        await self._fast_forward(client, state)
         known: list[tuple[bytes, int]] | None = None
         stalled = 0.0
         refused_wait = 0.0

@@ -84,6 +84,7 @@ async def run_database_service(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_keep_status_file, db.base.layout.status, db, replicator,
                                swarm.address)
+            nursery.start_soon(replicator.keep_checkpoints)
             log.info("crdt.serving db=%s me=%s writer=%s admin=%s address=%s:%d",
                      format_key(db.bootstrap), format_key(db.key), db.is_writer, db.is_admin,
                      *swarm.address)

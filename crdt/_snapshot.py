@@ -10,7 +10,10 @@ The file is a cache, like the view: written atomically without fsync, and
 ignored (with a warning) when it is unreadable, belongs to another database,
 or no longer matches the logs: each writer's log must still hold, at the
 saved length, a signed head with the saved chain hash. Anything else falls
-back to the full replay.
+back to the full replay. A replica that installed a checkpoint may have
+released more of a writer than its copy of the log holds yet: the snapshot
+then keeps the writer's signed head the checkpoint named (``pending``), which
+the log must reach with the same chain hash (checked as it arrives).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import msgpack
 
 from p2p.files import write_atomically
 from p2p.keys import format_key
-from p2p.log import WriterLog
+from p2p.log import Head, WriterLog
 
 from ._causal import CausalGate
 from ._entries import Entry, EntryId, decode_entry
@@ -54,6 +57,8 @@ class WriterSnapshot:
     #: Clock of each released entry, in index order.
     clocks: array
     stop: tuple[int, str] | None
+    #: The head an installed checkpoint named, while the log is shorter than ``clocks``.
+    pending: Head | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,9 @@ def save_snapshot(path: Path, snapshot: Snapshot) -> None:
         FORMAT,
         snapshot.db,
         [[w.key, w.log_length, w.log_head, _little_endian(w.clocks),
-          list(w.stop) if w.stop else None] for w in snapshot.writers.values()],
+          list(w.stop) if w.stop else None,
+          [w.pending.length, w.pending.head_hash, w.pending.signature] if w.pending else None]
+         for w in snapshot.writers.values()],
         [list(item) for item in snapshot.admin_entries],
     ]
     write_atomically(path, msgpack.packb(document, use_bin_type=True))
@@ -106,13 +113,15 @@ def load_snapshot(path: Path, db: bytes) -> Snapshot | None:
         if saved_db != db:
             raise ValueError("it belongs to another database")
         snapshot = Snapshot(db, {}, [])
-        for key, length, head, clocks, stop in writers:
+        for key, length, head, clocks, stop, *rest in writers:
             if not (isinstance(key, bytes) and isinstance(head, bytes) and isinstance(clocks, bytes)
-                    and isinstance(length, int) and len(clocks) % 8 == 0):
+                    and isinstance(length, int) and len(clocks) % 8 == 0 and len(rest) <= 1):
                 raise ValueError("a malformed writer")
+            pending = rest[0] if rest else None
             snapshot.writers[key] = WriterSnapshot(
                 key, length, head, _from_little_endian(clocks),
-                (int(stop[0]), str(stop[1])) if stop else None)
+                (int(stop[0]), str(stop[1])) if stop else None,
+                Head(int(pending[0]), bytes(pending[1]), bytes(pending[2])) if pending else None)
         for writer, index, payload in admin:
             if not (isinstance(writer, bytes) and isinstance(index, int)
                     and isinstance(payload, bytes)):
@@ -125,22 +134,29 @@ def load_snapshot(path: Path, db: bytes) -> Snapshot | None:
 
 
 def take_snapshot(db: bytes, logs: dict[bytes, WriterLog], gate: CausalGate,
-                  admin_entries: list[EntryId]) -> Snapshot:
-    """What to save of a base: the gate's released prefixes and the admin entries."""
-    writers = {key: WriterSnapshot(key, logs[key].length, logs[key].head_hash, clocks, stop)
+                  admin_entries: list[tuple[EntryId, Entry]],
+                  pending: dict[bytes, Head] | None = None) -> Snapshot:
+    """What to save of a base: the gate's released prefixes and the admin entries
+    (``pending``: the heads of an installed checkpoint the logs have not reached)."""
+    pending = pending or {}
+    writers = {key: WriterSnapshot(key, logs[key].length, logs[key].head_hash, clocks, stop,
+                                   pending.get(key) if len(clocks) > logs[key].length else None)
                for key, (clocks, stop) in gate.released_state().items() if key in logs}
-    admin = [(where.writer, where.index, logs[where.writer].entry(where.index))
-             for where in admin_entries]
+    admin = [(where.writer, where.index,
+              logs[where.writer].entry(where.index) if where.index < logs[where.writer].length
+              else entry.encode())
+             for where, entry in admin_entries]
     return Snapshot(db, writers, admin)
 
 
 def restore_snapshot(
     path: Path, db: bytes, logs: dict[bytes, WriterLog], gate: CausalGate
-) -> tuple[dict[bytes, int], list[tuple[EntryId, Entry]]] | None:
+) -> tuple[dict[bytes, int], list[tuple[EntryId, Entry]], dict[bytes, Head]] | None:
     """Restore a fresh ``gate`` from the snapshot at ``path`` if it still matches ``logs``.
 
-    Returns where each writer's replay starts and the admin entries, or None
-    (nothing restored) when there is no usable snapshot.
+    Returns where each writer's replay starts, the admin entries and the
+    pending checkpoint heads, or None (nothing restored) when there is no
+    usable snapshot.
     """
     snapshot = load_snapshot(path, db)
     if snapshot is None:
@@ -154,7 +170,10 @@ def restore_snapshot(
         writer_log = logs.get(saved.key)
         if writer_log is None:
             return discard(f"no log for writer {format_key(saved.key)[:12]}")
-        if (writer_log.length < saved.log_length or len(saved.clocks) > saved.log_length
+        short = len(saved.clocks) > saved.log_length and not (
+            saved.pending is not None and saved.pending.length >= len(saved.clocks)
+            and writer_log.length == saved.log_length)
+        if (writer_log.length < saved.log_length or short
                 or (saved.log_length
                     and writer_log.head_hash_at(saved.log_length) != saved.log_head)):
             return discard(f"the log of {format_key(saved.key)[:12]} no longer holds "
@@ -162,7 +181,8 @@ def restore_snapshot(
     admin_entries = []
     for writer, index, payload in snapshot.admin_entries:
         saved = snapshot.writers.get(writer)
-        if saved is None or index >= len(saved.clocks) or logs[writer].entry(index) != payload:
+        if saved is None or index >= len(saved.clocks) or (
+                index < logs[writer].length and logs[writer].entry(index) != payload):
             return discard("an admin entry does not match its log")
         try:
             admin_entries.append((EntryId(writer, index), decode_entry(payload)))
@@ -170,4 +190,7 @@ def restore_snapshot(
             return discard(f"an admin entry does not decode: {exc}")
     for saved in snapshot.writers.values():
         gate.restore_released(saved.key, saved.clocks, saved.stop)
-    return {key: len(saved.clocks) for key, saved in snapshot.writers.items()}, admin_entries
+    pending = {key: saved.pending for key, saved in snapshot.writers.items()
+               if saved.pending is not None and len(saved.clocks) > saved.log_length}
+    return ({key: len(saved.clocks) for key, saved in snapshot.writers.items()}, admin_entries,
+            pending)

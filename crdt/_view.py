@@ -63,7 +63,8 @@ from ._entries import Entry, EntryId
 from ._errors import BadEntry, CrdtError
 from ._ops import ADMIN_OPS, hash_secret, validate_op
 
-__all__ = ["FORMAT_VERSION", "ApiKey", "ModelMaster", "Usage", "View", "ViewMismatch"]
+__all__ = ["FORMAT_VERSION", "TABLE_COLUMNS", "ApiKey", "ModelMaster", "Usage", "View",
+           "ViewMismatch"]
 
 #: Version of the view's schema and rules; a change means "rebuild from the logs".
 FORMAT_VERSION = 1
@@ -176,6 +177,10 @@ _DATA_TABLES = {
     "token_usage": "key_id, model, day",
     "key_last_used": "key_id",
 }
+
+#: Columns of each data table, in ``_DATA_TABLES`` order (what a checkpoint carries).
+TABLE_COLUMNS = {"api_keys": 11, "model_masters": 7, "token_usage": 8, "key_last_used": 2}
+assert list(TABLE_COLUMNS) == list(_DATA_TABLES)
 
 # Strictly greater stamp: an entry's stamp is unique, so equality only means the
 # same entry applied again, which must change nothing.
@@ -450,6 +455,28 @@ class View:
             table: self._conn.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
             for table, order in _DATA_TABLES.items()
         }
+
+    def rows(self) -> list[list[tuple[Any, ...]]]:
+        """Every row of every data table (``TABLE_COLUMNS`` order), in key order: what a
+        checkpoint carries."""
+        return list(self.dump().values())
+
+    def replace(self, tables: list[list[tuple[Any, ...]]], applied: dict[bytes, int]) -> None:
+        """Make the view exactly ``tables`` (as :meth:`rows` gives them) holding
+        ``applied`` entries of each writer: installing a checkpoint. One transaction.
+
+        Raises:
+            sqlite3.IntegrityError: the rows break the schema (a missing
+                value, a key twice); nothing changed.
+        """
+        conn = self._conn
+        with self.transaction():
+            self.reset()
+            for (table, columns), rows in zip(TABLE_COLUMNS.items(), tables, strict=True):
+                if rows:
+                    marks = ", ".join("?" * columns)
+                    conn.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+            conn.executemany(_APPLIED, [(w, n) for w, n in applied.items() if n])
 
     def counts(self) -> dict[str, int]:
         """Rows per table; ``api_keys`` counts keys that were put, not bare revocations."""

@@ -3,7 +3,8 @@
 Every method of cosmicac-db/1 by every kind of caller: the admitted writers
 (an admin, a writer), a key the admin admits on join, a configured reader,
 a removed writer, a stranger and a caller with no proven key. Only the first
-four may read (``crdt.heads``, ``crdt.fetch``); ``crdt.join`` and
+four may read (``crdt.heads``, ``crdt.fetch``, ``crdt.checkpoint``,
+``crdt.checkpoint_page``: a checkpoint is the view, every team's keys and usage); ``crdt.join`` and
 ``crdt.admin`` answer everyone with their own checks and reveal no data; a
 method nobody lists is refused.
 """
@@ -19,11 +20,15 @@ from pydantic import BaseModel
 from crdt import Database, FsyncPolicy
 from crdt._messages import (
     ADMIN,
+    CHECKPOINT,
+    CHECKPOINT_PAGE,
     FETCH,
     HEADS,
     JOIN,
     PROTOCOL,
     AdminParams,
+    CheckpointPageParams,
+    CheckpointParams,
     FetchParams,
     HeadsParams,
     JoinParams,
@@ -55,6 +60,7 @@ async def admin_replica(storage) -> tuple[Database, Replicator]:
     await db.change_writer("add_writer", KEYS["writer"])
     await db.change_writer("add_writer", KEYS["removed"])
     await db.change_writer("remove_writer", KEYS["removed"])
+    await db.make_checkpoint(0)
     # The removed key stays on the allow-list (a stale config): it reads nothing.
     replicator = Replicator(db, allow=[KEYS["pending"], KEYS["removed"]],
                             readers=[KEYS["reader"]])
@@ -80,7 +86,8 @@ async def code(client: RpcClient, method, params) -> str | None:
 
 
 def test_every_method_served_has_its_line():
-    assert set(METHOD_ACCESS) == {HEADS.name, FETCH.name, JOIN.name, ADMIN.name}
+    assert set(METHOD_ACCESS) == {HEADS.name, FETCH.name, JOIN.name, ADMIN.name,
+                                  CHECKPOINT.name, CHECKPOINT_PAGE.name}
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -94,6 +101,9 @@ async def test_each_replication_method_answers_exactly_whom_it_is_meant_for(
             heads = await code(client, HEADS, HeadsParams(db=db.bootstrap))
             fetch = await code(client, FETCH, FetchParams(db=db.bootstrap, writer=db.key,
                                                           start=0))
+            checkpoint = await code(client, CHECKPOINT, CheckpointParams(db=db.bootstrap))
+            page = await code(client, CHECKPOINT_PAGE, CheckpointPageParams(
+                db=db.bootstrap, checkpoint=db.checkpoint.id, page=0))
             admin = await code(client, ADMIN, AdminParams(
                 db=db.bootstrap, action="add_writer", writer=KEYS["stranger"],
                 signature=b"\x00" * 64))
@@ -103,12 +113,13 @@ async def test_each_replication_method_answers_exactly_whom_it_is_meant_for(
             joined = await code(client, JOIN, JoinParams(db=db.bootstrap))
             refused = {method: db.metrics.registry.get_sample_value(
                 "crdt_reads_refused_total", {"method": method}) or 0
-                for method in (HEADS.name, FETCH.name, "(unlisted)")}
+                for method in (HEADS.name, FETCH.name, CHECKPOINT.name, CHECKPOINT_PAGE.name,
+                               "(unlisted)")}
             stranger_is_writer = db.base.admission.is_writer(KEYS["stranger"])
         finally:
             await db.aclose()
     expected = None if caller in READERS else "NOT_ALLOWED"
-    assert (heads, fetch) == (expected, expected)
+    assert (heads, fetch, checkpoint, page) == (expected,) * 4
     assert admin == "NOT_ALLOWED"  # only the replica's own identity signs these
     assert not stranger_is_writer
     assert unlisted == "NOT_ALLOWED"
@@ -116,7 +127,9 @@ async def test_each_replication_method_answers_exactly_whom_it_is_meant_for(
     if caller != "pending":
         assert db.lengths == lengths_before  # only the allowed key's join wrote
     assert refused == {HEADS.name: 0 if expected is None else 1,
-                       FETCH.name: 0 if expected is None else 1, "(unlisted)": 1}
+                       FETCH.name: 0 if expected is None else 1,
+                       CHECKPOINT.name: 0 if expected is None else 1,
+                       CHECKPOINT_PAGE.name: 0 if expected is None else 1, "(unlisted)": 1}
     logged = [r.getMessage() for r in caplog.records if "crdt.read_refused" in r.getMessage()]
     assert len(logged) == 1  # once per key, however many calls
 
