@@ -14,6 +14,8 @@ import sys
 
 import trio
 
+from runtime.fdio import FdReader, write_now
+
 __all__ = ["StdinSource", "StdoutSink"]
 
 _READ_BYTES = 256 * 1024
@@ -33,14 +35,18 @@ class StdinSource:
         fd = sys.stdin.fileno() if fd is None else fd
         self._file_fd: int | None = None
         self._stream: trio.lowlevel.FdStream | None = None
+        self._reader: FdReader | None = None
         if _is_regular_file(fd):
             self._file_fd = fd
         else:
             self._stream = trio.lowlevel.FdStream(os.dup(fd))
+            # Waits first: a keystroke costs one pass, not a yield, a failed
+            # read and a wait (see runtime.fdio).
+            self._reader = FdReader(self._stream.fileno())
 
     async def receive_some(self) -> bytes:
-        if self._stream is not None:
-            return await self._stream.receive_some(_READ_BYTES)
+        if self._reader is not None:
+            return await self._reader.receive_some(_READ_BYTES)
         return await trio.to_thread.run_sync(os.read, self._file_fd, _READ_BYTES)
 
     async def aclose(self) -> None:
@@ -59,8 +65,17 @@ class StdoutSink:
         self._closed = False
 
     async def send_all(self, data: bytes | bytearray) -> None:
+        """Write ``data``; waits only while the reader of our output is full.
+
+        What the descriptor takes at once is written without yielding (the
+        caller's next receive yields anyway): an echoed keystroke costs no
+        scheduler pass here.
+        """
         if self._stream is not None:
-            await self._stream.send_all(data)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            written = write_now(self._stream.fileno(), data) if data else 0
+            if written < len(data):
+                await self._stream.send_all(memoryview(data)[written:])
             return
         view = memoryview(data)
         while view:

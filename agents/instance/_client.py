@@ -120,9 +120,12 @@ class ShellSession:
 
     async def send_stdin(self, data: bytes) -> None:
         """Send input (to the terminal, or the process's stdin); waits for credit."""
+        # checkpoint=False: a caller's next step (reading more input) yields;
+        # a yield here would cost a scheduler pass per keystroke.
         view = memoryview(data)
         for start in range(0, len(view), MAX_DATA_BYTES):
-            await self.channel.send(encode(Stdin(bytes(view[start:start + MAX_DATA_BYTES]))))
+            await self.channel.send(encode(Stdin(bytes(view[start:start + MAX_DATA_BYTES]))),
+                                    checkpoint=False)
 
     async def close_stdin(self) -> None:
         """End the input: closes a pipe, or types the terminal's EOF character."""

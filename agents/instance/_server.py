@@ -39,6 +39,7 @@ import trio
 
 from p2p.host import Service
 from p2p.mux import Channel, MuxError
+from runtime.fdio import FdReader
 
 from ._descendants import Descendants, session_preexec
 from ._protocol import (
@@ -404,20 +405,25 @@ class _Session:
         # for 256 KiB would allocate (and, above glibc's mmap threshold, map and
         # unmap) that much for every echoed keystroke.
         size = _PTY_READ_BYTES if source is self.master else MAX_DATA_BYTES
+        # A terminal or pipe: wait first and read once (runtime.fdio), a pass
+        # per chunk instead of two and a failed read.
+        receive_some = (FdReader(source.fileno()).receive_some
+                        if isinstance(source, trio.lowlevel.FdStream) else source.receive_some)
         while True:
             with trio.CancelScope() as scope:
                 if self._exited:
                     scope.deadline = trio.current_time() + _DRAIN_S
                 self._reads.add(scope)
                 try:
-                    data = await source.receive_some(size)
+                    data = await receive_some(size)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return  # a PTY master reads EIO once the terminal has no process left
                 finally:
                     self._reads.discard(scope)
             if scope.cancelled_caught or not data:
                 return
-            await self.channel.send(encode(kind(data)))
+            # No yield after a write that went out at once: the next read yields.
+            await self.channel.send(encode(kind(data)), checkpoint=False)
             self.bytes_out += len(data)
 
     async def _input(self, session_scope: trio.CancelScope) -> None:
