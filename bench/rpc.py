@@ -9,6 +9,10 @@ both processes together (``resource.getrusage(RUSAGE_SELF)`` in each; the
 server reports its own through a second RPC method, read before and after each
 rep) divided by the calls of the rep.
 
+``trio_floor_cpu_us_per_round_trip``: the same round trip as a bare trio echo
+over plain TCP (no encryption, framing or RPC) between two processes: what the
+event loop itself costs, below which no trio stack goes.
+
 Compare with @hyperswarm/rpc across two processes (../shared/anchors/holepunch,
 ``node rpc.js --procs 2``): about 7,500-13,500 req/s with 1 in flight and
 75,000-80,000 with 64, at ~87 µs of CPU per call with 1 in flight.
@@ -59,6 +63,47 @@ def _methods():
     from p2p.rpc import Method
 
     return Method("echo", params=Blob, result=Blob), Method("cpu", params=Nothing, result=Cpu)
+
+
+def _serve_floor(port_queue) -> None:
+    """The floor: a bare trio echo over plain TCP (no encryption, framing or RPC)."""
+
+    async def echo(stream: trio.SocketStream) -> None:
+        while data := await stream.receive_some(65536):
+            if data == b"cpu?":
+                data = repr(cpu_seconds()).encode()
+            await stream.send_all(data)
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port_queue.put(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(echo, listeners)
+
+    trio.run(main)
+
+
+async def _measure_floor(port: int, reps: int, total: int) -> list[float]:
+    """CPU per round trip of both processes for a 32-byte trio echo, 1 in flight."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    payload = b"x" * 32
+
+    async def server_cpu() -> float:
+        await stream.send_all(b"cpu?")
+        return float(await stream.receive_some(64))
+
+    cpus = []
+    for _ in range(200):  # warm-up
+        await stream.send_all(payload)
+        await stream.receive_some(65536)
+    for _ in range(reps):
+        server_before, client_before = await server_cpu(), cpu_seconds()
+        for _ in range(total):
+            await stream.send_all(payload)
+            await stream.receive_some(65536)
+        client_cpu = cpu_seconds() - client_before
+        cpus.append((client_cpu + await server_cpu() - server_before) / total * 1e6)
+    await stream.aclose()
+    return cpus
 
 
 def _connection_config(busy_poll_s: float):
@@ -160,6 +205,12 @@ def main() -> None:
                         help="mux busy-poll window after each write (default 0: off)")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 64])
     args = parser.parse_args()
+    with ChildServer(_serve_floor) as port:
+        cpus = trio.run(_measure_floor, port, args.reps, args.calls)
+        emit("rpc", "trio_floor_cpu_us_per_round_trip", summary(cpus)["median"], "us",
+             **summary(cpus), how="a bare trio echo of 32 bytes over TCP 127.0.0.1 between two "
+             "processes, 1 in flight: user+sys CPU of both per round trip (the event loop's "
+             "own cost, under any stack built on it)")
     with ChildServer(_serve, args.busy_poll) as port:
         for in_flight in args.in_flight:
             total = args.calls if in_flight == 1 else args.parallel_calls
