@@ -27,13 +27,14 @@ is the trio face.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import os
 import sqlite3
 import threading
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -576,6 +577,15 @@ class Base:
         Raises:
             WriteRefused: ``NOT_AN_ADMIN``.
         """
+        return self.checkpoint_state(made_ms)()
+
+    def checkpoint_state(self, made_ms: int) -> Callable[[], Checkpoint]:
+        """Copy what a checkpoint holds (between writes); return what encodes,
+        compresses and signs it, which may run while writes go on.
+
+        Raises:
+            WriteRefused: ``NOT_AN_ADMIN``.
+        """
         if self.keypair is None or self.key is None or not self.admission.is_admin(self.key):
             raise WriteRefused("only an admin makes checkpoints", code="NOT_AN_ADMIN")
         assert self.view is not None
@@ -594,8 +604,8 @@ class Base:
                  for where, entry in self._admin_entries]
         with self.view_lock:
             tables = self.view.rows()
-        return build_checkpoint(self.keypair, self.bootstrap, made_ms, writers, clocks, admin,
-                                tables)
+        return functools.partial(build_checkpoint, self.keypair, self.bootstrap, made_ms,
+                                 writers, clocks, admin, tables)
 
     def _head_covering(self, key: bytes, released: int) -> Head | None:
         """The writer's signed head at or past ``released``: our log's last, or the

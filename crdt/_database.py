@@ -249,8 +249,9 @@ class Database:
             CheckpointRefused: ``NOT_READY`` (our logs do not cover what a
                 checkpoint we installed released, yet).
         """
-        async with self._write_lock:
-            checkpoint = await trio.to_thread.run_sync(self.base.make_checkpoint, made_ms)
+        async with self._write_lock:  # a copy of one state; encoding it waits for no one
+            build = await trio.to_thread.run_sync(self.base.checkpoint_state, made_ms)
+        checkpoint = await trio.to_thread.run_sync(build)
         self.previous_checkpoint, self.checkpoint = self.checkpoint, checkpoint
         return checkpoint
 

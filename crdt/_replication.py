@@ -157,6 +157,9 @@ class ReplicationConfig:
     #: eight bytes per entry).
     checkpoint_max_age_s: float = 300.0
     checkpoint_min_interval_s: float = 10.0
+    #: ...nor more often than it takes this share of the time (making one
+    #: grows with the database: about 0.1 s per million entries and the view).
+    checkpoint_max_share: float = 0.05
 
 
 @dataclass
@@ -387,6 +390,7 @@ class Replicator(Service):
         config, db = self.config, self.db
         made_at = -math.inf
         made = 0  # entries the view held at the last checkpoint
+        interval = config.checkpoint_min_interval_s
         while True:
             # The entries the view holds, as of the last write (read here, not
             # from the gate a worker thread may be changing).
@@ -395,7 +399,8 @@ class Replicator(Service):
             due = db.is_admin and new > 0 and (new >= config.checkpoint_every
                                                or age >= config.checkpoint_max_age_s
                                                or db.checkpoint is None)
-            if due and age >= config.checkpoint_min_interval_s:
+            if due and age >= interval:
+                began = trio.current_time()
                 try:
                     checkpoint = await db.make_checkpoint(int(time.time() * 1000))
                 except (CheckpointRefused, WriteRefused) as exc:
@@ -406,8 +411,10 @@ class Replicator(Service):
                     log.info("crdt.checkpoint_made entries=%d pages=%d", made,
                              len(checkpoint.pages))
                 made_at = trio.current_time()
+                interval = max(config.checkpoint_min_interval_s,
+                               (made_at - began) / max(config.checkpoint_max_share, 1e-3))
                 continue
-            wait = (config.checkpoint_min_interval_s - age if due
+            wait = (interval - age if due
                     else config.checkpoint_max_age_s)
             await db.wait_changed(db.lengths, max(0.05, min(wait, config.checkpoint_max_age_s)))
 
