@@ -24,6 +24,9 @@ import trio
 
 __all__ = ["FdReader", "write_now"]
 
+#: How long a reader of a descriptor epoll refuses sleeps when it had nothing.
+_UNPOLLABLE_RETRY_S = 0.01
+
 
 class FdReader:
     """``receive_some`` for a non-blocking descriptor; one task reads at a time.
@@ -40,18 +43,30 @@ class FdReader:
         self._fd = fd
         #: The last read filled the buffer: data is likely waiting, read first.
         self._full = False
+        #: epoll refuses the descriptor (EPERM: ``/dev/null``, a device that
+        #: never blocks): read first, and retry after a short sleep.
+        self._unpollable = False
+
+    async def _wait(self) -> None:
+        if not self._unpollable:
+            try:
+                await trio.lowlevel.wait_readable(self._fd)
+                return
+            except PermissionError:
+                self._unpollable = True
+        await trio.sleep(_UNPOLLABLE_RETRY_S)
 
     async def receive_some(self, max_bytes: int) -> bytes:
         fd = self._fd
-        if self._full:
+        if self._full or self._unpollable:
             await trio.lowlevel.checkpoint()
         else:
-            await trio.lowlevel.wait_readable(fd)
+            await self._wait()
         while True:
             try:
                 data = os.read(fd, max_bytes)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(fd)
+                await self._wait()
                 continue
             except OSError as exc:
                 if exc.errno == errno.EBADF:

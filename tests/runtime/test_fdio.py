@@ -96,3 +96,14 @@ async def test_write_now_takes_what_fits_and_never_waits():
         os.close(write_fd)
     with pytest.raises(trio.ClosedResourceError):
         write_now(write_fd, b"z")
+
+
+async def test_a_descriptor_epoll_refuses_is_read_directly():
+    fd = os.open(os.devnull, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        reader = FdReader(fd)
+        with trio.fail_after(5):
+            assert await reader.receive_some(64) == b""  # EPERM from epoll: read, end
+            assert await reader.receive_some(64) == b""
+    finally:
+        os.close(fd)
