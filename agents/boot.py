@@ -43,6 +43,7 @@ from p2p.keys import load_or_create_keypair
 
 from ._agent import Address, Agent, AgentGaveUp, AgentRefused, Readiness
 from ._logs import install_log_shipping
+from .inference._launcher import StepLauncher, prefork
 
 __all__ = ["AgentProcessSettings", "main"]
 
@@ -76,8 +77,10 @@ def main(config_path: str | Path, *, readiness: Readiness | None = None) -> None
             "storage": Path(config.storage), "log_level": config.log_level})
     except ConfigError as exc:
         fatal(str(exc), EXIT_USAGE)
+    # Before trio starts (one thread): our own model server is forked from here.
+    launcher = prefork(config) if readiness is None else None
     start = functools.partial(_start, config, config.bootstrap, config.worker_addresses,
-                              readiness)
+                              readiness, launcher)
     run_daemon(settings, start, name="agent", errors={
         AgentRefused: str,
         AgentGaveUp: lambda exc: f"the workload failed: {exc}",
@@ -87,7 +90,7 @@ def main(config_path: str | Path, *, readiness: Readiness | None = None) -> None
 
 async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
                  worker_addresses: tuple[Address, ...], readiness: Readiness | None,
-                 daemon: Daemon[AgentProcessSettings]) -> None:
+                 launcher: StepLauncher | None, daemon: Daemon[AgentProcessSettings]) -> None:
     assert daemon.storage is not None
     try:
         keypair = load_or_create_keypair(daemon.storage)
@@ -101,7 +104,7 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
     if config.job_type is JobType.INFERENCE and readiness is None:
         from agents.inference import InferenceWorkload
 
-        workload = InferenceWorkload(config)
+        workload = InferenceWorkload(config, launcher=launcher)
     # After the kit configured logging (it replaces the root's handlers); the
     # handler stays for the process's life.
     shipping = install_log_shipping(config)

@@ -55,6 +55,16 @@ the API is reached through the entry point (``url`` in the credentials), a
 poll answered 429 waits its ``Retry-After`` (keep ``--poll-ms`` at 100 or more
 under the default limit), and no ``leftover_processes`` is printed.
 
+The reference, in the same run (``--reference spawn``, the default on the
+``local`` backend): a second ``up`` whose worker spawns each agent
+(``K8S_COMMON_CONFIG__LOCAL__FORK_SERVER=false``: every agent imports itself,
+about a second, as before the fork server), measured the same way after ours;
+``reference_total`` is its median and ``ratio`` reference / ours (> 1: the fork
+server is ahead). Either way the inference agent forks its own model server
+from itself (agents/inference/_launcher.py). ``forked_agents`` counts the
+agents of our run the worker forked (``local.started ... via=fork``): all of
+them, unless the fork server was unusable (its WARNING is in the worker's log).
+
 ``--backend qemu`` runs the same on the qemu backend (``up --backend qemu
 --image IMAGE``, the image ``make image`` built): each job a VM booted from the
 guest image. There ``process launched`` is ``qemu.started vmi=`` and
@@ -64,6 +74,7 @@ guest's clock.
 
 usage: python bench/job_start.py [--quick] [--jobs 5] [--warm-up 1] [--poll-ms 20]
                                  [--attach STORAGE] [--backend local|qemu [--image IMAGE]]
+                                 [--reference spawn|none]
 """
 
 from __future__ import annotations
@@ -143,6 +154,8 @@ class Up:
     token: str = ""
     backend: str = "local"
     job_timeout_s: float = JOB_TIMEOUT_S
+    #: How many measured agents the worker forked (read before the logs go).
+    forked: int | None = None
 
     def output_tail(self, size: int) -> str:
         if self.output is None:
@@ -155,10 +168,11 @@ AGENT_MARKS = ("agent_started", "model_server_started", "model_server_listening"
                "model_server_healthy")
 
 
-def start_up(storage: Path, base: int, options: tuple[str, ...] = ()) -> Up:
+def start_up(storage: Path, base: int, options: tuple[str, ...] = (),
+             extra_env: dict[str, str] | None = None) -> Up:
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__PER_SECOND": "1000",
-           "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__BURST": "1000"}
+           "COSMICAC_APP_NODE__LIMITS__PER_TOKEN__BURST": "1000", **(extra_env or {})}
     output = storage.parent / "up.out"
     with output.open("wb") as out:
         process = subprocess.Popen(
@@ -358,7 +372,16 @@ def read_marks(up: Up, run: Run) -> None:
 # --- the run -----------------------------------------------------------------------
 
 
-def report(runs: list[Run], leftover: int | None, args: argparse.Namespace) -> None:
+def forked_agents(up: Up, runs: list[Run]) -> int:
+    """How many of ``runs``' agents the worker forked from its fork server."""
+    worker = _lines(up.storage / "logs" / f"{WORKER_LOG}.log")
+    return sum(1 for run in runs if any(
+        f"local.started vmi={_vmi(run.job_id)} " in message and "via=fork" in message
+        for _, message in worker))
+
+
+def report(runs: list[Run], leftover: int | None, args: argparse.Namespace,
+           reference: list[Run] | None = None, forked: int | None = None) -> None:
     values: dict[str, list[float]] = {}
     for run in runs:
         m = run.marks
@@ -377,6 +400,15 @@ def report(runs: list[Run], leftover: int | None, args: argparse.Namespace) -> N
             extra.update(machine=machine(), jobs=len(runs), poll_ms=args.poll_ms,
                          backend=args.backend, model="demo", load_average=args.load_average)
         emit(BENCH, metric, statistics.median(got), "ms", **extra)
+    if forked is not None:
+        emit(BENCH, "forked_agents", forked, "count", of=len(runs))
+    ours = statistics.median(values["total"])
+    if reference:
+        totals = [(r.marks["running"] - r.marks["post_sent"]) * 1000 for r in reference]
+        theirs = statistics.median(totals)
+        emit(BENCH, "reference_total", theirs, "ms", reps=[round(v, 1) for v in totals],
+             reference="agents spawned (local.fork_server=false), same run")
+        emit(BENCH, "ratio", theirs / ours, "x", note="reference_total / total (>1: ahead)")
     if leftover is not None:
         emit(BENCH, "leftover_processes", leftover, "count")
     out = sys.stderr
@@ -393,6 +425,9 @@ def report(runs: list[Run], leftover: int | None, args: argparse.Namespace) -> N
     ended = ("up left running (attached)" if leftover is None
              else f"leftover processes after up stopped: {leftover}")
     print(f"({len(runs)} jobs, one at a time; {ended})", file=out, flush=True)
+    if reference:
+        print(f"reference (agents spawned, same run): total {theirs:.1f} ms median, "
+              f"{theirs / ours:.2f}x ours", file=out, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,7 +443,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="qemu: every job a VM booted from the guest image")
     parser.add_argument("--image", type=Path, default=None,
                         help="--backend qemu: the guest image (default: build/image's)")
+    parser.add_argument("--reference", choices=("spawn", "none"), default=None,
+                        help="spawn (the default on local): also measure an up whose "
+                        "worker spawns every agent")
     args = parser.parse_args(argv)
+    if args.reference is None:
+        args.reference = "spawn" if args.backend == "local" and args.attach is None else "none"
     for name, quick, full in (("jobs", 1, 5), ("warm_up", 0, 1)):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -422,12 +462,27 @@ def main(argv: list[str] | None = None) -> int:
             read_marks(up, run)
         report(runs, None, args)
         return 0
+    options: tuple[str, ...] = ()
+    if args.backend == "qemu":
+        options = ("--backend", "qemu", *(("--image", str(args.image.absolute()))
+                                          if args.image else ()))
+    runs, leftover, up = run_up(args, options)
+    forked = up.forked
+    reference = None
+    if args.reference == "spawn":
+        reference, left, _ = run_up(args, options, {
+            "K8S_COMMON_CONFIG__LOCAL__FORK_SERVER": "false"})
+        leftover += left
+    report(runs, leftover, args, reference, forked)
+    return 0 if leftover == 0 else 1
+
+
+def run_up(args: argparse.Namespace, options: tuple[str, ...],
+           extra_env: dict[str, str] | None = None) -> tuple[list[Run], int, Up]:
+    """Start an ``up``, measure its jobs, stop it: (runs with their marks, processes
+    left behind, the up, whose logs are gone by then)."""
     with tempfile.TemporaryDirectory(prefix="bench-job-start-") as tmp:
-        options: tuple[str, ...] = ()
-        if args.backend == "qemu":
-            options = ("--backend", "qemu", *(("--image", str(args.image.absolute()))
-                                              if args.image else ()))
-        up = start_up(Path(tmp) / "storage", free_base_port(), options)
+        up = start_up(Path(tmp) / "storage", free_base_port(), options, extra_env)
         up.backend = args.backend
         if args.backend == "qemu":
             up.job_timeout_s = 600.0  # a guest under software emulation boots in ~1 min
@@ -437,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             leftover = stop_up(up)
         for run in runs:  # the logs are complete once up has stopped
             read_marks(up, run)
-        report(runs, leftover, args)
-    return 0 if leftover == 0 else 1
+        up.forked = forked_agents(up, runs) if args.backend == "local" else None
+    return runs, leftover, up
 
 
 def measure(up: Up, args: argparse.Namespace) -> list[Run]:

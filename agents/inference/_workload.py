@@ -43,6 +43,7 @@ from p2p.host import Service
 from p2p.swarm import Swarm
 
 from ._forward import ModelClient
+from ._launcher import StepLauncher
 from ._service import InferenceService, ServedModel
 from ._supervisor import ModelSupervisor, SupervisorPolicy
 from .runtimes import InvalidLaunch, Launch, RuntimePlan, adapter_for
@@ -104,6 +105,8 @@ class InferenceWorkload:
         extra_args: operator flags for the model server's command line.
         interface_address: this VMI's IPv4 on a named interface, or None
             (default: :func:`interface_ipv4`); tests pass their own.
+        launcher: the zygote forked before trio started that forks our own model
+            server pre-imported (``_launcher.py``); None: it is spawned.
 
     Raises:
         AdapterError: the runtime cannot run this replica (raised by :meth:`run`,
@@ -113,7 +116,8 @@ class InferenceWorkload:
     def __init__(self, config: AgentConfig, *, port: int | None = None,
                  policy: SupervisorPolicy | None = None, env: Mapping[str, str] | None = None,
                  extra_args: Sequence[str] = (),
-                 interface_address: Callable[[str], str | None] = interface_ipv4) -> None:
+                 interface_address: Callable[[str], str | None] = interface_ipv4,
+                 launcher: StepLauncher | None = None) -> None:
         if config.runtime is None or config.model is None:
             raise ValueError("an inference agent's config needs a runtime and a model")
         self.config = config
@@ -122,6 +126,7 @@ class InferenceWorkload:
         self.env = env
         self.extra_args = tuple(extra_args)
         self.interface_address = interface_address
+        self.launcher = launcher
         self.served_name = config.served_name or config.model
         self.topic = job_topic(config.job_id)
         self.client = ModelClient("127.0.0.1", self.port)
@@ -237,14 +242,17 @@ class InferenceWorkload:
                 pass
 
         self.supervisor = ModelSupervisor(plan, on_health=on_health, job_id=self.config.job_id,
-                                          policy=self.policy, env=self.env)
+                                          policy=self.policy, env=self.env,
+                                          launcher=self.launcher)
         log.info("inference.starting job=%s replica=%d runtime=%s model=%s served_name=%s "
                  "port=%d", self.config.job_id, self.config.replica, plan.runtime,
                  self.config.model, self.served_name, self.port)
         try:
             async with trio.open_nursery() as nursery:
+                if self.launcher is not None:
+                    await nursery.start(self.launcher.run)
                 nursery.start_soon(self._follow, changes, status, swarm, plan.listens)
-                await self.supervisor.run()
+                await self.supervisor.run()  # raises; the launcher's zygote goes with it
         finally:
             self.healthy = False
             with trio.CancelScope(shield=True):

@@ -118,6 +118,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.agent_config import AgentConfigError, load_agent_config
 from contracts.model import JobType, NodeInfo, RackReport
 from p2p.daemon import write_atomically
+from runtime.forkserver import ForkedProcess, ForkServer, ForkServerError
 from runtime.process import (
     cmdline,
     describe_exit,
@@ -151,6 +152,23 @@ NETNS_DIR = Path("/run/netns")
 KILL_WAIT_S = 5.0
 #: How often a process being stopped is checked (a stop is bounded by the grace period).
 STOP_POLL_S = 0.05
+#: What the fork server imports before it forks: the agent's command and what an
+#: agent of each job type imports on its way to hello (``agents.boot`` imports
+#: the inference and shell sides on first use), and the ``local`` runtime's model
+#: server, which an inference agent forks from itself (agents/inference/_launcher.py).
+FORK_PRELOAD = ("cli.main", "cli.agent", "agents.boot", "agents.inference._workload",
+                "agents.inference.server", "agents.instance._server",
+                "agents.instance._access", "agents.instance._malloc",
+                # Imported on first use on the way to ready (typer's command
+                # machinery, the health probe's HTTP transport, IDNA for names).
+                "typer._adapters", "typer._click.decorators", "httpcore",
+                "encodings.idna")
+#: The module (and its arguments, ``--config FILE`` appended) a forked agent runs:
+#: the default agent command's.
+FORK_MODULE, FORK_ARGV = DEFAULT_AGENT_COMMAND[2], DEFAULT_AGENT_COMMAND[3:]
+#: How long a start waits for a fork server still importing (it is no slower
+#: than a spawn, which imports as much); then it spawns.
+FORK_READY_WAIT_S = 10.0
 _DISK = re.compile(r"^[a-z0-9][a-z0-9\-]{0,252}$")
 
 
@@ -219,6 +237,12 @@ class LocalClusterSettings(BaseModel):
     #: agents of different teams run as different users). Unset: each agent's
     #: runtime downloads to its own default place.
     model_cache_dir: Path | None = None
+    #: Start agents from a fork server (``runtime/forkserver.py``): a process started
+    #: with the backend that has imported the agent once, so an agent starts in
+    #: milliseconds rather than a second of imports. Only with the default agent
+    #: command and no ``agent_netns``; when the fork server cannot start or dies,
+    #: agents are spawned as before (a WARNING says so).
+    fork_server: bool = True
 
     @model_validator(mode="after")
     def _unique(self) -> LocalClusterSettings:
@@ -259,7 +283,7 @@ def _agent_environment(base: Mapping[str, str], home: Path, uid: int) -> dict[st
 
 
 #: CosmicAC's own packages: where they are goes on an agent interpreter's PYTHONPATH.
-_OWN_PACKAGES = ("cli", "agents", "nodes", "contracts", "p2p", "crdt", "relay")
+_OWN_PACKAGES = ("cli", "agents", "nodes", "contracts", "p2p", "crdt", "relay", "runtime")
 #: How long a candidate agent interpreter may take to start and import the agent.
 PROBE_TIMEOUT_S = 30.0
 #: What a candidate agent interpreter runs: its version, then the agent's imports
@@ -411,8 +435,9 @@ class _Vmi:
     folder: Path
     pid: int | None = None
     start_ticks: int | None = None
-    #: Our child: trio reaps it and gives its status. None when adopted.
-    process: trio.Process | None = None
+    #: Our child (trio reaps it), or the fork server's (it reports the status).
+    #: None when adopted.
+    process: trio.Process | ForkedProcess | None = None
     #: Set once the process is seen gone.
     exited: trio.Event = field(default_factory=trio.Event)
     #: Its exit status, when known (a child's).
@@ -517,6 +542,9 @@ class LocalBackend:
         self._python: _AgentPython | None = None
         #: Why no other interpreter would do, when one was looked for.
         self._python_tried: list[str] = []
+        #: The fork server agents start from (None: spawned, see ``fork_server``).
+        self.fork_server: ForkServer | None = None
+        self._fork_fallback_said = False
 
     # -- the Backend interface -----------------------------------------------------------
 
@@ -531,6 +559,7 @@ class LocalBackend:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                await self._start_fork_server(nursery)
                 for record in self._vmis.values():  # run() again on this object
                     if not record.exited.is_set():
                         nursery.start_soon(self._watch_child if record.process is not None
@@ -541,6 +570,7 @@ class LocalBackend:
         finally:
             self._nursery = None
             self._events = None
+            self.fork_server = None
 
     def adopt(self, units: Sequence[ReplicaUnit]) -> None:
         """These replicas exist (or should): watch their live processes again, report
@@ -636,6 +666,52 @@ class LocalBackend:
     def agent_folder(self, vmi: VmiSpec) -> Path:
         """VMI ``vmi``'s agent's own folder (its "disk": config and storage)."""
         return self._home(self._folder(vmi))
+
+    # -- the fork server ------------------------------------------------------------------
+
+    async def _start_fork_server(self, nursery: trio.Nursery) -> None:
+        """Start the fork server when the settings and the agent command allow it
+        (see ``fork_server``); agents are spawned until it is ready."""
+        if (not self.settings.fork_server or self.agent_command != DEFAULT_AGENT_COMMAND
+                or self.settings.agent_netns is not None):
+            return
+        # What an interpreter reads as it starts (PYTHON*, locale, PATH): the agents'
+        # own, none of the worker's secrets. Each agent's full environment comes
+        # with its request.
+        base = self.env if self.env is not None else os.environ
+        env = {name: value for name, value in base.items()
+               if name in _ENV_KEEP or name.startswith(_ENV_KEEP_PREFIXES)}
+        python = sys.executable
+        if self._python is not None:
+            python = self._python.python
+            env = self._python.environment(env)
+        server = ForkServer(python, FORK_PRELOAD, env,
+                            poll_interval_s=self.settings.poll_interval_s)
+        await nursery.start(server.run)
+        self.fork_server = server
+
+    async def _fork(self, config_path: Path, *, log_fd: int, env: Mapping[str, str] | None,
+                    cwd: str | None, owner: tuple[int, int] | None
+                    ) -> ForkedProcess | None:
+        """The agent forked from the fork server; None when there is none to use (then
+        the caller spawns it, and the first time a WARNING says why)."""
+        server = self.fork_server
+        if server is None:
+            return None
+        try:
+            if not await server.wait_ready(FORK_READY_WAIT_S):
+                raise ForkServerError(server.problem or "the fork server is not ready "
+                                      f"after {FORK_READY_WAIT_S:g} s")
+            return await server.spawn(
+                FORK_MODULE, [*FORK_ARGV, "--config", str(config_path)], fds=[log_fd],
+                env=dict(os.environ if env is None else env), cwd=cwd, user=owner,
+                umask=0o077 if owner is not None else None)
+        except ForkServerError as exc:
+            if not self._fork_fallback_said:
+                self._fork_fallback_said = True
+                log.warning("local.fork_server_unusable reason=%r: agents are spawned "
+                            "(each imports the agent itself, about a second)", str(exc))
+            return None
 
     # -- isolation -----------------------------------------------------------------------
 
@@ -969,10 +1045,17 @@ class LocalBackend:
             as_user = {key: value for key, value in as_user.items()
                        if key not in ("user", "group")}
         try:
-            process = await spawn(
-                [*command, "--config", str(config_path)],
-                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-                env=env, **as_user)
+            process: trio.Process | ForkedProcess | None = None
+            if netns is None and self.agent_command == DEFAULT_AGENT_COMMAND:
+                process = await self._fork(config_path, log_fd=log_fd, env=env,
+                                           cwd=as_user.get("cwd"), owner=owner)
+            how = "fork"
+            if process is None:
+                how = "spawn"
+                process = await spawn(
+                    [*command, "--config", str(config_path)],
+                    stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+                    env=env, **as_user)
         except OSError as exc:
             await self._send(vmi.name, VmiPhase.FAILED,
                              f"cannot start the agent: {exc.strerror or exc}")
@@ -988,8 +1071,8 @@ class LocalBackend:
             "generation": vmi.agent.generation, "started_at": time.time(),
             "uid": owner[0] if owner else os.geteuid()}) + "\n")
         nursery.start_soon(self._watch_child, record)
-        log.info("local.started vmi=%s pid=%d node=%s generation=%d", vmi.name, record.pid,
-                 vmi.node, vmi.agent.generation)
+        log.info("local.started vmi=%s pid=%d node=%s generation=%d via=%s", vmi.name,
+                 record.pid, vmi.node, vmi.agent.generation, how)
         await self._send(vmi.name, VmiPhase.RUNNING,
                          f"agent process {record.pid} running on {vmi.node}", record)
 
