@@ -288,3 +288,55 @@ def test_inline_is_refused_for_coroutines_and_streams():
     with pytest.raises(RpcUsageError):
         router.add(TICKS, lambda params, ctx: None, inline=True)
     assert not router.names
+
+
+async def test_answers_the_stream_refuses_to_write_at_once_go_out_through_the_writer():
+    """Over a real secret stream whose writes are sliced small, the reader's
+    batch of inline answers is more than one write takes: the reader hands the
+    frames to the writer task instead of waiting on the write itself."""
+    from p2p.connection import ConnectionConfig, dial_tcp
+    from p2p.host import RpcService, serve_tcp
+    from p2p.keys import KeyPair
+    from p2p.mux import _driver
+    from p2p.noise import SecretStreamConfig
+
+    config = ConnectionConfig(stream=SecretStreamConfig(send_slice_bytes=1024))
+    server_keys = KeyPair.generate()
+    handoffs = 0
+    real = _driver.Mux._write_from_reader
+
+    def counting(self) -> None:
+        nonlocal handoffs
+        real(self)
+        handoffs += self._handoff is not None
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            _host, port = await nursery.start(lambda task_status: serve_tcp(
+                server_keys, services=[RpcService("rpc", _inline_router(_InlineRecord()))],
+                config=config, task_status=task_status))
+            connection = await dial_tcp("127.0.0.1", port, KeyPair.generate(),
+                                        server_keys.public_key, config=config)
+            await nursery.start(connection.run)
+            client = RpcClient(await connection.open_channel("rpc"))
+            await nursery.start(client.run)
+            results = []
+
+            async def caller(i: int) -> None:
+                for j in range(20):
+                    text = f"{i}.{j}." + "x" * 600
+                    results.append((await client.call(ECHO, EchoParams(text=text))).text)
+
+            _driver.Mux._write_from_reader = counting
+            try:
+                async with trio.open_nursery() as callers:
+                    for i in range(32):
+                        callers.start_soon(caller, i)
+            finally:
+                _driver.Mux._write_from_reader = real
+            assert sorted(results) == sorted(
+                f"{i}.{j}." + "x" * 600 for i in range(32) for j in range(20))
+            assert handoffs > 0
+            await client.aclose()
+            await connection.aclose()
+            nursery.cancel_scope.cancel()
