@@ -440,3 +440,41 @@ def test_a_replica_closed_before_its_logs_arrived_reopens_where_the_checkpoint_l
     finally:
         for base in (a, b, fresh):
             base.close()
+
+
+async def test_a_forged_checkpoint_is_refused_and_the_replica_replays_every_entry(
+        tmp_path, clock):
+    """A peer serving a checkpoint signed by a key that is no admin: the fresh
+    replica refuses it (NOT_AN_ADMIN, counted) and catches up by replaying the
+    logs, ending with the same view."""
+    from crdt._messages import CheckpointResult
+    from crdt._replication import Replicator
+    from tests.crdt.test_replication import start_replica, total_prompt
+    from tests.p2p.helpers import wait_until
+    from tests.p2p.swarm.helpers import memory_swarm_net
+
+    stranger = KeyPair.generate()
+
+    class ForgingReplicator(Replicator):
+        async def _checkpoint(self, params, ctx):
+            real = await self.db.make_checkpoint(1)
+            self.db.checkpoint = fake = forged(real, stranger)
+            return CheckpointResult(header=fake.header_bytes, signature=fake.signature)
+
+    a_key, r_key = KeyPair.generate(), KeyPair.generate()
+    with trio.fail_after(120):
+        async with memory_swarm_net() as net:
+            a = await start_replica(net, tmp_path / "a", a_key, readers=[r_key.public_key],
+                                    replicator_class=ForgingReplicator)
+            await a.db.append_many(usage_ops("k1", 1500))
+            r = await start_replica(net, tmp_path / "r", r_key, bootstrap=a.db.bootstrap)
+            await wait_until(lambda: r.db.lengths.get(a_key.public_key) == 1500, limit_s=60)
+            assert await total_prompt(r.db) == 1500
+
+            def sample(outcome):
+                return r.db.metrics.registry.get_sample_value(
+                    "crdt_checkpoints_total", {"outcome": outcome}) or 0
+            assert sample("refused_NOT_AN_ADMIN") == 1
+            assert sample("installed") == 0
+            assert r.db.base.rebuilds == 0
+            assert (await r.db.read(lambda v: v.dump())) == (await a.db.read(lambda v: v.dump()))
