@@ -62,6 +62,7 @@ as before and say so.
 from __future__ import annotations
 
 import array
+import atexit
 import ctypes
 import importlib
 import importlib.util
@@ -413,6 +414,12 @@ def _run(request: SpawnRequest) -> int:
     except BaseException:  # as the interpreter does: print it, exit 1
         traceback.print_exc()
         code = 1
+    # What an interpreter's exit does before ours (os._exit): the exit functions
+    # the program registered (logging's flush among them), then the streams.
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # an exit function's failure is printed, as Python does
+        traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
