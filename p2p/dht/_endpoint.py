@@ -19,6 +19,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -69,6 +70,12 @@ class _Waiter:
     contact: Contact | None = None
 
 
+#: Told of a request's end by the receive loop (an answer) or the timer loop
+#: (``None, None``: timed out). Runs inline in that loop, so it must not block;
+#: a walk's many requests need no task and no event each this way.
+AnswerCallback = Callable[[Contact | None, Response | None], None]
+
+
 class DhtEndpoint:
     """The datagram I/O and request matching of one DHT node over one transport.
 
@@ -111,7 +118,7 @@ class DhtEndpoint:
             rng=self._rng,
             token_seed=self._rng.randbytes(32),
         )
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, _Waiter | AnswerCallback] = {}
         #: Set (and replaced) whenever the address others see us at changes.
         self._address_changed = trio.Event()
         #: Set (and replaced) whenever the node turns reachable.
@@ -161,10 +168,12 @@ class DhtEndpoint:
                 await self._send(datagram)
             if event is not None:
                 waiter = self._waiters.pop(event.tid, None)
-                if waiter is not None:
+                if type(waiter) is _Waiter:
                     waiter.response = event.response
                     waiter.contact = event.contact
                     waiter.event.set()
+                elif waiter is not None:
+                    waiter(event.contact, event.response)
 
     async def _timer_loop(self) -> None:
         next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
@@ -182,8 +191,10 @@ class DhtEndpoint:
             self._timer_poke = trio.Event()
             for tid in self.core.expire(self.now()):
                 waiter = self._waiters.pop(tid, None)
-                if waiter is not None:
+                if type(waiter) is _Waiter:
                     waiter.event.set()  # no response: the requester times out
+                elif waiter is not None:
+                    waiter(None, None)
             if trio.current_time() >= next_maintenance:
                 next_maintenance = trio.current_time() + MAINTENANCE_EVERY_S
                 for datagram in self.core.maintenance(self.now()):
@@ -252,6 +263,41 @@ class DhtEndpoint:
             if waiter.response is not None and waiter.contact is not None:
                 return waiter.contact, waiter.response
         raise DhtTimeout(f"no answer from {address[0]}:{address[1]} after {retries + 1} tries")
+
+    async def send_request(
+        self,
+        command: Command,
+        address: Address,
+        on_answer: AnswerCallback,
+        *,
+        target: bytes | None = None,
+    ) -> int:
+        """Send one request without waiting for it: ``on_answer(contact, response)``
+        is called from the receive loop when it is answered, or ``(None, None)``
+        from the timer loop when it times out (see :data:`AnswerCallback`).
+        For walks, which keep α requests in flight from one task.
+
+        Returns:
+            The request id, for :meth:`forget_request`.
+
+        Raises:
+            DhtUsageError: ``TOO_MANY_PENDING`` (see :meth:`NodeCore.make_request`).
+        """
+        tid, datagram = self.core.make_request(command, address, self.now(), target=target)
+        self._wake_timer_by(self.now() + self.config.request_timeout_s)
+        self._waiters[tid] = on_answer
+        try:
+            await self._send(datagram)
+        except BaseException:
+            self.forget_request(tid)
+            raise
+        return tid
+
+    def forget_request(self, tid: int) -> None:
+        """Drop a request sent with :meth:`send_request`: its callback will not be
+        called, and a late answer is ignored."""
+        if self._waiters.pop(tid, None) is not None:
+            self.core.cancel(tid)
 
     async def _ask_for_probe(self, address: Address) -> None:
         """Ask ``address`` to probe us from another socket (a reachability

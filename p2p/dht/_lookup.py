@@ -178,8 +178,11 @@ class IterativeLookup:
             candidate.state = QueryState.SUCCEEDED
             del self._waiting[contact_id]
             self._responses += 1
+        candidates, local_id = self._candidates, self._local_id
         for contact in closer:
-            self._add(contact, depth=depth)
+            # Most contacts named are known by the second answer: skip them here.
+            if contact.id not in candidates and contact.id != local_id:
+                self._add(contact, depth=depth)
 
     def on_failure(self, contact_id: bytes) -> None:
         """Record that the query to ``contact_id`` failed (error, bad reply, timeout)."""

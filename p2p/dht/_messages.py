@@ -105,6 +105,7 @@ __all__ = [
     "Response",
     "decode",
     "encode",
+    "encode_with_records",
     "fit_records",
     "value_budget_bytes",
 ]
@@ -335,6 +336,50 @@ def fit_records(records_wire: Sequence[Any], budget_bytes: int) -> list[Any]:
     return fitted
 
 
+def encode_with_records(bare: Response, records_wire: Sequence[Any]) -> tuple[bytes, int]:
+    """Encode ``bare`` (its ``value`` nil) carrying the longest prefix of
+    ``records_wire`` that fits, as ``encode(replace(bare, value=fit_records(...)))``
+    would, but packing the message and each record once.
+
+    ``value`` is the message's last item, so the datagram is ``bare``'s bytes
+    without their final nil, then the records' msgpack array.
+
+    Args:
+        bare: a response whose ``value`` is None (validated when built).
+        records_wire: record wire lists in order of preference; plain data
+            (see ``value`` in the module docstring), e.g. ``PeerRecord.to_wire()``.
+
+    Returns:
+        The datagram and how many records it carries.
+
+    Raises:
+        DhtUsageError: ``bare`` has a value, or a record is not plain data.
+        DhtMessageTooLarge: ``bare`` alone does not fit.
+    """
+    if bare.value is not None:
+        raise DhtUsageError("encode_with_records takes a response without value")
+    head = encode(bare)[:-1]  # the nil placeholder goes; the array takes its place
+    budget = MAX_DATAGRAM_BYTES - len(head)
+    packed: list[bytes] = []
+    body = 0
+    for record in records_wire:
+        try:
+            _check_plain(record, 1)
+        except _Invalid as exc:
+            raise DhtUsageError(f"record is not plain data: {exc}") from None
+        one = _pack_wire(record)
+        count = len(packed) + 1
+        header = 1 if count <= 15 else 3 if count <= 0xFFFF else 5
+        if header + body + len(one) > budget:
+            break
+        body += len(one)
+        packed.append(one)
+    count = len(packed)
+    # fixarray, else array 16 (a datagram holds at most ~700 records)
+    header_bytes = bytes([0x90 | count]) if count <= 15 else b"\xdc" + count.to_bytes(2, "big")
+    return b"".join([head, header_bytes, *packed]), count
+
+
 # -- encoding --------------------------------------------------------------------------
 
 
@@ -365,7 +410,8 @@ def _to_wire(msg: Message) -> list[Any]:
             msg.responder_id,
             _pack(*msg.observed),
             msg.token,
-            [_pack(c.host, c.port) for c in msg.closer],
+            # Checked when the response was built: straight to the cache.
+            [_pack_cached(c.host, c.port) for c in msg.closer],
             msg.error,
             msg.value,
         ]
@@ -390,15 +436,18 @@ def _from_wire(obj: Any) -> Message:
         _, _, tid, responder_id, observed, token, closer, error, value = obj
         if type(closer) is not list or len(closer) > MAX_CLOSER:
             raise _Invalid(f"closer must be an array of at most {MAX_CLOSER} addresses")
-        return Response(
-            tid,
-            responder_id,
-            _unpack(observed).address,
-            token,
-            tuple([_unpack(raw) for raw in closer]),
-            error,
-            value,
-        )
+        response = object.__new__(Response)
+        for name, field_value in zip(
+            _RESPONSE_FIELDS,
+            (tid, responder_id, _unpack(observed).address, token,
+             tuple([_unpack(raw) for raw in closer]), error, value),
+            strict=True,
+        ):
+            object.__setattr__(response, name, field_value)
+        # The closer contacts were just unpacked (and so checked): the rest of
+        # the fields get the checks of Response.__post_init__.
+        _check_response(response, closer_checked=True)
+        return response
     raise _Invalid(f"unknown message type {kind!r} or wrong length {len(obj)}")
 
 
@@ -431,7 +480,10 @@ def _check_request(msg: Request) -> None:
         raise _Invalid(f"{command.name} takes no value")
 
 
-def _check_response(msg: Response) -> None:
+_RESPONSE_FIELDS = ("tid", "responder_id", "observed", "token", "closer", "error", "value")
+
+
+def _check_response(msg: Response, *, closer_checked: bool = False) -> None:
     _check_tid(msg.tid)
     if msg.responder_id is not None:
         _check_bytes(msg.responder_id, ID_BYTES, "responder_id")
@@ -453,10 +505,11 @@ def _check_response(msg: Response) -> None:
         object.__setattr__(msg, "closer", closer)
     if len(closer) > MAX_CLOSER:
         raise _Invalid(f"{len(closer)} closer contacts > {MAX_CLOSER}")
-    for contact in closer:
-        if not isinstance(contact, Contact):
-            raise _Invalid(f"closer holds {type(contact).__name__}, not Contact")
-        _pack(contact.host, contact.port)
+    if not closer_checked:
+        for contact in closer:
+            if not isinstance(contact, Contact):
+                raise _Invalid(f"closer holds {type(contact).__name__}, not Contact")
+            _pack(contact.host, contact.port)
     if msg.error is not None and (
         type(msg.error) is not str or not _ERROR_CODE.fullmatch(msg.error)
     ):

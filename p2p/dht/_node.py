@@ -59,6 +59,7 @@ Rules kept here (DESIGN.md §3.4):
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections import Counter
@@ -76,8 +77,7 @@ from ._messages import (
     Response,
     decode,
     encode,
-    fit_records,
-    value_budget_bytes,
+    encode_with_records,
 )
 from ._records import PeerRecord, verify_record, verify_unannounce
 from ._routing import Routing, id_matches, target_id
@@ -190,6 +190,12 @@ class _Pending:
     head: bytes | None = None
 
 
+# visible_to parses both addresses (ipaddress) on every call, and a node asks
+# it for each of the k contacts of every reply: remember the answers. It is a
+# pure function of two hosts; fresh hosts from a hostile stream only evict.
+_visible_to = functools.lru_cache(maxsize=4096)(visible_to)
+
+
 def _narrow(host: str) -> bool:
     """True for addresses that mean something only on one host or link."""
     return address_scope(host) in (Scope.LOOPBACK, Scope.LINK_LOCAL, None)
@@ -286,6 +292,10 @@ class NodeCore:
         return Routing(local, now=now, rng=self._rng, k=self.config.k)
 
     def _learn_address(self, responder: Address, observed: Address, now: float) -> None:
+        if self._votes.get(responder) == observed and self._address is not None:
+            # The same vote again: the votes, and so their outcome, are as
+            # they were when it was first counted (a re-set key keeps its place).
+            return
         self._votes[responder] = observed
         if len(self._votes) > _MAX_VOTES:
             del self._votes[next(iter(self._votes))]
@@ -459,10 +469,10 @@ class NodeCore:
             self._tokens.issue(source[0], source[1], now),
             closer,
         )
+        if command is Command.LOOKUP:
+            return [Outgoing(self._lookup_reply(reply, request.target, source, now), source)]
         try:
-            if command is Command.LOOKUP:
-                reply = self._lookup_reply(reply, request.target, source, now)
-            elif command is Command.ANNOUNCE:
+            if command is Command.ANNOUNCE:
                 reply = self._announce(reply, request, source, now)
             elif command is Command.UNANNOUNCE:
                 reply = self._unannounce(reply, request, source, now)
@@ -499,16 +509,22 @@ class NodeCore:
         if key is None:
             return ()
         count = min(self.config.k, MAX_CLOSER)
-        contacts = self.routing.closest(key, count=count)
-        kept = [c for c in contacts if c.address != exclude and visible_to(c.host, exclude[0])]
+        # The asker is often in our table (and among the closest, in a small
+        # network): leave it out up front rather than ask the table twice.
+        host, port = exclude
+        contacts = self.routing.closest(key, count=count, exclude=(node_id_for(host, port),))
+        kept = [c for c in contacts
+                if (c.port != port or c.host != host) and _visible_to(c.host, host)]
         if len(kept) < len(contacts) and len(contacts) == count:
             # Some were dropped: look a little further for replacements.
-            contacts = self.routing.closest(key, count=2 * count)
+            contacts = self.routing.closest(key, count=2 * count,
+                                            exclude=(node_id_for(host, port),))
             kept = [c for c in contacts
-                    if c.address != exclude and visible_to(c.host, exclude[0])][:count]
+                    if (c.port != port or c.host != host) and _visible_to(c.host, host)][:count]
         return tuple(kept)
 
-    def _lookup_reply(self, reply: Response, topic: bytes, source: Address, now: float):
+    def _lookup_reply(self, reply: Response, topic: bytes, source: Address, now: float) -> bytes:
+        """The datagram answering a LOOKUP: ``reply`` and the records that fit."""
         # A reply holds about ten signed records. When a topic has more, each
         # reply carries a random sample, so that repeated lookups (and the k
         # nodes of one lookup) show every announcer, not the same newest ten.
@@ -517,11 +533,11 @@ class NodeCore:
         # which the asker could dial nothing (only loopback or link-local
         # addresses of a host or link it is not on, and no relays).
         stored = [r for r in stored if r.relays
-                  or any(visible_to(host, source[0]) for host, _ in r.addresses)]
+                  or any(_visible_to(host, source[0]) for host, _ in r.addresses)]
         if len(stored) > 1:
             self._rng.shuffle(stored)
         records = [record.to_wire() for record in stored[: self.config.max_records_per_reply]]
-        return replace(reply, value=fit_records(records, value_budget_bytes(reply)))
+        return encode_with_records(reply, records)[0]
 
     def _check_token(self, request: Request, source: Address, now: float) -> None:
         if request.token is None or not self._tokens.check(request.token, *source, now):

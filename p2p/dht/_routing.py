@@ -153,6 +153,9 @@ class AddResult:
     head: Contact | None = None
 
 
+_UPDATED = AddResult(AddStatus.UPDATED)
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingStatistics:
     """A snapshot of the table's size (see :meth:`Routing.statistics`)."""
@@ -212,8 +215,10 @@ class _Table(RoutingTable):  # type: ignore[misc]
         self.buckets = [_Bucket(0, 2**160, self.ksize, self._created_s)]
 
     def get_bucket_for(self, node: Node) -> int:
+        return self.index_for(node.long_id)
+
+    def index_for(self, long_id: int) -> int:
         # Inclusive upper bound, consistent with KBucket.split / has_in_range.
-        long_id = node.long_id
         for index, bucket in enumerate(self.buckets):
             if long_id <= bucket.range[1]:
                 return index
@@ -301,8 +306,18 @@ class Routing:
             )
         if contact.id == self.local_id:
             return AddResult(AddStatus.SELF)
-        node = _Node(contact)
         table = self._table
+        bucket = table.buckets[table.index_for(int.from_bytes(contact.id, "big"))]
+        if contact.id in bucket.nodes:
+            # Known (every answer and request of a known node lands here): move
+            # it to the tail as kademlia's add_node does, without building a Node.
+            bucket.nodes.move_to_end(contact.id)
+            bucket.updated_s = now
+            # Anything from a head proves it alive: no ping needed any more.
+            self._pending.pop(contact.id, None)
+            self._outbox.pop(contact.id, None)
+            return _UPDATED
+        node = _Node(contact)
         known = not table.is_new_node(node)
         full = table.add_contact(node)
         if full is None:
@@ -454,18 +469,20 @@ class Routing:
             if bucket.nodes
         ]
         ordered.sort()
+        # Excluded ids are dropped at the end: take that many more meanwhile.
+        want = count + len(exclude) if exclude else count
         best: list[tuple[int, _Node]] = []  # (distance, node), nearest first
         for bound, _, bucket in ordered:
-            if len(best) >= count and bound > best[count - 1][0]:
+            if len(best) >= want and bound > best[want - 1][0]:
                 break
-            nodes = list(bucket.nodes.values())
-            if exclude:
-                nodes = [node for node in nodes if node.id not in exclude]
+            nodes = bucket.nodes.values()
             # map() over int.__xor__ keeps the per-contact work in C: this runs
             # for every FIND_NODE and LOOKUP a node serves.
             best += zip(map(t.__xor__, map(_LONG_ID, nodes)), nodes, strict=True)
             best.sort(key=_DISTANCE)
-        return [node.contact for _, node in best[:count]]
+        if not exclude:
+            return [node.contact for _, node in best[:count]]
+        return [node.contact for _, node in best[:want] if node.id not in exclude][:count]
 
     def get(self, contact_id: bytes) -> Contact | None:
         """The contact with this id, if it is in a bucket (not a replacement)."""

@@ -71,8 +71,16 @@ class TransportStatistics:
 class UdpTransport:
     """One UDP socket. Build with :meth:`bind`."""
 
-    def __init__(self, sock: trio.socket.SocketType) -> None:
-        self._socket = sock
+    def __init__(self, raw: socket.socket) -> None:
+        # The datagram path calls the non-blocking stdlib socket itself and
+        # waits on it with trio's wait_readable/wait_writable: trio's
+        # sendto/recvfrom re-resolve the address and re-read the family on
+        # every call, a third of a small datagram's cost (py-spy, issue 26).
+        raw.setblocking(False)
+        self._raw = raw
+        self._socket = trio.socket.from_stdlib_socket(raw)  # closes with notify_closing
+        self._v6 = raw.family == socket.AF_INET6
+        sock = self._socket
         host, port = sock.getsockname()[:2]
         self.local_address: Address = canonical_address(host, port)
         self.stats = TransportStatistics()
@@ -85,11 +93,13 @@ class UdpTransport:
             OSError: the address cannot be bound (in use, not local ...).
         """
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+        sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual_stack else 1)
-            await sock.bind((host, port))
+            # Numeric hosts only (no resolver); trio's bind would resolve in a thread.
+            info = await trio.socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)
+            sock.bind(info[0][4])
         except BaseException:
             sock.close()
             raise
@@ -103,27 +113,51 @@ class UdpTransport:
         return await UdpTransport.bind(self.local_address[0], 0, dual_stack=dual)
 
     async def send(self, data: bytes, address: Address) -> None:
-        host, port = address
+        """Send one datagram. Returns at once unless the socket buffer is full
+        (then it waits until it drains): a send is not a checkpoint, callers
+        that loop over sends yield elsewhere (a receive, an event)."""
         target = address
-        if self._socket.family == socket.AF_INET6 and ":" not in host:
-            target = (f"::ffff:{host}", port)  # IPv4 peer through a dual-stack socket
-        try:
-            await self._socket.sendto(data, target)
-            self.stats.sent += 1
-        except OSError as exc:
-            # UDP is lossy anyway: an unreachable or refused peer is a lost datagram.
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
-                                 errno.EAFNOSUPPORT, errno.EINVAL, errno.EPERM):
-                raise
-            self.stats.send_errors += 1
-
-    async def receive(self) -> tuple[bytes, Address]:
+        if self._v6 and ":" not in address[0]:
+            target = (f"::ffff:{address[0]}", address[1])  # IPv4 peer, dual-stack socket
+        if self._raw.fileno() == -1:
+            raise trio.ClosedResourceError("transport closed")
         while True:
             try:
-                data, source = await self._socket.recvfrom(_RECEIVE_BYTES)
+                self._raw.sendto(data, target)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self._raw)
+                continue
+            except OSError as exc:
+                # UDP is lossy anyway: an unreachable or refused peer is a lost datagram.
+                if exc.errno not in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
+                                     errno.EAFNOSUPPORT, errno.EINVAL, errno.EPERM):
+                    raise
+                self.stats.send_errors += 1
+                return
+            self.stats.sent += 1
+            return
+
+    async def receive(self) -> tuple[bytes, Address]:
+        # Yields once per datagram, as trio's recvfrom: waiting for one is a
+        # yield, and one that was already there is followed by a checkpoint,
+        # so a flood of datagrams cannot keep the other tasks from running.
+        waited = False
+        while True:
+            try:
+                data, source = self._raw.recvfrom(_RECEIVE_BYTES)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self._raw)
+                waited = True
+                continue
             except ConnectionRefusedError:
                 continue  # ICMP port unreachable from an earlier send: not for us
+            except OSError:
+                if self._raw.fileno() == -1:
+                    raise trio.ClosedResourceError("transport closed") from None
+                raise
             self.stats.received += 1
+            if not waited:
+                await trio.lowlevel.checkpoint()
             return data, canonical_address(source[0], source[1])
 
     async def aclose(self) -> None:

@@ -19,6 +19,7 @@ from p2p.dht._messages import (
     Response,
     decode,
     encode,
+    encode_with_records,
     fit_records,
     value_budget_bytes,
 )
@@ -407,6 +408,29 @@ def test_fit_records_never_exceeds_its_budget(records: list[bytes], budget: int)
 def test_fit_records_refuses_what_msgpack_cannot_encode() -> None:
     with pytest.raises(DhtUsageError):
         fit_records([object()], 1000)
+
+
+@FAST
+@given(responses, st.lists(st.lists(st.binary(max_size=120), max_size=4), max_size=30))
+def test_encode_with_records_is_the_fitted_reply_encoded(
+    bare: Response, records: list[list[bytes]]
+) -> None:
+    bare = Response(**{**_as_fields(bare), "value": None})
+    if _encodes(bare) is None:
+        return
+    data, count = encode_with_records(bare, records)
+    fitted = fit_records(records, value_budget_bytes(bare))
+    assert count == len(fitted)
+    assert data == encode(Response(**{**_as_fields(bare), "value": fitted}))
+    assert decode(data) == Response(**{**_as_fields(bare), "value": fitted})
+
+
+def test_encode_with_records_refuses_a_reply_with_a_value_or_records_that_are_not_data() -> None:
+    reply = _response(closer=_ipv6_contacts(3))
+    with pytest.raises(DhtUsageError):
+        encode_with_records(Response(**{**_as_fields(reply), "value": [1]}), [])
+    with pytest.raises(DhtUsageError):
+        encode_with_records(reply, [[object()]])
 
 
 def _as_fields(msg: Response) -> dict[str, object]:
