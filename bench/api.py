@@ -15,21 +15,22 @@ the sign-up admin and owns the team, the others are members) with one session
 token each, ``--jobs`` jobs in wrk-ork and their records in app-node's store.
 Through the API it would cost a scrypt hash per user and a round trip per
 job and measure nothing asked for here. ``GET /api/jobs`` reads a page from
-app-node's store and asks wrk-ork for *all* of the team's jobs in one
-``jobs.list`` to give them their live status, so its cost grows with the
-team, not the page. The jobs wait as Pending: wrk-ork knows one rack (the
-bench's, registered in the seed) that never reports, so nothing is placed and
-no worker is needed, and each listing carries the team's jobs as a real one
-would. One job in four is an
-inference job (runtime local, model demo), the others containers, 1 to 8 GPUs.
+app-node's store (one trip to a worker thread with the session's token and the
+caller's role) and the page's live statuses from app-node's copy of wrk-ork's
+jobs (``nodes/app_node/job_projection.py``, kept from the ``jobs.watch`` it
+follows): wrk-ork does nothing per listing (its ``cpu_ms_per_req_*_ork``
+stays near 0). The runs start once app-node's ``/metrics`` says the copy is
+synced (``app_node_jobs_copy_synced 1``); before that the listing asks wrk-ork
+per request, as it did before the copy. The jobs wait as Pending: wrk-ork
+knows one rack (the bench's, registered in the seed) that never reports, so
+nothing is placed and no worker is needed. One job in four is an inference
+job (runtime local, model demo), the others containers, 1 to 8 GPUs.
 
 Users and jobs are spread over ``--teams`` teams, 10 by default (10 users and
-100 jobs a team; the admin owns them all): with all 1,000 jobs in one team
-the listing fails today, 502 ``ORK_ERROR``: wrk-ork's ``jobs.list`` answer
-for the team (about 580 bytes a job, 579 KB) is over the mux's 512 KiB
-message limit, and the channel it was on (app-node's only one to wrk-ork) is
-closed with every call in flight on it. ``--teams 2`` (500 jobs a team)
-measures the large-team listing that still works.
+100 jobs a team; the admin owns them all); ``--teams 1`` puts all 1,000 jobs
+in one team (the issue's "a page of 50 of 1,000 jobs"). A listing's cost no
+longer grows with the team (it once asked wrk-ork for all of the team's jobs,
+and a 1,000-job answer was over the mux's 512 KiB message limit).
 
 Figures (JSON lines ``{"bench": "api", "route": ..., "metric": ...}``), per
 route, the median of ``--reps`` runs of ``--duration`` s, each at 1 and at
@@ -197,6 +198,7 @@ def _wait_ready(proc: subprocess.Popen, log: Path, daemon: str) -> None:
 def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
     """wrk-ork, then app-node, each ``cosmicac run`` in its own process."""
     ork_port, app_port, http_port = free_port(), free_port(), free_port()
+    metrics_port = free_port()
     unlimited = {"per_second": 1e6, "burst": 1_000_000}
     configs = {
         "wrk-ork": {"storage": str(workdir / "wrk-ork"), "host": HOST, "port": ork_port,
@@ -204,6 +206,7 @@ def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
         "app-node": {"storage": str(workdir / "app-node"), "host": HOST, "port": app_port,
                      "ork": seeded.ork_key, "ork_addresses": [f"{HOST}:{ork_port}"],
                      "http": {"host": HOST, "port": http_port},
+                     "metrics": {"host": HOST, "port": metrics_port},
                      "limits": {"per_token": unlimited, "per_ip": unlimited}},
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COSMICAC_LOG_LEVEL": "warning"}
@@ -221,6 +224,7 @@ def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
             _wait_ready(procs[name], logs[name], name)
         api = f"http://{HOST}:{http_port}/api"
         _wait_ork(api, seeded)
+        _wait_synced(f"http://{HOST}:{metrics_port}/metrics")
         yield Daemons(api=api, pids={"app": procs["app-node"].pid, "ork": procs["wrk-ork"].pid},
                       logs=logs)
     finally:
@@ -256,6 +260,20 @@ def _wait_ork(api: str, seeded: Seeded) -> None:
     raise LoadError(f"app-node never listed the jobs: {status} {body} (with --teams 1 "
                     "and 1,000 jobs, wrk-ork's jobs.list answer is over the mux's 512 KiB "
                     "message limit: see the module doc)")
+
+
+def _wait_synced(metrics_url: str) -> None:
+    """Until app-node's copy of wrk-ork's jobs answers reads (its ``/metrics``)."""
+    import httpx
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = httpx.get(metrics_url, timeout=15).text
+        if "app_node_jobs_copy_synced 1.0" in text:
+            return
+        time.sleep(0.1)
+    raise LoadError("app-node's copy of wrk-ork's jobs never synced (app_node_jobs_copy_synced "
+                    f"at {metrics_url}); the listing would measure calls to wrk-ork")
 
 
 # --- measuring ---------------------------------------------------------------------

@@ -24,7 +24,7 @@ Methods (params -> result; every model below)::
     nodes.list       Empty                          -> NodeList(nodes)
     nodes.reserve    ReserveNodes(rack, nodes, team) -> Empty
     nodes.release    ReleaseNodes(rack, nodes)      -> Empty
-    jobs.watch       WatchJobs(job_id?, team?, snapshot) => JobEvent, JobEvent, ...
+    jobs.watch       WatchJobs(job_id?, team?, snapshot, views?) => JobEvent, JobEvent, ...
     teams.set_shell_keys ShellKeys(team, keys, version) -> ShellKeysAck(version, applied)
     service.status   StatusRequest                  -> ServiceStatus  (contracts.health)
 
@@ -54,6 +54,20 @@ A watch sees the changes made after it started (``snapshot=True`` first sends
 every matching job's current status, with ``previous`` equal to ``status``);
 a :class:`JobEvent` whose ``status`` is None says the job is gone.
 
+A watch with ``views=True`` is what a copy of the jobs is kept from (an
+informer's list-and-watch in one stream, like Kubernetes' watch with
+``sendInitialEvents``): wrk-ork counts every change of any job's view in one
+revision (``seq``, from 1 at each start of wrk-ork); each event carries the
+job's whole :class:`JobView` after the change; views that change without a
+status change (a replica's status, message, agents) are sent too; and a
+``bookmark`` event follows the snapshot (or opens the watch, without one)
+with the revision the snapshot was taken at. On a watch of every job (no
+``job_id``, no ``team``) the events after the bookmark number ``seq + 1``,
+``seq + 2``, ... without a gap: a gap means events were lost, and the copy is
+rebuilt from a new watch. The snapshot is one job per stream item, so a copy
+of any number of jobs fits the channel's message limit (one ``jobs.list``
+answer of 1,000 jobs did not: hence its pages).
+
 ``service.status``'s ``queue_depth`` is the outbox (operations recorded, not
 yet on their rack's queue), ``last_report_at`` the newest report heard from
 any rack, ``details`` the racks (registered, silent), the watchers and the
@@ -72,7 +86,12 @@ Versions
 --------
 Every model forbids unknown fields, so a field added to a params model is
 refused by an older wrk-ork: such a change is a new protocol version
-(``cosmicac-ork/2``), as is a change of a field's meaning.
+(``cosmicac-ork/2``), as is a change of a field's meaning. The exceptions are
+fields an older peer can do without (``contracts._compat.AddedLater``: left
+out of the message while empty): ``WatchJobs.views`` (an older wrk-ork
+refuses a watch that sets it, ``INVALID_PARAMS``, and app-node falls back to
+asking wrk-ork per request) and ``JobEvent``'s ``seq``, ``job`` and
+``bookmark`` (sent only on such a watch).
 """
 
 from __future__ import annotations
@@ -209,8 +228,19 @@ class JobView(_Model):
     replicas: tuple[ReplicaView, ...]
 
 
-class JobEvent(_Model):
-    """A job's status changed; ``status`` None means the job is gone."""
+class JobEvent(AddedLater, _Model):
+    """A job's status changed; ``status`` None means the job is gone.
+
+    On a watch with ``views`` (only there: an older watcher never sees these
+    fields) every event also carries ``seq``, wrk-ork's revision after the
+    change, and ``job``, the job's whole view after it (None once gone); a
+    change that moved no status (a replica's status, message, agents, gateway)
+    comes as an event whose ``previous`` equals ``status``; and a ``bookmark``
+    (empty ``job_id`` and ``team``, no status) ends the snapshot with the
+    revision it was taken at.
+    """
+
+    _added_later = ("seq", "job", "bookmark")
 
     job_id: str
     team: str
@@ -218,6 +248,14 @@ class JobEvent(_Model):
     previous: JobStatus | None
     reason: str
     at: float
+    #: wrk-ork's revision once this change was made (``views`` watches only):
+    #: one more than the event before it on an unfiltered watch.
+    seq: int = 0
+    #: The job as it is after the change; None when it is gone (``views`` only).
+    job: JobView | None = None
+    #: Not a change: the snapshot before it was taken at revision ``seq``, and
+    #: the changes after it follow (``views`` only).
+    bookmark: bool = False
 
 
 class RackInfo(_Model):
@@ -360,12 +398,19 @@ class ReleaseNodes(_Model):
     nodes: list[NodeName] = Field(min_length=1, max_length=MAX_NODES_PER_CALL)
 
 
-class WatchJobs(_Model):
+class WatchJobs(AddedLater, _Model):
+    _added_later = ("views",)
+
     #: Only this job's changes; None: every job (of ``team``).
     job_id: JobId | None = None
     team: Team | None = None
     #: First send every matching job's current status.
     snapshot: bool = False
+    #: Events carry the job's whole view and wrk-ork's revision, every change
+    #: of a view is sent (not only status changes), and a bookmark follows the
+    #: snapshot: what a caller needs to keep a copy of the jobs (app-node's
+    #: projection). An older wrk-ork refuses it (``INVALID_PARAMS``).
+    views: bool = False
 
 
 CREATE_JOB = Method("jobs.create", params=CreateJob, result=JobResult)

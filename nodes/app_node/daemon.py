@@ -10,7 +10,9 @@ One swarm, one identity (``<storage>/identity``):
 - :class:`~nodes.kit.ork_client.OrkClient` to wrk-ork (``cosmicac-ork/1``) for
   job, replica, rack and node operations, and one ``jobs.watch`` on it
   (:func:`~.job_events.follow_ork`) whose status changes a
-  :class:`~.job_events.JobHub` fans out to the API's event streams;
+  :class:`~.job_events.JobHub` fans out to the API's event streams, and
+  which keeps app-node's copy of the jobs
+  (:class:`~.job_projection.JobProjection`) that job listings and pages read;
 - :class:`~nodes.kit.monitor_client.MonitorClient` to wrk-monitor
   (``cosmicac-monitor/1``) when ``monitor`` is set, for the jobs' logs, and
   telling wrk-monitor the operator's Loki and Prometheus (``observability``)
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 import trio
 
 from crdt import FsyncPolicy, WriteRefused, run_database_service
+from nodes.kit.metrics import snapshot_registry
 from nodes.kit.peer import RunningDaemon, in_process, serve_http, start_peer, start_served
 from nodes.kit.ready import print_ready
 from nodes.kit.telemetry import start_telemetry
@@ -50,6 +53,7 @@ from .auth import DEFAULT_PARAMS
 from .email import make_sender
 from .health import HealthProber, build_prober
 from .job_events import JobHub, follow_ork
+from .job_projection import JobProjection
 from .ratelimit import make_limiter
 from .services import AppServices
 from .settings import AppNodeSettings
@@ -120,12 +124,12 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
             if settings.monitor is None and settings.observability.configured:
                 log.warning("app_node.observability_unused: observability is set but monitor "
                             "is not; no wrk-monitor gets the Loki and Prometheus URLs")
-            ork, events = None, None
+            ork, events, jobs = None, None, None
             if (ork_peer := settings.ork_peer) is not None:
                 ork = OrkClient(swarm, ork_peer.key, addresses=ork_peer.addresses)
                 await nursery.start(ork.run)
-                events = JobHub()
-                await nursery.start(follow_ork, ork, events)
+                events, jobs = JobHub(), JobProjection()
+                await nursery.start(follow_ork, ork, events, jobs)
                 # Shell access follows team membership on running jobs.
                 await nursery.start(ShellKeySync(store, ork).run)
             monitor = None
@@ -144,11 +148,13 @@ async def serve_app_node(settings: AppNodeSettings, *, metrics: ProcessMetrics |
                                    limiter=limiter, limits=settings.limits,
                                    public_url=settings.public_url,
                                    default_image=settings.default_image,
-                                   swarm=swarm_advert(settings), events=events,
+                                   swarm=swarm_advert(settings), events=events, jobs=jobs,
                                    monitor=monitor, health=health,
                                    teams=settings.teams)
             if metrics is not None:
                 metrics.add(db.metrics.registry)
+                if jobs is not None:
+                    metrics.add(snapshot_registry(jobs.metrics))
             http_address = await nursery.start(
                 serve_http, create_app(services, password_params=settings.password_hash.params(),
                                        body_limits=settings.http.body),

@@ -28,6 +28,12 @@ so it says ``lagged`` and ends. (A change that lands in the instant between the
 new watch being sent and wrk-ork registering it is re-read by that resync too:
 the resync comes after the new watch's request.)
 
+The same watch feeds app-node's copy of the jobs, :class:`~.job_projection.JobProjection`
+(given to :func:`follow_ork`): it then asks for ``views`` and a snapshot, each
+item goes to the projection first, and the hub gets the status changes only
+(not the snapshot, nor a view's change that moved no status), so a subscriber
+that re-reads its job from the projection sees the change it was told of.
+
 The hub is synchronous (trio memory channels, ``send_nowait`` only): the tests
 drive it without a network, and the watcher is a thin loop around it.
 """
@@ -45,11 +51,13 @@ import trio
 from contracts.ork import WATCH_JOBS, JobEvent, WatchJobs
 from p2p.rpc import RpcError
 
+from .job_projection import JobProjection, ProjectionGap
+
 if TYPE_CHECKING:
     from nodes.kit.ork_client import OrkClient
 
 __all__ = ["RESYNC", "Item", "JobHub", "Resync", "Subscription", "TooManySubscribers",
-           "follow_ork"]
+           "follow_ork", "is_status_change"]
 
 log = logging.getLogger(__name__)
 
@@ -180,38 +188,80 @@ BACKOFF_BASE_S, BACKOFF_MAX_S = 0.5, 30.0
 HEALTHY_S = 10.0
 
 
-async def follow_ork(ork: OrkClient, hub: JobHub, *, base_s: float = BACKOFF_BASE_S,
-                     max_s: float = BACKOFF_MAX_S,
+def is_status_change(event: JobEvent) -> bool:
+    """Not a change of a view alone (``previous`` equal to ``status``, from a
+    ``views`` watch): what the hub's subscribers are sent."""
+    return event.status is None or event.status != event.previous
+
+
+async def follow_ork(ork: OrkClient, hub: JobHub, projection: JobProjection | None = None, *,
+                     base_s: float = BACKOFF_BASE_S, max_s: float = BACKOFF_MAX_S,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Watch wrk-ork's ``jobs.watch`` into ``hub`` until cancelled (module doc).
+    """Watch wrk-ork's ``jobs.watch`` into ``hub`` (and ``projection``) until
+    cancelled (module doc).
 
     ``started`` at once. Watches again after the connection broke, after
-    ``LAGGED`` and after any refusal, waiting with backoff between failures;
-    every watch after the first is followed by :meth:`JobHub.resync`.
+    ``LAGGED``, after a gap in the projection's events and after any refusal,
+    waiting with backoff between failures; every watch after the first is
+    followed by :meth:`JobHub.resync` (with a projection: once its snapshot is
+    in, so what the subscribers re-read is the new copy).
+
+    With ``projection``, the watch asks for ``views`` and a snapshot, and every
+    item goes to the projection before the hub. A wrk-ork that refuses
+    ``views`` (``INVALID_PARAMS``: older than the projection) is watched without
+    them until the connection ends; the projection then stays unsynced and the
+    routes ask wrk-ork as before.
     """
     from nodes.kit.ork_client import OrkUnavailable
 
     task_status.started()
-    wait, first = base_s, True
+    wait, first, views_refused = base_s, True, False
     while True:
         began = trio.current_time()
+        views = projection is not None and not views_refused
         try:
-            async with ork.stream(WATCH_JOBS, WatchJobs(snapshot=False)) as events:
+            async with ork.stream(WATCH_JOBS, WatchJobs(snapshot=views, views=views)
+                                  ) as events:
                 hub.watching = True
-                if not first:
-                    hub.resync()
+                resync = not first
                 first = False
+                if views:
+                    assert projection is not None
+                    projection.begin()
+                elif resync:
+                    hub.resync()
                 async for event in events:
+                    if views:
+                        assert projection is not None
+                        projection.apply(event)
+                        if event.bookmark:
+                            if resync:
+                                hub.resync()
+                            continue
+                        if not projection.synced or not is_status_change(event):
+                            continue  # the snapshot, or a view's change alone
                     hub.publish(event)
             why = "ended"
         except OrkUnavailable:
             why = "unreachable"
         except RpcError as exc:
             why = exc.code
+        except ProjectionGap as exc:
+            log.warning("app_node.ork_watch_gap expected=%d got=%d", exc.expected, exc.got)
+            why = "GAP"
         finally:
             hub.watching = False
-        if why == "LAGGED":  # app-node fell behind: watch again at once
-            log.warning("app_node.ork_watch_lagged")
+            if projection is not None:
+                projection.lost()
+        if why == "INVALID_PARAMS" and views:  # an older wrk-ork: watch without views
+            log.warning("app_node.ork_watch_without_views: wrk-ork refuses views (older "
+                        "than app-node); job listings ask wrk-ork per request")
+            views_refused = True
+            continue
+        if why == "unreachable":  # perhaps a newer wrk-ork next time
+            views_refused = False
+        if why in ("LAGGED", "GAP"):  # app-node fell behind: watch again at once
+            log.warning("app_node.ork_watch_lagged why=%s", why)
             wait = base_s
             continue
         if trio.current_time() - began >= HEALTHY_S:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .email import EmailSender
     from .health import HealthProber
     from .job_events import JobHub
+    from .job_projection import JobProjection
     from .ratelimit import Limiter, Limits
     from .store import Store
 
@@ -71,6 +72,9 @@ class AppServices:
         events: wrk-ork's job status changes, fanned out to the event streams
             (``GET /api/jobs/{job}/events``); the daemon follows wrk-ork into it
             (:func:`~.job_events.follow_ork`). None: those routes answer 503.
+        jobs: app-node's copy of wrk-ork's jobs, kept from the same watch
+            (:mod:`.job_projection`): the job listing and pages read it while it
+            is synced, and ask wrk-ork otherwise (or when it is None).
         monitor: the client of wrk-monitor for job logs (``GET /api/jobs/{job}/logs``);
             None until wrk-monitor is configured (that route answers 503).
         health: the control plane's health prober, whose store ``GET /api/health``
@@ -91,6 +95,7 @@ class AppServices:
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     clock: Callable[[], float] = time.time
     events: JobHub | None = None
+    jobs: JobProjection | None = None
     monitor: MonitorClient | None = None
     health: HealthProber | None = None
     teams: TeamsSettings = field(default_factory=TeamsSettings)

@@ -5,7 +5,9 @@
 
 - ``event: job`` first, its data the job document exactly as ``GET
   /api/jobs/{job}`` returns it (a client needs no separate GET); then again
-  after every status change of the job, **re-read from wrk-ork** (so statuses
+  after every status change of the job, **re-read** (from app-node's copy of
+  wrk-ork's jobs, which has the change before the stream is told, or from
+  wrk-ork while the copy is not synced; so statuses
   use the API's names, ``running`` for Active, and replicas are current). A
   change that leaves the document as it was last sent sends nothing.
 - ``event: gone`` (data ``{"id"}``) once wrk-ork has removed the job; the
@@ -49,13 +51,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from contracts.model import api_status
-from contracts.ork import GET_JOB, JobEvent, JobRef
+from contracts.ork import JobEvent
 
 from .. import codes
 from ..job_events import RESYNC, JobHub, Subscription, TooManySubscribers
 from ..model import JobRecord, Role
 from ._common import ApiError, Ctx, team_of
-from ._jobs import _on_ork, _own_job, decorate, job_out, ork_unavailable
+from ._jobs import _own_job, decorate, job_out, ork_unavailable, view_of
 from ._models import JobOut
 from ._spec import RouteSpec
 
@@ -163,7 +165,7 @@ async def _next(sub: Subscription, write: Write) -> Any:
 async def _read(ctx: Ctx, record: JobRecord) -> dict[str, Any] | None:
     """The job's document now; None once wrk-ork no longer has it (record marked deleted)."""
     try:
-        view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
+        view = await view_of(ctx, record)
     except ApiError as exc:
         if exc.code == "NOT_FOUND":
             return None

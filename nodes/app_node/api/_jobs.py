@@ -2,7 +2,16 @@
 
 wrk-ork (through ``services.ork``) is the truth of what runs and its status;
 app-node's store keeps who created each job and its spec, so a team's listing
-and the web UI's Duplicate need no call per job. A create goes to wrk-ork first
+and the web UI's Duplicate need no call per job. The live status in listings
+and job pages comes from app-node's copy of wrk-ork's jobs
+(``services.jobs``, :mod:`..job_projection`, kept from the ``jobs.watch``
+app-node follows) while it is synced: a listing then calls wrk-ork for nothing
+but a job the copy lacks (removed: its record is marked deleted). While it is
+not synced (starting, the watch broken and resyncing, a wrk-ork too old for
+it) they ask wrk-ork as before, so they answer what wrk-ork answers, or 503
+``ORK_UNAVAILABLE`` when it cannot be reached. A route that changes a job waits
+(at most ``WRITE_WAIT_S``) until the copy holds the change before it answers:
+the caller's next read shows what they did. A create goes to wrk-ork first
 and is recorded after: a record never names a job wrk-ork refused, and a job
 the store failed to record is deleted in wrk-ork again.
 
@@ -29,6 +38,7 @@ job. Those routes never fail or wait on wrk-monitor.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -37,7 +47,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status, job_type_problem
+from contracts.model import IMAGE_PATTERN, JobSpec, JobType, job_type_problem
 from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
@@ -61,9 +71,11 @@ from p2p.rpc import Method, RpcError
 from runtime.wireguard import assign_addresses
 
 from .. import codes
-from ..model import JobRecord, Role
-from ._common import ApiError, Ctx, Session, ok, team_of, validate
-from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, ReplicaOut, WireGuardOut
+from ..job_projection import JobProjection, Mark
+from ..model import JobRecord, Page, Role
+from ._common import ApiError, Ctx, Session, ok, require_member, team_of, validate
+from ._job_documents import job_out
+from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, WireGuardOut
 from ._spec import RouteSpec
 
 _log = logging.getLogger(__name__)
@@ -121,42 +133,36 @@ def _over_quota(exc: RpcError) -> str:
             "(cosmicac teams quota set)")
 
 
-def job_out(record: JobRecord, view: JobView, model_health: str | None = None) -> JobOut:
-    """A job as the API shows it: the record's who/when with wrk-ork's live status
-    (and, where known, wrk-monitor's model health)."""
-    replicas = [ReplicaOut(
-        index=r.index, status=r.status.value.replace("active", "running"),
-        generation=r.generation, message=r.message, agents=list(r.agents),
-        nodes=[s.node for s in r.placement.shares] if r.placement else [])
-        for r in view.replicas]
-    return JobOut(id=view.id, team=record.team, name=record.name, type=view.spec.type.value,
-                  status=api_status(view.status), reason=view.reason,
-                  created_by=record.created_by, created_at=record.created_at,
-                  deleted_at=record.deleted_at, rack=view.rack, replicas=replicas,
-                  spec=record.spec, model_health=model_health)
+async def monitor_facts(ctx: Ctx, jobs: list[tuple[str, str]]
+                        ) -> tuple[dict[str, str], dict[str, float]]:
+    """What wrk-monitor knows of ``jobs`` (id, type): inference jobs' model health,
+    and when each job's agents were last heard from, by id.
 
-
-async def decorate(ctx: Ctx, jobs: list[JobOut]) -> list[JobOut]:
-    """``jobs`` with what wrk-monitor knows of them: inference jobs' model health,
-    and when their agents were last heard from.
-
-    Unchanged when wrk-monitor is not configured, not connected, slow or refusing:
+    Empty when wrk-monitor is not configured, not connected, slow or refusing:
     these decorate a job, they never fail or stall a route.
     """
     monitor = ctx.services.monitor
-    if monitor is None or not jobs:
-        return jobs
-    inference = [job.id for job in jobs if job.type == JobType.INFERENCE.value]
     health: dict[str, str] = {}
     heard: dict[str, float] = {}
+    if monitor is None or not jobs:
+        return health, heard
+    inference = [job_id for job_id, type_ in jobs if type_ == JobType.INFERENCE.value]
     try:
         found = await monitor.job_health(inference)
         health = {job_id: job.health.value for job_id, job in found.items()
                   if job.health is not None}
         # Each on its own: a wrk-monitor without agents.heard still gives health.
-        heard = await monitor.agents_heard([job.id for job in jobs])
+        heard = await monitor.agents_heard([job_id for job_id, _ in jobs])
     except (MonitorUnavailable, RpcError) as exc:
         _log.debug("jobs.monitor_unknown reason=%s", exc)
+    return health, heard
+
+
+async def decorate(ctx: Ctx, jobs: list[JobOut]) -> list[JobOut]:
+    """``jobs`` with what wrk-monitor knows of them (:func:`monitor_facts`)."""
+    if ctx.services.monitor is None or not jobs:
+        return jobs
+    health, heard = await monitor_facts(ctx, [(job.id, job.type) for job in jobs])
     return [job.model_copy(update={"model_health": health.get(job.id),
                                    "agents_heard_at": heard.get(job.id)}) for job in jobs]
 
@@ -217,6 +223,51 @@ async def _with_model_defaults(ctx: Ctx, body: JobIn) -> tuple[JobIn, dict[str, 
     return filled, master.defaults.get("model_settings")
 
 
+def _projection(ctx: Ctx) -> JobProjection | None:
+    """app-node's copy of wrk-ork's jobs if reads may use it now (synced)."""
+    jobs = ctx.services.jobs
+    return jobs if jobs is not None and jobs.synced else None
+
+
+async def views_of(ctx: Ctx, team: str, ids: list[str]) -> dict[str, JobView]:
+    """The live views of ``team``'s jobs ``ids`` that wrk-ork has, by id.
+
+    From app-node's copy (:mod:`..job_projection`) while it is synced; what it
+    lacks (a job removed since, whose record is then marked deleted; or every
+    job while the copy is not synced) is asked of wrk-ork, a page at a time."""
+    projection = _projection(ctx)
+    views = {} if projection is None else projection.views(ids, team)
+    missing = [job_id for job_id in ids if job_id not in views]
+    for start in range(0, len(missing), MAX_LIST_PAGE):
+        answer = await ork_call(ctx, LIST_JOBS,
+                                ListJobs(team=team, ids=missing[start:start + MAX_LIST_PAGE]))
+        views.update((view.id, view) for view in answer.jobs)
+    return views
+
+
+async def view_of(ctx: Ctx, record: JobRecord) -> JobView:
+    """The job's live view: app-node's copy's while synced, else wrk-ork's
+    (its NOT_FOUND marks the record deleted)."""
+    projection = _projection(ctx)
+    view = None if projection is None else projection.get(record.id, record.team)
+    if view is None:
+        view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
+    return view
+
+
+async def _written(ctx: Ctx, mark: Mark | None, job_id: str) -> None:
+    """Read-your-writes: once wrk-ork answered a change of ``job_id`` asked after
+    ``mark``, wait (bounded) until app-node's copy has it too."""
+    jobs = ctx.services.jobs
+    if jobs is not None and mark is not None:
+        await jobs.wait_applied(job_id, mark)
+
+
+def _mark(ctx: Ctx) -> Mark | None:
+    jobs = ctx.services.jobs
+    return None if jobs is None else jobs.mark()
+
+
 async def create_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     body, model_settings = await _with_model_defaults(ctx, await ctx.body(request, JobIn))
@@ -229,6 +280,7 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
                              if u.cli_public_key}))
     spec = _spec_of(body, team, keys, ctx.services.default_image, model_settings)
     quota = await ctx.store(ctx.services.store.quotas.get, team)
+    mark = _mark(ctx)
     view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(
         spec=spec, created_by=session.user.id,
         quota=GpuQuota(team_gpus=quota.gpus, user_gpus=quota.per_user_gpus)))).job
@@ -240,27 +292,26 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
         with trio.CancelScope(shield=True), contextlib.suppress(ApiError):
             await ork_call(ctx, DELETE_JOB, JobRef(job_id=view.id))
         raise
+    await _written(ctx, mark, view.id)
     return ok(job_out(record, view), 201)
 
 
 async def list_jobs(ctx: Ctx, request: Request) -> Response:
-    session = await ctx.session(request)
     query = request.query_params
-    team = team_of(session, query.get("team_id"))
-    await ctx.require_role(session, team, Role.MEMBER)
-    limit = query.get("limit", "50")
-    if not limit.isdigit():
-        raise ApiError(codes.INVALID, "limit: a whole number", "limit")
-    page = await ctx.store(ctx.services.store.jobs.page, team, limit=int(limit),
-                           cursor=query.get("cursor"))
-    # Only the page's jobs: the team's whole list cost wrk-ork a view of every
-    # job per request, and past ~900 jobs did not fit in one answer.
-    ids = [record.id for record in page.items]
-    views = {}
-    for start in range(0, len(ids), MAX_LIST_PAGE):
-        answer = await ork_call(ctx, LIST_JOBS,
-                                ListJobs(team=team, ids=ids[start:start + MAX_LIST_PAGE]))
-        views.update((view.id, view) for view in answer.jobs)
+    store = ctx.services.store
+
+    def team_and_page(session: Session) -> tuple[str, Page[JobRecord]]:
+        # In the session's trip to a thread: the caller's role, then the page.
+        team = team_of(session, query.get("team_id"))
+        require_member(store.teams.role_of(session.user.id, team), team)
+        limit = query.get("limit", "50")
+        if not limit.isdigit():
+            raise ApiError(codes.INVALID, "limit: a whole number", "limit")
+        return team, store.jobs.page(team, limit=int(limit), cursor=query.get("cursor"))
+
+    _, (team, page) = await ctx.session_and(request, team_and_page)
+    # Only the page's jobs, from app-node's copy: no call to wrk-ork per listing.
+    views = await views_of(ctx, team, [record.id for record in page.items])
     jobs = []
     for record in page.items:
         view = views.get(record.id)
@@ -268,20 +319,31 @@ async def list_jobs(ctx: Ctx, request: Request) -> Response:
             record = await ctx.store(ctx.services.store.jobs.mark_deleted, record.id,
                                      now=ctx.now())
             continue
-        jobs.append(job_out(record, view))
-    return ok(JobsOut(jobs=await decorate(ctx, jobs), next=page.next))
+        jobs.append((record, view))
+    health, heard = await monitor_facts(ctx, [(r.id, v.spec.type.value) for r, v in jobs])
+    # JobsOut's JSON, each job's kept while unchanged (_job_documents.py).
+    documents = b",".join(ctx.documents.json(record, view, health.get(record.id),
+                                             heard.get(record.id)) for record, view in jobs)
+    after = b"null" if page.next is None else json.dumps(page.next).encode()
+    return Response(b'{"jobs":[' + documents + b'],"next":' + after + b"}",
+                    media_type="application/json")
 
 
 async def _own_job(ctx: Ctx, session: Session, job_id: str) -> JobRecord:
     """The job's record; 404 for a missing, deleted or another team's job."""
     missing = ApiError(codes.NOT_FOUND, f"no job {job_id} in your teams", "job")
+    store = ctx.services.store
+
+    def record_and_role() -> tuple[JobRecord, Role | None]:  # one trip to a thread
+        record = store.jobs.get(job_id)
+        return record, store.teams.role_of(session.user.id, record.team)
+
     try:
-        record = await ctx.store(ctx.services.store.jobs.get, job_id)
+        record, role = await ctx.store(record_and_role)
     except ApiError as exc:
         if exc.status == 404:
             raise missing from None
         raise
-    role = await ctx.store(ctx.services.store.teams.role_of, session.user.id, record.team)
     if role is None or record.deleted_at is not None:
         raise missing
     return record
@@ -303,7 +365,7 @@ async def _on_ork(ctx: Ctx, record: JobRecord, method: Method, params: BaseModel
 async def get_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
-    view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
+    view = await view_of(ctx, record)
     [job] = await decorate(ctx, [job_out(record, view)])
     return ok(job)
 
@@ -320,7 +382,7 @@ async def job_wireguard(ctx: Ctx, request: Request) -> Response:
     if not key:
         raise ApiError(codes.CONFLICT, "your account has no CLI key: run cosmicac login "
                        "from the CLI you will connect with", "cli_public_key")
-    view = (await _on_ork(ctx, record, GET_JOB, JobRef(job_id=record.id))).job
+    view = await view_of(ctx, record)
     gateway = next((r.gateway for r in view.replicas if r.gateway is not None), None)
     if gateway is None:
         raise ApiError(codes.CONFLICT, f"job {record.id}'s WireGuard gateway is not up yet; "
@@ -341,19 +403,24 @@ async def job_wireguard(ctx: Ctx, request: Request) -> Response:
 async def restart_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
+    mark = _mark(ctx)
     view = (await _on_ork(ctx, record, RESTART_JOB, JobRef(job_id=record.id))).job
+    await _written(ctx, mark, record.id)
     return ok(job_out(record, view))
 
 
 async def delete_job(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
+    mark = _mark(ctx)
     try:
         view = (await ork_call(ctx, DELETE_JOB, JobRef(job_id=record.id))).job
     except ApiError as exc:
         if exc.code != "NOT_FOUND":
             raise
         view = None
+    else:
+        await _written(ctx, mark, record.id)
     if view is None:
         await ctx.store(ctx.services.store.jobs.mark_deleted, record.id, now=ctx.now())
         return ok(DeletedJobOut(gone=True, job=None))
@@ -371,14 +438,20 @@ async def restart_replica(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
     ref = ReplicaRef(job_id=record.id, replica=_replica(request))
-    return ok(job_out(record, (await ork_call(ctx, RESTART_REPLICA, ref)).job))
+    mark = _mark(ctx)
+    view = (await ork_call(ctx, RESTART_REPLICA, ref)).job
+    await _written(ctx, mark, record.id)
+    return ok(job_out(record, view))
 
 
 async def delete_replica(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     record = await _own_job(ctx, session, request.path_params["job"])
     ref = ReplicaRef(job_id=record.id, replica=_replica(request))
-    return ok(job_out(record, (await ork_call(ctx, DELETE_REPLICA, ref)).job))
+    mark = _mark(ctx)
+    view = (await ork_call(ctx, DELETE_REPLICA, ref)).job
+    await _written(ctx, mark, record.id)
+    return ok(job_out(record, view))
 
 
 ROUTES = [
@@ -399,4 +472,5 @@ ROUTES = [
               "Delete one replica (the job keeps the others)", answer=JobOut),
 ]
 
-__all__ = ["ROUTES", "decorate", "job_out", "ork_call", "ork_unavailable"]
+__all__ = ["ROUTES", "decorate", "job_out", "ork_call", "ork_unavailable", "view_of",
+           "views_of"]

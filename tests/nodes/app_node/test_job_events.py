@@ -130,3 +130,84 @@ async def test_follow_ork_rewatches_with_backoff_and_resyncs(autojump_clock) -> 
     assert names == ["a", RESYNC, "b", RESYNC, "c", RESYNC, "d", RESYNC]
     assert hub.resyncs == 4
     assert hub.published == 4 and not hub.watching
+
+
+class RecordingOrk(FakeOrk):
+    """:class:`FakeOrk` that keeps each watch's params; ``old`` refuses ``views``
+    as a wrk-ork older than them does (extra field: INVALID_PARAMS)."""
+
+    def __init__(self, script: list[tuple[list[JobEvent], Exception | None]], *,
+                 old: bool = False) -> None:
+        super().__init__(script)
+        self.old = old
+        self.params: list[Any] = []
+
+    @asynccontextmanager
+    async def stream(self, method: Any, params: Any) -> AsyncIterator[Any]:
+        self.params.append(params)
+        if self.old and params.views:
+            raise RpcError("INVALID_PARAMS", "views: extra inputs are not permitted")
+        async with super().stream(method, params) as items:
+            yield items
+
+
+def _view_event(job: str, seq: int, status: JobStatus | None, previous: JobStatus | None
+                ) -> JobEvent:
+    from contracts.model import JobSpec
+    from contracts.ork import JobView
+    spec = JobSpec(name="box", team="a", type="container",
+                   image="docker://registry.local/jobs/app:1", gpus=1)
+    view = None if status is None else JobView(
+        id=job, spec=spec, status=status, reason="", created_at=1.0, updated_at=1.0,
+        rack=None, replicas=())
+    return JobEvent(job_id=job, team="a", status=status, previous=previous, reason="",
+                    at=1.0, seq=seq, job=view)
+
+
+def _bookmark(seq: int) -> JobEvent:
+    return JobEvent(job_id="", team="", status=None, previous=None, reason="", at=1.0,
+                    seq=seq, bookmark=True)
+
+
+async def test_follow_ork_keeps_the_projection_and_rebuilds_it_after_a_gap(
+        autojump_clock) -> None:
+    from nodes.app_node.job_projection import JobProjection
+    hub, projection = JobHub(), JobProjection()
+    P, S = JobStatus.PENDING, JobStatus.STARTING
+    ork = RecordingOrk([
+        ([_view_event("x", 5, P, P), _bookmark(5),
+          _view_event("x", 6, S, P),          # a status change: the hub hears it
+          _view_event("x", 7, S, S),          # a view's change alone: the copy only
+          _view_event("x", 9, None, S)],      # 8 was lost: a gap, watch again at once
+         None),
+        ([_view_event("y", 2, P, P), _bookmark(2)], None),  # e.g. wrk-ork restarted
+    ])
+    with hub.subscribe() as sub:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow_ork, ork, hub, projection)
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+        items = drain(sub)
+    assert all(p.views and p.snapshot for p in ork.params)
+    assert [(i.job_id, i.status) if i is not RESYNC else i for i in items] == [
+        ("x", S), RESYNC]  # the resync once the new snapshot is in
+    assert ork.watches[1] - ork.watches[0] < 0.1  # a gap re-watches at once
+    stats = projection.statistics()
+    assert stats.gaps == 1 and stats.syncs == 2 and stats.revision == 2
+    assert projection.get("x", "a") is None and projection.get("y", "a") is not None
+    assert not projection.synced  # the second watch ended, the third sent no bookmark
+
+
+async def test_follow_ork_watches_an_older_wrk_ork_without_views(autojump_clock) -> None:
+    from nodes.app_node.job_projection import JobProjection
+    hub, projection = JobHub(), JobProjection()
+    ork = RecordingOrk([([event("a")], None)], old=True)
+    with hub.subscribe() as sub:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(follow_ork, ork, hub, projection)
+            await trio.sleep(0.5)
+            assert not projection.synced  # the routes ask wrk-ork
+            nursery.cancel_scope.cancel()
+        items = drain(sub)
+    assert [p.views for p in ork.params] == [True, False]
+    assert [i.job_id for i in items] == ["a"]

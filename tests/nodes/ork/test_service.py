@@ -261,3 +261,65 @@ async def test_a_watcher_that_falls_behind_is_ended_with_lagged(nursery, autojum
             # The buffer's 3, plus the one handed straight to the waiting stream.
             assert len(got) == 4
             assert harness.service.watchers == 0
+
+
+async def test_a_views_watch_numbers_every_change_of_a_view_after_its_snapshot(
+        nursery, autojump_clock):
+    harness = Harness()
+    async with connect(nursery, harness) as client:
+        with trio.fail_after(10):
+            job = (await client.call(CREATE_JOB, CreateJob(spec=inference(replicas=2)))).job
+            assert job.status is J.STARTING
+            views: list = []
+            plain: list = []
+
+            async def watch(params: WatchJobs, count: int, into: list) -> None:
+                async with client.stream(WATCH_JOBS, params) as events:
+                    async for event in events:
+                        into.append(event)
+                        if len(into) == count:
+                            break
+
+            nursery.start_soon(watch, WatchJobs(snapshot=True, views=True), 4, views)
+            nursery.start_soon(watch, WatchJobs(), 1, plain)
+            await trio.testing.wait_all_tasks_blocked()
+            # One replica runs, the other still starts: the job stays Starting, so
+            # only the views watch hears of it.
+            harness.report(job.id, 0, "active")
+            await client.call(DELETE_JOB, JobRef(job_id=job.id))
+            await trio.testing.wait_all_tasks_blocked()
+            snapshot, bookmark, replica_up, deleting = views
+            revision = bookmark.seq
+            assert (snapshot.job_id, snapshot.seq, snapshot.job) == (job.id, revision, job)
+            assert bookmark.bookmark and bookmark.job_id == "" and bookmark.job is None
+            assert replica_up.seq == revision + 1
+            assert replica_up.previous is replica_up.status is J.STARTING
+            assert replica_up.job is not None
+            assert [r.status.value for r in replica_up.job.replicas] == ["active", "starting"]
+            assert deleting.seq == revision + 2 and deleting.status is J.DELETING
+            assert deleting.job is not None and deleting.job.status is J.DELETING
+            # The plain watch: the status change only, as an older peer reads it.
+            [event] = plain
+            assert (event.previous, event.status, event.seq, event.job) == (
+                J.STARTING, J.DELETING, 0, None)
+            assert set(event.model_dump()) == {"job_id", "team", "status", "previous",
+                                               "reason", "at"}
+            assert WatchJobs(snapshot=True).model_dump() == {
+                "job_id": None, "team": None, "snapshot": True}
+
+
+async def test_a_views_watch_of_nothing_opens_with_a_bookmark(nursery, autojump_clock):
+    harness = Harness()
+    async with connect(nursery, harness) as client, \
+            client.stream(WATCH_JOBS, WatchJobs(views=True)) as events:
+        with trio.fail_after(10):
+            first = await events.__anext__()
+            assert first.bookmark and first.seq == harness.service.revision == 0
+            job = (await client.call(CREATE_JOB, CreateJob(spec=container()))).job
+            seqs = []
+            async for event in events:
+                seqs.append(event.seq)
+                assert event.job_id == job.id and event.job is not None
+                if event.status is J.STARTING:
+                    break
+            assert seqs == [1, 2, 3]  # Creating, Queued, Starting: one each, no gap

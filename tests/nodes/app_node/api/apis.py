@@ -4,10 +4,13 @@ replica, an outbox folder, an embedded limiter, a fake wall clock; cheap scrypt.
 ``ork_api`` adds a real wrk-ork in-process: an ``OrkService`` over the
 orchestrator of ``tests/nodes/ork/world.World`` (one rack of two 8-GPU nodes)
 on its own swarm, reached by a real ``OrkClient`` on a second swarm, and
-app-node's ``JobHub`` following its ``jobs.watch`` as the daemon's does. A test
-that plays the worker (``world.say``) calls :meth:`Api.say` so the change also
-reaches the watch (wrk-ork's daemon pumps after every report; here the service
-pumps after every RPC call only).
+app-node's ``JobHub`` and ``JobProjection`` following its ``jobs.watch`` as the
+daemon's do (the fixture waits until the projection is synced, so listings and
+job pages read it). A test that plays the worker (``world.say``) calls
+:meth:`Api.say` so the change also reaches the watch (wrk-ork's daemon pumps
+after every report; here the service pumps after every RPC call only), then
+waits until app-node's copy has it (:meth:`Api.settled`): it comes through the
+watch, not through the call.
 
 ``logs_api`` is ``ork_api`` plus a real wrk-monitor: a ``MonitorService`` over a
 ``LogBuffer`` on a third swarm that lets app-node's key follow, reached by a
@@ -15,7 +18,7 @@ real ``MonitorClient``; tests append records to ``Api.log_buffer``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from nodes.app_node.api import BodyLimits, create_app
 from nodes.app_node.auth import ScryptParams
 from nodes.app_node.email import OutboxSender
 from nodes.app_node.job_events import JobHub, follow_ork
+from nodes.app_node.job_projection import JobProjection
 from nodes.app_node.ratelimit import EmbeddedLimiter, Limits, Rate
 from nodes.app_node.services import AppServices
 from nodes.app_node.store import Store
@@ -42,6 +46,7 @@ from nodes.ork.service import OrkService
 from p2p.keys import KeyPair
 from p2p.swarm import Swarm, SwarmConfig, UpkeepPolicy
 
+from ....p2p.helpers import wait_until
 from ...ork.world import World
 
 PASSWORD = "correct horse battery"
@@ -76,12 +81,23 @@ class Api:
     monitor_scope: trio.CancelScope | None = None
     #: With ``logs_api``: wrk-monitor's service (its ``health`` book takes reports).
     monitor_service: MonitorService | None = None
+    #: With ``ork_api``: stop wrk-ork's swarm and start a new service over the
+    #: same jobs, key and port (wrk-ork restarted: its revision starts again).
+    restart_ork: Callable[[], Awaitable[None]] | None = None
 
     def say(self, replica: int, state: str, **kwargs) -> None:
         """The worker reports ``state`` (``World.say``), and wrk-ork streams the change."""
         assert self.world is not None and self.ork_service is not None
         self.world.say(replica, state, **kwargs)
         self.ork_service.pump()
+
+    async def settled(self) -> None:
+        """Until app-node's copy of the jobs is at wrk-ork's revision (what wrk-ork
+        pumped has reached it through the watch)."""
+        assert self.ork_service is not None and self.services.jobs is not None
+        jobs, service = self.services.jobs, self.ork_service
+        await wait_until(lambda: jobs.synced and jobs.revision >= service.revision,
+                         step_s=0.005)
 
     async def signup(self) -> str:
         r = await self.client.post("/api/auth/signup", json={
@@ -121,6 +137,7 @@ def bearer(token: str) -> dict[str, str]:
 async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
                    ork: OrkClient | None = None,
                    events: JobHub | None = None,
+                   jobs: JobProjection | None = None,
                    monitor: MonitorClient | None = None,
                    body_limits: BodyLimits = BodyLimits()) -> AsyncIterator[Api]:
     clock = FakeClock()
@@ -132,7 +149,7 @@ async def make_api(tmp_path: Path, limits: Limits = GENEROUS,
                            email=OutboxSender(outbox, clock_ns=lambda: int(clock.now * 1e9)),
                            limiter=EmbeddedLimiter(), limits=limits,
                            public_url="https://cosmic.example", clock=clock,
-                           events=events, monitor=monitor)
+                           events=events, jobs=jobs, monitor=monitor)
     app = create_app(services, password_params=CHEAP, body_limits=body_limits)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -178,12 +195,26 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
 
     async with trio.open_nursery() as nursery:
         address = await nursery.start(run_ork)
+
+        async def restart_ork() -> None:
+            nonlocal service, ork_swarm, scope
+            scope.cancel()
+            await trio.sleep(0.05)  # the old swarm's sockets close
+            service = OrkService(world.orch, allow=lambda key: key == me.public_key,
+                                 clock=lambda: world.now)
+            ork_swarm = Swarm(ork_key, config=SwarmConfig(host="127.0.0.1", port=address[1]),
+                              services=[service])
+            scope = trio.CancelScope()
+            await nursery.start(run_ork)
+            value.ork_scope, value.ork_service = scope, service
         swarm = Swarm(me, config=SwarmConfig(host="127.0.0.1", port=0))
         await nursery.start(swarm.run)
         client = OrkClient(swarm, ork_key.public_key, addresses=[address], backoff=FAST)
         await nursery.start(client.run)
-        hub = JobHub()
-        await nursery.start(follow_ork, client, hub)
+        hub, projection = JobHub(), JobProjection()
+        await nursery.start(follow_ork, client, hub, projection)
+        # Listings and job pages read the copy from here on.
+        await wait_until(lambda: projection.synced, step_s=0.005)
         buffer, monitor_client, monitor_scope = None, None, trio.CancelScope()
         monitor_service = None
         if monitor:
@@ -203,11 +234,12 @@ async def _with_ork(tmp_path: Path, *, monitor: bool) -> AsyncIterator[Api]:
                                            addresses=[monitor_address], backoff=FAST,
                                            timeout_s=1.0)
             await nursery.start(monitor_client.run)
-        async for value in make_api(tmp_path, ork=client, events=hub,
+        async for value in make_api(tmp_path, ork=client, events=hub, jobs=projection,
                                     monitor=monitor_client):
             value.world, value.ork_scope, value.ork_service = world, scope, service
             value.log_buffer, value.monitor_scope = buffer, monitor_scope
             value.monitor_service = monitor_service
+            value.restart_ork = restart_ork
             yield value
         nursery.cancel_scope.cancel()
 

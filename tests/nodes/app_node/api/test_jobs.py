@@ -49,7 +49,8 @@ async def test_container_job_carries_the_members_cli_keys(ork_api: Api) -> None:
     assert api.world.orch.get_job(job["id"]).spec.authorized_keys == (KEY_A, KEY_B)
 
     api.world.job_id = job["id"]
-    api.world.say(0, "active")
+    api.say(0, "active")
+    await api.settled()  # the worker's report reaches app-node through the watch
     r = await api.client.get(f"/api/jobs/{job['id']}", headers=bearer(owner))
     assert r.status_code == 200 and r.json()["status"] == "running"
     assert r.json()["replicas"][0]["status"] == "running"
@@ -96,7 +97,8 @@ async def test_inference_list_restart_replicas_delete(ork_api: Api) -> None:
         assert r.json()["job"]["status"] == "deleting"
         assert api.world is not None
         api.world.job_id = other
-        api.world.say(0, "deleted")
+        api.say(0, "deleted")
+        await api.settled()
     r = await api.client.get("/api/jobs", headers=bearer(owner))
     assert [j["id"] for j in r.json()["jobs"]] == [job["id"]]
     assert api.services.store.jobs.get(other).deleted_at is not None
@@ -348,6 +350,7 @@ async def test_a_member_gets_the_isolated_networks_gateway_and_their_own_tunnel_
     gateway = GatewayView(public_key=wg_key(b"\x05" * 32), endpoint="gw.example.net:30000",
                           tunnel_subnet="10.250.0.0/24", networks=("10.88.0.0/24",))
     ork_api.say(0, "active", job=job, gateway=gateway)
+    await ork_api.settled()
     addresses = assign_addresses("10.250.0.0/24", [ada.public_key, bob.public_key])
     r = await ork_api.client.get(path, headers=bearer(member))  # wrk-ork's view has it now
     assert r.json() == {"job": job, "cli_public_key": bob.hex,
