@@ -17,9 +17,18 @@ The protocol
 The agent serves it on its swarm; the proxy opens one channel per connection.
 Every message is a msgpack map (p2p/rpc README, "Wire format")::
 
-    infer(InferRequest)  => InferFrame, InferFrame, ...
-    upload(UploadChunk)  -> UploadResult
-    status(Empty)        -> AgentStatus
+    infer(InferRequest)        => InferFrame, InferFrame, ...
+    infer_whole(InferRequest)  -> InferFrame
+    upload(UploadChunk)        -> UploadResult
+    status(Empty)              -> AgentStatus
+
+``infer_whole`` is ``infer`` for an answer the proxy expects whole (a chat or
+completion that is not a stream, its body inline): one reply, the whole
+answer as one frame (``done``), one message each way instead of a stream's
+items, end and credit. An answer whose data would pass
+:data:`MAX_WHOLE_ANSWER` is refused with ``TOO_LARGE`` (the proxy asks again
+with ``infer``); an agent without the method answers ``UNKNOWN_METHOD``
+(the proxy uses ``infer`` with it from then on).
 
 ``infer`` carries one OpenAI request: its path, content type and body (the
 bytes the client sent; the agent passes them to the model server, a chat's or
@@ -44,7 +53,8 @@ Error codes (``RpcError.code``): ``FORBIDDEN`` (not an authorised proxy),
 ``UNAVAILABLE`` (the model server is not healthy: nothing was sent to it),
 ``BAD_REQUEST`` (a path the agent does not forward, a body too large, an
 unknown upload), ``UPSTREAM`` (the model server failed or closed mid-answer),
-``BUSY`` (too many requests in flight; the RPC layer's own).
+``BUSY`` (too many requests in flight; the RPC layer's own), ``TOO_LARGE``
+(``infer_whole``'s answer does not fit one message).
 """
 
 from __future__ import annotations
@@ -60,8 +70,10 @@ __all__ = [
     "AGENT_STATUS",
     "FORWARDED_PATHS",
     "INFER",
+    "INFER_WHOLE",
     "MAX_BODY",
     "MAX_INLINE_BODY",
+    "MAX_WHOLE_ANSWER",
     "PROTOCOL",
     "UPLOAD",
     "UPLOAD_TTL_S",
@@ -165,5 +177,8 @@ class AgentStatus(_Message):
 
 
 INFER = StreamMethod("infer", params=InferRequest, item=InferFrame)
+#: Most bytes of data in ``infer_whole``'s one frame (a mux message is 512 KiB).
+MAX_WHOLE_ANSWER = 256 << 10
+INFER_WHOLE = Method("infer_whole", params=InferRequest, result=InferFrame)
 UPLOAD = Method("upload", params=UploadChunk, result=UploadResult)
 AGENT_STATUS = Method("status", params=Empty, result=AgentStatus)

@@ -10,13 +10,15 @@ key alone, so only a proxy gets an answer.
 While the model server is not healthy, ``infer`` is refused at once with
 ``UNAVAILABLE`` (nothing reaches the server), so the proxy retries the request
 on another replica. Large bodies arrive first as ``upload`` chunks, kept per
-caller and bounded in size, count and age.
+caller and bounded in size, count and age. ``infer_whole`` answers the same
+request with one reply (the proxy uses it for answers it expects whole).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import trio
@@ -24,7 +26,9 @@ import trio
 from contracts.inference import (
     AGENT_STATUS,
     INFER,
+    INFER_WHOLE,
     MAX_BODY,
+    MAX_WHOLE_ANSWER,
     PROTOCOL,
     UPLOAD,
     UPLOAD_TTL_S,
@@ -86,6 +90,7 @@ class InferenceService(RpcService):
                  peers: Callable[[bytes], bool] = lambda key: False) -> None:
         router = Router()
         router.add(INFER, self._infer)
+        router.add(INFER_WHOLE, self._infer_whole)
         router.add(UPLOAD, self._upload)
         router.add(AGENT_STATUS, self._status)
         super().__init__(PROTOCOL, router,
@@ -125,10 +130,40 @@ class InferenceService(RpcService):
         self.in_flight += 1
         self.requests += 1
         try:
-            async for frame in self.client.forward(params.path, params.content_type, body):
-                yield frame
+            # aclosing: an answer given up (the caller left, TOO_LARGE) closes the model
+            # server's connection now, not when the generator is collected.
+            async with aclosing(self.client.forward(params.path, params.content_type,
+                                                    body)) as frames:
+                async for frame in frames:
+                    yield frame
         finally:
             self.in_flight -= 1
+
+    async def _infer_whole(self, params: InferRequest, ctx: CallContext) -> InferFrame:
+        """``infer``'s answer as one frame (one reply instead of a stream's items and end).
+
+        Raises:
+            RpcError: ``infer``'s codes; ``TOO_LARGE`` past :data:`MAX_WHOLE_ANSWER`
+                bytes (the proxy asks again with ``infer``); ``UPSTREAM`` for an
+                answer that ended without its last frame.
+        """
+        frames: list[InferFrame] = []
+        size = 0
+        async with aclosing(self._infer(params, ctx)) as answer:
+            async for frame in answer:
+                size += len(frame.data)
+                if size > MAX_WHOLE_ANSWER:
+                    raise RpcError("TOO_LARGE", f"the answer exceeds {MAX_WHOLE_ANSWER} bytes; "
+                                                "ask with infer")
+                frames.append(frame)
+        if not frames or not frames[-1].done:
+            raise RpcError("UPSTREAM", "the answer ended before it was done")
+        if len(frames) == 1:
+            return frames[0]
+        first, last = frames[0], frames[-1]
+        return InferFrame.model_construct(
+            status=first.status, content_type=first.content_type,
+            data=b"".join(frame.data for frame in frames), usage=last.usage, done=True)
 
     async def _upload(self, params: UploadChunk, ctx: CallContext) -> UploadResult:
         key = self._caller(ctx)

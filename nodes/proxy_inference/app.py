@@ -83,6 +83,8 @@ _NO_USAGE = Usage()
 SSE = "text/event-stream"
 #: OpenAI's error types of the statuses a refused body gets (else ``invalid_request_error``).
 _ERROR_TYPES = {429: "rate_limit_error", 503: "server_error"}
+#: Paths whose non-streamed answers are asked for whole (``infer_whole``).
+_WHOLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 #: A JSON body larger than this is parsed on a worker thread.
 _THREAD_PARSE_BYTES = 1 << 20
 
@@ -175,6 +177,17 @@ def _model_of_json(body: bytes) -> str:
     """The ``model`` of a JSON body (the rest is the agent's business).
 
     Raises:
+        HttpError: as :func:`_read_json`.
+    """
+    return _read_json(body)[0]
+
+
+def _read_json(body: bytes) -> tuple[str, bool]:
+    """The ``model`` of a JSON body, and whether the body says it is not a stream
+    (``stream`` absent, ``null`` or ``false``, which the agent reads so too; any
+    other value is left for the agent to decide).
+
+    Raises:
         HttpError: 400 ``invalid_request`` (not JSON, not an object, no model),
             400 ``json_too_deep`` (nested deeper than ``MAX_JSON_DEPTH``).
     """
@@ -192,7 +205,7 @@ def _model_of_json(body: bytes) -> str:
     if not isinstance(model, str) or not model:
         raise HttpError(400, "You must provide a model parameter.", "invalid_request_error",
                         "invalid_request", "model")
-    return model
+    return model, document.get("stream") in (None, False)
 
 
 def _form_field(body: bytes, content_type: str, name: str) -> str | None:
@@ -232,8 +245,10 @@ class _Forwarded:
     """The agent's answer as an ASGI response: started once the first frame is in."""
 
     def __init__(self, front: Front, key: ApiKey, route: JobRoute, path: str,
-                 content_type: str, body: bytes, started: float) -> None:
+                 content_type: str, body: bytes, started: float, *, whole: bool = False) -> None:
         self.front = front
+        #: The answer is expected whole (asked with ``infer_whole``).
+        self.whole = whole
         self.key = key
         self.route = route
         self.path = path
@@ -251,7 +266,7 @@ class _Forwarded:
             async with front.pool.infer(route, path=self.path,
                                         content_type=self.request_content_type,
                                         body=self.request_body,
-                                        request_id=request_id) as answer:
+                                        request_id=request_id, whole=self.whole) as answer:
                 self.first_byte_s = time.perf_counter() - self.started
                 front.metrics.of(model).first_byte.observe(self.first_byte_s)
                 first = answer.first
@@ -442,12 +457,13 @@ async def _forward(front: Front, scope: Any, receive: Any, send: Any) -> None:
                 raise HttpError(exc.status, str(exc), _ERROR_TYPES.get(exc.status,
                                                                        "invalid_request_error"),
                                 exc.code) from None
+            not_a_stream = False
             if path == TRANSCRIPTIONS:
                 model = _model_of_form(body, content_type)
             elif len(body) > _THREAD_PARSE_BYTES:
-                model = await trio.to_thread.run_sync(_model_of_json, body)
+                model, not_a_stream = await trio.to_thread.run_sync(_read_json, body)
             else:
-                model = _model_of_json(body)
+                model, not_a_stream = _read_json(body)
             route = front.table().lookup(key.team, model)
             if route is None:
                 raise HttpError(404, f"The model {model!r} does not exist or you do not "
@@ -457,7 +473,10 @@ async def _forward(front: Front, scope: Any, receive: Any, send: Any) -> None:
             # Refused before the body was read whole: the rest of it is never read.
             await _fail(front, send, exc, close=ticket is None or ticket.reading)
             return
-        await _Forwarded(front, key, route, path, content_type, body, started)(
+        # A chat or completion that is not a stream comes back whole: one RPC message
+        # each way (embeddings may be megabytes, more than one message holds).
+        whole = not_a_stream and path in _WHOLE_PATHS
+        await _Forwarded(front, key, route, path, content_type, body, started, whole=whole)(
             scope, receive, send)
     finally:
         if ticket is not None:

@@ -13,7 +13,9 @@ job topic whose key wrk-ork does not list for that job, before dialling.
 
 A request (:meth:`AgentPool.infer`) asks the :class:`~.replicas.Balancer` for
 an agent, sends ``infer`` (after ``upload`` chunks for a body larger than
-``MAX_INLINE_BODY``) and waits for the first frame. Anything that goes wrong
+``MAX_INLINE_BODY``) and waits for the first frame; an answer the app expects
+whole (a chat or completion that is not a stream, its body inline) is asked
+with ``infer_whole`` instead, whose one reply is that frame. Anything that goes wrong
 before that frame (the connection or channel ends, ``UNAVAILABLE``, ``BUSY``,
 ``UPSTREAM``, ``FORBIDDEN``, no frame at all) has shown the client nothing:
 the agent is put in back-off and the request tried once more on another
@@ -35,6 +37,7 @@ import trio
 
 from contracts.inference import (
     INFER,
+    INFER_WHOLE,
     MAX_INLINE_BODY,
     PROTOCOL,
     UPLOAD,
@@ -99,7 +102,8 @@ class Answer:
     first: InferFrame
     agent: bytes
     tries: int
-    _items: ItemStream[InferFrame]
+    #: The rest of a streamed answer; None for one that came whole (``infer_whole``).
+    _items: ItemStream[InferFrame] | None
 
     async def frames(self) -> AsyncIterator[InferFrame]:
         """The frames after the first, until the one with ``done``.
@@ -107,7 +111,7 @@ class Answer:
         Raises:
             UpstreamFailed: the stream ended or failed before ``done``.
         """
-        if self.first.done:
+        if self.first.done or self._items is None:
             return
         while True:
             try:
@@ -144,6 +148,9 @@ class AgentPool:
         self._keepers: dict[bytes, trio.CancelScope] = {}
         self._topics: set[bytes] = set()
         self._nursery: trio.Nursery | None = None
+        #: Agents that answered ``infer_whole`` with ``UNKNOWN_METHOD`` (older ones):
+        #: asked with ``infer`` only (bounded by the agents connected; forgotten with them).
+        self._stream_only: set[bytes] = set()
         #: Answers begun, by agent (bounded by the agents the table lists, plus
         #: those it listed before: forgotten with them).
         self.answered: dict[bytes, int] = {}
@@ -190,6 +197,7 @@ class AgentPool:
             self._keepers.pop(key).cancel()
             self.balancer.forget_agent(key)
             self.answered.pop(key, None)
+            self._stream_only.discard(key)
         for key in wanted - self._keepers.keys():
             scope = self._keepers[key] = trio.CancelScope()
             nursery.start_soon(self._keep, key, scope)
@@ -238,8 +246,13 @@ class AgentPool:
 
     @asynccontextmanager
     async def infer(self, route: Route, *, path: str, content_type: str, body: bytes,
-                    request_id: str) -> AsyncIterator[Answer]:
+                    request_id: str, whole: bool = False) -> AsyncIterator[Answer]:
         """Send one request to one of ``route``'s agents; yield the answer once it begins.
+
+        ``whole``: the answer is expected whole (a chat or completion that is not
+        a stream): asked with ``infer_whole``, one message each way, when the
+        body is inline; with ``infer`` otherwise, or when the agent cannot answer
+        so (``UNKNOWN_METHOD``, ``TOO_LARGE``: asked again at once, same agent).
 
         Raises:
             NoReplica: no agent connected, or every try failed before answering.
@@ -247,6 +260,7 @@ class AgentPool:
         """
         tried: list[bytes] = []
         last: str = "no replica of the job is connected"
+        whole = whole and len(body) <= MAX_INLINE_BODY  # an upload is taken by one call
         for attempt in range(MAX_TRIES):
             key = self.balancer.pick(route.job_id, self._clock(), tried)
             client = self.clients.get(key) if key is not None else None
@@ -258,11 +272,27 @@ class AgentPool:
                     self._on_retry(route)
                 log.info("proxy.retry job=%s request=%s peer=%s reason=%s", route.job_id,
                          request_id, format_key(key)[:12], last)
+            request = await self._request(client, path, content_type, body, request_id)
+            if whole and key not in self._stream_only:
+                try:
+                    frame = await client.call(INFER_WHOLE, request)
+                except RpcError as exc:
+                    if exc.code in NOT_RETRIED:
+                        raise RequestRefused(str(exc), code=exc.code) from exc
+                    if exc.code == "UNKNOWN_METHOD":
+                        self._stream_only.add(key)  # an older agent: infer, as below
+                    elif exc.code != "TOO_LARGE":
+                        last = f"{exc.code}: {exc}"
+                        self.balancer.failed(key, self._clock())
+                        continue
+                else:
+                    self.balancer.succeeded(key)
+                    self.answered[key] = self.answered.get(key, 0) + 1
+                    yield Answer(frame, key, attempt + 1, None)
+                    return
             stack = AsyncExitStack()
             try:
-                items = await stack.enter_async_context(
-                    client.stream(INFER, await self._request(client, path, content_type, body,
-                                                             request_id)))
+                items = await stack.enter_async_context(client.stream(INFER, request))
                 first = await items.receive()
             except trio.EndOfChannel:
                 await stack.aclose()
