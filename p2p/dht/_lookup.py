@@ -25,7 +25,7 @@ a query in flight times out.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -138,6 +138,13 @@ class IterativeLookup:
         self._queries = 0
         self._responses = 0
         self._failures = 0
+        # How far from the nearest `finished` found every candidate settled
+        # (answered or failed), and how many of those answered. A state never
+        # goes back, so the next check resumes there, unless a newcomer is
+        # inserted inside that prefix (then it starts over). `finished` runs
+        # twice per answer; without this it rescanned the k nearest each time.
+        self._settled_prefix = 0
+        self._settled_answered = 0
         for contact in seeds:
             self._add(contact, depth=0)
 
@@ -211,15 +218,20 @@ class IterativeLookup:
     def finished(self) -> bool:
         if self._queries >= self.config.max_queries and not self._waiting:
             return True
-        settled = 0
-        for candidate in self._order:
-            if candidate.state is QueryState.FAILED:
-                continue
-            if candidate.state is not QueryState.SUCCEEDED:
-                return False
-            settled += 1
-            if settled == self.config.k:
-                return True
+        k, order = self.config.k, self._order
+        index, answered = self._settled_prefix, self._settled_answered
+        while answered < k and index < len(order):
+            state = order[index].state
+            if state is QueryState.SUCCEEDED:
+                answered += 1
+            elif state is not QueryState.FAILED:
+                break
+            index += 1
+        self._settled_prefix, self._settled_answered = index, answered
+        if answered >= k:
+            return True
+        if index < len(order):
+            return False  # a nearer candidate is not asked or not answered yet
         return not self._waiting
 
     def closest(self, count: int | None = None) -> list[Contact]:
@@ -257,7 +269,10 @@ class IterativeLookup:
         distance = int.from_bytes(contact.id, "big") ^ self._target_int
         candidate = _Candidate(contact, distance, depth)
         self._candidates[contact.id] = candidate
-        insort(self._order, candidate, key=_DISTANCE)
+        position = bisect_left(self._order, distance, key=_DISTANCE)
+        self._order.insert(position, candidate)
+        if position < self._settled_prefix:
+            self._settled_prefix = self._settled_answered = 0
         if len(self._order) > self.config.k * _CANDIDATE_FACTOR:
             # Bound memory: forget the farthest contact we never asked.
             for index in range(len(self._order) - 1, -1, -1):
