@@ -56,10 +56,12 @@ def diagnostics_router(
     started = time.monotonic()
     router = Router()
 
-    async def ping(params: PingPayload, ctx: CallContext) -> PingPayload:
+    # Inline (they never wait): answered in the reader, so a ping measures the
+    # path, not a hand-off to a worker task.
+    def ping(params: PingPayload, ctx: CallContext) -> PingPayload:
         return params
 
-    async def identify(params: IdentifyParams, ctx: CallContext) -> Identity:
+    def identify(params: IdentifyParams, ctx: CallContext) -> Identity:
         return Identity(
             public_key=format_key(public_key),
             agent=agent,
@@ -67,6 +69,6 @@ def diagnostics_router(
             protocols=sorted(set(protocols or []) | {PROTOCOL}),
         )
 
-    router.add(PING, ping)
-    router.add(IDENTIFY, identify)
+    router.add(PING, ping, inline=True)
+    router.add(IDENTIFY, identify, inline=True)
     return router

@@ -154,7 +154,7 @@ class RelayServer:
         self._chunk_bytes = self.config.chunk_bytes(0)
         router = Router()
         router.add(RESERVE, self._reserve)
-        router.add(PAIR, self._pair)
+        router.add(PAIR, self._pair, inline=True)  # state and wake-ups only: no waiting
         # Attach connections count against max_connections in handle_stream;
         # control connections are also bounded there, so the host's own cap
         # only has to be as large.
@@ -313,7 +313,7 @@ class RelayServer:
             if not reservation.replaced:
                 log.info("relay.reservation_ended peer=%s", peer)
 
-    async def _pair(self, params: PairParams, ctx: CallContext) -> PairReply:
+    def _pair(self, params: PairParams, ctx: CallContext) -> PairReply:
         key = ctx.remote_public_key
         assert key is not None  # served only over secret streams
         peer = format_key(key)[:12]
