@@ -37,13 +37,16 @@ from runtime.forkserver import ForkedProcess, ForkServer, ForkServerError, fork_
 if TYPE_CHECKING:
     from .runtimes import Step
 
-__all__ = ["FORKABLE", "StepLauncher", "prefork"]
+__all__ = ["FORKABLE", "WARM", "StepLauncher", "prefork"]
 
 log = logging.getLogger("cosmicac.agent.system")
 
 #: The model server module of each runtime whose server is a Python program of ours
 #: that loads nothing heavy at import (Parakeet's imports NeMo when it loads).
 FORKABLE: Mapping[Runtime, str] = {Runtime.LOCAL: "agents.inference.server"}
+#: What the server imports on its way to listening (the demo engine, the lean HTTP
+#: server), imported once in the zygote too.
+WARM: tuple[str, ...] = ("agents.inference.engines._demo", "p2p.httpserver")
 
 
 class StepLauncher:
@@ -111,7 +114,7 @@ def prefork(config: AgentConfig) -> StepLauncher | None:
         return None
     modules = frozenset({FORKABLE[config.runtime]})
     try:
-        sock, pid = fork_server_process(sorted(modules))
+        sock, pid = fork_server_process([*sorted(modules), *WARM])
     except ForkServerError as exc:
         log.warning("model_server.fork_unusable reason=%r: spawned instead", str(exc))
         return None

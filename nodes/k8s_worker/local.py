@@ -160,9 +160,10 @@ FORK_PRELOAD = ("cli.main", "cli.agent", "agents.boot", "agents.inference._workl
                 "agents.inference.server", "agents.instance._server",
                 "agents.instance._access", "agents.instance._malloc",
                 # Imported on first use on the way to ready (typer's command
-                # machinery, the health probe's HTTP transport, IDNA for names).
+                # machinery, the health probe's HTTP transport, IDNA for names,
+                # the model server's demo engine and HTTP server).
                 "typer._adapters", "typer._click.decorators", "httpcore",
-                "encodings.idna")
+                "encodings.idna", "agents.inference.engines._demo", "p2p.httpserver")
 #: The module (and its arguments, ``--config FILE`` appended) a forked agent runs:
 #: the default agent command's.
 FORK_MODULE, FORK_ARGV = DEFAULT_AGENT_COMMAND[2], DEFAULT_AGENT_COMMAND[3:]
@@ -687,8 +688,19 @@ class LocalBackend:
             env = self._python.environment(env)
         server = ForkServer(python, FORK_PRELOAD, env,
                             poll_interval_s=self.settings.poll_interval_s)
-        await nursery.start(server.run)
+        await nursery.start(self._run_fork_server, server)
         self.fork_server = server
+
+    async def _run_fork_server(self, server: ForkServer, *,
+                               task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                               ) -> None:
+        await server.run(task_status=task_status)
+        # Returned, not cancelled: the zygote ended (or never started). Said now,
+        # not at the next start; agents it forked are still watched (by pid).
+        if not self._fork_fallback_said:
+            self._fork_fallback_said = True
+            log.warning("local.fork_server_unusable reason=%r: agents are spawned from now "
+                        "on (each imports the agent itself, about a second)", server.problem)
 
     async def _fork(self, config_path: Path, *, log_fd: int, env: Mapping[str, str] | None,
                     cwd: str | None, owner: tuple[int, int] | None
