@@ -28,7 +28,7 @@ descriptors passed), each message one JSON object of at most
                        "env": {...}, "cwd": PATH|null, "uid": U|null,
                        "gid": G|null, "umask": MASK|null, "session": BOOL,
                        "stdio": [I, I, I]}  + 1 to 3 descriptors
-    zygote -> worker  {"op": "ready", "pid": P}                    once, first
+    zygote -> client  {"op": "ready", "pid": P}                    once, first
                       {"op": "spawned", "id": N, "pid": P}
                       {"op": "refused", "id": N, "error": "..."}   nothing forked
                       {"op": "exited", "pid": P, "status": S}      S as Popen's returncode
@@ -175,10 +175,7 @@ def parse_request(data: bytes, modules: frozenset[str]) -> SpawnRequest:
     """
     if len(data) > MAX_MESSAGE:
         raise ValueError("request too large")
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError("request is not JSON") from None
+    doc = _loads(data, "request")
     if not isinstance(doc, dict) or doc.get("op") != "spawn":
         raise ValueError("not a spawn request")
     request_id = _id_number(doc.get("id"), "id", _MAX_ID)
@@ -215,16 +212,21 @@ def parse_request(data: bytes, modules: frozenset[str]) -> SpawnRequest:
         stdio=(stdio[0], stdio[1], stdio[2]))
 
 
+def _loads(data: bytes, what: str) -> object:
+    """JSON, or ValueError (nesting deep enough to exhaust the stack included)."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ValueError(f"{what} is not JSON") from None
+
+
 def parse_reply(data: bytes) -> dict:
     """A zygote's message, checked for shape.
 
     Raises:
         ValueError: not one of the messages the module doc lists.
     """
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError("reply is not JSON") from None
+    doc = _loads(data, "reply")
     if not isinstance(doc, dict):
         raise ValueError("reply is not an object")
     op = doc.get("op")
@@ -272,7 +274,10 @@ def serve(fd: int, preload: Sequence[str]) -> int:
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
     while True:
-        _reap(sock)
+        try:
+            _reap(sock)
+        except OSError:
+            return 0  # the client is gone
         for key, _ in selector.select():
             if key.fileobj is wake_read:
                 try:
@@ -289,7 +294,9 @@ def serve(fd: int, preload: Sequence[str]) -> int:
                 # are not ours to stop; they outlive a worker restart.
                 return 0
             try:
-                _handle(sock, data, fds, flags, modules, (wake_read, wake_write))
+                _handle(sock, data, fds, flags, modules)
+            except OSError:
+                return 0  # our answer cannot go out: the client is gone
             finally:
                 for extra in fds:
                     os.close(extra)
@@ -308,12 +315,12 @@ def _reap(sock: socket.socket) -> None:
 
 
 def _handle(sock: socket.socket, data: bytes, fds: list[int], flags: int,
-            modules: frozenset[str], wake: tuple[int, int]) -> None:
+            modules: frozenset[str]) -> None:
     try:
         try:
-            request_id = json.loads(data).get("id", 0)
+            request_id = _loads(data, "request").get("id", 0)  # for the refusal
             request_id = request_id if type(request_id) is int else 0
-        except (ValueError, AttributeError, UnicodeDecodeError):
+        except (ValueError, AttributeError):
             request_id = 0
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ValueError("request or its descriptors truncated")

@@ -237,7 +237,7 @@ async def test_the_fork_server_refuses_hostile_requests_and_keeps_serving(tmp_pa
                                         "argv": ["x\x00"], "env": {}}).encode(),
                             json.dumps({"op": "spawn", "id": 9, "module": PROBE,
                                         "argv": [], "env": {}, "uid": 5}).encode(),
-                            b"x" * (_forkserver.MAX_MESSAGE + 10)):
+                            b"x" * (_forkserver.MAX_MESSAGE + 10), b"[" * 60000):
                 if garbage:
                     await sock.sendmsg([garbage], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                     _forkserver._fds(log_fd))])
