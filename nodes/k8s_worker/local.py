@@ -75,6 +75,23 @@ to start instead (set it on any shared host); ``off`` never isolates.
 :attr:`LocalBackend.isolated` and :attr:`LocalBackend.isolation_problem` say
 which it is.
 
+Start-up. With the default agent command, agents are forked, not spawned, from
+a fork server (``runtime/forkserver.py``): a small process :meth:`run` starts
+(on the agents' interpreter, with the agents' ``PYTHON*``/locale environment
+only) that has imported the agent, and an inference agent's ``local`` model
+server, once. An agent then starts in milliseconds instead of a second of
+imports, and keeps everything a spawned one has: its user (uid, gid, no groups,
+set in the child after the fork and checked before any agent code runs), umask,
+folder, environment, a session of its own, its log as stdout and stderr, no
+other descriptor, its own command line (``/proc/PID/cmdline`` is rewritten, so
+adoption below still finds it), and an exit status (the fork server reports
+it). The fork server never runs trio and never reads a job's config: no job's
+secret is in its memory, so none is in another job's agent. If it cannot start
+or dies, agents are spawned as before and a WARNING
+(``local.fork_server_unusable``) says why; agents it forked are still watched
+(by pid, exit status unknown). ``fork_server=false`` turns it off; with
+``agent_netns`` or another agent command it is not used.
+
 Worker restarts. Agent processes start in a session of their own, so they
 outlive the worker as VMIs outlive a worker pod, and a Ctrl-C in the worker's
 terminal does not reach them. After a restart the worker calls :meth:`adopt`
