@@ -21,9 +21,11 @@ Figures (JSON lines):
   entries two writers wrote (the admin's signed checkpoint fetched, checked
   and installed; time from its start, the swarm's lookup and connection
   included; ``after_open_s``: from its replica open and swarm topic joined,
-  so from the lookup on); beside it ``logs_complete_s``, until it also holds
-  every log (fetched and verified in the background, not replayed), and the
-  admin's ``checkpoint_make_s`` (open, then its first checkpoint).
+  so from the lookup on); beside it ``writable_s``, until its gate is
+  restored too (the checkpoint's second step: writes wait until then),
+  ``logs_complete_s``, until it also holds every log (fetched and verified in
+  the background, not replayed), and the admin's ``checkpoint_make_s`` (open,
+  then its first checkpoint).
   ``--fast-forward 1000000`` builds a million entries first (about two
   minutes). Upstream Autobase's figure is its third peer's fast-forward
   (``autobase.js`` in ../shared/anchors/holepunch: "third-peer sync from
@@ -230,14 +232,23 @@ def _fast_forward_child(queue, folder: str, bootstrap, db_key: bytes, expected: 
                 replication=ReplicationConfig(request_admission=False)))
             db = service.db
             opened = time.perf_counter()  # the replica open and its topic joined
+            logging.getLogger("crdt.bench").info("opened after %.3f s", opened - started)
             await until(lambda: sum(db.applied.values()) >= expected, db, 600)
             usable = time.perf_counter() - started
+            logging.getLogger("crdt.bench").info("usable after %.3f s", usable)
             digest = await db.read(lambda v: view_digest(v.rows()))
+
+            def installed() -> float:
+                return db.metrics.registry.get_sample_value(
+                    "crdt_checkpoints_total", {"outcome": "installed"}) or 0
+            # Writes wait for the second step (the gate's clocks); a full
+            # catch-up (no checkpoint installed) is writable when usable.
+            await until(lambda: installed() or sum(db.lengths.values()) >= expected, db, 600)
+            writable = time.perf_counter() - started
             await until(lambda: sum(db.lengths.values()) >= expected, db, 600)
             complete = time.perf_counter() - started
-            installed = db.metrics.registry.get_sample_value(
-                "crdt_checkpoints_total", {"outcome": "installed"}) or 0
-            queue.put((usable, complete, digest, installed, usable - (opened - started)))
+            queue.put((usable, complete, digest, installed(), usable - (opened - started),
+                       writable))
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -255,7 +266,7 @@ async def bench_fast_forward(folder: Path, total: int, reps: int) -> None:
     a_public, _ = await trio.to_thread.run_sync(_write_two_writers, folder, total)
     build_s = time.perf_counter() - built
     expected = total + 1  # the add_writer entry
-    usable, complete, identical, installed, after_open = [], [], [], [], []
+    usable, complete, identical, installed, after_open, writable = [], [], [], [], [], []
     async with udp_testnet(3) as dht, trio.open_nursery() as nursery:
         config = SwarmConfig(host="127.0.0.1", bootstrap=tuple(dht.bootstrap))
         readers = [load_or_create_keypair(folder / f"c{rep}").public_key for rep in range(reps)]
@@ -281,8 +292,10 @@ async def bench_fast_forward(folder: Path, total: int, reps: int) -> None:
             identical.append(result[2] == digest)
             installed.append(result[3])
             after_open.append(result[4])
+            writable.append(result[5])
         emit("crdt", "fast_forward_s", statistics.median(usable), "s", entries=expected,
              reps=summary(usable), after_open_s=summary(after_open),
+             writable_s=summary(writable),
              logs_complete_s=summary(complete),
              identical_views=all(identical), checkpoints_installed=installed,
              checkpoint_make_s=round(checkpoint_s, 3),
