@@ -46,24 +46,25 @@ stdio, every other descriptor closed (the zygote's socket too), its command
 line rewritten to the program's own (so ``ps``, and the ``local`` backend's
 adoption after a worker restart, which matches ``--config FILE`` in
 ``/proc/PID/cmdline``, see what a spawned one shows), umask, then groups,
-gid and uid dropped (checked, and made dumpable again as an ``execve`` would),
-the working folder and the environment replaced, and the module run as
+gid and uid dropped (checked; the child stays non-dumpable, see below), the
+working folder and the environment replaced, and the module run as
 ``__main__``. It ends with ``os._exit``: it never returns into the zygote's loop.
 
 What forked children share that spawned ones do not: the zygote's address-space
 layout (ASLR is per zygote, not per agent) and its ``str`` hash seed
-(``random`` is reseeded at fork by CPython itself). One job's agent can read
-its own memory, so it can learn both; they help an attacker who already has a
-memory-corruption bug or wants to flood dicts of another agent, not to read
-another job's data. Nothing restarts a zygote: when it is gone its users spawn
-as before and say so.
+(``random`` is reseeded at fork by CPython itself). They would help an attacker
+who already has a memory-corruption bug, or wants to flood dicts, in another
+job's agent, not to read another job's data; and a child given another user
+stays non-dumpable (Linux clears the flag as the uid changes; no ``execve``
+sets it again), so the processes of its job's own user, its shells, cannot
+ptrace it or read its memory to learn them. Nothing restarts a zygote: when it
+is gone its users spawn as before and say so.
 """
 
 from __future__ import annotations
 
 import array
 import atexit
-import ctypes
 import importlib
 import importlib.util
 import json
@@ -379,23 +380,15 @@ def _become(request: SpawnRequest, fds: Sequence[int]) -> None:
         if (os.getresuid() != (request.uid,) * 3 or os.getresgid() != (request.gid,) * 3
                 or os.getgroups()):
             raise PermissionError("could not become the agent's user")
-        # Changing uid made us non-dumpable: our /proc files root's, so the agent
-        # could not read its own /proc/self/cmdline, fd, ... An agent spawned as
-        # its user (execve) is dumpable; so is this one now.
-        if _libc().prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+        # Linux made us non-dumpable as the uid changed, and we leave it so (an
+        # execve would have undone it): no process of the job's own user (its
+        # shells) may ptrace us or read our memory, where the zygote's hash
+        # secret and address layout, shared with other jobs' agents, are.
     if request.cwd is not None:
         os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
     sys.dont_write_bytecode = bool(request.env.get("PYTHONDONTWRITEBYTECODE"))
-
-
-_PR_SET_DUMPABLE = 4
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def _run(request: SpawnRequest) -> int:

@@ -130,6 +130,9 @@ async def test_a_forked_agent_is_its_own_user_and_cannot_reach_another_jobs_data
         assert report["env"]["HOME"] == str(home) and report["env"]["USER"] == f"cac-{uid}"
         assert "WORKER_ONLY" not in report["env"]
         assert sorted(os.listdir(f"/proc/{report['pid']}/fd")) == ["0", "1", "2"]
+        # Not dumpable: its /proc files stay root's, so its job's own user (a shell)
+        # cannot ptrace it or read its memory (the zygote's hash secret is there).
+        assert os.stat(f"/proc/{report['pid']}/mem").st_uid == 0
         assert str(home / "agent.json") in local.cmdline(report["pid"])
         assert report["token_len"] == len(config.report_token)
     assert first["resuid"] != second["resuid"]
