@@ -4,6 +4,9 @@ Every replica joins the swarm topic derived from the database's bootstrap key
 and, on every connection, both serves the ``cosmicac-db/1`` protocol
 (:mod:`._messages`) and runs one pull loop against the peer:
 
+0. if the peer serves a view checkpoint (admins make them) at least
+   ``fast_forward_min_entries`` ahead of us, install it (:mod:`._checkpoint`):
+   the view at once, then the gate; the logs still follow, not replayed;
 1. ``heads`` (a long poll after the first round) gives the peer's lengths;
 2. for every writer we replicate (every key ever admitted) where the peer is
    ahead, ``fetch`` runs of entries from our length, hold them until the
@@ -61,6 +64,7 @@ from p2p.rpc import (
 )
 
 from ._checkpoint import (
+    CheckpointHeader,
     CheckpointRefused,
     checkpoint_id,
     decode_clocks,
@@ -474,8 +478,8 @@ class Replicator(Service):
                      header.released, gained, header.state_size, header.clocks_size,
                      times[0] - started, times[1] - times[0], trio.current_time() - started)
 
-    async def _checkpoint_pages(self, client: RpcClient, header, ident: bytes,
-                                indexes: range) -> bytes:
+    async def _checkpoint_pages(self, client: RpcClient, header: CheckpointHeader,
+                                ident: bytes, indexes: range) -> bytes:
         """Fetch these pages (a few at a time), each checked against the header."""
         pages: dict[int, bytes] = {}
         failed: list[Exception] = []
