@@ -474,7 +474,7 @@ async def test_a_forged_checkpoint_is_refused_and_the_replica_replays_every_entr
             def sample(outcome):
                 return r.db.metrics.registry.get_sample_value(
                     "crdt_checkpoints_total", {"outcome": outcome}) or 0
-            assert sample("refused_NOT_AN_ADMIN") == 1
+            assert sample("refused_NOT_AN_ADMIN") >= 1  # once per connection tried
             assert sample("installed") == 0
             assert r.db.base.rebuilds == 0
             assert (await r.db.read(lambda v: v.dump())) == (await a.db.read(lambda v: v.dump()))
