@@ -419,7 +419,7 @@ def _ours_world(answers: Any, root: str) -> None:
                         await trio.sleep(0.5)
                 agent = path.agent_pid(path.vmi_folders()[0])
                 pids = {"proxy": proxy.pid, "agent": agent}
-                for pid in children(agent, argv_contains="agents.inference.server")[:1]:
+                for pid in _descendants(agent, "agents.inference.server")[:1]:
                     pids["model_server"] = pid
                 answers.put({"port": http_port, "pids": pids,
                              "info": {
@@ -445,6 +445,25 @@ def _ours_world(answers: Any, root: str) -> None:
                   else "".join(traceback.format_exception_only(type(exc), exc)).strip())
         with contextlib.suppress(Exception):
             answers.put({"error": f"the ours deployment failed: {reason[-1500:]}"})
+
+
+def _descendants(pid: int, argv_contains: str, depth: int = 3) -> list[int]:
+    """Processes below ``pid`` (``depth`` levels) whose command line holds
+    ``argv_contains``: the agent may start its model server through a forked
+    helper of its own, a grandchild."""
+    found, level = [], [pid]
+    for _ in range(depth):
+        level = [child for parent in level for child in children(parent)]
+        found += [child for child in level if argv_contains in _argv(child)]
+    return found
+
+
+def _argv(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
+    except OSError:
+        return ""
 
 
 # --- measuring ---

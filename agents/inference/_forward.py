@@ -31,6 +31,7 @@ import logging
 import math
 import wave
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -322,6 +323,18 @@ class ModelClient:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    async def _prepare(self, path: str, content_type: str, body: bytes
+                       ) -> Prepared | InferFrame:
+        """What to send, or the 400 frame of a body :func:`prepare` refuses."""
+        try:
+            if len(body) > _THREAD_BODY_BYTES and path in _STREAMED_PATHS:
+                return await trio.to_thread.run_sync(prepare, path, content_type, body)
+            return prepare(path, content_type, body)
+        except BadBody as exc:
+            self.refused += 1
+            log.info("inference.refused path=%s code=%s reason=%s", path, exc.code, exc)
+            return exc.frame()
+
     async def forward(self, path: str, content_type: str, body: bytes
                       ) -> AsyncIterator[InferFrame]:
         """The model server's answer to one request, as frames.
@@ -333,15 +346,9 @@ class ModelClient:
             RpcError: ``UNAVAILABLE`` when the server cannot be reached (nothing
                 was sent); ``UPSTREAM`` when it failed after the request went out.
         """
-        try:
-            if len(body) > _THREAD_BODY_BYTES and path in _STREAMED_PATHS:
-                prepared = await trio.to_thread.run_sync(prepare, path, content_type, body)
-            else:
-                prepared = prepare(path, content_type, body)
-        except BadBody as exc:
-            self.refused += 1
-            log.info("inference.refused path=%s code=%s reason=%s", path, exc.code, exc)
-            yield exc.frame()
+        prepared = await self._prepare(path, content_type, body)
+        if isinstance(prepared, InferFrame):
+            yield prepared
             return
         try:
             async with self._pool.request("POST", path, [("content-type", prepared.content_type)],
@@ -354,20 +361,60 @@ class ModelClient:
                                                     prepared.strip_usage):
                         yield frame
                 else:
-                    data = await response.body(MAX_ANSWER_BYTES)
-                    usage = None
-                    if response.status < 300:
-                        usage = usage_of(data) if "json" in kind else None
-                        if usage is None and path == "/v1/audio/transcriptions":
-                            usage = header_usage(response.headers) or \
-                                await trio.to_thread.run_sync(audio_usage, content_type, body)
-                    yield InferFrame(status=response.status, content_type=kind, data=data,
-                                     usage=usage or Usage(), done=True)
+                    yield await self._whole_frame(response, path, kind, content_type, body)
         except HttpError as exc:
-            if not exc.sent:
-                raise RpcError("UNAVAILABLE", f"the model server is not reachable: {exc}"
-                               ) from None
-            raise RpcError("UPSTREAM", f"the model server failed: {exc}") from None
+            raise _rpc_error(exc) from None
+
+    async def whole(self, path: str, content_type: str, body: bytes, *, limit: int
+                    ) -> InferFrame:
+        """:meth:`forward`'s answer as one frame (``done``), without a generator per
+        layer: the path of ``infer_whole``, where those cost a tenth of the agent's time.
+
+        Raises:
+            RpcError: as :meth:`forward`; ``TOO_LARGE`` past ``limit`` bytes of data.
+        """
+        prepared = await self._prepare(path, content_type, body)
+        if isinstance(prepared, InferFrame):
+            return prepared
+        try:
+            async with self._pool.request("POST", path, [("content-type", prepared.content_type)],
+                                          prepared.body) as response:
+                kind = response.headers.get("content-type", "application/octet-stream")
+                if not kind.startswith("text/event-stream"):
+                    frame = await self._whole_frame(response, path, kind, content_type, body)
+                    if len(frame.data) > limit:
+                        raise _too_large(limit)
+                    return frame
+                # A stream nobody asked for: joined, billed by its usage chunk as ever.
+                parts: list[bytes] = []
+                size = 0
+                last: InferFrame | None = None
+                async with aclosing(self._events(response, path, kind,
+                                                 prepared.strip_usage)) as frames:
+                    async for last in frames:
+                        size += len(last.data)
+                        if size > limit:
+                            raise _too_large(limit)
+                        parts.append(last.data)
+                assert last is not None and last.done  # _events ends with the done frame
+                return InferFrame.model_construct(
+                    status=response.status, content_type=kind, data=b"".join(parts),
+                    usage=last.usage, done=True)
+        except HttpError as exc:
+            raise _rpc_error(exc) from None
+
+    async def _whole_frame(self, response: Response, path: str, kind: str,
+                           content_type: str, body: bytes) -> InferFrame:
+        """A whole (not SSE) answer as its one frame, with the usage it reports."""
+        data = await response.body(MAX_ANSWER_BYTES)
+        usage = None
+        if response.status < 300:
+            usage = usage_of(data) if "json" in kind else None
+            if usage is None and path == "/v1/audio/transcriptions":
+                usage = header_usage(response.headers) or \
+                    await trio.to_thread.run_sync(audio_usage, content_type, body)
+        return InferFrame(status=response.status, content_type=kind, data=data,
+                          usage=usage or Usage(), done=True)
 
     async def _events(self, response: Response, path: str, kind: str, strip_usage: bool
                       ) -> AsyncIterator[InferFrame]:
@@ -391,3 +438,13 @@ class ModelClient:
                         "reason=the model server's stream carried no usage chunk",
                         path, response.status, splitter.pieces)
         yield InferFrame(**head, data=splitter.flush(), usage=usage or Usage(), done=True)
+
+
+def _rpc_error(exc: HttpError) -> RpcError:
+    if not exc.sent:
+        return RpcError("UNAVAILABLE", f"the model server is not reachable: {exc}")
+    return RpcError("UPSTREAM", f"the model server failed: {exc}")
+
+
+def _too_large(limit: int) -> RpcError:
+    return RpcError("TOO_LARGE", f"the answer exceeds {limit} bytes; ask with infer")

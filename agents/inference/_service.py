@@ -119,18 +119,23 @@ class InferenceService(RpcService):
                            model=s.model, runtime=s.runtime, healthy=self._healthy(),
                            in_flight=self.in_flight)
 
-    async def _infer(self, params: InferRequest, ctx: CallContext
-                     ) -> AsyncIterator[InferFrame]:
+    def _admit(self, params: InferRequest, ctx: CallContext) -> bytes:
+        """The request's body once the caller, its upload and the server's health pass."""
         key = self._caller(ctx)
         body = params.body
         if params.upload_id is not None:
             body = self._take_upload(key, params.upload_id)
         if not self._healthy():
             raise RpcError("UNAVAILABLE", "the model server is not healthy now")
+        return body
+
+    async def _infer(self, params: InferRequest, ctx: CallContext
+                     ) -> AsyncIterator[InferFrame]:
+        body = self._admit(params, ctx)
         self.in_flight += 1
         self.requests += 1
         try:
-            # aclosing: an answer given up (the caller left, TOO_LARGE) closes the model
+            # aclosing: an answer given up (the caller left) closes the model
             # server's connection now, not when the generator is collected.
             async with aclosing(self.client.forward(params.path, params.content_type,
                                                     body)) as frames:
@@ -144,26 +149,16 @@ class InferenceService(RpcService):
 
         Raises:
             RpcError: ``infer``'s codes; ``TOO_LARGE`` past :data:`MAX_WHOLE_ANSWER`
-                bytes (the proxy asks again with ``infer``); ``UPSTREAM`` for an
-                answer that ended without its last frame.
+                bytes (the proxy asks again with ``infer``).
         """
-        frames: list[InferFrame] = []
-        size = 0
-        async with aclosing(self._infer(params, ctx)) as answer:
-            async for frame in answer:
-                size += len(frame.data)
-                if size > MAX_WHOLE_ANSWER:
-                    raise RpcError("TOO_LARGE", f"the answer exceeds {MAX_WHOLE_ANSWER} bytes; "
-                                                "ask with infer")
-                frames.append(frame)
-        if not frames or not frames[-1].done:
-            raise RpcError("UPSTREAM", "the answer ended before it was done")
-        if len(frames) == 1:
-            return frames[0]
-        first, last = frames[0], frames[-1]
-        return InferFrame.model_construct(
-            status=first.status, content_type=first.content_type,
-            data=b"".join(frame.data for frame in frames), usage=last.usage, done=True)
+        body = self._admit(params, ctx)
+        self.in_flight += 1
+        self.requests += 1
+        try:
+            return await self.client.whole(params.path, params.content_type, body,
+                                           limit=MAX_WHOLE_ANSWER)
+        finally:
+            self.in_flight -= 1
 
     async def _upload(self, params: UploadChunk, ctx: CallContext) -> UploadResult:
         key = self._caller(ctx)

@@ -52,8 +52,16 @@ PENDING_FILE = "usage-pending.json"
 
 
 def utc_day(now_s: float) -> str:
-    """``YYYY-MM-DD`` of a wall-clock time, in UTC."""
-    return time.strftime("%Y-%m-%d", time.gmtime(now_s))
+    """``YYYY-MM-DD`` of a wall-clock time, in UTC (the last day formatted is kept:
+    every request asks, and formatting cost as much as the rest of recording)."""
+    day = int(now_s // 86400)
+    if day != _last_day[0]:
+        _last_day[:] = [day, time.strftime("%Y-%m-%d", time.gmtime(day * 86400))]
+    return _last_day[1]
+
+
+#: ``[days since the epoch, its YYYY-MM-DD]`` of the last :func:`utc_day`.
+_last_day: list = [None, ""]
 
 
 @dataclass(slots=True)

@@ -69,6 +69,8 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _DISCONNECT: dict[str, str] = {"type": "http.disconnect"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: What a connection's timer (see ``_Connection.timer``) was waiting for when it fired.
+_IDLE, _HEAD, _APP, _WRITE = "idle", "head", "app", "write"
 #: Accept errors that mean "out of resources now": wait and accept again (as trio's
 #: serve_listeners does).
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
@@ -114,7 +116,8 @@ _date = _Date()
 class _Connection:
     """One client connection: the core, the stream, and what the driver knows of it."""
 
-    __slots__ = ("client", "config", "core", "eof", "gone", "server", "stream")
+    __slots__ = ("client", "config", "core", "eof", "gone", "phase", "server", "stream",
+                 "timer")
 
     def __init__(self, stream: trio.abc.Stream, config: ServerConfig) -> None:
         self.stream = stream
@@ -125,6 +128,12 @@ class _Connection:
         self.eof = False
         #: A write failed or timed out: nothing more can be sent.
         self.gone = False
+        #: The connection's one timer: a cancel scope around its whole life whose
+        #: deadline is set while waiting for a head or for a write, infinite while the
+        #: app works (a scope per wait cost a tenth of a small request). When it
+        #: fires, ``phase`` says what was late.
+        self.timer = trio.CancelScope()
+        self.phase = _APP
         sock = getattr(stream, "socket", None)  # None: a stream in memory (tests)
         self.client = _address(sock, "getpeername")
         self.server = _address(sock, "getsockname")
@@ -144,17 +153,21 @@ class _Connection:
         self.core.receive_data(data)
 
     async def write(self, data: bytes) -> None:
-        """Send ``data``; on failure (or no progress for ``send_timeout_s``) mark the
-        client gone and drop it and everything after it."""
+        """Send ``data``; on failure mark the client gone and drop it and everything
+        after it. No progress for ``send_timeout_s`` fires the timer (the connection
+        ends, and the app with it)."""
         if self.gone:
             return
-        with trio.move_on_after(self.config.send_timeout_s) as scope:
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                self.gone = True
-        if scope.cancelled_caught:
+        timer = self.timer
+        phase, self.phase = self.phase, _WRITE
+        timer.deadline = trio.current_time() + self.config.send_timeout_s
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             self.gone = True
+        finally:
+            timer.deadline = math.inf
+            self.phase = phase
 
     async def next_head(self) -> RequestHead | None:
         """The next request's head; None when the client left or idled out.
@@ -166,27 +179,23 @@ class _Connection:
         event = core.next_event()
         if event is not None:
             return _head(event)
-        deadline = trio.current_time() + self.config.keep_alive_s
-        begun = False
+        timer = self.timer
+        self.phase = _IDLE
+        timer.deadline = trio.current_time() + self.config.keep_alive_s
         while True:
             if core.failure is not None:
                 raise core.failure
             if core.input_closed:
                 return None
-            with trio.move_on_at(deadline):
-                await self.read()
-                event = core.next_event()
-                if event is not None:
-                    return _head(event)
-                if not begun:
-                    begun = True
-                    deadline = trio.current_time() + self.config.head_timeout_s
-                continue
-            if begun:
-                raise RemoteProtocolError(
-                    f"the request head did not arrive within {self.config.head_timeout_s:g} s",
-                    status_hint=408, code="head_timeout")
-            return None  # idle past keep_alive_s: closed quietly
+            await self.read()  # the timer fires: serve_connection closes, or answers 408
+            event = core.next_event()
+            if event is not None:
+                timer.deadline = math.inf
+                self.phase = _APP
+                return _head(event)
+            if self.phase is _IDLE:
+                self.phase = _HEAD
+                timer.deadline = trio.current_time() + self.config.head_timeout_s
 
 
 def _head(event: object) -> RequestHead:
@@ -363,16 +372,23 @@ async def serve_connection(stream: trio.abc.Stream, app: App, config: ServerConf
     """
     connection = _Connection(stream, config)
     try:
-        while True:
-            try:
-                head = await connection.next_head()
-            except RemoteProtocolError as exc:
-                await _answer_error(connection, exc.status_hint, str(exc))
-                return
-            if head is None:
-                return
-            if not await _run_cycle(connection, head, app):
-                return
+        with connection.timer:
+            while True:
+                try:
+                    head = await connection.next_head()
+                except RemoteProtocolError as exc:
+                    await _answer_error(connection, exc.status_hint, str(exc))
+                    return
+                if head is None:
+                    return
+                if not await _run_cycle(connection, head, app):
+                    return
+        if connection.phase is _HEAD:  # the timer fired while the head came in
+            connection.timer = trio.CancelScope(deadline=trio.current_time()
+                                                + config.send_timeout_s)
+            with connection.timer:
+                await _answer_error(connection, 408, "the request head did not arrive within "
+                                                     f"{config.head_timeout_s:g} s")
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     except Exception:  # an app or a bug of ours: this connection ends, the server goes on

@@ -223,3 +223,24 @@ async def test_a_client_leaving_a_stream_is_told_to_the_app() -> None:
         await stream.receive_some()
         await stream.aclose()
         await gone.wait()
+
+
+async def test_a_client_that_stops_reading_is_let_go_after_the_send_timeout() -> None:
+    ended = trio.Event()
+
+    async def firehose(scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            while True:
+                await send({"type": "http.response.body", "body": b"x" * (1 << 20),
+                            "more_body": True})
+        finally:
+            ended.set()
+
+    async with served(firehose, ServerConfig(send_timeout_s=0.3)) as port:
+        sock = socket.create_connection(("127.0.0.1", port))
+        try:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            await ended.wait()  # the app was stopped: the connection no longer holds it
+        finally:
+            sock.close()
