@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.model import JobSpec, JobStatus
 from contracts.ork import JobEvent, JobView
@@ -127,3 +129,42 @@ async def test_a_write_whose_change_never_comes_waits_its_bound_only(autojump_cl
     # Unsynced (the watch ended): reads go to wrk-ork, nothing to wait for.
     projection.lost()
     assert await projection.wait_applied("a", mark, timeout_s=2)
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["put", "remove"]), st.integers(0, 5),
+                          st.sampled_from(list(JobStatus))), max_size=30)
+
+
+@given(ops=_ops, lost=st.one_of(st.none(), st.integers(0, 29)),
+       replayed=st.one_of(st.none(), st.integers(0, 29)))
+@settings(max_examples=200, deadline=None)
+def test_the_copy_equals_wrk_orks_jobs_or_says_it_lost_some(ops, lost, replayed) -> None:
+    """wrk-ork's jobs change at random; the watch loses one event, or delivers one
+    twice, or neither: the copy ends equal to wrk-ork's jobs, or it raised
+    ProjectionGap (then the follower rebuilds it), never silently different. (The
+    last event lost shows only at the next one: on the channel, events are lost
+    only when the watch ends, and its end rebuilds the copy.)"""
+    truth: dict[str, JobView] = {"j0": view("j0")}
+    projection = synced(truth["j0"], revision=0)
+    events = []
+    for seq, (op, n, status) in enumerate(ops, start=1):
+        job_id = f"j{n}"
+        if op == "put":
+            truth[job_id] = view(job_id, status=status, reason=str(seq))
+            events.append(change(seq, truth[job_id]))
+        else:
+            truth.pop(job_id, None)
+            events.append(change(seq, None, job_id=job_id))
+    if lost is not None and lost < len(events):
+        del events[lost]
+    elif replayed is not None and replayed < len(events):
+        events.insert(replayed + 1, events[replayed])
+    try:
+        for event in events:
+            projection.apply(event)
+    except ProjectionGap:
+        assert len(events) != len(ops)  # only when one was lost or replayed
+        return
+    assert len(events) == len(ops) or (lost is not None and lost == len(ops) - 1)
+    if len(events) == len(ops):
+        assert projection._jobs == truth
