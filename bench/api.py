@@ -166,10 +166,15 @@ def seed(workdir: Path, *, users: int, jobs: int, teams: int) -> Seeded:
 # --- the daemons -------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each probe is held open until all are chosen
+    (one probe at a time could be given the same port twice: the daemons then
+    failed to start, "Address already in use")."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind((HOST, 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
 @dataclass
@@ -197,8 +202,7 @@ def _wait_ready(proc: subprocess.Popen, log: Path, daemon: str) -> None:
 @contextlib.contextmanager
 def start_daemons(workdir: Path, seeded: Seeded) -> Iterator[Daemons]:
     """wrk-ork, then app-node, each ``cosmicac run`` in its own process."""
-    ork_port, app_port, http_port = free_port(), free_port(), free_port()
-    metrics_port = free_port()
+    ork_port, app_port, http_port, metrics_port = free_ports(4)
     unlimited = {"per_second": 1e6, "burst": 1_000_000}
     configs = {
         "wrk-ork": {"storage": str(workdir / "wrk-ork"), "host": HOST, "port": ork_port,
