@@ -22,19 +22,25 @@ processes then poll for that long after each write; see
 ``p2p/mux/_scheduling.py``). It is a benchmark-only setting: it trades a core's
 worth of CPU for latency.
 
+Then the same figures of @hyperswarm/rpc across two processes, run in the same
+sitting from ../shared/anchors/holepunch (bench/_anchors.py; ``upstream_*``),
+and ours as ratios to them (``*_ratio_to_upstream``).
+
 usage: python bench/rpc.py [--reps 3] [--calls 3000] [--parallel-calls 20000]
-                           [--busy-poll 0.0005] [--in-flight 1 64]
+                           [--busy-poll 0.0005] [--in-flight 1 64] [--no-upstream]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import resource
 import time
 
 import pydantic
 import trio
+from _anchors import run_holepunch, upstream_figure
 from _common import ChildServer, emit, machine, percentile, summary
 
 PROTOCOL = "cosmicac/bench-rpc"
@@ -204,6 +210,8 @@ def main() -> None:
     parser.add_argument("--busy-poll", type=float, default=0.0, metavar="SECONDS",
                         help="mux busy-poll window after each write (default 0: off)")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--no-upstream", action="store_true",
+                        help="leave out @hyperswarm/rpc (bench/_anchors.py runs it)")
     args = parser.parse_args()
     with ChildServer(_serve_floor) as port:
         cpus = trio.run(_measure_floor, port, args.reps, args.calls)
@@ -211,6 +219,7 @@ def main() -> None:
              **summary(cpus), how="a bare trio echo of 32 bytes over TCP 127.0.0.1 between two "
              "processes, 1 in flight: user+sys CPU of both per round trip (the event loop's "
              "own cost, under any stack built on it)")
+    ours: dict[str, float] = {}
     with ChildServer(_serve, args.busy_poll) as port:
         for in_flight in args.in_flight:
             total = args.calls if in_flight == 1 else args.parallel_calls
@@ -225,6 +234,54 @@ def main() -> None:
             emit("rpc", f"latency_p99_{in_flight}", summary(p99s)["median"], "ms")
             emit("rpc", f"cpu_us_per_call_{in_flight}", summary(cpus)["median"], "us",
                  **summary(cpus), how="user+sys CPU of client and server processes / calls")
+            ours[f"calls_per_s_{in_flight}"] = summary(rates)["median"]
+            ours[f"cpu_us_per_call_{in_flight}"] = summary(cpus)["median"]
+    if not args.no_upstream:
+        _upstream(args, ours)
+
+
+def _upstream(args: argparse.Namespace, ours: dict[str, float]) -> None:
+    """@hyperswarm/rpc across two processes, in this sitting, and ours over it.
+
+    Its CPU per call is the difference of two runs that differ only in how
+    many calls they make (start-up, the test network and warm-up cancel out).
+    """
+    seq, pipe, reps = args.calls, args.parallel_calls, str(args.reps)
+    runs = {}
+    for name, (s, p) in {"base": (seq, pipe), "fewer_seq": (seq // 4, pipe),
+                         "fewer_pipe": (seq, pipe // 4)}.items():
+        got = run_holepunch("rpc.js", "--procs", "2", "--reps", reps, "--seq", str(s),
+                            "--pipe", str(p), "--inflight", "64")
+        if isinstance(got, str):
+            print(json.dumps({"bench": "rpc", "metric": "upstream", "skipped": got}), flush=True)
+            return
+        runs[name] = got
+    figures, base_cpu = runs["base"]
+    upstream = {
+        "calls_per_s_1": upstream_figure(figures, "rpc sequential throughput"),
+        "latency_p50_1": upstream_figure(figures, "rpc sequential latency p50"),
+        "calls_per_s_64": upstream_figure(figures, "rpc throughput (64 in flight)"),
+        "cpu_us_per_call_1": (base_cpu - runs["fewer_seq"][1]) / (args.reps * (seq - seq // 4))
+        * 1e6,
+        "cpu_us_per_call_64": (base_cpu - runs["fewer_pipe"][1])
+        / (args.reps * (pipe - pipe // 4)) * 1e6,
+    }
+    how = ("@hyperswarm/rpc over hyperdht (UDX + secret-stream + protomux), server in a "
+           "child process, ../shared/anchors/holepunch rpc.js; CPU per call from two runs "
+           "differing only in their number of calls")
+    for metric, value in upstream.items():
+        if value is None:
+            continue
+        unit = {"calls": "req/s", "latency": "ms", "cpu": "us"}[metric.split("_")[0]]
+        emit("rpc", f"upstream_{metric}", value, unit, how=how)
+    for metric in ("calls_per_s_1", "calls_per_s_64"):
+        if upstream[metric] and metric in ours:
+            emit("rpc", f"{metric}_ratio_to_upstream", ours[metric] / upstream[metric], "x",
+                 better="higher")
+    for metric in ("cpu_us_per_call_1", "cpu_us_per_call_64"):
+        if upstream[metric] and upstream[metric] > 0 and metric in ours:
+            emit("rpc", f"{metric}_ratio_to_upstream", ours[metric] / upstream[metric], "x",
+                 better="lower")
 
 
 if __name__ == "__main__":
