@@ -47,6 +47,7 @@ day; a successful answer whose usage is missing or partial
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import secrets
@@ -87,6 +88,17 @@ _ERROR_TYPES = {429: "rate_limit_error", 503: "server_error"}
 _WHOLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 #: A JSON body larger than this is parsed on a worker thread.
 _THREAD_PARSE_BYTES = 1 << 20
+
+
+#: Request ids: a random prefix per process and a counter (``req-`` and 16 hex digits,
+#: unique per process and unlikely to repeat across them): drawing 8 random bytes per
+#: request cost as much as the rest of naming it.
+_REQUEST_PREFIX = "req-" + secrets.token_hex(4)
+_request_count = itertools.count()
+
+
+def _next_request_id() -> str:
+    return f"{_REQUEST_PREFIX}{next(_request_count) & 0xFFFFFFFF:08x}"
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
@@ -261,7 +273,7 @@ class _Forwarded:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         front, route = self.front, self.route
         model = route.served_name
-        request_id = "req-" + secrets.token_hex(8)
+        request_id = _next_request_id()
         try:
             async with front.pool.infer(route, path=self.path,
                                         content_type=self.request_content_type,

@@ -15,6 +15,7 @@ import trio
 
 from contracts.inference import (
     INFER,
+    INFER_WHOLE,
     PROTOCOL,
     UPLOAD,
     InferFrame,
@@ -39,12 +40,25 @@ class TinyAgent:
     done_delay_s: float = 0.0
     requests: list[InferRequest] = field(default_factory=list)
     uploads: dict[str, bytearray] = field(default_factory=dict)
+    #: Serves ``infer_whole`` too (as today's agents do); False: an older agent.
+    whole: bool = False
+    #: The requests that came as ``infer_whole``.
+    whole_requests: list[InferRequest] = field(default_factory=list)
 
     def service(self) -> RpcService:
         router = Router()
         router.add(INFER, self._infer)
         router.add(UPLOAD, self._upload)
+        if self.whole:
+            router.add(INFER_WHOLE, self._infer_whole)
         return RpcService(PROTOCOL, router)
+
+    async def _infer_whole(self, request: InferRequest, ctx: CallContext) -> InferFrame:
+        self.whole_requests.append(request)
+        frames = [frame async for frame in self._infer(request, ctx)]
+        return InferFrame(status=frames[0].status, content_type=frames[0].content_type,
+                          data=b"".join(frame.data for frame in frames),
+                          usage=frames[-1].usage, done=True)
 
     async def _upload(self, chunk: UploadChunk, ctx: CallContext) -> UploadResult:
         buffer = self.uploads.setdefault(chunk.upload_id, bytearray())
