@@ -254,13 +254,14 @@ class ServerConnection:
 
     def response_head(self, status: int, headers: list[tuple[bytes, bytes]], *,
                       head_request: bool, keep_alive: bool, date: bytes,
-                      body: bytes | None) -> bytes:
+                      body: bytes | None, http10: bool = False) -> bytes:
         """The answer's status line and headers (and ``body`` if it is the whole body).
 
-        ``keep_alive``: the connection may carry another request (the driver's
-        decision: the client's wish, and the request read to its end). A
-        ``connection: close`` among ``headers`` closes it too; :attr:`keep_alive`
-        says what was decided.
+        ``http10``: the request was HTTP/1.0 (no chunks: a body of unknown length
+        ends with the connection). ``keep_alive``: the connection may carry another
+        request (the driver's decision: the client's wish, and the request read to
+        its end). A ``connection: close`` among ``headers`` closes it too;
+        :attr:`keep_alive` says what was decided.
 
         Raises:
             LocalProtocolError: a header name or value holds CR or LF.
@@ -290,6 +291,8 @@ class ServerConnection:
             elif body is None and not length_given:
                 if head_request:
                     pass  # no length known, none sent
+                elif http10:
+                    keep_alive = False  # HTTP/1.0 has no chunks: the body ends with the close
                 else:
                     self._chunked = True
                     parts.append(b"transfer-encoding: chunked\r\n")

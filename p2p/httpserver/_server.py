@@ -335,7 +335,8 @@ class _Cycle:
                     and not core.input_closed
                 out = core.response_head(status, headers, head_request=self.head.method == "HEAD",
                                          keep_alive=keep_alive, date=_date.now(),
-                                         body=None if more else bytes(body))
+                                         body=None if more else bytes(body),
+                                         http10=self.head.http_version == "1.0")
                 if more:
                     out += core.response_data(body)
             else:

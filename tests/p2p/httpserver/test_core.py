@@ -168,3 +168,15 @@ def test_a_header_with_a_line_break_is_refused() -> None:
     with pytest.raises(LocalProtocolError):
         connection.response_head(200, [(b"x", b"a\r\nset-cookie: evil")], head_request=False,
                                  keep_alive=True, date=b"d", body=b"")
+
+
+def test_a_streamed_answer_to_http_1_0_is_unframed_and_closes() -> None:
+    connection = ServerConnection()
+    connection.receive_data(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    (head, _) = _events(connection)
+    assert head.keep_alive and head.http_version == "1.0"
+    out = connection.response_head(200, [], head_request=False, keep_alive=True, date=b"d",
+                                   body=None, http10=head.http_version == "1.0")
+    assert b"transfer-encoding" not in out and b"connection: close" in out
+    assert connection.response_data(b"abc") == b"abc" and connection.response_end() == b""
+    assert not connection.keep_alive
