@@ -16,18 +16,31 @@ Boot order, each step refusing with one line and an exit code:
 
 Exit 1: the worker refused the agent for good (:class:`AgentRefused`), the
 workload failed (:class:`AgentGaveUp`), the identity or storage is unusable.
+
+``python -m agents.boot [--config FILE]`` is the same agent without the CLI's
+machinery (typer's dispatch costs 15 to 50 ms of a start): what the ``local``
+backend's fork server runs.
 Settings the kit adds (metrics endpoint, log format) come from
 ``COSMICAC_AGENT__<KEY>`` in the environment; the rest is the config file's.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic_settings import SettingsConfigDict
 
-from contracts.agent_config import AgentConfig, AgentConfigError, load_agent_config
+from contracts.agent_config import (
+    AGENT_CONFIG_PATH,
+    AgentConfig,
+    AgentConfigError,
+    load_agent_config,
+)
 from contracts.model import JobType
 from p2p.daemon import (
     ConfigError,
@@ -115,3 +128,21 @@ async def _start(config: AgentConfig, bootstrap: tuple[Address, ...],
                   keep_descendants=config.job_type is JobType.CONTAINER)
     daemon.metrics.add(agent.swarm.metrics.registry)
     await daemon.nursery.start(agent.run)
+
+
+def command_line(argv: Sequence[str]) -> None:
+    """``python -m agents.boot [--config FILE]``: :func:`main`, as ``cosmicac agent
+    run`` calls it (the same default file, ``COSMICAC_AGENT_CONFIG``, and the same
+    environment for the model server: unbuffered output)."""
+    parser = argparse.ArgumentParser(prog="python -m agents.boot",
+                                     description="The job agent (cosmicac agent run).")
+    parser.add_argument("--config", default=os.environ.get("COSMICAC_AGENT_CONFIG",
+                                                           AGENT_CONFIG_PATH),
+                        help="the agent config the worker wrote (JSON)")
+    args = parser.parse_args(argv)  # a usage error exits 2, as the CLI's do
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # as cosmicac's CLI sets it
+    main(args.config)
+
+
+if __name__ == "__main__":
+    command_line(sys.argv[1:])

@@ -15,7 +15,6 @@ agent's boot), never a library on import. Outside glibc it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 __all__ = ["keep_large_buffers"]
@@ -40,9 +39,10 @@ def keep_large_buffers(mmap_threshold_bytes: int = MMAP_THRESHOLD_BYTES,
         True if glibc took both settings; False elsewhere (musl, macOS), where
         nothing changed.
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
+        # The symbols already in this process (libc's among them): find_library
+        # would run ldconfig, ten milliseconds of every container agent's start.
+        libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
     except (OSError, AttributeError, TypeError):
         return False

@@ -83,12 +83,12 @@ server, once. An agent then starts in milliseconds instead of a second of
 imports, and keeps everything a spawned one has: its user (uid, gid, no groups,
 set in the child after the fork and checked before any agent code runs), umask,
 folder, environment, a session of its own, its log as stdout and stderr, no
-other descriptor, its own command line (``/proc/PID/cmdline`` is rewritten, so
-adoption below still finds it), and an exit status (the fork server reports
-it). The fork server never runs trio and never reads a job's config: no job's
-secret is in its memory, so none is in another job's agent. If it cannot start
-or dies, agents are spawned as before and a WARNING
-(``local.fork_server_unusable``) says why; agents it forked are still watched
+other descriptor, its own command line (``/proc/PID/cmdline`` is rewritten to
+``python -m agents.boot --config FILE``, so adoption below still finds it), and
+an exit status (the fork server reports it). The fork server never runs trio
+and never reads a job's config: no job's secret is in its memory, so none is in
+another job's agent. If it cannot start or dies, agents are spawned as before
+and a WARNING (``local.fork_server_unusable``) says why; agents it forked are still watched
 (by pid, exit status unknown). ``fork_server=false`` turns it off; with
 ``agent_netns`` or another agent command it is not used.
 
@@ -169,21 +169,23 @@ NETNS_DIR = Path("/run/netns")
 KILL_WAIT_S = 5.0
 #: How often a process being stopped is checked (a stop is bounded by the grace period).
 STOP_POLL_S = 0.05
-#: What the fork server imports before it forks: the agent's command and what an
-#: agent of each job type imports on its way to hello (``agents.boot`` imports
+#: What the fork server imports before it forks: the agent and what an agent of
+#: each job type imports on its way to hello (``agents.boot`` imports
 #: the inference and shell sides on first use), and the ``local`` runtime's model
 #: server, which an inference agent forks from itself (agents/inference/_launcher.py).
-FORK_PRELOAD = ("cli.main", "cli.agent", "agents.boot", "agents.inference._workload",
-                "agents.inference.server", "agents.instance._server",
-                "agents.instance._access", "agents.instance._malloc",
-                # Imported on first use on the way to ready (typer's command
-                # machinery, the health probe's HTTP transport, IDNA for names,
-                # the model server's demo engine and HTTP server).
-                "typer._adapters", "typer._click.decorators", "httpcore",
-                "encodings.idna", "agents.inference.engines._demo", "p2p.httpserver")
+FORK_PRELOAD = ("agents.boot", "agents.inference._workload", "agents.inference.server",
+                "agents.instance._server", "agents.instance._access",
+                "agents.instance._malloc",
+                # Imported on first use on the way to ready (the health probe's
+                # HTTP transport, IDNA for names, the model server's demo engine
+                # and HTTP server).
+                "httpcore", "encodings.idna", "agents.inference.engines._demo",
+                "p2p.httpserver")
 #: The module (and its arguments, ``--config FILE`` appended) a forked agent runs:
-#: the default agent command's.
-FORK_MODULE, FORK_ARGV = DEFAULT_AGENT_COMMAND[2], DEFAULT_AGENT_COMMAND[3:]
+#: the default agent command's agent without the CLI around it (typer's dispatch
+#: cost 15 to 50 ms of each start): ``python -m agents.boot --config FILE``.
+FORK_MODULE: str = "agents.boot"
+FORK_ARGV: tuple[str, ...] = ()
 #: How long a start waits for a fork server still importing (it is no slower
 #: than a spawn, which imports as much); then it spawns.
 FORK_READY_WAIT_S = 10.0

@@ -100,3 +100,16 @@ def test_relay_addresses_are_written_only_when_set_and_read_back_typed(tmp_path)
     with pytest.raises(AgentConfigError) as info:
         load_agent_config(write(tmp_path, bad))
     assert "relay_addresses" in str(info.value)
+
+
+def test_the_agent_without_the_cli_exits_2_naming_the_field_too(tmp_path, capsys):
+    from agents.boot import command_line
+
+    document = json.loads(agent_config(WORKER).to_json()) | {"replica": -1}
+    with pytest.raises(SystemExit) as exited:
+        command_line(["--config", str(write(tmp_path, document))])
+    assert exited.value.code == 2
+    assert "replica" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        command_line(["--no-such-option"])
+    assert exited.value.code == 2
