@@ -251,15 +251,19 @@ async def make_job(api: Api, token: str, kind: str = "container") -> str:
     return r.json()["id"]
 
 
-def report_active(api: Api, job: str, agents: tuple[str, ...]) -> None:
-    """The worker's report: replica 0 is active with these agents."""
+async def report_active(api: Api, job: str, agents: tuple[str, ...]) -> None:
+    """The worker's report: replica 0 is active with these agents; once wrk-ork
+    streamed it (as its daemon does after each report) and app-node's copy of the
+    jobs has it."""
     world = api.world
-    assert world is not None
+    assert world is not None and api.ork_service is not None
     generation = world.orch.get_job(job).replicas[0].generation
     world.now += 1
     world.orch.on_report(RACK, ReplicaReport(job_id=job, replica=0, state="active",
                                              generation=generation, agents=agents,
                                              at=world.now), world.now)
+    api.ork_service.pump()
+    await api.settled()
 
 
 async def cli(env, *args, process: bool = False):
@@ -289,7 +293,7 @@ async def test_shell_job_reaches_the_agent_app_node_lists_through_the_advertised
         async with swarm_net(dht_nodes=3) as net:
             agent = await net.start(services=[ShellService({user.public_key}.__contains__,
                                                            shell="/bin/sh")])
-            report_active(api, job, (agent.public_key.hex(),))
+            await report_active(api, job, (agent.public_key.hex(),))
 
             nothing = await cli(env, job, "--", "true")
             assert nothing.returncode == 255
@@ -312,7 +316,7 @@ async def test_shell_job_failures_are_one_line_and_exit_255(
     env, token = await logged_in(tmp_path, api, nursery)
     queued = await make_job(api, token)
     model = await make_job(api, token, "inference")
-    report_active(api, model, ("cd" * 32,))
+    await report_active(api, model, ("cd" * 32,))
 
     unknown = await cli(env, "no-such-job", "--", "true")
     assert unknown.returncode == 255 and "no-such-job" in one_line(unknown)
@@ -322,7 +326,7 @@ async def test_shell_job_failures_are_one_line_and_exit_255(
         one_line(waiting)
     inference = await cli(env, model, "--", "true")
     assert inference.returncode == 255 and "inference job" in one_line(inference)
-    report_active(api, queued, ())  # active, but its agent did not say hello yet
+    await report_active(api, queued, ())  # active, but its agent did not say hello yet
     hello = await cli(env, queued, "--", "true")
     assert hello.returncode == 255 and "no agent yet" in one_line(hello)
 
@@ -361,7 +365,7 @@ async def test_shell_job_pairs_through_the_advertised_relay_by_its_address_with_
         await nursery.start(agent.run)
         while relay_key.public_key not in agent.reserved_relays:  # bounded by fail_after
             await agent.reservations_changed.wait()
-        report_active(api, job, (agent.public_key.hex(),))
+        await report_active(api, job, (agent.public_key.hex(),))
         api.services.swarm = SwarmAdvert(
             relays=(relay_key.public_key.hex(),),
             relay_addresses=((relay_key.public_key.hex(), (f"{where.tcp[0]}:{where.tcp[1]}",)),))
