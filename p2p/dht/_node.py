@@ -191,14 +191,24 @@ class _Pending:
 
 
 # visible_to parses both addresses (ipaddress) on every call, and a node asks
-# it for each of the k contacts of every reply: remember the answers. It is a
-# pure function of two hosts; fresh hosts from a hostile stream only evict.
-_visible_to = functools.lru_cache(maxsize=4096)(visible_to)
+# it for each of the k contacts of every reply: remember the answers, small.
+# Anyone may use a private or public address (p2p.addresses.usable_by), so
+# only narrow hosts (loopback, link-local: few) need the asker too. Pure
+# functions; fresh hosts from a hostile stream only evict.
+_scope = functools.lru_cache(maxsize=1024)(address_scope)
+_narrow_visible_to = functools.lru_cache(maxsize=256)(visible_to)
+_EVERYONE_MAY_USE = frozenset({Scope.PRIVATE, Scope.PUBLIC})
+
+
+def _visible_to(host: str, viewer_host: str) -> bool:
+    if _scope(host) in _EVERYONE_MAY_USE:
+        return True
+    return _narrow_visible_to(host, viewer_host)
 
 
 def _narrow(host: str) -> bool:
     """True for addresses that mean something only on one host or link."""
-    return address_scope(host) in (Scope.LOOPBACK, Scope.LINK_LOCAL, None)
+    return _scope(host) in (Scope.LOOPBACK, Scope.LINK_LOCAL, None)
 
 
 class NodeCore:
