@@ -44,6 +44,9 @@ log = logging.getLogger("cosmicac.agent.system")
 #: The model server module of each runtime whose server is a Python program of ours
 #: that loads nothing heavy at import (Parakeet's imports NeMo when it loads).
 FORKABLE: Mapping[Runtime, str] = {Runtime.LOCAL: "agents.inference.server"}
+#: What a forked server calls: the module's ``main(argv)`` (running the module
+#: again as ``__main__`` would rebuild its request models, 15 ms).
+ENTRY = "main"
 #: What the server imports on its way to listening (the demo engine, the lean HTTP
 #: server), imported once in the zygote too.
 WARM: tuple[str, ...] = ("agents.inference.engines._demo", "p2p.httpserver")
@@ -87,7 +90,7 @@ class StepLauncher:
             try:
                 process = await self.server.spawn(
                     module, step.argv[3:], fds=[out_write, err_write], stdio=(-1, 0, 1),
-                    env=env, session=False)
+                    env=env, session=False, function=ENTRY)
             except BaseException:
                 os.close(out_read)
                 os.close(err_read)

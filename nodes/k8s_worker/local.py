@@ -186,6 +186,8 @@ FORK_PRELOAD = ("agents.boot", "agents.inference._workload", "agents.inference.s
 #: cost 15 to 50 ms of each start): ``python -m agents.boot --config FILE``.
 FORK_MODULE: str = "agents.boot"
 FORK_ARGV: tuple[str, ...] = ()
+#: Called with the arguments (not the module run again as ``__main__``).
+FORK_FUNCTION: str | None = "command_line"
 #: How long a start waits for a fork server still importing (it is no slower
 #: than a spawn, which imports as much); then it spawns.
 FORK_READY_WAIT_S = 10.0
@@ -735,6 +737,7 @@ class LocalBackend:
                                       f"after {FORK_READY_WAIT_S:g} s")
             return await server.spawn(
                 FORK_MODULE, [*FORK_ARGV, "--config", str(config_path)], fds=[log_fd],
+                function=FORK_FUNCTION,
                 env=dict(os.environ if env is None else env), cwd=cwd, user=owner,
                 umask=0o077 if owner is not None else None)
         except ForkServerError as exc:

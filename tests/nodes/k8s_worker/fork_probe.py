@@ -37,7 +37,8 @@ def _report() -> dict:
             "token_len": len(config["report_token"])}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Called by the fork server with the arguments (``sys.argv`` has them too)."""
     report = _report()
     print("probe=" + json.dumps(report), flush=True)
     if os.environ.get("FAKE_AGENT") == "fail":

@@ -44,6 +44,7 @@ def probe_forked(monkeypatch):
     monkeypatch.setattr(local, "FORK_PRELOAD", (PROBE,))
     monkeypatch.setattr(local, "FORK_MODULE", PROBE)
     monkeypatch.setattr(local, "FORK_ARGV", ())
+    monkeypatch.setattr(local, "FORK_FUNCTION", None)  # run as __main__
 
 
 def _probe(backend: LocalBackend, vmi) -> dict:
@@ -240,6 +241,9 @@ async def test_the_fork_server_refuses_hostile_requests_and_keeps_serving(tmp_pa
                                         "argv": ["x\x00"], "env": {}}).encode(),
                             json.dumps({"op": "spawn", "id": 9, "module": PROBE,
                                         "argv": [], "env": {}, "uid": 5}).encode(),
+                            json.dumps({"op": "spawn", "id": 11, "module": PROBE,
+                                        "argv": [], "env": {},
+                                        "function": "os.system"}).encode(),
                             b"x" * (_forkserver.MAX_MESSAGE + 10), b"[" * 60000):
                 if garbage:
                     await sock.sendmsg([garbage], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -251,10 +255,12 @@ async def test_the_fork_server_refuses_hostile_requests_and_keeps_serving(tmp_pa
                 await server.spawn("os", [], fds=[log_fd], env={})
             config = tmp_path / "agent.json"
             config.write_text(json.dumps({"report_token": "t" * 8}))
-            process = await server.spawn(PROBE, ["--config", str(config)], fds=[log_fd],
-                                         env={"FAKE_AGENT": "fail"})
-            with trio.fail_after(20):
-                assert await process.wait() == 3
+            for function in (None, "main"):  # as __main__, and its main(argv) called
+                process = await server.spawn(PROBE, ["--config", str(config)], fds=[log_fd],
+                                             env={"FAKE_AGENT": "fail"}, function=function)
+                with trio.fail_after(20):
+                    assert await process.wait() == 3
+            assert (tmp_path / "log").read_text().count("probe=") == 2
             assert server.usable
         finally:
             os.close(log_fd)
@@ -264,7 +270,7 @@ async def test_the_fork_server_refuses_hostile_requests_and_keeps_serving(tmp_pa
 @given(st.binary(max_size=2000) | st.builds(
     lambda doc: json.dumps(doc).encode(),
     st.dictionaries(st.sampled_from(["op", "id", "module", "argv", "env", "cwd", "uid",
-                                     "gid", "umask"]),
+                                     "gid", "umask", "session", "stdio", "function"]),
                     st.none() | st.integers() | st.text(max_size=20)
                     | st.lists(st.text(max_size=5), max_size=3)
                     | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)))
