@@ -2,7 +2,7 @@
 against LiteLLM's, side by side in one run, against the same model server.
 
 The model server is ours (``python -m agents.inference.server --model demo``,
-one process, hypercorn on trio); a chat with ``max_tokens: 1`` answers at once,
+one process, p2p.httpserver on trio); a chat with ``max_tokens: 1`` answers at once,
 so what is measured is the HTTP path and the proxies, not a model. Legs:
 
 * ``direct``: clients -> the model server.
