@@ -161,6 +161,7 @@ _TARGET_BYTES = {
     Command.PROBE: ID_BYTES,
 }
 _NEEDS_VALUE = frozenset({Command.ANNOUNCE, Command.UNANNOUNCE})
+_COMMANDS = {int(command): command for command in Command}  # Command(n) is an enum call
 
 
 class _Invalid(Exception):
@@ -431,7 +432,7 @@ def _from_wire(obj: Any) -> Message:
         _, _, tid, command, target, sender_id, token, value = obj
         if type(command) is not int or command not in _TARGET_BYTES:
             raise _Invalid(f"unknown command {command!r}")
-        return Request(tid, Command(command), target, sender_id, token, value)
+        return Request(tid, _COMMANDS[command], target, sender_id, token, value)
     if type(kind) is int and kind == _RESPONSE and len(obj) == _RESPONSE_LEN:
         _, _, tid, responder_id, observed, token, closer, error, value = obj
         if type(closer) is not list or len(closer) > MAX_CLOSER:
@@ -509,7 +510,10 @@ def _check_response(msg: Response, *, closer_checked: bool = False) -> None:
         for contact in closer:
             if not isinstance(contact, Contact):
                 raise _Invalid(f"closer holds {type(contact).__name__}, not Contact")
-            _pack(contact.host, contact.port)
+            host, port = contact.host, contact.port
+            if type(host) is not str or type(port) is not int:
+                raise _Invalid("an address is a (str host, int port) pair")
+            _pack_cached(host, port)  # _pack inlined: every reply checks k contacts
     if msg.error is not None and (
         type(msg.error) is not str or not _ERROR_CODE.fullmatch(msg.error)
     ):
