@@ -3,16 +3,24 @@
 Figures (JSON lines):
 * real UDP nodes on 127.0.0.1 in one process (30 and 100 nodes): ``announce_ms``,
   ``lookup_first_ms`` (to the first verified record) and ``lookup_end_ms`` (to
-  the end of the lookup), p50 and p99, and ``lookup_hops``;
+  the end of the lookup), p50 and p99, ``lookup_cpu_ms`` (the process's CPU
+  time, user + system, during one lookup: all nodes share the process, so this
+  is the whole lookup's cost, both sides, and it moves much less than the wall
+  time when the machine is loaded), and ``lookup_hops``;
 * in-memory network under a virtual clock (1,000 and 10,000 nodes):
   ``memory_lookup_hops`` (p50, max, and the ⌈log2 N⌉ + 1 bound) and
   ``memory_lookup_messages`` per lookup;
 * ``rss_per_node`` in MiB (resident memory growth / nodes, idle).
 
-Upstream HyperDHT on this machine (30 / 100 nodes): announce 4.0 / 5.0 ms,
-lookup to first record 0.43 / 0.73 ms, to the end 1.7 / 2.8 ms, ~0.3 MiB/node.
+Upstream HyperDHT on this machine (30 / 100 nodes), quiet (anchors' RESULTS.md):
+announce 4.0 / 5.0 ms, lookup to first record 0.43 / 0.73 ms, to the end
+1.7 / 2.8 ms, ~0.3 MiB/node. Same sitting as ours on 2026-12-07 (issue 26;
+load average 6-13 from other work, 6 rounds of 20 reps, medians): announce
+18 / 19 ms, first record 0.76 / 1.6 ms, end 8.5 / 12.9 ms, 0.37 / 0.27 MiB/node;
+CPU per lookup (process.cpuUsage around each lookup, a copy of dht.js) 4.6 /
+6.7 ms where ours took 6.1 / 7.9 ms (10.1 / 12.8 ms before issue 26).
 
-usage: python bench/dht.py [--udp 30,100] [--memory 1000,10000] [--reps 10]
+usage: python bench/dht.py [--udp 30,100] [--memory 1000,10000] [--reps 20]
 """
 
 from __future__ import annotations
@@ -22,12 +30,19 @@ import gc
 import math
 import os
 import random
+import resource
 import sys
 import time
 
 import trio
 import trio.testing
 from _common import emit, machine, percentile
+
+
+def cpu_ms_now() -> float:
+    """This process's CPU time so far (user + system), in milliseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def rss_mib() -> float:
@@ -47,7 +62,7 @@ async def udp_figures(size: int, reps: int) -> None:
         gc.collect()
         emit("dht", f"rss_per_node_udp_{size}", (rss_mib() - before) / size, "MiB",
              how="RSS growth after building the testnet / nodes")
-        announce_ms, first_ms, end_ms, hops = [], [], [], []
+        announce_ms, first_ms, end_ms, cpu_ms, hops = [], [], [], [], []
         for rep in range(reps):
             announcer, looker = rng.sample(net.nodes, 2)
             keypair, topic = KeyPair.generate(), derive_topic("bench", f"{size}-{rep}")
@@ -58,16 +73,18 @@ async def udp_figures(size: int, reps: int) -> None:
             # signature checks: forget them, so the looker pays for its first
             # copy of the record as a node in a process of its own would.
             _signature_valid.cache_clear()
+            cpu_began = cpu_ms_now()
             began = time.perf_counter()
             first = None
             async for _record in looker.lookup(topic):
                 first = first or (time.perf_counter() - began) * 1000
             end_ms.append((time.perf_counter() - began) * 1000)
+            cpu_ms.append(cpu_ms_now() - cpu_began)
             first_ms.append(first if first is not None else math.nan)
             hops.append(looker.last_lookup.hops)
         how = f"{size} real UDP nodes on 127.0.0.1 in one process, {reps} fresh topics"
         for name, values in (("announce_ms", announce_ms), ("lookup_first_ms", first_ms),
-                             ("lookup_end_ms", end_ms)):
+                             ("lookup_end_ms", end_ms), ("lookup_cpu_ms", cpu_ms)):
             emit("dht", f"{name}_{size}", percentile(values, 0.5), "ms",
                  p99=round(percentile(values, 0.99), 3), n=len(values), how=how)
         emit("dht", f"lookup_hops_{size}", percentile(hops, 0.5), "hops", max=max(hops))
@@ -116,7 +133,8 @@ def main() -> None:
     parser.add_argument("--memory", default=os.environ.get("DHT_BENCH_MEMORY", "1000,10000"),
                         help="sizes of in-memory networks (building 10,000 nodes takes "
                         "about 20-25 min here; DHT_BENCH_MEMORY sets the default)")
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=20,
+                        help="announce-then-lookup rounds per UDP network (medians are noisy here)")
     args = parser.parse_args()
     for size in [int(s) for s in args.udp.split(",") if s]:
         trio.run(udp_figures, size, args.reps)
