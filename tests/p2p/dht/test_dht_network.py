@@ -269,3 +269,28 @@ async def test_find_peer_returns_the_newest_record_when_stale_ones_linger(autoju
         stale_holders[0].core.store.put(topic, record, announcer.now())
         found = await looker.find_peer(keypair.public_key)
         assert found is not None and found.seq == 2 and found.addresses == (("10.1.1.1", 7001),)
+
+
+async def test_a_walk_leaves_no_request_behind_when_it_ends_or_is_left(autojump_clock):
+    from p2p.dht import LinkProfile
+
+    def walk_callbacks(node):  # request() waits with _Waiter objects; walks with callbacks
+        return [w for w in node._waiters.values() if callable(w)]
+
+    keypair = KeyPair.generate()
+    profile = LinkProfile(latency_s=0.001, jitter_s=0.004)
+    with trio.fail_after(300):
+        async with memory_testnet(30, profile=profile, seed=5) as net:
+            await net.nodes[1].announce_once(TOPIC, keypair, addresses=SERVICE, seq=1)
+            ended_in_flight = 0
+            for looker in net.nodes[2:14]:
+                assert [r.public_key for r in await collect(looker)] == [keypair.public_key]
+                stats = looker.last_lookup
+                ended_in_flight += stats.queries > stats.responses + stats.failures
+                assert walk_callbacks(looker) == []
+            assert ended_in_flight  # some walks ended with queries still out
+            async with contextlib.aclosing(net.nodes[20].lookup(TOPIC)) as records:
+                async for _record in records:
+                    break
+            await trio.lowlevel.checkpoint()  # the walk's cancellation runs
+            assert walk_callbacks(net.nodes[20]) == []
