@@ -4,6 +4,7 @@ import contextlib
 
 import pytest
 import trio
+import trio.testing
 
 from p2p.dht import PeerRecord, record_topic_for_key, sign_record
 from p2p.dht.testnet import memory_testnet, udp_testnet
@@ -292,5 +293,5 @@ async def test_a_walk_leaves_no_request_behind_when_it_ends_or_is_left(autojump_
             async with contextlib.aclosing(net.nodes[20].lookup(TOPIC)) as records:
                 async for _record in records:
                     break
-            await trio.lowlevel.checkpoint()  # the walk's cancellation runs
+            await trio.testing.wait_all_tasks_blocked()  # the walk's cancellation runs
             assert walk_callbacks(net.nodes[20]) == []
