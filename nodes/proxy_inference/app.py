@@ -369,10 +369,12 @@ class _Forwarded:
                 await client.send(send, first.data)
             last = first
             try:
-                async for frame in answer.frames():
-                    last = frame
-                    if frame.data:
-                        await client.send(send, frame.data)
+                # What arrived together goes out as one chunk (one write).
+                async for batch in answer.batches():
+                    last = batch[-1]
+                    data = b"".join(frame.data for frame in batch)
+                    if data:
+                        await client.send(send, data)
             except UpstreamFailed as exc:
                 self.front.metrics.errors.labels("upstream_error").inc()
                 self._health(status, error=True)

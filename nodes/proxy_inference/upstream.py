@@ -95,6 +95,10 @@ class UpstreamFailed(UpstreamError):
     code = "UPSTREAM"
 
 
+#: Frames of a streamed answer handed on together at most (see Answer.batches).
+BATCH_FRAMES = 64
+
+
 @dataclass
 class Answer:
     """An answer under way: its first frame, then :meth:`frames` for the rest."""
@@ -111,19 +115,50 @@ class Answer:
         Raises:
             UpstreamFailed: the stream ended or failed before ``done``.
         """
+        async for batch in self.batches():
+            for frame in batch:
+                yield frame
+
+    async def batches(self) -> AsyncIterator[list[InferFrame]]:
+        """The frames after the first, in lists of those that arrived together.
+
+        The first of each list was waited for; the rest had arrived by then
+        (at most :data:`BATCH_FRAMES`), so a consumer writes them at once: one
+        socket write per burst, not per frame, when the model server is ahead
+        of the client. The last list ends with the frame that has ``done``.
+
+        Raises:
+            UpstreamFailed: the stream ended or failed before ``done``.
+        """
         if self.first.done or self._items is None:
             return
+        items = self._items
         while True:
             try:
-                frame = await self._items.receive()
-            except trio.EndOfChannel:
-                raise UpstreamFailed("the agent ended the answer before it was done") from None
-            except RpcError as exc:
-                raise UpstreamFailed(f"the answer broke off: {exc.code}: {exc}",
-                                     code=exc.code) from exc
-            yield frame
-            if frame.done:
+                batch = [await items.receive()]
+            except (trio.EndOfChannel, RpcError) as exc:
+                raise _broken_off(exc) from exc
+            ended: trio.EndOfChannel | RpcError | None = None
+            while not batch[-1].done and len(batch) < BATCH_FRAMES:
+                try:
+                    batch.append(items.receive_nowait())
+                except trio.WouldBlock:
+                    break
+                except (trio.EndOfChannel, RpcError) as exc:
+                    ended = exc  # after the frames that came before it
+                    break
+            yield batch
+            if batch[-1].done:
                 return
+            if ended is not None:
+                raise _broken_off(ended) from ended
+
+
+def _broken_off(exc: trio.EndOfChannel | RpcError) -> UpstreamFailed:
+    """Why a streamed answer stopped before its ``done`` frame."""
+    if isinstance(exc, RpcError):
+        return UpstreamFailed(f"the answer broke off: {exc.code}: {exc}", code=exc.code)
+    return UpstreamFailed("the agent ended the answer before it was done")
 
 
 class AgentPool:

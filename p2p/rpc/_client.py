@@ -424,14 +424,37 @@ class ItemStream(Generic[I]):
                 raise trio.EndOfChannel
             await slot.lot.park()
             waited = True
-        raw = slot.items.popleft()
+        item = self._take()
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return item
+
+    def receive_nowait(self) -> I:
+        """The next item if one has arrived already, without waiting or yielding.
+
+        For a consumer that writes several items at once (one socket write for
+        what arrived together) after an awaited :meth:`receive`.
+
+        Raises:
+            trio.WouldBlock: no item is here yet (and the stream has not ended).
+            trio.EndOfChannel, RpcError, RpcChannelClosed: as :meth:`receive`.
+        """
+        slot = self._slot
+        if not slot.items:
+            if not slot.done:
+                raise trio.WouldBlock
+            if slot.error is not None:
+                raise slot.error
+            raise trio.EndOfChannel
+        return self._take()
+
+    def _take(self) -> I:
+        raw = self._slot.items.popleft()
         client = self._client
         # Credit goes back as items are taken (the core batches it); handed to
         # the channel without waiting, so a cancelled consumer loses nothing.
         client._core.item_taken(self._rid)
         client._outbox.put(client._core.messages_to_send())
-        if not waited:
-            await trio.lowlevel.cancel_shielded_checkpoint()
         try:
             return validate(self._method.item, raw)
         except pydantic.ValidationError as exc:

@@ -253,6 +253,27 @@ async def test_a_stream_that_fails_midway_raises_its_error_after_the_items(
             assert info.value.code == "STREAM_BROKE"
 
 
+async def test_items_that_arrived_together_are_taken_without_waiting(nursery, autojump_clock):
+    async with rpc_pair(nursery) as (client, _server, _rec):
+        with trio.fail_after(10):
+            for count, then in ((40, trio.EndOfChannel), (5, RpcError)):
+                method = TICKS if then is trio.EndOfChannel else TICKS_THEN_FAIL
+                got, batches = [], 0
+                with pytest.raises(then):
+                    async with client.stream(method, TickParams(count=count)) as items:
+                        while True:
+                            got.append((await items.receive()).n)
+                            batches += 1
+                            await trio.testing.wait_all_tasks_blocked()  # the rest arrive
+                            while True:
+                                try:
+                                    got.append(items.receive_nowait().n)
+                                except trio.WouldBlock:
+                                    break
+                assert got == list(range(count))  # in order, none lost, credit kept flowing
+                assert batches < count
+
+
 async def test_closing_the_channel_fails_in_flight_calls_with_channel_closed(
     nursery, autojump_clock
 ):
