@@ -235,6 +235,11 @@ class JobProjection:
         return (not self.synced or self.generation != mark.generation
                 or self._last_change(job_id) > mark.revision)
 
+    async def wait_synced(self) -> None:
+        """Until the copy answers reads (at once if it does)."""
+        while not self.synced:
+            await self._changed.wait()
+
     async def wait_applied(self, job_id: str, mark: Mark, *,
                            timeout_s: float = WRITE_WAIT_S) -> bool:
         """Until :meth:`applied_since` (True), or ``timeout_s`` passed (False, logged)."""

@@ -203,11 +203,14 @@ class HttpBindError(ServerBindError):
 
 async def serve_http(app: Any, settings: HttpAddress, what: str = "HTTP", *,
                      on_listening: Callable[[tuple[str, int]], None] | None = None,
+                     lean: bool = False,
                      task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
                      ) -> None:
     """Serve the ASGI ``app`` on ``settings.host:settings.port`` until cancelled.
 
     Reports the bound ``(host, port)`` once listening (port 0 picks a free one).
+    ``lean``: on :mod:`p2p.httpserver` (HTTP/1.1 only, no lifespan events)
+    instead of hypercorn, for the hot APIs whose per-request cost users feel.
 
     Raises:
         HttpBindError: the address cannot be bound (raised bare, before
@@ -215,7 +218,7 @@ async def serve_http(app: Any, settings: HttpAddress, what: str = "HTTP", *,
     """
     await serve_asgi(app, host=settings.host, port=settings.port,
                      bind_error=functools.partial(HttpBindError, what=what),
-                     on_listening=on_listening, task_status=task_status)
+                     on_listening=on_listening, lean=lean, task_status=task_status)
 
 
 def known_peers(addresses: Mapping[bytes, Iterable[tuple[str, int]]]

@@ -67,9 +67,10 @@ async def test_app_node_serves_the_api_and_administers_the_shared_database(tmp_p
 
 
 async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> None:
-    """Through hypercorn: a big chunked body is cut at the limit, deep JSON
-    is a 400, failed logins back off per X-Forwarded-For address (127.0.0.1, the
-    test, is a trusted proxy here), and app-node goes on serving."""
+    """Through the lean server (``p2p.httpserver``): a big chunked body is cut at
+    the limit, deep JSON is a 400, failed logins back off per X-Forwarded-For
+    address (127.0.0.1, the test, is a trusted proxy here) with a Retry-After,
+    an HTTP/1.0 client is answered and closed, and app-node goes on serving."""
     async def big():
         for _ in range(64):  # 64 MiB, never read whole
             yield b" " * (1024 * 1024)
@@ -83,15 +84,32 @@ async def _bounded_over_a_real_socket(api: httpx.AsyncClient, token: str) -> Non
     r = await api.post("/auth/login", content=b"[" * 100_000 + b"]" * 100_000)
     assert r.status_code == 400 and r.json()["error"]["code"] == "JSON_TOO_DEEP"
     wrong = {"email": "admin@example.com", "password": "not the password"}
-    codes = [(await api.post("/auth/login", json=wrong,
-                             headers={"X-Forwarded-For": "192.0.2.66"})).status_code
-             for _ in range(7)]
-    assert codes == [401] * 6 + [429]  # 5 free, the 6th sets a 1 s wait
+    answers = [await api.post("/auth/login", json=wrong,
+                              headers={"X-Forwarded-For": "192.0.2.66"}) for _ in range(7)]
+    assert [r.status_code for r in answers] == [401] * 6 + [429]  # the 6th sets a 1 s wait
+    assert int(answers[-1].headers["retry-after"]) >= 1
+    assert await _http10_get(api.base_url, "/api/me", token) == 200
     r = await api.post("/auth/login", json={**wrong, "password": PASSWORD},
                        headers={"X-Forwarded-For": "198.51.100.7"})
     assert r.status_code == 200  # the owner elsewhere is not locked out
     me = await api.get("/me", headers={"authorization": f"Bearer {token}"})
     assert me.status_code == 200
+
+
+async def _http10_get(base: httpx.URL, path: str, token: str) -> int:
+    """An HTTP/1.0 GET on a raw socket: its status; the server ends the answer by
+    closing (read to EOF here, which fails the test's deadline otherwise)."""
+    stream = await trio.open_tcp_stream(base.host, base.port)
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.0\r\nAuthorization: Bearer {token}\r\n"
+                              "\r\n".encode())
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.")
+    assert b"transfer-encoding" not in head.lower() and body  # no chunks for HTTP/1.0
+    return int(head.split()[1])
 
 
 async def test_a_busy_http_port_is_one_line_and_exit_1(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import httpx
@@ -94,24 +95,29 @@ async def hello_app(scope, receive, send):
     await send({"type": "http.response.body", "body": b"hello"})
 
 
-async def test_serve_http_serves_on_its_settings_and_reports_the_bound_address(nursery):
+@pytest.mark.parametrize("lean", [False, True])
+async def test_serve_http_serves_on_its_settings_and_reports_the_bound_address(nursery, lean):
     with trio.fail_after(30):
-        address = await nursery.start(serve_http, hello_app,
-                                      HttpSettings(host="127.0.0.1", port=0))
+        address = await nursery.start(functools.partial(
+            serve_http, hello_app, HttpSettings(host="127.0.0.1", port=0), lean=lean))
         async with httpx.AsyncClient(trust_env=False) as http:
             answer = await http.get(f"http://127.0.0.1:{address[1]}/")
     assert address[0] == "127.0.0.1" and address[1] > 0
     assert answer.text == "hello"
+    # hypercorn names itself; the lean server (p2p.httpserver) sends no server header
+    assert ("server" in answer.headers) is not lean
 
 
-async def test_a_busy_http_port_names_what_is_served_there(nursery):
+@pytest.mark.parametrize("lean", [False, True])
+async def test_a_busy_http_port_names_what_is_served_there(nursery, lean):
     with socket.socket() as busy, trio.fail_after(30):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(HttpBindError) as caught:
-            await nursery.start(serve_http, hello_app,
-                                HttpSettings(host="127.0.0.1", port=port), "the API")
+            await nursery.start(functools.partial(
+                serve_http, hello_app, HttpSettings(host="127.0.0.1", port=port), "the API",
+                lean=lean))
     assert str(caught.value) == f"cannot serve the API on 127.0.0.1:{port}: Address already in use"
     assert isinstance(caught.value, OSError)
 

@@ -20,11 +20,11 @@ BOX = {"name": "box", "type": "container", "image": IMAGE, "gpus": 1}
 
 @asynccontextmanager
 async def served(api: Api) -> AsyncIterator[httpx.AsyncClient]:
-    """The API on a real socket; a client of it."""
+    """The API on a real socket, on the lean server as the daemon serves it; a client of it."""
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(lambda task_status: serve_asgi(
             create_app(api.services, password_params=CHEAP), host="127.0.0.1", port=0,
-            bind_error=lambda h, p, exc: exc, task_status=task_status))
+            bind_error=lambda h, p, exc: exc, lean=True, task_status=task_status))
         async with httpx.AsyncClient(base_url=f"http://{host}:{port}/api",
                                      timeout=httpx.Timeout(10.0)) as client:
             yield client

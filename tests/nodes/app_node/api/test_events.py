@@ -1,9 +1,10 @@
-"""Job status changes as server-sent events, through app-node served by Hypercorn on
-127.0.0.1 (httpx's ASGI transport would buffer a stream whole) to a real
-in-process wrk-ork: one job's stream (its document first, ``running`` after the
-worker says active, ``gone`` after delete, keep-alives, ``lagged`` when it falls
-behind), the team's stream (``ready``, ``status``, ``gone``, ``lagged`` after a
-resync), 404 for another team's member, and the OpenAPI rows."""
+"""Job status changes as server-sent events, through app-node on the lean server
+(``p2p.httpserver``, as the daemon serves it) on 127.0.0.1 (httpx's ASGI
+transport would buffer a stream whole) to a real in-process wrk-ork: one job's
+stream (its document first, ``running`` after the worker says active, ``gone``
+after delete, keep-alives, ``lagged`` when it falls behind), the team's stream
+(``ready``, ``status``, ``gone``, ``lagged`` after a resync, the end when the
+client goes), 404 for another team's member, and the OpenAPI rows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A job's logs through app-node from a real in-process wrk-monitor (``logs_api``):
 records come back filtered by job, source and since, newest ``limit``; follow
-(over Hypercorn on 127.0.0.1: httpx's ASGI transport would buffer a stream)
+(over the lean server on 127.0.0.1: httpx's ASGI transport would buffer a stream)
 sends the buffer's records then one appended after it connected; another team's
 member 404; bad query 422; without wrk-monitor 503 ``MONITOR_UNAVAILABLE``; a
 follow whose wrk-monitor stops ends with ``lagged``, and then 503 (unreachable)."""

@@ -80,7 +80,7 @@ async def test_racks_without_wrk_ork_are_503(api: Api) -> None:
 
 
 async def test_racks_events_push_capacity_as_jobs_claim_gpus(ork_api: Api) -> None:
-    """Served over Hypercorn (in process the answer would be read whole)."""
+    """Served over the lean server (in process the answer would be read whole)."""
     import trio
 
     from .support import _inference, events, served
