@@ -2,7 +2,8 @@
 users and 1,000 jobs.
 
 The system under test is real and runs as its own processes, as in a
-deployment: app-node (``cosmicac run app-node --config F``) wired to wrk-ork
+deployment: app-node (``cosmicac run app-node --config F``, its API on the
+lean HTTP server ``p2p.httpserver``) wired to wrk-ork
 (``cosmicac run wrk-ork --config F``) over the swarm on 127.0.0.1, both with
 fsync on (their defaults). The clients are ``wrk`` (C, one thread; see
 ``_load.py``): a Python load generator on the same two cores would take as
@@ -15,9 +16,11 @@ the sign-up admin and owns the team, the others are members) with one session
 token each, ``--jobs`` jobs in wrk-ork and their records in app-node's store.
 Through the API it would cost a scrypt hash per user and a round trip per
 job and measure nothing asked for here. ``GET /api/jobs`` reads a page from
-app-node's store (one trip to a worker thread with the session's token and the
-caller's role) and the page's live statuses from app-node's copy of wrk-ork's
-jobs (``nodes/app_node/job_projection.py``, kept from the ``jobs.watch`` it
+app-node's store (the session's token, user and role and the first page: kept
+answers read on the event loop while the store is unchanged, else one trip to
+a worker thread; ``nodes/app_node/store/_read_cache.py``) and the page's live
+statuses from app-node's copy of wrk-ork's jobs
+(``nodes/app_node/job_projection.py``, kept from the ``jobs.watch`` it
 follows): wrk-ork does nothing per listing (its ``cpu_ms_per_req_*_ork``
 stays near 0). The runs start once app-node's ``/metrics`` says the copy is
 synced (``app_node_jobs_copy_synced 1``); before that the listing asks wrk-ork
@@ -348,8 +351,16 @@ def _unit(metric: str) -> str:
     return next((unit for prefix, unit in UNITS.items() if metric.startswith(prefix)), "")
 
 
+#: Issue 26's targets: (route, metric) -> (what is aimed at, check), at 32 connections.
+TARGETS: dict[tuple[str, str], tuple[str, Any]] = {
+    ("GET /api/jobs", "rps_32"): (">= 1000 req/s", lambda v: v >= 1000),
+    ("GET /api/jobs", "latency_p99_32"): ("<= 50 ms", lambda v: v <= 50),
+}
+
+
 def report(samples: Samples, args: argparse.Namespace, seeded: Seeded) -> None:
     first = True
+    verdicts: list[str] = []
     for route in ROUTES:
         for metric in sorted({m for (r, m) in samples.values if r == route.name}):
             value = samples.median(route.name, metric)
@@ -361,6 +372,12 @@ def report(samples: Samples, args: argparse.Namespace, seeded: Seeded) -> None:
                 extra.update(machine=machine(), users=args.users, jobs=args.jobs,
                              teams=args.teams, page=DEFAULT_PAGE, duration_s=args.duration,
                              load_average=args.load_average)
+            if (route.name, metric) in TARGETS:
+                target, check = TARGETS[(route.name, metric)]
+                met = bool(check(value))
+                extra.update(target=target, met=met)
+                verdicts.append(f"{route.name} {metric} {value:.2f} (target {target}): "
+                                f"{'met' if met else 'NOT met'}")
             emit(BENCH, metric, value, _unit(metric), **extra)
     c = args.connections
     columns = [("req/s 1c", "rps_1"), ("p50 1c", "latency_p50_1"), ("p99 1c", "latency_p99_1"),
@@ -377,7 +394,10 @@ def report(samples: Samples, args: argparse.Namespace, seeded: Seeded) -> None:
         print(f"{route.name:<18}" + "".join(cells), file=out)
     print(f"({args.users} users, {seeded.jobs} jobs in {args.teams} team(s), page "
           f"{DEFAULT_PAGE}; ms; ms/req = the daemon's CPU per request at 1 client)",
-          file=out, flush=True)
+          file=out)
+    for verdict in verdicts:
+        print(f"issue 26: {verdict}", file=out)
+    print(f"load average {args.load_average} on {os.cpu_count()} cores", file=out, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from ..auth import ScryptParams, hash_token
 from ..errors import AppNodeError, Expired, Invalid, NotFound
 from ..model import Role, User
 from ..services import AppServices
+from ..store import NotCached, cache_only
 from ._job_documents import JobDocuments
 
 if TYPE_CHECKING:
@@ -150,7 +151,12 @@ class Ctx:
         """:meth:`session`, and ``then(session)`` run in the same worker thread right
         after it: a route's first store reads without a second trip to a thread
         (a listing's thread trips were a third of its CPU). ``then`` may raise
-        :class:`ApiError` or the store's errors (mapped as :meth:`store` maps them)."""
+        :class:`ApiError` or the store's errors (mapped as :meth:`store` maps them).
+
+        Both are first tried on the event loop from the store's kept answers
+        (``store/_read_cache.py``: never older than the store, so a revoked token
+        or a changed role counts at once); the thread only when one is missing.
+        ``then`` must change nothing before its last read (it may run twice)."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -167,7 +173,11 @@ class Ctx:
             return session, then(session)
 
         try:
-            session, extra = await trio.to_thread.run_sync(lookup)
+            try:
+                with cache_only():
+                    session, extra = lookup()
+            except NotCached:
+                session, extra = await trio.to_thread.run_sync(lookup)
         except AppNodeError as exc:
             raise ApiError.of(exc) from exc
         if self.verified is not None:

@@ -5,8 +5,9 @@ from ..model import Page
 from ._api_keys import ApiKeys
 from ._connection import Connection
 from ._invitations import Invitations
-from ._job_records import JobRecords
+from ._job_records import KEPT_PAGE, JobRecords
 from ._quotas import MAX_QUOTA_GPUS, Quotas
+from ._read_cache import NotCached, ReadCache, cache_only
 from ._rows import MAX_PAGE
 from ._store import SCHEMA_VERSION, Store
 from ._teams import Teams
@@ -14,6 +15,7 @@ from ._tokens import Tokens
 from ._users import Users
 
 __all__ = [
+    "KEPT_PAGE",
     "MAX_PAGE",
     "MAX_QUOTA_GPUS",
     "SCHEMA_VERSION",
@@ -21,10 +23,13 @@ __all__ = [
     "Connection",
     "Invitations",
     "JobRecords",
+    "NotCached",
     "Page",
     "Quotas",
+    "ReadCache",
     "Store",
     "Teams",
     "Tokens",
     "Users",
+    "cache_only",
 ]

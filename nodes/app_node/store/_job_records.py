@@ -9,9 +9,13 @@ from ..errors import Conflict, Invalid, NotFound
 from ..model import JobRecord, Page
 from ..model import check_id as _ident
 from ._connection import Connection
+from ._read_cache import MISS
 from ._rows import _JOB, _cursor, _job, _limit, _page, team_row
 
-__all__ = ["JobRecords"]
+__all__ = ["KEPT_PAGE", "JobRecords"]
+
+#: The page :meth:`JobRecords.page` keeps (``GET /api/jobs``' default ``limit``).
+KEPT_PAGE = 50
 
 
 class JobRecords:
@@ -49,15 +53,25 @@ class JobRecords:
 
     def page(self, team: str, *, limit: int = 50, cursor: str | None = None,
              include_deleted: bool = False) -> Page[JobRecord]:
-        """The team's jobs, newest first, ``limit`` at a time."""
+        """The team's jobs, newest first, ``limit`` at a time. (The first page of
+        :data:`KEPT_PAGE` is kept: ``_read_cache.py``.)"""
         limit, before = _limit(limit), _cursor(cursor)
+        # Only the page every listing starts with: a page per cursor and limit would let
+        # one member fill the memory with copies of the same records.
+        key = ("jobs", team, include_deleted) if before is None and limit == KEPT_PAGE else None
+        page = MISS if key is None else self._db.cache.get(key)
+        if page is not MISS:
+            return page
         where = "" if include_deleted else " AND deleted_at IS NULL"
         with self._db.read() as db:
             rows = db.execute(
                 f"SELECT seq, {_JOB} FROM jobs WHERE team = ? AND seq < ?{where} "
                 "ORDER BY seq DESC LIMIT ?",
                 (team, before if before is not None else 2**62, limit + 1)).fetchall()
-            return _page(rows, limit, _job)
+            page = _page(rows, limit, _job)
+            if key is not None:
+                self._db.cache.put(key, page)
+        return page
 
     def mark_deleted(self, job_id: str, *, now: float) -> JobRecord:
         """Mark the record deleted (again: unchanged); it stays for history. Raises: NotFound."""

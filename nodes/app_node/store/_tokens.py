@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import Conflict, Expired, Invalid, NotFound
 from ..model import Token, TokenKind
 from ._connection import Connection
+from ._read_cache import MISS
 from ._rows import _TOKEN, _token, user_row
 
 __all__ = ["Tokens", "valid_token"]
@@ -58,12 +59,18 @@ class Tokens:
 
     def valid(self, token_hash: str, *, now: float,
               kind: TokenKind = TokenKind.SESSION) -> Token:
-        """The token of that hash and kind if it works at ``now``.
+        """The token of that hash and kind if it works at ``now`` (kept: ``_read_cache.py``).
 
         Raises: NotFound (no such token), Expired (expired, revoked, or its user disabled).
         """
+        key = ("token", token_hash, kind)
+        token = self._db.cache.get(key)
+        if token is not MISS and now < token.expires_at:
+            return token  # valid when kept; no change since (revoked, user disabled)
         with self._db.read():
-            return valid_token(self._db, token_hash, kind, now)
+            token = valid_token(self._db, token_hash, kind, now)
+            self._db.cache.put(key, token)
+        return token
 
     def revoke(self, token_hash: str, *, now: float) -> None:
         """Revoke one token (logout); revoking it again changes nothing. Raises: NotFound."""

@@ -9,6 +9,7 @@ from ..model import Page, Team, TokenKind, User
 from ..model import check_text as _text
 from ..model import normal_email as _email
 from ._connection import Connection
+from ._read_cache import MISS
 from ._rows import _USER, _cursor, _limit, _new_id, _page, _user, user_row
 from ._teams import check_not_last_owner, insert_team
 from ._tokens import valid_token
@@ -63,12 +64,18 @@ class Users:
         return user
 
     def get(self, user_id: str) -> User:
-        """Raises: NotFound."""
+        """Raises: NotFound. (Kept: ``_read_cache.py``.)"""
+        key = ("user", user_id)
+        user = self._db.cache.get(key)
+        if user is not MISS:
+            return user
         with self._db.read():
             row = self._db.one(f"SELECT {_USER} FROM users WHERE id = ?", (user_id,))
-        if row is None:
-            raise NotFound(f"no user {user_id}")
-        return _user(row)
+            if row is None:
+                raise NotFound(f"no user {user_id}")
+            user = _user(row)
+            self._db.cache.put(key, user)
+        return user
 
     def by_email(self, email: str) -> User:
         """Case-insensitive. Raises: NotFound."""
