@@ -14,11 +14,12 @@ Figures (JSON lines):
 
 Upstream HyperDHT on this machine (30 / 100 nodes), quiet (anchors' RESULTS.md):
 announce 4.0 / 5.0 ms, lookup to first record 0.43 / 0.73 ms, to the end
-1.7 / 2.8 ms, ~0.3 MiB/node. Same sitting as ours on 2026-12-07 (issue 26;
-load average 6-13 from other work, 6 rounds of 20 reps, medians): announce
-18 / 19 ms, first record 0.76 / 1.6 ms, end 8.5 / 12.9 ms, 0.37 / 0.27 MiB/node;
-CPU per lookup (process.cpuUsage around each lookup, a copy of dht.js) 4.6 /
-6.7 ms where ours took 6.1 / 7.9 ms (10.1 / 12.8 ms before issue 26).
+1.7 / 2.8 ms, ~0.3 MiB/node. Same sitting as ours on 2026-12-07 (issue 26),
+load average about 3, dht.js with 20 reps, medians of 2 rounds: announce
+7.5 / 10.0 ms, first record 0.90 / 1.58 ms, end 4.1 / 5.8 ms, 0.39 / 0.27
+MiB/node; CPU per lookup (process.cpuUsage around each lookup, in a copy of
+dht.js) 3.4 / 4.8 ms, where ours took 4.8 / 5.7 ms (11.4 / 10.1 ms before
+issue 26).
 
 usage: python bench/dht.py [--udp 30,100] [--memory 1000,10000] [--reps 20]
 """
