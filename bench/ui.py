@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import trio
 from _common import emit, machine, percentile
-from api import _wait_ready, free_port, seed, start_daemons
+from api import _wait_ready, free_ports, seed, start_daemons
 
 from runtime.sse import SseReader
 
@@ -53,7 +53,7 @@ SAME_ORIGIN = {"sec-fetch-site": "same-origin"}
 
 
 def start_ui(workdir: Path, api_url: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    (port,) = free_ports(1)
     config = workdir / "ui.json"
     config.write_text(json.dumps({"host": HOST, "port": port, "api_url": api_url}))
     log = workdir / "ui.log"
