@@ -250,7 +250,12 @@ class Database:
                 checkpoint we installed released, yet).
         """
         async with self._write_lock:  # a copy of one state; encoding it waits for no one
-            build = await trio.to_thread.run_sync(self.base.checkpoint_state, made_ms)
+            try:
+                build = await trio.to_thread.run_sync(self.base.checkpoint_state, made_ms)
+            finally:
+                # An append that found the lock taken waits for the end of a
+                # write: without this, one with no write after it waited forever.
+                self._wake_appenders()
         checkpoint = await trio.to_thread.run_sync(build)
         self.previous_checkpoint, self.checkpoint = self.checkpoint, checkpoint
         return checkpoint
@@ -301,6 +306,10 @@ class Database:
             self._rebuilds_seen = base.rebuilds
         self._changed.set()
         self._changed = trio.Event()
+        self._wake_appenders()
+
+    def _wake_appenders(self) -> None:
+        """Wake the appends waiting for the write lock's holder to finish."""
         self._committed.set()
         self._committed = trio.Event()
 
@@ -382,7 +391,10 @@ class Database:
         self._closed = True
         with trio.CancelScope(shield=True):
             async with self._write_lock:
-                await trio.to_thread.run_sync(self.base.close)
+                try:
+                    await trio.to_thread.run_sync(self.base.close)
+                finally:
+                    self._wake_appenders()  # they fail on the closed logs, not hang
 
     async def __aenter__(self) -> Database:
         return self

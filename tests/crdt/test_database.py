@@ -1,5 +1,7 @@
 """The trio face: group commit, one caller's bad ops, cancellation, change events."""
 
+import threading
+
 import pytest
 import trio
 
@@ -85,3 +87,31 @@ async def test_a_model_master_changed_after_it_was_built_is_checked_again(tmp_pa
         await db.append([PutModelMaster("llama", "vllm", {"max_tokens": 16})])
         await db.append_many([[AddTokenUsage("k1", "llama", "2026-12-01", prompt=1)]])
         assert db.lengths[db.key] == 2
+
+
+async def test_an_append_queued_behind_a_checkpoint_is_written_without_another_write(tmp_path):
+    """The write lock's other holders (a checkpoint) wake the appends that wait
+    for it, as a commit does: an append with no write after it once waited forever."""
+    async with await Database.open(tmp_path, KeyPair.generate()) as db:
+        await db.append(one(1))
+        release = threading.Event()
+        holding = trio.Event()
+        real = db.base.checkpoint_state
+        token = trio.lowlevel.current_trio_token()
+
+        def slow_state(made_ms: int):
+            token.run_sync_soon(holding.set)
+            release.wait(10)  # holds the write lock until the append waits behind it
+            return real(made_ms)
+
+        db.base.checkpoint_state = slow_state
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(db.make_checkpoint, 1)
+                await holding.wait()
+                assert db._write_lock.locked()
+                nursery.start_soon(db.append, one(2))
+                await trio.sleep(0.05)  # the append now waits for the lock's holder
+                release.set()
+        usage = await db.read(lambda v: v.usage("k1"))
+        assert usage[0].prompt == 3
