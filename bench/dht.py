@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import random
@@ -37,6 +38,7 @@ import time
 
 import trio
 import trio.testing
+from _anchors import run_holepunch, upstream_figure
 from _common import emit, machine, percentile
 
 
@@ -52,7 +54,7 @@ def rss_mib() -> float:
     return pages * 4096 / (1 << 20)
 
 
-async def udp_figures(size: int, reps: int) -> None:
+async def udp_figures(size: int, reps: int) -> dict[str, float]:
     from p2p.dht._records import _signature_valid
     from p2p.dht.testnet import udp_testnet
     from p2p.keys import KeyPair, derive_topic
@@ -89,6 +91,34 @@ async def udp_figures(size: int, reps: int) -> None:
             emit("dht", f"{name}_{size}", percentile(values, 0.5), "ms",
                  p99=round(percentile(values, 0.99), 3), n=len(values), how=how)
         emit("dht", f"lookup_hops_{size}", percentile(hops, 0.5), "hops", max=max(hops))
+        return {"announce_ms": percentile(announce_ms, 0.5),
+                "lookup_first_ms": percentile(first_ms, 0.5),
+                "lookup_end_ms": percentile(end_ms, 0.5)}
+
+
+def upstream(size: int, reps: int, ours: dict[str, float]) -> None:
+    """HyperDHT's testnet of ``size`` nodes (the anchors' dht.js) right after ours,
+    and ours as ratios to it (> 1: ours is faster)."""
+    got = run_holepunch("dht.js", "--nodes", str(size), "--reps", str(reps))
+    if isinstance(got, str):
+        print(json.dumps({"bench": "dht", "metric": f"upstream_{size}", "skipped": got}),
+              flush=True)
+        return
+    figures, _cpu = got
+    how = f"HyperDHT testnet of {size} nodes (../shared/anchors/holepunch dht.js), this run"
+    for ours_name, theirs in (("announce_ms", "dht announce(topic).finished"),
+                              ("lookup_first_ms", "dht lookup first peer"),
+                              ("lookup_end_ms", "dht lookup stream end")):
+        value = upstream_figure(figures, theirs)
+        if value is None:
+            continue
+        emit("dht", f"upstream_{ours_name}_{size}", value, "ms", how=how)
+        if ours.get(ours_name):
+            emit("dht", f"{ours_name}_{size}_ratio_to_upstream", value / ours[ours_name], "x",
+                 better="higher", how="upstream's time / ours")
+    rss = upstream_figure(figures, "dht rss per node")
+    if rss is not None:
+        emit("dht", f"upstream_rss_per_node_udp_{size}", rss, "MiB", how=how)
 
 
 async def memory_figures(size: int, lookups: int) -> None:
@@ -136,9 +166,13 @@ def main() -> None:
                         "about 20-25 min here; DHT_BENCH_MEMORY sets the default)")
     parser.add_argument("--reps", type=int, default=20,
                         help="announce-then-lookup rounds per UDP network (medians are noisy here)")
+    parser.add_argument("--no-upstream", action="store_true",
+                        help="leave out HyperDHT's testnet (bench/_anchors.py runs it)")
     args = parser.parse_args()
     for size in [int(s) for s in args.udp.split(",") if s]:
-        trio.run(udp_figures, size, args.reps)
+        ours = trio.run(udp_figures, size, args.reps)
+        if not args.no_upstream:
+            upstream(size, args.reps, ours)
     for size in [int(s) for s in args.memory.split(",") if s]:
         trio.run(memory_figures, size, 20, clock=trio.testing.MockClock(autojump_threshold=0))
     emit("dht", "machine", 0, "-", machine=machine())
