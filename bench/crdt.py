@@ -36,8 +36,14 @@ ops/s (two writers, 100,000 small ops); a peer replaying every op about 2,500
 ops/s. Targets: durable append + apply >= 12,000 ops/s; catch-up >= 20,000
 entries/s with every signature and chain verified.
 
+After the fast-forward, the same database size in upstream Autobase, run from
+the anchors in the same sitting (bench/_anchors.py): ``upstream_apply_ops_per_s``,
+``upstream_fast_forward_s``, ``upstream_replay_s`` and
+``fast_forward_s_ratio_to_upstream`` (> 1: ours is faster).
+
 usage: python bench/crdt.py [--writers 64] [--ops 20000] [--catch-up 100000]
                             [--partition 10000] [--fast-forward 100000] [--reps 3]
+                            [--only fast-forward] [--no-upstream]
                             [--only fast-forward]
 """
 
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import multiprocessing
 import os
@@ -55,6 +62,7 @@ import time
 from pathlib import Path
 
 import trio
+from _anchors import run_holepunch, upstream_figure
 from _common import emit, machine, summary
 
 DAY = "2026-11-29"
@@ -254,7 +262,7 @@ def _fast_forward_child(queue, folder: str, bootstrap, db_key: bytes, expected: 
     trio.run(main)
 
 
-async def bench_fast_forward(folder: Path, total: int, reps: int) -> None:
+async def bench_fast_forward(folder: Path, total: int, reps: int) -> float:
     """A fresh replica from the admin's checkpoint (see ``fast_forward_s`` above)."""
     from crdt import FsyncPolicy
     from crdt._checkpoint import view_digest
@@ -304,6 +312,29 @@ async def bench_fast_forward(folder: Path, total: int, reps: int) -> None:
              reference="upstream autobase third peer, default fast-forward (autobase.js)",
              **machine())
         nursery.cancel_scope.cancel()
+    return statistics.median(usable)
+
+
+def bench_upstream(ops: int, ours_fast_forward_s: float | None) -> None:
+    """Upstream Autobase (the anchors' autobase.js) of ``ops`` ops in this run: its
+    two writers' apply rate, a third peer's fast-forward and a replaying peer."""
+    got = run_holepunch("autobase.js", "--ops", str(ops), "--reps", "1", timeout_s=1800)
+    if isinstance(got, str):
+        print(json.dumps({"bench": "crdt", "metric": "upstream", "skipped": got}), flush=True)
+        return
+    figures, _cpu = got
+    how = f"Autobase + Hyperbee, {ops} ops (../shared/anchors/holepunch autobase.js), this run"
+    for metric, theirs, unit in (
+            ("upstream_apply_ops_per_s", "autobase 2-writer apply rate", "ops/s"),
+            ("upstream_fast_forward_s", "autobase third-peer sync from scratch", "s"),
+            ("upstream_replay_s", "autobase third-peer replay from scratch", "s")):
+        value = upstream_figure(figures, theirs)
+        if value is None:
+            continue
+        emit("crdt", metric, value, unit, how=how)
+        if metric == "upstream_fast_forward_s" and ours_fast_forward_s:
+            emit("crdt", "fast_forward_s_ratio_to_upstream", value / ours_fast_forward_s, "x",
+                 better="higher", how="upstream's time / ours")
 
 
 async def bench_partition(folder: Path, per_side: int) -> None:
@@ -375,7 +406,9 @@ async def run(args: argparse.Namespace) -> None:
         folder = Path(tmp)
         if args.only in (None, "fast-forward"):
             (folder / "ff").mkdir()
-            await bench_fast_forward(folder / "ff", args.fast_forward, args.reps)
+            ours = await bench_fast_forward(folder / "ff", args.fast_forward, args.reps)
+            if not args.no_upstream:
+                await trio.to_thread.run_sync(bench_upstream, args.fast_forward, ours)
         if args.only is None:
             await bench_append(folder, args.writers, args.ops)
             await bench_catch_up(folder, args.catch_up)
@@ -393,6 +426,8 @@ def main() -> None:
                         help="entries of the database a fresh replica fast-forwards to")
     parser.add_argument("--reps", type=int, default=3, help="fresh replicas, one after another")
     parser.add_argument("--only", choices=["fast-forward"], default=None)
+    parser.add_argument("--no-upstream", action="store_true",
+                        help="leave out Autobase (bench/_anchors.py runs it)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     trio.run(run, args)
