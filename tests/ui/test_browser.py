@@ -351,19 +351,23 @@ def test_restart_is_sent_once_goes_restarting_starting_active_live_and_a_refusal
 
     job = _active_job(platform, "restarted")
     sign_in(page, platform)
+    # Every status the page shows, from the moment each document is parsed: a
+    # restart on the local backend (agents forked from a warm parent) can be
+    # over in a few hundred ms, before a script run after the load could look.
+    page.add_init_script("""document.addEventListener("DOMContentLoaded", () => {
+      const status = () => document.getElementById("job-status")?.textContent;
+      window.__seen = status() ? [status()] : [];
+      new MutationObserver(() => {
+        const now = status();
+        if (now && window.__seen.at(-1) !== now) window.__seen.push(now);
+      }).observe(document.querySelector("main"), { childList: true, subtree: true,
+                                                   characterData: true });
+    });""")
     page.goto(f"/jobs/{job}")
     status = page.locator("#job-status")
     expect(status).to_have_text("Active", timeout=WAIT_MS)
     page.get_by_role("button", name="Restart", exact=True).dblclick()
     expect(page.get_by_role("heading", level=1)).to_have_text("restarted")
-    page.evaluate("""() => {
-      window.__seen = [document.getElementById("job-status").textContent];
-      new MutationObserver(() => {
-        const now = document.getElementById("job-status")?.textContent;
-        if (now && window.__seen.at(-1) !== now) window.__seen.push(now);
-      }).observe(document.querySelector("main"), { childList: true, subtree: true,
-                                                   characterData: true });
-    }""")
     expect(status).to_have_text("Active", timeout=WAIT_MS)
     seen = page.evaluate("window.__seen")
     assert seen[-1] == "Active" and ("Restarting" in seen or "Starting" in seen), seen
