@@ -76,7 +76,7 @@ to start instead (set it on any shared host); ``off`` never isolates.
 which it is.
 
 Start-up. With the default agent command, agents are forked, not spawned, from
-a fork server (``runtime/forkserver.py``): a small process :meth:`run` starts
+a fork server (``runtime/forkserver/``): a small process :meth:`run` starts
 (on the agents' interpreter, with the agents' ``PYTHON*``/locale environment
 only) that has imported the agent, and an inference agent's ``local`` model
 server, once. An agent then starts in milliseconds instead of a second of
@@ -259,7 +259,7 @@ class LocalClusterSettings(BaseModel):
     #: agents of different teams run as different users). Unset: each agent's
     #: runtime downloads to its own default place.
     model_cache_dir: Path | None = None
-    #: Start agents from a fork server (``runtime/forkserver.py``): a process started
+    #: Start agents from a fork server (``runtime/forkserver/``): a process started
     #: with the backend that has imported the agent once, so an agent starts in
     #: milliseconds rather than a second of imports. Only with the default agent
     #: command and no ``agent_netns``; when the fork server cannot start or dies,

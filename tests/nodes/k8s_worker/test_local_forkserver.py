@@ -29,6 +29,7 @@ from nodes.k8s_worker import local
 from nodes.k8s_worker.backend import VmiPhase
 from nodes.k8s_worker.local import LocalBackend, LocalClusterSettings
 from runtime import forkserver as _forkserver
+from runtime.forkserver._protocol import _fds
 from tests.agents.helpers import agent_config
 from tests.nodes.k8s_worker.test_local_backend import WORKER_KEY, started, unit_of
 
@@ -247,7 +248,7 @@ async def test_the_fork_server_refuses_hostile_requests_and_keeps_serving(tmp_pa
                             b"x" * (_forkserver.MAX_MESSAGE + 10), b"[" * 60000):
                 if garbage:
                     await sock.sendmsg([garbage], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                    _forkserver._fds(log_fd))])
+                                                    _fds(log_fd))])
             # A well-formed request without its log is refused too.
             await sock.send(json.dumps({"op": "spawn", "id": 10, "module": PROBE,
                                         "argv": [], "env": {}}).encode())
