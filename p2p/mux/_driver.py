@@ -45,6 +45,7 @@ stream is closed, pending receives (after draining what arrived) raise
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import trio
@@ -501,28 +502,19 @@ class Mux:
                 handoff = self._handoff
                 if handoff is not None:
                     self._handoff = None
-                    try:
-                        await stream.send_all(handoff)  # the reader left us the role
-                    except _STREAM_ERRORS as exc:
-                        self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                    # The reader left us the role with these frames.
+                    if not await self._write_holding_role(stream.send_all(handoff)):
                         return
-                    finally:
-                        self._writing = False
-                        self._writing_bytes = 0
                     self._sent(len(handoff))
                     continue
                 if self._flush_pending and not self._writing:
                     # What a sender's send_nowait() left in the stream goes first.
                     self._writing = True
-                    try:
-                        await stream.flush()  # type: ignore[attr-defined]
-                    except _STREAM_ERRORS as exc:
-                        self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                    flushed = await self._write_holding_role(
+                        stream.flush())  # type: ignore[attr-defined]
+                    self._flush_pending = False
+                    if not flushed:
                         return
-                    finally:
-                        self._writing = False
-                        self._writing_bytes = 0
-                        self._flush_pending = False
                     self._space_lot.unpark_all()
                     continue
                 data = b"" if self._writing else core.data_to_send()
@@ -554,17 +546,24 @@ class Mux:
                         continue
                 self._writing = True
                 self._writing_bytes = n
-                try:
-                    await stream.send_all(data)
-                except _STREAM_ERRORS as exc:
-                    self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+                if not await self._write_holding_role(stream.send_all(data)):
                     return
-                finally:
-                    self._writing = False
-                    self._writing_bytes = 0
                 self._sent(n)
         finally:
             self._drained.set()
+
+    async def _write_holding_role(self, write: Awaitable[None]) -> bool:
+        """Await ``write`` as the writer task holding the writer role, then give
+        the role up; False if the stream broke (the mux has ended)."""
+        try:
+            await write
+        except _STREAM_ERRORS as exc:
+            self._fail(exc, "STREAM_BROKEN", "stream broke while sending")
+            return False
+        finally:
+            self._writing = False
+            self._writing_bytes = 0
+        return True
 
     async def _reader(self) -> None:
         core = self._core
