@@ -218,6 +218,30 @@ async def job_events(ctx: Ctx, request: Request) -> Response:
     return EventStream(produce, stack)
 
 
+#: How long the team's stream waits for app-node's record of a job wrk-ork has
+#: just announced: the create route writes it as soon as wrk-ork answers, and
+#: wrk-ork's first events can come before that write is done.
+RECORD_WAIT_S = 5.0
+
+
+async def _recorded(ctx: Ctx, job_id: str) -> bool:
+    """Whether app-node holds the job's record, waiting up to :data:`RECORD_WAIT_S`
+    for it: a status is announced only once ``GET /api/jobs/{job}`` can answer it."""
+    deadline = trio.current_time() + RECORD_WAIT_S
+    delay = 0.005
+    while True:
+        try:
+            await ctx.store(ctx.services.store.jobs.get, job_id)
+            return True
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        if trio.current_time() >= deadline:
+            return False
+        await trio.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
 async def team_events(ctx: Ctx, request: Request) -> Response:
     session = await ctx.session(request)
     team = team_of(session, request.query_params.get("team_id"))
@@ -228,6 +252,7 @@ async def team_events(ctx: Ctx, request: Request) -> Response:
 
     async def produce(write: Write) -> None:
         await write(sse("ready", {"team": team}))
+        recorded: set[str] = set()  # jobs this stream has seen app-node's record of
         while True:
             item = await _next(sub, write)
             if item is None or item is RESYNC:
@@ -235,8 +260,13 @@ async def team_events(ctx: Ctx, request: Request) -> Response:
                 return
             assert isinstance(item, JobEvent)
             if item.status is None:
+                recorded.discard(item.job_id)
                 await write(sse("gone", {"id": item.job_id, "team": item.team}))
                 continue
+            if item.job_id not in recorded:
+                if not await _recorded(ctx, item.job_id):
+                    continue  # never recorded here (its creation was undone)
+                recorded.add(item.job_id)
             await write(sse("status", JobStatusOut(
                 id=item.job_id, team=item.team, status=api_status(item.status),
                 previous=None if item.previous is None else api_status(item.previous),

@@ -121,6 +121,36 @@ async def test_the_team_stream(ork_api: Api) -> None:
         await wait_until(lambda: hub.subscribers == 0)
 
 
+async def test_the_team_stream_announces_a_job_only_once_app_node_has_its_record(
+        ork_api: Api, monkeypatch) -> None:
+    """wrk-ork's first events of a new job can come before the create route has
+    written app-node's record; a status announced then would be a job that
+    ``GET /api/jobs/{job}`` denies (the web UI's live list broke on it under load)."""
+    api = ork_api
+    owner = await api.signup()
+    job = await _create(api, owner)
+    hub = api.services.events
+    assert hub is not None
+    known = api.services.store.jobs.get(job["id"])
+    monkeypatch.setattr(_events, "RECORD_WAIT_S", 0.5)
+
+    def announce(job_id: str) -> None:
+        hub.publish(JobEvent(job_id=job_id, team=job["team"], status=JobStatus.QUEUED,
+                             previous=JobStatus.CREATING, reason="", at=1.0))
+
+    with trio.fail_after(60):
+        await wait_until(lambda: hub.watching)
+        async with served(api) as client, events(client, "/jobs/events", owner) as stream:
+            assert (await stream.next())[0] == "ready"
+            announce("j-never-recorded")  # its creation undone: never announced
+            announce("j-recorded-late")
+            await trio.sleep(0.8)  # the first given up; the second still waits
+            api.services.store.jobs.add(id="j-recorded-late", team=job["team"],
+                                        created_by=known.created_by, spec=known.spec, now=1.0)
+            kind, change = await stream.next()
+            assert (kind, change["id"]) == ("status", "j-recorded-late")
+
+
 def test_openapi_lists_the_streams() -> None:
     paths = openapi()["paths"]
     job = paths["/api/jobs/{job}/events"]["get"]["responses"]["200"]["content"]
