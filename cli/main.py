@@ -19,41 +19,52 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
+import typer.core
 
 #: Command groups: name -> the module whose ``app`` they are.
 _GROUPS: dict[str, str] = {
+    "jobs": "cli.jobs",
+    "inference": "cli.inference",
+    "apikeys": "cli.apikeys",
+    "models": "cli.models",
+    "teams": "cli.teams",
+    "users": "cli.users",
+    "racks": "cli.racks",
+    "nodes": "cli.nodes",
+    "k8s": "cli.k8s",
+    "agent": "cli.agent",
     "keys": "cli.keys",
     "dht": "cli.dht",
     "db": "cli.db",
-    "agent": "cli.agent",
-    "k8s": "cli.k8s",
-    "teams": "cli.teams",
-    "apikeys": "cli.apikeys",
-    "jobs": "cli.jobs",
-    "racks": "cli.racks",
-    "nodes": "cli.nodes",
-    "models": "cli.models",
-    "users": "cli.users",
-    "inference": "cli.inference",
 }
 #: Single commands: name -> (module, function).
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("cli.run", "run"),
-    "apply-config": ("cli.run", "apply_config"),
-    "beam": ("cli.beam", "beam"),
-    "up": ("cli.up", "up"),
-    "ping": ("cli.node", "ping"),
-    "relay": ("cli.relay", "relay"),
     "shell": ("cli.shell", "shell"),
     "login": ("cli.account", "login"),
     "logout": ("cli.account", "logout"),
     "whoami": ("cli.account", "whoami"),
+    "up": ("cli.up", "up"),
+    "run": ("cli.run", "run"),
     "bootstrap": ("cli.deploy", "bootstrap"),
     "wire": ("cli.deploy", "wire"),
     "autobase-connect": ("cli.deploy", "autobase_connect"),
+    "apply-config": ("cli.run", "apply_config"),
     "restart": ("cli.deploy", "restart"),
     "status": ("cli.status", "status"),
     "doctor": ("cli.doctor", "doctor"),
+    "relay": ("cli.relay", "relay"),
+    "beam": ("cli.beam", "beam"),
+    "ping": ("cli.node", "ping"),
+}
+#: The root ``--help``'s panels, by what the reader came to do, each command in the
+#: order a reader of that panel would pick it (the help lists them in this order).
+PANELS: dict[str, tuple[str, ...]] = {
+    "Use the platform": ("jobs", "inference", "shell", "apikeys", "models"),
+    "Account and team": ("login", "logout", "whoami", "teams", "users"),
+    "Operate a deployment": ("up", "run", "bootstrap", "wire", "autobase-connect",
+                             "apply-config", "restart", "status", "doctor", "racks", "nodes",
+                             "k8s", "agent"),
+    "P2P tools": ("keys", "dht", "relay", "beam", "ping", "db"),
 }
 #: Each command's one-line help, as the root ``--help`` lists it.
 _INDEX: dict[str, str] = {
@@ -109,9 +120,20 @@ def _configure(
     )
 
 
+class _PanelOrder(typer.core.TyperGroup):
+    """Lists commands in :data:`PANELS`' order (typer puts single commands before
+    groups, so ``shell`` would come before ``jobs``)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        listed = super().list_commands(ctx)
+        order = {name: at for at, (_, name) in enumerate(_in_panels())}
+        return sorted(listed, key=lambda name: order.get(name, len(order)))
+
+
 def _root() -> typer.Typer:
     return typer.Typer(
         name="cosmicac",
+        cls=_PanelOrder,
         help="CosmicAC: GPU workloads on your cluster, over a peer-to-peer stack.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
@@ -126,10 +148,11 @@ def build_index() -> typer.Typer:
     def listed() -> None:  # never runs: a named command builds the real app
         raise AssertionError("the index app ran a command")
 
-    for name in _GROUPS:
-        app.add_typer(typer.Typer(help=_INDEX[name]), name=name)
-    for name in _COMMANDS:
-        app.command(name, help=_INDEX[name])(listed)
+    for panel, name in _in_panels():
+        if name in _GROUPS:
+            app.add_typer(typer.Typer(help=_INDEX[name]), name=name, rich_help_panel=panel)
+        else:
+            app.command(name, help=_INDEX[name], rich_help_panel=panel)(listed)
     app.callback()(_configure)
     return app
 
@@ -137,14 +160,23 @@ def build_index() -> typer.Typer:
 def build_app(only: str | None = None) -> typer.Typer:
     """The app with every command, or with command ``only`` alone."""
     app = _root()
-    for name, module in _GROUPS.items():
-        if only in (None, name):
-            app.add_typer(importlib.import_module(module).app, name=name)
-    for name, (module, function) in _COMMANDS.items():
-        if only in (None, name):
-            app.command(name)(getattr(importlib.import_module(module), function))
+    for panel, name in _in_panels():
+        if only not in (None, name):
+            continue
+        if name in _GROUPS:
+            app.add_typer(importlib.import_module(_GROUPS[name]).app, name=name,
+                          rich_help_panel=panel)
+        else:
+            module, function = _COMMANDS[name]
+            app.command(name, rich_help_panel=panel)(
+                getattr(importlib.import_module(module), function))
     app.callback()(_configure)
     return app
+
+
+def _in_panels() -> list[tuple[str, str]]:
+    """(panel, command) for every command, in the order the root help lists them."""
+    return [(panel, name) for panel, names in PANELS.items() for name in names]
 
 
 def command_of(argv: Sequence[str]) -> str | None:

@@ -43,3 +43,34 @@ def test_the_root_help_imports_no_command_module():
                             timeout=60, check=True)
     assert "Usage: cosmicac" in result.stdout and "whoami" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "IMPORTED []"
+
+
+def test_every_command_sits_in_exactly_one_panel():
+    in_panels = [name for names in main.PANELS.values() for name in names]
+    assert sorted(in_panels) == sorted([*main._GROUPS, *main._COMMANDS])
+    assert len(in_panels) == len(set(in_panels))
+
+
+def test_the_root_help_groups_commands_by_audience_in_panel_order():
+    from typer.testing import CliRunner
+
+    for app in (main.build_index(), main.build_app()):
+        text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+        panels = [text.index(f"─ {panel} ") for panel in main.PANELS]
+        assert panels == sorted(panels), "panels out of order"
+        for panel, names in main.PANELS.items():
+            start = text.index(f"─ {panel} ")
+            body = text[start:text.index("╰", start)]
+            listed = [line.split()[1] for line in body.splitlines()[1:]
+                      if len(line.split()) > 1 and line.split()[1] in names]
+            assert listed == list(names), panel
+
+
+def test_a_mistyped_command_suggests_the_nearest_one():
+    from typer.testing import CliRunner
+
+    for app in (main.build_index(), main.build_app()):
+        top = CliRunner().invoke(app, ["jbos", "list"])
+        assert top.exit_code == 2 and "Did you mean 'jobs'?" in top.output
+    nested = CliRunner().invoke(main.build_app(), ["jobs", "lsit"])
+    assert nested.exit_code == 2 and "Did you mean 'list'?" in nested.output
