@@ -36,6 +36,7 @@ from tests.netns.topology import (
     cleanup_stale,
     read_line,
     topology,
+    with_own_run,
 )
 
 pytestmark = pytest.mark.netns
@@ -311,3 +312,22 @@ def test_python_runs_the_venv(topology: Topology) -> None:
     done = topology.run_python(AGENT, "-c", "import sys, trio; print(sys.executable)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == sys.executable
+
+
+def test_with_own_run_gives_commands_a_run_folder_of_their_own(topology: Topology,
+                                                              tmp_path) -> None:
+    own = tmp_path / "run"
+    name = f"{topology.prefix}.probe"  # nothing on this machine has that name
+    wrote = topology.run(AGENT, with_own_run(own, [
+        "sh", "-c", f"mkdir -p /var/run/probe && echo $$ > /var/run/probe/{name}"]))
+    assert wrote.returncode == 0, wrote.stderr
+    # Another command given the same folder sees it; the host's /run never did.
+    seen = topology.run(WORKER, with_own_run(own, ["cat", f"/run/probe/{name}"]))
+    assert seen.returncode == 0 and seen.stdout.strip(), seen.stderr
+    assert seen.stdout == (own / "probe" / name).read_text()
+    assert not Path("/run/probe", name).exists()
+    assert not Path("/var/run/probe", name).exists()
+    # The command is exec'd, not forked: teardown's signals reach it, not a wrapper.
+    proc = topology.popen(AGENT, with_own_run(own, ["sh", "-c", "echo $$; exec sleep 60"]),
+                          stdout=subprocess.PIPE, text=True)
+    assert int(read_line(proc, timeout=10)) == proc.pid

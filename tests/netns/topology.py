@@ -34,6 +34,7 @@ import itertools
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -103,6 +104,35 @@ def console_script(name: str) -> str:
 def which(tool: str) -> str | None:
     """``shutil.which`` that also looks in /usr/sbin and /sbin (ip, iptables live there)."""
     return shutil.which(tool, path=_SBIN_PATH)
+
+
+#: Where the command of :func:`with_own_run` sees its private run folder: /run, and
+#: /var/run where that is a folder of its own rather than a link to /run (as it is here).
+_RUN_FOLDERS = tuple(sorted({os.path.realpath("/run"), os.path.realpath("/var/run")}))
+#: $1 the private folder, then the command: bind it over each run folder, then exec.
+_OWN_RUN_SCRIPT = (
+    'own=$1; shift; for run in ' + shlex.join(_RUN_FOLDERS) + '; do '
+    'mount --bind "$own" "$run" || exit 125; done; exec "$@"'
+)
+
+
+def with_own_run(run_dir: Path, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """``argv`` in a mount namespace of its own whose /run (so /var/run too) is ``run_dir``.
+
+    For tools that meet at fixed paths under /run — wireguard-go listens on
+    /var/run/wireguard/<interface>.sock and ``wg`` looks only there — which every network
+    namespace shares with the host, and with a second copy of the suite running on it
+    (whose cleanup, or a wireguard-go exiting, could empty or remove the folder under
+    ours). Commands given the same ``run_dir`` meet there and nowhere else; the host's
+    /run is never touched (the rest of it is hidden from the command). Wrap it in
+    :meth:`Topology.cmd` (``topology.popen(host, with_own_run(...))``): the mount
+    namespace is made by ``unshare`` and the command is exec'd (same pid), so teardown's
+    signals reach it. Needs root, as the topology does.
+    """
+    run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    return ["unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", _OWN_RUN_SCRIPT, "own-run", os.fspath(run_dir),
+            *map(os.fspath, argv)]
 
 
 def netns_required() -> bool:
