@@ -1,5 +1,9 @@
 """``cosmicac login``, ``logout`` and ``whoami``: the user's session with app-node.
 
+Sessions are kept in contexts (``cosmicac context``, :mod:`cli._contexts`): ``login``
+adds or updates one and makes it current, ``logout`` forgets its token (the
+context, its server and account stay for the next ``login``), ``whoami`` names it.
+
 ``login`` also registers the CLI's public key (the user identity
 ``<config dir>/user``, the one ``cosmicac shell`` dials with) as the user's
 ``cli_public_key``, so the team's jobs let this machine's shells in.
@@ -12,9 +16,11 @@ from urllib.parse import quote
 
 import typer
 
+from . import _contexts
 from ._config import config_dir
 from ._console import err, fail
 from .session import (
+    DEFAULT_SERVER,
     EXIT_CODES_HELP,
     NOT_LOGGED_IN,
     UNREACHABLE,
@@ -24,9 +30,11 @@ from .session import (
     api_for,
     delete_session,
     emit,
+    load_contexts,
     load_session,
     output_option,
     save_session,
+    selected_context,
     server_option,
     server_url,
 )
@@ -53,11 +61,31 @@ def login(
         False, "--password-stdin", help="Read the password from stdin's first line."),
     server: str | None = server_option(),
 ) -> None:
-    """Log in and keep the session in <config dir>/session.json (mode 0600).
+    """Log in: the session is kept in a context (added or updated), made current.
+
+    The context is --context NAME (created if new), else one of the server that is
+    this account's or holds no session (the current one first), else a new one named
+    after the server (host:port; EMAIL@host:port when that one holds another
+    account's session). The server is --server, else that of the context named by
+    --context (else of the current one), else the default. Contexts are kept in
+    <config dir>/contexts.json (mode 0600).
 
     Example: echo "$PASSWORD" | cosmicac login --email ada@example.com --password-stdin
+
+    Example: cosmicac --context prod login --server https://cosmic.example.com
     """
-    url = server_url(server)
+    # Before the password is asked: a contexts file that cannot be used stops here.
+    contexts = load_contexts()
+    named = _contexts.explicit_name()
+    if named is not None:
+        try:
+            _contexts.check_name(named)
+        except _contexts.ContextsError as exc:
+            fail(str(exc), code=USAGE)
+    base = contexts.contexts.get(named if named is not None else contexts.current or "")
+    url = server_url(server or (base.server if base else DEFAULT_SERVER))
+    if not email and base is not None and base.server == url and base.email:
+        email = base.email  # logging in again to a context: its account
     if not email:
         if not sys.stdin.isatty() or password_stdin:
             fail("pass --email (no terminal to ask it on)", code=USAGE)
@@ -75,21 +103,26 @@ def login(
         fail(f"cannot load the CLI's identity: {exc}")
     answer = Api(url, login=True).post("/auth/login", {
         "email": email, "password": password, "cli_public_key": keypair.hex})
-    save_session(SavedSession(server=url, token=answer["token"],
-                              expires_at=answer["expires_at"], email=answer["user"]["email"]))
-    err.print(f"logged in as {answer['user']['email']} on {url}")
+    name = save_session(SavedSession(server=url, token=answer["token"],
+                                     expires_at=answer["expires_at"],
+                                     email=answer["user"]["email"], context=named or ""))
+    err.print(f"logged in as {answer['user']['email']} on {url} (context {name})")
 
 
 def logout(server: str | None = server_option()) -> None:
     """Revoke the session on the server and forget it here.
 
-    The API key the CLI made for itself (`cosmicac inference`) is revoked too.
+    The API key the CLI made for itself (`cosmicac inference`) is revoked too. The
+    context stays (its server and account), for the next `cosmicac login`.
 
     Example: cosmicac logout
+
+    Example: cosmicac --context staging logout
     """
     session = load_session()
     if session is None:
-        err.print("not logged in")
+        context, _ = selected_context()
+        err.print("not logged in" + (f" (context {context.name})" if context else ""))
         return
     api = Api(server_url(server, session), session.token)
     _revoke_cli_key(api)
@@ -100,8 +133,8 @@ def logout(server: str | None = server_option()) -> None:
         # unreachable the token still works there, so it is kept for another try.
         if exit_.exit_code != NOT_LOGGED_IN:
             raise
-    delete_session()
-    err.print("logged out")
+    delete_session(session.context)
+    err.print(f"logged out (context {session.context})")
 
 
 def _revoke_cli_key(api: Api) -> None:
@@ -125,11 +158,21 @@ def _revoke_cli_key(api: Api) -> None:
 
 
 def whoami(server: str | None = server_option(), output: str = output_option()) -> None:
-    """Who the session is: the user, their teams and roles, the active team.
+    """Who the session is: the context, the user, their teams and roles, the active team.
+
+    The context's name and server go to stderr (and into -o json's document as
+    "context"), so stdout stays the table.
 
     Example: cosmicac whoami -o json
+
+    Example: cosmicac --context prod whoami
     """
-    me = api_for(server).get("/me")
+    api = api_for(server)
+    context, _ = selected_context()
+    me = api.get("/me")
+    if context is not None:
+        me["context"] = {"name": context.name, "server": api.server}
+        err.print(f"context {context.name} ({api.server})")
     user = me["user"]
     active = me.get("active_team")
     emit(output, me, ("email", "name", "team", "role", "active"),

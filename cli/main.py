@@ -27,6 +27,7 @@ _GROUPS: dict[str, str] = {
     "inference": "cli.inference",
     "apikeys": "cli.apikeys",
     "models": "cli.models",
+    "context": "cli.context",
     "teams": "cli.teams",
     "users": "cli.users",
     "racks": "cli.racks",
@@ -60,7 +61,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 #: order a reader of that panel would pick it (the help lists them in this order).
 PANELS: dict[str, tuple[str, ...]] = {
     "Use the platform": ("jobs", "inference", "shell", "apikeys", "models"),
-    "Account and team": ("login", "logout", "whoami", "teams", "users"),
+    "Account and team": ("login", "logout", "whoami", "context", "teams", "users"),
     "Operate a deployment": ("up", "run", "bootstrap", "wire", "autobase-connect",
                              "apply-config", "restart", "status", "doctor", "racks", "nodes",
                              "k8s", "agent"),
@@ -76,9 +77,11 @@ _INDEX: dict[str, str] = {
     "ping": "Ping a peer over the whole stack (secret stream, channel, RPC) and identify it.",
     "relay": "Run a blind relay: firewalled peers reserve, dialers pair, bytes are forwarded.",
     "shell": "Open a shell on a GPU Container Job's agent, or run one command there.",
-    "login": "Log in and keep the session in <config dir>/session.json (mode 0600).",
+    "login": "Log in: the session is kept in a context (added or updated), made current.",
     "logout": "Revoke the session on the server and forget it here.",
-    "whoami": "Who the session is: the user, their teams and roles, the active team.",
+    "whoami": "Who the session is: the context, the user, their teams and roles, the "
+              "active team.",
+    "context": "Contexts (servers and accounts): list, use, rename, delete, current.",
     "bootstrap": "Prepare a deployment: identities, wired configs, wire, autobase-connect, "
                  "a rack.",
     "wire": "Write the shared database's key as PROXY_AUTOBASE_KEY for proxy-inference.",
@@ -106,14 +109,27 @@ _INDEX: dict[str, str] = {
                  "OpenAI-compatible API (<server>/inference/v1).",
 }
 #: Options of the root callback that take a value (so that value is no command).
-_ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level"})
+_ROOT_OPTIONS_WITH_VALUE = frozenset({"--log-level", "--context"})
+#: The environment variable ``--context`` becomes (cli._contexts.ENV, not imported:
+#: ``--help`` imports no CLI module).
+_CONTEXT_ENV = "COSMICAC_CONTEXT"
+#: Commands with a ``--context`` of their own (doctor's is the kubeconfig's): after
+#: the command's name it is theirs; the CLI's goes before it.
+_OWN_CONTEXT = frozenset({"doctor"})
 
 
 def _configure(
     log_level: str = typer.Option(
         "warning", "--log-level", envvar="COSMICAC_LOG_LEVEL", help="debug, info, warning, error"
     ),
+    context: str | None = typer.Option(
+        None, "--context", envvar=_CONTEXT_ENV, metavar="NAME",
+        help="The context (server and account, see `cosmicac context`) this command uses; "
+             "anywhere before '--'. Default: the current one."),
 ) -> None:
+    from cli._contexts import choose
+
+    choose(context)
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.WARNING),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -192,8 +208,45 @@ def command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
+def take_context(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """``argv`` without its ``--context NAME``/``--context=NAME`` (anywhere before
+    ``--``, so every command takes it without declaring it), and the last NAME.
+
+    A command of :data:`_OWN_CONTEXT` keeps the ``--context`` after its name; a
+    ``--context`` with no value is left for the parser to complain about.
+    """
+    kept: list[str] = []
+    chosen: str | None = None
+    command: str | None = None
+    at = 0
+    while at < len(argv):
+        arg = argv[at]
+        if arg == "--" or command in _OWN_CONTEXT:
+            kept.extend(argv[at:])
+            break
+        if arg == "--context" and at + 1 < len(argv):
+            chosen, at = argv[at + 1], at + 2
+            continue
+        if arg.startswith("--context="):
+            chosen, at = arg.removeprefix("--context="), at + 1
+            continue
+        if command is None and arg in _ROOT_OPTIONS_WITH_VALUE and at + 1 < len(argv):
+            kept.extend(argv[at:at + 2])
+            at += 2
+            continue
+        if command is None and not arg.startswith("-"):
+            command = arg
+        kept.append(arg)
+        at += 1
+    return kept, chosen
+
+
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    args, context = take_context(sys.argv[1:])
+    if context is not None:  # the root callback reads it from there, as set by a user
+        os.environ[_CONTEXT_ENV] = context
+        sys.argv[1:] = args
     command = command_of(sys.argv[1:])
     # A shell's completion (``_COSMICAC_COMPLETE``) walks into groups: the real app.
     completing = any(key.endswith("_COMPLETE") for key in os.environ)

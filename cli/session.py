@@ -1,11 +1,12 @@
 """The user's CLI session with app-node: where the server is, the saved token,
 and an HTTP client that turns every API failure into one line and an exit code.
 
-The server is ``--server``, else ``$COSMICAC_SERVER``, else the server the
-session was opened on, else the entry point on ``http://127.0.0.1:5173``; the
-API is at ``<server>/api`` (app-node itself serves under ``/api`` too, so its
-own ``http://HOST:PORT`` works). ``login`` keeps the session in
-``<config dir>/session.json`` (mode 0600: server, token, expires_at, email).
+Sessions live in contexts (:mod:`cli._contexts`: ``<config dir>/contexts.json``,
+mode 0600), one per server and account; a command uses ``--context NAME``, else
+``$COSMICAC_CONTEXT``, else the current context (``cosmicac context use``).
+The server is ``--server``, else ``$COSMICAC_SERVER``, else the context's, else
+the entry point on ``http://127.0.0.1:5173``; the API is at ``<server>/api``
+(app-node itself serves under ``/api`` too, so its own ``http://HOST:PORT`` works).
 
 Exit codes are a contract for scripts (:data:`EXIT_CODES_HELP` goes into every
 command's ``--help``): 0 done, 1 refused or not found, 2 usage or validation,
@@ -14,7 +15,6 @@ command's ``--help``): 0 done, 1 refused or not found, 2 usage or validation,
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,17 +25,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._config import config_dir, write_private
+from . import _contexts
 from ._console import fail, print_json
 
 __all__ = [
     "EXIT_CODES_HELP", "NOT_LOGGED_IN", "REFUSED", "UNREACHABLE", "USAGE", "Api",
-    "SavedSession", "api_for", "check_output", "delete_session", "emit", "load_session",
-    "output_option", "save_session", "server_option", "server_url", "session_path",
+    "SavedSession", "api_for", "check_output", "delete_session", "emit", "load_contexts",
+    "load_session", "output_option", "save_session", "selected_context", "server_option",
+    "server_url", "session_path",
 ]
 
 DEFAULT_SERVER = "http://127.0.0.1:5173"
-SESSION_FILE = "session.json"
 #: Exit codes scripts can trust.
 REFUSED, USAGE, NOT_LOGGED_IN, UNREACHABLE = 1, 2, 3, 4
 EXIT_CODES_HELP = ("Exit codes: 0 done, 1 refused or not found, 2 usage or validation, "
@@ -47,7 +47,7 @@ _TIMEOUT = (30.0, 5.0)
 def server_option() -> Any:
     return typer.Option(None, "--server", envvar="COSMICAC_SERVER",
                         help=f"The CosmicAC server (API at <server>/api); default: the "
-                             f"session's server, else {DEFAULT_SERVER}.")
+                             f"context's server, else {DEFAULT_SERVER}.")
 
 
 def output_option() -> Any:
@@ -56,56 +56,103 @@ def output_option() -> Any:
 
 @dataclass(frozen=True)
 class SavedSession:
-    """``session.json``: a plain dataclass, not a pydantic model (pydantic costs ~50 ms
-    of every command's start-up, and four fields need no schema)."""
+    """A context's session: a plain dataclass, not a pydantic model (pydantic costs
+    ~50 ms of every command's start-up, and four fields need no schema)."""
 
     server: str
     token: str
     expires_at: float
     email: str
-
-    @classmethod
-    def from_json(cls, data: bytes) -> SavedSession:
-        """Raises ValueError for anything but an object of the four fields, typed."""
-        document = json.loads(data)
-        if not isinstance(document, dict):
-            raise ValueError("not a JSON object")
-        server, token, email = (document.get(k) for k in ("server", "token", "email"))
-        expires_at = document.get("expires_at")
-        if not all(isinstance(v, str) for v in (server, token, email)) or isinstance(
-                expires_at, bool) or not isinstance(expires_at, int | float):
-            raise ValueError("a field is missing or of the wrong type")
-        return cls(server=server, token=token, expires_at=float(expires_at), email=email)
-
-    def to_json(self) -> str:
-        return json.dumps({"server": self.server, "token": self.token,
-                           "expires_at": self.expires_at, "email": self.email})
+    #: The context it is kept in ("" for one not saved yet).
+    context: str = ""
 
 
 def session_path() -> Path:
-    return config_dir(None) / SESSION_FILE
+    """Where sessions are kept: the contexts file."""
+    return _contexts.contexts_path()
+
+
+def load_contexts() -> _contexts.Contexts:
+    """Every context; exit 2 when the file cannot be used (it is left as it is)."""
+    try:
+        return _contexts.read()
+    except _contexts.ContextsError as exc:
+        fail(str(exc), code=USAGE)
+    except OSError as exc:
+        fail(f"cannot read {session_path()}: {exc}")
+
+
+def selected_context(contexts: _contexts.Contexts | None = None
+                     ) -> tuple[_contexts.Context | None, bool]:
+    """``(context, explicit)``: the context commands use (``--context``, else
+    ``$COSMICAC_CONTEXT``, else the current one; None when there is none), and
+    whether it was named explicitly. Exit 2 for a name that is not in the file."""
+    contexts = load_contexts() if contexts is None else contexts
+    name, explicit = _contexts.selected_name(contexts)
+    if name is None:
+        return None, False
+    try:
+        return contexts.get(name, "" if explicit else " (the current context)"), explicit
+    except _contexts.UnknownContext as exc:
+        fail(str(exc), code=USAGE)
 
 
 def load_session() -> SavedSession | None:
-    """The saved session, or None if there is none (or it cannot be read)."""
+    """The selected context's session, or None (no context, or logged out)."""
+    context, _ = selected_context()
+    if context is None or not context.token:
+        return None
+    return SavedSession(server=context.server, token=context.token,
+                        expires_at=context.expires_at or 0.0, email=context.email or "",
+                        context=context.name)
+
+
+def save_session(session: SavedSession) -> str:
+    """Keep ``session`` in its context and make that context current; returns its name.
+
+    The context is ``session.context`` if set, else the one ``--context`` or
+    ``$COSMICAC_CONTEXT`` names, else one of the session's server that is this
+    account's or holds no session, else a new one named after the server
+    (:func:`cli._contexts.login_name`). The file is written atomically, mode 0600.
+    """
     try:
-        return SavedSession.from_json(session_path().read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):  # unreadable, not JSON, or not a session
-        return None
+        with _contexts.edit() as contexts:
+            name = _contexts.login_name(
+                contexts, session.server, session.email,
+                session.context or _contexts.explicit_name(), time.time())
+            kept = contexts.contexts.get(name)
+            contexts.put(_contexts.Context(
+                name, session.server, session.email, session.token, session.expires_at,
+                kept.extra if kept is not None else {}))
+            contexts.current = name
+    except _contexts.ContextsError as exc:
+        fail(str(exc), code=USAGE)
+    except OSError as exc:
+        fail(f"cannot write {session_path()}: {exc}")
+    return name
 
 
-def save_session(session: SavedSession) -> None:
-    """Write ``session.json`` atomically with mode 0600 (it holds a bearer token)."""
-    write_private(session_path(), session.to_json())
+def delete_session(context: str | None = None) -> None:
+    """Forget the token of ``context`` (default: the selected one); the context, its
+    server and its account are kept for the next ``login``."""
+    try:
+        with _contexts.edit() as contexts:
+            if context is None:
+                found, _ = selected_context(contexts)
+                if found is None:
+                    return
+                context = found.name
+            found = contexts.contexts.get(context)
+            if found is not None:
+                contexts.put(found.logged_out())
+    except _contexts.ContextsError as exc:
+        fail(str(exc), code=USAGE)
+    except OSError as exc:
+        fail(f"cannot write {session_path()}: {exc}")
 
 
-def delete_session() -> None:
-    session_path().unlink(missing_ok=True)
-
-
-def server_url(option: str | None, session: SavedSession | None = None) -> str:
+def server_url(option: str | None,
+               session: SavedSession | _contexts.Context | None = None) -> str:
     """The server's base URL (no trailing slash, no ``/api``)."""
     url = (option or (session.server if session else None) or DEFAULT_SERVER).rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -169,13 +216,18 @@ class Api:
 
 
 def api_for(server: str | None) -> Api:
-    """An :class:`Api` with the saved session; exit 3 if there is none or it expired."""
-    session = load_session()
-    if session is None:
-        fail("not logged in: run `cosmicac login`", code=NOT_LOGGED_IN)
-    if session.expires_at <= time.time():
-        fail("the session expired: run `cosmicac login`", code=NOT_LOGGED_IN)
-    return Api(server_url(server, session), session.token)
+    """An :class:`Api` with the selected context's session; exit 3 if it has none or
+    it expired."""
+    context, explicit = selected_context()
+    again = f"cosmicac --context {context.name} login" if explicit and context else \
+        "cosmicac login"
+    if context is None or not context.token:
+        where = f" (context {context.name!r}, {context.server})" if context else ""
+        fail(f"not logged in{where}: run `{again}`", code=NOT_LOGGED_IN)
+    if (context.expires_at or 0) <= time.time():
+        fail(f"the session expired (context {context.name!r}, {context.server}): run "
+             f"`{again}`", code=NOT_LOGGED_IN)
+    return Api(server_url(server, context), context.token)
 
 
 def check_output(output: str) -> str:
