@@ -247,10 +247,20 @@ def main() -> None:
     if context is not None:  # the root callback reads it from there, as set by a user
         os.environ[_CONTEXT_ENV] = context
         sys.argv[1:] = args
-    command = command_of(sys.argv[1:])
-    # A shell's completion (``_COSMICAC_COMPLETE``) walks into groups: the real app.
-    completing = any(key.endswith("_COMPLETE") for key in os.environ)
-    (build_app(command) if command is not None or completing else build_index())()
+    args = sys.argv[1:]
+    if any(key.endswith("_COMPLETE") for key in os.environ):
+        # A shell's TAB (``_COSMICAC_COMPLETE``) passes its words in the environment:
+        # build the command they name alone, as a run does (the index while they name
+        # none), not the whole app (about a second of imports per TAB).
+        from ._completion import words_before_cursor
+
+        words = words_before_cursor(os.environ)
+        if words is not None:
+            args, context = take_context(words)
+            if context is not None:  # the context the completers ask as
+                os.environ[_CONTEXT_ENV] = context
+    command = command_of(args)
+    (build_app(command) if command is not None else build_index())()
 
 
 _app: typer.Typer | None = None
