@@ -13,6 +13,7 @@ from urllib.parse import quote
 import typer
 
 from ._console import err, out, print_json
+from ._output import Column, Output, no_headers_option, query_option
 from .session import (
     EXIT_CODES_HELP,
     Api,
@@ -76,13 +77,18 @@ def _list(api: Api, team: str | None) -> list[dict]:
 
 @app.command("list")
 def list_keys(team: str | None = _team_option(),
-              server: str | None = server_option(), output: str = output_option()) -> None:
+              server: str | None = server_option(), output: str = output_option(),
+              no_headers: bool = no_headers_option(),
+              query: str | None = query_option()) -> None:
     """The team's keys (never their secrets), with when each was last used.
 
     Example: cosmicac apikeys list -o json
     """
+    shown = Output.of(output, no_headers, query)
     keys = _list(api_for(server), team)
-    emit(output, keys, ("id", "name", "prefix", "created", "revoked", "last used"),
+    emit(shown, keys, (Column("id"), Column("name", cut=True), Column("prefix", drop=4),
+                       Column("created", drop=2), Column("revoked", drop=1),
+                       Column("last used", drop=3)),
          [(k["id"], k["name"], k["prefix"], _when(k["created_at"]), _when(k["revoked_at"]),
            _when(k["last_used_ms"] / 1000 if k["last_used_ms"] is not None else None))
           for k in keys])
@@ -106,7 +112,9 @@ def usage(key: str | None = typer.Option(None, "--key", "-k",
           model: str | None = typer.Option(None, "--model", help="Only this model."),
           day_from: str | None = typer.Option(None, "--from", help="First day, YYYY-MM-DD."),
           day_to: str | None = typer.Option(None, "--to", help="Last day, YYYY-MM-DD."),
-          server: str | None = server_option(), output: str = output_option()) -> None:
+          server: str | None = server_option(), output: str = output_option(),
+          no_headers: bool = no_headers_option(),
+          query: str | None = query_option()) -> None:
     """Tokens and requests per key, day and model.
 
     With -o json: an array of {key, day, model, prompt_tokens, completion_tokens,
@@ -114,6 +122,7 @@ def usage(key: str | None = typer.Option(None, "--key", "-k",
 
     Example: cosmicac apikeys usage --key 3f2a... -o json
     """
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     ids = [key] if key else [k["id"] for k in _list(api, team)]
     rows = [{"key": answer["key"], **row}
@@ -121,5 +130,7 @@ def usage(key: str | None = typer.Option(None, "--key", "-k",
             for answer in [api.get("/apikeys/usage", key=key_id, model=model,
                                    day_from=day_from, day_to=day_to)]
             for row in answer["rows"]]
-    emit(output, rows, ("key", "day", "model", "prompt", "completion", "total", "requests"),
+    emit(shown, rows, (Column("key"), Column("day"), Column("model", cut=True),
+                       Column("prompt", drop=2), Column("completion", drop=1),
+                       Column("total"), Column("requests", drop=3)),
          [[row[c] for c in _USAGE_COLUMNS] for row in rows])

@@ -34,10 +34,11 @@ from urllib.parse import quote
 import httpx
 import typer
 
-from contracts.labels import heard_label, status_label
+from contracts.labels import age_label, heard_label, status_label
 from runtime.sse import SseReader
 
 from ._console import err, fail, print_json
+from ._output import Column, Output, no_headers_option, query_option
 from ._server_settings import server_settings, server_settings_options
 from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, wait_for
 from .session import (
@@ -88,9 +89,16 @@ def _job_path(job: str) -> str:
 
 
 def _when(seconds: float | None) -> str:
+    """A time as the web UI's job page shows it: RFC 3339 in UTC, to the second."""
     if seconds is None:
         return ""
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat(
+        timespec="seconds")
+
+
+def _runs(spec: dict) -> str:
+    """What a job runs: ``runtime:model`` for inference, else its image."""
+    return f"{spec['runtime']}:{spec['model']}" if spec.get("model") else spec.get("image") or ""
 
 
 def _replicas_column(job: dict) -> str:
@@ -106,18 +114,39 @@ def _health(job: dict) -> str:
     return job.get("model_health") or "-"
 
 
+#: ``jobs list``'s columns, as the web UI's jobs list names them; in a narrow terminal
+#: the name is cut first, then the least useful columns go (``drop``: largest first).
+_LIST_COLUMNS = (Column("id"), Column("name", cut=True), Column("type", drop=4),
+                 Column("status"), Column("health", drop=3), Column("replicas", drop=5),
+                 Column("gpus", drop=6), Column("heard", drop=7), Column("age", drop=2),
+                 Column("runs", wide=True), Column("created", wide=True))
+
+
+def _list_row(job: dict, now: float) -> tuple[Any, ...]:
+    return (job["id"], job["name"], job["type"], status_label(job["status"]), _health(job),
+            _replicas_column(job), job["spec"]["gpus"],
+            heard_label(job.get("agents_heard_at"), now),
+            age_label(now - job["created_at"]), _runs(job["spec"]), _when(job["created_at"]))
+
+
 @app.command("list")
 def list_jobs(team: str | None = _team_option(),
               limit: int = typer.Option(50, "--limit", min=1, max=500,
                                         help="Jobs per page (newest first)."),
               every: bool = typer.Option(False, "--all", "-a",
                                          help="Every job of the team, not one page."),
-              server: str | None = server_option(), output: str = output_option()) -> None:
+              server: str | None = server_option(), output: str = output_option(),
+              no_headers: bool = no_headers_option(),
+              query: str | None = query_option()) -> None:
     """The team's jobs with their live status, newest first.
 
     Example: cosmicac jobs list --all -o json
+
+    Example: cosmicac jobs list -o name | xargs -n1 cosmicac jobs get
+
+    Example: cosmicac jobs list --query "[?status=='running'].id"
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     team_id = resolve_team(api, team)["id"] if team else None
     jobs: list[dict] = []
@@ -128,29 +157,36 @@ def list_jobs(team: str | None = _team_option(),
         cursor = page.get("next")
         if not every or not cursor:
             break
-    if cursor and not every and output != "json":
+    if cursor and not every and not shown.is_document:
         err.print(f"more jobs: --all lists every one (or --limit {limit * 2})")
     now = time.time()
-    emit(output, jobs, ("id", "name", "type", "status", "health", "replicas", "gpus",
-                        "heard", "created"),
-         [(j["id"], j["name"], j["type"], status_label(j["status"]), _health(j),
-           _replicas_column(j), j["spec"]["gpus"],
-           heard_label(j.get("agents_heard_at"), now), _when(j["created_at"])) for j in jobs])
+    emit(shown, jobs, _LIST_COLUMNS, [_list_row(j, now) for j in jobs],
+         names=[j["id"] for j in jobs])
 
 
-def _show(output: str, job: dict) -> None:
-    """The job: its document with -o json; else a job table and a replica table."""
-    if check_output(output) == "json":
-        print_json(job)
+#: ``jobs get``'s columns: the job's, then a table of its replicas.
+_GET_COLUMNS = (Column("id"), Column("name", cut=True), Column("type", drop=5),
+                Column("status"), Column("health", drop=4), Column("gpus", drop=6),
+                Column("runs", cut=True, drop=3), Column("heard", drop=7),
+                Column("created", drop=2), Column("reason", cut=True))
+_REPLICA_COLUMNS = (Column("replica"), Column("status"), Column("generation", drop=2),
+                    Column("nodes", cut=True, drop=1), Column("message", cut=True))
+
+
+def _show(shown: Output, job: dict) -> None:
+    """The job: its document with -o json/yaml/--query, its id with -o name, else a
+    job table and a replica table."""
+    if shown.is_document or shown.mode == "name":
+        emit(shown, job, names=[job["id"]])
         return
-    spec = job["spec"]
-    what = f"{spec['runtime']}:{spec['model']}" if spec.get("model") else spec["image"]
-    emit(output, job, ("id", "name", "type", "status", "health", "gpus", "runs", "heard",
-                       "created", "reason"),
+    now = time.time()
+    created = f"{_when(job['created_at'])} ({age_label(now - job['created_at'])} ago)"
+    emit(shown, job, _GET_COLUMNS,
          [(job["id"], job["name"], job["type"], status_label(job["status"]), _health(job),
-           spec["gpus"], what, heard_label(job.get("agents_heard_at"), time.time()),
-           _when(job["created_at"]), job["reason"])])
-    emit(output, job, ("replica", "status", "generation", "nodes", "message"),
+           job["spec"]["gpus"], _runs(job["spec"]),
+           heard_label(job.get("agents_heard_at"), now), created, job["reason"])])
+    sys.stdout.write("\n")
+    emit(shown, job, _REPLICA_COLUMNS,
          [(r["index"], status_label(r["status"]), r["generation"], ", ".join(r["nodes"]),
            r["message"])
           for r in job["replicas"]])
@@ -158,13 +194,19 @@ def _show(output: str, job: dict) -> None:
 
 @app.command("get")
 def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
-        server: str | None = server_option(), output: str = output_option()) -> None:
-    """A job with its replicas; -o json prints the API's document as it is.
+        server: str | None = server_option(), output: str = output_option(),
+        no_headers: bool = no_headers_option(),
+        query: str | None = query_option()) -> None:
+    """A job with its replicas; -o json or -o yaml prints the API's document as it is.
 
-    Example: cosmicac jobs get 5d1c... -o json
+    Example: cosmicac jobs get j-5d1c... -o json
+
+    Example: cosmicac jobs get j-5d1c... -o yaml > job.yaml
+
+    Example: cosmicac jobs get j-5d1c... --query status
     """
-    check_output(output)
-    _show(output, api_for(server).get(_job_path(job)))
+    shown = Output.of(output, no_headers, query)
+    _show(shown, api_for(server).get(_job_path(job)))
 
 
 def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | None,

@@ -13,6 +13,7 @@ import typer
 
 from ._args import count_option
 from ._console import err, fail
+from ._output import Column, Output, no_headers_option, query_option
 from ._server_settings import server_settings, server_settings_options
 from .session import (
     EXIT_CODES_HELP,
@@ -30,7 +31,9 @@ app = typer.Typer(help=f"Model masters: list, add (or replace), remove. {EXIT_CO
                   no_args_is_help=True)
 
 _RUNTIMES = ("vllm", "parakeet", "local")
-_COLUMNS = ("name", "runtime", "gpus", "replicas", "image", "served name", "location")
+_COLUMNS = (Column("name"), Column("runtime"), Column("gpus", drop=3),
+            Column("replicas", drop=4), Column("image", cut=True, drop=1),
+            Column("served name", cut=True), Column("location", drop=2))
 
 
 def _row(model: dict) -> tuple:
@@ -40,14 +43,16 @@ def _row(model: dict) -> tuple:
 
 
 @app.command("list")
-def list_models(server: str | None = server_option(), output: str = output_option()) -> None:
+def list_models(server: str | None = server_option(), output: str = output_option(),
+                no_headers: bool = no_headers_option(),
+                query: str | None = query_option()) -> None:
     """The model masters with the defaults a job of each gets.
 
     Example: cosmicac models list -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     models = api_for(server).get("/models")["models"]
-    emit(output, models, _COLUMNS, [_row(m) for m in models])
+    emit(shown, models, _COLUMNS, [_row(m) for m in models])
 
 
 _SERVER_OPTIONS = server_settings_options()

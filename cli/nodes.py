@@ -10,8 +10,9 @@ from __future__ import annotations
 import typer
 
 from ._console import err
+from ._output import Column, Output, no_headers_option, query_option
 from .racks import resolve_rack
-from .session import EXIT_CODES_HELP, Api, api_for, check_output, emit, output_option, server_option
+from .session import EXIT_CODES_HELP, Api, api_for, emit, output_option, server_option
 
 __all__ = ["app"]
 
@@ -33,18 +34,22 @@ def _team_id(api: Api, team: str) -> str:
 
 
 @app.command("list")
-def list_nodes(server: str | None = server_option(), output: str = output_option()) -> None:
+def list_nodes(server: str | None = server_option(), output: str = output_option(),
+               no_headers: bool = no_headers_option(),
+               query: str | None = query_option()) -> None:
     """Every node: GPUs, free GPUs, the team it is reserved for, schedulable.
 
     Example: cosmicac nodes list -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     nodes = api_for(server).get("/nodes")["nodes"]
-    emit(output, nodes, ("rack", "node", "location", "gpus", "free", "reserved for",
-                         "schedulable", "infiniband"),
-         [(n["rack"][:12], n["name"], n["location"], n["gpus"], n["free"],
+    emit(shown, nodes, (Column("rack", drop=1), Column("node"), Column("location", drop=3),
+                        Column("gpus"), Column("free"), Column("reserved for", drop=2),
+                        Column("schedulable", drop=4), Column("infiniband", drop=5)),
+         [(n["rack"], n["name"], n["location"], n["gpus"], n["free"],
            n["reserved_for"], "yes" if n["schedulable"] else "no",
-           "yes" if n["infiniband"] else "no") for n in nodes])
+           "yes" if n["infiniband"] else "no") for n in nodes],
+         names=[n["name"] for n in nodes])
 
 
 @app.command("reserve")

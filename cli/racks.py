@@ -15,6 +15,7 @@ from urllib.parse import quote
 import typer
 
 from ._console import err, fail
+from ._output import Column, Output, no_headers_option, query_option
 from .session import (
     EXIT_CODES_HELP,
     REFUSED,
@@ -55,18 +56,22 @@ def _row(rack: dict) -> tuple:
             rack["free"], rack["jobs"], state)
 
 
-_COLUMNS = ("key", "name", "location", "nodes", "gpus", "free", "jobs", "state")
+_COLUMNS = (Column("key"), Column("name", cut=True), Column("location", drop=2),
+            Column("nodes", drop=4), Column("gpus", drop=3), Column("free"),
+            Column("jobs", drop=5), Column("state"))
 
 
 @app.command("list")
-def list_racks(server: str | None = server_option(), output: str = output_option()) -> None:
+def list_racks(server: str | None = server_option(), output: str = output_option(),
+               no_headers: bool = no_headers_option(),
+               query: str | None = query_option()) -> None:
     """Registered racks with their capacity, free GPUs and jobs.
 
     Example: cosmicac racks list -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     racks = api_for(server).get("/racks")["racks"]
-    emit(output, racks, _COLUMNS, [_row(r) for r in racks])
+    emit(shown, racks, _COLUMNS, [_row(r) for r in racks])
 
 
 @app.command("add")

@@ -16,17 +16,15 @@ command's ``--help``): 0 done, 1 refused or not found, 2 usage or validation,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from . import _contexts
-from ._console import fail, print_json
+from ._console import fail
+from ._output import Output, emit, output_option
 
 __all__ = [
     "EXIT_CODES_HELP", "NOT_LOGGED_IN", "REFUSED", "UNREACHABLE", "USAGE", "Api",
@@ -48,10 +46,6 @@ def server_option() -> Any:
     return typer.Option(None, "--server", envvar="COSMICAC_SERVER",
                         help=f"The CosmicAC server (API at <server>/api); default: the "
                              f"context's server, else {DEFAULT_SERVER}.")
-
-
-def output_option() -> Any:
-    return typer.Option("table", "--output", "-o", help="table or json.")
 
 
 @dataclass(frozen=True)
@@ -231,21 +225,5 @@ def api_for(server: str | None) -> Api:
 
 
 def check_output(output: str) -> str:
-    if output not in ("table", "json"):
-        fail(f"-o takes table or json, not {output!r}", code=USAGE)
-    return output
-
-
-def emit(output: str, document: Any, columns: Sequence[str] = (),
-         rows: Iterable[Sequence[Any]] = (), *, title: str | None = None) -> None:
-    """``document`` as JSON with ``-o json``, else ``rows`` as a rich table."""
-    if check_output(output) == "json":
-        print_json(document)
-        return
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        # fold, never "…": ids and keys are copied from these tables.
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    Console(highlight=False, emoji=False, markup=False).print(table)
+    """``-o``'s mode, checked (exit 2 for an unknown one)."""
+    return Output.of(output).mode

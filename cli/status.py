@@ -20,7 +20,8 @@ from typing import Any
 from contracts.labels import heard_label
 
 from ._console import out
-from .session import EXIT_CODES_HELP, api_for, check_output, emit, output_option, server_option
+from ._output import Column, Output, no_headers_option, query_option
+from .session import EXIT_CODES_HELP, api_for, emit, output_option, server_option
 
 __all__ = ["age", "sparkline", "status"]
 
@@ -64,23 +65,27 @@ def _row(service: dict[str, Any], now: float, ascii_only: bool) -> tuple:
             last.get("error") or "")
 
 
-_COLUMNS = ("service", "reachable", "version", "queue", "last report", "latency",
-            "uptime 1h", "up/down", "last hour", "error")
+_COLUMNS = (Column("service"), Column("reachable"), Column("version", drop=3),
+            Column("queue", drop=5), Column("last report", drop=4), Column("latency", drop=6),
+            Column("uptime 1h", drop=2), Column("up/down", drop=7), Column("last hour", drop=1),
+            Column("error", cut=True))
 
 
-def status(server: str | None = server_option(), output: str = output_option()) -> None:
+def status(server: str | None = server_option(), output: str = output_option(),
+           no_headers: bool = no_headers_option(),
+           query: str | None = query_option()) -> None:
     """The control plane's health: each service now and over the last hour.
 
     Example: cosmicac status -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     health = api_for(server).get("/health")
     ascii_only = _ascii_terminal()
     rows = [_row(s, health["at"], ascii_only) for s in health["services"]]
     if output == "table":
         out.print(f"control plane: {health['status']} (probed every "
                   f"{health['interval_s']:g} s)")
-    emit(output, health, _COLUMNS, rows)
+    emit(shown, health, _COLUMNS, rows)
 
 
 status.__doc__ = f"{status.__doc__}\n\n    {EXIT_CODES_HELP}"

@@ -14,6 +14,7 @@ from urllib.parse import quote
 import typer
 
 from ._console import err, fail
+from ._output import Column, Output, no_headers_option, query_option
 from .session import (
     EXIT_CODES_HELP,
     REFUSED,
@@ -65,31 +66,38 @@ def _gpus(value: int | None) -> str:
 
 
 @app.command("list")
-def list_teams(server: str | None = server_option(), output: str = output_option()) -> None:
+def list_teams(server: str | None = server_option(), output: str = output_option(),
+               no_headers: bool = no_headers_option(),
+               query: str | None = query_option()) -> None:
     """The teams you are in, with your role and their GPU quotas; * marks the active one.
 
     Example: cosmicac teams list -o json
     """
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     teams = api.get("/teams")["teams"]
-    active = api.get("/me").get("active_team") if output != "json" else None
-    emit(output, teams, ("id", "name", "role", "active", "GPU quota", "per user"),
+    active = api.get("/me").get("active_team") if not shown.is_document else None
+    emit(shown, teams, (Column("id"), Column("name", cut=True), Column("role"),
+                        Column("active"), Column("GPU quota", drop=2),
+                        Column("per user", drop=1)),
          [(t["id"], t["name"], t["role"], "*" if t["id"] == active else "",
            _gpus(t["quota"]["gpus"]), _gpus(t["quota"]["per_user_gpus"])) for t in teams])
 
 
 @app.command("get")
 def get(team: str = typer.Argument(..., help="The team (id or name)."),
-        server: str | None = server_option(), output: str = output_option()) -> None:
+        server: str | None = server_option(), output: str = output_option(),
+        no_headers: bool = no_headers_option(),
+        query: str | None = query_option()) -> None:
     """One of your teams: your role and its GPU quotas.
 
     Example: cosmicac teams get research -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     found = api.get(f"/teams/{quote(resolve_team(api, team)['id'], safe='')}")
     quota = found["quota"]
-    emit(output, found, ("id", "name", "role", "GPU quota", "per user"),
+    emit(shown, found, ("id", "name", "role", "GPU quota", "per user"),
          [(found["id"], found["name"], found["role"], _gpus(quota["gpus"]),
            _gpus(quota["per_user_gpus"]))])
 
@@ -108,15 +116,19 @@ def create(name: str = typer.Argument(..., help="The new team's name."),
 
 @app.command("members")
 def members(team: str = typer.Argument(..., help="The team (id or name)."),
-            server: str | None = server_option(), output: str = output_option()) -> None:
+            server: str | None = server_option(), output: str = output_option(),
+            no_headers: bool = no_headers_option(),
+            query: str | None = query_option()) -> None:
     """The team's members and their roles.
 
     Example: cosmicac teams members research -o json
     """
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     found = resolve_team(api, team)
     listed = api.get(f"/teams/{quote(found['id'], safe='')}/members")["members"]
-    emit(output, listed, ("email", "name", "role", "user id"),
+    emit(shown, listed, (Column("email"), Column("name", cut=True), Column("role"),
+                         Column("user id", drop=1)),
          [(m["user"]["email"], m["user"]["name"], m["role"], m["user"]["id"])
           for m in listed])
 
@@ -156,16 +168,18 @@ def use(team: str = typer.Argument(..., help="The team (id or name)."),
 
 @app.command("invitations")
 def invitations(team: str = typer.Argument(..., help="The team (id or name)."),
-                server: str | None = server_option(), output: str = output_option()) -> None:
+                server: str | None = server_option(), output: str = output_option(),
+                no_headers: bool = no_headers_option(),
+                query: str | None = query_option()) -> None:
     """The team's pending invitations (admins and owners).
 
     Example: cosmicac teams invitations research -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     found = resolve_team(api, team)
     pending = api.get(f"/teams/{quote(found['id'], safe='')}/invitations")["invitations"]
-    emit(output, pending, ("invitation", "email", "role", "expires"),
+    emit(shown, pending, ("invitation", "email", "role", "expires"),
          [(i["id"], i["email"], i["role"], _when(i["expires_at"])) for i in pending])
 
 
@@ -269,7 +283,7 @@ def _quota_limit(option: str, value: str | None) -> int | None:
     return int(value)
 
 
-def _emit_quota(output: str, team: dict, quota: dict) -> None:
+def _emit_quota(output: Output | str, team: dict, quota: dict) -> None:
     emit(output, quota, ("team", "GPU quota", "per user"),
          [(team["name"], _gpus(quota["gpus"]), _gpus(quota["per_user_gpus"]))])
 
@@ -277,16 +291,18 @@ def _emit_quota(output: str, team: dict, quota: dict) -> None:
 @quota_app.command("get")
 def quota_get(team: str = typer.Argument(..., help="The team (id or name; operators: any "
                                                    "team's id)."),
-              server: str | None = server_option(), output: str = output_option()) -> None:
+              server: str | None = server_option(), output: str = output_option(),
+              no_headers: bool = no_headers_option(),
+              query: str | None = query_option()) -> None:
     """The team's GPU quotas: GPUs its jobs may hold or wait for (every replica), and
     per member (their own jobs in it); unlimited when unset.
 
     Example: cosmicac teams quota get research -o json
     """
-    check_output(output)
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     found = resolve_team(api, team, any_id=True)
-    _emit_quota(output, found, api.get(f"/teams/{quote(found['id'], safe='')}/quota"))
+    _emit_quota(shown, found, api.get(f"/teams/{quote(found['id'], safe='')}/quota"))
 
 
 @quota_app.command("set")

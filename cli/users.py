@@ -13,6 +13,7 @@ import sys
 import typer
 
 from ._console import err, fail
+from ._output import Column, Output, no_headers_option, query_option
 from .session import (
     EXIT_CODES_HELP,
     USAGE,
@@ -66,11 +67,14 @@ def read_passwords(prompts: tuple[str, ...], password_stdin: bool, *,
 
 
 @app.command("list")
-def list_users(server: str | None = server_option(), output: str = output_option()) -> None:
+def list_users(server: str | None = server_option(), output: str = output_option(),
+               no_headers: bool = no_headers_option(),
+               query: str | None = query_option()) -> None:
     """Every user of the platform with their teams and roles (operators).
 
     Example: cosmicac users list -o json
     """
+    shown = Output.of(output, no_headers, query)
     api = api_for(server)
     users: list[dict] = []
     cursor: str | None = None
@@ -80,7 +84,8 @@ def list_users(server: str | None = server_option(), output: str = output_option
         cursor = page["next"]
         if cursor is None:
             break
-    emit(output, users, ("email", "name", "teams", "disabled", "user id"),
+    emit(shown, users, (Column("email"), Column("name", cut=True), Column("teams", cut=True),
+                        Column("disabled", drop=2), Column("user id", drop=1)),
          [(u["user"]["email"], u["user"]["name"],
            ", ".join(f"{t['name']} ({t['role']})" for t in u["teams"]),
            "yes" if u["disabled"] else "", u["user"]["id"]) for u in users])

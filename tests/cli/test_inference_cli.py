@@ -260,7 +260,7 @@ async def test_embed_prints_dims_and_first_values_or_the_whole_json(tmp_path, fa
     table = await run(env, "embed", "--model", "minilm", "a cat", "a dog")
     assert table.returncode == 0, table.stderr
     text = table.stdout.decode()
-    assert "dims" in text and "0.1250, 0.2500, 0.3750, 0.5000, …" in text
+    assert "DIMS" in text and "0.1250, 0.2500, 0.3750, 0.5000, …" in text
     as_json = await run(env, "embed", "--model", "minilm", "a cat", "-o", "json")
     vectors = [d["embedding"] for d in json.loads(as_json.stdout)["data"]]
     assert vectors == [[0.125 * j for j in range(8)]]

@@ -45,8 +45,9 @@ async def _create(served: ServedOrk, *args: str) -> str:
 
 
 def _cells(line: str) -> list[str]:
-    """A rich table line's cells (split on its light or heavy vertical bars)."""
-    return [cell.strip() for cell in re.split("[│┃]", line.strip().strip("│┃"))]
+    """A table line's cells: columns are two spaces or more apart (no cell here is empty
+    or holds two spaces)."""
+    return re.split(r" {2,}", line.strip())
 
 
 def _row(table: str, job: str) -> list[str]:
@@ -58,8 +59,8 @@ def _row(table: str, job: str) -> list[str]:
 
 def _header(table: str) -> list[str]:
     for line in table.splitlines():
-        if " status " in line:
-            return _cells(line)
+        if " STATUS " in line:
+            return [cell.lower() for cell in _cells(line)]
     raise AssertionError(table)
 
 

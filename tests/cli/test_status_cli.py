@@ -77,7 +77,7 @@ async def test_status_shows_the_control_plane_and_a_service_going_down(
         table = await served.cli("status")
         assert table.returncode == 0, table.stderr
         text = table.stdout.decode()
-        assert "control plane:" in text and "wrk-ork" in text and "uptime 1h" in text
+        assert "control plane:" in text and "wrk-ork" in text and "UPTIME 1H" in text
 
         ork_scope.cancel()  # wrk-ork stops
         await until_row(served, "wrk-ork", up=False)

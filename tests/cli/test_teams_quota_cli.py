@@ -77,7 +77,7 @@ async def test_operators_set_quotas_members_may_not(served_ork: ServedOrk) -> No
         table = await _cli(operator, "teams", "list")
         assert table.exit_code == 0 and "unlimited" in table.output, table.output
         one = await _cli(operator, "teams", "get", "lab")
-        assert one.exit_code == 0 and "GPU quota" in one.output, one.output
+        assert one.exit_code == 0 and "GPU QUOTA" in one.output, one.output
 
         # a member may not set quotas, not even of the operators' team they are in;
         # a team that is none of theirs is taken as an id, and the server says 404

@@ -1,0 +1,84 @@
+"""``cosmicac jobs list`` as a person and a script see it: a real process on a
+terminal (a pseudo-terminal sized 60 and 200 columns, as a narrow and a wide tmux
+window) and through a pipe, against an in-process app-node and wrk-ork."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import termios
+
+import pytest
+import trio
+
+from .support import COSMICAC, ServedOrk
+
+pytestmark = pytest.mark.slow
+
+IMAGE = "docker://registry.local/jobs/app:1"
+LONG_NAME = "nightly-evaluation-of-the-very-large-model-on-every-benchmark"
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str], columns: int) -> str:
+    """What ``args`` prints on a terminal ``columns`` wide (a pseudo-terminal whose
+    window size is set, as tmux sets it; ``COLUMNS`` unset, colour allowed)."""
+    import subprocess
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "NO_COLOR")}
+    try:
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=follower,
+                                   stderr=subprocess.PIPE, env={**env, "TERM": "xterm"})
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the process closed its side
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        os.close(leader)
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+async def test_jobs_list_fits_a_terminal_and_pipes_plain(served_ork: ServedOrk) -> None:
+    served = served_ork
+    with trio.fail_after(120):
+        await served.login()
+        jobs = []
+        for name in (LONG_NAME, "box"):
+            created = await served.cli("jobs", "create", "--image", IMAGE, "--type",
+                                       "container", "--name", name)
+            assert created.returncode == 0, created.stderr
+            jobs.append(created.stdout.decode().strip())
+        args = [*COSMICAC, "jobs", "list"]
+        for columns in (60, 200):
+            text = await trio.to_thread.run_sync(_on_a_terminal, args, served.env, columns)
+            lines = [_ESCAPES.sub("", line) for line in text.splitlines()]
+            assert len(lines) == 3, text
+            assert all(len(line) <= columns for line in lines), (columns, lines)
+            for job in jobs:
+                assert sum(job in line for line in lines) == 1, (job, lines)
+            assert text.startswith("\x1b[1mID"), "the header is bold on a terminal"
+            if columns == 60:
+                assert LONG_NAME not in text and "nightly-evaluat" in text and "…" in text
+            else:
+                assert LONG_NAME in text
+        piped = await served.cli("jobs", "list", process=True)
+        text = piped.stdout.decode()
+        assert not re.search("[\u2500-\u257f]", text) and "\x1b" not in text
+        lines = text.splitlines()
+        assert lines[0].split()[:4] == ["ID", "NAME", "TYPE", "STATUS"]
+        assert {line.split()[0] for line in lines[1:]} == set(jobs)
+        assert any(LONG_NAME in line for line in lines), "a pipe gets whole cells"
+        names = await served.cli("jobs", "list", "-o", "name", "--no-headers")
+        assert set(names.stdout.decode().split()) == set(jobs)
