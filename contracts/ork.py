@@ -12,6 +12,7 @@ The protocol
 Methods (params -> result; every model below)::
 
     jobs.create      CreateJob(spec, created_by?, quota?) -> JobResult(job)
+    jobs.preview     CreateJob(spec, created_by?, quota?) -> JobPreview(status, reason, ...)
     jobs.get         JobRef(job_id)                 -> JobResult(job)
     jobs.list        ListJobs(team?, ids?, after?, limit) -> JobList(jobs, next?)
     jobs.restart     JobRef(job_id)                 -> JobResult(job)
@@ -43,6 +44,18 @@ team's GPU quotas, :class:`GpuQuota`) are app-node's: wrk-ork checks the quota
 against the team's jobs in the same call that adds the job, so two racing
 creates cannot both pass it; over it: ``QUOTA_EXCEEDED`` with ``data``
 ``{scope: team|user, quota, in_use, requested}``.
+
+``jobs.preview`` (app-node only) answers what ``jobs.create`` of the same
+params would do now, and does none of it: the same refusals (``CONFLICT``,
+``QUOTA_EXCEEDED``, ``INVALID_PARAMS``), else the status the job would have
+once placement was tried (``starting`` with one placement per replica,
+``pending`` or ``failed`` with the reason, the words a created job's
+``reason`` would carry). No job, operation, claim or quota use is recorded.
+A wrk-ork older than it refuses the call: ``UNKNOWN_METHOD`` from its router,
+or ``FORBIDDEN`` from its access table (which refuses a method it does not
+list before routing it); app-node tells that refusal from one of its key by
+a method it may call (``service.status``) and answers the preview with the
+placement unknown.
 
 ``teams.set_shell_keys`` (app-node only: it is the truth of a team's members
 and their CLI keys) keeps a team's shell keys if their version is above
@@ -118,6 +131,7 @@ __all__ = [
     "LIST_RACKS",
     "MAX_LIST_PAGE",
     "MAX_NODES_PER_CALL",
+    "PREVIEW_JOB",
     "PROTOCOL",
     "REGISTER_RACK",
     "RELEASE_NODES",
@@ -134,6 +148,7 @@ __all__ = [
     "JobCursor",
     "JobEvent",
     "JobList",
+    "JobPreview",
     "JobRef",
     "JobResult",
     "JobView",
@@ -303,6 +318,21 @@ class CreateJob(_Model):
     quota: GpuQuota | None = None
 
 
+class JobPreview(_Model):
+    """What ``jobs.create`` of the same params would do now (``jobs.preview``)."""
+
+    #: The status the job would have once placement was tried: ``starting``
+    #: (placed), ``pending`` (no room now; it would wait) or ``failed`` (it
+    #: could never fit as the location is registered).
+    status: JobStatus
+    #: Why it would wait or fail, as a created job's ``reason`` would say it.
+    reason: str
+    #: The rack every replica would run on (placed only).
+    rack: str | None = None
+    #: One per replica, in index order, when placed; empty otherwise.
+    placements: tuple[ReplicaPlacement, ...] = ()
+
+
 class JobRef(_Model):
     job_id: JobId
 
@@ -414,6 +444,7 @@ class WatchJobs(AddedLater, _Model):
 
 
 CREATE_JOB = Method("jobs.create", params=CreateJob, result=JobResult)
+PREVIEW_JOB = Method("jobs.preview", params=CreateJob, result=JobPreview)
 GET_JOB = Method("jobs.get", params=JobRef, result=JobResult)
 LIST_JOBS = Method("jobs.list", params=ListJobs, result=JobList)
 RESTART_JOB = Method("jobs.restart", params=JobRef, result=JobResult)

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from contracts.model import JobSpec, JobStatus, JobType, RackReport
+from contracts.model import JobSpec, JobStatus, JobType, RackReport, ReplicaPlacement
 from contracts.operations import (
     CreateReplica,
     DeleteReplica,
@@ -76,7 +76,7 @@ from contracts.operations import (
     RestartReplica,
     SetShellKeys,
 )
-from contracts.ork import JobEvent, JobView, RackInfo, ReplicaStatus, ReplicaView
+from contracts.ork import JobEvent, JobPreview, JobView, RackInfo, ReplicaStatus, ReplicaView
 from contracts.shell_access import ShellKeys
 
 from .capacity import Capacity, NodeView
@@ -281,6 +281,40 @@ class Orchestrator:
                 already serves the same name (proxy-inference routes by it).
             QuotaExceeded: the job would take the team, or ``owner``, past a quota.
         """
+        self._admit(spec, owner=owner, team_gpus=team_gpus, user_gpus=user_gpus)
+        job_id = self._new_job_id()
+        while job_id in self.book.jobs:
+            job_id = self._new_job_id()
+        job = self.book.add_job(job_id, spec, now, owner)
+        self.book.refresh(job, now)  # Creating -> Queued: the spec was validated on the way in
+        self._place(job, now)
+        self.book.commit()
+        return job_view(job)
+
+    def preview_job(self, spec: JobSpec, *, owner: str | None = None,
+                    team_gpus: int | None = None, user_gpus: int | None = None) -> JobPreview:
+        """What :meth:`create_job` of the same arguments would do now, doing none of it.
+
+        The same refusals, then the status the job would reach once placement was
+        tried: Starting with where each replica goes, Pending or Failed with the
+        reason :meth:`create_job` would give it. Nothing is recorded (no job, no
+        claim, no operation, no event, no transaction); placement's memo of
+        shapes that never fit may learn an answer (a cache, not state).
+
+        Raises:
+            Conflict, QuotaExceeded: as :meth:`create_job`.
+        """
+        self._admit(spec, owner=owner, team_gpus=team_gpus, user_gpus=user_gpus)
+        placements, event, reason = self._decide(spec)
+        if event is ReplicaEvent.PLACED:
+            return JobPreview(status=JobStatus.STARTING, reason="", rack=placements[0].rack,
+                              placements=placements)
+        status = JobStatus.PENDING if event is ReplicaEvent.NO_CAPACITY else JobStatus.FAILED
+        return JobPreview(status=status, reason=reason)
+
+    def _admit(self, spec: JobSpec, *, owner: str | None, team_gpus: int | None,
+               user_gpus: int | None) -> None:
+        """Refuse a new job that clashes with a live one or goes past a quota."""
         served = spec.serves_as
         if served is not None:
             for other in self.book.jobs.values():
@@ -291,14 +325,6 @@ class Orchestrator:
                                    "delete that job first")
         check_gpu_quota(self.book.jobs.values(), spec, owner=owner, team_gpus=team_gpus,
                         user_gpus=user_gpus)
-        job_id = self._new_job_id()
-        while job_id in self.book.jobs:
-            job_id = self._new_job_id()
-        job = self.book.add_job(job_id, spec, now, owner)
-        self.book.refresh(job, now)  # Creating -> Queued: the spec was validated on the way in
-        self._place(job, now)
-        self.book.commit()
-        return job_view(job)
 
     def restart_job(self, job_id: str, now: float) -> JobView:
         """Replace every replica's VMIs, keeping storage: Restarting until all are Active.
@@ -534,21 +560,12 @@ class Orchestrator:
         if len(waiting) != spec.replicas:
             spec = spec.model_copy(update={"replicas": len(waiting)})
         was_pending = job.status is JobStatus.PENDING
-        try:
-            placements = place(self._capacity, spec)
-            self._capacity.claim(placements)  # books them; cannot race here, checked anyway
-            event = ReplicaEvent.PLACED
-        except NoCapacity as exc:
-            placements, event, reason = (), ReplicaEvent.NO_CAPACITY, str(exc)
-        except Unplaceable as exc:
-            placements, event, reason = (), ReplicaEvent.UNPLACEABLE, str(exc)
-            silent = self._unheard_racks(spec.location)
-            if silent:
-                # A rack whose capacity is not known yet (just registered, or
-                # silent) may well hold it: wait for its report, do not fail.
-                event = ReplicaEvent.NO_CAPACITY
-                reason = (f"waiting for rack {silent[0][:12]}… in location {spec.location} "
-                          f"to report its capacity ({reason})")
+        placements, event, reason = self._decide(spec)
+        if event is ReplicaEvent.PLACED:
+            try:
+                self._capacity.claim(placements)  # books them; cannot race here, checked anyway
+            except NoCapacity as exc:
+                placements, event, reason = (), ReplicaEvent.NO_CAPACITY, str(exc)
         if event is ReplicaEvent.NO_CAPACITY and was_pending:
             return False  # still waiting: no event, nothing written
         if was_pending:
@@ -575,6 +592,24 @@ class Orchestrator:
             job.unplaceable = event is ReplicaEvent.UNPLACEABLE
             self.book.refresh(job, now, reason)
         return True
+
+    def _decide(self, spec: JobSpec
+                ) -> tuple[tuple[ReplicaPlacement, ...], ReplicaEvent, str]:
+        """Where ``spec``'s replicas would go now, claiming nothing: ``(placements,
+        PLACED, "")``, or no placements with NO_CAPACITY or UNPLACEABLE and why."""
+        try:
+            return place(self._capacity, spec), ReplicaEvent.PLACED, ""
+        except NoCapacity as exc:
+            return (), ReplicaEvent.NO_CAPACITY, str(exc)
+        except Unplaceable as exc:
+            silent = self._unheard_racks(spec.location)
+            if not silent:
+                return (), ReplicaEvent.UNPLACEABLE, str(exc)
+            # A rack whose capacity is not known yet (just registered, or
+            # silent) may well hold it: wait for its report, do not fail.
+            return (), ReplicaEvent.NO_CAPACITY, (
+                f"waiting for rack {silent[0][:12]}… in location {spec.location} "
+                f"to report its capacity ({exc})")
 
     def _unheard_racks(self, location: str) -> list[str]:
         """Racks of ``location`` that never reported their capacity, or went silent."""

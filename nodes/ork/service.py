@@ -20,7 +20,7 @@ module serves it.
 
 Who may call what (:data:`ACCESS`; DESIGN.md §5, least privilege)::
 
-    app-node         every method
+    app-node         every method (jobs.preview too: a create that changes nothing)
     proxy            jobs.get, jobs.list, jobs.watch   (routing inference; it changes nothing)
     worker           none (it speaks cosmicac-mq/1, the queue of its rack)
     any other key    none
@@ -54,6 +54,7 @@ from contracts.ork import (
     LIST_JOBS,
     LIST_NODES,
     LIST_RACKS,
+    PREVIEW_JOB,
     PROTOCOL,
     REGISTER_RACK,
     RELEASE_NODES,
@@ -70,6 +71,7 @@ from contracts.ork import (
     JobCursor,
     JobEvent,
     JobList,
+    JobPreview,
     JobRef,
     JobResult,
     JobView,
@@ -123,6 +125,7 @@ JOB_READERS = frozenset({Role.APP_NODE, Role.PROXY})
 #: for registered racks' keys only.
 ACCESS: Mapping[str, frozenset[Role]] = MappingProxyType({
     CREATE_JOB.name: APP_NODE_ONLY,
+    PREVIEW_JOB.name: APP_NODE_ONLY,
     GET_JOB.name: JOB_READERS,
     LIST_JOBS.name: JOB_READERS,
     WATCH_JOBS.name: JOB_READERS,
@@ -220,6 +223,7 @@ class OrkService(RpcService):
         ]:
             router.add(method, self._unary(handler, changes=True))
         for method, handler in [
+            (PREVIEW_JOB, self._preview_job),
             (GET_JOB, self._get_job), (LIST_JOBS, self._list_jobs),
             (LIST_RACKS, self._list_racks), (LIST_NODES, self._list_nodes),
             (STATUS, self._status),
@@ -373,6 +377,12 @@ class OrkService(RpcService):
         return JobResult(job=self.orch.create_job(
             params.spec, self._clock(), owner=params.created_by,
             team_gpus=quota.team_gpus, user_gpus=quota.user_gpus))
+
+    def _preview_job(self, params: CreateJob) -> JobPreview:
+        # A read: what create would do now, recorded nowhere (no pump, no publish).
+        quota = params.quota or GpuQuota()
+        return self.orch.preview_job(params.spec, owner=params.created_by,
+                                     team_gpus=quota.team_gpus, user_gpus=quota.user_gpus)
 
     def _get_job(self, params: JobRef) -> JobResult:
         return JobResult(job=self.orch.get_job(params.job_id))

@@ -39,7 +39,9 @@ def _models(method: Method | StreamMethod) -> list[type[BaseModel]]:
 def test_the_protocol_is_versioned_and_every_method_is_drawn_once():
     assert PROTOCOL == "cosmicac-ork/1"
     names = [method.name for method in METHODS]
-    assert len(names) == len(set(names)) == 15
+    # jobs.preview (16th) came without a new version: an older wrk-ork refuses the
+    # method and app-node answers the preview with the placement unknown.
+    assert len(names) == len(set(names)) == 16
     assert {name.partition(".")[0] for name in names} == {
         "jobs", "replicas", "racks", "nodes", "teams"}
 
@@ -67,6 +69,10 @@ JOB = JobView(id="j-0123456789abcdef", spec=SPEC, status=JobStatus.ACTIVE, reaso
              reason="", at=1.0),
     RackInfo(key="ab" * 32, location="default", name=None, registered_at=1.0, reported=True,
              silent=False, nodes=2, gpus=16, free=15, overlay_network=False, jobs=1),
+    ork.JobPreview(status=JobStatus.STARTING, reason="", rack="ab" * 32,
+                   placements=(ReplicaPlacement(rack="ab" * 32, shares=(
+                       NodeShare(node="n1", gpus=2), NodeShare(node="n2", gpus=2))),)),
+    ork.JobPreview(status=JobStatus.PENDING, reason="no room now"),
 ], ids=lambda m: type(m).__name__)
 def test_views_round_trip_through_msgpack(model):
     wire = msgpack.packb(model.model_dump(), use_bin_type=True)

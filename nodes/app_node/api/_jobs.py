@@ -23,6 +23,11 @@ with the create, and wrk-ork checks them in the call that adds the job),
 ``BAD_REQUEST`` / ``INVALID_PARAMS`` 422, ``FORBIDDEN`` 503 (wrk-ork does not
 trust app-node's key: a misconfiguration), unreachable 503 ``ORK_UNAVAILABLE``.
 
+``POST /api/jobs?dry_run=true`` runs a create's every check and authorisation,
+then asks wrk-ork what it would do (``jobs.preview``: where each replica would
+go, or why it would wait or fail) and answers the would-be job with it
+(:class:`~._models.JobPreviewOut`, 200); it records nothing, here or in wrk-ork.
+
 A container job's ``authorized_keys`` are the CLI public keys of the team's
 members when it is created (members who never logged in with the CLI have none);
 from then on :mod:`..shell_keys` keeps the job's agent following the team.
@@ -47,7 +52,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.model import IMAGE_PATTERN, JobSpec, JobType, job_type_problem
+from contracts.health import STATUS, StatusRequest
+from contracts.model import IMAGE_PATTERN, JobSpec, JobType, api_status, job_type_problem
 from contracts.ork import (
     CREATE_JOB,
     DELETE_JOB,
@@ -55,10 +61,12 @@ from contracts.ork import (
     GET_JOB,
     LIST_JOBS,
     MAX_LIST_PAGE,
+    PREVIEW_JOB,
     RESTART_JOB,
     RESTART_REPLICA,
     CreateJob,
     GpuQuota,
+    JobPreview,
     JobRef,
     JobView,
     ListJobs,
@@ -75,7 +83,15 @@ from ..job_projection import JobProjection, Mark
 from ..model import JobRecord, Page, Role
 from ._common import ApiError, Ctx, Session, ok, require_member, team_of, validate
 from ._job_documents import job_out
-from ._models import DeletedJobOut, JobIn, JobOut, JobsOut, WireGuardOut
+from ._models import (
+    DeletedJobOut,
+    JobIn,
+    JobOut,
+    JobPreviewOut,
+    JobsOut,
+    ReplicaPreviewOut,
+    WireGuardOut,
+)
 from ._spec import RouteSpec
 
 _log = logging.getLogger(__name__)
@@ -90,8 +106,10 @@ def ork_unavailable(message: str) -> ApiError:
     return ApiError(codes.ORK_UNAVAILABLE, message)
 
 
-async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
-    """``method(params)`` on wrk-ork; its refusals and absence become ApiErrors."""
+async def ork_call(ctx: Ctx, method: Method, params: BaseModel, *,
+                   raw_codes: frozenset[str] = frozenset()) -> Any:
+    """``method(params)`` on wrk-ork; its refusals and absence become ApiErrors
+    (but an RpcError whose code is in ``raw_codes``, raised as it is)."""
     ork = ctx.services.ork
     if ork is None:
         raise ork_unavailable("wrk-ork is not configured on app-node; set its key and "
@@ -101,6 +119,8 @@ async def ork_call(ctx: Ctx, method: Method, params: BaseModel) -> Any:
     except OrkUnavailable as exc:
         raise ork_unavailable(str(exc)) from None
     except RpcError as exc:
+        if exc.code in raw_codes:
+            raise
         if exc.code == "FORBIDDEN":
             raise ork_unavailable("wrk-ork refuses app-node's key (a misconfiguration): "
                                   "add app-node's public key to wrk-ork's app_nodes") from None
@@ -268,7 +288,18 @@ def _mark(ctx: Ctx) -> Mark | None:
     return None if jobs is None else jobs.mark()
 
 
+def _dry_run(request: Request) -> bool:
+    """``?dry_run=true`` (or ``1``): validate, authorise and preview; create nothing."""
+    raw = request.query_params.get("dry_run")
+    if raw is None or raw.lower() in ("false", "0"):
+        return False
+    if raw.lower() in ("true", "1"):
+        return True
+    raise ApiError(codes.INVALID, "dry_run: true or false", "dry_run")
+
+
 async def create_job(ctx: Ctx, request: Request) -> Response:
+    dry_run = _dry_run(request)
     session = await ctx.session(request)
     body, model_settings = await _with_model_defaults(ctx, await ctx.body(request, JobIn))
     team = team_of(session, body.team_id)
@@ -280,10 +311,12 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
                              if u.cli_public_key}))
     spec = _spec_of(body, team, keys, ctx.services.default_image, model_settings)
     quota = await ctx.store(ctx.services.store.quotas.get, team)
+    create = CreateJob(spec=spec, created_by=session.user.id,
+                       quota=GpuQuota(team_gpus=quota.gpus, user_gpus=quota.per_user_gpus))
+    if dry_run:
+        return ok(await _preview(ctx, create))
     mark = _mark(ctx)
-    view: JobView = (await ork_call(ctx, CREATE_JOB, CreateJob(
-        spec=spec, created_by=session.user.id,
-        quota=GpuQuota(team_gpus=quota.gpus, user_gpus=quota.per_user_gpus)))).job
+    view: JobView = (await ork_call(ctx, CREATE_JOB, create)).job
     try:
         record = await ctx.store(ctx.services.store.jobs.add, id=view.id, team=team,
                                  created_by=session.user.id, spec=spec, now=ctx.now())
@@ -294,6 +327,58 @@ async def create_job(ctx: Ctx, request: Request) -> Response:
         raise
     await _written(ctx, mark, view.id)
     return ok(job_out(record, view), 201)
+
+
+#: How a wrk-ork older than ``jobs.preview`` refuses it (:func:`_preview`).
+_OLDER_ORK = frozenset({"UNKNOWN_METHOD", "FORBIDDEN"})
+
+
+async def _preview(ctx: Ctx, create: CreateJob) -> JobPreviewOut:
+    """What wrk-ork would do with ``create`` now (``jobs.preview``): its refusals as
+    create's (409 over a quota, a served name taken...), else the would-be job.
+
+    A wrk-ork older than ``jobs.preview`` refuses the method, ``UNKNOWN_METHOD`` or,
+    from its access table, ``FORBIDDEN`` (contracts/ork.py): then the preview says
+    the placement is unknown, after ``service.status`` (which app-node may call)
+    tells that refusal from wrk-ork refusing app-node's key, which stays a 503.
+    """
+    spec = create.spec
+    try:
+        preview: JobPreview | None = await ork_call(ctx, PREVIEW_JOB, create,
+                                                    raw_codes=_OLDER_ORK)
+    except RpcError as exc:
+        if exc.code == "FORBIDDEN" and not await _ork_lacks_preview(ctx):
+            raise ork_unavailable("wrk-ork refuses app-node's key (a misconfiguration): "
+                                  "add app-node's public key to wrk-ork's app_nodes") from None
+        _log.info("jobs.preview_unknown reason=%s", exc.code)
+        preview = None
+    if preview is None:
+        replicas = [ReplicaPreviewOut(index=i, status="unknown", nodes=[], gpus=[])
+                    for i in range(spec.replicas)]
+        return JobPreviewOut(team=spec.team, name=spec.name, type=spec.type.value,
+                             status=None, reason="placement unknown: wrk-ork is older than "
+                             "jobs.preview (the job passed every check of app-node)",
+                             rack=None, replicas=replicas, spec=spec)
+    status = api_status(preview.status)
+    replicas = [ReplicaPreviewOut(index=i, status=status, nodes=[], gpus=[])
+                for i in range(spec.replicas)]
+    for replica, placement in zip(replicas, preview.placements, strict=False):
+        replica.nodes = [share.node for share in placement.shares]
+        replica.gpus = [share.gpus for share in placement.shares]
+    return JobPreviewOut(team=spec.team, name=spec.name, type=spec.type.value, status=status,
+                         reason=preview.reason, rack=preview.rack, replicas=replicas,
+                         spec=spec)
+
+
+async def _ork_lacks_preview(ctx: Ctx) -> bool:
+    """Whether wrk-ork answers a method app-node may call: then its FORBIDDEN of
+    ``jobs.preview`` means it does not know the method (it is older), not that it
+    refuses app-node's key."""
+    try:
+        await ork_call(ctx, STATUS, StatusRequest())
+    except ApiError:
+        return False
+    return True
 
 
 async def list_jobs(ctx: Ctx, request: Request) -> Response:
@@ -455,8 +540,10 @@ async def delete_replica(ctx: Ctx, request: Request) -> Response:
 
 
 ROUTES = [
-    RouteSpec("POST", "/jobs", create_job, "Create a job in the active team (or team_id)",
-              JobIn, JobOut, 201),
+    RouteSpec("POST", "/jobs", create_job, "Create a job in the active team (or team_id); "
+              "with dry_run=true, create nothing and answer 200 with the job as it would "
+              "be created and where it would run or why it would wait (JobPreviewOut)",
+              JobIn, JobOut, 201, query=("dry_run",)),
     RouteSpec("GET", "/jobs", list_jobs, "The team's jobs with their live status",
               answer=JobsOut, query=("team_id", "limit", "cursor")),
     RouteSpec("GET", "/jobs/{job}", get_job, "A job with its replicas", answer=JobOut),

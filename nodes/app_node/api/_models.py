@@ -328,6 +328,42 @@ class JobOut(BaseModel):
     agents_heard_at: float | None = None
 
 
+class ReplicaPreviewOut(BaseModel):
+    """Where one replica of a dry-run job would run."""
+
+    index: int
+    #: What it would be once placement was tried (``starting``, ``pending``,
+    #: ``failed``), or ``unknown`` when wrk-ork could not say.
+    status: str
+    #: The nodes it would run on (more than one: a vLLM replica split over
+    #: InfiniBand nodes); empty when it would wait, fail or is unknown.
+    nodes: list[str]
+    #: The GPUs it would take on each of ``nodes``, in the same order.
+    gpus: list[int]
+
+
+class JobPreviewOut(BaseModel):
+    """``POST /api/jobs?dry_run=true``: the job as it would be created, and what
+    wrk-ork would do with it now; nothing was created. Its fields are a subset of
+    :class:`JobOut`'s (no id: there is no job), so ``cosmicac jobs create -f`` takes
+    this document back as it takes a job's."""
+
+    team: str
+    name: str
+    type: str
+    #: ``starting`` (it would be placed now), ``pending`` (it would wait for GPUs),
+    #: ``failed`` (it could never run as the location is registered), or null:
+    #: unknown (a wrk-ork older than ``jobs.preview``; ``reason`` says so).
+    status: str | None
+    #: Why it would wait or fail, or why the placement is unknown.
+    reason: str
+    #: The rack every replica would run on (``starting`` only).
+    rack: str | None
+    replicas: list[ReplicaPreviewOut]
+    #: The spec it would be created with (defaults filled in, as ``JobOut.spec``).
+    spec: JobSpec
+
+
 class JobsOut(BaseModel):
     jobs: list[JobOut]
     #: Pass as ``cursor`` for the next page; None: the last page.

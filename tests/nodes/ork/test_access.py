@@ -26,6 +26,7 @@ from contracts.ork import (
     LIST_JOBS,
     LIST_NODES,
     LIST_RACKS,
+    PREVIEW_JOB,
     PROTOCOL,
     REGISTER_RACK,
     RELEASE_NODES,
@@ -63,7 +64,8 @@ STRANGER = b"\x02" * 32
 #: jobs; app-node does everything; workers and strangers nothing.
 PROXY_METHODS = {"jobs.get", "jobs.list", "jobs.watch"}
 EVERY_METHOD = {
-    "jobs.create", "jobs.get", "jobs.list", "jobs.restart", "jobs.delete", "jobs.watch",
+    "jobs.create", "jobs.preview", "jobs.get", "jobs.list", "jobs.restart", "jobs.delete",
+    "jobs.watch",
     "replicas.restart", "replicas.delete", "racks.register", "racks.list", "racks.remove",
     "nodes.list", "nodes.reserve", "nodes.release", "service.status",
 }
@@ -108,6 +110,7 @@ def example_call(method: str, harness: Harness) -> tuple[Method | StreamMethod, 
     job = harness.job.id
     return {
         "jobs.create": (CREATE_JOB, CreateJob(spec=container())),
+        "jobs.preview": (PREVIEW_JOB, CreateJob(spec=container())),
         "jobs.get": (GET_JOB, JobRef(job_id=job)),
         "jobs.list": (LIST_JOBS, ListJobs()),
         "jobs.restart": (RESTART_JOB, JobRef(job_id=job)),
