@@ -26,11 +26,13 @@ Which context a command uses: ``--context NAME`` (anywhere before ``--``;
 else the file's ``current``. A name that is not in the file is a usage error
 listing the known ones.
 
-Before contexts, the CLI kept one session in ``<config dir>/session.json``. The
-first command that reads the contexts while there is no ``contexts.json`` moves
-that session into a context named after its server's ``host:port`` (made
-current) and removes ``session.json`` once ``contexts.json`` is written; a
-``session.json`` that cannot be read is left where it is, untouched.
+Before contexts, the CLI kept one session in ``<config dir>/session.json``.
+Whenever a command reads the contexts and finds one there (kept by an older
+cosmicac, or written by a script), the session is taken in as a login would
+take it (:func:`login_name`: the first one becomes a context named after its
+server's ``host:port``), made current, and ``session.json`` is removed once
+``contexts.json`` is written; a ``session.json`` that cannot be read is left
+where it is, untouched.
 
 A file that cannot be parsed, or holds a field of the wrong type, is never
 rewritten: every command that needs it stops with :class:`ContextsFileError`,
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -336,23 +339,21 @@ def read() -> Contexts:
     ``session.json`` is moved into a context first. Raises ContextsFileError, or
     OSError when the file cannot be read at all (then it is not touched either)."""
     path = contexts_path()
+    if _legacy_session() is not None:
+        with edit() as contexts:  # under the lock: another command may be taking it too
+            return contexts
     try:
         return parse(path.read_bytes(), path)
     except FileNotFoundError:
-        pass
-    migrated = _legacy_session()
-    if migrated is None:
         return Contexts()
-    with edit() as contexts:  # under the lock: another command may be migrating too
-        return contexts
 
 
 @contextmanager
 def edit() -> Iterator[Contexts]:
     """Read, change and write the contexts under an exclusive lock (on
     ``.contexts.lock`` beside the file): the body changes the yielded Contexts; it is
-    written atomically (0600) when the body returns, not when it raises. A missing
-    file starts empty or from ``session.json``. Raises ContextsFileError (nothing is
+    written atomically (0600) when the body returns, not when it raises. A
+    ``session.json`` is taken in first. Raises ContextsFileError (nothing is
     written) or OSError."""
     import fcntl
 
@@ -366,13 +367,14 @@ def edit() -> Iterator[Contexts]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             contexts = parse(path.read_bytes(), path)
-            legacy = None
         except FileNotFoundError:
-            legacy = _legacy_session()
             contexts = Contexts()
-            if legacy is not None:
-                contexts.put(legacy)
-                contexts.current = legacy.name
+        legacy = _legacy_session()
+        if legacy is not None:
+            name = login_name(contexts, legacy.server, legacy.email or "", None, time.time())
+            kept = contexts.contexts.get(name)
+            contexts.put(replace(legacy, name=name, extra=kept.extra if kept else {}))
+            contexts.current = name
         yield contexts
         from p2p.files import write_atomically
 
@@ -384,8 +386,9 @@ def edit() -> Iterator[Contexts]:
 
 
 def _legacy_session() -> Context | None:
-    """The session an older cosmicac kept in ``session.json``, as a context named
-    after its server, or None (no file, or one that cannot be read: left alone)."""
+    """The session an older cosmicac kept in ``session.json``, as a context (named
+    after its server until :func:`login_name` names it), or None (no file, or one
+    that cannot be read: left alone)."""
     try:
         document = json.loads((config_dir(None) / LEGACY_SESSION_FILE).read_bytes())
     except (OSError, ValueError):

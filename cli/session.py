@@ -91,9 +91,21 @@ def selected_context(contexts: _contexts.Contexts | None = None
         fail(str(exc), code=USAGE)
 
 
-def load_session() -> SavedSession | None:
-    """The selected context's session, or None (no context, or logged out)."""
-    context, _ = selected_context()
+def load_session(*, quiet: bool = False) -> SavedSession | None:
+    """The selected context's session, or None (no context, or logged out).
+
+    Exit 2 for a contexts file that cannot be used or an unknown context; with
+    ``quiet`` (a shell's completion, which must print nothing), None instead.
+    """
+    if quiet:
+        try:
+            contexts = _contexts.read()
+            name, _ = _contexts.selected_name(contexts)
+            context = contexts.contexts.get(name or "")
+        except (_contexts.ContextsError, OSError):
+            return None
+    else:
+        context, _ = selected_context()
     if context is None or not context.token:
         return None
     return SavedSession(server=context.server, token=context.token,

@@ -27,9 +27,10 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         login = await served.cli("login", "--email", EMAIL, "--password-stdin",
                                  stdin=f"{PASSWORD}\n".encode())
         assert login.returncode == 0, login.stderr
-        session_file = served.config / "session.json"
-        assert stat.S_IMODE(session_file.stat().st_mode) == 0o600
-        saved = json.loads(session_file.read_text())
+        contexts_file = served.config / "contexts.json"
+        assert stat.S_IMODE(contexts_file.stat().st_mode) == 0o600
+        contexts = json.loads(contexts_file.read_text())
+        saved = contexts["contexts"][contexts["current"]]
         assert saved["server"] == served.server and saved["email"] == EMAIL
 
         who = await served.cli("whoami", "-o", "json")
@@ -70,7 +71,9 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         token = saved["token"]
         logout = await served.cli("logout")
         assert logout.returncode == 0, logout.stderr
-        assert not session_file.exists()
+        # The context stays (its server and account), its token is forgotten.
+        contexts = json.loads(contexts_file.read_text())
+        assert contexts["contexts"][contexts["current"]]["token"] is None
         after = await served.cli("whoami", process=True)  # the smoke test: a real process
         assert after.returncode == 3
         one_error_line(after)
@@ -86,8 +89,9 @@ async def test_wrong_password_expired_session_server_down(served: Served) -> Non
                                  stdin=b"not the password\n")
         assert wrong.returncode == 1
         one_error_line(wrong)
-        assert not (served.config / "session.json").exists()
+        assert not (served.config / "contexts.json").exists()
 
+        # (a session.json, as an older cosmicac kept it, is taken in as a context)
         (served.config / "session.json").write_text(json.dumps({
             "server": served.server, "token": "t", "expires_at": 1.0, "email": EMAIL}))
         expired = await served.cli("apikeys", "list")

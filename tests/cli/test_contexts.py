@@ -173,6 +173,21 @@ def test_an_old_session_json_becomes_the_current_context_without_losing_it(
     assert not (config / "session.json").exists()
 
 
+def test_a_session_json_written_beside_the_contexts_is_taken_in_as_a_login(
+        tmp_path: Path) -> None:
+    """An older cosmicac (or a script) logging in again: its session is not lost."""
+    config = tmp_path / "config"
+    path = _two(config, current="prod")
+    (config / "session.json").write_text(json.dumps(
+        {"server": A, "token": "tok-new", "expires_at": FUTURE, "email": ADA}))
+    current = invoke(["context", "current"], env=_env(config))
+    assert current.stdout == b"local\n"  # ada's context of that server, made current
+    saved = json.loads(path.read_text())
+    assert saved["contexts"]["local"]["token"] == "tok-new"
+    assert sorted(saved["contexts"]) == ["local", "prod"]
+    assert not (config / "session.json").exists()
+
+
 def test_a_session_json_that_cannot_be_read_is_left_alone(tmp_path: Path) -> None:
     config = tmp_path / "config"
     config.mkdir()

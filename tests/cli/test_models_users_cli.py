@@ -99,10 +99,16 @@ async def test_models_add_list_remove_and_users_list(served: Served) -> None:
         assert served.node.services.store.invitations.of_team(invitation["team"]) == []
 
 
+def _saved_token(served: Served) -> str:
+    """The token of the CLI's current context."""
+    contexts = json.loads((served.config / "contexts.json").read_text())
+    return contexts["contexts"][contexts["current"]]["token"]
+
+
 async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None:
     with trio.fail_after(180):
         await served.login()
-        old_token = json.loads((served.config / "session.json").read_text())["token"]
+        old_token = _saved_token(served)
         wrong = await served.cli("users", "password", "--password-stdin",
                                  stdin=f"not it\n{NEW}\n".encode())
         assert wrong.returncode == 1 and "current_password" in one_error_line(wrong)
@@ -137,7 +143,7 @@ async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None
                                  "--password-stdin", stdin=f"{NEWER}\n".encode())
         assert again.returncode == 1 and "request a new one" in one_error_line(again)
         # the reset logged every session out, the one the CLI saved included
-        saved = json.loads((served.config / "session.json").read_text())["token"]
+        saved = _saved_token(served)
         async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
             r = await api.get("/me", headers={"authorization": f"Bearer {saved}"})
         assert r.status_code == 401

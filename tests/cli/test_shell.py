@@ -330,7 +330,7 @@ async def test_shell_job_failures_are_one_line_and_exit_255(
     hello = await cli(env, queued, "--", "true")
     assert hello.returncode == 255 and "no agent yet" in one_line(hello)
 
-    (tmp_path / "config" / "session.json").unlink()
+    (tmp_path / "config" / "contexts.json").unlink()  # (the session.json taken in)
     logged_out = await cli(env, queued, "--", "true")
     assert logged_out.returncode == 255 and "cosmicac login" in one_line(logged_out)
     usage = await cli(env)

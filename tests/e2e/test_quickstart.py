@@ -151,8 +151,8 @@ async def test_quickstart_through_the_cli(tmp_path: Path, shared_folder: Path) -
         cli = Cli(env)
         # up logged the local CLI in at once (its config folder is this test's).
         assert (await cli.json("whoami"))["user"]["email"] == creds["email"]
-        session = json.loads((tmp_path / "config" / "session.json").read_text())
-        assert session["server"] == url
+        contexts = json.loads((tmp_path / "config" / "contexts.json").read_text())
+        assert contexts["contexts"][contexts["current"]]["server"] == url
         env["COSMICAC_SERVER"] = url
         await cli("login", "--email", creds["email"], "--password-stdin",
                   stdin=f"{creds['password']}\n".encode(), process=True)
