@@ -81,20 +81,6 @@ def list_contexts(output: str = output_option(), no_headers: bool = no_headers_o
          names=[c.name for c in listed])
 
 
-@app.command("current")
-def current() -> None:
-    """The name of the context commands use now (--context, else $COSMICAC_CONTEXT,
-    else the current one); exit 1 when there is none.
-
-    Example: cosmicac context current
-    """
-    context, _ = selected_context()
-    if context is None:
-        fail("no current context: `cosmicac context use NAME` or `cosmicac login`",
-             code=REFUSED)
-    print(context.name)
-
-
 @contextmanager
 def _editing() -> Iterator[_contexts.Contexts]:
     """The contexts, changed and written back whole (or not at all, on an error)."""
@@ -137,9 +123,11 @@ def rename(old: str = typer.Argument(..., help="The context's name."),
 
 @app.command("delete")
 def delete(name: str = typer.Argument(..., help="The context to forget.")) -> None:
-    """Forget a context and its session here (the server is not told: to revoke its
-    session there too, run `cosmicac --context NAME logout` first). Deleting the
-    current context leaves none current: choose one with `cosmicac context use`.
+    """Forget a context and its session here; the server is not told.
+
+    To revoke its session on the server too, run `cosmicac --context NAME logout`
+    first. Deleting the current context leaves none current: choose one with
+    `cosmicac context use`.
 
     Example: cosmicac --context old logout && cosmicac context delete old
     """
@@ -154,3 +142,17 @@ def delete(name: str = typer.Argument(..., help="The context to forget.")) -> No
     if was_current and left:
         err.print(f"no context is current now: `cosmicac context use NAME` (known: "
                   f"{', '.join(left)})")
+
+
+@app.command("current")
+def current() -> None:
+    """The name of the context commands use now (--context, else $COSMICAC_CONTEXT,
+    else the current one); exit 1 when there is none.
+
+    Example: cosmicac context current
+    """
+    context, _ = selected_context()
+    if context is None:
+        fail("no current context: `cosmicac context use NAME` or `cosmicac login`",
+             code=REFUSED)
+    print(context.name)
