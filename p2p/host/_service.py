@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..mux import Channel
-from ..rpc import Router, RpcConfig, serve_rpc
 
 if TYPE_CHECKING:
     from ..connection import Connection
+    from ..rpc import Router, RpcConfig
 
 __all__ = ["ChannelHandler", "ChannelService", "PeerChannelHandler", "RpcService", "Service"]
 
@@ -129,5 +129,9 @@ class RpcService(Service):
         return self._firewall is None or bool(self._firewall(remote_public_key, how))
 
     async def serve_channel(self, channel: Channel, connection: Connection) -> None:
+        # Imported here: a peer that serves no RPC (``cosmicac shell``) never loads
+        # the RPC layer and pydantic with it (~0.1 s of start-up).
+        from ..rpc import serve_rpc
+
         await serve_rpc(channel, self.router, config=self.config, connection=connection,
                         name=f"{self.protocol} {connection.peer_label}")

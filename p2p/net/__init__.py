@@ -8,10 +8,30 @@ and refused connects on trio's clock, so swarms, relays and replication run
 under the autojump clock. See ``README.md`` in this folder.
 """
 
-from ._memory import InternetStatistics, MemoryHost, MemoryInternet, MemoryStreamListener
-from ._memory_stream import DEFAULT_STREAM_BUFFER_BYTES, MemoryStream, memory_stream_pair
+import importlib
+from typing import Any
+
 from ._socket import SocketNetwork, SocketStreamListener
 from ._types import Address, Network, StreamListener
+
+#: The in-memory internet (tests, simulations) is imported on first use (PEP 562): a
+#: process on real sockets (``cosmicac shell``) does not load it.
+_LAZY = {
+    **dict.fromkeys(("InternetStatistics", "MemoryHost", "MemoryInternet",
+                     "MemoryStreamListener"), "._memory"),
+    **dict.fromkeys(("DEFAULT_STREAM_BUFFER_BYTES", "MemoryStream", "memory_stream_pair"),
+                    "._memory_stream"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_STREAM_BUFFER_BYTES",

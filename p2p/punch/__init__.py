@@ -3,10 +3,27 @@
 See ``README.md`` in this folder.
 """
 
-from ._messages import Connect, PunchMessageError, Skip, Sync
+import importlib
+from typing import Any
+
 from ._proof import PathProofError
 from ._service import PROTOCOL, HolePunchService, PunchConfig, PunchMetrics, prove_path
 from ._tcp import PunchSocket, simultaneous_open
+
+#: The signalling messages are pydantic models: imported on first use (PEP 562), so a
+#: swarm that never punches (``cosmicac shell`` at an address) does not load pydantic.
+_LAZY = {"Connect": "._messages", "PunchMessageError": "._messages", "Skip": "._messages",
+         "Sync": "._messages"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "PROTOCOL",

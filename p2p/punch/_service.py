@@ -38,7 +38,6 @@ from ..errors import P2PError
 from ..host import Service
 from ..mux import Channel, ChannelRejected, MuxError
 from ..noise import SecretStream
-from ._messages import MAX_HOSTS, Connect, PunchMessageError, Skip, Sync, decode, encode
 from ._proof import (
     HELLO_BYTES,
     NONCE_BYTES,
@@ -55,6 +54,7 @@ from ._udp import birthday_sockets, spray, udp_socket, udp_token
 
 if TYPE_CHECKING:
     from ..connection import Connection
+    from ._messages import Connect
     from ._quic import QuicPath
 
 __all__ = ["PROTOCOL", "HolePunchService", "PunchConfig", "PunchMetrics", "prove_path"]
@@ -200,6 +200,10 @@ class HolePunchService(Service):
     async def on_connection(self, connection: Connection) -> None:
         if not connection.relayed or not connection.is_initiator:
             return
+        # The messages (pydantic models) are imported by the first punch: a peer
+        # never relayed (``cosmicac shell`` at an address) never loads pydantic.
+        from ._messages import Connect, Skip, Sync, decode, encode
+
         await trio.sleep(self.config.start_delay_s)
         ours, theirs = self._nat_type(), NatType.UNKNOWN
         try:
@@ -272,6 +276,8 @@ class HolePunchService(Service):
     async def serve_channel(self, channel: Channel, connection: Connection) -> None:
         if not connection.relayed or connection.is_initiator:
             return  # only the initiator of a relayed session starts a punch
+        from ._messages import Connect, Skip, Sync, decode, encode  # (see on_connection)
+
         ours, theirs = self._nat_type(), NatType.UNKNOWN
         holder, udp = PunchSocket(), udp_socket()
         try:
@@ -448,6 +454,8 @@ class HolePunchService(Service):
                 except (ValueError, trio.ClosedResourceError, trio.BrokenResourceError):
                     await trio.aclose_forcefully(raw)
 
+        from ._messages import MAX_HOSTS
+
         hosts = list(dict.fromkeys(peer.hosts))[:MAX_HOSTS]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(accept, nursery.cancel_scope)
@@ -470,6 +478,8 @@ class HolePunchService(Service):
         await trio.sleep_forever()  # (cancelled when the connection ends)
 
     def _hosts(self, connection: Connection) -> list[str]:
+        from ._messages import MAX_HOSTS
+
         hosts = [h for h in self._local_hosts(connection) if ":" not in h]
         return list(dict.fromkeys(hosts))[:MAX_HOSTS]
 
@@ -495,6 +505,8 @@ class HolePunchService(Service):
 async def _next_round(channel: Channel, into: list[object], done: trio.CancelScope) -> None:
     """The initiator's next message (a new round's connect), into ``into``; then
     end the round (an initiator that gave up closes the channel: nothing)."""
+    from ._messages import decode
+
     try:
         into.append(decode(await channel.receive()))
     except trio.EndOfChannel:
@@ -510,6 +522,8 @@ _ENDS_A_PUNCH = (_Failed, trio.TooSlowError, P2PError, MuxError, trio.BrokenReso
 
 def _outcome_of(connection: Connection, group: BaseExceptionGroup) -> str:
     """The outcome a punch that ended with ``group`` is counted under."""
+    from ._messages import PunchMessageError
+
     first = group.exceptions[0]
     while isinstance(first, BaseExceptionGroup):
         first = first.exceptions[0]

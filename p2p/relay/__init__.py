@@ -8,6 +8,9 @@ relay server itself lives in the top-level ``relay`` package.
 See ``README.md`` in this folder for the wire format.
 """
 
+import importlib
+from typing import Any
+
 from ._attach import (
     ATTACH_MAGIC,
     ATTACH_REQUEST_BYTES,
@@ -20,17 +23,6 @@ from ._attach import (
     encode_attach_request,
     status_for,
 )
-from ._client import (
-    DEFAULT_ATTACH_TIMEOUT_S,
-    Incoming,
-    PairTicket,
-    accept_via_relay,
-    attach,
-    attach_stream,
-    dial_via_relay,
-    keep_reservation,
-    request_pair,
-)
 from ._errors import (
     RefusalCode,
     RelayError,
@@ -40,15 +32,27 @@ from ._errors import (
     RelayTimeout,
     RelayUnavailable,
 )
-from ._messages import (
-    PAIR,
-    PROTOCOL,
-    RESERVE,
-    PairParams,
-    PairReply,
-    ReservationItem,
-    ReserveParams,
-)
+
+#: The client side and the RPC messages (pydantic models), imported on first use
+#: (PEP 562): a swarm that never meets a relay (``cosmicac shell --address``)
+#: does not load the RPC layer and pydantic.
+_LAZY = {
+    **dict.fromkeys(("DEFAULT_ATTACH_TIMEOUT_S", "Incoming", "PairTicket", "accept_via_relay",
+                     "attach", "attach_stream", "dial_via_relay", "keep_reservation",
+                     "request_pair"), "._client"),
+    **dict.fromkeys(("PAIR", "PROTOCOL", "RESERVE", "PairParams", "PairReply",
+                     "ReservationItem", "ReserveParams"), "._messages"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ATTACH_MAGIC",

@@ -27,7 +27,7 @@ from ..errors import HandshakeError, P2PError
 from ..host import HostError
 from ..keys import format_key
 from ..noise import SecretStream
-from ..relay import Role, attach, request_pair
+from ..relay import Role
 from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmError
 
 if TYPE_CHECKING:
@@ -302,6 +302,11 @@ class Dialer:
         if relay.relayed or relay.remote_address is None:
             raise SwarmError("the relay itself is only reachable through a relay",
                              code="RELAY_UNREACHABLE")
+        # The relay's client (its RPC, pydantic) is imported by the first relayed
+        # dial: a swarm that dials addresses only (``cosmicac shell --address``)
+        # never loads it.
+        from ..relay import attach, request_pair
+
         ticket = await request_pair(relay, key)
         raw = await attach(relay.remote_address, ticket.token, role=Role.INITIATOR,
                            timeout_s=ticket.timeout_s, network=swarm.network)

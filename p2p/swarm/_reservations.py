@@ -20,11 +20,12 @@ from ..errors import P2PError
 from ..host import HostError
 from ..keys import format_key
 from ..noise import SecretStream
-from ..relay import Incoming, Role, attach, keep_reservation
+from ..relay import Role
 from ._dialer import reason
 from ._errors import SwarmError
 
 if TYPE_CHECKING:
+    from ..relay import Incoming
     from ._swarm import Swarm
 
 __all__ = ["Reservations"]
@@ -48,6 +49,10 @@ class Reservations:
 
     async def keep(self, relay_key: bytes) -> None:
         """Hold a reservation with one relay for as long as the swarm runs."""
+        # The relay's client (its RPC, pydantic) is imported here, by a swarm that
+        # reserves: one with no relays (``cosmicac shell``) never loads it.
+        from ..relay import keep_reservation
+
         swarm = self._swarm
         delay = 1.0
         failures = 0
@@ -93,6 +98,8 @@ class Reservations:
 
     async def _accept(self, relay_key: bytes, relay_address: Address,
                       incoming: Incoming) -> None:
+        from ..relay import attach  # (see keep: loaded by then)
+
         swarm = self._swarm
         peer = format_key(incoming.initiator)[:12]
         if not swarm.host.allows(incoming.initiator, "relayed"):
