@@ -6,21 +6,46 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    err: Console  # (made on first use: see _CONSOLES)
+    out: Console
 
 __all__ = ["OutputFormat", "err", "fail", "first_leaf", "out", "print_json", "run_trio"]
 
 # markup=False, emoji=False: what we print is often what the user typed, and
 # "127.0.0.1:-1:" must not become "127.0.0.1👎" nor "[::1]" a style tag. The
 # one styled line (fail) is built as a rich Text, which is never parsed.
-#: Diagnostics and progress; honours NO_COLOR and degrades when not a TTY.
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
-#: Human-readable results.
-out = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
+#: The consoles' options, by name: ``err``, diagnostics and progress (honours
+#: NO_COLOR and degrades when not a TTY), and ``out``, human-readable results.
+#: Each is made on first use (PEP 562): rich costs ~20 ms of start-up, which a
+#: command that prints nothing of its own (``cosmicac shell ... -- true``) skips.
+_CONSOLES: dict[str, dict[str, bool]] = {
+    "err": {"stderr": True, "highlight": False, "soft_wrap": True, "emoji": False,
+            "markup": False},
+    "out": {"highlight": False, "soft_wrap": True, "emoji": False, "markup": False},
+}
+
+
+def _console(name: str) -> Console:
+    """The console ``name`` (``err`` or ``out``), made by the first use."""
+    console = globals().get(name)
+    if console is None:
+        from rich.console import Console
+
+        console = globals()[name] = Console(**_CONSOLES[name])
+    return console
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _CONSOLES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _console(name)
 
 
 class OutputFormat(StrEnum):
@@ -39,8 +64,11 @@ def fail(message: str, *, code: int = 1) -> NoReturn:
     ``message`` is shown as it is: rich markup and emoji codes in it are not
     interpreted (it often holds what the user typed).
     """
+    from rich.text import Text
+
     # A Text is never parsed for markup or emoji (escape() mangles a trailing "\\").
-    err.print(Text.assemble(("error:", "bold red"), " ", " ".join(str(message).split())))
+    line = Text.assemble(("error:", "bold red"), " ", " ".join(str(message).split()))
+    _console("err").print(line)
     raise typer.Exit(code)
 
 

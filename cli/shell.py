@@ -64,9 +64,8 @@ from p2p.swarm import Connection, Swarm, SwarmConfig, SwarmError
 
 from ._args import parse_address, parse_key, wildcard_for
 from ._config import config_dir
-from ._console import err, fail, run_trio
+from ._console import fail, run_trio
 from ._stdio import StdinSource, StdoutSink
-from .dht import parse_bootstrap
 from .session import api_for, server_option
 
 __all__ = ["JobTarget", "resolve_job", "shell"]
@@ -79,6 +78,15 @@ NOT_FOUND = 127
 #: login shell on pipes; the agent's own $SHELL needs a PTY session).
 _PIPE_SHELL = ("sh",)
 _TERM_FALLBACK = "xterm-256color"
+
+
+def parse_bootstrap(text: str) -> list[tuple[str, int]]:
+    """:func:`cli.dht.parse_bootstrap`, imported on first use: ``cli.dht`` brings the
+    daemon settings (pydantic-settings, ~0.1 s of start-up) that a shell at an
+    ``--address`` never needs."""
+    from .dht import parse_bootstrap
+
+    return parse_bootstrap(text)
 
 
 def shell(
@@ -338,6 +346,8 @@ def _term() -> str:
 
 async def _main(plan: _Plan, result: list[int]) -> None:
     if os.isatty(2):
+        from ._console import err  # (rich: only for a terminal, see cli._console)
+
         err.print(f"connecting to {format_key(plan.agent)[:12]} …", markup=False)
     reached = [*plan.bootstrap, *(a for where in plan.relay_addresses.values() for a in where)]
     host = wildcard_for(reached) if reached else "127.0.0.1"
