@@ -1,0 +1,92 @@
+"""``cosmicac shell`` starts with what it runs: the client side of the shell, the
+swarm's direct dial, Noise and the mux, and not what only daemons or other paths
+use (the RPC layer and its pydantic models, the relay's client, the hole punch's
+messages, the daemon settings, rich). Those cost ~0.2 s of a ``-- true`` run, most
+of it imports (bench/shell.py ``run_true``); a test here fails when one comes back.
+
+Each check runs in a fresh interpreter and lists the modules it loaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+
+import trio
+
+from agents.instance import ShellService
+from p2p.keys import KeyPair, load_or_create_keypair
+from p2p.swarm import Swarm, SwarmConfig
+
+#: Loaded by neither ``import cli.shell`` nor a run of ``shell --address ... -- true``.
+NOT_FOR_A_SHELL = ("p2p.rpc", "p2p.relay._client", "p2p.relay._messages",
+                   "p2p.punch._messages", "pydantic_settings", "p2p.daemon", "cli.dht",
+                   "rich", "httpx")
+#: Loaded by the real command all the same: typer (0.29) coerces every option's
+#: value through a pydantic ``TypeAdapter``. Importing the modules must not.
+USED_BY_TYPER = ("pydantic",)
+
+_LOADED = """
+def loaded(names):
+    import sys
+    return sorted(m for m in sys.modules if any(m == n or m.startswith(n + ".") for n in names))
+"""
+
+_IMPORT_PROBE = _LOADED + """
+import cli.shell
+import agents.instance
+from agents.instance import Exit, ShellSession, Stderr, keep_large_buffers, open_shell
+from p2p.swarm import Swarm, SwarmConfig
+print("LOADED", loaded({names!r}))
+"""
+
+#: The command closes its stdout when the remote's ends: the list goes to a file.
+_RUN_PROBE = _LOADED + """
+import atexit, pathlib, sys
+atexit.register(lambda: pathlib.Path({into!r}).write_text("LOADED " + str(loaded({names!r}))))
+sys.argv[0] = "cosmicac"
+from cli.main import main
+main()
+"""
+
+LIMIT_S = 60
+
+
+def _loaded(stdout: str) -> str:
+    return [line for line in stdout.splitlines() if line.startswith("LOADED ")][-1]
+
+
+def test_importing_the_shell_client_loads_none_of_the_daemon_side():
+    probe = _IMPORT_PROBE.format(names=NOT_FOR_A_SHELL + USED_BY_TYPER)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=LIMIT_S, check=True)
+    assert _loaded(result.stdout) == "LOADED []"
+
+
+@asynccontextmanager
+async def agent(tmp_path):
+    """A swarm on 127.0.0.1 serving shells to ``tmp_path/user``; yields the CLI's
+    arguments that reach it."""
+    user = load_or_create_keypair(tmp_path / "user")
+    swarm = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", announce_key=False),
+                  services=[ShellService({user.public_key}.__contains__, shell="/bin/sh")])
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(swarm.run)
+        yield ["shell", "--agent", swarm.public_key.hex(), "--address", f"{host}:{port}",
+               "--identity", str(tmp_path / "user")]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_shell_command_at_an_address_runs_without_the_daemon_side(tmp_path):
+    with trio.fail_after(LIMIT_S):
+        async with agent(tmp_path) as args:
+            into = tmp_path / "loaded"
+            probe = _RUN_PROBE.format(names=NOT_FOR_A_SHELL, into=str(into))
+            result = await trio.run_process(
+                [sys.executable, "-c", probe, *args, "--", "sh", "-c", "echo ran; exit 3"],
+                stdin=subprocess.DEVNULL, capture_stdout=True, capture_stderr=True,
+                check=False)
+    assert result.returncode == 3, result.stderr.decode()
+    assert result.stdout == b"ran\n"  # the session ran: the agent's output came back
+    assert into.read_text() == "LOADED []"
