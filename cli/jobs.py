@@ -28,7 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote
 
 import httpx
@@ -129,12 +129,19 @@ def _list_row(job: dict, now: float) -> tuple[Any, ...]:
             age_label(now - job["created_at"]), _runs(job["spec"]), _when(job["created_at"]))
 
 
+def _watch_option(what: str) -> Any:
+    return typer.Option(False, "--watch", "-w", help=f"Keep showing {what} as it changes "
+                        f"(from the server's event stream), until Ctrl-C; through a pipe, "
+                        f"one line per change.")
+
+
 @app.command("list")
 def list_jobs(team: str | None = _team_option(),
               limit: int = typer.Option(50, "--limit", min=1, max=500,
                                         help="Jobs per page (newest first)."),
               every: bool = typer.Option(False, "--all", "-a",
                                          help="Every job of the team, not one page."),
+              watch: bool = _watch_option("the list"),
               server: str | None = server_option(), output: str = output_option(),
               no_headers: bool = no_headers_option(),
               query: str | None = query_option()) -> None:
@@ -145,18 +152,30 @@ def list_jobs(team: str | None = _team_option(),
     Example: cosmicac jobs list -o name | xargs -n1 cosmicac jobs get
 
     Example: cosmicac jobs list --query "[?status=='running'].id"
+
+    Example: cosmicac jobs list --watch
     """
     shown = Output.of(output, no_headers, query)
     api = api_for(server)
     team_id = resolve_team(api, team)["id"] if team else None
-    jobs: list[dict] = []
-    cursor: str | None = None
-    for _ in range(10_000):  # pages; the cursor ends it long before
-        page = api.get("/jobs", team_id=team_id, limit=str(limit), cursor=cursor)
-        jobs.extend(page["jobs"])
-        cursor = page.get("next")
-        if not every or not cursor:
-            break
+
+    def listed() -> tuple[list[dict], str | None]:
+        jobs: list[dict] = []
+        cursor: str | None = None
+        for _ in range(10_000):  # pages; the cursor ends it long before
+            page = api.get("/jobs", team_id=team_id, limit=str(limit), cursor=cursor)
+            jobs.extend(page["jobs"])
+            cursor = page.get("next")
+            if not every or not cursor:
+                break
+        return jobs, cursor
+
+    if watch:
+        from ._watch import watch_list
+
+        watch_list(api, team_id, lambda: listed()[0], shown, _LIST_COLUMNS, _list_row)
+        return
+    jobs, cursor = listed()
     if cursor and not every and not shown.is_document:
         err.print(f"more jobs: --all lists every one (or --limit {limit * 2})")
     now = time.time()
@@ -173,27 +192,30 @@ _REPLICA_COLUMNS = (Column("replica"), Column("status"), Column("generation", dr
                     Column("nodes", cut=True, drop=1), Column("message", cut=True))
 
 
-def _show(shown: Output, job: dict) -> None:
+def _show(shown: Output, job: dict, stream: TextIO | None = None) -> None:
     """The job: its document with -o json/yaml/--query, its id with -o name, else a
     job table and a replica table."""
+    stream = stream or sys.stdout
     if shown.is_document or shown.mode == "name":
-        emit(shown, job, names=[job["id"]])
+        emit(shown, job, names=[job["id"]], stream=stream)
         return
     now = time.time()
     created = f"{_when(job['created_at'])} ({age_label(now - job['created_at'])} ago)"
     emit(shown, job, _GET_COLUMNS,
          [(job["id"], job["name"], job["type"], status_label(job["status"]), _health(job),
            job["spec"]["gpus"], _runs(job["spec"]),
-           heard_label(job.get("agents_heard_at"), now), created, job["reason"])])
-    sys.stdout.write("\n")
+           heard_label(job.get("agents_heard_at"), now), created, job["reason"])],
+         stream=stream)
+    stream.write("\n")
     emit(shown, job, _REPLICA_COLUMNS,
          [(r["index"], status_label(r["status"]), r["generation"], ", ".join(r["nodes"]),
            r["message"])
-          for r in job["replicas"]])
+          for r in job["replicas"]], stream=stream)
 
 
 @app.command("get")
 def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
+        watch: bool = _watch_option("the job"),
         server: str | None = server_option(), output: str = output_option(),
         no_headers: bool = no_headers_option(),
         query: str | None = query_option()) -> None:
@@ -204,8 +226,16 @@ def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
     Example: cosmicac jobs get j-5d1c... -o yaml > job.yaml
 
     Example: cosmicac jobs get j-5d1c... --query status
+
+    Example: cosmicac jobs get j-5d1c... --watch
     """
     shown = Output.of(output, no_headers, query)
+    if watch:
+        from ._watch import watch_job
+
+        watch_job(api_for(server), job, shown, lambda j, stream=None: _show(shown, j, stream),
+                  _LIST_COLUMNS, _list_row)
+        return
     _show(shown, api_for(server).get(_job_path(job)))
 
 
