@@ -242,25 +242,38 @@ def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
 def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | None,
                  gpus: int | None, replicas: int | None, runtime: str | None, model: str | None,
                  served_name: str | None, location: str | None,
-                 team: str | None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+                 team: str | None, settings: dict[str, Any] | None = None,
+                 given: dict[str, Any] | None = None) -> dict[str, Any]:
     """The POST /api/jobs body; one usage line (exit 2) for what is missing or unknown.
+
+    ``given`` is a job file's fields (``-f``, :mod:`._jobfile`, checked there); the
+    options given override them, ``--server-args`` the file's arguments and
+    ``--server-env`` its variables of the same names.
 
     The rest (a container job with a model, replicas > 1...) is the API's to refuse:
     its 422 names the field, and the CLI prints it as it is.
     """
-    if not name:
-        fail("--name is required: what to call the job", code=USAGE)
-    if type_ not in _TYPES:
-        fail(f"--type takes container or inference, not {type_!r}" if type_ else
-             "--type is required: container or inference", code=USAGE)
-    if runtime is not None and runtime not in _RUNTIMES:
-        fail(f"--runtime takes vllm, parakeet or local, not {runtime!r}", code=USAGE)
-    body: dict[str, Any] = {"name": name, "type": type_}
-    optional = {"image": image, "gpus": gpus, "replicas": replicas, "runtime": runtime,
-                "model": model, "served_name": served_name, "location": location}
-    body.update({key: value for key, value in optional.items() if value is not None})
+    body: dict[str, Any] = dict(given or {})
+    options = {"name": name, "type": type_, "image": image, "gpus": gpus,
+               "replicas": replicas, "runtime": runtime, "model": model,
+               "served_name": served_name, "location": location}
+    body.update({key: value for key, value in options.items() if value is not None})
+    in_file = " (or name: in the file)" if given is not None else ""
+    if not body.get("name"):
+        fail(f"--name is required: what to call the job{in_file}", code=USAGE)
+    if body.get("type") not in _TYPES:
+        fail(f"--type takes container or inference, not {body['type']!r}" if body.get("type")
+             else f"--type is required: container or inference{in_file.replace('name', 'type')}",
+             code=USAGE)
+    if body.get("runtime") is not None and body["runtime"] not in _RUNTIMES:
+        fail(f"--runtime takes vllm, parakeet or local, not {body['runtime']!r}", code=USAGE)
     if settings:
-        body["runtime_settings"] = settings
+        merged = dict(body.get("runtime_settings") or {})
+        if "args" in settings:
+            merged["args"] = settings["args"]
+        if "env" in settings:
+            merged["env"] = {**merged.get("env", {}), **settings["env"]}
+        body["runtime_settings"] = merged
     if team:
         body["team_id"] = resolve_team(api, team)["id"]
     return body
@@ -294,12 +307,21 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
            isolated_network: bool = typer.Option(
                False, "--isolated-network", help="A GPU container on a network of its own, "
                "reached through a WireGuard gateway (see: cosmicac jobs wireguard)."),
+           filename: str | None = typer.Option(
+               None, "--filename", "-f", metavar="FILE",
+               help="The job from a YAML or JSON file (- for stdin): the API's create body, "
+                    "or a job document as `jobs get -o yaml` prints it; options given here "
+                    "override its fields."),
+           dry_run: bool = typer.Option(
+               False, "--dry-run", help="Create nothing: show the job as it would be "
+               "created and where it would run now, or why it would wait (the server "
+               "checks all that a create checks)."),
            server_args: str | None = _SERVER_OPTIONS[0],
            server_env: list[str] | None = _SERVER_OPTIONS[1],
            team: str | None = _team_option(),
            wait: bool = _wait_option("runs"), timeout: float = _timeout_option(),
            server: str | None = server_option(), output: str = output_option()) -> None:
-    """Create a job; print its id (with -o json: the job document, with its id).
+    """Create a job; print its id (with -o json or yaml: the job document, with its id).
 
     With --wait, the id is printed at once and the command returns when the job
     runs; with --wait -o json, the document is printed then, as it is running.
@@ -313,21 +335,42 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
     Example: cosmicac jobs create --name long --type inference --model
     meta-llama/Llama-3.1-8B --server-args '--max-model-len 32768' --server-env
     VLLM_LOGGING_LEVEL=DEBUG
+
+    Example: cosmicac jobs create -f job.yaml --dry-run
+
+    Example: cosmicac jobs get j-5d1c... -o yaml | cosmicac jobs create -f - --name copy
     """
     check_output(output)
     settings = server_settings(server_args, server_env)
+    given = None
+    if filename is not None:
+        from ._jobfile import JobFileError, load  # here: only -f loads YAML and pydantic
+
+        try:
+            given = load(filename, sys.stdin.buffer)
+        except JobFileError as exc:
+            fail(exc.message, code=USAGE)
     api = api_for(server)
     body = _create_body(api, name=name, type_=type_, image=image, gpus=gpus,
                         replicas=replicas, runtime=runtime, model=model,
                         served_name=served_name, location=location, team=team,
-                        settings=settings)
+                        settings=settings, given=given)
     if isolated_network:
         body["isolated_network"] = True
+    if dry_run:
+        from ._jobfile import print_preview
+
+        print_preview(Output.of(output), api.request("POST", "/jobs", json_body=body,
+                                                     params={"dry_run": "true"}))
+        return
     job = api.post("/jobs", body)
-    if output == "json":
+    if output in ("json", "yaml"):
         if wait:
             job = wait_for(api, job["id"], Goal.RUNNING, timeout)
-        print_json(job)
+        if output == "json":
+            print_json(job)
+        else:
+            emit(output, job)
         return
     print(job["id"], flush=True)  # before waiting: the caller has it even if we stop
     if wait:
