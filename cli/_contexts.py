@@ -45,6 +45,7 @@ This module does no printing and knows nothing of typer: ``cli.session`` and
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -267,6 +268,8 @@ def parse(data: bytes, where: Path | str = CONTEXTS_FILE) -> Contexts:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"not JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." deeper than the interpreter's stack
+        raise bad("not JSON: nested too deep") from None
     if not isinstance(document, dict):
         raise bad("not a JSON object")
     version = document.get("version", _VERSION)
@@ -295,7 +298,8 @@ def parse(data: bytes, where: Path | str = CONTEXTS_FILE) -> Contexts:
                 raise bad(f"context {name!r}: {key!r} is not a string")
         expires_at = entry.get("expires_at")
         if expires_at is not None and (isinstance(expires_at, bool)
-                                       or not isinstance(expires_at, int | float)):
+                                       or not isinstance(expires_at, int | float)
+                                       or not math.isfinite(expires_at)):
             raise bad(f"context {name!r}: 'expires_at' is not a number")
         contexts[name] = Context(
             name, server, entry.get("email"), entry.get("token") or None,

@@ -13,10 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cli import _contexts
 from cli._contexts import Context, Contexts, ContextsError, ContextsFileError
 from cli.main import take_context
+from tests.examples import examples
 
 from .support import invoke, one_error_line
 
@@ -71,6 +74,62 @@ def test_a_file_that_is_not_a_contexts_file_is_named_with_what_is_wrong(
         _contexts.parse(document, "/cfg/contexts.json")
     assert "/cfg/contexts.json" in str(raised.value)
     assert complaint in str(raised.value)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["version", "current", "contexts", "server", "email", "token",
+                         "expires_at", "a", "a/b", ""]) | st.text(max_size=4), inner,
+        max_size=5), max_leaves=20)
+
+
+_ENTRY = st.fixed_dictionaries({"server": st.sampled_from(["http://h:1", "https://x", "ftp://y",
+                                                           3])},
+                                optional={"email": st.none() | st.text(max_size=4) | st.integers(),
+                                          "token": st.none() | st.text(max_size=4) | st.booleans(),
+                                          "expires_at": st.none() | st.floats() | st.integers()
+                                          | st.booleans() | st.text(max_size=2),
+                                          "more": _JSON})
+_DOCUMENT = st.fixed_dictionaries(
+    {"contexts": st.dictionaries(st.text(max_size=6), _ENTRY, max_size=3)},
+    optional={"current": st.none() | st.text(max_size=3) | st.integers(),
+              "version": st.integers(-1, 3) | st.booleans(), "later": _JSON})
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.binary(max_size=200) | (_JSON | _DOCUMENT).map(
+    lambda doc: json.dumps(doc).encode()))
+def test_any_bytes_parse_to_contexts_or_a_file_error(data: bytes) -> None:
+    try:
+        parsed = _contexts.parse(data)
+    except ContextsFileError:
+        return
+    assert _contexts.parse(parsed.to_json().encode()) == parsed
+
+
+def test_a_file_nested_too_deep_is_a_file_error_too() -> None:
+    with pytest.raises(ContextsFileError):
+        _contexts.parse(b"[" * 100_000)
+
+
+def test_concurrent_changes_all_land(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two logins at once: each writes the whole file, under the lock, so neither
+    change is lost."""
+    import threading
+
+    monkeypatch.setenv("COSMICAC_CONFIG_DIR", str(tmp_path / "config"))
+
+    def add(n: int) -> None:
+        with _contexts.edit() as contexts:
+            contexts.put(Context(f"c{n}", A))
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _contexts.read().names() == sorted(f"c{n}" for n in range(16))
 
 
 def test_the_file_round_trips_and_keeps_keys_it_does_not_know() -> None:
