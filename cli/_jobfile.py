@@ -48,7 +48,7 @@ from contracts.model import IMAGE_PATTERN, JobSpec, JobType, Runtime
 from contracts.runtime_settings import RuntimeSettings
 
 __all__ = ["BODY_FIELDS", "DOCUMENT_FIELDS", "MAX_FILE_BYTES", "SPEC_FIELDS", "JobFileError",
-           "body_of", "load", "parse", "print_preview", "read"]
+           "ask_preview", "body_of", "load", "parse", "print_preview", "read"]
 
 #: A job file is a few hundred bytes; past this it is refused before parsing.
 MAX_FILE_BYTES = 1 << 20
@@ -379,7 +379,27 @@ def _unknown(key: str, fields: tuple[str, ...], other: tuple[str, ...]) -> str:
     return f"not a field of a job file{hint}; the fields are {', '.join(fields)}"
 
 
-# -- --dry-run's answer -------------------------------------------------------------
+# -- --dry-run ----------------------------------------------------------------------
+
+
+def ask_preview(api: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /api/jobs?dry_run=true``: the would-be job, nothing created.
+
+    An app-node older than ``dry_run`` ignores the query and creates the job (its
+    answer has an ``id``): it is deleted again at once and the command fails, so a
+    dry run never leaves a job behind.
+    """
+    from urllib.parse import quote
+
+    from ._console import fail
+
+    preview = api.request("POST", "/jobs", json_body=body, params={"dry_run": "true"})
+    if isinstance(preview, dict) and "id" in preview:
+        job = str(preview["id"])
+        api.request("DELETE", f"/jobs/{quote(job, safe='')}")
+        fail(f"the server at {api.server} is older than --dry-run and created job {job}; "
+             "it was deleted again. Upgrade app-node for dry runs")
+    return preview
 
 
 def print_preview(shown: Any, preview: dict[str, Any], stream: TextIO | None = None) -> None:

@@ -258,13 +258,14 @@ def _create_body(api: Api, *, name: str | None, type_: str | None, image: str | 
                "replicas": replicas, "runtime": runtime, "model": model,
                "served_name": served_name, "location": location}
     body.update({key: value for key, value in options.items() if value is not None})
-    in_file = " (or name: in the file)" if given is not None else ""
+    def in_file(field: str) -> str:
+        return f" (or {field}: in the file)" if given is not None else ""
+
     if not body.get("name"):
-        fail(f"--name is required: what to call the job{in_file}", code=USAGE)
+        fail(f"--name is required: what to call the job{in_file('name')}", code=USAGE)
     if body.get("type") not in _TYPES:
         fail(f"--type takes container or inference, not {body['type']!r}" if body.get("type")
-             else f"--type is required: container or inference{in_file.replace('name', 'type')}",
-             code=USAGE)
+             else f"--type is required: container or inference{in_file('type')}", code=USAGE)
     if body.get("runtime") is not None and body["runtime"] not in _RUNTIMES:
         fail(f"--runtime takes vllm, parakeet or local, not {body['runtime']!r}", code=USAGE)
     if settings:
@@ -358,10 +359,9 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
     if isolated_network:
         body["isolated_network"] = True
     if dry_run:
-        from ._jobfile import print_preview
+        from ._jobfile import ask_preview, print_preview
 
-        print_preview(Output.of(output), api.request("POST", "/jobs", json_body=body,
-                                                     params={"dry_run": "true"}))
+        print_preview(Output.of(output), ask_preview(api, body))
         return
     job = api.post("/jobs", body)
     if output in ("json", "yaml"):

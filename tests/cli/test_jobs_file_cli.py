@@ -308,3 +308,21 @@ def test_fuzz_any_text_is_a_body_or_a_job_file_error(text: str) -> None:
         assert error.message.startswith("fuzz.yaml")
         return
     assert isinstance(body, dict) and set(body) <= set(BODY_FIELDS)
+
+
+async def test_a_dry_run_against_an_app_node_older_than_it_leaves_no_job(
+        served_ork: ServedOrk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older app-node ignores ``dry_run`` and creates the job: the CLI deletes it
+    again and fails, rather than leaving a job the user never meant to run."""
+    from nodes.app_node.api import _jobs
+
+    served = served_ork
+    await served.login()
+    monkeypatch.setattr(_jobs, "_dry_run", lambda request: False)  # the older route
+    (tmp_path / "box.yaml").write_text(BOX_YAML)
+    result = await served.cli("jobs", "create", "-f", str(tmp_path / "box.yaml"), "--dry-run")
+    assert result.returncode == 1 and result.stdout == b""
+    line = one_error_line(result)
+    assert "older than --dry-run and created job j-" in line and "deleted again" in line
+    [job] = served.job_ids()
+    assert served.world is not None and served.world.status(job).value == "deleting"
