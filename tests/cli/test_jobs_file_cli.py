@@ -38,6 +38,8 @@ from nodes.app_node.api._models import JobIn, JobOut, JobPreviewOut
 
 from .support import ServedOrk, cli_env, invoke, one_error_line
 
+pytestmark = pytest.mark.slow  # about 15 s: app-node and wrk-ork served per test
+
 IMAGE = "docker://registry.local/jobs/app:1"
 
 BOX_YAML = f"""\
