@@ -19,6 +19,7 @@ import typer
 from . import _contexts
 from ._config import config_dir
 from ._console import err, fail
+from ._help import add_note
 from .session import (
     DEFAULT_SERVER,
     EXIT_CODES_HELP,
@@ -181,5 +182,4 @@ def whoami(server: str | None = server_option(), output: str = output_option()) 
          or [(user["email"], user["name"], "", "", "")])
 
 
-for _command in (login, logout, whoami):
-    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
+add_note((login, logout, whoami), EXIT_CODES_HELP)

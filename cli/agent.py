@@ -31,6 +31,8 @@ def run(
 
     Exit 2: the config is unreadable or a field is wrong (named); exit 1: the
     worker refused this agent, its workload failed, or its storage is unusable.
+
+    Example: cosmicac agent run --config /etc/cosmicac/agent.json
     """
     from agents.boot import main  # the agent's imports only when it runs
 

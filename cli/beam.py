@@ -81,7 +81,12 @@ def beam(
         "the beam to a direct path if a hole punch gets through both NATs."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
-    """Pipe stdin/stdout to a peer over an encrypted, key-pinned stream."""
+    """Pipe stdin/stdout to a peer over an encrypted, key-pinned stream.
+
+    Example: cosmicac beam --listen < backup.tar   (prints the key to give the other side)
+
+    Example: cosmicac beam 9f2c...e1 > backup.tar
+    """
     dht_bootstrap = parse_bootstrap(bootstrap) if bootstrap else []
     lan_config = LanConfig() if lan else None
     relays = parse_keys(relay, what="relay key") if relay else []

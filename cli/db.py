@@ -144,6 +144,8 @@ def serve(
 
     Every option can also be set in the --config file or as an environment
     variable COSMICAC_DB__<KEY> (README.md lists the keys).
+
+    Example: cosmicac db serve --storage /var/lib/cosmicac/db --bootstrap 10.0.0.2:49737
     """
     allowed = parse_allow(allow)
     reader_keys = parse_allow(readers, what="--reader key")
@@ -225,7 +227,10 @@ def add_writer_command(
     admin: bool = typer.Option(False, "--admin", help="Let it add and remove writers too."),
     identity: Path | None = _identity_option(),
 ) -> None:
-    """Admit a replica as a writer (what `task autobase-connect` does), as an admin replica."""
+    """Admit a replica as a writer (what `task autobase-connect` does), as an admin replica.
+
+    Example: cosmicac db add-writer 9f2c...e1 --storage /var/lib/cosmicac/db
+    """
     _change_writer(storage, "add_writer", key, admin, identity)
 
 
@@ -236,7 +241,10 @@ def remove_writer_command(
                                  help="Storage folder of an admin replica."),
     identity: Path | None = _identity_option(),
 ) -> None:
-    """Remove a writer: only the entries this replica has of it go on counting, everywhere."""
+    """Remove a writer: only the entries this replica has of it go on counting, everywhere.
+
+    Example: cosmicac db remove-writer 9f2c...e1 --storage /var/lib/cosmicac/db
+    """
     _change_writer(storage, "remove_writer", key, False, identity)
 
 
@@ -262,7 +270,10 @@ def status(
     storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE", help=STORAGE_HELP),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
 ) -> None:
-    """Show the database key, writers with their lengths and heads, view rows and peers."""
+    """Show the database key, writers with their lengths and heads, view rows and peers.
+
+    Example: cosmicac db status --storage /var/lib/cosmicac/db -o json
+    """
     try:
         report = inspect_storage(storage)
     except CrdtError as exc:
@@ -319,7 +330,10 @@ def status(
 def verify(
     storage: Path = typer.Option(..., "--storage", envvar="COSMICAC_STORAGE", help=STORAGE_HELP),
 ) -> None:
-    """Check every log record, chain and signature; exit 1 naming the first problem."""
+    """Check every log record, chain and signature; exit 1 naming the first problem.
+
+    Example: cosmicac db verify --storage /var/lib/cosmicac/db
+    """
     problems = verify_storage(storage)
     for problem in problems:
         label = "error" if problem.fatal else "warning"

@@ -146,7 +146,10 @@ def bootstrap(
     metrics_port: int = MetricsPortOption,
     metrics_host: str = MetricsHostOption,
 ) -> None:
-    """Run a persistent node that others join through."""
+    """Run a persistent node that others join through.
+
+    Example: cosmicac dht bootstrap --host 0.0.0.0 --port 49737
+    """
     configure_logging(log_level)
     run_trio(_serve_node, host, port, [], "dht bootstrap",
              _metrics_address(metrics_host, metrics_port))
@@ -161,7 +164,10 @@ def node(
     metrics_port: int = MetricsPortOption,
     metrics_host: str = MetricsHostOption,
 ) -> None:
-    """Run a plain persistent node that joined through --bootstrap."""
+    """Run a plain persistent node that joined through --bootstrap.
+
+    Example: cosmicac dht node --bootstrap 10.0.0.2:49737
+    """
     configure_logging(log_level)
     run_trio(_serve_node, host, port, parse_bootstrap(bootstrap), "dht node",
              _metrics_address(metrics_host, metrics_port))
@@ -188,7 +194,10 @@ def announce(
     ),
     host: str = typer.Option("127.0.0.1", "--host"),
 ) -> None:
-    """Announce TOPIC until interrupted (then unannounce); prints the key."""
+    """Announce TOPIC until interrupted (then unannounce); prints the key.
+
+    Example: cosmicac dht announce my-topic --bootstrap 10.0.0.2:49737 --address 10.0.0.7:5000
+    """
     topic_bytes = _topic(topic)
     addresses = [parse_address(a) for a in address]
     try:
@@ -222,7 +231,10 @@ def lookup(
     bootstrap: str = BootstrapOption,
     host: str = typer.Option("127.0.0.1", "--host"),
 ) -> None:
-    """Print one JSON line per verified record of TOPIC; exit 1 if none."""
+    """Print one JSON line per verified record of TOPIC; exit 1 if none.
+
+    Example: cosmicac dht lookup my-topic --bootstrap 10.0.0.2:49737
+    """
     found = trio.run(_lookup, _topic(topic), parse_bootstrap(bootstrap), host)
     if not found:
         err.print("no records found", markup=False)
@@ -254,6 +266,8 @@ def nat(
     hole can be punched to it), random (another port per peer: only a
     consistent peer can punch to it), or unknown (fewer than two nodes answered).
     Ask nodes at two or more addresses. Exits 1 when no node answered.
+
+    Example: cosmicac dht nat --bootstrap 10.0.0.2:49737 --json
     """
     kind, observations = trio.run(_nat, parse_bootstrap(bootstrap), host)
     if not observations:

@@ -94,6 +94,10 @@ def doctor(
 
     Exit status: 0 every check passed (lines marked ! are advice), 1 a check
     failed, 2 a usage or settings error, 3 the API server could not be reached.
+
+    Example: cosmicac doctor --namespace cosmicac
+
+    Example: cosmicac doctor --in-cluster -o json
     """
     overrides = {"kubeconfig": str(kubeconfig) if kubeconfig is not None else None,
                  "context": context, "namespace": namespace, "gpu_resource": gpu_resource,

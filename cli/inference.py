@@ -426,9 +426,9 @@ def chat(prompt: str = typer.Argument(..., help="What to ask; - reads it from st
 
     -o json prints the whole response (with its usage) instead, not streamed.
 
-    \b
-      cosmicac inference chat --model demo "Say hi"
-      echo "Say hi" | cosmicac inference chat --model demo - -o json
+    Example: cosmicac inference chat --model demo "Say hi"
+
+    Example: echo "Say hi" | cosmicac inference chat --model demo - -o json
     """
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": _prompt(prompt)})
@@ -446,8 +446,7 @@ def complete(prompt: str = typer.Argument(..., help="The text to continue; - rea
              server: str | None = server_option(), output: str = output_option()) -> None:
     """Continue a text (the completions API); streams like chat.
 
-    \b
-      cosmicac inference complete --model demo "Once upon a time"
+    Example: cosmicac inference complete --model demo "Once upon a time"
     """
     _generate(server, api_key, output, not no_stream, "/completions",
               _common({"model": model, "prompt": _prompt(prompt)}, max_tokens, temperature),
@@ -462,8 +461,7 @@ def embed(texts: list[str] = typer.Argument(..., help="Texts to embed; - reads o
     """Embed texts: a table of each vector's size and first values, or with
     -o json the whole response (``data[i].embedding``, ``usage``).
 
-    \b
-      cosmicac inference embed --model minilm "a cat" "a dog" -o json
+    Example: cosmicac inference embed --model minilm "a cat" "a dog" -o json
     """
     check_output(output)
     inputs = [_prompt(text) for text in texts]
@@ -495,8 +493,7 @@ def transcribe(file: Path = typer.Argument(..., help="The audio file (WAV, FLAC,
                server: str | None = server_option(), output: str = output_option()) -> None:
     """Transcribe speech to text; -o json prints the whole response.
 
-    \b
-      cosmicac inference transcribe talk.wav --model parakeet
+    Example: cosmicac inference transcribe talk.wav --model parakeet
     """
     check_output(output)
     if str(file) == "-":

@@ -38,6 +38,7 @@ from contracts.labels import age_label, heard_label, status_label
 from runtime.sse import SseReader
 
 from ._console import err, fail, print_json
+from ._help import add_note
 from ._output import Column, Output, no_headers_option, query_option
 from ._server_settings import server_settings, server_settings_options
 from ._wait import DEFAULT_TIMEOUT_S, INTERRUPTED, Goal, wait_for
@@ -533,10 +534,8 @@ def logs(job: str = typer.Argument(..., help="The job's id."),
         raise typer.Exit(INTERRUPTED) from None
 
 
-for _command in (list_jobs, get, delete_replica, logs):
-    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
-for _command in (create, restart, delete, restart_replica):
-    _command.__doc__ = f"{_command.__doc__}\n\n    {_WAIT_HELP}"
+add_note((list_jobs, get, delete_replica, logs), EXIT_CODES_HELP)
+add_note((create, restart, delete, restart_replica), _WAIT_HELP)
 
 
 @app.command("wireguard")

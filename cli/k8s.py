@@ -172,6 +172,8 @@ def render(
     """Place JOB.json on CLUSTER.json and print every object it would apply, as YAML.
 
     Exits 1 with the reason when the job cannot be placed or an input is invalid.
+
+    Example: cosmicac k8s render job.json --cluster cluster.json --namespace cosmicac
     """
     spec: JobSpec = _model(JobSpec, _read(job_file, "job"), job_file, "job")
     settings, notes = _settings(settings_file, namespace, overlay_network, infiniband_resource)

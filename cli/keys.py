@@ -22,7 +22,10 @@ def show(
     ),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
 ) -> None:
-    """Print the public key of the identity in STORAGE (creating it if absent)."""
+    """Print the public key of the identity in STORAGE (creating it if absent).
+
+    Example: cosmicac keys show --storage ~/.config/cosmicac/user -o json
+    """
     try:
         keypair = load_or_create_keypair(storage)
     except P2PError as exc:

@@ -175,17 +175,21 @@ def build_index() -> typer.Typer:
 
 def build_app(only: str | None = None) -> typer.Typer:
     """The app with every command, or with command ``only`` alone."""
+    from cli._help import examples_last, split_examples
+
     app = _root()
     for panel, name in _in_panels():
         if only not in (None, name):
             continue
         if name in _GROUPS:
-            app.add_typer(importlib.import_module(_GROUPS[name]).app, name=name,
-                          rich_help_panel=panel)
+            group = importlib.import_module(_GROUPS[name]).app
+            examples_last(group)
+            app.add_typer(group, name=name, rich_help_panel=panel)
         else:
             module, function = _COMMANDS[name]
-            app.command(name, rich_help_panel=panel)(
-                getattr(importlib.import_module(module), function))
+            command = getattr(importlib.import_module(module), function)
+            text, examples = split_examples(command.__doc__ or "")
+            app.command(name, rich_help_panel=panel, help=text, epilog=examples)(command)
     app.callback()(_configure)
     return app
 

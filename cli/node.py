@@ -244,7 +244,10 @@ def ping(
                                       maximum=3600.0),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o"),
 ) -> None:
-    """Ping a peer over the whole stack (secret stream, channel, RPC) and identify it."""
+    """Ping a peer over the whole stack (secret stream, channel, RPC) and identify it.
+
+    Example: cosmicac ping 9f2c...e1 --address 127.0.0.1:49737 --count 3
+    """
     remote, target = parse_peer(key, address, what="peer key")
     result = trio.run(_ping, remote, target, count, interval_s, timeout_s, output)
     if result["received"] < result["sent"]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from ._console import err
+from ._help import add_note
 from ._output import Column, Output, no_headers_option, query_option
 from .racks import resolve_rack
 from .session import EXIT_CODES_HELP, Api, api_for, emit, output_option, server_option
@@ -80,5 +81,4 @@ def release(nodes: list[str] = typer.Argument(..., help="The nodes' names."),
     err.print(f"released {', '.join(nodes)}")
 
 
-for _command in (list_nodes, reserve, release):
-    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
+add_note((list_nodes, reserve, release), EXIT_CODES_HELP)

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import typer
 
 from ._console import err, fail
+from ._help import add_note
 from ._output import Column, Output, no_headers_option, query_option
 from .session import (
     EXIT_CODES_HELP,
@@ -107,5 +108,4 @@ def remove(rack: str = typer.Argument(..., help="The rack's key or name."),
     err.print(f"removed rack {key}")
 
 
-for _command in (list_racks, add, remove):
-    _command.__doc__ = f"{_command.__doc__}\n\n    {EXIT_CODES_HELP}"
+add_note((list_racks, add, remove), EXIT_CODES_HELP)

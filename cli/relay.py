@@ -124,6 +124,8 @@ def relay(
 
     Every option can also be set in the --config file or as an environment
     variable COSMICAC_RELAY__<KEY> (relay/README.md lists the keys).
+
+    Example: cosmicac relay --port 49737 --bootstrap 203.0.113.5:49737 --metrics-port 9108
     """
     allowed = parse_allow(allow)
     settings = load_settings_or_exit(RelaySettings, config, {

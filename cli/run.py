@@ -97,7 +97,12 @@ def run(
     storage: Path | None = typer.Option(None, "--storage",
                                         help="The daemon's folder (identity and state)."),
 ) -> None:
-    """Run one platform daemon in the foreground until SIGINT or SIGTERM."""
+    """Run one platform daemon in the foreground until SIGINT or SIGTERM.
+
+    Example: cosmicac run wrk-ork --storage /var/lib/cosmicac/wrk-ork
+
+    Example: cosmicac run app-node --config /etc/cosmicac/app-node.toml
+    """
     config = config or installed_config(service, config_dir(config_folder))
     cls = _settings_class(service)
     try:
@@ -145,7 +150,10 @@ def apply_config(
     file: Path = typer.Argument(..., dir_okay=False, help="Settings file (TOML or .json)."),
     config_folder: Path | None = typer.Option(None, "--config-dir", help=CONFIG_DIR_HELP),
 ) -> None:
-    """Validate a daemon's config (with the environment's overrides) and install it."""
+    """Validate a daemon's config (with the environment's overrides) and install it.
+
+    Example: cosmicac apply-config app-node app-node.toml --config-dir /etc/cosmicac
+    """
     cls = _settings_class(service)
     try:
         load_settings(cls, config_file=file, overrides={})

@@ -124,13 +124,6 @@ def shell(
 ) -> None:
     """Open a shell on a GPU Container Job's agent, or run one command there.
 
-    Examples:
-
-    \b
-      cosmicac shell JOB
-      cosmicac shell JOB -- nvidia-smi -L
-      cosmicac shell --agent KEY --address HOST:PORT -- echo hi
-
     JOB's agent and the swarm's bootstrap come from app-node (log in first);
     with --agent every argument is the command.
 
@@ -138,6 +131,12 @@ def shell(
     command could not start); 255 if the job cannot be used (not logged in,
     unknown, not running, not a container job), or the agent cannot be
     reached or refuses your key; 2 for usage errors.
+
+    Example: cosmicac shell j-5d1c2b7a9e0f4c11
+
+    Example: cosmicac shell j-5d1c2b7a9e0f4c11 --replica 1 -- nvidia-smi -L
+
+    Example: cosmicac shell --agent 9f2c...e1 --address 10.0.0.7:49737 -- uptime
     """
     argv = list(arguments or [])
     if agent is not None and job is not None:

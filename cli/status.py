@@ -20,6 +20,7 @@ from typing import Any
 from contracts.labels import heard_label
 
 from ._console import out
+from ._help import add_note
 from ._output import Column, Output, no_headers_option, query_option
 from .session import EXIT_CODES_HELP, api_for, emit, output_option, server_option
 
@@ -88,4 +89,4 @@ def status(server: str | None = server_option(), output: str = output_option(),
     emit(shown, health, _COLUMNS, rows)
 
 
-status.__doc__ = f"{status.__doc__}\n\n    {EXIT_CODES_HELP}"
+add_note((status,), EXIT_CODES_HELP)

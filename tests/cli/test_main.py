@@ -74,3 +74,45 @@ def test_a_mistyped_command_suggests_the_nearest_one():
         assert top.exit_code == 2 and "Did you mean 'jobs'?" in top.output
     nested = CliRunner().invoke(main.build_app(), ["jobs", "lsit"])
     assert nested.exit_code == 2 and "Did you mean 'list'?" in nested.output
+
+
+def _leaves(command, path=()):
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield " ".join(path), command
+
+
+def test_every_command_s_help_ends_with_examples_after_its_options():
+    from typer.testing import CliRunner
+
+    app = main.build_app()
+    leaves = dict(_leaves(typer.main.get_command(app)))
+    assert len(leaves) > 70
+    without = [name for name, command in leaves.items() if not command.epilog]
+    assert without == [], "commands without examples"
+    for name, command in leaves.items():
+        for example in command.epilog.split("\n\n"):
+            assert example.startswith("Example") and "cosmicac " in example, (name, example)
+            assert "Example" not in (command.help or ""), (name, "an example left above")
+    shown = CliRunner().invoke(app, ["jobs", "list", "--help"], env={"COLUMNS": "200"})
+    lines = [line.strip() for line in shown.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("Example: cosmicac jobs list")
+    assert lines.index("Example: cosmicac jobs list --all -o json") > max(
+        i for i, line in enumerate(lines) if "--no-headers" in line)
+
+
+def test_a_note_goes_before_the_examples():
+    from cli._help import before_examples, split_examples
+
+    doc = """Do it.
+
+    More about it.
+
+    Example: cosmicac do it
+    """
+    noted = before_examples(doc, "Exit codes: 0 done.")
+    assert split_examples(noted) == ("Do it.\n\nMore about it.\n\nExit codes: 0 done.",
+                                     "Example: cosmicac do it")
+    assert split_examples("Do it.") == ("Do it.", None)
