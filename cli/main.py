@@ -126,8 +126,14 @@ def _configure(
         None, "--context", envvar=_CONTEXT_ENV, metavar="NAME",
         help="The context (server and account, see `cosmicac context`) this command uses; "
              "anywhere before '--'. Default: the current one."),
+    no_color: bool = typer.Option(
+        False, "--no-color", help="No colour, as NO_COLOR=1 (no-color.org); anywhere "
+                                  "before '--'."),
 ) -> None:
     from cli._contexts import choose
+
+    if no_color:
+        os.environ["NO_COLOR"] = "1"
 
     choose(context)
     logging.basicConfig(
@@ -245,8 +251,19 @@ def take_context(argv: Sequence[str]) -> tuple[list[str], str | None]:
     return kept, chosen
 
 
+def take_no_color(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--no-color`` (anywhere before ``--``, so every command takes
+    it), and whether it was there."""
+    end = list(argv).index("--") if "--" in argv else len(argv)
+    kept = [arg for arg in argv[:end] if arg != "--no-color"]
+    return [*kept, *argv[end:]], len(kept) < end
+
+
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.argv[1:], no_color = take_no_color(sys.argv[1:])
+    if no_color:  # before any console is made: rich's read NO_COLOR when made
+        os.environ["NO_COLOR"] = "1"
     args, context = take_context(sys.argv[1:])
     if context is not None:  # the root callback reads it from there, as set by a user
         os.environ[_CONTEXT_ENV] = context

@@ -116,3 +116,10 @@ def test_a_note_goes_before_the_examples():
     assert split_examples(noted) == ("Do it.\n\nMore about it.\n\nExit codes: 0 done.",
                                      "Example: cosmicac do it")
     assert split_examples("Do it.") == ("Do it.", None)
+
+
+def test_no_color_is_taken_anywhere_before_the_double_dash():
+    assert main.take_no_color(["jobs", "list", "--no-color"]) == (["jobs", "list"], True)
+    assert main.take_no_color(["--no-color", "jobs", "list"]) == (["jobs", "list"], True)
+    assert main.take_no_color(["shell", "j-1", "--", "ls", "--no-color"]) == (
+        ["shell", "j-1", "--", "ls", "--no-color"], False)
