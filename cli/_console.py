@@ -13,17 +13,15 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    err: Console  # (made on first use: see _CONSOLES)
-    out: Console
-
-__all__ = ["OutputFormat", "err", "fail", "first_leaf", "out", "print_json", "run_trio"]
+__all__ = ["OutputFormat", "err", "fail", "first_leaf", "out", "print_json", "run_trio",
+           "stderr_console"]
 
 # markup=False, emoji=False: what we print is often what the user typed, and
 # "127.0.0.1:-1:" must not become "127.0.0.1👎" nor "[::1]" a style tag. The
 # one styled line (fail) is built as a rich Text, which is never parsed.
 #: The consoles' options, by name: ``err``, diagnostics and progress (honours
 #: NO_COLOR and degrades when not a TTY), and ``out``, human-readable results.
-#: Each is made on first use (PEP 562): rich costs ~20 ms of start-up, which a
+#: Each is made on first use (:class:`_OnFirstUse`): rich costs ~20 ms of start-up, which a
 #: command that prints nothing of its own (``cosmicac shell ... -- true``) skips.
 _CONSOLES: dict[str, dict[str, bool]] = {
     "err": {"stderr": True, "highlight": False, "soft_wrap": True, "emoji": False,
@@ -32,20 +30,39 @@ _CONSOLES: dict[str, dict[str, bool]] = {
 }
 
 
+_MADE: dict[str, Console] = {}
+
+
 def _console(name: str) -> Console:
     """The console ``name`` (``err`` or ``out``), made by the first use."""
-    console = globals().get(name)
+    console = _MADE.get(name)
     if console is None:
         from rich.console import Console
 
-        console = globals()[name] = Console(**_CONSOLES[name])
+        console = _MADE[name] = Console(**_CONSOLES[name])
     return console
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _CONSOLES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _console(name)
+class _OnFirstUse:
+    """``err`` and ``out`` as modules import them (``from ._console import err``): the
+    console is made by its first use, not by the import, so a command that prints
+    nothing of its own never loads rich. Give rich itself (a prompt's ``console=``)
+    :func:`stderr_console`."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(_console(self._name), attribute)
+
+
+def stderr_console() -> Console:
+    """The ``err`` console itself (for rich's own ``console=`` arguments)."""
+    return _console("err")
+
+
+err: Any = _OnFirstUse("err")
+out: Any = _OnFirstUse("out")
 
 
 class OutputFormat(StrEnum):

@@ -26,17 +26,17 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
-
-import httpx
-from rich.status import Status
-from rich.text import Text
 
 from runtime.sse import sse_events
 
-from ._console import err, fail
+from ._console import err, fail, stderr_console
 from .session import REFUSED, UNREACHABLE, Api
+
+if TYPE_CHECKING:  # imported where used: `jobs list` and `get` load neither
+    import httpx
+    from rich.status import Status
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Goal", "Outcome", "judge", "sse_events", "summary",
            "wait_for"]
@@ -132,13 +132,19 @@ class _Live:
 
     def __init__(self, job_id: str, goal: Goal) -> None:
         self.job_id, self.goal = job_id, goal
-        self.status: Status | None = Status(Text(f"waiting for job {job_id}"), console=err)
+        from rich.status import Status
+        from rich.text import Text
+
+        self.status: Status | None = Status(Text(f"waiting for job {job_id}"),
+                                            console=stderr_console())
         self.status.start()
         self.last = ""
 
     def show(self, line: str, elapsed: float) -> None:
         if self.status is None:
             return
+        from rich.text import Text
+
         self.status.update(Text(f"job {self.job_id} → {self.goal.value} "
                                 f"[{elapsed:.0f}s]: {line}"))
         if line != self.last:
@@ -161,6 +167,8 @@ class _Poller:
     job_id: str
 
     def get(self) -> dict[str, Any] | None:
+        import httpx
+
         headers = {"authorization": f"Bearer {self.api.token}"} if self.api.token else {}
         try:
             response = self.client.get(f"/jobs/{quote(self.job_id, safe='')}",
@@ -229,6 +237,8 @@ def _follow(api: Api, client: httpx.Client, wait: _Wait) -> dict[str, Any] | Non
     Raises:
         _NoStream: not offered, or broken: the caller polls.
     """
+    import httpx
+
     headers = {"authorization": f"Bearer {api.token}"} if api.token else {}
     path = f"/jobs/{quote(wait.job_id, safe='')}/events"
     for _ in range(MAX_RESUBSCRIBES + 1):
@@ -278,6 +288,8 @@ def wait_for(api: Api, job_id: str, goal: Goal, timeout_s: float, *,
     Exits 1 when the job failed (with its reason) or when ``timeout_s`` passed
     (saying so, and that the job itself goes on), 130 on Ctrl-C.
     """
+    import httpx
+
     interactive = err.is_terminal if tty is None else tty
     display: _Display = _Live(job_id, goal) if interactive else _Lines(job_id)
     wait = _Wait(job_id, goal, timeout_s, display, clock, clock())

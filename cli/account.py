@@ -18,7 +18,7 @@ import typer
 
 from . import _contexts
 from ._config import config_dir
-from ._console import err, fail
+from ._console import err, fail, stderr_console
 from ._help import add_note
 from .session import (
     DEFAULT_SERVER,
@@ -48,7 +48,7 @@ def _read_password(password_stdin: bool) -> str:
         password = sys.stdin.readline().rstrip("\r\n")
     elif sys.stdin.isatty():
         from rich.prompt import Prompt
-        password = Prompt.ask("Password", password=True, console=err)
+        password = Prompt.ask("Password", password=True, console=stderr_console())
     else:
         fail("no terminal to ask the password on: pass it with --password-stdin", code=USAGE)
     if not password:
@@ -91,7 +91,7 @@ def login(
         if not sys.stdin.isatty() or password_stdin:
             fail("pass --email (no terminal to ask it on)", code=USAGE)
         from rich.prompt import Prompt
-        email = Prompt.ask("Email", console=err).strip()
+        email = Prompt.ask("Email", console=stderr_console()).strip()
     password = _read_password(password_stdin)
     # Here, not at the top: whoami and logout need none of the p2p stack (trio alone
     # costs ~80 ms of start-up).
@@ -106,7 +106,8 @@ def login(
         "email": email, "password": password, "cli_public_key": keypair.hex})
     name = save_session(SavedSession(server=url, token=answer["token"],
                                      expires_at=answer["expires_at"],
-                                     email=answer["user"]["email"], context=named or ""))
+                                     email=answer["user"]["email"], context=named or ""),
+                        make_current=True)
     err.print(f"logged in as {answer['user']['email']} on {url} (context {name})")
 
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
-import httpx
 import typer
 
 from contracts.labels import age_label, heard_label, status_label
@@ -465,6 +464,8 @@ def _log_line(output: str, record: dict[str, Any]) -> None:
 def _follow_logs(api: Api, path: str, params: dict[str, str], output: str) -> None:
     """Print the followed records until Ctrl-C; after ``lagged``, follow again right
     after the last record printed (its cursor): nothing missing, nothing twice."""
+    import httpx  # here: the other commands start without it
+
     headers = {"authorization": f"Bearer {api.token}"} if api.token else {}
     timeout = httpx.Timeout(30.0, connect=5.0, read=_LOGS_SILENCE_S)
     cursor: str | None = None

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from ._console import err, fail
+from ._console import err, fail, stderr_console
 from ._output import Column, Output, no_headers_option, query_option
 from .session import (
     EXIT_CODES_HELP,
@@ -52,9 +52,10 @@ def read_passwords(prompts: tuple[str, ...], password_stdin: bool, *,
         values = [sys.stdin.readline().rstrip("\r\n") for _ in prompts]
     elif sys.stdin.isatty():
         from rich.prompt import Prompt
-        values = [Prompt.ask(prompt, password=True, console=err) for prompt in prompts]
+        console = stderr_console()
+        values = [Prompt.ask(prompt, password=True, console=console) for prompt in prompts]
         if confirm_last and Prompt.ask(f"{prompts[-1]} again", password=True,
-                                       console=err) != values[-1]:
+                                       console=stderr_console()) != values[-1]:
             fail("the two new passwords differ; nothing was changed", code=USAGE)
     else:
         fail("no terminal to ask the password on: pass it with --password-stdin "
