@@ -113,24 +113,31 @@ def load_session(*, quiet: bool = False) -> SavedSession | None:
                         context=context.name)
 
 
-def save_session(session: SavedSession) -> str:
-    """Keep ``session`` in its context and make that context current; returns its name.
+def save_session(session: SavedSession, *, make_current: bool | None = None) -> str:
+    """Keep ``session`` in its context; returns the context's name.
 
     The context is ``session.context`` if set, else the one ``--context`` or
     ``$COSMICAC_CONTEXT`` names, else one of the session's server that is this
     account's or holds no session, else a new one named after the server
-    (:func:`cli._contexts.login_name`). The file is written atomically, mode 0600.
+    (:func:`cli._contexts.login_name`). It becomes current with ``make_current``
+    (``login``); by default only when the current one holds no live session (a
+    renewed token, ``users password``, leaves the current context alone). The file
+    is written atomically, mode 0600.
     """
+    now = time.time()
     try:
         with _contexts.edit() as contexts:
             name = _contexts.login_name(
                 contexts, session.server, session.email,
-                session.context or _contexts.explicit_name(), time.time())
+                session.context or _contexts.explicit_name(), now)
             kept = contexts.contexts.get(name)
+            current = contexts.contexts.get(contexts.current or "")
             contexts.put(_contexts.Context(
                 name, session.server, session.email, session.token, session.expires_at,
                 kept.extra if kept is not None else {}))
-            contexts.current = name
+            if make_current or (make_current is None and (
+                    current is None or not current.has_session(now))):
+                contexts.current = name
     except _contexts.ContextsError as exc:
         fail(str(exc), code=USAGE)
     except OSError as exc:

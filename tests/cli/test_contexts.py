@@ -210,6 +210,30 @@ def test_login_refuses_a_context_name_that_cannot_be_one() -> None:
         _contexts.login_name(_store(), A, ADA, "a/b", NOW)
 
 
+def test_a_saved_session_becomes_current_on_login_or_when_the_current_one_has_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewed token (``users password``, ``up``'s login) keeps the user's current
+    context; ``login`` makes its context current; a logged-out current one gives way."""
+    from cli.session import SavedSession, save_session
+
+    config = tmp_path / "config"
+    path = _two(config)  # local: logged in, current
+    monkeypatch.setenv("COSMICAC_CONFIG_DIR", str(config))
+    renewed = SavedSession(server=B, token="tok-prod", expires_at=FUTURE, email=BOB)
+    assert save_session(renewed) == "prod"
+    saved = json.loads(path.read_text())
+    assert saved["current"] == "local" and saved["contexts"]["prod"]["token"] == "tok-prod"
+    assert save_session(renewed, make_current=True) == "prod"
+    assert json.loads(path.read_text())["current"] == "prod"
+
+    _two(config)
+    saved = json.loads(path.read_text())
+    saved["contexts"]["local"]["token"] = None  # logged out
+    path.write_text(json.dumps(saved))
+    assert save_session(renewed) == "prod"
+    assert json.loads(path.read_text())["current"] == "prod"
+
+
 # -- migration from session.json ----------------------------------------------------
 
 
