@@ -9,6 +9,7 @@ do. None of them talks to a server.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,6 +108,10 @@ def use(name: str = typer.Argument(..., help="The context to make current.")) ->
     if overriding is not None and overriding != name:
         err.print(f"note: ${_contexts.ENV} names {overriding!r}, which commands use over "
                   f"the current context until it is unset")
+    server = os.environ.get("COSMICAC_SERVER")
+    if server and server.rstrip("/").removesuffix("/api") != found.server.rstrip("/"):
+        err.print(f"note: $COSMICAC_SERVER ({server}) overrides every context's server: "
+                  f"unset it to reach {found.server}")
 
 
 @app.command("rename")

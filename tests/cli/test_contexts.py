@@ -300,6 +300,8 @@ def test_list_prints_plain_columns_when_piped_and_every_document_mode(tmp_path: 
     bare = invoke(["context", "list", "--no-headers"], env=env)
     assert [line.split() for line in bare.stdout.decode().splitlines()] == \
         [line.split() for line in lines[1:]]
+    wide = invoke(["context", "list", "-o", "wide"], env=env)
+    assert wide.stdout == table.stdout  # no column is kept for wide terminals
     names = invoke(["context", "list", "-o", "name"], env=env)
     assert names.stdout.decode().split() == ["local", "prod"]
     yaml_out = invoke(["context", "list", "-o", "yaml"], env=env)
@@ -318,9 +320,14 @@ def test_use_switches_the_current_context_and_refuses_an_unknown_one(tmp_path: P
     env = _env(config)
     used = invoke(["context", "use", "prod"], env=env)
     assert used.returncode == 0, used.stderr
+    assert "COSMICAC_SERVER" not in used.stderr.decode()
     assert json.loads(path.read_text())["current"] == "prod"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert invoke(["context", "current"], env=env).stdout == b"prod\n"
+
+    overridden = invoke(["context", "use", "local"], env={**env, "COSMICAC_SERVER": B})
+    assert f"$COSMICAC_SERVER ({B}) overrides" in overridden.stderr.decode()
+    assert invoke(["context", "use", "prod"], env=env).returncode == 0
 
     unknown = invoke(["context", "use", "staging"], env=env)
     assert unknown.returncode == 2
