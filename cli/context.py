@@ -41,6 +41,20 @@ _COLUMNS = (Column("current"), Column("name"), Column("server"),
             Column("user", cut=True, drop=2), Column("expires", drop=1))
 
 
+def _complete_names(incomplete: str) -> list[str]:
+    """A shell's TAB on a context's name: the file's names (no server asked); nothing,
+    silently, when the file cannot be read."""
+    try:
+        names = _contexts.read().names()
+    except (_contexts.ContextsError, OSError):
+        return []
+    return [name for name in names if name.startswith(incomplete)]
+
+
+def _name_argument(help_text: str) -> Any:
+    return typer.Argument(..., help=help_text, autocompletion=_complete_names)
+
+
 def _expires(context: _contexts.Context, now: float) -> str:
     """When its session ends, in the words a person reads at a glance."""
     if not context.token:
@@ -76,6 +90,8 @@ def list_contexts(output: str = output_option(), no_headers: bool = no_headers_o
     selected, _ = _contexts.selected_name(contexts)
     now = time.time()
     listed = [contexts.contexts[name] for name in contexts.names()]
+    if not listed and not shown.is_document and shown.mode != "name":
+        err.print("no contexts yet: `cosmicac login` adds one")
     emit(shown, [_document(c, c.name == selected, now) for c in listed], _COLUMNS,
          [("*" if c.name == selected else "", c.name, c.server, c.email or "",
            _expires(c, now)) for c in listed],
@@ -95,7 +111,7 @@ def _editing() -> Iterator[_contexts.Contexts]:
 
 
 @app.command("use")
-def use(name: str = typer.Argument(..., help="The context to make current.")) -> None:
+def use(name: str = _name_argument("The context to make current.")) -> None:
     """Make a context the current one: the one commands use without --context.
 
     Example: cosmicac context use prod
@@ -115,7 +131,7 @@ def use(name: str = typer.Argument(..., help="The context to make current.")) ->
 
 
 @app.command("rename")
-def rename(old: str = typer.Argument(..., help="The context's name."),
+def rename(old: str = _name_argument("The context's name."),
            new: str = typer.Argument(..., help="Its new name.")) -> None:
     """Rename a context (the current one stays current).
 
@@ -127,7 +143,7 @@ def rename(old: str = typer.Argument(..., help="The context's name."),
 
 
 @app.command("delete")
-def delete(name: str = typer.Argument(..., help="The context to forget.")) -> None:
+def delete(name: str = _name_argument("The context to forget.")) -> None:
     """Forget a context and its session here; the server is not told.
 
     To revoke its session on the server too, run `cosmicac --context NAME logout`

@@ -314,6 +314,20 @@ def test_list_prints_plain_columns_when_piped_and_every_document_mode(tmp_path: 
     assert bad.returncode == 2
 
 
+def test_a_context_name_completes_from_the_file(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli.context import _complete_names
+
+    config = tmp_path / "config"
+    monkeypatch.setenv("COSMICAC_CONFIG_DIR", str(config))
+    assert _complete_names("") == []
+    path = _two(config)
+    assert _complete_names("") == ["local", "prod"]
+    assert _complete_names("pr") == ["prod"]
+    path.write_text("{")
+    assert _complete_names("") == []
+
+
 def test_use_switches_the_current_context_and_refuses_an_unknown_one(tmp_path: Path) -> None:
     config = tmp_path / "config"
     path = _two(config)
