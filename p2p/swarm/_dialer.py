@@ -27,7 +27,6 @@ from ..errors import HandshakeError, P2PError
 from ..host import HostError
 from ..keys import format_key
 from ..noise import SecretStream
-from ..relay import Role
 from ._errors import PeerNotFound, PeerRefused, PeerUnreachable, SwarmError
 
 if TYPE_CHECKING:
@@ -305,7 +304,7 @@ class Dialer:
         # The relay's client (its RPC, pydantic) is imported by the first relayed
         # dial: a swarm that dials addresses only (``cosmicac shell --address``)
         # never loads it.
-        from ..relay import attach, request_pair
+        from ..relay import Role, attach, request_pair
 
         ticket = await request_pair(relay, key)
         raw = await attach(relay.remote_address, ticket.token, role=Role.INITIATOR,

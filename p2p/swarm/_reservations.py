@@ -20,7 +20,6 @@ from ..errors import P2PError
 from ..host import HostError
 from ..keys import format_key
 from ..noise import SecretStream
-from ..relay import Role
 from ._dialer import reason
 from ._errors import SwarmError
 
@@ -98,7 +97,7 @@ class Reservations:
 
     async def _accept(self, relay_key: bytes, relay_address: Address,
                       incoming: Incoming) -> None:
-        from ..relay import attach  # (see keep: loaded by then)
+        from ..relay import Role, attach  # (see keep: loaded by then)
 
         swarm = self._swarm
         peer = format_key(incoming.initiator)[:12]
