@@ -15,6 +15,7 @@ command's ``--help``): 0 done, 1 refused or not found, 2 usage or validation,
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,8 @@ DEFAULT_SERVER = "http://127.0.0.1:5173"
 REFUSED, USAGE, NOT_LOGGED_IN, UNREACHABLE = 1, 2, 3, 4
 EXIT_CODES_HELP = ("Exit codes: 0 done, 1 refused or not found, 2 usage or validation, "
                    "3 not logged in or session expired, 4 server unreachable.")
-#: (total, connect) seconds of one request.
-_TIMEOUT = (30.0, 5.0)
+#: Seconds an answer may take (connecting: cli._http.CONNECT_S).
+_TIMEOUT_S = 30.0
 
 
 def server_option() -> Any:
@@ -184,34 +185,39 @@ class Api:
 
     def request(self, method: str, path: str, *, json_body: Any = None,
                 params: dict[str, str] | None = None) -> Any:
-        import httpx  # here: a command that fails before asking pays nothing for it
+        from ._http import Unreachable, request  # urllib: httpx costs ~0.2 s of start-up
 
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            timeout = httpx.Timeout(_TIMEOUT[0], connect=_TIMEOUT[1])
-            with httpx.Client(base_url=f"{self.server}/api", timeout=timeout) as client:
-                response = client.request(method, path, json=json_body, params=params,
-                                          headers=headers)
-        except httpx.TransportError as exc:
-            fail(f"cannot reach the server at {self.server}: {exc or type(exc).__name__}",
-                 code=UNREACHABLE)
-        if response.is_success:
-            if response.status_code == 204 or not response.content:
+            answer = request(method, f"{self.server}/api{path}", headers=headers,
+                             json_body=json_body, params=params, timeout=_TIMEOUT_S)
+        except Unreachable as exc:
+            fail(f"cannot reach the server at {self.server}: {exc}", code=UNREACHABLE)
+        if answer.ok:
+            if answer.status == 204 or not answer.body:
                 return None
             try:
-                return response.json()
+                return answer.json()
             except ValueError:
                 fail(f"{self.server} answered {path} with something other than JSON: "
                      f"is it a CosmicAC server?", code=REFUSED)
-        self._fail(response)
+        self.refuse(answer.status, answer.body, answer.reason)
 
-    def _fail(self, response: Any) -> NoReturn:  # an httpx.Response
-        status = response.status_code
+    def _fail(self, response: Any) -> NoReturn:
+        """:meth:`refuse` for an httpx response (the event streams' followers)."""
+        response.read()
+        self.refuse(response.status_code, response.content, response.reason_phrase)
+
+    def refuse(self, status: int, body: bytes, reason: str) -> NoReturn:
+        """The API's refusal as one line and the exit code scripts rely on."""
         try:
-            body = response.json()["error"]
-            code, message, field = body["code"], body["message"], body.get("field")
+            error = json.loads(body)["error"]
+            code, message, field = error["code"], error["message"], error.get("field")
+            if not all(isinstance(v, str) for v in (code, message)) or not isinstance(
+                    field, str | None):
+                raise TypeError
         except (ValueError, KeyError, TypeError):
-            code, message, field = str(status), response.reason_phrase or "error", None
+            code, message, field = str(status), reason or "error", None
         text = f"{message} ({code}{', field ' + field if field else ''})"
         if status == 401 and not self.login:
             fail(f"{text}: log in again with `cosmicac login`", code=NOT_LOGGED_IN)
