@@ -44,10 +44,10 @@ def list_nodes(server: str | None = server_option(), output: str = output_option
     """
     shown = Output.of(output, no_headers, query)
     nodes = api_for(server).get("/nodes")["nodes"]
-    emit(shown, nodes, (Column("rack", drop=1), Column("node"), Column("location", drop=3),
+    emit(shown, nodes, (Column("node"), Column("rack", drop=1), Column("location", drop=3),
                         Column("gpus"), Column("free"), Column("reserved for", drop=2),
                         Column("schedulable", drop=4), Column("infiniband", drop=5)),
-         [(n["rack"], n["name"], n["location"], n["gpus"], n["free"],
+         [(n["name"], n["rack"], n["location"], n["gpus"], n["free"],
            n["reserved_for"], "yes" if n["schedulable"] else "no",
            "yes" if n["infiniband"] else "no") for n in nodes],
          names=[n["name"] for n in nodes])

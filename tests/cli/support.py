@@ -306,7 +306,8 @@ class ServedOrk(Served):
             self.service.pump()
 
 
-async def serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool) -> ServedOrk:
+async def serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool,
+                    **settings: Any) -> ServedOrk:
     """:func:`serve` wired to wrk-ork; with ``monitor``, also to a real wrk-monitor (a
     ``MonitorService`` over a ``LogBuffer`` on a third swarm that lets app-node's key
     follow)."""
@@ -333,6 +334,6 @@ async def serve_ork(tmp_path: Path, nursery: trio.Nursery, *, monitor: bool) -> 
         extra = {"monitor": monitor_swarm.keypair.public_key,
                  "monitor_addresses": (monitor_address,)}
     served = await serve(tmp_path, nursery, ork=ork_key.public_key, ork_addresses=(address,),
-                         **extra)
+                         **extra, **settings)
     return ServedOrk(served.node, served.server, served.env, served.config, world, service,
                      buffer, monitor_service)

@@ -7,8 +7,8 @@ import io
 import json
 import re
 
-import typer
 import pytest
+import typer
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
