@@ -14,6 +14,7 @@ import termios
 import pytest
 import trio
 
+from ..p2p.helpers import wait_until
 from .support import COSMICAC, ServedOrk
 
 pytestmark = pytest.mark.slow
@@ -82,3 +83,61 @@ async def test_jobs_list_fits_a_terminal_and_pipes_plain(served_ork: ServedOrk) 
         assert any(LONG_NAME in line for line in lines), "a pipe gets whole cells"
         names = await served.cli("jobs", "list", "-o", "name", "--no-headers")
         assert set(names.stdout.decode().split()) == set(jobs)
+
+
+async def test_jobs_list_watch_redraws_in_place_on_a_terminal(served_ork: ServedOrk) -> None:
+    """The table is drawn, then drawn again over itself (the cursor back to its first
+    line, the rest cleared) when a job comes: no row printed twice below the other."""
+    import signal
+    import subprocess
+    import threading
+
+    served = served_ork
+    with trio.fail_after(120):
+        await served.login()
+        first = await _create(served, "first")
+        hub = served.node.services.events
+        assert hub is not None
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        env = {k: v for k, v in served.env.items() if k not in ("COLUMNS", "NO_COLOR")}
+        process = await trio.lowlevel.open_process(
+            [*COSMICAC, "jobs", "list", "--watch"], stdin=subprocess.DEVNULL,
+            stdout=follower, stderr=subprocess.DEVNULL, env={**env, "TERM": "xterm"})
+        os.close(follower)
+        screen: list[bytes] = []
+        reader = threading.Thread(target=_read_all, args=(leader, screen), daemon=True)
+        reader.start()
+        try:
+            await wait_until(lambda: hub.subscribers == 1, limit_s=60)
+            second = await _create(served, "second")
+            await wait_until(lambda: second.encode() in b"".join(screen), limit_s=30)
+        finally:
+            process.send_signal(signal.SIGINT)
+            code = await process.wait()
+            reader.join(10)
+            os.close(leader)
+        assert code == 130
+        text = b"".join(screen).decode()
+        frames = text.split("\x1b[J")[1:]  # each drawing clears below its first line
+        assert len(frames) >= 2 and "\x1b[2F" in text, "drawn again over the first table"
+        last = [_ESCAPES.sub("", line) for line in frames[-1].splitlines() if line.strip()]
+        assert [line.split()[0] for line in last[1:]] == [second, first], last
+
+
+def _read_all(fd: int, into: list[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the process closed its side
+            return
+        if not chunk:
+            return
+        into.append(chunk)
+
+
+async def _create(served: ServedOrk, name: str) -> str:
+    created = await served.cli("jobs", "create", "--image", IMAGE, "--type", "container",
+                               "--name", name)
+    assert created.returncode == 0, created.stderr
+    return created.stdout.decode().strip()
