@@ -5,8 +5,7 @@ The agent adds a :class:`ShellService` to its swarm; ``cosmicac shell`` calls
 format of ``cosmicac-shell/1``.
 """
 
-import importlib
-from typing import Any
+from p2p.lazy import lazy_names
 
 #: Each name, and the module that defines it: imported on first use (PEP 562), so
 #: ``cosmicac shell``, which needs the client side only, does not load the agent's
@@ -23,13 +22,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE, globals())
 
 
 __all__ = [

@@ -8,8 +8,7 @@ and refused connects on trio's clock, so swarms, relays and replication run
 under the autojump clock. See ``README.md`` in this folder.
 """
 
-import importlib
-from typing import Any
+from p2p.lazy import lazy_names
 
 from ._socket import SocketNetwork, SocketStreamListener
 from ._types import Address, Network, StreamListener
@@ -24,13 +23,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [

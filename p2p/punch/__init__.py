@@ -3,8 +3,7 @@
 See ``README.md`` in this folder.
 """
 
-import importlib
-from typing import Any
+from p2p.lazy import lazy_names
 
 from ._proof import PathProofError
 from ._service import PROTOCOL, HolePunchService, PunchConfig, PunchMetrics, prove_path
@@ -16,13 +15,7 @@ _LAZY = {"Connect": "._messages", "PunchMessageError": "._messages", "Skip": "._
          "Sync": "._messages"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [

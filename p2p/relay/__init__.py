@@ -8,8 +8,7 @@ relay server itself lives in the top-level ``relay`` package.
 See ``README.md`` in this folder for the wire format.
 """
 
-import importlib
-from typing import Any
+from p2p.lazy import lazy_names
 
 from ._attach import (
     ATTACH_MAGIC,
@@ -45,13 +44,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [
