@@ -16,7 +16,7 @@ import trio
 from cli._watch import JobTable, Screen
 
 from ..p2p.helpers import wait_until
-from .support import COSMICAC, EMAIL, PASSWORD, ServedOrk
+from .support import COSMICAC, EMAIL, PASSWORD, Ran, ServedOrk
 
 pytestmark = pytest.mark.slow
 
@@ -78,59 +78,48 @@ def _status(served: ServedOrk, job: str) -> str:
     return served.world.status(job).value
 
 
+async def _watch_a_job_through_its_life(served: ServedOrk, *options: str) -> tuple[str, Ran]:
+    """``jobs get JOB --watch *options`` while the job runs, is deleted and goes."""
+    await served.login()
+    job = await _create(served, "watched")
+    hub = _hub(served)
+    result = []
+
+    async def watch() -> None:
+        result.append(await served.cli("jobs", "get", job, "--watch", *options))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        await wait_until(lambda: hub.subscribers == 1, limit_s=30)
+        served.drive(job, "active")
+        await wait_until(lambda: _status(served, job) == "active", limit_s=30)
+        await _delete(served, job)
+        await wait_until(lambda: _status(served, job) == "deleting", limit_s=30)
+        served.drive(job, "deleted")
+    assert hub.subscribers == 0
+    return job, result[0]
+
+
 async def test_get_watch_shows_each_change_until_the_job_is_gone(served_ork: ServedOrk):
-    served = served_ork
     with trio.fail_after(120):
-        await served.login()
-        job = await _create(served, "watched")
-        hub = _hub(served)
-        result = []
-
-        async def watch() -> None:
-            result.append(await served.cli("jobs", "get", job, "--watch"))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
-            await wait_until(lambda: hub.subscribers == 1, limit_s=30)
-            served.drive(job, "active")
-            await wait_until(lambda: _status(served, job) == "active", limit_s=30)
-            await _delete(served, job)
-            await wait_until(lambda: _status(served, job) == "deleting", limit_s=30)
-            served.drive(job, "deleted")
-        watched = result[0]
-        assert watched.returncode == 0, watched.stderr
-        assert f"job {job} is gone" in watched.stderr.decode()
-        lines = watched.stdout.decode().splitlines()
-        # the job's tables first, then one row per change: no change twice
-        assert lines[0].split()[:4] == ["ID", "NAME", "TYPE", "STATUS"]
-        changes = [line.split()[3] for line in lines if line.startswith(job)][1:]
-        assert changes[-2:] == ["Deleting", "Deleted"] and "Active" in changes
-        assert len(changes) == len(set(changes)), changes
-        assert hub.subscribers == 0
+        job, watched = await _watch_a_job_through_its_life(served_ork)
+    assert watched.returncode == 0, watched.stderr
+    assert f"job {job} is gone" in watched.stderr.decode()
+    lines = watched.stdout.decode().splitlines()
+    # the job's tables first, then one row per change: no change twice
+    assert lines[0].split()[:4] == ["ID", "NAME", "TYPE", "STATUS"]
+    changes = [line.split()[3] for line in lines if line.startswith(job)][1:]
+    assert changes[-2:] == ["Deleting", "Deleted"] and "Active" in changes
+    assert len(changes) == len(set(changes)), changes
 
 
 async def test_get_watch_with_json_prints_a_document_per_change(served_ork: ServedOrk):
-    served = served_ork
     with trio.fail_after(120):
-        await served.login()
-        job = await _create(served, "documents")
-        hub = _hub(served)
-        result = []
-
-        async def watch() -> None:
-            result.append(await served.cli("jobs", "get", job, "--watch", "-o", "json"))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
-            await wait_until(lambda: hub.subscribers == 1, limit_s=30)
-            served.drive(job, "active")
-            await wait_until(lambda: _status(served, job) == "active", limit_s=30)
-            await _delete(served, job)
-            await wait_until(lambda: _status(served, job) == "deleting", limit_s=30)
-            served.drive(job, "deleted")
-        documents = [json.loads(line) for line in result[0].stdout.decode().splitlines()]
-        assert documents[0]["id"] == job and documents[-1]["status"] == "deleted"
-        assert "running" in [d["status"] for d in documents]
+        job, watched = await _watch_a_job_through_its_life(served_ork, "-o", "json")
+    assert watched.returncode == 0, watched.stderr
+    documents = [json.loads(line) for line in watched.stdout.decode().splitlines()]
+    assert documents[0]["id"] == job and documents[-1]["status"] == "deleted"
+    assert "running" in [d["status"] for d in documents]
 
 
 async def test_list_watch_through_a_pipe_prints_a_row_per_change(served_ork: ServedOrk):
