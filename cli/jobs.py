@@ -36,6 +36,7 @@ import typer
 from contracts.labels import age_label, heard_label, status_label
 from runtime.sse import SseReader
 
+from ._completion import choices, container_job_ids, job_ids, model_names, team_names
 from ._console import err, fail, print_json
 from ._help import add_note
 from ._output import Column, Output, no_headers_option, query_option
@@ -71,7 +72,7 @@ _RUNTIMES = ("vllm", "parakeet", "local")
 
 def _team_option() -> Any:
     return typer.Option(None, "--team", "-t", help="The team (id or name); default: the "
-                                                   "active team.")
+                                                   "active team.", autocompletion=team_names)
 
 
 def _wait_option(what: str) -> Any:
@@ -214,7 +215,8 @@ def _show(shown: Output, job: dict, stream: TextIO | None = None) -> None:
 
 
 @app.command("get")
-def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`)."),
+def get(job: str = typer.Argument(..., help="The job's id (see `jobs list`).",
+                                  autocompletion=job_ids),
         watch: bool = _watch_option("the job"),
         server: str | None = server_option(), output: str = output_option(),
         no_headers: bool = no_headers_option(),
@@ -287,7 +289,8 @@ _SERVER_OPTIONS = server_settings_options()
 def create(name: str | None = typer.Option(None, "--name", "-n",
                                            help="The job's name (required)."),
            type_: str | None = typer.Option(None, "--type",
-                                            help="container or inference (required)."),
+                                            help="container or inference (required).",
+                                            autocompletion=choices(*_TYPES)),
            image: str | None = typer.Option(
                None, "--image", help="Registry image, docker://host[:port]/repo[:tag]; "
                                      "default: the deployment's default_image, if set."),
@@ -297,9 +300,11 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
                None, "--replicas", help="Replicas (inference jobs); default: the model "
                                         "master's, else 1."),
            runtime: str | None = typer.Option(None, "--runtime",
-                                              help="vllm, parakeet or local (inference)."),
+                                              help="vllm, parakeet or local (inference).",
+                                              autocompletion=choices(*_RUNTIMES)),
            model: str | None = typer.Option(None, "--model",
-                                            help="The model to serve (inference)."),
+                                            help="The model to serve (inference).",
+                                            autocompletion=model_names),
            served_name: str | None = typer.Option(
                None, "--served-name", help="The name clients ask for (inference; default: "
                                            "the model)."),
@@ -378,7 +383,7 @@ def create(name: str | None = typer.Option(None, "--name", "-n",
 
 
 @app.command("restart")
-def restart(job: str = typer.Argument(..., help="The job's id."),
+def restart(job: str = typer.Argument(..., help="The job's id.", autocompletion=job_ids),
             wait: bool = _wait_option("runs again"), timeout: float = _timeout_option(),
             server: str | None = server_option()) -> None:
     """Restart every replica of a job (storage is kept).
@@ -393,7 +398,7 @@ def restart(job: str = typer.Argument(..., help="The job's id."),
 
 
 @app.command("delete")
-def delete(job: str = typer.Argument(..., help="The job's id."),
+def delete(job: str = typer.Argument(..., help="The job's id.", autocompletion=job_ids),
            wait: bool = _wait_option("is gone"), timeout: float = _timeout_option(),
            server: str | None = server_option()) -> None:
     """Delete a job; wrk-ork removes its replicas (--wait: until it is gone).
@@ -416,7 +421,7 @@ def _replica_path(job: str, replica: int) -> str:
 
 
 @replicas_app.command("restart")
-def restart_replica(job: str = typer.Argument(..., help="The job's id."),
+def restart_replica(job: str = typer.Argument(..., help="The job's id.", autocompletion=job_ids),
                     replica: int = typer.Argument(..., min=0, help="The replica's index."),
                     wait: bool = _wait_option("runs"), timeout: float = _timeout_option(),
                     server: str | None = server_option()) -> None:
@@ -432,7 +437,7 @@ def restart_replica(job: str = typer.Argument(..., help="The job's id."),
 
 
 @replicas_app.command("delete")
-def delete_replica(job: str = typer.Argument(..., help="The job's id."),
+def delete_replica(job: str = typer.Argument(..., help="The job's id.", autocompletion=job_ids),
                    replica: int = typer.Argument(..., min=0, help="The replica's index."),
                    server: str | None = server_option()) -> None:
     """Delete one replica (while it is queued, pending or starting); the job keeps
@@ -501,7 +506,7 @@ def _follow_logs(api: Api, path: str, params: dict[str, str], output: str) -> No
 
 
 @app.command("logs")
-def logs(job: str = typer.Argument(..., help="The job's id."),
+def logs(job: str = typer.Argument(..., help="The job's id.", autocompletion=job_ids),
          follow: bool = typer.Option(False, "--follow", "-f",
                                      help="Keep printing new records until Ctrl-C."),
          source: str | None = typer.Option(None, "--source", help="system (the platform's "
@@ -540,7 +545,8 @@ add_note((create, restart, delete, restart_replica), _WAIT_HELP)
 
 
 @app.command("wireguard")
-def wireguard(job: str = typer.Argument(..., help="An isolated job's id."),
+def wireguard(job: str = typer.Argument(..., help="An isolated job's id.",
+                                        autocompletion=container_job_ids),
               output_file: Path | None = typer.Option(
                   None, "--output", "-O", help="Write the config to this file (0600) "
                   "instead of printing it; wg-quick names the interface after it (at most "
