@@ -63,6 +63,7 @@ from p2p.mux import MuxError
 from p2p.swarm import Connection, Swarm, SwarmConfig, SwarmError
 
 from ._args import parse_address, parse_key, wildcard_for
+from ._completion import container_job_ids
 from ._config import config_dir
 from ._console import fail, run_trio
 from ._stdio import StdinSource, StdoutSink
@@ -92,7 +93,8 @@ def parse_bootstrap(text: str) -> list[tuple[str, int]]:
 def shell(
     job: str | None = typer.Argument(
         None, metavar="JOB", show_default=False,
-        help="The container job's id (`cosmicac jobs list`); not with --agent."),
+        help="The container job's id (`cosmicac jobs list`); not with --agent.",
+        autocompletion=container_job_ids),
     arguments: list[str] | None = typer.Argument(
         None, metavar="[-- CMD ARGS...]",
         help="A command to run instead of an interactive shell (put it after --)."),
