@@ -61,6 +61,7 @@ import httpx
 import typer
 from pydantic import BaseModel, ValidationError
 
+from ._completion import served_names
 from ._config import config_dir, write_private
 from ._console import err, fail, print_json
 from .session import (
@@ -392,7 +393,8 @@ def _json(response: httpx.Response) -> dict:
 
 
 def _model_option() -> Any:
-    return typer.Option(..., "--model", "-m", help="The served name (`cosmicac jobs list`).")
+    return typer.Option(..., "--model", "-m", help="The served name (`cosmicac jobs list`).",
+                        autocompletion=served_names)
 
 
 def _key_option() -> Any:
