@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import typer
 
+from ._completion import team_names
 from ._console import err, fail
 from ._output import Column, Output, no_headers_option, query_option
 from .session import (
@@ -85,7 +86,7 @@ def list_teams(server: str | None = server_option(), output: str = output_option
 
 
 @app.command("get")
-def get(team: str = typer.Argument(..., help="The team (id or name)."),
+def get(team: str = typer.Argument(..., help="The team (id or name).", autocompletion=team_names),
         server: str | None = server_option(), output: str = output_option(),
         no_headers: bool = no_headers_option(),
         query: str | None = query_option()) -> None:
@@ -115,7 +116,8 @@ def create(name: str = typer.Argument(..., help="The new team's name."),
 
 
 @app.command("members")
-def members(team: str = typer.Argument(..., help="The team (id or name)."),
+def members(team: str = typer.Argument(..., help="The team (id or name).",
+                                       autocompletion=team_names),
             server: str | None = server_option(), output: str = output_option(),
             no_headers: bool = no_headers_option(),
             query: str | None = query_option()) -> None:
@@ -134,7 +136,8 @@ def members(team: str = typer.Argument(..., help="The team (id or name)."),
 
 
 @app.command("invite")
-def invite(team: str = typer.Argument(..., help="The team (id or name)."),
+def invite(team: str = typer.Argument(..., help="The team (id or name).",
+                                      autocompletion=team_names),
            email: str = typer.Argument(..., help="Who to invite."),
            role: str = typer.Option("member", "--role", "-r", help="member, admin or owner."),
            server: str | None = server_option(), output: str = output_option()) -> None:
@@ -154,7 +157,7 @@ def invite(team: str = typer.Argument(..., help="The team (id or name)."),
 
 
 @app.command("use")
-def use(team: str = typer.Argument(..., help="The team (id or name)."),
+def use(team: str = typer.Argument(..., help="The team (id or name).", autocompletion=team_names),
         server: str | None = server_option()) -> None:
     """Make a team the active one (API keys and jobs default to it).
 
@@ -167,7 +170,8 @@ def use(team: str = typer.Argument(..., help="The team (id or name)."),
 
 
 @app.command("invitations")
-def invitations(team: str = typer.Argument(..., help="The team (id or name)."),
+def invitations(team: str = typer.Argument(..., help="The team (id or name).",
+                                           autocompletion=team_names),
                 server: str | None = server_option(), output: str = output_option(),
                 no_headers: bool = no_headers_option(),
                 query: str | None = query_option()) -> None:
@@ -184,7 +188,8 @@ def invitations(team: str = typer.Argument(..., help="The team (id or name)."),
 
 
 @app.command("revoke-invite")
-def revoke_invite(team: str = typer.Argument(..., help="The team (id or name)."),
+def revoke_invite(team: str = typer.Argument(..., help="The team (id or name).",
+                                             autocompletion=team_names),
                   invitation: str = typer.Argument(..., help="The invitation's id (see "
                                                               "`teams invitations`)."),
                   server: str | None = server_option()) -> None:
@@ -238,7 +243,8 @@ def accept(token: str = typer.Argument(..., help="The token of the invitation's 
 def role(user: str = typer.Argument(..., help="The member (email or user id)."),
          new_role: str = typer.Argument(..., metavar="ROLE", help="member, admin or owner."),
          team: str | None = typer.Option(None, "--team", help="The team (id or name; "
-                                                               "default: the active one)."),
+                                                               "default: the active one).",
+                                         autocompletion=team_names),
          server: str | None = server_option()) -> None:
     """Change a member's role (admins and owners; the last owner stays an owner).
 
@@ -259,7 +265,8 @@ def role(user: str = typer.Argument(..., help="The member (email or user id)."),
 def remove(user: str = typer.Argument(..., help="The member (email or user id); "
                                                 "yourself to leave the team."),
            team: str | None = typer.Option(None, "--team", help="The team (id or name; "
-                                                                 "default: the active one)."),
+                                                                 "default: the active one).",
+                                           autocompletion=team_names),
            server: str | None = server_option()) -> None:
     """Remove a member from the team (admins and owners), or leave it yourself.
 
@@ -290,7 +297,7 @@ def _emit_quota(output: Output | str, team: dict, quota: dict) -> None:
 
 @quota_app.command("get")
 def quota_get(team: str = typer.Argument(..., help="The team (id or name; operators: any "
-                                                   "team's id)."),
+                                                   "team's id).", autocompletion=team_names),
               server: str | None = server_option(), output: str = output_option(),
               no_headers: bool = no_headers_option(),
               query: str | None = query_option()) -> None:
@@ -307,7 +314,7 @@ def quota_get(team: str = typer.Argument(..., help="The team (id or name; operat
 
 @quota_app.command("set")
 def quota_set(team: str = typer.Argument(..., help="The team (id or name; operators: any "
-                                                   "team's id)."),
+                                                   "team's id).", autocompletion=team_names),
               gpus: str | None = typer.Option(
                   None, "--gpus", help="GPUs the team's jobs may hold or wait for, every "
                                        "replica counted; 'unlimited' removes it."),
