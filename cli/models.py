@@ -12,6 +12,7 @@ from urllib.parse import quote
 import typer
 
 from ._args import count_option
+from ._completion import choices, model_names
 from ._console import err, fail
 from ._output import Column, Output, no_headers_option, query_option
 from ._server_settings import server_settings, server_settings_options
@@ -62,7 +63,8 @@ _SERVER_OPTIONS = server_settings_options()
 def add(
     name: str = typer.Argument(..., help="The model's name, as jobs and requests call it "
                                          "(e.g. meta-llama/Llama-3.1-8B)."),
-    runtime: str = typer.Option(..., "--runtime", "-r", help="vllm, parakeet or local."),
+    runtime: str = typer.Option(..., "--runtime", "-r", help="vllm, parakeet or local.",
+                                autocompletion=choices(*_RUNTIMES)),
     gpus: int | None = count_option(None, "--gpus", maximum=64,
                                     help="GPUs per replica a job gets by default."),
     replicas: int | None = count_option(None, "--replicas", maximum=64,
@@ -103,7 +105,7 @@ def add(
 
 
 @app.command("remove")
-def remove(name: str = typer.Argument(..., help="The model's name."),
+def remove(name: str = typer.Argument(..., help="The model's name.", autocompletion=model_names),
            server: str | None = server_option()) -> None:
     """Remove a model master (operators); running jobs of it are not touched.
 
