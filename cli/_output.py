@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 import typer
 
+from ._completion import output_modes
 from ._console import fail
 
 __all__ = ["MODES", "Column", "Output", "emit", "layout", "no_headers_option",
@@ -46,7 +47,7 @@ _MIN_CUT = 6
 def output_option() -> Any:
     return typer.Option("table", "--output", "-o",
                         help="table, wide (more columns), json, yaml, or name (the ids, "
-                             "one per line).")
+                             "one per line).", autocompletion=output_modes)
 
 
 def no_headers_option() -> Any:
