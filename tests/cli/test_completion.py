@@ -6,6 +6,7 @@ words name. The shells themselves run the scripts in test_completion_shells.py."
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
@@ -90,7 +91,7 @@ def test_a_tab_imports_only_the_command_its_words_name(tmp_path, env, modules):
     result = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE.format(env=env)],
                             capture_output=True, text=True, timeout=60, check=True)
     assert not result.stderr
-    imported = eval(result.stdout.strip().splitlines()[-1].removeprefix("IMPORTED "))
+    imported = ast.literal_eval(result.stdout.strip().splitlines()[-1].removeprefix("IMPORTED "))
     commands = {m for m in imported if m.removeprefix("cli.")[:1] != "_"
                 and m != "cli.session"}
     assert commands == modules, imported
@@ -355,3 +356,54 @@ def test_the_session_file_is_read_from_the_config_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("COSMICAC_CONFIG_DIR", str(tmp_path / "none"))
     assert Account.current(None) is None
     assert not Path(tmp_path / "none").exists()
+
+
+# -- the wiring: every parameter that takes one of these values completes it ----------
+
+
+def _parameters(command, path=()):
+    """(command path, parameter) for every parameter under ``command``."""
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from _parameters(sub, (*path, name))
+    else:
+        for parameter in command.params:
+            yield " ".join(path), parameter
+
+
+def _completer(parameter):
+    complete = parameter._custom_shell_complete  # typer's autocompletion, wrapped
+    return None if complete is None else complete.__closure__[0].cell_contents
+
+
+#: What completes a parameter: (names it goes by, the completer), in these groups.
+_WIRED = {
+    ("job",): "job_ids",
+    ("--team", "team"): "team_names",
+}
+
+
+@pytest.mark.parametrize("group", ["jobs", "shell", "inference", "teams", "models"])
+def test_each_job_team_model_and_served_name_parameter_completes(group):
+    import typer.main
+
+    from cli.main import build_app
+
+    root = typer.main.get_command(build_app(group))
+    wired = {}
+    for path, parameter in _parameters(root):
+        names = {parameter.name, *getattr(parameter, "opts", ())}
+        if "job" in names or "--team" in names or (group == "teams" and "team" in names) \
+                or (group in ("inference", "models") and names & {"--model", "name"}) \
+                or (path == "jobs create" and "--model" in names):
+            completer = _completer(parameter)
+            wired[(path, parameter.name)] = getattr(completer, "__name__", None)
+    if group == "models":  # `models add NAME` names a new model
+        wired.pop(("models add", "name"))
+    assert wired and all(wired.values()), wired
+    expected = {"job_ids", "container_job_ids", "team_names", "model_names", "served_names"}
+    assert set(wired.values()) <= expected, wired
+    if group == "shell":
+        assert wired == {("shell", "job"): "container_job_ids"}
+    if group == "inference":
+        assert set(wired.values()) == {"served_names"}
