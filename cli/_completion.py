@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CACHE_TTL_S", "RECHECK_S", "REQUEST_TIMEOUT_S", "Account", "CompletionCache",
-           "choices", "container_job_ids", "job_ids", "model_names", "output_modes", "served_names",
-           "team_names", "words_before_cursor"]
+           "choices", "container_job_ids", "job_ids", "model_names", "output_modes",
+           "plain_descriptions", "served_names", "team_names", "words_before_cursor"]
 
 #: How long an answer of the API is kept for the next TAB. kubectl and gh ask on every
 #: TAB; a few seconds spare a user who presses TAB twice (bash lists on the second)
@@ -100,6 +100,20 @@ def words_before_cursor(environ: Mapping[str, str]) -> list[str] | None:
         words = split_arg_string(line)[1:]
         return words[:-1] if words and not line.endswith(" ") else words
     return None
+
+
+def plain_descriptions() -> None:
+    """Have typer hand the shells our descriptions as they are.
+
+    zsh and fish show a description beside each candidate; typer renders each
+    through rich first, to strip markup, which imports ``typer.rich_utils``: about
+    80 ms, half of a zsh TAB. None of ours holds markup: the commands' help is
+    plain text (``--help`` prints it as written) and the API's values pass
+    :func:`describe`, which drops brackets. Call only when completing.
+    """
+    import typer._completion_classes as classes
+
+    classes._sanitize_help_text = str
 
 
 # -- the account and its cache ------------------------------------------------------

@@ -274,8 +274,9 @@ def main() -> None:
         # A shell's TAB (``_COSMICAC_COMPLETE``) passes its words in the environment:
         # build the command they name alone, as a run does (the index while they name
         # none), not the whole app (about a second of imports per TAB).
-        from ._completion import words_before_cursor
+        from ._completion import plain_descriptions, words_before_cursor
 
+        plain_descriptions()
         words = words_before_cursor(os.environ)
         if words is not None:
             args, context = take_context(words)
