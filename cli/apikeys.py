@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import typer
 
+from ._completion import served_names, team_names
 from ._console import err, out, print_json
 from ._output import Column, Output, no_headers_option, query_option
 from .session import (
@@ -36,7 +37,7 @@ _USAGE_COLUMNS = ("key", "day", "model", "prompt_tokens", "completion_tokens",
 
 def _team_option() -> str | None:
     return typer.Option(None, "--team", "-t", help="The team (id or name); default: the "
-                                                    "active team.")
+                                                    "active team.", autocompletion=team_names)
 
 
 def _team_id(api: Api, team: str | None) -> str | None:
@@ -109,7 +110,8 @@ def revoke(key: str = typer.Argument(..., help="The key's id (see `apikeys list`
 def usage(key: str | None = typer.Option(None, "--key", "-k",
                                          help="One key's id; default: every key of the team."),
           team: str | None = _team_option(),
-          model: str | None = typer.Option(None, "--model", help="Only this model."),
+          model: str | None = typer.Option(None, "--model", help="Only this model.",
+                                           autocompletion=served_names),
           day_from: str | None = typer.Option(None, "--from", help="First day, YYYY-MM-DD."),
           day_to: str | None = typer.Option(None, "--to", help="Last day, YYYY-MM-DD."),
           server: str | None = server_option(), output: str = output_option(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from ._completion import team_names
 from ._console import err
 from ._help import add_note
 from ._output import Column, Output, no_headers_option, query_option
@@ -57,7 +58,8 @@ def list_nodes(server: str | None = server_option(), output: str = output_option
 def reserve(nodes: list[str] = typer.Argument(..., help="The nodes' names."),
             rack: str = _rack_option(),
             team: str = typer.Option(..., "--team", "-t",
-                                     help="The team (one of yours by id or name, or an id)."),
+                                     help="The team (one of yours by id or name, or an id).",
+                                     autocompletion=team_names),
             server: str | None = server_option()) -> None:
     """Keep nodes for one team: only its jobs are placed on them.
 

@@ -383,7 +383,8 @@ _WIRED = {
 }
 
 
-@pytest.mark.parametrize("group", ["jobs", "shell", "inference", "teams", "models"])
+@pytest.mark.parametrize("group", ["jobs", "shell", "inference", "teams", "models", "apikeys",
+                                   "nodes"])
 def test_each_job_team_model_and_served_name_parameter_completes(group):
     import typer.main
 
@@ -394,12 +395,15 @@ def test_each_job_team_model_and_served_name_parameter_completes(group):
     for path, parameter in _parameters(root):
         names = {parameter.name, *getattr(parameter, "opts", ())}
         if "job" in names or "--team" in names or (group == "teams" and "team" in names) \
-                or (group in ("inference", "models") and names & {"--model", "name"}) \
+                or (group in ("inference", "models", "apikeys") and
+                    names & {"--model", "name"}) \
                 or (path == "jobs create" and "--model" in names):
             completer = _completer(parameter)
             wired[(path, parameter.name)] = getattr(completer, "__name__", None)
     if group == "models":  # `models add NAME` names a new model
         wired.pop(("models add", "name"))
+    if group == "apikeys":  # `apikeys create --name` names a new key
+        wired.pop(("apikeys create", "name"))
     assert wired and all(wired.values()), wired
     expected = {"job_ids", "container_job_ids", "team_names", "model_names", "served_names"}
     assert set(wired.values()) <= expected, wired
@@ -407,3 +411,5 @@ def test_each_job_team_model_and_served_name_parameter_completes(group):
         assert wired == {("shell", "job"): "container_job_ids"}
     if group == "inference":
         assert set(wired.values()) == {"served_names"}
+    if group == "apikeys":  # usage's --model: what requests named (served names)
+        assert wired[("apikeys usage", "model")] == "served_names"
