@@ -126,7 +126,8 @@ async def serve_proxy(settings: ProxySettings, *, job_source: JobSource | None =
         # The agents it routes to are the only strangers it lets in, and keep their room.
         nonlocal pool
         pool = agents = AgentPool(swarm, balancer, on_retry=lambda route:
-                                  proxy_metrics.retries.labels(route.served_name).inc())
+                                  proxy_metrics.retries.labels(route.served_name).inc(),
+                                  connect_wait_s=settings.replica_connect_wait_s)
         swarm.add_firewall(agents.allows)
         swarm.add_reserved(reserved_peers(settings, lambda: agents.table.connect_keys()))
 

@@ -93,6 +93,10 @@ class ProxySettings(PeerSettings):
     #: (doubling on repeated failures, up to ``replica_backoff_max_s``).
     replica_backoff_s: float = Field(default=1.0, gt=0, le=600)
     replica_backoff_max_s: float = Field(default=30.0, gt=0, le=3600)
+    #: How long a request waits for the proxy to reach a job's replica that wrk-ork
+    #: lists but the proxy is still connecting to (a job that has just become Active,
+    #: its agent behind a relay): the request is answered then, not refused with 503.
+    replica_connect_wait_s: float = Field(default=10.0, ge=0, le=120)
     #: How often the job table is read again even without a change (wrk-ork's
     #: watch reports status changes; agent keys may change without one).
     jobs_refresh_s: float = Field(default=10.0, gt=0, le=3600)

@@ -169,12 +169,19 @@ class AgentPool:
         balancer: picks the agent for each try.
         clock: the balancer's clock (trio's by default).
         on_retry: called with the route each time a request is tried again.
+        connect_wait_s: how long a request waits for a replica the pool is still
+            connecting to (see :meth:`_reach_a_replica`).
     """
 
     def __init__(self, swarm: Swarm, balancer: Balancer, *,
                  clock: Callable[[], float] = trio.current_time,
-                 on_retry: Callable[[Route], object] | None = None) -> None:
+                 on_retry: Callable[[Route], object] | None = None,
+                 connect_wait_s: float = 10.0) -> None:
         self.swarm = swarm
+        self.connect_wait_s = connect_wait_s
+        #: Set (then replaced) each time an agent's client is ready: what requests
+        #: waiting for a replica of their job wake on.
+        self._agent_ready = trio.Event()
         self.balancer = balancer
         self.table = RoutingTable()
         self.clients: dict[bytes, RpcClient] = {}
@@ -265,6 +272,8 @@ class AgentPool:
             await nursery.start(client.run)
             self.clients[key] = client
             self.balancer.connected(key)
+            self._agent_ready.set()
+            self._agent_ready = trio.Event()
             log.info("proxy.agent_connected peer=%s", format_key(key)[:12])
             try:
                 await connection.wait_closed()
@@ -296,6 +305,8 @@ class AgentPool:
         tried: list[bytes] = []
         last: str = "no replica of the job is connected"
         whole = whole and len(body) <= MAX_INLINE_BODY  # an upload is taken by one call
+        if not any(key in self.clients for key in route.endpoints):
+            await self._reach_a_replica(route)
         for attempt in range(MAX_TRIES):
             key = self.balancer.pick(route.job_id, self._clock(), tried)
             client = self.clients.get(key) if key is not None else None
@@ -348,6 +359,17 @@ class AgentPool:
                 return
             self.balancer.failed(key, self._clock())
         raise NoReplica(last if tried else "no replica of the job is connected")
+
+    async def _reach_a_replica(self, route: Route) -> None:
+        """Wait, at most :attr:`connect_wait_s`, until one of ``route``'s endpoints is
+        connected, while the pool is connecting to one: a job is Active once its
+        agents told their worker, and the proxy reaches them a moment later (through
+        a relay, some round trips later), so a request sent right after ``jobs create
+        --wait`` would be refused. With no endpoint being connected, no wait."""
+        with trio.move_on_after(self.connect_wait_s):
+            while not any(key in self.clients for key in route.endpoints) and any(
+                    key in self._keepers for key in route.endpoints):
+                await self._agent_ready.wait()
 
     async def _request(self, client: RpcClient, path: str, content_type: str, body: bytes,
                        request_id: str) -> InferRequest:

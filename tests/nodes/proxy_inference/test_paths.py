@@ -315,3 +315,42 @@ async def test_an_answer_without_usage_is_billed_as_counted_counted_and_logged(t
             await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             rows = await proxy.recorder.db.usage(key_id)
             assert [(r.requests, r.total) for r in rows] == [(2, 0)]
+
+
+async def test_a_request_waits_for_a_replica_the_proxy_is_still_reaching(tmp_path):
+    """A job Active before the proxy has reached its agent (what `jobs create --wait`
+    then a chat meets, the agent behind a relay): the request waits for the
+    connection and is answered; a listed agent that never comes is a 503 after
+    replica_connect_wait_s, and no wait at all when nothing is being reached."""
+    with trio.fail_after(60):
+        async with proxy_world(tmp_path) as world:
+            _, secret = await world.add_key("team-a")
+            await world.start_proxy(replica_connect_wait_s=2.0)
+            await world.wait_replicated()
+            late, never = KeyPair.generate(), KeyPair.generate()
+            world.jobs.set([job_view("j-late", inference_spec("late"), [late.public_key]),
+                            job_view("j-never", inference_spec("never"),
+                                     [never.public_key])])
+            pool = world.proxy.pool
+            await wait_until(lambda: {late.public_key, never.public_key} <= set(
+                pool._keepers), limit_s=10)
+            answers = {}
+
+            async def ask(model: str) -> None:
+                async with client(world, secret) as http:
+                    started = trio.current_time()
+                    response = await http.post("/chat/completions",
+                                               json={**CHAT, "model": model})
+                    answers[model] = (response, trio.current_time() - started)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask, "late")
+                nursery.start_soon(ask, "never")
+                await trio.sleep(0.5)
+                assert late.public_key not in pool.clients and not answers
+                await world.start_agent(late, [TinyAgent("late", "ok").service()], "j-late")
+            response, _ = answers["late"]
+            assert response.status_code == 200, response.text
+            response, waited = answers["never"]
+            assert response.status_code == 503 and waited >= 2.0
+            assert response.json()["error"]["code"] == "model_unavailable"
