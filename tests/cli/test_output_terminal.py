@@ -24,27 +24,30 @@ LONG_NAME = "nightly-evaluation-of-the-very-large-model-on-every-benchmark"
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def _terminal(columns: int, rows: int = 50) -> tuple[int, int]:
+    """A pseudo-terminal ``columns`` wide, as tmux sizes one: (leader, follower)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    return leader, follower
+
+
+def _terminal_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as a terminal user's: ``COLUMNS`` unset (the window says), colour allowed."""
+    return {**{k: v for k, v in env.items() if k not in ("COLUMNS", "NO_COLOR")},
+            "TERM": "xterm"}
+
+
 def _on_a_terminal(args: list[str], env: dict[str, str], columns: int) -> str:
-    """What ``args`` prints on a terminal ``columns`` wide (a pseudo-terminal whose
-    window size is set, as tmux sets it; ``COLUMNS`` unset, colour allowed)."""
+    """What ``args`` prints on a terminal ``columns`` wide."""
     import subprocess
 
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "NO_COLOR")}
+    leader, follower = _terminal(columns)
     try:
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=follower,
-                                   stderr=subprocess.PIPE, env={**env, "TERM": "xterm"})
+                                   stderr=subprocess.PIPE, env=_terminal_env(env))
         os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the process closed its side
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+        _read_all(leader, chunks)
         assert process.wait(timeout=60) == 0, process.stderr.read()
     finally:
         os.close(leader)
@@ -98,12 +101,10 @@ async def test_jobs_list_watch_redraws_in_place_on_a_terminal(served_ork: Served
         first = await _create(served, "first")
         hub = served.node.services.events
         assert hub is not None
-        leader, follower = pty.openpty()
-        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-        env = {k: v for k, v in served.env.items() if k not in ("COLUMNS", "NO_COLOR")}
+        leader, follower = _terminal(100, rows=30)
         process = await trio.lowlevel.open_process(
             [*COSMICAC, "jobs", "list", "--watch"], stdin=subprocess.DEVNULL,
-            stdout=follower, stderr=subprocess.DEVNULL, env={**env, "TERM": "xterm"})
+            stdout=follower, stderr=subprocess.DEVNULL, env=_terminal_env(served.env))
         os.close(follower)
         screen: list[bytes] = []
         reader = threading.Thread(target=_read_all, args=(leader, screen), daemon=True)
