@@ -45,14 +45,15 @@ class Answer:
 
 
 class _QuickConnect:
-    """A connection that connects within :data:`CONNECT_S`, then waits ``timeout``."""
+    """A connection that connects within :data:`CONNECT_S` (or ``timeout`` if shorter:
+    a shell's TAB waits a second in all), then waits ``timeout``."""
 
     timeout: float
     sock: Any
 
     def connect(self) -> None:
         wanted = self.timeout
-        self.timeout = CONNECT_S
+        self.timeout = min(CONNECT_S, wanted)
         try:
             super().connect()  # type: ignore[misc]
         finally:
