@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.netns)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def netns_available() -> None:
     """Skip (or, in CI, fail) unless this machine can build topologies."""
     if (reason := unavailable_reason()) is not None:
