@@ -176,11 +176,25 @@ async def test_a_dead_path_falls_back_to_the_standby_and_no_byte_is_lost(kill):
                     await right.wait_path_change()
                 right.keep_standby()
                 await right.migrate(NEW)
-                transfer.start_soon(_pump, left, data_lr, 6_000)
-                transfer.start_soon(_pump, right, data_rl, 5_000)
-                await trio.sleep(0.01)
-                # The direct path dies in the middle of both transfers.
+                # The direct path dies in the middle of both transfers: each pump sends
+                # its first half, then waits for the kill (a timed pause let a fast
+                # machine finish both transfers before the path died).
+                halves_sent = trio.Semaphore(0)
+                path_killed = trio.Event()
+
+                async def pump_around_the_kill(stream: SecretStream, data: bytes, piece: int):
+                    half = len(data) // 2
+                    await _pump(stream, data[:half], piece)
+                    halves_sent.release()
+                    await path_killed.wait()
+                    await _pump(stream, data[half:], piece)
+
+                transfer.start_soon(pump_around_the_kill, left, data_lr, 6_000)
+                transfer.start_soon(pump_around_the_kill, right, data_rl, 5_000)
+                for _ in range(2):
+                    await halves_sent.acquire()
                 await (direct_left if kill == "initiator_side" else direct_right).aclose()
+                path_killed.set()
             nursery.cancel_scope.cancel()
     assert received["right"] == data_lr
     assert received["left"] == data_rl
