@@ -50,7 +50,9 @@ _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$")
 
-#: The longest a watch stays open, whatever the client asks (keeps shutdown quick).
+#: The longest a watch stays open, whatever the client asks (keeps shutdown quick);
+#: a test may shorten it (:attr:`KubeDouble.max_watch_s`), as an API server ends a
+#: watch before its ``timeoutSeconds`` whenever it likes.
 _MAX_WATCH_S = 30.0
 #: What ``GET /version`` answers unless a test sets :attr:`KubeDouble.version`.
 DEFAULT_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-double",
@@ -150,6 +152,8 @@ class KubeDouble:
         self.allowed: set[tuple[str, str, str]] | None = None
         #: Every ``SelfSubjectAccessReview`` asked, as its ``resourceAttributes``.
         self.reviews: list[dict[str, Any]] = []
+        #: The longest a watch stays open before the double ends it.
+        self.max_watch_s = _MAX_WATCH_S
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -358,8 +362,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, found)
             return
         if query.get("watch", ["false"])[0].lower() in ("true", "1"):
-            timeout = float(query.get("timeoutSeconds", [_MAX_WATCH_S])[0])
-            self._watch(api, plural, m["ns"], selector, min(timeout, _MAX_WATCH_S))
+            limit = self.store.max_watch_s
+            timeout = float(query.get("timeoutSeconds", [limit])[0])
+            self._watch(api, plural, m["ns"], selector, min(timeout, limit))
             return
         with self.store._lock:
             items = [copy.deepcopy(o) for (a, p, o_ns, _), o in self.store.objects.items()
