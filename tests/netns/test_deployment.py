@@ -110,6 +110,12 @@ def test_a_workstation_that_reaches_only_the_door_and_the_relay_uses_the_platfor
                   stdin=PASSWORD + "\n")
     assert login.returncode == 0, login.stderr
 
+    # A container job for the shell below, created beside the inference job (two users'
+    # jobs starting at once, and the agents' start-ups overlap instead of adding up).
+    box_create = lab.popen("desk", [COSMICAC, "jobs", "create", "--name", "box", "--type",
+                                    "container", "--gpus", "1", "--wait", "--timeout", "120"],
+                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
     # Managed inference: created, Active, answered through the entry point by `openai`.
     model = _desk(lab, env, "jobs", "create", "--name", "chat", "--type", "inference",
                   "--runtime", "local", "--model", "demo", "--gpus", "1", "--wait",
@@ -131,12 +137,12 @@ def test_a_workstation_that_reaches_only_the_door_and_the_relay_uses_the_platfor
 
     # A shell on a container job: the agent sits on the firewalled GPU host and the desk
     # reaches no DHT: paired through the relay, known by the address app-node gives.
-    box = _desk(lab, env, "jobs", "create", "--name", "box", "--type", "container",
-                "--gpus", "1", "--wait", "--timeout", "120", timeout=180)
-    assert box.returncode == 0, box.stderr
+    box_out, box_err = box_create.communicate(timeout=180)
+    assert box_create.returncode == 0, box_err
+    box_job = box_out.strip()
     # The relay box sees the shell's bytes go by, never what they say.
     with Capture(lab, "relay", tmp_path / "relay.cap", max_bytes=64 << 20) as capture:
-        shell = _desk(lab, env, "shell", box.stdout.strip(), "--", "sh", "-c",
+        shell = _desk(lab, env, "shell", box_job, "--", "sh", "-c",
                       f"echo {MARKER}-$((6*7)); exit 5", timeout=60)
         seen = capture.stop()
     assert shell.stdout == f"{MARKER}-42\n", shell.stderr
@@ -146,9 +152,14 @@ def test_a_workstation_that_reaches_only_the_door_and_the_relay_uses_the_platfor
 
     logs = _desk(lab, env, "jobs", "logs", job)
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
-    for name in (job, box.stdout.strip()):
-        deleted = _desk(lab, env, "jobs", "delete", name, "--wait", "--timeout", "60")
-        assert deleted.returncode == 0, deleted.stderr
+    # Both deletes at once, each waiting until its job is gone.
+    deleting = [lab.popen("desk", [COSMICAC, "jobs", "delete", name, "--wait", "--timeout",
+                                   "60"], env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for name in (job, box_job)]
+    for deleted in deleting:
+        _, stderr = deleted.communicate(timeout=120)
+        assert deleted.returncode == 0, stderr
     # The desk could not have gone around: it tried other destinations (the DHT, the
     # agent's own address) and its firewall dropped them.
     counters = lab.run_in("desk", ["iptables", "-L", "OUTPUT", "-v", "-n", "-x"])
