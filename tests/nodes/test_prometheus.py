@@ -15,6 +15,7 @@ then it fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -155,22 +156,32 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
     (tmp_path / "monitor").mkdir()
     token_file = tmp_path / "monitor" / "http-token"  # as cosmicac up writes it
     token_file.write_text("p" * 40 + "\n")
+    # The scraped ports are chosen first, so that Prometheus starts with everything
+    # else: it hands its targets to its scrapers on its discovery's first 5 s tick.
+    monitor_http = ("127.0.0.1", free_port())
+    proxy_metrics = ("127.0.0.1", free_port())
     monitor_config.write_text(json.dumps({
         "storage": str(tmp_path / "monitor"), "host": "127.0.0.1", "port": 0,
-        "http": {"host": "127.0.0.1", "port": 0, "token_file": str(token_file)},
+        "http": {"host": monitor_http[0], "port": monitor_http[1],
+                 "token_file": str(token_file)},
         "pushers": [proxy_key.hex], "proxies": [proxy_key.hex]}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
     with trio.fail_after(150):
         async with process("run", "wrk-monitor", "--config", str(monitor_config),
                            "--config-dir", str(tmp_path / "none"),
                            stdout=subprocess.PIPE, env=env) as monitor, \
+                running_prometheus(prometheus_binary, tmp_path / "prometheus", {
+                    "wrk-monitor": monitor_http, "wrk-monitor-no-token": monitor_http,
+                    "proxy-inference": proxy_metrics},
+                    credentials={"wrk-monitor": token_file}) as prometheus, \
                 proxy_world(tmp_path / "world") as world:
             ready = await read_ready(monitor.stdout, "wrk-monitor")
             assert ready.fields["loki"] == "off"
-            monitor_http = ready.address("http")
+            assert ready.address("http") == monitor_http
             # The proxy in-process, its registries on an endpoint as the daemon kit serves it.
             metrics = ProcessMetrics()
-            proxy_metrics = await world.nursery.start(serve_metrics, metrics.registry)
+            assert await world.nursery.start(functools.partial(
+                serve_metrics, metrics.registry, port=proxy_metrics[1])) == proxy_metrics
             _, secret = await world.add_key()
             await world.start_proxy(metrics=metrics, telemetry={
                 "monitor": ready.key, "monitor_addresses": [ready.fields["swarm"]]})
@@ -180,25 +191,21 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
                 for _ in range(REQUESTS):
                     response = await http.post("/chat/completions", json=CHAT)
                     assert response.status_code == 200, response.text
-            async with running_prometheus(prometheus_binary, tmp_path / "prometheus", {
-                    "wrk-monitor": monitor_http, "wrk-monitor-no-token": monitor_http,
-                    "proxy-inference": proxy_metrics},
-                    credentials={"wrk-monitor": token_file}) as prometheus:
-                await prometheus.wait_value(
-                    'sum(proxy_requests_total{job="proxy-inference",code="200"})', REQUESTS)
-                await prometheus.wait_value('up{job="wrk-monitor"}', 1)
-                # wrk-monitor's series name every team's jobs: no token, no scrape.
-                await prometheus.wait_value('up{job="wrk-monitor-no-token"}', 0)
-                await prometheus.wait_value('up{job="proxy-inference"}', 1)
-                by_code = await prometheus.query('proxy_requests_total{job="proxy-inference"}')
-                assert [(s["metric"]["model"], s["metric"]["code"]) for s in by_code] == [
-                    ("chat", "200")]
-                # The proxy's shipped records arrived: what it counts as sent is what
-                # the monitor counts as received (once the proxy's start-up lines settled).
-                await prometheus.wait_value(
-                    'telemetry_records_sent_total{job="proxy-inference"} > bool 0', 1)
-                await prometheus.wait_value(
-                    'monitor_records_received_total{job="wrk-monitor"} - ignoring(job, instance)'
-                    ' telemetry_records_sent_total{job="proxy-inference"}', 0)
+            await prometheus.wait_value(
+                'sum(proxy_requests_total{job="proxy-inference",code="200"})', REQUESTS)
+            await prometheus.wait_value('up{job="wrk-monitor"}', 1)
+            # wrk-monitor's series name every team's jobs: no token, no scrape.
+            await prometheus.wait_value('up{job="wrk-monitor-no-token"}', 0)
+            await prometheus.wait_value('up{job="proxy-inference"}', 1)
+            by_code = await prometheus.query('proxy_requests_total{job="proxy-inference"}')
+            assert [(s["metric"]["model"], s["metric"]["code"]) for s in by_code] == [
+                ("chat", "200")]
+            # The proxy's shipped records arrived: what it counts as sent is what
+            # the monitor counts as received (once the proxy's start-up lines settled).
+            await prometheus.wait_value(
+                'telemetry_records_sent_total{job="proxy-inference"} > bool 0', 1)
+            await prometheus.wait_value(
+                'monitor_records_received_total{job="wrk-monitor"} - ignoring(job, instance)'
+                ' telemetry_records_sent_total{job="proxy-inference"}', 0)
             monitor.send_signal(signal.SIGINT)
             assert await monitor.wait() == 0
