@@ -1,4 +1,5 @@
-"""The ``topology`` fixture: a fresh worker/agent/relay topology for each test."""
+"""The ``topology`` fixture: a fresh worker/agent/relay topology for each test (and
+``module_topology``, one for a whole module)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,17 @@ def topology(netns_available: None) -> Iterator[Topology]:
     it started or that still runs inside. Skips where the machine cannot (not root, no
     iptables); fails instead where CAC_NETNS_REQUIRED=1 or CI=true.
     """
+    yield from _topology()
+
+
+@pytest.fixture(scope="module")
+def module_topology(netns_available: None) -> Iterator[Topology]:
+    """The same hosts, built once for a module whose tests each start processes of
+    their own (new keys, their own ports) and change nothing else in it."""
+    yield from _topology()
+
+
+def _topology() -> Iterator[Topology]:
     try:
         topo = Topology.create()
     except NetnsUnavailable as exc:

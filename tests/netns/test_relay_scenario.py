@@ -10,6 +10,10 @@ worker host. Every process is the real console script.
 (c) a packet capture on the relay host never sees the plaintext marker;
 (d) the relay restarted with the same --storage has the same key, the agent
     reserves again and a new beam gets through.
+
+The hosts, the DHT bootstrap and one relay are built once for the module
+(:func:`scenario`); each test starts its own agent and dialer (fresh keys), and
+(d) a relay of its own that it may stop.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,6 +46,9 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 COSMICAC = console_script("cosmicac")
 BLIND_RELAY = console_script("blind-relay")
 DHT_PORT = 49739
+#: The relay that (d) restarts: its own port, beside the module's relay (blind-relay's
+#: default port).
+RESTARTED_RELAY_PORT = 49741
 BOOTSTRAP = f"{RELAY_ADDR}:{DHT_PORT}"
 RELAY_KEY_LINE = re.compile(r"Server listening on ([0-9a-f]{64})")
 LISTENING = re.compile(r"listening on \S+ key ([0-9a-f]{64})")
@@ -83,11 +91,12 @@ def start_bootstrap(topology: Topology, tmp_path: Path) -> None:
     wait_for_ready(out, "dht-bootstrap")
 
 
-def start_relay(topology: Topology, tmp_path: Path, name: str) -> tuple[subprocess.Popen, str]:
+def start_relay(topology: Topology, tmp_path: Path, name: str, *,
+                port: int | None = None) -> tuple[subprocess.Popen, str]:
     out = tmp_path / f"{name}.out"
     process = topology.popen(
         RELAY, [BLIND_RELAY, "--storage", tmp_path / "relay-storage", "--host", RELAY_ADDR,
-                "--bootstrap", BOOTSTRAP],
+                "--bootstrap", BOOTSTRAP, *(["--port", str(port)] if port else [])],
         stdout=out.open("wb"), stderr=(tmp_path / f"{name}.err").open("wb"),
     )
     key = wait_for_line(out, RELAY_KEY_LINE)[1]
@@ -134,8 +143,31 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """The module's hosts with a DHT bootstrap and a blind relay running on ``relay``."""
+
+    topology: Topology
+    relay_key: str
+
+
+@pytest.fixture(scope="module")
+def scenario(module_topology: Topology, tmp_path_factory) -> Scenario:
+    """Built once for the module: each test brings its own agent and dialer (new keys),
+    so none sees another's; the processes a test leaves go at the module's teardown."""
+    folder = tmp_path_factory.mktemp("relay-scenario")
+    start_bootstrap(module_topology, folder)
+    _, relay_key = start_relay(module_topology, folder, "relay")
+    return Scenario(module_topology, relay_key)
+
+
+@pytest.fixture
+def topology(scenario: Scenario) -> Topology:
+    return scenario.topology
+
+
 def test_without_a_relay_the_worker_cannot_reach_the_agent(topology: Topology, tmp_path):
-    start_bootstrap(topology, tmp_path)
+    dropped_before = topology.firewall_counters()["drop-new-tcp"]
     (tmp_path / "empty").write_bytes(b"")
     agent, key, _ = start_agent(topology, tmp_path, tmp_path / "empty", relay_key=None)
     started = time.monotonic()
@@ -146,15 +178,17 @@ def test_without_a_relay_the_worker_cannot_reach_the_agent(topology: Topology, t
     assert re.search(rf"{re.escape(AGENT_ADDR)}:\d+: timed out after", result.stderr)
     assert "Traceback" not in result.stderr
     assert elapsed < 20  # a bounded failure, not a hang
-    assert topology.firewall_counters()["drop-new-tcp"] >= 1  # the firewall ate the SYN
+    # The firewall ate the SYN.
+    assert topology.firewall_counters()["drop-new-tcp"] > dropped_before
     assert agent.poll() is None  # the listener still waits
+    agent.terminate()
+    agent.wait(timeout=15)
 
 
 def test_through_the_relay_16_mib_each_way_and_the_relay_sees_no_plaintext(
-    topology: Topology, tmp_path
+    scenario: Scenario, topology: Topology, tmp_path
 ):
-    start_bootstrap(topology, tmp_path)
-    _, relay_key = start_relay(topology, tmp_path, "relay")
+    relay_key = scenario.relay_key
     to_worker, to_agent = tmp_path / "to-worker", tmp_path / "to-agent"
     to_worker_sum, to_agent_sum = payload(to_worker, 16 << 20), payload(to_agent, 16 << 20)
     agent, key, agent_err = start_agent(topology, tmp_path, to_worker, relay_key)
@@ -211,14 +245,13 @@ class GatedFeed:
 
 
 def test_with_punching_the_beam_leaves_the_relay_though_the_agent_refuses_connections(
-    topology: Topology, tmp_path
+    scenario: Scenario, topology: Topology, tmp_path
 ):
     """The agent's firewall drops every inbound connection but lets replies in: a
     simultaneous open is a reply to the agent's own SYN, so the session moves to
     the direct path and the relay stops carrying it (hyperdht's users met this
     case as same-LAN peers behind host firewalls)."""
-    start_bootstrap(topology, tmp_path)
-    _, relay_key = start_relay(topology, tmp_path, "relay")
+    relay_key = scenario.relay_key
     to_worker, to_agent = tmp_path / "to-worker", tmp_path / "to-agent"
     to_worker_sum, to_agent_sum = payload(to_worker, 16 << 20), payload(to_agent, 16 << 20)
     agent, key, agent_err = start_agent(topology, tmp_path, None, relay_key, punch=True)
@@ -257,8 +290,8 @@ def test_with_punching_the_beam_leaves_the_relay_though_the_agent_refuses_connec
 def test_a_restarted_relay_keeps_its_key_and_the_agent_reserves_again(
     topology: Topology, tmp_path
 ):
-    start_bootstrap(topology, tmp_path)
-    first, relay_key = start_relay(topology, tmp_path, "relay")
+    # A relay of this test's own (the module's keeps running beside it).
+    first, relay_key = start_relay(topology, tmp_path, "relay", port=RESTARTED_RELAY_PORT)
     data = tmp_path / "data"
     data_sum = payload(data, 1 << 20)
     agent, key, agent_err = start_agent(topology, tmp_path, data, relay_key)
@@ -267,7 +300,8 @@ def test_a_restarted_relay_keeps_its_key_and_the_agent_reserves_again(
     first.terminate()
     assert first.wait(timeout=15) == 0
     lost = wait_for_line(agent_err, re.compile("lost the reservation"))
-    _, again = start_relay(topology, tmp_path, "relay-again")
+    restarted, again = start_relay(topology, tmp_path, "relay-again",
+                                   port=RESTARTED_RELAY_PORT)
     assert again == relay_key
     offset = len(agent_err.read_text()[: lost.end()])
     wait_for_line(agent_err, re.compile(rf"reserved on relay {relay_key}"), after=offset,
@@ -278,3 +312,5 @@ def test_a_restarted_relay_keeps_its_key_and_the_agent_reserves_again(
     assert result.returncode == 0, result.stderr
     assert sha256(tmp_path / "worker.out") == data_sum
     assert agent.wait(timeout=30) == 0
+    restarted.terminate()
+    assert restarted.wait(timeout=15) == 0
