@@ -170,11 +170,13 @@ def start_services(lab: NatLab, folder: Path, cosmicac: str, blind_relay: str,
                    wait_ready: Any) -> RunningLab:
     """Three DHT nodes and a blind relay on ``inet``; ``wait_ready(path, name)`` waits
     for a daemon's ready line."""
-    for n, host in enumerate(DHT_NODES):
-        out = folder / f"dht{n}.out"
+    # The DHT nodes know nothing of each other at start: they start together.
+    outs = [folder / f"dht{n}.out" for n in range(len(DHT_NODES))]
+    for n, (host, out) in enumerate(zip(DHT_NODES, outs, strict=True)):
         lab.popen("inet", [cosmicac, "dht", "bootstrap", "--host", host, "--port",
                            str(DHT_PORT)], stdout=out.open("wb"),
                   stderr=(folder / f"dht{n}.err").open("wb"))
+    for out in outs:
         wait_ready(out, "dht-bootstrap")
     out = folder / "relay.out"
     lab.popen("inet", [blind_relay, "--storage", folder / "relay-storage", "--host", RELAY,
