@@ -139,12 +139,15 @@ async def test_killing_an_agent_degrades_a_two_replica_job_and_fails_a_one_repli
 async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(tmp_path):
     with trio.fail_after(150):
         async with cluster(tmp_path) as path:
+            await path.kill_worker()  # again, reporting every 0.4 s
+            await path.start_worker(report_interval_s=0.4)
             running = await path.create(container("running"))
             await path.wait_job(running.id, status("active"))
             fresh = await path.create(container("fresh"))
             await path.kill_ork()  # its create may be in the outbox, the queue, or applied
-            # The worker goes on: reports made while wrk-ork is down wait in its queue.
-            await trio.sleep(1.0)
+            # The worker goes on for a report interval: reports made while wrk-ork
+            # is down wait in its queue.
+            await trio.sleep(0.4)
             await path.start_ork()
             await path.wait_job(fresh.id, status("active"))
             assert (await path.get(running.id)).status.value == "active"
@@ -156,18 +159,21 @@ async def test_wrk_ork_killed_mid_operation_keeps_its_jobs_and_loses_no_report(t
 
 
 async def test_a_silent_worker_makes_its_jobs_unknown_until_it_reports_again(tmp_path):
+    # The worker reports every 0.4 s, and wrk-ork marks the jobs of a worker
+    # silent for 1 s (twice and a half that interval) unknown.
+    reporting = {"report_interval_s": 0.4}
     with trio.fail_after(120):
         async with cluster(tmp_path) as path:
-            # wrk-ork again, to mark the jobs of a worker silent for 2.5 s
-            # (twice and a half its report interval here) unknown.
+            await path.kill_worker()
             await path.kill_ork()
-            await path.start_ork(unknown_after_s=2.5)
+            await path.start_ork(unknown_after_s=1.0)
+            await path.start_worker(**reporting)
             job = await path.create(container("watched"))
             await path.wait_job(job.id, status("active"))
             await path.kill_worker()
             unknown = await path.wait_job(job.id, status("unknown"), limit_s=20)
             assert "no report" in unknown.reason
-            await path.start_worker()  # the agent kept running, as a VMI would
+            await path.start_worker(**reporting)  # the agent kept running, as a VMI would
             await path.wait_job(job.id, status("active"), limit_s=30)
 
 
