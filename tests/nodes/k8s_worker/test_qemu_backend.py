@@ -343,6 +343,8 @@ async def test_console_lines_of_a_failing_guest_reach_the_system_log_once_each(
                "[FAILED] Failed to start cosmicac-agent.service.",  # a repeat: said once
                "[  OK  ] Reached target multi-user.target."]         # not a failure
     monkeypatch.setenv("FAKE_QEMU_CONSOLE", json.dumps(failing))
+    poll_s = 0.1  # the console read every 0.1 s rather than 0.5 s
+    monkeypatch.setattr("nodes.k8s_worker.qemu.backend.CONSOLE_POLL_S", poll_s)
     backend = QemuBackend(_settings(tmp_path, fake_image), tmp_path / "vms")
     send, events = trio.open_memory_channel(100)
     await nursery.start(backend.run, send)
@@ -359,7 +361,7 @@ async def test_console_lines_of_a_failing_guest_reach_the_system_log_once_each(
             if len(said) == 2:
                 break
     assert said == failing[:2]
-    with trio.move_on_after(3 * 0.5):  # a few polls: nothing more
+    with trio.move_on_after(3 * poll_s):  # a few polls: nothing more
         extra = await events.receive()
         assert not extra.message.startswith("VM console"), extra
     await backend.delete(unit)
