@@ -169,12 +169,22 @@ async def test_an_agent_that_ignores_sigterm_is_killed_after_the_grace_period(
     unit = unit_of(agent_config(WORKER_KEY))
     await running.backend.create(unit)
     pid = running.backend.pid(unit.vmis[0].name)
-    await trio.sleep(0.5)  # let it install its handler (a real process; bounded)
+    with trio.fail_after(10):  # until it has set SIGTERM aside (a real process)
+        while not _ignores_sigterm(pid):  # noqa: ASYNC110 - another process's state
+            await trio.sleep(0.02)
     with trio.fail_after(10):
         await running.backend.delete(unit)
     assert _gone(pid)
     assert [e.phase for e in running.drain()][-1] is VmiPhase.GONE  # not FAILED
     running.scope.cancel()
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether ``pid``'s ignored signals (``SigIgn`` in its status) hold SIGTERM."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
 
 
 def _gone(pid: int) -> bool:
