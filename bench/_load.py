@@ -19,8 +19,10 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -149,14 +151,49 @@ class WrkResult:
         return self.requests / self.duration_s if self.duration_s else 0.0
 
 
-# A smoke run's cap: the thread stops sending (wrk itself still ends at -d).
+# A smoke run's cap: the thread stops sending and says so on stdout; once every
+# thread has, :func:`_wrk_until_answered` ends wrk (SIGINT: it reports as at -d).
+_STOPPED = "WRKSTOPPED"
 _STOP_AFTER = """
 local answered = 0
 response = function(status, headers, body)
   answered = answered + 1
+  if answered == {limit} then io.write("\\n{stopped}\\n"); io.flush() end
   if answered >= {limit} then wrk.thread:stop() end
 end
 """
+
+
+def _wrk_until_answered(argv: list[str], threads: int, timeout_s: float) -> tuple[int, str, str]:
+    """Run wrk (a smoke run: ``_STOP_AFTER`` in its script) and interrupt it once each
+    of its ``threads`` has its answers, instead of idling to the end of ``-d``: wrk's
+    SIGINT handler ends the run, and it reports the requests and the time so far.
+    wrk installs that handler before it prints its "Running" line, so the signal is
+    sent only after that line; a run where some thread never gets its answers (errors)
+    still ends at ``-d``. Killed after ``timeout_s``. Returns (exit code, stdout, stderr)."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            lines: list[str] = []
+            running, stopped, interrupted = False, 0, False
+            for line in proc.stdout:
+                lines.append(line)
+                running = running or line.startswith("Running ")
+                stopped += line.strip() == _STOPPED
+                if running and stopped >= threads and not interrupted:
+                    proc.send_signal(signal.SIGINT)
+                    interrupted = True
+            proc.wait()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        return proc.returncode, "".join(lines), err.read()
 
 
 # Bearer tokens taken in turn, one per request (many users' sessions).
@@ -188,9 +225,10 @@ def run_wrk(
     at a time: closed loop). ``bearers``: tokens sent in turn, one per request,
     instead of the one ``api_key``.
 
-    ``max_requests``: each wrk thread stops sending after that many answers (a
-    smoke run: every figure is printed and the servers are idle for the rest of the
-    second; rates are then requests over the whole duration and mean nothing)."""
+    ``max_requests``: each wrk thread stops sending after that many answers, and wrk
+    is ended once every thread has them (a smoke run: every figure is printed, and
+    the run lasts as long as those answers take, at most ``duration_s``; rates and
+    CPU per request over so few requests mean nothing)."""
     wrk = ensure_wrk()
     if bearers:
         auth = _ROTATE.format(tokens=", ".join(_lua_string(t) for t in bearers))
@@ -203,7 +241,7 @@ def run_wrk(
         'wrk.headers["Content-Type"] = "application/json"')
     script = _LUA.format(method=_lua_string(method), body=lua_body, auth=auth)
     if max_requests is not None:
-        script += _STOP_AFTER.format(limit=max(1, max_requests))
+        script += _STOP_AFTER.format(limit=max(1, max_requests), stopped=_STOPPED)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
         path = handle.name
@@ -211,18 +249,22 @@ def run_wrk(
         seconds = max(1, round(duration_s))
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
-        proc = subprocess.run(
-            [wrk, f"-t{min(threads, connections)}", f"-c{connections}", f"-d{seconds}s",
-             "--timeout", "10s", "-s", path, url],
-            capture_output=True, text=True, timeout=seconds + 60, check=False,
-        )
+        argv = [wrk, f"-t{min(threads, connections)}", f"-c{connections}", f"-d{seconds}s",
+                "--timeout", "10s", "-s", path, url]
+        if max_requests is None:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60,
+                                  check=False)
+            returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        else:
+            returncode, stdout, stderr = _wrk_until_answered(
+                argv, min(threads, connections), seconds + 60)
         wall = time.perf_counter() - began
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         Path(path).unlink(missing_ok=True)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("WRKJSON ")), None)
-    if proc.returncode != 0 or line is None:
-        raise LoadError(f"wrk failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout}")
+    line = next((x for x in stdout.splitlines() if x.startswith("WRKJSON ")), None)
+    if returncode != 0 or line is None:
+        raise LoadError(f"wrk failed ({returncode}): {stderr.strip() or stdout}")
     raw = json.loads(line.removeprefix("WRKJSON "))
     errors = sum(raw[k] for k in ("connect", "read", "write", "status", "timeout"))
     return WrkResult(

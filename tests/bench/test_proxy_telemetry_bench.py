@@ -23,8 +23,11 @@ pytestmark = [pytest.mark.slow,
 def test_both_legs_print_every_figure_and_the_on_leg_ships() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "proxy_telemetry.py"), "--reps", "1",
-         "--duration", "1", "--warm-up", "0", "--connections", "8",
-         "--cost-records", "2000", "--requests", "20"],
+         "--duration", "1", "--warm-up", "0", "--connections", "8", "--cost-records", "2000",
+         # A wrk run ends once it has its answers: 300 of them take the proxy ~150 ms of
+         # CPU (/proc counts 10 ms ticks) and the retrying ones log enough for a shipment
+         # (a flush every 20 ms) to land within the run.
+         "--requests", "300"],
         capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     figures: dict[tuple[str, str], float] = {}
