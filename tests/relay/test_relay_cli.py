@@ -17,6 +17,7 @@ from p2p.keys import load_or_create_keypair
 from p2p.relay import accept_via_relay, dial_via_relay, keep_reservation
 
 from ..cli.helpers import COSMICAC, read_until
+from ..cli.support import cosmicac, invoke
 from ..p2p.helpers import ALICE, BOB
 
 BLIND_RELAY = [sys.executable, "-m", "cli.relay"]
@@ -132,11 +133,22 @@ def test_a_bad_allow_key_or_bootstrap_exits_2_naming_it():
     assert "bad bootstrap address" in result.output
 
 
-async def test_a_config_file_is_used_and_the_environment_beats_it(tmp_path):
+async def test_a_config_file_is_used_the_environment_beats_it_and_metrics_are_served(tmp_path):
+    """One relay from a config file: its storage and metrics endpoint are the file's, the
+    host the environment's, the log level the option's; relay and DHT metrics share the
+    one endpoint."""
+    import socket
+
+    from ..p2p.helpers import http_get
+
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     storage = tmp_path / "from-file"
     config = tmp_path / "relay.toml"
     config.write_text(f'storage = "{storage}"\nhost = "127.0.0.2"\nport = 0\n'
-                      'log_level = "warning"\n')
+                      'log_level = "warning"\n'
+                      f"[metrics]\nhost = '127.0.0.1'\nport = {port}\n")
     process = await trio.lowlevel.open_process(
         [*BLIND_RELAY, "--config", str(config), "--log-level", "info"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -145,8 +157,11 @@ async def test_a_config_file_is_used_and_the_environment_beats_it(tmp_path):
         with trio.fail_after(30):
             lines = await read_lines(process.stdout, 2)
             match = await read_until(process.stderr, STARTED)  # --log-level beat the file
+            status, body = await http_get(("127.0.0.1", port), "/metrics")
         assert lines[0] == f"Using storage at {storage.resolve()}"  # from the file
         assert match[2] == "127.0.0.1"  # the environment's host, not the file's
+        assert status == 200
+        assert b"relay_reservations" in body and b"dht_requests_served" in body
     finally:
         assert await stop(process, signal.SIGTERM) == 0
     _, stderr = await finish(process)
@@ -171,18 +186,19 @@ def test_the_settings_reach_the_server(tmp_path):
     assert settings.metrics.port == 10
 
 
-async def test_a_bad_environment_value_names_its_key_and_exits_2(tmp_path):
-    process = await start(BLIND_RELAY, tmp_path, env={
-        "COSMICAC_RELAY__ALLOW": '["not-a-key"]'})
-    code, stderr = await finish(process)
-    assert code == 2
-    assert stderr.strip() == ("error: bad setting allow[0] (from COSMICAC_RELAY__ALLOW): a "
-                              "public key is 64 hex characters, got 9: 'not-a-key'")
-    process = await start(BLIND_RELAY, tmp_path, env={"COSMICAC_RELAY__METRICS__PORT": "http"})
-    code, stderr = await finish(process)
-    assert code == 2
-    assert stderr.startswith("error: bad setting metrics.port (from "
-                             "COSMICAC_RELAY__METRICS__PORT): ")
+def test_a_bad_environment_value_names_its_key_and_exits_2(tmp_path):
+    # In this process: blind-relay is the same `relay` command (cli.relay.main), and the
+    # settings are refused before anything starts; its process runs in the tests above.
+    args = ["relay", "--storage", str(tmp_path), "--port", "0", "--host", "127.0.0.1"]
+    result = invoke(args, env=dict(os.environ, COSMICAC_RELAY__ALLOW='["not-a-key"]'))
+    assert result.returncode == 2
+    assert result.stderr.decode().strip() == (
+        "error: bad setting allow[0] (from COSMICAC_RELAY__ALLOW): a public key is 64 hex "
+        "characters, got 9: 'not-a-key'")
+    result = invoke(args, env=dict(os.environ, COSMICAC_RELAY__METRICS__PORT="http"))
+    assert result.returncode == 2
+    assert result.stderr.decode().startswith(
+        "error: bad setting metrics.port (from COSMICAC_RELAY__METRICS__PORT): ")
 
 
 async def test_a_second_relay_on_the_same_storage_is_refused(tmp_path):
@@ -190,34 +206,15 @@ async def test_a_second_relay_on_the_same_storage_is_refused(tmp_path):
     try:
         with trio.fail_after(30):
             await read_lines(first.stdout, 2)
-        second = await start([*COSMICAC, "relay"], tmp_path)
-        code, stderr = await finish(second)
-        assert code == 1
-        assert stderr.strip() == (f"error: storage folder {tmp_path.resolve()} is in use by "
-                                  f"process {first.pid}; give each daemon its own --storage")
+        # The second in this process: refused at its storage lock, before it listens.
+        second = await cosmicac("relay", "--storage", str(tmp_path), "--port", "0",
+                                "--host", "127.0.0.1")
+        assert second.returncode == 1
+        assert second.stderr.decode().strip() == (
+            f"error: storage folder {tmp_path.resolve()} is in use by process {first.pid}; "
+            "give each daemon its own --storage")
     finally:
         assert await stop(first) == 0
-
-
-async def test_the_relay_serves_relay_and_dht_metrics_on_one_endpoint(tmp_path):
-    import socket
-
-    from ..p2p.helpers import http_get
-
-    with socket.socket() as probe:  # a port that was free a moment ago
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = tmp_path / "relay.toml"
-    config.write_text(f"[metrics]\nhost = '127.0.0.1'\nport = {port}\n")
-    process = await start(BLIND_RELAY, tmp_path, "--config", str(config))
-    try:
-        with trio.fail_after(30):
-            await read_lines(process.stdout, 2)
-            status, body = await http_get(("127.0.0.1", port), "/metrics")
-        assert status == 200
-        assert b"relay_reservations" in body and b"dht_requests_served" in body
-    finally:
-        assert await stop(process) == 0
 
 
 def test_options_out_of_range_are_usage_errors():
