@@ -7,7 +7,8 @@ Two parts, JSON lines on stdout:
    needs root and iproute2/iptables, else this part prints ``skipped``):
    ``--trials`` `cosmicac beam` trials per pair of hosts, each a listener
    reserved on the lab's relay and a dialer that reaches it through the relay
-   and then punches (tests/netns/punch_trial.py). Per pair:
+   and then punches (tests/netns/punch_trial.py), each side beaming
+   ``--trial-kib`` KiB (1,024) over ``--trial-seconds`` (1.5 s). Per pair:
    ``direct_rate`` (fraction of trials that moved to a direct path),
    ``time_to_direct_p50`` / ``_p95`` / ``_max`` (s, from the relayed
    connection's start), ``intact_rate`` (both streams whole), with the
@@ -23,7 +24,7 @@ relayed and say so); both endpoint-dependent: 100 % relayed and intact; after
 an upgrade >= 0.9 of a direct connection's throughput.
 
 usage: python bench/punch.py [--trials 20] [--mib 256] [--reps 3] [--skip-lab]
-                             [--pair eim/open ...]
+                             [--pair eim/open ...] [--trial-kib 1024] [--trial-seconds 1.5]
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ CHUNK = b"\x00" * (64 * 1024)
 ACK = b"\x01"
 
 
-def lab_part(trials: int, only: set[str] | None = None) -> None:
+def lab_part(trials: int, only: set[str] | None = None, *, size: int = 1 << 20,
+             seconds: float = 1.5) -> None:
     from tests.netns.nat_lab import NatLab, start_services
     from tests.netns.punch_trial import run_trial
     from tests.netns.test_relay_scenario import BLIND_RELAY, COSMICAC, wait_for_ready
@@ -72,7 +74,7 @@ def lab_part(trials: int, only: set[str] | None = None) -> None:
             intact = 0
             for n in range(trials):
                 trial = run_trial(running, listener, dialer, folder / f"{label}-{n}".replace(
-                    "/", "_"), size=1 << 20, seconds=1.5)
+                    "/", "_"), size=size, seconds=seconds)
                 outcomes[trial.outcome] += 1
                 intact += trial.intact
                 if trial.seconds_to_direct is not None:
@@ -137,11 +139,16 @@ def main() -> None:
     parser.add_argument("--skip-lab", action="store_true")
     parser.add_argument("--pair", action="append",
                         help="only this NAT pair (as printed, e.g. eim/open; repeatable)")
+    parser.add_argument("--trial-kib", type=int, default=1024,
+                        help="KiB each side of a lab trial beams")
+    parser.add_argument("--trial-seconds", type=float, default=1.5,
+                        help="seconds over which each side of a lab trial feeds them")
     args = parser.parse_args()
     emit("punch", "machine", os.cpu_count() or 0, "cpus", **machine())
     if not args.skip_lab:
         with contextlib.suppress(KeyboardInterrupt):
-            lab_part(args.trials, set(args.pair or ()))
+            lab_part(args.trials, set(args.pair or ()), size=args.trial_kib * 1024,
+                     seconds=args.trial_seconds)
     trio.run(_throughput, args.mib, args.reps)
 
 
