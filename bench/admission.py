@@ -19,7 +19,7 @@ against a fresh daemon:
   (2 s); a handshake that merely sent a byte is no progress, so these keep
   no peer out (before, each looked "progressed" and was spared for 1 s: every
   slot of loopback stayed taken and the peer was refused ``busy``). The peer
-  starts after a second of it.
+  starts after ``--bytes-lead-s`` (a second) of it.
 
 As soon as the stranger's sockets are open (the daemon may still be taking
 them from its accept queue), the peer (a process of its own) connects
@@ -43,7 +43,7 @@ only 127.0.0.0/8 is used. RLIMIT_NOFILE is raised in both processes.
 
 usage: python bench/admission.py [--sockets 10000] [--keys 1000] [--tries 20]
                                  [--legs hold churn bytes] [--reopen-ms 100]
-                                 [--bytes-per-s 60] [--bytes-hold-s 2]
+                                 [--bytes-per-s 60] [--bytes-hold-s 2] [--bytes-lead-s 1]
 """
 
 from __future__ import annotations
@@ -183,11 +183,11 @@ class Stranger:
             await trio.sleep(self.reopen_s)
 
 
-    async def byte_flood(self, per_s: float, hold_s: float,
+    async def byte_flood(self, per_s: float, hold_s: float, lead_s: float = 1.0,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
         """``per_s`` sockets a second from 127.0.0.1, each sending one byte and
-        held ``hold_s`` (or until the daemon closes it); started once a
-        second of it has gone by."""
+        held ``hold_s`` (or until the daemon closes it); started once ``lead_s``
+        of it has gone by."""
         async def one() -> None:
             with contextlib.suppress(OSError, trio.BrokenResourceError):
                 sock = trio.socket.socket()
@@ -210,7 +210,7 @@ class Stranger:
             while True:
                 nursery.start_soon(one)
                 await trio.sleep(1 / per_s)
-                if not started and trio.current_time() - began >= 1.0:
+                if not started and trio.current_time() - began >= lead_s:
                     started = True
                     task_status.started()
 
@@ -295,14 +295,16 @@ async def run(args: argparse.Namespace, port: int, leg: str) -> None:
     sockets = {"hold": args.sockets, "churn": args.churn_sockets}.get(leg, 0)
     extra = {"leg": leg, "sockets": sockets, "keys": args.keys, **machine()}
     if leg == "bytes":
-        extra.update(bytes_per_s=args.bytes_per_s, bytes_hold_s=args.bytes_hold_s)
+        extra.update(bytes_per_s=args.bytes_per_s, bytes_hold_s=args.bytes_hold_s,
+                     bytes_lead_s=args.bytes_lead_s)
     with trio.fail_after(args.limit_s):
         async with trio.open_nursery() as flood:
             began = time.perf_counter()
             await start_in_batches(flood, args.keys, 20, lambda i: stranger.hold_key)
             keys_s = time.perf_counter() - began
             if leg == "bytes":
-                await flood.start(stranger.byte_flood, args.bytes_per_s, args.bytes_hold_s)
+                await flood.start(stranger.byte_flood, args.bytes_per_s, args.bytes_hold_s,
+                                  args.bytes_lead_s)
             else:
                 await start_in_batches(
                     flood, sockets, 500,
@@ -352,6 +354,8 @@ def main() -> None:
                         help="bytes leg: one-byte sockets opened a second, from 127.0.0.1")
     parser.add_argument("--bytes-hold-s", type=float, default=2.0,
                         help="bytes leg: how long each one-byte socket is held")
+    parser.add_argument("--bytes-lead-s", type=float, default=1.0,
+                        help="bytes leg: how long the flood runs before the peer starts")
     parser.add_argument("--legs", nargs="+", choices=("hold", "churn", "bytes"),
                         default=["hold", "churn", "bytes"])
     parser.add_argument("--limit-s", type=float, default=120.0)
