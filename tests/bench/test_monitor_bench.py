@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 def test_every_figure_is_printed() -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "monitor.py"), "--records", "5000",
-         "--rate", "2000", "--seconds", "1", "--warmup", "1000"],
+        [sys.executable, str(ROOT / "bench" / "monitor.py"), "--records", "2000",
+         "--rate", "2000", "--seconds", "0.25", "--warmup", "1000"],
         capture_output=True, text=True, timeout=180, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = {}
@@ -39,4 +39,4 @@ def test_every_figure_is_printed() -> None:
                    "follower_missing_with_loki", "loki_dropped", "loki_failed",
                    "loki_rejected", "loki_buffered"):
         assert figures[metric] == 0, metric
-    assert extras["loki_records_per_s"]["received"] == extras["loki_records_per_s"]["paced"] == 2000
+    assert extras["loki_records_per_s"]["received"] == extras["loki_records_per_s"]["paced"] == 500
