@@ -386,6 +386,13 @@ async def test_every_folder_and_file_of_a_vmi_is_private_whatever_the_umask(nurs
         os.umask(old)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @as_root
 async def test_a_process_of_another_user_naming_a_vmis_config_is_not_adopted(tmp_path):
     """Anyone can put a VMI's config path in a command line (a shell of another job):
@@ -401,7 +408,9 @@ async def test_a_process_of_another_user_naming_a_vmis_config_is_not_adopted(tmp
     stranger = await trio.lowlevel.open_process(argv, user=1_900_999_999, group=1_900_999_999,
                                                 extra_groups=[])
     try:
-        await trio.sleep(0.2)  # started: its command line names the config
+        with trio.fail_after(5):  # started: its command line names the config
+            while str(config).encode() not in _cmdline(stranger.pid):  # noqa: ASYNC110
+                await trio.sleep(0.01)
         assert backend._record_in(backend.folder(vmi)) is None
         ours = await trio.lowlevel.open_process(argv)
         try:
