@@ -4,6 +4,7 @@ stops cleanly."""
 import json
 import re
 import signal
+import socket
 import subprocess
 from contextlib import asynccontextmanager
 
@@ -16,10 +17,11 @@ LISTENING = re.compile(r"node listening on (\S+):(\d+) key ([0-9a-f]{64})")
 
 
 @asynccontextmanager
-async def running_node(storage):
-    """Start `cosmicac up`; yield (process, "host:port", key); kill it if still running."""
+async def running_node(storage, *options):
+    """Start `cosmicac up` with ``options``; yield (process, "host:port", key); kill it if
+    still running."""
     node = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--port", "0"],
+        [*COSMICAC, "up", "--storage", str(storage), "--port", "0", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -37,10 +39,20 @@ async def ping(*args, process: bool = False):
     return await (cosmicac_process if process else cosmicac)("ping", *args)
 
 
-async def test_up_serves_ping_and_stops_cleanly_on_sigint(tmp_path):
+async def test_up_serves_ping_metrics_and_the_shared_database_then_stops_cleanly_on_sigint(
+        tmp_path):
+    """One node for what a running ``up`` serves (a node costs its start): ping (its
+    smoke test a real process) and its metrics, a ping to a wrong key refused naming
+    both keys, the shared database with this node as its admin; then SIGINT stops it
+    cleanly, the database closed."""
+    from tests.p2p.helpers import http_get
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
     with trio.fail_after(60):
-        async with running_node(tmp_path) as (node, address, key):
-            # ping's smoke test: a real process
+        async with running_node(tmp_path, "--metrics-port", str(metrics_port)) as (
+                node, address, key):
             result = await ping(key, "--address", address, "-c", "3", "-i", "0", "-o", "json",
                                 process=True)
             assert result.returncode == 0, result.stderr.decode()
@@ -48,58 +60,17 @@ async def test_up_serves_ping_and_stops_cleanly_on_sigint(tmp_path):
             assert report["peer"] == key
             assert report["received"] == report["sent"] == 3
             assert report["min_ms"] <= report["avg_ms"] <= report["max_ms"]
-
-            node.send_signal(signal.SIGINT)
-            logs = b""
-            while chunk := await node.stdout.receive_some():
-                logs += chunk
-            assert await node.wait() == 0
-    events = [json.loads(line)["message"].split()[0] for line in logs.decode().splitlines()]
-    assert events[-2:] == ["node.stopping", "node.stopped"]
-
-
-async def test_ping_to_a_wrong_key_names_both_keys(tmp_path):
-    wrong = "cd" * 32
-    with trio.fail_after(60):
-        async with running_node(tmp_path) as (_node, address, key):
-            result = await ping(wrong, "--address", address)
-    assert result.returncode == 1
-    message = result.stderr.decode()
-    assert wrong in message and key in message
-
-
-async def test_up_serves_its_metrics(tmp_path):
-    import socket
-
-    from tests.p2p.helpers import http_get
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        metrics_port = probe.getsockname()[1]
-    node = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(tmp_path), "--port", "0",
-         "--metrics-port", str(metrics_port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
-        with trio.fail_after(60):
-            match = await read_until(node.stderr, LISTENING)
-            result = await ping(match[3], "--address", f"{match[1]}:{match[2]}", "-c", "2",
-                                "-i", "0")
-            assert result.returncode == 0, result.stderr.decode()
             status, body = await http_get(("127.0.0.1", metrics_port), "/metrics")
-    finally:
-        node.kill()
-        await node.wait()
-    text = body.decode()
-    assert status == 200
-    assert "node_diagnostic_sessions_total 1.0" in text
-    assert f'key="{match[3]}"' in text
+            text = body.decode()
+            assert status == 200
+            assert "node_diagnostic_sessions_total 1.0" in text  # that one ping
+            assert f'key="{key}"' in text
 
+            wrong = "cd" * 32
+            result = await ping(wrong, "--address", address)
+            assert result.returncode == 1
+            assert wrong in result.stderr.decode() and key in result.stderr.decode()
 
-async def test_up_runs_the_shared_database_with_this_node_as_its_admin(tmp_path):
-    with trio.fail_after(60):
-        async with running_node(tmp_path) as (node, address, key):
             match = await read_until(node.stderr, re.compile(
                 r"shared database ([0-9a-f]{64}) on \S+:\d+[\s\S]*"
                 r"PROXY_AUTOBASE_KEY=([0-9a-f]{64}) cosmicac db serve --storage DIR "
@@ -112,16 +83,22 @@ async def test_up_runs_the_shared_database_with_this_node_as_its_admin(tmp_path)
                 result = await cosmicac("db", "status", "--storage", str(tmp_path), "-o",
                                         "json")
                 assert result.returncode == 0, result.stderr.decode()
-                status = json.loads(result.stdout)
-                if status["daemon_pid"] is not None:
+                db_status = json.loads(result.stdout)
+                if db_status["daemon_pid"] is not None:
                     break
                 await trio.sleep(0.2)
-            assert status["bootstrap"] == status["me"] == key
-            assert status["daemon_pid"] == node.pid
-            assert [(w["key"], w["admin"]) for w in status["writers"]] == [(key, True)]
+            assert db_status["bootstrap"] == db_status["me"] == key
+            assert db_status["daemon_pid"] == node.pid
+            assert [(w["key"], w["admin"]) for w in db_status["writers"]] == [(key, True)]
+
             node.send_signal(signal.SIGINT)
+            logs = b""
+            while chunk := await node.stdout.receive_some():
+                logs += chunk
             assert await node.wait() == 0
-        assert (tmp_path / "db" / "gate.snapshot").exists()  # closed cleanly
+    events = [json.loads(line)["message"].split()[0] for line in logs.decode().splitlines()]
+    assert events[-2:] == ["node.stopping", "node.stopped"]
+    assert (tmp_path / "db" / "gate.snapshot").exists()  # closed cleanly
 
 
 async def test_up_reads_its_config_file_and_the_environment_beats_it(tmp_path):
