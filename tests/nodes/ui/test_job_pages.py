@@ -10,7 +10,7 @@ import trio
 from tests.cli.support import serve_ork
 from tests.p2p.helpers import wait_until
 
-from .support import browser_of, sign_in, stream, ui_over
+from .support import TLS, browser_of, sign_in, stream, ui_over
 
 LIMIT_S = 60
 IMAGE = "docker://registry.local/agent:1"
@@ -142,7 +142,8 @@ async def test_the_list_pages_its_jobs_and_each_page_streams_its_own(tmp_path, n
     served = await serve_ork(tmp_path, nursery, monitor=False)
     ui = await ui_over(nursery, served)
     with trio.fail_after(LIMIT_S):
-        async with httpx.AsyncClient(base_url=f"{served.server}/api", timeout=30) as api:
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", timeout=30,
+                                     verify=TLS) as api:
             token = (await api.post("/auth/login", json={"email": EMAIL,
                                                          "password": PASSWORD})).json()["token"]
             for n in range(51):

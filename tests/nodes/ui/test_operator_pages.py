@@ -10,7 +10,7 @@ import trio
 
 from tests.cli.support import EMAIL, emailed_token, serve_ork
 
-from .support import browser_of, sign_in, ui_over
+from .support import TLS, browser_of, sign_in, ui_over
 
 LIMIT_S = 60
 
@@ -51,7 +51,7 @@ async def test_a_member_sees_no_operator_page_and_gets_a_readable_refusal(tmp_pa
     with trio.fail_after(LIMIT_S):
         await served.login()
         assert (await served.cli("teams", "invite", "core", "m@example.com")).returncode == 0
-        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=TLS) as api:
             accepted = await api.post("/invitations/accept", json={
                 "token": emailed_token(outbox, "m@example.com"), "email": "m@example.com",
                 "name": "M", "password": "a member's long password"})

@@ -11,7 +11,7 @@ import trio
 from nodes.ui.sessions import COOKIE
 from tests.cli.support import EMAIL, PASSWORD, serve, serve_ork
 
-from .support import browser_of, sign_in, ui_over
+from .support import TLS, browser_of, sign_in, ui_over
 
 LIMIT_S = 60
 
@@ -112,7 +112,7 @@ async def test_sign_out_ends_the_session_here_and_the_token_at_app_node(tmp_path
             assert answer.status_code == 303 and answer.headers["location"] == "/login"
             assert len(ui.app.sessions) == 0
             assert (await browser.get("/jobs")).status_code == 303
-            async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+            async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=TLS) as api:
                 me = await api.get("/me", headers={"authorization": f"Bearer {session.token}"})
             assert me.status_code == 401
 

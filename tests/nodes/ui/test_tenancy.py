@@ -11,7 +11,7 @@ import trio
 
 from tests.cli.support import emailed_token, serve_ork
 
-from .support import browser_of, sign_in, stream, ui_over
+from .support import TLS, browser_of, sign_in, stream, ui_over
 from .test_job_pages import FORM
 
 LIMIT_S = 60
@@ -34,7 +34,7 @@ async def test_another_teams_user_gets_nothing_of_a_teams_jobs_keys_or_streams(
             await served.login()
             assert (await served.cli("teams", "create", "elsewhere")).returncode == 0
             assert (await served.cli("teams", "invite", "elsewhere", EVE)).returncode == 0
-            async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+            async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=TLS) as api:
                 joined = await api.post("/invitations/accept", json={
                     "token": emailed_token(outbox, EVE), "email": EVE, "name": "Eve",
                     "password": EVE_PASSWORD})
