@@ -82,6 +82,13 @@ async def proxy_client(net, agent: Agent, keypair: KeyPair = PROXY):
     swarm = await net.start(keypair)
     connection = await swarm.connect(agent.keypair.public_key,
                                      addresses=[agent.swarm_address])
+    async with rpc_client(connection) as client:
+        yield client
+
+
+@asynccontextmanager
+async def rpc_client(connection):
+    """The proxy's RPC client of ``cosmicac-inference/1`` over ``connection``."""
     channel = await connection.open_channel(PROTOCOL)
     client = RpcClient(channel, name="proxy")
     async with trio.open_nursery() as nursery:
@@ -104,11 +111,21 @@ def chat(stream: bool = False, **extra) -> bytes:
                        **extra}).encode()
 
 
-async def test_a_healthy_model_server_is_ready_announced_and_serves_the_proxy():
+async def test_a_healthy_model_server_is_ready_announced_found_and_serves_the_proxy():
+    """One agent (its model server costs a start) for what a healthy replica does: it
+    is ready and announced, a proxy finds it on the job's DHT topic and, over that
+    connection, gets whole and streamed answers, the server's own errors, and the
+    answer to a large body sent in uploads first."""
     async with inference_agent() as (net, worker, agent, workload):
         await next_kind(worker, AgentEventKind.READY)
         assert workload.announced
-        async with proxy_client(net, agent) as client:
+        # The proxy's way to it: the job's DHT topic, then calls over that connection.
+        proxy = await net.start(PROXY)
+        proxy.join(job_topic(agent.config.job_id), server=False, client=True)
+        await wait_until(lambda: agent.keypair.public_key in proxy.connections, limit_s=30)
+        connection = proxy.connections[agent.keypair.public_key]
+        assert job_topic(agent.config.job_id) in connection.topics
+        async with rpc_client(connection) as client:
             status = await client.call(AGENT_STATUS, Empty())
             assert (status.served_name, status.healthy, status.runtime) == (
                 "chat-demo", True, "local")
@@ -141,21 +158,7 @@ async def test_a_healthy_model_server_is_ready_announced_and_serves_the_proxy():
                                                         body=b"{not json"))
             assert frames[0].status == 400 and frames[0].usage.total_tokens == 0
 
-
-async def test_the_proxy_finds_the_replica_on_the_jobs_dht_topic():
-    async with inference_agent() as (net, worker, agent, _workload):
-        await next_kind(worker, AgentEventKind.READY)
-        proxy = await net.start(PROXY)
-        proxy.join(job_topic(agent.config.job_id), server=False, client=True)
-        await wait_until(lambda: agent.keypair.public_key in proxy.connections, limit_s=30)
-        connection = proxy.connections[agent.keypair.public_key]
-        assert job_topic(agent.config.job_id) in connection.topics
-
-
-async def test_large_bodies_arrive_in_uploads_first():
-    async with inference_agent() as (net, worker, agent, _workload):
-        await next_kind(worker, AgentEventKind.READY)
-        async with proxy_client(net, agent) as client:
+            # A large body arrives in uploads first, then the request names it.
             filler = "x" * (300 << 10)
             body = chat(user=filler)
             half = len(body) // 2
