@@ -1,6 +1,6 @@
 """`cosmicac beam` between two real processes over TCP on 127.0.0.1 (a beam pipes the
 process's own file descriptors 0 and 1); a dialer that fails before it pipes anything
-runs in this process."""
+runs in this process (against a peer in this process when it needs one)."""
 
 import hashlib
 import os
@@ -11,6 +11,7 @@ import subprocess
 import trio
 
 from p2p.keys import KeyPair
+from p2p.swarm import Swarm, SwarmConfig
 
 from .helpers import COSMICAC, read_until
 from .support import cosmicac, invoke
@@ -75,19 +76,20 @@ async def test_beam_pipes_16_mib_each_way_between_two_processes(tmp_path):
     assert hashlib.sha256(received).hexdigest() == hashlib.sha256(to_listener).hexdigest()
 
 
-async def test_beam_to_the_wrong_key_exits_nonzero_naming_both_keys(tmp_path):
-    (tmp_path / "empty").write_bytes(b"")
-    wrong = KeyPair.generate().hex
+async def test_beam_to_the_wrong_key_exits_nonzero_naming_both_keys():
+    # The peer that answers is a swarm in this process (any peer with another key
+    # will do: the dialer fails at the handshake, before a listener would pipe);
+    # `beam --listen` runs as a process in the tests that pipe through it.
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            listener, address, key = await start_listener(
-                nursery, tmp_path / "empty", tmp_path / "out"
-            )
-            dialer = await cosmicac("beam", wrong, "--address", address)
-            listener.kill()
+            peer = Swarm(KeyPair.generate(), config=SwarmConfig(host="127.0.0.1", port=0))
+            host, port = await nursery.start(peer.run)
+            wrong = KeyPair.generate().hex
+            dialer = await cosmicac("beam", wrong, "--address", f"{host}:{port}")
+            nursery.cancel_scope.cancel()
     message = dialer.stderr.decode()
     assert dialer.returncode == 1
-    assert wrong in message and key in message
+    assert wrong in message and peer.keypair.hex in message
     assert "Traceback" not in message
     assert dialer.stdout == b""
 
