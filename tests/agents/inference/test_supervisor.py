@@ -88,10 +88,10 @@ async def test_a_killed_step_is_restarted_and_healthy_again():
 
 
 async def test_a_wait_step_that_hangs_is_killed_at_its_deadline():
-    supervisor = ModelSupervisor(plan(sh("wait", "exec sleep 60", keep=False, timeout_s=0.3),
+    supervisor = ModelSupervisor(plan(sh("wait", "exec sleep 60", keep=False, timeout_s=0.1),
                                       sh("worker", "exec sleep 60")),
                                  on_health=Health(), policy=QUICK)
-    with pytest.raises(ModelServerFailed, match=r"wait did not finish within 0\.3 s"), \
+    with pytest.raises(ModelServerFailed, match=r"wait did not finish within 0\.1 s"), \
             trio.fail_after(20):
         await supervisor.run()
 
