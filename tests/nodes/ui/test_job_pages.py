@@ -108,8 +108,11 @@ async def test_restart_refused_shows_the_apis_message_and_delete_leaves_a_page_t
             alert = refused.text.split('role="alert"')[1].split("</div>")[0]
             assert "<p>" in alert and "{" not in alert  # the API's message, never raw JSON
             served.drive(job, "deleted")
-            await trio.sleep(0.2)
-            gone = await browser.get(f"/jobs/{job}")
+            for _ in range(500):  # until app-node has the worker's word (bounded: 10 s)
+                gone = await browser.get(f"/jobs/{job}")
+                if gone.status_code == 404:
+                    break
+                await trio.sleep(0.02)
             assert gone.status_code == 404 and "does not exist, or it was deleted" in gone.text
 
 
