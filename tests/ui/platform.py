@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cli.helpers import COSMICAC, UP, _children, free_base_port, kill_all, pids_using
+from tests.cli.support import CHEAP
 
 __all__ = ["Platform", "platform_up"]
 
@@ -62,6 +63,13 @@ def platform_up(folder: Path) -> Iterator[Platform]:
     stdout, stderr = folder / "up.stdout", folder / "up.stderr"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
     env.update(COSMICAC_CONFIG_DIR=str(config), NO_COLOR="1")
+    # app-node's scrypt cost, through its settings (up's daemons inherit up's
+    # environment): the same code path as OWASP's floor for a thousandth of the CPU,
+    # as tests/cli/support.py's app-nodes hash. At the floor every hash and check
+    # (up's admin and CLI login, each sign-in, an invited account) is 128 MiB and
+    # 0.3-1 s of a busy CPU; the cost is no business of the browser tests.
+    env.update({f"COSMICAC_APP_NODE__PASSWORD_HASH__{name.upper()}": str(value)
+                for name, value in (("ln", CHEAP.ln), ("r", CHEAP.r), ("p", CHEAP.p))})
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
             [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port",
