@@ -1,5 +1,5 @@
-"""A worker's agent service on a real 127.0.0.1 swarm, agent configs for it, and
-``cosmicac agent run`` as a process."""
+"""A worker's agent service on a real 127.0.0.1 swarm, agent configs for it,
+``cosmicac agent run`` as a process, and a collector of the log records it ships."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import trio
 
 from contracts.agent_config import AgentConfig
 from contracts.model import JobType
+from contracts.monitor import LogRecord
 from nodes.k8s_worker.agents import AgentEvent, AgentRegistry
 from nodes.k8s_worker.backend import VmiSpec, disk_name, vmi_name
 from p2p.keys import KeyPair
@@ -89,3 +90,16 @@ async def stop(proc, timeout_s: float = 10.0) -> int:
         proc.send_signal(signal.SIGTERM)
     with trio.fail_after(timeout_s):
         return await proc.wait()
+
+
+class Collected:
+    """The worker's ``on_logs``: what its own shipper would be offered."""
+
+    def __init__(self) -> None:
+        self.records: list[LogRecord] = []
+
+    def __call__(self, records) -> None:
+        self.records.extend(records)
+
+    def texts(self) -> list[str]:
+        return [r.text for r in self.records]

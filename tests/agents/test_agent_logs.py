@@ -1,7 +1,8 @@
 """An agent's log records reach its worker: its own logging as System records, its
 model server's output as Application records; the queue is bounded while the
 worker is away and shipping resumes with the next session (real 127.0.0.1
-sockets and processes, bounded waits)."""
+sockets and processes, bounded waits). An agent process ships its own: in
+tests/agents/test_agent_process.py, whose agent runs with telemetry on."""
 
 from __future__ import annotations
 
@@ -16,26 +17,13 @@ from agents.inference._supervisor import APPLICATION_LOG
 from agents.inference.runtimes import Lifetime, RuntimePlan, Step, StepRole
 from contracts.agent_report import LOGS
 from contracts.model import JobType, Runtime
-from contracts.monitor import APPLICATION, CUT_MARKER, MAX_TEXT_CHARS, SYSTEM, LogRecord
+from contracts.monitor import APPLICATION, CUT_MARKER, MAX_TEXT_CHARS, SYSTEM
 from p2p.keys import KeyPair
 
 from ..p2p.helpers import wait_until
-from .helpers import agent_config, running_worker, start_agent, stop, vmi_of
+from .helpers import Collected, agent_config, running_worker, vmi_of
 
 QUICK = ReportPolicy(backoff_min_s=0.05, backoff_max_s=0.2, connect_timeout_s=5)
-
-
-class Collected:
-    """The worker's ``on_logs``: what its own shipper would be offered."""
-
-    def __init__(self) -> None:
-        self.records: list[LogRecord] = []
-
-    def __call__(self, records) -> None:
-        self.records.extend(records)
-
-    def texts(self) -> list[str]:
-        return [r.text for r in self.records]
 
 
 def isolated_logger(name: str) -> logging.Logger:
@@ -188,25 +176,3 @@ def test_shipping_is_installed_only_when_the_config_says_telemetry():
         assert shipper.method is LOGS and shipper.max_records == AGENT_MAX_RECORDS
     finally:
         logger.removeHandler(handler)
-
-
-async def test_an_agent_process_with_telemetry_ships_its_logs_to_the_worker(nursery, tmp_path):
-    collected = Collected()
-    async with running_worker(nursery, on_logs=collected) as worker:
-        config = agent_config(worker.keypair.public_key, address=worker.address,
-                              storage=str(tmp_path / "storage")).model_copy(
-                                  update={"telemetry": True})
-        worker.registry.expect(vmi_of(config))
-        (tmp_path / "agent.json").write_text(config.to_json())
-        proc = await start_agent(tmp_path / "agent.json", tmp_path / "agent.log")
-        try:
-            await wait_until(lambda: any("agent.ready" in t for t in collected.texts()),
-                             limit_s=20)
-        finally:
-            code = await stop(proc)
-        assert code == 0, (tmp_path / "agent.log").read_text()
-    texts = collected.texts()
-    assert any("agent.started" in t for t in texts), texts  # logged before the hello
-    assert {(r.job_id, r.replica, r.service, r.source) for r in collected.records} == {
-        (config.job_id, 0, "agent-instance", SYSTEM)}
-    nursery.cancel_scope.cancel()

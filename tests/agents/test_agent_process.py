@@ -9,26 +9,30 @@ import pytest
 import trio
 
 from agents.instance import open_shell
+from contracts.monitor import SYSTEM
 from nodes.k8s_worker.agents import AgentEventKind
 from p2p.connection import dial_tcp
 from p2p.errors import P2PError
 from p2p.keys import KeyPair, load_keypair
 
-from .helpers import agent_config, running_worker, start_agent, stop, vmi_of
+from ..p2p.helpers import wait_until
+from .helpers import Collected, agent_config, running_worker, start_agent, stop, vmi_of
 
 
-async def test_an_agent_says_hello_then_ready_heartbeats_serves_shells_and_exits_0_on_sigterm(
+async def test_an_agent_says_hello_ready_heartbeats_ships_logs_serves_shells_and_exits_0(
         nursery, tmp_path):
     """An agent process run twice on the same storage (the same identity): each says
-    hello, then ready, heartbeats, and exits 0 on SIGTERM. The first, a container agent,
-    also serves shells to its users and nobody else (one process for both: each costs
-    its start)."""
+    hello, then ready, heartbeats, ships its logs to the worker (telemetry on), and
+    exits 0 on SIGTERM. The first, a container agent, also serves shells to its users
+    and nobody else (one process for all of it: each costs its start)."""
     user, stranger = KeyPair.generate(), KeyPair.generate()
-    async with running_worker(nursery) as worker:
+    collected = Collected()
+    async with running_worker(nursery, on_logs=collected) as worker:
         storage = tmp_path / "storage"
         config = agent_config(worker.keypair.public_key, address=worker.address,
                               storage=str(storage))
-        config = config.model_copy(update={"authorized_keys": (user.hex,)})
+        config = config.model_copy(update={"authorized_keys": (user.hex,),
+                                           "telemetry": True})
         vmi = vmi_of(config)
         worker.registry.expect(vmi)
         (tmp_path / "agent.json").write_text(config.to_json())
@@ -46,6 +50,10 @@ async def test_an_agent_says_hello_then_ready_heartbeats_serves_shells_and_exits
                 first = worker.registry.state(vmi.name).last_report_at
                 if run == 0:
                     await _shells_for_users_only(nursery, log, user, stranger)
+                # Its own logging reaches the worker as System records.
+                readies = run + 1
+                await wait_until(lambda n=readies: sum(
+                    "agent.ready" in t for t in collected.texts()) >= n, limit_s=20)
                 with trio.fail_after(10):  # heartbeats keep coming
                     while worker.registry.state(vmi.name).last_report_at < first + 0.3:  # noqa: ASYNC110
                         await trio.sleep(0.05)
@@ -57,6 +65,10 @@ async def test_an_agent_says_hello_then_ready_heartbeats_serves_shells_and_exits
         lines = (tmp_path / "agent-0.log").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.startswith("{")]
         assert any("agent.hello" in r.get("message", "") for r in records), lines
+    texts = collected.texts()
+    assert any("agent.started" in t for t in texts), texts  # logged before the hello
+    assert {(r.job_id, r.replica, r.service, r.source) for r in collected.records} == {
+        (config.job_id, 0, "agent-instance", SYSTEM)}
 
 
 async def _shells_for_users_only(nursery, log, user: KeyPair, stranger: KeyPair) -> None:
