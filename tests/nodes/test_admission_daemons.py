@@ -25,8 +25,12 @@ pytestmark = pytest.mark.slow
 async def test_a_new_jobs_agent_reaches_its_worker_while_a_stranger_holds_on(tmp_path):
     with trio.fail_after(150):
         async with control_path(tmp_path) as path, trio.open_nursery() as attacker:
-            await flood(attacker, path.worker_port, path.worker_key)
-            await flood(attacker, path.ork_port, path.ork_key)
+            # Both at once: each sets up 134 sockets one after another, and the
+            # second one's set-up used to run under the first's churn (evicted keys
+            # dialling again) alone.
+            async with trio.open_nursery() as flooding:
+                flooding.start_soon(flood, attacker, path.worker_port, path.worker_key)
+                flooding.start_soon(flood, attacker, path.ork_port, path.ork_key)
             job = await path.create(container(gpus=1))
             await path.wait_job(job.id, status("active"), limit_s=120)
             assert (await path.call(LIST_RACKS, Empty())).racks  # app-node's calls go on
