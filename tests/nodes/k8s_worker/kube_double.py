@@ -170,8 +170,9 @@ class KubeDouble:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        # stop() waits for the loop to notice, one poll at most: a test's teardown.
         self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
+                                        kwargs={"poll_interval": 0.01}, daemon=True)
         self._thread.start()
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}"
