@@ -86,6 +86,19 @@ class Prometheus:
                 await trio.sleep(0.25)
         raise AssertionError(f"{promql} never became {want} within {limit_s} s: {seen}")
 
+    async def wait_scrape_error(self, job: str, text: str, *, limit_s: float = 60.0) -> None:
+        """Until ``job``'s target's last scrape failed with an error saying ``text``."""
+        errors: list[str] = []
+        with trio.move_on_after(limit_s):
+            while True:
+                response = await self.http.get(f"{self.url}/api/v1/targets")
+                errors = [t["lastError"] for t in response.json()["data"]["activeTargets"]
+                          if t["labels"]["job"] == job]
+                if errors and all(text in error for error in errors):
+                    return
+                await trio.sleep(0.25)
+        raise AssertionError(f"{job}'s scrapes never failed with {text!r}: {errors}")
+
 
 def write_config(folder: Path, targets: Mapping[str, tuple[str, int]],
                  credentials: Mapping[str, Path] | None = None) -> Path:
@@ -194,7 +207,9 @@ async def test_prometheus_scrapes_the_monitor_and_the_proxy_and_counts_its_reque
             await prometheus.wait_value(
                 'sum(proxy_requests_total{job="proxy-inference",code="200"})', REQUESTS)
             await prometheus.wait_value('up{job="wrk-monitor"}', 1)
-            # wrk-monitor's series name every team's jobs: no token, no scrape.
+            # wrk-monitor's series name every team's jobs: no token, no scrape (refused
+            # by wrk-monitor, not a scrape from before it listened: Prometheus starts first).
+            await prometheus.wait_scrape_error("wrk-monitor-no-token", "401")
             await prometheus.wait_value('up{job="wrk-monitor-no-token"}', 0)
             await prometheus.wait_value('up{job="proxy-inference"}', 1)
             by_code = await prometheus.query('proxy_requests_total{job="proxy-inference"}')
