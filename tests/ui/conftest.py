@@ -1,16 +1,16 @@
 """The browser tests' fixtures: Debian's Chromium driven by Playwright, and one
-``cosmicac up`` for the session (tests/ui/platform.py)."""
+``cosmicac up`` for the session (tests/ui/platform.py), started first."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from .platform import Platform, platform_up
+from .platform import Platform, platform_starting
 
 #: Debian's chromium: `playwright install` would download a browser from a CDN.
 #: Its headless shell first (the browser without the desktop shell, as Playwright's
@@ -38,10 +38,18 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
     return {**browser_type_launch_args, "executable_path": CHROMIUM}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def platform_starting_up(tmp_path_factory: pytest.TempPathFactory
+                         ) -> Iterator[Callable[[], Platform]]:
+    """``up`` started before anything else of the session (autouse), so that its
+    daemons start while Playwright's driver and the browser do."""
+    with platform_starting(tmp_path_factory.mktemp("ui-platform")) as ready:
+        yield ready
+
+
 @pytest.fixture(scope="session")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    with platform_up(tmp_path_factory.mktemp("ui-platform")) as running:
-        yield running
+def platform(platform_starting_up: Callable[[], Platform]) -> Platform:
+    return platform_starting_up()
 
 
 @pytest.fixture(scope="session")

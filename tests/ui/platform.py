@@ -3,13 +3,14 @@ ports, for the whole session (its start costs every daemon's start-up)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from tests.cli.helpers import COSMICAC, UP, _children, free_base_port, kill_all, pids_using
 from tests.cli.support import CHEAP
 
-__all__ = ["Platform", "platform_up"]
+__all__ = ["Platform", "platform_starting"]
 
 #: Bounded wait for up's "cosmicac is up at URL".
 START_LIMIT_S = 120
@@ -57,8 +58,11 @@ class Platform:
 
 
 @contextmanager
-def platform_up(folder: Path) -> Iterator[Platform]:
-    """``cosmicac up`` in ``folder``; killed with every process it started on the way out."""
+def platform_starting(folder: Path) -> Iterator[Callable[[], Platform]]:
+    """``cosmicac up`` started in ``folder``: yields a function that waits until it
+    is up (the first call; later calls return the same) and returns it, so the caller
+    can do something else while its daemons start. Killed with every process it
+    started on the way out."""
     storage, config = folder / "up", folder / "config"
     stdout, stderr = folder / "up.stdout", folder / "up.stderr"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSMICAC_")}
@@ -75,12 +79,16 @@ def platform_up(folder: Path) -> Iterator[Platform]:
             [*COSMICAC, "up", "--storage", str(storage), "--no-table", "--base-port",
              str(free_base_port())], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
             env=env)
-    try:
+
+    @functools.cache
+    def ready() -> Platform:
         url = _wait_for_url(proc, stdout, stderr)
         creds = json.loads((storage / "credentials.json").read_text())
-        env["COSMICAC_SERVER"] = url
-        yield Platform(url, creds["email"], creds["password"], storage, env, stdout, stderr,
-                       proc)
+        return Platform(url, creds["email"], creds["password"], storage,
+                        {**env, "COSMICAC_SERVER": url}, stdout, stderr, proc)
+
+    try:
+        yield ready
     finally:
         children = _children(proc.pid) if proc.poll() is None else []
         if proc.poll() is None:

@@ -48,9 +48,9 @@ def open_jobs(page: Page) -> None:
 @pytest.fixture(scope="module")
 def admin_state(browser: Browser, browser_context_args: dict, platform: Platform) -> dict:
     """The admin signed in once, through the form: the cookies every test's context
-    starts with. A sign-in is a scrypt verification at its production cost (about a
-    second of app-node's CPU on a busy machine); the form itself is tested from a
-    context without them (the first test)."""
+    starts with, instead of the form's round trips (a redirect to it, the post, a
+    scrypt check, the redirect back) in every test. The form itself is tested from
+    a context without them (the first test)."""
     signing_in = browser.new_context(**browser_context_args)
     try:
         sign_in(signing_in.new_page(), platform)
