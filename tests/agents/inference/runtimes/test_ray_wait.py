@@ -175,7 +175,7 @@ def test_main_refuses_bad_arguments_with_exit_2(capsys) -> None:
 
 def test_main_exits_1_when_nothing_listens(capsys) -> None:
     # Port 1 on loopback: nothing listens there, the refusal is immediate.
-    code = main(["--address", "127.0.0.1:1", "--reachable", "--timeout-s", "0.5",
+    code = main(["--address", "127.0.0.1:1", "--reachable", "--timeout-s", "0.2",
                  "--interval-s", "0.1"])
     assert code == 1
-    assert "127.0.0.1:1 not reachable after 0.5s" in capsys.readouterr().err
+    assert "127.0.0.1:1 not reachable after 0.2s" in capsys.readouterr().err
