@@ -366,7 +366,7 @@ def test_with_app_node_restarted_the_list_catches_up_and_the_logs_tab_resumes_ga
                      env=platform.env)
         if ran.returncode == 0 or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert ran.returncode == 0, ran.stderr.decode()
     row = listing.get_by_role("row", name=re.compile("while-away"))
     expect(row).to_be_visible(timeout=WAIT_MS)
@@ -555,7 +555,7 @@ def test_zz_seven_live_tabs_load_at_once_then_ctrl_c_on_up_stops_within_seconds(
     tabs = [page]
     for path in ("/jobs", f"/jobs/{job}", "/jobs", f"/jobs/{job}", "/jobs"):
         tab = context.new_page()
-        tab.goto(path)
+        tab.goto(path, wait_until="commit")  # the six load side by side; Live below
         tabs.append(tab)
     for tab in tabs:
         expect(tab.locator("#live")).to_have_text("Live", timeout=WAIT_MS)
