@@ -16,8 +16,11 @@ is the parent that keeps them:
   (they reconnect on their own over the swarm);
 - **status**: :meth:`Supervisor.rows` is what the live table shows (state, pid,
   restarts, uptime, the last line it logged);
-- **stop**: :meth:`Supervisor.stop` sends SIGTERM to every service in reverse
-  order of start, waits ``stop_timeout_s``, then SIGKILLs the process group of
+- **stop**: :meth:`Supervisor.stop` sends SIGTERM to every service at once,
+  except those marked ``outlives_dependants`` (the DHT, the relay), which get it
+  once every service depending on them has exited: the others unannounce through
+  them on their way out, and a DHT already gone makes each of them wait out its
+  requests' timeouts. After ``stop_timeout_s`` it SIGKILLs the process group of
   what is left, so nothing outlives ``up``. Every child runs in a process
   group of its own (a terminal's Ctrl-C reaches only ``up``, which then stops
   the children in order).
@@ -39,12 +42,17 @@ import trio
 
 from nodes.kit.ready import ReadyLine, parse_ready
 from p2p.files import private_file, private_folder
-from runtime.process import describe_exit, spawn, stop_all
+from runtime.process import describe_exit, spawn
+from runtime.process import stop as stop_process
 
 __all__ = ["ServiceSpec", "ServiceState", "StartFailed", "Supervisor"]
 
 #: Longest line kept for the status table.
 _LAST_LINE_CHARS = 200
+
+#: A service that waited for its dependants until the stop deadline still gets this
+#: long between SIGTERM and SIGKILL.
+_LAST_GRACE_S = 1.0
 
 
 class StartFailed(Exception):
@@ -71,6 +79,8 @@ class ServiceSpec:
     depends_on: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
+    #: Stopped only once every service that depends on it has exited.
+    outlives_dependants: bool = False
 
 
 @dataclass
@@ -85,6 +95,8 @@ class _Service:
     #: Its ready line (the daemon's key and addresses).
     ready_line: ReadyLine | None = None
     ready_event: trio.Event = field(default_factory=trio.Event)
+    #: Its stdout is being read (by :meth:`Supervisor._read_stdout`).
+    reading: bool = False
 
 
 class Supervisor:
@@ -200,53 +212,107 @@ class Supervisor:
             finally:
                 if process.returncode is not None:
                     service.process = None  # else cancelled: stop() still owns it
+                    _close_quietly(process)
                 if not self._stopping and process.returncode is not None:
                     service.last_line = (describe_exit(process.returncode)
                                          + (f": {service.last_line}" if service.last_line
                                             else ""))[:_LAST_LINE_CHARS]
 
     async def _read_stdout(self, service: _Service, process: trio.Process, log_file) -> None:
+        # The pipe stays open when this is cancelled (``up`` stopping): a daemon
+        # that logs on stdout while it stops would otherwise die of EPIPE with its
+        # last lines lost; stop() drains and closes it once the daemon exited.
         assert process.stdout is not None
+        service.reading = True
+        try:
+            await self._read_lines(service, process.stdout, log_file)
+        finally:
+            service.reading = False
+
+    async def _read_lines(self, service: _Service, stdout, log_file) -> None:
         pending = b""
-        async with process.stdout:
-            while True:
-                try:
-                    data = await process.stdout.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                if not data:
-                    return
-                log_file.write(data)
-                log_file.flush()
-                pending += data
-                *lines, pending = pending.split(b"\n")
-                pending = pending[-4096:]
-                for raw in lines:
-                    line = raw.decode("utf-8", "replace").strip()
-                    if not line:
-                        continue
-                    service.last_line = line[:_LAST_LINE_CHARS]
-                    daemon = service.spec.ready
-                    if daemon is not None and service.state is ServiceState.STARTING:
-                        ready = parse_ready(line)
-                        if ready is not None and ready.daemon == daemon:
-                            service.ready_line = ready
-                            service.state = ServiceState.RUNNING
-                            service.ready_event.set()
+        while True:
+            try:
+                data = await stdout.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            log_file.write(data)
+            log_file.flush()
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            pending = pending[-4096:]
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line:
+                    continue
+                service.last_line = line[:_LAST_LINE_CHARS]
+                daemon = service.spec.ready
+                if daemon is not None and service.state is ServiceState.STARTING:
+                    ready = parse_ready(line)
+                    if ready is not None and ready.daemon == daemon:
+                        service.ready_line = ready
+                        service.state = ServiceState.RUNNING
+                        service.ready_event.set()
 
     # -- stopping ------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """SIGTERM every service (reverse start order), SIGKILL what is left after
-        ``stop_timeout_s``; returns once every process has exited."""
+        """SIGTERM every service, those that outlive their dependants once these
+        have exited; SIGKILL what is left after ``stop_timeout_s`` (one that waited
+        for its dependants that long still gets ``_LAST_GRACE_S``); returns once
+        every process has exited."""
         self._stopping = True
-        running = [self.services[name].process for name in reversed(self.order)]
-        await stop_all([process for process in running if process is not None],
-                       self.stop_timeout_s)
+        deadline = trio.current_time() + self.stop_timeout_s
+        exited = {name: trio.Event() for name in self.services}
+        dependants = {name: [other.spec.name for other in self.services.values()
+                             if name in other.spec.depends_on]
+                      for name in self.services}
+
+        async def stop_one(service: _Service) -> None:
+            name = service.spec.name
+            try:
+                if service.spec.outlives_dependants:
+                    with trio.move_on_at(deadline):
+                        for other in dependants[name]:
+                            await exited[other].wait()
+                process = service.process
+                if process is None:
+                    return
+                grace = max(_LAST_GRACE_S, deadline - trio.current_time())
+                await stop_process(process, grace)
+                self._drain(service, process)
+            finally:
+                exited[name].set()
+
+        async with trio.open_nursery() as nursery:
+            for service in self.services.values():
+                nursery.start_soon(stop_one, service)
         for service in self.services.values():
             service.state = ServiceState.STOPPED
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def _drain(self, service: _Service, process: trio.Process) -> None:
+        """What an exited daemon still wrote on stdout, to its log; the pipe closed.
+        Only when its reader was cancelled (``up`` stopping): a reader still running
+        (a direct :meth:`stop`) reads to the end itself."""
+        if process.stdout is None or service.reading:
+            return
+        # Only what is already in the pipe: the daemon has exited, and a grandchild
+        # that inherited its stdout (a fork server) may keep the pipe open for long.
+        try:
+            with (self.log_dir / f"{service.spec.name}.log").open("ab") as log_file:
+                for _ in range(64):  # a pipe holds 64 KiB to 1 MiB
+                    data = os.read(process.stdout.fileno(), 65536)
+                    if not data:
+                        break
+                    log_file.write(data)
+        except (OSError, trio.ClosedResourceError):  # EAGAIN: nothing more buffered
+            pass
+        finally:
+            _close_quietly(process)
 
     # -- status --------------------------------------------------------------------------
 
@@ -267,6 +333,14 @@ class Supervisor:
     def ready_line(self, name: str) -> ReadyLine | None:
         """What service ``name``'s ready line said (its key, its addresses...)."""
         return self.services[name].ready_line
+
+
+def _close_quietly(process: trio.Process) -> None:
+    if process.stdout is not None:
+        try:
+            process.stdout.close()
+        except (OSError, trio.ClosedResourceError):
+            pass
 
 
 def _start_order(specs: Sequence[ServiceSpec]) -> list[str]:

@@ -305,11 +305,13 @@ def build_specs(storage: Path, ports: Ports, keys: dict[str, str], *,
 
     # Each waits for its daemon's ready line on stdout (nodes/kit/ready.py).
     return [
+        # The DHT and the relay stop last: every other daemon unannounces through
+        # them on its way out (a Ctrl-C then takes 0.2 s, not 2).
         ServiceSpec(DHT, (*COSMICAC, "dht", "bootstrap", "--host", HOST, "--port",
-                          str(ports.dht)), ready="dht-bootstrap"),
+                          str(ports.dht)), ready="dht-bootstrap", outlives_dependants=True),
         ServiceSpec(RELAY, (*COSMICAC, "relay", "--storage", str(storage / RELAY), "--host",
                             HOST, "--port", str(ports.relay), "--bootstrap", bootstrap[0]),
-                    ready="relay", depends_on=(DHT,)),
+                    ready="relay", depends_on=(DHT,), outlives_dependants=True),
         ServiceSpec(MONITOR, run(MONITOR), ready="wrk-monitor", depends_on=(DHT, RELAY)),
         ServiceSpec(APP, run(APP), ready="app-node", depends_on=(DHT, RELAY, MONITOR)),
         ServiceSpec(ORK, run(ORK), ready="wrk-ork", depends_on=(DHT, RELAY, APP)),

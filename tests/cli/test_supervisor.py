@@ -14,9 +14,9 @@ from ..p2p.helpers import wait_until
 
 
 def sh(name: str, script: str, *, ready: str | None = None,
-       depends_on: tuple[str, ...] = ()) -> ServiceSpec:
-    return ServiceSpec(name=name, argv=("sh", "-c", script),
-                       ready=ready, depends_on=depends_on)
+       depends_on: tuple[str, ...] = (), outlives_dependants: bool = False) -> ServiceSpec:
+    return ServiceSpec(name=name, argv=("sh", "-c", script), ready=ready,
+                       depends_on=depends_on, outlives_dependants=outlives_dependants)
 
 
 def alive(pid: int) -> bool:
@@ -81,6 +81,42 @@ async def test_stop_kills_what_ignores_sigterm_and_its_children(tmp_path):
     assert not alive(leader)
     await wait_until(lambda: not alive(child), limit_s=5)  # SIGKILL lands a moment later
     assert supervisor.rows()[0]["state"] == ServiceState.STOPPED
+
+
+@pytest.mark.parametrize("outlives", [True, False])
+async def test_a_service_that_outlives_its_dependants_is_stopped_after_they_exited(
+        tmp_path, outlives):
+    """As ``up``'s DHT: the daemons unannounce through it on their way out. Without
+    the mark both get SIGTERM at once and the base goes first (the control)."""
+    marks = tmp_path / "order"
+    supervisor = Supervisor([
+        sh("base", f"trap 'echo base-term >> {marks}; exit 0' TERM; echo base ready; "
+                   "while :; do sleep 0.05; done", ready="base", outlives_dependants=outlives),
+        sh("top", f"trap 'sleep 0.3; echo top-exit >> {marks}; exit 0' TERM; "
+                  "echo top ready; while :; do sleep 0.05; done",
+           ready="top", depends_on=("base",)),
+    ], log_dir=tmp_path, stop_timeout_s=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        nursery.cancel_scope.cancel()  # as up's Ctrl-C
+    expected = ["top-exit", "base-term"] if outlives else ["base-term", "top-exit"]
+    assert marks.read_text().split() == expected
+    assert all(not alive(row["pid"]) for row in supervisor.rows())
+
+
+async def test_what_a_service_prints_while_it_stops_reaches_its_log(tmp_path):
+    """Its stdout is still read after ``up`` was cancelled: the line is kept and the
+    service is not killed by a closed pipe on its way out."""
+    supervisor = Supervisor([
+        sh("chatty", "trap 'sleep 0.1; echo stopped cleanly; exit 7' TERM; echo chatty ready; "
+                     "while :; do sleep 0.05; done", ready="chatty"),
+    ], log_dir=tmp_path, stop_timeout_s=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        process = supervisor.services["chatty"].process
+        nursery.cancel_scope.cancel()
+    assert "stopped cleanly" in (tmp_path / "chatty.log").read_text()
+    assert process.returncode == 7  # not SIGPIPE's death
 
 
 async def test_a_service_that_never_gets_ready_fails_the_start_and_stops_the_rest(tmp_path):
