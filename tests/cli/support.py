@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import ssl
 import subprocess
 import threading
 import time
@@ -50,13 +51,21 @@ from .helpers import COSMICAC
 
 __all__ = ["CHEAP", "CHEAP_HASH", "EMAIL", "PASSWORD", "Ran", "Served", "ServedOrk", "cli_env",
            "cosmicac", "cosmicac_process", "dht_node", "emailed_token", "invoke",
-           "one_error_line", "serve", "serve_ork"]
+           "one_error_line", "serve", "serve_ork", "shared_tls"]
 
 EMAIL = "ada@example.com"
 PASSWORD = "correct horse battery staple"
 #: scrypt at 16 KiB: the same code path as OWASP's 128 MiB, a thousandth of the CPU.
 CHEAP = ScryptParams(ln=4, r=8, p=1)
 CHEAP_HASH = PasswordHashSettings(ln=CHEAP.ln, r=CHEAP.r, p=CHEAP.p)
+
+
+@functools.cache
+def shared_tls() -> ssl.SSLContext:
+    """One TLS context for every ``httpx`` client a test makes (``verify=shared_tls()``):
+    httpx's default builds one per client, loading certifi's CA bundle each time (about
+    45 ms of CPU, though the tests' servers speak plain HTTP)."""
+    return httpx.create_ssl_context()
 
 
 # -- the CLI in this process ------------------------------------------------------
@@ -234,7 +243,8 @@ class Served:
     async def login_as(self, email: str, password: str, config: Path) -> dict[str, str]:
         """The CLI environment of a session of ``email`` kept in ``config`` (logged
         in over HTTP, without a process)."""
-        async with httpx.AsyncClient(base_url=f"{self.server}/api", timeout=30) as api:
+        async with httpx.AsyncClient(base_url=f"{self.server}/api", timeout=30,
+                                     verify=shared_tls()) as api:
             r = await api.post("/auth/login", json={"email": email, "password": password})
         assert r.status_code == 200, r.text
         session = json.dumps({"server": self.server, "token": r.json()["token"],
@@ -254,7 +264,8 @@ async def serve(tmp_path: Path, nursery: trio.Nursery, **settings: Any) -> Serve
         node: RunningAppNode = await nursery.start(serve_app_node, node_settings)
     host, port = node.http_address
     server = f"http://{host}:{port}"
-    async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30) as api:
+    async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30,
+                                 verify=shared_tls()) as api:
         signup = await api.post("/auth/signup", json={
             "email": EMAIL, "name": "Ada", "password": PASSWORD, "team_name": "core"})
     assert signup.status_code == 201, signup.text

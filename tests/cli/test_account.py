@@ -17,7 +17,7 @@ import trio
 
 from p2p.keys import load_or_create_keypair
 
-from .support import EMAIL, PASSWORD, Served, cosmicac, emailed_token, one_error_line
+from .support import EMAIL, PASSWORD, Served, cosmicac, emailed_token, one_error_line, shared_tls
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ async def test_login_whoami_teams_logout(served: Served) -> None:
         assert after.returncode == 3
         one_error_line(after)
         # The token was revoked on the server too.
-        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=shared_tls()) as api:
             r = await api.get("/me", headers={"authorization": f"Bearer {token}"})
         assert r.status_code == 401
 
@@ -112,7 +112,7 @@ async def test_accept_role_and_remove_are_the_team_pages_twins(served: Served) -
     with trio.fail_after(60):
         await served.login()
         assert (await served.cli("teams", "invite", "core", bob)).returncode == 0
-        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=shared_tls()) as api:
             joined = await api.post("/invitations/accept", json={
                 "token": emailed_token(outbox, bob), "email": bob, "name": "Bob",
                 "password": "another long password"})

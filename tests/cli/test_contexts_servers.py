@@ -15,7 +15,16 @@ import httpx
 import pytest
 import trio
 
-from .support import EMAIL, PASSWORD, Served, cosmicac, cosmicac_process, one_error_line, serve
+from .support import (
+    EMAIL,
+    PASSWORD,
+    Served,
+    cosmicac,
+    cosmicac_process,
+    one_error_line,
+    serve,
+    shared_tls,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +55,7 @@ async def _whoami(env: dict[str, str], *args: str, server: str | None = None) ->
 
 
 async def _token_works(server: str, token: str) -> bool:
-    async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30) as api:
+    async with httpx.AsyncClient(base_url=f"{server}/api", timeout=30, verify=shared_tls()) as api:
         answer = await api.get("/me", headers={"authorization": f"Bearer {token}"})
     return answer.status_code == 200
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 
-from .support import EMAIL, PASSWORD, Served, one_error_line
+from .support import EMAIL, PASSWORD, Served, one_error_line, shared_tls
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +119,7 @@ async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None
         # the CLI saved the new session: still logged in; the old token is dead
         who = await served.cli("whoami", "-o", "json")
         assert who.returncode == 0, who.stderr
-        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=shared_tls()) as api:
             r = await api.get("/me", headers={"authorization": f"Bearer {old_token}"})
         assert r.status_code == 401
 
@@ -144,6 +144,6 @@ async def test_password_change_and_reset(served: Served, tmp_path: Path) -> None
         assert again.returncode == 1 and "request a new one" in one_error_line(again)
         # the reset logged every session out, the one the CLI saved included
         saved = _saved_token(served)
-        async with httpx.AsyncClient(base_url=f"{served.server}/api") as api:
+        async with httpx.AsyncClient(base_url=f"{served.server}/api", verify=shared_tls()) as api:
             r = await api.get("/me", headers={"authorization": f"Bearer {saved}"})
         assert r.status_code == 401

@@ -116,6 +116,7 @@ async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(
     import trio
 
     from tests.cli.helpers import process, read_ready
+    from tests.cli.support import shared_tls
 
     config = tmp_path / "monitor.json"
     (tmp_path / "m").mkdir()
@@ -131,7 +132,7 @@ async def test_run_wrk_monitor_prints_its_ready_line_serves_and_stops_on_sigint(
                            stdout=subprocess.PIPE, env=env) as proc:
             ready = await read_ready(proc.stdout, "wrk-monitor")
             assert ready.address("swarm")[0] == "127.0.0.1" and ready.fields["loki"] == "off"
-            async with httpx.AsyncClient(timeout=10) as http:
+            async with httpx.AsyncClient(timeout=10, verify=shared_tls()) as http:
                 url = ready.url("http", "/metrics")
                 assert (await http.get(url)).status_code == 401
                 metrics = await http.get(url, headers={"Authorization": f"Bearer {'k' * 43}"})
