@@ -16,7 +16,7 @@ import trio
 from cli._watch import JobTable, Screen
 
 from ..p2p.helpers import wait_until
-from .support import COSMICAC, EMAIL, PASSWORD, Ran, ServedOrk
+from .support import COSMICAC, EMAIL, PASSWORD, Ran, ServedOrk, shared_tls
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,8 @@ async def _create(served: ServedOrk, name: str) -> str:
 
 async def _delete(served: ServedOrk, job: str) -> None:
     """Delete over the API (one in-process command at a time: the watch is one)."""
-    async with httpx.AsyncClient(base_url=f"{served.server}/api", timeout=30) as api:
+    async with httpx.AsyncClient(base_url=f"{served.server}/api", timeout=30,
+                                 verify=shared_tls()) as api:
         login = await api.post("/auth/login", json={"email": EMAIL, "password": PASSWORD})
         token = login.json()["token"]
         answer = await api.delete(f"/jobs/{job}", headers={"authorization": f"Bearer {token}"})
@@ -146,7 +147,16 @@ async def test_list_watch_through_a_pipe_prints_a_row_per_change(served_ork: Ser
                 second = await _create(served, "second")
                 served.drive(first, "active")
                 await wait_until(lambda: _status(served, first) == "active", limit_s=30)
-                await trio.sleep(1)  # the rows reach the pipe
+
+                def printed() -> bool:  # the rows reached the pipe
+                    rows = [line.split() for line in
+                            b"".join(chunks["out"]).decode().splitlines()[2:]]
+                    return (any(row[:1] == [second] for row in rows)
+                            and any(row[:1] == [first] and row[3:4] == ["Active"]
+                                    for row in rows))
+
+                await wait_until(printed, limit_s=30, step_s=0.05)
+                await trio.sleep(1)  # time for a change printed twice to show (none may)
             finally:
                 process.send_signal(signal.SIGINT)
                 await process.wait()
