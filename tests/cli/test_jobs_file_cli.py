@@ -287,16 +287,20 @@ def test_json_errors_name_the_field() -> None:
 
 def test_create_without_a_file_imports_no_yaml(tmp_path: Path) -> None:
     """The ``-f`` path's imports stay there: a plain create loads neither YAML nor the
-    job file module (in a fresh interpreter: this one has imported them)."""
+    job file module (in a fresh interpreter: this one has imported them). The command
+    runs as ``python -m cli.main`` does (nothing of the tests imported beside it);
+    at exit, the process says which of the two it loaded."""
     script = (
-        "import sys\n"
-        "from tests.cli.support import invoke, cli_env\n"
-        f"env = cli_env({str(tmp_path / 'config')!r}, 'http://127.0.0.1:9')\n"
-        "ran = invoke(['jobs', 'create', '--name', 'x', '--type', 'container'], env=env)\n"
-        "print(ran.returncode, 'yaml' in sys.modules, 'cli._jobfile' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.stdout.split() == ["3", "False", "False"], done.stderr  # 3: not logged in
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('loaded', 'yaml' in sys.modules,"
+        " 'cli._jobfile' in sys.modules))\n"
+        "runpy.run_module('cli.main', run_name='__main__', alter_sys=True)\n")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "jobs", "create", "--name", "x", "--type", "container"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=cli_env(tmp_path / "config", "http://127.0.0.1:9"))
+    assert done.returncode == 3, done.stderr  # 3: not logged in
+    assert done.stdout.split()[-3:] == ["loaded", "False", "False"], done.stderr
 
 
 @settings(max_examples=300, deadline=None)
