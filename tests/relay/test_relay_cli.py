@@ -133,10 +133,11 @@ def test_a_bad_allow_key_or_bootstrap_exits_2_naming_it():
     assert "bad bootstrap address" in result.output
 
 
-async def test_a_config_file_is_used_the_environment_beats_it_and_metrics_are_served(tmp_path):
+async def test_a_config_file_is_used_the_environment_beats_it_and_a_second_relay_is_refused(
+        tmp_path):
     """One relay from a config file: its storage and metrics endpoint are the file's, the
     host the environment's, the log level the option's; relay and DHT metrics share the
-    one endpoint."""
+    one endpoint. A second relay on its storage is refused while it runs."""
     import socket
 
     from ..p2p.helpers import http_get
@@ -162,6 +163,15 @@ async def test_a_config_file_is_used_the_environment_beats_it_and_metrics_are_se
         assert match[2] == "127.0.0.1"  # the environment's host, not the file's
         assert status == 200
         assert b"relay_reservations" in body and b"dht_requests_served" in body
+        # A second relay on that storage, in this process: refused at its storage lock,
+        # before it listens.
+        with trio.fail_after(30):
+            second = await cosmicac("relay", "--storage", str(storage), "--port", "0",
+                                    "--host", "127.0.0.1")
+        assert second.returncode == 1
+        assert second.stderr.decode().strip() == (
+            f"error: storage folder {storage.resolve()} is in use by process {process.pid}; "
+            "give each daemon its own --storage")
     finally:
         assert await stop(process, signal.SIGTERM) == 0
     _, stderr = await finish(process)
@@ -199,22 +209,6 @@ def test_a_bad_environment_value_names_its_key_and_exits_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.decode().startswith(
         "error: bad setting metrics.port (from COSMICAC_RELAY__METRICS__PORT): ")
-
-
-async def test_a_second_relay_on_the_same_storage_is_refused(tmp_path):
-    first = await start(BLIND_RELAY, tmp_path)
-    try:
-        with trio.fail_after(30):
-            await read_lines(first.stdout, 2)
-        # The second in this process: refused at its storage lock, before it listens.
-        second = await cosmicac("relay", "--storage", str(tmp_path), "--port", "0",
-                                "--host", "127.0.0.1")
-        assert second.returncode == 1
-        assert second.stderr.decode().strip() == (
-            f"error: storage folder {tmp_path.resolve()} is in use by process {first.pid}; "
-            "give each daemon its own --storage")
-    finally:
-        assert await stop(first) == 0
 
 
 def test_options_out_of_range_are_usage_errors():
