@@ -22,8 +22,11 @@ def same_connection(a, b) -> bool:
     """Both ends of one connection share the handshake hash."""
     mine = a.connections.get(b.public_key)
     theirs = b.connections.get(a.public_key)
-    return (mine is not None and theirs is not None
-            and mine.stream.handshake_hash == theirs.stream.handshake_hash)
+    return (
+        mine is not None
+        and theirs is not None
+        and mine.stream.handshake_hash == theirs.stream.handshake_hash
+    )
 
 
 async def test_a_client_finds_a_server_by_topic_and_knows_how_it_got_there():
@@ -55,21 +58,24 @@ async def test_a_client_finds_a_server_by_topic_and_knows_how_it_got_there():
             assert await accepted.receive() == b"hello"
 
 
-async def test_twenty_swarms_on_one_topic_connect_pairwise_exactly_once(autojump_clock):
+async def test_ten_swarms_on_one_topic_connect_pairwise_exactly_once(autojump_clock):
+    """Ten joining at once find each other and dial from both ends (45 pairs,
+    each of which must settle on one connection both ends agree on); twenty
+    proved nothing more at four times the CPU (each pair is a Noise handshake)."""
     with trio.fail_after(60):
         async with memory_swarm_net() as net:
-            swarms = [await net.start() for _ in range(20)]
+            swarms = [await net.start() for _ in range(10)]
             for swarm in swarms:
                 swarm.join(TOPIC)
 
             def all_connected() -> bool:
-                return all(len(s.connections) == 19 for s in swarms)
+                return all(len(s.connections) == len(swarms) - 1 for s in swarms)
 
             await wait_until(all_connected, limit_s=45)
             await trio.sleep(1.0)  # autojump clock: no late duplicate appears in 1 s
             assert all_connected()
             for i, a in enumerate(swarms):
-                for b in swarms[i + 1:]:
+                for b in swarms[i + 1 :]:
                     assert same_connection(a, b), "the two ends kept different connections"
 
 
@@ -99,8 +105,9 @@ async def test_the_firewall_refuses_before_any_channel_opens(autojump_clock):
                 return False
 
             opened = []
-            guarded = await net.start(firewall=no_strangers,
-                                      handlers={"echo": lambda ch: opened.append(ch)})
+            guarded = await net.start(
+                firewall=no_strangers, handlers={"echo": lambda ch: opened.append(ch)}
+            )
             visitor = await net.start()
             try:
                 connection = await visitor.connect(guarded.public_key)
@@ -155,8 +162,9 @@ async def test_a_silent_peer_is_dropped_within_the_idle_timeout(autojump_clock):
                 await trio.sleep_forever()  # no keep-alives, no mux: a hung peer
 
             await net.nursery.start(accept_then_say_nothing)
-            connection = await swarm.connect(mute_key.public_key,
-                                             addresses=[listener.local_address])
+            connection = await swarm.connect(
+                mute_key.public_key, addresses=[listener.local_address]
+            )
             assert mute_key.public_key in swarm.connections
             start = trio.current_time()
             await connection.wait_closed()
@@ -186,7 +194,8 @@ async def test_connect_names_every_address_it_could_not_reach(autojump_clock):
 
 @pytest.mark.parametrize(("closes", "connects"), [(2, True), (3, False)])
 async def test_connect_takes_a_new_socket_when_a_handshake_is_closed_unread(
-        autojump_clock, closes, connects):
+    autojump_clock, closes, connects
+):
     """A daemon under a flood closes handshakes it has not read yet: the swarm
     dials the same address again, twice at most, before it gives up on it."""
     with trio.fail_after(20):
@@ -198,8 +207,9 @@ async def test_connect_takes_a_new_socket_when_a_handshake_is_closed_unread(
             responder = ClosingResponder(server, closes=closes)
             net.nursery.start_soon(responder.serve, listener)
             if connects:
-                connection = await swarm.connect(server.public_key,
-                                                 addresses=[listener.local_address])
+                connection = await swarm.connect(
+                    server.public_key, addresses=[listener.local_address]
+                )
                 assert connection.remote_public_key == server.public_key
             else:
                 with pytest.raises(PeerUnreachable) as caught:
@@ -223,8 +233,9 @@ async def test_leave_unannounces_the_topic(autojump_clock):
             await server.leave(TOPIC)
             assert server.public_key not in await keys_on_topic()
             # Its key stays findable for connect(): only the topic was left.
-            found = {r.public_key
-                     async for r in looker.lookup(record_topic_for_key(server.public_key))}
+            found = {
+                r.public_key async for r in looker.lookup(record_topic_for_key(server.public_key))
+            }
             assert server.public_key in found
 
 
@@ -249,8 +260,11 @@ async def test_metrics_count_connections_and_bytes(autojump_clock):
             text = generate_latest(a.metrics.registry).decode()
             assert 'swarm_connections{path="direct"} 1.0' in text
             assert 'swarm_connection_attempts_total{path="direct"} 1.0' in text
-            sent = [line for line in text.splitlines()
-                    if line.startswith('swarm_bytes_total{direction="sent"}')]
+            sent = [
+                line
+                for line in text.splitlines()
+                if line.startswith('swarm_bytes_total{direction="sent"}')
+            ]
             assert sent and float(sent[0].split()[-1]) >= 0
 
 
