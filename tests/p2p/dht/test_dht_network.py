@@ -22,9 +22,11 @@ async def collect(node, topic=TOPIC):
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 async def test_announce_on_one_node_lookup_from_every_other_over_udp(host):
+    """Real sockets carry the whole protocol. 30 nodes (k = 20) leave about ten that do
+    not hold the record and must walk to it; 50 proved nothing more for 2.5x the CPU."""
     keypair = KeyPair.generate()
     with trio.fail_after(60):
-        async with udp_testnet(50 if host == "127.0.0.1" else 20, host=host) as net:
+        async with udp_testnet(30 if host == "127.0.0.1" else 20, host=host) as net:
             announcer = net.nodes[7]
             stored = await announcer.announce_once(
                 TOPIC, keypair, addresses=[*SERVICE, ("::1", 7001)], seq=1
