@@ -4,10 +4,13 @@ process; ``db serve`` stays a process wherever it runs until a signal stops it."
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
-from contextlib import AsyncExitStack
+import threading
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 
 import pytest
 import trio
@@ -19,7 +22,7 @@ from tests.crdt.helpers import usage_ops
 
 from .helpers import process, read_until
 from .support import cosmicac as in_process
-from .support import cosmicac_process, dht_node
+from .support import dht_node, invoke
 
 pytestmark = pytest.mark.slow
 
@@ -286,18 +289,39 @@ def test_db_serve_bad_settings_name_their_key_and_exit_2(tmp_path):
         assert result.output.strip() == line
 
 
-async def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_listen(
-        tmp_path, nursery):
+def test_db_serve_names_a_storage_file_it_cannot_use_instead_of_cannot_listen(tmp_path):
     (tmp_path / "db").write_text("a file where the replica keeps a folder")
-    # A process: serve waits for its signals (the main thread's) before it opens the storage.
-    ran = await cosmicac_process("db", "serve", "--storage", str(tmp_path), "-b",
-                                 await dht_node(nursery), "--host", "127.0.0.1")
+    # In this process, on the main thread (serve takes its signals there before it
+    # opens the storage); the DHT node it joins runs in a thread of its own.
+    with dht_node_in_a_thread() as bootstrap:
+        ran = invoke(["db", "serve", "--storage", str(tmp_path), "-b", bootstrap,
+                      "--host", "127.0.0.1"])
     code, err = ran.returncode, ran.stderr.decode()
     assert code == 1
     assert err.strip().splitlines()[-1] == (
         f"error: cannot use {tmp_path / 'db' / 'logs'}: Not a directory")
     assert "cannot listen" not in err and "Traceback" not in err
-    nursery.cancel_scope.cancel()
+
+
+@contextmanager
+def dht_node_in_a_thread() -> Iterator[str]:
+    """:func:`dht_node` in its own trio run on a thread; its HOST:PORT while it runs."""
+    found: queue.Queue[tuple[str, trio.lowlevel.TrioToken, trio.CancelScope]] = queue.Queue()
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            found.put((await dht_node(nursery), trio.lowlevel.current_trio_token(),
+                       nursery.cancel_scope))
+
+    thread = threading.Thread(target=trio.run, args=(run,), daemon=True)
+    thread.start()
+    address, token, scope = found.get(timeout=30)
+    try:
+        yield address
+    finally:
+        trio.from_thread.run_sync(scope.cancel, trio_token=token)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
 
 
 async def test_add_writer_takes_the_identity_from_another_folder(tmp_path):
