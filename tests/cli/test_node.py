@@ -17,12 +17,11 @@ LISTENING = re.compile(r"node listening on (\S+):(\d+) key ([0-9a-f]{64})")
 
 
 @asynccontextmanager
-async def running_node(storage, *options):
+async def running_node(*options, env=None):
     """Start `cosmicac up` with ``options``; yield (process, "host:port", key); kill it if
     still running."""
     node = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--storage", str(storage), "--port", "0", *options],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [*COSMICAC, "up", *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )
     try:
         with trio.fail_after(30):
@@ -41,18 +40,28 @@ async def ping(*args, process: bool = False):
 
 async def test_up_serves_ping_metrics_and_the_shared_database_then_stops_cleanly_on_sigint(
         tmp_path):
-    """One node for what a running ``up`` serves (a node costs its start): ping (its
-    smoke test a real process) and its metrics, a ping to a wrong key refused naming
-    both keys, the shared database with this node as its admin; then SIGINT stops it
-    cleanly, the database closed."""
+    """One node for what a running ``up`` serves (a node costs its start): its settings
+    from a config file, the environment beating it (the host), options beating both
+    (the port); ping (its smoke test a real process) and its metrics, a ping to a wrong
+    key refused naming both keys, the shared database with this node as its admin; then
+    SIGINT stops it cleanly, the database closed."""
+    import os
+
     from tests.p2p.helpers import http_get
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         metrics_port = probe.getsockname()[1]
+    storage = tmp_path / "node"
+    config = tmp_path / "node.toml"
+    config.write_text(f'storage = "{storage}"\nhost = "127.0.0.2"\nport = 1\n')
     with trio.fail_after(60):
-        async with running_node(tmp_path, "--metrics-port", str(metrics_port)) as (
-                node, address, key):
+        async with running_node(
+                "--config", str(config), "--port", "0", "--metrics-port", str(metrics_port),
+                env=dict(os.environ, COSMICAC_NODE__HOST="127.0.0.1")) as (node, address, key):
+            assert address.startswith("127.0.0.1:")  # the environment's, not the file's
+            assert not address.endswith(":1")  # the option's port 0, not the file's
+            assert (storage / "identity").exists()  # the file's storage
             result = await ping(key, "--address", address, "-c", "3", "-i", "0", "-o", "json",
                                 process=True)
             assert result.returncode == 0, result.stderr.decode()
@@ -80,7 +89,7 @@ async def test_up_serves_ping_metrics_and_the_shared_database_then_stops_cleanly
             # node's port (TCP for connections, UDP for the DHT).
             assert f"{match[3]}:{match[4]}" == address
             while True:  # the daemon writes its status file within a second; bounded above
-                result = await cosmicac("db", "status", "--storage", str(tmp_path), "-o",
+                result = await cosmicac("db", "status", "--storage", str(storage), "-o",
                                         "json")
                 assert result.returncode == 0, result.stderr.decode()
                 db_status = json.loads(result.stdout)
@@ -98,30 +107,7 @@ async def test_up_serves_ping_metrics_and_the_shared_database_then_stops_cleanly
             assert await node.wait() == 0
     events = [json.loads(line)["message"].split()[0] for line in logs.decode().splitlines()]
     assert events[-2:] == ["node.stopping", "node.stopped"]
-    assert (tmp_path / "db" / "gate.snapshot").exists()  # closed cleanly
-
-
-async def test_up_reads_its_config_file_and_the_environment_beats_it(tmp_path):
-    import os
-
-    storage = tmp_path / "node"
-    config = tmp_path / "node.toml"
-    config.write_text(f'storage = "{storage}"\nhost = "127.0.0.2"\nport = 0\n')
-    node = await trio.lowlevel.open_process(
-        [*COSMICAC, "up", "--config", str(config)], stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, env=dict(os.environ, COSMICAC_NODE__HOST="127.0.0.1"))
-    try:
-        with trio.fail_after(60):
-            match = await read_until(node.stderr, LISTENING)
-        assert match[1] == "127.0.0.1"  # the environment's, not the file's 127.0.0.2
-        assert (storage / "identity").exists()  # the file's storage
-        node.send_signal(signal.SIGTERM)
-        with trio.fail_after(30):
-            assert await node.wait() == 0
-    finally:
-        if node.returncode is None:
-            node.kill()
-            await node.wait()
+    assert (storage / "db" / "gate.snapshot").exists()  # closed cleanly
 
 
 def test_up_bad_settings_name_their_key_and_exit_2(tmp_path):
