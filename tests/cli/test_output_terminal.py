@@ -1,6 +1,8 @@
 """``cosmicac jobs list`` as a person and a script see it: a real process on a
 terminal (a pseudo-terminal sized 60 and 200 columns, as a narrow and a wide tmux
-window) and through a pipe, against an in-process app-node and wrk-ork."""
+window) and, for a script, on an output that is no terminal (in this process: the
+command asks its stdout ``isatty()``, which a pipe and the runner's buffer both
+answer no), against an in-process app-node and wrk-ork."""
 
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ async def test_jobs_list_fits_a_terminal_and_pipes_plain(served_ork: ServedOrk) 
                 assert LONG_NAME not in text and "nightly-evaluat" in text and "…" in text
             else:
                 assert LONG_NAME in text
-        piped = await served.cli("jobs", "list", process=True)
+        piped = await served.cli("jobs", "list")  # (its process runs on the terminals)
         text = piped.stdout.decode()
         assert not re.search("[\u2500-\u257f]", text) and "\x1b" not in text
         lines = text.splitlines()
