@@ -97,9 +97,9 @@ def test_closest_is_sorted_by_xor_distance_and_matches_a_brute_force_sort() -> N
     everyone = table.contacts()
     for _ in range(200):
         target = rng.randbytes(20)
+        ranked = sorted(everyone, key=lambda c, t=target: _distance(c, t))  # once per target
         for count in (1, 3, 20, 50, 10_000):
-            expected = sorted(everyone, key=lambda c, t=target: _distance(c, t))[:count]
-            assert table.closest(target, count) == expected
+            assert table.closest(target, count) == ranked[:count]
 
 
 def test_closest_leaves_out_excluded_ids_and_handles_an_empty_table() -> None:
