@@ -1,8 +1,12 @@
 """`cosmicac db`: two replicas (real processes, the group's smoke test) converge; status
 and verify agree. The one-shot commands (status, verify, add-writer...) run in this
-process; ``db serve`` stays a process wherever it runs until a signal stops it."""
+process; ``db serve`` stays a process wherever the test is about it (the replicas that
+only ask a creator for its data, in the readers test, run here as ``db serve`` runs
+one)."""
 
+import functools
 import json
+import logging
 import os
 import queue
 import re
@@ -15,10 +19,19 @@ from contextlib import AsyncExitStack, contextmanager
 import pytest
 import trio
 
-from crdt import FsyncPolicy, PutApiKey, PutModelMaster, hash_secret
+from crdt import (
+    FsyncPolicy,
+    PutApiKey,
+    PutModelMaster,
+    ReplicationConfig,
+    hash_secret,
+    run_database_service,
+)
 from crdt._base import Base
-from p2p.keys import load_or_create_keypair
+from p2p.keys import format_key, load_or_create_keypair
+from p2p.swarm import Swarm, SwarmConfig
 from tests.crdt.helpers import usage_ops
+from tests.p2p.helpers import wait_until
 
 from .helpers import process, read_until
 from .support import cosmicac as in_process
@@ -108,9 +121,14 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
                 assert await replica.wait() == 0
 
 
-async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing(tmp_path):
-    """Readers, as an operator runs it: the creator serves its --reader
-    (a backup) and nobody else; the other replica's status shows none of the data."""
+async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing(
+        tmp_path, caplog):
+    """Readers, as an operator runs them: the creator (``db serve --reader``, a
+    process) serves its --reader (a backup) and nobody else; the other replica's
+    status shows none of the data. The two replicas that ask run in this process
+    on swarms of their own, as ``db serve`` runs one (the group's processes are
+    the creator here and the replicas of the test above)."""
+    caplog.set_level(logging.INFO, logger="crdt")
     creator_storage, reader_storage, other_storage = (tmp_path / n for n in ("a", "r", "o"))
     creator = seed_creator(creator_storage)
     reader_key = load_or_create_keypair(reader_storage).hex
@@ -122,31 +140,43 @@ async def test_a_reader_replica_replicates_and_a_replica_on_no_list_gets_nothing
             await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(creator_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", "--reader", reader_key))
-            env = dict(os.environ, PROXY_AUTOBASE_KEY=creator)
-            other = await stack.enter_async_context(process(
-                "db", "serve", "--storage", str(other_storage), "--bootstrap", bootstrap,
-                "--host", "127.0.0.1", env=env))
-            await stack.enter_async_context(process(
-                "db", "serve", "--storage", str(reader_storage), "--bootstrap", bootstrap,
-                "--host", "127.0.0.1", env=env))
+            for storage in (other_storage, reader_storage):
+                await replica_here(nursery, storage, bootstrap, bytes.fromhex(creator))
             while True:  # bounded by fail_after
-                # Until the reader's serve has made its database, status says it
-                # holds none, then that it has no view yet ("rows": null) (a busy
-                # machine starts the process slowly).
-                code, out, err = await cosmicac("db", "status", "--storage",
-                                                str(reader_storage), "-o", "json")
-                assert code == 0 or "holds no database" in err, err
-                reader_status = json.loads(out) if code == 0 else None
-                rows = (reader_status or {}).get("rows") or {}
+                # Until the reader has pulled, its view holds nothing yet.
+                reader_status = await status(reader_storage)
+                rows = reader_status.get("rows") or {}
                 if rows.get("token_usage") == 1:
                     break
                 await trio.sleep(0.2)
             assert reader_status["rows"]["api_keys"] == 1  # the key inventory arrived
             # The other replica was refused: its pulls say so, and it holds nothing.
-            await read_until(other.stderr, re.compile(r"crdt\.read_refused_by_peer"))
+            other_key = load_or_create_keypair(other_storage).public_key
+            await wait_until(lambda: refused(caplog, other_key, by=creator), limit_s=60)
             other_status = await status(other_storage)
             assert other_status["rows"]["api_keys"] == other_status["rows"]["token_usage"] == 0
             assert all(w["length"] == 0 for w in other_status["writers"])
+
+
+async def replica_here(nursery: trio.Nursery, storage, bootstrap: str, key: bytes) -> None:
+    """A replica of the database ``key`` in this process, on its own swarm joined to
+    the DHT at ``bootstrap``, as ``db serve`` starts one (cli/db.py's ``_start``)."""
+    keypair = load_or_create_keypair(storage)
+    host, port = bootstrap.rsplit(":", 1)
+    swarm = Swarm(keypair, config=SwarmConfig(host="127.0.0.1", port=0,
+                                              bootstrap=((host, int(port)),)))
+    await nursery.start(swarm.run)
+    await nursery.start(functools.partial(
+        run_database_service, storage, swarm=swarm, bootstrap=key,
+        fsync=FsyncPolicy.NEVER, replication=ReplicationConfig()))
+
+
+def refused(caplog, key: bytes, by: str) -> bool:
+    """Whether the replica of ``key`` logged that the replica ``by`` (hex) refused its
+    pulls (the line ``db serve`` prints on its stderr; the reason names the caller)."""
+    return any(message.startswith(f"crdt.read_refused_by_peer peer={by[:12]} ")
+               and f"{format_key(key)} may not read" in message
+               for message in (record.getMessage() for record in caplog.records))
 
 
 async def test_verify_names_the_damaged_file_and_offset_and_exits_1(tmp_path):
