@@ -5,6 +5,7 @@ and the proxy's side of ``cosmicac-inference/1``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -111,11 +112,13 @@ def chat(stream: bool = False, **extra) -> bytes:
                        **extra}).encode()
 
 
-async def test_a_healthy_model_server_is_ready_announced_found_and_serves_the_proxy():
+async def test_a_healthy_model_server_serves_only_the_proxy_and_comes_back_when_killed():
     """One agent (its model server costs a start) for what a healthy replica does: it
     is ready and announced, a proxy finds it on the job's DHT topic and, over that
     connection, gets whole and streamed answers, the server's own errors, and the
-    answer to a large body sent in uploads first."""
+    answer to a large body sent in uploads first; a key that is not a configured proxy
+    is refused at the handshake. Then its model server is killed: the replica is
+    withdrawn (unhealthy, unannounced), the server restarted, and served again."""
     async with inference_agent() as (net, worker, agent, workload):
         await next_kind(worker, AgentEventKind.READY)
         assert workload.announced
@@ -174,33 +177,28 @@ async def test_a_healthy_model_server_is_ready_announced_found_and_serves_the_pr
                                                    upload_id="u1"))
             assert caught.value.code == "BAD_REQUEST"
 
+            # Only the configured proxies may call: another key is refused at the
+            # handshake's firewall.
+            stranger = await net.start(KeyPair.generate())
+            with pytest.raises(Exception):  # noqa: B017 - refused at the handshake's firewall
+                with trio.fail_after(10):
+                    refused = await stranger.connect(agent.keypair.public_key,
+                                                     addresses=[agent.swarm_address])
+                    channel = await refused.open_channel(PROTOCOL)
+                    refused_client = RpcClient(channel)
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(refused_client.run)
+                        await refused_client.call(AGENT_STATUS, Empty())
 
-async def test_only_the_configured_proxies_may_call():
-    async with inference_agent() as (net, worker, agent, _workload):
-        await next_kind(worker, AgentEventKind.READY)
-        stranger = await net.start(KeyPair.generate())
-        with pytest.raises(Exception):  # noqa: B017 - refused at the handshake's firewall
-            with trio.fail_after(10):
-                connection = await stranger.connect(agent.keypair.public_key,
-                                                    addresses=[agent.swarm_address])
-                channel = await connection.open_channel(PROTOCOL)
-                client = RpcClient(channel)
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(client.run)
-                    await client.call(AGENT_STATUS, Empty())
-
-
-async def test_a_killed_model_server_is_withdrawn_restarted_and_served_again():
-    async with inference_agent() as (net, worker, agent, workload):
-        await next_kind(worker, AgentEventKind.READY)
-        pid = workload.supervisor.pids["local"]
-        os.kill(pid, signal.SIGKILL)
-        unready = await next_kind(worker, AgentEventKind.HELLO)
-        assert "unhealthy" in unready.message
-        assert not workload.announced
-        await next_kind(worker, AgentEventKind.READY)
-        assert workload.announced and workload.supervisor.pids["local"] != pid
-        async with proxy_client(net, agent) as client:
+            # A killed model server: withdrawn, restarted, served again.
+            pid = workload.supervisor.pids["local"]
+            os.kill(pid, signal.SIGKILL)
+            unready = await next_kind(worker, AgentEventKind.HELLO)
+            assert "unhealthy" in unready.message
+            assert not workload.announced
+            await next_kind(worker, AgentEventKind.READY)
+            assert workload.announced and workload.supervisor.pids["local"] != pid
+            # The proxy's connection and client, still open, are served again.
             frames = await collect(client, InferRequest(path="/v1/completions",
                                                         body=b'{"model":"chat-demo",'
                                                              b'"prompt":"hi","max_tokens":2}'))
@@ -208,7 +206,10 @@ async def test_a_killed_model_server_is_withdrawn_restarted_and_served_again():
 
 
 async def test_a_model_server_that_keeps_crashing_fails_the_replica_with_its_reason():
-    async with inference_agent(model="no-such-model") as (_net, worker, _agent, _workload):
+    # Two crashes are enough to show a restart and the limit (each costs a model
+    # server's start, ~0.3 s of CPU).
+    policy = dataclasses.replace(FAST, max_crashes=2)
+    async with inference_agent(model="no-such-model", policy=policy) as (_net, worker, _a, _w):
         failed = await next_kind(worker, AgentEventKind.FAILED)
-        assert "failed 3 times" in failed.message
+        assert "failed 2 times" in failed.message
         assert "no-such-model" in failed.message  # the server's last words say why
