@@ -41,6 +41,14 @@ def server() -> str:
         proc.wait()
 
 
+@pytest.fixture(scope="module")
+def http():
+    """One client for the module: ``httpx.post`` builds a client, and its TLS context
+    (certifi's bundle read and parsed, tens of ms of CPU), for every request."""
+    with httpx.Client(timeout=30) as client:
+        yield client
+
+
 def through_the_agent(url: str, path: str, kind: str, body: bytes) -> list:
     host, _, port = url.removeprefix("http://").rpartition(":")
 
@@ -65,10 +73,10 @@ def usage_chunks(stream: bytes) -> list[dict]:
 @settings(max_examples=examples(60), deadline=None)
 @given(st.sampled_from([CHAT, COMPLETIONS]).flatmap(
     lambda path: st.tuples(st.just(path), request_bodies(path), st.sampled_from(CONTENT_TYPES))))
-def test_every_body_the_server_streams_is_billed_as_its_whole_answer(server, case):
+def test_every_body_the_server_streams_is_billed_as_its_whole_answer(server, http, case):
     path, body, kind = case
     headers = {"content-type": kind} if kind else {}
-    direct = httpx.post(server + path, content=body, headers=headers, timeout=30)
+    direct = http.post(server + path, content=body, headers=headers)
     frames = through_the_agent(server, path, kind, body)
     billed = frames[-1].usage
     if not direct.headers.get("content-type", "").startswith("text/event-stream"):
@@ -79,7 +87,7 @@ def test_every_body_the_server_streams_is_billed_as_its_whole_answer(server, cas
     assert frames[0].status == 200 and frames[0].content_type.startswith("text/event-stream")
     request = json.loads(body)
     request.pop("stream_options", None)
-    whole = httpx.post(server + path, json={**request, "stream": False}, timeout=30)
+    whole = http.post(server + path, json={**request, "stream": False})
     assert billed == Usage(**whole.json()["usage"]) and billed.total_tokens > 0
     # The client sees the usage chunk only if it asked (the server's own rule).
     passed_on = usage_chunks(b"".join(frame.data for frame in frames))
