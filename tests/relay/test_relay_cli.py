@@ -57,31 +57,6 @@ async def stop(process, signum=signal.SIGINT) -> int:
         return await process.wait()
 
 
-async def test_blind_relay_prints_storage_and_key_keeps_the_key_on_restart_and_exits_0_on_sigint(
-    tmp_path,
-):
-    storage = tmp_path / "relay-storage"
-    keys = []
-    with trio.fail_after(60):
-        for _ in range(2):
-            process = await start(BLIND_RELAY, storage)
-            try:
-                lines = await read_lines(process.stdout, 2)
-                assert lines[0] == f"Using storage at {storage.resolve()}"
-                match = re.fullmatch(r"Server listening on ([0-9a-f]{64})", lines[1])
-                assert match, lines
-                keys.append(match[1])
-                started = trio.current_time()
-                assert await stop(process) == 0
-                assert trio.current_time() - started < 5
-                assert await process.stdout.receive_some() == b""  # nothing more on stdout
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-    assert keys[0] == keys[1] == load_or_create_keypair(storage).hex
-
-
 async def test_cosmicac_relay_relays_a_connection_between_two_peers_and_stops_on_sigterm(
     tmp_path,
 ):
@@ -133,11 +108,13 @@ def test_a_bad_allow_key_or_bootstrap_exits_2_naming_it():
     assert "bad bootstrap address" in result.output
 
 
-async def test_a_config_file_is_used_the_environment_beats_it_and_a_second_relay_is_refused(
+async def test_a_config_file_is_used_a_second_relay_is_refused_and_a_restart_keeps_the_key(
         tmp_path):
-    """One relay from a config file: its storage and metrics endpoint are the file's, the
-    host the environment's, the log level the option's; relay and DHT metrics share the
-    one endpoint. A second relay on its storage is refused while it runs."""
+    """blind-relay prints its storage and key. One relay from a config file: its storage
+    and metrics endpoint are the file's, the host the environment's, the log level the
+    option's; relay and DHT metrics share the one endpoint. A second relay on its
+    storage is refused while it runs; SIGTERM stops it. Restarted on that storage (by
+    --storage), it keeps its key, and SIGINT stops it at once, exit 0."""
     import socket
 
     from ..p2p.helpers import http_get
@@ -160,6 +137,8 @@ async def test_a_config_file_is_used_the_environment_beats_it_and_a_second_relay
             match = await read_until(process.stderr, STARTED)  # --log-level beat the file
             status, body = await http_get(("127.0.0.1", port), "/metrics")
         assert lines[0] == f"Using storage at {storage.resolve()}"  # from the file
+        key = re.fullmatch(r"Server listening on ([0-9a-f]{64})", lines[1])
+        assert key, lines
         assert match[2] == "127.0.0.1"  # the environment's host, not the file's
         assert status == 200
         assert b"relay_reservations" in body and b"dht_requests_served" in body
@@ -176,6 +155,22 @@ async def test_a_config_file_is_used_the_environment_beats_it_and_a_second_relay
         assert await stop(process, signal.SIGTERM) == 0
     _, stderr = await finish(process)
     assert "relay.stopped signal=SIGTERM" in stderr
+
+    restarted = await start(BLIND_RELAY, storage)
+    try:
+        with trio.fail_after(30):
+            lines = await read_lines(restarted.stdout, 2)
+        assert lines == [f"Using storage at {storage.resolve()}",
+                         f"Server listening on {key[1]}"]  # the same key
+        started = trio.current_time()
+        assert await stop(restarted) == 0
+        assert trio.current_time() - started < 5
+        assert await restarted.stdout.receive_some() == b""  # nothing more on stdout
+    finally:
+        if restarted.returncode is None:
+            restarted.kill()
+            await restarted.wait()
+    assert key[1] == load_or_create_keypair(storage).hex
 
 
 def test_the_settings_reach_the_server(tmp_path):
