@@ -34,7 +34,9 @@ async def _drain(stream: trio.abc.Stream, size: int) -> bytes:
 
 
 async def test_bytes_cross_both_ways_whole_and_in_order_then_eof():
-    up, down = os.urandom(3 << 20), os.urandom(2 << 20)
+    # Each more than aioquic's 1 MiB flow-control windows (so both ends must
+    # grant more credit mid-transfer), and of different sizes.
+    up, down = os.urandom(3 << 19), os.urandom(5 << 18)
     results = {}
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
