@@ -27,35 +27,44 @@ def distance(a, b):
 
 class SimulatedNetwork:
     """Each node knows a Kademlia-like table: its k closest plus random far contacts
-    per distance bucket, and answers with the k closest it knows to the target."""
+    per distance bucket, and answers with the k closest it knows to the target.
+
+    A node's table is built the first time it is asked (from its own seeded
+    random stream): a lookup asks a few dozen of a large network's nodes, and
+    building all 3,000 tables up front was most of a test's CPU."""
 
     def __init__(self, contacts, *, k=20, seed=0, dead=()):
-        rng = random.Random(seed)
         self.by_id = {c.id: c for c in contacts}
         self.dead = set(dead)
         self.tables = {}
-        ids = list(self.by_id)
-        ordered = sorted(ids)
-        position = {node_id: index for index, node_id in enumerate(ordered)}
-        for contact in contacts:
+        self.k = k
+        self._seed = seed
+        self._ids = list(self.by_id)
+        self._ordered = sorted(self._ids)
+        self._position = {node_id: index for index, node_id in enumerate(self._ordered)}
+
+    def table(self, contact_id):
+        if contact_id not in self.tables:
+            k, ids, ordered = self.k, self._ids, self._ordered
+            index = self._position[contact_id]
+            rng = random.Random(f"{self._seed}/{index}")
             # Its neighbourhood (ids sharing the longest prefixes sit next to it
             # in sorted order) plus a sample of the rest, bucketed by distance.
-            index = position[contact.id]
-            table = set(ordered[max(0, index - k) : index + k + 1]) - {contact.id}
+            table = set(ordered[max(0, index - k) : index + k + 1]) - {contact_id}
             buckets = {}
             for other in rng.sample(ids, min(len(ids), 10 * k)):
-                if other == contact.id:
+                if other == contact_id:
                     continue
-                bucket = distance(contact.id, other).bit_length()
+                bucket = distance(contact_id, other).bit_length()
                 buckets.setdefault(bucket, []).append(other)
             for members in buckets.values():
-                members.sort(key=lambda other: distance(contact.id, other))
+                members.sort(key=lambda other: distance(contact_id, other))
                 table.update(members[:k])
-            self.tables[contact.id] = [self.by_id[i] for i in table]
-        self.k = k
+            self.tables[contact_id] = [self.by_id[i] for i in table]
+        return self.tables[contact_id]
 
     def answer(self, contact_id, target):
-        known = sorted(self.tables[contact_id], key=lambda c: distance(c.id, target))
+        known = sorted(self.table(contact_id), key=lambda c: distance(c.id, target))
         return known[: self.k]
 
     def run(self, lookup, *, now=0.0, max_rounds=10_000):
@@ -149,8 +158,9 @@ def test_our_own_id_is_never_queried():
 
 def test_max_queries_bounds_a_lookup_fed_endless_fresh_contacts():
     rng = random.Random(3)
-    lookup = IterativeLookup(bytes(20), make_network(3, seed=3),
-                             config=LookupConfig(max_queries=30))
+    lookup = IterativeLookup(
+        bytes(20), make_network(3, seed=3), config=LookupConfig(max_queries=30)
+    )
     now = 0.0
     for _ in range(1000):
         queries = lookup.next_queries(now)
@@ -238,8 +248,9 @@ class SortingModel:
         self.expire(now)
         if self.finished():
             return []
-        budget = min(self.config.alpha - len(self.waiting()),
-                     self.config.max_queries - self.queries)
+        budget = min(
+            self.config.alpha - len(self.waiting()), self.config.max_queries - self.queries
+        )
         fresh = [e for e in self.ordered() if e["state"] is QueryState.NOT_CONTACTED]
         chosen = fresh[: max(budget, 0)]
         for entry in chosen:
@@ -270,9 +281,7 @@ class SortingModel:
 
 
 @settings(max_examples=examples(200), deadline=None)
-@given(
-    st.integers(0, 2**32), st.integers(1, 4), st.integers(1, 4), st.integers(1, 40), st.data()
-)
+@given(st.integers(0, 2**32), st.integers(1, 4), st.integers(1, 4), st.integers(1, 40), st.data())
 def test_the_ordered_candidates_behave_like_a_full_sort_on_every_call(
     seed, k, alpha, max_queries, data
 ):
@@ -309,9 +318,7 @@ def test_the_ordered_candidates_behave_like_a_full_sort_on_every_call(
             model.on_response(source.id, closer)
         assert lookup.finished == model.finished()
         assert lookup.closest() == model.closest()
-        assert lookup.next_deadline() == min(
-            (e["deadline"] for e in model.waiting()), default=None
-        )
+        assert lookup.next_deadline() == min((e["deadline"] for e in model.waiting()), default=None)
         assert lookup.statistics().hops == model.hops()
         for contact in pool:
             entry = model.entries.get(contact.id)
