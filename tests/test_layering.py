@@ -27,10 +27,13 @@ or inside a function: a type-only import still ties one package to another.
 from __future__ import annotations
 
 import ast
+import hashlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,23 +121,68 @@ def _rule(module: str, imported: str, daemons: frozenset[str]) -> str | None:
     return None
 
 
-def check_layering(root: Path) -> list[Violation]:
+class ImportsCache:
+    """The imports of each file, kept by its path and the SHA-256 of its bytes: a file
+    whose bytes are unchanged has the same imports, so only changed files are parsed
+    again (parsing the whole tree is ~1 CPU-s). ``known`` is what an earlier run kept;
+    ``seen`` is this run's, to keep for the next."""
+
+    def __init__(self, known: dict[str, list] | None = None) -> None:
+        self.known = known or {}
+        self.seen: dict[str, list] = {}
+
+    def imports(self, root: Path, path: Path) -> list[tuple[int, str]]:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        key = str(path.relative_to(root))
+        kept = self.known.get(key)
+        if kept is not None and kept[0] == digest:
+            found = [(line, name) for line, name in kept[1]]
+        else:
+            found = list(_imports(root, path))
+        self.seen[key] = [digest, found]
+        return found
+
+
+def check_layering(root: Path, cache: ImportsCache | None = None) -> list[Violation]:
     """Every import under ``root`` that breaks a rule of the module doc."""
+    cache = cache or ImportsCache()
     daemons = _daemons(root) if (root / "nodes").is_dir() else frozenset()
     found = []
     for top in ("p2p", "contracts", "relay", "crdt", "runtime", "nodes", "agents"):
         for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else ():
             module = _module_name(root, path)
-            for line, imported in _imports(root, path):
+            for line, imported in cache.imports(root, path):
                 rule = _rule(module, imported, daemons)
                 if rule is not None:
                     found.append(Violation(str(path.relative_to(root)), line, imported, rule))
     return found
 
 
-def test_the_tree_keeps_its_layers() -> None:
-    violations = check_layering(ROOT)
+#: Where pytest's cache keeps the tree's imports between runs (``ImportsCache``).
+_CACHE_KEY = "cosmicac/layering-imports"
+
+
+def test_the_tree_keeps_its_layers(pytestconfig: pytest.Config) -> None:
+    store = getattr(pytestconfig, "cache", None)  # None under -p no:cacheprovider
+    cache = ImportsCache(store.get(_CACHE_KEY, None) if store is not None else None)
+    violations = check_layering(ROOT, cache)
+    if store is not None:
+        store.set(_CACHE_KEY, cache.seen)
     assert not violations, "\n".join(map(str, violations))
+
+
+def test_a_changed_file_is_parsed_again_and_an_unchanged_one_is_not(tmp_path: Path) -> None:
+    _write(tmp_path, {"p2p/__init__.py": "", "p2p/a.py": "import trio\n"})
+    first = ImportsCache()
+    assert check_layering(tmp_path, first) == []
+    # What a run kept, for an unchanged file, stands for its parse...
+    forged = {**first.seen, "p2p/a.py": [first.seen["p2p/a.py"][0], [[1, "cli.main"]]]}
+    [kept] = check_layering(tmp_path, ImportsCache(forged))
+    assert (kept.path, kept.imported) == ("p2p/a.py", "cli.main")
+    # ...and a changed file is read afresh.
+    (tmp_path / "p2p" / "a.py").write_text("import trio\nfrom nodes import kit\n")
+    [fresh] = check_layering(tmp_path, ImportsCache(forged))
+    assert (fresh.line, fresh.imported) == (2, "nodes.kit")
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
