@@ -33,6 +33,9 @@ from tests.ports import free_port
 ROOT = Path(__file__).resolve().parents[4]
 #: Bound on any one step or wait here; the doubles start in about a second.
 STEP_BOUND_S = 30.0
+#: One TLS context for the module's clients (plain HTTP to 127.0.0.1 all the same):
+#: httpx otherwise builds one per client, parsing certifi's bundle (20-100 ms of CPU).
+TLS = httpx.create_ssl_context()
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +117,7 @@ async def wait_healthy(client: httpx.AsyncClient, plan: RuntimePlan,
 async def check_serving(plan: RuntimePlan, processes: list[trio.Process], logs: Path,
                         served_name: str) -> None:
     """/health, the plan's deep check, and a streamed chat whose last chunk carries usage."""
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
         await wait_healthy(client, plan, processes, logs)
         check = plan.deep_check
         assert check is not None
