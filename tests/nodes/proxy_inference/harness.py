@@ -41,21 +41,51 @@ from .tiny_agent import TinyAgent
 IMAGE = "docker://registry.example/cosmicac/vllm:1"
 
 
-def inference_spec(served_name: str, *, team: str = "team-a", replicas: int = 1,
-                   model: str = "demo") -> JobSpec:
-    return JobSpec(name=served_name, team=team, type="inference", image=IMAGE, gpus=1,
-                   replicas=replicas, runtime="local", model=model, served_name=served_name)
+def inference_spec(
+    served_name: str, *, team: str = "team-a", replicas: int = 1, model: str = "demo"
+) -> JobSpec:
+    return JobSpec(
+        name=served_name,
+        team=team,
+        type="inference",
+        image=IMAGE,
+        gpus=1,
+        replicas=replicas,
+        runtime="local",
+        model=model,
+        served_name=served_name,
+    )
 
 
-def job_view(job_id: str, spec: JobSpec, agents: Sequence[bytes], *,
-             status: JobStatus = JobStatus.ACTIVE,
-             replica_status: ReplicaStatus = ReplicaStatus.ACTIVE) -> JobView:
+def job_view(
+    job_id: str,
+    spec: JobSpec,
+    agents: Sequence[bytes],
+    *,
+    status: JobStatus = JobStatus.ACTIVE,
+    replica_status: ReplicaStatus = ReplicaStatus.ACTIVE,
+) -> JobView:
     """A job as wrk-ork shows it, one replica per agent."""
-    return JobView(id=job_id, spec=spec, status=status, reason="", created_at=1000.0,
-                   updated_at=1000.0, rack=None,
-                   replicas=tuple(ReplicaView(index=i, status=replica_status, generation=0,
-                                              placement=None, message="", agents=(key.hex(),))
-                                  for i, key in enumerate(agents)))
+    return JobView(
+        id=job_id,
+        spec=spec,
+        status=status,
+        reason="",
+        created_at=1000.0,
+        updated_at=1000.0,
+        rack=None,
+        replicas=tuple(
+            ReplicaView(
+                index=i,
+                status=replica_status,
+                generation=0,
+                placement=None,
+                message="",
+                agents=(key.hex(),),
+            )
+            for i, key in enumerate(agents)
+        ),
+    )
 
 
 @dataclass
@@ -81,9 +111,13 @@ class ProxyWorld:
         """A new API key of ``team`` written by app-node; returns (id, secret)."""
         key_id = key_id or "key-" + secrets.token_hex(4)
         secret = "sk-" + secrets.token_urlsafe(24)
-        await self.admin.db.append([PutApiKey.with_secret(key_id, team, "test", secret,
-                                                          ["inference"],
-                                                          int(time.time() * 1000))])
+        await self.admin.db.append(
+            [
+                PutApiKey.with_secret(
+                    key_id, team, "test", secret, ["inference"], int(time.time() * 1000)
+                )
+            ]
+        )
         return key_id, secret
 
     async def revoke(self, key_id: str) -> None:
@@ -94,25 +128,42 @@ class ProxyWorld:
         assert self.proxy is not None
         proxy_db = self.proxy.recorder.db
         want = self.admin.db.key
-        await wait_until(lambda: proxy_db.lengths.get(want, 0)
-                         >= self.admin.db.lengths.get(want, 0), limit_s=limit_s)
+        await wait_until(
+            lambda: proxy_db.lengths.get(want, 0) >= self.admin.db.lengths.get(want, 0),
+            limit_s=limit_s,
+        )
 
-    async def start_proxy(self, *, job_source: JobSource | str | None = "static",
-                          metrics: ProcessMetrics | None = None, **settings) -> RunningProxy:
+    async def start_proxy(
+        self,
+        *,
+        job_source: JobSource | str | None = "static",
+        metrics: ProcessMetrics | None = None,
+        **settings,
+    ) -> RunningProxy:
         """Start the proxy; ``job_source`` None follows wrk-ork (``ork`` in ``settings``);
         ``metrics``: the process endpoint the proxy adds its registries to, as the daemon
         kit's (serve it with ``p2p.metrics.serve_metrics`` to scrape it). ``settings``
         win over the defaults here (e.g. ``replica_backoff_s``)."""
-        config = ProxySettings(**{
-            "storage": self.root / "proxy", "database": self.admin.db.bootstrap,
-            "host": "127.0.0.1", "port": 0, "bootstrap": self.bootstrap, "fsync": False,
-            "http": {"host": "127.0.0.1", "port": 0},
-            "usage": {"flush_interval_s": 0.05}, "replica_backoff_s": 0.5, **settings})
+        config = ProxySettings(
+            **{
+                "storage": self.root / "proxy",
+                "database": self.admin.db.bootstrap,
+                "host": "127.0.0.1",
+                "port": 0,
+                "bootstrap": self.bootstrap,
+                "fsync": False,
+                "http": {"host": "127.0.0.1", "port": 0},
+                "usage": {"flush_interval_s": 0.05},
+                "replica_backoff_s": 0.5,
+                **settings,
+            }
+        )
         (self.root / "proxy").mkdir(exist_ok=True)
         self._proxy_task = Stoppable()
         source = self.jobs if job_source == "static" else job_source
-        self.proxy = await self._proxy_task.start(self.nursery, serve_proxy, config,
-                                                  job_source=source, metrics=metrics)
+        self.proxy = await self._proxy_task.start(
+            self.nursery, serve_proxy, config, job_source=source, metrics=metrics
+        )
         return self.proxy
 
     async def stop_proxy(self) -> None:
@@ -121,8 +172,9 @@ class ProxyWorld:
         await self._proxy_task.stop()
         self.proxy = None
 
-    async def start_agent(self, keypair: KeyPair, services: Sequence[Service],
-                          job_id: str) -> Swarm:
+    async def start_agent(
+        self, keypair: KeyPair, services: Sequence[Service], job_id: str
+    ) -> Swarm:
         """A swarm serving ``services`` and announcing on the job's topic."""
         swarm = Swarm(keypair, config=self.swarm_config(), services=services)
         scope = trio.CancelScope()
@@ -146,13 +198,20 @@ async def proxy_world(root: Path, *, admit: bool = True) -> AsyncIterator[ProxyW
     # The proxy's identity is its storage's: made first so app-node can allow it.
     proxy_key = load_or_create_keypair(root / "proxy")
     async with udp_testnet(3) as dht, trio.open_nursery() as nursery:
-        app_node = Swarm(KeyPair.generate(), config=SwarmConfig(
-            host="127.0.0.1", bootstrap=tuple(dht.bootstrap), lookup_max_s=2.0))
+        app_node = Swarm(
+            KeyPair.generate(),
+            config=SwarmConfig(host="127.0.0.1", bootstrap=tuple(dht.bootstrap), lookup_max_s=2.0),
+        )
         await nursery.start(app_node.run)
-        admin = await nursery.start(functools.partial(
-            run_database_service, root / "app-node", swarm=app_node,
-            allow=frozenset({proxy_key.public_key}) if admit else frozenset(),
-            fsync=FsyncPolicy.NEVER))
+        admin = await nursery.start(
+            functools.partial(
+                run_database_service,
+                root / "app-node",
+                swarm=app_node,
+                allow=frozenset({proxy_key.public_key}) if admit else frozenset(),
+                fsync=FsyncPolicy.NEVER,
+            )
+        )
         world = ProxyWorld(root, nursery, dht, admin, proxy_key, StaticJobSource())
         yield world
         nursery.cancel_scope.cancel()
@@ -164,7 +223,8 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 def client(world, secret: str | None) -> httpx.AsyncClient:
     """An HTTP client of the proxy presenting ``secret`` as its key (none if None)."""
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    return httpx.AsyncClient(base_url=world.proxy.url, headers=headers, timeout=20)
+    # verify=False: plain HTTP, so no CA bundle to load (~20 ms of CPU per client).
+    return httpx.AsyncClient(base_url=world.proxy.url, headers=headers, timeout=20, verify=False)
 
 
 async def two_agents(world, *, modes=("ok", "ok"), job_id="j-chat", name="chat"):
