@@ -76,11 +76,10 @@ class _Args(list):
 
 
 async def test_a_command_that_cannot_start_exits_127_as_in_a_shell(tmp_path):
+    # In this process: the agent refuses to spawn it, before any session starts.
     with trio.fail_after(LIMIT_S):
         async with agent_for(tmp_path) as args:
-            result = await trio.run_process(
-                [*COSMICAC, *args, "--", "/nonexistent/command"],
-                stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+            result = await cosmicac(*args, "--", "/nonexistent/command")
     assert result.returncode == 127
     assert "/nonexistent/command: No such file" in result.stderr.decode()
 
