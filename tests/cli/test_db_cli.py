@@ -61,6 +61,12 @@ def seed_creator(storage) -> str:
     return keypair.hex
 
 
+REPLICA = re.compile(r"Replica ([0-9a-f]{64}) \((\w+)\) listening on (\S+):(\d+)")
+#: Nothing answers there: the replica starts without DHT peers (after waiting for
+#: them: a daemon that runs uses a DHT node of the test's, ``dht_node``).
+NOWHERE = "127.0.0.1:9"
+
+
 def comparable(document: dict) -> tuple:
     writers = [(w["key"], w["length"], w["head"], w["admin"], w["admitted"])
                for w in document["writers"]]
@@ -68,6 +74,10 @@ def comparable(document: dict) -> tuple:
 
 
 async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
+    """The creator's db serve reads its config file (storage, bootstrap, host...), the
+    environment beating the file's host, and holds its folder against a second serve;
+    the other replica is admitted, both converge and agree; the creator removes it; each
+    stops on its signal (SIGTERM, SIGINT) with exit 0."""
     app_storage, proxy_storage = tmp_path / "app", tmp_path / "proxy"
     creator = seed_creator(app_storage)
     proxy_key = load_or_create_keypair(proxy_storage).hex
@@ -76,11 +86,24 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
             nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(nursery.cancel_scope.cancel)
             bootstrap = await dht_node(nursery)
+            config = tmp_path / "db.toml"
+            config.write_text(f'storage = "{app_storage}"\nbootstrap = ["{bootstrap}"]\n'
+                              'host = "127.0.0.2"\nfsync = "never"\nlog_level = "info"\n')
             app = await stack.enter_async_context(process(
-                "db", "serve", "--storage", str(app_storage), "--bootstrap", bootstrap,
-                "--host", "127.0.0.1", "--allow", proxy_key, stdout=subprocess.PIPE))
+                "db", "serve", "--config", str(config), "--allow", proxy_key,
+                stdout=subprocess.PIPE, env=dict(os.environ, COSMICAC_DB__HOST="127.0.0.1")))
             printed = await read_until(app.stdout, re.compile(r"Database ([0-9a-f]{64})"))
-            assert printed[1] == creator  # the creator's key is the database's key
+            # The creator's key is the database's key: the file's storage was opened.
+            assert printed[1] == creator
+            listening = await read_until(app.stdout, REPLICA)
+            assert listening[2] == "admin"
+            assert listening[3] == "127.0.0.1"  # the environment's host, not the file's
+            # One folder, one daemon: a second serve on it (in this process) is refused.
+            code, _, err = await cosmicac("db", "serve", "--storage", str(app_storage),
+                                          "-b", NOWHERE)
+            assert code == 1
+            assert err.strip() == (f"error: storage folder {app_storage.resolve()} is in use "
+                                   f"by process {app.pid}; give each daemon its own --storage")
             proxy = await stack.enter_async_context(process(
                 "db", "serve", "--storage", str(proxy_storage), "--bootstrap", bootstrap,
                 "--host", "127.0.0.1", stdout=subprocess.PIPE,
@@ -116,8 +139,8 @@ async def test_two_replica_processes_converge_and_their_status_agrees(tmp_path):
             assert any(w["key"] == proxy_key and w["cap"] == 0 for w in app_status["writers"])
             # A removed writer reads no more: the creator refuses its pulls.
             await read_until(proxy.stderr, re.compile(r"crdt\.read_refused_by_peer"))
-            for replica in (app, proxy):
-                replica.send_signal(signal.SIGINT)
+            for replica, signum in ((app, signal.SIGTERM), (proxy, signal.SIGINT)):
+                replica.send_signal(signum)
                 assert await replica.wait() == 0
 
 
@@ -251,40 +274,6 @@ async def test_removing_the_only_admin_is_refused_and_allowed_once_there_is_anot
 
 
 # -- db serve on the daemon kit ---------------------------------------------------------
-
-REPLICA = re.compile(r"Replica ([0-9a-f]{64}) \((\w+)\) listening on (\S+):(\d+)")
-#: Nothing answers there: the replica starts without DHT peers (after waiting for
-#: them: a daemon that runs uses a DHT node of the test's, ``dht_node``).
-NOWHERE = "127.0.0.1:9"
-
-
-async def test_db_serve_reads_its_config_file_the_environment_beats_it_and_one_folder_one_daemon(
-        tmp_path, nursery):
-    storage = tmp_path / "replica"
-    config = tmp_path / "db.toml"
-    bootstrap = await dht_node(nursery)
-    config.write_text(f'storage = "{storage}"\nbootstrap = ["{bootstrap}"]\n'
-                      'host = "127.0.0.2"\nfsync = "never"\nlog_level = "info"\n')
-    env = dict(os.environ, COSMICAC_DB__HOST="127.0.0.1")
-    async with process("db", "serve", "--config", str(config), stdout=subprocess.PIPE,
-                       env=env) as replica:
-        with trio.fail_after(60):
-            seen = ""
-            while not (match := REPLICA.search(seen)):
-                chunk = await replica.stdout.receive_some()
-                assert chunk, seen
-                seen += chunk.decode()
-        assert match[2] == "admin"
-        assert match[3] == "127.0.0.1"  # the environment's host, not the file's
-        assert (storage / "identity").exists()  # the file's storage
-        code, _, err = await cosmicac("db", "serve", "--storage", str(storage), "-b", NOWHERE)
-        assert code == 1
-        assert err.strip() == (f"error: storage folder {storage.resolve()} is in use by "
-                               f"process {replica.pid}; give each daemon its own --storage")
-        replica.send_signal(signal.SIGTERM)
-        with trio.fail_after(30):
-            assert await replica.wait() == 0
-    nursery.cancel_scope.cancel()
 
 
 def test_db_serve_bad_settings_name_their_key_and_exit_2(tmp_path):
