@@ -144,6 +144,10 @@ async def test_list_watch_through_a_pipe_prints_a_row_per_change(served_ork: Ser
             nursery.start_soon(drain, "err", process.stderr)
             try:
                 await wait_until(lambda: hub.subscribers == 1, limit_s=60)
+                # The first table is listed once the stream is ready: a job created
+                # before it is listed would be in it, and its row never printed.
+                await wait_until(lambda: first.encode() in b"".join(chunks["out"]),
+                                 limit_s=60, step_s=0.05)
                 second = await _create(served, "second")
                 served.drive(first, "active")
                 await wait_until(lambda: _status(served, first) == "active", limit_s=30)
