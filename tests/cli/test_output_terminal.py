@@ -113,6 +113,9 @@ async def test_jobs_list_watch_redraws_in_place_on_a_terminal(served_ork: Served
         reader.start()
         try:
             await wait_until(lambda: hub.subscribers == 1, limit_s=60)
+            # The first table is listed once the stream is ready: a job created before
+            # it is listed would be in that first drawing, and nothing drawn again.
+            await wait_until(lambda: first.encode() in b"".join(screen), limit_s=60)
             second = await _create(served, "second")
             await wait_until(lambda: second.encode() in b"".join(screen), limit_s=30)
         finally:
