@@ -23,6 +23,7 @@ import trio
 from nodes.kit.forwarded import TrustedProxies
 from nodes.kit.peer import HttpBindError, serve_http
 from nodes.kit.ready import print_ready
+from nodes.kit.tls import client_tls
 from p2p.daemon import Daemon, ProcessMetrics
 
 from .app import EntryApp
@@ -58,7 +59,7 @@ def open_client(settings: EntrySettings) -> httpx.AsyncClient:
     """
     jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(
-        trust_env=False, cookies=jar, follow_redirects=False,
+        trust_env=False, cookies=jar, follow_redirects=False, verify=client_tls(),
         timeout=httpx.Timeout(connect=settings.connect_timeout_s,
                               read=settings.read_timeout_s,
                               write=settings.write_timeout_s,

@@ -61,6 +61,7 @@ import pydantic
 import trio
 
 from contracts.monitor import redact_url
+from nodes.kit.tls import client_tls
 
 from .errors import BackendError
 
@@ -196,7 +197,8 @@ def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
 
 def _open_client(timeout_s: float) -> httpx.AsyncClient:
     """A client with ``trust_env=False``: an ``HTTP_PROXY`` must not capture Loki traffic."""
-    return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout_s)
+    return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout_s,
+                             verify=client_tls())
 
 
 @dataclass(frozen=True, slots=True)

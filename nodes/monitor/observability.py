@@ -69,6 +69,7 @@ import pydantic
 import trio
 
 from contracts.monitor import LogRecord, Observability, ObservabilityState, redact_url
+from nodes.kit.tls import client_tls
 from p2p.daemon import sync_directory, write_atomically
 
 from .loki import LokiPusher, LokiPusherStatistics, LokiReader, LokiRecord
@@ -190,7 +191,7 @@ class ObservabilityHolder:
         self._lock = trio.Lock()
         # trust_env=False: an HTTP_PROXY must not capture the operator's Prometheus.
         self._prometheus_http = httpx.AsyncClient(trust_env=False, follow_redirects=False,
-                                                  timeout=10.0)
+                                                  timeout=10.0, verify=client_tls())
         #: Swaps applied (tests and the status line).
         self.swaps = 0
 

@@ -8,15 +8,14 @@ are written for people); a network failure is ``UNREACHABLE``.
 
 from __future__ import annotations
 
-import functools
 import http.cookiejar
-import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 
+from nodes.kit.tls import client_tls
 from runtime.sse import SseReader
 
 __all__ = ["ApiClient", "ApiError", "open_http"]
@@ -49,15 +48,6 @@ class ApiError(Exception):
         return text
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """The TLS context of every client of app-node in this process: the one httpx
-    would build for each (``trust_env=False``: certifi's bundle), built once. Each
-    build reads and parses the bundle, 20-70 ms of CPU, and the UI opens two clients
-    at its start, though app-node is usually plain HTTP on loopback."""
-    return httpx.create_ssl_context(trust_env=False)
-
-
 def open_http(api_url: str, timeout_s: float, *,
               limits: httpx.Limits | None = None) -> httpx.AsyncClient:
     """A client of app-node: no environment proxies, no cookie jar (one client serves
@@ -65,7 +55,7 @@ def open_http(api_url: str, timeout_s: float, *,
     jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(base_url=f"{api_url}/api", trust_env=False, cookies=jar,
                              follow_redirects=False, timeout=timeout_s,
-                             limits=limits or httpx.Limits(), verify=_tls())
+                             limits=limits or httpx.Limits(), verify=client_tls())
 
 
 class ApiClient:
