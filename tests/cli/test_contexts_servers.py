@@ -137,13 +137,16 @@ async def test_one_configuration_two_servers(tmp_path: Path, nursery: trio.Nurse
         assert after.returncode == 3 and "'staging'" in one_error_line(after)
         assert (await _whoami(env, "--context", host_two))["context"]["name"] == host_two
 
-        # A real process: --context before the command, and after it.
-        for args in (["--context", host_two, "whoami", "-o", "json"],
-                     ["whoami", "-o", "json", "--context", host_two]):
-            ran = await cosmicac_process(*args, env=env)
-            assert ran.returncode == 0, ran.stderr
-            assert json.loads(ran.stdout)["context"]["server"] == two.server
-        unknown = await cosmicac_process("jobs", "list", "--context", "nope", env=env)
+        # --context before the command (here, as the root option), and after it: a real
+        # process, where main takes it out of any command (test_contexts.py has its
+        # pre-parse on every position); an unknown one is a usage error.
+        before = await cosmicac("--context", host_two, "whoami", "-o", "json", env=env)
+        assert before.returncode == 0, before.stderr
+        assert json.loads(before.stdout)["context"]["server"] == two.server
+        ran = await cosmicac_process("whoami", "-o", "json", "--context", host_two, env=env)
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout)["context"]["server"] == two.server
+        unknown = await cosmicac("--context", "nope", "jobs", "list", env=env)
         assert unknown.returncode == 2 and "'nope'" in one_error_line(unknown)
 
 
