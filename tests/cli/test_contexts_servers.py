@@ -2,7 +2,7 @@
 in to both, switched with ``--context``, ``$COSMICAC_CONTEXT`` and ``context use``;
 ``--server`` overriding a context's server for one command; ``logout`` forgetting
 one context's token only; a session kept by an older cosmicac taken in; and
-``--context`` anywhere on a real process's command line."""
+``--context`` after the command on a real process's command line (main's pre-parse)."""
 
 from __future__ import annotations
 
