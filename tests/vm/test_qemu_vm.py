@@ -16,7 +16,6 @@ import json
 import os
 from pathlib import Path
 
-import openai
 import pytest
 import trio
 
@@ -32,6 +31,7 @@ BOOT_S = 480
 
 
 async def test_jobs_run_in_real_vms(tmp_path: Path) -> None:
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
     assert IMAGE is not None
     storage = tmp_path / "up"
     base = free_base_port()

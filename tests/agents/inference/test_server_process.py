@@ -6,7 +6,6 @@ import sys
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
 from agents.inference.engines._demo import DemoEngine
@@ -22,6 +21,7 @@ def server() -> Iterator[str]:
 
 
 def test_openai_client_chats_and_streams_with_usage(server: str) -> None:
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
     assert httpx.get(f"{server}/health", timeout=5).status_code == 200
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=10, max_retries=0)
     assert [model.id for model in client.models.list()] == ["tiny"]
@@ -56,6 +56,7 @@ def test_openai_client_chats_and_streams_with_usage(server: str) -> None:
 
 
 def test_openai_client_transcribes_with_usage_in_seconds(server: str) -> None:
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=10, max_retries=0)
     wav = tone_wav(1.5, rate=8_000)
     heard = client.audio.transcriptions.create(model="tiny", file=("a.wav", wav, "audio/wav"))

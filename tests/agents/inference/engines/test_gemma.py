@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import trio
 import trio.testing
@@ -146,6 +145,7 @@ async def test_unsupported_embeddings_and_bad_ids_are_400(client: httpx.AsyncCli
 
 
 def test_openai_client_chats_with_the_real_server() -> None:
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
     with running_server("gemma-3-270m", "gemma", "--threads", "1", load_timeout_s=120) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
         stream = client.chat.completions.create(

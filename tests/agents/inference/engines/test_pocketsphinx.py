@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import openai
 import pytest
 
 from agents.inference.engines import SpeechEngine, decode_wav, load_engine
@@ -36,6 +35,7 @@ async def test_hears_hello_at_any_rate(hello: bytes) -> None:
 
 
 def test_openai_client_transcribes_with_the_real_server(hello: bytes) -> None:
+    import openai  # here, not at the top: every xdist worker collects this module (0.5 s)
     with running_server("pocketsphinx-en", "ears") as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30, max_retries=0)
         heard = client.audio.transcriptions.create(
