@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import signal
 import weakref
 from typing import Any
 
@@ -37,6 +38,18 @@ def _command_built_once_per_app() -> None:
 
 
 _command_built_once_per_app()
+
+
+def _sigint_not_ignored() -> None:
+    """A suite started as a background job (``make test &``, ``nohup``) inherits
+    SIGINT ignored, and so would every process a test starts: Python keeps an
+    inherited SIG_IGN, so a test's Ctrl-C to ``cosmicac`` would be lost and the
+    test would time out. A handler is reset to the default at exec; an ignore is not."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_sigint_not_ignored()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
