@@ -56,7 +56,8 @@ fmt: $(STAMP)
 # Three workers per two cores (TEST_WORKERS=0: in this process, e.g. to use a
 # debugger): a test that waits on a process, a socket or a timer leaves its core to
 # another worker. On the 2-core machine, 3 workers beat 4 both alone (2:21-2:23
-# against 2:26) and beside a second suite (4:46 against 4:50-5:09): the suite is
+# against 2:26) and beside a second suite (4:46 against 4:50-5:09), and tied them
+# on 2026-12-07 (178-181 s each, 4 workers using 13% more CPU): the suite is
 # CPU-bound, and each worker collects every module (about 4 CPU-s) and adds to the
 # contention.
 # A module's tests stay on one worker (--dist loadfile): their module fixtures
