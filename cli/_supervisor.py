@@ -223,38 +223,35 @@ class Supervisor:
         # that logs on stdout while it stops would otherwise die of EPIPE with its
         # last lines lost; stop() drains and closes it once the daemon exited.
         assert process.stdout is not None
+        pending = b""
         service.reading = True
         try:
-            await self._read_lines(service, process.stdout, log_file)
+            while True:
+                try:
+                    data = await process.stdout.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                log_file.write(data)
+                log_file.flush()
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                pending = pending[-4096:]
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line:
+                        continue
+                    service.last_line = line[:_LAST_LINE_CHARS]
+                    daemon = service.spec.ready
+                    if daemon is not None and service.state is ServiceState.STARTING:
+                        ready = parse_ready(line)
+                        if ready is not None and ready.daemon == daemon:
+                            service.ready_line = ready
+                            service.state = ServiceState.RUNNING
+                            service.ready_event.set()
         finally:
             service.reading = False
-
-    async def _read_lines(self, service: _Service, stdout, log_file) -> None:
-        pending = b""
-        while True:
-            try:
-                data = await stdout.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            if not data:
-                return
-            log_file.write(data)
-            log_file.flush()
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            pending = pending[-4096:]
-            for raw in lines:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line:
-                    continue
-                service.last_line = line[:_LAST_LINE_CHARS]
-                daemon = service.spec.ready
-                if daemon is not None and service.state is ServiceState.STARTING:
-                    ready = parse_ready(line)
-                    if ready is not None and ready.daemon == daemon:
-                        service.ready_line = ready
-                        service.state = ServiceState.RUNNING
-                        service.ready_event.set()
 
     # -- stopping ------------------------------------------------------------------------
 
