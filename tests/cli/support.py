@@ -36,6 +36,7 @@ from typer.testing import CliRunner
 from nodes.app_node.auth import ScryptParams
 from nodes.app_node.daemon import RunningAppNode, serve_app_node
 from nodes.app_node.settings import ApiHttpSettings, AppNodeSettings, PasswordHashSettings
+from nodes.kit.tls import client_tls
 from nodes.monitor._buffer import LogBuffer
 from nodes.monitor.agent_metrics import AgentMetricsBook
 from nodes.monitor.agent_metrics import install as install_agent_metrics
@@ -60,12 +61,11 @@ CHEAP = ScryptParams(ln=4, r=8, p=1)
 CHEAP_HASH = PasswordHashSettings(ln=CHEAP.ln, r=CHEAP.r, p=CHEAP.p)
 
 
-@functools.cache
 def shared_tls() -> ssl.SSLContext:
-    """One TLS context for every ``httpx`` client a test makes (``verify=shared_tls()``):
-    httpx's default builds one per client, loading certifi's CA bundle each time (about
-    45 ms of CPU, though the tests' servers speak plain HTTP)."""
-    return httpx.create_ssl_context()
+    """One TLS context for every ``httpx`` client a test makes (``verify=shared_tls()``),
+    the daemons' own: httpx's default builds one per client, loading certifi's CA bundle
+    each time (about 45 ms of CPU, though the tests' servers speak plain HTTP)."""
+    return client_tls()
 
 
 # -- the CLI in this process ------------------------------------------------------

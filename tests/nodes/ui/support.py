@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from nodes.kit.tls import client_tls
 from nodes.ui.daemon import RunningUi, serve_ui
 from nodes.ui.settings import UiSettings
 from runtime.sse import SseReader
@@ -21,10 +22,10 @@ __all__ = ["TLS", "Browser", "LiveReader", "browser_of", "sign_in", "stream", "u
 #: What a browser sends with a form posted from one of the UI's own pages.
 SAME_ORIGIN = {"sec-fetch-site": "same-origin"}
 
-#: One TLS context for every client these tests make (``verify=TLS``): httpx builds
-#: one per client otherwise, reading and parsing certifi's bundle (20-70 ms of CPU
-#: each), though every client here speaks plain HTTP to 127.0.0.1.
-TLS = httpx.create_ssl_context()
+#: One TLS context for every client these tests make (``verify=TLS``), the daemons'
+#: own: httpx builds one per client otherwise, reading and parsing certifi's bundle
+#: (20-70 ms of CPU each), though every client here speaks plain HTTP to 127.0.0.1.
+TLS = client_tls()
 
 
 async def ui_over(nursery: trio.Nursery, served: Served, **settings) -> RunningUi:

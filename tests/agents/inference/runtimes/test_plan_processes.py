@@ -27,6 +27,7 @@ import trio
 
 from agents.inference.runtimes import Launch, Lifetime, RuntimePlan, adapter_for
 from contracts.model import Runtime
+from nodes.kit.tls import client_tls
 from tests.agents.inference.doubles import bin_dir
 from tests.ports import free_port
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[4]
 STEP_BOUND_S = 30.0
 #: One TLS context for the module's clients (plain HTTP to 127.0.0.1 all the same):
 #: httpx otherwise builds one per client, parsing certifi's bundle (20-100 ms of CPU).
-TLS = httpx.create_ssl_context()
+TLS = client_tls()
 
 pytestmark = pytest.mark.slow
 
